@@ -1,0 +1,1 @@
+"""Model execution: GGUF range reading, llama-family stage roles, tokenizer and sampling."""
