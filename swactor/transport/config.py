@@ -1,0 +1,89 @@
+"""Transport settings and the aioquic configuration built from them.
+
+Theory of operation
+-------------------
+`TransportConfig` holds every tunable of the QUIC transport in one validated, frozen
+value. Rules it enforces (each violation is a `TransportConfigError` naming the field):
+
+* `max_datagram_size` is at most 16383: aioquic encodes packet lengths as 2-byte varints,
+  and larger datagrams corrupt streams. 1452 (a 1500-byte Ethernet MTU minus IPv6 and UDP
+  headers) is the default between hosts; loopback can use up to 16383.
+* the connection window is at least `edges_per_connection x stream_window`, because all
+  edges of one connection share MAX_DATA: a smaller connection window lets one stalled
+  edge starve the others.
+* the send high-water mark is positive: a sender waits while its unacknowledged buffer is
+  above it.
+
+`quic_configuration()` turns it into an aioquic `QuicConfiguration` carrying the node's
+certificate. Certificate chains are not verified by aioquic (`verify_mode=CERT_NONE`):
+identities are checked by node id in `tlsauth` instead. No session tickets are issued or
+used, so 0-RTT never happens.
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+
+from aioquic.quic.configuration import QuicConfiguration
+
+from swactor.transport.errors import TransportConfigError
+from swactor.transport.identity import NodeIdentity
+
+EDGE_ALPN = "swactor/edge/1"
+CONTROL_ALPN = "swactor/ctl/1"
+ALPNS = (EDGE_ALPN, CONTROL_ALPN)
+
+MAX_SAFE_DATAGRAM = 16383
+MIN_DATAGRAM = 1200
+
+
+@dataclass(frozen=True, slots=True)
+class TransportConfig:
+    """Validated transport settings (sizes in bytes, times in seconds)."""
+
+    max_datagram_size: int = 1452
+    stream_window: int = 1 << 20
+    edges_per_connection: int = 8
+    connection_window: int = 8 << 20
+    send_high_water: int = 1 << 20
+    idle_timeout: float = 30.0
+    keepalive_interval: float = 5.0
+    handshake_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not MIN_DATAGRAM <= self.max_datagram_size <= MAX_SAFE_DATAGRAM:
+            raise TransportConfigError(
+                f"max_datagram_size={self.max_datagram_size} is outside "
+                f"[{MIN_DATAGRAM}, {MAX_SAFE_DATAGRAM}] (larger datagrams corrupt aioquic "
+                "streams: packet lengths are 2-byte varints)"
+            )
+        for name in ("stream_window", "edges_per_connection", "send_high_water"):
+            if getattr(self, name) <= 0:
+                raise TransportConfigError(f"{name}={getattr(self, name)} must be positive")
+        needed = self.edges_per_connection * self.stream_window
+        if self.connection_window < needed:
+            raise TransportConfigError(
+                f"connection_window={self.connection_window} is below edges_per_connection "
+                f"x stream_window = {needed}: one stalled edge could starve the others"
+            )
+        if not 0 < self.keepalive_interval < self.idle_timeout:
+            raise TransportConfigError(
+                f"keepalive_interval={self.keepalive_interval} must be positive and below "
+                f"idle_timeout={self.idle_timeout}"
+            )
+
+    def quic_configuration(self, identity: NodeIdentity, *, is_client: bool) -> QuicConfiguration:
+        """The aioquic configuration for one side of a connection."""
+        config = QuicConfiguration(
+            alpn_protocols=list(ALPNS),
+            is_client=is_client,
+            idle_timeout=self.idle_timeout,
+            max_datagram_size=self.max_datagram_size,
+            max_data=self.connection_window,
+            max_stream_data=self.stream_window,
+            verify_mode=ssl.CERT_NONE,
+        )
+        config.certificate = identity.certificate
+        config.private_key = identity.private_key
+        return config

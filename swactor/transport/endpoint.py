@@ -1,0 +1,443 @@
+"""One QUIC endpoint per node: a UDP socket, its connections, identity checks, keep-alives.
+
+Theory of operation
+-------------------
+`QuicEndpoint` owns one asyncio UDP socket and every QUIC connection of the node, in both
+directions: it accepts connections (server role) and opens them (client role) from the
+same socket. Incoming datagrams are routed by destination connection id; an Initial
+packet with an unknown id creates a server-side `SwactorConnection`.
+
+Each connection is wrapped in a `QuicLink`, which does what aioquic's asyncio protocol
+does (transmit, timer, event loop) plus identity: when the TLS handshake completes, the
+link derives the peer's node id from its certificate and compares it with the expected id
+(client side) or the endpoint's allow-list (server side). A peer that fails is refused:
+the connection is closed with `PEER_REJECTED_CODE` and a reason naming the rejected id,
+the endpoint's `on_refused` callback receives a `PeerRefused` event, and no stream byte
+of that connection ever reaches a handler (stream events are dispatched only once a link
+is verified). There are no session tickets, so no 0-RTT data can precede the check.
+
+Verified links are cached by (peer node id, ALPN), whichever side opened them, and pinged
+every `keepalive_interval` so that a stalled edge (no bytes moving for longer than the
+idle timeout while a consumer is slow) does not lose its connection. Stream events of a
+verified link go to the `LinkHandler` registered for its ALPN (the driver for edges, the
+control channel for control messages).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol, cast
+
+from aioquic.buffer import Buffer  # type: ignore[attr-defined]
+from aioquic.quic import events
+from aioquic.quic.packet import QuicPacketType, pull_quic_header
+
+from swactor.transport.config import ALPNS, TransportConfig
+from swactor.transport.errors import (
+    ConnectionLostError,
+    IdentityError,
+    PeerRejectedError,
+    TransportError,
+)
+from swactor.transport.flow import SwactorConnection
+from swactor.transport.identity import NodeIdentity, node_id_from_certificate
+
+Address = tuple[str, int]
+PEER_REJECTED_CODE = 0x5A01
+STOPPED_CODE = 0x5A02
+_CID_LENGTH = 8
+_MIN_INITIAL = 1200
+
+
+@dataclass(frozen=True, slots=True)
+class PeerRefused:
+    """A peer failed identity verification (`peer_node_id` None: it sent no certificate)."""
+
+    peer_node_id: int | None
+    reason: str
+    inbound: bool
+
+
+class LinkHandler(Protocol):
+    """Receives the stream events of verified links of one ALPN."""
+
+    def stream_data(self, link: QuicLink, stream_id: int, data: bytes, end: bool) -> None: ...
+
+    def stream_reset(self, link: QuicLink, stream_id: int, error_code: int) -> None: ...
+
+    def link_closed(self, link: QuicLink, reason: str) -> None: ...
+
+
+class QuicLink:
+    """One QUIC connection: transmit, timers, identity check, dispatch of stream events."""
+
+    def __init__(
+        self,
+        endpoint: QuicEndpoint,
+        quic: SwactorConnection,
+        addr: Address,
+        expected_peer: int | None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.quic = quic
+        self.addr = addr
+        self.expected_peer = expected_peer
+        self.peer_node_id: int | None = None
+        self.alpn: str | None = None
+        self.closed = False
+        self.close_reason = ""
+        self.verified: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Set whenever a datagram was processed (ACKs may have drained send buffers) or
+        # the link closed; send-pumps waiting for buffer room wait on it.
+        self.progress = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._transmit_handle: asyncio.Handle | None = None
+
+    # -- I/O ------------------------------------------------------------------------
+
+    def datagram_received(self, data: bytes, addr: Address) -> None:
+        self.quic.receive_datagram(data, addr, now=self._loop.time())
+        self._process_events()
+        self.transmit()
+        self.progress.set()
+
+    def transmit(self) -> None:
+        """Send every datagram aioquic has ready and re-arm the timer."""
+        self._transmit_handle = None
+        sendto = self.endpoint.sendto
+        for data, addr in self.quic.datagrams_to_send(now=self._loop.time()):
+            sendto(data, addr)
+        timer_at = self.quic.get_timer()
+        if self._timer is not None and self._timer_at != timer_at:
+            self._timer.cancel()
+            self._timer = None
+        if self._timer is None and timer_at is not None:
+            self._timer = self._loop.call_at(timer_at, self._handle_timer)
+        self._timer_at = timer_at
+
+    def transmit_soon(self) -> None:
+        """Coalesce several writes or credit updates into one transmit."""
+        if self._transmit_handle is None:
+            self._transmit_handle = self._loop.call_soon(self.transmit)
+
+    def _handle_timer(self) -> None:
+        now = max(self._timer_at or 0.0, self._loop.time())
+        self._timer = None
+        self._timer_at = None
+        self.quic.handle_timer(now=now)
+        self._process_events()
+        self.transmit()
+
+    # -- stream helpers used by pumps and the control channel -----------------------
+
+    def open_uni_stream(self) -> int:
+        self._require_open()
+        stream_id: int = self.quic.get_next_available_stream_id(is_unidirectional=True)
+        return stream_id
+
+    def open_bidi_stream(self) -> int:
+        self._require_open()
+        stream_id: int = self.quic.get_next_available_stream_id(is_unidirectional=False)
+        return stream_id
+
+    def send(self, stream_id: int, data: bytes | memoryview, end: bool = False) -> None:
+        self._require_open()
+        # aioquic appends `data` to a bytearray, so any buffer works (typed as bytes).
+        self.quic.send_stream_data(stream_id, cast(bytes, data), end_stream=end)
+        self.transmit_soon()
+
+    def consume(self, stream_id: int, nbytes: int) -> None:
+        """Credit the peer for `nbytes` taken from `stream_id` and transmit promptly."""
+        self.quic.consume(stream_id, nbytes)
+        if not self.closed:
+            self.transmit_soon()
+
+    def stop_stream(self, stream_id: int, error_code: int = STOPPED_CODE) -> None:
+        if self.closed:
+            return
+        try:
+            self.quic.stop_stream(stream_id, error_code)
+        except ValueError:
+            return
+        self.transmit_soon()
+
+    def reset_stream(self, stream_id: int, error_code: int = STOPPED_CODE) -> None:
+        if self.closed:
+            return
+        try:
+            self.quic.reset_stream(stream_id, error_code)
+        except ValueError:
+            return
+        self.transmit_soon()
+
+    def ping(self) -> None:
+        if not self.closed:
+            self.quic.send_ping(0)
+            self.transmit()
+
+    def close(self, reason: str, error_code: int = 0) -> None:
+        """Close the connection (application close) and notify the handler once."""
+        if not self.closed:
+            self.quic.close(error_code=error_code, reason_phrase=reason[:200])
+            self.transmit()
+            self._mark_closed(reason)
+
+    def _require_open(self) -> None:
+        if self.closed:
+            raise ConnectionLostError(f"connection to {self.addr} closed: {self.close_reason}")
+
+    # -- events ---------------------------------------------------------------------
+
+    def _process_events(self) -> None:
+        quic = self.quic
+        event = quic.next_event()
+        while event is not None:
+            if isinstance(event, events.StreamDataReceived):
+                if self.peer_node_id is not None and not self.closed:
+                    handler = self.endpoint.handler_for(self.alpn)
+                    if handler is not None:
+                        handler.stream_data(self, event.stream_id, event.data, event.end_stream)
+            elif isinstance(event, events.StreamReset):
+                if self.peer_node_id is not None and not self.closed:
+                    handler = self.endpoint.handler_for(self.alpn)
+                    if handler is not None:
+                        handler.stream_reset(self, event.stream_id, event.error_code)
+            elif isinstance(event, events.ConnectionIdIssued):
+                self.endpoint.route(event.connection_id, self)
+            elif isinstance(event, events.ConnectionIdRetired):
+                self.endpoint.unroute(event.connection_id)
+            elif isinstance(event, events.HandshakeCompleted):
+                self._verify_peer(event.alpn_protocol)
+            elif isinstance(event, events.ConnectionTerminated):
+                reason = event.reason_phrase or f"error code {event.error_code:#x}"
+                self._mark_closed(reason)
+                self.endpoint.forget(self)
+            event = quic.next_event()
+
+    def _verify_peer(self, alpn: str | None) -> None:
+        inbound = self.expected_peer is None
+        cert = self.quic.peer_certificate()
+        if cert is None:
+            self._refuse(None, "peer presented no certificate", inbound)
+            return
+        try:
+            node_id = node_id_from_certificate(cert)
+        except IdentityError as exc:
+            self._refuse(None, str(exc), inbound)
+            return
+        if alpn not in ALPNS:
+            self._refuse(node_id, f"unsupported ALPN {alpn!r}", inbound)
+        elif inbound and not self.endpoint.is_allowed(node_id):
+            self._refuse(node_id, f"node {node_id:#018x} is not in the allow-list", inbound)
+        elif not inbound and node_id != self.expected_peer:
+            self._refuse(
+                node_id,
+                f"server is node {node_id:#018x}, expected {self.expected_peer:#018x}",
+                inbound,
+            )
+        else:
+            self.peer_node_id = node_id
+            self.alpn = alpn
+            self.endpoint.admit(self)
+            if not self.verified.done():
+                self.verified.set_result(None)
+
+    def _refuse(self, node_id: int | None, reason: str, inbound: bool) -> None:
+        self.endpoint.report_refused(PeerRefused(node_id, reason, inbound))
+        if not self.verified.done():
+            self.verified.set_exception(PeerRejectedError(node_id, reason))
+            if self.expected_peer is None:
+                self.verified.exception()  # inbound: nobody awaits it
+        self.close(f"peer rejected: {reason}", PEER_REJECTED_CODE)
+
+    def _mark_closed(self, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.close_reason = reason
+        self.progress.set()
+        if not self.verified.done():
+            self.verified.set_exception(ConnectionLostError(f"handshake failed: {reason}"))
+            # Nobody may await it (inbound link); mark the exception retrieved.
+            self.verified.exception()
+        if self.peer_node_id is not None:
+            handler = self.endpoint.handler_for(self.alpn)
+            if handler is not None:
+                handler.link_closed(self, reason)
+
+
+class QuicEndpoint(asyncio.DatagramProtocol):
+    """The node's single QUIC endpoint (see the module docstring)."""
+
+    def __init__(
+        self,
+        identity: NodeIdentity,
+        config: TransportConfig,
+        allowed: Iterable[int] = (),
+        on_refused: Callable[[PeerRefused], None] | None = None,
+    ) -> None:
+        self.identity = identity
+        self.config = config
+        self.allowed: set[int] = set(allowed)
+        self.address_book: dict[int, Address] = {}
+        self.refused: list[PeerRefused] = []
+        self._on_refused = on_refused
+        self._handlers: dict[str, LinkHandler] = {}
+        self._routes: dict[bytes, QuicLink] = {}
+        self._cache: dict[tuple[int, str], QuicLink] = {}
+        self._connecting: dict[tuple[int, str], asyncio.Future[QuicLink]] = {}
+        self._links: set[QuicLink] = set()
+        self._transport: asyncio.DatagramTransport | None = None
+        self._server_config = config.quic_configuration(identity, is_client=False)
+        self._keepalive: asyncio.Task[None] | None = None
+
+    @property
+    def node_id(self) -> int:
+        return self.identity.node_id
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> Address:
+        """Bind the UDP socket and start keep-alives; returns the bound address."""
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_datagram_endpoint(lambda: self, local_addr=(host, port))
+        self._transport = transport
+        self._keepalive = asyncio.create_task(self._keepalive_loop())
+        sockname = transport.get_extra_info("sockname")
+        return (str(sockname[0]), int(sockname[1]))
+
+    async def close(self) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        for link in list(self._links):
+            link.close("endpoint closing")
+        await asyncio.sleep(0)
+        if self._transport is not None:
+            self._transport.close()
+
+    def register_handler(self, alpn: str, handler: LinkHandler) -> None:
+        self._handlers[alpn] = handler
+
+    def handler_for(self, alpn: str | None) -> LinkHandler | None:
+        return self._handlers.get(alpn) if alpn is not None else None
+
+    def is_allowed(self, node_id: int) -> bool:
+        return node_id in self.allowed
+
+    def report_refused(self, refusal: PeerRefused) -> None:
+        self.refused.append(refusal)
+        if self._on_refused is not None:
+            self._on_refused(refusal)
+
+    # -- outbound -------------------------------------------------------------------
+
+    async def connect(self, peer_node_id: int, alpn: str, addr: Address | None = None) -> QuicLink:
+        """A verified link to `peer_node_id` on `alpn`, from the cache or newly opened."""
+        key = (peer_node_id, alpn)
+        cached = self._cache.get(key)
+        if cached is not None and not cached.closed:
+            return cached
+        pending = self._connecting.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        target = addr or self.address_book.get(peer_node_id)
+        if target is None:
+            raise TransportError(f"no address known for node {peer_node_id:#018x}")
+        future: asyncio.Future[QuicLink] = asyncio.get_running_loop().create_future()
+        self._connecting[key] = future
+        try:
+            link = await self._open(peer_node_id, alpn, target)
+            future.set_result(link)
+            return link
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()
+            raise
+        finally:
+            del self._connecting[key]
+
+    async def _open(self, peer_node_id: int, alpn: str, addr: Address) -> QuicLink:
+        config = self.config.quic_configuration(self.identity, is_client=True)
+        config.alpn_protocols = [alpn]
+        config.server_name = f"swactor-{peer_node_id:016x}"
+        quic = SwactorConnection(
+            configuration=config,
+            stream_window=self.config.stream_window,
+            connection_window=self.config.connection_window,
+        )
+        link = QuicLink(self, quic, addr, expected_peer=peer_node_id)
+        self._links.add(link)
+        self.route(quic.host_cid, link)
+        quic.connect(addr, now=asyncio.get_running_loop().time())
+        link.transmit()
+        try:
+            await asyncio.wait_for(asyncio.shield(link.verified), self.config.handshake_timeout)
+        except TimeoutError:
+            link.close("handshake timed out")
+            raise ConnectionLostError(
+                f"handshake with node {peer_node_id:#018x} at {addr} timed out"
+            ) from None
+        return link
+
+    # -- routing and cache ------------------------------------------------------------
+
+    def route(self, cid: bytes, link: QuicLink) -> None:
+        self._routes[cid] = link
+
+    def unroute(self, cid: bytes) -> None:
+        self._routes.pop(cid, None)
+
+    def admit(self, link: QuicLink) -> None:
+        assert link.peer_node_id is not None and link.alpn is not None
+        key = (link.peer_node_id, link.alpn)
+        current = self._cache.get(key)
+        if current is None or current.closed:
+            self._cache[key] = link
+
+    def forget(self, link: QuicLink) -> None:
+        self._links.discard(link)
+        for cid in [cid for cid, routed in self._routes.items() if routed is link]:
+            del self._routes[cid]
+        for key in [key for key, cached in self._cache.items() if cached is link]:
+            del self._cache[key]
+
+    def cached(self, peer_node_id: int, alpn: str) -> QuicLink | None:
+        return self._cache.get((peer_node_id, alpn))
+
+    def sendto(self, data: bytes, addr: Address) -> None:
+        if self._transport is not None:
+            self._transport.sendto(data, addr)
+
+    # -- inbound --------------------------------------------------------------------
+
+    def datagram_received(self, data: bytes, addr: Address) -> None:
+        try:
+            header = pull_quic_header(Buffer(data=data), host_cid_length=_CID_LENGTH)
+        except ValueError:
+            return
+        link = self._routes.get(header.destination_cid)
+        if link is None:
+            if header.packet_type != QuicPacketType.INITIAL or len(data) < _MIN_INITIAL:
+                return
+            if header.version not in self._server_config.supported_versions:
+                return
+            quic = SwactorConnection(
+                configuration=self._server_config,
+                original_destination_connection_id=header.destination_cid,
+                stream_window=self.config.stream_window,
+                connection_window=self.config.connection_window,
+            )
+            link = QuicLink(self, quic, addr, expected_peer=None)
+            self._links.add(link)
+            self.route(header.destination_cid, link)
+            self.route(quic.host_cid, link)
+        link.datagram_received(data, addr)
+
+    async def _keepalive_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.keepalive_interval)
+            for link in list(self._cache.values()):
+                link.ping()
+

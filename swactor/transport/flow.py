@@ -1,0 +1,187 @@
+"""`SwactorConnection`: aioquic's `QuicConnection` with consumer-driven flow control.
+
+Theory of operation
+-------------------
+Stock aioquic (checked on 1.2-1.7) grants the peer new credit as soon as bytes *arrive*:
+`_write_stream_limits` doubles MAX_STREAM_DATA once half the window has been received and
+`_write_connection_limits` does the same for MAX_DATA. Arrived bytes are pushed to the
+application as `StreamDataReceived` events whatever it does with them, so a slow consumer
+makes memory grow without bound and the sender never stalls.
+
+This subclass grants credit only for bytes the application *consumed* (copied into a
+ring), calling `consume(stream_id, n)`:
+
+    MAX_STREAM_DATA(stream) = consumed(stream) + stream_window
+    MAX_DATA                = consumed(all streams) + connection_window
+
+both monotonic, never doubled. Bytes held between arrival and consumption are therefore at
+most one window per stream (and one connection window in all): that is the receiver's
+memory bound, and a stalled consumer stalls the remote sender through plain QUIC flow
+control. The caller must transmit soon after `consume` (an idle connection otherwise never
+sends the new limits, and both ends wait forever).
+
+The sender side has `send_buffered(stream_id)`: the bytes written to a stream and not yet
+acknowledged. A send-pump writes only while it is below its high-water mark.
+
+Servers also ask for the client's certificate (mutual TLS): aioquic has no public switch,
+so `_initialize` sets the TLS context's request flag. `peer_certificate()` exposes the
+certificate the peer proved possession of (its CertificateVerify signature was checked by
+aioquic), or None when a client sent none.
+
+Every aioquic private name used here is listed in `PRIVATE_NAMES`; the transport tests
+check each one exists, so an aioquic upgrade that renames them fails loudly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aioquic.buffer import UINT_VAR_MAX_SIZE
+from aioquic.quic import connection as _conn_module
+from aioquic.quic.connection import QuicConnection
+from aioquic.quic.packet import QuicFrameType
+from cryptography import x509
+
+# (owner, attribute) pairs this module relies on; see tests/transport/test_aioquic_pins.py.
+PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
+    ("QuicConnection", "_initialize"),
+    ("QuicConnection", "_write_stream_limits"),
+    ("QuicConnection", "_write_connection_limits"),
+    ("QuicConnection", "_on_max_stream_data_delivery"),
+    ("QuicConnection", "_on_connection_limit_delivery"),
+    ("QuicConnection", "_local_max_data"),
+    ("QuicConnection", "_local_max_streams_bidi"),
+    ("QuicConnection", "_local_max_streams_uni"),
+    ("QuicConnection", "_streams"),
+    ("QuicConnection", "_is_client"),
+    ("tls.Context", "_request_client_certificate"),
+    ("tls.Context", "_peer_certificate"),
+    ("QuicStream", "max_stream_data_local"),
+    ("QuicStream", "max_stream_data_local_sent"),
+    ("QuicStreamSender", "_buffer"),
+    ("Limit", "used/value/sent"),
+)
+
+_MAX_STREAM_DATA_FRAME_CAPACITY = 1 + 2 * UINT_VAR_MAX_SIZE
+_CONNECTION_LIMIT_FRAME_CAPACITY = 1 + UINT_VAR_MAX_SIZE
+
+
+class SwactorConnection(QuicConnection):
+    """A QUIC connection whose receive windows advance only on `consume()`."""
+
+    def __init__(self, *, stream_window: int, connection_window: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._sw_stream_window = stream_window
+        self._sw_connection_window = connection_window
+        self._sw_consumed: dict[int, int] = {}
+        self._sw_consumed_total = 0
+
+    # -- receive side ---------------------------------------------------------------
+
+    def consume(self, stream_id: int, nbytes: int) -> None:
+        """Record that the application took `nbytes` of `stream_id`; credit follows."""
+        if nbytes <= 0:
+            return
+        self._sw_consumed[stream_id] = self._sw_consumed.get(stream_id, 0) + nbytes
+        self._sw_consumed_total += nbytes
+
+    def forget_stream(self, stream_id: int) -> None:
+        """Drop per-stream accounting once a stream ended (its total stays counted)."""
+        self._sw_consumed.pop(stream_id, None)
+
+    def consumed(self, stream_id: int) -> int:
+        return self._sw_consumed.get(stream_id, 0)
+
+    def received_unconsumed(self) -> int:
+        """Bytes that arrived on all streams and were not consumed yet (memory held)."""
+        used: int = self._local_max_data.used
+        return used - self._sw_consumed_total
+
+    # -- send side ------------------------------------------------------------------
+
+    def send_buffered(self, stream_id: int) -> int:
+        """Bytes written to `stream_id` and not yet acknowledged by the peer."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return 0
+        return len(stream.sender._buffer)
+
+    # -- identity -------------------------------------------------------------------
+
+    def peer_certificate(self) -> x509.Certificate | None:
+        """The certificate the peer proved it holds the key of (None if none was sent)."""
+        cert: x509.Certificate | None = self.tls._peer_certificate
+        return cert
+
+    def _initialize(self, peer_cid: bytes) -> None:
+        super()._initialize(peer_cid)
+        if not self._is_client:
+            self.tls._request_client_certificate = True
+
+    # -- flow-control overrides (replace aioquic's doubling) ------------------------
+
+    def _write_stream_limits(self, builder: Any, space: Any, stream: Any) -> None:
+        # Zero means a locally opened uni stream: it has nothing to receive.
+        if not stream.max_stream_data_local:
+            return
+        target = self._sw_consumed.get(stream.stream_id, 0) + self._sw_stream_window
+        if target > stream.max_stream_data_local:
+            stream.max_stream_data_local = target
+        if stream.max_stream_data_local_sent != stream.max_stream_data_local:
+            buf = builder.start_frame(
+                QuicFrameType.MAX_STREAM_DATA,
+                capacity=_MAX_STREAM_DATA_FRAME_CAPACITY,
+                handler=self._on_max_stream_data_delivery,
+                handler_args=(stream,),
+            )
+            buf.push_uint_var(stream.stream_id)
+            buf.push_uint_var(stream.max_stream_data_local)
+            stream.max_stream_data_local_sent = stream.max_stream_data_local
+
+    def _write_connection_limits(self, builder: Any, space: Any) -> None:
+        max_data = self._local_max_data
+        target = self._sw_consumed_total + self._sw_connection_window
+        if target > max_data.value:
+            max_data.value = target
+        for limit in (max_data, self._local_max_streams_bidi, self._local_max_streams_uni):
+            if limit is not max_data and limit.sent - limit.used >= limit.value - limit.sent:
+                continue  # batch MAX_STREAMS as aioquic does
+            if limit.value != limit.sent:
+                buf = builder.start_frame(
+                    limit.frame_type,
+                    capacity=_CONNECTION_LIMIT_FRAME_CAPACITY,
+                    handler=self._on_connection_limit_delivery,
+                    handler_args=(limit,),
+                )
+                buf.push_uint_var(limit.value)
+                limit.sent = limit.value
+
+
+def check_private_names() -> list[str]:
+    """Names from `PRIVATE_NAMES` that the installed aioquic lacks (empty: all present)."""
+    from aioquic import tls
+    from aioquic.quic.stream import QuicStream, QuicStreamSender
+
+    missing: list[str] = []
+    for name in (
+        "_initialize",
+        "_write_stream_limits",
+        "_write_connection_limits",
+        "_on_max_stream_data_delivery",
+        "_on_connection_limit_delivery",
+    ):
+        if not callable(getattr(QuicConnection, name, None)):
+            missing.append(f"QuicConnection.{name}")
+    if not hasattr(_conn_module, "Limit"):
+        missing.append("aioquic.quic.connection.Limit")
+    stream = QuicStream(stream_id=2, max_stream_data_local=7, writable=True, readable=True)
+    for attr in ("max_stream_data_local", "max_stream_data_local_sent"):
+        if not hasattr(stream, attr):
+            missing.append(f"QuicStream.{attr}")
+    if not isinstance(getattr(QuicStreamSender(2, True), "_buffer", None), bytearray):
+        missing.append("QuicStreamSender._buffer")
+    ctx = tls.Context(is_client=False)
+    for attr in ("_request_client_certificate", "_peer_certificate"):
+        if not hasattr(ctx, attr):
+            missing.append(f"tls.Context.{attr}")
+    return missing

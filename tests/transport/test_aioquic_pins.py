@@ -1,0 +1,31 @@
+"""Fails loudly when an aioquic upgrade removes a private name the transport relies on."""
+
+from __future__ import annotations
+
+from importlib.metadata import version
+
+from aioquic.quic.connection import Limit
+
+from swactor.transport.config import TransportConfig
+from swactor.transport.flow import SwactorConnection, check_private_names
+from swactor.transport.identity import NodeIdentity
+
+
+def test_tested_aioquic_range() -> None:
+    major, minor = (int(part) for part in version("aioquic").split(".")[:2])
+    assert (1, 2) <= (major, minor) < (1, 8), "flow.py private names are pinned to 1.2-1.7"
+
+
+def test_private_names_exist() -> None:
+    assert check_private_names() == []
+
+
+def test_connection_instance_attributes_exist() -> None:
+    config = TransportConfig().quic_configuration(NodeIdentity.generate(), is_client=True)
+    conn = SwactorConnection(configuration=config, stream_window=1 << 16, connection_window=1 << 20)
+    assert isinstance(conn._local_max_data, Limit)
+    for limit in (conn._local_max_data, conn._local_max_streams_uni, conn._local_max_streams_bidi):
+        assert {"used", "value", "sent", "frame_type"} <= set(vars(limit))
+    assert isinstance(conn._streams, dict)
+    assert conn._is_client is True
+    assert conn._local_max_data.value == TransportConfig().connection_window
