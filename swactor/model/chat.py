@@ -1,0 +1,77 @@
+"""Chat-template rendering: the GGUF's ``tokenizer.chat_template`` in a jinja2 sandbox.
+
+Theory of operation: a chat template is a Jinja program shipped inside the model file, so
+it is untrusted code. It runs in ``ImmutableSandboxedEnvironment`` (no attribute access to
+internals, no mutation of the inputs), with the options and globals Hugging Face's
+``apply_chat_template`` gives templates — ``trim_blocks``/``lstrip_blocks``, ``messages``,
+``add_generation_prompt``, ``bos_token``, ``eos_token``, ``raise_exception`` and a
+``tojson`` filter — so templates written for it render the same here. A template that does
+not parse, raises, or touches something the sandbox forbids is a ``ChatTemplateInvalid``
+error naming the cause; the rendered prompt never appears in an error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from swactor.model.tokenizer_errors import TokenizerError, TokenizerFault
+
+
+class _TemplateRaised(Exception):
+    """What ``raise_exception(...)`` inside a template raises."""
+
+
+def _raise_exception(message: str) -> NoReturn:
+    raise _TemplateRaised(message)
+
+
+def _tojson(value: Any, indent: int | None = None) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    return env
+
+
+def render_chat(
+    template: str,
+    messages: Sequence[Mapping[str, str]],
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    eos_token: str = "",
+) -> str:
+    """Render ``template`` for ``messages`` (``[{"role": ..., "content": ...}]``)."""
+    env = _environment()
+    try:
+        compiled = env.from_string(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise TokenizerError(
+            TokenizerFault.CHAT_TEMPLATE_INVALID,
+            f"chat template does not parse (line {exc.lineno}: {exc.message})",
+        ) from exc
+    try:
+        return compiled.render(
+            messages=[dict(m) for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
+        )
+    except _TemplateRaised as exc:
+        raise TokenizerError(
+            TokenizerFault.CHAT_TEMPLATE_INVALID, f"chat template refused the messages: {exc}"
+        ) from exc
+    except jinja2.TemplateError as exc:
+        raise TokenizerError(
+            TokenizerFault.CHAT_TEMPLATE_INVALID,
+            f"chat template failed ({exc.__class__.__name__}: {exc.message})",
+        ) from exc
