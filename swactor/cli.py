@@ -23,7 +23,9 @@ def _registrars() -> list[Register]:
 
 
 # Modules that provide `register(subparsers)`; each adds one or more subcommands.
-SUBCOMMAND_MODULES: list[str] = []
+SUBCOMMAND_MODULES: list[str] = [
+    "swactor.model.tokenize_cmd",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
