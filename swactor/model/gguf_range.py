@@ -1,0 +1,435 @@
+"""GGUF range reader: parse header, metadata and tensor table; load only one stage's tensors.
+
+Theory of operation: a stage owns blocks ``[layer_start, layer_end)`` and, when it is the
+first stage, the token embedding; when it is the last, the output norm and the output
+projection (or the tied token embedding). :class:`GgufRangeReader` learns where those tensors
+lie without reading tensor data:
+
+1. Header. The ``gguf`` package's :class:`GGUFReader` does the parsing, fed a growing prefix
+   of the file: ``_get`` is overridden to raise :class:`_NeedMoreBytes` when the parser wants
+   a byte beyond the prefix, and the reader fetches more (doubling) and parses again.
+   ``_build_tensors`` is overridden to record ``(name, type, shape, offset, n_bytes)`` entries
+   instead of slicing tensor data. The prefix therefore covers the header and nothing else
+   (rounded up by the doubling), whatever the source (local, HTTP Range, cache).
+2. Facts. :class:`ModelFacts` gathers the architecture numbers from metadata.
+3. Validation. :meth:`GgufRangeReader.validate_stage` checks a stage plan against the file
+   (layer range, layer count, hidden size, dtype family, max sequence length) and that every
+   tensor the stage needs exists, has a supported type and lies inside the file.
+4. Load. :meth:`GgufRangeReader.load_stage` reads the stage's tensors as few coalesced byte
+   ranges, dequantises each once into the compute dtype (:mod:`swactor.model.dequant`) and
+   returns :class:`StageWeights` with the byte counts.
+
+Every failure is a :class:`~swactor.model.errors.WeightsError`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+
+from swactor.model.dequant import SUPPORTED_TYPES, dequantize
+from swactor.model.errors import WeightsError, WeightsFault
+from swactor.model.source import ByteSource
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+COMPUTE_DTYPES: dict[str, type[np.floating[Any]]] = {"f32": np.float32, "f16": np.float16}
+_FIRST_PREFIX_BYTES = 1 << 20
+_COALESCE_GAP_BYTES = 4096
+
+
+class _NeedMoreBytes(Exception):
+    def __init__(self, end: int) -> None:
+        super().__init__(end)
+        self.end = end
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where one tensor lies in the file. ``shape`` is numpy order (outermost first)."""
+
+    name: str
+    type_id: int
+    shape: tuple[int, ...]
+    offset: int
+    n_bytes: int
+
+    @property
+    def type_name(self) -> str:
+        try:
+            return GGMLQuantizationType(self.type_id).name
+        except ValueError:
+            return f"type#{self.type_id}"
+
+
+class _PrefixParser(GGUFReader):
+    """GGUFReader over a file prefix that reports, rather than misreads, missing bytes."""
+
+    entries: list[TensorEntry]
+
+    def _get(
+        self, offset: int, dtype: Any, count: int = 1, override_order: Any = None
+    ) -> npt.NDArray[Any]:
+        end = int(offset) + int(np.dtype(dtype).itemsize) * int(count)
+        if end > len(self.data):
+            raise _NeedMoreBytes(end)
+        result: npt.NDArray[Any] = super()._get(offset, dtype, count, override_order)
+        return result
+
+    def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+        entries: list[TensorEntry] = []
+        seen: set[str] = set()
+        for info in fields:
+            _name_len, name_data, _n_dims, dims, raw_dtype, offset_tensor = info.parts
+            name = bytes(name_data).decode("utf-8")
+            if name in seen:
+                raise ValueError(f"duplicate tensor {name!r}")
+            seen.add(name)
+            type_id = int(raw_dtype[0])
+            n_elems = int(np.prod([int(d) for d in dims]))
+            try:
+                block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
+                n_bytes = n_elems * type_size // block_size
+            except (ValueError, KeyError):
+                n_bytes = -1
+            entries.append(
+                TensorEntry(
+                    name=name,
+                    type_id=type_id,
+                    shape=tuple(int(d) for d in reversed(dims.tolist())),
+                    offset=int(start_offs + int(offset_tensor[0])),
+                    n_bytes=n_bytes,
+                )
+            )
+        self.entries = entries
+        self.tensors = []
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """Architecture numbers of a llama-family GGUF, from its metadata."""
+
+    architecture: str
+    block_count: int
+    hidden_dim: int
+    ffn_dim: int
+    head_count: int
+    head_count_kv: int
+    head_dim: int
+    rope_theta: float
+    rope_dim: int
+    norm_eps: float
+    context_length: int
+    vocab_size: int
+    bos_token_id: int | None
+    eos_token_id: int | None
+    tied_embeddings: bool
+
+
+@dataclass
+class StageWeights:
+    """One stage's dequantised tensors (numpy, compute dtype) and what loading them cost."""
+
+    facts: ModelFacts
+    layer_start: int
+    layer_end: int
+    is_first: bool
+    is_last: bool
+    dtype: str
+    tensors: dict[str, npt.NDArray[Any]]
+    header_bytes: int
+    tensor_bytes: int
+    bytes_read: int
+    file_size: int
+    ranges: list[tuple[int, int]] = field(default_factory=list)
+
+
+class GgufRangeReader:
+    """Header, metadata and tensor table of one GGUF, read through a :class:`ByteSource`."""
+
+    def __init__(self, source: ByteSource) -> None:
+        self.source = source
+        self.file_size = source.size()
+        self._prefix = b""
+        parser = self._parse_header()
+        self.header_bytes = len(self._prefix)
+        self.data_offset = int(parser.data_offset)
+        self.tensors: dict[str, TensorEntry] = {e.name: e for e in parser.entries}
+        self.metadata: dict[str, Any] = {}
+        for key, value in parser.fields.items():
+            if key.startswith("tokenizer.ggml.") and key not in (
+                "tokenizer.ggml.bos_token_id",
+                "tokenizer.ggml.eos_token_id",
+            ):
+                continue
+            try:
+                self.metadata[key] = value.contents()
+            except (ValueError, IndexError, UnicodeDecodeError):
+                continue
+        tokens = parser.fields.get("tokenizer.ggml.tokens")
+        self._token_count = len(tokens.data) if tokens is not None else None
+        self.facts = self._facts()
+
+    # -- header ---------------------------------------------------------------------------
+    def _parse_header(self) -> _PrefixParser:
+        want = min(self.file_size, _FIRST_PREFIX_BYTES)
+        while True:
+            if want > len(self._prefix):
+                self._prefix += self.source.read(len(self._prefix), want - len(self._prefix))
+            try:
+                return self._parse_prefix()
+            except _NeedMoreBytes as more:
+                if more.end > self.file_size:
+                    raise WeightsError(
+                        WeightsFault.TRUNCATED,
+                        f"{self.source.name}: header needs byte {more.end} but the file has "
+                        f"{self.file_size} bytes (truncated or corrupt header)",
+                    ) from None
+                want = min(self.file_size, max(more.end, 2 * len(self._prefix)))
+
+    def _parse_prefix(self) -> _PrefixParser:
+        if len(self._prefix) < 4:
+            raise WeightsError(WeightsFault.TRUNCATED, f"{self.source.name}: file too short")
+        with tempfile.NamedTemporaryFile(prefix="swactor-gguf-header-") as tmp:
+            tmp.write(self._prefix)
+            tmp.flush()
+            try:
+                return _PrefixParser(tmp.name)
+            except _NeedMoreBytes:
+                raise
+            except (ValueError, KeyError, IndexError, UnicodeDecodeError, OverflowError) as exc:
+                raise WeightsError(
+                    WeightsFault.CORRUPT_HEADER, f"{self.source.name}: {exc}"
+                ) from None
+
+    # -- facts ----------------------------------------------------------------------------
+    def _meta(self, key: str, default: Any = None) -> Any:
+        value = self.metadata.get(key, default)
+        if value is None:
+            raise WeightsError(
+                WeightsFault.CORRUPT_HEADER, f"{self.source.name}: metadata {key!r} missing"
+            )
+        return value
+
+    def _facts(self) -> ModelFacts:
+        arch = str(self._meta("general.architecture"))
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise WeightsError(
+                WeightsFault.UNSUPPORTED_ARCHITECTURE,
+                f"{self.source.name}: architecture {arch!r} (supported: "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)})",
+            )
+        if "rope_freqs.weight" in self.tensors:
+            raise WeightsError(
+                WeightsFault.UNSUPPORTED_ARCHITECTURE,
+                f"{self.source.name}: rope frequency factors (rope_freqs.weight) not supported",
+            )
+        hidden = int(self._meta(f"{arch}.embedding_length"))
+        heads = int(self._meta(f"{arch}.attention.head_count"))
+        head_dim = int(self.metadata.get(f"{arch}.attention.key_length", hidden // heads))
+        embd = self.tensors.get("token_embd.weight")
+        vocab = self.metadata.get(f"{arch}.vocab_size", self._token_count)
+        if vocab is None and embd is not None:
+            vocab = embd.shape[0]
+        bos = self.metadata.get("tokenizer.ggml.bos_token_id")
+        eos = self.metadata.get("tokenizer.ggml.eos_token_id")
+        facts = ModelFacts(
+            architecture=arch,
+            block_count=int(self._meta(f"{arch}.block_count")),
+            hidden_dim=hidden,
+            ffn_dim=int(self._meta(f"{arch}.feed_forward_length")),
+            head_count=heads,
+            head_count_kv=int(self.metadata.get(f"{arch}.attention.head_count_kv", heads)),
+            head_dim=head_dim,
+            rope_theta=float(self.metadata.get(f"{arch}.rope.freq_base", 10000.0)),
+            rope_dim=int(self.metadata.get(f"{arch}.rope.dimension_count", head_dim)),
+            norm_eps=float(self._meta(f"{arch}.attention.layer_norm_rms_epsilon")),
+            context_length=int(self._meta(f"{arch}.context_length")),
+            vocab_size=int(self._meta("vocab_size", vocab)),
+            bos_token_id=None if bos is None else int(bos),
+            eos_token_id=None if eos is None else int(eos),
+            tied_embeddings="output.weight" not in self.tensors,
+        )
+        if facts.head_count % facts.head_count_kv or facts.rope_dim > facts.head_dim:
+            raise WeightsError(
+                WeightsFault.CORRUPT_HEADER,
+                f"{self.source.name}: inconsistent head counts/rope dim in metadata",
+            )
+        return facts
+
+    # -- plan -----------------------------------------------------------------------------
+    def stage_tensor_names(
+        self, layer_start: int, layer_end: int, *, is_first: bool, is_last: bool
+    ) -> list[str]:
+        """The tensors a stage needs, in file order."""
+        self._check_range(layer_start, layer_end)
+        names: list[str] = []
+        required = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output"]
+        required += ["ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]
+        for layer in range(layer_start, layer_end):
+            prefix = f"blk.{layer}."
+            present = [n for n in self.tensors if n.startswith(prefix)]
+            for part in required:
+                if f"{prefix}{part}.weight" not in present:
+                    raise WeightsError(
+                        WeightsFault.MISSING_TENSOR,
+                        f"{self.source.name}: tensor {prefix}{part}.weight missing",
+                    )
+            names += present
+        if is_first:
+            names.append("token_embd.weight")
+        if is_last:
+            names.append("output_norm.weight")
+            names.append("token_embd.weight" if self.facts.tied_embeddings else "output.weight")
+        for name in names:
+            if name not in self.tensors:
+                raise WeightsError(
+                    WeightsFault.MISSING_TENSOR, f"{self.source.name}: tensor {name} missing"
+                )
+        unique = sorted(set(names), key=lambda n: self.tensors[n].offset)
+        return unique
+
+    def _check_range(self, layer_start: int, layer_end: int) -> None:
+        blocks = self.facts.block_count
+        if not 0 <= layer_start < layer_end <= blocks:
+            raise WeightsError(
+                WeightsFault.LAYER_RANGE_INVALID,
+                f"layer range [{layer_start}, {layer_end}) is not a non-empty part of the "
+                f"file's {blocks} blocks",
+            )
+
+    def validate_stage(
+        self,
+        layer_start: int,
+        layer_end: int,
+        *,
+        is_first: bool,
+        is_last: bool,
+        num_layers: int | None = None,
+        hidden_dim: int | None = None,
+        dtype_family: str | None = None,
+        max_seq_len: int | None = None,
+    ) -> list[TensorEntry]:
+        """Check a stage plan against the file; return the entries the stage will read."""
+        facts = self.facts
+        if num_layers is not None and num_layers != facts.block_count:
+            raise WeightsError(
+                WeightsFault.PLAN_MISMATCH,
+                f"plan says {num_layers} layers, file has {facts.block_count}",
+            )
+        if hidden_dim is not None and hidden_dim != facts.hidden_dim:
+            raise WeightsError(
+                WeightsFault.PLAN_MISMATCH,
+                f"plan says hidden size {hidden_dim}, file has {facts.hidden_dim}",
+            )
+        if dtype_family is not None and dtype_family not in COMPUTE_DTYPES:
+            raise WeightsError(
+                WeightsFault.PLAN_MISMATCH,
+                f"plan dtype family {dtype_family!r} (supported: {', '.join(COMPUTE_DTYPES)})",
+            )
+        if max_seq_len is not None and not 0 < max_seq_len <= facts.context_length:
+            raise WeightsError(
+                WeightsFault.PLAN_MISMATCH,
+                f"plan max_seq_len {max_seq_len} outside the file's context length "
+                f"{facts.context_length}",
+            )
+        entries = []
+        for name in self.stage_tensor_names(
+            layer_start, layer_end, is_first=is_first, is_last=is_last
+        ):
+            entry = self.tensors[name]
+            if entry.n_bytes < 0 or entry.type_id not in SUPPORTED_TYPES:
+                raise WeightsError(
+                    WeightsFault.UNSUPPORTED_TENSOR_TYPE,
+                    f"tensor {name} has type {entry.type_name}",
+                )
+            if entry.offset + entry.n_bytes > self.file_size:
+                raise WeightsError(
+                    WeightsFault.TRUNCATED,
+                    f"{self.source.name}: tensor {name} ends at byte "
+                    f"{entry.offset + entry.n_bytes}, file has {self.file_size}",
+                )
+            entries.append(entry)
+        return entries
+
+    # -- load -----------------------------------------------------------------------------
+    def load_stage(
+        self,
+        layer_start: int,
+        layer_end: int,
+        *,
+        is_first: bool,
+        is_last: bool,
+        dtype: str = "f32",
+        max_seq_len: int | None = None,
+        num_layers: int | None = None,
+        hidden_dim: int | None = None,
+    ) -> StageWeights:
+        """Validate, read the stage's byte ranges and dequantise them once into ``dtype``."""
+        entries = self.validate_stage(
+            layer_start,
+            layer_end,
+            is_first=is_first,
+            is_last=is_last,
+            num_layers=num_layers,
+            hidden_dim=hidden_dim,
+            dtype_family=dtype,
+            max_seq_len=max_seq_len,
+        )
+        before = self.source.bytes_read
+        ranges = coalesce_ranges([(e.offset, e.n_bytes) for e in entries])
+        tensors: dict[str, npt.NDArray[Any]] = {}
+        target = COMPUTE_DTYPES[dtype]
+        pending = list(entries)
+        for start, length in ranges:
+            block = self.source.read(start, length)
+            while pending and pending[0].offset < start + length:
+                entry = pending.pop(0)
+                lo = entry.offset - start
+                raw = np.frombuffer(block, dtype=np.uint8, count=entry.n_bytes, offset=lo)
+                tensors[entry.name] = dequantize(raw, entry.type_id, entry.shape, target)
+        return StageWeights(
+            facts=self.facts,
+            layer_start=layer_start,
+            layer_end=layer_end,
+            is_first=is_first,
+            is_last=is_last,
+            dtype=dtype,
+            tensors=tensors,
+            header_bytes=self.header_bytes,
+            tensor_bytes=sum(e.n_bytes for e in entries),
+            bytes_read=self.source.bytes_read - before,
+            file_size=self.file_size,
+            ranges=ranges,
+        )
+
+
+def coalesce_ranges(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Merge ``(offset, length)`` spans that touch or sit within a small gap, in file order."""
+    merged: list[tuple[int, int]] = []
+    for offset, length in sorted(spans):
+        if merged:
+            last_offset, last_length = merged[-1]
+            if offset <= last_offset + last_length + _COALESCE_GAP_BYTES:
+                end = max(last_offset + last_length, offset + length)
+                merged[-1] = (last_offset, end - last_offset)
+                continue
+        merged.append((offset, length))
+    return merged
+
+
+def open_reader(
+    location: str | os.PathLike[str],
+    *,
+    digest: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> GgufRangeReader:
+    """Open a GGUF by path or URL (optionally through the content-addressed cache)."""
+    from swactor.model.source import open_source
+
+    return GgufRangeReader(open_source(location, digest=digest, cache_dir=cache_dir))

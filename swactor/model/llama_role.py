@@ -1,0 +1,338 @@
+"""Llama-family stage role in tinygrad: one contiguous layer range of a GGUF model.
+
+Theory of operation. A :class:`StageRole` owns blocks ``[layer_start, layer_end)`` of a
+llama (or qwen2) model, plus the token embedding when it is the first stage and the final
+norm, output projection and sampler when it is the last. Weights arrive dequantised once at
+load (:class:`~swactor.model.gguf_range.StageWeights`) and are moved to the tinygrad device
+once. Each block keeps a KV cache of ``max_seq_len`` positions in the compute dtype.
+
+Object convention (agreed with the worker; spec §17):
+
+* token object (stage 0 input, last-stage output): ``int32`` ids, shape ``[tokens]``;
+  the last stage emits exactly one id per step (the next token).
+* activation object (between stages): the plan dtype (``float32`` or ``float16``),
+  shape ``[tokens, hidden]``, C order, little endian;
+  ``extent = tokens * hidden * dtype_width_bytes``.
+
+``step(sequence, payload)``: ``sequence`` is the inference step. Step 0 is the prefill
+(every prompt position at once, positions ``0..T-1``) and resets the position counter;
+step ``k > 0`` carries one position. Steps must arrive in order (``k`` then ``k + 1``).
+
+Math (llama.cpp semantics): ``x += Wo·attn(rope(Wq·n(x)), rope(Wk·n(x)), Wv·n(x))`` then
+``x += Wd·(silu(Wg·n(x)) * Wu·n(x))`` with ``n`` the RMSNorm (``eps`` from the file) times
+its weight; grouped-query attention shares each KV head among ``heads / kv_heads`` query
+heads; the causal mask applies during prefill. llama GGUF files store Q and K rows permuted
+for rotary embedding on adjacent pairs (llama.cpp's "normal" rope); at load we un-permute
+the first ``rope_dim`` rows of every head into the half-split layout so rope is two slices;
+qwen2 files are already half-split (NEOX) and carry Q/K/V biases. Sums run in float32; the
+residual stream is rounded to the plan dtype at every block boundary, so a model split at
+any block boundary computes the same numbers as the whole.
+
+Decode (one position) runs through one :class:`TinyJit` per role: the start position is a
+bound symbolic variable, the KV cache is written with ``assign`` into
+``cache[:, pos:pos+1]`` and attention reads ``cache[:, 0:pos+1]``, so kernels are built on
+the first decode steps and replayed afterwards. Prefill runs eagerly (its length varies).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from tinygrad.dtype import dtypes
+from tinygrad.engine.jit import TinyJit
+from tinygrad.tensor import Tensor
+from tinygrad.uop.ops import UOp
+
+from swactor.model.errors import WeightsError, WeightsFault
+from swactor.model.gguf_range import ModelFacts, StageWeights
+from swactor.model.sampling import SamplingPolicy, sample_token
+
+_TG_DTYPES = {"f32": dtypes.float32, "f16": dtypes.float16}
+NP_DTYPES: dict[str, type[np.floating[Any]]] = {"f32": np.float32, "f16": np.float16}
+
+
+class StepError(Exception):
+    """A step input the role cannot accept (spec §37 ``StepFailure.InvalidInputHandle``)."""
+
+
+def _unpermute_rope_rows(
+    weight: npt.NDArray[Any], heads: int, head_dim: int, rope_dim: int
+) -> npt.NDArray[Any]:
+    """Rows of each head from llama.cpp's adjacent-pair order to half-split order."""
+    rows = weight.reshape(heads, head_dim, *weight.shape[1:])
+    rot = rows[:, :rope_dim].reshape(heads, rope_dim // 2, 2, *weight.shape[1:])
+    rot = rot.swapaxes(1, 2).reshape(heads, rope_dim, *weight.shape[1:])
+    return np.ascontiguousarray(np.concatenate([rot, rows[:, rope_dim:]], axis=1)).reshape(
+        weight.shape
+    )
+
+
+@dataclass
+class _Block:
+    attn_norm: Tensor
+    wq: Tensor
+    wk: Tensor
+    wv: Tensor
+    wo: Tensor
+    bq: Tensor | None
+    bk: Tensor | None
+    bv: Tensor | None
+    ffn_norm: Tensor
+    w_gate: Tensor
+    w_up: Tensor
+    w_down: Tensor
+    cache_k: Tensor
+    cache_v: Tensor
+
+
+class StageRole:
+    """Execute one stage's layer range; see the module docstring for the object convention."""
+
+    def __init__(
+        self,
+        weights: StageWeights,
+        *,
+        max_seq_len: int,
+        sampling: SamplingPolicy | None = None,
+        device: str | None = None,
+    ) -> None:
+        facts = weights.facts
+        if not 0 < max_seq_len <= facts.context_length:
+            raise WeightsError(
+                WeightsFault.PLAN_MISMATCH,
+                f"max_seq_len {max_seq_len} outside (0, {facts.context_length}]",
+            )
+        self.facts: ModelFacts = facts
+        self.layer_start = weights.layer_start
+        self.layer_end = weights.layer_end
+        self.is_first = weights.is_first
+        self.is_last = weights.is_last
+        self.dtype = weights.dtype
+        self.np_dtype = NP_DTYPES[weights.dtype]
+        self.max_seq_len = max_seq_len
+        self.sampling = sampling or SamplingPolicy.greedy()
+        self.device = device
+        self.last_logits: npt.NDArray[np.float32] | None = None
+        self._next_sequence = 0
+        self._position = 0
+        self._tg_dtype = _TG_DTYPES[weights.dtype]
+        self._load(weights.tensors)
+        self._pos_var = UOp.variable("start_pos", 0, max_seq_len - 1)
+        self._decode = TinyJit(self._forward_decode)
+
+    # -- loading --------------------------------------------------------------------------
+    def _tensor(
+        self, tensors: dict[str, npt.NDArray[Any]], name: str, shape: tuple[int, ...]
+    ) -> Tensor:
+        array = tensors[name]
+        if tuple(array.shape) != shape:
+            raise WeightsError(
+                WeightsFault.CORRUPT_HEADER,
+                f"tensor {name} has shape {tuple(array.shape)}, model needs {shape}",
+            )
+        return self._to_device(array)
+
+    def _to_device(self, array: npt.NDArray[Any]) -> Tensor:
+        return Tensor(np.ascontiguousarray(array), device=self.device).realize()
+
+    def _load(self, tensors: dict[str, npt.NDArray[Any]]) -> None:
+        f = self.facts
+        dim, hd, heads, kv = f.hidden_dim, f.head_dim, f.head_count, f.head_count_kv
+        self.blocks: list[_Block] = []
+        llama = f.architecture == "llama"
+        for layer in range(self.layer_start, self.layer_end):
+            p = f"blk.{layer}."
+            wq, wk = tensors[p + "attn_q.weight"], tensors[p + "attn_k.weight"]
+            bq = tensors.get(p + "attn_q.bias")
+            bk = tensors.get(p + "attn_k.bias")
+            if llama and f.rope_dim > 0:
+                if wq.shape[0] == heads * hd and wk.shape[0] == kv * hd:
+                    wq = _unpermute_rope_rows(wq, heads, hd, f.rope_dim)
+                    wk = _unpermute_rope_rows(wk, kv, hd, f.rope_dim)
+                    if bq is not None and bk is not None:
+                        bq = _unpermute_rope_rows(bq, heads, hd, f.rope_dim)
+                        bk = _unpermute_rope_rows(bk, kv, hd, f.rope_dim)
+            fixed = dict(tensors)
+            fixed[p + "attn_q.weight"], fixed[p + "attn_k.weight"] = wq, wk
+            bv = tensors.get(p + "attn_v.bias")
+            self.blocks.append(
+                _Block(
+                    attn_norm=self._tensor(fixed, p + "attn_norm.weight", (dim,)),
+                    wq=self._tensor(fixed, p + "attn_q.weight", (heads * hd, dim)),
+                    wk=self._tensor(fixed, p + "attn_k.weight", (kv * hd, dim)),
+                    wv=self._tensor(fixed, p + "attn_v.weight", (kv * hd, dim)),
+                    wo=self._tensor(fixed, p + "attn_output.weight", (dim, heads * hd)),
+                    bq=None if bq is None else self._to_device(bq),
+                    bk=None if bk is None else self._to_device(bk),
+                    bv=None if bv is None else self._to_device(bv),
+                    ffn_norm=self._tensor(fixed, p + "ffn_norm.weight", (dim,)),
+                    w_gate=self._tensor(fixed, p + "ffn_gate.weight", (f.ffn_dim, dim)),
+                    w_up=self._tensor(fixed, p + "ffn_up.weight", (f.ffn_dim, dim)),
+                    w_down=self._tensor(fixed, p + "ffn_down.weight", (dim, f.ffn_dim)),
+                    cache_k=Tensor.zeros(
+                        kv, self.max_seq_len, hd, dtype=self._tg_dtype, device=self.device
+                    )
+                    .contiguous()
+                    .realize(),
+                    cache_v=Tensor.zeros(
+                        kv, self.max_seq_len, hd, dtype=self._tg_dtype, device=self.device
+                    )
+                    .contiguous()
+                    .realize(),
+                )
+            )
+        vocab = f.vocab_size
+        # the embedding lookup is a row gather: done on the host, it reads only the rows used
+        self.token_embd: npt.NDArray[Any] | None = None
+        if self.is_first:
+            embd = tensors["token_embd.weight"]
+            if tuple(embd.shape) != (vocab, dim):
+                raise WeightsError(
+                    WeightsFault.CORRUPT_HEADER,
+                    f"tensor token_embd.weight has shape {tuple(embd.shape)}, model needs "
+                    f"{(vocab, dim)}",
+                )
+            self.token_embd = embd
+        self.output_norm: Tensor | None = None
+        self.output: Tensor | None = None
+        if self.is_last:
+            self.output_norm = self._tensor(tensors, "output_norm.weight", (dim,))
+            out_name = "token_embd.weight" if f.tied_embeddings else "output.weight"
+            self.output = self._tensor(tensors, out_name, (vocab, dim))
+        half = f.rope_dim // 2
+        if half:
+            inv = 1.0 / (f.rope_theta ** (np.arange(0, half, dtype=np.float64) * 2 / f.rope_dim))
+            angles = np.outer(np.arange(self.max_seq_len, dtype=np.float64), inv)
+            self.rope_cos = self._to_device(np.cos(angles).astype(np.float32))
+            self.rope_sin = self._to_device(np.sin(angles).astype(np.float32))
+
+    # -- math -----------------------------------------------------------------------------
+    def _rms_norm(self, x: Tensor, weight: Tensor) -> Tensor:
+        normed = x * (x.square().mean(axis=-1, keepdim=True) + self.facts.norm_eps).rsqrt()
+        return normed * weight.float()
+
+    def _rope(self, x: Tensor, start: UOp | int, tokens: int) -> Tensor:
+        """Rotate the first ``rope_dim`` features of ``x`` ``[heads, tokens, head_dim]``."""
+        rope_dim = self.facts.rope_dim
+        if rope_dim == 0:
+            return x
+        half = rope_dim // 2
+        cos = self.rope_cos[start : start + tokens].reshape(1, tokens, half)
+        sin = self.rope_sin[start : start + tokens].reshape(1, tokens, half)
+        x1, x2 = x[..., :half], x[..., half:rope_dim]
+        rotated = (x1 * cos - x2 * sin).cat(x2 * cos + x1 * sin, dim=-1)
+        if rope_dim == x.shape[-1]:
+            return rotated
+        return rotated.cat(x[..., rope_dim:], dim=-1)
+
+    def _attention(self, block: _Block, x: Tensor, start: UOp | int, tokens: int) -> Tensor:
+        f = self.facts
+        hd, heads, kv = f.head_dim, f.head_count, f.head_count_kv
+        q = x.matmul(block.wq.T)
+        k = x.matmul(block.wk.T)
+        v = x.matmul(block.wv.T)
+        if block.bq is not None:
+            q = q + block.bq.float()
+        if block.bk is not None:
+            k = k + block.bk.float()
+        if block.bv is not None:
+            v = v + block.bv.float()
+        q = self._rope(q.reshape(tokens, heads, hd).transpose(0, 1), start, tokens)
+        k = self._rope(k.reshape(tokens, kv, hd).transpose(0, 1), start, tokens)
+        v = v.reshape(tokens, kv, hd).transpose(0, 1)
+        block.cache_k[:, start : start + tokens, :].assign(k.cast(self._tg_dtype))
+        block.cache_v[:, start : start + tokens, :].assign(v.cast(self._tg_dtype))
+        keys = block.cache_k[:, 0 : start + tokens, :].float()
+        values = block.cache_v[:, 0 : start + tokens, :].float()
+        group = heads // kv
+        q = q.reshape(kv, group * tokens, hd)
+        scores = q.matmul(keys.transpose(1, 2)) * (1.0 / math.sqrt(hd))
+        if tokens > 1:
+            assert isinstance(start, int)
+            causal = Tensor.ones(tokens, start + tokens, dtype=dtypes.bool, device=self.device)
+            causal = causal.tril(start)
+            scores = scores.reshape(kv, group, tokens, start + tokens)
+            scores = causal.where(scores, float("-inf")).reshape(kv, group * tokens, -1)
+        out = scores.softmax(-1).matmul(values)  # [kv, group*tokens, hd]
+        out = out.reshape(heads, tokens, hd).transpose(0, 1).reshape(tokens, heads * hd)
+        return out.matmul(block.wo.T)
+
+    def _block(self, block: _Block, x: Tensor, start: UOp | int, tokens: int) -> Tensor:
+        h = x + self._attention(block, self._rms_norm(x, block.attn_norm), start, tokens)
+        n = self._rms_norm(h, block.ffn_norm)
+        mlp = (n.matmul(block.w_gate.T).silu() * n.matmul(block.w_up.T)).matmul(block.w_down.T)
+        return (h + mlp).cast(self._tg_dtype)
+
+    def _forward(self, x: Tensor, start: UOp | int, tokens: int) -> Tensor:
+        for block in self.blocks:
+            x = self._block(block, x.float(), start, tokens)
+        if not self.is_last:
+            return x.contiguous()
+        assert self.output_norm is not None and self.output is not None
+        last = self._rms_norm(x[tokens - 1 : tokens].float(), self.output_norm)
+        return last.matmul(self.output.T).float().reshape(-1).contiguous()
+
+    def _forward_decode(self, payload: Tensor, start: UOp) -> Tensor:
+        return self._forward(payload, start, 1).realize()
+
+    # -- the step API ---------------------------------------------------------------------
+    def input_shape(self, tokens: int) -> tuple[int, ...]:
+        return (tokens,) if self.is_first else (tokens, self.facts.hidden_dim)
+
+    def step(self, sequence: int, payload: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """Run inference step ``sequence`` on one input object; return the output object."""
+        if sequence != 0 and sequence != self._next_sequence:
+            raise StepError(f"inference step {sequence} out of order (expected "
+                            f"{self._next_sequence})")
+        array = self._check_input(payload)
+        tokens = array.shape[0]
+        if sequence == 0:
+            self._position = 0
+        elif tokens != 1:
+            raise StepError(f"decode step {sequence} carries {tokens} positions, expected 1")
+        if self._position + tokens > self.max_seq_len:
+            raise StepError(
+                f"step {sequence}: positions {self._position}..{self._position + tokens - 1} "
+                f"exceed max_seq_len {self.max_seq_len}"
+            )
+        if self.token_embd is not None:
+            array = np.ascontiguousarray(self.token_embd[array], dtype=self.np_dtype)
+        data = Tensor(array, device=self.device)
+        if tokens == 1 and sequence > 0:
+            out = self._decode(data.realize(), self._pos_var.bind(self._position))
+        else:
+            out = self._forward(data, self._position, tokens).realize()
+        self._position += tokens
+        self._next_sequence = sequence + 1
+        result = out.numpy()
+        if not self.is_last:
+            return np.ascontiguousarray(result, dtype=self.np_dtype)
+        self.last_logits = result.astype(np.float32)
+        token = sample_token(self.last_logits, self.sampling, sequence)
+        return np.array([token], dtype=np.int32)
+
+    def _check_input(self, payload: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        array = np.asarray(payload)
+        if self.is_first:
+            if array.dtype != np.int32 or array.ndim != 1 or array.shape[0] == 0:
+                raise StepError(
+                    f"stage 0 input must be a non-empty int32 [tokens] array, got "
+                    f"{array.dtype} {array.shape}"
+                )
+            if int(array.min()) < 0 or int(array.max()) >= self.facts.vocab_size:
+                raise StepError(f"token id outside [0, {self.facts.vocab_size})")
+            return np.ascontiguousarray(array)
+        if array.dtype != self.np_dtype or array.ndim != 2 or array.shape[0] == 0:
+            raise StepError(
+                f"activation input must be {np.dtype(self.np_dtype).name} [tokens, "
+                f"{self.facts.hidden_dim}], got {array.dtype} {array.shape}"
+            )
+        if array.shape[1] != self.facts.hidden_dim:
+            raise StepError(
+                f"activation width {array.shape[1]} != hidden {self.facts.hidden_dim}"
+            )
+        return np.ascontiguousarray(array)

@@ -1,0 +1,270 @@
+"""Byte sources for a GGUF file: local path, HTTP(S) with Range requests, content-addressed cache.
+
+Theory of operation: the range reader needs exactly two things from wherever a GGUF lives,
+its total ``size()`` and ``read(offset, length)`` of one byte range. Every source implements
+that pair (:class:`ByteSource`) and counts the bytes it actually pulled from its backing
+store in ``bytes_read``, so a stage can report how much of the file it touched.
+
+* :class:`LocalFileSource` — ``os.pread`` on a path; a short read is ``Truncated``.
+* :class:`HttpRangeSource` — one ``GET`` with ``Range: bytes=a-b`` per read. A server that
+  answers ``200`` (ignoring the range) is refused rather than letting a stage download the
+  whole file; the size and the identity (strong ``ETag``) come from one ``HEAD``.
+* :class:`CachedSource` — wraps another source; each range is stored once as
+  ``<cache>/<digest>/<offset>-<length>`` (written to a temporary name, then renamed), so a
+  second run with the same digest reads nothing from the inner source. The digest is the
+  file's identity: given by the plan, or the artifact server's ``ETag`` (its SHA-256).
+
+Failures are :class:`~swactor.model.errors.WeightsError` with ``DownloadFailed``,
+``Truncated``, ``SourceInvalid`` or ``CacheCorrupt``; no payload bytes enter a message.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Protocol
+
+from swactor.model.errors import WeightsError, WeightsFault
+
+_DIGEST_RE = re.compile(r"^[0-9a-fA-F]{16,128}$")
+
+
+class ByteSource(Protocol):
+    """Random access to the bytes of one GGUF file."""
+
+    name: str
+    bytes_read: int
+
+    def size(self) -> int: ...
+
+    def read(self, offset: int, length: int) -> bytes: ...
+
+
+class LocalFileSource:
+    """A GGUF on the local file system, read with ``pread``."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.name = str(self.path)
+        self.bytes_read = 0
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        except OSError as exc:
+            raise WeightsError(
+                WeightsFault.SOURCE_INVALID, f"cannot open {self.name}: {exc.strerror}"
+            ) from None
+        self._size = os.fstat(self._fd).st_size
+
+    def size(self) -> int:
+        return self._size
+
+    def read(self, offset: int, length: int) -> bytes:
+        if offset < 0 or length < 0 or offset + length > self._size:
+            raise WeightsError(
+                WeightsFault.TRUNCATED,
+                f"{self.name}: range [{offset}, {offset + length}) beyond end of file "
+                f"({self._size} bytes)",
+            )
+        chunks: list[bytes] = []
+        done = 0
+        while done < length:
+            chunk = os.pread(self._fd, min(length - done, 1 << 26), offset + done)
+            if not chunk:
+                raise WeightsError(
+                    WeightsFault.TRUNCATED, f"{self.name}: file ended at {offset + done}"
+                )
+            chunks.append(chunk)
+            done += len(chunk)
+        self.bytes_read += length
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def __del__(self) -> None:
+        try:
+            os.close(self._fd)
+        except (OSError, AttributeError):
+            pass
+
+
+class HttpRangeSource:
+    """A GGUF served over HTTP(S); every read is one ranged ``GET``."""
+
+    def __init__(self, url: str, *, timeout_s: float = 60.0) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise WeightsError(WeightsFault.SOURCE_INVALID, f"not an http(s) URL: {url!r}")
+        self.url = url
+        self.name = url
+        self.bytes_read = 0
+        self.timeout_s = timeout_s
+        self._size: int | None = None
+        self._etag: str | None = None
+
+    def _head(self) -> None:
+        request = urllib.request.Request(self.url, method="HEAD")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                length = response.headers.get("Content-Length")
+                etag = response.headers.get("ETag")
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise WeightsError(
+                WeightsFault.DOWNLOAD_FAILED, f"HEAD {self.url} failed: {exc}"
+            ) from None
+        if length is None or not length.isdigit():
+            raise WeightsError(
+                WeightsFault.DOWNLOAD_FAILED, f"HEAD {self.url}: no usable Content-Length"
+            )
+        self._size = int(length)
+        if etag is not None:
+            self._etag = etag.strip().removeprefix("W/").strip('"')
+
+    def size(self) -> int:
+        if self._size is None:
+            self._head()
+        assert self._size is not None
+        return self._size
+
+    def etag(self) -> str | None:
+        """The server's entity tag (our artifact server sends the file's SHA-256)."""
+        if self._size is None:
+            self._head()
+        return self._etag
+
+    def read(self, offset: int, length: int) -> bytes:
+        if length == 0:
+            return b""
+        size = self.size()
+        if offset < 0 or offset + length > size:
+            raise WeightsError(
+                WeightsFault.TRUNCATED,
+                f"{self.url}: range [{offset}, {offset + length}) beyond end ({size} bytes)",
+            )
+        last = offset + length - 1
+        request = urllib.request.Request(self.url, headers={"Range": f"bytes={offset}-{last}"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                if response.status != 206:
+                    raise WeightsError(
+                        WeightsFault.DOWNLOAD_FAILED,
+                        f"GET {self.url}: server answered {response.status} to a Range request",
+                    )
+                expected = f"bytes {offset}-{last}/"
+                content_range = response.headers.get("Content-Range", "")
+                if not content_range.startswith(expected):
+                    raise WeightsError(
+                        WeightsFault.DOWNLOAD_FAILED,
+                        f"GET {self.url}: Content-Range {content_range!r} does not match "
+                        f"the requested range {offset}-{last}",
+                    )
+                data: bytes = response.read(length + 1)
+        except WeightsError:
+            raise
+        except urllib.error.HTTPError as exc:
+            raise WeightsError(
+                WeightsFault.DOWNLOAD_FAILED,
+                f"GET {self.url} bytes {offset}-{last}: HTTP {exc.code}",
+            ) from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise WeightsError(
+                WeightsFault.DOWNLOAD_FAILED, f"GET {self.url} bytes {offset}-{last}: {exc}"
+            ) from None
+        if len(data) != length:
+            raise WeightsError(
+                WeightsFault.TRUNCATED,
+                f"GET {self.url}: got {len(data)} bytes for a {length}-byte range",
+            )
+        self.bytes_read += length
+        return data
+
+
+class CachedSource:
+    """Content-addressed cache in front of another source, keyed by file digest and range."""
+
+    def __init__(self, inner: ByteSource, cache_dir: str | os.PathLike[str], digest: str) -> None:
+        if not _DIGEST_RE.match(digest):
+            raise WeightsError(
+                WeightsFault.SOURCE_INVALID, f"file digest {digest!r} is not a hex string"
+            )
+        self.inner = inner
+        self.name = f"cache:{digest[:16]}:{inner.name}"
+        self.digest = digest.lower()
+        self.root = Path(cache_dir) / self.digest
+        self.bytes_read = 0
+        self.cache_hit_bytes = 0
+        self._size: int | None = None
+
+    def size(self) -> int:
+        if self._size is None:
+            size_file = self.root / "size"
+            try:
+                self._size = int(size_file.read_text())
+            except (OSError, ValueError):
+                self._size = self.inner.size()
+                self._store(size_file, str(self._size).encode())
+        return self._size
+
+    def read(self, offset: int, length: int) -> bytes:
+        blob = self.root / f"{offset}-{length}"
+        try:
+            data = blob.read_bytes()
+        except OSError:
+            data = None
+        if data is not None:
+            if len(data) != length:
+                raise WeightsError(
+                    WeightsFault.CACHE_CORRUPT,
+                    f"cache blob {blob} holds {len(data)} bytes, expected {length}",
+                )
+            self.cache_hit_bytes += length
+            return data
+        before = self.inner.bytes_read
+        data = self.inner.read(offset, length)
+        self.bytes_read += self.inner.bytes_read - before
+        self._store(blob, data)
+        return data
+
+    def _store(self, path: Path, data: bytes) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".part-")
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise WeightsError(
+                WeightsFault.CACHE_CORRUPT, f"cannot write cache entry {path}: {exc.strerror}"
+            ) from None
+
+
+def open_source(
+    location: str | os.PathLike[str],
+    *,
+    digest: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> ByteSource:
+    """Open a GGUF by path or URL; with ``cache_dir``, put the content-addressed cache in front.
+
+    For a URL without ``digest`` the server's ``ETag`` is the identity (one ``HEAD``, no body).
+    """
+    text = os.fspath(location)
+    inner: ByteSource
+    if text.startswith(("http://", "https://")):
+        http = HttpRangeSource(text)
+        inner = http
+        if cache_dir is not None and digest is None:
+            digest = http.etag()
+            if digest is None:
+                raise WeightsError(
+                    WeightsFault.SOURCE_INVALID,
+                    f"{text}: no digest given and the server sent no ETag to key the cache",
+                )
+    else:
+        inner = LocalFileSource(text)
+    if cache_dir is None or digest is None:
+        return inner
+    return CachedSource(inner, cache_dir, digest)
