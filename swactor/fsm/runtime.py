@@ -1,0 +1,72 @@
+"""Shared runtime pieces of every generated protocol machine.
+
+Theory of operation
+-------------------
+Each table in ``fsm/*.yaml`` becomes a module under ``swactor.fsm.generated`` whose
+machine class has one entry point, ``handle(event) -> list[Effect]``. The pieces that
+are the same for every machine live here so that bindings can treat them uniformly:
+
+* ``ProtocolError`` is raised by ``handle()`` when a table's ``unhandled: raise`` policy
+  meets an event that no row of the current state handles, or when the object handed
+  in is not an event of that machine at all. The machine's state is unchanged.
+* ``StartTimer`` / ``CancelTimer`` are built-in effects: a row entering a state that
+  declares a ``timer`` emits ``StartTimer(name, seconds)``; a row leaving it emits
+  ``CancelTimer(name)``. ``name`` is the name of the timer's event class; the generated
+  module's ``TIMER_EVENTS[name]()`` builds the event the binding feeds back through
+  ``handle()`` when the timer fires. Machines never read a clock.
+* ``ProtocolViolation`` is the built-in effect of the ``unhandled: fault`` policy: the
+  machine moves to its fault state and reports which event arrived in which state.
+
+Effects are frozen slotted dataclasses, compared by value in tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["CancelTimer", "ProtocolError", "ProtocolViolation", "StartTimer"]
+
+
+class ProtocolError(Exception):
+    """An event arrived that the machine's table does not allow in its current state."""
+
+    def __init__(self, machine: str, state: str, event: str, reason: str) -> None:
+        self.machine = machine
+        """Table name of the machine, e.g. ``arena_manager``."""
+        self.state = state
+        """Name of the state the machine was in (and still is)."""
+        self.event = event
+        """Class name of the rejected event."""
+        self.reason = reason
+        """Why it was rejected."""
+        super().__init__(f"{machine}: event {event} in state {state}: {reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class StartTimer:
+    """Arm the timer ``name`` to fire once after ``seconds`` (replacing any armed one)."""
+
+    name: str
+    """Timer name: the class name of the event to feed back when it fires."""
+    seconds: float
+    """Delay from now, in seconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer:
+    """Disarm the timer ``name``; a no-op for the binding if it already fired."""
+
+    name: str
+    """Timer name: the class name of the timer's event."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolViolation:
+    """An event that no row handles arrived; the machine moved to its fault state."""
+
+    machine: str
+    """Table name of the machine."""
+    state: str
+    """Name of the state in which the unexpected event arrived."""
+    event: str
+    """Class name of the unexpected event (its payload is never reported)."""
