@@ -1,0 +1,111 @@
+"""Driver messages and events (spec §24), and the wake hints the pumps emit (spec §21).
+
+Inbound: `EstablishSend`, `EstablishRecv`, `StopEdge` (and `StreamArrived`, which the
+driver's own demux produces when an edge stream's preamble has been read). Outbound:
+`DriverEdgeReady`, `StreamClosed`, `StreamFault`, `PumpStopped`, plus wake hints
+`RingReadable` / `RingWritable` for the process on the other side of a ring.
+
+The spec's `EstablishSend`/`EstablishRecv` carry a `RingLayout`; in this Python node the
+ring is opened by whoever installed it (EdgeEstablisher / ArenaManager), and the driver
+receives the open handle (`ring`) together with its `ring_id`. No message carries payload
+bytes, byte ranges or credits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from swactor.wire.enums import StreamFaultReason
+
+if TYPE_CHECKING:
+    from swactor.transport.ringport import RingPort
+
+
+@dataclass(frozen=True, slots=True)
+class EstablishSend:
+    """Start the send side of `edge_id`: egress `ring` -> stream to `rx_node_id`."""
+
+    edge_id: int
+    rx_node_id: int
+    ring_id: int
+    ring: RingPort
+    tx_addr: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class EstablishRecv:
+    """Start the receive side of `edge_id`: its stream -> ingress `ring`."""
+
+    edge_id: int
+    ring_id: int
+    ring: RingPort
+    rx_addr: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class StopEdge:
+    """Stop the pump of `edge_id` (teardown); `PumpStopped` follows."""
+
+    edge_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamArrived:
+    """A peer stream whose preamble named `edge_id` (produced by the demux itself)."""
+
+    edge_id: int
+    peer_node_id: int
+    stream_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class DriverEdgeReady:
+    """Send side: a verified connection to the consumer exists. Receive side: the
+    receive spec is registered, so the stream will be paired whenever it arrives."""
+
+    edge_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamClosed:
+    """The edge stream ended cleanly (FIN); `offset` = payload bytes after the preamble."""
+
+    edge_id: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamFault:
+    """An edge stream failed. `edge_id` is None when the preamble never named one."""
+
+    edge_id: int | None
+    reason: StreamFaultReason
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PumpStopped:
+    """The pump of `edge_id` will never touch `ring_id` again (a quiescence proof)."""
+
+    edge_id: int
+    ring_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class RingReadable:
+    """Wake hint: `ring_id` may have bytes to read (reload cursors)."""
+
+    ring_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class RingWritable:
+    """Wake hint: `ring_id` may have free space (reload cursors)."""
+
+    ring_id: int
+
+
+DriverMessage = EstablishSend | EstablishRecv | StopEdge
+DriverEvent = DriverEdgeReady | StreamClosed | StreamFault | PumpStopped
+WakeHint = RingReadable | RingWritable
