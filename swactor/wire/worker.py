@@ -1,0 +1,183 @@
+"""GPU worker command payloads (spec §29) and their newline-JSON control lines.
+
+Theory of operation
+-------------------
+GpuWorkerCtl sends the worker one command per stdin line. Each command here is a frozen
+wire dataclass; `encode_command(cmd)` writes one line `{"type": <class name>, "body":
+<to_json()>}` and `decode_command(line)` parses it back, raising `ControlMessageError`
+for anything that is not JSON, not an object of exactly those two keys, or an unknown
+type, and the body's own `WireError` when the body is invalid. JSON values (`backend`,
+`config`, `runtime`) are low-frequency metadata: bytes are rejected.
+
+Rules: `InstallRing.layout.ring_id == ring_id`; `ExecuteStep` port ids are unique among
+its inputs and among its outputs, and every input handle is of one worker generation;
+`InitializeWorker.arena_ceiling >= 1`.
+"""
+
+from __future__ import annotations
+
+import json
+import typing
+from dataclasses import dataclass
+
+from swactor.wire.codec import JsonValue, WireStruct
+from swactor.wire.enums import RingDirection, ShutdownMode, UninstallReason
+from swactor.wire.errors import ControlMessageError, PlanError
+from swactor.wire.ids import (
+    DeviceObjectHandle,
+    EdgeId,
+    ObjectId,
+    PortId,
+    RingId,
+    RoleId,
+    Sequence,
+    StepId,
+    WorkerGeneration,
+)
+from swactor.wire.objects import ObjectSpec
+from swactor.wire.rings import RingLayout
+
+MAX_CONTROL_LINE = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class InitializeWorker(WireStruct):
+    """Map the arena, check the ring helper ABI, start the backend (spec §29)."""
+
+    worker_generation: WorkerGeneration
+    arena_ceiling: int
+    required_ring_helper_abi: int
+    backend: JsonValue
+
+    def _validate(self) -> None:
+        self._check_range("arena_ceiling", 1, (1 << 64) - 1)
+        self._check_u16("required_ring_helper_abi")
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigureRole(WireStruct):
+    """Configure role `role_id` with low-frequency metadata (spec §29)."""
+
+    role_id: RoleId
+    config: JsonValue
+
+
+@dataclass(frozen=True, slots=True)
+class InstallRing(WireStruct):
+    """Install a leased ring in the worker (spec §29)."""
+
+    ring_id: RingId
+    edge_id: EdgeId
+    port_id: PortId
+    direction: RingDirection
+    layout: RingLayout
+    object_spec: ObjectSpec
+
+    def _validate(self) -> None:
+        if self.layout.ring_id != self.ring_id:
+            raise PlanError("InstallRing", "layout.ring_id", "differs from ring_id")
+
+
+@dataclass(frozen=True, slots=True)
+class UninstallRing(WireStruct):
+    """Remove a ring, wait out its copies, emit RingQuiesced (spec §29)."""
+
+    ring_id: RingId
+    reason: UninstallReason
+
+
+@dataclass(frozen=True, slots=True)
+class InputBinding(WireStruct):
+    """A loaded input object bound to a role input port (spec §29)."""
+
+    port_id: PortId
+    object_id: ObjectId
+    sequence: Sequence
+    device_handle: DeviceObjectHandle
+
+
+@dataclass(frozen=True, slots=True)
+class OutputBinding(WireStruct):
+    """An output object a step must write to an egress ring (spec §29)."""
+
+    port_id: PortId
+    ring_id: RingId
+    object_id: ObjectId
+    sequence: Sequence
+    extent: int
+    flags: int = 0
+
+    def _validate(self) -> None:
+        self._check_u64("extent")
+        self._check_u32("flags")
+
+
+@dataclass(frozen=True, slots=True)
+class ExecuteStep(WireStruct):
+    """Run one role step over bound inputs into declared outputs (spec §29)."""
+
+    role_id: RoleId
+    step_id: StepId
+    inputs: tuple[InputBinding, ...]
+    outputs: tuple[OutputBinding, ...]
+    runtime: JsonValue
+    release_inputs_after: bool
+
+    def _validate(self) -> None:
+        for name in ("inputs", "outputs"):
+            ports = [b.port_id for b in getattr(self, name)]
+            if len(set(ports)) != len(ports):
+                raise PlanError("ExecuteStep", name, "port ids must be unique")
+        generations = {b.device_handle.worker_generation for b in self.inputs}
+        if len(generations) > 1:
+            raise PlanError("ExecuteStep", "inputs", "handles span worker generations")
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownWorker(WireStruct):
+    """Stop the worker (spec §29)."""
+
+    mode: ShutdownMode
+
+
+WorkerCommand = (
+    InitializeWorker | ConfigureRole | InstallRing | UninstallRing | ExecuteStep | ShutdownWorker
+)
+
+COMMAND_TYPES: dict[str, type[WireStruct]] = {
+    cls.__name__: cls
+    for cls in (
+        InitializeWorker,
+        ConfigureRole,
+        InstallRing,
+        UninstallRing,
+        ExecuteStep,
+        ShutdownWorker,
+    )
+}
+
+
+def encode_command(command: WorkerCommand) -> str:
+    """One control line (ending in a newline) for `command`."""
+    body = {"type": type(command).__name__, "body": command.to_json()}
+    return json.dumps(body, separators=(",", ":"), allow_nan=False) + "\n"
+
+
+def decode_command(line: str | bytes) -> WorkerCommand:
+    """Parse one control line; raise `ControlMessageError` or the body's `WireError`."""
+    if len(line) > MAX_CONTROL_LINE:
+        raise ControlMessageError("WorkerCommand", "", f"line longer than {MAX_CONTROL_LINE}")
+    try:
+        document = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ControlMessageError("WorkerCommand", "", f"not JSON ({exc.msg})") from None
+    except (ValueError, UnicodeDecodeError):
+        raise ControlMessageError("WorkerCommand", "", "not UTF-8 JSON") from None
+    if not isinstance(document, dict) or set(document) != {"type", "body"}:
+        raise ControlMessageError("WorkerCommand", "", "expected an object {type, body}")
+    name = document["type"]
+    command_type = COMMAND_TYPES.get(name) if isinstance(name, str) else None
+    if command_type is None:
+        raise ControlMessageError("WorkerCommand", "type", "unknown command type")
+    decoded = command_type.from_json(document["body"])
+    return typing.cast(WorkerCommand, decoded)
