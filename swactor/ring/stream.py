@@ -1,0 +1,118 @@
+"""Blocking producer/consumer steps over a `Ring` with the pending-bit wake protocol.
+
+Theory of operation
+-------------------
+These helpers are the one place that encodes the waiter's side of spec §21, so that
+every blocking user (the worker's ingress parser and egress producer, tests, benches)
+gets it right:
+
+    waiter:  span = try();  if empty: clear pending bit; span = try() again;
+             if still empty: check state (Faulted -> raise, Closed -> EOF); sleep on wake
+    waker:   publish cursor; if mark_pending() (bit was clear): notify(ring_id)
+
+Clearing before the second try is what makes coalescing safe: a publish that happens
+after the clear finds the bit clear and sends a hint; a publish before it is seen by
+the second try (both are acq_rel on the same wake word).
+
+The consumer loads the state *before* its second try: a producer commits its last bytes
+before it closes, so "Closed, then still empty" really means end of stream.
+
+A blocked side also gives up when the ring turns Faulted: whoever faults a ring (the
+peer, or the node watching the peer process, see `swactor.ring.liveness`) notifies both
+directions afterwards, so the sleeper wakes and sees it.  `timeout` bounds each sleep:
+`WakeTimeout` then means a wake was lost or the peer died unreported.
+"""
+
+from __future__ import annotations
+
+from swactor.ring.errors import RingClosedError, RingFaulted
+from swactor.ring.ring import Ring, RingState
+from swactor.ring.wake import Wake, WakeTimeout
+from swactor.wire import RingFaultReason
+
+
+def _raise_faulted(ring: Ring) -> None:
+    raise RingFaulted(ring.fault_reason or RingFaultReason.RingStateInvalid, ring.ring_id)
+
+
+def wait_writable(
+    ring: Ring, writable: Wake, max_len: int | None = None, timeout: float | None = None
+) -> memoryview:
+    """Producer: a non-empty writable span, sleeping on `writable` while the ring is full."""
+    while True:
+        span = ring.writable_span(max_len)
+        if span:
+            return span
+        ring.clear_writable_pending()
+        span = ring.writable_span(max_len)
+        if span:
+            return span
+        state = ring.state
+        if state is RingState.Faulted:
+            _raise_faulted(ring)
+        if state is RingState.Closed:
+            raise RingClosedError("producer already closed the ring", ring.ring_id)
+        if not writable.wait(timeout):
+            raise WakeTimeout(f"ring {ring.ring_id}: no RingWritable within {timeout} s")
+
+
+def wait_readable(
+    ring: Ring, readable: Wake, max_len: int | None = None, timeout: float | None = None
+) -> memoryview:
+    """Consumer: a non-empty readable span, or an empty one at end of stream (the
+    producer closed and everything was consumed)."""
+    while True:
+        span = ring.readable_span(max_len)
+        if span:
+            return span
+        ring.clear_readable_pending()
+        state = ring.state
+        span = ring.readable_span(max_len)
+        if span:
+            return span
+        if state is RingState.Closed:
+            return span
+        if state is RingState.Faulted:
+            _raise_faulted(ring)
+        if not readable.wait(timeout):
+            raise WakeTimeout(f"ring {ring.ring_id}: no RingReadable within {timeout} s")
+
+
+def commit(ring: Ring, n: int, readable: Wake) -> None:
+    """Producer: publish `n` bytes and send RingReadable unless one is still pending."""
+    ring.advance_commit(n)
+    if ring.mark_readable_pending():
+        readable.notify(ring.ring_id)
+
+
+def consume(ring: Ring, n: int, writable: Wake) -> None:
+    """Consumer: release `n` bytes and send RingWritable unless one is still pending."""
+    ring.advance_consume(n)
+    if ring.mark_writable_pending():
+        writable.notify(ring.ring_id)
+
+
+def write_all(
+    ring: Ring,
+    data: memoryview | bytes | bytearray,
+    readable: Wake,
+    writable: Wake,
+    timeout: float | None = None,
+) -> None:
+    """Producer: copy all of `data` into the ring, span by span, blocking while full."""
+    src = memoryview(data).cast("B")
+    pos = 0
+    while pos < len(src):
+        span = wait_writable(ring, writable, len(src) - pos, timeout)
+        n = len(span)
+        span[:] = src[pos : pos + n]
+        span.release()
+        commit(ring, n, readable)
+        pos += n
+
+
+def close(ring: Ring, readable: Wake) -> None:
+    """Producer EOF: close the ring and wake the consumer so it sees the end."""
+    ring.close_producer()
+    if ring.mark_readable_pending():
+        readable.notify(ring.ring_id)
