@@ -3,7 +3,8 @@
 An actor is a class with one required coroutine, `receive(ctx, message)`, called with one
 message at a time, in mailbox order; it never runs concurrently with itself, so its fields
 need no locks. `started(ctx)` runs before the first message of every incarnation and
-`stopped(ctx)` after the last one (also before a restart). The runtime builds instances
+`stopped(ctx)` after the last one (also before a restart); `cancelled(ctx)`, synchronous,
+replaces `stopped` when a forced shutdown cancels the actor. The runtime builds instances
 from a factory (usually the class itself), so a restart gets fresh state.
 """
 
@@ -29,3 +30,9 @@ class Actor(Generic[M]):
 
     async def stopped(self, ctx: Context[M]) -> None:
         """Called once per incarnation after its last message (stop, crash or restart)."""
+
+    def cancelled(self, ctx: Context[M]) -> None:
+        """Called instead of `stopped` when a forced shutdown cancels the actor: no awaits.
+
+        Release what must not outlive the process (kill a child process, say).
+        """

@@ -19,8 +19,8 @@ Theory of operation. Each actor is one asyncio task running `ActorCell._run`:
    resolve `terminated`.
 
 Exceptions never leave the task; a hook that raises while stopping is logged and ignored.
-If the task itself is cancelled (forced runtime shutdown), step 4 runs without awaiting
-children or hooks.
+If the task itself is cancelled (forced runtime shutdown), step 4 runs without awaiting:
+children are cancelled too and the synchronous `cancelled(ctx)` hook replaces `stopped`.
 """
 
 from __future__ import annotations
@@ -324,12 +324,13 @@ class ActorCell(Generic[M]):
             child.request_stop()
         for child in children:
             await asyncio.shield(child.terminated)
-        actor, self._actor = self._actor, None
+        actor = self._actor
         if actor is not None:
             try:
                 await actor.stopped(self._context)
             except Exception:  # noqa: BLE001 - a failing stop hook is reported, not fatal
                 log.exception("%s: stopped() raised", self.address)
+        self._actor = None  # only now: a cancel during stopped() still calls cancelled()
 
     def _discard(self, item: _Item) -> None:
         if isinstance(item, _Envelope):
@@ -343,14 +344,33 @@ class ActorCell(Generic[M]):
         self.accepting = False
         for item in self._mailbox.close():
             self._discard(item)
-        if forced:
-            self.timers.cancel_all()
-            for task in list(self._tasks):
-                task.cancel()
-            for child in list(self.children.values()):
-                child._task.cancel()
-        else:
-            await self._end_incarnation()
+        try:
+            if forced:
+                self._abandon()
+            else:
+                try:
+                    await self._end_incarnation()
+                except asyncio.CancelledError:
+                    self._abandon()
+                    raise
+        finally:
+            self._finish(reason, error)
+
+    def _abandon(self) -> None:
+        """Forced end: cancel everything without awaiting; `cancelled()` replaces `stopped()`."""
+        self.timers.cancel_all()
+        for task in list(self._tasks):
+            task.cancel()
+        for child in list(self.children.values()):
+            child._task.cancel()
+        actor, self._actor = self._actor, None
+        if actor is not None:
+            try:
+                actor.cancelled(self._context)
+            except Exception:  # noqa: BLE001 - a failing hook is reported, not fatal
+                log.exception("%s: cancelled() raised", self.address)
+
+    def _finish(self, reason: StopReason, error: Exception | None) -> None:
         for watched in self._watching:
             watched._watchers.discard(self)
         self._watching.clear()

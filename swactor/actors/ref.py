@@ -1,6 +1,8 @@
 """`ActorRef`: the handle through which everyone else talks to an actor.
 
-A ref is typed by the messages the actor accepts. `tell` never blocks and never drops a
+A ref is typed by the messages the actor accepts, contravariantly: an
+`ActorRef[A | B | C]` may be passed where an `ActorRef[A | B]` is expected (an owner
+that accepts more than a child reports is a fine owner). `tell` never blocks and never drops a
 message for a live actor (mail for a terminated one is counted as a dead letter and
 `tell` returns False); `await send` is the same but waits while the mailbox is at its
 capacity, which is how bulk producers get backpressure. `ask` sends a message with a
@@ -21,7 +23,7 @@ from swactor.actors.messages import Terminated
 if TYPE_CHECKING:
     from swactor.actors.cell import ActorCell
 
-M = TypeVar("M")
+M = TypeVar("M", contravariant=True)
 R = TypeVar("R")
 
 

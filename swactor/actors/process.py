@@ -1,0 +1,328 @@
+"""The process actor: one child process, owned, reported, and never orphaned.
+
+Theory of operation. `ProcessActor(spec, owner)` spawns `spec.argv` when it starts, in
+its own process group, with `PR_SET_PDEATHSIG` (see `deathsig`) so that the kernel kills
+it if this process dies, even by SIGKILL. The fds in `spec.pass_fds` are inherited (an
+arena memfd, say); stdin, stdout and stderr are pipes owned by the actor. The owner gets:
+
+- `Started(source, pid)` once the child runs, or `SpawnFailed(source, argv0, error)`;
+- `Line(source, stream, text, truncated)` for every line the child writes on stdout or
+  stderr, in order per stream;
+- `Exited(source, code, signal)` exactly once, after the last `Line` (when the child
+  exits by itself) or after the actor stopped it.
+
+Two reader tasks turn pipe bytes into lines. A line longer than `spec.max_line_bytes` is
+cut: its first `max_line_bytes` bytes go out with `truncated=True` and the rest, up to the
+next newline, is dropped, so one endless line cannot grow memory. Each line is handed to
+the owner with `await owner.send(...)`, which waits while the owner's mailbox is at its
+capacity: then the reader stops reading, the pipe fills, and the child blocks in
+`write()`. A flooding child is slowed to its owner's pace instead of exhausting memory,
+as long as the owner was spawned with a `mailbox_capacity`.
+
+When the child exits, whatever is left of its process group is killed, the readers are
+given a moment to drain, `Exited` is sent and the actor stops itself. Stopping the actor
+(`ref.stop()`, `StopProcess(grace_s)`, its parent stopping, runtime shutdown) sends
+SIGTERM to the process group, waits `grace_s`, then sends SIGKILL. Commands: `WriteLine`
+(one line to the child's stdin; a child that stops reading its stdin while more than
+`max_stdin_buffer` bytes pile up is a failure of this actor, which then kills it),
+`CloseStdin`, `SendSignal`, `StopProcess`. Payload bytes do not travel here: stdio is for
+control lines and logs; bulk data goes through inherited fds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import os
+import signal
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from swactor.actors.actor import Actor
+from swactor.actors.address import Address
+from swactor.actors.context import Context
+from swactor.actors.deathsig import die_with_parent
+from swactor.actors.errors import ActorError
+from swactor.actors.ref import ActorRef
+from swactor.actors.runtime import Runtime
+
+
+class Stream(enum.Enum):
+    """Which of the child's output pipes a line came from."""
+
+    stdout = "stdout"
+    stderr = "stderr"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSpec:
+    """What to run and how."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] | None = None
+    """Complete environment of the child; None inherits this process's environment."""
+    cwd: str | None = None
+    pass_fds: tuple[int, ...] = ()
+    """Open fds the child inherits under the same numbers."""
+    grace_s: float = 2.0
+    """SIGTERM-to-SIGKILL grace period when stopping."""
+    max_line_bytes: int = 64 * 1024
+    max_stdin_buffer: int = 16 * 1024 * 1024
+    death_signal: int = signal.SIGKILL
+    """Signal the kernel sends the child if this process dies."""
+    drain_s: float = 1.0
+    """After the child exits, how long the readers may take to reach end of output."""
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    """Added on top of `env` (or of the inherited environment)."""
+
+    def __post_init__(self) -> None:
+        if not self.argv:
+            raise ValueError("ProcessSpec.argv is empty")
+        if self.max_line_bytes < 1 or self.grace_s < 0 or self.drain_s < 0:
+            raise ValueError("ProcessSpec: max_line_bytes >= 1, grace_s >= 0, drain_s >= 0")
+
+
+# ------------------------------------------------------------- to the owner
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The child is running."""
+
+    source: Address
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnFailed:
+    """The child could not be started (no such program, bad cwd, bad fd...)."""
+
+    source: Address
+    argv0: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One line of the child's output, newline removed, decoded as UTF-8 (replace)."""
+
+    source: Address
+    stream: Stream
+    text: str
+    truncated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Exited:
+    """The child has ended: `code` if it exited, `signal` if a signal killed it."""
+
+    source: Address
+    code: int | None
+    signal: int | None
+
+
+ProcessEvent = Started | SpawnFailed | Line | Exited
+
+
+# ------------------------------------------------------------ to the actor
+
+
+@dataclass(frozen=True, slots=True)
+class WriteLine:
+    """Write `text` and a newline to the child's stdin."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class CloseStdin:
+    """Close the child's stdin (it reads end of file)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SendSignal:
+    """Send `signum` to the child (its pid, not its group)."""
+
+    signum: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopProcess:
+    """Stop the child (SIGTERM, then SIGKILL after `grace_s`) and end the actor."""
+
+    grace_s: float | None = None
+
+
+ProcessCommand = WriteLine | CloseStdin | SendSignal | StopProcess
+
+
+class StdinOverflow(ActorError):
+    """The child stopped reading stdin while more than `max_stdin_buffer` bytes waited."""
+
+
+class ProcessActor(Actor[ProcessCommand]):
+    """Runs one child process for `owner`; see the module docstring."""
+
+    def __init__(self, spec: ProcessSpec, owner: ActorRef[ProcessEvent]) -> None:
+        self.spec = spec
+        self.owner = owner
+        self.process: asyncio.subprocess.Process | None = None
+        self._grace_s = spec.grace_s
+        self._reported = False
+
+    async def started(self, ctx: Context[ProcessCommand]) -> None:
+        spec = self.spec
+        env = dict(os.environ if spec.env is None else spec.env)
+        env.update(spec.extra_env)
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                *spec.argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+                cwd=spec.cwd,
+                pass_fds=spec.pass_fds,
+                process_group=0,
+                preexec_fn=die_with_parent(os.getpid(), spec.death_signal),
+            )
+        except (OSError, ValueError, subprocess.SubprocessError) as error:
+            self._reported = True
+            detail = getattr(error, "strerror", None) or str(error)
+            reason = f"{type(error).__name__}: {detail}"
+            self.owner.tell(SpawnFailed(ctx.address, spec.argv[0], reason))
+            ctx.stop_self()
+            return
+        self.owner.tell(Started(ctx.address, self.process.pid))
+        assert self.process.stdout is not None and self.process.stderr is not None
+        readers = [
+            ctx.spawn_task(self._pump(ctx, self.process.stdout, Stream.stdout), "stdout"),
+            ctx.spawn_task(self._pump(ctx, self.process.stderr, Stream.stderr), "stderr"),
+        ]
+        ctx.spawn_task(self._watch_exit(ctx, self.process, readers), "exit")
+
+    async def receive(self, ctx: Context[ProcessCommand], message: ProcessCommand) -> None:
+        process = self.process
+        if process is None:
+            return
+        match message:
+            case WriteLine(text=text):
+                stdin = process.stdin
+                if stdin is None or stdin.is_closing() or process.returncode is not None:
+                    return
+                stdin.write(text.encode() + b"\n")
+                if stdin.transport.get_write_buffer_size() > self.spec.max_stdin_buffer:
+                    raise StdinOverflow(
+                        f"{ctx.address}: child is not reading stdin "
+                        f"({self.spec.max_stdin_buffer} bytes waiting)"
+                    )
+            case CloseStdin():
+                if process.stdin is not None:
+                    process.stdin.close()
+            case SendSignal(signum=signum):
+                if process.returncode is None:
+                    _signal_quietly(process.pid, signum, group=False)
+            case StopProcess(grace_s=grace_s):
+                if grace_s is not None:
+                    self._grace_s = grace_s
+                ctx.stop_self()
+
+    async def stopped(self, ctx: Context[ProcessCommand]) -> None:
+        process = self.process
+        if process is None:
+            return
+        if process.returncode is None:
+            _signal_quietly(process.pid, signal.SIGTERM, group=True)
+            try:
+                async with asyncio.timeout(self._grace_s):
+                    await process.wait()
+            except TimeoutError:
+                _signal_quietly(process.pid, signal.SIGKILL, group=True)
+                await process.wait()
+        _signal_quietly(process.pid, signal.SIGKILL, group=True)
+        self._report_exit(ctx, process)
+
+    def cancelled(self, ctx: Context[ProcessCommand]) -> None:
+        process = self.process
+        if process is not None and process.returncode is None:
+            _signal_quietly(process.pid, signal.SIGKILL, group=True)
+
+    async def _watch_exit(
+        self,
+        ctx: Context[ProcessCommand],
+        process: asyncio.subprocess.Process,
+        readers: list[asyncio.Task[None]],
+    ) -> None:
+        await process.wait()
+        _signal_quietly(process.pid, signal.SIGKILL, group=True)  # leftover grandchildren
+        await asyncio.wait(readers, timeout=self.spec.drain_s)
+        self._report_exit(ctx, process)
+        ctx.stop_self()
+
+    def _report_exit(
+        self, ctx: Context[ProcessCommand], process: asyncio.subprocess.Process
+    ) -> None:
+        if self._reported:
+            return
+        self._reported = True
+        code = process.returncode
+        if code is not None and code < 0:
+            self.owner.tell(Exited(ctx.address, None, -code))
+        else:
+            self.owner.tell(Exited(ctx.address, code, None))
+
+    async def _pump(
+        self, ctx: Context[ProcessCommand], reader: asyncio.StreamReader, stream: Stream
+    ) -> None:
+        limit = self.spec.max_line_bytes
+        buffer = bytearray()
+        discarding = False  # inside the dropped tail of a truncated line
+        while chunk := await reader.read(64 * 1024):
+            buffer += chunk
+            while (newline := buffer.find(b"\n")) >= 0:
+                line = bytes(buffer[:newline])
+                del buffer[: newline + 1]
+                if discarding:
+                    discarding = False
+                elif len(line) > limit:
+                    await self._emit(ctx, stream, line[:limit], True)
+                else:
+                    await self._emit(ctx, stream, line, False)
+            if len(buffer) > limit:
+                if not discarding:
+                    await self._emit(ctx, stream, bytes(buffer[:limit]), True)
+                    discarding = True
+                buffer.clear()
+        if buffer and not discarding:
+            await self._emit(ctx, stream, bytes(buffer), False)
+
+    async def _emit(
+        self, ctx: Context[ProcessCommand], stream: Stream, raw: bytes, truncated: bool
+    ) -> None:
+        text = raw.decode("utf-8", errors="replace")
+        await self.owner.send(Line(ctx.address, stream, text, truncated))
+
+
+def _signal_quietly(pid: int, signum: int, *, group: bool) -> None:
+    """Signal the child (or its process group); a process already gone is not an error."""
+    try:
+        if group:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def spawn_process(
+    spawner: Runtime | Context[Any],
+    spec: ProcessSpec,
+    owner: ActorRef[ProcessEvent],
+    name: str | None = None,
+) -> ActorRef[ProcessCommand]:
+    """Spawn a `ProcessActor` for `owner`, top-level or as a child of an actor."""
+    runtime = spawner if isinstance(spawner, Runtime) else spawner.runtime
+    name = name or f"process-{runtime.next_uid()}"
+    return spawner.spawn(lambda: ProcessActor(spec, owner), name)
