@@ -101,8 +101,17 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> Tokenizer:
-        """Build the tokenizer described by the GGUF file at ``path`` (metadata only)."""
-        return cls(read_vocab(path))
+        """Build the tokenizer described by the GGUF file at ``path`` (metadata only).
+
+        Reading a real vocabulary takes about two seconds, so the result is kept per
+        process, keyed by the file's resolved path, size and modification time.
+        """
+        file = Path(path)
+        try:
+            stat = file.stat()
+        except OSError:
+            return cls(read_vocab(file))  # read_vocab raises the typed error
+        return _cached_tokenizer(str(file.resolve()), stat.st_size, stat.st_mtime_ns)
 
     # ------------------------------------------------------------------- properties
 
@@ -330,6 +339,12 @@ class StreamDecoder:
 
     def flush(self) -> str:
         return self._utf8.decode(b"", final=True)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_tokenizer(path: str, size: int, mtime_ns: int) -> Tokenizer:
+    del size, mtime_ns  # part of the cache key only
+    return Tokenizer(read_vocab(path))
 
 
 def _token_type(value: int) -> TokenType:
