@@ -1,0 +1,1 @@
+"""swactor benchmarks: one module per subject, run as ``python -m bench [NAME ...]``."""
