@@ -33,7 +33,7 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, NoReturn, Self, TypeAlias, Union
+from typing import Any, NoReturn, Self, TypeAlias, Union
 
 from swactor.wire.errors import FieldTypeError, InvalidFieldError, JsonShapeError, WireError
 
@@ -211,6 +211,12 @@ def _struct_codec(struct_type: type[WireStruct]) -> _FieldCodec:
         return value
 
     def decode(value: object, type_name: str, field: str) -> object:
+        if not isinstance(value, dict):
+            raise FieldTypeError(
+                type_name,
+                field,
+                f"expected a JSON object ({struct_type.__name__}), got {_describe(value)}",
+            )
         return struct_type.from_json(value)
 
     def encode(value: Any) -> JsonValue:
@@ -272,7 +278,6 @@ class WireStruct:
     """Base of every frozen wire dataclass: type checks, validation and JSON codec."""
 
     __slots__ = ()
-    WIRE_NAME: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
         type_name = type(self).__name__

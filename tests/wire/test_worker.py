@@ -1,0 +1,132 @@
+"""Worker command payloads (spec §29) and their newline-JSON control lines."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swactor.wire import (
+    ConfigureRole,
+    ControlMessageError,
+    DeviceObjectHandle,
+    ExecuteStep,
+    InitializeWorker,
+    InputBinding,
+    InstallRing,
+    InvalidFieldError,
+    ObjectId,
+    OutputBinding,
+    PlanError,
+    PortId,
+    RingId,
+    Sequence,
+    ShutdownMode,
+    ShutdownWorker,
+    UninstallReason,
+    UninstallRing,
+    WireError,
+    WorkerCommand,
+    WorkerGeneration,
+    decode_command,
+    encode_command,
+)
+from swactor.wire.examples import example, strategy
+
+COMMANDS = [
+    InitializeWorker,
+    ConfigureRole,
+    InstallRing,
+    UninstallRing,
+    ExecuteStep,
+    ShutdownWorker,
+]
+
+
+@pytest.mark.parametrize("tp", COMMANDS, ids=lambda t: t.__name__)
+def test_command_lines_round_trip(tp: type[WorkerCommand]) -> None:
+    command: WorkerCommand = example(tp)
+    line = encode_command(command)
+    assert line.endswith("\n") and line.count("\n") == 1
+    assert json.loads(line)["type"] == tp.__name__
+    assert decode_command(line) == command
+    assert decode_command(line.encode()) == command
+
+
+def test_shutdown_line_is_exact() -> None:
+    line = encode_command(ShutdownWorker(ShutdownMode.AbortInFlight))
+    assert line == '{"type":"ShutdownWorker","body":{"mode":"AbortInFlight"}}\n'
+    uninstall = encode_command(UninstallRing(RingId(4), UninstallReason.RingFaulted))
+    assert uninstall == '{"type":"UninstallRing","body":{"ring_id":4,"reason":"RingFaulted"}}\n'
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("not json", "not JSON"),
+        (b'"\xc3\x28"', "not UTF-8 JSON"),
+        ("[]", "expected an object {type, body}"),
+        ('{"type":"ShutdownWorker"}', "expected an object {type, body}"),
+        ('{"type":"ShutdownWorker","body":{},"x":1}', "expected an object {type, body}"),
+        ('{"type":"Reboot","body":{}}', "unknown command type"),
+        ('{"type":5,"body":{}}', "unknown command type"),
+    ],
+)
+def test_bad_control_lines(line: str | bytes, message: str) -> None:
+    with pytest.raises(ControlMessageError, match=message):
+        decode_command(line)
+
+
+def test_bad_body_gives_the_body_error() -> None:
+    with pytest.raises(WireError, match=r"ShutdownWorker\.mode: 'Later' is not a ShutdownMode"):
+        decode_command('{"type":"ShutdownWorker","body":{"mode":"Later"}}')
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=80) | st.binary(max_size=80))
+def test_decode_fuzz_only_typed_errors(line: str | bytes) -> None:
+    try:
+        decode_command(line)
+    except WireError:
+        pass
+
+
+@settings(max_examples=30, deadline=None)
+@given(strategy(ExecuteStep))
+def test_execute_step_lines_round_trip(step: ExecuteStep) -> None:
+    assert decode_command(encode_command(step)) == step
+
+
+def test_json_fields_reject_bytes_and_nan() -> None:
+    with pytest.raises(WireError, match=r"ConfigureRole\.config: bytes is not JSON"):
+        ConfigureRole(example(ConfigureRole).role_id, {"weights": b"\x00"})  # type: ignore[dict-item]
+    with pytest.raises(InvalidFieldError, match="finite"):
+        ConfigureRole(example(ConfigureRole).role_id, [float("nan")])
+    with pytest.raises(WireError, match="keys must be str"):
+        ConfigureRole(example(ConfigureRole).role_id, {1: 2})  # type: ignore[dict-item]
+
+
+def test_command_rules() -> None:
+    install = example(InstallRing)
+    with pytest.raises(PlanError, match=r"InstallRing\.layout\.ring_id: differs from ring_id"):
+        dataclasses.replace(install, ring_id=RingId(99))
+    with pytest.raises(InvalidFieldError, match=r"InitializeWorker\.arena_ceiling"):
+        dataclasses.replace(example(InitializeWorker), arena_ceiling=0)
+    with pytest.raises(InvalidFieldError, match=r"InitializeWorker\.required_ring_helper_abi"):
+        dataclasses.replace(example(InitializeWorker), required_ring_helper_abi=1 << 16)
+    with pytest.raises(InvalidFieldError, match=r"OutputBinding\.flags"):
+        dataclasses.replace(example(OutputBinding), flags=-1)
+    step = example(ExecuteStep)
+    (binding,) = step.inputs
+    with pytest.raises(PlanError, match=r"ExecuteStep\.inputs: port ids must be unique"):
+        dataclasses.replace(step, inputs=(binding, binding))
+    with pytest.raises(PlanError, match=r"ExecuteStep\.outputs: port ids must be unique"):
+        dataclasses.replace(step, outputs=step.outputs * 2)
+    other = InputBinding(
+        PortId(7), ObjectId(1), Sequence(0), DeviceObjectHandle(WorkerGeneration(2), 1)
+    )
+    with pytest.raises(PlanError, match="handles span worker generations"):
+        dataclasses.replace(step, inputs=(binding, other))
