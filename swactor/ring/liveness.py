@@ -72,8 +72,8 @@ class PeerWatch:
         poller.register(self._stop, select.POLLIN)
         ready = {fd for fd, _ in poller.poll()}
         if self._pidfd in ready:
-            fault_and_wake(self.rings, self.wakes, self.reason)
             self.exited.set()
+            fault_and_wake(self.rings, self.wakes, self.reason)
 
     def stop(self) -> None:
         """Stop watching (idempotent) and close the watcher's fds."""

@@ -13,7 +13,9 @@ The stream content is a deterministic pattern: a seeded random block of PATTERN_
 bytes repeated (an odd period, so stale ring bytes from an earlier lap differ from the
 expected ones).  Span requests are `fixed:N` bytes or `random:MAX` (log-uniform in
 1..MAX, seeded).  `--sleep-prob` / `--sleep-max-us` add a seeded schedule of sleeps
-between hand-offs.  The producer hashes what it wrote from the source, the consumer
+between hand-offs.  `--mutant-no-clear` makes this side wait the *wrong* way (it never
+clears its pending bit), which must lose a wake-up: tests use it to prove that the
+lost-wake-up harness can fail.  The producer hashes what it wrote from the source, the consumer
 hashes (or copies, or ignores) what it read from the ring; BLAKE2b digests compare.
 
 Start barrier: after set-up the peer prints `ready` and waits for one line on stdin, so
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 from swactor.arena import Arena
 from swactor.ring import stream
 from swactor.ring.errors import RingFaulted
-from swactor.ring.ring import Ring
+from swactor.ring.ring import Ring, RingState
 from swactor.ring.wake import (
     READABLE_EVENT,
     WRITABLE_EVENT,
@@ -86,6 +88,30 @@ class Sleeper:
             time.sleep(self.rng.uniform(0.0, self.max_s))
 
 
+def mutant_wait_writable(
+    ring: Ring, writable: Wake, max_len: int, timeout: float | None, stats: stream.WaitStats
+) -> memoryview:
+    """Broken on purpose: never clears the writable pending bit before sleeping."""
+    while not (span := ring.writable_span(max_len)):
+        stats.sleeps += 1
+        if not writable.wait(timeout):
+            raise WakeTimeout(f"ring {ring.ring_id}: mutant waiter lost a wake-up")
+    return span
+
+
+def mutant_wait_readable(
+    ring: Ring, readable: Wake, max_len: int, timeout: float | None, stats: stream.WaitStats
+) -> memoryview:
+    """Broken on purpose: never clears the readable pending bit before sleeping."""
+    while not (span := ring.readable_span(max_len)):
+        if ring.state is RingState.Closed:
+            return span
+        stats.sleeps += 1
+        if not readable.wait(timeout):
+            raise WakeTimeout(f"ring {ring.ring_id}: mutant waiter lost a wake-up")
+    return span
+
+
 def open_wake(kind: str, fds: str, event: str) -> Wake:
     if kind == "eventfd":
         return Doorbell(int(fds))
@@ -99,6 +125,7 @@ class Result:
     bytes: int = 0
     spans: int = 0
     digest: str | None = None
+    sleeps: int = 0
     start: float = 0.0
     end: float = 0.0
     error: str | None = None
@@ -111,6 +138,8 @@ def produce(ring: Ring, args: argparse.Namespace, readable: Wake, writable: Wake
     sleeper = Sleeper(args.sleep_prob, args.sleep_max_us, args.seed + 1)
     digest = hashlib.blake2b() if args.sink == "hash" else None
     res = Result("producer")
+    stats = stream.WaitStats()
+    wait = mutant_wait_writable if args.mutant_no_clear else stream.wait_writable
     res.start = time.monotonic()
     pos, total, timeout = 0, args.total, args.timeout
     while pos < total:
@@ -119,7 +148,7 @@ def produce(ring: Ring, args: argparse.Namespace, readable: Wake, writable: Wake
         piece = src[base : base + want]
         done = 0
         while done < want:  # one request may need several spans (wrap, little room)
-            span = stream.wait_writable(ring, writable, want - done, timeout)
+            span = wait(ring, writable, want - done, timeout, stats)
             n = len(span)
             span[:] = piece[done : done + n]
             span.release()
@@ -133,6 +162,7 @@ def produce(ring: Ring, args: argparse.Namespace, readable: Wake, writable: Wake
     stream.close(ring, readable)
     res.end = time.monotonic()
     res.bytes = pos
+    res.sleeps = stats.sleeps
     res.digest = digest.hexdigest() if digest is not None else None
     return res
 
@@ -145,10 +175,12 @@ def consume(ring: Ring, args: argparse.Namespace, readable: Wake, writable: Wake
     dst_view = memoryview(dst) if dst is not None else None
     dst_off = 0
     res = Result("consumer")
+    stats = stream.WaitStats()
+    wait = mutant_wait_readable if args.mutant_no_clear else stream.wait_readable
     res.start = time.monotonic()
     timeout = args.timeout
     while True:
-        span = stream.wait_readable(ring, readable, draw(), timeout)
+        span = wait(ring, readable, draw(), timeout, stats)
         n = len(span)
         if n == 0:
             break
@@ -165,6 +197,7 @@ def consume(ring: Ring, args: argparse.Namespace, readable: Wake, writable: Wake
         res.spans += 1
         sleeper.maybe()
     res.end = time.monotonic()
+    res.sleeps = stats.sleeps
     res.digest = digest.hexdigest() if digest is not None else None
     return res
 
@@ -184,6 +217,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sleep-max-us", type=int, default=0)
     p.add_argument("--timeout", type=float, default=None, help="max seconds per wait")
     p.add_argument("--no-barrier", action="store_true", help="start without waiting")
+    p.add_argument("--mutant-no-clear", action="store_true", help="wait wrongly (tests)")
     return p.parse_args(argv)
 
 

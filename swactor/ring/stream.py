@@ -25,10 +25,19 @@ directions afterwards, so the sleeper wakes and sees it.  `timeout` bounds each 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from swactor.ring.errors import RingClosedError, RingFaulted
 from swactor.ring.ring import Ring, RingState
 from swactor.ring.wake import Wake, WakeTimeout
 from swactor.wire import RingFaultReason
+
+
+@dataclass
+class WaitStats:
+    """Counts of how often a side actually slept on its wake channel."""
+
+    sleeps: int = 0
 
 
 def _raise_faulted(ring: Ring) -> None:
@@ -36,28 +45,40 @@ def _raise_faulted(ring: Ring) -> None:
 
 
 def wait_writable(
-    ring: Ring, writable: Wake, max_len: int | None = None, timeout: float | None = None
+    ring: Ring,
+    writable: Wake,
+    max_len: int | None = None,
+    timeout: float | None = None,
+    stats: WaitStats | None = None,
 ) -> memoryview:
     """Producer: a non-empty writable span, sleeping on `writable` while the ring is full."""
     while True:
         span = ring.writable_span(max_len)
         if span:
             return span
+        span.release()  # empty views must not outlive this frame (they pin the arena)
         ring.clear_writable_pending()
         span = ring.writable_span(max_len)
         if span:
             return span
+        span.release()
         state = ring.state
         if state is RingState.Faulted:
             _raise_faulted(ring)
         if state is RingState.Closed:
             raise RingClosedError("producer already closed the ring", ring.ring_id)
+        if stats is not None:
+            stats.sleeps += 1
         if not writable.wait(timeout):
             raise WakeTimeout(f"ring {ring.ring_id}: no RingWritable within {timeout} s")
 
 
 def wait_readable(
-    ring: Ring, readable: Wake, max_len: int | None = None, timeout: float | None = None
+    ring: Ring,
+    readable: Wake,
+    max_len: int | None = None,
+    timeout: float | None = None,
+    stats: WaitStats | None = None,
 ) -> memoryview:
     """Consumer: a non-empty readable span, or an empty one at end of stream (the
     producer closed and everything was consumed)."""
@@ -65,15 +86,17 @@ def wait_readable(
         span = ring.readable_span(max_len)
         if span:
             return span
+        span.release()  # empty views must not outlive this frame (they pin the arena)
         ring.clear_readable_pending()
         state = ring.state
         span = ring.readable_span(max_len)
-        if span:
+        if span or state is RingState.Closed:
             return span
-        if state is RingState.Closed:
-            return span
+        span.release()
         if state is RingState.Faulted:
             _raise_faulted(ring)
+        if stats is not None:
+            stats.sleeps += 1
         if not readable.wait(timeout):
             raise WakeTimeout(f"ring {ring.ring_id}: no RingReadable within {timeout} s")
 
