@@ -39,3 +39,9 @@ lint: setup
 # Benchmarks: `just bench` runs all, `just bench fsm` one of them.
 bench *WHICH: setup
     {{py}} -m bench {{WHICH}}
+
+# Native ring helper: build the two-thread C stress test with ThreadSanitizer and run it.
+test-native: setup
+    mkdir -p native/build
+    clang -std=c11 -O1 -g -fsanitize=thread -Wall -Wextra -Werror -o native/build/ring_stress_tsan native/ring_stress.c native/ring.c -lpthread
+    TSAN_OPTIONS="halt_on_error=1 exitcode=66" native/build/ring_stress_tsan
