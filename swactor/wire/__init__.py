@@ -118,6 +118,9 @@ from swactor.wire.provision import (
     ProvisionTx,
     StageModelFacts,
     StageRuntimeFacts,
+    provision_rx,
+    provision_stage,
+    provision_tx,
 )
 from swactor.wire.rings import (
     RING_HEADER_ALIGN,
@@ -249,4 +252,7 @@ __all__ = [
     "WorkerStoppedReason",
     "decode_command",
     "encode_command",
+    "provision_rx",
+    "provision_stage",
+    "provision_tx",
 ]

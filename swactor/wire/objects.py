@@ -195,7 +195,12 @@ class ObjectHeader(WireStruct):
 
     @classmethod
     def unpack(cls, buffer: bytes | bytearray | memoryview, offset: int = 0) -> ObjectHeader:
-        """Parse the header at `offset`; raise `ObjectHeaderError` with its §37 reason."""
+        """Parse the header at `offset`; raise `ObjectHeaderError` with its §37 reason.
+
+        This is the per-object hot path of the ingress parser: the struct's fixed field
+        widths already guarantee every range, so after the magic/version/length/reserved
+        checks the instance is filled in directly instead of through `__post_init__`.
+        """
         available = len(buffer) - offset
         if offset < 0 or available < OBJECT_HEADER_LEN:
             raise ObjectHeaderError(
@@ -206,16 +211,34 @@ class ObjectHeader(WireStruct):
         magic, version, header_len, object_id, sequence, extent, flags, reserved = (
             _HEADER.unpack_from(buffer, offset)
         )
-        return cls(
-            object_id=ObjectId(object_id),
-            sequence=Sequence(sequence),
-            extent=extent,
-            flags=flags,
-            magic=magic,
-            version=version,
-            header_len=header_len,
-            reserved=reserved,
-        )
+        if (
+            magic != OBJECT_MAGIC
+            or version != OBJECT_VERSION
+            or header_len != OBJECT_HEADER_LEN
+            or reserved != 0
+        ):
+            # The slow path raises the precise ObjectHeaderError.
+            return cls(
+                ObjectId(object_id),
+                Sequence(sequence),
+                extent,
+                flags,
+                magic,
+                version,
+                header_len,
+                reserved,
+            )
+        header = object.__new__(cls)
+        fill = object.__setattr__
+        fill(header, "object_id", int.__new__(ObjectId, object_id))
+        fill(header, "sequence", int.__new__(Sequence, sequence))
+        fill(header, "extent", extent)
+        fill(header, "flags", flags)
+        fill(header, "magic", magic)
+        fill(header, "version", version)
+        fill(header, "header_len", header_len)
+        fill(header, "reserved", reserved)
+        return header
 
     def check_against(self, spec: ObjectSpec) -> None:
         """Raise `ObjectHeaderError` (ExtentExceedsMax/ExtentAlignmentInvalid) if bad."""

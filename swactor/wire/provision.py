@@ -9,18 +9,23 @@ kind is TokenIn exactly for stage 0 (Activation otherwise); outbound kind is Tok
 exactly for the last stage (Activation otherwise); the last stage has a sampling policy
 and no other stage has one. `ProvisionTx`/`ProvisionRx` are the per-edge messages the
 EdgeEstablisher receives (spec §26).
+
+Derivation from a validated `RunPlan` (pure functions, for the orchestrator):
+`provision_stage(plan, i, runtime)`, `provision_tx(edge)`, `provision_rx(edge)`. An
+`EdgePlan` holds one `RingSpec` for both ends; each derived message carries it with the
+direction of its own end (`Egress` at the producer, `Ingress` at the consumer).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from swactor.wire.codec import WireStruct
-from swactor.wire.enums import DTYPE_WIDTHS, DTypeFamily, EdgeKind
+from swactor.wire.enums import DTYPE_WIDTHS, DTypeFamily, EdgeKind, RingDirection
 from swactor.wire.errors import PlanError
 from swactor.wire.ids import U32_MAX, EdgeId, NodeId, PortId, RoleId, RunId, StageIndex
 from swactor.wire.objects import ObjectSpec
-from swactor.wire.plan import GgufSource, SamplingPolicy
+from swactor.wire.plan import EdgePlan, GgufSource, RunPlan, SamplingPolicy
 from swactor.wire.rings import RingSpec
 
 
@@ -137,3 +142,57 @@ class ProvisionRx(WireStruct):
     edge_id: EdgeId
     object_spec: ObjectSpec
     ring_spec: RingSpec
+
+
+def _ring_for(edge: EdgePlan, direction: RingDirection) -> RingSpec:
+    spec = edge.ring_spec
+    return spec if spec.direction is direction else replace(spec, direction=direction)
+
+
+def provision_tx(edge: EdgePlan) -> ProvisionTx:
+    """The producer-side message for `edge`: send to the consumer's node (Egress ring)."""
+    return ProvisionTx(
+        edge.edge_id, edge.consumer.node_id, edge.object_spec, _ring_for(edge, RingDirection.Egress)
+    )
+
+
+def provision_rx(edge: EdgePlan) -> ProvisionRx:
+    """The consumer-side message for `edge` (Ingress ring)."""
+    return ProvisionRx(edge.edge_id, edge.object_spec, _ring_for(edge, RingDirection.Ingress))
+
+
+def provision_stage(plan: RunPlan, stage_index: int, runtime: StageRuntimeFacts) -> ProvisionStage:
+    """Stage `stage_index`'s ProvisionStage from a validated plan and its runtime facts."""
+    stage = plan.stages[stage_index]
+    inbound = plan.edge(stage.inbound_edge)
+    outbound = plan.edge(stage.outbound_edge)
+    model = plan.model
+    return ProvisionStage(
+        run_id=plan.run_id,
+        stage_index=stage.stage_index,
+        stage_count=stage.stage_count,
+        gguf_source=stage.gguf_source,
+        layer_start=stage.layer_start,
+        layer_end_exclusive=stage.layer_end_exclusive,
+        inbound=InboundEdgeProvision(
+            inbound.edge_id,
+            inbound.kind,
+            inbound.object_spec,
+            _ring_for(inbound, RingDirection.Ingress),
+        ),
+        outbound=OutboundEdgeProvision(
+            outbound.edge_id,
+            outbound.kind,
+            outbound.consumer.node_id,
+            outbound.object_spec,
+            _ring_for(outbound, RingDirection.Egress),
+        ),
+        model=StageModelFacts(
+            model.model_id,
+            model.hidden_dim,
+            model.dtype_family,
+            model.dtype_width_bytes,
+            model.max_seq_len,
+        ),
+        runtime=runtime,
+    )

@@ -42,7 +42,10 @@ HEADER = ObjectHeader(ObjectId(0x0102030405060708), Sequence(9), extent=0x40, fl
 def test_header_packs_to_hand_assembled_bytes() -> None:
     assert HEADER.pack() == HEADER_BYTES
     assert len(HEADER_BYTES) == 40 == ObjectHeader.LEN
-    assert ObjectHeader.unpack(HEADER_BYTES) == HEADER
+    parsed = ObjectHeader.unpack(HEADER_BYTES)
+    assert parsed == HEADER
+    assert type(parsed.object_id) is ObjectId and type(parsed.sequence) is Sequence
+    assert parsed.to_json()["object_id"] == 0x0102030405060708
     buffer = bytearray(48)
     HEADER.pack_into(buffer, 8)
     assert bytes(buffer[8:]) == HEADER_BYTES

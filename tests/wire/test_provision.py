@@ -14,11 +14,17 @@ from swactor.wire import (
     PlanError,
     PortId,
     ProvisionStage,
+    RingDirection,
+    RoleId,
+    RunPlan,
     SamplingPolicy,
     StageIndex,
     StageModelFacts,
     StageRuntimeFacts,
     WireError,
+    provision_rx,
+    provision_stage,
+    provision_tx,
 )
 from swactor.wire.examples import example
 
@@ -106,3 +112,34 @@ def test_facts_rules() -> None:
         dataclasses.replace(model, hidden_dim=0)
     with pytest.raises(WireError, match=r"StageModelFacts\.dtype_width_bytes"):
         dataclasses.replace(model, dtype_width_bytes=5)
+
+
+def test_derived_messages_from_the_example_plan() -> None:
+    plan = example(RunPlan)
+    runtime0 = StageRuntimeFacts(RoleId(1), PortId(0), PortId(1))
+    first = provision_stage(plan, 0, runtime0)
+    assert (first.inbound.kind, first.outbound.kind) == (EdgeKind.TokenIn, EdgeKind.Activation)
+    assert (int(first.inbound.edge_id), int(first.outbound.edge_id)) == (1, 2)
+    assert first.outbound.consumer_node_id == plan.stages[1].node_id
+    assert first.inbound.ring_spec.direction is RingDirection.Ingress
+    assert first.outbound.ring_spec.direction is RingDirection.Egress
+    assert (first.layer_start, first.layer_end_exclusive) == (0, 3)
+    last = provision_stage(
+        plan, 1, StageRuntimeFacts(RoleId(2), PortId(0), PortId(1), SamplingPolicy.greedy())
+    )
+    assert last.outbound.kind is EdgeKind.TokenOut
+    assert last.outbound.consumer_node_id == plan.orchestrator_node
+    with pytest.raises(PlanError, match="the last stage needs a sampling policy"):
+        provision_stage(plan, 1, runtime0)
+
+    activation = plan.edge(2)
+    tx, rx = provision_tx(activation), provision_rx(activation)
+    assert tx.rx_node_id == plan.stages[1].node_id
+    assert tx.ring_spec.direction is RingDirection.Egress
+    assert rx.ring_spec.direction is RingDirection.Ingress
+    assert (
+        tx.ring_spec.data_capacity
+        == rx.ring_spec.data_capacity
+        == activation.ring_spec.data_capacity
+    )
+    assert tx.object_spec == rx.object_spec == activation.object_spec
