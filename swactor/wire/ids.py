@@ -18,7 +18,7 @@ generation that created it (spec §6).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, SupportsIndex
+from typing import ClassVar, Self
 
 from swactor.wire.codec import WireStruct
 from swactor.wire.errors import FieldTypeError, IdentifierRangeError
@@ -34,7 +34,7 @@ class Identifier(int):
     MAX: ClassVar[int] = U64_MAX
     __slots__ = ()
 
-    def __new__(cls, value: SupportsIndex) -> Identifier:
+    def __new__(cls, value: int) -> Self:
         if isinstance(value, bool) or not isinstance(value, int):
             raise FieldTypeError(
                 cls.__name__, "value", f"must be an int, not {type(value).__name__}"

@@ -105,3 +105,15 @@ def test_tuple_fields_accept_lists_and_freeze() -> None:
     prompt = wire.PromptSource(wire.PromptKind.TokenIds, token_ids=[1, 2])  # type: ignore[arg-type]
     assert prompt.token_ids == (1, 2)
     hash(example(wire.RunPlan))
+
+
+@pytest.mark.parametrize("tp", EXPORTED_STRUCTS, ids=lambda t: t.__name__)
+def test_pickle_and_deepcopy_keep_types(tp: type[WireStruct]) -> None:
+    import copy
+    import pickle
+
+    value = example(tp)
+    assert pickle.loads(pickle.dumps(value)) == value
+    assert copy.deepcopy(value) == value
+    edge = pickle.loads(pickle.dumps(wire.EdgeId(5)))
+    assert type(edge) is wire.EdgeId
