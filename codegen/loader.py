@@ -305,10 +305,10 @@ class _Reader:
                 else:
                     explicit.setdefault((row.source, row.event), []).append(row)
         groups: dict[tuple[str, str], list[Row]] = dict(explicit)
-        for (state, event), rows in explicit.items():
-            if event in table.states[state].ignore:
+        for (state_name, event), rows in explicit.items():
+            if event in table.states[state_name].ignore:
                 self.fail(rows[0].line, "duplicate-row",
-                          f"state {state} both handles and ignores {event}")
+                          f"state {state_name} both handles and ignores {event}")
         for row in wildcard:
             for state in table.states.values():
                 key = (state.name, row.event)

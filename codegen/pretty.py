@@ -65,3 +65,11 @@ def comment(text: str, indent: int) -> list[str]:
     pad = " " * indent
     flat = " ".join(text.split())
     return [f"{pad}# {line}" for line in textwrap.wrap(flat, width=LIMIT - indent - 2)]
+
+
+def listing(lead: str, items: list[str]) -> list[str]:
+    """``lead[a, b]`` on one line when it fits, else one item per line (top level)."""
+    one = f"{lead}[{', '.join(items)}]"
+    if len(one) <= LIMIT or not items:
+        return [one]
+    return [f"{lead}["] + [f"    {item}," for item in items] + ["]"]

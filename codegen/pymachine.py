@@ -103,22 +103,22 @@ def module_source(table: Table, wire: WireNames) -> str:
     events_order = list(table.events)
     entries: dict[tuple[str, str], list[str]] = {}
     for position, row in enumerate(table.rows):
-        guard = f"_guard_{row.guard}" if row.guard not in (None, "else") else "None"
+        guard_ref = f"_guard_{row.guard}" if row.guard not in (None, "else") else "None"
         target = f"State.{row.target}" if row.target else "None"
         entries.setdefault((row.source, row.event), []).append(
-            f"({guard}, {target}, {row_builder[position]}),")
+            f"({guard_ref}, {target}, {row_builder[position]}),")
     ignored = [(s, e) for s in order for e in events_order if table.outcome(s, e) == "ignore"]
-    for key in sorted(list(entries) + ignored,
-                      key=lambda k: (order.index(k[0]), events_order.index(k[1]))):
-        lead = f"    (State.{key[0]}, {key[1]}): "
-        if key in entries:
-            rows = entries[key]
-            one = f"{lead}({rows[0]}),"
-            if len(rows) == 1 and len(one) <= pretty.LIMIT:
+    for pair in sorted(list(entries) + ignored,
+                       key=lambda k: (order.index(k[0]), events_order.index(k[1]))):
+        lead = f"    (State.{pair[0]}, {pair[1]}): "
+        if pair in entries:
+            row_texts = entries[pair]
+            one = f"{lead}({row_texts[0]}),"
+            if len(row_texts) == 1 and len(one) <= pretty.LIMIT:
                 table_lines.append(one)
             else:
                 table_lines.append(lead + "(")
-                table_lines += [f"        {r}" for r in rows]
+                table_lines += [f"        {r}" for r in row_texts]
                 table_lines.append("    ),")
         else:
             table_lines.append(f"{lead}_IGNORED,")
@@ -145,7 +145,8 @@ def module_source(table: Table, wire: WireNames) -> str:
             seconds = exprs.timer_seconds(table, table.fault_state, None, exprs.MACHINE)
             fault_lines.append(f'        effects.append(StartTimer("{fault_timer.event}", '
                                f'{seconds.replace("m._", "self._")}))')
-        fault_lines += [f"        self._state = State.{table.fault_state}", "        return effects"]
+        fault_lines += [f"        self._state = State.{table.fault_state}",
+                        "        return effects"]
 
     wire_used = sorted({n for m in [*table.events.values(), *table.effects.values()]
                         for f in m.fields for n in f.type.names()}
