@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
@@ -77,7 +78,7 @@ def test_messages_from_each_sender_arrive_in_send_order() -> None:
         async with Runtime() as rt:
             target: ActorRef[Num] = rt.spawn(lambda: recorder, "target")
             names = ["a", "b", "c"]
-            senders = [rt.spawn(lambda n=n: Sender(target, n, 300), n) for n in names]
+            senders = [rt.spawn(partial(Sender, target, n, 300), n) for n in names]
             for sender in senders:
                 sender.tell("go")
             await until(lambda: len(recorder.seen) == 900)

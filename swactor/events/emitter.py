@@ -1,0 +1,119 @@
+"""Emitting events: stamp a record with time and process, hand it to every sink.
+
+An `Emitter` belongs to one process (or, in an in-process test cluster, to one simulated
+node). `emit(record)` stamps `mono`, `wall`, `pid` and the process label, writes the
+`Emitted` line to each sink, and returns it. A sink that fails (disk full, closed
+stream) is reported once in the log and skipped: observability never takes a node down.
+
+`swactor.events.emit(record)` uses the process-wide default emitter; `configure(...)` or
+`configure_from_args(args, proc)` (with the flags of `add_event_arguments`) replaces it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from collections.abc import Iterable
+from typing import Protocol
+
+from swactor.events.schema import Emitted, LifecycleEvent
+from swactor.events.sinks import JsonlSink, StderrSink
+
+log = logging.getLogger("swactor.events")
+
+
+class Sink(Protocol):
+    def write(self, emitted: Emitted) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Emitter:
+    """Stamps and fans out the events of one process."""
+
+    def __init__(self, proc: str, sinks: Iterable[Sink] = ()) -> None:
+        if not proc:
+            raise ValueError("Emitter: proc label is empty")
+        self.proc = proc
+        self.sinks: list[Sink] = list(sinks)
+        self._failed: set[int] = set()
+
+    def add_sink(self, sink: Sink) -> None:
+        self.sinks.append(sink)
+
+    def remove_sink(self, sink: Sink) -> None:
+        self.sinks.remove(sink)
+
+    def emit(self, event: LifecycleEvent) -> Emitted:
+        emitted = Emitted(event, time.monotonic_ns(), time.time_ns(), os.getpid(), self.proc)
+        for sink in self.sinks:
+            try:
+                sink.write(emitted)
+            except (OSError, ValueError) as error:
+                if id(sink) not in self._failed:
+                    self._failed.add(id(sink))
+                    log.error("event sink %r failed: %s (further failures not logged)",
+                              sink, error)
+        return emitted
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+_default = Emitter("swactor")
+
+
+def default_emitter() -> Emitter:
+    return _default
+
+
+def set_default_emitter(emitter: Emitter) -> Emitter:
+    """Install `emitter` as the process default; returns the previous one."""
+    global _default
+    previous, _default = _default, emitter
+    return previous
+
+
+def emit(event: LifecycleEvent) -> Emitted:
+    """Emit through the process-wide default emitter."""
+    return _default.emit(event)
+
+
+def configure(
+    proc: str,
+    jsonl_path: str | None = None,
+    max_bytes: int = 64 << 20,
+    keep: int = 3,
+    verbosity: int | None = 1,
+) -> Emitter:
+    """Build and install the default emitter: a JSON Lines file and/or stderr lines."""
+    sinks: list[Sink] = []
+    if jsonl_path:
+        sinks.append(JsonlSink(jsonl_path, max_bytes, keep))
+    if verbosity is not None and verbosity >= 0:
+        sinks.append(StderrSink(verbosity))
+    emitter = Emitter(proc, sinks)
+    set_default_emitter(emitter)
+    return emitter
+
+
+def add_event_arguments(parser: argparse.ArgumentParser) -> None:
+    """The event flags every long-running subcommand takes."""
+    group = parser.add_argument_group("lifecycle events")
+    group.add_argument("--events-file", metavar="PATH",
+                       help="write lifecycle events as JSON Lines to PATH")
+    group.add_argument("--events-max-bytes", type=int, default=64 << 20, metavar="N",
+                       help="rotate the events file when it would pass N bytes")
+    group.add_argument("--events-keep", type=int, default=3, metavar="K",
+                       help="rotated events files to keep (PATH.1 ... PATH.K)")
+    group.add_argument("--event-verbosity", type=int, choices=(-1, 0, 1, 2), default=1,
+                       help="events on stderr: -1 none, 0 faults, 1 lifecycle, 2 per step")
+
+
+def configure_from_args(args: argparse.Namespace, proc: str) -> Emitter:
+    """`configure` from the flags of `add_event_arguments`."""
+    return configure(proc, args.events_file, args.events_max_bytes, args.events_keep,
+                     args.event_verbosity)

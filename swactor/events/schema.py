@@ -1,0 +1,686 @@
+"""The lifecycle event schema (spec §40): names, identity tables, typed records, one line.
+
+Theory of operation. Each of the 24 lifecycle events of spec §40 is a frozen dataclass
+(`NodeStarted` ... `RunTornDown`) whose `NAME` is its `EventName`. Every record may carry
+any of the nine §40 identities (run_id, node_id, stage_index, edge_id, ring_id,
+object_id, sequence, step_id, worker_generation); the ones an event *requires* are listed
+in `REQUIRED_IDENTITIES` (the contract) and are required constructor arguments of its
+class. Fault events (`node_faulted`, `run_faulted`) also require a stable `reason` (a
+`swactor.wire.RunFaultReason`) and the `component` (`swactor.wire.Component`) that
+detected the fault, and may name a finer §37 `cause` (e.g. `RingFaultReason.HeaderMalformed`).
+`detail` holds a few extra JSON scalars (counts, sizes, names); bytes and memoryviews are
+rejected there and everywhere else: payload never goes into an event.
+
+On the wire an event is one JSON object on one line (`Emitted.to_line()`):
+
+    {"schema": 1, "event": "object_loaded", "mono": ..., "wall": ..., "pid": 4242,
+     "proc": "node", "node_id": 7, "run_id": 1, ..., "detail": {"extent": 2304}}
+
+`mono` is `time.monotonic_ns()` of the emitting process (for intervals within one
+process), `wall` is `time.time_ns()` (for merging several processes' files). Identities
+that are None are left out. `validate_line` is the schema check: it parses one line and
+returns the `Emitted` record, or raises `EventSchemaError` whose `problem` names what is
+wrong (unknown schema version, unknown event, a missing required identity, an unknown
+key, a value of the wrong type, bytes).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+from swactor.wire import (
+    ArenaFailure,
+    Component,
+    EdgeId,
+    NodeId,
+    ObjectFailure,
+    ObjectId,
+    ReleaseFailure,
+    RingFaultReason,
+    RingId,
+    RoleFailure,
+    RunFaultReason,
+    RunId,
+    RunOutcome,
+    Sequence,
+    StageIndex,
+    StepFailure,
+    StepId,
+    StreamFaultReason,
+    TeardownOutcome,
+    WorkerFatalReason,
+    WorkerGeneration,
+)
+from swactor.wire.errors import WireError
+
+SCHEMA_VERSION = 1
+
+Scalar = str | int | float | bool | None
+
+
+class EventName(enum.Enum):
+    """The 24 required lifecycle events of spec §40, in lifecycle order."""
+
+    node_started = "node_started"
+    node_available = "node_available"
+    node_faulted = "node_faulted"
+    pool_ready = "pool_ready"
+    run_planned = "run_planned"
+    stage_provision_started = "stage_provision_started"
+    weights_download_started = "weights_download_started"
+    weights_downloaded = "weights_downloaded"
+    weights_loaded = "weights_loaded"
+    edge_provision_started = "edge_provision_started"
+    edge_ready = "edge_ready"
+    stage_ready = "stage_ready"
+    readiness_barrier_passed = "readiness_barrier_passed"
+    prompt_injected = "prompt_injected"
+    object_loaded = "object_loaded"
+    execute_step_started = "execute_step_started"
+    object_produced = "object_produced"
+    step_completed = "step_completed"
+    token_received = "token_received"
+    run_completed = "run_completed"
+    run_faulted = "run_faulted"
+    stop_run_sent = "stop_run_sent"
+    stage_stopped = "stage_stopped"
+    run_torn_down = "run_torn_down"
+
+
+IDENTITY_TYPES: Mapping[str, type[int]] = {
+    "run_id": RunId,
+    "node_id": NodeId,
+    "stage_index": StageIndex,
+    "edge_id": EdgeId,
+    "ring_id": RingId,
+    "object_id": ObjectId,
+    "sequence": Sequence,
+    "step_id": StepId,
+    "worker_generation": WorkerGeneration,
+}
+"""The nine identities of spec §40 and their `swactor.wire` types."""
+
+_E = EventName
+_RUN = ("node_id", "run_id")
+_STAGE = (*_RUN, "stage_index")
+_OBJECT = ("edge_id", "ring_id", "object_id", "sequence")
+_STEP = ("step_id", "sequence", "worker_generation")
+
+REQUIRED_IDENTITIES: Mapping[EventName, frozenset[str]] = {
+    name: frozenset(ids)
+    for name, ids in {
+        _E.node_started: ("node_id",),
+        _E.node_available: ("node_id",),
+        _E.node_faulted: ("node_id",),
+        _E.pool_ready: ("node_id",),
+        _E.run_planned: _RUN,
+        _E.stage_provision_started: _STAGE,
+        _E.weights_download_started: _STAGE,
+        _E.weights_downloaded: _STAGE,
+        _E.weights_loaded: (*_STAGE, "worker_generation"),
+        _E.edge_provision_started: (*_RUN, "edge_id"),
+        _E.edge_ready: (*_RUN, "edge_id", "ring_id"),
+        _E.stage_ready: (*_STAGE, "worker_generation"),
+        _E.readiness_barrier_passed: _RUN,
+        _E.prompt_injected: (*_RUN, "edge_id", "object_id", "sequence"),
+        _E.object_loaded: (*_STAGE, *_OBJECT, "worker_generation"),
+        _E.execute_step_started: (*_STAGE, *_STEP),
+        _E.object_produced: (*_STAGE, *_OBJECT, *_STEP),
+        _E.step_completed: (*_STAGE, *_STEP),
+        _E.token_received: (*_RUN, "edge_id", "object_id", "sequence"),
+        _E.run_completed: _RUN,
+        _E.run_faulted: _RUN,
+        _E.stop_run_sent: _STAGE,
+        _E.stage_stopped: _STAGE,
+        _E.run_torn_down: _RUN,
+    }.items()
+}
+"""Which identities each event must carry (the contract `validate_line` enforces)."""
+
+REQUIRED_FIELDS: Mapping[EventName, frozenset[str]] = {
+    _E.node_faulted: frozenset({"reason", "component"}),
+    _E.run_faulted: frozenset({"reason", "component"}),
+    _E.run_torn_down: frozenset({"outcome", "teardown"}),
+}
+"""Non-identity fields an event must carry: a fault's reason and component, outcomes."""
+
+FAULT_EVENTS = frozenset({_E.node_faulted, _E.run_faulted})
+
+CAUSE_ENUMS: Mapping[str, type[enum.Enum]] = {
+    cls.__name__: cls
+    for cls in (
+        RingFaultReason,
+        ObjectFailure,
+        StepFailure,
+        WorkerFatalReason,
+        StreamFaultReason,
+        RoleFailure,
+        ReleaseFailure,
+        ArenaFailure,
+    )
+}
+"""Enums whose members may be named as a fault's finer `cause` ("EnumName.Member")."""
+
+ENVELOPE_KEYS = ("schema", "event", "mono", "wall", "pid", "proc")
+
+
+class SchemaProblem(enum.Enum):
+    """What is wrong with an event or an event line."""
+
+    NotJson = "NotJson"
+    NotAnObject = "NotAnObject"
+    SchemaVersion = "SchemaVersion"
+    UnknownEvent = "UnknownEvent"
+    MissingIdentity = "MissingIdentity"
+    MissingField = "MissingField"
+    UnknownField = "UnknownField"
+    BadValue = "BadValue"
+    PayloadBytes = "PayloadBytes"
+
+
+class EventSchemaError(ValueError):
+    """An event or line breaks the schema; `problem` and `field` say how and where."""
+
+    def __init__(self, problem: SchemaProblem, event: str, field: str, rule: str) -> None:
+        super().__init__(f"{event or '?'}: {field or '-'}: {problem.value}: {rule}")
+        self.problem = problem
+        self.event = event
+        self.field = field
+
+
+# ------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LifecycleEvent:
+    """Base of the 24 event records: every identity optional, plus `detail`."""
+
+    NAME: ClassVar[EventName]
+
+    node_id: NodeId | None = None
+    run_id: RunId | None = None
+    stage_index: StageIndex | None = None
+    edge_id: EdgeId | None = None
+    ring_id: RingId | None = None
+    object_id: ObjectId | None = None
+    sequence: Sequence | None = None
+    step_id: StepId | None = None
+    worker_generation: WorkerGeneration | None = None
+    detail: Mapping[str, Scalar] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        name = self.NAME.value
+        for key in _field_names(type(self)):
+            value = getattr(self, key)
+            if value is None:
+                if key in REQUIRED_IDENTITIES[self.NAME]:
+                    raise EventSchemaError(
+                        SchemaProblem.MissingIdentity, name, key, "required identity is None"
+                    )
+                if key in REQUIRED_FIELDS.get(self.NAME, ()):
+                    raise EventSchemaError(SchemaProblem.MissingField, name, key, "is None")
+                continue
+            object.__setattr__(self, key, _coerce(name, key, value))
+
+    def to_json(self) -> dict[str, Any]:
+        """The record's fields as JSON values (None fields and empty detail left out)."""
+        out: dict[str, Any] = {}
+        for key in _field_names(type(self)):
+            value = getattr(self, key)
+            if value is None or (key == "detail" and not value):
+                continue
+            out[key] = _to_json_value(value)
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FaultEvent(LifecycleEvent):
+    """A fault: the stable reason, the component that detected it, an optional cause."""
+
+    reason: RunFaultReason
+    component: Component
+    cause: enum.Enum | None = None
+    """A finer spec §37 reason (any enum of `CAUSE_ENUMS`)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeStarted(LifecycleEvent):
+    NAME = EventName.node_started
+    node_id: NodeId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeAvailable(LifecycleEvent):
+    NAME = EventName.node_available
+    node_id: NodeId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeFaulted(FaultEvent):
+    NAME = EventName.node_faulted
+    node_id: NodeId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolReady(LifecycleEvent):
+    NAME = EventName.pool_ready
+    node_id: NodeId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunPlanned(LifecycleEvent):
+    NAME = EventName.run_planned
+    node_id: NodeId
+    run_id: RunId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageProvisionStarted(LifecycleEvent):
+    NAME = EventName.stage_provision_started
+    node_id: NodeId
+    run_id: RunId
+    stage_index: StageIndex
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WeightsDownloadStarted(LifecycleEvent):
+    NAME = EventName.weights_download_started
+    node_id: NodeId
+    run_id: RunId
+    stage_index: StageIndex
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WeightsDownloaded(LifecycleEvent):
+    NAME = EventName.weights_downloaded
+    node_id: NodeId
+    run_id: RunId
+    stage_index: StageIndex
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WeightsLoaded(LifecycleEvent):
+    NAME = EventName.weights_loaded
+    node_id: NodeId
+    run_id: RunId
+    stage_index: StageIndex
+    worker_generation: WorkerGeneration
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EdgeProvisionStarted(LifecycleEvent):
+    NAME = EventName.edge_provision_started
+    node_id: NodeId
+    run_id: RunId
+    edge_id: EdgeId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EdgeReady(LifecycleEvent):
+    NAME = EventName.edge_ready
+    node_id: NodeId
+    run_id: RunId
+    edge_id: EdgeId
+    ring_id: RingId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageReady(LifecycleEvent):
+    NAME = EventName.stage_ready
+    node_id: NodeId
+    run_id: RunId
+    stage_index: StageIndex
+    worker_generation: WorkerGeneration
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadinessBarrierPassed(LifecycleEvent):
+    NAME = EventName.readiness_barrier_passed
+    node_id: NodeId
+    run_id: RunId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PromptInjected(LifecycleEvent):
+    NAME = EventName.prompt_injected
+    node_id: NodeId
+    run_id: RunId
+    edge_id: EdgeId
+    object_id: ObjectId
+    sequence: Sequence
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ObjectLoaded(LifecycleEvent):
+    NAME = EventName.object_loaded
+    node_id: NodeId
+    run_id: RunId
+    stage_index: StageIndex
+    edge_id: EdgeId
+    ring_id: RingId
+    object_id: ObjectId
+    sequence: Sequence
+    worker_generation: WorkerGeneration
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecuteStepStarted(LifecycleEvent):
+    NAME = EventName.execute_step_started
+    node_id: NodeId
+    run_id: RunId
+    stage_index: StageIndex
+    step_id: StepId
+    sequence: Sequence
+    worker_generation: WorkerGeneration
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ObjectProduced(LifecycleEvent):
+    NAME = EventName.object_produced
+    node_id: NodeId
+    run_id: RunId
+    stage_index: StageIndex
+    edge_id: EdgeId
+    ring_id: RingId
+    object_id: ObjectId
+    sequence: Sequence
+    step_id: StepId
+    worker_generation: WorkerGeneration
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepCompleted(LifecycleEvent):
+    NAME = EventName.step_completed
+    node_id: NodeId
+    run_id: RunId
+    stage_index: StageIndex
+    step_id: StepId
+    sequence: Sequence
+    worker_generation: WorkerGeneration
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenReceived(LifecycleEvent):
+    NAME = EventName.token_received
+    node_id: NodeId
+    run_id: RunId
+    edge_id: EdgeId
+    object_id: ObjectId
+    sequence: Sequence
+    token: int | None = None
+    """The sampled token id (a vocabulary index, not payload bytes)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunCompleted(LifecycleEvent):
+    NAME = EventName.run_completed
+    node_id: NodeId
+    run_id: RunId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFaulted(FaultEvent):
+    NAME = EventName.run_faulted
+    node_id: NodeId
+    run_id: RunId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopRunSent(LifecycleEvent):
+    NAME = EventName.stop_run_sent
+    node_id: NodeId
+    run_id: RunId
+    stage_index: StageIndex
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageStopped(LifecycleEvent):
+    NAME = EventName.stage_stopped
+    node_id: NodeId
+    run_id: RunId
+    stage_index: StageIndex
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunTornDown(LifecycleEvent):
+    NAME = EventName.run_torn_down
+    node_id: NodeId
+    run_id: RunId
+    outcome: RunOutcome
+    teardown: TeardownOutcome
+
+
+EVENT_CLASSES: Mapping[EventName, type[LifecycleEvent]] = {
+    cls.NAME: cls
+    for cls in (
+        NodeStarted, NodeAvailable, NodeFaulted, PoolReady, RunPlanned,
+        StageProvisionStarted, WeightsDownloadStarted, WeightsDownloaded, WeightsLoaded,
+        EdgeProvisionStarted, EdgeReady, StageReady, ReadinessBarrierPassed,
+        PromptInjected, ObjectLoaded, ExecuteStepStarted, ObjectProduced, StepCompleted,
+        TokenReceived, RunCompleted, RunFaulted, StopRunSent, StageStopped, RunTornDown,
+    )
+}
+
+
+# ------------------------------------------------------------- the one line
+
+
+@dataclass(frozen=True, slots=True)
+class Emitted:
+    """An event as emitted: the record plus where and when."""
+
+    event: LifecycleEvent
+    mono: int
+    """time.monotonic_ns() in the emitting process."""
+    wall: int
+    """time.time_ns() in the emitting process."""
+    pid: int
+    proc: str
+    """What the emitting process is: "node", "orchestrator", "worker", ..."""
+
+    @property
+    def name(self) -> EventName:
+        return self.event.NAME
+
+    def to_json(self) -> dict[str, Any]:
+        head: dict[str, Any] = {
+            "schema": SCHEMA_VERSION,
+            "event": self.event.NAME.value,
+            "mono": self.mono,
+            "wall": self.wall,
+            "pid": self.pid,
+            "proc": self.proc,
+        }
+        head.update(self.event.to_json())
+        return head
+
+    def to_line(self) -> str:
+        """One JSON line, without the newline."""
+        return json.dumps(self.to_json(), separators=(",", ":"), allow_nan=False)
+
+    def value(self, key: str) -> Any:
+        """A field by name, as its JSON value (for matching): envelope or record field."""
+        if key == "event":
+            return self.event.NAME.value
+        if key in ("mono", "wall", "pid", "proc"):
+            return getattr(self, key)
+        if key in _field_names(type(self.event)):
+            raw = getattr(self.event, key)
+            return None if raw is None else _to_json_value(raw)
+        raise KeyError(key)
+
+
+def validate_line(line: str | bytes) -> Emitted:
+    """Parse and check one event line; EventSchemaError names what is wrong."""
+    try:
+        data = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise EventSchemaError(SchemaProblem.NotJson, "", "", str(error)) from None
+    return from_json(data)
+
+
+def from_json(data: object) -> Emitted:
+    """Check one decoded event object; EventSchemaError names what is wrong."""
+    if not isinstance(data, dict):
+        raise EventSchemaError(SchemaProblem.NotAnObject, "", "", type(data).__name__)
+    event_value = data.get("event")
+    event_text = event_value if isinstance(event_value, str) else ""
+    schema = data.get("schema")
+    if schema != SCHEMA_VERSION or isinstance(schema, bool):
+        raise EventSchemaError(
+            SchemaProblem.SchemaVersion, event_text, "schema",
+            f"expected {SCHEMA_VERSION}, got {schema!r}",
+        )
+    try:
+        name = EventName(event_value)
+    except ValueError:
+        raise EventSchemaError(
+            SchemaProblem.UnknownEvent, event_text, "event", f"{event_value!r} is not an event"
+        ) from None
+    cls = EVENT_CLASSES[name]
+    allowed = set(_field_names(cls))
+    for key in data:
+        if key not in allowed and key not in ENVELOPE_KEYS:
+            raise EventSchemaError(SchemaProblem.UnknownField, name.value, key, "unknown key")
+    for key in sorted(REQUIRED_IDENTITIES[name]):
+        if data.get(key) is None:
+            raise EventSchemaError(
+                SchemaProblem.MissingIdentity, name.value, key, "required identity missing"
+            )
+    for key in sorted(REQUIRED_FIELDS.get(name, ())):
+        if data.get(key) is None:
+            raise EventSchemaError(SchemaProblem.MissingField, name.value, key, "missing")
+    mono = _envelope_int(data, "mono", name)
+    wall = _envelope_int(data, "wall", name)
+    pid = _envelope_int(data, "pid", name)
+    proc = data.get("proc")
+    if not isinstance(proc, str) or not proc:
+        raise _bad(name.value, "proc", "must be a non-empty str")
+    kwargs: dict[str, Any] = {
+        key: _from_json_value(name.value, key, data[key]) for key in allowed if key in data
+    }
+    try:
+        record = cls(**kwargs)
+    except TypeError as error:
+        raise EventSchemaError(SchemaProblem.MissingField, name.value, "", str(error)) from None
+    return Emitted(record, mono, wall, pid, proc)
+
+
+# ------------------------------------------------------------------ helpers
+
+_FIELD_NAMES: dict[type[LifecycleEvent], tuple[str, ...]] = {}
+
+
+def _field_names(cls: type[LifecycleEvent]) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
+_ENUM_FIELDS: Mapping[str, type[enum.Enum]] = {
+    "reason": RunFaultReason,
+    "component": Component,
+    "outcome": RunOutcome,
+    "teardown": TeardownOutcome,
+}
+
+
+def _bad(event: str, key: str, rule: str) -> EventSchemaError:
+    return EventSchemaError(SchemaProblem.BadValue, event, key, rule)
+
+
+def _coerce(event: str, key: str, value: object) -> object:
+    """Check (and normalise) one record field value at construction."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        raise EventSchemaError(SchemaProblem.PayloadBytes, event, key, "bytes never go in events")
+    if key in IDENTITY_TYPES:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _bad(event, key, f"must be an int, not {type(value).__name__}")
+        try:
+            return IDENTITY_TYPES[key](value)
+        except WireError as error:
+            raise _bad(event, key, str(error)) from None
+    if key in _ENUM_FIELDS:
+        if not isinstance(value, _ENUM_FIELDS[key]):
+            raise _bad(event, key, f"must be a {_ENUM_FIELDS[key].__name__}")
+        return value
+    if key == "cause":
+        if not isinstance(value, enum.Enum) or CAUSE_ENUMS.get(type(value).__name__) is not type(
+            value
+        ):
+            raise _bad(event, key, f"must be a member of one of {sorted(CAUSE_ENUMS)}")
+        return value
+    if key == "token":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise _bad(event, key, "must be a non-negative int")
+        return value
+    if key == "detail":
+        return _check_detail(event, value)
+    raise _bad(event, key, "no codec for this field")  # a record field without a rule
+
+
+def _check_detail(event: str, value: object) -> Mapping[str, Scalar]:
+    if not isinstance(value, Mapping):
+        raise _bad(event, "detail", "must be a mapping of str to JSON scalars")
+    checked: dict[str, Scalar] = {}
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise _bad(event, "detail", "keys must be str")
+        if isinstance(item, bytes | bytearray | memoryview):
+            raise EventSchemaError(
+                SchemaProblem.PayloadBytes, event, f"detail.{key}", "bytes never go in events"
+            )
+        if isinstance(item, float) and not math.isfinite(item):
+            raise _bad(event, f"detail.{key}", "floats must be finite")
+        if item is not None and not isinstance(item, str | int | float | bool):
+            raise _bad(event, f"detail.{key}", f"{type(item).__name__} is not a JSON scalar")
+        checked[key] = item
+    return checked
+
+
+def _to_json_value(value: object) -> Any:
+    if isinstance(value, enum.Enum):
+        if isinstance(value, RunFaultReason | Component | RunOutcome | TeardownOutcome):
+            return value.value
+        return f"{type(value).__name__}.{value.name}"
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def _from_json_value(event: str, key: str, value: object) -> object:
+    """Turn one JSON value back into the record field's type (checked again by the class)."""
+    if key in _ENUM_FIELDS:
+        enum_cls = _ENUM_FIELDS[key]
+        try:
+            return enum_cls(value)
+        except ValueError:
+            raise _bad(event, key, f"{value!r} is not a {enum_cls.__name__}") from None
+    if key == "cause":
+        if not isinstance(value, str) or "." not in value:
+            raise _bad(event, key, "must read 'EnumName.Member'")
+        enum_name, member = value.split(".", 1)
+        cause_cls = CAUSE_ENUMS.get(enum_name)
+        if cause_cls is None or member not in cause_cls.__members__:
+            raise _bad(event, key, f"{value!r} names no member of {sorted(CAUSE_ENUMS)}")
+        return cause_cls[member]
+    if key == "detail" and not isinstance(value, dict):
+        raise _bad(event, key, "must be a JSON object")
+    if isinstance(value, float) and key in IDENTITY_TYPES:
+        raise _bad(event, key, "must be an integer")
+    return value
+
+
+def _envelope_int(data: Mapping[str, object], key: str, name: EventName) -> int:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise EventSchemaError(SchemaProblem.BadValue, name.value, key, "must be an int >= 0")
+    return value
