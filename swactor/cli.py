@@ -25,6 +25,7 @@ def _registrars() -> list[Register]:
 # Modules that provide `register(subparsers)`; each adds one or more subcommands.
 SUBCOMMAND_MODULES: list[str] = [
     "swactor.model.tokenize_cmd",
+    "swactor.events",
 ]
 
 
