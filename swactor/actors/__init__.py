@@ -16,30 +16,28 @@ translates mail into machine events, feeds them to the pure `machine.handle()`, 
 carries out the effects that come back, timers included::
 
     from swactor.actors import Actor, Context, Runtime
-    from swactor.fsm.generated.arena_manager import (
-        ArenaManagerMachine, GrantLease, LeaseRing, ReadyTimeout,
-    )
-    from swactor.fsm.runtime import CancelTimer, StartTimer
+    from swactor.fsm.generated import arena_manager as am
 
-    class ArenaManagerActor(Actor[LeaseRing | ReadyTimeout]):
-        async def started(self, ctx: Context[LeaseRing | ReadyTimeout]) -> None:
-            self.machine = ArenaManagerMachine(guards=self, ceiling=1 << 30)
-
-        async def receive(self, ctx: Context[LeaseRing | ReadyTimeout],
-                          message: LeaseRing | ReadyTimeout) -> None:
-            for effect in self.machine.handle(message):
-                match effect:
-                    case StartTimer(name=name, seconds=seconds):
-                        ctx.timers.start(name, seconds, ReadyTimeout())
-                    case CancelTimer(name=name):
-                        ctx.timers.cancel(name)
-                    case GrantLease(request_id=request_id):
-                        ctx.reply(self.grant(request_id))   # I/O lives here, not in the machine
+    class ArenaManagerActor(Actor[am.Event]):
+        async def started(self, ctx: Context[am.Event]) -> None:
+            self.machine = am.ArenaManagerMachine(guards=self, ...)   # self implements
+                                                                      # ArenaManagerGuards
+        async def receive(self, ctx: Context[am.Event], message: am.Event) -> None:
+            for effect in self.machine.handle(message):     # pure: no I/O, no clock
+                if ctx.timers.apply(effect, am.TIMER_EVENTS):  # StartTimer / CancelTimer
+                    continue
+                match effect:                                 # the binding's I/O
+                    case am.CreateArena():
+                        ...   # memfd, ftruncate, mmap; then ctx.self_ref.tell(
+                              # am.ArenaConstructed(...)) feeds the result back in
+                    case am.RingLeased():
+                        ctx.reply(effect)
 
     async def main() -> None:
         async with Runtime("node") as runtime:
             arena = runtime.spawn(ArenaManagerActor, "arena")
-            lease = await arena.ask(LeaseRing(...), timeout=2.0)
+            arena.tell(am.ConstructArena(...))
+            leased = await arena.ask(am.LeaseRing(...), timeout=2.0)
 
 A raise inside `receive` (a `ProtocolError` from `handle()`, say) is a failure of this
 actor alone; its supervisor decides what happens next.

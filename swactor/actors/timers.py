@@ -5,6 +5,10 @@ and `CancelTimer(name)` effects, its binding calls `ctx.timers.start(name, secon
 message)` / `ctx.timers.cancel(name)`, and when the timer fires `message` arrives in the
 actor's mailbox like any other mail, in order with it.
 
+`apply(effect, TIMER_EVENTS)` does this in one call for a generated machine: it carries
+out a `StartTimer`/`CancelTimer` effect (building the timer's event from the generated
+module's `TIMER_EVENTS` table) and returns False for every other effect.
+
 Each start gets a fresh generation number. Firing does not deliver the message directly:
 it enqueues a `TimerFired(name, generation)` marker, and the actor's run loop asks
 `claim(name, generation)` when it reaches the marker. A timer cancelled or restarted
@@ -17,9 +21,11 @@ restarts.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+from swactor.fsm.runtime import CancelTimer, StartTimer
 
 M = TypeVar("M")
 
@@ -67,6 +73,19 @@ class Timers(Generic[M]):
             return False
         armed.handle.cancel()
         return True
+
+    def apply(self, effect: object, timer_events: Mapping[str, Callable[[], M]]) -> bool:
+        """Carry out a machine's StartTimer/CancelTimer effect; False for other effects."""
+        if isinstance(effect, StartTimer):
+            make = timer_events.get(effect.name)
+            if make is None:
+                raise KeyError(f"StartTimer({effect.name!r}): no such timer event")
+            self.start(effect.name, effect.seconds, make())
+            return True
+        if isinstance(effect, CancelTimer):
+            self.cancel(effect.name)
+            return True
+        return False
 
     def cancel_all(self) -> None:
         for name in list(self._armed):

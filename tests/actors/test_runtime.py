@@ -27,6 +27,7 @@ from swactor.actors import (
     Terminated,
     UnexpectedReply,
 )
+from swactor.fsm.runtime import CancelTimer, StartTimer
 
 
 def run(body: Callable[[], Awaitable[None]]) -> None:
@@ -488,5 +489,69 @@ def test_bad_names_are_rejected() -> None:
                 rt.spawn(Counter, "same")
             with pytest.raises(InvalidActorName):
                 rt.spawn(Counter, "a/b")
+
+    run(body)
+
+
+# ------------------------------------------- a machine binding and its timers
+
+
+@dataclass(frozen=True)
+class Arm:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Disarm:
+    pass
+
+
+@dataclass(frozen=True)
+class Expired:
+    pass
+
+
+class TinyMachine:
+    """Stand-in for a generated machine: Arm -> StartTimer, Disarm -> CancelTimer."""
+
+    def __init__(self) -> None:
+        self.expired = 0
+
+    def handle(self, event: object) -> list[object]:
+        match event:
+            case Arm(seconds=seconds):
+                return [StartTimer("Expired", seconds)]
+            case Disarm():
+                return [CancelTimer("Expired")]
+            case Expired():
+                self.expired += 1
+                return ["report-expired"]
+        raise AssertionError(event)
+
+
+class Binding(Actor[Any]):
+    def __init__(self, machine: TinyMachine) -> None:
+        self.machine = machine
+        self.other_effects: list[object] = []
+
+    async def receive(self, ctx: Context[Any], message: Any) -> None:
+        for effect in self.machine.handle(message):
+            if not ctx.timers.apply(effect, {"Expired": Expired}):
+                self.other_effects.append(effect)
+
+
+def test_a_binding_applies_generated_timer_effects() -> None:
+    async def body() -> None:
+        machine = TinyMachine()
+        binding = Binding(machine)
+        async with Runtime() as rt:
+            ref = rt.spawn(lambda: binding, "binding")
+            ref.tell(Arm(0.02))
+            await until(lambda: machine.expired == 1)
+            assert binding.other_effects == ["report-expired"]
+            ref.tell(Arm(0.05))
+            ref.tell(Disarm())
+            await asyncio.sleep(0.1)
+            assert machine.expired == 1  # the disarmed timer never fed Expired back
 
     run(body)
