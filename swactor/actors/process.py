@@ -19,6 +19,7 @@ capacity: then the reader stops reading, the pipe fills, and the child blocks in
 `write()`. A flooding child is slowed to its owner's pace instead of exhausting memory,
 as long as the owner was spawned with a `mailbox_capacity`.
 
+The actor watches its owner: if the owner ends, the actor stops (and so does the child).
 When the child exits, whatever is left of its process group is killed, the readers are
 given a moment to drain, `Exited` is sent and the actor stops itself. Stopping the actor
 (`ref.stop()`, `StopProcess(grace_s)`, its parent stopping, runtime shutdown) sends
@@ -45,6 +46,7 @@ from swactor.actors.address import Address
 from swactor.actors.context import Context
 from swactor.actors.deathsig import die_with_parent
 from swactor.actors.errors import ActorError
+from swactor.actors.messages import Terminated
 from swactor.actors.ref import ActorRef
 from swactor.actors.runtime import Runtime
 
@@ -157,12 +159,14 @@ class StopProcess:
 
 ProcessCommand = WriteLine | CloseStdin | SendSignal | StopProcess
 
+_Mail = ProcessCommand | Terminated  # what the actor's mailbox takes: commands, owner's end
+
 
 class StdinOverflow(ActorError):
     """The child stopped reading stdin while more than `max_stdin_buffer` bytes waited."""
 
 
-class ProcessActor(Actor[ProcessCommand]):
+class ProcessActor(Actor[_Mail]):
     """Runs one child process for `owner`; see the module docstring."""
 
     def __init__(self, spec: ProcessSpec, owner: ActorRef[ProcessEvent]) -> None:
@@ -172,7 +176,7 @@ class ProcessActor(Actor[ProcessCommand]):
         self._grace_s = spec.grace_s
         self._reported = False
 
-    async def started(self, ctx: Context[ProcessCommand]) -> None:
+    async def started(self, ctx: Context[_Mail]) -> None:
         spec = self.spec
         env = dict(os.environ if spec.env is None else spec.env)
         env.update(spec.extra_env)
@@ -196,6 +200,7 @@ class ProcessActor(Actor[ProcessCommand]):
             ctx.stop_self()
             return
         self.owner.tell(Started(ctx.address, self.process.pid))
+        ctx.watch(self.owner)
         assert self.process.stdout is not None and self.process.stderr is not None
         readers = [
             ctx.spawn_task(self._pump(ctx, self.process.stdout, Stream.stdout), "stdout"),
@@ -203,7 +208,7 @@ class ProcessActor(Actor[ProcessCommand]):
         ]
         ctx.spawn_task(self._watch_exit(ctx, self.process, readers), "exit")
 
-    async def receive(self, ctx: Context[ProcessCommand], message: ProcessCommand) -> None:
+    async def receive(self, ctx: Context[_Mail], message: _Mail) -> None:
         process = self.process
         if process is None:
             return
@@ -228,8 +233,10 @@ class ProcessActor(Actor[ProcessCommand]):
                 if grace_s is not None:
                     self._grace_s = grace_s
                 ctx.stop_self()
+            case Terminated():  # the owner is gone: nobody would hear from the child
+                ctx.stop_self()
 
-    async def stopped(self, ctx: Context[ProcessCommand]) -> None:
+    async def stopped(self, ctx: Context[_Mail]) -> None:
         process = self.process
         if process is None:
             return
@@ -244,14 +251,14 @@ class ProcessActor(Actor[ProcessCommand]):
         _signal_quietly(process.pid, signal.SIGKILL, group=True)
         self._report_exit(ctx, process)
 
-    def cancelled(self, ctx: Context[ProcessCommand]) -> None:
+    def cancelled(self, ctx: Context[_Mail]) -> None:
         process = self.process
         if process is not None and process.returncode is None:
             _signal_quietly(process.pid, signal.SIGKILL, group=True)
 
     async def _watch_exit(
         self,
-        ctx: Context[ProcessCommand],
+        ctx: Context[_Mail],
         process: asyncio.subprocess.Process,
         readers: list[asyncio.Task[None]],
     ) -> None:
@@ -262,7 +269,7 @@ class ProcessActor(Actor[ProcessCommand]):
         ctx.stop_self()
 
     def _report_exit(
-        self, ctx: Context[ProcessCommand], process: asyncio.subprocess.Process
+        self, ctx: Context[_Mail], process: asyncio.subprocess.Process
     ) -> None:
         if self._reported:
             return
@@ -274,7 +281,7 @@ class ProcessActor(Actor[ProcessCommand]):
             self.owner.tell(Exited(ctx.address, code, None))
 
     async def _pump(
-        self, ctx: Context[ProcessCommand], reader: asyncio.StreamReader, stream: Stream
+        self, ctx: Context[_Mail], reader: asyncio.StreamReader, stream: Stream
     ) -> None:
         limit = self.spec.max_line_bytes
         buffer = bytearray()
@@ -299,7 +306,7 @@ class ProcessActor(Actor[ProcessCommand]):
             await self._emit(ctx, stream, bytes(buffer), False)
 
     async def _emit(
-        self, ctx: Context[ProcessCommand], stream: Stream, raw: bytes, truncated: bool
+        self, ctx: Context[_Mail], stream: Stream, raw: bytes, truncated: bool
     ) -> None:
         text = raw.decode("utf-8", errors="replace")
         await self.owner.send(Line(ctx.address, stream, text, truncated))

@@ -298,3 +298,20 @@ def test_child_of_a_sigkilled_parent_is_gone_within_a_second() -> None:
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_when_the_owner_ends_the_process_actor_stops_its_child() -> None:
+    async def body() -> None:
+        owner = Owner()
+        async with Runtime() as rt:
+            owner_ref = rt.spawn(lambda: owner, "owner")
+            proc = spawn_process(rt, ProcessSpec(("sleep", "30")), owner_ref)
+            while not owner.events:
+                await asyncio.sleep(0.01)
+            started = owner.events[0]
+            assert isinstance(started, Started)
+            await owner_ref.stop_and_join()
+            await asyncio.wait_for(proc.join(), 5)
+            assert gone(started.pid)
+
+    run(body)
