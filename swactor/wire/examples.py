@@ -25,16 +25,23 @@ from swactor.wire.enums import (
     EdgeKind,
     HostPinning,
     LayoutRule,
+    ObjectFailure,
     ObjectKind,
     QuiescenceProofKind,
+    ReleaseFailure,
     RingDirection,
+    RingFaultReason,
+    RoleFailure,
     SequencePolicy,
     ShapeRule,
     ShutdownMode,
+    StepFailure,
     TokenizerSourceKind,
     TokenOutputMode,
     UninstallReason,
     WakeCoalescing,
+    WorkerFatalReason,
+    WorkerStoppedReason,
 )
 from swactor.wire.ids import (
     DeviceObjectHandle,
@@ -82,8 +89,28 @@ from swactor.wire.worker import (
     InputBinding,
     InstallRing,
     OutputBinding,
+    ReleaseDeviceObject,
+    RingReadable,
+    RingWritable,
     ShutdownWorker,
     UninstallRing,
+)
+from swactor.wire.worker_events import (
+    DeviceObjectReleased,
+    ObjectFailed,
+    ObjectLoaded,
+    ObjectProduced,
+    ReleaseFailed,
+    RingFault,
+    RingInstalled,
+    RingQuiesced,
+    RoleConfigured,
+    RoleFailed,
+    StepCompleted,
+    StepFailed,
+    WorkerFatal,
+    WorkerReady,
+    WorkerStopped,
 )
 
 if TYPE_CHECKING:
@@ -266,6 +293,30 @@ _EXAMPLES: dict[type, Callable[[], object]] = {
         True,
     ),
     ShutdownWorker: lambda: ShutdownWorker(ShutdownMode.Graceful),
+    ReleaseDeviceObject: lambda: ReleaseDeviceObject(_handle()),
+    RingReadable: lambda: RingReadable(RingId(11)),
+    RingWritable: lambda: RingWritable(RingId(11)),
+    WorkerReady: lambda: WorkerReady(4242, WorkerGeneration(1), 1, {"device": "CPU"}),
+    WorkerFatal: lambda: WorkerFatal(WorkerFatalReason.ArenaMapFailed),
+    WorkerStopped: lambda: WorkerStopped(WorkerStoppedReason.Graceful),
+    RoleConfigured: lambda: RoleConfigured(RoleId(1)),
+    RoleFailed: lambda: RoleFailed(RoleId(1), RoleFailure.ConfigInvalid),
+    RingInstalled: lambda: RingInstalled(RingId(11), EdgeId(2), PortId(0)),
+    RingFault: lambda: RingFault(RingId(11), EdgeId(2), PortId(0), RingFaultReason.HeaderMalformed),
+    RingQuiesced: lambda: RingQuiesced(RingId(11)),
+    ObjectLoaded: lambda: ObjectLoaded(
+        RingId(11), EdgeId(2), PortId(0), ObjectId(3), Sequence(0), HIDDEN * 2, _handle()
+    ),
+    ObjectProduced: lambda: ObjectProduced(
+        RingId(12), EdgeId(3), PortId(1), ObjectId(4), Sequence(0), 4
+    ),
+    ObjectFailed: lambda: ObjectFailed(
+        RingId(11), EdgeId(2), PortId(0), None, None, ObjectFailure.HeaderMalformed
+    ),
+    StepCompleted: lambda: StepCompleted(RoleId(1), StepId(1)),
+    StepFailed: lambda: StepFailed(RoleId(1), StepId(1), StepFailure.TinygradError),
+    DeviceObjectReleased: lambda: DeviceObjectReleased(_handle()),
+    ReleaseFailed: lambda: ReleaseFailed(_handle(), ReleaseFailure.UnknownHandle),
 }
 
 _ID_EXAMPLES: dict[type, int] = {

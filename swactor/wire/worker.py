@@ -4,10 +4,10 @@ Theory of operation
 -------------------
 GpuWorkerCtl sends the worker one command per stdin line. Each command here is a frozen
 wire dataclass; `encode_command(cmd)` writes one line `{"type": <class name>, "body":
-<to_json()>}` and `decode_command(line)` parses it back, raising `ControlMessageError`
-for anything that is not JSON, not an object of exactly those two keys, or an unknown
-type, and the body's own `WireError` when the body is invalid. JSON values (`backend`,
-`config`, `runtime`) are low-frequency metadata: bytes are rejected.
+<to_json()>}` and `decode_command(line)` parses it back (see `control` for the line
+rules and errors). JSON values (`backend`, `config`, `runtime`) are low-frequency
+metadata: bytes are rejected. `RingReadable`/`RingWritable` are wake hints (spec §21):
+they carry only a ring id and travel both ways (also listed in `worker_events`).
 
 Rules: `InstallRing.layout.ring_id == ring_id`; `ExecuteStep` port ids are unique among
 its inputs and among its outputs, and every input handle is of one worker generation;
@@ -16,13 +16,13 @@ its inputs and among its outputs, and every input handle is of one worker genera
 
 from __future__ import annotations
 
-import json
 import typing
 from dataclasses import dataclass
 
 from swactor.wire.codec import JsonValue, WireStruct
+from swactor.wire.control import decode_line, encode_line
 from swactor.wire.enums import RingDirection, ShutdownMode, UninstallReason
-from swactor.wire.errors import ControlMessageError, PlanError
+from swactor.wire.errors import PlanError
 from swactor.wire.ids import (
     DeviceObjectHandle,
     EdgeId,
@@ -36,8 +36,6 @@ from swactor.wire.ids import (
 )
 from swactor.wire.objects import ObjectSpec
 from swactor.wire.rings import RingLayout
-
-MAX_CONTROL_LINE = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +138,27 @@ class ShutdownWorker(WireStruct):
     mode: ShutdownMode
 
 
+@dataclass(frozen=True, slots=True)
+class ReleaseDeviceObject(WireStruct):
+    """Free a device object once no compute or copy still references it (spec §29)."""
+
+    device_handle: DeviceObjectHandle
+
+
+@dataclass(frozen=True, slots=True)
+class RingReadable(WireStruct):
+    """Wake hint: `ring_id` may have new committed bytes; reload its cursors (spec §21)."""
+
+    ring_id: RingId
+
+
+@dataclass(frozen=True, slots=True)
+class RingWritable(WireStruct):
+    """Wake hint: `ring_id` may have new free space; reload its cursors (spec §21)."""
+
+    ring_id: RingId
+
+
 WorkerCommand = (
     InitializeWorker | ConfigureRole | InstallRing | UninstallRing | ExecuteStep | ShutdownWorker
 )
@@ -152,6 +171,9 @@ COMMAND_TYPES: dict[str, type[WireStruct]] = {
         InstallRing,
         UninstallRing,
         ExecuteStep,
+        ReleaseDeviceObject,
+        RingReadable,
+        RingWritable,
         ShutdownWorker,
     )
 }
@@ -159,25 +181,9 @@ COMMAND_TYPES: dict[str, type[WireStruct]] = {
 
 def encode_command(command: WorkerCommand) -> str:
     """One control line (ending in a newline) for `command`."""
-    body = {"type": type(command).__name__, "body": command.to_json()}
-    return json.dumps(body, separators=(",", ":"), allow_nan=False) + "\n"
+    return encode_line(command)
 
 
 def decode_command(line: str | bytes) -> WorkerCommand:
-    """Parse one control line; raise `ControlMessageError` or the body's `WireError`."""
-    if len(line) > MAX_CONTROL_LINE:
-        raise ControlMessageError("WorkerCommand", "", f"line longer than {MAX_CONTROL_LINE}")
-    try:
-        document = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ControlMessageError("WorkerCommand", "", f"not JSON ({exc.msg})") from None
-    except (ValueError, UnicodeDecodeError):
-        raise ControlMessageError("WorkerCommand", "", "not UTF-8 JSON") from None
-    if not isinstance(document, dict) or set(document) != {"type", "body"}:
-        raise ControlMessageError("WorkerCommand", "", "expected an object {type, body}")
-    name = document["type"]
-    command_type = COMMAND_TYPES.get(name) if isinstance(name, str) else None
-    if command_type is None:
-        raise ControlMessageError("WorkerCommand", "type", "unknown command type")
-    decoded = command_type.from_json(document["body"])
-    return typing.cast(WorkerCommand, decoded)
+    """Parse one stdin line; raise `ControlMessageError` or the body's `WireError`."""
+    return typing.cast(WorkerCommand, decode_line(line, COMMAND_TYPES, "WorkerCommand"))

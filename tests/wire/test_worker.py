@@ -10,29 +10,52 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swactor.wire import (
+    COMMAND_TYPES,
+    EVENT_TYPES,
     ConfigureRole,
     ControlMessageError,
     DeviceObjectHandle,
+    DeviceObjectReleased,
     ExecuteStep,
     InitializeWorker,
     InputBinding,
     InstallRing,
     InvalidFieldError,
+    ObjectFailed,
     ObjectId,
+    ObjectLoaded,
+    ObjectProduced,
     OutputBinding,
     PlanError,
     PortId,
+    ReleaseDeviceObject,
+    ReleaseFailed,
+    RingFault,
     RingId,
+    RingInstalled,
+    RingQuiesced,
+    RingReadable,
+    RingWritable,
+    RoleConfigured,
+    RoleFailed,
     Sequence,
     ShutdownMode,
     ShutdownWorker,
+    StepCompleted,
+    StepFailed,
     UninstallReason,
     UninstallRing,
     WireError,
     WorkerCommand,
+    WorkerEvent,
+    WorkerFatal,
     WorkerGeneration,
+    WorkerReady,
+    WorkerStopped,
     decode_command,
+    decode_event,
     encode_command,
+    encode_event,
 )
 from swactor.wire.examples import example, strategy
 
@@ -42,7 +65,30 @@ COMMANDS = [
     InstallRing,
     UninstallRing,
     ExecuteStep,
+    ReleaseDeviceObject,
+    RingReadable,
+    RingWritable,
     ShutdownWorker,
+]
+# Spec §30 events, plus the two wake hints that travel both ways.
+EVENTS = [
+    WorkerReady,
+    WorkerFatal,
+    WorkerStopped,
+    RoleConfigured,
+    RoleFailed,
+    RingInstalled,
+    RingFault,
+    RingQuiesced,
+    ObjectLoaded,
+    ObjectProduced,
+    ObjectFailed,
+    StepCompleted,
+    StepFailed,
+    DeviceObjectReleased,
+    ReleaseFailed,
+    RingReadable,
+    RingWritable,
 ]
 
 
@@ -71,8 +117,11 @@ def test_shutdown_line_is_exact() -> None:
         ("[]", "expected an object {type, body}"),
         ('{"type":"ShutdownWorker"}', "expected an object {type, body}"),
         ('{"type":"ShutdownWorker","body":{},"x":1}', "expected an object {type, body}"),
-        ('{"type":"Reboot","body":{}}', "unknown command type"),
-        ('{"type":5,"body":{}}', "unknown command type"),
+        ('{"type":"Reboot","body":{}}', "unknown WorkerCommand type"),
+        ('{"type":5,"body":{}}', "unknown WorkerCommand type"),
+        ('{"type":"WorkerReady","body":{}}', "unknown WorkerCommand type"),
+        ("[" * 100_000, "nests too deeply"),
+        ("x" * ((1 << 20) + 1), "line longer than"),
     ],
 )
 def test_bad_control_lines(line: str | bytes, message: str) -> None:
@@ -130,3 +179,62 @@ def test_command_rules() -> None:
     )
     with pytest.raises(PlanError, match="handles span worker generations"):
         dataclasses.replace(step, inputs=(binding, other))
+
+
+def test_registries_are_exactly_the_spec_messages() -> None:
+    assert set(COMMAND_TYPES.values()) == set(COMMANDS)
+    assert set(EVENT_TYPES.values()) == set(EVENTS)
+
+
+@pytest.mark.parametrize("tp", EVENTS, ids=lambda t: t.__name__)
+def test_event_lines_round_trip(tp: type[WorkerEvent]) -> None:
+    event: WorkerEvent = example(tp)
+    line = encode_event(event)
+    assert line.endswith("\n") and line.count("\n") == 1
+    assert decode_event(line) == event
+
+
+def test_event_line_is_exact_and_commands_are_not_events() -> None:
+    failed = ObjectFailed(
+        RingId(1),
+        example(RingInstalled).edge_id,
+        PortId(0),
+        None,
+        Sequence(4),
+        example(ObjectFailed).reason,
+    )
+    assert encode_event(failed) == (
+        '{"type":"ObjectFailed","body":{"ring_id":1,"edge_id":2,"port_id":0,'
+        '"object_id":null,"sequence":4,"reason":"HeaderMalformed"}}\n'
+    )
+    with pytest.raises(ControlMessageError, match="unknown WorkerEvent type"):
+        decode_event(encode_command(example(ShutdownWorker)))
+    with pytest.raises(InvalidFieldError, match=r"WorkerReady\.pid: 0 is outside 1\.\."):
+        dataclasses.replace(example(WorkerReady), pid=0)
+    with pytest.raises(InvalidFieldError, match=r"ObjectLoaded\.extent"):
+        dataclasses.replace(example(ObjectLoaded), extent=-1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=80) | st.binary(max_size=80))
+def test_decode_event_fuzz_only_typed_errors(line: str | bytes) -> None:
+    try:
+        decode_event(line)
+    except WireError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(EVENTS).flatmap(strategy), st.data())
+def test_event_lines_with_a_mutated_body_give_typed_errors(
+    event: WorkerEvent, data: st.DataObject
+) -> None:
+    document = json.loads(encode_event(event))
+    body = document["body"]
+    key = data.draw(st.sampled_from(sorted(body)))
+    body[key] = data.draw(st.none() | st.integers() | st.text(max_size=5) | st.just([]))
+    try:
+        decoded = decode_event(json.dumps(document))
+    except WireError:
+        return
+    assert type(decoded) is type(event)

@@ -1,0 +1,243 @@
+"""GPU worker event payloads (spec §30) and their newline-JSON stdout lines.
+
+Theory of operation
+-------------------
+The worker reports on stdout, one event per line, in the line format of `control`
+(`{"type": <class name>, "body": {...}}`); `encode_event` / `decode_event` are the two
+ends. Events name rings, edges and ports so that GpuWorkerCtl can route them in graph
+terms; they never carry payload bytes. `decode_event` raises `ControlMessageError` for
+a line that is not a known event (the node treats that as a worker/adapter fault, spec
+§28) and the body's own `WireError` for a known event with a bad body.
+
+Rules: `WorkerReady.pid >= 1` (u32) and `ring_helper_abi` is a u16; extents are u64;
+`ObjectFailed.object_id`/`sequence` are None when the header was never parsed.
+The wake hints `RingReadable` / `RingWritable` are shared with the command direction.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+
+from swactor.wire.codec import JsonValue, WireStruct
+from swactor.wire.control import decode_line, encode_line
+from swactor.wire.enums import (
+    ObjectFailure,
+    ReleaseFailure,
+    RingFaultReason,
+    RoleFailure,
+    StepFailure,
+    WorkerFatalReason,
+    WorkerStoppedReason,
+)
+from swactor.wire.ids import (
+    U32_MAX,
+    DeviceObjectHandle,
+    EdgeId,
+    ObjectId,
+    PortId,
+    RingId,
+    RoleId,
+    Sequence,
+    StepId,
+    WorkerGeneration,
+)
+from swactor.wire.worker import RingReadable, RingWritable
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReady(WireStruct):
+    """The worker mapped the arena and started its backend (spec §30)."""
+
+    pid: int
+    worker_generation: WorkerGeneration
+    ring_helper_abi: int
+    backend: JsonValue
+
+    def _validate(self) -> None:
+        self._check_range("pid", 1, U32_MAX)
+        self._check_u16("ring_helper_abi")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFatal(WireStruct):
+    """The worker cannot continue (spec §30)."""
+
+    reason: WorkerFatalReason
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStopped(WireStruct):
+    """The worker stopped (spec §30)."""
+
+    reason: WorkerStoppedReason
+
+
+@dataclass(frozen=True, slots=True)
+class RoleConfigured(WireStruct):
+    """ConfigureRole succeeded (spec §30)."""
+
+    role_id: RoleId
+
+
+@dataclass(frozen=True, slots=True)
+class RoleFailed(WireStruct):
+    """ConfigureRole failed (spec §30)."""
+
+    role_id: RoleId
+    reason: RoleFailure
+
+
+@dataclass(frozen=True, slots=True)
+class RingInstalled(WireStruct):
+    """InstallRing succeeded (spec §30)."""
+
+    ring_id: RingId
+    edge_id: EdgeId
+    port_id: PortId
+
+
+@dataclass(frozen=True, slots=True)
+class RingFault(WireStruct):
+    """A ring faulted in the worker (spec §30)."""
+
+    ring_id: RingId
+    edge_id: EdgeId
+    port_id: PortId
+    reason: RingFaultReason
+
+
+@dataclass(frozen=True, slots=True)
+class RingQuiesced(WireStruct):
+    """The worker holds no state or copy on `ring_id` any more (spec §30)."""
+
+    ring_id: RingId
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectLoaded(WireStruct):
+    """An ingress object is on the device as `device_handle` (spec §30)."""
+
+    ring_id: RingId
+    edge_id: EdgeId
+    port_id: PortId
+    object_id: ObjectId
+    sequence: Sequence
+    extent: int
+    device_handle: DeviceObjectHandle
+
+    def _validate(self) -> None:
+        self._check_u64("extent")
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectProduced(WireStruct):
+    """An egress object is fully committed to its ring (spec §30)."""
+
+    ring_id: RingId
+    edge_id: EdgeId
+    port_id: PortId
+    object_id: ObjectId
+    sequence: Sequence
+    extent: int
+
+    def _validate(self) -> None:
+        self._check_u64("extent")
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectFailed(WireStruct):
+    """An object record was rejected or lost (spec §30)."""
+
+    ring_id: RingId
+    edge_id: EdgeId
+    port_id: PortId
+    object_id: ObjectId | None
+    sequence: Sequence | None
+    reason: ObjectFailure
+
+
+@dataclass(frozen=True, slots=True)
+class StepCompleted(WireStruct):
+    """All declared outputs of a step are produced (spec §30)."""
+
+    role_id: RoleId
+    step_id: StepId
+
+
+@dataclass(frozen=True, slots=True)
+class StepFailed(WireStruct):
+    """A step failed (spec §30)."""
+
+    role_id: RoleId
+    step_id: StepId
+    reason: StepFailure
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceObjectReleased(WireStruct):
+    """A device object was freed (spec §30)."""
+
+    device_handle: DeviceObjectHandle
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseFailed(WireStruct):
+    """ReleaseDeviceObject failed (spec §30)."""
+
+    device_handle: DeviceObjectHandle
+    reason: ReleaseFailure
+
+
+WorkerEvent = (
+    WorkerReady
+    | WorkerFatal
+    | WorkerStopped
+    | RoleConfigured
+    | RoleFailed
+    | RingInstalled
+    | RingFault
+    | RingQuiesced
+    | ObjectLoaded
+    | ObjectProduced
+    | ObjectFailed
+    | StepCompleted
+    | StepFailed
+    | DeviceObjectReleased
+    | ReleaseFailed
+    | RingReadable
+    | RingWritable
+)
+
+EVENT_TYPES: dict[str, type[WireStruct]] = {
+    cls.__name__: cls
+    for cls in (
+        WorkerReady,
+        WorkerFatal,
+        WorkerStopped,
+        RoleConfigured,
+        RoleFailed,
+        RingInstalled,
+        RingFault,
+        RingQuiesced,
+        ObjectLoaded,
+        ObjectProduced,
+        ObjectFailed,
+        StepCompleted,
+        StepFailed,
+        DeviceObjectReleased,
+        ReleaseFailed,
+        RingReadable,
+        RingWritable,
+    )
+}
+
+
+def encode_event(event: WorkerEvent) -> str:
+    """One stdout line (ending in a newline) for `event`."""
+    return encode_line(event)
+
+
+def decode_event(line: str | bytes) -> WorkerEvent:
+    """Parse one stdout line; raise `ControlMessageError` or the body's `WireError`."""
+    return typing.cast(WorkerEvent, decode_line(line, EVENT_TYPES, "WorkerEvent"))
