@@ -241,7 +241,13 @@ class ActorCell(Generic[M]):
                 if self._stop_requested:
                     self._discard(item)
                     break
-                failure = await self._attempt(self._dispatch(item))
+                try:  # inlined _attempt(): this is the per-message hot path
+                    if type(item) is _Envelope:
+                        await self._deliver(item)
+                    else:
+                        await self._dispatch(item)
+                except Exception as raised:  # noqa: BLE001 - supervision catches everything
+                    failure = self._failed(raised)
         except asyncio.CancelledError:
             forced = True
             raise
@@ -251,14 +257,18 @@ class ActorCell(Generic[M]):
     async def _attempt(self, step: Coroutine[Any, Any, None]) -> Exception | None:
         try:
             await step
-        except Exception as failure:  # noqa: BLE001 - supervision catches everything
-            current, self._current = self._current, None
-            if current is not None and current.reply is not None and not current.reply.done():
-                crashed = ActorCrashed(self.address, failure)
-                crashed.__cause__ = failure
-                current.reply.set_exception(crashed)
-            return failure
+        except Exception as error:  # noqa: BLE001 - supervision catches everything
+            return self._failed(error)
         return None
+
+    def _failed(self, failure: Exception) -> Exception:
+        """Fail the ask being served, if any; return the failure for supervision."""
+        current, self._current = self._current, None
+        if current is not None and current.reply is not None and not current.reply.done():
+            crashed = ActorCrashed(self.address, failure)
+            crashed.__cause__ = failure
+            current.reply.set_exception(crashed)
+        return failure
 
     async def _start_incarnation(self) -> None:
         self._incarnation += 1
