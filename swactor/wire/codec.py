@@ -7,7 +7,8 @@ On construction `WireStruct.__post_init__` looks up (once per class, then cached
 `_FieldCodec` per field, built from the field's type hint, and runs two passes:
 
 1. type pass: each field value must be of its declared type. A plain `int` given for an
-   identifier newtype is converted (and range-checked) in place, a `list` given for a
+   identifier newtype is converted (and range-checked) in place (another identifier
+   kind is rejected: a `RingId` is never silently an `EdgeId`), a `list` given for a
    `tuple[X, ...]` field becomes a tuple, an `int` given for a `float` becomes a float;
    anything else raises `FieldTypeError` naming the type and the field.
 2. rule pass: the subclass's `_validate()` checks ranges and cross-field rules and raises
@@ -187,7 +188,9 @@ def _identifier_codec(id_type: type[int]) -> _FieldCodec:
     def check(value: object, type_name: str, field: str) -> object:
         if type(value) is id_type:
             return value
-        if isinstance(value, bool) or not isinstance(value, int):
+        # A plain int is converted; another identifier kind (a RingId given for an
+        # EdgeId) or a bool is a mix-up, not a number to convert.
+        if type(value) is not int:
             raise FieldTypeError(
                 type_name, field, f"expected {id_type.__name__}, got {_describe(value)}"
             )

@@ -93,3 +93,15 @@ def test_device_handle_coerces_and_round_trips() -> None:
         DeviceObjectHandle.from_json({"worker_generation": 1})
     with pytest.raises(FieldTypeError, match=r"DeviceObjectHandle\.id: expected int, got str"):
         DeviceObjectHandle.from_json({"worker_generation": 1, "id": "2"})
+
+
+def test_identifier_kinds_do_not_mix_in_fields() -> None:
+    from swactor.wire import QuiescenceProof, QuiescenceProofKind
+
+    with pytest.raises(
+        FieldTypeError, match=r"QuiescenceProof\.ring_id: expected RingId, got EdgeId"
+    ):
+        QuiescenceProof(EdgeId(3), QuiescenceProofKind.WorkerReaped)  # type: ignore[arg-type]
+    proof = QuiescenceProof(3, QuiescenceProofKind.WorkerReaped)  # type: ignore[arg-type]
+    assert type(proof.ring_id) is RingId
+    assert RingId(EdgeId(3)) == 3  # an explicit conversion is allowed
