@@ -202,6 +202,16 @@ int ring_advance_commit(ring_handle *h, uint64_t n) {
     return RING_OK;
 }
 
+int ring_commit_mark(ring_handle *h, uint64_t n) {
+    int rc = ring_advance_commit(h, n);
+    return rc != RING_OK ? rc : ring_mark_pending(h, RING_WAKE_READABLE);
+}
+
+int ring_consume_mark(ring_handle *h, uint64_t n) {
+    int rc = ring_advance_consume(h, n);
+    return rc != RING_OK ? rc : ring_mark_pending(h, RING_WAKE_WRITABLE);
+}
+
 uint32_t ring_state(ring_handle *h) {
     return atomic_load_explicit(h->state, memory_order_acquire);
 }

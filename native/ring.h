@@ -112,6 +112,11 @@ uint32_t ring_state(ring_handle *h);             /* whole state word */
 int ring_close_producer(ring_handle *h);         /* Open -> Closed */
 int ring_fault(ring_handle *h, uint32_t reason); /* -> Faulted(reason); first wins */
 
+/* Fused hot-path forms: advance, then mark the peer's pending bit.  Return 1 when the
+ * caller must send the wake hint (the bit was clear), 0 when not, or a RING_E_ code. */
+int ring_commit_mark(ring_handle *h, uint64_t n);    /* advance_commit + mark READABLE */
+int ring_consume_mark(ring_handle *h, uint64_t n);   /* advance_consume + mark WRITABLE */
+
 int ring_mark_pending(ring_handle *h, uint32_t bit);  /* 1 when the bit was clear */
 void ring_clear_pending(ring_handle *h, uint32_t bit);
 uint32_t ring_wake_word(ring_handle *h);

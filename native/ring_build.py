@@ -58,6 +58,8 @@ int ring_advance_commit(ring_handle *h, uint64_t n);
 uint32_t ring_state(ring_handle *h);
 int ring_close_producer(ring_handle *h);
 int ring_fault(ring_handle *h, uint32_t reason);
+int ring_commit_mark(ring_handle *h, uint64_t n);
+int ring_consume_mark(ring_handle *h, uint64_t n);
 int ring_mark_pending(ring_handle *h, uint32_t bit);
 void ring_clear_pending(ring_handle *h, uint32_t bit);
 uint32_t ring_wake_word(ring_handle *h);

@@ -20,9 +20,10 @@ hashes (or copies, or ignores) what it read from the ring; BLAKE2b digests compa
 
 Start barrier: after set-up the peer prints `ready` and waits for one line on stdin, so
 that a parent can time the streaming alone.  It ends with one JSON line: role, bytes,
-digest (hex, or null), spans, waits, start and end (`time.monotonic()`, comparable
-across processes).  Exit status 0; 3 when a wait timed out (a lost wake-up); 4 when
-the ring faulted (reason in the JSON line).  No payload byte is ever printed.
+digest (hex, or null), spans, sleeps, start and end (`time.monotonic()`, comparable
+across processes) and the CPU seconds spent streaming.  Exit status 0; 3 when a wait
+timed out (a lost wake-up); 4 when the ring faulted (reason in the JSON line).  No
+payload byte is ever printed.
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ class Result:
     sleeps: int = 0
     start: float = 0.0
     end: float = 0.0
+    cpu: float = 0.0
     error: str | None = None
     reason: str | None = None
 
@@ -141,6 +143,7 @@ def produce(ring: Ring, args: argparse.Namespace, readable: Wake, writable: Wake
     stats = stream.WaitStats()
     wait = mutant_wait_writable if args.mutant_no_clear else stream.wait_writable
     res.start = time.monotonic()
+    cpu0 = time.process_time()
     pos, total, timeout = 0, args.total, args.timeout
     while pos < total:
         want = min(draw(), total - pos)
@@ -161,6 +164,7 @@ def produce(ring: Ring, args: argparse.Namespace, readable: Wake, writable: Wake
         sleeper.maybe()
     stream.close(ring, readable)
     res.end = time.monotonic()
+    res.cpu = time.process_time() - cpu0
     res.bytes = pos
     res.sleeps = stats.sleeps
     res.digest = digest.hexdigest() if digest is not None else None
@@ -178,6 +182,7 @@ def consume(ring: Ring, args: argparse.Namespace, readable: Wake, writable: Wake
     stats = stream.WaitStats()
     wait = mutant_wait_readable if args.mutant_no_clear else stream.wait_readable
     res.start = time.monotonic()
+    cpu0 = time.process_time()
     timeout = args.timeout
     while True:
         span = wait(ring, readable, draw(), timeout, stats)
@@ -197,6 +202,7 @@ def consume(ring: Ring, args: argparse.Namespace, readable: Wake, writable: Wake
         res.spans += 1
         sleeper.maybe()
     res.end = time.monotonic()
+    res.cpu = time.process_time() - cpu0
     res.sleeps = stats.sleeps
     res.digest = digest.hexdigest() if digest is not None else None
     return res

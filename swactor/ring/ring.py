@@ -225,6 +225,26 @@ class Ring:
         if rc:
             _check(rc, self.ring_id, f"advance_consume({n})")
 
+    def commit_and_mark(self, n: int) -> bool:
+        """`advance_commit(n)` then `mark_readable_pending()`, in one native call: True
+        if the caller must send RingReadable."""
+        if self._data is None:
+            raise RingClosedError("handle is closed", self.ring_id)
+        rc = lib.ring_commit_mark(self._h, n)
+        if rc < 0:
+            _check(rc, self.ring_id, f"advance_commit({n})")
+        return bool(rc == 1)
+
+    def consume_and_mark(self, n: int) -> bool:
+        """`advance_consume(n)` then `mark_writable_pending()`, in one native call: True
+        if the caller must send RingWritable."""
+        if self._data is None:
+            raise RingClosedError("handle is closed", self.ring_id)
+        rc = lib.ring_consume_mark(self._h, n)
+        if rc < 0:
+            _check(rc, self.ring_id, f"advance_consume({n})")
+        return bool(rc == 1)
+
     @property
     def commit(self) -> int:
         """Acquire-loaded commit cursor (tests and metrics only)."""

@@ -17,7 +17,7 @@ import pytest
 
 from swactor.ring import DEFAULT_VERSION, VERSION_COMPACT
 from swactor.ring.peer import EXIT_TIMEOUT, PATTERN_PERIOD, pattern_source
-from tests.ring.harness import RingRig, run_pair
+from swactor.ring.rig import RingRig, run_pair
 
 MiB = 1 << 20
 

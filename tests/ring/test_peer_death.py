@@ -10,8 +10,8 @@ import time
 import pytest
 
 from swactor.ring import PeerWatch, Ring, RingFaulted, RingState, WakeTimeout, stream
+from swactor.ring.rig import RingRig
 from swactor.wire import RingFaultReason
-from tests.ring.harness import RingRig
 
 MiB = 1 << 20
 

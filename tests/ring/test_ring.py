@@ -22,8 +22,8 @@ from swactor.ring import (
     UnsupportedRingVersion,
     header_len,
 )
+from swactor.ring.rig import make_layout
 from swactor.wire import RingFaultReason, RingId, RingLayout
-from tests.ring.harness import make_layout
 
 # Independent transcription of the ABI table in native/ring.h:
 # version -> (header_len, commit, consume, state, wake offsets)

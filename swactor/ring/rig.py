@@ -1,5 +1,7 @@
-"""Test harness: an arena with one ring and its wake channels, and peer subprocesses.
+"""Test and benchmark rig: an arena with one ring, its wake channels, peer processes.
 
+Theory of operation
+-------------------
 `RingRig` plays the node: it creates the arena, leases one ring by hand (a layout at a
 fixed offset), writes the header, and creates both wake channels.  `spawn` starts
 `python -m swactor.ring.peer` with the arena fd and the channel fds inherited through
@@ -14,15 +16,12 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from swactor.arena import Arena
-from swactor.ring import DEFAULT_VERSION, Doorbell, JsonLineWake, Ring, header_len
-from swactor.ring.wake import READABLE_EVENT, WRITABLE_EVENT, Wake
+from swactor.ring.ring import DEFAULT_VERSION, Ring, header_len
+from swactor.ring.wake import READABLE_EVENT, WRITABLE_EVENT, Doorbell, JsonLineWake, Wake
 from swactor.wire import RingId, RingLayout
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def make_layout(
@@ -86,7 +85,6 @@ class RingRig:
             argv,
             pass_fds=[self.arena.fd, *r_fds, *w_fds],
             env=env,
-            cwd=REPO,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
