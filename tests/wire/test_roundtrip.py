@@ -117,3 +117,48 @@ def test_pickle_and_deepcopy_keep_types(tp: type[WireStruct]) -> None:
     assert copy.deepcopy(value) == value
     edge = pickle.loads(pickle.dumps(wire.EdgeId(5)))
     assert type(edge) is wire.EdgeId
+
+
+def _paths(node: object, prefix: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    found: list[tuple[object, ...]] = [prefix]
+    if isinstance(node, dict):
+        for key, child in node.items():
+            found += _paths(child, (*prefix, key))
+    elif isinstance(node, list):
+        for index, child in enumerate(node):
+            found += _paths(child, (*prefix, index))
+    return found
+
+
+def _replace_at(node: Any, path: tuple[object, ...], value: object) -> Any:
+    if not path:
+        return value
+    head, rest = path[0], path[1:]
+    if isinstance(node, dict):
+        return {k: (_replace_at(v, rest, value) if k == head else v) for k, v in node.items()}
+    return [_replace_at(v, rest, value) if i == head else v for i, v in enumerate(node)]
+
+
+JSON_LEAVES = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.lists(st.integers(), max_size=3)
+    | st.dictionaries(st.text(max_size=4), st.integers(), max_size=2)
+)
+
+
+@pytest.mark.parametrize("tp", EXPORTED_STRUCTS, ids=lambda t: t.__name__)
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_mutated_documents_only_raise_wire_errors(tp: type[WireStruct], data: Any) -> None:
+    document = example(tp).to_json()
+    path = data.draw(st.sampled_from(_paths(document)))
+    mutated = _replace_at(document, path, data.draw(JSON_LEAVES))
+    try:
+        decoded = tp.from_json(mutated)
+    except WireError:
+        return
+    assert isinstance(decoded, tp)
