@@ -36,6 +36,7 @@ def main(argv: list[str]) -> int:
     packed = header.pack()
     spec = example(ObjectSpec)
     raw = struct.Struct(OBJECT_HEADER_FORMAT)
+    fields = raw.unpack(packed)
     plan = example(RunPlan)
     plan_text = json.dumps(plan.to_json())
     step = example(ExecuteStep)
@@ -60,7 +61,7 @@ def main(argv: list[str]) -> int:
         "ObjectHeader.pack",
         header.pack,
         "struct.pack",
-        lambda: raw.pack(*raw.unpack(packed)),
+        lambda: raw.pack(*fields),
         20000,
     )
     add(
