@@ -42,7 +42,8 @@ class NumpyLlama:
             self.w["output.weight"] = self.w["token_embd.weight"]
 
     def _norm(self, x: F64, weight: F64) -> F64:
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * weight
+        normed: F64 = x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * weight
+        return normed
 
     def _rope(self, x: F64) -> F64:
         """``x``: ``[tokens, heads, head_dim]`` at positions ``0..tokens-1``."""

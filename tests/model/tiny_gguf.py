@@ -57,7 +57,7 @@ def _encode(
         rows, cols = values.shape
         blocks = rng.integers(0, 256, size=(rows * cols // block_size, type_size), dtype=np.uint8)
         for offset in _K_SCALE_FIELDS[qtype]:
-            scale = rng.uniform(2e-4, 6e-4, size=blocks.shape[0]).astype(np.float16)
+            scale = np.asarray(rng.uniform(2e-4, 6e-4, size=blocks.shape[0]), dtype=np.float16)
             blocks[:, offset : offset + 2] = scale.view(np.uint8).reshape(-1, 2)
         return blocks.reshape(rows, cols // block_size * type_size)
     return quants.quantize(values, qtype)

@@ -1,0 +1,156 @@
+"""Stage roles in tinygrad: agreement with the numpy reference and across every split."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from swactor.model.gguf_range import open_reader
+from swactor.model.llama_role import StageRole, StepError
+from tests.model.numpy_reference import NumpyLlama
+from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
+
+PROMPT = [5, 17, 42, 99, 7, 250]
+DECODE_STEPS = 3
+MAX_SEQ = 16
+
+
+def _rel(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> float:
+    return float(np.abs(np.asarray(a, np.float64) - b).max() / np.abs(b).max())
+
+
+def _splits(layers: int) -> list[list[tuple[int, int]]]:
+    """Every way to cut ``layers`` blocks into 1..layers contiguous stages."""
+    result = []
+    for cuts in itertools.product([False, True], repeat=layers - 1):
+        bounds = [0] + [i + 1 for i, cut in enumerate(cuts) if cut] + [layers]
+        result.append(list(itertools.pairwise(bounds)))
+    return result
+
+
+def _roles(path: Path, split: list[tuple[int, int]], dtype: str = "f32") -> list[StageRole]:
+    reader = open_reader(path)
+    roles = []
+    for index, (start, end) in enumerate(split):
+        weights = reader.load_stage(
+            start, end, is_first=index == 0, is_last=index == len(split) - 1, dtype=dtype
+        )
+        roles.append(StageRole(weights, max_seq_len=MAX_SEQ))
+    return roles
+
+
+def _run(
+    roles: list[StageRole], steps: int = DECODE_STEPS, forced: list[int] | None = None
+) -> tuple[list[int], list[npt.NDArray[np.float32]]]:
+    """Prefill ``PROMPT`` then decode; feed back greedy tokens (or ``forced`` ones)."""
+    tokens: list[int] = []
+    logits: list[npt.NDArray[np.float32]] = []
+    payload: npt.NDArray[Any] = np.array(PROMPT, dtype=np.int32)
+    for sequence in range(steps + 1):
+        obj = payload
+        for role in roles:
+            obj = role.step(sequence, obj)
+        assert obj.dtype == np.int32 and obj.shape == (1,)
+        tokens.append(int(obj[0]))
+        assert roles[-1].last_logits is not None
+        logits.append(roles[-1].last_logits.copy())
+        if sequence == steps:
+            break
+        next_id = forced[sequence] if forced else tokens[-1]
+        payload = np.array([next_id], dtype=np.int32)
+    return tokens, logits
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        TinyConfig(blocks=2, seed=3),
+        TinyConfig(blocks=2, seed=4, arch="qwen2", tied=False),
+        TinyConfig(blocks=2, seed=5, rope_dim=32, heads=4, kv_heads=1, rope_theta=500.0),
+    ],
+    ids=["llama", "qwen2", "llama-partial-rope-mqa"],
+)
+def test_one_stage_matches_numpy_reference(tmp_path: Path, cfg: TinyConfig) -> None:
+    path = write_tiny_gguf(tmp_path / "m.gguf", cfg)
+    reference = NumpyLlama(path)
+    forced = [11, 3, 200]
+    _, logits = _run(_roles(path, [(0, cfg.blocks)]), forced=forced)
+    sequence = list(PROMPT)
+    for step, got in enumerate(logits):
+        assert _rel(got, reference.logits(sequence)) < 2e-5, f"step {step}"
+        sequence.append(forced[step] if step < len(forced) else 0)
+
+
+@pytest.mark.parametrize(
+    "qtype", [Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K,
+              Q.Q5_K, Q.Q6_K],
+    ids=lambda q: q.name,
+)
+def test_each_tensor_type_matches_reference(tmp_path: Path, qtype: Q) -> None:
+    cfg = TinyConfig(blocks=1, seed=6, matrix_type=qtype, embd_type=qtype, tied=False)
+    path = write_tiny_gguf(tmp_path / "q.gguf", cfg)
+    _, logits = _run(_roles(path, [(0, 1)]), steps=0)
+    assert _rel(logits[0], NumpyLlama(path).logits(PROMPT)) < 2e-5
+
+
+def test_every_split_gives_the_same_logits_and_tokens(tiny_mixed: Path) -> None:
+    whole_tokens, whole_logits = _run(_roles(tiny_mixed, [(0, 6)]))
+    reference = NumpyLlama(tiny_mixed)
+    assert _rel(whole_logits[0], reference.logits(PROMPT)) < 2e-5
+    splits = _splits(6)
+    assert len(splits) == 32
+    for split in splits[1:]:
+        tokens, logits = _run(_roles(tiny_mixed, split))
+        assert tokens == whole_tokens, split
+        for step, (got, want) in enumerate(zip(logits, whole_logits, strict=True)):
+            assert _rel(got, want) < 1e-5, (split, step)
+
+
+def test_f16_plan_splits_give_identical_tokens(tiny_llama: Path) -> None:
+    whole_tokens, whole_logits = _run(_roles(tiny_llama, [(0, 4)], "f16"))
+    f32_tokens, f32_logits = _run(_roles(tiny_llama, [(0, 4)], "f32"))
+    assert _rel(whole_logits[0], f32_logits[0]) < 2e-2  # f16 weights and residuals
+    for split in ([(0, 1), (1, 4)], [(0, 2), (2, 3), (3, 4)]):
+        roles = _roles(tiny_llama, split, "f16")
+        tokens, logits = _run(roles)
+        assert tokens == whole_tokens
+        for got, want in zip(logits, whole_logits, strict=True):
+            assert _rel(got, want) < 1e-3
+
+
+def test_activation_objects_follow_the_convention(tiny_llama: Path) -> None:
+    roles = _roles(tiny_llama, [(0, 2), (2, 4)], "f16")
+    act = roles[0].step(0, np.array(PROMPT, dtype=np.int32))
+    assert act.dtype == np.float16 and act.shape == (len(PROMPT), 256)
+    assert act.flags.c_contiguous and act.nbytes == len(PROMPT) * 256 * 2
+    out = roles[1].step(0, act)
+    assert out.dtype == np.int32 and out.shape == (1,)
+    act = roles[0].step(1, out)
+    assert act.shape == (1, 256)
+
+
+def test_bad_step_inputs_are_typed(tiny_llama: Path) -> None:
+    first, last = _roles(tiny_llama, [(0, 2), (2, 4)])
+    with pytest.raises(StepError):
+        first.step(0, np.array(PROMPT, dtype=np.int64))
+    with pytest.raises(StepError):
+        first.step(0, np.array([10_000], dtype=np.int32))
+    with pytest.raises(StepError):
+        last.step(0, np.zeros((2, 255), dtype=np.float32))
+    with pytest.raises(StepError):
+        last.step(0, np.zeros((2, 256), dtype=np.float16))
+    act = first.step(0, np.array(PROMPT, dtype=np.int32))
+    with pytest.raises(StepError):
+        first.step(2, np.array([1], dtype=np.int32))  # step 1 skipped
+    with pytest.raises(StepError):
+        first.step(1, np.array([1, 2], dtype=np.int32))  # decode carries one position
+    last.step(0, act)
+    too_long = np.zeros((MAX_SEQ + 1,), dtype=np.int32)
+    with pytest.raises(StepError):
+        first.step(0, too_long)
