@@ -81,10 +81,12 @@ class _Reader:
                 self.fail(value.key_lines[key], "schema",
                           f"unknown key {key!r} in {what} (allowed: {', '.join(sorted(allowed))})")
 
-    def text(self, value: MarkedDict, key: str, what: str, *, rule: str = "schema") -> str:
+    def text(self, value: MarkedDict, key: str, what: str, *, rule: str = "schema",
+             owner_line: int | None = None) -> str:
+        """A non-empty string at ``key``; a missing one is reported at ``owner_line``."""
         found = value.get(key)
         if found is None:
-            self.fail(value.line, rule, f"{what} has no `{key}:`")
+            self.fail(owner_line or value.line, rule, f"{what} has no `{key}:`")
         if not isinstance(found, str) or not found.strip():
             self.fail(value.key_lines[key], rule, f"`{key}:` of {what} must be a non-empty string")
         return found.strip()
@@ -150,7 +152,7 @@ class _Reader:
                 body = self.mapping(body, line, f"guard {name}")
                 self.keys(body, frozenset({"doc"}), f"guard {name}")
                 guards[name] = Guard(name, self.text(body, "doc", f"guard {name}",
-                                                     rule="missing-doc"), line)
+                                                     rule="missing-doc", owner_line=line), line)
 
         table = Table(machine=machine, spec=spec, doc=doc, path=str(self.path), sha256=sha256,
                       unhandled=policy, fault_state=None, ignore=(), context=context,
@@ -182,8 +184,9 @@ class _Reader:
             self.identifier(name, field_line, _SNAKE, f"field of {owner}")
             body = self.mapping(body, field_line, f"field {owner}.{name}")
             self.keys(body, frozenset({"type", "doc"}), f"field {owner}.{name}")
-            type_text = self.text(body, "type", f"field {owner}.{name}")
-            doc = self.text(body, "doc", f"field {owner}.{name}", rule="missing-doc")
+            type_text = self.text(body, "type", f"field {owner}.{name}", owner_line=field_line)
+            doc = self.text(body, "doc", f"field {owner}.{name}", rule="missing-doc",
+                            owner_line=field_line)
             out.append(Field(name, self.field_type(type_text, body.key_lines["type"]), doc,
                              field_line))
         return tuple(out)
@@ -212,7 +215,8 @@ class _Reader:
                 self.fail(msg_line, "name", f"{kind} {name!r} clashes with a generated name")
             body = self.mapping(body, msg_line, f"{kind} {name}")
             self.keys(body, frozenset({"doc", "fields"}), f"{kind} {name}")
-            doc = self.text(body, "doc", f"{kind} {name}", rule="missing-doc")
+            doc = self.text(body, "doc", f"{kind} {name}", rule="missing-doc",
+                            owner_line=msg_line)
             fields = self.fields(body.get("fields"), body.key_lines.get("fields", msg_line),
                                  name)
             out[name] = Message(name, doc, msg_line, fields)
@@ -236,7 +240,8 @@ class _Reader:
             self.keys(body, _STATE_KEYS, f"state {name}")
             out[name] = State(
                 name=name,
-                doc=self.text(body, "doc", f"state {name}", rule="missing-doc"),
+                doc=self.text(body, "doc", f"state {name}", rule="missing-doc",
+                              owner_line=state_line),
                 line=state_line,
                 initial=self.flag(body, "initial", f"state {name}"),
                 terminal=self.flag(body, "terminal", f"state {name}"),
@@ -405,7 +410,7 @@ class _Reader:
             "bool": isinstance(value, bool),
         }.get(ftype.name)
         if ok is not None:
-            return "" if ok else f"{value!r} is not a {ftype.name}"
+            return "" if ok else f"{value!r} is not of type {ftype.name}"
         members = self.wire.enum_members(ftype.name)
         if members is None:
             return f"no literal fits a {ftype.name} field (only builtins and enums)"

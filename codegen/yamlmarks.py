@@ -54,7 +54,8 @@ def load_marked(text: str, path: Path | str) -> Any:
             key = loader.construct_object(key_node, deep=True)
             if isinstance(key, bool):
                 spelled = key_node.value if isinstance(key_node, ScalarNode) else str(key)
-                hint = "; use `event:`" if spelled.lower() == "on" else ""
+                hint = (" (a row uses `event:`; quote a name that must be On)"
+                        if spelled.lower() == "on" else " (quote it)")
                 raise TableError(path, line_of(key_node), "on-key",
                                  f"key `{spelled}:` is read by YAML 1.1 as {key}{hint}")
             if key in result:
