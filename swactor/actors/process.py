@@ -20,8 +20,10 @@ capacity: then the reader stops reading, the pipe fills, and the child blocks in
 as long as the owner was spawned with a `mailbox_capacity`.
 
 The actor watches its owner: if the owner ends, the actor stops (and so does the child).
-When the child exits, whatever is left of its process group is killed, the readers are
-given a moment to drain, `Exited` is sent and the actor stops itself. Stopping the actor
+When the child exits, whatever is left of its process group is killed, the readers
+deliver every remaining line (however slow the owner), `Exited` is sent and the actor
+stops itself. A reader still waiting for end of file `drain_s` after the exit (its pipe
+held open by a process that escaped the group) is abandoned. Stopping the actor
 (`ref.stop()`, `StopProcess(grace_s)`, its parent stopping, runtime shutdown) sends
 SIGTERM to the process group, waits `grace_s`, then sends SIGKILL. Commands: `WriteLine`
 (one line to the child's stdin; a child that stops reading its stdin while more than
@@ -175,6 +177,7 @@ class ProcessActor(Actor[_Mail]):
         self.process: asyncio.subprocess.Process | None = None
         self._grace_s = spec.grace_s
         self._reported = False
+        self._reading: set[str] = set()  # names of the reader tasks waiting in read()
 
     async def started(self, ctx: Context[_Mail]) -> None:
         spec = self.spec
@@ -201,11 +204,11 @@ class ProcessActor(Actor[_Mail]):
             return
         self.owner.tell(Started(ctx.address, self.process.pid))
         ctx.watch(self.owner)
-        assert self.process.stdout is not None and self.process.stderr is not None
-        readers = [
-            ctx.spawn_task(self._pump(ctx, self.process.stdout, Stream.stdout), "stdout"),
-            ctx.spawn_task(self._pump(ctx, self.process.stderr, Stream.stderr), "stderr"),
-        ]
+        pipes = {Stream.stdout: self.process.stdout, Stream.stderr: self.process.stderr}
+        readers = []
+        for stream, pipe in pipes.items():
+            assert pipe is not None
+            readers.append(ctx.spawn_task(self._pump(ctx, pipe, stream), stream.value))
         ctx.spawn_task(self._watch_exit(ctx, self.process, readers), "exit")
 
     async def receive(self, ctx: Context[_Mail], message: _Mail) -> None:
@@ -244,17 +247,20 @@ class ProcessActor(Actor[_Mail]):
             _signal_quietly(process.pid, signal.SIGTERM, group=True)
             try:
                 async with asyncio.timeout(self._grace_s):
-                    await process.wait()
+                    await _exit_of(process)
             except TimeoutError:
                 _signal_quietly(process.pid, signal.SIGKILL, group=True)
-                await process.wait()
+                await _exit_of(process)
         _signal_quietly(process.pid, signal.SIGKILL, group=True)
         self._report_exit(ctx, process)
+        _close_pipes(process)
 
     def cancelled(self, ctx: Context[_Mail]) -> None:
         process = self.process
         if process is not None and process.returncode is None:
             _signal_quietly(process.pid, signal.SIGKILL, group=True)
+        if process is not None:
+            _close_pipes(process)
 
     async def _watch_exit(
         self,
@@ -262,9 +268,22 @@ class ProcessActor(Actor[_Mail]):
         process: asyncio.subprocess.Process,
         readers: list[asyncio.Task[None]],
     ) -> None:
-        await process.wait()
+        await _exit_of(process)
         _signal_quietly(process.pid, signal.SIGKILL, group=True)  # leftover grandchildren
-        await asyncio.wait(readers, timeout=self.spec.drain_s)
+        # Every line goes out before Exited, however slow the owner. Only a reader still
+        # waiting for end of file after `drain_s` (a pipe held open by a process that left
+        # the group) is given up on.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.spec.drain_s
+        pending = set(readers)
+        while pending:
+            _done, pending = await asyncio.wait(pending, timeout=0.05)
+            if pending and loop.time() >= deadline and self._reading >= {
+                task.get_name() for task in pending
+            }:
+                for task in pending:
+                    task.cancel()
+                break
         self._report_exit(ctx, process)
         ctx.stop_self()
 
@@ -286,7 +305,12 @@ class ProcessActor(Actor[_Mail]):
         limit = self.spec.max_line_bytes
         buffer = bytearray()
         discarding = False  # inside the dropped tail of a truncated line
-        while chunk := await reader.read(64 * 1024):
+        while True:
+            self._reading.add(stream.value)  # blocked on the child, not on the owner
+            chunk = await reader.read(64 * 1024)
+            self._reading.discard(stream.value)
+            if not chunk:
+                break
             buffer += chunk
             while (newline := buffer.find(b"\n")) >= 0:
                 line = bytes(buffer[:newline])
@@ -310,6 +334,47 @@ class ProcessActor(Actor[_Mail]):
     ) -> None:
         text = raw.decode("utf-8", errors="replace")
         await self.owner.send(Line(ctx.address, stream, text, truncated))
+
+
+async def _exit_of(process: asyncio.subprocess.Process) -> int:
+    """The child's return code, as soon as it has exited.
+
+    Not `process.wait()`: asyncio's wait also waits until every pipe is closed, which a
+    grandchild that escaped the process group can delay forever. A pidfd (Linux 5.3+)
+    becomes readable when the child exits; asyncio's child watcher then sets the return
+    code a moment later.
+    """
+    loop = asyncio.get_running_loop()
+    if process.returncode is None:
+        try:
+            pidfd = os.pidfd_open(process.pid)
+        except OSError:  # already reaped (return code is on its way) or no pidfd support
+            pidfd = -1
+        if pidfd >= 0:
+            exited: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(pidfd, _resolve, exited)
+            try:
+                await exited
+            finally:
+                loop.remove_reader(pidfd)
+                os.close(pidfd)
+    delay = 0.001
+    while (code := process.returncode) is None:
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    return code
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _close_pipes(process: asyncio.subprocess.Process) -> None:
+    """Release the child's pipe fds now (asyncio keeps them while a grandchild holds one)."""
+    transport = getattr(process, "_transport", None)  # private, stable since 3.4
+    if transport is not None and process.returncode is not None:
+        transport.close()
 
 
 def _signal_quietly(pid: int, signum: int, *, group: bool) -> None:

@@ -298,6 +298,8 @@ def test_child_of_a_sigkilled_parent_is_gone_within_a_second() -> None:
     finally:
         parent.kill()
         parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
 
 
 def test_when_the_owner_ends_the_process_actor_stops_its_child() -> None:
@@ -313,5 +315,46 @@ def test_when_the_owner_ends_the_process_actor_stops_its_child() -> None:
             await owner_ref.stop_and_join()
             await asyncio.wait_for(proc.join(), 5)
             assert gone(started.pid)
+
+    run(body)
+
+
+def test_every_line_reaches_a_slow_owner_before_exited() -> None:
+    async def body() -> None:
+        gate = asyncio.Event()
+        owner = Owner(gate)
+        async with Runtime() as rt:
+            owner_ref = rt.spawn(lambda: owner, "owner", mailbox_capacity=4)
+            spec = python("for n in range(2000): print(n)", drain_s=0.1)
+            spawn_process(rt, spec, owner_ref)
+            await asyncio.sleep(0.6)  # the child has long exited; its lines wait on us
+            gate.set()
+            await asyncio.wait_for(owner.exited.wait(), 10)
+            assert owner.lines() == [str(n) for n in range(2000)]
+            assert isinstance(owner.last(), Exited)
+
+    run(body)
+
+
+def test_a_pipe_held_by_an_escaped_grandchild_does_not_delay_exited_forever() -> None:
+    async def body() -> None:
+        owner = Owner()
+        async with Runtime() as rt:
+            owner_ref = rt.spawn(lambda: owner, "owner")
+            spec = python(
+                """
+                import subprocess
+                escaped = subprocess.Popen(["sleep", "30"], start_new_session=True)
+                print(escaped.pid, flush=True)
+                """,
+                drain_s=0.2,
+            )
+            spawn_process(rt, spec, owner_ref)
+            try:
+                await asyncio.wait_for(owner.exited.wait(), 5)
+                assert owner.last() == Exited(owner.last().source, 0, None)
+            finally:
+                for text in owner.lines():
+                    os.kill(int(text), signal.SIGKILL)
 
     run(body)
