@@ -50,7 +50,14 @@ from swactor.transport.messages import (
     StreamArrived,
     StreamFault,
 )
-from swactor.transport.pumps import EmitEvent, EmitWake, InboundStream, RecvPump, SendPump
+from swactor.transport.pumps import (
+    EmitEvent,
+    EmitWake,
+    InboundStream,
+    RecvPump,
+    SendPump,
+    lost_reason,
+)
 from swactor.wire.enums import StreamFaultReason
 from swactor.wire.errors import PreambleError
 from swactor.wire.objects import PREAMBLE_LEN, EdgePreamble
@@ -73,6 +80,8 @@ class Driver:
         self.recv_specs: dict[int, EstablishRecv] = {}
         self.pending_streams: dict[int, InboundStream] = {}
         self.arrivals: list[StreamArrived] = []
+        # Live and finished pumps by edge id (metrics and tests read their offsets).
+        self.pumps: dict[int, RecvPump | SendPump] = {}
         self._emit = emit
         self._wake = wake
         self._expected: set[int] = set()
@@ -126,6 +135,7 @@ class Driver:
             readable,
             self.endpoint.config.send_high_water,
         )
+        self.pumps[msg.edge_id] = pump
         self._spawn(msg.edge_id, pump.run())
 
     def stop_edge(self, edge_id: int) -> None:
@@ -222,7 +232,7 @@ class Driver:
             del self._heads[key]
         for key, inbound in list(self._routed.items()):
             if key[0] is link:
-                inbound.fail(StreamFaultReason.ConnectionLost, reason)
+                inbound.fail(lost_reason(reason), reason)
         self._refused = {key for key in self._refused if key[0] is not link}
 
     # -- internals ------------------------------------------------------------------
@@ -240,6 +250,7 @@ class Driver:
         pump = RecvPump(
             spec.edge_id, spec.ring_id, spec.ring, inbound, self._emit, self._wake, writable
         )
+        self.pumps[spec.edge_id] = pump
         self._spawn(spec.edge_id, pump.run())
 
     def _spawn(self, edge_id: int, coro: object) -> None:

@@ -62,6 +62,13 @@ EmitEvent = Callable[[DriverEvent], None]
 EmitWake = Callable[[WakeHint], None]
 
 
+def lost_reason(detail: str) -> StreamFaultReason:
+    """Classify a connection loss: aioquic's idle timeout, or any other close."""
+    if "idle timeout" in detail.lower():
+        return StreamFaultReason.IdleTimeout
+    return StreamFaultReason.ConnectionLost
+
+
 class InboundStream:
     """Bytes of one edge stream received and not yet copied into the ring."""
 
@@ -204,8 +211,11 @@ class SendPump:
         except PeerRejectedError as exc:
             self._emit(StreamFault(self.edge_id, StreamFaultReason.PeerNotAllowed, str(exc)))
         except ConnectionLostError as exc:
-            self._emit(StreamFault(self.edge_id, StreamFaultReason.ConnectionLost, str(exc)))
-        except (TransportError, ValueError, OSError, RuntimeError) as exc:
+            self._emit(StreamFault(self.edge_id, lost_reason(str(exc)), str(exc)))
+        except RuntimeError as exc:
+            # aioquic refuses writes to a stream the peer stopped (STOP_SENDING -> reset).
+            self._emit(StreamFault(self.edge_id, StreamFaultReason.PeerReset, str(exc)))
+        except (TransportError, ValueError, OSError) as exc:
             self._emit(StreamFault(self.edge_id, StreamFaultReason.PumpFailed, str(exc)))
         except asyncio.CancelledError:
             if self.link is not None and self.stream_id is not None:

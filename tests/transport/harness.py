@@ -10,14 +10,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from swactor.transport.config import TransportConfig
 from swactor.transport.driver import Driver
 from swactor.transport.endpoint import QuicEndpoint
 from swactor.transport.identity import NodeIdentity
-from swactor.transport.messages import DriverEvent, RingReadable, WakeHint
+from swactor.transport.messages import DriverEvent, RingReadable, StreamFault, WakeHint
 from tests.transport.fakering import FakeRing
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -81,6 +85,34 @@ async def make_pair(config: TransportConfig) -> tuple[Node, Node]:
     return a, b
 
 
+async def fail_on_fault(nodes: tuple[Node, ...], work: Awaitable[T], timeout: float) -> T:
+    """Await `work`, failing at once when any node reports a StreamFault (or on timeout)."""
+
+    async def first_fault() -> None:
+        while True:
+            for node in nodes:
+                faults = node.of_type(StreamFault)
+                if faults:
+                    raise AssertionError(f"stream fault on {node.identity.node_id:#x}: {faults}")
+            await asyncio.sleep(0.02)
+
+    watcher = asyncio.ensure_future(first_fault())
+    job = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait(
+            {watcher, job}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        if job in done:
+            return job.result()
+        if watcher in done:
+            watcher.result()
+        raise AssertionError(f"no result within {timeout} s")
+    finally:
+        watcher.cancel()
+        job.cancel()
+        await asyncio.gather(watcher, job, return_exceptions=True)
+
+
 def payload_chunks(total: int, seed: int, chunk: int = 1 << 20) -> list[bytes]:
     rng = random.Random(seed)
     out = []
@@ -128,7 +160,7 @@ class Consumer:
     ring: FakeRing
     ring_id: int
     received: int = 0
-    digest: "hashlib._Hash" = field(default_factory=hashlib.sha256)
+    digest: hashlib._Hash = field(default_factory=hashlib.sha256)
 
     async def drain(self, stall_s: float = 0.0, stall_after: int = 0) -> str:
         readable = self.node.wake_event(self.ring_id)
@@ -154,4 +186,13 @@ class Consumer:
                 self.node.driver.ring_writable(self.ring_id)
 
 
-__all__ = ["Consumer", "Node", "RingReadable", "make_node", "make_pair", "payload_chunks", "produce"]
+__all__ = [
+    "Consumer",
+    "Node",
+    "RingReadable",
+    "fail_on_fault",
+    "make_node",
+    "make_pair",
+    "payload_chunks",
+    "produce",
+]
