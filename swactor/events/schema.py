@@ -232,9 +232,10 @@ class LifecycleEvent:
         out: dict[str, Any] = {}
         for key in _field_names(type(self)):
             value = getattr(self, key)
-            if value is None or (key == "detail" and not value):
-                continue
-            out[key] = _to_json_value(value)
+            if value is not None and key != "detail":
+                out[key] = _to_json_value(value)
+        if self.detail:
+            out["detail"] = dict(self.detail)  # last: identities and reasons read first
         return out
 
 
