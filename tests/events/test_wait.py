@@ -106,7 +106,9 @@ def test_a_field_no_event_has_is_a_type_error_not_a_timeout() -> None:
 WRITER = """
 import sys, time
 from swactor.events import Emitter, JsonlSink, ObjectLoaded
-from swactor.wire import *
+from swactor.wire import (
+    EdgeId, NodeId, ObjectId, RingId, RunId, Sequence, StageIndex, WorkerGeneration,
+)
 sink = JsonlSink(sys.argv[1], max_bytes=2000, keep=50)
 emitter = Emitter("worker", [sink])
 for n in range(40):
@@ -127,6 +129,7 @@ def test_follower_sees_another_process_events_across_rotations(tmp_path: Path) -
         )
         try:
             hit = await wait_for_event(follower, 10.0, event="object_loaded", sequence=39)
+            assert await writer.wait() == 0
             assert hit.proc == "worker" and hit.pid == writer.pid
             assert [e.event.sequence for e in follower.events] == list(range(40))
         finally:
