@@ -234,6 +234,9 @@ class Driver:
             if key[0] is link:
                 inbound.fail(lost_reason(reason), reason)
         self._refused = {key for key in self._refused if key[0] is not link}
+        for pump in self.pumps.values():
+            if isinstance(pump, SendPump) and pump.link is link:
+                pump.wake()  # an idle send-pump notices the loss now, not on next bytes
 
     # -- internals ------------------------------------------------------------------
 

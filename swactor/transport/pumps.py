@@ -224,6 +224,10 @@ class SendPump:
         finally:
             self._emit(PumpStopped(self.edge_id, self.ring_id))
 
+    def wake(self) -> None:
+        """Make the pump re-check its ring and connection (e.g. after connection loss)."""
+        self._readable.set()
+
     def _open(self, link: QuicLink) -> int:
         stream_id = link.open_uni_stream()
         link.send(stream_id, EdgePreamble(edge_id=EdgeId(self.edge_id)).pack())
