@@ -109,3 +109,30 @@ def test_a_failing_sink_does_not_stop_the_others() -> None:
     emitter.emit(NodeStarted(node_id=NodeId(2)))
     assert broken.calls == 2
     assert [e.event.node_id for e in memory.events] == [1, 2]
+
+
+def test_flags_configure_the_process_default_emitter(tmp_path: Path) -> None:
+    import argparse
+
+    from swactor.events import (
+        add_event_arguments,
+        configure_from_args,
+        default_emitter,
+        emit,
+        set_default_emitter,
+    )
+
+    parser = argparse.ArgumentParser()
+    add_event_arguments(parser)
+    path = tmp_path / "events" / "node.jsonl"
+    args = parser.parse_args(["--events-file", str(path), "--event-verbosity", "-1"])
+    previous = default_emitter()
+    try:
+        emitter = configure_from_args(args, "node")
+        assert default_emitter() is emitter
+        assert [type(s) for s in emitter.sinks] == [JsonlSink]
+        emitted = emit(NodeStarted(node_id=NodeId(5)))
+        emitter.close()
+        assert [validate_line(line) for line in path.read_text().splitlines()] == [emitted]
+    finally:
+        set_default_emitter(previous)
