@@ -30,6 +30,18 @@ SIGTERM to the process group, waits `grace_s`, then sends SIGKILL. Commands: `Wr
 `max_stdin_buffer` bytes pile up is a failure of this actor, which then kills it),
 `CloseStdin`, `SendSignal`, `StopProcess`. Payload bytes do not travel here: stdio is for
 control lines and logs; bulk data goes through inherited fds.
+
+How GpuWorkerCtl runs a worker (spec §28), from inside its own actor::
+
+    spec = ProcessSpec(
+        (sys.executable, "-m", "swactor.worker"),
+        pass_fds=(arena_fd,),
+        extra_env={"SWACTOR_ARENA_FD": str(arena_fd), "SWACTOR_ARENA_BYTES": str(ceiling)},
+    )
+    worker = spawn_process(ctx, spec, ctx.self_ref, f"worker-{generation}")
+    worker.tell(WriteLine(json.dumps(command)))     # one JSON command per line
+    # ctx.self_ref then receives Started, Line(stdout: worker events / stderr: logs),
+    # and Exited(code, signal) once, which is the crash signal for a worker generation.
 """
 
 from __future__ import annotations
@@ -128,6 +140,8 @@ class Exited:
 
 
 ProcessEvent = Started | SpawnFailed | Line | Exited
+ProcessOutput = ProcessEvent
+"""Spec §28's name for what the process owner receives."""
 
 
 # ------------------------------------------------------------ to the actor
