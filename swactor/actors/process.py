@@ -11,9 +11,10 @@ arena memfd, say); stdin, stdout and stderr are pipes owned by the actor. The ow
 - `Exited(source, code, signal)` exactly once, after the last `Line` (when the child
   exits by itself) or after the actor stopped it.
 
-Two reader tasks turn pipe bytes into lines. A line longer than `spec.max_line_bytes` is
-cut: its first `max_line_bytes` bytes go out with `truncated=True` and the rest, up to the
-next newline, is dropped, so one endless line cannot grow memory. Each line is handed to
+Two reader tasks turn pipe bytes into lines (`lines.LineSplitter`). A line longer than
+`spec.max_line_bytes` is cut: its first `max_line_bytes` bytes go out with
+`truncated=True` and the rest, up to the next newline, is dropped, so one endless line
+cannot grow memory. Each line is handed to
 the owner with `await owner.send(...)`, which waits while the owner's mailbox is at its
 capacity: then the reader stops reading, the pipe fills, and the child blocks in
 `write()`. A flooding child is slowed to its owner's pace instead of exhausting memory,
@@ -60,6 +61,7 @@ from swactor.actors.address import Address
 from swactor.actors.context import Context
 from swactor.actors.deathsig import die_with_parent
 from swactor.actors.errors import ActorError
+from swactor.actors.lines import LineSplitter
 from swactor.actors.messages import Terminated
 from swactor.actors.ref import ActorRef
 from swactor.actors.runtime import Runtime
@@ -316,32 +318,16 @@ class ProcessActor(Actor[_Mail]):
     async def _pump(
         self, ctx: Context[_Mail], reader: asyncio.StreamReader, stream: Stream
     ) -> None:
-        limit = self.spec.max_line_bytes
-        buffer = bytearray()
-        discarding = False  # inside the dropped tail of a truncated line
+        splitter = LineSplitter(self.spec.max_line_bytes)
         while True:
             self._reading.add(stream.value)  # blocked on the child, not on the owner
             chunk = await reader.read(64 * 1024)
             self._reading.discard(stream.value)
+            lines = splitter.feed(chunk) if chunk else splitter.finish()
+            for raw, truncated in lines:
+                await self._emit(ctx, stream, raw, truncated)
             if not chunk:
-                break
-            buffer += chunk
-            while (newline := buffer.find(b"\n")) >= 0:
-                line = bytes(buffer[:newline])
-                del buffer[: newline + 1]
-                if discarding:
-                    discarding = False
-                elif len(line) > limit:
-                    await self._emit(ctx, stream, line[:limit], True)
-                else:
-                    await self._emit(ctx, stream, line, False)
-            if len(buffer) > limit:
-                if not discarding:
-                    await self._emit(ctx, stream, bytes(buffer[:limit]), True)
-                    discarding = True
-                buffer.clear()
-        if buffer and not discarding:
-            await self._emit(ctx, stream, bytes(buffer), False)
+                return
 
     async def _emit(
         self, ctx: Context[_Mail], stream: Stream, raw: bytes, truncated: bool
