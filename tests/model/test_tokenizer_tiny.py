@@ -14,6 +14,8 @@ from typing import Any
 import gguf
 import pytest
 import regex
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from swactor import cli
 from swactor.model.tokenizer import Tokenizer
@@ -319,3 +321,33 @@ def test_cli_unsupported_model_exits_2(tmp_path: Path, capsys: pytest.CaptureFix
     assert cli.main(["tokenize", "--model", str(path), "x"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "UnsupportedTokenizerModel" in err
+
+
+# ------------------------------------------------------------------- properties
+
+
+@pytest.fixture(scope="module")
+def byte_bpe(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    return Tokenizer.from_gguf(_bpe_file(tmp_path_factory.mktemp("bpe"), "qwen2"))
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(max_size=40))
+def test_byte_level_round_trip_and_stream(byte_bpe: Tokenizer, text: str) -> None:
+    ids = byte_bpe.encode(text, parse_special=False)
+    assert byte_bpe.decode(ids) == text
+    stream = byte_bpe.stream(skip_special=False)
+    chunks = [stream.push(i) for i in ids]
+    # Every chunk is whole characters: no replacement character, nothing left over.
+    assert "\ufffd" not in "".join(chunks) or "\ufffd" in text
+    assert "".join(chunks) + stream.flush() == text
+    assert stream.flush() == ""
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from("helowrdabc é\n😀"), max_size=30))
+def test_sentencepiece_round_trip(spm: Tokenizer, text: str) -> None:
+    ids = spm.encode(text, add_bos=False)
+    # Characters outside the vocabulary and its byte tokens become <unk> (id 0).
+    if 0 not in ids:
+        assert spm.decode(ids) == text
