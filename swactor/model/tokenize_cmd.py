@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 from swactor.model.paths import default_model_path
-from swactor.model.tokenizer import Tokenizer
 from swactor.model.tokenizer_errors import TokenizerError
 
 EXIT_TOKENIZER_ERROR = 2
@@ -55,6 +54,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here so that `swactor --help` does not load tokenizers, gguf and numpy.
+    from swactor.model.tokenizer import Tokenizer
+
     model: Path = args.model if args.model is not None else default_model_path()
     try:
         tokenizer = Tokenizer.from_gguf(model)
