@@ -66,7 +66,7 @@ def gone(pid: int) -> bool:
     """No such process, or only a zombie waiting for a reaper."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # ESRCH if it vanishes mid-read
         return True
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
@@ -356,5 +356,39 @@ def test_a_pipe_held_by_an_escaped_grandchild_does_not_delay_exited_forever() ->
             finally:
                 for text in owner.lines():
                     os.kill(int(text), signal.SIGKILL)
+
+    run(body)
+
+
+class StuckOwner(Actor[Any]):
+    """Owns a process as its child, then hangs in a handler so shutdown must cancel it."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+
+    async def started(self, ctx: Context[Any]) -> None:
+        spawn_process(ctx, ProcessSpec(("sleep", "30")), ctx.self_ref, "sleeper")
+
+    async def receive(self, ctx: Context[Any], message: Any) -> None:
+        if isinstance(message, Started):
+            self.pid = message.pid
+        elif message == "hang":
+            await asyncio.Event().wait()
+
+
+def test_forced_shutdown_still_kills_the_child_of_a_cancelled_process_actor() -> None:
+    async def body() -> None:
+        owner = StuckOwner()
+        rt = Runtime()
+        ref = rt.spawn(lambda: owner, "owner")
+        while owner.pid is None:
+            await asyncio.sleep(0.01)
+        ref.tell("hang")
+        await asyncio.sleep(0.01)
+        await rt.shutdown(timeout_s=0.2)
+        deadline = time.monotonic() + 1.0
+        while not gone(owner.pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert gone(owner.pid)
 
     run(body)

@@ -555,3 +555,70 @@ def test_a_binding_applies_generated_timer_effects() -> None:
             assert machine.expired == 1  # the disarmed timer never fed Expired back
 
     run(body)
+
+
+# ------------------------------------------------------- hooks that misbehave
+
+
+class BadStart(Actor[str]):
+    starts = 0
+
+    async def started(self, ctx: Context[str]) -> None:
+        BadStart.starts += 1
+        raise RuntimeError("cannot start")
+
+
+class BadStop(Actor[str]):
+    async def receive(self, ctx: Context[str], message: str) -> None:
+        ctx.reply(message)
+
+    async def stopped(self, ctx: Context[str]) -> None:
+        raise RuntimeError("cannot stop cleanly")
+
+
+def test_a_failing_started_hook_is_supervised_like_a_failing_handler() -> None:
+    async def body() -> None:
+        BadStart.starts = 0
+        async with Runtime() as rt:
+            ref = rt.spawn(BadStart, "bad", strategy=SupervisorStrategy.restart(2, 10.0))
+            record = await ref.join()
+            assert BadStart.starts == 3  # first start and two restarts
+            assert isinstance(record.error, RestartBudgetExhausted)
+
+    run(body)
+
+
+def test_a_failing_stopped_hook_still_terminates_and_notifies() -> None:
+    async def body() -> None:
+        async with Runtime() as rt:
+            ref = rt.spawn(BadStop, "bad")
+            watcher = Watcher(ref)
+            rt.spawn(lambda: watcher, "watcher")
+            assert await ref.ask("ok", timeout=1) == "ok"
+            await ref.stop_and_join()
+            await until(lambda: bool(watcher.terminated))
+            assert watcher.terminated[0].reason is StopReason.Stopped
+
+    run(body)
+
+
+class Stuck(Actor[str]):
+    async def receive(self, ctx: Context[str], message: str) -> None:
+        await asyncio.Event().wait()  # never returns
+
+
+def test_shutdown_cancels_an_actor_stuck_in_its_handler() -> None:
+    async def body() -> None:
+        rt = Runtime()
+        ref = rt.spawn(Stuck, "stuck")
+        ref.tell("hang")
+        await asyncio.sleep(0.01)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await rt.shutdown(timeout_s=0.2)
+        assert loop.time() - began < 2.0
+        assert not ref.alive
+        assert (await ref.join()).reason is StopReason.Stopped
+        assert rt.actors == []
+
+    run(body)
