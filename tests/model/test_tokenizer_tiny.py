@@ -273,6 +273,17 @@ def test_missing_and_garbage_files(tmp_path: Path) -> None:
     assert bad.value.reason is TokenizerFault.METADATA_INVALID
 
 
+def test_truncated_file(spm_path: Path, tmp_path: Path) -> None:
+    data = spm_path.read_bytes()
+    for keep in (10, len(data) // 3, len(data) // 2):
+        cut = tmp_path / f"cut{keep}.gguf"
+        cut.write_bytes(data[:keep])
+        with pytest.raises(TokenizerError) as caught:
+            Tokenizer.from_gguf(cut)
+        assert caught.value.reason is TokenizerFault.METADATA_INVALID
+        assert str(cut) in str(caught.value)
+
+
 def test_token_id_out_of_range(spm: Tokenizer) -> None:
     with pytest.raises(TokenizerError) as caught:
         spm.decode([len(SPM_VOCAB)])
