@@ -110,8 +110,10 @@ def _open_fields(path: Path) -> dict[str, Any]:
             TokenizerFault.MODEL_UNREADABLE, f"{path}: cannot read ({exc.strerror or exc})"
         ) from exc
     except (ValueError, IndexError, KeyError, TypeError) as exc:
+        size = path.stat().st_size
         raise TokenizerError(
-            TokenizerFault.METADATA_INVALID, f"{path}: not a readable GGUF file ({exc})"
+            TokenizerFault.METADATA_INVALID,
+            f"{path}: not a readable GGUF file, truncated or corrupt ({size} bytes; {exc})",
         ) from exc
     return dict(reader.fields)
 
