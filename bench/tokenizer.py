@@ -5,13 +5,20 @@ encodes one mixed text (prose, code, digits, accents, emoji) with our tokenizer 
 from ``tokenizers``) and with a textbook pure-Python rank-ordered BPE over the same merges
 and pre-tokenizer cut, side by side, printing tokens/s and the ratio, and checking that both
 produced the same ids. Decode and streaming decode are timed on the ids produced.
+
+When llama.cpp's Python binding (``llama_cpp``, never a swactor dependency) can be imported
+— e.g. run with ``PYTHONPATH``/a venv that has it — the same text and a set of probe strings
+(special tokens parsed and not) are also tokenized by llama.cpp: the ids must be identical,
+and its speed is printed as a ratio. Without it that column is skipped with a note.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import time
 from pathlib import Path
+from typing import Any
 
 import regex
 
@@ -75,6 +82,51 @@ class _ReferenceBpe:
         return out
 
 
+_PROBES = [
+    "hello world",
+    " leading space",
+    "digits 1234567890 and 3.14159",
+    "I'M sure they'LL say it's fine",
+    "Crème brûlée, naïve façade 😀🤗👩‍💻 中文 日本語",
+    "tabs\t\tand\r\nnewlines\n\n\n  end  ",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+]
+
+
+def _llama_cpp(model: Path) -> Any | None:
+    """llama.cpp's tokenizer for ``model`` through its Python binding, if importable."""
+    try:
+        binding = importlib.import_module("llama_cpp")
+    except ImportError:
+        return None
+    return binding.Llama(str(model), vocab_only=True, verbose=False)
+
+
+def _compare_with_llama_cpp(tok: Tokenizer, model: Path, text: str, ours: float) -> bool:
+    llama = _llama_cpp(model)
+    if llama is None:
+        print("  llama.cpp: binding not importable (llama-cpp-python, in its own venv) "
+              "- column skipped")
+        return True
+    t0 = time.perf_counter()
+    theirs_ids = llama.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+    theirs = _timed("encode (llama.cpp)", time.perf_counter() - t0, len(theirs_ids), "tok")
+    same = tok.encode(text, add_bos=False, parse_special=False) == list(theirs_ids)
+    for probe in _PROBES:
+        for special in (True, False):
+            for bos in (True, False):
+                ours_ids = tok.encode(probe, add_bos=None if bos else False,
+                                      parse_special=special)
+                ref = list(llama.tokenize(probe.encode("utf-8"), add_bos=bos, special=special))
+                if ours_ids != ref:
+                    same = False
+                    print(f"  DIFFER (special={special}, bos={bos}) on probe "
+                          f"#{_PROBES.index(probe)}: ours {ours_ids[:12]} llama.cpp {ref[:12]}")
+    print(f"  ids identical to llama.cpp: {same}; encode speed ratio ours/llama.cpp: "
+          f"{ours / theirs:.2f}x")
+    return same
+
+
 def _timed(label: str, seconds: float, count: int, unit: str) -> float:
     rate = count / seconds if seconds > 0 else float("inf")
     print(f"  {label:<34} {seconds * 1e3:9.1f} ms  {rate:14,.0f} {unit}/s")
@@ -111,6 +163,7 @@ def main(argv: list[str]) -> int:
                     len(ref_ids), "tok")
     print(f"  ids identical: {ids == ref_ids}; encode speed ratio ours/reference: "
           f"{ours / theirs:.1f}x")
+    same_as_llama = _compare_with_llama_cpp(tok, args.model, text, ours)
 
     t0 = time.perf_counter()
     decoded = tok.decode(ids)
@@ -120,4 +173,4 @@ def main(argv: list[str]) -> int:
     streamed = "".join(stream.push(i) for i in ids) + stream.flush()
     _timed("stream decode (one id at a time)", time.perf_counter() - t0, len(ids), "tok")
     print(f"  round trip exact: {decoded == text and streamed == text}")
-    return 0 if ids == ref_ids and decoded == text else 1
+    return 0 if ids == ref_ids and decoded == text and same_as_llama else 1
