@@ -1,98 +1,101 @@
-"""The node's edge driver (spec §24-§25): edge demux, receive rendezvous, pump tasks.
+"""The node's edge driver (spec §24-§25): edge demux, receive rendezvous, pump bindings.
 
 Theory of operation
 -------------------
-The driver is the handler of the `swactor/edge/1` ALPN on the node's `QuicEndpoint`.
+The driver is the `swactor/edge/1` handler of the node's `QuicEndpoint` and owns one
+binding per edge: `RecvEdge` (generated `recv_pump` machine) or `SendEdge` (generated
+`send_pump` machine). It opens its own `Ring` handle on the node's arena from the
+`RingLayout` each establish message carries.
 
 Receive side. A peer opens one uni-stream per edge and starts it with the 16-byte
 `EdgePreamble`. The demux buffers a new stream's first bytes until the preamble is
 complete, then:
 
-* truncated (FIN inside the preamble) or garbage preamble -> `StreamFault(None, reason)`,
-  the stream is stopped (STOP_SENDING); a bidirectional stream is refused the same way;
-* an edge id that is neither provisioned (`expect_recv`) nor established -> `StreamFault(
-  edge_id, UnknownEdge)`, stream stopped, no byte reaches a ring;
-* a second stream for an edge that already has one -> `StreamFault(DuplicateStream)`;
-* otherwise the stream is `StreamArrived`: if a receive spec exists (`recv_specs`), a
-  `RecvPump` starts; if not, the stream waits in `pending_streams` — unread, so QUIC flow
-  control stalls its sender — until `EstablishRecv` pairs it. Either order works, with
-  no handshake between the edge ends.
+* FIN inside the preamble, or a garbage preamble -> `StreamFault(None, reason)` and
+  STOP_SENDING; a bidirectional stream is refused the same way (`PreambleGarbage`);
+* an edge id that the active plan does not name (neither `expect_recv` nor
+  `EstablishRecv`) -> `StreamFault(edge_id, UnknownEdge)`, stream stopped; a stream for
+  an edge that already finished -> `StreamFault(edge_id, DuplicateStream)`;
+* otherwise `StreamArrived` goes to the edge's machine. Whether the receive spec is
+  already there (`recv_specs`) or comes later (`pending_streams`: unread, so QUIC flow
+  control stalls the sender) the machine starts the pump when it has both halves. A
+  second stream for a live edge faults the edge (table choice, DuplicateStream).
 
-`EstablishRecv` registers the spec, answers `DriverEdgeReady` at once (the pairing is now
-guaranteed) and starts the pump if the stream is already pending.
+Send side. `EstablishSend` creates a `SendEdge`, which connects (connection cache of the
+endpoint), reports `DriverEdgeReady`, and opens its stream on the first egress bytes.
 
-Send side. `EstablishSend` starts a `SendPump`, which obtains the cached verified
-connection to the consumer node (opening it if needed), reports `DriverEdgeReady`, and
-opens its stream on the first bytes of the egress ring.
-
-`StopEdge` cancels the edge's pump (a send pump resets its stream, a receive pump stops
-its stream) and `PumpStopped` follows. Wake hints from the ring's other side arrive
-through `ring_readable` / `ring_writable`; the driver turns them into the pump's events.
-Connection loss fails every stream of that connection with `ConnectionLost`; a peer reset
-fails its stream with `PeerReset`.
+Wake hints from the rings' other side arrive through `ring_readable` / `ring_writable`
+and are routed by ring id. Peer resets and connection loss become `StreamError` /
+`TransportFailed` of the affected edges. `StopEdge` for an edge with no binding is
+answered `PumpStopped(edge_id, None)` directly.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from dataclasses import dataclass
 
+from swactor.fsm.generated.recv_pump import State
+from swactor.ring import Ring, RingError
+from swactor.ring.ring import ArenaLike
 from swactor.transport.config import EDGE_ALPN
 from swactor.transport.endpoint import QuicEndpoint, QuicLink
 from swactor.transport.errors import TransportError
+from swactor.transport.inbound import InboundStream, lost_reason
 from swactor.transport.messages import (
-    DriverEdgeReady,
     DriverMessage,
     EstablishRecv,
     EstablishSend,
+    PumpStopped,
     StopEdge,
     StreamArrived,
     StreamFault,
 )
-from swactor.transport.pumps import (
-    EmitEvent,
-    EmitWake,
-    InboundStream,
-    RecvPump,
-    SendPump,
-    lost_reason,
-)
-from swactor.wire.enums import StreamFaultReason
-from swactor.wire.errors import PreambleError
-from swactor.wire.objects import PREAMBLE_LEN, EdgePreamble
+from swactor.transport.recv_edge import RecvEdge
+from swactor.transport.send_edge import SendEdge
+from swactor.transport.sinks import EmitEvent, EmitWake
+from swactor.wire import EdgePreamble, PreambleError, StreamFaultReason
+from swactor.wire.objects import PREAMBLE_LEN
 
 StreamKey = tuple[QuicLink, int]
 
 
-@dataclass(slots=True)
-class _Preamble:
-    """A new stream whose preamble is not complete yet."""
-
-    head: bytearray
-
-
 class Driver:
-    """Edge driver bound to one endpoint (see the module docstring)."""
+    """Edge driver bound to one endpoint and one arena (see the module docstring)."""
 
-    def __init__(self, endpoint: QuicEndpoint, emit: EmitEvent, wake: EmitWake) -> None:
+    def __init__(
+        self, endpoint: QuicEndpoint, arena: ArenaLike, emit: EmitEvent, wake: EmitWake
+    ) -> None:
         self.endpoint = endpoint
-        self.recv_specs: dict[int, EstablishRecv] = {}
-        self.pending_streams: dict[int, InboundStream] = {}
+        self.arena = arena
+        self.recv_edges: dict[int, RecvEdge] = {}
+        self.send_edges: dict[int, SendEdge] = {}
         self.arrivals: list[StreamArrived] = []
-        # Live and finished pumps by edge id (metrics and tests read their offsets).
-        self.pumps: dict[int, RecvPump | SendPump] = {}
         self._emit = emit
         self._wake = wake
         self._expected: set[int] = set()
-        self._heads: dict[StreamKey, _Preamble] = {}
-        self._routed: dict[StreamKey, InboundStream] = {}
+        self._heads: dict[StreamKey, bytearray] = {}
+        self._routed: dict[StreamKey, tuple[RecvEdge, InboundStream]] = {}
         self._refused: set[StreamKey] = set()
-        self._edge_streams: dict[int, InboundStream] = {}
-        self._tasks: dict[int, asyncio.Task[None]] = {}
-        self._readable: dict[int, asyncio.Event] = {}
-        self._writable: dict[int, asyncio.Event] = {}
+        self._by_ring_recv: dict[int, RecvEdge] = {}
+        self._by_ring_send: dict[int, SendEdge] = {}
         endpoint.register_handler(EDGE_ALPN, self)
+
+    # -- spec §25 views -------------------------------------------------------------
+
+    @property
+    def recv_specs(self) -> dict[int, RecvEdge]:
+        """Edges whose receive spec is registered and whose stream has not arrived."""
+        return {e: r for e, r in self.recv_edges.items() if r.machine.state is State.HoldingSpec}
+
+    @property
+    def pending_streams(self) -> dict[int, InboundStream]:
+        """Streams that arrived before their receive spec (held unread)."""
+        return {
+            e: r.inbound
+            for e, r in self.recv_edges.items()
+            if r.machine.state is State.HoldingStream and r.inbound is not None
+        }
 
     # -- inbound messages -------------------------------------------------------------
 
@@ -110,64 +113,88 @@ class Driver:
         else:
             raise TransportError(f"driver: unknown message {type(message).__name__}")
 
+    def _open_ring(self, edge_id: int, msg: EstablishRecv | EstablishSend) -> Ring | None:
+        if int(msg.ring_layout.ring_id) != msg.ring_id:
+            detail = f"ring_id {msg.ring_id} != layout ring_id {msg.ring_layout.ring_id}"
+        else:
+            try:
+                return Ring.open(self.arena, msg.ring_layout)
+            except RingError as exc:
+                detail = str(exc)
+        self._emit(StreamFault(edge_id, StreamFaultReason.PumpFailed, detail))
+        self._emit(PumpStopped(edge_id, msg.ring_id))
+        return None
+
     def _establish_recv(self, msg: EstablishRecv) -> None:
-        if msg.edge_id in self.recv_specs or msg.edge_id in self._tasks:
+        edge = self.recv_edges.get(msg.edge_id)
+        if (edge is not None and edge.ring is not None) or msg.edge_id in self.send_edges:
             raise TransportError(f"edge {msg.edge_id} is already established")
+        ring = self._open_ring(msg.edge_id, msg)
+        if ring is None:
+            return
         self._expected.add(msg.edge_id)
-        self.recv_specs[msg.edge_id] = msg
-        self._emit(DriverEdgeReady(msg.edge_id))
-        inbound = self.pending_streams.pop(msg.edge_id, None)
-        if inbound is not None:
-            self._start_recv(msg, inbound)
+        if edge is None:
+            edge = self.recv_edges[msg.edge_id] = RecvEdge(msg.edge_id, self._emit, self._wake)
+        self._by_ring_recv[msg.ring_id] = edge
+        edge.establish(msg.ring_id, msg.ring_layout, ring)
 
     def _establish_send(self, msg: EstablishSend) -> None:
-        if msg.edge_id in self._tasks:
+        if msg.edge_id in self.send_edges or msg.edge_id in self.recv_edges:
             raise TransportError(f"edge {msg.edge_id} is already established")
-        readable = self._readable.setdefault(msg.ring_id, asyncio.Event())
-        pump = SendPump(
+        ring = self._open_ring(msg.edge_id, msg)
+        if ring is None:
+            return
+        edge = SendEdge(
             self.endpoint,
             msg.edge_id,
             msg.rx_node_id,
             msg.ring_id,
-            msg.ring,
+            ring,
             self._emit,
             self._wake,
-            readable,
-            self.endpoint.config.send_high_water,
         )
-        self.pumps[msg.edge_id] = pump
-        self._spawn(msg.edge_id, pump.run())
+        self.send_edges[msg.edge_id] = edge
+        self._by_ring_send[msg.ring_id] = edge
+        edge.start()
 
     def stop_edge(self, edge_id: int) -> None:
-        """Cancel the edge's pump; its `PumpStopped` follows from the pump itself."""
-        self.recv_specs.pop(edge_id, None)
-        pending = self.pending_streams.pop(edge_id, None)
-        if pending is not None:
-            pending.link.stop_stream(pending.stream_id)
-        inbound = self._edge_streams.get(edge_id)
-        if inbound is not None:
-            inbound.link.stop_stream(inbound.stream_id)
-        task = self._tasks.get(edge_id)
-        if task is not None:
-            task.cancel()
+        """Stop the edge's pump; `PumpStopped` follows (at once if it has no binding)."""
+        recv, send = self.recv_edges.get(edge_id), self.send_edges.get(edge_id)
+        if recv is not None and not recv.finished:
+            recv.stop()
+        elif send is not None and not send.finished:
+            send.stop()
+        elif recv is None and send is None:
+            self._emit(PumpStopped(edge_id, None))
 
     async def wait_stopped(self, edge_id: int) -> None:
-        task = self._tasks.get(edge_id)
-        if task is not None:
-            await asyncio.gather(task, return_exceptions=True)
+        """Wait until every task of the edge's binding has finished."""
+        tasks: list[asyncio.Task[None]] = []
+        recv, send = self.recv_edges.get(edge_id), self.send_edges.get(edge_id)
+        if recv is not None and recv.task is not None:
+            tasks.append(recv.task)
+        if send is not None:
+            tasks.extend(send.tasks)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def close(self) -> None:
-        for edge_id in list(self._tasks):
+        edges = list(self.recv_edges) + list(self.send_edges)
+        for edge_id in edges:
             self.stop_edge(edge_id)
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        for edge_id in edges:
+            await self.wait_stopped(edge_id)
 
     # -- wake hints from the rings' other side ----------------------------------------
 
     def ring_readable(self, ring_id: int) -> None:
-        self._readable.setdefault(ring_id, asyncio.Event()).set()
+        edge = self._by_ring_send.get(ring_id)
+        if edge is not None:
+            edge.ring_readable()
 
     def ring_writable(self, ring_id: int) -> None:
-        self._writable.setdefault(ring_id, asyncio.Event()).set()
+        edge = self._by_ring_recv.get(ring_id)
+        if edge is not None:
+            edge.ring_writable()
 
     # -- LinkHandler ----------------------------------------------------------------
 
@@ -175,7 +202,7 @@ class Driver:
         key = (link, stream_id)
         routed = self._routed.get(key)
         if routed is not None:
-            routed.feed(data, end)
+            routed[1].feed(data, end)
             return
         if key in self._refused:
             link.consume(stream_id, len(data))  # discard; keep the connection credited
@@ -183,7 +210,7 @@ class Driver:
         if not stream_id & 2:
             self._refuse(key, None, StreamFaultReason.PreambleGarbage, "bidirectional stream")
             return
-        head = self._heads.setdefault(key, _Preamble(bytearray())).head
+        head = self._heads.setdefault(key, bytearray())
         head += data
         if len(head) < PREAMBLE_LEN:
             if end:
@@ -202,41 +229,44 @@ class Driver:
             self._refuse(key, None, exc.reason, str(exc))
             return
         link.consume(stream_id, PREAMBLE_LEN)
-        if edge_id not in self._expected:
+        edge = self.recv_edges.get(edge_id)
+        if edge is None and edge_id not in self._expected:
             self._refuse(key, edge_id, StreamFaultReason.UnknownEdge, "edge not in active plan")
             return
-        if edge_id in self._edge_streams:
-            self._refuse(key, edge_id, StreamFaultReason.DuplicateStream, "edge has a stream")
+        if edge is not None and edge.finished:
+            self._refuse(key, edge_id, StreamFaultReason.DuplicateStream, "edge already ended")
             return
+        if edge is None:
+            edge = self.recv_edges[edge_id] = RecvEdge(edge_id, self._emit, self._wake)
         assert link.peer_node_id is not None
         self.arrivals.append(StreamArrived(edge_id, link.peer_node_id, stream_id))
         inbound = InboundStream(link, stream_id)
         inbound.feed(memoryview(head)[PREAMBLE_LEN:], end)
-        self._routed[key] = inbound
-        self._edge_streams[edge_id] = inbound
-        spec = self.recv_specs.get(edge_id)
-        if spec is None:
-            self.pending_streams[edge_id] = inbound
+        if edge.inbound is None:
+            self._routed[key] = (edge, inbound)
         else:
-            self._start_recv(spec, inbound)
+            self._refused.add(key)
+        edge.stream_arrived(inbound)
 
     def stream_reset(self, link: QuicLink, stream_id: int, error_code: int) -> None:
         key = (link, stream_id)
         self._heads.pop(key, None)
-        inbound = self._routed.get(key)
-        if inbound is not None:
-            inbound.fail(StreamFaultReason.PeerReset, f"peer reset, code {error_code:#x}")
+        routed = self._routed.pop(key, None)
+        if routed is not None:
+            routed[0].stream_failed(
+                StreamFaultReason.PeerReset, f"peer reset the stream, code {error_code:#x}"
+            )
 
     def link_closed(self, link: QuicLink, reason: str) -> None:
         for key in [key for key in self._heads if key[0] is link]:
             del self._heads[key]
-        for key, inbound in list(self._routed.items()):
-            if key[0] is link:
-                inbound.fail(lost_reason(reason), reason)
+        for key in [key for key in self._routed if key[0] is link]:
+            edge, _ = self._routed.pop(key)
+            edge.stream_failed(lost_reason(reason), reason)
         self._refused = {key for key in self._refused if key[0] is not link}
-        for pump in self.pumps.values():
-            if isinstance(pump, SendPump) and pump.link is link:
-                pump.wake()  # an idle send-pump notices the loss now, not on next bytes
+        for send in self.send_edges.values():
+            if send.link is link and not send.finished:
+                send.link_lost(reason)
 
     # -- internals ------------------------------------------------------------------
 
@@ -247,16 +277,3 @@ class Driver:
         self._refused.add(key)
         link.stop_stream(stream_id)
         self._emit(StreamFault(edge_id, reason, detail))
-
-    def _start_recv(self, spec: EstablishRecv, inbound: InboundStream) -> None:
-        writable = self._writable.setdefault(spec.ring_id, asyncio.Event())
-        pump = RecvPump(
-            spec.edge_id, spec.ring_id, spec.ring, inbound, self._emit, self._wake, writable
-        )
-        self.pumps[spec.edge_id] = pump
-        self._spawn(spec.edge_id, pump.run())
-
-    def _spawn(self, edge_id: int, coro: object) -> None:
-        assert asyncio.iscoroutine(coro)
-        task = asyncio.get_running_loop().create_task(coro, name=f"pump-edge-{edge_id}")
-        self._tasks[edge_id] = task

@@ -5,21 +5,16 @@ driver's own demux produces when an edge stream's preamble has been read). Outbo
 `DriverEdgeReady`, `StreamClosed`, `StreamFault`, `PumpStopped`, plus wake hints
 `RingReadable` / `RingWritable` for the process on the other side of a ring.
 
-The spec's `EstablishSend`/`EstablishRecv` carry a `RingLayout`; in this Python node the
-ring is opened by whoever installed it (EdgeEstablisher / ArenaManager), and the driver
-receives the open handle (`ring`) together with its `ring_id`. No message carries payload
-bytes, byte ranges or credits.
+As in the spec, `EstablishSend`/`EstablishRecv` carry the ring's `RingLayout`: the
+driver opens its own handle on the node's arena (the ring header was written by whoever
+installed the ring). No message carries payload bytes, byte ranges or credits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from swactor.wire.enums import StreamFaultReason
-
-if TYPE_CHECKING:
-    from swactor.transport.ringport import RingPort
+from swactor.wire import RingLayout, StreamFaultReason
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +24,7 @@ class EstablishSend:
     edge_id: int
     rx_node_id: int
     ring_id: int
-    ring: RingPort
+    ring_layout: RingLayout
     tx_addr: object = None
 
 
@@ -39,7 +34,7 @@ class EstablishRecv:
 
     edge_id: int
     ring_id: int
-    ring: RingPort
+    ring_layout: RingLayout
     rx_addr: object = None
 
 
@@ -86,10 +81,11 @@ class StreamFault:
 
 @dataclass(frozen=True, slots=True)
 class PumpStopped:
-    """The pump of `edge_id` will never touch `ring_id` again (a quiescence proof)."""
+    """The pump of `edge_id` will never touch `ring_id` again (a quiescence proof).
+    `ring_id` is None for an edge stopped before its ring was named."""
 
     edge_id: int
-    ring_id: int
+    ring_id: int | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,9 @@
-"""Two-node transport harness: endpoints, drivers, rings and worker-like ring ends.
+"""Two-node transport harness: endpoints, drivers, real memfd arenas and cffi rings.
 
-`Node` wires an endpoint and a driver, records every driver event, and routes the
-driver's wake hints to per-ring asyncio events that the test's producer and consumer
-coroutines (standing in for the worker) wait on.
+`Node` wires an endpoint, an arena and a driver, records every driver event, and routes
+the driver's wake hints to per-ring asyncio events. `produce` and `Consumer` play the
+worker's side of the rings (their own `Ring` handles on the same arena), waiting on
+those events with the pending-bit protocol of spec §21.
 """
 
 from __future__ import annotations
@@ -14,24 +15,53 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from swactor.arena import Arena
+from swactor.ring import Ring, RingState
+from swactor.ring.rig import make_layout
 from swactor.transport.config import TransportConfig
 from swactor.transport.driver import Driver
 from swactor.transport.endpoint import QuicEndpoint
 from swactor.transport.identity import NodeIdentity
-from swactor.transport.messages import DriverEvent, RingReadable, StreamFault, WakeHint
-from tests.transport.fakering import FakeRing
+from swactor.transport.messages import DriverEvent, StreamFault, WakeHint
+from swactor.wire import RingLayout
 
 T = TypeVar("T")
+ARENA_BYTES = 32 << 20
 
 
 @dataclass
 class Node:
     identity: NodeIdentity
     endpoint: QuicEndpoint
-    driver: Driver
+    arena: Arena
+    driver: Driver = field(init=False)
     events: list[DriverEvent] = field(default_factory=list)
     wakes: dict[int, asyncio.Event] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    next_offset: int = 1 << 16
+    next_ring_id: int = 1
+    handles: list[Ring] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.driver = Driver(self.endpoint, self.arena, self._emit, self._wake)
+
+    def _emit(self, event: DriverEvent) -> None:
+        self.events.append(event)
+        self.changed.set()
+
+    def _wake(self, hint: WakeHint) -> None:
+        self.wake_event(hint.ring_id).set()
+
+    def new_ring(self, capacity: int) -> tuple[int, RingLayout, Ring]:
+        """Lease a ring by hand: layout, header written (installer), worker-side handle."""
+        ring_id = self.next_ring_id
+        self.next_ring_id += 1
+        layout = make_layout(capacity, ring_id=ring_id, offset=self.next_offset)
+        self.next_offset = (layout.end_offset + 65535) // 65536 * 65536
+        assert self.next_offset <= self.arena.size, "harness arena too small"
+        handle = Ring.init(self.arena, layout)
+        self.handles.append(handle)
+        return ring_id, layout, handle
 
     def wake_event(self, ring_id: int) -> asyncio.Event:
         return self.wakes.setdefault(ring_id, asyncio.Event())
@@ -53,6 +83,8 @@ class Node:
     async def close(self) -> None:
         await self.driver.close()
         await self.endpoint.close()
+        for handle in self.handles:
+            handle.close()
 
 
 async def make_node(
@@ -61,18 +93,12 @@ async def make_node(
     ident = identity or NodeIdentity.generate()
     endpoint = QuicEndpoint(ident, config, allowed=allowed)
     await endpoint.start()
-    holder: dict[str, Node] = {}
+    return Node(ident, endpoint, Arena.create(ARENA_BYTES))
 
-    def emit(event: DriverEvent) -> None:
-        holder["node"].events.append(event)
-        holder["node"].changed.set()
 
-    def wake(hint: WakeHint) -> None:
-        holder["node"].wake_event(hint.ring_id).set()
-
-    node = Node(ident, endpoint, Driver(endpoint, emit, wake))
-    holder["node"] = node
-    return node
+def address_of(node: Node) -> tuple[str, int]:
+    sock = node.endpoint._transport.get_extra_info("sockname")  # type: ignore[union-attr]
+    return (str(sock[0]), int(sock[1]))
 
 
 async def make_pair(config: TransportConfig) -> tuple[Node, Node]:
@@ -80,8 +106,7 @@ async def make_pair(config: TransportConfig) -> tuple[Node, Node]:
     ida, idb = NodeIdentity.generate(), NodeIdentity.generate()
     a = await make_node(config, ida, allowed=(idb.node_id,))
     b = await make_node(config, idb, allowed=(ida.node_id,))
-    sock = b.endpoint._transport.get_extra_info("sockname")  # type: ignore[union-attr]
-    a.endpoint.address_book[idb.node_id] = (sock[0], sock[1])
+    a.endpoint.address_book[idb.node_id] = address_of(b)
     return a, b
 
 
@@ -124,7 +149,9 @@ def payload_chunks(total: int, seed: int, chunk: int = 1 << 20) -> list[bytes]:
     return out
 
 
-async def produce(node: Node, ring: FakeRing, ring_id: int, chunks: list[bytes]) -> str:
+async def produce(
+    node: Node, ring: Ring, ring_id: int, chunks: list[bytes], close: bool = True
+) -> str:
     """Worker-side egress producer: write `chunks` into `ring`, then close it."""
     digest = hashlib.sha256()
     writable = node.wake_event(ring_id)
@@ -132,23 +159,24 @@ async def produce(node: Node, ring: FakeRing, ring_id: int, chunks: list[bytes])
         digest.update(data)
         view = memoryview(data)
         while view:
-            span = ring.writable_span()
+            span = ring.writable_span(len(view))
             if not len(span):
                 writable.clear()
                 ring.clear_writable_pending()
                 if not len(ring.writable_span()):
                     await writable.wait()
                 continue
-            n = min(len(span), len(view))
-            span[:n] = view[:n]
-            ring.advance_commit(n)
+            n = len(span)
+            span[:] = view[:n]
+            del span
             view = view[n:]
-            if ring.mark_readable_pending():
+            if ring.commit_and_mark(n):
                 node.driver.ring_readable(ring_id)
         await asyncio.sleep(0)
-    ring.close_producer()
-    if ring.mark_readable_pending():
-        node.driver.ring_readable(ring_id)
+    if close:
+        ring.close_producer()
+        if ring.mark_readable_pending():
+            node.driver.ring_readable(ring_id)
     return digest.hexdigest()
 
 
@@ -157,39 +185,42 @@ class Consumer:
     """Worker-side ingress consumer: drains the ring, optionally stalling first."""
 
     node: Node
-    ring: FakeRing
+    ring: Ring
     ring_id: int
     received: int = 0
+    high_fill: int = 0
     digest: hashlib._Hash = field(default_factory=hashlib.sha256)
 
     async def drain(self, stall_s: float = 0.0, stall_after: int = 0) -> str:
         readable = self.node.wake_event(self.ring_id)
+        ring = self.ring
         stalled = False
         while True:
             if not stalled and stall_s and self.received >= stall_after:
                 stalled = True
                 await asyncio.sleep(stall_s)
-            span = self.ring.readable_span()
+            self.high_fill = max(self.high_fill, ring.commit - ring.consume)
+            span = ring.readable_span()
             if not len(span):
-                if self.ring.producer_closed() and not len(self.ring.readable_span()):
+                if ring.state is RingState.Closed and not len(ring.readable_span()):
                     return self.digest.hexdigest()
                 readable.clear()
-                self.ring.clear_readable_pending()
-                if not len(self.ring.readable_span()) and not self.ring.producer_closed():
+                ring.clear_readable_pending()
+                if not len(ring.readable_span()) and ring.state is RingState.Open:
                     await readable.wait()
                 continue
             self.digest.update(span)
             n = len(span)
-            self.ring.advance_consume(n)
+            del span
             self.received += n
-            if self.ring.mark_writable_pending():
+            if ring.consume_and_mark(n):
                 self.node.driver.ring_writable(self.ring_id)
 
 
 __all__ = [
     "Consumer",
     "Node",
-    "RingReadable",
+    "address_of",
     "fail_on_fault",
     "make_node",
     "make_pair",

@@ -15,8 +15,6 @@ import pytest
 
 from swactor.transport.config import TransportConfig
 from swactor.transport.messages import EstablishRecv, EstablishSend, StreamClosed, StreamFault
-from swactor.transport.pumps import RecvPump, SendPump
-from tests.transport.fakering import FakeRing
 from tests.transport.harness import (
     Consumer,
     Node,
@@ -40,14 +38,14 @@ class Peaks:
 
 async def _watch(a: Node, b: Node, edge: int, consumer: Consumer, peaks: Peaks) -> None:
     while True:
-        send = a.driver.pumps.get(edge)
-        recv = b.driver.pumps.get(edge)
-        if isinstance(send, SendPump) and send.link is not None and send.stream_id is not None:
+        send = a.driver.send_edges.get(edge)
+        recv = b.driver.recv_edges.get(edge)
+        if send is not None and send.link is not None and send.stream_id is not None:
             peaks.sender_buffered = max(
                 peaks.sender_buffered, send.link.quic.send_buffered(send.stream_id)
             )
             peaks.sender_ahead = max(peaks.sender_ahead, send.offset - consumer.received)
-        if isinstance(recv, RecvPump):
+        if recv is not None and recv.inbound is not None:
             peaks.receiver_held = max(
                 peaks.receiver_held, recv.inbound.link.quic.received_unconsumed()
             )
@@ -58,10 +56,11 @@ async def _watch(a: Node, b: Node, edge: int, consumer: Consumer, peaks: Peaks) 
 async def _proof(config: TransportConfig, total: int, stall_s: float) -> None:
     a, b = await make_pair(config)
     try:
-        tx, rx = FakeRing(RING), FakeRing(RING)
-        b.driver.handle(EstablishRecv(1, 2, rx))
-        a.driver.handle(EstablishSend(1, b.identity.node_id, 1, tx))
-        consumer = Consumer(b, rx, 2)
+        tx_id, tx_layout, tx = a.new_ring(RING)
+        rx_id, rx_layout, rx = b.new_ring(RING)
+        b.driver.handle(EstablishRecv(1, rx_id, rx_layout))
+        a.driver.handle(EstablishSend(1, b.identity.node_id, tx_id, tx_layout))
+        consumer = Consumer(b, rx, rx_id)
         peaks = Peaks()
         watcher = asyncio.create_task(_watch(a, b, 1, consumer, peaks))
         stall_at = total // 8
@@ -70,7 +69,7 @@ async def _proof(config: TransportConfig, total: int, stall_s: float) -> None:
             while consumer.received < stall_at:
                 await asyncio.sleep(0.01)
             await asyncio.sleep(stall_s / 2)
-            send = a.driver.pumps[1]
+            send = a.driver.send_edges[1]
             before = send.offset
             await asyncio.sleep(stall_s / 3)
             peaks.progress_during_stall = send.offset - before
@@ -79,7 +78,7 @@ async def _proof(config: TransportConfig, total: int, stall_s: float) -> None:
         sent, got = await fail_on_fault(
             (a, b),
             asyncio.gather(
-                produce(a, tx, 1, payload_chunks(total, seed=1)),
+                produce(a, tx, tx_id, payload_chunks(total, seed=1)),
                 consumer.drain(stall_s=stall_s, stall_after=stall_at),
             ),
             timeout=stall_s + total / (256 << 10) + 10,  # 256 KiB/s floor
@@ -89,12 +88,12 @@ async def _proof(config: TransportConfig, total: int, stall_s: float) -> None:
         assert got == sent and consumer.received == total
         assert await b.wait_for(StreamClosed) == StreamClosed(1, total)
         assert not a.of_type(StreamFault) and not b.of_type(StreamFault)
-        link = a.driver.pumps[1].link  # type: ignore[union-attr]
+        link = a.driver.send_edges[1].link
         assert link is not None and not link.closed, "connection died during the stall"
         assert peaks.samples > 50
         # Receiver memory: ring (bounded by construction) + at most one stream window.
         assert 0 < peaks.receiver_held <= config.stream_window
-        assert rx.high_fill == RING  # the ring really filled up
+        assert consumer.high_fill == RING  # the ring really filled up
         # Sender: unacknowledged bytes below the high-water mark.
         assert 0 < peaks.sender_buffered <= config.send_high_water
         # The sender stalled: it got at most ring + window + high-water ahead of the

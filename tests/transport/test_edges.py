@@ -7,6 +7,7 @@ import hashlib
 
 import pytest
 
+from swactor.ring import RingState
 from swactor.transport.config import EDGE_ALPN, TransportConfig
 from swactor.transport.messages import (
     DriverEdgeReady,
@@ -17,11 +18,7 @@ from swactor.transport.messages import (
     StreamClosed,
     StreamFault,
 )
-from swactor.transport.pumps import SendPump
-from swactor.wire.enums import StreamFaultReason
-from swactor.wire.ids import EdgeId
-from swactor.wire.objects import EdgePreamble
-from tests.transport.fakering import FakeRing
+from swactor.wire import EdgeId, EdgePreamble, RingFaultReason, StreamFaultReason
 from tests.transport.harness import Consumer, Node, make_pair, payload_chunks, produce
 
 FAST = TransportConfig(
@@ -35,17 +32,18 @@ pytestmark = pytest.mark.timeout(60)
 
 
 async def _transfer(a: Node, b: Node, edge: int, total: int, recv_first: bool) -> None:
-    tx, rx = FakeRing(256 << 10), FakeRing(256 << 10)
+    tx_id, tx_layout, tx = a.new_ring(256 << 10)
+    rx_id, rx_layout, rx = b.new_ring(256 << 10)
     chunks = payload_chunks(total, seed=edge)
-    send = EstablishSend(edge, b.identity.node_id, 100 + edge, tx)
-    recv = EstablishRecv(edge, 200 + edge, rx)
+    send = EstablishSend(edge, b.identity.node_id, tx_id, tx_layout)
+    recv = EstablishRecv(edge, rx_id, rx_layout)
     if recv_first:
         b.driver.handle(recv)
         a.driver.handle(send)
     else:
         b.driver.expect_recv([edge])  # provisioned, not yet established locally
         a.driver.handle(send)
-        producer = asyncio.create_task(produce(a, tx, 100 + edge, chunks))
+        producer = asyncio.create_task(produce(a, tx, tx_id, chunks))
         # The stream arrives and waits, unread, in pending_streams.
         async with asyncio.timeout(10):
             while edge not in b.driver.pending_streams:
@@ -55,9 +53,9 @@ async def _transfer(a: Node, b: Node, edge: int, total: int, recv_first: bool) -
         assert held <= FAST.stream_window, "unpaired stream got more than one window"
         assert rx.commit == 0
         b.driver.handle(recv)
-    consumer = Consumer(b, rx, 200 + edge)
+    consumer = Consumer(b, rx, rx_id)
     if recv_first:
-        sent, got = await asyncio.gather(produce(a, tx, 100 + edge, chunks), consumer.drain())
+        sent, got = await asyncio.gather(produce(a, tx, tx_id, chunks), consumer.drain())
     else:
         got = await consumer.drain()
         sent = await producer
@@ -74,7 +72,7 @@ async def test_rendezvous_in_either_order_delivers_every_byte(recv_first: bool) 
         await _transfer(a, b, 5, 3 << 20, recv_first)
         assert DriverEdgeReady(5) in a.events and DriverEdgeReady(5) in b.events
         assert not a.of_type(StreamFault) and not b.of_type(StreamFault)
-        assert PumpStopped(5, 205) in b.events
+        assert PumpStopped(5, 1) in b.events and PumpStopped(5, 1) in a.events
     finally:
         await a.close()
         await b.close()
@@ -89,11 +87,11 @@ async def test_unknown_edge_is_refused_and_reported() -> None:
     a, b = await make_pair(FAST)
     try:
         b.driver.expect_recv([1])
-        rx = FakeRing(1 << 16)
-        b.driver.handle(EstablishRecv(1, 11, rx))
-        tx = FakeRing(1 << 16)
-        a.driver.handle(EstablishSend(99, b.identity.node_id, 12, tx))
-        await produce(a, tx, 12, [b"x" * 5000])
+        rx_id, rx_layout, rx = b.new_ring(1 << 16)
+        b.driver.handle(EstablishRecv(1, rx_id, rx_layout))
+        tx_id, tx_layout, tx = a.new_ring(1 << 16)
+        a.driver.handle(EstablishSend(99, b.identity.node_id, tx_id, tx_layout))
+        await produce(a, tx, tx_id, [b"x" * 5000])
         fault = await b.wait_for(StreamFault)
         assert fault == StreamFault(99, StreamFaultReason.UnknownEdge, "edge not in active plan")
         assert rx.commit == 0 and 99 not in b.driver.pending_streams
@@ -117,8 +115,8 @@ async def test_bad_preamble_is_a_stream_fault(
 ) -> None:
     a, b = await make_pair(FAST)
     try:
-        rx = FakeRing(1 << 16)
-        b.driver.handle(EstablishRecv(3, 13, rx))
+        rx_id, rx_layout, rx = b.new_ring(1 << 16)
+        b.driver.handle(EstablishRecv(3, rx_id, rx_layout))
         link, sid = await _raw_stream(a, b)
         link.send(sid, first_bytes, end=True)  # type: ignore[attr-defined]
         fault = await b.wait_for(StreamFault)
@@ -133,14 +131,14 @@ async def test_bad_preamble_is_a_stream_fault(
 async def test_eof_mid_stream_closes_with_offset_and_keeps_bytes() -> None:
     a, b = await make_pair(FAST)
     try:
-        rx = FakeRing(1 << 16)
-        b.driver.handle(EstablishRecv(4, 14, rx))
+        rx_id, rx_layout, rx = b.new_ring(1 << 16)
+        b.driver.handle(EstablishRecv(4, rx_id, rx_layout))
         link, sid = await _raw_stream(a, b)
         body = bytes(range(256)) * 4 + b"half-an-object"
         link.send(sid, EdgePreamble(edge_id=EdgeId(4)).pack() + body, end=True)  # type: ignore[attr-defined]
         closed = await b.wait_for(StreamClosed)
         assert closed == StreamClosed(4, len(body))
-        assert rx.producer_closed() and bytes(rx.readable_span()) == body
+        assert rx.state is RingState.Closed and bytes(rx.readable_span()) == body
     finally:
         await a.close()
         await b.close()
@@ -149,8 +147,8 @@ async def test_eof_mid_stream_closes_with_offset_and_keeps_bytes() -> None:
 async def test_peer_reset_mid_stream_is_a_stream_fault() -> None:
     a, b = await make_pair(FAST)
     try:
-        rx = FakeRing(1 << 16)
-        b.driver.handle(EstablishRecv(6, 16, rx))
+        rx_id, rx_layout, rx = b.new_ring(1 << 16)
+        b.driver.handle(EstablishRecv(6, rx_id, rx_layout))
         link, sid = await _raw_stream(a, b)
         link.send(sid, EdgePreamble(edge_id=EdgeId(6)).pack() + b"abc")  # type: ignore[attr-defined]
         async with asyncio.timeout(5):
@@ -170,26 +168,26 @@ async def test_several_edges_share_one_connection_and_one_stall_blocks_no_other(
     a, b = await make_pair(FAST)
     try:
         total = 2 << 20
-        rings = {edge: (FakeRing(128 << 10), FakeRing(128 << 10)) for edge in (21, 22, 23)}
-        for edge, (tx, rx) in rings.items():
-            b.driver.handle(EstablishRecv(edge, 200 + edge, rx))
-            a.driver.handle(EstablishSend(edge, b.identity.node_id, 100 + edge, tx))
+        rings = {edge: (a.new_ring(128 << 10), b.new_ring(128 << 10)) for edge in (21, 22, 23)}
+        for edge, ((tx_id, tx_layout, _), (rx_id, rx_layout, _)) in rings.items():
+            b.driver.handle(EstablishRecv(edge, rx_id, rx_layout))
+            a.driver.handle(EstablishSend(edge, b.identity.node_id, tx_id, tx_layout))
         producers = {
-            edge: asyncio.create_task(produce(a, tx, 100 + edge, payload_chunks(total, edge)))
+            edge: asyncio.create_task(produce(a, tx[2], tx[0], payload_chunks(total, edge)))
             for edge, (tx, _) in rings.items()
         }
-        flowing = [Consumer(b, rings[edge][1], 200 + edge) for edge in (21, 22)]
+        flowing = [Consumer(b, rings[edge][1][2], rings[edge][1][0]) for edge in (21, 22)]
         digests = await asyncio.gather(*(c.drain() for c in flowing))
         for consumer, edge, digest in zip(flowing, (21, 22), digests, strict=True):
             assert consumer.received == total
             assert digest == await producers[edge]
-        stalled_rx = rings[23][1]
+        stalled_id, _, stalled_rx = rings[23][1]
         assert stalled_rx.commit == stalled_rx.capacity  # ring full, nobody drains it
         assert not producers[23].done()
-        links = {pump.link for pump in a.driver.pumps.values() if isinstance(pump, SendPump)}
-        assert len(links) == 1
+        links = {send.link for send in a.driver.send_edges.values()}
+        assert len(links) == 1 and None not in links
         # Now drain the stalled edge: it completes too.
-        late = Consumer(b, stalled_rx, 223)
+        late = Consumer(b, stalled_rx, stalled_id)
         assert await late.drain() == await producers[23]
         assert late.received == total
     finally:
@@ -200,17 +198,20 @@ async def test_several_edges_share_one_connection_and_one_stall_blocks_no_other(
 async def test_stop_edge_stops_the_pump_with_pump_stopped() -> None:
     a, b = await make_pair(FAST)
     try:
-        tx, rx = FakeRing(1 << 16), FakeRing(1 << 16)
-        b.driver.handle(EstablishRecv(8, 18, rx))
-        a.driver.handle(EstablishSend(8, b.identity.node_id, 17, tx))
-        producer = asyncio.create_task(produce(a, tx, 17, payload_chunks(1 << 20, 8)))
+        tx_id, tx_layout, tx = a.new_ring(1 << 16)
+        rx_id, rx_layout, rx = b.new_ring(1 << 16)
+        b.driver.handle(EstablishRecv(8, rx_id, rx_layout))
+        a.driver.handle(EstablishSend(8, b.identity.node_id, tx_id, tx_layout))
+        producer = asyncio.create_task(produce(a, tx, tx_id, payload_chunks(1 << 20, 8)))
         async with asyncio.timeout(5):
             while rx.commit < rx.capacity:
                 await asyncio.sleep(0.01)
         a.driver.handle(StopEdge(8))
         b.driver.handle(StopEdge(8))
-        assert await a.wait_for(PumpStopped) == PumpStopped(8, 17)
-        assert await b.wait_for(PumpStopped) == PumpStopped(8, 18)
+        assert await a.wait_for(PumpStopped) == PumpStopped(8, tx_id)
+        assert await b.wait_for(PumpStopped) == PumpStopped(8, rx_id)
+        b.driver.handle(StopEdge(77))  # never established: answered directly
+        assert PumpStopped(77, None) in b.events
         producer.cancel()
     finally:
         await a.close()
@@ -221,3 +222,49 @@ def test_digest_helper_is_not_trivial() -> None:
     assert hashlib.sha256(b"".join(payload_chunks(3000, 1, 1000))).hexdigest() != hashlib.sha256(
         b"".join(payload_chunks(3000, 2, 1000))
     ).hexdigest()
+
+
+async def test_ring_fault_stops_the_recv_pump_with_pump_failed() -> None:
+    a, b = await make_pair(FAST)
+    try:
+        tx_id, tx_layout, tx = a.new_ring(1 << 16)
+        rx_id, rx_layout, rx = b.new_ring(1 << 16)
+        b.driver.handle(EstablishRecv(9, rx_id, rx_layout))
+        a.driver.handle(EstablishSend(9, b.identity.node_id, tx_id, tx_layout))
+        producer = asyncio.create_task(produce(a, tx, tx_id, payload_chunks(1 << 20, 9)))
+        async with asyncio.timeout(5):
+            while rx.commit < rx.capacity:
+                await asyncio.sleep(0.01)
+        # The worker dies: its watcher faults the ring and wakes the pump.
+        assert rx.fault(RingFaultReason.WorkerProcessExited)
+        b.driver.ring_writable(rx_id)
+        fault = await b.wait_for(StreamFault)
+        assert isinstance(fault, StreamFault)
+        assert (fault.edge_id, fault.reason) == (9, StreamFaultReason.PumpFailed)
+        assert await b.wait_for(PumpStopped) == PumpStopped(9, rx_id)
+        producer.cancel()
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_second_stream_for_a_live_edge_faults_it() -> None:
+    a, b = await make_pair(FAST)
+    try:
+        rx_id, rx_layout, rx = b.new_ring(1 << 16)
+        b.driver.handle(EstablishRecv(10, rx_id, rx_layout))
+        link, first = await _raw_stream(a, b)
+        preamble = EdgePreamble(edge_id=EdgeId(10)).pack()
+        link.send(first, preamble + b"one")  # type: ignore[attr-defined]
+        async with asyncio.timeout(5):
+            while rx.commit < 3:
+                await asyncio.sleep(0.01)
+        second = link.open_uni_stream()  # type: ignore[attr-defined]
+        link.send(second, preamble + b"two")  # type: ignore[attr-defined]
+        fault = await b.wait_for(StreamFault)
+        assert isinstance(fault, StreamFault)
+        assert (fault.edge_id, fault.reason) == (10, StreamFaultReason.DuplicateStream)
+        assert bytes(rx.readable_span()) == b"one"
+    finally:
+        await a.close()
+        await b.close()

@@ -6,14 +6,14 @@ import asyncio
 
 import pytest
 
+from swactor.ring import Ring
 from swactor.transport.config import EDGE_ALPN, TransportConfig
 from swactor.transport.endpoint import PEER_REJECTED_CODE, PeerRefused, QuicEndpoint
 from swactor.transport.errors import PeerRejectedError, TransportConfigError
 from swactor.transport.identity import NodeIdentity
 from swactor.transport.messages import EstablishRecv, EstablishSend, StreamFault
 from swactor.wire.enums import StreamFaultReason
-from tests.transport.fakering import FakeRing
-from tests.transport.harness import Node, make_node, produce
+from tests.transport.harness import Node, address_of, make_node, produce
 
 CONFIG = TransportConfig(max_datagram_size=16383, handshake_timeout=5.0)
 pytestmark = pytest.mark.timeout(60)
@@ -30,27 +30,22 @@ class NoClientCertConfig(TransportConfig):
         return config
 
 
-def _addr(node: Node) -> tuple[str, int]:
-    sock = node.endpoint._transport.get_extra_info("sockname")  # type: ignore[union-attr]
-    return (sock[0], sock[1])
+_addr = address_of
 
 
-async def _receiver(allowed: tuple[int, ...]) -> tuple[Node, FakeRing]:
+async def _receiver(allowed: tuple[int, ...]) -> tuple[Node, Ring]:
     b = await make_node(CONFIG, allowed=allowed)
-    ring = FakeRing(1 << 16)
-    b.driver.handle(EstablishRecv(1, 10, ring))
+    ring_id, layout, ring = b.new_ring(1 << 16)
+    b.driver.handle(EstablishRecv(1, ring_id, layout))
     return b, ring
 
 
 async def _send_from(a: Node, b: Node, rx_node_id: int) -> None:
     a.endpoint.address_book[rx_node_id] = _addr(b)
-    tx = FakeRing(1 << 16)
-    a.driver.handle(EstablishSend(1, rx_node_id, 20, tx))
-    data = b"secret" * 1000
-    tx.writable_span()[: len(data)] = data
-    tx.advance_commit(len(data))  # the producer stays open: the edge is live
-    if tx.mark_readable_pending():
-        a.driver.ring_readable(20)
+    tx_id, layout, tx = a.new_ring(1 << 16)
+    a.driver.handle(EstablishSend(1, rx_node_id, tx_id, layout))
+    # The producer stays open: the edge is live when the refusal comes.
+    await produce(a, tx, tx_id, [b"secret" * 1000], close=False)
     await a.wait_for(StreamFault)
 
 
@@ -143,9 +138,9 @@ async def test_allowed_client_gets_through() -> None:
     b, ring = await _receiver(allowed=(a.identity.node_id,))
     try:
         a.endpoint.address_book[b.identity.node_id] = _addr(b)
-        tx = FakeRing(1 << 16)
-        a.driver.handle(EstablishSend(1, b.identity.node_id, 20, tx))
-        await produce(a, tx, 20, [b"hello" * 100])
+        tx_id, layout, tx = a.new_ring(1 << 16)
+        a.driver.handle(EstablishSend(1, b.identity.node_id, tx_id, layout))
+        await produce(a, tx, tx_id, [b"hello" * 100])
         async with asyncio.timeout(5):
             while ring.commit < 500:
                 await asyncio.sleep(0.01)

@@ -1,0 +1,198 @@
+"""`RecvEdge`: the receive half of one edge, bound to the generated `recv_pump` machine.
+
+Theory of operation
+-------------------
+The machine (`fsm/recv_pump.yaml`, spec §25) decides; this binding observes and carries
+out effects. It feeds the machine:
+
+* `EstablishRecv` (the driver got the local receive spec and opened the ring) and
+  `StreamArrived` (the demux read a preamble naming this edge) — in either order; the
+  machine answers `StartPump` once both halves are here;
+* from the pump loop: `RingFull` (no writable span), `RingWritable` (the binding's own
+  re-check found space after clearing the pending bit), `StreamEof` (FIN and every byte
+  committed), `RingFault` (the ring is Faulted or refused an advance);
+* from the driver: `RingWritable` wake hints, `StreamError` (peer reset, connection lost,
+  idle timeout) and `StopEdge`.
+
+Effects: `DriverEdgeReady`, `StreamClosed`, `StreamFault`, `PumpStopped` become driver
+events; `StartPump` starts the pump task; `ResumeReading` wakes it; `StopReading` sends
+STOP_SENDING and cancels it; `CloseRingProducer` closes the ring's producer side (EOF for
+the worker's parser). After `PumpStopped` the task never touches the ring again; the
+ring handle is closed once the task has finished.
+
+The pump loop (hot path, byte-blind): copy buffered stream bytes into the ring's writable
+span, `commit_and_mark` (one native call; send `RingReadable` only when the pending bit
+was clear), credit QUIC with exactly the bytes copied. Ring full: clear the wake event,
+feed `RingFull`, clear the writable pending bit, re-check, then sleep until a wake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from swactor.fsm.generated import recv_pump as fsm
+from swactor.ring import Ring, RingError, RingState
+from swactor.transport.inbound import InboundStream
+from swactor.transport.messages import (
+    DriverEdgeReady,
+    PumpStopped,
+    RingReadable,
+    StreamClosed,
+    StreamFault,
+)
+from swactor.transport.sinks import EmitEvent, EmitWake
+from swactor.wire import EdgeId, RingFaultReason, RingId, RingLayout, StreamFaultReason
+
+_TERMINAL = frozenset({fsm.State.Closed, fsm.State.Faulted})
+
+
+class _NoGuards:
+    """recv_pump declares no guards."""
+
+
+class RecvEdge:
+    """One edge's receive side: machine, ring handle, inbound stream, pump task."""
+
+    def __init__(self, edge_id: int, emit: EmitEvent, wake: EmitWake) -> None:
+        self.edge_id = edge_id
+        self.machine = fsm.RecvPumpMachine(_NoGuards(), edge_id=EdgeId(edge_id), ring_id=None)
+        self.ring: Ring | None = None
+        self.ring_id: int | None = None
+        self.inbound: InboundStream | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.offset = 0
+        self._emit = emit
+        self._wake = wake
+        self._writable = asyncio.Event()
+        self._detail = ""
+        self._queue: deque[fsm.Event] = deque()
+        self._feeding = False
+
+    @property
+    def finished(self) -> bool:
+        return self.machine.state in _TERMINAL
+
+    # -- events in ------------------------------------------------------------------
+
+    def establish(self, ring_id: int, layout: RingLayout, ring: Ring) -> None:
+        self.ring, self.ring_id = ring, ring_id
+        self.feed(fsm.EstablishRecv(EdgeId(self.edge_id), RingId(ring_id), layout))
+
+    def stream_arrived(self, inbound: InboundStream) -> None:
+        if self.inbound is None:
+            self.inbound = inbound
+        else:
+            inbound.stop()  # the duplicate itself is never read
+            self._detail = f"second stream {inbound.stream_id} for the edge"
+        self.feed(fsm.StreamArrived(EdgeId(self.edge_id)))
+
+    def ring_writable(self) -> None:
+        if self.ring_id is not None:
+            self.feed(fsm.RingWritable(RingId(self.ring_id)))
+
+    def stream_failed(self, reason: StreamFaultReason, detail: str) -> None:
+        self._detail = detail
+        self.feed(fsm.StreamError(reason))
+
+    def stop(self) -> None:
+        self.feed(fsm.StopEdge(EdgeId(self.edge_id)))
+
+    def feed(self, event: fsm.Event) -> None:
+        """Apply `event`; effects may feed more events, which queue behind it."""
+        self._queue.append(event)
+        if self._feeding:
+            return
+        self._feeding = True
+        try:
+            while self._queue:
+                for effect in self.machine.handle(self._queue.popleft()):
+                    self._carry_out(effect)
+        finally:
+            self._feeding = False
+
+    # -- effects --------------------------------------------------------------------
+
+    def _carry_out(self, effect: fsm.Effect) -> None:
+        if isinstance(effect, fsm.DriverEdgeReady):
+            self._emit(DriverEdgeReady(self.edge_id))
+        elif isinstance(effect, fsm.StartPump):
+            self.task = asyncio.get_running_loop().create_task(
+                self._pump(), name=f"recv-pump-{self.edge_id}"
+            )
+        elif isinstance(effect, fsm.ResumeReading):
+            self._writable.set()
+        elif isinstance(effect, fsm.StopReading):
+            if self.inbound is not None:
+                self.inbound.stop()
+            self._cancel_task()
+        elif isinstance(effect, fsm.CloseRingProducer):
+            assert self.ring is not None and self.ring_id is not None
+            self.ring.close_producer()
+            if self.ring.mark_readable_pending():
+                self._wake(RingReadable(self.ring_id))
+        elif isinstance(effect, fsm.StreamClosed):
+            self._emit(StreamClosed(self.edge_id, self.offset))
+        elif isinstance(effect, fsm.StreamFault):
+            self._emit(StreamFault(self.edge_id, effect.reason, self._detail))
+        elif isinstance(effect, fsm.PumpStopped):
+            self._cancel_task()
+            self._emit(PumpStopped(self.edge_id, self.ring_id))
+            self._release_ring()
+        else:
+            raise AssertionError(f"recv_pump effect without a binding: {effect!r}")
+
+    def _cancel_task(self) -> None:
+        task = self.task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    def _release_ring(self) -> None:
+        ring, task = self.ring, self.task
+        if ring is None:
+            return
+        if task is None or task.done() or task is asyncio.current_task():
+            ring.close()
+        else:
+            task.add_done_callback(lambda _: ring.close())
+
+    # -- the pump (hot path) ----------------------------------------------------------
+
+    async def _pump(self) -> None:
+        ring, inbound, ring_id = self.ring, self.inbound, self.ring_id
+        assert ring is not None and inbound is not None and ring_id is not None
+        link, stream_id, writable = inbound.link, inbound.stream_id, self._writable
+        try:
+            while self.machine.state is fsm.State.Streaming:
+                if inbound.buffered:
+                    span = ring.writable_span()
+                    if not len(span):
+                        if ring.state is not RingState.Open:
+                            self._ring_fault(ring)
+                            return
+                        writable.clear()
+                        self.feed(fsm.RingFull())
+                        ring.clear_writable_pending()
+                        if len(ring.writable_span()):
+                            self.feed(fsm.RingWritable(RingId(ring_id)))
+                        await writable.wait()
+                        continue
+                    moved = inbound.read_into(span)
+                    del span
+                    if ring.commit_and_mark(moved):
+                        self._wake(RingReadable(ring_id))
+                    self.offset += moved
+                    link.consume(stream_id, moved)
+                elif inbound.eof:
+                    self.feed(fsm.StreamEof())
+                else:
+                    inbound.changed.clear()
+                    await inbound.changed.wait()
+        except RingError as exc:
+            self._detail = str(exc)
+            self.feed(fsm.RingFault(RingId(ring_id), exc.reason))
+
+    def _ring_fault(self, ring: Ring) -> None:
+        reason = ring.fault_reason or RingFaultReason.RingStateInvalid
+        self._detail = f"ring {self.ring_id} is {ring.state.name}"
+        self.feed(fsm.RingFault(RingId(self.ring_id or 0), reason))

@@ -1,0 +1,296 @@
+"""`SendEdge`: the send half of one edge, bound to the generated `send_pump` machine.
+
+Theory of operation
+-------------------
+The machine (`fsm/send_pump.yaml`, spec §25) decides; this binding observes and carries
+out effects:
+
+* `EnsureConnection` -> a task obtains the verified cached `swactor/edge/1` link to the
+  consumer node and feeds `ConnectionReady` (or `TransportFailed(reason)`);
+* `CheckRing` -> look at the egress ring: bytes -> feed `RingReadable`; producer closed and
+  empty -> `ProducerClosed`; else clear the readable pending bit, re-check, and otherwise
+  wait for a wake hint (the driver feeds it);
+* `OpenUniStream` -> open the edge's one uni-stream, write the 16-byte `EdgePreamble`,
+  feed `StreamOpened`;
+* `DrainRing` -> wake the drain task; `FinishStream` -> FIN; `ResetStream` -> RESET;
+* `DriverEdgeReady`, `StreamClosed`, `StreamFault`, `PumpStopped` -> driver events.
+
+Drain task (hot path, byte-blind): write at most (high-water - unacknowledged bytes) of
+the readable span to the stream, `consume_and_mark` (send `RingWritable` only when the
+pending bit was clear). At the high-water mark it feeds `WriteBlocked`, waits for link
+progress (ACKs), feeds `WriteProgress`. An empty ring: producer closed -> feed
+`ProducerClosed`; otherwise clear the pending bit, re-check, sleep until `DrainRing`.
+A closed link feeds `TransportFailed` with `ConnectionLost` or `IdleTimeout`.
+
+A wake hint in `WaitingForBytes` is observed through the `CheckRing` logic (so a
+producer that closes without writing yields `ProducerClosed`, no stream); in `Streaming`
+it is fed as `RingReadable` (-> `DrainRing`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from swactor.fsm.generated import send_pump as fsm
+from swactor.ring import Ring, RingError, RingState
+from swactor.transport.config import EDGE_ALPN
+from swactor.transport.endpoint import QuicEndpoint, QuicLink
+from swactor.transport.errors import ConnectionLostError, PeerRejectedError, TransportError
+from swactor.transport.inbound import lost_reason
+from swactor.transport.messages import (
+    DriverEdgeReady,
+    PumpStopped,
+    RingWritable,
+    StreamClosed,
+    StreamFault,
+)
+from swactor.transport.sinks import EmitEvent, EmitWake
+from swactor.wire import EdgeId, EdgePreamble, NodeId, RingFaultReason, RingId, StreamFaultReason
+
+_TERMINAL = frozenset({fsm.State.Closed, fsm.State.Faulted})
+
+
+class _NoGuards:
+    """send_pump declares no guards."""
+
+
+class SendEdge:
+    """One edge's send side: machine, ring handle, link, stream, drain task."""
+
+    def __init__(
+        self,
+        endpoint: QuicEndpoint,
+        edge_id: int,
+        rx_node_id: int,
+        ring_id: int,
+        ring: Ring,
+        emit: EmitEvent,
+        wake: EmitWake,
+    ) -> None:
+        self.endpoint = endpoint
+        self.edge_id = edge_id
+        self.rx_node_id = rx_node_id
+        self.ring_id = ring_id
+        self.ring = ring
+        self.machine = fsm.SendPumpMachine(
+            _NoGuards(), edge_id=EdgeId(edge_id), ring_id=RingId(ring_id)
+        )
+        self.link: QuicLink | None = None
+        self.stream_id: int | None = None
+        self.offset = 0
+        self._emit = emit
+        self._wake = wake
+        self._high_water = endpoint.config.send_high_water
+        self._kick = asyncio.Event()
+        self._draining = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._detail = ""
+        self._queue: deque[fsm.Event] = deque()
+        self._feeding = False
+
+    @property
+    def finished(self) -> bool:
+        return self.machine.state in _TERMINAL
+
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return self._tasks
+
+    # -- events in ------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.feed(
+            fsm.EstablishSend(EdgeId(self.edge_id), NodeId(self.rx_node_id), RingId(self.ring_id))
+        )
+
+    def ring_readable(self) -> None:
+        state = self.machine.state
+        if state is fsm.State.WaitingForBytes:
+            self._check_ring()
+        elif state is fsm.State.Streaming:
+            self.feed(fsm.RingReadable(RingId(self.ring_id)))
+
+    def link_lost(self, detail: str) -> None:
+        self._fail(lost_reason(detail), detail)
+
+    def stop(self) -> None:
+        self.feed(fsm.StopEdge(EdgeId(self.edge_id)))
+
+    def feed(self, event: fsm.Event) -> None:
+        """Apply `event`; effects may feed more events, which queue behind it."""
+        self._queue.append(event)
+        if self._feeding:
+            return
+        self._feeding = True
+        try:
+            while self._queue:
+                for effect in self.machine.handle(self._queue.popleft()):
+                    self._carry_out(effect)
+        finally:
+            self._feeding = False
+
+    def _fail(self, reason: StreamFaultReason, detail: str) -> None:
+        self._detail = detail
+        self.feed(fsm.TransportFailed(reason))
+
+    # -- effects --------------------------------------------------------------------
+
+    def _carry_out(self, effect: fsm.Effect) -> None:
+        if isinstance(effect, fsm.EnsureConnection):
+            self._spawn(self._connect(), "connect")
+        elif isinstance(effect, fsm.DriverEdgeReady):
+            self._emit(DriverEdgeReady(self.edge_id))
+        elif isinstance(effect, fsm.CheckRing):
+            self._check_ring()
+        elif isinstance(effect, fsm.OpenUniStream):
+            self._open_stream()
+        elif isinstance(effect, fsm.DrainRing):
+            self._kick.set()
+            if not self._draining:
+                self._draining = True
+                self._spawn(self._drain(), "drain")
+        elif isinstance(effect, fsm.FinishStream):
+            if self.link is not None and self.stream_id is not None:
+                self.link.send(self.stream_id, b"", end=True)
+        elif isinstance(effect, fsm.ResetStream):
+            if self.link is not None and self.stream_id is not None:
+                self.link.reset_stream(self.stream_id)
+        elif isinstance(effect, fsm.StreamClosed):
+            self._emit(StreamClosed(self.edge_id, self.offset))
+        elif isinstance(effect, fsm.StreamFault):
+            self._emit(StreamFault(self.edge_id, effect.reason, self._detail))
+        elif isinstance(effect, fsm.PumpStopped):
+            current = asyncio.current_task()
+            for task in self._tasks:
+                if task is not current:
+                    task.cancel()
+            self._emit(PumpStopped(self.edge_id, self.ring_id))
+            self._release_ring()
+        else:
+            raise AssertionError(f"send_pump effect without a binding: {effect!r}")
+
+    def _spawn(self, coro: object, what: str) -> None:
+        assert asyncio.iscoroutine(coro)
+        task = asyncio.get_running_loop().create_task(coro, name=f"send-{what}-{self.edge_id}")
+        self._tasks.append(task)
+
+    def _release_ring(self) -> None:
+        ring = self.ring
+        pending = [t for t in self._tasks if not t.done() and t is not asyncio.current_task()]
+        if not pending:
+            ring.close()
+            return
+        remaining = len(pending)
+
+        def one_done(_: object) -> None:
+            nonlocal remaining
+            remaining -= 1
+            if remaining == 0:
+                ring.close()
+
+        for task in pending:
+            task.add_done_callback(one_done)
+
+    def _check_ring(self) -> None:
+        ring = self.ring
+        try:
+            if len(ring.readable_span()):
+                self.feed(fsm.RingReadable(RingId(self.ring_id)))
+                return
+            ring.clear_readable_pending()
+            if len(ring.readable_span()):
+                self.feed(fsm.RingReadable(RingId(self.ring_id)))
+            elif ring.state is RingState.Closed:
+                self.feed(fsm.ProducerClosed())
+            elif ring.state is RingState.Faulted:
+                self._ring_fault()
+        except RingError as exc:
+            self._detail = str(exc)
+            self.feed(fsm.RingFault(RingId(self.ring_id), exc.reason))
+
+    def _ring_fault(self) -> None:
+        reason = self.ring.fault_reason or RingFaultReason.RingStateInvalid
+        self._detail = f"ring {self.ring_id} faulted"
+        self.feed(fsm.RingFault(RingId(self.ring_id), reason))
+
+    def _open_stream(self) -> None:
+        link = self.link
+        assert link is not None
+        try:
+            stream_id = link.open_uni_stream()
+            link.send(stream_id, EdgePreamble(edge_id=EdgeId(self.edge_id)).pack())
+        except ConnectionLostError as exc:
+            self._fail(lost_reason(str(exc)), str(exc))
+            return
+        self.stream_id = stream_id
+        self.feed(fsm.StreamOpened())
+
+    # -- tasks ----------------------------------------------------------------------
+
+    async def _connect(self) -> None:
+        try:
+            self.link = await self.endpoint.connect(self.rx_node_id, EDGE_ALPN)
+        except PeerRejectedError as exc:
+            self._fail(StreamFaultReason.PeerNotAllowed, str(exc))
+        except ConnectionLostError as exc:
+            self._fail(StreamFaultReason.HandshakeFailed, str(exc))
+        except (TransportError, OSError) as exc:
+            self._fail(StreamFaultReason.ConnectionLost, str(exc))
+        else:
+            self.feed(fsm.ConnectionReady())
+
+    async def _drain(self) -> None:
+        ring, link, kick = self.ring, self.link, self._kick
+        stream_id = self.stream_id
+        assert link is not None and stream_id is not None
+        quic, high_water, ring_id = link.quic, self._high_water, self.ring_id
+        try:
+            while not self.finished:
+                await kick.wait()
+                kick.clear()
+                while self.machine.state is fsm.State.Streaming:
+                    if link.closed:
+                        self.link_lost(link.close_reason)
+                        return
+                    span = ring.readable_span()
+                    if not len(span):
+                        state = ring.state
+                        if state is RingState.Open:
+                            ring.clear_readable_pending()
+                            if len(ring.readable_span()):
+                                continue
+                            break  # sleep until DrainRing
+                        if state is RingState.Closed:
+                            if not len(ring.readable_span()):
+                                self.feed(fsm.ProducerClosed())
+                            continue
+                        self._ring_fault()
+                        return
+                    room = high_water - quic.send_buffered(stream_id)
+                    if room <= 0:
+                        del span
+                        self.feed(fsm.WriteBlocked())
+                        link.progress.clear()
+                        await link.progress.wait()
+                        if link.closed:
+                            self.link_lost(link.close_reason)
+                            return
+                        self.feed(fsm.WriteProgress())
+                        continue
+                    moved = min(len(span), room)
+                    try:
+                        link.send(stream_id, span[:moved])
+                    except RuntimeError as exc:
+                        # aioquic refuses writes to a stream the peer stopped.
+                        self._fail(StreamFaultReason.PeerReset, str(exc))
+                        return
+                    del span
+                    self.offset += moved
+                    if ring.consume_and_mark(moved):
+                        self._wake(RingWritable(ring_id))
+        except RingError as exc:
+            self._detail = str(exc)
+            self.feed(fsm.RingFault(RingId(ring_id), exc.reason))
+        except ConnectionLostError as exc:
+            self.link_lost(str(exc))
