@@ -21,83 +21,160 @@ Usage::
     hit = await wait_for_event(sink, 5.0, event="object_loaded", run_id=1, sequence=0)
 
 Payload bytes never go into an event: bytes and memoryview values are rejected.
+
+Names are loaded on first use (PEP 562), so that `swactor --help`, which imports this
+package for `register`, does not pay for the schema and `swactor.wire`.
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from swactor.events.emitter import (
-    Emitter,
-    Sink,
-    add_event_arguments,
-    configure,
-    configure_from_args,
-    default_emitter,
-    emit,
-    set_default_emitter,
-)
-from swactor.events.schema import (
-    CAUSE_ENUMS,
-    EVENT_CLASSES,
-    FAULT_EVENTS,
-    IDENTITY_TYPES,
-    REQUIRED_FIELDS,
-    REQUIRED_IDENTITIES,
-    SCHEMA_VERSION,
-    EdgeProvisionStarted,
-    EdgeReady,
-    Emitted,
-    EventName,
-    EventSchemaError,
-    ExecuteStepStarted,
-    FaultEvent,
-    LifecycleEvent,
-    NodeAvailable,
-    NodeFaulted,
-    NodeStarted,
-    ObjectLoaded,
-    ObjectProduced,
-    PoolReady,
-    PromptInjected,
-    ReadinessBarrierPassed,
-    RunCompleted,
-    RunFaulted,
-    RunPlanned,
-    RunTornDown,
-    SchemaProblem,
-    StageProvisionStarted,
-    StageReady,
-    StageStopped,
-    StepCompleted,
-    StopRunSent,
-    TokenReceived,
-    WeightsDownloaded,
-    WeightsDownloadStarted,
-    WeightsLoaded,
-    from_json,
-    validate_line,
-)
-from swactor.events.sinks import EVENT_LEVELS, JsonlSink, MemorySink, StderrSink, human_line
-from swactor.events.wait import EventSource, EventTimeout, JsonlFollower, wait_for_event
+from swactor.events.command import register
+
+if TYPE_CHECKING:
+    from swactor.events.emitter import (
+        Emitter,
+        Sink,
+        add_event_arguments,
+        configure,
+        configure_from_args,
+        default_emitter,
+        emit,
+        set_default_emitter,
+    )
+    from swactor.events.names import (
+        EventName,
+    )
+    from swactor.events.schema import (
+        CAUSE_ENUMS,
+        EVENT_CLASSES,
+        FAULT_EVENTS,
+        IDENTITY_TYPES,
+        REQUIRED_FIELDS,
+        REQUIRED_IDENTITIES,
+        SCHEMA_VERSION,
+        EdgeProvisionStarted,
+        EdgeReady,
+        Emitted,
+        EventSchemaError,
+        ExecuteStepStarted,
+        FaultEvent,
+        LifecycleEvent,
+        NodeAvailable,
+        NodeFaulted,
+        NodeStarted,
+        ObjectLoaded,
+        ObjectProduced,
+        PoolReady,
+        PromptInjected,
+        ReadinessBarrierPassed,
+        RunCompleted,
+        RunFaulted,
+        RunPlanned,
+        RunTornDown,
+        SchemaProblem,
+        StageProvisionStarted,
+        StageReady,
+        StageStopped,
+        StepCompleted,
+        StopRunSent,
+        TokenReceived,
+        WeightsDownloaded,
+        WeightsDownloadStarted,
+        WeightsLoaded,
+        from_json,
+        validate_line,
+    )
+    from swactor.events.sinks import (
+        EVENT_LEVELS,
+        JsonlSink,
+        MemorySink,
+        StderrSink,
+        human_line,
+    )
+    from swactor.events.wait import (
+        EventSource,
+        EventTimeout,
+        JsonlFollower,
+        wait_for_event,
+    )
+
+_MODULE_OF: dict[str, str] = {
+    "Emitter": "swactor.events.emitter",
+    "Sink": "swactor.events.emitter",
+    "add_event_arguments": "swactor.events.emitter",
+    "configure": "swactor.events.emitter",
+    "configure_from_args": "swactor.events.emitter",
+    "default_emitter": "swactor.events.emitter",
+    "emit": "swactor.events.emitter",
+    "set_default_emitter": "swactor.events.emitter",
+    "EventName": "swactor.events.names",
+    "CAUSE_ENUMS": "swactor.events.schema",
+    "EVENT_CLASSES": "swactor.events.schema",
+    "EdgeProvisionStarted": "swactor.events.schema",
+    "EdgeReady": "swactor.events.schema",
+    "Emitted": "swactor.events.schema",
+    "EventSchemaError": "swactor.events.schema",
+    "ExecuteStepStarted": "swactor.events.schema",
+    "FAULT_EVENTS": "swactor.events.schema",
+    "FaultEvent": "swactor.events.schema",
+    "IDENTITY_TYPES": "swactor.events.schema",
+    "LifecycleEvent": "swactor.events.schema",
+    "NodeAvailable": "swactor.events.schema",
+    "NodeFaulted": "swactor.events.schema",
+    "NodeStarted": "swactor.events.schema",
+    "ObjectLoaded": "swactor.events.schema",
+    "ObjectProduced": "swactor.events.schema",
+    "PoolReady": "swactor.events.schema",
+    "PromptInjected": "swactor.events.schema",
+    "REQUIRED_FIELDS": "swactor.events.schema",
+    "REQUIRED_IDENTITIES": "swactor.events.schema",
+    "ReadinessBarrierPassed": "swactor.events.schema",
+    "RunCompleted": "swactor.events.schema",
+    "RunFaulted": "swactor.events.schema",
+    "RunPlanned": "swactor.events.schema",
+    "RunTornDown": "swactor.events.schema",
+    "SCHEMA_VERSION": "swactor.events.schema",
+    "SchemaProblem": "swactor.events.schema",
+    "StageProvisionStarted": "swactor.events.schema",
+    "StageReady": "swactor.events.schema",
+    "StageStopped": "swactor.events.schema",
+    "StepCompleted": "swactor.events.schema",
+    "StopRunSent": "swactor.events.schema",
+    "TokenReceived": "swactor.events.schema",
+    "WeightsDownloadStarted": "swactor.events.schema",
+    "WeightsDownloaded": "swactor.events.schema",
+    "WeightsLoaded": "swactor.events.schema",
+    "from_json": "swactor.events.schema",
+    "validate_line": "swactor.events.schema",
+    "EVENT_LEVELS": "swactor.events.sinks",
+    "JsonlSink": "swactor.events.sinks",
+    "MemorySink": "swactor.events.sinks",
+    "StderrSink": "swactor.events.sinks",
+    "human_line": "swactor.events.sinks",
+    "EventSource": "swactor.events.wait",
+    "EventTimeout": "swactor.events.wait",
+    "JsonlFollower": "swactor.events.wait",
+    "wait_for_event": "swactor.events.wait",
+}
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the `swactor events` subcommand (see `swactor.events.cli`)."""
-    from swactor.events.cli import register as register_cli
 
-    register_cli(subparsers)
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'swactor.events' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
 __all__ = [
     "CAUSE_ENUMS",
     "EVENT_CLASSES",
     "EVENT_LEVELS",
-    "FAULT_EVENTS",
-    "IDENTITY_TYPES",
-    "REQUIRED_FIELDS",
-    "REQUIRED_IDENTITIES",
-    "SCHEMA_VERSION",
     "EdgeProvisionStarted",
     "EdgeReady",
     "Emitted",
@@ -107,7 +184,9 @@ __all__ = [
     "EventSource",
     "EventTimeout",
     "ExecuteStepStarted",
+    "FAULT_EVENTS",
     "FaultEvent",
+    "IDENTITY_TYPES",
     "JsonlFollower",
     "JsonlSink",
     "LifecycleEvent",
@@ -119,11 +198,14 @@ __all__ = [
     "ObjectProduced",
     "PoolReady",
     "PromptInjected",
+    "REQUIRED_FIELDS",
+    "REQUIRED_IDENTITIES",
     "ReadinessBarrierPassed",
     "RunCompleted",
     "RunFaulted",
     "RunPlanned",
     "RunTornDown",
+    "SCHEMA_VERSION",
     "SchemaProblem",
     "Sink",
     "StageProvisionStarted",

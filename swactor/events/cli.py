@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO
 
-from swactor.events.schema import Emitted, EventName, EventSchemaError, validate_line
+from swactor.events.schema import Emitted, EventSchemaError, validate_line
 from swactor.events.sinks import describe, format_wall
 
 
@@ -101,22 +101,3 @@ def run(args: argparse.Namespace) -> int:
     else:
         write_table(merged, sys.stdout)
     return 0
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "events",
-        help="merge and filter lifecycle event files (JSON Lines) from several processes",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
-    )
-    parser.add_argument("files", nargs="+", metavar="FILE", help="JSON Lines event files")
-    parser.add_argument("--run", type=int, metavar="ID", help="only this run_id")
-    parser.add_argument("--node", type=int, metavar="ID", help="only this node_id")
-    parser.add_argument("--edge", type=int, metavar="ID", help="only this edge_id")
-    parser.add_argument("--stage", type=int, metavar="INDEX", help="only this stage_index")
-    parser.add_argument("--event", action="append", metavar="NAME",
-                        choices=[name.value for name in EventName],
-                        help="only this event (repeatable)")
-    parser.add_argument("--json", action="store_true", help="print JSON lines, not a table")
-    parser.add_argument("--strict", action="store_true", help="stop at the first bad line")
-    parser.set_defaults(handler=run)

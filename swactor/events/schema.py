@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from swactor.events.names import EventName
 from swactor.wire import (
     ArenaFailure,
     Component,
@@ -61,35 +62,6 @@ from swactor.wire.errors import WireError
 SCHEMA_VERSION = 1
 
 Scalar = str | int | float | bool | None
-
-
-class EventName(enum.Enum):
-    """The 24 required lifecycle events of spec §40, in lifecycle order."""
-
-    node_started = "node_started"
-    node_available = "node_available"
-    node_faulted = "node_faulted"
-    pool_ready = "pool_ready"
-    run_planned = "run_planned"
-    stage_provision_started = "stage_provision_started"
-    weights_download_started = "weights_download_started"
-    weights_downloaded = "weights_downloaded"
-    weights_loaded = "weights_loaded"
-    edge_provision_started = "edge_provision_started"
-    edge_ready = "edge_ready"
-    stage_ready = "stage_ready"
-    readiness_barrier_passed = "readiness_barrier_passed"
-    prompt_injected = "prompt_injected"
-    object_loaded = "object_loaded"
-    execute_step_started = "execute_step_started"
-    object_produced = "object_produced"
-    step_completed = "step_completed"
-    token_received = "token_received"
-    run_completed = "run_completed"
-    run_faulted = "run_faulted"
-    stop_run_sent = "stop_run_sent"
-    stage_stopped = "stage_stopped"
-    run_torn_down = "run_torn_down"
 
 
 IDENTITY_TYPES: Mapping[str, type[int]] = {

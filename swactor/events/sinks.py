@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from swactor.events.schema import FAULT_EVENTS, IDENTITY_TYPES, Emitted, EventName
+from swactor.events.names import EventName
+from swactor.events.schema import FAULT_EVENTS, IDENTITY_TYPES, Emitted
 
 _E = EventName
 EVENT_LEVELS: Mapping[EventName, int] = {

@@ -23,12 +23,12 @@ from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from swactor.events.names import EventName
 from swactor.events.schema import (
     CAUSE_ENUMS,
     ENVELOPE_KEYS,
     EVENT_CLASSES,
     Emitted,
-    EventName,
     validate_line,
 )
 

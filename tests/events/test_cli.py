@@ -123,3 +123,17 @@ def test_unreadable_file_and_unknown_event_name(
         main(["events", str(tmp_path / "x"), "--event", "node_exploded"])
     assert bad_choice.value.code == 2
     assert EventName.node_started.value == "node_started"
+
+
+def test_registering_the_subcommand_does_not_load_the_schema() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, argparse\n"
+        "from swactor.events import register\n"
+        "register(argparse.ArgumentParser().add_subparsers())\n"
+        "print('swactor.events.schema' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
