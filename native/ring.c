@@ -212,6 +212,33 @@ int ring_consume_mark(ring_handle *h, uint64_t n) {
     return rc != RING_OK ? rc : ring_mark_pending(h, RING_WAKE_WRITABLE);
 }
 
+uint64_t ring_write(ring_handle *h, const uint8_t *src, uint64_t len, int *wake) {
+    uint64_t done = 0, off, n;
+    *wake = 0;
+    while (done < len && (n = ring_writable_span(h, len - done, &off)) > 0) {
+        memcpy(h->data + off, src + done, n);
+        atomic_store_explicit(h->commit, atomic_load_explicit(h->commit, memory_order_relaxed) + n,
+                              memory_order_release);
+        done += n;
+    }
+    if (done > 0) *wake = ring_mark_pending(h, RING_WAKE_READABLE);
+    return done;
+}
+
+uint64_t ring_read(ring_handle *h, uint8_t *dst, uint64_t len, int *wake) {
+    uint64_t done = 0, off, n;
+    *wake = 0;
+    while (done < len && (n = ring_readable_span(h, len - done, &off)) > 0) {
+        memcpy(dst + done, h->data + off, n);
+        atomic_store_explicit(h->consume,
+                              atomic_load_explicit(h->consume, memory_order_relaxed) + n,
+                              memory_order_release);
+        done += n;
+    }
+    if (done > 0) *wake = ring_mark_pending(h, RING_WAKE_WRITABLE);
+    return done;
+}
+
 uint32_t ring_state(ring_handle *h) {
     return atomic_load_explicit(h->state, memory_order_acquire);
 }

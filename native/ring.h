@@ -117,6 +117,13 @@ int ring_fault(ring_handle *h, uint32_t reason); /* -> Faulted(reason); first wi
 int ring_commit_mark(ring_handle *h, uint64_t n);    /* advance_commit + mark READABLE */
 int ring_consume_mark(ring_handle *h, uint64_t n);   /* advance_consume + mark WRITABLE */
 
+/* Copying forms for callers that hold the bytes elsewhere (a pump's socket buffer, a
+ * host staging buffer): copy up to len bytes across the wrap, publish them, and mark the
+ * peer's pending bit.  Return the bytes moved (0 when full / empty); *wake is set to 1
+ * when the caller must send the hint. */
+uint64_t ring_write(ring_handle *h, const uint8_t *src, uint64_t len, int *wake);
+uint64_t ring_read(ring_handle *h, uint8_t *dst, uint64_t len, int *wake);
+
 int ring_mark_pending(ring_handle *h, uint32_t bit);  /* 1 when the bit was clear */
 void ring_clear_pending(ring_handle *h, uint32_t bit);
 uint32_t ring_wake_word(ring_handle *h);

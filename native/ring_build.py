@@ -60,6 +60,8 @@ int ring_close_producer(ring_handle *h);
 int ring_fault(ring_handle *h, uint32_t reason);
 int ring_commit_mark(ring_handle *h, uint64_t n);
 int ring_consume_mark(ring_handle *h, uint64_t n);
+uint64_t ring_write(ring_handle *h, const uint8_t *src, uint64_t len, int *wake);
+uint64_t ring_read(ring_handle *h, uint8_t *dst, uint64_t len, int *wake);
 int ring_mark_pending(ring_handle *h, uint32_t bit);
 void ring_clear_pending(ring_handle *h, uint32_t bit);
 uint32_t ring_wake_word(ring_handle *h);

@@ -9,7 +9,8 @@
  * protocol of ring.h: a side that finds no span clears its pending bit, re-checks, and
  * only then sleeps on a semaphore; the peer posts the semaphore only when
  * ring_mark_pending says the bit was clear.  A lost wake-up hangs, which alarm() turns
- * into a failure.  Each header version is exercised.
+ * into a failure.  Every third step uses the copying calls (ring_write / ring_read)
+ * instead of spans.  Each header version is exercised.
  *
  * usage: ring_stress [total_bytes] [capacity]       exit 0 on success
  */
@@ -43,9 +44,24 @@ static uint64_t xorshift(uint64_t *s) {
 
 static void *producer(void *arg) {
     struct side *s = arg;
-    uint64_t pos = 0, off;
+    uint64_t pos = 0, off, step = 0;
+    uint8_t *tmp = malloc(2 * ring_capacity(s->h));
     while (pos < s->total) {
         uint64_t want = 1 + xorshift(&s->seed) % (2 * ring_capacity(s->h));
+        if (++step % 3 == 0) { /* copying form */
+            int wake;
+            uint64_t n;
+            if (want > s->total - pos) want = s->total - pos;
+            for (uint64_t i = 0; i < want; i++) tmp[i] = pattern(pos + i);
+            n = ring_write(s->h, tmp, want, &wake);
+            if (wake) sem_post(s->peer_wake);
+            pos += n;
+            if (n == 0) {
+                ring_clear_pending(s->h, RING_WAKE_WRITABLE);
+                if (ring_writable_span(s->h, 1, &off) == 0) sem_wait(s->my_wake);
+            }
+            continue;
+        }
         uint64_t n = ring_writable_span(s->h, want, &off);
         if (n == 0) {
             ring_clear_pending(s->h, RING_WAKE_WRITABLE);
@@ -63,16 +79,47 @@ static void *producer(void *arg) {
         pos += n;
         if (ring_mark_pending(s->h, RING_WAKE_READABLE)) sem_post(s->peer_wake);
     }
+    free(tmp);
     ring_close_producer(s->h);
     if (ring_mark_pending(s->h, RING_WAKE_READABLE)) sem_post(s->peer_wake);
     return NULL;
 }
 
+static int check(struct side *s, const uint8_t *p, uint64_t pos, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++) {
+        if (p[i] != pattern(pos + i)) {
+            fprintf(stderr, "byte %llu: got %u want %u\n", (unsigned long long)(pos + i), p[i],
+                    pattern(pos + i));
+            s->failed = 1;
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static void *consumer(void *arg) {
     struct side *s = arg;
-    uint64_t pos = 0, off;
+    uint64_t pos = 0, off, step = 0;
+    uint8_t *tmp = malloc(2 * ring_capacity(s->h));
     for (;;) {
         uint64_t want = 1 + xorshift(&s->seed) % (2 * ring_capacity(s->h));
+        if (++step % 3 == 0) { /* copying form */
+            int wake;
+            uint64_t n = ring_read(s->h, tmp, want, &wake);
+            if (wake) sem_post(s->peer_wake);
+            if (n > 0) {
+                if (!check(s, tmp, pos, n)) break;
+                pos += n;
+                continue;
+            }
+            ring_clear_pending(s->h, RING_WAKE_READABLE);
+            uint32_t state = ring_state(s->h) & 0xffu;
+            if (ring_readable_span(s->h, 1, &off) == 0) {
+                if (state == RING_STATE_CLOSED) break;
+                sem_wait(s->my_wake);
+            }
+            continue;
+        }
         uint64_t n = ring_readable_span(s->h, want, &off);
         if (n == 0) {
             ring_clear_pending(s->h, RING_WAKE_READABLE);
@@ -84,19 +131,12 @@ static void *consumer(void *arg) {
                 continue;
             }
         }
-        const uint8_t *p = ring_data(s->h) + off;
-        for (uint64_t i = 0; i < n; i++) {
-            if (p[i] != pattern(pos + i)) {
-                fprintf(stderr, "byte %llu: got %u want %u\n", (unsigned long long)(pos + i),
-                        p[i], pattern(pos + i));
-                s->failed = 1;
-                return NULL;
-            }
-        }
-        if (ring_advance_consume(s->h, n) != RING_OK) { s->failed = 1; return NULL; }
+        if (!check(s, ring_data(s->h) + off, pos, n)) break;
+        if (ring_advance_consume(s->h, n) != RING_OK) { s->failed = 1; break; }
         pos += n;
         if (ring_mark_pending(s->h, RING_WAKE_WRITABLE)) sem_post(s->peer_wake);
     }
+    free(tmp);
     if (pos != s->total) {
         fprintf(stderr, "consumer got %llu of %llu bytes\n", (unsigned long long)pos,
                 (unsigned long long)s->total);

@@ -17,6 +17,8 @@ between hand-offs.  `--mutant-no-clear` makes this side wait the *wrong* way (it
 clears its pending bit), which must lose a wake-up: tests use it to prove that the
 lost-wake-up harness can fail.  The producer hashes what it wrote from the source, the consumer
 hashes (or copies, or ignores) what it read from the ring; BLAKE2b digests compare.
+`--api spans` moves bytes through zero-copy span views; `--api copy` through the
+native copying calls (`Ring.write_from` / `Ring.read_into`).
 
 Start barrier: after set-up the peer prints `ready` and waits for one line on stdin, so
 that a parent can time the streaming alone.  It ends with one JSON line: role, bytes,
@@ -149,7 +151,10 @@ def produce(ring: Ring, args: argparse.Namespace, readable: Wake, writable: Wake
         want = min(draw(), total - pos)
         base = pos % PATTERN_PERIOD
         piece = src[base : base + want]
-        done = 0
+        done = want if args.api == "copy" else 0
+        if args.api == "copy":
+            stream.write_all(ring, piece, readable, writable, timeout)
+            res.spans += 1
         while done < want:  # one request may need several spans (wrap, little room)
             span = wait(ring, writable, want - done, timeout, stats)
             n = len(span)
@@ -184,7 +189,26 @@ def consume(ring: Ring, args: argparse.Namespace, readable: Wake, writable: Wake
     res.start = time.monotonic()
     cpu0 = time.process_time()
     timeout = args.timeout
+    scratch = memoryview(bytearray(max_piece))
     while True:
+        if args.api == "copy":
+            want = draw()
+            if dst_view is not None:
+                if dst_off + want > len(dst_view):
+                    dst_off = 0
+                n = stream.read_some(ring, dst_view[dst_off : dst_off + want], readable,
+                                     writable, timeout)  # fmt: skip
+                dst_off += n
+            else:
+                n = stream.read_some(ring, scratch[:want], readable, writable, timeout)
+                if digest is not None:
+                    digest.update(scratch[:n])
+            if n == 0:
+                break
+            res.bytes += n
+            res.spans += 1
+            sleeper.maybe()
+            continue
         span = wait(ring, readable, draw(), timeout, stats)
         n = len(span)
         if n == 0:
@@ -219,6 +243,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--spans", default="random:65536", help="fixed:N or random:MAX")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--sink", choices=["hash", "copy", "none"], default="hash")
+    p.add_argument("--api", choices=["spans", "copy"], default="spans",
+                   help="zero-copy spans, or the native copying write_from/read_into")
     p.add_argument("--sleep-prob", type=float, default=0.0)
     p.add_argument("--sleep-max-us", type=int, default=0)
     p.add_argument("--timeout", type=float, default=None, help="max seconds per wait")

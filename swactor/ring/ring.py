@@ -31,7 +31,7 @@ recorded by either side, or by a watcher of the peer process, is seen by both.
 from __future__ import annotations
 
 import enum
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from swactor.ring._ring_cffi import ffi, lib
 from swactor.ring.errors import (
@@ -44,6 +44,8 @@ from swactor.ring.errors import (
 from swactor.wire import RingFaultReason
 
 U64_MAX = (1 << 64) - 1
+
+BytesLike: TypeAlias = bytes | bytearray | memoryview
 
 #: header versions (see native/ring.h): COMPACT is the spec's packed 64-byte layout,
 #: SPLIT puts commit, consume and state+wake on their own cache lines (256 bytes).
@@ -143,7 +145,7 @@ def _check(rc: int, ring_id: int, what: str) -> None:
 class Ring:
     """A process-local handle on one ring in an arena."""
 
-    __slots__ = ("ring_id", "capacity", "_h", "_base", "_data", "_off")
+    __slots__ = ("ring_id", "capacity", "_h", "_base", "_data", "_off", "_wake")
 
     def __init__(self, arena: ArenaLike, layout: LayoutLike) -> None:
         self.ring_id = int(layout.ring_id)
@@ -154,6 +156,7 @@ class Ring:
         self._h: Any = ffi.NULL
         self._data: memoryview | None = None
         self._off = ffi.new("uint64_t *")
+        self._wake = ffi.new("int *")
 
     def _attach(self, arena: ArenaLike, layout: LayoutLike) -> None:
         c_layout = _c_layout(layout)
@@ -244,6 +247,24 @@ class Ring:
         if rc < 0:
             _check(rc, self.ring_id, f"advance_consume({n})")
         return bool(rc == 1)
+
+    def write_from(self, src: BytesLike) -> tuple[int, bool]:
+        """Copy as much of `src` as fits (across the wrap) in C, publish it, and mark
+        RingReadable pending: (bytes written, whether to send RingReadable)."""
+        if self._data is None:
+            raise RingClosedError("handle is closed", self.ring_id)
+        buf = ffi.from_buffer(src)
+        n = lib.ring_write(self._h, buf, len(buf), self._wake)
+        return int(n), bool(self._wake[0])
+
+    def read_into(self, dst: bytearray | memoryview) -> tuple[int, bool]:
+        """Copy up to len(dst) committed bytes out in C, release them, and mark
+        RingWritable pending: (bytes read, whether to send RingWritable)."""
+        if self._data is None:
+            raise RingClosedError("handle is closed", self.ring_id)
+        buf = ffi.from_buffer(dst, require_writable=True)
+        n = lib.ring_read(self._h, buf, len(buf), self._wake)
+        return int(n), bool(self._wake[0])
 
     @property
     def commit(self) -> int:

@@ -143,16 +143,39 @@ def write_all(
     writable: Wake,
     timeout: float | None = None,
 ) -> None:
-    """Producer: copy all of `data` into the ring, span by span, blocking while full."""
+    """Producer: copy all of `data` into the ring (the copy runs in C, across the wrap),
+    blocking while the ring is full."""
     src = memoryview(data).cast("B")
     pos = 0
     while pos < len(src):
-        span = wait_writable(ring, writable, len(src) - pos, timeout)
-        n = len(span)
-        span[:] = src[pos : pos + n]
+        n, wake = ring.write_from(src[pos:])
+        if wake:
+            readable.notify(ring.ring_id)
+        if n:
+            pos += n
+            continue
+        wait_writable(ring, writable, 1, timeout).release()
+
+
+def read_some(
+    ring: Ring,
+    dst: bytearray | memoryview,
+    readable: Wake,
+    writable: Wake,
+    timeout: float | None = None,
+) -> int:
+    """Consumer: copy up to len(dst) bytes out of the ring (in C, across the wrap),
+    blocking while it is empty; 0 means end of stream."""
+    while True:
+        n, wake = ring.read_into(dst)
+        if wake:
+            writable.notify(ring.ring_id)
+        if n:
+            return n
+        span = wait_readable(ring, readable, 1, timeout)
+        if not span:
+            return 0
         span.release()
-        commit(ring, n, readable)
-        pos += n
 
 
 def close(ring: Ring, readable: Wake) -> None:

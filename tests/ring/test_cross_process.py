@@ -34,12 +34,17 @@ def expected_digest(total: int, seed: int) -> str:
 
 
 def stream(
-    total: int, capacity: int, wake: str = "eventfd", seed: int = 11, version: int = DEFAULT_VERSION
+    total: int,
+    capacity: int,
+    wake: str = "eventfd",
+    seed: int = 11,
+    version: int = DEFAULT_VERSION,
+    api: str = "spans",
 ) -> None:
     rig = RingRig(capacity, wake=wake, version=version)
     try:
         spans = f"random:{2 * capacity}"  # requests of 1 B .. 2x capacity, log-uniform
-        common = ["--spans", spans, "--seed", str(seed), "--timeout", "30"]
+        common = ["--spans", spans, "--seed", str(seed), "--timeout", "30", "--api", api]
         prod, cons, prc, crc = run_pair(
             rig, ["--total", str(total), *common], common, timeout=300
         )
@@ -57,6 +62,10 @@ def stream(
 
 def test_stream_64mib_through_1mib_compact_header_ring() -> None:
     stream(64 * MiB, 1 * MiB, version=VERSION_COMPACT)
+
+
+def test_stream_64mib_with_the_copying_calls() -> None:
+    stream(64 * MiB, 256 * 1024, seed=9, api="copy")
 
 
 def test_stream_jsonline_wakes_16mib_through_64kib_ring() -> None:

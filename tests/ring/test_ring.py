@@ -292,3 +292,21 @@ def test_layout_ring_id_type_roundtrip(arena: Arena) -> None:
     ring = Ring.init(arena, layout)
     assert ring.ring_id == 2**64 - 1 and isinstance(layout.ring_id, RingId)
     ring.close()
+
+
+def test_copying_calls_cross_the_wrap_and_report_wakes(arena: Arena) -> None:
+    layout = make_layout(1024)
+    prod = Ring.init(arena, layout)
+    cons = Ring.open(arena, layout)
+    assert prod.write_from(bytes(1000)) == (1000, True)  # readable bit was clear
+    assert cons.read_into(bytearray(900)) == (900, True)  # writable bit was clear
+    data = bytes(range(256)) * 4  # 1024 bytes; 924 free, wrapping at 1024
+    assert prod.write_from(data) == (924, False)  # still pending: no second hint
+    out = bytearray(2000)
+    n, wake = cons.read_into(out)
+    assert (n, wake) == (1024, False)
+    assert bytes(out[:100]) == bytes(100) and bytes(out[100:1024]) == data[:924]
+    assert prod.write_from(b"") == (0, False)
+    assert (cons.commit, cons.consume) == (1924, 1924)
+    prod.close()
+    cons.close()
