@@ -4,14 +4,16 @@ Theory of operation: a chat template is a Jinja program shipped inside the model
 it is untrusted code. It runs in ``ImmutableSandboxedEnvironment`` (no attribute access to
 internals, no mutation of the inputs), with the options and globals Hugging Face's
 ``apply_chat_template`` gives templates — ``trim_blocks``/``lstrip_blocks``, ``messages``,
-``add_generation_prompt``, ``bos_token``, ``eos_token``, ``raise_exception`` and a
-``tojson`` filter — so templates written for it render the same here. A template that does
-not parse, raises, or touches something the sandbox forbids is a ``ChatTemplateInvalid``
-error naming the cause; the rendered prompt never appears in an error.
+``add_generation_prompt``, ``bos_token``, ``eos_token``, ``raise_exception``,
+``strftime_now`` and a ``tojson`` filter — so templates written for it render the same
+here. A template that does not parse, raises, or touches something the sandbox forbids is a
+``ChatTemplateInvalid`` error naming the cause; the rendered prompt never appears in an
+error.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
@@ -34,12 +36,17 @@ def _tojson(value: Any, indent: int | None = None) -> str:
     return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
     return env
 
 

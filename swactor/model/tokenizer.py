@@ -34,6 +34,7 @@ import codecs
 import functools
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer as HfTokenizer
 from tokenizers import models
@@ -41,7 +42,7 @@ from tokenizers import models
 from swactor.model.chat import render_chat
 from swactor.model.pretokenize import preset_for
 from swactor.model.tokenizer_errors import TokenizerError, TokenizerFault
-from swactor.model.vocab import EOG_TEXTS, GgufVocab, TokenType, read_vocab
+from swactor.model.vocab import EOG_TEXTS, GgufVocab, TokenType, read_vocab, vocab_from_fields
 
 SPM_SPACE = "\u2581"  # "▁", SentencePiece's visible space
 
@@ -112,6 +113,12 @@ class Tokenizer:
         except OSError:
             return cls(read_vocab(file))  # read_vocab raises the typed error
         return _cached_tokenizer(str(file.resolve()), stat.st_size, stat.st_mtime_ns)
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, Any], source: str) -> Tokenizer:
+        """Build from ``GGUFReader.fields`` someone already parsed (e.g. the range reader's
+        header); ``source`` names the file in errors."""
+        return cls(vocab_from_fields(fields, source))
 
     # ------------------------------------------------------------------- properties
 

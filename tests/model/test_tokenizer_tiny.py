@@ -362,3 +362,26 @@ def test_sentencepiece_round_trip(spm: Tokenizer, text: str) -> None:
     # Characters outside the vocabulary and its byte tokens become <unk> (id 0).
     if 0 not in ids:
         assert spm.decode(ids) == text
+
+
+def test_from_parsed_fields_and_template_globals(tmp_path: Path) -> None:
+    template = (
+        "{{ bos_token }}{% for m in messages %}{{ m['content'] | tojson }}{% endfor %}"
+        "{% if strftime_now('%Y') | int < 2000 %}{{ raise_exception('clock') }}{% endif %}"
+        "{% if messages | length > 1 %}{{ raise_exception('one message only') }}{% endif %}"
+    )
+    path = write_gguf(
+        tmp_path / "t.gguf", model="llama", tokens=[t for t, _, _ in SPM_VOCAB],
+        types=[k for _, k, _ in SPM_VOCAB], scores=[s for _, _, s in SPM_VOCAB],
+        template=template,
+    )
+    tok = Tokenizer.from_fields(dict(gguf.GGUFReader(path).fields), str(path))
+    assert tok.encode("hello world") == [1, 20, 21, 9, 13]
+    assert tok.apply_chat_template([{"role": "user", "content": 'say "hi"'}]) == (
+        '<s>"say \\"hi\\""'
+    )
+    two = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    with pytest.raises(TokenizerError) as refused:
+        tok.apply_chat_template(two)
+    assert refused.value.reason is TokenizerFault.CHAT_TEMPLATE_INVALID
+    assert "one message only" in str(refused.value)
