@@ -17,6 +17,7 @@ onto many states shares one function unless timers make the effect lists differ.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from codegen import exprs, pretty
@@ -33,37 +34,97 @@ def _message_class(msg: Message, kind: str) -> list[str]:
     for fld in msg.fields:
         lines.append(f"    {fld.name}: {fld.type.python()}")
         lines += pretty.docstring(fld.doc, 4)
+    if not msg.fields:
+        return lines
+    # A frozen dataclass's own __init__ costs one object.__setattr__ call per field; the
+    # slot descriptors' setters, bound once below the class, are a third faster.
+    params = ["self", *(f"{f.name}: {f.type.python()}" for f in msg.fields)]
+    lines.append("")
+    lines += pretty.call("def __init__", params, " -> None:", 4)
+    lines += [f"        _set_{msg.name}_{f.name}(self, {f.name})" for f in msg.fields]
+    lines.append("")
+    lines.append("")
+    lines += [f'_set_{msg.name}_{f.name} = {msg.name}.__dict__["{f.name}"].__set__'
+              for f in msg.fields]
     return lines
 
 
-def _effect_lines(items: list[tuple[str, list[str]]], indent: int) -> list[str]:
+_ENUM_LITERAL = re.compile(r"wire\.[A-Za-z_]\w*\.[A-Za-z_]\w*")
+
+
+class _Constants:
+    """Effects whose every field is a literal, built once at import (effects are frozen),
+    and enum members used as literals, looked up once at import."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}  # constructor call text -> constant name
+        self.members: dict[str, str] = {}  # ``wire.Enum.Member`` -> constant name
+
+    def name_for(self, cls: str, args: list[str]) -> str | None:
+        if any("event." in arg or "m._" in arg for arg in args):
+            return None
+        call = f"{cls}({', '.join(args)})"
+        return self.names.setdefault(call, f"_EFFECT_{len(self.names)}")
+
+    def literal(self, arg: str) -> str:
+        """``field=wire.Enum.Member`` -> ``field=_MEMBER_n`` (saves two lookups per use)."""
+        name, sep, value = arg.partition("=")
+        if not sep or not _ENUM_LITERAL.fullmatch(value):
+            return arg
+        return f"{name}={self.members.setdefault(value, f'_MEMBER_{len(self.members)}')}"
+
+    def lines(self) -> list[str]:
+        out = [f"{name}: Final = {value}" for value, name in self.members.items()]
+        for call, name in self.names.items():
+            out += pretty.call(f"{name}: Final = {call.split('(', 1)[0]}",
+                               _split_args(call), "", 0)
+        return out
+
+
+def _split_args(call: str) -> list[str]:
+    inner = call.split("(", 1)[1][:-1]
+    return [inner] if inner else []
+
+
+def _effect_lines(items: list[tuple[str, list[str]]], indent: int,
+                  constants: _Constants) -> list[str]:
     if not items:
         return [" " * indent + "return []"]
-    calls = [f"{cls}({', '.join(args)})" for cls, args in items]
-    one = " " * indent + f"return [{', '.join(calls)}]"
+    parts: list[tuple[str, list[str]] | str] = []
+    for cls, args in items:
+        constant = constants.name_for(cls, args)
+        parts.append(constant if constant is not None
+                     else (cls, [constants.literal(arg) for arg in args]))
+    texts = [p if isinstance(p, str) else f"{p[0]}({', '.join(p[1])})" for p in parts]
+    one = " " * indent + f"return [{', '.join(texts)}]"
     if len(one) <= pretty.LIMIT:
         return [one]
     lines = [" " * indent + "return ["]
-    for cls, args in items:
-        lines += pretty.call(cls, args, ",", indent + 4)
+    for part in parts:
+        if isinstance(part, str):
+            lines.append(" " * (indent + 4) + part + ",")
+        else:
+            lines += pretty.call(part[0], part[1], ",", indent + 4)
     lines.append(" " * indent + "]")
     return lines
 
 
-def _builder_body(table: Table, row: Row, wire: WireNames) -> list[str]:
+def _builder_body(table: Table, row: Row, wire: WireNames, constants: _Constants) -> list[str]:
     body = [f"    m._{ctx} = event.{field}" for ctx, field in row.assign]
-    return body + _effect_lines(exprs.effect_list(table, row, exprs.MACHINE, wire), 4)
+    items = exprs.effect_list(table, row, exprs.MACHINE, wire)
+    return body + _effect_lines(items, 4, constants)
 
 
 def module_source(table: Table, wire: WireNames) -> str:
     prefix = table.class_prefix
     machine_cls, guards_cls = f"{prefix}Machine", f"{prefix}Guards"
 
+    constants = _Constants()
     builders: dict[str, str] = {}  # body text -> function name
     builder_defs: list[list[str]] = []
     row_builder: dict[int, str] = {}
     for position, row in enumerate(table.rows):
-        body = _builder_body(table, row, wire)
+        body = _builder_body(table, row, wire, constants)
         summary = _row_summary(row)
         key = f"{row.event}\n{summary}\n" + "\n".join(body)
         if key not in builders:
@@ -145,8 +206,7 @@ def module_source(table: Table, wire: WireNames) -> str:
             seconds = exprs.timer_seconds(table, table.fault_state, None, exprs.MACHINE)
             fault_lines.append(f'        effects.append(StartTimer("{fault_timer.event}", '
                                f'{seconds.replace("m._", "self._")}))')
-        fault_lines += [f"        self._state = State.{table.fault_state}",
-                        "        return effects"]
+        fault_lines.append(f"        self._state = State.{table.fault_state}")
 
     wire_used = sorted({n for m in [*table.events.values(), *table.effects.values()]
                         for f in m.fields for n in f.type.names()}
@@ -169,6 +229,7 @@ def module_source(table: Table, wire: WireNames) -> str:
         "guard_methods": guard_methods,
         "guard_adapters": guard_adapters,
         "builders": builder_defs,
+        "constants": constants.lines(),
         "table_lines": table_lines,
         "has_ignored": bool(ignored),
         "event_list": list(table.events),
@@ -189,7 +250,7 @@ def module_source(table: Table, wire: WireNames) -> str:
         "context_props": [(f.name, f.type.python(), pretty.docstring(f.doc, 8))
                           for f in table.context],
         "slots": pretty.call("__slots__ = ", [f'"_{n}"' for n in
-                                                ["guards", "state", *(f.name for f in
+                                                ["guards", "state", "events", *(f.name for f in
                                                                       table.context)]],
                              "", 4),
     }
