@@ -32,8 +32,8 @@ FAULTS = [
                  id="guard-order"),
     pytest.param("    (State.Ready, Tick): _IGNORED,\n", "", id="lost-ignore"),
     pytest.param("    m._ceiling = event.ceiling\n", "", id="lost-assign"),
-    pytest.param("        self._state = State.Failed\n        return effects",
-                 "        return effects", id="fault-policy-stays"),
+    pytest.param("        self._state = State.Failed\n"
+                 "        self._events = _BY_STATE[State.Failed]\n", "", id="fault-policy-stays"),
 ]
 
 
