@@ -1,0 +1,127 @@
+"""SWIM/Lifeguard parameters and the timing formulas memberlist uses.
+
+Theory of operation
+-------------------
+`SwimConfig` holds memberlist's LAN defaults (probe every 1 s, 500 ms probe timeout,
+3 indirect probes, gossip every 200 ms to 3 members, suspicion multiplier 4, maximum
+suspicion 6x the minimum, retransmit multiplier 4, local health awareness up to 8x).
+Tests scale them down through `scaled()`.
+
+The formulas are memberlist's:
+
+* suspicion timeout (minimum) = suspicion_mult * max(1, log10(N)) * probe_interval;
+  the maximum is suspicion_max_mult times that. Lifeguard starts a suspicion at the
+  maximum and shrinks it toward the minimum with each independent confirmation:
+  timeout(c) = max(min, max - (max - min) * log(c + 1) / log(k + 1)), where k =
+  suspicion_mult - 2 confirmations are expected (0 when the pool is too small);
+* an update is retransmitted retransmit_mult * ceil(log10(N + 1)) times.
+
+`detection_bound_s` is the bound the tests and benchmark hold a failure detection to:
+three probe periods for the first suspicion (a member escapes every probe for k periods
+with probability about e^-k), plus the probe timeout, plus the maximum suspicion timeout
+(every member runs its own suspicion timer), plus the gossip rounds needed to spread the
+suspicion (retransmit limit gossip intervals).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True, slots=True)
+class SwimConfig:
+    """Protocol parameters (seconds unless named otherwise)."""
+
+    probe_interval_s: float = 1.0
+    probe_timeout_s: float = 0.5
+    indirect_checks: int = 3
+    gossip_interval_s: float = 0.2
+    gossip_nodes: int = 3
+    suspicion_mult: int = 4
+    suspicion_max_mult: int = 6
+    retransmit_mult: int = 4
+    awareness_max_multiplier: int = 8
+    gossip_to_the_dead_s: float = 30.0
+    dead_retention_s: float = 60.0
+    push_pull_interval_s: float = 30.0
+    join_retry_s: float = 1.0
+    max_piggyback: int = 6
+
+    def __post_init__(self) -> None:
+        positive = {
+            "probe_interval_s": self.probe_interval_s,
+            "probe_timeout_s": self.probe_timeout_s,
+            "gossip_interval_s": self.gossip_interval_s,
+            "join_retry_s": self.join_retry_s,
+        }
+        for name, value in positive.items():
+            if not value > 0:
+                raise ValueError(f"SwimConfig.{name} must be > 0, got {value}")
+        if self.probe_timeout_s >= self.probe_interval_s:
+            raise ValueError("SwimConfig.probe_timeout_s must be below probe_interval_s")
+        counts = {
+            "indirect_checks": self.indirect_checks,
+            "gossip_nodes": self.gossip_nodes,
+            "suspicion_mult": self.suspicion_mult,
+            "suspicion_max_mult": self.suspicion_max_mult,
+            "retransmit_mult": self.retransmit_mult,
+            "awareness_max_multiplier": self.awareness_max_multiplier,
+            "max_piggyback": self.max_piggyback,
+        }
+        for name, count in counts.items():
+            if count < 1:
+                raise ValueError(f"SwimConfig.{name} must be >= 1, got {count}")
+
+    def scaled(self, factor: float) -> SwimConfig:
+        """Every period and timeout multiplied by `factor` (counts unchanged)."""
+        return replace(
+            self,
+            probe_interval_s=self.probe_interval_s * factor,
+            probe_timeout_s=self.probe_timeout_s * factor,
+            gossip_interval_s=self.gossip_interval_s * factor,
+            gossip_to_the_dead_s=self.gossip_to_the_dead_s * factor,
+            dead_retention_s=self.dead_retention_s * factor,
+            push_pull_interval_s=self.push_pull_interval_s * factor,
+            join_retry_s=self.join_retry_s * factor,
+        )
+
+
+def suspicion_min_s(config: SwimConfig, members: int) -> float:
+    """memberlist's suspicion timeout: suspicion_mult * max(1, log10 N) * probe interval."""
+    scale = max(1.0, math.log10(max(1, members)))
+    return config.suspicion_mult * scale * config.probe_interval_s
+
+
+def suspicion_max_s(config: SwimConfig, members: int) -> float:
+    """The timeout a suspicion starts with before any confirmation (Lifeguard)."""
+    return config.suspicion_max_mult * suspicion_min_s(config, members)
+
+
+def expected_confirmations(config: SwimConfig, members: int) -> int:
+    """Lifeguard's k: confirmations that shrink the timeout to its minimum."""
+    k = config.suspicion_mult - 2
+    return 0 if members - 2 < k else k
+
+
+def suspicion_timeout_s(config: SwimConfig, members: int, confirmations: int) -> float:
+    """The suspicion timeout after `confirmations` independent confirmations."""
+    low = suspicion_min_s(config, members)
+    high = suspicion_max_s(config, members)
+    k = expected_confirmations(config, members)
+    if k < 1:
+        return low
+    frac = math.log(confirmations + 1.0) / math.log(k + 1.0)
+    return max(low, high - (high - low) * frac)
+
+
+def retransmit_limit(config: SwimConfig, members: int) -> int:
+    """How many times one update is piggybacked: retransmit_mult * ceil(log10(N + 1))."""
+    return config.retransmit_mult * math.ceil(math.log10(members + 1))
+
+
+def detection_bound_s(config: SwimConfig, members: int) -> float:
+    """The time by which every member should have declared a crashed member dead."""
+    first_suspicion = 3 * config.probe_interval_s + config.probe_timeout_s
+    dissemination = retransmit_limit(config, members) * config.gossip_interval_s
+    return first_suspicion + suspicion_max_s(config, members) + dissemination

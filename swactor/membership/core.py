@@ -1,0 +1,623 @@
+"""The SWIM participant, sans-I/O: messages and time in, messages and events out.
+
+Theory of operation
+-------------------
+`SwimCore` is one member's protocol state. It owns no socket, thread or clock: the
+caller passes `now` (seconds on any monotonic clock) to every call, supplies the random
+source, sends the `Outgoing` messages it returns, calls `tick(now)` at or after
+`next_deadline()`, and drains `take_events()`. The same core runs under the UDP runner
+(`swactor.membership.udp`) and the seeded simulator (`swactor.membership.sim`).
+
+What it does, following memberlist and the Lifeguard paper:
+
+* Probing. Every probe interval (scaled by the local health multiplier) the next member
+  of a shuffled round-robin order is pinged. No ack within the probe timeout: `PingReq`
+  goes to `indirect_checks` other members, who ping the target themselves and relay its
+  ack, or answer `Nack` when it stays silent for 80% of the timeout. No ack by the end of
+  the probe period: the target becomes suspect (signed by this member).
+* Local health awareness (Lifeguard LHA). A score in [0, awareness_max_multiplier - 1]
+  multiplies probe interval and timeout: +1 per failed probe without nacks (+ the missed
+  nacks when nacks were expected), +1 per refutation of a claim about this member, -1 per
+  successful probe. A slow member therefore slows its own accusations down.
+* Suspicion (Lifeguard dynamic suspicion). A suspect member gets a timer starting at the
+  maximum suspicion timeout; each suspicion from a different accuser shrinks it towards
+  the minimum (formulas in `config`). When it expires the member is dead.
+* Refutation. A suspect or dead claim about this member at or above its incarnation makes
+  it raise its incarnation past the claim and gossip alive; other members accept the
+  newer alive (the swim_member table's precedence rules).
+* Gossip. Accepted updates are queued (`BroadcastQueue`) and piggybacked on every probe
+  message, and sent every gossip interval to `gossip_nodes` random members (recently dead
+  ones included, so they can refute), each a limited number of times.
+* Join and anti-entropy. `start` sends `Sync(reply=True)` with this member's alive
+  update to the seeds until one answers with its own view (`Joined`); every push/pull
+  interval the full view is exchanged with one random member.
+
+Each remote member's state is a generated `swim_member` machine
+(`swactor.fsm.generated.swim_member`); `_Member` answers its guards. Updates arriving
+here are already verified (the wire layer checks signatures); the simulator hands them
+over as objects.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import swactor.fsm.generated.swim_member as sm
+from swactor.membership import config as cfg
+from swactor.membership.broadcasts import BroadcastQueue
+from swactor.membership.messages import (
+    Ack,
+    Address,
+    AliveUpdate,
+    DeadUpdate,
+    Gossip,
+    Joined,
+    MemberChanged,
+    MemberMeta,
+    MembershipEvent,
+    MemberState,
+    Message,
+    Nack,
+    Outgoing,
+    Ping,
+    PingReq,
+    Refuted,
+    SuspectUpdate,
+    Sync,
+    Update,
+)
+from swactor.wire import NodeId
+
+_STATE = {
+    sm.State.Alive: MemberState.Alive,
+    sm.State.Suspect: MemberState.Suspect,
+    sm.State.Dead: MemberState.Dead,
+    sm.State.Left: MemberState.Left,
+    sm.State.Removed: MemberState.Removed,
+}
+
+_NACK_FRACTION = 0.8
+"""An intermediary answers Nack when the target is silent for this part of the timeout."""
+
+
+class _Member:
+    """One remote member: its machine, metadata and suspicion; answers the guards."""
+
+    __slots__ = ("node_id", "meta", "machine", "last_update", "changed_at", "accusers",
+                 "suspected_at", "suspicion_deadline")
+
+    def __init__(self, update: AliveUpdate, now: float) -> None:
+        self.node_id = update.node_id
+        self.meta = update.meta
+        self.machine = sm.SwimMemberMachine(self, incarnation=update.incarnation)
+        self.last_update: Update = update
+        self.changed_at = now
+        self.accusers: set[NodeId] | None = None
+        self.suspected_at = 0.0
+        self.suspicion_deadline = 0.0
+
+    def newer(self, event: sm.AliveHeard) -> bool:
+        return event.incarnation > self.machine.incarnation
+
+    def not_older(self, event: sm.SuspectHeard | sm.DeadHeard | sm.LeaveHeard) -> bool:
+        return event.incarnation >= self.machine.incarnation
+
+    @property
+    def state(self) -> MemberState:
+        return _STATE[self.machine.state]
+
+    @property
+    def live(self) -> bool:
+        return self.machine.state in (sm.State.Alive, sm.State.Suspect)
+
+
+@dataclass(slots=True)
+class _Probe:
+    seq: int
+    target: NodeId
+    acked: bool = False
+    expected_nacks: int = 0
+    nacks: int = 0
+
+
+@dataclass(slots=True)
+class _Relay:
+    """An indirect probe this member runs for `origin`."""
+
+    origin: NodeId
+    origin_address: Address
+    origin_seq: int
+    nack: bool
+    done: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MemberView:
+    """One member as the local view holds it."""
+
+    node_id: NodeId
+    state: MemberState
+    incarnation: int
+    meta: MemberMeta
+
+
+class SwimCore:
+    """One SWIM participant (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: cfg.SwimConfig,
+        node_id: NodeId,
+        meta: MemberMeta,
+        rng: random.Random,
+        *,
+        incarnation: int = 0,
+    ) -> None:
+        self.config = config
+        self.node_id = node_id
+        self.meta = meta
+        self.incarnation = incarnation
+        self.awareness = 0
+        self.joined = False
+        self._rng = rng
+        self._members: dict[NodeId, _Member] = {}
+        self._live: list[NodeId] = []
+        self._live_index: dict[NodeId, int] = {}
+        self._queue = BroadcastQueue()
+        self._events: list[MembershipEvent] = []
+        self._timers: list[tuple[float, int, str, int]] = []
+        self._timer_seq = 0
+        self._seq = 0
+        self._probe: _Probe | None = None
+        self._probe_order: list[NodeId] = []
+        self._probe_index = 0
+        self._relays: dict[int, _Relay] = {}
+        self._seeds: tuple[Address, ...] = ()
+        self._started = False
+        self._recent_dead: dict[NodeId, float] = {}
+        self._reassert = False
+        self._now = 0.0
+        self.sent_messages = 0
+
+    # ------------------------------------------------------------ public API
+
+    def start(self, now: float, seeds: Sequence[Address] = ()) -> list[Outgoing]:
+        """Begin: gossip our alive update, contact the seeds, arm the periodic timers."""
+        if self._started:
+            raise RuntimeError("SwimCore.start called twice")
+        self._started = True
+        self._now = now
+        self._seeds = tuple(seeds)
+        self._queue.push(self._self_alive())
+        self._arm(now + self._rng.uniform(0, self.config.probe_interval_s), "probe", 0)
+        self._arm(now + self._rng.uniform(0, self.config.gossip_interval_s), "gossip", 0)
+        self._arm(now + self.config.push_pull_interval_s, "push_pull", 0)
+        if not self._seeds:
+            self.joined = True
+            self._events.append(Joined(via=self.node_id, at=now))
+            return []
+        self._arm(now + self.config.join_retry_s, "join", 0)
+        return self._join_messages()
+
+    def handle(self, message: Message, source: Address, now: float) -> list[Outgoing]:
+        """Process one verified message that arrived from `source`."""
+        out: list[Outgoing] = []
+        self._now = now
+        self._apply_all(message.updates, now)
+        match message:
+            case Ping(sender=sender, seq=seq, target=target):
+                if target == self.node_id:
+                    out.append(self._send(source, Ack(self.node_id, seq), sender))
+            case Ack(seq=seq):
+                self._on_ack(seq, out)
+            case Nack(seq=seq):
+                if self._probe is not None and self._probe.seq == seq:
+                    self._probe.nacks += 1
+            case PingReq(sender=sender, seq=seq, target=target, target_address=address):
+                self._seq += 1
+                self._relays[self._seq] = _Relay(sender, source, seq, message.nack)
+                timeout = self._scaled(self.config.probe_timeout_s)
+                self._arm(now + timeout * _NACK_FRACTION, "relay_nack", self._seq)
+                self._arm(now + self._scaled(self.config.probe_interval_s), "relay_end",
+                          self._seq)
+                out.append(self._send(address, Ping(self.node_id, self._seq, target), target))
+            case Sync(sender=sender, reply=reply):
+                if reply:
+                    out.append(self._send(source, Sync(self.node_id, False), sender,
+                                          updates=self._full_state()))
+                elif not self.joined:
+                    self.joined = True
+                    self._events.append(Joined(via=sender, at=now))
+            case _:
+                pass
+        return out
+
+    def tick(self, now: float) -> list[Outgoing]:
+        """Run every timer due at `now`."""
+        out: list[Outgoing] = []
+        self._now = now
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, _, kind, key = heapq.heappop(timers)
+            self._fire(kind, key, now, out)
+        return out
+
+    def next_deadline(self) -> float:
+        """When `tick` next has work (inf when nothing is armed)."""
+        return self._timers[0][0] if self._timers else float("inf")
+
+    def take_events(self) -> list[MembershipEvent]:
+        """The membership events since the last call."""
+        events, self._events = self._events, []
+        return events
+
+    def update_meta(self, meta: MemberMeta, now: float) -> None:
+        """Publish new metadata (boot health, endpoint): a new incarnation, gossiped."""
+        self.meta = meta
+        self.incarnation += 1
+        self._queue.push(self._self_alive())
+
+    def leave(self, now: float) -> list[Outgoing]:
+        """Announce a graceful leave to a few members (the caller stops calling us)."""
+        update = DeadUpdate(self.node_id, self.incarnation, self.node_id)
+        out: list[Outgoing] = []
+        for node in self._random_members(self.config.gossip_nodes, exclude=None):
+            member = self._members[node]
+            out.append(self._send(member.meta.swim_address, Gossip(self.node_id), node,
+                                  updates=(update,)))
+        return out
+
+    def learn(self, update: AliveUpdate, now: float) -> None:
+        """Know a member already, without gossiping it (bootstrap in simulations)."""
+        if update.node_id != self.node_id and update.node_id not in self._members:
+            self._members[update.node_id] = _Member(update, now)
+            self._add_live(update.node_id)
+
+    def view(self) -> dict[NodeId, MemberView]:
+        """Every member this participant knows, itself included."""
+        out = {
+            node: MemberView(node, m.state, m.machine.incarnation, m.meta)
+            for node, m in self._members.items()
+        }
+        out[self.node_id] = MemberView(self.node_id, MemberState.Alive, self.incarnation,
+                                       self.meta)
+        return out
+
+    def state_of(self, node: NodeId) -> MemberState | None:
+        if node == self.node_id:
+            return MemberState.Alive
+        member = self._members.get(node)
+        return None if member is None else member.state
+
+    @property
+    def live_members(self) -> int:
+        """Members alive or suspect in this view, itself included."""
+        return len(self._live) + 1
+
+    # ------------------------------------------------------------ updates
+
+    def _apply_all(self, updates: Iterable[Update], now: float) -> None:
+        for update in updates:
+            self._apply(update, now)
+
+    def _apply(self, update: Update, now: float) -> None:
+        if update.node_id == self.node_id:
+            self._about_me(update, now)
+            return
+        member = self._members.get(update.node_id)
+        if isinstance(update, AliveUpdate):
+            if member is None:
+                member = _Member(update, now)
+                self._members[update.node_id] = member
+                self._add_live(update.node_id)
+                self._queue.push(update)
+                self._changed(member, now)
+                return
+            effects = member.machine.handle(sm.AliveHeard(incarnation=update.incarnation))
+        elif member is None:
+            return  # memberlist: suspicion or death of an unknown member is ignored
+        elif isinstance(update, SuspectUpdate):
+            effects = member.machine.handle(sm.SuspectHeard(incarnation=update.incarnation))
+        elif update.is_leave:
+            effects = member.machine.handle(sm.LeaveHeard(incarnation=update.incarnation))
+        else:
+            effects = member.machine.handle(sm.DeadHeard(incarnation=update.incarnation))
+        self._carry_out(member, effects, update, now)
+
+    def _carry_out(self, member: _Member, effects: list[sm.Effect], update: Update | None,
+                   now: float) -> None:
+        for effect in effects:
+            match effect:
+                case sm.ReportAlive():
+                    assert isinstance(update, AliveUpdate)
+                    member.meta = update.meta
+                    member.accusers = None
+                    self._add_live(member.node_id)
+                    self._recent_dead.pop(member.node_id, None)
+                    self._record(member, update, now)
+                case sm.ReportSuspect():
+                    assert isinstance(update, SuspectUpdate)
+                    member.accusers = {update.accuser}
+                    member.suspected_at = now
+                    self._rearm_suspicion(member, now)
+                    self._record(member, update, now)
+                case sm.ConfirmSuspicion():
+                    assert isinstance(update, SuspectUpdate)
+                    if member.accusers is None:
+                        member.accusers = set()
+                    if update.accuser not in member.accusers:
+                        member.accusers.add(update.accuser)
+                        self._rearm_suspicion(member, now)
+                        self._queue.push(update)
+                case sm.ReportDead():
+                    dead = update if update is not None else DeadUpdate(
+                        member.node_id, member.machine.incarnation, self.node_id)
+                    self._ended(member, dead, now)
+                case sm.ReportLeft():
+                    assert update is not None
+                    self._ended(member, update, now)
+                case sm.ReportRemoved():
+                    del self._members[member.node_id]
+                    self._recent_dead.pop(member.node_id, None)
+                    self._events.append(MemberChanged(member.node_id, MemberState.Removed,
+                                                      member.machine.incarnation, None, now))
+                case _:
+                    pass
+
+    def _ended(self, member: _Member, update: Update, now: float) -> None:
+        member.accusers = None
+        self._remove_live(member.node_id)
+        self._recent_dead[member.node_id] = now
+        self._arm(now + self.config.dead_retention_s, "reap", member.node_id)
+        self._record(member, update, now)
+
+    def _record(self, member: _Member, update: Update, now: float) -> None:
+        member.last_update = update
+        member.changed_at = now
+        self._queue.push(update)
+        self._changed(member, now)
+
+    def _changed(self, member: _Member, now: float) -> None:
+        self._events.append(MemberChanged(member.node_id, member.state,
+                                          member.machine.incarnation, member.meta, now))
+
+    def _about_me(self, update: Update, now: float) -> None:
+        if isinstance(update, AliveUpdate):
+            if update.incarnation <= self.incarnation:
+                return  # our own alive, echoed
+            accuser = update.node_id  # an alive from an earlier life of this member
+        elif isinstance(update, DeadUpdate) and update.is_leave:
+            return  # our own leave, echoed
+        else:
+            if update.incarnation < self.incarnation:
+                # A stale claim (its author missed our refutation): answer it with our
+                # alive on the very next message, which goes back to the author when the
+                # claim rode on its probe.
+                self._reassert = True
+                return
+            accuser = update.accuser
+            self.awareness = min(self.awareness + 1, self.config.awareness_max_multiplier - 1)
+        self.incarnation = update.incarnation + 1
+        self._queue.push(self._self_alive())
+        self._events.append(Refuted(accuser, self.incarnation, now))
+
+    def _rearm_suspicion(self, member: _Member, now: float) -> None:
+        confirmations = len(member.accusers or ()) - 1
+        timeout = cfg.suspicion_timeout_s(self.config, self.live_members, confirmations)
+        member.suspicion_deadline = member.suspected_at + timeout
+        self._arm(max(now, member.suspicion_deadline), "suspicion", member.node_id)
+
+    # ------------------------------------------------------------ probing
+
+    def _on_ack(self, seq: int, out: list[Outgoing]) -> None:
+        probe = self._probe
+        if probe is not None and probe.seq == seq:
+            probe.acked = True
+            return
+        relay = self._relays.get(seq)
+        if relay is not None and not relay.done:
+            relay.done = True
+            out.append(self._send(relay.origin_address, Ack(self.node_id, relay.origin_seq),
+                                  relay.origin))
+
+    def _next_target(self) -> NodeId | None:
+        for _ in range(2):
+            while self._probe_index < len(self._probe_order):
+                node = self._probe_order[self._probe_index]
+                self._probe_index += 1
+                member = self._members.get(node)
+                if member is not None and member.live:
+                    return node
+            self._probe_order = list(self._live)
+            self._rng.shuffle(self._probe_order)
+            self._probe_index = 0
+        return None
+
+    def _start_probe(self, now: float, out: list[Outgoing]) -> None:
+        target = self._next_target()
+        if target is None:
+            self._probe = None
+            return
+        self._seq += 1
+        self._probe = _Probe(self._seq, target)
+        member = self._members[target]
+        ping = self._send(member.meta.swim_address, Ping(self.node_id, self._seq, target), target)
+        if member.machine.state is sm.State.Suspect:
+            # memberlist: tack the suspicion onto the probe so the target can refute at once
+            claim = SuspectUpdate(target, member.machine.incarnation, self.node_id)
+            ping = Outgoing(ping.address, _with_updates(ping.message,
+                                                        (claim, *ping.message.updates)), target)
+        out.append(ping)
+        self._arm(now + self._scaled(self.config.probe_timeout_s), "probe_timeout", self._seq)
+
+    def _probe_timeout(self, seq: int, now: float, out: list[Outgoing]) -> None:
+        probe = self._probe
+        if probe is None or probe.seq != seq or probe.acked:
+            return
+        target = self._members.get(probe.target)
+        if target is None:
+            return
+        helpers = self._random_members(self.config.indirect_checks, exclude=probe.target)
+        probe.expected_nacks = len(helpers)
+        for node in helpers:
+            helper = self._members[node]
+            out.append(self._send(helper.meta.swim_address,
+                                  PingReq(self.node_id, seq, probe.target,
+                                          target.meta.swim_address), node))
+
+    def _finish_probe(self, now: float) -> None:
+        probe = self._probe
+        self._probe = None
+        if probe is None:
+            return
+        if probe.acked:
+            self.awareness = max(0, self.awareness - 1)
+            return
+        if probe.expected_nacks > 0:
+            delta = probe.expected_nacks - probe.nacks
+        else:
+            delta = 1
+        self.awareness = min(self.awareness + delta, self.config.awareness_max_multiplier - 1)
+        member = self._members.get(probe.target)
+        if member is not None and member.live:
+            self._apply(SuspectUpdate(probe.target, member.machine.incarnation, self.node_id),
+                        now)
+
+    # ------------------------------------------------------------ timers
+
+    def _arm(self, when: float, kind: str, key: int) -> None:
+        self._timer_seq += 1
+        heapq.heappush(self._timers, (when, self._timer_seq, kind, key))
+
+    def _fire(self, kind: str, key: int, now: float, out: list[Outgoing]) -> None:
+        if kind == "probe":
+            self._finish_probe(now)
+            self._start_probe(now, out)
+            self._arm(now + self._scaled(self.config.probe_interval_s), "probe", 0)
+        elif kind == "probe_timeout":
+            self._probe_timeout(key, now, out)
+        elif kind == "gossip":
+            self._gossip(out)
+            self._arm(now + self.config.gossip_interval_s, "gossip", 0)
+        elif kind == "suspicion":
+            member = self._members.get(NodeId(key))
+            if (member is not None and member.machine.state is sm.State.Suspect
+                    and member.suspicion_deadline <= now):
+                self._carry_out(member, member.machine.handle(sm.SuspicionTimeout()), None, now)
+        elif kind == "relay_nack":
+            relay = self._relays.get(key)
+            if relay is not None and not relay.done and relay.nack:
+                out.append(self._send(relay.origin_address, Nack(self.node_id, relay.origin_seq),
+                                      relay.origin))
+        elif kind == "relay_end":
+            self._relays.pop(key, None)
+        elif kind == "reap":
+            member = self._members.get(NodeId(key))
+            if (member is not None and not member.live
+                    and member.changed_at + self.config.dead_retention_s <= now):
+                self._carry_out(member, member.machine.handle(sm.Forget()), None, now)
+        elif kind == "join":
+            if not self.joined:
+                out.extend(self._join_messages())
+                self._arm(now + self.config.join_retry_s, "join", 0)
+        elif kind == "push_pull":
+            for node in self._random_members(1, exclude=None):
+                out.append(self._send(self._members[node].meta.swim_address,
+                                      Sync(self.node_id, True), node,
+                                      updates=self._full_state()))
+            self._arm(now + self.config.push_pull_interval_s, "push_pull", 0)
+
+    # ------------------------------------------------------------ sending
+
+    def _gossip(self, out: list[Outgoing]) -> None:
+        if not len(self._queue):
+            return
+        targets = self._random_members(self.config.gossip_nodes, exclude=None, dead_too=True)
+        for node in targets:
+            updates = self._take()
+            if not updates:
+                break
+            out.append(Outgoing(self._members[node].meta.swim_address,
+                                Gossip(self.node_id, updates), node))
+            self.sent_messages += 1
+
+    def _send(self, address: Address, message: Message, to: NodeId | None,
+              updates: tuple[Update, ...] | None = None) -> Outgoing:
+        piggyback = self._take() if updates is None else updates
+        if self._reassert:
+            self._reassert = False
+            piggyback = (self._self_alive(), *piggyback)
+        if piggyback:
+            message = _with_updates(message, piggyback)
+        self.sent_messages += 1
+        return Outgoing(address, message, to)
+
+    def _take(self) -> tuple[Update, ...]:
+        limit = cfg.retransmit_limit(self.config, self.live_members)
+        return self._queue.take(self.config.max_piggyback, limit)
+
+    def _join_messages(self) -> list[Outgoing]:
+        return [
+            self._send(seed, Sync(self.node_id, True), None, updates=(self._self_alive(),))
+            for seed in self._seeds
+        ]
+
+    def _full_state(self) -> tuple[Update, ...]:
+        return (self._self_alive(), *(m.last_update for m in self._members.values()))
+
+    def _self_alive(self) -> AliveUpdate:
+        return AliveUpdate(self.node_id, self.incarnation, self.meta)
+
+    def _scaled(self, seconds: float) -> float:
+        return seconds * (self.awareness + 1)
+
+    def _random_members(self, count: int, exclude: NodeId | None,
+                        dead_too: bool = False) -> list[NodeId]:
+        pool = self._live
+        picked: list[NodeId] = []
+        if pool:
+            wanted = min(len(pool), count + 1)
+            picked = [n for n in self._rng.sample(pool, wanted) if n != exclude][:count]
+        if dead_too and len(picked) < count and self._recent_dead:
+            horizon = self._now - self.config.gossip_to_the_dead_s
+            for node, since in list(self._recent_dead.items()):
+                if since < horizon:
+                    del self._recent_dead[node]
+            recent = list(self._recent_dead)
+            self._rng.shuffle(recent)
+            picked.extend(recent[: count - len(picked)])
+        return picked
+
+    def _add_live(self, node: NodeId) -> None:
+        if node not in self._live_index:
+            self._live_index[node] = len(self._live)
+            self._live.append(node)
+
+    def _remove_live(self, node: NodeId) -> None:
+        index = self._live_index.pop(node, None)
+        if index is None:
+            return
+        last = self._live.pop()
+        if last != node:
+            self._live[index] = last
+            self._live_index[last] = index
+
+
+def _with_updates(message: Message, updates: tuple[Update, ...]) -> Message:
+    match message:
+        case Ping(sender=s, seq=q, target=t):
+            return Ping(s, q, t, updates)
+        case Ack(sender=s, seq=q):
+            return Ack(s, q, updates)
+        case Nack(sender=s, seq=q):
+            return Nack(s, q, updates)
+        case PingReq(sender=s, seq=q, target=t, target_address=a, nack=n):
+            return PingReq(s, q, t, a, n, updates)
+        case Gossip(sender=s):
+            return Gossip(s, updates)
+        case Sync(sender=s, reply=r):
+            return Sync(s, r, updates)
+    raise TypeError(f"not a SWIM message: {type(message).__name__}")
