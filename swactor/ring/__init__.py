@@ -18,16 +18,19 @@ from swactor.ring.errors import (
 )
 from swactor.ring.liveness import PeerWatch, fault_and_wake
 from swactor.ring.ring import (
+    ABI_VERSION,
     DEFAULT_VERSION,
     VERSION_COMPACT,
     VERSION_SPLIT,
     Ring,
     RingState,
+    check_abi,
     header_len,
 )
 from swactor.ring.wake import Doorbell, JsonLineWake, MalformedWake, Wake, WakeTimeout
 
 __all__ = [
+    "ABI_VERSION",
     "DEFAULT_VERSION",
     "VERSION_COMPACT",
     "VERSION_SPLIT",
@@ -45,6 +48,7 @@ __all__ = [
     "UnsupportedRingVersion",
     "Wake",
     "WakeTimeout",
+    "check_abi",
     "fault_and_wake",
     "header_len",
 ]

@@ -71,6 +71,18 @@ FAULT_REASON_CODES: tuple[RingFaultReason, ...] = (
 )
 
 
+#: the helper ABI this binding was written against (native/ring.h RING_ABI_VERSION)
+ABI_VERSION = 1
+
+
+def check_abi() -> None:
+    """Raise UnsupportedRingVersion if the compiled helper is not the ABI this binding
+    expects (the worker reports it as WorkerFatalReason.RingHelperAbiMismatch)."""
+    found = int(lib.ring_abi_version())
+    if found != ABI_VERSION:
+        raise UnsupportedRingVersion(f"ring helper ABI {found}, binding expects {ABI_VERSION}")
+
+
 def header_len(version: int = DEFAULT_VERSION) -> int:
     """Bytes the header of `version` occupies (0 for an unknown version)."""
     return int(lib.ring_header_len(version))
@@ -152,8 +164,7 @@ class Ring:
     def __init__(self, arena: ArenaLike, layout: LayoutLike) -> None:
         self.ring_id = int(layout.ring_id)
         self.capacity = int(layout.data_capacity)
-        if lib.ring_abi_version() != lib.RING_ABI_VERSION:
-            raise UnsupportedRingVersion("ring helper ABI mismatch", self.ring_id)
+        check_abi()
         self._base = ffi.from_buffer("uint8_t[]", arena.view, require_writable=True)
         self._h: Any = ffi.NULL
         self._data: memoryview | None = None

@@ -310,3 +310,14 @@ def test_copying_calls_cross_the_wrap_and_report_wakes(arena: Arena) -> None:
     assert (cons.commit, cons.consume) == (1924, 1924)
     prod.close()
     cons.close()
+
+
+def test_abi_check_compares_the_compiled_helper_with_the_binding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from swactor.ring import ring as ring_module
+
+    ring_module.check_abi()  # the installed extension matches
+    monkeypatch.setattr(ring_module, "ABI_VERSION", 2)
+    with pytest.raises(UnsupportedRingVersion):
+        ring_module.check_abi()
