@@ -12,7 +12,10 @@ Everything runs in one invocation, side by side, on the same machine state:
    arena and use the native helper, with eventfd doorbells; the time runs from the
    start barrier to the consumer's last byte.  Ratio = ring GB/s / memcpy GB/s
    (goal >= 0.7).  Both header versions are measured (compact: the spec's packed
-   64-byte header; split: cursors on separate cache lines).
+   64-byte header; split: cursors on separate cache lines), and the copying calls
+   (`write_from` / `read_into`, the copy done in C) beside the zero-copy spans.  A
+   second column divides by the CPU seconds of the busier side instead of wall time:
+   what the ring does with a core to itself, whatever else the machine runs.
 3. `records`: 64-byte records, one span and one commit per record, with the
    pending-bit wake protocol, through a 4 MiB ring and through a 256-byte ring (where
    nearly every record needs a wake), once with eventfd doorbells and once with
@@ -66,11 +69,11 @@ def memcpy_gbps(total: int) -> tuple[float, float]:
     return total / wall / 1e9, total / cpu / 1e9
 
 
-def ring_gbps(total: int, version: int) -> tuple[float, float]:
+def ring_gbps(total: int, version: int, api: str = "spans") -> tuple[float, float]:
     """(wall-clock GB/s, GB/s per CPU-second of the busier side)."""
     rig = RingRig(RING, version=version)
     try:
-        common = ["--spans", f"fixed:{SPAN}", "--timeout", "60"]
+        common = ["--spans", f"fixed:{SPAN}", "--timeout", "60", "--api", api]
         prod, cons, prc, crc = run_pair(
             rig,
             ["--total", str(total), "--sink", "none", *common],
@@ -136,12 +139,14 @@ def main(argv: list[str]) -> int:
     mc, mc_cpu = best2(repeat, lambda: memcpy_gbps(total))
     split, split_cpu = best2(repeat, lambda: ring_gbps(total, VERSION_SPLIT))
     compact, compact_cpu = best2(repeat, lambda: ring_gbps(total, VERSION_COMPACT))
+    copying, copying_cpu = best2(repeat, lambda: ring_gbps(total, VERSION_SPLIT, "copy"))
     print(f"throughput, {total // MiB} MiB in 64 KiB spans, 4 MiB ring:")
     print("                                         wall clock          per CPU-second (*)")
     print(f"  memcpy (64 KiB chunks, one process)   {mc:6.2f} GB/s          {mc_cpu:6.2f} GB/s")
     for name, wall, cpu in (
         ("ring, split header (default)", split, split_cpu),
         ("ring, compact header", compact, compact_cpu),
+        ("ring, native copying calls", copying, copying_cpu),
     ):
         print(
             f"  {name:36}  {wall:6.2f} GB/s x{wall / mc:.2f}    {cpu:6.2f} GB/s x{cpu / mc_cpu:.2f}"
