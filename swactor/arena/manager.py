@@ -322,7 +322,10 @@ class ArenaManager:
 
     def _apply(self, event: fsm.Event) -> None:
         for effect in self._machine.handle(event):
-            self._effects[type(effect)](effect)
+            handler = self._effects.get(type(effect))
+            if handler is None:  # the table grew an effect this binding does not know
+                raise ArenaManagerError(f"no binding for effect {type(effect).__name__}")
+            handler(effect)
 
     def _do_create_arena(self, effect: fsm.CreateArena) -> None:
         try:
