@@ -22,9 +22,21 @@ Effects are frozen slotted dataclasses, compared by value in tests.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["CancelTimer", "ProtocolError", "ProtocolViolation", "StartTimer"]
+__all__ = ["CancelTimer", "ProtocolError", "ProtocolViolation", "StartTimer", "slot_setter"]
+
+
+def slot_setter(cls: type, name: str) -> Callable[[Any, Any], None]:
+    """The setter of slot ``name`` of ``cls``, bypassing a frozen dataclass's __setattr__.
+
+    Generated frozen dataclasses store their fields in ``__init__`` through these: one C
+    call per field instead of ``object.__setattr__`` through the dataclass machinery.
+    """
+    setter: Callable[[Any, Any], None] = cls.__dict__[name].__set__
+    return setter
 
 
 class ProtocolError(Exception):
