@@ -26,6 +26,7 @@ control channel for control messages).
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, cast
@@ -49,6 +50,7 @@ PEER_REJECTED_CODE = 0x5A01
 STOPPED_CODE = 0x5A02
 _CID_LENGTH = 8
 _MIN_INITIAL = 1200
+_BATCH = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +101,11 @@ class QuicLink:
 
     # -- I/O ------------------------------------------------------------------------
 
-    def datagram_received(self, data: bytes, addr: Address) -> None:
+    def receive(self, data: bytes, addr: Address) -> None:
+        """Feed one datagram to aioquic (the endpoint calls `after_receive` per batch)."""
         self.quic.receive_datagram(data, addr, now=self._loop.time())
+
+    def after_receive(self) -> None:
         self._process_events()
         self.transmit()
         self.progress.set()
@@ -151,9 +156,9 @@ class QuicLink:
         self.transmit_soon()
 
     def consume(self, stream_id: int, nbytes: int) -> None:
-        """Credit the peer for `nbytes` taken from `stream_id` and transmit promptly."""
-        self.quic.consume(stream_id, nbytes)
-        if not self.closed:
+        """Credit the peer for `nbytes` taken from `stream_id`; when a credit update is
+        due, transmit promptly (an idle connection would otherwise never send it)."""
+        if self.quic.consume(stream_id, nbytes) and not self.closed:
             self.transmit_soon()
 
     def stop_stream(self, stream_id: int, error_code: int = STOPPED_CODE) -> None:
@@ -270,7 +275,7 @@ class QuicLink:
                 handler.link_closed(self, reason)
 
 
-class QuicEndpoint(asyncio.DatagramProtocol):
+class QuicEndpoint:
     """The node's single QUIC endpoint (see the module docstring)."""
 
     def __init__(
@@ -291,7 +296,7 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         self._cache: dict[tuple[int, str], QuicLink] = {}
         self._connecting: dict[tuple[int, str], asyncio.Future[QuicLink]] = {}
         self._links: set[QuicLink] = set()
-        self._transport: asyncio.DatagramTransport | None = None
+        self._sock: socket.socket | None = None
         self._server_config = config.quic_configuration(identity, is_client=False)
         self._keepalive: asyncio.Task[None] | None = None
 
@@ -302,11 +307,27 @@ class QuicEndpoint(asyncio.DatagramProtocol):
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> Address:
         """Bind the UDP socket and start keep-alives; returns the bound address."""
         loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_datagram_endpoint(lambda: self, local_addr=(host, port))
-        self._transport = transport
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.setblocking(False)
+            for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+                sock.setsockopt(socket.SOL_SOCKET, option, self.config.socket_buffer)
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            raise TransportError(f"cannot bind UDP {host}:{port}: {exc.strerror}") from exc
+        self._sock = sock
+        loop.add_reader(sock.fileno(), self._read_ready)
         self._keepalive = asyncio.create_task(self._keepalive_loop())
-        sockname = transport.get_extra_info("sockname")
-        return (str(sockname[0]), int(sockname[1]))
+        return self.address
+
+    @property
+    def address(self) -> Address:
+        """The bound (host, port)."""
+        if self._sock is None:
+            raise TransportError("endpoint is not started")
+        host, port = self._sock.getsockname()[:2]
+        return (str(host), int(port))
 
     async def close(self) -> None:
         if self._keepalive is not None:
@@ -314,8 +335,10 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         for link in list(self._links):
             link.close("endpoint closing")
         await asyncio.sleep(0)
-        if self._transport is not None:
-            self._transport.close()
+        if self._sock is not None:
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
 
     def register_handler(self, alpn: str, handler: LinkHandler) -> None:
         self._handlers[alpn] = handler
@@ -407,22 +430,49 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         return self._cache.get((peer_node_id, alpn))
 
     def sendto(self, data: bytes, addr: Address) -> None:
-        if self._transport is not None:
-            self._transport.sendto(data, addr)
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            sock.sendto(data, addr)
+        except (BlockingIOError, InterruptedError):
+            pass  # socket buffer full: a lost datagram, which QUIC recovers
+        except OSError:
+            pass  # e.g. unreachable peer; the connection's timers deal with it
 
     # -- inbound --------------------------------------------------------------------
 
-    def datagram_received(self, data: bytes, addr: Address) -> None:
+    def _read_ready(self) -> None:
+        """Drain up to `_BATCH` datagrams, then let each touched link react once: one
+        event pass and one transmit per batch instead of per datagram."""
+        sock = self._sock
+        if sock is None:
+            return
+        touched: dict[QuicLink, None] = {}
+        for _ in range(_BATCH):
+            try:
+                data, addr = sock.recvfrom(65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            link = self._route(data, (str(addr[0]), int(addr[1])))
+            if link is not None:
+                touched[link] = None
+        for link in touched:
+            link.after_receive()
+
+    def _route(self, data: bytes, addr: Address) -> QuicLink | None:
         try:
             header = pull_quic_header(Buffer(data=data), host_cid_length=_CID_LENGTH)
         except ValueError:
-            return
+            return None
         link = self._routes.get(header.destination_cid)
         if link is None:
             if header.packet_type != QuicPacketType.INITIAL or len(data) < _MIN_INITIAL:
-                return
+                return None
             if header.version not in self._server_config.supported_versions:
-                return
+                return None
             quic = SwactorConnection(
                 configuration=self._server_config,
                 original_destination_connection_id=header.destination_cid,
@@ -433,7 +483,8 @@ class QuicEndpoint(asyncio.DatagramProtocol):
             self._links.add(link)
             self.route(header.destination_cid, link)
             self.route(quic.host_cid, link)
-        link.datagram_received(data, addr)
+        link.receive(data, addr)
+        return link
 
     async def _keepalive_loop(self) -> None:
         while True:

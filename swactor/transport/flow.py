@@ -14,7 +14,10 @@ ring), calling `consume(stream_id, n)`:
     MAX_STREAM_DATA(stream) = consumed(stream) + stream_window
     MAX_DATA                = consumed(all streams) + connection_window
 
-both monotonic, never doubled. Bytes held between arrival and consumption are therefore at
+both monotonic, never doubled, and raised only once they would grow by at least a
+quarter window (so a busy receiver sends one credit update per quarter window, not one
+per packet; a blocked sender is always released, since the consumer frees the whole
+window it holds). Bytes held between arrival and consumption are therefore at
 most one window per stream (and one connection window in all): that is the receiver's
 memory bound, and a stalled consumer stalls the remote sender through plain QUIC flow
 control. The caller must transmit soon after `consume` (an idle connection otherwise never
@@ -75,15 +78,25 @@ class SwactorConnection(QuicConnection):
         self._sw_connection_window = connection_window
         self._sw_consumed: dict[int, int] = {}
         self._sw_consumed_total = 0
+        self._sw_step = max(1, stream_window // 4)
+        self._sw_connection_step = max(1, connection_window // 4)
 
     # -- receive side ---------------------------------------------------------------
 
-    def consume(self, stream_id: int, nbytes: int) -> None:
-        """Record that the application took `nbytes` of `stream_id`; credit follows."""
+    def consume(self, stream_id: int, nbytes: int) -> bool:
+        """Record that the application took `nbytes` of `stream_id`. True when a credit
+        update is due now (the caller should transmit soon)."""
         if nbytes <= 0:
-            return
-        self._sw_consumed[stream_id] = self._sw_consumed.get(stream_id, 0) + nbytes
+            return False
+        consumed = self._sw_consumed.get(stream_id, 0) + nbytes
+        self._sw_consumed[stream_id] = consumed
         self._sw_consumed_total += nbytes
+        stream = self._streams.get(stream_id)
+        if stream is not None and stream.max_stream_data_local:
+            if consumed + self._sw_stream_window - stream.max_stream_data_local >= self._sw_step:
+                return True
+        target = self._sw_consumed_total + self._sw_connection_window
+        return bool(target - self._local_max_data.value >= self._sw_connection_step)
 
     def forget_stream(self, stream_id: int) -> None:
         """Drop per-stream accounting once a stream ended (its total stays counted)."""
@@ -125,7 +138,7 @@ class SwactorConnection(QuicConnection):
         if not stream.max_stream_data_local:
             return
         target = self._sw_consumed.get(stream.stream_id, 0) + self._sw_stream_window
-        if target > stream.max_stream_data_local:
+        if target - stream.max_stream_data_local >= self._sw_step:
             stream.max_stream_data_local = target
         if stream.max_stream_data_local_sent != stream.max_stream_data_local:
             buf = builder.start_frame(
@@ -141,7 +154,7 @@ class SwactorConnection(QuicConnection):
     def _write_connection_limits(self, builder: Any, space: Any) -> None:
         max_data = self._local_max_data
         target = self._sw_consumed_total + self._sw_connection_window
-        if target > max_data.value:
+        if target - max_data.value >= self._sw_connection_step:
             max_data.value = target
         for limit in (max_data, self._local_max_streams_bidi, self._local_max_streams_uni):
             if limit is not max_data and limit.sent - limit.used >= limit.value - limit.sent:

@@ -97,8 +97,7 @@ async def make_node(
 
 
 def address_of(node: Node) -> tuple[str, int]:
-    sock = node.endpoint._transport.get_extra_info("sockname")  # type: ignore[union-attr]
-    return (str(sock[0]), int(sock[1]))
+    return node.endpoint.address
 
 
 async def make_pair(config: TransportConfig) -> tuple[Node, Node]:

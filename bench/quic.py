@@ -1,0 +1,317 @@
+"""QUIC edge benchmark: throughput vs plain asyncio TCP, and per-record hop latency.
+
+Theory of operation
+-------------------
+Everything runs in one invocation on loopback, each figure from a fresh pair of
+processes (a sender and a receiver, `python -m bench.quic --role ...`), so the two ends
+never share an event loop or a GIL:
+
+1. `edge MiB/s` at each datagram size (default 1452 and 16383: 16384 itself is refused,
+   aioquic corrupts streams above 16383): the sender's worker side writes MIB MiB into a
+   4 MiB egress ring (memfd arena, cffi helper); its `Driver` send-pump moves them over
+   one QUIC edge stream (mutual TLS, consumer-credited flow control); the receiver's
+   recv-pump copies them into a 4 MiB ingress ring whose worker side drains it. Time runs
+   from the receiver's first byte to its last.
+2. `tcp MiB/s`: the same bytes over one plain asyncio TCP stream (write + drain per MiB,
+   read 1 MiB at a time), measured the same way. Ratio = edge / tcp.
+3. `hop latency`: RECORDS records of 2,304 bytes (one SmolLM2 activation row), one at a
+   time, 2 ms apart: stamp CLOCK_MONOTONIC, write the record into the egress ring, ...,
+   the receiver's worker side sees it complete in the ingress ring: p50 / p99 / max.
+
+The worker side of each ring lives in the same process as its driver (it wakes the pump
+by a direct call instead of an eventfd doorbell), so the figures include both rings and
+both pumps but not a doorbell hop. `--profile DIR` writes cProfile stats per process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from swactor.arena import Arena
+from swactor.ring import Ring, RingState
+from swactor.ring.rig import make_layout
+from swactor.transport.config import TransportConfig
+from swactor.transport.driver import Driver
+from swactor.transport.endpoint import QuicEndpoint
+from swactor.transport.identity import NodeIdentity
+from swactor.transport.messages import (
+    DriverEvent,
+    EstablishRecv,
+    EstablishSend,
+    PumpStopped,
+    StreamFault,
+    WakeHint,
+)
+
+MiB = 1 << 20
+RING = 4 * MiB
+RECORD = 2304
+EDGE = 1
+
+
+def _config(datagram: int) -> TransportConfig:
+    return TransportConfig(
+        max_datagram_size=datagram,
+        stream_window=2 * MiB,
+        edges_per_connection=4,
+        connection_window=8 * MiB,
+        send_high_water=2 * MiB,
+    )
+
+
+class _Side:
+    """One process's endpoint, arena, ring and driver, with in-process wake routing."""
+
+    def __init__(self, key: Path, datagram: int, allowed: int) -> None:
+        self.identity = NodeIdentity.load(key)
+        self.endpoint = QuicEndpoint(self.identity, _config(datagram), allowed=[allowed])
+        self.arena = Arena.create(RING + (1 << 20))
+        self.layout = make_layout(RING, ring_id=1, offset=1 << 16)
+        self.ring = Ring.init(self.arena, self.layout)
+        self.wake = asyncio.Event()
+        self.events: list[DriverEvent] = []
+        self.done = asyncio.Event()
+        self.driver = Driver(self.endpoint, self.arena, self._emit, self._wake)
+
+    def _emit(self, event: DriverEvent) -> None:
+        self.events.append(event)
+        if isinstance(event, StreamFault):
+            print(f"bench quic: {event}", file=sys.stderr)
+        if isinstance(event, (PumpStopped, StreamFault)):
+            self.done.set()
+
+    def _wake(self, hint: WakeHint) -> None:
+        self.wake.set()
+
+
+async def _wait_readable(side: _Side) -> bool:
+    """Worker-side wait for bytes; False once the producer closed and all is read."""
+    ring = side.ring
+    while True:
+        if len(ring.readable_span()):
+            return True
+        if ring.state is not RingState.Open:
+            return bool(len(ring.readable_span()))
+        side.wake.clear()
+        ring.clear_readable_pending()
+        if len(ring.readable_span()) or ring.state is not RingState.Open:
+            continue
+        await side.wake.wait()
+
+
+async def _rx_quic(args: argparse.Namespace) -> dict[str, Any]:
+    side = _Side(args.key, args.datagram, args.peer_id)
+    _, port = await side.endpoint.start()
+    print(json.dumps({"port": port}), flush=True)
+    side.driver.handle(EstablishRecv(EDGE, 1, side.layout))
+    ring, received, first = side.ring, 0, 0.0
+    latencies: list[int] = []
+    partial = bytearray()
+    while await _wait_readable(side):
+        span = ring.readable_span()
+        n = len(span)
+        if not first:
+            first = time.perf_counter()
+        if args.mode == "lat":
+            partial += span
+            while len(partial) >= RECORD:
+                stamp = int.from_bytes(partial[:8], "little")
+                latencies.append(time.monotonic_ns() - stamp)
+                del partial[:RECORD]
+        del span
+        received += n
+        if ring.consume_and_mark(n):
+            side.driver.ring_writable(1)
+    seconds = time.perf_counter() - first
+    await side.driver.close()
+    await side.endpoint.close()
+    return {"bytes": received, "seconds": seconds, "latencies_ns": latencies}
+
+
+async def _tx_quic(args: argparse.Namespace) -> dict[str, Any]:
+    side = _Side(args.key, args.datagram, args.peer_id)
+    await side.endpoint.start()
+    side.endpoint.address_book[args.peer_id] = ("127.0.0.1", args.port)
+    side.driver.handle(EstablishSend(EDGE, args.peer_id, 1, side.layout))
+    ring = side.ring
+    pattern = os.urandom(MiB)
+    total = args.mib * MiB if args.mode == "tput" else args.records * RECORD
+    written = 0
+    while written < total:
+        if args.mode == "lat":
+            await asyncio.sleep(0.002)
+            record = bytearray(RECORD)
+            record[:8] = time.monotonic_ns().to_bytes(8, "little")
+            data = memoryview(record)
+        else:
+            off = written % MiB
+            data = memoryview(pattern)[off : off + min(MiB - off, total - written)]
+        while data:
+            span = ring.writable_span(len(data))
+            if not len(span):
+                side.wake.clear()
+                ring.clear_writable_pending()
+                if not len(ring.writable_span()):
+                    await side.wake.wait()
+                continue
+            k = len(span)
+            span[:] = data[:k]
+            del span
+            data = data[k:]
+            written += k
+            if ring.commit_and_mark(k):
+                side.driver.ring_readable(1)
+        if args.mode == "tput":
+            await asyncio.sleep(0)
+    ring.close_producer()
+    if ring.mark_readable_pending():
+        side.driver.ring_readable(1)
+    await side.done.wait()
+    send = side.driver.send_edges[EDGE]
+    while send.link is not None and not send.link.closed and send.stream_id is not None:
+        if send.link.quic.send_buffered(send.stream_id) == 0:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    await side.driver.close()
+    await side.endpoint.close()
+    return {"bytes": written}
+
+
+async def _rx_tcp(args: argparse.Namespace) -> dict[str, Any]:
+    done = asyncio.Event()
+    result: dict[str, Any] = {}
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received, first = 0, 0.0
+        while chunk := await reader.read(MiB):
+            if not first:
+                first = time.perf_counter()
+            received += len(chunk)
+        result.update(bytes=received, seconds=time.perf_counter() - first)
+        writer.close()
+        done.set()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    print(json.dumps({"port": server.sockets[0].getsockname()[1]}), flush=True)
+    await done.wait()
+    server.close()
+    return result
+
+
+async def _tx_tcp(args: argparse.Namespace) -> dict[str, Any]:
+    _, writer = await asyncio.open_connection("127.0.0.1", args.port)
+    pattern = os.urandom(MiB)
+    for _ in range(args.mib):
+        writer.write(pattern)
+        await writer.drain()
+    writer.write_eof()
+    writer.close()
+    await writer.wait_closed()
+    return {"bytes": args.mib * MiB}
+
+
+ROLES = {"rx-quic": _rx_quic, "tx-quic": _tx_quic, "rx-tcp": _rx_tcp, "tx-tcp": _tx_tcp}
+
+
+def _role(args: argparse.Namespace) -> int:
+    runner = ROLES[args.role]
+    if args.profile:
+        profiler = cProfile.Profile()
+        result = profiler.runcall(asyncio.run, runner(args))
+        profiler.dump_stats(str(Path(args.profile) / f"{args.role}-{args.datagram}.prof"))
+    else:
+        result = asyncio.run(runner(args))
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+def _pair(kind: str, keys: dict[str, tuple[Path, int]], extra: list[str]) -> dict[str, Any]:
+    base = [sys.executable, "-m", "bench.quic"]
+    rx_key, rx_id = keys["rx"]
+    tx_key, tx_id = keys["tx"]
+    rx = subprocess.Popen(
+        [*base, "--role", f"rx-{kind}", "--key", str(rx_key), "--peer-id", str(tx_id), *extra],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert rx.stdout is not None
+    port = json.loads(rx.stdout.readline())["port"]
+    tx = subprocess.run(
+        [*base, "--role", f"tx-{kind}", "--key", str(tx_key), "--peer-id", str(rx_id),
+         "--port", str(port), *extra],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out, _ = rx.communicate(timeout=60)
+    if tx.returncode or rx.returncode:
+        raise RuntimeError(f"bench quic {kind}: sender rc={tx.returncode} {tx.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def _mib_s(result: dict[str, Any]) -> float:
+    return float(result["bytes"]) / MiB / max(float(result["seconds"]), 1e-9)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="bench quic", description=__doc__.split("\n")[0])
+    parser.add_argument("--mib", type=int, default=64, help="MiB per throughput run")
+    parser.add_argument("--datagrams", default="1452,16383", help="datagram sizes to measure")
+    parser.add_argument("--records", type=int, default=500, help="records for hop latency")
+    parser.add_argument("--profile", default="", help="write cProfile stats to this directory")
+    parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
+    parser.add_argument("--key", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--peer-id", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--datagram", type=int, default=1452, help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=["tput", "lat"], default="tput", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.role:
+        return _role(args)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        keys = {}
+        for name in ("rx", "tx"):
+            path = Path(tmp) / f"{name}.key"
+            keys[name] = (path, NodeIdentity.load_or_create(path).node_id)
+        common = ["--mib", str(args.mib)] + (["--profile", args.profile] if args.profile else [])
+        tcp = _mib_s(_pair("tcp", keys, common))
+        print(f"tcp   asyncio stream        {args.mib:5d} MiB  {tcp:8.1f} MiB/s")
+        for datagram in (int(d) for d in args.datagrams.split(",")):
+            quic = _mib_s(_pair("quic", keys, [*common, "--datagram", str(datagram)]))
+            print(
+                f"quic  edge, {datagram:5d}-byte dgrams {args.mib:5d} MiB  {quic:8.1f} MiB/s"
+                f"   ratio to tcp {quic / tcp:.3f}"
+            )
+        lat = _pair(
+            "quic",
+            keys,
+            ["--mode", "lat", "--records", str(args.records), "--datagram", "1452"],
+        )
+        values = sorted(v / 1e6 for v in lat["latencies_ns"])
+        if len(values) != args.records:
+            print(f"bench quic: {len(values)} of {args.records} records timed", file=sys.stderr)
+            return 1
+        p99 = values[min(len(values) - 1, int(len(values) * 0.99))]
+        print(
+            f"hop   {RECORD}-byte records x{len(values)}, ring->QUIC->ring: "
+            f"p50 {statistics.median(values):.3f} ms  p99 {p99:.3f} ms  max {values[-1]:.3f} ms"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
