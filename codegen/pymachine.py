@@ -44,8 +44,9 @@ def _message_class(msg: Message, kind: str) -> list[str]:
     lines += [f"        _set_{msg.name}_{f.name}(self, {f.name})" for f in msg.fields]
     lines.append("")
     lines.append("")
-    lines += [f'_set_{msg.name}_{f.name} = {msg.name}.__dict__["{f.name}"].__set__'
-              for f in msg.fields]
+    for f in msg.fields:
+        lines += pretty.call(f"_set_{msg.name}_{f.name} = slot_setter",
+                             [msg.name, f'"{f.name}"'], "", 0)
     return lines
 
 
@@ -190,7 +191,9 @@ def module_source(table: Table, wire: WireNames) -> str:
         effect_names += ["StartTimer", "CancelTimer"]
     if table.unhandled == "fault":
         effect_names.append("ProtocolViolation")
-    runtime_imports = sorted({"ProtocolError"} | set(effect_names) - set(table.effects))
+    runtime_imports = sorted({"ProtocolError"} | set(effect_names) - set(table.effects)
+                             | ({"slot_setter"} if any(m.fields for m in [
+                                 *table.events.values(), *table.effects.values()]) else set()))
 
     fault_lines: list[str] = []
     if table.unhandled == "fault":

@@ -25,7 +25,7 @@ MACHINE_FILES = ("swactor/fsm/generated/{m}.py", "diagrams/{m}.dot",
 
 def _tree(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes()
-            for p in sorted(root.rglob("*")) if p.is_file() and "fsm" not in p.parts[-2:-1]}
+            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None,

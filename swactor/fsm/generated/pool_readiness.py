@@ -316,17 +316,18 @@ _TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
 _FastRow: TypeAlias = tuple[
     Callable[[PoolReadinessGuards, Any], bool] | None,
     State | None,
-    "dict[type[Any], tuple[_FastRow, ...]] | None",
+    "dict[type[Any], tuple[_FastRow, ...]]",
     Callable[["PoolReadinessMachine", Any], list[Effect]],
 ]
 
 
 def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
-    """``_TABLE`` regrouped per state, each row carrying its target's event map."""
+    """``_TABLE`` regrouped per state; each row carries the event map of the state it
+    leaves the machine in, so a transition costs no lookup."""
     by_state: dict[State, dict[type[Any], tuple[_FastRow, ...]]] = {s: {} for s in State}
     for (state, event_type), rows in _TABLE.items():
         by_state[state][event_type] = tuple(
-            (guard, target, None if target is None else by_state[target], build)
+            (guard, target, by_state[state if target is None else target], build)
             for guard, target, build in rows
         )
     return by_state
@@ -385,7 +386,7 @@ class PoolReadinessMachine:
                     effects = build(self, event)
                     if target is not None:
                         self._state = target
-                        self._events = events  # type: ignore[assignment]
+                        self._events = events
                     return effects
         return self._unhandled(event)
 
