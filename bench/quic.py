@@ -60,9 +60,10 @@ RECORD = 2304
 EDGE = 1
 
 
-def _config(datagram: int) -> TransportConfig:
+def _config(datagram: int, pacing: bool) -> TransportConfig:
     return TransportConfig(
         max_datagram_size=datagram,
+        pacing=pacing,
         stream_window=2 * MiB,
         edges_per_connection=4,
         connection_window=8 * MiB,
@@ -73,9 +74,10 @@ def _config(datagram: int) -> TransportConfig:
 class _Side:
     """One process's endpoint, arena, ring and driver, with in-process wake routing."""
 
-    def __init__(self, key: Path, datagram: int, allowed: int) -> None:
+    def __init__(self, key: Path, datagram: int, allowed: int, pacing: bool) -> None:
         self.identity = NodeIdentity.load(key)
-        self.endpoint = QuicEndpoint(self.identity, _config(datagram), allowed=[allowed])
+        config = _config(datagram, pacing)
+        self.endpoint = QuicEndpoint(self.identity, config, allowed=[allowed])
         self.arena = Arena.create(RING + (1 << 20))
         self.layout = make_layout(RING, ring_id=1, offset=1 << 16)
         self.ring = Ring.init(self.arena, self.layout)
@@ -111,7 +113,7 @@ async def _wait_readable(side: _Side) -> bool:
 
 
 async def _rx_quic(args: argparse.Namespace) -> dict[str, Any]:
-    side = _Side(args.key, args.datagram, args.peer_id)
+    side = _Side(args.key, args.datagram, args.peer_id, args.pacing == "on")
     _, port = await side.endpoint.start()
     print(json.dumps({"port": port}), flush=True)
     side.driver.handle(EstablishRecv(EDGE, 1, side.layout))
@@ -140,7 +142,7 @@ async def _rx_quic(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _tx_quic(args: argparse.Namespace) -> dict[str, Any]:
-    side = _Side(args.key, args.datagram, args.peer_id)
+    side = _Side(args.key, args.datagram, args.peer_id, args.pacing == "on")
     await side.endpoint.start()
     side.endpoint.address_book[args.peer_id] = ("127.0.0.1", args.port)
     side.driver.handle(EstablishSend(EDGE, args.peer_id, 1, side.layout))
@@ -278,6 +280,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--datagram", type=int, default=1452, help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=["tput", "lat"], default="tput", help=argparse.SUPPRESS)
+    parser.add_argument("--pacing", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.role:
         return _role(args)
@@ -291,25 +294,26 @@ def main(argv: list[str]) -> int:
         tcp = _mib_s(_pair("tcp", keys, common))
         print(f"tcp   asyncio stream        {args.mib:5d} MiB  {tcp:8.1f} MiB/s")
         for datagram in (int(d) for d in args.datagrams.split(",")):
-            quic = _mib_s(_pair("quic", keys, [*common, "--datagram", str(datagram)]))
+            for pacing in ("on", "off"):
+                extra = [*common, "--datagram", str(datagram), "--pacing", pacing]
+                quic = _mib_s(_pair("quic", keys, extra))
+                print(
+                    f"quic  edge, {datagram:5d}-byte dgrams, pacing {pacing:3s} {args.mib:5d} MiB"
+                    f"  {quic:8.1f} MiB/s   ratio to tcp {quic / tcp:.3f}"
+                )
+        for pacing in ("on", "off"):
+            extra = ["--mode", "lat", "--records", str(args.records), "--datagram", "1452"]
+            lat = _pair("quic", keys, [*extra, "--pacing", pacing])
+            values = sorted(v / 1e6 for v in lat["latencies_ns"])
+            if len(values) != args.records:
+                print(f"bench quic: {len(values)} of {args.records} timed", file=sys.stderr)
+                return 1
+            p99 = values[min(len(values) - 1, int(len(values) * 0.99))]
             print(
-                f"quic  edge, {datagram:5d}-byte dgrams {args.mib:5d} MiB  {quic:8.1f} MiB/s"
-                f"   ratio to tcp {quic / tcp:.3f}"
+                f"hop   {RECORD}-byte records x{len(values)}, ring->QUIC->ring, pacing {pacing}:"
+                f" p50 {statistics.median(values):.3f} ms  p99 {p99:.3f} ms"
+                f"  max {values[-1]:.3f} ms"
             )
-        lat = _pair(
-            "quic",
-            keys,
-            ["--mode", "lat", "--records", str(args.records), "--datagram", "1452"],
-        )
-        values = sorted(v / 1e6 for v in lat["latencies_ns"])
-        if len(values) != args.records:
-            print(f"bench quic: {len(values)} of {args.records} records timed", file=sys.stderr)
-            return 1
-        p99 = values[min(len(values) - 1, int(len(values) * 0.99))]
-        print(
-            f"hop   {RECORD}-byte records x{len(values)}, ring->QUIC->ring: "
-            f"p50 {statistics.median(values):.3f} ms  p99 {p99:.3f} ms  max {values[-1]:.3f} ms"
-        )
     return 0
 
 

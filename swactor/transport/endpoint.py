@@ -389,6 +389,7 @@ class QuicEndpoint:
             configuration=config,
             stream_window=self.config.stream_window,
             connection_window=self.config.connection_window,
+            pacing=self.config.pacing,
         )
         link = QuicLink(self, quic, addr, expected_peer=peer_node_id)
         self._links.add(link)
@@ -478,6 +479,7 @@ class QuicEndpoint:
                 original_destination_connection_id=header.destination_cid,
                 stream_window=self.config.stream_window,
                 connection_window=self.config.connection_window,
+                pacing=self.config.pacing,
             )
             link = QuicLink(self, quic, addr, expected_peer=None)
             self._links.add(link)

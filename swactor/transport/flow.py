@@ -43,6 +43,7 @@ from aioquic.buffer import UINT_VAR_MAX_SIZE
 from aioquic.quic import connection as _conn_module
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicFrameType
+from aioquic.quic.recovery import QuicPacketPacer
 from cryptography import x509
 
 # (owner, attribute) pairs this module relies on; see tests/transport/test_aioquic_pins.py.
@@ -62,6 +63,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("QuicStream", "max_stream_data_local"),
     ("QuicStream", "max_stream_data_local_sent"),
     ("QuicStreamSender", "_buffer"),
+    ("QuicConnection", "_loss._pacer (only with pacing off)"),
     ("Limit", "used/value/sent"),
 )
 
@@ -69,11 +71,31 @@ _MAX_STREAM_DATA_FRAME_CAPACITY = 1 + 2 * UINT_VAR_MAX_SIZE
 _CONNECTION_LIMIT_FRAME_CAPACITY = 1 + UINT_VAR_MAX_SIZE
 
 
+class _NoPacer(QuicPacketPacer):
+    """Stands in for aioquic's packet pacer when pacing is off: never delays a packet."""
+
+    def next_send_time(self, now: float) -> float | None:
+        return None
+
+    def update_after_send(self, now: float) -> None:
+        return None
+
+    def update_bucket(self, now: float) -> None:
+        return None
+
+    def update_rate(self, congestion_window: int, smoothed_rtt: float) -> None:
+        return None
+
+
 class SwactorConnection(QuicConnection):
     """A QUIC connection whose receive windows advance only on `consume()`."""
 
-    def __init__(self, *, stream_window: int, connection_window: int, **kwargs: Any) -> None:
+    def __init__(
+        self, *, stream_window: int, connection_window: int, pacing: bool = True, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
+        if not pacing:
+            self._loss._pacer = _NoPacer(max_datagram_size=self._max_datagram_size)
         self._sw_stream_window = stream_window
         self._sw_connection_window = connection_window
         self._sw_consumed: dict[int, int] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from importlib.metadata import version
 
 from aioquic.quic.connection import Limit
+from aioquic.quic.recovery import QuicPacketPacer
 
 from swactor.transport.config import TransportConfig
 from swactor.transport.flow import SwactorConnection, check_private_names
@@ -29,3 +30,20 @@ def test_connection_instance_attributes_exist() -> None:
     assert isinstance(conn._streams, dict)
     assert conn._is_client is True
     assert conn._local_max_data.value == TransportConfig().connection_window
+
+
+def test_pacer_is_replaceable() -> None:
+    config = TransportConfig().quic_configuration(NodeIdentity.generate(), is_client=True)
+    paced = SwactorConnection(
+        configuration=config, stream_window=1 << 16, connection_window=1 << 20
+    )
+    assert isinstance(paced._loss._pacer, QuicPacketPacer)
+    unpaced = SwactorConnection(
+        configuration=config, stream_window=1 << 16, connection_window=1 << 20, pacing=False
+    )
+    for conn in (paced, unpaced):  # a burst of 100 packets at one instant
+        conn._loss._pacer.update_rate(congestion_window=20000, smoothed_rtt=0.01)
+        for _ in range(100):
+            conn._loss._pacer.update_after_send(now=1.0)
+    assert unpaced._loss._pacer.next_send_time(now=1.0) is None
+    assert paced._loss._pacer.next_send_time(now=1.0) is not None
