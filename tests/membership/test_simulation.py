@@ -103,7 +103,8 @@ def test_control_without_lifeguard_margins_healthy_members_do_die() -> None:
     sim.run_until(40.0)
     healthy_dead = [
         e for _, _, e in sim.events
-        if isinstance(e, MemberChanged) and e.state is MemberState.Dead and e.node_id != sim_node_id(1)
+        if isinstance(e, MemberChanged) and e.state is MemberState.Dead
+        and e.node_id != sim_node_id(1)
     ]
     assert healthy_dead
 

@@ -1,0 +1,225 @@
+"""One SWIM member on a real UDP socket, run by its own thread.
+
+Theory of operation
+-------------------
+`MembershipNode` owns a UDP socket on its own port and a thread that is the only user of
+its `SwimCore` and `Codec`. The thread sleeps in `select()` until a datagram arrives,
+the core's next deadline passes, or another thread asks something of it (a byte on a
+wake-up socket pair); then it verifies and handles datagrams, runs due timers, sends
+what the core returns and hands membership events to `on_event`. Because probes are
+answered and sent from this thread, a busy asyncio (QUIC) loop in the same process does
+not make the node look dead: only the GIL is shared, and CPython hands it over every
+few milliseconds.
+
+Other threads talk to it through `update_meta`, `leave`, `view` and `stop`, which post
+commands and wake the thread; `view()` returns a snapshot taken under a lock.
+`on_event` is called on the membership thread: hand events to asyncio with
+`loop.call_soon_threadsafe` (`asyncio_events` does exactly that into a queue).
+
+A datagram that is malformed is dropped and counted (`malformed`); one whose signature
+or node id does not match is dropped and reported as a `ForgedMessage` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Collection, Sequence
+
+from swactor.membership.config import SwimConfig
+from swactor.membership.core import MemberView, SwimCore
+from swactor.membership.messages import Address, MemberMeta, MembershipEvent, Outgoing
+from swactor.membership.wire import MAX_DATAGRAM, Codec, MembershipWireError, Signer
+from swactor.transport.identity import NodeIdentity
+from swactor.wire import NodeId
+
+log = logging.getLogger(__name__)
+
+EventCallback = Callable[[MembershipEvent], None]
+
+
+class MembershipNode:
+    """A SWIM participant on UDP `bind`, in its own thread (see the module docstring)."""
+
+    def __init__(
+        self,
+        identity: NodeIdentity,
+        config: SwimConfig,
+        meta: MemberMeta,
+        *,
+        seeds: Sequence[Address] = (),
+        allowed: Collection[NodeId] | None = None,
+        on_event: EventCallback | None = None,
+        bind: Address = ("127.0.0.1", 0),
+        rng: random.Random | None = None,
+    ) -> None:
+        self.node_id = NodeId(identity.node_id)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.bind(bind)
+        self._sock.setblocking(False)
+        host, port = self._sock.getsockname()[:2]
+        self.address: Address = (str(host), int(port))
+        meta = MemberMeta(
+            swim_host=meta.swim_host or self.address[0], swim_port=self.address[1],
+            quic_host=meta.quic_host, quic_port=meta.quic_port, boot_health=meta.boot_health,
+            device_kind=meta.device_kind, memory_bytes=meta.memory_bytes, role=meta.role,
+        )
+        self._codec = Codec(Signer(identity.private_key), allowed)
+        self._core = SwimCore(config, self.node_id, meta, rng or random.Random())
+        self._seeds = tuple(seeds)
+        self._on_event = on_event
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._commands: list[Callable[[float], list[Outgoing]]] = []
+        self._lock = threading.Lock()
+        self._view: dict[NodeId, MemberView] = self._core.view()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"swim-{self.node_id:016x}",
+                                        daemon=True)
+        self.malformed = 0
+        self.forged = 0
+
+    # ------------------------------------------------------------ other threads
+
+    def start(self) -> None:
+        """Start the membership thread and contact the seeds."""
+        self._post(lambda now: self._core.start(now, self._seeds))
+        self._thread.start()
+
+    def update_meta(self, meta: MemberMeta) -> None:
+        """Publish new metadata (boot health, endpoint); the SWIM address is kept."""
+        def apply(now: float) -> list[Outgoing]:
+            current = self._core.meta
+            self._core.update_meta(
+                MemberMeta(current.swim_host, current.swim_port, meta.quic_host, meta.quic_port,
+                           meta.boot_health, meta.device_kind, meta.memory_bytes, meta.role),
+                now)
+            return []
+        self._post(apply)
+
+    def view(self) -> dict[NodeId, MemberView]:
+        """A snapshot of the membership view (refreshed after every step of the thread)."""
+        with self._lock:
+            return dict(self._view)
+
+    @property
+    def meta(self) -> MemberMeta:
+        return self._core.meta
+
+    def stop(self, leave: bool = True, timeout: float = 2.0) -> None:
+        """Announce a graceful leave (optionally), stop the thread, close the socket."""
+        if leave and self._thread.is_alive():
+            self._post(self._core.leave)
+        self._stopping = True
+        self._wake()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self._sock.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def __enter__(self) -> MembershipNode:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _post(self, command: Callable[[float], list[Outgoing]]) -> None:
+        with self._lock:
+            self._commands.append(command)
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    # ------------------------------------------------------------ membership thread
+
+    def _run(self) -> None:
+        core = self._core
+        while True:
+            now = time.monotonic()
+            timeout = max(0.0, min(core.next_deadline() - now, 1.0))
+            readable, _, _ = select.select([self._sock, self._wake_r], [], [], timeout)
+            now = time.monotonic()
+            out: list[Outgoing] = []
+            if self._wake_r in readable:
+                try:
+                    self._wake_r.recv(4096)
+                except OSError:
+                    pass
+            with self._lock:
+                commands, self._commands = self._commands, []
+            for command in commands:
+                out.extend(command(now))
+            if self._sock in readable:
+                out.extend(self._receive(now))
+            out.extend(core.tick(now))
+            self._send(out)
+            self._publish()
+            if self._stopping:
+                return
+
+    def _receive(self, now: float) -> list[Outgoing]:
+        out: list[Outgoing] = []
+        for _ in range(256):
+            try:
+                datagram, source = self._sock.recvfrom(MAX_DATAGRAM + 1024)
+            except BlockingIOError:
+                break
+            except OSError:
+                break  # e.g. ICMP port unreachable reported on a later recv
+            address: Address = (str(source[0]), int(source[1]))
+            try:
+                decoded = self._codec.decode(datagram, address, now)
+            except MembershipWireError as error:
+                self.malformed += 1
+                log.debug("dropped a malformed SWIM datagram from %s: %s", address, error)
+                continue
+            for forged in decoded.forged:
+                self.forged += 1
+                self._emit(forged)
+            if decoded.message is not None:
+                out.extend(self._core.handle(decoded.message, address, now))
+        return out
+
+    def _send(self, out: list[Outgoing]) -> None:
+        for item in out:
+            for datagram in self._codec.encode(item.message):
+                try:
+                    self._sock.sendto(datagram, item.address)
+                except OSError as error:
+                    log.debug("SWIM send to %s failed: %s", item.address, error)
+
+    def _publish(self) -> None:
+        events = self._core.take_events()
+        if events:
+            view = self._core.view()
+            with self._lock:
+                self._view = view
+        for event in events:
+            self._emit(event)
+
+    def _emit(self, event: MembershipEvent) -> None:
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(event)
+        except Exception:  # a faulty observer must not stop probing
+            log.exception("membership event callback failed")
+
+
+def asyncio_events(loop: asyncio.AbstractEventLoop,
+                   queue: asyncio.Queue[MembershipEvent]) -> EventCallback:
+    """An `on_event` callback that puts each event into `queue` on `loop`'s thread."""
+    def deliver(event: MembershipEvent) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, event)
+    return deliver
