@@ -26,6 +26,7 @@ def _registrars() -> list[Register]:
 SUBCOMMAND_MODULES: list[str] = [
     "swactor.model.tokenize_cmd",
     "swactor.events",
+    "swactor.orchestrator.plan_cmd",
 ]
 
 

@@ -1,0 +1,363 @@
+"""The run planner (spec §11, §13): pool inventory + GGUF facts -> one valid `RunPlan`.
+
+Theory of operation. `plan_run(pool, model, request)` is a pure function (apart from
+drawing a random edge-id base when none is given):
+
+1. Check the request: a non-empty pool of distinct nodes with positive usable memory,
+   none of them the orchestrator; `1 <= max_tokens <= max_seq_len <= context_length`;
+   a known prompt length leaves room for `max_tokens` more positions.
+2. Split the blocks: the explicit `split` if given (it must have one entry per node,
+   each at least 1, summing to the block count), else in proportion to each node's
+   usable memory (`split.proportional_split`). Stage `i` runs on the pool's `i`-th node.
+3. Check memory: each stage's estimated footprint (`ModelInfo.stage_memory_bytes`:
+   tensors in the compute dtype plus the KV cache) must fit its node's usable memory.
+4. Assign edge ids, here and nowhere else (spec §11: stages never derive them): from a
+   base, token-in gets `base`, activation edge `i` (stage `i` -> `i + 1`) gets
+   `base + 1 + i`, token-out gets `base + N`. The default base is random (48 bits), so
+   a late stream of an earlier run on the same nodes never matches a new run's edge.
+5. Object specs (spec §17): token-in carries the prompt at step 0, so up to
+   `max_seq_len` u32 ids; token-out carries one sampled id per step; activations carry
+   `[tokens, hidden]` rows of the compute dtype, `max_extent = max_seq_len * hidden *
+   width`, one row per granule. Every edge enforces the Contiguous sequence policy.
+6. Ring specs (spec §18): the data capacity is the smallest power of two that holds one
+   whole maximal record (40-byte header + `max_extent`), at least 64 KiB; alignment 64
+   (one cache line); pageable; pending-bit wake coalescing. The plan stores the
+   consumer (Ingress) direction; `provision_tx` flips it for the producer.
+7. Build `RunPlan` (its constructor enforces every §11 wiring rule; a violation there
+   would be a planner bug, reported as `PlannerError(PlanRejected)`).
+
+The result is a `PlannedRun`: the plan, the node of each stage with its memory
+estimate, and the stop token ids (EOS plus the tokenizer's end-of-generation ids; a
+plan states one `eos_token_id`, the run policy stops on any of them).
+`stage_runtime_facts(plan, i)` gives the role/port/sampling facts `provision_stage`
+needs for stage `i`.
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+from dataclasses import dataclass, field
+
+from swactor.orchestrator.errors import PlannerError, PlanProblem
+from swactor.orchestrator.inventory import NodeResources, PoolInventory
+from swactor.orchestrator.model_info import ModelInfo
+from swactor.orchestrator.split import explicit_split, proportional_split, ranges
+from swactor.wire import (
+    OBJECT_HEADER_LEN,
+    DTypeFamily,
+    EdgeEndpoint,
+    EdgeId,
+    EdgeKind,
+    EdgePlan,
+    GgufModelPlan,
+    GgufSource,
+    HostPinning,
+    LayoutRule,
+    NodeId,
+    ObjectKind,
+    ObjectSpec,
+    PortId,
+    PromptSource,
+    RingDirection,
+    RingSpec,
+    RoleId,
+    RunId,
+    RunPlan,
+    RuntimePlan,
+    SamplingPolicy,
+    SequencePolicy,
+    ShapeRule,
+    StageIndex,
+    StagePlan,
+    StageRuntimeFacts,
+    TokenizerSource,
+    TokenizerSourceKind,
+    TokenOutputMode,
+    TokenOutputPolicy,
+    WakeCoalescing,
+)
+from swactor.wire.errors import WireError
+from swactor.wire.ids import U64_MAX
+
+DEFAULT_MAX_SEQ_LEN = 2048
+DEFAULT_MAX_TOKENS = 64
+MIN_RING_BYTES = 64 << 10
+RING_ALIGNMENT = 64
+TOKEN_WIDTH = 4
+EDGE_BASE_BITS = 48
+INPUT_PORT = PortId(0)
+OUTPUT_PORT = PortId(1)
+
+
+class ComputeDtype(enum.Enum):
+    """The activation/compute dtype of a run: `(family, width in bytes)`."""
+
+    f32 = (DTypeFamily.Float, 4)
+    f16 = (DTypeFamily.Float, 2)
+
+    @property
+    def family(self) -> DTypeFamily:
+        return self.value[0]
+
+    @property
+    def width(self) -> int:
+        return int(self.value[1])
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRequest:
+    """What the caller wants planned; everything but `run_id` and `prompt` has a default."""
+
+    run_id: RunId
+    prompt: PromptSource
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    max_seq_len: int | None = None
+    """Default: the smaller of the model's context length and DEFAULT_MAX_SEQ_LEN."""
+    split: tuple[int, ...] | None = None
+    sampling: SamplingPolicy = field(default_factory=SamplingPolicy.greedy)
+    dtype: ComputeDtype = ComputeDtype.f32
+    gguf_source: GgufSource | None = None
+    """Default: the model file's absolute local path."""
+    first_edge_id: int | None = None
+    """Default: a random 48-bit base."""
+    prompt_token_count: int | None = None
+    """When known (the orchestrator tokenized the prompt), checked against max_seq_len."""
+    stream_tokens: bool = True
+    stop_on_eos: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRun:
+    """A valid plan, the node of each stage, its memory estimate and the stop ids."""
+
+    plan: RunPlan
+    nodes: tuple[NodeResources, ...]
+    stage_memory_bytes: tuple[int, ...]
+    stop_token_ids: frozenset[int]
+
+
+def next_power_of_two(value: int) -> int:
+    """The smallest power of two >= `value` (1 for `value <= 1`)."""
+    return 1 << max(0, value - 1).bit_length()
+
+
+def ring_capacity_for(max_extent: int) -> int:
+    """A ring that holds one whole maximal record: a power of two, at least 64 KiB."""
+    return max(MIN_RING_BYTES, next_power_of_two(OBJECT_HEADER_LEN + max_extent))
+
+
+def ring_spec_for(spec: ObjectSpec) -> RingSpec:
+    """The ring of an edge carrying `spec` objects (consumer direction)."""
+    return RingSpec(
+        data_capacity=ring_capacity_for(spec.max_extent),
+        alignment=RING_ALIGNMENT,
+        direction=RingDirection.Ingress,
+        host_pinning=HostPinning.Pageable,
+        wake_coalescing=WakeCoalescing.PendingBit,
+    )
+
+
+def token_object_spec(max_ids: int) -> ObjectSpec:
+    """Token objects: a vector of up to `max_ids` u32 token ids."""
+    return ObjectSpec(
+        kind=ObjectKind.TokenIds,
+        max_extent=TOKEN_WIDTH * max_ids,
+        dtype_family=DTypeFamily.UInt,
+        dtype_width_bytes=TOKEN_WIDTH,
+        shape=ShapeRule.Vector,
+        layout=LayoutRule.RowMajor,
+        alignment=TOKEN_WIDTH,
+        sequence_policy=SequencePolicy.Contiguous,
+    )
+
+
+def activation_object_spec(model: GgufModelPlan) -> ObjectSpec:
+    """Activation objects: `[tokens, hidden]` rows, up to `max_seq_len` rows (spec §17)."""
+    row = model.hidden_dim * model.dtype_width_bytes
+    return ObjectSpec(
+        kind=ObjectKind.Activation,
+        max_extent=model.activation_max_extent,
+        dtype_family=model.dtype_family,
+        dtype_width_bytes=model.dtype_width_bytes,
+        shape=ShapeRule.Rows,
+        layout=LayoutRule.RowMajor,
+        alignment=row,
+        sequence_policy=SequencePolicy.Contiguous,
+    )
+
+
+def stage_runtime_facts(plan: RunPlan, stage_index: int) -> StageRuntimeFacts:
+    """Role, ports and (last stage only) sampling of stage `stage_index`."""
+    last = stage_index == len(plan.stages) - 1
+    return StageRuntimeFacts(
+        role_id=RoleId(stage_index + 1),
+        input_port=INPUT_PORT,
+        output_port=OUTPUT_PORT,
+        sampling=plan.runtime.sampling if last else None,
+    )
+
+
+def _check_pool(pool: PoolInventory) -> None:
+    if not pool.nodes:
+        raise PlannerError(PlanProblem.EmptyPool, "the pool has no stage nodes")
+    seen: set[int] = set()
+    for node in pool.nodes:
+        if node.node_id in seen:
+            raise PlannerError(
+                PlanProblem.DuplicateNode, f"node {node.node_id} appears twice in the pool"
+            )
+        seen.add(node.node_id)
+        if node.node_id == pool.orchestrator_node_id:
+            raise PlannerError(
+                PlanProblem.NodeInvalid,
+                f"node {node.node_id} is the orchestrator's own id; stages run on other nodes",
+            )
+        if node.usable_memory_bytes <= 0:
+            raise PlannerError(
+                PlanProblem.ZeroMemoryNode,
+                f"node {node.node_id} reports {node.usable_memory_bytes} usable memory bytes",
+            )
+
+
+def _max_seq_len(model: ModelInfo, request: PlanRequest) -> int:
+    wanted = request.max_seq_len
+    if wanted is None:
+        wanted = min(model.context_length, DEFAULT_MAX_SEQ_LEN)
+    if not 1 <= wanted <= model.context_length:
+        raise PlannerError(
+            PlanProblem.MaxSeqLenInvalid,
+            f"max_seq_len {wanted} is outside 1..{model.context_length} (the model's context)",
+        )
+    if not 1 <= request.max_tokens <= wanted:
+        raise PlannerError(
+            PlanProblem.MaxTokensInvalid,
+            f"max_tokens {request.max_tokens} is outside 1..{wanted} (max_seq_len)",
+        )
+    count = request.prompt_token_count
+    if count is not None and count + request.max_tokens > wanted:
+        raise PlannerError(
+            PlanProblem.PromptTooLong,
+            f"a {count}-token prompt plus max_tokens {request.max_tokens} exceeds "
+            f"max_seq_len {wanted}",
+        )
+    return wanted
+
+
+def _split(pool: PoolInventory, model: ModelInfo, request: PlanRequest) -> tuple[int, ...]:
+    nodes = len(pool.nodes)
+    if request.split is not None:
+        return explicit_split(request.split, model.block_count, nodes)
+    if nodes > model.block_count:
+        raise PlannerError(
+            PlanProblem.TooManyStages,
+            f"{nodes} nodes but the model has only {model.block_count} blocks (at most one "
+            "stage per block: use fewer nodes)",
+        )
+    return proportional_split([n.usable_memory_bytes for n in pool.nodes], model.block_count)
+
+
+def _edge_base(request: PlanRequest, stages: int) -> int:
+    base = request.first_edge_id
+    if base is None:
+        base = 1 + secrets.randbelow(1 << EDGE_BASE_BITS)
+    if base < 0 or base + stages > U64_MAX:
+        raise PlannerError(
+            PlanProblem.EdgeIdRange, f"edge ids {base}..{base + stages} do not fit in a u64"
+        )
+    return base
+
+
+def plan_run(pool: PoolInventory, model: ModelInfo, request: PlanRequest) -> PlannedRun:
+    """Build and validate one RunPlan; a broken rule raises `PlannerError`."""
+    _check_pool(pool)
+    max_seq_len = _max_seq_len(model, request)
+    counts = _split(pool, model, request)
+    layer_ranges = ranges(counts)
+    width = request.dtype.width
+    estimates = tuple(
+        model.stage_memory_bytes(start, end, width, max_seq_len) for start, end in layer_ranges
+    )
+    for i, (node, need) in enumerate(zip(pool.nodes, estimates, strict=True)):
+        if need > node.usable_memory_bytes:
+            start, end = layer_ranges[i]
+            raise PlannerError(
+                PlanProblem.NodeMemoryTooSmall,
+                f"stage {i} (blocks {start}..{end}) needs about {need} bytes but node "
+                f"{node.node_id} has {node.usable_memory_bytes} usable",
+            )
+    try:
+        plan = _build(pool, model, request, max_seq_len, layer_ranges)
+    except WireError as error:
+        raise PlannerError(PlanProblem.PlanRejected, str(error)) from None
+    return PlannedRun(plan, pool.nodes, estimates, model.stop_token_ids)
+
+
+def _build(
+    pool: PoolInventory,
+    model: ModelInfo,
+    request: PlanRequest,
+    max_seq_len: int,
+    layer_ranges: tuple[tuple[int, int], ...],
+) -> RunPlan:
+    run_id = request.run_id
+    count = len(layer_ranges)
+    source = request.gguf_source
+    if source is None:
+        if model.path is None:
+            raise PlannerError(PlanProblem.ModelUnreadable, "no GGUF source and no model path")
+        source = GgufSource.local_path(str(model.path.resolve()))
+    model_plan = GgufModelPlan(
+        model_id=model.model_id,
+        gguf_source=source,
+        num_layers=model.block_count,
+        hidden_dim=model.hidden_dim,
+        dtype_family=request.dtype.family,
+        dtype_width_bytes=request.dtype.width,
+        max_seq_len=max_seq_len,
+        eos_token_id=model.eos_token_id,
+        tokenizer=TokenizerSource(TokenizerSourceKind.GgufEmbedded),
+    )
+    mode = TokenOutputMode.Stream if request.stream_tokens else TokenOutputMode.Collect
+    runtime = RuntimePlan(
+        prompt=request.prompt,
+        sampling=request.sampling,
+        token_output_policy=TokenOutputPolicy(mode, stop_on_eos=request.stop_on_eos),
+    )
+    base = _edge_base(request, count)
+    token_in_id = EdgeId(base)
+    activation_ids = [EdgeId(base + 1 + i) for i in range(count - 1)]
+    token_out_id = EdgeId(base + count)
+    orchestrator = EdgeEndpoint.orchestrator(pool.orchestrator_node_id)
+    endpoints = [EdgeEndpoint.stage(pool.nodes[i].node_id, i) for i in range(count)]
+    token_in_spec = token_object_spec(max_seq_len)
+    token_out_spec = token_object_spec(1)
+    activation_spec = activation_object_spec(model_plan)
+    edges = [
+        EdgePlan(run_id, token_in_id, EdgeKind.TokenIn, orchestrator, endpoints[0],
+                 token_in_spec, ring_spec_for(token_in_spec)),
+        *(
+            EdgePlan(run_id, edge_id, EdgeKind.Activation, endpoints[i], endpoints[i + 1],
+                     activation_spec, ring_spec_for(activation_spec))
+            for i, edge_id in enumerate(activation_ids)
+        ),
+        EdgePlan(run_id, token_out_id, EdgeKind.TokenOut, endpoints[-1], orchestrator,
+                 token_out_spec, ring_spec_for(token_out_spec)),
+    ]
+    inbound = [token_in_id, *activation_ids]
+    outbound = [*activation_ids, token_out_id]
+    stages = [
+        StagePlan(
+            run_id=run_id,
+            stage_index=StageIndex(i),
+            stage_count=count,
+            node_id=NodeId(pool.nodes[i].node_id),
+            gguf_source=source,
+            layer_start=start,
+            layer_end_exclusive=end,
+            inbound_edge=inbound[i],
+            outbound_edge=outbound[i],
+        )
+        for i, (start, end) in enumerate(layer_ranges)
+    ]
+    return RunPlan(run_id, model_plan, runtime, tuple(stages), tuple(edges), request.max_tokens)
