@@ -1,0 +1,25 @@
+"""`python -m swactor.worker`: the GPU worker process (spec §28-§34).
+
+Commands arrive on stdin and events leave on stdout, one JSON line each; logs go to
+stderr. The exit status is 0 after WorkerStopped or a closed stdin, 1 after WorkerFatal.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from swactor.worker.adapter import EventWriter
+from swactor.worker.process import WorkerProcess
+
+
+def main() -> int:
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="worker %(levelname)s %(name)s: %(message)s"
+    )
+    worker = WorkerProcess(EventWriter(sys.stdout.buffer))
+    return worker.run(sys.stdin.buffer)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

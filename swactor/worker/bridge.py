@@ -1,0 +1,221 @@
+"""The device bridge (spec §33): device allocations, range copies, tinygrad views.
+
+Theory of operation
+-------------------
+A `DeviceAllocation` is one tinygrad uint8 tensor realised on the worker's device; its
+`Buffer` is the device memory. Range copies go through the device allocator's
+`_copyin` / `_copyout` on a `Buffer.view(len, uint8, offset)` of that buffer, so an
+object larger than a ring is filled (or drained) prefix by prefix while the logical
+object lives in device memory. Copies here are synchronous from the host's side: when
+`host_to_device` returns, the source host bytes are no longer needed (tinygrad stages
+host memory itself on CUDA), so the caller may advance `consume`; `synchronize()` is
+the completion barrier before an object is declared loaded (`CopyEvent`s are therefore
+complete on return and exist to keep the §33 shape).
+
+Handles: `register()` turns a loaded allocation into a `DeviceObjectHandle` of this
+worker generation; `lookup()` refuses a handle of another generation or an unknown id
+with `InvalidHandle` (the step runner's `InvalidInputHandle`). `wrap()` gives the role a
+tinygrad tensor view of dtype and shape over the allocation (no copy).
+
+`FaultPlan` is a test hook, enabled only by the `fault_injection` key of
+InitializeWorker.backend: it makes the copy of one named object fail, so the
+DeviceCopyFailed paths run in a real worker.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from tinygrad.device import Device
+from tinygrad.dtype import DType, dtypes
+from tinygrad.tensor import Tensor
+
+from swactor.wire import DeviceObjectHandle, WorkerGeneration
+
+
+class DeviceError(Exception):
+    """A device allocation or copy failed; `oom` tells an out-of-memory failure apart."""
+
+    def __init__(self, detail: str, oom: bool = False) -> None:
+        self.oom = oom
+        super().__init__(detail)
+
+
+class InvalidHandle(Exception):
+    """A handle of another worker generation, or one this worker does not hold."""
+
+    def __init__(self, handle: DeviceObjectHandle, stale: bool) -> None:
+        self.handle = handle
+        self.stale = stale
+        what = "of another worker generation" if stale else "unknown to this worker"
+        super().__init__(f"device handle {handle.id} is {what}")
+
+
+@dataclass(slots=True)
+class DeviceAllocation:
+    """Device memory for one object: `extent` bytes (at least 1 byte is allocated)."""
+
+    extent: int
+    tensor: Tensor
+    object_id: int = -1
+
+    @property
+    def buffer(self) -> Any:
+        return self.tensor.uop.buffer
+
+
+@dataclass(frozen=True, slots=True)
+class CopyEvent:
+    """A finished range copy (copies are synchronous from the host's side)."""
+
+    length: int
+    complete: bool = True
+
+
+@dataclass(slots=True)
+class FaultPlan:
+    """Test hook: fail the host-device copies of these object ids."""
+
+    fail_copy_objects: set[int] = field(default_factory=set)
+
+    @classmethod
+    def from_backend(cls, backend: object) -> FaultPlan:
+        plan = cls()
+        if isinstance(backend, dict):
+            spec = backend.get("fault_injection")
+            if isinstance(spec, dict):
+                ids = spec.get("fail_copy_objects", [])
+                if isinstance(ids, list):
+                    plan.fail_copy_objects = {i for i in ids if isinstance(i, int)}
+        return plan
+
+
+def choose_device(backend: object) -> str:
+    """The tinygrad device named by InitializeWorker.backend, else CUDA when an NVIDIA
+    GPU is present, else the CPU."""
+    if isinstance(backend, dict) and isinstance(backend.get("device"), str):
+        requested = str(backend["device"]).upper()
+        if requested != "AUTO":
+            return requested
+    if os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl"):
+        return "CUDA"
+    return "CPU"
+
+
+class DeviceBridge:
+    """Allocations, range copies and handles of one worker generation on one device."""
+
+    def __init__(
+        self, device: str, generation: WorkerGeneration, faults: FaultPlan | None = None
+    ) -> None:
+        self.device = Device.canonicalize(device)
+        self.generation = generation
+        self.faults = faults or FaultPlan()
+        self._allocator = Device[self.device].allocator
+        self._handles: dict[int, DeviceAllocation] = {}
+        self._next_id = 1
+
+    def probe(self) -> None:
+        """Run one tiny kernel, so a broken backend fails at InitializeWorker."""
+        value = (Tensor([1, 2, 3], device=self.device) * 2).sum().item()
+        if value != 12:
+            raise DeviceError(f"{self.device} computed {value} for a probe expecting 12")
+
+    # -- allocation -----------------------------------------------------------------
+
+    def alloc(self, extent: int, object_id: int = -1) -> DeviceAllocation:
+        """Allocate `extent` bytes of device memory (raises DeviceError)."""
+        try:
+            tensor = Tensor.empty(max(extent, 1), dtype=dtypes.uint8, device=self.device)
+            tensor.uop.buffer.ensure_allocated()  # type: ignore[union-attr]
+        except (MemoryError, OSError, RuntimeError) as exc:
+            raise DeviceError(f"allocating {extent} bytes: {exc}", oom=True) from None
+        return DeviceAllocation(extent, tensor, object_id)
+
+    def adopt(self, tensor: Tensor) -> DeviceAllocation:
+        """A realised role output as an allocation (its bytes, flattened)."""
+        flat = tensor.contiguous().realize()
+        buffer = flat.uop.buffer.ensure_allocated()  # type: ignore[union-attr]
+        return DeviceAllocation(int(buffer.nbytes), flat)
+
+    def free(self, allocation: DeviceAllocation) -> None:
+        """Drop the allocation; tinygrad frees the memory with its last reference."""
+        allocation.tensor = Tensor.empty(1, dtype=dtypes.uint8, device=self.device)
+
+    # -- copies ---------------------------------------------------------------------
+
+    def _range(self, allocation: DeviceAllocation, offset: int, length: int) -> Any:
+        return allocation.buffer.view(length, dtypes.uint8, offset).ensure_allocated()._buf
+
+    def host_to_device(
+        self, src: memoryview, allocation: DeviceAllocation, device_offset: int
+    ) -> CopyEvent:
+        """Copy host bytes `src` into the allocation at `device_offset`."""
+        if allocation.object_id in self.faults.fail_copy_objects:
+            raise DeviceError("host-to-device copy failed (fault injection)")
+        if len(src) == 0:
+            return CopyEvent(0)
+        try:
+            self._allocator._copyin(self._range(allocation, device_offset, len(src)), src)
+        except (RuntimeError, OSError, ValueError, AssertionError) as exc:
+            raise DeviceError(f"host-to-device copy: {exc}") from None
+        return CopyEvent(len(src))
+
+    def device_to_host(
+        self, allocation: DeviceAllocation, device_offset: int, dst: memoryview
+    ) -> CopyEvent:
+        """Copy `len(dst)` bytes of the allocation from `device_offset` into host `dst`."""
+        if allocation.object_id in self.faults.fail_copy_objects:
+            raise DeviceError("device-to-host copy failed (fault injection)")
+        if len(dst) == 0:
+            return CopyEvent(0)
+        try:
+            self._allocator._copyout(dst, self._range(allocation, device_offset, len(dst)))
+        except (RuntimeError, OSError, ValueError, AssertionError) as exc:
+            raise DeviceError(f"device-to-host copy: {exc}") from None
+        return CopyEvent(len(dst))
+
+    def copy_event_complete(self, event: CopyEvent) -> bool:
+        return event.complete
+
+    def synchronize(self) -> None:
+        """Wait until every queued device operation finished."""
+        Device[self.device].synchronize()  # type: ignore[no-untyped-call]
+
+    # -- handles and views ------------------------------------------------------------
+
+    def register(self, allocation: DeviceAllocation) -> DeviceObjectHandle:
+        handle = DeviceObjectHandle(self.generation, self._next_id)
+        self._handles[self._next_id] = allocation
+        self._next_id += 1
+        return handle
+
+    def lookup(self, handle: DeviceObjectHandle) -> DeviceAllocation:
+        if handle.worker_generation != self.generation:
+            raise InvalidHandle(handle, stale=True)
+        allocation = self._handles.get(handle.id)
+        if allocation is None:
+            raise InvalidHandle(handle, stale=False)
+        return allocation
+
+    def release(self, handle: DeviceObjectHandle) -> None:
+        """Forget and free the handle's allocation (raises InvalidHandle)."""
+        allocation = self.lookup(handle)
+        del self._handles[handle.id]
+        self.free(allocation)
+
+    @property
+    def live_handles(self) -> int:
+        return len(self._handles)
+
+    def wrap(
+        self, allocation: DeviceAllocation, dtype: DType = dtypes.uint8,
+        shape: tuple[int, ...] | None = None,
+    ) -> Tensor:
+        """A tinygrad tensor view (no copy) of the allocation's `extent` bytes."""
+        view = allocation.tensor[: allocation.extent]
+        if dtype != dtypes.uint8:
+            view = view.bitcast(dtype)
+        return view.reshape(shape) if shape is not None else view

@@ -1,0 +1,253 @@
+"""The egress producer: binding of the generated egress_ring machine (spec §32, §34).
+
+Theory of operation
+-------------------
+One `EgressRing` per installed egress ring; this producer writes, the node's send-pump
+consumes. The step runner hands it one output at a time (`produce`): a device
+allocation and its OutputBinding. The machine checks the binding against the
+ObjectSpec (guard `extent_valid`), then:
+
+- WriteHeader: pack the ObjectHeader and write it into writable spans (a header may
+  straddle the wrap), committing what was written;
+- CopyPayload: device-to-host copy each writable span's worth of payload straight into
+  the ring and commit it once the host bytes are valid; PayloadCommitted at the extent;
+- ContinueWrite (on RingWritable): clear the writable-pending bit, reload `consume`,
+  and continue whichever phase was waiting for space.
+
+No space means the output (and so its ExecuteStep) waits for the send-pump to drain:
+that is the backpressure path. Each commit marks the readable-pending bit and emits
+RingReadable only when it was clear (spec §21). The step runner hears the outcome
+through `OutputListener`: `output_done` after ObjectProduced was emitted, or
+`output_failed(reason)` (RejectOutput / FailOutput).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from swactor.arena import Arena
+from swactor.fsm.generated import egress_ring as er
+from swactor.ring import Ring, RingError, RingState
+from swactor.wire import (
+    InstallRing,
+    ObjectFailure,
+    ObjectHeader,
+    ObjectId,
+    ObjectProduced,
+    OutputBinding,
+    RingFault,
+    RingFaultReason,
+    RingInstalled,
+    RingQuiesced,
+    RingReadable,
+    Sequence,
+    StepFailure,
+    WorkerEvent,
+)
+from swactor.worker.bridge import DeviceAllocation, DeviceBridge, DeviceError
+
+log = logging.getLogger(__name__)
+
+
+class OutputListener(Protocol):
+    """The step that offered the output being written."""
+
+    def output_done(self) -> None: ...
+
+    def output_failed(self, reason: StepFailure) -> None: ...
+
+
+class EgressRing:
+    """Producer of one egress ring (implements EgressRingGuards)."""
+
+    def __init__(
+        self,
+        command: InstallRing,
+        arena: Arena,
+        bridge: DeviceBridge,
+        emit: Callable[[WorkerEvent], None],
+    ) -> None:
+        self.command = command
+        self.spec = command.object_spec
+        self._arena = arena
+        self._bridge = bridge
+        self._emit = emit
+        self.ring: Ring | None = None
+        self.machine = er.EgressRingMachine(
+            self, ring_id=command.ring_id, edge_id=command.edge_id, port_id=command.port_id
+        )
+        self._queue: deque[er.Event] = deque()
+        self._feeding = False
+        self._source: DeviceAllocation | None = None
+        self._listener: OutputListener | None = None
+        self._header = b""
+        self._header_written = 0
+        self._produced = 0
+        self._pending: tuple[ObjectId, Sequence, int] = (ObjectId(0), Sequence(0), 0)
+        self._phase = ""
+
+    @property
+    def done(self) -> bool:
+        return self.machine.state is er.State.Quiesced
+
+    @property
+    def idle(self) -> bool:
+        return self.machine.state is er.State.WaitingForOutput
+
+    def refusal(self, extent: int) -> ObjectFailure | None:
+        """Why an output of `extent` bytes breaks this ring's ObjectSpec, or None."""
+        return self.spec.extent_failure(extent)
+
+    def produce(
+        self, binding: OutputBinding, source: DeviceAllocation, listener: OutputListener
+    ) -> None:
+        """Write `source` as the object `binding` declares; the listener hears the end."""
+        source.object_id = int(binding.object_id)
+        self._source, self._listener = source, listener
+        self.feed(
+            er.ProduceOutput(binding.object_id, binding.sequence, binding.extent, binding.flags)
+        )
+
+    # -- guards -----------------------------------------------------------------------
+
+    def layout_valid(self, event: er.InstallRing) -> bool:
+        try:
+            self.ring = Ring.open(self._arena, self.command.layout)
+        except RingError as exc:
+            log.warning("ring %s: open refused: %s", int(self.command.ring_id), exc)
+            return False
+        return True
+
+    def extent_valid(self, event: er.ProduceOutput) -> bool:
+        source = self._source
+        return (
+            self.refusal(event.extent) is None
+            and source is not None
+            and source.extent == event.extent
+        )
+
+    # -- feeding ----------------------------------------------------------------------
+
+    def feed(self, event: er.Event) -> None:
+        self._queue.append(event)
+        if self._feeding:
+            return
+        self._feeding = True
+        try:
+            while self._queue:
+                for effect in self.machine.handle(self._queue.popleft()):
+                    self._apply(effect)
+        finally:
+            self._feeding = False
+
+    def _apply(self, effect: er.Effect) -> None:
+        cmd = self.command
+        match effect:
+            case er.EmitRingInstalled():
+                self._emit(RingInstalled(cmd.ring_id, cmd.edge_id, cmd.port_id))
+            case er.WriteHeader():
+                header = ObjectHeader(
+                    effect.object_id, effect.sequence, effect.extent, effect.flags
+                )
+                self._header, self._header_written, self._produced = header.pack(), 0, 0
+                self._pending = (effect.object_id, effect.sequence, effect.extent)
+                self._phase = "header"
+                self._write_header()
+            case er.ContinueWrite():
+                if self.ring is not None:
+                    self.ring.clear_writable_pending()
+                if self._phase == "header":
+                    self._write_header()
+                elif self._phase == "payload":
+                    self._copy_payload()
+            case er.CopyPayload():
+                self._phase = "payload"
+                self._copy_payload()
+            case er.EmitObjectProduced():
+                self._phase = ""
+                self._emit(
+                    ObjectProduced(
+                        effect.ring_id, effect.edge_id, effect.port_id, effect.object_id,
+                        effect.sequence, effect.extent,
+                    )
+                )  # fmt: skip
+                self._finish(None)
+            case er.RejectOutput(reason=reason):
+                self._finish(reason)
+            case er.FailOutput(reason=reason):
+                self._phase = ""
+                self._finish(reason)
+            case er.EmitRingFault():
+                self._emit(RingFault(effect.ring_id, effect.edge_id, effect.port_id, effect.reason))
+            case er.DrainCopies():
+                self._bridge.synchronize()
+                self.feed(er.CopiesDrained())
+            case er.CloseRing():
+                if self.ring is not None:
+                    self.ring.close()
+            case er.EmitRingQuiesced():
+                self._emit(RingQuiesced(effect.ring_id))
+
+    def _finish(self, reason: StepFailure | None) -> None:
+        listener, self._listener, self._source = self._listener, None, None
+        if listener is None:
+            return
+        if reason is None:
+            listener.output_done()
+        else:
+            listener.output_failed(reason)
+
+    # -- byte work ----------------------------------------------------------------------
+
+    def _live_ring(self) -> Ring | None:
+        ring = self.ring
+        assert ring is not None
+        if ring.state is RingState.Faulted:
+            self.feed(er.RingError(ring.fault_reason or RingFaultReason.RingStateInvalid))
+            return None
+        return ring
+
+    def _committed(self, ring: Ring, n: int) -> None:
+        if ring.commit_and_mark(n):
+            self._emit(RingReadable(self.command.ring_id))
+
+    def _write_header(self) -> None:
+        ring = self._live_ring()
+        if ring is None:
+            return
+        while self._header_written < len(self._header):
+            span = ring.writable_span(len(self._header) - self._header_written)
+            n = len(span)
+            if n == 0:
+                return  # wait for RingWritable
+            span[:] = self._header[self._header_written : self._header_written + n]
+            span.release()
+            self._header_written += n
+            self._committed(ring, n)
+        self.feed(er.HeaderCommitted())
+
+    def _copy_payload(self) -> None:
+        source = self._source
+        ring = self._live_ring()
+        if ring is None or source is None:
+            return
+        object_id, sequence, extent = self._pending
+        while self._produced < extent:
+            span = ring.writable_span(extent - self._produced)
+            n = len(span)
+            if n == 0:
+                return  # wait for RingWritable
+            try:
+                self._bridge.device_to_host(source, self._produced, span)
+            except DeviceError as exc:
+                log.warning("ring %s: %s", int(self.command.ring_id), exc)
+                self.feed(er.CopyFailed())
+                return
+            finally:
+                span.release()
+            self._produced += n
+            self._committed(ring, n)
+        self.feed(er.PayloadCommitted(object_id, sequence, extent))

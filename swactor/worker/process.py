@@ -1,0 +1,303 @@
+"""The worker process: binding of the generated worker_process machine (spec §29, §31).
+
+Theory of operation
+-------------------
+`WorkerProcess.run(stdin, stdout)` is the whole life of `python -m swactor.worker`.
+It reads one command line at a time, turns it into a machine event (`adapter`), and
+carries out the effects the machine returns:
+
+- InitializeRuntime: attach the arena named by SWACTOR_ARENA_FD / SWACTOR_ARENA_BYTES
+  (its size must equal `arena_ceiling`; else ArenaMapFailed), compare the native ring
+  helper's ABI with the required one (RingHelperAbiMismatch), choose and probe the
+  tinygrad device (BackendInitFailed); then RuntimeInitialized -> WorkerReady, whose
+  `backend` says which device was chosen (`{"device": "CPU"}` or CUDA).
+- CreateRingMachine / ForwardUninstall / AdvanceRing: the per-ring parser or producer
+  (`ingress.IngressRing`, `egress.EgressRing`), fed InstallRing, UninstallRing and the
+  wake hints. A ring that reaches Quiesced leaves the table.
+- ApplyRoleConfig: build the role by kind (`roles`), RoleConfigured or RoleFailed.
+- StartStep: queue the step on the `steps.StepRunner`.
+- ReleaseWhenSafe: free the handle's device memory (tinygrad keeps it alive while a
+  step still uses it); DeviceObjectReleased or ReleaseFailed (StaleGeneration,
+  UnknownHandle).
+- BeginDrain: Graceful lets the queued steps finish (their rings keep taking wake
+  hints), AbortInFlight fails them (WorkerShuttingDown); then every ring is
+  uninstalled and, once all are quiesced, DrainComplete -> WorkerStopped, exit 0.
+- EmitWorkerFatal / ExitProcess: the fault rows (bad command line, command in the wrong
+  state, an exception escaping worker code): WorkerFatal, exit 1.
+
+After every command the step runner is pumped and the drain condition re-checked.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+from collections import deque
+from typing import BinaryIO
+
+from swactor.arena import Arena, ArenaError
+from swactor.fsm.generated import egress_ring as er
+from swactor.fsm.generated import ingress_ring as ir
+from swactor.fsm.generated import worker_process as wp
+from swactor.fsm.runtime import ProtocolViolation
+from swactor.ring._ring_cffi import lib as ring_lib
+from swactor.wire import (
+    DeviceObjectHandle,
+    DeviceObjectReleased,
+    InstallRing,
+    ReleaseFailed,
+    ReleaseFailure,
+    RingDirection,
+    RingFault,
+    RingFaultReason,
+    RingId,
+    RoleConfigured,
+    RoleFailed,
+    RoleFailure,
+    RoleId,
+    ShutdownMode,
+    StepFailed,
+    StepFailure,
+    UninstallReason,
+    WorkerFatal,
+    WorkerFatalReason,
+    WorkerGeneration,
+    WorkerReady,
+    WorkerStopped,
+    WorkerStoppedReason,
+)
+from swactor.worker.adapter import EventWriter, parse_command, read_command_line
+from swactor.worker.bridge import DeviceBridge, FaultPlan, InvalidHandle, choose_device
+from swactor.worker.egress import EgressRing
+from swactor.worker.ingress import IngressRing
+from swactor.worker.roles import Role, RoleConfigError, build_role
+from swactor.worker.steps import StepRunner
+
+log = logging.getLogger("swactor.worker")
+
+_EGRESS_WAITING = (er.State.NeedWritableForHeader, er.State.NeedWritableForPayload)
+
+
+def ring_helper_abi() -> int:
+    """The ABI version of the loaded native ring helper."""
+    return int(ring_lib.ring_abi_version())
+
+
+class WorkerProcess:
+    """One worker process's state (implements the empty WorkerProcessGuards)."""
+
+    def __init__(self, emit: EventWriter) -> None:
+        self.emit = emit
+        self.machine = wp.WorkerProcessMachine(self)
+        self.exit_code: int | None = None
+        self.arena: Arena | None = None
+        self.bridge: DeviceBridge | None = None
+        self.generation = WorkerGeneration(0)
+        self.backend: object = None
+        self.rings: dict[RingId, IngressRing | EgressRing] = {}
+        self.roles: dict[RoleId, Role] = {}
+        self.steps: StepRunner | None = None
+        self._queue: deque[wp.Event] = deque()
+        self._feeding = False
+        self._drain_mode: ShutdownMode | None = None
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(self, stdin: BinaryIO) -> int:
+        """Serve commands until an ExitProcess effect; return the exit status."""
+        while self.exit_code is None:
+            line = read_command_line(stdin)
+            if line is None:
+                self.feed(wp.ControlClosed())
+                break
+            self.handle_line(line)
+        return 0 if self.exit_code is None else self.exit_code
+
+    def handle_line(self, line: bytes) -> None:
+        """One stdin line: parse, feed, then let steps and the drain progress."""
+        try:
+            event, init = parse_command(line)
+            if init is not None:
+                self.backend = init.backend
+            self.feed(event)
+            if self.exit_code is None:
+                self._progress()
+        except Exception:
+            log.error("unhandled exception:\n%s", traceback.format_exc())
+            self.feed(wp.InternalError())
+
+    def feed(self, event: wp.Event) -> None:
+        self._queue.append(event)
+        if self._feeding:
+            return
+        self._feeding = True
+        try:
+            while self._queue:
+                for effect in self.machine.handle(self._queue.popleft()):
+                    self._apply(effect)
+        finally:
+            self._feeding = False
+
+    def _progress(self) -> None:
+        if self.steps is not None:
+            self.steps.pump()
+        if self._drain_mode is not None and self.machine.state is wp.State.Draining:
+            self._continue_drain()
+
+    # -- effects --------------------------------------------------------------------------
+
+    def _apply(self, effect: wp.Effect | ProtocolViolation) -> None:
+        match effect:
+            case wp.InitializeRuntime():
+                self._initialize(effect)
+            case wp.EmitWorkerReady():
+                assert self.bridge is not None
+                self.emit(
+                    WorkerReady(
+                        effect.pid, effect.worker_generation, effect.ring_helper_abi,
+                        {"device": self.bridge.device},
+                    )
+                )  # fmt: skip
+            case wp.EmitWorkerFatal(reason=reason):
+                self.emit(WorkerFatal(reason))
+            case ProtocolViolation():
+                log.error("command %s not allowed in state %s", effect.event, effect.state)
+                self.emit(WorkerFatal(WorkerFatalReason.MalformedControlMessage))
+                self.exit_code = 1
+            case wp.EmitWorkerStopped(reason=reason):
+                self.emit(WorkerStopped(reason))
+            case wp.ExitProcess(code=code):
+                self.exit_code = code
+            case wp.CreateRingMachine(command=command):
+                self._install(command)
+            case wp.ForwardUninstall(ring_id=ring_id, reason=reason):
+                self._uninstall(ring_id, reason)
+            case wp.AdvanceRing(ring_id=ring_id):
+                self._advance(ring_id)
+            case wp.ApplyRoleConfig(command=command):
+                try:
+                    self.roles[command.role_id] = build_role(command.config)
+                except RoleConfigError as exc:
+                    log.warning("role %s: %s", int(command.role_id), exc)
+                    self.emit(RoleFailed(command.role_id, RoleFailure.ConfigInvalid))
+                else:
+                    self.emit(RoleConfigured(command.role_id))
+            case wp.StartStep(command=command):
+                assert self.steps is not None
+                self.steps.submit(command)
+            case wp.ReleaseWhenSafe(device_handle=handle):
+                self._release(handle)
+            case wp.BeginDrain(mode=mode):
+                self._drain_mode = mode
+                if mode is ShutdownMode.AbortInFlight and self.steps is not None:
+                    self.steps.abort(StepFailure.WorkerShuttingDown)
+            case wp.RejectStep(command=command, reason=reason):
+                self.emit(StepFailed(command.role_id, command.step_id, reason))
+            case wp.RejectInstall(command=command, reason=reason):
+                self.emit(RingFault(command.ring_id, command.edge_id, command.port_id, reason))
+            case wp.RejectRoleConfig(command=command, reason=reason):
+                self.emit(RoleFailed(command.role_id, reason))
+
+    def _initialize(self, effect: wp.InitializeRuntime) -> None:
+        try:
+            arena = Arena.from_env()
+        except ArenaError as exc:
+            log.error("arena: %s", exc)
+            self.feed(wp.InitFailed(WorkerFatalReason.ArenaMapFailed))
+            return
+        if arena.size != effect.arena_ceiling:
+            log.error("arena holds %d bytes, InitializeWorker says %d", arena.size,
+                      effect.arena_ceiling)  # fmt: skip
+            arena.close()
+            self.feed(wp.InitFailed(WorkerFatalReason.ArenaMapFailed))
+            return
+        self.arena = arena
+        abi = ring_helper_abi()
+        if abi != effect.required_ring_helper_abi:
+            log.error("ring helper ABI %d, node requires %d", abi,
+                      effect.required_ring_helper_abi)  # fmt: skip
+            self.feed(wp.InitFailed(WorkerFatalReason.RingHelperAbiMismatch))
+            return
+        self.generation = effect.worker_generation
+        try:
+            bridge = DeviceBridge(
+                choose_device(self.backend), self.generation, FaultPlan.from_backend(self.backend)
+            )
+            bridge.probe()
+        except Exception as exc:  # any backend failure is BackendInitFailed
+            log.error("backend: %s: %s", type(exc).__name__, exc)
+            self.feed(wp.InitFailed(WorkerFatalReason.BackendInitFailed))
+            return
+        self.bridge = bridge
+        self.steps = StepRunner(bridge, self.roles, self.rings, self.emit)
+        self.feed(wp.RuntimeInitialized(os.getpid(), self.generation, abi))
+
+    def _install(self, command: InstallRing) -> None:
+        assert self.arena is not None and self.bridge is not None
+        if command.ring_id in self.rings:
+            self.emit(
+                RingFault(command.ring_id, command.edge_id, command.port_id,
+                          RingFaultReason.RingStateInvalid)
+            )  # fmt: skip
+            return
+        kind = IngressRing if command.direction is RingDirection.Ingress else EgressRing
+        ring = kind(command, self.arena, self.bridge, self.emit)
+        self.rings[command.ring_id] = ring
+        if isinstance(ring, IngressRing):
+            ring.feed(ir.InstallRing(command))
+        else:
+            ring.feed(er.InstallRing(command))
+        self._forget_if_done(command.ring_id)
+
+    def _uninstall(self, ring_id: RingId, reason: UninstallReason) -> None:
+        ring = self.rings.get(ring_id)
+        if ring is None:
+            log.info("UninstallRing for unknown ring %d", int(ring_id))
+            return
+        if isinstance(ring, IngressRing):
+            ring.feed(ir.UninstallRing(ring_id, reason))
+        else:
+            ring.feed(er.UninstallRing(ring_id, reason))
+        self._forget_if_done(ring_id)
+
+    def _advance(self, ring_id: RingId) -> None:
+        ring = self.rings.get(ring_id)
+        if ring is None:
+            return  # a stale hint for a ring already uninstalled
+        if isinstance(ring, IngressRing):
+            if ring.machine.state in (ir.State.NeedHeader, ir.State.NeedPayload):
+                ring.feed(ir.RingReadable(ring_id))
+        elif ring.machine.state in _EGRESS_WAITING:
+            ring.feed(er.RingWritable(ring_id))
+
+    def _forget_if_done(self, ring_id: RingId) -> None:
+        ring = self.rings.get(ring_id)
+        if ring is not None and ring.done:
+            del self.rings[ring_id]
+
+    def _release(self, handle: DeviceObjectHandle) -> None:
+        assert self.bridge is not None
+        try:
+            self.bridge.release(handle)
+        except InvalidHandle as exc:
+            reason = ReleaseFailure.StaleGeneration if exc.stale else ReleaseFailure.UnknownHandle
+            self.emit(ReleaseFailed(handle, reason))
+            return
+        self.emit(DeviceObjectReleased(handle))
+
+    def _continue_drain(self) -> None:
+        assert self._drain_mode is not None
+        if self.steps is not None and not self.steps.idle:
+            return  # Graceful: queued steps still run (they may wait for ring space)
+        for ring_id in list(self.rings):
+            self._uninstall(ring_id, UninstallReason.WorkerShutdown)
+        if not self.rings:
+            reason = (
+                WorkerStoppedReason.Graceful
+                if self._drain_mode is ShutdownMode.Graceful
+                else WorkerStoppedReason.AbortInFlight
+            )
+            self._drain_mode = None
+            self.feed(wp.DrainComplete(reason))
+
