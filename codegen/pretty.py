@@ -73,3 +73,11 @@ def listing(lead: str, items: list[str]) -> list[str]:
     if len(one) <= LIMIT or not items:
         return [one]
     return [f"{lead}["] + [f"    {item}," for item in items] + ["]"]
+
+
+def import_from(module: str, names: list[str]) -> list[str]:
+    """``from module import a, b`` as isort (ruff ``I``) lays it out."""
+    one = f"from {module} import {', '.join(names)}"
+    if len(one) <= LIMIT:
+        return [one]
+    return [f"from {module} import ("] + [f"    {name}," for name in names] + [")"]

@@ -221,7 +221,7 @@ def module_source(table: Table, wire: WireNames) -> str:
         "machine_cls": machine_cls,
         "guards_cls": guards_cls,
         "uses_wire": bool(wire_used),
-        "runtime_imports": runtime_imports,
+        "runtime_import": pretty.import_from("swactor.fsm.runtime", runtime_imports),
         "states": [(s.name, pretty.docstring(s.doc, 4)) for s in table.states.values()],
         "events": [_message_class(m, "event") for m in table.events.values()],
         "effects": [_message_class(m, "effect") for m in table.effects.values()],

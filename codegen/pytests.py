@@ -176,9 +176,9 @@ def test_source(table: Table, wire: WireNames, fsm_dir: Path, out_root: Path) ->
         uses_wire=uses_wire, script=script,
         guards_line="\n".join(pretty.listing("GUARDS: list[str] = ",
                                               [f'"{g}"' for g in table.guards])),
-        runtime_imports=sorted({"ProtocolError"}
+        runtime_import=pretty.import_from("swactor.fsm.runtime", sorted({"ProtocolError"}
                                | ({"StartTimer", "CancelTimer"} if any(
                                    s.timer for s in table.states.values()) else set())
                                | ({"ProtocolViolation"} if table.unhandled == "fault"
-                                  else set())),
+                                  else set()))),
     )

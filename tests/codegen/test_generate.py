@@ -59,9 +59,10 @@ def test_help_lists_the_modes() -> None:
 @needs_dot
 def test_first_run_writes_every_file_and_second_run_nothing(tmp_path: Path) -> None:
     fsm, out = _setup(tmp_path, render=True)
-    expected = {f.format(m=m) for m in ("lease_desk", "toggle") for f in MACHINE_FILES}
+    expected = {f.format(m=m) for m in ("lease_desk", "toggle", "wire_mix") for f in MACHINE_FILES}
     expected |= {"swactor/fsm/generated/__init__.py", "tests/generated/__init__.py",
-                 "diagrams/README.md", "diagrams/lease_desk.svg", "diagrams/toggle.svg"}
+                 "diagrams/README.md", "diagrams/lease_desk.svg", "diagrams/toggle.svg",
+                 "diagrams/wire_mix.svg"}
     first = _tree(out)
     assert set(first) == expected
     assert main(["--fsm-dir", str(fsm), "--out-root", str(out)]) == 0
