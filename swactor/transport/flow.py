@@ -74,7 +74,7 @@ _CONNECTION_LIMIT_FRAME_CAPACITY = 1 + UINT_VAR_MAX_SIZE
 class _NoPacer(QuicPacketPacer):
     """Stands in for aioquic's packet pacer when pacing is off: never delays a packet."""
 
-    def next_send_time(self, now: float) -> float | None:
+    def next_send_time(self, now: float) -> float | None:  # type: ignore[override]
         return None
 
     def update_after_send(self, now: float) -> None:
