@@ -72,7 +72,7 @@ class MembershipNode:
         self._codec = Codec(Signer(identity.private_key), allowed)
         self._core = SwimCore(config, self.node_id, meta, rng or random.Random())
         self._seeds = tuple(seeds)
-        self._on_event = on_event
+        self._listeners: list[EventCallback] = [] if on_event is None else [on_event]
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._commands: list[Callable[[float], list[Outgoing]]] = []
@@ -90,6 +90,10 @@ class MembershipNode:
         """Start the membership thread and contact the seeds."""
         self._post(lambda now: self._core.start(now, self._seeds))
         self._thread.start()
+
+    def add_listener(self, callback: EventCallback) -> None:
+        """Also hand every membership event to `callback` (call before `start`)."""
+        self._listeners.append(callback)
 
     def update_meta(self, meta: MemberMeta) -> None:
         """Publish new metadata (boot health, endpoint); the SWIM address is kept."""
@@ -209,12 +213,11 @@ class MembershipNode:
             self._emit(event)
 
     def _emit(self, event: MembershipEvent) -> None:
-        if self._on_event is None:
-            return
-        try:
-            self._on_event(event)
-        except Exception:  # a faulty observer must not stop probing
-            log.exception("membership event callback failed")
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:  # a faulty observer must not stop probing
+                log.exception("membership event callback failed")
 
 
 def asyncio_events(loop: asyncio.AbstractEventLoop,
