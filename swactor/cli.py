@@ -27,6 +27,7 @@ SUBCOMMAND_MODULES: list[str] = [
     "swactor.model.tokenize_cmd",
     "swactor.events",
     "swactor.orchestrator.plan_cmd",
+    "swactor.transport.identity_cmd",
 ]
 
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
+import socket
 
 import pytest
 
 from swactor.ring import RingState
 from swactor.transport.config import EDGE_ALPN, TransportConfig
+from swactor.transport.identity import NodeIdentity
 from swactor.transport.messages import (
     DriverEdgeReady,
     EstablishRecv,
@@ -19,7 +22,7 @@ from swactor.transport.messages import (
     StreamFault,
 )
 from swactor.wire import EdgeId, EdgePreamble, RingFaultReason, StreamFaultReason
-from tests.transport.harness import Consumer, Node, make_pair, payload_chunks, produce
+from tests.transport.harness import Consumer, Node, make_node, make_pair, payload_chunks, produce
 
 FAST = TransportConfig(
     max_datagram_size=16383,
@@ -268,3 +271,22 @@ async def test_second_stream_for_a_live_edge_faults_it() -> None:
     finally:
         await a.close()
         await b.close()
+
+
+async def test_unreachable_consumer_is_a_handshake_fault() -> None:
+    a = await make_node(dataclasses.replace(FAST, handshake_timeout=0.5))
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as closed:
+            closed.bind(("127.0.0.1", 0))
+            port = closed.getsockname()[1]
+        peer = NodeIdentity.generate().node_id
+        a.endpoint.address_book[peer] = ("127.0.0.1", port)
+        tx_id, tx_layout, _ = a.new_ring(1 << 16)
+        a.driver.handle(EstablishSend(1, peer, tx_id, tx_layout))
+        fault = await a.wait_for(StreamFault)
+        assert isinstance(fault, StreamFault)
+        assert (fault.edge_id, fault.reason) == (1, StreamFaultReason.HandshakeFailed)
+        assert await a.wait_for(PumpStopped) == PumpStopped(1, tx_id)
+        assert DriverEdgeReady(1) not in a.events
+    finally:
+        await a.close()

@@ -1,0 +1,127 @@
+"""Consumer-credited flow control, sans I/O: two connections shuttle datagrams in memory."""
+
+from __future__ import annotations
+
+from aioquic.buffer import Buffer  # type: ignore[attr-defined]
+from aioquic.quic import events
+from aioquic.quic.connection import QuicConnection
+from aioquic.quic.packet import pull_quic_header
+
+from swactor.transport.config import TransportConfig
+from swactor.transport.flow import SwactorConnection
+from swactor.transport.identity import NodeIdentity
+
+WINDOW = 64 << 10
+CONFIG = TransportConfig(
+    max_datagram_size=1452,
+    stream_window=WINDOW,
+    edges_per_connection=2,
+    connection_window=2 * WINDOW,
+)
+CLIENT_ADDR = ("10.0.0.1", 1000)
+SERVER_ADDR = ("10.0.0.2", 2000)
+
+
+def _pair(stock_server: bool = False) -> tuple[QuicConnection, QuicConnection]:
+    client = SwactorConnection(
+        configuration=CONFIG.quic_configuration(NodeIdentity.generate(), is_client=True),
+        stream_window=WINDOW,
+        connection_window=2 * WINDOW,
+    )
+    server_config = CONFIG.quic_configuration(NodeIdentity.generate(), is_client=False)
+    client.connect(SERVER_ADDR, now=0.0)
+    initial = [data for data, _ in client.datagrams_to_send(now=0.0)]
+    odcid = pull_quic_header(Buffer(data=initial[0]), host_cid_length=8).destination_cid
+    server: QuicConnection
+    if stock_server:
+        server = QuicConnection(
+            configuration=server_config, original_destination_connection_id=odcid
+        )
+    else:
+        server = SwactorConnection(
+            configuration=server_config,
+            original_destination_connection_id=odcid,
+            stream_window=WINDOW,
+            connection_window=2 * WINDOW,
+        )
+    for data in initial:
+        server.receive_datagram(data, CLIENT_ADDR, now=0.0)
+    return client, server
+
+
+def _shuttle(client: QuicConnection, server: QuicConnection, now: float) -> list[events.QuicEvent]:
+    """Exchange datagrams until both are quiet; the server's events."""
+    got: list[events.QuicEvent] = []
+    for _ in range(10_000):
+        moved = False
+        for data, _ in client.datagrams_to_send(now=now):
+            server.receive_datagram(data, CLIENT_ADDR, now=now)
+            moved = True
+        for data, _ in server.datagrams_to_send(now=now):
+            client.receive_datagram(data, SERVER_ADDR, now=now)
+            moved = True
+        while (event := server.next_event()) is not None:
+            got.append(event)
+        while client.next_event() is not None:
+            pass
+        if not moved:
+            return got
+    raise AssertionError("connections never went quiet")
+
+
+def _received(evts: list[events.QuicEvent]) -> int:
+    return sum(len(e.data) for e in evts if isinstance(e, events.StreamDataReceived))
+
+
+def test_server_asks_for_the_client_certificate() -> None:
+    client, server = _pair()
+    _shuttle(client, server, 0.0)
+    assert isinstance(server, SwactorConnection)
+    cert = server.peer_certificate()
+    assert cert is not None
+    assert cert.public_key() == client._configuration.certificate.public_key()
+
+
+def test_receiver_credits_only_consumed_bytes() -> None:
+    client, server = _pair()
+    assert isinstance(client, SwactorConnection) and isinstance(server, SwactorConnection)
+    _shuttle(client, server, 0.0)
+    stream_id = client.get_next_available_stream_id(is_unidirectional=True)
+    client.send_stream_data(stream_id, bytes(4 * WINDOW))
+    now = 0.0
+    total = 0
+    for _ in range(20):  # the consumer never consumes: time passes, nothing more arrives
+        now += 0.05
+        total += _received(_shuttle(client, server, now))
+        client.handle_timer(now)
+        server.handle_timer(now)
+    assert total == WINDOW
+    assert server.received_unconsumed() == WINDOW
+    assert client.send_buffered(stream_id) == 3 * WINDOW  # one window delivered and acked
+    # Consuming a quarter window releases exactly that much more.
+    assert server.consume(stream_id, WINDOW // 4)
+    total += _received(_shuttle(client, server, now + 0.01))
+    assert total == WINDOW + WINDOW // 4
+    # Consuming less than a quarter window sends no update yet (hysteresis)...
+    assert not server.consume(stream_id, WINDOW // 8)
+    total += _received(_shuttle(client, server, now + 0.02))
+    assert total == WINDOW + WINDOW // 4
+    # ...until the quarter is reached.
+    assert server.consume(stream_id, WINDOW // 8)
+    total += _received(_shuttle(client, server, now + 0.03))
+    assert total == WINDOW + WINDOW // 2
+
+
+def test_stock_aioquic_keeps_crediting_without_consumption() -> None:
+    """The control: stock aioquic doubles its windows as bytes arrive."""
+    client, server = _pair(stock_server=True)
+    _shuttle(client, server, 0.0)
+    stream_id = client.get_next_available_stream_id(is_unidirectional=True)
+    client.send_stream_data(stream_id, bytes(4 * WINDOW))
+    now, total = 0.0, 0
+    for _ in range(20):
+        now += 0.05
+        total += _received(_shuttle(client, server, now))
+        client.handle_timer(now)
+        server.handle_timer(now)
+    assert total == 4 * WINDOW
