@@ -40,12 +40,12 @@ from swactor.wire import (
     Sequence,
     SequencePolicy,
     ShapeRule,
-    WorkerCommand,
+    WireStruct,
     WorkerEvent,
     WorkerGeneration,
     WorkerReady,
     decode_event,
-    encode_command,
+    encode_line,
 )
 from swactor.worker.process import ring_helper_abi
 
@@ -123,9 +123,9 @@ class WorkerRig:
 
     # -- commands and events -----------------------------------------------------------
 
-    def send(self, command: WorkerCommand | RingReadable | RingWritable) -> None:
+    def send(self, command: WireStruct) -> None:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(encode_command(command).encode())  # type: ignore[arg-type]
+        self.proc.stdin.write(encode_line(command).encode())
         self.proc.stdin.flush()
 
     def send_raw(self, line: bytes) -> None:

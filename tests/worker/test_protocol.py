@@ -1,0 +1,210 @@
+"""The worker's command/event protocol: init checks, fatal paths, steps, release, drain."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from swactor.wire import (
+    ConfigureRole,
+    DeviceObjectHandle,
+    DeviceObjectReleased,
+    ExecuteStep,
+    InitializeWorker,
+    InputBinding,
+    ObjectHeader,
+    ObjectId,
+    ObjectLoaded,
+    ObjectProduced,
+    OutputBinding,
+    PortId,
+    ReleaseDeviceObject,
+    ReleaseFailed,
+    ReleaseFailure,
+    RingDirection,
+    RingId,
+    RingQuiesced,
+    RoleConfigured,
+    RoleFailed,
+    RoleFailure,
+    RoleId,
+    Sequence,
+    ShutdownMode,
+    ShutdownWorker,
+    StepCompleted,
+    StepFailed,
+    StepFailure,
+    StepId,
+    UninstallReason,
+    UninstallRing,
+    WorkerFatal,
+    WorkerFatalReason,
+    WorkerGeneration,
+    WorkerStopped,
+    WorkerStoppedReason,
+)
+from swactor.worker.process import ring_helper_abi
+from tests.worker.harness import WorkerRig, read_all, record, write_all
+
+
+def fatal_exit(rig: WorkerRig, reason: WorkerFatalReason) -> None:
+    assert rig.expect(WorkerFatal).reason is reason
+    assert rig.wait_exit() == 1
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"not json\n", b'{"type": "Frobnicate", "body": {}}\n', b'{"type": "ShutdownWorker"}\n',
+     b'{"type": "InstallRing", "body": {"ring_id": -1}}\n', b"\xff\xfe\n", b"[1, 2]\n"],
+    ids=["garbage", "unknown-type", "no-body", "bad-body", "not-utf8", "not-object"],
+)  # fmt: skip
+def test_malformed_line_is_fatal(rig: WorkerRig, line: bytes) -> None:
+    rig.send_raw(line)
+    fatal_exit(rig, WorkerFatalReason.MalformedControlMessage)
+
+
+def test_command_before_initialize_is_fatal() -> None:
+    rig = WorkerRig()
+    try:
+        rig.send(ShutdownWorker(ShutdownMode.Graceful))
+        fatal_exit(rig, WorkerFatalReason.MalformedControlMessage)
+    finally:
+        rig.close()
+
+
+def test_abi_mismatch_and_wrong_ceiling_are_fatal() -> None:
+    for ceiling, abi, reason in (
+        (None, ring_helper_abi() + 1, WorkerFatalReason.RingHelperAbiMismatch),
+        (4096, ring_helper_abi(), WorkerFatalReason.ArenaMapFailed),
+    ):
+        rig = WorkerRig()
+        try:
+            size = rig.arena.size if ceiling is None else ceiling
+            rig.send(InitializeWorker(WorkerGeneration(1), size, abi, None))
+            fatal_exit(rig, reason)
+        finally:
+            rig.close()
+
+
+def test_unknown_backend_is_fatal() -> None:
+    rig = WorkerRig(backend={"device": "NOSUCHDEVICE"})
+    try:
+        rig.send(InitializeWorker(WorkerGeneration(1), rig.arena.size, ring_helper_abi(),
+                                  rig.backend))  # fmt: skip
+        fatal_exit(rig, WorkerFatalReason.BackendInitFailed)
+    finally:
+        rig.close()
+
+
+def test_closed_stdin_exits_cleanly(rig: WorkerRig) -> None:
+    assert rig.proc.stdin is not None
+    rig.proc.stdin.close()
+    assert rig.wait_exit() == 0
+
+
+def loaded_object(rig: WorkerRig, extent: int = 64) -> ObjectLoaded:
+    ingress = rig.add_ring(1, RingDirection.Ingress, 4096)
+    write_all(rig, ingress, record(10, 0, os.urandom(extent)))
+    return rig.expect(ObjectLoaded)
+
+
+def step(
+    handle: DeviceObjectHandle, extent: int, *, role: int = 1, ring: int = 2, step_id: int = 1
+) -> ExecuteStep:
+    return ExecuteStep(
+        RoleId(role), StepId(step_id),
+        (InputBinding(PortId(1), ObjectId(10), Sequence(0), handle),),
+        (OutputBinding(PortId(1), RingId(ring), ObjectId(11), Sequence(0), extent),),
+        None, False,
+    )  # fmt: skip
+
+
+def test_step_failures_name_their_reason(rig: WorkerRig) -> None:
+    loaded = loaded_object(rig)
+    egress = rig.add_ring(2, RingDirection.Egress, 4096)
+    handle = loaded.device_handle
+    rig.send(ConfigureRole(RoleId(1), {"kind": "echo"}))
+    rig.expect(RoleConfigured)
+    rig.send(ConfigureRole(RoleId(2), {"kind": "no-such-role"}))
+    assert rig.expect(RoleFailed).reason is RoleFailure.ConfigInvalid
+    rig.send(ConfigureRole(RoleId(3), {"kind": "scale", "factor": "x"}))
+    assert rig.expect(RoleFailed).reason is RoleFailure.ConfigInvalid
+
+    stale = DeviceObjectHandle(WorkerGeneration(0), handle.id)
+    unknown = DeviceObjectHandle(handle.worker_generation, handle.id + 1000)
+    cases = [
+        (step(handle, 64, role=2), StepFailure.RoleUnavailable),
+        (step(stale, 64), StepFailure.InvalidInputHandle),
+        (step(unknown, 64), StepFailure.InvalidInputHandle),
+        (step(handle, 64, ring=1), StepFailure.InvalidOutputRing),  # an ingress ring
+        (step(handle, 64, ring=77), StepFailure.InvalidOutputRing),  # not installed
+        (step(handle, 60), StepFailure.OutputExtentInvalid),  # role makes 64 bytes
+        (step(handle, 66), StepFailure.OutputExtentInvalid),  # breaks the alignment
+    ]
+    for number, (command, reason) in enumerate(cases, start=100):
+        rig.send(ExecuteStep(command.role_id, StepId(number), command.inputs, command.outputs,
+                             None, False))  # fmt: skip
+        failed = rig.expect(StepFailed)
+        assert (failed.step_id, failed.reason) == (number, reason)
+    assert egress.commit == 0  # nothing was written for a refused step
+    # The handle is still good after all of that.
+    rig.send(step(handle, 64))
+    data = read_all(rig, egress, ObjectHeader.LEN + 64)
+    assert ObjectHeader.unpack(data).object_id == 11
+    assert rig.expect(ObjectProduced).object_id == 11
+    assert rig.expect(StepCompleted).step_id == 1
+
+
+def test_release_and_its_failures(rig: WorkerRig) -> None:
+    handle = loaded_object(rig).device_handle
+    rig.send(ReleaseDeviceObject(DeviceObjectHandle(WorkerGeneration(9), handle.id)))
+    assert rig.expect(ReleaseFailed).reason is ReleaseFailure.StaleGeneration
+    rig.send(ReleaseDeviceObject(handle))
+    assert rig.expect(DeviceObjectReleased).device_handle == handle
+    rig.send(ReleaseDeviceObject(handle))
+    assert rig.expect(ReleaseFailed).reason is ReleaseFailure.UnknownHandle
+    rig.send(ConfigureRole(RoleId(1), {"kind": "echo"}))
+    rig.expect(RoleConfigured)
+    rig.add_ring(2, RingDirection.Egress, 4096)
+    rig.send(step(handle, 64))
+    assert rig.expect(StepFailed).reason is StepFailure.InvalidInputHandle
+
+
+def test_uninstall_quiesces_the_ring(rig: WorkerRig) -> None:
+    rig.add_ring(1, RingDirection.Ingress, 4096)
+    rig.send(UninstallRing(RingId(1), UninstallReason.EdgeStopped))
+    assert rig.expect(RingQuiesced).ring_id == 1
+
+
+def test_graceful_shutdown_finishes_the_waiting_step(rig: WorkerRig) -> None:
+    loaded = loaded_object(rig, extent=3 * 4096)
+    egress = rig.add_ring(2, RingDirection.Egress, 4096)
+    rig.send(ConfigureRole(RoleId(1), {"kind": "echo"}))
+    rig.expect(RoleConfigured)
+    rig.send(step(loaded.device_handle, 3 * 4096))
+    rig.send(ShutdownWorker(ShutdownMode.Graceful))
+    rig.send(ExecuteStep(RoleId(1), StepId(9), (), (), None, False))
+    assert rig.expect(StepFailed).reason is StepFailure.WorkerShuttingDown
+    read_all(rig, egress, ObjectHeader.LEN + 3 * 4096)
+    assert rig.expect(ObjectProduced).object_id == 11
+    assert rig.expect(StepCompleted).step_id == 1
+    quiesced = {rig.expect(RingQuiesced).ring_id for _ in range(2)}
+    assert quiesced == {1, 2}
+    assert rig.expect(WorkerStopped).reason is WorkerStoppedReason.Graceful
+    assert rig.wait_exit() == 0
+
+
+def test_abort_in_flight_fails_the_waiting_step(rig: WorkerRig) -> None:
+    loaded = loaded_object(rig, extent=3 * 4096)
+    rig.add_ring(2, RingDirection.Egress, 4096)
+    rig.send(ConfigureRole(RoleId(1), {"kind": "echo"}))
+    rig.expect(RoleConfigured)
+    rig.send(step(loaded.device_handle, 3 * 4096))
+    rig.send(ShutdownWorker(ShutdownMode.AbortInFlight))
+    failed = rig.expect(StepFailed)
+    assert (failed.step_id, failed.reason) == (1, StepFailure.WorkerShuttingDown)
+    quiesced = {rig.expect(RingQuiesced).ring_id for _ in range(2)}
+    assert quiesced == {1, 2}
+    assert rig.expect(WorkerStopped).reason is WorkerStoppedReason.AbortInFlight
+    assert rig.wait_exit() == 0
