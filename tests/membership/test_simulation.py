@@ -34,7 +34,7 @@ def _detect(sim: Simulation, victim: int) -> tuple[float, float, list[float]]:
 
 @pytest.mark.parametrize(
     "members",
-    [5, 50, pytest.param(500, marks=pytest.mark.slow)],
+    [5, 50, 500],
 )
 def test_crashed_member_declared_dead_by_all_within_memberlist_bound(members: int) -> None:
     sim = Simulation(members, seed=members)
