@@ -17,7 +17,8 @@ joins through a seed, as a restarted process would.
 
 Membership events of every core are kept in `events` as (time, member index, event);
 `first_state_time` answers "when did observer o first see member t in state s".
-Messages sent per member are counted for the load figures of the benchmark.
+Messages sent per member are counted for the load figures of the benchmark, and the
+first Ping sent to a crashed member is timed (`first_probe_of_crashed`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from swactor.membership.messages import (
     MemberState,
     Message,
     Outgoing,
+    Ping,
 )
 from swactor.wire import NodeId
 
@@ -82,6 +84,8 @@ class Simulation:
         self.now = 0.0
         self.events: list[tuple[float, int, MembershipEvent]] = []
         self.delivered = 0
+        self.first_probe_of_crashed: dict[int, float] = {}
+        """Member index -> when the first Ping was sent to it after it crashed."""
         self.dropped = 0
         self._heap: list[tuple[float, int, int, int, object]] = []
         self._seq = 0
@@ -191,10 +195,14 @@ class Simulation:
         low, high = self.latency_s
         for out in outgoing:
             member.sent += 1
+            dest = out.address[1]
+            if (self.members[dest].crashed and dest not in self.first_probe_of_crashed
+                    and isinstance(out.message, Ping)):
+                self.first_probe_of_crashed[dest] = self.now
             if self.loss and self.rng.random() < self.loss:
                 self.dropped += 1
                 continue
-            self._push(self.now + self.rng.uniform(low, high), _DELIVER, out.address[1],
+            self._push(self.now + self.rng.uniform(low, high), _DELIVER, dest,
                        (out.message, source))
 
     def _reschedule(self, index: int) -> None:
