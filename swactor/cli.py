@@ -28,6 +28,7 @@ SUBCOMMAND_MODULES: list[str] = [
     "swactor.events",
     "swactor.orchestrator.plan_cmd",
     "swactor.transport.identity_cmd",
+    "swactor.membership.cli",
 ]
 
 
