@@ -1,0 +1,502 @@
+"""The orchestrator's run actor: the generated orchestrator_run machine bound to `RunPorts`.
+
+Theory of operation. `OrchestratorRun` is an actor (`swactor.actors`) that owns one
+`OrchestratorRunMachine` (spec §13, §36, §38) and nothing else stateful but
+bookkeeping. Mail is the machine's events (StageReady, EndpointReady, StageFault,
+EndpointFault, MembershipLost, OperatorStop, StageStopped, EndpointsStopped, timer
+events) plus `TokenOutput`, which the token-out endpoint sends for each output object:
+the binding keeps its token id and feeds the machine `ObjectLoaded` for it, since the
+machine never sees payload. For every message the binding
+
+1. updates its bookkeeping (who is ready, who stopped and how cleanly, the pending
+   output token), so that the guards it answers for the machine are plain reads:
+   `all_ready` (every stage and both token endpoints ready), `output_out_of_order`
+   (not the token-out edge, or not the awaited step), `run_policy_stops` (the token is
+   a stop id while `stop_on_eos`, or `max_tokens` are generated, or the next position
+   would pass `max_seq_len`), `teardown_pending` / `teardown_failed` (every
+   provisioned stage and the endpoints stopped / any of them unclean);
+2. calls `machine.handle(event)` and carries out the effects in order: timers through
+   `ctx.timers.apply`; ProvisionStages as a parallel fan-out (one task per stage,
+   each `ports.provision_stage(node, provision_stage(plan, i, facts))`);
+   CreateTokenEndpoints / StopTokenEndpoints / SendStopRun as tasks too, so the actor
+   never blocks on the network and its timers stay live; InjectPrompt writes step 0
+   (the prompt ids), InjectNextInput writes step k + 1 (the token of step k), in mailbox
+   order; AcceptOutput appends the token and releases the object; the Record* effects
+   fill `RunResult`.
+
+A port that raises `PortError` (or anything else) is turned into the event the machine
+understands: a StageFault for that stage (provisioning; the stage still counts as
+provisioned, so teardown still sends it StopRun, and a node that cannot be reached
+then makes the teardown Faulted rather than silently skipped), an EndpointFault for a
+token edge, a StageStopped(clean=False) for a stage that cannot be sent StopRun, an
+EndpointsStopped(clean=False) for endpoints that cannot be stopped. Such an event is
+posted to the actor's own mailbox, never fed re-entrantly.
+
+Events the machine refuses in its state (its table's `unhandled: raise`, e.g. a
+duplicate StageReady after the barrier) come from peers, so they are logged and listed
+in `RunResult.rejected_events`, never allowed to crash the run.
+
+Lifecycle events (spec §40) go through `ports.emit`, in this order for a clean run:
+run_planned, stage_provision_started (per stage), readiness_barrier_passed,
+prompt_injected, token_received (per token), run_completed | run_faulted (with the
+first fault's reason and component; an operator stop emits neither), stop_run_sent
+(per provisioned stage), run_torn_down (outcome and teardown outcome).
+
+When the machine reaches Done the result future resolves and the actor stops itself.
+`start_run(runtime, plan, ports, ...)` spawns the actor, feeds PlanAvailable and returns
+a `RunHandle` (`await handle.result()`, `handle.stop()` for an operator stop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from swactor.actors import Actor, Context, Runtime
+from swactor.actors.ref import ActorRef
+from swactor.events.schema import (
+    PromptInjected,
+    ReadinessBarrierPassed,
+    RunCompleted,
+    RunFaulted,
+    RunPlanned,
+    RunTornDown,
+    StageProvisionStarted,
+    StopRunSent,
+    TokenReceived,
+)
+from swactor.fsm.generated import orchestrator_run as orun
+from swactor.fsm.runtime import ProtocolError
+from swactor.orchestrator.planner import stage_runtime_facts
+from swactor.orchestrator.ports import (
+    PortError,
+    RunFault,
+    RunPorts,
+    RunResult,
+    StopCause,
+)
+from swactor.wire import (
+    Component,
+    EdgeId,
+    EdgeKind,
+    ObjectId,
+    PromptKind,
+    RunFaultReason,
+    RunOutcome,
+    RunPlan,
+    Sequence,
+    StageIndex,
+    TeardownOutcome,
+    provision_rx,
+    provision_stage,
+    provision_tx,
+)
+
+log = logging.getLogger("swactor.orchestrator.run")
+
+DEFAULT_READINESS_TIMEOUT_S = 600.0
+DEFAULT_STEP_TIMEOUT_S = 120.0
+DEFAULT_TEARDOWN_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenOutput:
+    """The token-out endpoint loaded output object `object_id` of step `sequence`.
+
+    `token_ids` are the u32 ids it holds (one per step for a sampling last stage); they
+    are vocabulary indices the run policy needs, not tensor payload.
+    """
+
+    edge_id: EdgeId
+    object_id: ObjectId
+    sequence: Sequence
+    token_ids: tuple[int, ...]
+
+
+RunMessage: TypeAlias = orun.Event | TokenOutput
+
+
+@dataclass(frozen=True, slots=True)
+class RunTimeouts:
+    """The machine's three timers, in seconds."""
+
+    readiness_s: float = DEFAULT_READINESS_TIMEOUT_S
+    step_s: float = DEFAULT_STEP_TIMEOUT_S
+    teardown_s: float = DEFAULT_TEARDOWN_TIMEOUT_S
+
+
+class OrchestratorRun(Actor[RunMessage]):
+    """One run: the orchestrator_run machine, its guards and its effects (module doc)."""
+
+    def __init__(
+        self,
+        plan: RunPlan,
+        ports: RunPorts,
+        prompt_token_ids: tuple[int, ...],
+        stop_token_ids: frozenset[int],
+        result: asyncio.Future[RunResult],
+        timeouts: RunTimeouts = RunTimeouts(),
+    ) -> None:
+        if not prompt_token_ids:
+            raise ValueError("a run needs at least one prompt token id")
+        self.plan = plan
+        self.ports = ports
+        self.stop_token_ids = stop_token_ids
+        self.result = RunResult(plan.run_id, tuple(prompt_token_ids))
+        self._future = result
+        self.machine = orun.OrchestratorRunMachine(
+            self,
+            readiness_timeout_s=timeouts.readiness_s,
+            step_timeout_s=timeouts.step_s,
+            teardown_timeout_s=timeouts.teardown_s,
+        )
+        self._node = plan.orchestrator_node
+        self._token_in = next(e for e in plan.edges if e.kind is EdgeKind.TokenIn)
+        self._token_out = next(e for e in plan.edges if e.kind is EdgeKind.TokenOut)
+        self._stage_count = len(plan.stages)
+        self._ready_stages: set[int] = set()
+        self._ready_endpoints: set[int] = set()
+        self._provisioned: set[int] = set()
+        self._stopped: set[int] = set()
+        self._unclean: set[int] = set()
+        self._endpoints_stopped = False
+        self._endpoints_unclean = False
+        self._expected_sequence = 0
+        self._pending_token: int | None = None
+        self._candidate_stop: StopCause | None = None
+        self._current: RunMessage | None = None
+        self._fault_pending = False
+        self._ctx: Context[RunMessage] | None = None
+
+    # -- actor -----------------------------------------------------------------------------
+
+    async def started(self, ctx: Context[RunMessage]) -> None:
+        self._ctx = ctx
+
+    async def receive(self, ctx: Context[RunMessage], message: RunMessage) -> None:
+        if isinstance(message, TokenOutput):
+            event: orun.Event | None = self._token_event(message)
+            if event is None:
+                return
+        else:
+            event = message
+        self._note(event)
+        self._current = event
+        try:
+            effects = self.machine.handle(event)
+        except ProtocolError as error:
+            log.warning("run %s: %s", self.plan.run_id, error)
+            self.result.rejected_events.append(f"{error.state}: {error.event}")
+            return
+        for effect in effects:
+            if ctx.timers.apply(effect, orun.TIMER_EVENTS):
+                continue
+            await self._carry_out(ctx, effect)
+        self._flush_outcome()
+        if self.machine.state is orun.State.Done:
+            self._finish(ctx)
+
+    async def stopped(self, ctx: Context[RunMessage]) -> None:
+        if not self._future.done():
+            self._future.set_exception(RuntimeError(f"run {self.plan.run_id}: actor stopped "
+                                                    f"in state {self.machine.state.name}"))
+            self._future.exception()  # reported to whoever awaits; not logged if nobody does
+
+    # -- bookkeeping ---------------------------------------------------------------------
+
+    def _token_event(self, message: TokenOutput) -> orun.Event | None:
+        if len(message.token_ids) != 1:
+            self._pending_token = None
+            return orun.EndpointFault(
+                message.edge_id, RunFaultReason.ObjectHeaderMalformed, Component.TokenEndpoint
+            )
+        self._pending_token = message.token_ids[0]
+        return orun.ObjectLoaded(message.edge_id, message.object_id, message.sequence)
+
+    def _note(self, event: orun.Event) -> None:
+        match event:
+            case orun.StageReady(stage_index=index) if index < self._stage_count:
+                self._ready_stages.add(index)
+            case orun.EndpointReady(edge_id=edge) if edge in self._token_edges:
+                self._ready_endpoints.add(edge)
+            case orun.StageStopped(stage_index=index, clean=clean):
+                if index in self._provisioned:
+                    self._stopped.add(index)
+                    if not clean:
+                        self._unclean.add(index)
+            case orun.EndpointsStopped(clean=clean):
+                self._endpoints_stopped = True
+                self._endpoints_unclean = not clean
+            case orun.ObjectLoaded():
+                self._candidate_stop = self._stop_cause()
+            case _:
+                pass
+
+    @property
+    def _token_edges(self) -> tuple[EdgeId, EdgeId]:
+        return (self._token_in.edge_id, self._token_out.edge_id)
+
+    # -- guards (OrchestratorRunGuards) ------------------------------------------------------
+
+    def all_ready(self, event: orun.StageReady | orun.EndpointReady) -> bool:
+        return len(self._ready_stages) == self._stage_count and len(self._ready_endpoints) == 2
+
+    def output_out_of_order(self, event: orun.ObjectLoaded) -> bool:
+        return (
+            event.edge_id != self._token_out.edge_id
+            or event.sequence != self._expected_sequence
+            or self._pending_token is None
+        )
+
+    def run_policy_stops(self, event: orun.ObjectLoaded) -> bool:
+        return self._candidate_stop is not None
+
+    def _stop_cause(self) -> StopCause | None:
+        token = self._pending_token
+        generated = len(self.result.generated_token_ids) + 1
+        policy = self.plan.runtime.token_output_policy
+        if policy.stop_on_eos and token in self.stop_token_ids:
+            return StopCause.Eos
+        if generated >= self.plan.max_tokens:
+            return StopCause.MaxTokens
+        if len(self.result.prompt_token_ids) + generated >= self.plan.model.max_seq_len:
+            return StopCause.ContextFull
+        return None
+
+    def teardown_pending(self, event: orun.StageStopped | orun.EndpointsStopped) -> bool:
+        return not (self._provisioned <= self._stopped and self._endpoints_stopped)
+
+    def teardown_failed(self, event: orun.StageStopped | orun.EndpointsStopped) -> bool:
+        return bool(self._unclean) or self._endpoints_unclean
+
+    # -- effects ---------------------------------------------------------------------------
+
+    async def _carry_out(self, ctx: Context[RunMessage], effect: orun.Effect) -> None:
+        run_id = self.plan.run_id
+        match effect:
+            case orun.ProvisionStages():
+                self._provision_all(ctx)
+            case orun.CreateTokenEndpoints():
+                self._spawn(ctx, self.ports.create_token_endpoints(
+                    provision_tx(self._token_in), provision_rx(self._token_out)
+                ), self._endpoint_fault_for(self._token_in.edge_id))
+            case orun.InjectPrompt():
+                self.result.timings.ready = time.monotonic()
+                self.ports.emit(ReadinessBarrierPassed(node_id=self._node, run_id=run_id))
+                await self._inject(Sequence(0), self.result.prompt_token_ids)
+            case orun.AcceptOutput(object_id=object_id, sequence=sequence):
+                await self._accept(object_id, sequence)
+            case orun.InjectNextInput(sequence=sequence):
+                await self._inject(Sequence(sequence + 1), (self.result.generated_token_ids[-1],))
+            case orun.FinalizeOutput():
+                self.result.timings.finished = time.monotonic()
+            case orun.RecordRunOutcome(outcome=outcome):
+                self.result.outcome = outcome
+                if outcome is RunOutcome.Completed:
+                    self.result.stop_cause = self._candidate_stop
+                self._fault_pending = outcome is RunOutcome.Faulted
+                if self.result.timings.finished is None:
+                    self.result.timings.finished = time.monotonic()
+                if outcome is RunOutcome.Completed:
+                    self.ports.emit(RunCompleted(node_id=self._node, run_id=run_id))
+            case orun.RecordFaultReason(reason=reason, component=component):
+                self.result.fault = self._fault(reason, component)
+            case orun.SendStopRun():
+                self._flush_outcome()
+                self._stop_all(ctx)
+            case orun.StopTokenEndpoints():
+                self._spawn(ctx, self.ports.stop_token_endpoints(),
+                            lambda _error: orun.EndpointsStopped(clean=False))
+            case orun.RecordLateFault(reason=reason, component=component):
+                self.result.late_faults.append(self._fault(reason, component))
+            case orun.RecordTeardownOutcome(teardown=teardown):
+                self._record_teardown(teardown)
+
+    def _fault(self, reason: RunFaultReason, component: Component) -> RunFault:
+        event = self._current
+        stage = getattr(event, "stage_index", None)
+        edge = getattr(event, "edge_id", None)
+        node = getattr(event, "node_id", None)
+        if node is None and stage is not None and stage < self._stage_count:
+            node = self.plan.stages[stage].node_id
+        return RunFault(reason, component, stage, edge, node)
+
+    def _flush_outcome(self) -> None:
+        """Emit run_faulted once its reason is known (RecordFaultReason follows the outcome)."""
+        if self._fault_pending and self.result.fault is not None:
+            self._fault_pending = False
+            fault = self.result.fault
+            self.ports.emit(RunFaulted(
+                node_id=self._node, run_id=self.plan.run_id, reason=fault.reason,
+                component=fault.component, stage_index=fault.stage_index,
+                edge_id=fault.edge_id,
+            ))
+
+    def _provision_all(self, ctx: Context[RunMessage]) -> None:
+        self.result.timings.started = self.result.timings.started or time.monotonic()
+        for stage in self.plan.stages:
+            index = stage.stage_index
+            self.ports.emit(StageProvisionStarted(
+                node_id=self._node, run_id=self.plan.run_id, stage_index=index
+            ))
+            message = provision_stage(self.plan, index, stage_runtime_facts(self.plan, index))
+            self._provisioned.add(index)
+            self._spawn(ctx, self.ports.provision_stage(stage.node_id, message),
+                        self._provision_failed(index))
+
+    def _provision_failed(self, index: StageIndex) -> Callable[[BaseException], orun.Event]:
+        def event(error: BaseException) -> orun.Event:
+            reason = (error.reason if isinstance(error, PortError)
+                      else RunFaultReason.ProvisioningRejected)
+            return orun.StageFault(index, reason, Component.Orchestrator)
+        return event
+
+    def _endpoint_fault_for(self, edge: EdgeId) -> Callable[[BaseException], orun.Event]:
+        def event(error: BaseException) -> orun.Event:
+            reason = error.reason if isinstance(error, PortError) else RunFaultReason.RingFault
+            return orun.EndpointFault(edge, reason, Component.TokenEndpoint)
+        return event
+
+    def _stop_all(self, ctx: Context[RunMessage]) -> None:
+        for index in sorted(self._provisioned):
+            stage = self.plan.stages[index]
+            self.ports.emit(StopRunSent(
+                node_id=self._node, run_id=self.plan.run_id, stage_index=stage.stage_index
+            ))
+
+            def unclean(_error: BaseException, index: StageIndex = stage.stage_index
+                        ) -> orun.Event:
+                return orun.StageStopped(index, clean=False)
+
+            self._spawn(ctx, self.ports.send_stop_run(
+                stage.node_id, self.plan.run_id, stage.stage_index
+            ), unclean)
+
+    def _spawn(
+        self,
+        ctx: Context[RunMessage],
+        action: Awaitable[None],
+        on_error: Callable[[BaseException], orun.Event],
+    ) -> None:
+        async def run() -> None:
+            try:
+                await action
+            except Exception as error:  # a port failure becomes the machine's event
+                log.warning("run %s: port action failed: %s", self.plan.run_id, error)
+                ctx.self_ref.tell(on_error(error))
+
+        ctx.spawn_task(run())
+
+    async def _inject(self, sequence: Sequence, token_ids: tuple[int, ...]) -> None:
+        edge = self._token_in.edge_id
+        object_id = ObjectId(sequence + 1)
+        self._expected_sequence = sequence
+        try:
+            await self.ports.inject(edge, object_id, sequence, token_ids)
+        except Exception as error:
+            log.warning("run %s: inject step %d failed: %s", self.plan.run_id, sequence, error)
+            assert self._ctx is not None
+            self._ctx.self_ref.tell(self._endpoint_fault_for(edge)(error))
+            return
+        if sequence == 0:
+            self.ports.emit(PromptInjected(
+                node_id=self._node, run_id=self.plan.run_id, edge_id=edge,
+                object_id=object_id, sequence=sequence,
+            ))
+
+    async def _accept(self, object_id: ObjectId, sequence: Sequence) -> None:
+        token = self._pending_token
+        assert token is not None, "output_out_of_order guards a missing token"
+        self._pending_token = None
+        self.result.generated_token_ids.append(token)
+        if self.result.timings.first_token is None:
+            self.result.timings.first_token = time.monotonic()
+        edge = self._token_out.edge_id
+        self.ports.emit(TokenReceived(
+            node_id=self._node, run_id=self.plan.run_id, edge_id=edge, object_id=object_id,
+            sequence=sequence, token=token,
+        ))
+        try:
+            await self.ports.release_output(edge, object_id)
+        except Exception as error:
+            log.warning("run %s: release of step %d failed: %s", self.plan.run_id, sequence,
+                        error)
+            assert self._ctx is not None
+            self._ctx.self_ref.tell(self._endpoint_fault_for(edge)(error))
+
+    def _record_teardown(self, teardown: TeardownOutcome) -> None:
+        result = self.result
+        result.teardown = teardown
+        result.timings.torn_down = time.monotonic()
+        result.unstopped_stages = tuple(
+            StageIndex(i) for i in sorted(self._provisioned - self._stopped)
+        )
+        result.unclean_stages = tuple(StageIndex(i) for i in sorted(self._unclean))
+        outcome = result.outcome or RunOutcome.OperatorStopped
+        self.ports.emit(RunTornDown(
+            node_id=self._node, run_id=self.plan.run_id, outcome=outcome, teardown=teardown,
+        ))
+
+    def _finish(self, ctx: Context[RunMessage]) -> None:
+        if not self._future.done():
+            self._future.set_result(self.result)
+        ctx.stop_self()
+
+
+@dataclass(frozen=True, slots=True)
+class RunHandle:
+    """A started run: its actor and its result."""
+
+    ref: ActorRef[RunMessage]
+    future: asyncio.Future[RunResult]
+
+    async def result(self, timeout_s: float | None = None) -> RunResult:
+        """The run's result once teardown ended (the terminal Done state)."""
+        return await asyncio.wait_for(asyncio.shield(self.future), timeout_s)
+
+    def stop(self) -> None:
+        """Operator stop (Ctrl-C): the run ends OperatorStopped and tears down."""
+        self.ref.tell(orun.OperatorStop())
+
+    def tell(self, message: RunMessage) -> None:
+        """Deliver a port's report (StageReady, TokenOutput, StageStopped, ...)."""
+        self.ref.tell(message)
+
+
+def prompt_ids_of(plan: RunPlan, prompt_token_ids: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The prompt ids to inject: given ones, or the plan's own TokenIds prompt."""
+    if prompt_token_ids is not None:
+        return tuple(prompt_token_ids)
+    prompt = plan.runtime.prompt
+    if prompt.kind is PromptKind.TokenIds and prompt.token_ids:
+        return prompt.token_ids
+    raise ValueError("a Text prompt must be tokenized by the caller (prompt_token_ids)")
+
+
+def start_run(
+    runtime: Runtime,
+    plan: RunPlan,
+    ports: RunPorts,
+    *,
+    stop_token_ids: frozenset[int] | None = None,
+    prompt_token_ids: tuple[int, ...] | None = None,
+    timeouts: RunTimeouts = RunTimeouts(),
+    name: str | None = None,
+) -> RunHandle:
+    """Spawn the run actor for a valid `plan`, emit run_planned and feed PlanAvailable."""
+    future: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
+    prompt = prompt_ids_of(plan, prompt_token_ids)
+    stops = stop_token_ids if stop_token_ids is not None else frozenset({
+        plan.model.eos_token_id
+    })
+    ref = runtime.spawn(
+        lambda: OrchestratorRun(plan, ports, prompt, stops, future, timeouts),
+        name or f"run-{plan.run_id}",
+    )
+    ports.emit(RunPlanned(node_id=plan.orchestrator_node, run_id=plan.run_id))
+    ref.tell(orun.PlanAvailable(plan))
+    return RunHandle(ref, future)
