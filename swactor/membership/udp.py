@@ -148,29 +148,38 @@ class MembershipNode:
     # ------------------------------------------------------------ membership thread
 
     def _run(self) -> None:
+        while not self._stopping:
+            try:
+                self._step()
+            except Exception:  # a bug in one step must not silence the member for good
+                log.exception("SWIM member %016x: step failed; continuing", self.node_id)
+                time.sleep(0.01)
+        try:
+            self._step(block=False)  # carry out a final leave
+        except Exception:
+            log.exception("SWIM member %016x: final step failed", self.node_id)
+
+    def _step(self, block: bool = True) -> None:
         core = self._core
-        while True:
-            now = time.monotonic()
-            timeout = max(0.0, min(core.next_deadline() - now, 1.0))
-            readable, _, _ = select.select([self._sock, self._wake_r], [], [], timeout)
-            now = time.monotonic()
-            out: list[Outgoing] = []
-            if self._wake_r in readable:
-                try:
-                    self._wake_r.recv(4096)
-                except OSError:
-                    pass
-            with self._lock:
-                commands, self._commands = self._commands, []
-            for command in commands:
-                out.extend(command(now))
-            if self._sock in readable:
-                out.extend(self._receive(now))
-            out.extend(core.tick(now))
-            self._send(out)
-            self._publish()
-            if self._stopping:
-                return
+        now = time.monotonic()
+        timeout = max(0.0, min(core.next_deadline() - now, 1.0)) if block else 0.0
+        readable, _, _ = select.select([self._sock, self._wake_r], [], [], timeout)
+        now = time.monotonic()
+        out: list[Outgoing] = []
+        if self._wake_r in readable:
+            try:
+                self._wake_r.recv(4096)
+            except OSError:
+                pass
+        with self._lock:
+            commands, self._commands = self._commands, []
+        for command in commands:
+            out.extend(command(now))
+        if self._sock in readable:
+            out.extend(self._receive(now))
+        out.extend(core.tick(now))
+        self._send(out)
+        self._publish()
 
     def _receive(self, now: float) -> list[Outgoing]:
         out: list[Outgoing] = []
@@ -190,6 +199,9 @@ class MembershipNode:
                 continue
             for forged in decoded.forged:
                 self.forged += 1
+                log.warning("dropped a forged SWIM %s claiming node %016x from %s:%d (%s)",
+                            "datagram" if decoded.message is None else "update",
+                            forged.claimed, address[0], address[1], forged.reason.value)
                 self._emit(forged)
             if decoded.message is not None:
                 out.extend(self._core.handle(decoded.message, address, now))
