@@ -1,0 +1,1 @@
+"""Node composition: boot, StageController, and `worker_ctl.GpuWorkerCtl` (spec §8, §14, §28)."""

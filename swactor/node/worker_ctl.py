@@ -1,0 +1,448 @@
+"""GpuWorkerCtl: the node actor that owns the GPU worker process (spec §28, §31).
+
+Theory of operation
+-------------------
+The actor binds the generated gpu_worker_ctl machine: every message becomes a machine
+event, and the binding carries out the effects (timers included) that come back.
+
+Mail it takes:
+
+- commands from node actors, as the machine's own event classes (`gwc.StartWorker`,
+  `gwc.InstallRing(command)`, `gwc.UninstallRing`, `gwc.RingReadable`,
+  `gwc.RingWritable`, `gwc.ConfigureRole`, `gwc.ExecuteStep`,
+  `gwc.ReleaseDeviceObject`, `gwc.ShutdownWorker`);
+- what its ProcessActor reports (`Started`, `SpawnFailed`, `Line`, `Exited`): the
+  worker I/O adapter is `decode_worker_line`, which turns a stdout line into a machine
+  event: WorkerReady / WorkerFatal / WorkerStopped, any other §30 event as
+  `gwc.WorkerEvent` (the event itself is held for RouteWorkerEvent), and anything
+  malformed (not JSON, unknown shape, bad body, truncated) as `gwc.AdapterFailed`. It is
+  total, so no worker output can raise inside the node. Mail from the process actor of
+  an older generation is ignored.
+
+What it sends (`WorkerRoutes`): worker events by type - ring events to the
+EdgeEstablisher and the ring's edge actor, object events to the edge actor and the
+StageController, step/role/device events to the StageController, wake hints to the
+Driver and the edge actor - and its own notices: `WorkerReadyNotice` /
+`WorkerFailedNotice` to node boot, `WorkerCrashed` to the StageControllers,
+`WorkerReaped(ring_id)` to the EdgeEstablisher. Commands it cannot forward are answered
+with the §30 event a worker would have sent (RingFault, StepFailed, RoleFailed,
+DeviceObjectReleased), so every waiter ends.
+
+Bookkeeping the guards answer: the worker generation (starts at 1, +1 per restart, sent
+in InitializeWorker and checked in WorkerReady), the installed-ring table of the current
+generation (InstallRing adds, RingQuiesced / reaping removes), the in-flight steps
+(failed with WorkerProcessExited when the process dies), and the restart budget.
+On a crash every installed ring is reported faulted (RingFault WorkerProcessExited) and,
+when the actor was given the arena, its shared state word is faulted too, so a pump
+blocked on it wakes with RingFaulted instead of waiting for a dead peer.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from swactor.actors import Actor, ActorRef, Context
+from swactor.actors.process import (
+    Exited,
+    Line,
+    ProcessCommand,
+    ProcessEvent,
+    ProcessSpec,
+    SpawnFailed,
+    Started,
+    StopProcess,
+    Stream,
+    WriteLine,
+    spawn_process,
+)
+from swactor.arena import Arena
+from swactor.fsm.generated import gpu_worker_ctl as gwc
+from swactor.fsm.runtime import ProtocolError
+from swactor.ring import Ring, RingError
+from swactor.ring._ring_cffi import lib as _ring_lib
+from swactor.wire import (
+    DeviceObjectReleased,
+    ExecuteStep,
+    InitializeWorker,
+    InstallRing,
+    JsonValue,
+    ObjectFailed,
+    ObjectLoaded,
+    ObjectProduced,
+    ReleaseDeviceObject,
+    RingFault,
+    RingFaultReason,
+    RingId,
+    RingInstalled,
+    RingQuiesced,
+    RingReadable,
+    RingWritable,
+    RoleFailed,
+    RoleId,
+    ShutdownWorker,
+    StepCompleted,
+    StepFailed,
+    StepFailure,
+    StepId,
+    UninstallRing,
+    WireError,
+    WireStruct,
+    WorkerEvent,
+    WorkerFatal,
+    WorkerGeneration,
+    WorkerReady,
+    WorkerStopped,
+    decode_event,
+    encode_line,
+)
+
+log = logging.getLogger(__name__)
+
+RING_HELPER_ABI: int = _ring_lib.RING_ABI_VERSION
+"""The native ring helper ABI this node requires (native/ring.h RING_ABI_VERSION)."""
+
+
+# -- notices this actor sends -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReadyNotice:
+    """The worker of `generation` is running (to node boot)."""
+
+    generation: WorkerGeneration
+    pid: int
+    backend: JsonValue
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFailedNotice:
+    """The worker cannot run: init failure, or a crash without restart (to node boot)."""
+
+    generation: WorkerGeneration
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerCrashed:
+    """The worker process of `generation` exited unexpectedly (to StageControllers)."""
+
+    generation: WorkerGeneration
+    exit_code: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReaped:
+    """`ring_id` is no longer mapped by any worker; its lease may be released."""
+
+    ring_id: RingId
+
+
+Notice = WorkerReadyNotice | WorkerFailedNotice | WorkerCrashed | WorkerReaped
+
+
+@dataclass
+class WorkerRoutes:
+    """Where worker events and notices go; every field may be left empty."""
+
+    node_boot: ActorRef[Any] | None = None
+    establisher: ActorRef[Any] | None = None
+    driver: ActorRef[Any] | None = None
+    stage_controllers: list[ActorRef[Any]] = field(default_factory=list)
+    edges: dict[RingId, ActorRef[Any]] = field(default_factory=dict)
+
+    def targets(self, event: WorkerEvent | Notice) -> Iterable[ActorRef[Any]]:
+        """The actors `event` is routed to."""
+        ring_id = getattr(event, "ring_id", None)
+        edge = self.edges.get(ring_id) if ring_id is not None else None
+        found: list[ActorRef[Any] | None] = []
+        match event:
+            case RingInstalled() | RingQuiesced() | WorkerReaped():
+                found = [self.establisher, edge]
+            case RingFault():
+                found = [self.establisher, self.driver, edge]
+            case ObjectLoaded() | ObjectProduced() | ObjectFailed():
+                found = [edge, *self.stage_controllers]
+            case RingReadable() | RingWritable():
+                found = [self.driver, edge]
+            case WorkerReadyNotice() | WorkerFailedNotice():
+                found = [self.node_boot]
+            case _:
+                found = list(self.stage_controllers)
+        return [ref for ref in found if ref is not None]
+
+
+@dataclass(frozen=True)
+class WorkerCtlConfig:
+    """How to run the worker and the machine's timings."""
+
+    arena_fd: int
+    arena_bytes: int
+    backend: JsonValue = None
+    argv: tuple[str, ...] = (sys.executable, "-m", "swactor.worker")
+    init_timeout_s: float = 120.0
+    stop_grace_s: float = 10.0
+    crash_teardown_timeout_s: float = 10.0
+    restart_backoff_s: float = 0.2
+    max_restarts: int = 3
+    kill_grace_s: float = 0.5
+    required_ring_helper_abi: int = RING_HELPER_ABI
+
+
+# -- the adapter ------------------------------------------------------------------------
+
+
+AdapterOutput = tuple[gwc.Event, WorkerEvent | None]
+
+
+def decode_worker_line(text: str, truncated: bool = False) -> AdapterOutput:
+    """The machine event for one worker stdout line, and the event to hold for routing.
+
+    Total: anything that is not one well-formed §30 event is AdapterFailed."""
+    if truncated:
+        return gwc.AdapterFailed(), None
+    try:
+        event = decode_event(text)
+    except (WireError, ValueError, TypeError, RecursionError):
+        return gwc.AdapterFailed(), None
+    match event:
+        case WorkerReady():
+            return gwc.WorkerReady(event.pid, event.worker_generation, event.ring_helper_abi), event
+        case WorkerFatal():
+            return gwc.WorkerFatal(event.reason), event
+        case WorkerStopped():
+            return gwc.WorkerStopped(event.reason), event
+    return gwc.WorkerEvent(), event
+
+
+# -- the actor --------------------------------------------------------------------------
+
+Mail = gwc.Event | ProcessEvent
+
+
+class GpuWorkerCtl(Actor[Mail]):
+    """Owns one worker process per generation; see the module docstring."""
+
+    def __init__(
+        self, config: WorkerCtlConfig, routes: WorkerRoutes, arena: Arena | None = None
+    ) -> None:
+        self.config = config
+        self.routes = routes
+        self.arena = arena
+        self.generation = WorkerGeneration(1)
+        self.restarts = 0
+        self.installed: dict[RingId, InstallRing] = {}
+        self.in_flight: dict[tuple[RoleId, StepId], ExecuteStep] = {}
+        self.pid: int | None = None
+        self.exit_code = 0
+        self.process: ActorRef[ProcessCommand] | None = None
+        self._held: WorkerEvent | None = None
+        self._ctx: Context[Mail] | None = None
+        self.machine = gwc.GpuWorkerCtlMachine(
+            self,
+            init_timeout_s=config.init_timeout_s,
+            stop_grace_s=config.stop_grace_s,
+            crash_teardown_timeout_s=config.crash_teardown_timeout_s,
+            restart_backoff_s=config.restart_backoff_s,
+        )
+
+    @property
+    def state(self) -> gwc.State:
+        return self.machine.state
+
+    # -- guards -----------------------------------------------------------------------
+
+    def is_current_generation(self, event: gwc.WorkerReady) -> bool:
+        return event.worker_generation == self.generation
+
+    def is_installed_ring(self, event: gwc.UninstallRing) -> bool:
+        return event.ring_id in self.installed
+
+    def has_installed_rings(self, event: gwc.ProcessExited) -> bool:
+        return bool(self.installed)
+
+    def may_restart(
+        self, event: gwc.ProcessExited | gwc.UninstallRing | gwc.CrashTeardownTimeout
+    ) -> bool:
+        return self.restarts < self.config.max_restarts
+
+    def rings_remain(self, event: gwc.UninstallRing) -> bool:
+        return bool(set(self.installed) - {event.ring_id})
+
+    # -- mail -------------------------------------------------------------------------
+
+    async def started(self, ctx: Context[Mail]) -> None:
+        self._ctx = ctx
+
+    async def receive(self, ctx: Context[Mail], message: Mail) -> None:
+        event = self._translate(message)
+        if event is None:
+            return
+        try:
+            effects = self.machine.handle(event)
+        except ProtocolError as exc:
+            log.warning("GpuWorkerCtl: %s", exc)
+            return
+        for effect in effects:
+            if ctx.timers.apply(effect, gwc.TIMER_EVENTS):
+                continue
+            self._apply(ctx, effect)
+
+    def _translate(self, message: Mail) -> gwc.Event | None:
+        match message:
+            case Started() | SpawnFailed() | Line() | Exited():
+                if self.process is None or message.source != self.process.address:
+                    return None  # an older generation's process actor
+            case _:
+                return message
+        match message:
+            case Started(pid=pid):
+                self.pid = pid
+                return gwc.ProcessStarted(pid)
+            case SpawnFailed():
+                log.error("worker spawn failed: %s", message.error)
+                return gwc.ProcessSpawnFailed()
+            case Line(stream=Stream.stderr, text=text):
+                log.info("worker g%d: %s", int(self.generation), text)
+                return None
+            case Line(text=text, truncated=truncated):
+                event, self._held = decode_worker_line(text, truncated)
+                if isinstance(event, gwc.AdapterFailed):
+                    log.error("worker g%d wrote a malformed control line (%d chars)",
+                              int(self.generation), len(text))  # fmt: skip
+                return event
+            case Exited(code=code, signal=signum):
+                self.pid = None
+                self.exit_code = code if code is not None else -(signum or 0)
+                return gwc.ProcessExited(self.exit_code)
+        return None
+
+    # -- effects ----------------------------------------------------------------------
+
+    def _write(self, message: WireStruct) -> None:
+        if self.process is not None:
+            self.process.tell(WriteLine(encode_line(message).rstrip("\n")))
+
+    def _route(self, event: WorkerEvent | Notice) -> None:
+        for target in self.routes.targets(event):
+            target.tell(event)
+
+    def _apply(self, ctx: Context[Mail], effect: gwc.Effect) -> None:
+        cfg = self.config
+        match effect:
+            case gwc.SpawnProcess():
+                spec = ProcessSpec(
+                    cfg.argv,
+                    pass_fds=(cfg.arena_fd,),
+                    extra_env={
+                        "SWACTOR_ARENA_FD": str(cfg.arena_fd),
+                        "SWACTOR_ARENA_BYTES": str(cfg.arena_bytes),
+                    },
+                    grace_s=cfg.kill_grace_s,
+                )
+                owner = cast(ActorRef[ProcessEvent], ctx.self_ref)
+                name = f"worker-g{int(self.generation)}"
+                self.process = spawn_process(ctx, spec, owner, name)
+            case gwc.ConnectAdapter():
+                pass  # the adapter is decode_worker_line over the process actor's Lines
+            case gwc.SendInitializeWorker():
+                self._write(
+                    InitializeWorker(
+                        self.generation, cfg.arena_bytes, cfg.required_ring_helper_abi,
+                        cfg.backend,
+                    )
+                )  # fmt: skip
+            case gwc.AnnounceWorkerReady(worker_generation=generation):
+                held = self._held
+                backend = held.backend if isinstance(held, WorkerReady) else None
+                self._route(WorkerReadyNotice(generation, self.pid or 0, backend))
+            case gwc.ReportWorkerFailed():
+                self._route(WorkerFailedNotice(self.generation))
+            case gwc.ReportWorkerCrashed():
+                self._route(WorkerCrashed(self.generation, self.exit_code))
+            case gwc.KillProcess():
+                if self.process is not None:
+                    self.process.tell(StopProcess(cfg.kill_grace_s))
+            case gwc.SendInstallRing(command=command):
+                self.installed[command.ring_id] = command
+                self._write(command)
+            case gwc.SendUninstallRing(ring_id=ring_id, reason=reason):
+                self._write(UninstallRing(ring_id, reason))
+            case gwc.SendRingReadable(ring_id=ring_id):
+                self._write(RingReadable(ring_id))
+            case gwc.SendRingWritable(ring_id=ring_id):
+                self._write(RingWritable(ring_id))
+            case gwc.SendConfigureRole(command=command):
+                self._write(command)
+            case gwc.SendExecuteStep(command=command):
+                self.in_flight[(command.role_id, command.step_id)] = command
+                self._write(command)
+            case gwc.SendReleaseDeviceObject(device_handle=handle):
+                self._write(ReleaseDeviceObject(handle))
+            case gwc.SendShutdownWorker(mode=mode):
+                self._write(ShutdownWorker(mode))
+            case gwc.RouteWorkerEvent():
+                self._route_held()
+            case gwc.RejectInstallRing(command=command, reason=reason):
+                self._route(RingFault(command.ring_id, command.edge_id, command.port_id, reason))
+            case gwc.RejectExecuteStep(command=command, reason=reason):
+                self._route(StepFailed(command.role_id, command.step_id, reason))
+            case gwc.RejectConfigureRole(command=command, reason=reason):
+                self._route(RoleFailed(command.role_id, reason))
+            case gwc.ReportHandleReleased(device_handle=handle):
+                self._route(DeviceObjectReleased(handle))
+            case gwc.ReportRingReaped(ring_id=ring_id):
+                self.installed.pop(ring_id, None)
+                self._route(WorkerReaped(ring_id))
+            case gwc.ReportRingsReaped():
+                for ring_id in list(self.installed):
+                    self._route(WorkerReaped(ring_id))
+                self.installed.clear()
+            case gwc.InvalidateGeneration():
+                for role_id, step_id in list(self.in_flight):
+                    self._route(StepFailed(role_id, step_id, StepFailure.WorkerProcessExited))
+                self.in_flight.clear()
+            case gwc.FaultInstalledRings():
+                self._fault_installed_rings()
+            case gwc.IncrementGeneration():
+                self.generation = WorkerGeneration(self.generation + 1)
+                self.restarts += 1
+                self.installed.clear()
+                self.process = None
+
+    def _route_held(self) -> None:
+        event, self._held = self._held, None
+        if event is None:
+            return
+        match event:
+            case RingQuiesced(ring_id=ring_id):
+                self.installed.pop(ring_id, None)
+            case StepCompleted() | StepFailed():
+                self.in_flight.pop((event.role_id, event.step_id), None)
+        self._route(event)
+
+    def _fault_installed_rings(self) -> None:
+        reason = RingFaultReason.WorkerProcessExited
+        for command in self.installed.values():
+            if self.arena is not None:
+                try:
+                    with Ring.open(self.arena, command.layout) as ring:
+                        ring.fault(reason)
+                except RingError as exc:
+                    log.warning("ring %d: cannot fault: %s", int(command.ring_id), exc)
+            self._route(RingFault(command.ring_id, command.edge_id, command.port_id, reason))
+
+
+__all__ = [
+    "GpuWorkerCtl",
+    "Notice",
+    "WorkerCrashed",
+    "WorkerCtlConfig",
+    "WorkerFailedNotice",
+    "WorkerReadyNotice",
+    "WorkerReaped",
+    "WorkerRoutes",
+    "decode_worker_line",
+]

@@ -1,0 +1,153 @@
+"""GpuWorkerCtl with real worker processes: start, route, kill -9 mid-step, restart."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from typing import Any
+
+from swactor.actors import Runtime
+from swactor.arena import Arena
+from swactor.fsm.generated import gpu_worker_ctl as gwc
+from swactor.node.worker_ctl import (
+    GpuWorkerCtl,
+    WorkerCrashed,
+    WorkerCtlConfig,
+    WorkerReadyNotice,
+    WorkerReaped,
+    WorkerRoutes,
+)
+from swactor.wire import (
+    ConfigureRole,
+    DeviceObjectHandle,
+    ExecuteStep,
+    InputBinding,
+    ObjectId,
+    ObjectLoaded,
+    OutputBinding,
+    PortId,
+    ReleaseFailed,
+    ReleaseFailure,
+    RingDirection,
+    RingFault,
+    RingFaultReason,
+    RingId,
+    RingInstalled,
+    RoleConfigured,
+    RoleId,
+    Sequence,
+    ShutdownMode,
+    StepFailed,
+    StepFailure,
+    StepId,
+    UninstallReason,
+)
+from tests.worker.ctl_rig import Collector, install_command, take
+from tests.worker.harness import record
+
+RING = 4096
+
+
+def echo_step(step_id: int, handle: DeviceObjectHandle, ring: int, extent: int) -> ExecuteStep:
+    return ExecuteStep(
+        RoleId(1), StepId(step_id),
+        (InputBinding(PortId(1), ObjectId(10), Sequence(0), handle),),
+        (OutputBinding(PortId(1), RingId(ring), ObjectId(11), Sequence(0), extent),),
+        None, False,
+    )  # fmt: skip
+
+
+async def kill_mid_step_scenario() -> None:
+    arena = Arena.create(1 << 22)
+    boot_q: asyncio.Queue[Any] = asyncio.Queue()
+    ring_q: asyncio.Queue[Any] = asyncio.Queue()
+    stage_q: asyncio.Queue[Any] = asyncio.Queue()
+    async with Runtime("node") as runtime:
+        routes = WorkerRoutes(
+            node_boot=runtime.spawn(lambda: Collector(boot_q), "boot"),
+            establisher=runtime.spawn(lambda: Collector(ring_q), "establisher"),
+            stage_controllers=[runtime.spawn(lambda: Collector(stage_q), "stage")],
+        )
+        config = WorkerCtlConfig(arena.fd, arena.size, restart_backoff_s=0.05)
+        ctl = runtime.spawn(
+            lambda: GpuWorkerCtl(config, routes, arena), "gpu-worker", mailbox_capacity=1024
+        )
+        ctl.tell(gwc.StartWorker())
+        first = await take(boot_q, WorkerReadyNotice)
+        assert first.generation == 1 and first.backend == {"device": "CPU"}
+
+        ingress_cmd, ingress = install_command(arena, 1, RingDirection.Ingress, RING, 1 << 16)
+        egress_cmd, egress = install_command(arena, 2, RingDirection.Egress, RING, 1 << 17)
+        for command in (ingress_cmd, egress_cmd):
+            ctl.tell(gwc.InstallRing(command))
+            assert (await take(ring_q, RingInstalled)).ring_id == command.ring_id
+        payload = os.urandom(3 * RING)
+        data = record(10, 0, payload)
+        sent = 0
+        while sent < len(data):
+            n, _ = ingress.write_from(memoryview(data)[sent:])
+            sent += n
+            ctl.tell(gwc.RingReadable(RingId(1)))
+            await asyncio.sleep(0.005 if n == 0 else 0)
+        loaded = await take(stage_q, ObjectLoaded)
+        ctl.tell(gwc.ConfigureRole(ConfigureRole(RoleId(1), {"kind": "echo"})))
+        await take(stage_q, RoleConfigured)
+
+        # The output is three rings long and nobody drains the egress ring: the step is
+        # stuck mid-object when the worker is killed.
+        ctl.tell(gwc.ExecuteStep(echo_step(1, loaded.device_handle, 2, len(payload))))
+        async with asyncio.timeout(30):
+            while egress.commit < RING:
+                await asyncio.sleep(0.01)
+        os.kill(first.pid, signal.SIGKILL)
+
+        failed = await take(stage_q, StepFailed)
+        assert (failed.step_id, failed.reason) == (1, StepFailure.WorkerProcessExited)
+        crashed = await take(stage_q, WorkerCrashed)
+        assert (crashed.generation, crashed.exit_code) == (1, -signal.SIGKILL)
+        faults = [await take(ring_q, RingFault) for _ in range(2)]
+        assert {f.ring_id for f in faults} == {1, 2}
+        assert {f.reason for f in faults} == {RingFaultReason.WorkerProcessExited}
+        assert ingress.fault_reason is egress.fault_reason is RingFaultReason.WorkerProcessExited
+
+        # Teardown uninstalls the dead generation's rings; then the restart.
+        for ring_id in (1, 2):
+            ctl.tell(gwc.UninstallRing(RingId(ring_id), UninstallReason.RingFaulted))
+            assert (await take(ring_q, WorkerReaped)).ring_id == ring_id
+        second = await take(boot_q, WorkerReadyNotice)
+        assert second.generation == 2 and second.pid != first.pid
+
+        # Old handles are refused by the new generation.
+        fresh_cmd, fresh = install_command(arena, 3, RingDirection.Egress, RING, 1 << 18)
+        ctl.tell(gwc.InstallRing(fresh_cmd))
+        await take(ring_q, RingInstalled)
+        ctl.tell(gwc.ConfigureRole(ConfigureRole(RoleId(1), {"kind": "echo"})))
+        await take(stage_q, RoleConfigured)
+        ctl.tell(gwc.ExecuteStep(echo_step(2, loaded.device_handle, 3, len(payload))))
+        refused = await take(stage_q, StepFailed)
+        assert (refused.step_id, refused.reason) == (2, StepFailure.InvalidInputHandle)
+        ctl.tell(gwc.ReleaseDeviceObject(loaded.device_handle))
+        assert (await take(stage_q, ReleaseFailed)).reason is ReleaseFailure.StaleGeneration
+        assert fresh.commit == 0
+        assert ctl.alive
+
+        ctl.tell(gwc.ShutdownWorker(ShutdownMode.Graceful))
+        async with asyncio.timeout(30):
+            while ctl.alive and _state(runtime) is not gwc.State.Stopped:
+                await asyncio.sleep(0.02)
+        for ring in (ingress, egress, fresh):
+            ring.close()
+    arena.close()
+
+
+def _state(runtime: Runtime) -> gwc.State | None:
+    for ref in runtime.actors:
+        actor = getattr(ref._cell, "_actor", None)  # tests only: peek at the binding
+        if isinstance(actor, GpuWorkerCtl):
+            return actor.state
+    return None
+
+
+def test_kill_9_mid_step_faults_rings_and_restarts_with_next_generation() -> None:
+    asyncio.run(kill_mid_step_scenario())
