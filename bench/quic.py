@@ -11,7 +11,8 @@ never share an event loop or a GIL:
    4 MiB egress ring (memfd arena, cffi helper); its `Driver` send-pump moves them over
    one QUIC edge stream (mutual TLS, consumer-credited flow control); the receiver's
    recv-pump copies them into a 4 MiB ingress ring whose worker side drains it. Time runs
-   from the receiver's first byte to its last.
+   from the receiver's first byte to its last. Also shown: MiB per CPU second of the
+   busier process (CPU time, so less sensitive to other load on a shared machine).
 2. `tcp MiB/s`: the same bytes over one plain asyncio TCP stream (write + drain per MiB,
    read 1 MiB at a time), measured the same way. Ratio = edge / tcp.
 3. `hop latency`: RECORDS records of 2,304 bytes (one SmolLM2 activation row), one at a
@@ -117,14 +118,14 @@ async def _rx_quic(args: argparse.Namespace) -> dict[str, Any]:
     _, port = await side.endpoint.start()
     print(json.dumps({"port": port}), flush=True)
     side.driver.handle(EstablishRecv(EDGE, 1, side.layout))
-    ring, received, first = side.ring, 0, 0.0
+    ring, received, first, cpu0 = side.ring, 0, 0.0, 0.0
     latencies: list[int] = []
     partial = bytearray()
     while await _wait_readable(side):
         span = ring.readable_span()
         n = len(span)
         if not first:
-            first = time.perf_counter()
+            first, cpu0 = time.perf_counter(), time.process_time()
         if args.mode == "lat":
             partial += span
             while len(partial) >= RECORD:
@@ -135,10 +136,10 @@ async def _rx_quic(args: argparse.Namespace) -> dict[str, Any]:
         received += n
         if ring.consume_and_mark(n):
             side.driver.ring_writable(1)
-    seconds = time.perf_counter() - first
+    seconds, cpu = time.perf_counter() - first, time.process_time() - cpu0
     await side.driver.close()
     await side.endpoint.close()
-    return {"bytes": received, "seconds": seconds, "latencies_ns": latencies}
+    return {"bytes": received, "seconds": seconds, "cpu": cpu, "latencies_ns": latencies}
 
 
 async def _tx_quic(args: argparse.Namespace) -> dict[str, Any]:
@@ -148,6 +149,7 @@ async def _tx_quic(args: argparse.Namespace) -> dict[str, Any]:
     side.driver.handle(EstablishSend(EDGE, args.peer_id, 1, side.layout))
     ring = side.ring
     pattern = os.urandom(MiB)
+    cpu0 = time.process_time()
     total = args.mib * MiB if args.mode == "tput" else args.records * RECORD
     written = 0
     while written < total:
@@ -185,10 +187,11 @@ async def _tx_quic(args: argparse.Namespace) -> dict[str, Any]:
         if send.link.quic.send_buffered(send.stream_id) == 0:
             break
         await asyncio.sleep(0.01)
+    cpu = time.process_time() - cpu0
     await asyncio.sleep(0.2)
     await side.driver.close()
     await side.endpoint.close()
-    return {"bytes": written}
+    return {"bytes": written, "cpu": cpu}
 
 
 async def _rx_tcp(args: argparse.Namespace) -> dict[str, Any]:
@@ -196,12 +199,16 @@ async def _rx_tcp(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {}
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        received, first = 0, 0.0
+        received, first, cpu0 = 0, 0.0, 0.0
         while chunk := await reader.read(MiB):
             if not first:
-                first = time.perf_counter()
+                first, cpu0 = time.perf_counter(), time.process_time()
             received += len(chunk)
-        result.update(bytes=received, seconds=time.perf_counter() - first)
+        result.update(
+            bytes=received,
+            seconds=time.perf_counter() - first,
+            cpu=time.process_time() - cpu0,
+        )
         writer.close()
         done.set()
 
@@ -215,13 +222,14 @@ async def _rx_tcp(args: argparse.Namespace) -> dict[str, Any]:
 async def _tx_tcp(args: argparse.Namespace) -> dict[str, Any]:
     _, writer = await asyncio.open_connection("127.0.0.1", args.port)
     pattern = os.urandom(MiB)
+    cpu0 = time.process_time()
     for _ in range(args.mib):
         writer.write(pattern)
         await writer.drain()
     writer.write_eof()
     writer.close()
     await writer.wait_closed()
-    return {"bytes": args.mib * MiB}
+    return {"bytes": args.mib * MiB, "cpu": time.process_time() - cpu0}
 
 
 ROLES = {"rx-quic": _rx_quic, "tx-quic": _tx_quic, "rx-tcp": _rx_tcp, "tx-tcp": _tx_tcp}
@@ -261,11 +269,15 @@ def _pair(kind: str, keys: dict[str, tuple[Path, int]], extra: list[str]) -> dic
     if tx.returncode or rx.returncode:
         raise RuntimeError(f"bench quic {kind}: sender rc={tx.returncode} {tx.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    sent: dict[str, Any] = json.loads(tx.stdout.strip().splitlines()[-1])
+    result["cpu_max"] = max(float(result["cpu"]), float(sent["cpu"]))
     return result
 
 
-def _mib_s(result: dict[str, Any]) -> float:
-    return float(result["bytes"]) / MiB / max(float(result["seconds"]), 1e-9)
+def _mib_s(result: dict[str, Any]) -> tuple[float, float]:
+    """(MiB per wall second at the receiver, MiB per CPU second of the busier side)."""
+    mib = float(result["bytes"]) / MiB
+    return mib / max(float(result["seconds"]), 1e-9), mib / max(float(result["cpu_max"]), 1e-9)
 
 
 def main(argv: list[str]) -> int:
@@ -291,15 +303,19 @@ def main(argv: list[str]) -> int:
             path = Path(tmp) / f"{name}.key"
             keys[name] = (path, NodeIdentity.load_or_create(path).node_id)
         common = ["--mib", str(args.mib)] + (["--profile", args.profile] if args.profile else [])
-        tcp = _mib_s(_pair("tcp", keys, common))
-        print(f"tcp   asyncio stream        {args.mib:5d} MiB  {tcp:8.1f} MiB/s")
+        tcp, tcp_cpu = _mib_s(_pair("tcp", keys, common))
+        print(
+            f"tcp   asyncio stream                      {args.mib:5d} MiB  {tcp:8.1f} MiB/s"
+            f"  {tcp_cpu:8.1f} MiB/cpu-s"
+        )
         for datagram in (int(d) for d in args.datagrams.split(",")):
             for pacing in ("on", "off"):
                 extra = [*common, "--datagram", str(datagram), "--pacing", pacing]
-                quic = _mib_s(_pair("quic", keys, extra))
+                quic, quic_cpu = _mib_s(_pair("quic", keys, extra))
                 print(
                     f"quic  edge, {datagram:5d}-byte dgrams, pacing {pacing:3s} {args.mib:5d} MiB"
-                    f"  {quic:8.1f} MiB/s   ratio to tcp {quic / tcp:.3f}"
+                    f"  {quic:8.1f} MiB/s  {quic_cpu:8.1f} MiB/cpu-s   ratio to tcp"
+                    f" {quic / tcp:.3f} (wall) {quic_cpu / tcp_cpu:.3f} (cpu)"
                 )
         for pacing in ("on", "off"):
             extra = ["--mode", "lat", "--records", str(args.records), "--datagram", "1452"]

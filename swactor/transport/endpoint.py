@@ -464,6 +464,12 @@ class QuicEndpoint:
             link.after_receive()
 
     def _route(self, data: bytes, addr: Address) -> QuicLink | None:
+        if data and not data[0] & 0x80:
+            # Short header (the data path): the destination id follows the first byte.
+            known = self._routes.get(data[1 : 1 + _CID_LENGTH])
+            if known is not None:
+                known.receive(data, addr)
+                return known
         try:
             header = pull_quic_header(Buffer(data=data), host_cid_length=_CID_LENGTH)
         except ValueError:
