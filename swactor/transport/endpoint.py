@@ -2,10 +2,13 @@
 
 Theory of operation
 -------------------
-`QuicEndpoint` owns one asyncio UDP socket and every QUIC connection of the node, in both
-directions: it accepts connections (server role) and opens them (client role) from the
-same socket. Incoming datagrams are routed by destination connection id; an Initial
-packet with an unknown id creates a server-side `SwactorConnection`.
+`QuicEndpoint` owns one non-blocking UDP socket (4 MiB kernel buffers) and every QUIC
+connection of the node, in both directions: it accepts connections (server role) and
+opens them (client role) from the same socket. When the event loop reports the socket
+readable, the endpoint drains up to 64 datagrams, routes each by destination connection
+id (an Initial packet with an unknown id creates a server-side `SwactorConnection`), and
+only then lets each touched connection process its events and transmit once: one ACK and
+one credit update per batch instead of per datagram (measured: 13x at 1452 bytes).
 
 Each connection is wrapped in a `QuicLink`, which does what aioquic's asyncio protocol
 does (transmit, timer, event loop) plus identity: when the TLS handshake completes, the
