@@ -10,8 +10,10 @@ Theory of operation. The orchestrator owns planning, validation and control of o
 - `planner` builds and validates one `RunPlan` (failures are `PlannerError`, never FSM
   states) and `plan_cmd` prints it (`swactor plan`);
 - `run` binds the generated `orchestrator_run` machine: it carries out the machine's
-  effects through an injected `RunPorts` object (provisioning, StopRun, token objects,
-  local token endpoints, events) and answers its guards from its own bookkeeping.
+  effects through an injected `ports.RunPorts` object (provisioning, StopRun, token
+  objects, local token endpoints, events) and answers its guards from its own
+  bookkeeping; `ports.RunResult` is what a run did;
+- `tokens` encodes and decodes token objects (u32 ids) against an edge's ObjectSpec.
 
 Submodules are imported by name; this package imports nothing heavy, so that
 `swactor --help` stays fast.
