@@ -12,7 +12,8 @@ arguments.
 Faults: `crash(i)` drops everything to and from member i from then on; `pause(i, s)`
 freezes it for s seconds (no ticks; arriving messages queue and are handled, in order,
 when it resumes, as a process stalled by GC or a busy loop would read its socket);
-`restart(i)` replaces a crashed member's core with a fresh one at incarnation 0 that
+`available=True` gives every member booted metadata with a (fake) QUIC endpoint, for
+pool-readiness runs. `restart(i)` replaces a crashed member's core with a fresh one at incarnation 0 that
 joins through a seed, as a restarted process would.
 
 Membership events of every core are kept in `events` as (time, member index, event);
@@ -32,6 +33,7 @@ from swactor.membership.core import SwimCore
 from swactor.membership.messages import (
     Address,
     AliveUpdate,
+    BootHealth,
     MemberChanged,
     MemberMeta,
     MembershipEvent,
@@ -72,6 +74,7 @@ class Simulation:
         *,
         loss: float = 0.0,
         latency_s: tuple[float, float] = (0.0005, 0.002),
+        available: bool = False,
     ) -> None:
         if members < 1:
             raise ValueError(f"Simulation needs at least one member, got {members}")
@@ -81,6 +84,7 @@ class Simulation:
         self.rng = random.Random(seed)
         self.loss = loss
         self.latency_s = latency_s
+        self.available = available
         self.now = 0.0
         self.events: list[tuple[float, int, MembershipEvent]] = []
         self.delivered = 0
@@ -181,6 +185,8 @@ class Simulation:
 
     def _new_member(self, index: int, incarnation: int) -> _SimMember:
         meta = MemberMeta(swim_host="sim", swim_port=index)
+        if self.available:
+            meta = MemberMeta("sim", index, "sim", 10000 + index, BootHealth.Available, "sim", 1)
         core = SwimCore(self.config, sim_node_id(index), meta,
                         random.Random(self.rng.getrandbits(64)), incarnation=incarnation)
         return _SimMember(core)

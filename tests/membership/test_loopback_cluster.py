@@ -28,7 +28,7 @@ from swactor.membership.wire import MAGIC, Signer
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId
 
-SCALE = 0.3
+SCALE = 0.5
 MEMBERS = 5
 
 

@@ -25,6 +25,7 @@ from swactor.membership.pool import (
     ReadinessLost,
     wait_pool_ready,
 )
+from swactor.membership.sim import Simulation, sim_node_id
 from swactor.membership.udp import MembershipNode, asyncio_events
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId, RunId
@@ -183,3 +184,33 @@ def test_wait_pool_ready_over_real_udp_members() -> None:
 
     elapsed = asyncio.run(scenario())
     assert elapsed >= window
+
+
+def test_pool_ready_waits_out_a_flapping_member_in_a_simulated_pool() -> None:
+    window = 5.0
+    sim = Simulation(6, seed=41, available=True)
+    observer = sim.members[0].core
+    candidates = [sim_node_id(i) for i in range(1, 6)]
+    pool = PoolReadiness(candidates, window, observer=observer.node_id,
+                         emitter=Emitter("t", []))
+    for node, view in observer.view().items():  # the bootstrapped view, as events
+        pool.observe(MemberChanged(node, view.state, view.incarnation, view.meta, 0.0), 0.0)
+    seen = 0
+    sim.pause(3, 2.5)  # member 3 stalls: suspected, then it refutes
+    ready_at = None
+    while sim.now < 30.0 and ready_at is None:
+        sim.run_until(sim.now + 0.05)
+        for at, index, event in sim.events[seen:]:
+            if index == 0:
+                pool.observe(event, at)
+        seen = len(sim.events)
+        pool.tick(sim.now)
+        for outcome in pool.take_outcomes():
+            if isinstance(outcome, PoolReadyReached):
+                ready_at = outcome.at
+    changes = [at for at, index, e in sim.events
+               if index == 0 and isinstance(e, MemberChanged) and e.node_id == sim_node_id(3)]
+    assert len(changes) >= 2, "member 3 was never suspected and refuted: no flapping"
+    assert ready_at is not None
+    assert ready_at >= max(changes) + window
+    assert ready_at <= max(changes) + window + 0.1
