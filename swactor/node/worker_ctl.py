@@ -221,6 +221,8 @@ def decode_worker_line(text: str, truncated: bool = False) -> AdapterOutput:
 
 Mail = gwc.Event | ProcessEvent
 
+_FROM_WORKER = (gwc.WorkerReady, gwc.WorkerFatal, gwc.WorkerStopped, gwc.WorkerEvent)
+
 
 class GpuWorkerCtl(Actor[Mail]):
     """Owns one worker process per generation; see the module docstring."""
@@ -284,7 +286,11 @@ class GpuWorkerCtl(Actor[Mail]):
             effects = self.machine.handle(event)
         except ProtocolError as exc:
             log.warning("GpuWorkerCtl: %s", exc)
-            return
+            if not isinstance(event, _FROM_WORKER):
+                return
+            # A worker event out of protocol (a second WorkerReady, WorkerStopped while
+            # running) is an adapter fault, like an unknown event shape (spec §28).
+            effects = self.machine.handle(gwc.AdapterFailed())
         for effect in effects:
             if ctx.timers.apply(effect, gwc.TIMER_EVENTS):
                 continue
