@@ -88,11 +88,14 @@ class Node:
 
 
 async def make_node(
-    config: TransportConfig, identity: NodeIdentity | None = None, allowed: tuple[int, ...] = ()
+    config: TransportConfig,
+    identity: NodeIdentity | None = None,
+    allowed: tuple[int, ...] = (),
+    host: str = "127.0.0.1",
 ) -> Node:
     ident = identity or NodeIdentity.generate()
     endpoint = QuicEndpoint(ident, config, allowed=allowed)
-    await endpoint.start()
+    await endpoint.start(host)
     return Node(ident, endpoint, Arena.create(ARENA_BYTES))
 
 
