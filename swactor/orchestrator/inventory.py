@@ -13,7 +13,11 @@ goes to the `i`-th node). Three ways in:
 
   (`orchestrator_node_id` optional; memory as an integer or a string with a unit B, KB,
   MB, GB, TB, KiB, MiB, GiB, TiB);
-- `synthetic_pool(n)`: `n` identical nodes, for `swactor plan --nodes N` and local trials.
+- `synthetic_pool(n)`: `n` identical nodes, for `swactor plan --nodes N` and local trials;
+- `inventory_from_view(view, orchestrator)`: from a SWIM membership view, the members
+  that are alive, published boot health `available` and the role `node`, in node-id
+  order (so the same pool always gives the same plan), with the device kind and memory
+  they publish.
 
 Every malformed entry is a `PlannerError` naming the file, the entry and the field.
 Whether a node's memory is zero or too small is the planner's check, not this module's.
@@ -23,13 +27,17 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swactor.orchestrator.errors import PlannerError, PlanProblem
 from swactor.wire import NodeId
 from swactor.wire.errors import WireError
+
+if TYPE_CHECKING:
+    from swactor.membership.core import MemberView
 
 DEFAULT_NODE_MEMORY_BYTES = 8 << 30
 DEFAULT_DEVICE_KIND = "cpu"
@@ -160,3 +168,28 @@ def synthetic_pool(
             for i in range(count)
         )
     )
+
+
+def inventory_from_view(
+    view: Mapping[NodeId, MemberView],
+    orchestrator_node_id: NodeId,
+    candidates: Iterable[NodeId] | None = None,
+) -> PoolInventory:
+    """The stage nodes of a membership view (alive, available, role "node"), by node id.
+
+    `candidates`, when given, limits the pool to those ids (the PoolReady candidate set).
+    """
+    from swactor.membership.messages import BootHealth, MemberState
+
+    allowed = None if candidates is None else set(candidates)
+    nodes = tuple(
+        NodeResources(member.node_id, member.meta.memory_bytes,
+                      member.meta.device_kind or DEFAULT_DEVICE_KIND)
+        for member in sorted(view.values(), key=lambda m: int(m.node_id))
+        if member.state is MemberState.Alive
+        and member.meta.boot_health is BootHealth.Available
+        and member.meta.role == "node"
+        and member.node_id != orchestrator_node_id
+        and (allowed is None or member.node_id in allowed)
+    )
+    return PoolInventory(nodes, orchestrator_node_id)

@@ -199,3 +199,30 @@ def test_unreadable_model_is_a_planner_error(tmp_path: Path) -> None:
     with pytest.raises(PlannerError) as info:
         model_info_from_gguf(broken)
     assert info.value.problem is PlanProblem.ModelUnreadable
+
+
+def test_inventory_from_a_membership_view() -> None:
+    from swactor.membership import BootHealth, MemberMeta, MemberState
+    from swactor.membership.core import MemberView
+    from swactor.orchestrator.inventory import inventory_from_view
+
+    def member(node: int, state: MemberState = MemberState.Alive,
+               health: BootHealth = BootHealth.Available, role: str = "node",
+               memory: int = 4 << 30) -> MemberView:
+        meta = MemberMeta("10.0.0.1", 7946, "10.0.0.1", 4433, health, "cuda", memory, role)
+        return MemberView(NodeId(node), state, 1, meta)
+
+    members = [
+        member(30), member(10, memory=8 << 30), member(20),
+        member(40, state=MemberState.Suspect), member(50, health=BootHealth.Booting),
+        member(60, role="orchestrator"), member(70),
+    ]
+    view = {m.node_id: m for m in members}
+    inventory = inventory_from_view(view, NodeId(60), candidates=[NodeId(i) for i in (10, 20, 30)])
+    assert [(int(n.node_id), n.usable_memory_bytes, n.device_kind) for n in inventory.nodes] == [
+        (10, 8 << 30, "cuda"), (20, 4 << 30, "cuda"), (30, 4 << 30, "cuda")
+    ]
+    assert inventory.orchestrator_node_id == 60
+    assert len(inventory_from_view(view, NodeId(60)).nodes) == 4  # 70 too, without candidates
+    planned = plan_run(inventory, synthetic_model(blocks=8), request(max_tokens=4))
+    assert [s.layer_end_exclusive - s.layer_start for s in planned.plan.stages] == [4, 2, 2]
