@@ -42,8 +42,10 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from tinygrad.device import Device
 from tinygrad.dtype import dtypes
 from tinygrad.engine.jit import TinyJit
+from tinygrad.helpers import Context
 from tinygrad.tensor import Tensor
 from tinygrad.uop.ops import UOp
 
@@ -74,16 +76,11 @@ def _unpermute_rope_rows(
 @dataclass
 class _Block:
     attn_norm: Tensor
-    wq: Tensor
-    wk: Tensor
-    wv: Tensor
+    w_qkv: Tensor  # rows: q (heads*hd), k (kv*hd), v (kv*hd); one matrix-vector per step
+    b_qkv: Tensor | None
     wo: Tensor
-    bq: Tensor | None
-    bk: Tensor | None
-    bv: Tensor | None
     ffn_norm: Tensor
-    w_gate: Tensor
-    w_up: Tensor
+    w_gate_up: Tensor  # rows: gate (ffn), up (ffn)
     w_down: Tensor
     cache_k: Tensor
     cache_v: Tensor
@@ -99,6 +96,7 @@ class StageRole:
         max_seq_len: int,
         sampling: SamplingPolicy | None = None,
         device: str | None = None,
+        beam: int = 0,
     ) -> None:
         facts = weights.facts
         if not 0 < max_seq_len <= facts.context_length:
@@ -115,29 +113,42 @@ class StageRole:
         self.np_dtype = NP_DTYPES[weights.dtype]
         self.max_seq_len = max_seq_len
         self.sampling = sampling or SamplingPolicy.greedy()
-        self.device = device
+        self.device = device or Device.DEFAULT
+        self.beam = beam
         self.last_logits: npt.NDArray[np.float32] | None = None
         self._next_sequence = 0
         self._position = 0
         self._tg_dtype = _TG_DTYPES[weights.dtype]
+        # clang renders f16->f32 as scalar converts; integer bit moves vectorise (about 2x)
+        self._f16_bits = self._tg_dtype == dtypes.float16 and self.device.startswith("CPU")
         self._load(weights.tensors)
         self._pos_var = UOp.variable("start_pos", 0, max_seq_len - 1)
         self._decode = TinyJit(self._forward_decode)
 
     # -- loading --------------------------------------------------------------------------
-    def _tensor(
+    def _checked(
         self, tensors: dict[str, npt.NDArray[Any]], name: str, shape: tuple[int, ...]
-    ) -> Tensor:
+    ) -> npt.NDArray[Any]:
         array = tensors[name]
         if tuple(array.shape) != shape:
             raise WeightsError(
                 WeightsFault.CORRUPT_HEADER,
                 f"tensor {name} has shape {tuple(array.shape)}, model needs {shape}",
             )
-        return self._to_device(array)
+        return array
+
+    def _tensor(
+        self, tensors: dict[str, npt.NDArray[Any]], name: str, shape: tuple[int, ...]
+    ) -> Tensor:
+        return self._to_device(self._checked(tensors, name, shape))
 
     def _to_device(self, array: npt.NDArray[Any]) -> Tensor:
         return Tensor(np.ascontiguousarray(array), device=self.device).realize()
+
+    def _kv_cache(self) -> Tensor:
+        f = self.facts
+        shape = (f.head_count_kv, self.max_seq_len, f.head_dim)
+        return Tensor.zeros(*shape, dtype=self._tg_dtype, device=self.device).contiguous().realize()
 
     def _load(self, tensors: dict[str, npt.NDArray[Any]]) -> None:
         f = self.facts
@@ -146,43 +157,40 @@ class StageRole:
         llama = f.architecture == "llama"
         for layer in range(self.layer_start, self.layer_end):
             p = f"blk.{layer}."
-            wq, wk = tensors[p + "attn_q.weight"], tensors[p + "attn_k.weight"]
-            bq = tensors.get(p + "attn_q.bias")
-            bk = tensors.get(p + "attn_k.bias")
+            wq = self._checked(tensors, p + "attn_q.weight", (heads * hd, dim))
+            wk = self._checked(tensors, p + "attn_k.weight", (kv * hd, dim))
+            wv = self._checked(tensors, p + "attn_v.weight", (kv * hd, dim))
+            biases = [tensors.get(p + f"attn_{x}.bias") for x in "qkv"]
             if llama and f.rope_dim > 0:
-                if wq.shape[0] == heads * hd and wk.shape[0] == kv * hd:
-                    wq = _unpermute_rope_rows(wq, heads, hd, f.rope_dim)
-                    wk = _unpermute_rope_rows(wk, kv, hd, f.rope_dim)
-                    if bq is not None and bk is not None:
-                        bq = _unpermute_rope_rows(bq, heads, hd, f.rope_dim)
-                        bk = _unpermute_rope_rows(bk, kv, hd, f.rope_dim)
-            fixed = dict(tensors)
-            fixed[p + "attn_q.weight"], fixed[p + "attn_k.weight"] = wq, wk
-            bv = tensors.get(p + "attn_v.bias")
+                wq = _unpermute_rope_rows(wq, heads, hd, f.rope_dim)
+                wk = _unpermute_rope_rows(wk, kv, hd, f.rope_dim)
+                if biases[0] is not None and biases[1] is not None:
+                    biases[0] = _unpermute_rope_rows(biases[0], heads, hd, f.rope_dim)
+                    biases[1] = _unpermute_rope_rows(biases[1], kv, hd, f.rope_dim)
+            b_qkv = None
+            if any(b is not None for b in biases):
+                sizes = (heads * hd, kv * hd, kv * hd)
+                b_qkv = self._to_device(
+                    np.concatenate(
+                        [
+                            np.zeros(n, self.np_dtype) if b is None else b
+                            for b, n in zip(biases, sizes, strict=True)
+                        ]
+                    )
+                )
+            gate = self._checked(tensors, p + "ffn_gate.weight", (f.ffn_dim, dim))
+            up = self._checked(tensors, p + "ffn_up.weight", (f.ffn_dim, dim))
             self.blocks.append(
                 _Block(
-                    attn_norm=self._tensor(fixed, p + "attn_norm.weight", (dim,)),
-                    wq=self._tensor(fixed, p + "attn_q.weight", (heads * hd, dim)),
-                    wk=self._tensor(fixed, p + "attn_k.weight", (kv * hd, dim)),
-                    wv=self._tensor(fixed, p + "attn_v.weight", (kv * hd, dim)),
-                    wo=self._tensor(fixed, p + "attn_output.weight", (dim, heads * hd)),
-                    bq=None if bq is None else self._to_device(bq),
-                    bk=None if bk is None else self._to_device(bk),
-                    bv=None if bv is None else self._to_device(bv),
-                    ffn_norm=self._tensor(fixed, p + "ffn_norm.weight", (dim,)),
-                    w_gate=self._tensor(fixed, p + "ffn_gate.weight", (f.ffn_dim, dim)),
-                    w_up=self._tensor(fixed, p + "ffn_up.weight", (f.ffn_dim, dim)),
-                    w_down=self._tensor(fixed, p + "ffn_down.weight", (dim, f.ffn_dim)),
-                    cache_k=Tensor.zeros(
-                        kv, self.max_seq_len, hd, dtype=self._tg_dtype, device=self.device
-                    )
-                    .contiguous()
-                    .realize(),
-                    cache_v=Tensor.zeros(
-                        kv, self.max_seq_len, hd, dtype=self._tg_dtype, device=self.device
-                    )
-                    .contiguous()
-                    .realize(),
+                    attn_norm=self._tensor(tensors, p + "attn_norm.weight", (dim,)),
+                    w_qkv=self._to_device(np.concatenate([wq, wk, wv])),
+                    b_qkv=b_qkv,
+                    wo=self._tensor(tensors, p + "attn_output.weight", (dim, heads * hd)),
+                    ffn_norm=self._tensor(tensors, p + "ffn_norm.weight", (dim,)),
+                    w_gate_up=self._to_device(np.concatenate([gate, up])),
+                    w_down=self._tensor(tensors, p + "ffn_down.weight", (dim, f.ffn_dim)),
+                    cache_k=self._kv_cache(),
+                    cache_v=self._kv_cache(),
                 )
             )
         vocab = f.vocab_size
@@ -211,6 +219,15 @@ class StageRole:
             self.rope_sin = self._to_device(np.sin(angles).astype(np.float32))
 
     # -- math -----------------------------------------------------------------------------
+    def _linear(self, x: Tensor, weight: Tensor) -> Tensor:
+        """``x @ weight.T`` in float32, ``weight`` being ``[out, in]`` in the compute dtype."""
+        if self._f16_bits:
+            bits = weight.bitcast(dtypes.uint16).cast(dtypes.uint32)
+            moved = ((bits & 0x8000) << 16) | ((bits & 0x7FFF) << 13)
+            # exact for every finite f16, subnormals included (no flush-to-zero on CPU)
+            return x.matmul((moved.bitcast(dtypes.float32) * 2.0**112).T)
+        return x.matmul(weight.float().T)
+
     def _rms_norm(self, x: Tensor, weight: Tensor) -> Tensor:
         normed = x * (x.square().mean(axis=-1, keepdim=True) + self.facts.norm_eps).rsqrt()
         return normed * weight.float()
@@ -232,15 +249,12 @@ class StageRole:
     def _attention(self, block: _Block, x: Tensor, start: UOp | int, tokens: int) -> Tensor:
         f = self.facts
         hd, heads, kv = f.head_dim, f.head_count, f.head_count_kv
-        q = x.matmul(block.wq.T)
-        k = x.matmul(block.wk.T)
-        v = x.matmul(block.wv.T)
-        if block.bq is not None:
-            q = q + block.bq.float()
-        if block.bk is not None:
-            k = k + block.bk.float()
-        if block.bv is not None:
-            v = v + block.bv.float()
+        qkv = self._linear(x, block.w_qkv)
+        if block.b_qkv is not None:
+            qkv = qkv + block.b_qkv.float()
+        q = qkv[:, : heads * hd]
+        k = qkv[:, heads * hd : (heads + kv) * hd]
+        v = qkv[:, (heads + kv) * hd :]
         q = self._rope(q.reshape(tokens, heads, hd).transpose(0, 1), start, tokens)
         k = self._rope(k.reshape(tokens, kv, hd).transpose(0, 1), start, tokens)
         v = v.reshape(tokens, kv, hd).transpose(0, 1)
@@ -259,12 +273,14 @@ class StageRole:
             scores = causal.where(scores, float("-inf")).reshape(kv, group * tokens, -1)
         out = scores.softmax(-1).matmul(values)  # [kv, group*tokens, hd]
         out = out.reshape(heads, tokens, hd).transpose(0, 1).reshape(tokens, heads * hd)
-        return out.matmul(block.wo.T)
+        return self._linear(out, block.wo)
 
     def _block(self, block: _Block, x: Tensor, start: UOp | int, tokens: int) -> Tensor:
         h = x + self._attention(block, self._rms_norm(x, block.attn_norm), start, tokens)
         n = self._rms_norm(h, block.ffn_norm)
-        mlp = (n.matmul(block.w_gate.T).silu() * n.matmul(block.w_up.T)).matmul(block.w_down.T)
+        gate_up = self._linear(n, block.w_gate_up)
+        ffn = self.facts.ffn_dim
+        mlp = self._linear(gate_up[:, :ffn].silu() * gate_up[:, ffn:], block.w_down)
         return (h + mlp).cast(self._tg_dtype)
 
     def _forward(self, x: Tensor, start: UOp | int, tokens: int) -> Tensor:
@@ -274,7 +290,7 @@ class StageRole:
             return x.contiguous()
         assert self.output_norm is not None and self.output is not None
         last = self._rms_norm(x[tokens - 1 : tokens].float(), self.output_norm)
-        return last.matmul(self.output.T).float().reshape(-1).contiguous()
+        return self._linear(last, self.output).reshape(-1).contiguous()
 
     def _forward_decode(self, payload: Tensor, start: UOp) -> Tensor:
         return self._forward(payload, start, 1).realize()
@@ -303,7 +319,8 @@ class StageRole:
             array = np.ascontiguousarray(self.token_embd[array], dtype=self.np_dtype)
         data = Tensor(array, device=self.device)
         if tokens == 1 and sequence > 0:
-            out = self._decode(data.realize(), self._pos_var.bind(self._position))
+            with Context(BEAM=self.beam):  # type: ignore[no-untyped-call]
+                out = self._decode(data.realize(), self._pos_var.bind(self._position))
         else:
             out = self._forward(data, self._position, tokens).realize()
         self._position += tokens
