@@ -13,8 +13,8 @@ Faults: `crash(i)` drops everything to and from member i from then on; `pause(i,
 freezes it for s seconds (no ticks; arriving messages queue and are handled, in order,
 when it resumes, as a process stalled by GC or a busy loop would read its socket);
 `available=True` gives every member booted metadata with a (fake) QUIC endpoint, for
-pool-readiness runs. `restart(i)` replaces a crashed member's core with a fresh one at incarnation 0 that
-joins through a seed, as a restarted process would.
+pool-readiness runs. `restart(i)` replaces a crashed member's core with a fresh one at
+incarnation 0 that joins through a seed, as a restarted process would.
 
 Membership events of every core are kept in `events` as (time, member index, event);
 `first_state_time` answers "when did observer o first see member t in state s".
