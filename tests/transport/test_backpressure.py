@@ -9,7 +9,9 @@ arrives with a matching digest.
 from __future__ import annotations
 
 import asyncio
+import random
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -126,3 +128,48 @@ async def test_backpressure_64mib_stall_longer_than_idle_timeout() -> None:
 @pytest.mark.timeout(900)
 async def test_backpressure_256mib_at_1452_byte_datagrams() -> None:
     await _proof(_config(1452), 256 << 20, stall_s=1.6)
+
+
+@pytest.mark.timeout(180)
+async def test_lossy_path_loses_no_byte_and_no_credit() -> None:
+    """10% of datagrams dropped both ways: lost STREAM data, ACKs and credit updates
+    (MAX_STREAM_DATA / MAX_DATA, re-sent by the flow-control override) all recover."""
+    config = TransportConfig(
+        max_datagram_size=1452,
+        stream_window=64 << 10,
+        edges_per_connection=2,
+        connection_window=128 << 10,
+        send_high_water=64 << 10,
+        idle_timeout=20.0,
+        keepalive_interval=1.0,
+    )
+    a, b = await make_pair(config)
+    rng = random.Random(11)
+    dropped = [0]
+    for node in (a, b):
+        real = node.endpoint.sendto
+
+        def lossy(data: bytes, addr: tuple[str, int], real: Any = real) -> None:
+            if rng.random() < 0.10:
+                dropped[0] += 1
+                return
+            real(data, addr)
+
+        node.endpoint.sendto = lossy  # type: ignore[method-assign]
+    try:
+        total = 2 << 20
+        tx_id, tx_layout, tx = a.new_ring(256 << 10)
+        rx_id, rx_layout, rx = b.new_ring(256 << 10)
+        b.driver.handle(EstablishRecv(1, rx_id, rx_layout))
+        a.driver.handle(EstablishSend(1, b.identity.node_id, tx_id, tx_layout))
+        consumer = Consumer(b, rx, rx_id)
+        sent, got = await fail_on_fault(
+            (a, b),
+            asyncio.gather(produce(a, tx, tx_id, payload_chunks(total, 3)), consumer.drain()),
+            timeout=150,
+        )
+        assert got == sent and consumer.received == total
+        assert dropped[0] > 100  # the path really was lossy
+    finally:
+        await a.close()
+        await b.close()
