@@ -26,7 +26,7 @@ from codegen.fieldtypes import WireNames
 from codegen.loader import load_table
 from codegen.model import Table
 from codegen.pymachine import module_source
-from codegen.pytests import test_source
+from codegen.pytests import conformance_source
 from codegen.svg import svg_is_fresh
 from codegen.templating import render
 
@@ -47,7 +47,7 @@ def plan(fsm_dir: Path, out_root: Path, tables: list[Table] | None = None) -> di
     for table in tables:
         files[MODULE_DIR / f"{table.machine}.py"] = module_source(table, wire)
         files[DIAGRAM_DIR / f"{table.machine}.dot"] = dot_source(table)
-        files[TEST_DIR / f"test_{table.machine}.py"] = test_source(table, wire, fsm_dir,
+        files[TEST_DIR / f"test_{table.machine}.py"] = conformance_source(table, wire, fsm_dir,
                                                                    out_root)
     files[MODULE_DIR / "__init__.py"] = render("generated_init.py.j2", tables=tables)
     files[TEST_DIR / "__init__.py"] = ""

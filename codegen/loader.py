@@ -166,7 +166,7 @@ class _Reader:
             if fault_state is None:
                 self.fail(top.key_lines["unhandled"], "fault-state",
                           "unhandled: fault needs a `fault_state:`")
-            if fault_state not in table.states:
+            if not isinstance(fault_state, str) or fault_state not in table.states:
                 self.fail(fault_line, "fault-state", f"fault_state {fault_state!r} is not a state")
             table.fault_state = fault_state
         elif fault_state is not None:
@@ -330,6 +330,9 @@ class _Reader:
         line = raw.line
         if "from" not in raw or "event" not in raw:
             self.fail(line, "schema", "a transition row needs `from:` and `event:`")
+        for key in ("event", "to", "guard"):
+            if key in raw and not isinstance(raw[key], str):
+                self.fail(raw.key_lines[key], "schema", f"`{key}:` must be a name")
         event = raw["event"]
         if event not in table.events:
             self.fail(raw.key_lines["event"], "unknown-name", f"unknown event {event!r}")
@@ -340,6 +343,8 @@ class _Reader:
             sources = [(raw["from"], raw.key_lines["from"])]
         else:
             sources = self.names(raw["from"], raw.key_lines["from"], "from")
+        if not sources:
+            self.fail(raw.key_lines["from"], "schema", "`from:` names no state")
         for source, source_line in sources:
             if source == "*":
                 continue

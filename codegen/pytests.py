@@ -131,7 +131,7 @@ def _table_line(relative: Path) -> str:
     return line if len(line) <= pretty.LIMIT else line + "  # noqa: E501"
 
 
-def test_source(table: Table, wire: WireNames, fsm_dir: Path, out_root: Path) -> str:
+def conformance_source(table: Table, wire: WireNames, fsm_dir: Path, out_root: Path) -> str:
     event_values = _Values(100)
     events = []
     for event in table.events.values():

@@ -58,6 +58,11 @@ def load_marked(text: str, path: Path | str) -> Any:
                         if spelled.lower() == "on" else " (quote it)")
                 raise TableError(path, line_of(key_node), "on-key",
                                  f"key `{spelled}:` is read by YAML 1.1 as {key}{hint}")
+            try:
+                hash(key)
+            except TypeError:
+                raise TableError(path, line_of(key_node), "schema",
+                                 "a mapping key must be a name") from None
             if key in result:
                 raise TableError(path, line_of(key_node), "schema", f"duplicate key {key!r}")
             result[key] = loader.construct_object(value_node, deep=True)
