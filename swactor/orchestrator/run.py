@@ -12,8 +12,8 @@ machine never sees payload. For every message the binding
    output token), so that the guards it answers for the machine are plain reads:
    `all_ready` (every stage and both token endpoints ready), `output_out_of_order`
    (not the token-out edge, or not the awaited step), `run_policy_stops` (the token is
-   a stop id while `stop_on_eos`, or `max_tokens` are generated, or the next position
-   would pass `max_seq_len`), `teardown_pending` / `teardown_failed` (every
+   a stop id while `stop_on_eos`, or `max_tokens` are generated, or feeding the token
+   back would need a position past `max_seq_len - 1`), `teardown_pending` / `teardown_failed` (every
    provisioned stage and the endpoints stopped / any of them unclean);
 2. calls `machine.handle(event)` and carries out the effects in order: timers through
    `ctx.timers.apply`; ProvisionStages as a parallel fan-out (one task per stage,
@@ -263,7 +263,8 @@ class OrchestratorRun(Actor[RunMessage]):
             return StopCause.Eos
         if generated >= self.plan.max_tokens:
             return StopCause.MaxTokens
-        if len(self.result.prompt_token_ids) + generated >= self.plan.model.max_seq_len:
+        # Feeding token g back takes position prompt + g - 1; the last is max_seq_len - 1.
+        if len(self.result.prompt_token_ids) + generated > self.plan.model.max_seq_len:
             return StopCause.ContextFull
         return None
 

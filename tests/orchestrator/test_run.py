@@ -172,15 +172,22 @@ def test_max_tokens_stops_without_eos() -> None:
 
 def test_context_full_stops() -> None:
     async def body(runtime: Runtime, ports: FakePorts) -> None:
-        # 4 prompt ids + 2 generated reach max_seq_len 6 before max_tokens 5
+        # 4 prompt ids fill positions 0..3; tokens 1 and 2 are fed back at positions 4 and
+        # 5, the last of max_seq_len 6; token 3 has no position left (max_tokens is 5)
         handle = await start(runtime, ports, make_plan(max_tokens=5, max_seq_len=6))
         make_ready(handle)
         await ports.until(lambda: bool(ports.of("inject")))
-        handle.tell(output(0, 40))
-        await ports.until(lambda: len(ports.of("inject")) == 2)
-        handle.tell(output(1, 41))
+        for step, token in enumerate((40, 41)):
+            handle.tell(output(step, token))
+            want = step + 2
+            await ports.until(lambda: len(ports.of("inject")) == want)  # noqa: B023
+        assert [call[2] for call in ports.of("inject")] == [0, 1, 2]
+        handle.tell(output(2, 42))
         result = await stop_all(handle, ports)
-        assert (result.stop_cause, result.generated_token_ids) == (StopCause.ContextFull, [40, 41])
+        assert (result.stop_cause, result.generated_token_ids) == (
+            StopCause.ContextFull, [40, 41, 42]
+        )
+        assert len(ports.of("inject")) == 3
 
     run_test(body)
 
