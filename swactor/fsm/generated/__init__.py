@@ -15,6 +15,7 @@ MACHINES: tuple[str, ...] = (
     "gpu_worker_ctl",
     "ingress_ring",
     "node_boot",
+    "orchestrator_run",
     "pool_readiness",
     "recv_pump",
     "rx_edge",
