@@ -5,7 +5,7 @@ drawing a random edge-id base when none is given):
 
 1. Check the request: a non-empty pool of distinct nodes with positive usable memory,
    none of them the orchestrator; `1 <= max_tokens <= max_seq_len <= context_length`;
-   a known prompt length leaves room for `max_tokens` more positions.
+   a known prompt length leaves room for the `max_tokens - 1` tokens fed back.
 2. Split the blocks: the explicit `split` if given (it must have one entry per node,
    each at least 1, summing to the block count), else in proportion to each node's
    usable memory (`split.proportional_split`). Stage `i` runs on the pool's `i`-th node.
@@ -235,11 +235,12 @@ def _max_seq_len(model: ModelInfo, request: PlanRequest) -> int:
             f"max_tokens {request.max_tokens} is outside 1..{wanted} (max_seq_len)",
         )
     count = request.prompt_token_count
-    if count is not None and count + request.max_tokens > wanted:
+    # the prompt and every generated token but the last are fed in: one position each
+    if count is not None and count + request.max_tokens - 1 > wanted:
         raise PlannerError(
             PlanProblem.PromptTooLong,
-            f"a {count}-token prompt plus max_tokens {request.max_tokens} exceeds "
-            f"max_seq_len {wanted}",
+            f"a {count}-token prompt plus max_tokens {request.max_tokens} needs "
+            f"{count + request.max_tokens - 1} positions, max_seq_len is {wanted}",
         )
     return wanted
 

@@ -129,6 +129,15 @@ def test_every_stage_provision_message_is_valid() -> None:
     provision_rx(next(e for e in plan.edges if e.kind is EdgeKind.TokenOut))
 
 
+def test_prompt_and_generation_may_fill_the_context_exactly() -> None:
+    # 40 prompt positions + 24 fed-back tokens = 64 positions; the 25th token is not fed
+    planned = plan_run(
+        synthetic_pool(1), synthetic_model(),
+        request(max_seq_len=64, max_tokens=25, prompt_token_count=40),
+    )
+    assert planned.plan.max_tokens == 25
+
+
 def test_stop_ids_and_memory_estimates_are_reported() -> None:
     model = synthetic_model(blocks=4, block_params=1000)
     planned = plan_run(synthetic_pool(2), model, request(max_seq_len=10, max_tokens=4))
@@ -156,8 +165,8 @@ def test_stop_ids_and_memory_estimates_are_reported() -> None:
         (synthetic_pool(1), {"max_seq_len": 16, "max_tokens": 17}, PlanProblem.MaxTokensInvalid,
          "outside 1..16"),
         (synthetic_pool(1), {"max_seq_len": 9000}, PlanProblem.MaxSeqLenInvalid, "context"),
-        (synthetic_pool(1), {"max_seq_len": 64, "max_tokens": 32, "prompt_token_count": 40},
-         PlanProblem.PromptTooLong, "40-token prompt"),
+        (synthetic_pool(1), {"max_seq_len": 64, "max_tokens": 26, "prompt_token_count": 40},
+         PlanProblem.PromptTooLong, "needs 65 positions, max_seq_len is 64"),
         (pool(1 << 30, 1000), {}, PlanProblem.NodeMemoryTooSmall, "node 11 has 1000 usable"),
         (synthetic_pool(2), {"first_edge_id": (1 << 64) - 2}, PlanProblem.EdgeIdRange, "u64"),
     ],
