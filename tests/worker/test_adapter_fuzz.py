@@ -82,14 +82,14 @@ def test_worker_adapter_is_total(line: bytes) -> None:
 
 
 # A stand-in worker: answer InitializeWorker with WorkerReady, print the fuzzed line
-# (from argv), then wait for stdin to close. Real process, real pipes.
+# (JSON-quoted in argv), then wait for stdin to close. Real process, real pipes.
 STAND_IN = """
 import json, os, sys
 init = json.loads(sys.stdin.readline())["body"]
 ready = {"pid": os.getpid(), "worker_generation": init["worker_generation"],
          "ring_helper_abi": init["required_ring_helper_abi"], "backend": None}
 sys.stdout.write(json.dumps({"type": "WorkerReady", "body": ready}) + "\\n")
-sys.stdout.write(sys.argv[1] + "\\n")
+sys.stdout.write(json.loads(sys.argv[1]) + "\\n")
 sentinel = {"role_id": 0, "step_id": 0}
 sys.stdout.write(json.dumps({"type": "StepCompleted", "body": sentinel}) + "\\n")
 sys.stdout.flush()
@@ -112,10 +112,8 @@ async def run_stand_in(line: str, arena: Arena) -> None:
             node_boot=runtime.spawn(lambda: Collector(boot_q), "boot"),
             stage_controllers=[runtime.spawn(lambda: Collector(stage_q), "stage")],
         )
-        config = WorkerCtlConfig(
-            arena.fd, arena.size, argv=(sys.executable, "-c", STAND_IN, line), max_restarts=0,
-            kill_grace_s=0.2,
-        )  # fmt: skip
+        argv = (sys.executable, "-c", STAND_IN, json.dumps(line))
+        config = WorkerCtlConfig(arena.fd, arena.size, argv=argv, max_restarts=0, kill_grace_s=0.2)
         ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena), "ctl",
                             mailbox_capacity=64)  # fmt: skip
         ctl.tell(gwc.StartWorker())
