@@ -26,7 +26,7 @@ from codegen.model import Message, Row, Table
 from codegen.templating import render
 
 
-def _message_class(msg: Message, kind: str) -> list[str]:
+def _message_class(msg: Message) -> list[str]:
     lines = ["@dataclass(frozen=True, slots=True)", f"class {msg.name}:"]
     lines += pretty.docstring(msg.doc, 4)
     if msg.fields:
@@ -116,130 +116,136 @@ def _builder_body(table: Table, row: Row, wire: WireNames, constants: _Constants
     return body + _effect_lines(items, 4, constants)
 
 
-def module_source(table: Table, wire: WireNames) -> str:
-    prefix = table.class_prefix
-    machine_cls, guards_cls = f"{prefix}Machine", f"{prefix}Guards"
-
-    constants = _Constants()
-    builders: dict[str, str] = {}  # body text -> function name
-    builder_defs: list[list[str]] = []
-    row_builder: dict[int, str] = {}
-    for position, row in enumerate(table.rows):
+def _builders(table: Table, wire: WireNames,
+              constants: _Constants) -> tuple[list[list[str]], list[str]]:
+    """Effect-builder functions (deduplicated by text) and each row's builder name."""
+    machine_cls = f"{table.class_prefix}Machine"
+    names: dict[str, str] = {}  # summary + body text -> function name
+    definitions: list[list[str]] = []
+    row_builder: list[str] = []
+    for row in table.rows:
         body = _builder_body(table, row, wire, constants)
         summary = _row_summary(row)
         key = f"{row.event}\n{summary}\n" + "\n".join(body)
-        if key not in builders:
-            name = f"_row_{len(builders)}"
-            builders[key] = name
+        if key not in names:
+            name = names[key] = f"_row_{len(names)}"
             head = f"def {name}(m: {machine_cls}, event: {row.event}) -> list[Effect]:"
             if len(head) > pretty.LIMIT:
                 head = (f"def {name}(\n    m: {machine_cls}, event: {row.event}\n"
                         ") -> list[Effect]:")
-            builder_defs.append(head.split("\n") + pretty.docstring(summary, 4) + body)
-        row_builder[position] = builders[key]
+            definitions.append(head.split("\n") + pretty.docstring(summary, 4) + body)
+        row_builder.append(names[key])
+    return definitions, row_builder
 
-    guard_events: dict[str, list[str]] = {g: [] for g in table.guards}
+
+def _guards(table: Table) -> tuple[list[list[str]], list[list[str]]]:
+    """The ``<Name>Guards`` protocol methods and the module-level guard adapters."""
+    guards_cls = f"{table.class_prefix}Guards"
+    used_with: dict[str, list[str]] = {g: [] for g in table.guards}
     for row in table.rows:
-        if row.guard in guard_events and row.event not in guard_events[row.guard]:
-            guard_events[row.guard].append(row.event)
-    guard_methods: list[list[str]] = []
-    guard_adapters: list[list[str]] = []
+        if row.guard in used_with and row.event not in used_with[row.guard]:
+            used_with[row.guard].append(row.event)
+    methods: list[list[str]] = []
+    adapters: list[list[str]] = []
     for guard in table.guards.values():
-        events = guard_events[guard.name] or ["Event"]
-        param = " | ".join(events)
-        head = f"    def {guard.name}(self, event: {param}) -> bool:"
-        head_lines = [head]
-        if len(head) > pretty.LIMIT:
+        events = used_with[guard.name] or ["Event"]
+        head = [f"    def {guard.name}(self, event: {' | '.join(events)}) -> bool:"]
+        if len(head[0]) > pretty.LIMIT:
             union = pretty.union(events, 8, "event: ")
             union[-1] += ","
-            head_lines = [f"    def {guard.name}(", "        self,", *union, "    ) -> bool:"]
-        guard_methods.append(head_lines + pretty.docstring(guard.doc, 8) + ["        ..."])
+            head = [f"    def {guard.name}(", "        self,", *union, "    ) -> bool:"]
+        methods.append(head + pretty.docstring(guard.doc, 8) + ["        ..."])
         adapter = f"def _guard_{guard.name}(guards: {guards_cls}, event: Any) -> bool:"
         if len(adapter) > pretty.LIMIT:
             adapter = (f"def _guard_{guard.name}(\n    guards: {guards_cls}, event: Any\n"
                        ") -> bool:")
-        guard_adapters.append(adapter.split("\n") + [f"    return guards.{guard.name}(event)"])
+        adapters.append(adapter.split("\n") + [f"    return guards.{guard.name}(event)"])
+    return methods, adapters
 
-    table_lines: list[str] = []
-    order = list(table.states)
-    events_order = list(table.events)
+
+def _table_lines(table: Table, row_builder: list[str]) -> list[str]:
+    """The entries of ``_TABLE``, in state then event order."""
+    states, events = list(table.states), list(table.events)
     entries: dict[tuple[str, str], list[str]] = {}
-    for position, row in enumerate(table.rows):
-        guard_ref = f"_guard_{row.guard}" if row.guard not in (None, "else") else "None"
+    for row, builder in zip(table.rows, row_builder, strict=True):
+        guard = f"_guard_{row.guard}" if row.guard not in (None, "else") else "None"
         target = f"State.{row.target}" if row.target else "None"
-        entries.setdefault((row.source, row.event), []).append(
-            f"({guard_ref}, {target}, {row_builder[position]}),")
-    ignored = [(s, e) for s in order for e in events_order if table.outcome(s, e) == "ignore"]
-    for pair in sorted(list(entries) + ignored,
-                       key=lambda k: (order.index(k[0]), events_order.index(k[1]))):
+        entries.setdefault((row.source, row.event), []).append(f"({guard}, {target}, {builder}),")
+    ignored = [(s, e) for s in states for e in events if table.outcome(s, e) == "ignore"]
+    lines: list[str] = []
+    for pair in sorted([*entries, *ignored],
+                       key=lambda k: (states.index(k[0]), events.index(k[1]))):
         lead = f"    (State.{pair[0]}, {pair[1]}): "
-        if pair in entries:
-            row_texts = entries[pair]
-            one = f"{lead}({row_texts[0]}),"
-            if len(row_texts) == 1 and len(one) <= pretty.LIMIT:
-                table_lines.append(one)
-            else:
-                table_lines.append(lead + "(")
-                table_lines += [f"        {r}" for r in row_texts]
-                table_lines.append("    ),")
+        rows = entries.get(pair)
+        if rows is None:
+            lines.append(f"{lead}_IGNORED,")
+        elif len(rows) == 1 and len(f"{lead}({rows[0]}),") <= pretty.LIMIT:
+            lines.append(f"{lead}({rows[0]}),")
         else:
-            table_lines.append(f"{lead}_IGNORED,")
+            lines += [lead + "(", *(f"        {r}" for r in rows), "    ),"]
+    return lines
 
-    effect_names = list(table.effects)
+
+def _fault_lines(table: Table) -> list[str]:
+    """The body of ``_unhandled`` under the ``fault`` policy (before the map switch)."""
+    if table.unhandled != "fault":
+        return []
+    assert table.fault_state is not None
+    lines = ["        effects: list[Effect] = "
+             "[ProtocolViolation(MACHINE, self._state.name, name)]"]
+    if any(s.timer is not None for s in table.states.values()):
+        lines += ["        timer = _TIMERS.get(self._state)",
+                  "        if timer is not None:",
+                  "            effects.append(CancelTimer(timer))"]
+    fault_timer = table.states[table.fault_state].timer
+    if fault_timer is not None:
+        seconds = exprs.timer_seconds(table, table.fault_state, None, exprs.MACHINE)
+        lines.append(f'        effects.append(StartTimer("{fault_timer.event}", '
+                     f'{seconds.replace("m._", "self._")}))')
+    return [*lines, f"        self._state = State.{table.fault_state}"]
+
+
+def module_source(table: Table, wire: WireNames) -> str:
+    """The text of ``swactor/fsm/generated/<machine>.py``."""
+    constants = _Constants()
+    builders, row_builder = _builders(table, wire, constants)
+    guard_methods, guard_adapters = _guards(table)
     timed = {s.name: s.timer for s in table.states.values() if s.timer is not None}
+    effect_names = list(table.effects)
     if timed:
         effect_names += ["StartTimer", "CancelTimer"]
     if table.unhandled == "fault":
         effect_names.append("ProtocolViolation")
+    messages = [*table.events.values(), *table.effects.values()]
     runtime_imports = sorted({"ProtocolError"} | set(effect_names) - set(table.effects)
-                             | ({"slot_setter"} if any(m.fields for m in [
-                                 *table.events.values(), *table.effects.values()]) else set()))
-
-    fault_lines: list[str] = []
-    if table.unhandled == "fault":
-        assert table.fault_state is not None
-        fault_lines.append("        effects: list[Effect] = "
-                           "[ProtocolViolation(MACHINE, self._state.name, name)]")
-        if timed:
-            fault_lines += ["        timer = _TIMERS.get(self._state)",
-                            "        if timer is not None:",
-                            "            effects.append(CancelTimer(timer))"]
-        fault_timer = table.states[table.fault_state].timer
-        if fault_timer is not None:
-            seconds = exprs.timer_seconds(table, table.fault_state, None, exprs.MACHINE)
-            fault_lines.append(f'        effects.append(StartTimer("{fault_timer.event}", '
-                               f'{seconds.replace("m._", "self._")}))')
-        fault_lines.append(f"        self._state = State.{table.fault_state}")
-
-    wire_used = sorted({n for m in [*table.events.values(), *table.effects.values()]
-                        for f in m.fields for n in f.type.names()}
-                       | {n for f in table.context for n in f.type.names()})
-    terminal = [s.name for s in table.states.values() if s.terminal]
+                             | ({"slot_setter"} if any(m.fields for m in messages) else set()))
+    uses_wire = any(f.type.names() for m in messages for f in m.fields) or any(
+        f.type.names() for f in table.context)
+    slot_names = ["guards", "state", "events", *(f.name for f in table.context)]
     context: dict[str, Any] = {
         "table": table,
         "doc": pretty.docstring(table.doc, 0),
-        "machine_cls": machine_cls,
-        "guards_cls": guards_cls,
-        "uses_wire": bool(wire_used),
+        "machine_cls": f"{table.class_prefix}Machine",
+        "guards_cls": f"{table.class_prefix}Guards",
+        "uses_wire": uses_wire,
         "runtime_import": pretty.import_from("swactor.fsm.runtime", runtime_imports),
         "states": [(s.name, pretty.docstring(s.doc, 4)) for s in table.states.values()],
-        "events": [_message_class(m, "event") for m in table.events.values()],
-        "effects": [_message_class(m, "effect") for m in table.effects.values()],
+        "events": [_message_class(m) for m in table.events.values()],
+        "effects": [_message_class(m) for m in table.effects.values()],
         "event_union": pretty.union(list(table.events), 0, "Event: TypeAlias = "),
         "effect_union": (pretty.union(effect_names, 0, "Effect: TypeAlias = ")
                          if effect_names else ["Effect: TypeAlias = Never"]),
         "never": not effect_names,
         "guard_methods": guard_methods,
         "guard_adapters": guard_adapters,
-        "builders": builder_defs,
+        "builders": builders,
         "constants": constants.lines(),
-        "table_lines": table_lines,
-        "has_ignored": bool(ignored),
+        "table_lines": _table_lines(table, row_builder),
         "event_list": list(table.events),
-        "terminal": terminal,
+        "terminal": [s.name for s in table.states.values() if s.terminal],
         "timed": [(name, timer.event) for name, timer in timed.items()],
         "timer_events": sorted({t.event for t in timed.values()}),
-        "fault_lines": fault_lines,
+        "fault_lines": _fault_lines(table),
         "guards_doc": pretty.docstring(
             f"The guards of {table.machine}: pure predicates the binding answers. "
             "Each guard is asked only for its row's event, in row order.", 4),
@@ -252,10 +258,7 @@ def module_source(table: Table, wire: WireNames) -> str:
         "context_params": [f"        {f.name}: {f.type.python()}," for f in table.context],
         "context_props": [(f.name, f.type.python(), pretty.docstring(f.doc, 8))
                           for f in table.context],
-        "slots": pretty.call("__slots__ = ", [f'"_{n}"' for n in
-                                                ["guards", "state", "events", *(f.name for f in
-                                                                      table.context)]],
-                             "", 4),
+        "slots": pretty.call("__slots__ = ", [f'"_{n}"' for n in slot_names], "", 4),
     }
     return render("machine.py.j2", **context)
 
