@@ -63,7 +63,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("QuicStream", "max_stream_data_local"),
     ("QuicStream", "max_stream_data_local_sent"),
     ("QuicStreamSender", "_buffer"),
-    ("QuicConnection", "_loss._pacer (only with pacing off)"),
+    ("QuicConnection", "_loss._pacer, _max_datagram_size (only with pacing off)"),
     ("Limit", "used/value/sent"),
 )
 

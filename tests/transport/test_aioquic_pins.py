@@ -29,6 +29,7 @@ def test_connection_instance_attributes_exist() -> None:
         assert {"used", "value", "sent", "frame_type"} <= set(vars(limit))
     assert isinstance(conn._streams, dict)
     assert conn._is_client is True
+    assert conn._max_datagram_size == TransportConfig().max_datagram_size
     assert conn._local_max_data.value == TransportConfig().connection_window
 
 
