@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.worker.harness import WorkerRig
+from swactor.worker.rig import WorkerRig
 
 
 @pytest.fixture

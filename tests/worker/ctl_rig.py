@@ -18,7 +18,7 @@ from swactor.wire import (
     RingReadable,
     RingWritable,
 )
-from tests.worker.harness import float_spec
+from swactor.worker.rig import float_spec
 
 T = TypeVar("T")
 

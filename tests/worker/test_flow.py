@@ -23,7 +23,7 @@ from swactor.wire import (
     StepCompleted,
     StepId,
 )
-from tests.worker.harness import WorkerRig, read_all, record, write_all
+from swactor.worker.rig import WorkerRig, read_all, record, write_all
 
 
 def test_ready_reports_cpu_backend(rig: WorkerRig) -> None:

@@ -27,7 +27,7 @@ from swactor.wire import (
     RingReadable,
     SequencePolicy,
 )
-from tests.worker.harness import WorkerRig, float_spec, record, write_all
+from swactor.worker.rig import WorkerRig, float_spec, record, write_all
 
 _ring_ids = itertools.count(1)
 

@@ -45,7 +45,7 @@ from swactor.wire import (
     WorkerStoppedReason,
 )
 from swactor.worker.process import ring_helper_abi
-from tests.worker.harness import WorkerRig, read_all, record, write_all
+from swactor.worker.rig import WorkerRig, read_all, record, write_all
 
 
 def fatal_exit(rig: WorkerRig, reason: WorkerFatalReason) -> None:

@@ -24,7 +24,7 @@ from swactor.wire import (
     StepCompleted,
     StepId,
 )
-from tests.worker.harness import WorkerRig, read_all, record, write_all
+from swactor.worker.rig import WorkerRig, read_all, record, write_all
 
 RING = 4096
 

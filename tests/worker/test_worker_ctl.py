@@ -44,7 +44,7 @@ from swactor.wire import (
     UninstallReason,
 )
 from tests.worker.ctl_rig import Collector, install_command, take
-from tests.worker.harness import record
+from swactor.worker.rig import record
 
 RING = 4096
 
