@@ -1,4 +1,4 @@
-"""Test and benchmark rig: a real memfd arena, real rings, and a real `python -m swactor.worker` child.
+"""Test and benchmark rig: a memfd arena, real rings, a real `python -m swactor.worker`.
 
 The rig plays the node: it creates the arena, lays rings out by hand (as ArenaManager
 would), writes their headers, spawns the worker with the arena fd inherited, writes

@@ -43,8 +43,8 @@ from swactor.wire import (
     StepId,
     UninstallReason,
 )
-from tests.worker.ctl_rig import Collector, install_command, take
 from swactor.worker.rig import record
+from tests.worker.ctl_rig import Collector, install_command, take
 
 RING = 4096
 
