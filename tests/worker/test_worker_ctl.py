@@ -14,6 +14,7 @@ from swactor.node.worker_ctl import (
     GpuWorkerCtl,
     WorkerCrashed,
     WorkerCtlConfig,
+    WorkerFailedNotice,
     WorkerReadyNotice,
     WorkerReaped,
     WorkerRoutes,
@@ -21,6 +22,7 @@ from swactor.node.worker_ctl import (
 from swactor.wire import (
     ConfigureRole,
     DeviceObjectHandle,
+    DeviceObjectReleased,
     ExecuteStep,
     InputBinding,
     ObjectId,
@@ -35,6 +37,8 @@ from swactor.wire import (
     RingId,
     RingInstalled,
     RoleConfigured,
+    RoleFailed,
+    RoleFailure,
     RoleId,
     Sequence,
     ShutdownMode,
@@ -42,6 +46,7 @@ from swactor.wire import (
     StepFailure,
     StepId,
     UninstallReason,
+    WorkerGeneration,
 )
 from swactor.worker.rig import record
 from tests.worker.ctl_rig import Collector, install_command, take
@@ -151,3 +156,48 @@ def _state(runtime: Runtime) -> gwc.State | None:
 
 def test_kill_9_mid_step_faults_rings_and_restarts_with_next_generation() -> None:
     asyncio.run(kill_mid_step_scenario())
+
+
+async def init_failure_scenario() -> None:
+    arena = Arena.create(1 << 20)
+    boot_q: asyncio.Queue[Any] = asyncio.Queue()
+    ring_q: asyncio.Queue[Any] = asyncio.Queue()
+    stage_q: asyncio.Queue[Any] = asyncio.Queue()
+    async with Runtime("node") as runtime:
+        routes = WorkerRoutes(
+            node_boot=runtime.spawn(lambda: Collector(boot_q), "boot"),
+            establisher=runtime.spawn(lambda: Collector(ring_q), "establisher"),
+            stage_controllers=[runtime.spawn(lambda: Collector(stage_q), "stage")],
+        )
+        # The node requires a helper ABI the worker does not have: WorkerFatal at init.
+        config = WorkerCtlConfig(arena.fd, arena.size, required_ring_helper_abi=999)
+        ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena), "gpu-worker",
+                            mailbox_capacity=64)  # fmt: skip
+        ctl.tell(gwc.StartWorker())
+        failed = await take(boot_q, WorkerFailedNotice)
+        assert failed.generation == 1
+        # Failed keeps answering every command, so no waiter hangs.
+        command, ring = install_command(arena, 1, RingDirection.Ingress, RING, 1 << 16)
+        ctl.tell(gwc.InstallRing(command))
+        fault = await take(ring_q, RingFault)
+        assert (fault.ring_id, fault.reason) == (1, RingFaultReason.WorkerProcessExited)
+        handle = DeviceObjectHandle(WorkerGeneration(1), 1)
+        ctl.tell(gwc.ExecuteStep(echo_step(5, handle, 2, 64)))
+        step_failed = await take(stage_q, StepFailed)
+        assert (step_failed.step_id, step_failed.reason) == (5, StepFailure.WorkerProcessExited)
+        ctl.tell(gwc.ConfigureRole(ConfigureRole(RoleId(3), {"kind": "echo"})))
+        assert (await take(stage_q, RoleFailed)).reason is RoleFailure.WorkerProcessExited
+        ctl.tell(gwc.ReleaseDeviceObject(handle))
+        assert (await take(stage_q, DeviceObjectReleased)).device_handle == handle
+        ctl.tell(gwc.UninstallRing(RingId(1), UninstallReason.EdgeStopped))
+        assert (await take(ring_q, WorkerReaped)).ring_id == 1
+        ctl.tell(gwc.ShutdownWorker(ShutdownMode.Graceful))
+        async with asyncio.timeout(10):
+            while _state(runtime) is not gwc.State.Stopped:
+                await asyncio.sleep(0.02)
+        ring.close()
+    arena.close()
+
+
+def test_init_failure_reports_failed_and_answers_every_command() -> None:
+    asyncio.run(init_failure_scenario())
