@@ -10,7 +10,8 @@ object lives in device memory. Copies here are synchronous from the host's side:
 `host_to_device` returns, the source host bytes are no longer needed (tinygrad stages
 host memory itself on CUDA), so the caller may advance `consume`; `synchronize()` is
 the completion barrier before an object is declared loaded (`CopyEvent`s are therefore
-complete on return and exist to keep the §33 shape).
+complete on return and exist to keep the §33 shape). Every SYNC_EVERY_BYTES copied the
+bridge synchronizes too, so staging memory stays bounded for any object size.
 
 Handles: `register()` turns a loaded allocation into a `DeviceObjectHandle` of this
 worker generation; `lookup()` refuses a handle of another generation or an unknown id
@@ -33,6 +34,10 @@ from tinygrad.dtype import DType, dtypes
 from tinygrad.tensor import Tensor
 
 from swactor.wire import DeviceObjectHandle, WorkerGeneration
+
+SYNC_EVERY_BYTES = 64 << 20
+"""Host-to-device bytes after which the bridge waits for the device: tinygrad's CUDA
+copy stages host bytes in pinned buffers that are freed only at a synchronize."""
 
 
 class DeviceError(Exception):
@@ -116,6 +121,7 @@ class DeviceBridge:
         self._allocator = Device[self.device].allocator
         self._handles: dict[int, DeviceAllocation] = {}
         self._next_id = 1
+        self._unsynced = 0
 
     def probe(self) -> None:
         """Run one tiny kernel, so a broken backend fails at InitializeWorker."""
@@ -161,6 +167,9 @@ class DeviceBridge:
             self._allocator._copyin(self._range(allocation, device_offset, len(src)), src)
         except (RuntimeError, OSError, ValueError, AssertionError) as exc:
             raise DeviceError(f"host-to-device copy: {exc}") from None
+        self._unsynced += len(src)
+        if self._unsynced >= SYNC_EVERY_BYTES:
+            self.synchronize()  # bounds the staging memory queued copies hold (CUDA)
         return CopyEvent(len(src))
 
     def device_to_host(
@@ -182,6 +191,7 @@ class DeviceBridge:
 
     def synchronize(self) -> None:
         """Wait until every queued device operation finished."""
+        self._unsynced = 0
         Device[self.device].synchronize()  # type: ignore[no-untyped-call]
 
     # -- handles and views ------------------------------------------------------------

@@ -86,3 +86,18 @@ def test_step_waits_for_egress_space_and_completes_once_drained(rig: WorkerRig) 
     assert data[ObjectHeader.LEN :] == payload
     assert rig.expect(ObjectProduced).object_id == 11
     assert rig.expect(StepCompleted).step_id == 0
+
+
+def test_empty_object_loads_and_echoes(rig: WorkerRig) -> None:
+    ingress = rig.add_ring(1, RingDirection.Ingress, RING)
+    egress = rig.add_ring(2, RingDirection.Egress, RING)
+    write_all(rig, ingress, record(10, 0, b""))
+    loaded = rig.expect(ObjectLoaded)
+    assert loaded.extent == 0
+    rig.send(ConfigureRole(RoleId(1), {"kind": "echo"}))
+    rig.expect(RoleConfigured)
+    rig.send(echo_step(0, loaded.device_handle, 10, 0))
+    data = read_all(rig, egress, ObjectHeader.LEN)
+    assert ObjectHeader.unpack(data).extent == 0
+    assert rig.expect(ObjectProduced).extent == 0
+    assert rig.expect(StepCompleted).step_id == 0
