@@ -43,6 +43,7 @@ from swactor.fsm.generated import worker_process as wp
 from swactor.fsm.runtime import ProtocolViolation
 from swactor.ring._ring_cffi import lib as ring_lib
 from swactor.wire import (
+    ConfigureRole,
     DeviceObjectHandle,
     DeviceObjectReleased,
     InstallRing,
@@ -176,13 +177,7 @@ class WorkerProcess:
             case wp.AdvanceRing(ring_id=ring_id):
                 self._advance(ring_id)
             case wp.ApplyRoleConfig(command=command):
-                try:
-                    self.roles[command.role_id] = build_role(command.config)
-                except RoleConfigError as exc:
-                    log.warning("role %s: %s", int(command.role_id), exc)
-                    self.emit(RoleFailed(command.role_id, RoleFailure.ConfigInvalid))
-                else:
-                    self.emit(RoleConfigured(command.role_id))
+                self._configure_role(command)
             case wp.StartStep(command=command):
                 assert self.steps is not None
                 self.steps.submit(command)
@@ -232,6 +227,21 @@ class WorkerProcess:
         self.bridge = bridge
         self.steps = StepRunner(bridge, self.roles, self.rings, self.emit)
         self.feed(wp.RuntimeInitialized(os.getpid(), self.generation, abi))
+
+    def _configure_role(self, command: ConfigureRole) -> None:
+        assert self.bridge is not None
+        try:
+            self.roles[command.role_id] = build_role(command.config, self.bridge.device)
+        except RoleConfigError as exc:
+            log.warning("role %s: %s", int(command.role_id), exc)
+            self.emit(RoleFailed(command.role_id, RoleFailure.ConfigInvalid))
+        except MemoryError:
+            self.emit(RoleFailed(command.role_id, RoleFailure.DeviceOutOfMemory))
+        except Exception as exc:  # a role factory's own failure (tinygrad, weights)
+            log.warning("role %s: %s: %s", int(command.role_id), type(exc).__name__, exc)
+            self.emit(RoleFailed(command.role_id, RoleFailure.TinygradError))
+        else:
+            self.emit(RoleConfigured(command.role_id))
 
     def _install(self, command: InstallRing) -> None:
         assert self.arena is not None and self.bridge is not None

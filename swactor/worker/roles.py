@@ -15,6 +15,11 @@ Shipped kinds (tests and smoke runs; the model stage roles register later throug
 
 - `echo`: each output is the input of the same port id, or the only input;
 - `scale`: inputs are float32 vectors; each output is its input times `config["factor"]`.
+
+A factory gets the config and the worker's tinygrad device name (e.g. "CPU", "CUDA"),
+so a role can place its own state (weights, KV cache) on the same device. A factory
+that raises RoleConfigError answers RoleFailed ConfigInvalid; any other exception
+answers RoleFailed TinygradError.
 """
 
 from __future__ import annotations
@@ -46,13 +51,14 @@ class Role(Protocol):
         ...
 
 
-RoleFactory = Callable[[Mapping[str, JsonValue]], Role]
+RoleFactory = Callable[[Mapping[str, JsonValue], str], Role]
+"""Builds a role from its ConfigureRole config and the worker's tinygrad device name."""
 
 _KINDS: dict[str, RoleFactory] = {}
 
 
 def register_role_kind(name: str, factory: RoleFactory) -> None:
-    """Make `config["kind"] == name` build roles with `factory(config)`."""
+    """Make `config["kind"] == name` build roles with `factory(config, device)`."""
     _KINDS[name] = factory
 
 
@@ -60,14 +66,14 @@ def role_kinds() -> tuple[str, ...]:
     return tuple(sorted(_KINDS))
 
 
-def build_role(config: JsonValue) -> Role:
+def build_role(config: JsonValue, device: str) -> Role:
     """The role the config names; raises RoleConfigError for a bad or unknown kind."""
     if not isinstance(config, dict):
         raise RoleConfigError("config must be an object with a 'kind'")
     kind = config.get("kind")
     if not isinstance(kind, str) or kind not in _KINDS:
         raise RoleConfigError(f"unknown role kind (known: {', '.join(role_kinds())})")
-    return _KINDS[kind](config)
+    return _KINDS[kind](config, device)
 
 
 def _source_for(port: int, inputs: Mapping[int, Tensor]) -> Tensor:
@@ -94,7 +100,7 @@ class ScaleRole:
         self.factor = factor
 
     @classmethod
-    def from_config(cls, config: Mapping[str, JsonValue]) -> ScaleRole:
+    def from_config(cls, config: Mapping[str, JsonValue], device: str) -> ScaleRole:
         factor = config.get("factor")
         if isinstance(factor, bool) or not isinstance(factor, int | float):
             raise RoleConfigError("scale needs a numeric 'factor'")
@@ -112,5 +118,5 @@ class ScaleRole:
         return result
 
 
-register_role_kind("echo", lambda config: EchoRole())
+register_role_kind("echo", lambda config, device: EchoRole())
 register_role_kind("scale", ScaleRole.from_config)
