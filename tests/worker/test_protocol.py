@@ -23,8 +23,11 @@ from swactor.wire import (
     ReleaseFailed,
     ReleaseFailure,
     RingDirection,
+    RingFault,
+    RingFaultReason,
     RingId,
     RingQuiesced,
+    RingReadable,
     RoleConfigured,
     RoleFailed,
     RoleFailure,
@@ -208,3 +211,18 @@ def test_abort_in_flight_fails_the_waiting_step(rig: WorkerRig) -> None:
     assert quiesced == {1, 2}
     assert rig.expect(WorkerStopped).reason is WorkerStoppedReason.AbortInFlight
     assert rig.wait_exit() == 0
+
+
+def test_shared_ring_fault_mid_object_is_a_ring_fault(rig: WorkerRig) -> None:
+    ingress = rig.add_ring(1, RingDirection.Ingress, 4096)
+    other = rig.add_ring(2, RingDirection.Ingress, 4096)
+    write_all(rig, ingress, record(10, 0, os.urandom(2048))[:1000])  # mid-payload
+    ingress.fault(RingFaultReason.WorkerShuttingDown)
+    rig.send(RingReadable(RingId(1)))
+    fault = rig.expect(RingFault)
+    assert (fault.ring_id, fault.edge_id, fault.port_id) == (1, 101, 1)
+    assert fault.reason is RingFaultReason.WorkerShuttingDown
+    write_all(rig, other, record(20, 0, bytes(8)))
+    assert rig.expect(ObjectLoaded).ring_id == 2
+    rig.send(UninstallRing(RingId(1), UninstallReason.RingFaulted))
+    assert rig.expect(RingQuiesced).ring_id == 1
