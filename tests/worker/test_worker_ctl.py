@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from typing import Any
 
 from swactor.actors import Runtime
@@ -201,3 +202,23 @@ async def init_failure_scenario() -> None:
 
 def test_init_failure_reports_failed_and_answers_every_command() -> None:
     asyncio.run(init_failure_scenario())
+
+
+async def init_timeout_scenario() -> None:
+    arena = Arena.create(1 << 16)
+    boot_q: asyncio.Queue[Any] = asyncio.Queue()
+    async with Runtime("node") as runtime:
+        routes = WorkerRoutes(node_boot=runtime.spawn(lambda: Collector(boot_q), "boot"))
+        silent = (sys.executable, "-c", "import sys; sys.stdin.read()")  # never answers
+        config = WorkerCtlConfig(arena.fd, arena.size, argv=silent, init_timeout_s=0.5,
+                                 kill_grace_s=0.1)  # fmt: skip
+        ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena), "gpu-worker",
+                            mailbox_capacity=64)  # fmt: skip
+        ctl.tell(gwc.StartWorker())
+        assert (await take(boot_q, WorkerFailedNotice, timeout=30)).generation == 1
+        assert _state(runtime) is gwc.State.Failed
+    arena.close()
+
+
+def test_init_timeout_kills_the_silent_worker_and_reports_failed() -> None:
+    asyncio.run(init_timeout_scenario())
