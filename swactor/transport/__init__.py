@@ -1,8 +1,83 @@
-"""QUIC transport on aioquic: node identity, the endpoint, the driver, pumps, control channel.
+"""QUIC transport on aioquic: node identity, the endpoint, the edge driver, the control channel.
 
-Modules: `identity` (Ed25519 key, node id, certificate), `config` (validated settings),
-`flow` (consumer-credited flow control subclass of aioquic's connection), `endpoint` (one
-UDP socket, connections, mutual identity checks, connection cache, keep-alives),
-`driver` (spec §24-§25 edge driver and receive demux), `pumps` (byte-blind recv/send
-pumps between QUIC streams and rings), `control` (the `swactor/ctl/1` channel).
+Modules, each with its theory of operation at the top:
+
+- `identity`: Ed25519 node key (0600), `node_id` = first 8 bytes of sha256(raw public
+  key), little endian; self-signed certificate. `identity_cmd`: `swactor node-id`.
+- `config`: `TransportConfig`, validated settings (datagram size <= 16383, connection
+  window >= edges x stream window, ...), and the aioquic configuration built from it.
+- `flow`: `SwactorConnection`, aioquic's connection with consumer-credited flow control,
+  the client-certificate request, optional pacing; `PRIVATE_NAMES` lists what it relies on.
+- `endpoint`: `QuicEndpoint` (one UDP socket per node, batched reads, mutual identity
+  checks, connection cache by (peer, ALPN), keep-alives) and `QuicLink` (one connection).
+- `driver`: `Driver` (spec §24-§25): edge demux and rendezvous; `recv_edge` / `send_edge`
+  bind each edge to the generated `recv_pump` / `send_pump` machines; `inbound` holds
+  received, not yet consumed stream bytes; `messages` the driver messages and events;
+  `sinks` the callback types; `doorbells` routes wake hints to worker eventfds.
+- `control`: `ControlChannel` on `swactor/ctl/1` (schemas, request/reply, authority).
 """
+
+from swactor.transport.config import CONTROL_ALPN, EDGE_ALPN, TransportConfig
+from swactor.transport.control import ControlAuthority, ControlChannel, RejectCode
+from swactor.transport.doorbells import DoorbellRouter
+from swactor.transport.driver import Driver
+from swactor.transport.endpoint import PeerRefused, QuicEndpoint, QuicLink
+from swactor.transport.errors import (
+    ConnectionLostError,
+    ControlError,
+    IdentityError,
+    KeyFilePermissionsError,
+    PeerRejectedError,
+    TransportConfigError,
+    TransportError,
+)
+from swactor.transport.identity import NodeIdentity, node_id_from_public_key
+from swactor.transport.messages import (
+    DriverEdgeReady,
+    DriverEvent,
+    EstablishRecv,
+    EstablishSend,
+    PumpStopped,
+    RingReadable,
+    RingWritable,
+    StopEdge,
+    StreamArrived,
+    StreamClosed,
+    StreamFault,
+    WakeHint,
+)
+
+__all__ = [
+    "CONTROL_ALPN",
+    "EDGE_ALPN",
+    "ConnectionLostError",
+    "ControlAuthority",
+    "ControlChannel",
+    "ControlError",
+    "DoorbellRouter",
+    "Driver",
+    "DriverEdgeReady",
+    "DriverEvent",
+    "EstablishRecv",
+    "EstablishSend",
+    "IdentityError",
+    "KeyFilePermissionsError",
+    "NodeIdentity",
+    "PeerRefused",
+    "PeerRejectedError",
+    "PumpStopped",
+    "QuicEndpoint",
+    "QuicLink",
+    "RejectCode",
+    "RingReadable",
+    "RingWritable",
+    "StopEdge",
+    "StreamArrived",
+    "StreamClosed",
+    "StreamFault",
+    "TransportConfig",
+    "TransportConfigError",
+    "TransportError",
+    "WakeHint",
+    "node_id_from_public_key",
+]
