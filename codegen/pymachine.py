@@ -87,33 +87,41 @@ def _split_args(call: str) -> list[str]:
     return [inner] if inner else []
 
 
-def _effect_lines(items: list[tuple[str, list[str]]], indent: int,
+def _effect_lines(table: Table, items: list[tuple[str, list[str]]],
                   constants: _Constants) -> list[str]:
-    if not items:
-        return [" " * indent + "return []"]
-    parts: list[tuple[str, list[str]] | str] = []
+    """Builder body: construct the effects, then ``return [...]`` them in order.
+
+    A table effect is made with ``blank(Cls)`` and its slot setters, inline: this skips
+    the ``__init__`` frame and halves the cost of building it. Constant effects are
+    module constants; the runtime's timer effects use their constructors.
+    """
+    lines: list[str] = []
+    refs: list[str] = []
     for cls, args in items:
         constant = constants.name_for(cls, args)
-        parts.append(constant if constant is not None
-                     else (cls, [constants.literal(arg) for arg in args]))
-    texts = [p if isinstance(p, str) else f"{p[0]}({', '.join(p[1])})" for p in parts]
-    one = " " * indent + f"return [{', '.join(texts)}]"
+        if constant is not None:
+            refs.append(constant)
+            continue
+        args = [constants.literal(arg) for arg in args]
+        if cls not in table.effects:
+            refs.append(f"{cls}({', '.join(args)})")
+            continue
+        var = f"effect_{sum(ref.startswith('effect_') for ref in refs)}"
+        lines.append(f"    {var}: {cls} = blank({cls})")
+        for arg in args:
+            field_name, _, value = arg.partition("=")
+            lines += pretty.call(f"_set_{cls}_{field_name}", [var, value], "", 4)
+        refs.append(var)
+    one = f"    return [{', '.join(refs)}]"
     if len(one) <= pretty.LIMIT:
-        return [one]
-    lines = [" " * indent + "return ["]
-    for part in parts:
-        if isinstance(part, str):
-            lines.append(" " * (indent + 4) + part + ",")
-        else:
-            lines += pretty.call(part[0], part[1], ",", indent + 4)
-    lines.append(" " * indent + "]")
-    return lines
+        return [*lines, one]
+    return [*lines, "    return [", *(f"        {ref}," for ref in refs), "    ]"]
 
 
 def _builder_body(table: Table, row: Row, wire: WireNames, constants: _Constants) -> list[str]:
     body = [f"    m._{ctx} = event.{field}" for ctx, field in row.assign]
     items = exprs.effect_list(table, row, exprs.MACHINE, wire)
-    return body + _effect_lines(items, 4, constants)
+    return body + _effect_lines(table, items, constants)
 
 
 def _builders(table: Table, wire: WireNames,
@@ -218,7 +226,9 @@ def module_source(table: Table, wire: WireNames) -> str:
         effect_names.append("ProtocolViolation")
     messages = [*table.events.values(), *table.effects.values()]
     runtime_imports = sorted({"ProtocolError"} | set(effect_names) - set(table.effects)
-                             | ({"slot_setter"} if any(m.fields for m in messages) else set()))
+                             | ({"slot_setter"} if any(m.fields for m in messages) else set())
+                             | ({"blank"} if any(m.fields for m in table.effects.values())
+                                else set()))
     uses_wire = any(f.type.names() for m in messages for f in m.fields) or any(
         f.type.names() for f in table.context)
     slot_names = ["guards", "state", "events", *(f.name for f in table.context)]

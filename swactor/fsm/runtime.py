@@ -26,7 +26,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CancelTimer", "ProtocolError", "ProtocolViolation", "StartTimer", "slot_setter"]
+__all__ = [
+    "CancelTimer",
+    "ProtocolError",
+    "ProtocolViolation",
+    "StartTimer",
+    "blank",
+    "slot_setter",
+]
+
+blank: Callable[[type[Any]], Any] = object.__new__
+"""An instance of a slotted class with no slot set yet; generated effect builders fill
+every slot with ``slot_setter`` setters right after (no ``__init__`` frame)."""
 
 
 def slot_setter(cls: type, name: str) -> Callable[[Any, Any], None]:

@@ -25,8 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 FAULTS = [
     pytest.param("(State.Ready, Close): ((None, State.Draining, _row_5),)",
                  "(State.Ready, Close): ((None, State.Ready, _row_5),)", id="wrong-target"),
-    pytest.param('label=m._label), _EFFECT_1]', "label=m._label)]",
-                 id="lost-cancel-timer"),
+    pytest.param("return [effect_0, _EFFECT_1]", "return [effect_0]", id="lost-cancel-timer"),
+    pytest.param("_set_Granted_size(effect_0, event.size)",
+                 "_set_Granted_size(effect_0, m._ceiling)", id="wrong-effect-field"),
     pytest.param("(_guard_fits_now, None, _row_1),\n        (_guard_can_ever_fit, None, _row_2),",
                  "(_guard_can_ever_fit, None, _row_2),\n        (_guard_fits_now, None, _row_1),",
                  id="guard-order"),

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
-from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, slot_setter
+from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, blank, slot_setter
 
 __all__ = [
     "ArenaManagerMachine",
@@ -501,7 +501,9 @@ def _guard_releases_last_lease(guards: ArenaManagerGuards, event: Any) -> bool:
 
 def _row_0(m: ArenaManagerMachine, event: ConstructArena) -> list[Effect]:
     """ConstructArena -> Constructing: CreateArena."""
-    return [CreateArena(ceiling=event.ceiling)]
+    effect_0: CreateArena = blank(CreateArena)
+    _set_CreateArena_ceiling(effect_0, event.ceiling)
+    return [effect_0]
 
 
 def _row_1(m: ArenaManagerMachine, event: ArenaConstructed) -> list[Effect]:
@@ -511,51 +513,59 @@ def _row_1(m: ArenaManagerMachine, event: ArenaConstructed) -> list[Effect]:
 
 def _row_2(m: ArenaManagerMachine, event: ArenaBootFailed) -> list[Effect]:
     """ArenaBootFailed -> Failed: ArenaFailed."""
-    return [ArenaFailed(reason=event.reason)]
+    effect_0: ArenaFailed = blank(ArenaFailed)
+    _set_ArenaFailed_reason(effect_0, event.reason)
+    return [effect_0]
 
 
 def _row_3(m: ArenaManagerMachine, event: LeaseRing) -> list[Effect]:
     """LeaseRing [fits_now] (internal): RingLeased."""
-    return [
-        RingLeased(
-            request_id=event.request_id,
-            edge_id=event.edge_id,
-            direction=event.direction,
-            ring_spec=event.ring_spec,
-        ),
-    ]
+    effect_0: RingLeased = blank(RingLeased)
+    _set_RingLeased_request_id(effect_0, event.request_id)
+    _set_RingLeased_edge_id(effect_0, event.edge_id)
+    _set_RingLeased_direction(effect_0, event.direction)
+    _set_RingLeased_ring_spec(effect_0, event.ring_spec)
+    return [effect_0]
 
 
 def _row_4(m: ArenaManagerMachine, event: LeaseRing) -> list[Effect]:
     """LeaseRing [can_ever_fit] (internal): QueueLease."""
-    return [
-        QueueLease(
-            request_id=event.request_id,
-            edge_id=event.edge_id,
-            direction=event.direction,
-            ring_spec=event.ring_spec,
-        ),
-    ]
+    effect_0: QueueLease = blank(QueueLease)
+    _set_QueueLease_request_id(effect_0, event.request_id)
+    _set_QueueLease_edge_id(effect_0, event.edge_id)
+    _set_QueueLease_direction(effect_0, event.direction)
+    _set_QueueLease_ring_spec(effect_0, event.ring_spec)
+    return [effect_0]
 
 
 def _row_5(m: ArenaManagerMachine, event: LeaseRing) -> list[Effect]:
     """LeaseRing [else] (internal): RingLeaseRejected."""
-    return [RingLeaseRejected(request_id=event.request_id, reason=_MEMBER_0)]
+    effect_0: RingLeaseRejected = blank(RingLeaseRejected)
+    _set_RingLeaseRejected_request_id(effect_0, event.request_id)
+    _set_RingLeaseRejected_reason(effect_0, _MEMBER_0)
+    return [effect_0]
 
 
 def _row_6(m: ArenaManagerMachine, event: CancelLease) -> list[Effect]:
     """CancelLease (internal): LeaseCancelled."""
-    return [LeaseCancelled(request_id=event.request_id)]
+    effect_0: LeaseCancelled = blank(LeaseCancelled)
+    _set_LeaseCancelled_request_id(effect_0, event.request_id)
+    return [effect_0]
 
 
 def _row_7(m: ArenaManagerMachine, event: ReleaseRing) -> list[Effect]:
     """ReleaseRing [proof_valid] (internal): RingReleased, RetryQueuedLeases."""
-    return [RingReleased(ring_id=event.ring_id, proof=event.proof), _EFFECT_1]
+    effect_0: RingReleased = blank(RingReleased)
+    _set_RingReleased_ring_id(effect_0, event.ring_id)
+    _set_RingReleased_proof(effect_0, event.proof)
+    return [effect_0, _EFFECT_1]
 
 
 def _row_8(m: ArenaManagerMachine, event: ReleaseRing) -> list[Effect]:
     """ReleaseRing [else] (internal): ReleaseRejected."""
-    return [ReleaseRejected(ring_id=event.ring_id)]
+    effect_0: ReleaseRejected = blank(ReleaseRejected)
+    _set_ReleaseRejected_ring_id(effect_0, event.ring_id)
+    return [effect_0]
 
 
 def _row_9(m: ArenaManagerMachine, event: Shutdown) -> list[Effect]:
@@ -570,17 +580,26 @@ def _row_10(m: ArenaManagerMachine, event: Shutdown) -> list[Effect]:
 
 def _row_11(m: ArenaManagerMachine, event: LeaseRing) -> list[Effect]:
     """LeaseRing (internal): RingLeaseRejected."""
-    return [RingLeaseRejected(request_id=event.request_id, reason=_MEMBER_1)]
+    effect_0: RingLeaseRejected = blank(RingLeaseRejected)
+    _set_RingLeaseRejected_request_id(effect_0, event.request_id)
+    _set_RingLeaseRejected_reason(effect_0, _MEMBER_1)
+    return [effect_0]
 
 
 def _row_12(m: ArenaManagerMachine, event: ReleaseRing) -> list[Effect]:
     """ReleaseRing [releases_last_lease] -> Stopped: RingReleased, UnmapArena."""
-    return [RingReleased(ring_id=event.ring_id, proof=event.proof), _EFFECT_3, _EFFECT_4]
+    effect_0: RingReleased = blank(RingReleased)
+    _set_RingReleased_ring_id(effect_0, event.ring_id)
+    _set_RingReleased_proof(effect_0, event.proof)
+    return [effect_0, _EFFECT_3, _EFFECT_4]
 
 
 def _row_13(m: ArenaManagerMachine, event: ReleaseRing) -> list[Effect]:
     """ReleaseRing [proof_valid] (internal): RingReleased."""
-    return [RingReleased(ring_id=event.ring_id, proof=event.proof)]
+    effect_0: RingReleased = blank(RingReleased)
+    _set_RingReleased_ring_id(effect_0, event.ring_id)
+    _set_RingReleased_proof(effect_0, event.proof)
+    return [effect_0]
 
 
 def _row_14(m: ArenaManagerMachine, event: Shutdown) -> list[Effect]:

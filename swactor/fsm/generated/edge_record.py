@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
-from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, slot_setter
+from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, blank, slot_setter
 
 __all__ = [
     "EdgeRecordMachine",
@@ -709,81 +709,88 @@ def _guard_sends(guards: EdgeRecordGuards, event: Any) -> bool:
 
 def _row_0(m: EdgeRecordMachine, event: ProvisionTx) -> list[Effect]:
     """ProvisionTx -> WaitingForLease: SpawnEdgeActor, LeaseRing."""
-    return [
-        SpawnEdgeActor(edge_id=event.edge_id, direction=m._direction),
-        LeaseRing(
-            request_id=m._request_id,
-            edge_id=event.edge_id,
-            direction=m._direction,
-            ring_spec=event.ring_spec,
-        ),
-        StartTimer("LeasePressureTimeout", m._lease_timeout_s),
-    ]
+    effect_0: SpawnEdgeActor = blank(SpawnEdgeActor)
+    _set_SpawnEdgeActor_edge_id(effect_0, event.edge_id)
+    _set_SpawnEdgeActor_direction(effect_0, m._direction)
+    effect_1: LeaseRing = blank(LeaseRing)
+    _set_LeaseRing_request_id(effect_1, m._request_id)
+    _set_LeaseRing_edge_id(effect_1, event.edge_id)
+    _set_LeaseRing_direction(effect_1, m._direction)
+    _set_LeaseRing_ring_spec(effect_1, event.ring_spec)
+    return [effect_0, effect_1, StartTimer("LeasePressureTimeout", m._lease_timeout_s)]
 
 
 def _row_1(m: EdgeRecordMachine, event: ProvisionRx) -> list[Effect]:
     """ProvisionRx -> WaitingForLease: SpawnEdgeActor, LeaseRing."""
-    return [
-        SpawnEdgeActor(edge_id=event.edge_id, direction=m._direction),
-        LeaseRing(
-            request_id=m._request_id,
-            edge_id=event.edge_id,
-            direction=m._direction,
-            ring_spec=event.ring_spec,
-        ),
-        StartTimer("LeasePressureTimeout", m._lease_timeout_s),
-    ]
+    effect_0: SpawnEdgeActor = blank(SpawnEdgeActor)
+    _set_SpawnEdgeActor_edge_id(effect_0, event.edge_id)
+    _set_SpawnEdgeActor_direction(effect_0, m._direction)
+    effect_1: LeaseRing = blank(LeaseRing)
+    _set_LeaseRing_request_id(effect_1, m._request_id)
+    _set_LeaseRing_edge_id(effect_1, event.edge_id)
+    _set_LeaseRing_direction(effect_1, m._direction)
+    _set_LeaseRing_ring_spec(effect_1, event.ring_spec)
+    return [effect_0, effect_1, StartTimer("LeasePressureTimeout", m._lease_timeout_s)]
 
 
 def _row_2(m: EdgeRecordMachine, event: RingLeased) -> list[Effect]:
     """RingLeased -> WaitingForWorkerRing: InstallRing."""
-    return [
-        InstallRing(
-            ring_id=event.ring_id,
-            edge_id=m._edge_id,
-            direction=m._direction,
-            layout=event.layout,
-        ),
-        _EFFECT_0,
-    ]
+    effect_0: InstallRing = blank(InstallRing)
+    _set_InstallRing_ring_id(effect_0, event.ring_id)
+    _set_InstallRing_edge_id(effect_0, m._edge_id)
+    _set_InstallRing_direction(effect_0, m._direction)
+    _set_InstallRing_layout(effect_0, event.layout)
+    return [effect_0, _EFFECT_0]
 
 
 def _row_3(m: EdgeRecordMachine, event: RingLeaseRejected) -> list[Effect]:
     """RingLeaseRejected [never_fits] -> Failed: NotifyEdgeFailed."""
-    return [NotifyEdgeFailed(edge_id=m._edge_id, reason=_MEMBER_0), _EFFECT_0]
+    effect_0: NotifyEdgeFailed = blank(NotifyEdgeFailed)
+    _set_NotifyEdgeFailed_edge_id(effect_0, m._edge_id)
+    _set_NotifyEdgeFailed_reason(effect_0, _MEMBER_0)
+    return [effect_0, _EFFECT_0]
 
 
 def _row_4(m: EdgeRecordMachine, event: RingLeaseRejected) -> list[Effect]:
     """RingLeaseRejected [else] -> Failed: NotifyEdgeFailed."""
-    return [NotifyEdgeFailed(edge_id=m._edge_id, reason=_MEMBER_1), _EFFECT_0]
+    effect_0: NotifyEdgeFailed = blank(NotifyEdgeFailed)
+    _set_NotifyEdgeFailed_edge_id(effect_0, m._edge_id)
+    _set_NotifyEdgeFailed_reason(effect_0, _MEMBER_1)
+    return [effect_0, _EFFECT_0]
 
 
 def _row_5(m: EdgeRecordMachine, event: LeasePressureTimeout) -> list[Effect]:
     """LeasePressureTimeout -> AbandoningLease: CancelLease, NotifyEdgeFailed."""
-    return [
-        CancelLease(request_id=m._request_id),
-        NotifyEdgeFailed(edge_id=m._edge_id, reason=_MEMBER_2),
-        _EFFECT_0,
-    ]
+    effect_0: CancelLease = blank(CancelLease)
+    _set_CancelLease_request_id(effect_0, m._request_id)
+    effect_1: NotifyEdgeFailed = blank(NotifyEdgeFailed)
+    _set_NotifyEdgeFailed_edge_id(effect_1, m._edge_id)
+    _set_NotifyEdgeFailed_reason(effect_1, _MEMBER_2)
+    return [effect_0, effect_1, _EFFECT_0]
 
 
 def _row_6(m: EdgeRecordMachine, event: StreamFault) -> list[Effect]:
     """StreamFault -> AbandoningLease: CancelLease, NotifyEdgeFailed."""
-    return [
-        CancelLease(request_id=m._request_id),
-        NotifyEdgeFailed(edge_id=event.edge_id, reason=_MEMBER_3),
-        _EFFECT_0,
-    ]
+    effect_0: CancelLease = blank(CancelLease)
+    _set_CancelLease_request_id(effect_0, m._request_id)
+    effect_1: NotifyEdgeFailed = blank(NotifyEdgeFailed)
+    _set_NotifyEdgeFailed_edge_id(effect_1, event.edge_id)
+    _set_NotifyEdgeFailed_reason(effect_1, _MEMBER_3)
+    return [effect_0, effect_1, _EFFECT_0]
 
 
 def _row_7(m: EdgeRecordMachine, event: StopEdge) -> list[Effect]:
     """StopEdge -> CancellingLease: CancelLease."""
-    return [CancelLease(request_id=m._request_id), _EFFECT_0]
+    effect_0: CancelLease = blank(CancelLease)
+    _set_CancelLease_request_id(effect_0, m._request_id)
+    return [effect_0, _EFFECT_0]
 
 
 def _row_8(m: EdgeRecordMachine, event: RingLeased) -> list[Effect]:
     """RingLeased (internal): ReleaseUnusedRing."""
-    return [ReleaseUnusedRing(ring_id=event.ring_id)]
+    effect_0: ReleaseUnusedRing = blank(ReleaseUnusedRing)
+    _set_ReleaseUnusedRing_ring_id(effect_0, event.ring_id)
+    return [effect_0]
 
 
 def _row_9(m: EdgeRecordMachine, event: RingLeaseRejected) -> list[Effect]:
@@ -793,7 +800,10 @@ def _row_9(m: EdgeRecordMachine, event: RingLeaseRejected) -> list[Effect]:
 
 def _row_10(m: EdgeRecordMachine, event: LeaseCancelled) -> list[Effect]:
     """LeaseCancelled -> Stopped: NotifyEdgeStopped."""
-    return [NotifyEdgeStopped(edge_id=m._edge_id, clean=m._clean)]
+    effect_0: NotifyEdgeStopped = blank(NotifyEdgeStopped)
+    _set_NotifyEdgeStopped_edge_id(effect_0, m._edge_id)
+    _set_NotifyEdgeStopped_clean(effect_0, m._clean)
+    return [effect_0]
 
 
 def _row_11(m: EdgeRecordMachine, event: LeaseCancelled) -> list[Effect]:
@@ -808,44 +818,64 @@ def _row_12(m: EdgeRecordMachine, event: StopEdge) -> list[Effect]:
 
 def _row_13(m: EdgeRecordMachine, event: RingInstalled) -> list[Effect]:
     """RingInstalled [sends] -> WaitingForDriver: EstablishSend."""
-    return [EstablishSend(edge_id=event.edge_id, ring_id=event.ring_id)]
+    effect_0: EstablishSend = blank(EstablishSend)
+    _set_EstablishSend_edge_id(effect_0, event.edge_id)
+    _set_EstablishSend_ring_id(effect_0, event.ring_id)
+    return [effect_0]
 
 
 def _row_14(m: EdgeRecordMachine, event: RingInstalled) -> list[Effect]:
     """RingInstalled [else] -> WaitingForDriver: EstablishRecv."""
-    return [EstablishRecv(edge_id=event.edge_id, ring_id=event.ring_id)]
+    effect_0: EstablishRecv = blank(EstablishRecv)
+    _set_EstablishRecv_edge_id(effect_0, event.edge_id)
+    _set_EstablishRecv_ring_id(effect_0, event.ring_id)
+    return [effect_0]
 
 
 def _row_15(m: EdgeRecordMachine, event: DriverEdgeReady) -> list[Effect]:
     """DriverEdgeReady -> Ready: NotifyEdgeReady."""
-    return [NotifyEdgeReady(edge_id=event.edge_id)]
+    effect_0: NotifyEdgeReady = blank(NotifyEdgeReady)
+    _set_NotifyEdgeReady_edge_id(effect_0, event.edge_id)
+    return [effect_0]
 
 
 def _row_16(m: EdgeRecordMachine, event: StopEdge) -> list[Effect]:
     """StopEdge -> Stopping: StartEdgeTeardown."""
-    return [StartEdgeTeardown(edge_id=event.edge_id, reason=_MEMBER_4)]
+    effect_0: StartEdgeTeardown = blank(StartEdgeTeardown)
+    _set_StartEdgeTeardown_edge_id(effect_0, event.edge_id)
+    _set_StartEdgeTeardown_reason(effect_0, _MEMBER_4)
+    return [effect_0]
 
 
 def _row_17(m: EdgeRecordMachine, event: RingFault) -> list[Effect]:
     """RingFault -> StoppingAfterFault: NotifyEdgeFailed, StartEdgeTeardown."""
-    return [
-        NotifyEdgeFailed(edge_id=event.edge_id, reason=_MEMBER_5),
-        StartEdgeTeardown(edge_id=event.edge_id, reason=_MEMBER_6),
-    ]
+    effect_0: NotifyEdgeFailed = blank(NotifyEdgeFailed)
+    _set_NotifyEdgeFailed_edge_id(effect_0, event.edge_id)
+    _set_NotifyEdgeFailed_reason(effect_0, _MEMBER_5)
+    effect_1: StartEdgeTeardown = blank(StartEdgeTeardown)
+    _set_StartEdgeTeardown_edge_id(effect_1, event.edge_id)
+    _set_StartEdgeTeardown_reason(effect_1, _MEMBER_6)
+    return [effect_0, effect_1]
 
 
 def _row_18(m: EdgeRecordMachine, event: StreamFault) -> list[Effect]:
     """StreamFault -> StoppingAfterFault: NotifyEdgeFailed, StartEdgeTeardown."""
-    return [
-        NotifyEdgeFailed(edge_id=event.edge_id, reason=_MEMBER_3),
-        StartEdgeTeardown(edge_id=event.edge_id, reason=_MEMBER_4),
-    ]
+    effect_0: NotifyEdgeFailed = blank(NotifyEdgeFailed)
+    _set_NotifyEdgeFailed_edge_id(effect_0, event.edge_id)
+    _set_NotifyEdgeFailed_reason(effect_0, _MEMBER_3)
+    effect_1: StartEdgeTeardown = blank(StartEdgeTeardown)
+    _set_StartEdgeTeardown_edge_id(effect_1, event.edge_id)
+    _set_StartEdgeTeardown_reason(effect_1, _MEMBER_4)
+    return [effect_0, effect_1]
 
 
 def _row_19(m: EdgeRecordMachine, event: EdgeTornDown) -> list[Effect]:
     """EdgeTornDown -> Stopped: NotifyEdgeStopped."""
     m._clean = event.clean
-    return [NotifyEdgeStopped(edge_id=event.edge_id, clean=event.clean)]
+    effect_0: NotifyEdgeStopped = blank(NotifyEdgeStopped)
+    _set_NotifyEdgeStopped_edge_id(effect_0, event.edge_id)
+    _set_NotifyEdgeStopped_clean(effect_0, event.clean)
+    return [effect_0]
 
 
 def _row_20(m: EdgeRecordMachine, event: EdgeTornDown) -> list[Effect]:
@@ -861,7 +891,10 @@ def _row_21(m: EdgeRecordMachine, event: StopEdge) -> list[Effect]:
 
 def _row_22(m: EdgeRecordMachine, event: StopEdge) -> list[Effect]:
     """StopEdge -> Stopped: NotifyEdgeStopped."""
-    return [NotifyEdgeStopped(edge_id=event.edge_id, clean=m._clean)]
+    effect_0: NotifyEdgeStopped = blank(NotifyEdgeStopped)
+    _set_NotifyEdgeStopped_edge_id(effect_0, event.edge_id)
+    _set_NotifyEdgeStopped_clean(effect_0, m._clean)
+    return [effect_0]
 
 
 def _row_23(m: EdgeRecordMachine, event: StopEdge) -> list[Effect]:

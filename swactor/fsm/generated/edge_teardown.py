@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
-from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, slot_setter
+from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, blank, slot_setter
 
 __all__ = [
     "EdgeTeardownMachine",
@@ -338,59 +338,71 @@ _EFFECT_0: Final = CancelTimer("TeardownStepTimeout")
 
 def _row_0(m: EdgeTeardownMachine, event: StopEdge) -> list[Effect]:
     """StopEdge -> StoppingPump: StopPump."""
-    return [StopPump(edge_id=event.edge_id), StartTimer("TeardownStepTimeout", m._step_timeout_s)]
+    effect_0: StopPump = blank(StopPump)
+    _set_StopPump_edge_id(effect_0, event.edge_id)
+    return [effect_0, StartTimer("TeardownStepTimeout", m._step_timeout_s)]
 
 
 def _row_1(m: EdgeTeardownMachine, event: StreamFault) -> list[Effect]:
     """StreamFault -> StoppingPump: StopPump."""
-    return [StopPump(edge_id=event.edge_id), StartTimer("TeardownStepTimeout", m._step_timeout_s)]
+    effect_0: StopPump = blank(StopPump)
+    _set_StopPump_edge_id(effect_0, event.edge_id)
+    return [effect_0, StartTimer("TeardownStepTimeout", m._step_timeout_s)]
 
 
 def _row_2(m: EdgeTeardownMachine, event: RingFault) -> list[Effect]:
     """RingFault -> StoppingPump: StopPump."""
-    return [StopPump(edge_id=event.edge_id), StartTimer("TeardownStepTimeout", m._step_timeout_s)]
+    effect_0: StopPump = blank(StopPump)
+    _set_StopPump_edge_id(effect_0, event.edge_id)
+    return [effect_0, StartTimer("TeardownStepTimeout", m._step_timeout_s)]
 
 
 def _row_3(m: EdgeTeardownMachine, event: PumpStopped) -> list[Effect]:
     """PumpStopped -> StoppingWorkerRing: UninstallRing."""
-    return [
-        UninstallRing(ring_id=m._ring_id, reason=m._reason),
-        _EFFECT_0,
-        StartTimer("TeardownStepTimeout", m._step_timeout_s),
-    ]
+    effect_0: UninstallRing = blank(UninstallRing)
+    _set_UninstallRing_ring_id(effect_0, m._ring_id)
+    _set_UninstallRing_reason(effect_0, m._reason)
+    return [effect_0, _EFFECT_0, StartTimer("TeardownStepTimeout", m._step_timeout_s)]
 
 
 def _row_4(m: EdgeTeardownMachine, event: RingQuiesced) -> list[Effect]:
     """RingQuiesced -> ReleasingArena: ReleaseRing."""
-    return [
-        ReleaseRing(ring_id=event.ring_id, worker_reaped=False),
-        _EFFECT_0,
-        StartTimer("TeardownStepTimeout", m._step_timeout_s),
-    ]
+    effect_0: ReleaseRing = blank(ReleaseRing)
+    _set_ReleaseRing_ring_id(effect_0, event.ring_id)
+    _set_ReleaseRing_worker_reaped(effect_0, False)
+    return [effect_0, _EFFECT_0, StartTimer("TeardownStepTimeout", m._step_timeout_s)]
 
 
 def _row_5(m: EdgeTeardownMachine, event: WorkerReaped) -> list[Effect]:
     """WorkerReaped -> ReleasingArena: ReleaseRing."""
-    return [
-        ReleaseRing(ring_id=event.ring_id, worker_reaped=True),
-        _EFFECT_0,
-        StartTimer("TeardownStepTimeout", m._step_timeout_s),
-    ]
+    effect_0: ReleaseRing = blank(ReleaseRing)
+    _set_ReleaseRing_ring_id(effect_0, event.ring_id)
+    _set_ReleaseRing_worker_reaped(effect_0, True)
+    return [effect_0, _EFFECT_0, StartTimer("TeardownStepTimeout", m._step_timeout_s)]
 
 
 def _row_6(m: EdgeTeardownMachine, event: RingReleased) -> list[Effect]:
     """RingReleased -> Stopped: EdgeTornDown."""
-    return [EdgeTornDown(edge_id=m._edge_id, clean=True), _EFFECT_0]
+    effect_0: EdgeTornDown = blank(EdgeTornDown)
+    _set_EdgeTornDown_edge_id(effect_0, m._edge_id)
+    _set_EdgeTornDown_clean(effect_0, True)
+    return [effect_0, _EFFECT_0]
 
 
 def _row_7(m: EdgeTeardownMachine, event: ReleaseRejected) -> list[Effect]:
     """ReleaseRejected -> Leaked: EdgeTornDown."""
-    return [EdgeTornDown(edge_id=m._edge_id, clean=False), _EFFECT_0]
+    effect_0: EdgeTornDown = blank(EdgeTornDown)
+    _set_EdgeTornDown_edge_id(effect_0, m._edge_id)
+    _set_EdgeTornDown_clean(effect_0, False)
+    return [effect_0, _EFFECT_0]
 
 
 def _row_8(m: EdgeTeardownMachine, event: TeardownStepTimeout) -> list[Effect]:
     """TeardownStepTimeout -> Leaked: EdgeTornDown."""
-    return [EdgeTornDown(edge_id=m._edge_id, clean=False), _EFFECT_0]
+    effect_0: EdgeTornDown = blank(EdgeTornDown)
+    _set_EdgeTornDown_edge_id(effect_0, m._edge_id)
+    _set_EdgeTornDown_clean(effect_0, False)
+    return [effect_0, _EFFECT_0]
 
 
 def _row_9(m: EdgeTeardownMachine, event: StopEdge) -> list[Effect]:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
-from swactor.fsm.runtime import ProtocolError, slot_setter
+from swactor.fsm.runtime import ProtocolError, blank, slot_setter
 
 __all__ = [
     "EgressRingMachine",
@@ -530,118 +530,126 @@ def _guard_extent_valid(guards: EgressRingGuards, event: Any) -> bool:
 
 def _row_0(m: EgressRingMachine, event: InstallRing) -> list[Effect]:
     """InstallRing [layout_valid] -> WaitingForOutput: EmitRingInstalled."""
-    return [EmitRingInstalled(ring_id=m._ring_id, edge_id=m._edge_id, port_id=m._port_id)]
+    effect_0: EmitRingInstalled = blank(EmitRingInstalled)
+    _set_EmitRingInstalled_ring_id(effect_0, m._ring_id)
+    _set_EmitRingInstalled_edge_id(effect_0, m._edge_id)
+    _set_EmitRingInstalled_port_id(effect_0, m._port_id)
+    return [effect_0]
 
 
 def _row_1(m: EgressRingMachine, event: InstallRing) -> list[Effect]:
     """InstallRing [else] -> Faulted: EmitRingFault."""
-    return [
-        EmitRingFault(
-            ring_id=m._ring_id,
-            edge_id=m._edge_id,
-            port_id=m._port_id,
-            reason=_MEMBER_0,
-        ),
-    ]
+    effect_0: EmitRingFault = blank(EmitRingFault)
+    _set_EmitRingFault_ring_id(effect_0, m._ring_id)
+    _set_EmitRingFault_edge_id(effect_0, m._edge_id)
+    _set_EmitRingFault_port_id(effect_0, m._port_id)
+    _set_EmitRingFault_reason(effect_0, _MEMBER_0)
+    return [effect_0]
 
 
 def _row_2(m: EgressRingMachine, event: ProduceOutput) -> list[Effect]:
     """ProduceOutput [extent_valid] -> NeedWritableForHeader: WriteHeader."""
-    return [
-        WriteHeader(
-            object_id=event.object_id,
-            sequence=event.sequence,
-            extent=event.extent,
-            flags=event.flags,
-        ),
-    ]
+    effect_0: WriteHeader = blank(WriteHeader)
+    _set_WriteHeader_object_id(effect_0, event.object_id)
+    _set_WriteHeader_sequence(effect_0, event.sequence)
+    _set_WriteHeader_extent(effect_0, event.extent)
+    _set_WriteHeader_flags(effect_0, event.flags)
+    return [effect_0]
 
 
 def _row_3(m: EgressRingMachine, event: ProduceOutput) -> list[Effect]:
     """ProduceOutput [else] (internal): RejectOutput."""
-    return [RejectOutput(object_id=event.object_id, reason=_MEMBER_1)]
+    effect_0: RejectOutput = blank(RejectOutput)
+    _set_RejectOutput_object_id(effect_0, event.object_id)
+    _set_RejectOutput_reason(effect_0, _MEMBER_1)
+    return [effect_0]
 
 
 def _row_4(m: EgressRingMachine, event: RingWritable) -> list[Effect]:
     """RingWritable (internal): ContinueWrite."""
-    return [ContinueWrite(ring_id=event.ring_id)]
+    effect_0: ContinueWrite = blank(ContinueWrite)
+    _set_ContinueWrite_ring_id(effect_0, event.ring_id)
+    return [effect_0]
 
 
 def _row_5(m: EgressRingMachine, event: HeaderCommitted) -> list[Effect]:
     """HeaderCommitted -> NeedWritableForPayload: CopyPayload."""
-    return [CopyPayload(ring_id=m._ring_id)]
+    effect_0: CopyPayload = blank(CopyPayload)
+    _set_CopyPayload_ring_id(effect_0, m._ring_id)
+    return [effect_0]
 
 
 def _row_6(m: EgressRingMachine, event: PayloadCommitted) -> list[Effect]:
     """PayloadCommitted -> WaitingForOutput: EmitObjectProduced."""
-    return [
-        EmitObjectProduced(
-            ring_id=m._ring_id,
-            edge_id=m._edge_id,
-            port_id=m._port_id,
-            object_id=event.object_id,
-            sequence=event.sequence,
-            extent=event.extent,
-        ),
-    ]
+    effect_0: EmitObjectProduced = blank(EmitObjectProduced)
+    _set_EmitObjectProduced_ring_id(effect_0, m._ring_id)
+    _set_EmitObjectProduced_edge_id(effect_0, m._edge_id)
+    _set_EmitObjectProduced_port_id(effect_0, m._port_id)
+    _set_EmitObjectProduced_object_id(effect_0, event.object_id)
+    _set_EmitObjectProduced_sequence(effect_0, event.sequence)
+    _set_EmitObjectProduced_extent(effect_0, event.extent)
+    return [effect_0]
 
 
 def _row_7(m: EgressRingMachine, event: CopyFailed) -> list[Effect]:
     """CopyFailed -> Faulted: FailOutput, EmitRingFault."""
-    return [
-        _EFFECT_0,
-        EmitRingFault(
-            ring_id=m._ring_id,
-            edge_id=m._edge_id,
-            port_id=m._port_id,
-            reason=_MEMBER_2,
-        ),
-    ]
+    effect_0: EmitRingFault = blank(EmitRingFault)
+    _set_EmitRingFault_ring_id(effect_0, m._ring_id)
+    _set_EmitRingFault_edge_id(effect_0, m._edge_id)
+    _set_EmitRingFault_port_id(effect_0, m._port_id)
+    _set_EmitRingFault_reason(effect_0, _MEMBER_2)
+    return [_EFFECT_0, effect_0]
 
 
 def _row_8(m: EgressRingMachine, event: ProduceOutput) -> list[Effect]:
     """ProduceOutput (internal): RejectOutput."""
-    return [RejectOutput(object_id=event.object_id, reason=_MEMBER_3)]
+    effect_0: RejectOutput = blank(RejectOutput)
+    _set_RejectOutput_object_id(effect_0, event.object_id)
+    _set_RejectOutput_reason(effect_0, _MEMBER_3)
+    return [effect_0]
 
 
 def _row_9(m: EgressRingMachine, event: RingError) -> list[Effect]:
     """RingError -> Faulted: EmitRingFault."""
-    return [
-        EmitRingFault(
-            ring_id=m._ring_id,
-            edge_id=m._edge_id,
-            port_id=m._port_id,
-            reason=event.reason,
-        ),
-    ]
+    effect_0: EmitRingFault = blank(EmitRingFault)
+    _set_EmitRingFault_ring_id(effect_0, m._ring_id)
+    _set_EmitRingFault_edge_id(effect_0, m._edge_id)
+    _set_EmitRingFault_port_id(effect_0, m._port_id)
+    _set_EmitRingFault_reason(effect_0, event.reason)
+    return [effect_0]
 
 
 def _row_10(m: EgressRingMachine, event: RingError) -> list[Effect]:
     """RingError -> Faulted: FailOutput, EmitRingFault."""
-    return [
-        _EFFECT_1,
-        EmitRingFault(
-            ring_id=m._ring_id,
-            edge_id=m._edge_id,
-            port_id=m._port_id,
-            reason=event.reason,
-        ),
-    ]
+    effect_0: EmitRingFault = blank(EmitRingFault)
+    _set_EmitRingFault_ring_id(effect_0, m._ring_id)
+    _set_EmitRingFault_edge_id(effect_0, m._edge_id)
+    _set_EmitRingFault_port_id(effect_0, m._port_id)
+    _set_EmitRingFault_reason(effect_0, event.reason)
+    return [_EFFECT_1, effect_0]
 
 
 def _row_11(m: EgressRingMachine, event: UninstallRing) -> list[Effect]:
     """UninstallRing -> Uninstalling: DrainCopies."""
-    return [DrainCopies(ring_id=event.ring_id)]
+    effect_0: DrainCopies = blank(DrainCopies)
+    _set_DrainCopies_ring_id(effect_0, event.ring_id)
+    return [effect_0]
 
 
 def _row_12(m: EgressRingMachine, event: UninstallRing) -> list[Effect]:
     """UninstallRing -> Uninstalling: FailOutput, DrainCopies."""
-    return [_EFFECT_1, DrainCopies(ring_id=event.ring_id)]
+    effect_0: DrainCopies = blank(DrainCopies)
+    _set_DrainCopies_ring_id(effect_0, event.ring_id)
+    return [_EFFECT_1, effect_0]
 
 
 def _row_13(m: EgressRingMachine, event: CopiesDrained) -> list[Effect]:
     """CopiesDrained -> Quiesced: CloseRing, EmitRingQuiesced."""
-    return [CloseRing(ring_id=m._ring_id), EmitRingQuiesced(ring_id=m._ring_id)]
+    effect_0: CloseRing = blank(CloseRing)
+    _set_CloseRing_ring_id(effect_0, m._ring_id)
+    effect_1: EmitRingQuiesced = blank(EmitRingQuiesced)
+    _set_EmitRingQuiesced_ring_id(effect_1, m._ring_id)
+    return [effect_0, effect_1]
 
 
 def _ignore(m: EgressRingMachine, event: Any) -> list[Effect]:

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
-from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, slot_setter
+from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, blank, slot_setter
 
 __all__ = [
     "GpuWorkerCtlMachine",
@@ -823,7 +823,9 @@ def _row_3(m: GpuWorkerCtlMachine, event: ProcessSpawnFailed) -> list[Effect]:
 
 def _row_4(m: GpuWorkerCtlMachine, event: WorkerReady) -> list[Effect]:
     """WorkerReady [is_current_generation] -> Running: AnnounceWorkerReady."""
-    return [AnnounceWorkerReady(worker_generation=event.worker_generation), _EFFECT_4]
+    effect_0: AnnounceWorkerReady = blank(AnnounceWorkerReady)
+    _set_AnnounceWorkerReady_worker_generation(effect_0, event.worker_generation)
+    return [effect_0, _EFFECT_4]
 
 
 def _row_5(m: GpuWorkerCtlMachine, event: WorkerReady) -> list[Effect]:
@@ -863,42 +865,59 @@ def _row_11(m: GpuWorkerCtlMachine, event: ShutdownWorker) -> list[Effect]:
 
 def _row_12(m: GpuWorkerCtlMachine, event: InstallRing) -> list[Effect]:
     """InstallRing (internal): SendInstallRing."""
-    return [SendInstallRing(command=event.command)]
+    effect_0: SendInstallRing = blank(SendInstallRing)
+    _set_SendInstallRing_command(effect_0, event.command)
+    return [effect_0]
 
 
 def _row_13(m: GpuWorkerCtlMachine, event: UninstallRing) -> list[Effect]:
     """UninstallRing [is_installed_ring] (internal): SendUninstallRing."""
-    return [SendUninstallRing(ring_id=event.ring_id, reason=event.reason)]
+    effect_0: SendUninstallRing = blank(SendUninstallRing)
+    _set_SendUninstallRing_ring_id(effect_0, event.ring_id)
+    _set_SendUninstallRing_reason(effect_0, event.reason)
+    return [effect_0]
 
 
 def _row_14(m: GpuWorkerCtlMachine, event: UninstallRing) -> list[Effect]:
     """UninstallRing [else] (internal): ReportRingReaped."""
-    return [ReportRingReaped(ring_id=event.ring_id)]
+    effect_0: ReportRingReaped = blank(ReportRingReaped)
+    _set_ReportRingReaped_ring_id(effect_0, event.ring_id)
+    return [effect_0]
 
 
 def _row_15(m: GpuWorkerCtlMachine, event: RingReadable) -> list[Effect]:
     """RingReadable (internal): SendRingReadable."""
-    return [SendRingReadable(ring_id=event.ring_id)]
+    effect_0: SendRingReadable = blank(SendRingReadable)
+    _set_SendRingReadable_ring_id(effect_0, event.ring_id)
+    return [effect_0]
 
 
 def _row_16(m: GpuWorkerCtlMachine, event: RingWritable) -> list[Effect]:
     """RingWritable (internal): SendRingWritable."""
-    return [SendRingWritable(ring_id=event.ring_id)]
+    effect_0: SendRingWritable = blank(SendRingWritable)
+    _set_SendRingWritable_ring_id(effect_0, event.ring_id)
+    return [effect_0]
 
 
 def _row_17(m: GpuWorkerCtlMachine, event: ConfigureRole) -> list[Effect]:
     """ConfigureRole (internal): SendConfigureRole."""
-    return [SendConfigureRole(command=event.command)]
+    effect_0: SendConfigureRole = blank(SendConfigureRole)
+    _set_SendConfigureRole_command(effect_0, event.command)
+    return [effect_0]
 
 
 def _row_18(m: GpuWorkerCtlMachine, event: ExecuteStep) -> list[Effect]:
     """ExecuteStep (internal): SendExecuteStep."""
-    return [SendExecuteStep(command=event.command)]
+    effect_0: SendExecuteStep = blank(SendExecuteStep)
+    _set_SendExecuteStep_command(effect_0, event.command)
+    return [effect_0]
 
 
 def _row_19(m: GpuWorkerCtlMachine, event: ReleaseDeviceObject) -> list[Effect]:
     """ReleaseDeviceObject (internal): SendReleaseDeviceObject."""
-    return [SendReleaseDeviceObject(device_handle=event.device_handle)]
+    effect_0: SendReleaseDeviceObject = blank(SendReleaseDeviceObject)
+    _set_SendReleaseDeviceObject_device_handle(effect_0, event.device_handle)
+    return [effect_0]
 
 
 def _row_20(m: GpuWorkerCtlMachine, event: WorkerEvent) -> list[Effect]:
@@ -918,7 +937,9 @@ def _row_22(m: GpuWorkerCtlMachine, event: AdapterFailed) -> list[Effect]:
 
 def _row_23(m: GpuWorkerCtlMachine, event: ShutdownWorker) -> list[Effect]:
     """ShutdownWorker -> Stopping: SendShutdownWorker."""
-    return [SendShutdownWorker(mode=event.mode), StartTimer("StopTimeout", m._stop_grace_s)]
+    effect_0: SendShutdownWorker = blank(SendShutdownWorker)
+    _set_SendShutdownWorker_mode(effect_0, event.mode)
+    return [effect_0, StartTimer("StopTimeout", m._stop_grace_s)]
 
 
 def _row_24(m: GpuWorkerCtlMachine, event: ProcessExited) -> list[Effect]:
@@ -974,22 +995,23 @@ def _row_31(m: GpuWorkerCtlMachine, event: UninstallRing) -> list[Effect]:
 
 def _row_32(m: GpuWorkerCtlMachine, event: UninstallRing) -> list[Effect]:
     """UninstallRing [rings_remain] (internal): ReportRingReaped."""
-    return [ReportRingReaped(ring_id=event.ring_id)]
+    effect_0: ReportRingReaped = blank(ReportRingReaped)
+    _set_ReportRingReaped_ring_id(effect_0, event.ring_id)
+    return [effect_0]
 
 
 def _row_33(m: GpuWorkerCtlMachine, event: UninstallRing) -> list[Effect]:
     """UninstallRing [may_restart] -> Restarting: ReportRingReaped, IncrementGeneration."""
-    return [
-        ReportRingReaped(ring_id=event.ring_id),
-        _EFFECT_10,
-        _EFFECT_13,
-        StartTimer("RestartBackoff", m._restart_backoff_s),
-    ]
+    effect_0: ReportRingReaped = blank(ReportRingReaped)
+    _set_ReportRingReaped_ring_id(effect_0, event.ring_id)
+    return [effect_0, _EFFECT_10, _EFFECT_13, StartTimer("RestartBackoff", m._restart_backoff_s)]
 
 
 def _row_34(m: GpuWorkerCtlMachine, event: UninstallRing) -> list[Effect]:
     """UninstallRing [else] -> Failed: ReportRingReaped, ReportWorkerFailed."""
-    return [ReportRingReaped(ring_id=event.ring_id), _EFFECT_3, _EFFECT_13]
+    effect_0: ReportRingReaped = blank(ReportRingReaped)
+    _set_ReportRingReaped_ring_id(effect_0, event.ring_id)
+    return [effect_0, _EFFECT_3, _EFFECT_13]
 
 
 def _row_35(m: GpuWorkerCtlMachine, event: CrashTeardownTimeout) -> list[Effect]:
@@ -1009,7 +1031,9 @@ def _row_37(m: GpuWorkerCtlMachine, event: RestartBackoff) -> list[Effect]:
 
 def _row_38(m: GpuWorkerCtlMachine, event: UninstallRing) -> list[Effect]:
     """UninstallRing (internal): ReportRingReaped."""
-    return [ReportRingReaped(ring_id=event.ring_id)]
+    effect_0: ReportRingReaped = blank(ReportRingReaped)
+    _set_ReportRingReaped_ring_id(effect_0, event.ring_id)
+    return [effect_0]
 
 
 def _row_39(m: GpuWorkerCtlMachine, event: ShutdownWorker) -> list[Effect]:
@@ -1029,37 +1053,57 @@ def _row_41(m: GpuWorkerCtlMachine, event: ShutdownWorker) -> list[Effect]:
 
 def _row_42(m: GpuWorkerCtlMachine, event: InstallRing) -> list[Effect]:
     """InstallRing (internal): RejectInstallRing."""
-    return [RejectInstallRing(command=event.command, reason=_MEMBER_0)]
+    effect_0: RejectInstallRing = blank(RejectInstallRing)
+    _set_RejectInstallRing_command(effect_0, event.command)
+    _set_RejectInstallRing_reason(effect_0, _MEMBER_0)
+    return [effect_0]
 
 
 def _row_43(m: GpuWorkerCtlMachine, event: ExecuteStep) -> list[Effect]:
     """ExecuteStep (internal): RejectExecuteStep."""
-    return [RejectExecuteStep(command=event.command, reason=_MEMBER_1)]
+    effect_0: RejectExecuteStep = blank(RejectExecuteStep)
+    _set_RejectExecuteStep_command(effect_0, event.command)
+    _set_RejectExecuteStep_reason(effect_0, _MEMBER_1)
+    return [effect_0]
 
 
 def _row_44(m: GpuWorkerCtlMachine, event: ConfigureRole) -> list[Effect]:
     """ConfigureRole (internal): RejectConfigureRole."""
-    return [RejectConfigureRole(command=event.command, reason=_MEMBER_2)]
+    effect_0: RejectConfigureRole = blank(RejectConfigureRole)
+    _set_RejectConfigureRole_command(effect_0, event.command)
+    _set_RejectConfigureRole_reason(effect_0, _MEMBER_2)
+    return [effect_0]
 
 
 def _row_45(m: GpuWorkerCtlMachine, event: InstallRing) -> list[Effect]:
     """InstallRing (internal): RejectInstallRing."""
-    return [RejectInstallRing(command=event.command, reason=_MEMBER_3)]
+    effect_0: RejectInstallRing = blank(RejectInstallRing)
+    _set_RejectInstallRing_command(effect_0, event.command)
+    _set_RejectInstallRing_reason(effect_0, _MEMBER_3)
+    return [effect_0]
 
 
 def _row_46(m: GpuWorkerCtlMachine, event: ExecuteStep) -> list[Effect]:
     """ExecuteStep (internal): RejectExecuteStep."""
-    return [RejectExecuteStep(command=event.command, reason=_MEMBER_4)]
+    effect_0: RejectExecuteStep = blank(RejectExecuteStep)
+    _set_RejectExecuteStep_command(effect_0, event.command)
+    _set_RejectExecuteStep_reason(effect_0, _MEMBER_4)
+    return [effect_0]
 
 
 def _row_47(m: GpuWorkerCtlMachine, event: ConfigureRole) -> list[Effect]:
     """ConfigureRole (internal): RejectConfigureRole."""
-    return [RejectConfigureRole(command=event.command, reason=_MEMBER_5)]
+    effect_0: RejectConfigureRole = blank(RejectConfigureRole)
+    _set_RejectConfigureRole_command(effect_0, event.command)
+    _set_RejectConfigureRole_reason(effect_0, _MEMBER_5)
+    return [effect_0]
 
 
 def _row_48(m: GpuWorkerCtlMachine, event: ReleaseDeviceObject) -> list[Effect]:
     """ReleaseDeviceObject (internal): ReportHandleReleased."""
-    return [ReportHandleReleased(device_handle=event.device_handle)]
+    effect_0: ReportHandleReleased = blank(ReportHandleReleased)
+    _set_ReportHandleReleased_device_handle(effect_0, event.device_handle)
+    return [effect_0]
 
 
 def _ignore(m: GpuWorkerCtlMachine, event: Any) -> list[Effect]:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
-from swactor.fsm.runtime import ProtocolError, slot_setter
+from swactor.fsm.runtime import ProtocolError, blank, slot_setter
 
 __all__ = [
     "IngressRingMachine",
@@ -654,109 +654,101 @@ def _guard_header_partial(guards: IngressRingGuards, event: Any) -> bool:
 
 def _row_0(m: IngressRingMachine, event: InstallRing) -> list[Effect]:
     """InstallRing [layout_valid] -> NeedHeader: EmitRingInstalled, ParseAvailable."""
-    return [
-        EmitRingInstalled(ring_id=m._ring_id, edge_id=m._edge_id, port_id=m._port_id),
-        ParseAvailable(ring_id=m._ring_id),
-    ]
+    effect_0: EmitRingInstalled = blank(EmitRingInstalled)
+    _set_EmitRingInstalled_ring_id(effect_0, m._ring_id)
+    _set_EmitRingInstalled_edge_id(effect_0, m._edge_id)
+    _set_EmitRingInstalled_port_id(effect_0, m._port_id)
+    effect_1: ParseAvailable = blank(ParseAvailable)
+    _set_ParseAvailable_ring_id(effect_1, m._ring_id)
+    return [effect_0, effect_1]
 
 
 def _row_1(m: IngressRingMachine, event: InstallRing) -> list[Effect]:
     """InstallRing [else] -> Faulted: EmitRingFault."""
-    return [
-        EmitRingFault(
-            ring_id=m._ring_id,
-            edge_id=m._edge_id,
-            port_id=m._port_id,
-            reason=_MEMBER_0,
-        ),
-    ]
+    effect_0: EmitRingFault = blank(EmitRingFault)
+    _set_EmitRingFault_ring_id(effect_0, m._ring_id)
+    _set_EmitRingFault_edge_id(effect_0, m._edge_id)
+    _set_EmitRingFault_port_id(effect_0, m._port_id)
+    _set_EmitRingFault_reason(effect_0, _MEMBER_0)
+    return [effect_0]
 
 
 def _row_2(m: IngressRingMachine, event: RingReadable) -> list[Effect]:
     """RingReadable (internal): ParseAvailable."""
-    return [ParseAvailable(ring_id=event.ring_id)]
+    effect_0: ParseAvailable = blank(ParseAvailable)
+    _set_ParseAvailable_ring_id(effect_0, event.ring_id)
+    return [effect_0]
 
 
 def _row_3(m: IngressRingMachine, event: HeaderDecoded) -> list[Effect]:
     """HeaderDecoded [extent_exceeds_max] -> Faulted: EmitObjectFailed."""
-    return [
-        EmitObjectFailed(
-            ring_id=m._ring_id,
-            edge_id=m._edge_id,
-            port_id=m._port_id,
-            object_id=event.object_id,
-            sequence=event.sequence,
-            reason=_MEMBER_1,
-        ),
-    ]
+    effect_0: EmitObjectFailed = blank(EmitObjectFailed)
+    _set_EmitObjectFailed_ring_id(effect_0, m._ring_id)
+    _set_EmitObjectFailed_edge_id(effect_0, m._edge_id)
+    _set_EmitObjectFailed_port_id(effect_0, m._port_id)
+    _set_EmitObjectFailed_object_id(effect_0, event.object_id)
+    _set_EmitObjectFailed_sequence(effect_0, event.sequence)
+    _set_EmitObjectFailed_reason(effect_0, _MEMBER_1)
+    return [effect_0]
 
 
 def _row_4(m: IngressRingMachine, event: HeaderDecoded) -> list[Effect]:
     """HeaderDecoded [extent_misaligned] -> Faulted: EmitObjectFailed."""
-    return [
-        EmitObjectFailed(
-            ring_id=m._ring_id,
-            edge_id=m._edge_id,
-            port_id=m._port_id,
-            object_id=event.object_id,
-            sequence=event.sequence,
-            reason=_MEMBER_2,
-        ),
-    ]
+    effect_0: EmitObjectFailed = blank(EmitObjectFailed)
+    _set_EmitObjectFailed_ring_id(effect_0, m._ring_id)
+    _set_EmitObjectFailed_edge_id(effect_0, m._edge_id)
+    _set_EmitObjectFailed_port_id(effect_0, m._port_id)
+    _set_EmitObjectFailed_object_id(effect_0, event.object_id)
+    _set_EmitObjectFailed_sequence(effect_0, event.sequence)
+    _set_EmitObjectFailed_reason(effect_0, _MEMBER_2)
+    return [effect_0]
 
 
 def _row_5(m: IngressRingMachine, event: HeaderDecoded) -> list[Effect]:
     """HeaderDecoded [sequence_out_of_order] -> Faulted: EmitObjectFailed."""
-    return [
-        EmitObjectFailed(
-            ring_id=m._ring_id,
-            edge_id=m._edge_id,
-            port_id=m._port_id,
-            object_id=event.object_id,
-            sequence=event.sequence,
-            reason=_MEMBER_3,
-        ),
-    ]
+    effect_0: EmitObjectFailed = blank(EmitObjectFailed)
+    _set_EmitObjectFailed_ring_id(effect_0, m._ring_id)
+    _set_EmitObjectFailed_edge_id(effect_0, m._edge_id)
+    _set_EmitObjectFailed_port_id(effect_0, m._port_id)
+    _set_EmitObjectFailed_object_id(effect_0, event.object_id)
+    _set_EmitObjectFailed_sequence(effect_0, event.sequence)
+    _set_EmitObjectFailed_reason(effect_0, _MEMBER_3)
+    return [effect_0]
 
 
 def _row_6(m: IngressRingMachine, event: HeaderDecoded) -> list[Effect]:
     """HeaderDecoded [else] -> NeedPayload: AllocateDeviceObject, CopyAvailable."""
-    return [
-        AllocateDeviceObject(
-            object_id=event.object_id,
-            sequence=event.sequence,
-            extent=event.extent,
-        ),
-        CopyAvailable(ring_id=m._ring_id),
-    ]
+    effect_0: AllocateDeviceObject = blank(AllocateDeviceObject)
+    _set_AllocateDeviceObject_object_id(effect_0, event.object_id)
+    _set_AllocateDeviceObject_sequence(effect_0, event.sequence)
+    _set_AllocateDeviceObject_extent(effect_0, event.extent)
+    effect_1: CopyAvailable = blank(CopyAvailable)
+    _set_CopyAvailable_ring_id(effect_1, m._ring_id)
+    return [effect_0, effect_1]
 
 
 def _row_7(m: IngressRingMachine, event: HeaderRejected) -> list[Effect]:
     """HeaderRejected -> Faulted: EmitObjectFailed."""
-    return [
-        EmitObjectFailed(
-            ring_id=m._ring_id,
-            edge_id=m._edge_id,
-            port_id=m._port_id,
-            object_id=None,
-            sequence=None,
-            reason=event.reason,
-        ),
-    ]
+    effect_0: EmitObjectFailed = blank(EmitObjectFailed)
+    _set_EmitObjectFailed_ring_id(effect_0, m._ring_id)
+    _set_EmitObjectFailed_edge_id(effect_0, m._edge_id)
+    _set_EmitObjectFailed_port_id(effect_0, m._port_id)
+    _set_EmitObjectFailed_object_id(effect_0, None)
+    _set_EmitObjectFailed_sequence(effect_0, None)
+    _set_EmitObjectFailed_reason(effect_0, event.reason)
+    return [effect_0]
 
 
 def _row_8(m: IngressRingMachine, event: RingClosed) -> list[Effect]:
     """RingClosed [header_partial] -> Faulted: EmitObjectFailed."""
-    return [
-        EmitObjectFailed(
-            ring_id=m._ring_id,
-            edge_id=m._edge_id,
-            port_id=m._port_id,
-            object_id=None,
-            sequence=None,
-            reason=_MEMBER_4,
-        ),
-    ]
+    effect_0: EmitObjectFailed = blank(EmitObjectFailed)
+    _set_EmitObjectFailed_ring_id(effect_0, m._ring_id)
+    _set_EmitObjectFailed_edge_id(effect_0, m._edge_id)
+    _set_EmitObjectFailed_port_id(effect_0, m._port_id)
+    _set_EmitObjectFailed_object_id(effect_0, None)
+    _set_EmitObjectFailed_sequence(effect_0, None)
+    _set_EmitObjectFailed_reason(effect_0, _MEMBER_4)
+    return [effect_0]
 
 
 def _row_9(m: IngressRingMachine, event: RingClosed) -> list[Effect]:
@@ -766,107 +758,109 @@ def _row_9(m: IngressRingMachine, event: RingClosed) -> list[Effect]:
 
 def _row_10(m: IngressRingMachine, event: RingReadable) -> list[Effect]:
     """RingReadable (internal): CopyAvailable."""
-    return [CopyAvailable(ring_id=event.ring_id)]
+    effect_0: CopyAvailable = blank(CopyAvailable)
+    _set_CopyAvailable_ring_id(effect_0, event.ring_id)
+    return [effect_0]
 
 
 def _row_11(m: IngressRingMachine, event: PayloadComplete) -> list[Effect]:
     """PayloadComplete -> ObjectComplete: AwaitCopyCompletion."""
-    return [AwaitCopyCompletion(ring_id=m._ring_id)]
+    effect_0: AwaitCopyCompletion = blank(AwaitCopyCompletion)
+    _set_AwaitCopyCompletion_ring_id(effect_0, m._ring_id)
+    return [effect_0]
 
 
 def _row_12(m: IngressRingMachine, event: AllocationFailed) -> list[Effect]:
     """AllocationFailed -> Faulted: EmitObjectFailed."""
-    return [
-        EmitObjectFailed(
-            ring_id=m._ring_id,
-            edge_id=m._edge_id,
-            port_id=m._port_id,
-            object_id=event.object_id,
-            sequence=event.sequence,
-            reason=_MEMBER_5,
-        ),
-    ]
+    effect_0: EmitObjectFailed = blank(EmitObjectFailed)
+    _set_EmitObjectFailed_ring_id(effect_0, m._ring_id)
+    _set_EmitObjectFailed_edge_id(effect_0, m._edge_id)
+    _set_EmitObjectFailed_port_id(effect_0, m._port_id)
+    _set_EmitObjectFailed_object_id(effect_0, event.object_id)
+    _set_EmitObjectFailed_sequence(effect_0, event.sequence)
+    _set_EmitObjectFailed_reason(effect_0, _MEMBER_5)
+    return [effect_0]
 
 
 def _row_13(m: IngressRingMachine, event: CopyFailed) -> list[Effect]:
     """CopyFailed -> Faulted: FreePartialObject, EmitObjectFailed."""
-    return [
-        FreePartialObject(ring_id=m._ring_id),
-        EmitObjectFailed(
-            ring_id=m._ring_id,
-            edge_id=m._edge_id,
-            port_id=m._port_id,
-            object_id=event.object_id,
-            sequence=event.sequence,
-            reason=_MEMBER_6,
-        ),
-    ]
+    effect_0: FreePartialObject = blank(FreePartialObject)
+    _set_FreePartialObject_ring_id(effect_0, m._ring_id)
+    effect_1: EmitObjectFailed = blank(EmitObjectFailed)
+    _set_EmitObjectFailed_ring_id(effect_1, m._ring_id)
+    _set_EmitObjectFailed_edge_id(effect_1, m._edge_id)
+    _set_EmitObjectFailed_port_id(effect_1, m._port_id)
+    _set_EmitObjectFailed_object_id(effect_1, event.object_id)
+    _set_EmitObjectFailed_sequence(effect_1, event.sequence)
+    _set_EmitObjectFailed_reason(effect_1, _MEMBER_6)
+    return [effect_0, effect_1]
 
 
 def _row_14(m: IngressRingMachine, event: RingClosed) -> list[Effect]:
     """RingClosed -> Faulted: FreePartialObject, EmitObjectFailed."""
-    return [
-        FreePartialObject(ring_id=m._ring_id),
-        EmitObjectFailed(
-            ring_id=m._ring_id,
-            edge_id=m._edge_id,
-            port_id=m._port_id,
-            object_id=None,
-            sequence=None,
-            reason=_MEMBER_4,
-        ),
-    ]
+    effect_0: FreePartialObject = blank(FreePartialObject)
+    _set_FreePartialObject_ring_id(effect_0, m._ring_id)
+    effect_1: EmitObjectFailed = blank(EmitObjectFailed)
+    _set_EmitObjectFailed_ring_id(effect_1, m._ring_id)
+    _set_EmitObjectFailed_edge_id(effect_1, m._edge_id)
+    _set_EmitObjectFailed_port_id(effect_1, m._port_id)
+    _set_EmitObjectFailed_object_id(effect_1, None)
+    _set_EmitObjectFailed_sequence(effect_1, None)
+    _set_EmitObjectFailed_reason(effect_1, _MEMBER_4)
+    return [effect_0, effect_1]
 
 
 def _row_15(m: IngressRingMachine, event: CopyCompleted) -> list[Effect]:
     """CopyCompleted -> NeedHeader: EmitObjectLoaded, ParseAvailable."""
-    return [
-        EmitObjectLoaded(
-            ring_id=m._ring_id,
-            edge_id=m._edge_id,
-            port_id=m._port_id,
-            object_id=event.object_id,
-            sequence=event.sequence,
-            extent=event.extent,
-            device_handle=event.device_handle,
-        ),
-        ParseAvailable(ring_id=m._ring_id),
-    ]
+    effect_0: EmitObjectLoaded = blank(EmitObjectLoaded)
+    _set_EmitObjectLoaded_ring_id(effect_0, m._ring_id)
+    _set_EmitObjectLoaded_edge_id(effect_0, m._edge_id)
+    _set_EmitObjectLoaded_port_id(effect_0, m._port_id)
+    _set_EmitObjectLoaded_object_id(effect_0, event.object_id)
+    _set_EmitObjectLoaded_sequence(effect_0, event.sequence)
+    _set_EmitObjectLoaded_extent(effect_0, event.extent)
+    _set_EmitObjectLoaded_device_handle(effect_0, event.device_handle)
+    effect_1: ParseAvailable = blank(ParseAvailable)
+    _set_ParseAvailable_ring_id(effect_1, m._ring_id)
+    return [effect_0, effect_1]
 
 
 def _row_16(m: IngressRingMachine, event: RingError) -> list[Effect]:
     """RingError -> Faulted: EmitRingFault."""
-    return [
-        EmitRingFault(
-            ring_id=m._ring_id,
-            edge_id=m._edge_id,
-            port_id=m._port_id,
-            reason=event.reason,
-        ),
-    ]
+    effect_0: EmitRingFault = blank(EmitRingFault)
+    _set_EmitRingFault_ring_id(effect_0, m._ring_id)
+    _set_EmitRingFault_edge_id(effect_0, m._edge_id)
+    _set_EmitRingFault_port_id(effect_0, m._port_id)
+    _set_EmitRingFault_reason(effect_0, event.reason)
+    return [effect_0]
 
 
 def _row_17(m: IngressRingMachine, event: RingError) -> list[Effect]:
     """RingError -> Faulted: FreePartialObject, EmitRingFault."""
-    return [
-        FreePartialObject(ring_id=m._ring_id),
-        EmitRingFault(
-            ring_id=m._ring_id,
-            edge_id=m._edge_id,
-            port_id=m._port_id,
-            reason=event.reason,
-        ),
-    ]
+    effect_0: FreePartialObject = blank(FreePartialObject)
+    _set_FreePartialObject_ring_id(effect_0, m._ring_id)
+    effect_1: EmitRingFault = blank(EmitRingFault)
+    _set_EmitRingFault_ring_id(effect_1, m._ring_id)
+    _set_EmitRingFault_edge_id(effect_1, m._edge_id)
+    _set_EmitRingFault_port_id(effect_1, m._port_id)
+    _set_EmitRingFault_reason(effect_1, event.reason)
+    return [effect_0, effect_1]
 
 
 def _row_18(m: IngressRingMachine, event: UninstallRing) -> list[Effect]:
     """UninstallRing -> Uninstalling: DrainCopies."""
-    return [DrainCopies(ring_id=event.ring_id)]
+    effect_0: DrainCopies = blank(DrainCopies)
+    _set_DrainCopies_ring_id(effect_0, event.ring_id)
+    return [effect_0]
 
 
 def _row_19(m: IngressRingMachine, event: CopiesDrained) -> list[Effect]:
     """CopiesDrained -> Quiesced: CloseRing, EmitRingQuiesced."""
-    return [CloseRing(ring_id=m._ring_id), EmitRingQuiesced(ring_id=m._ring_id)]
+    effect_0: CloseRing = blank(CloseRing)
+    _set_CloseRing_ring_id(effect_0, m._ring_id)
+    effect_1: EmitRingQuiesced = blank(EmitRingQuiesced)
+    _set_EmitRingQuiesced_ring_id(effect_1, m._ring_id)
+    return [effect_0, effect_1]
 
 
 def _ignore(m: IngressRingMachine, event: Any) -> list[Effect]:

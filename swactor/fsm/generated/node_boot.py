@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
-from swactor.fsm.runtime import ProtocolError, slot_setter
+from swactor.fsm.runtime import ProtocolError, blank, slot_setter
 
 __all__ = [
     "NodeBootMachine",
@@ -381,7 +381,11 @@ _EFFECT_1: Final = ShutdownNode()
 
 def _row_0(m: NodeBootMachine, event: NodeProcessStarted) -> list[Effect]:
     """NodeProcessStarted -> NodeProcessStarting: ReportNodeStarted, ConstructArena."""
-    return [ReportNodeStarted(node_id=m._node_id), ConstructArena(ceiling=m._ceiling)]
+    effect_0: ReportNodeStarted = blank(ReportNodeStarted)
+    _set_ReportNodeStarted_node_id(effect_0, m._node_id)
+    effect_1: ConstructArena = blank(ConstructArena)
+    _set_ConstructArena_ceiling(effect_1, m._ceiling)
+    return [effect_0, effect_1]
 
 
 def _row_1(m: NodeBootMachine, event: ArenaReady) -> list[Effect]:
@@ -391,22 +395,34 @@ def _row_1(m: NodeBootMachine, event: ArenaReady) -> list[Effect]:
 
 def _row_2(m: NodeBootMachine, event: ArenaFailed) -> list[Effect]:
     """ArenaFailed -> Unavailable: ReportNodeUnavailable."""
-    return [ReportNodeUnavailable(node_id=m._node_id, reason=_MEMBER_0, component=_MEMBER_1)]
+    effect_0: ReportNodeUnavailable = blank(ReportNodeUnavailable)
+    _set_ReportNodeUnavailable_node_id(effect_0, m._node_id)
+    _set_ReportNodeUnavailable_reason(effect_0, _MEMBER_0)
+    _set_ReportNodeUnavailable_component(effect_0, _MEMBER_1)
+    return [effect_0]
 
 
 def _row_3(m: NodeBootMachine, event: WorkerReady) -> list[Effect]:
     """WorkerReady -> WorkerReady: StartTransport."""
-    return [StartTransport(node_id=m._node_id)]
+    effect_0: StartTransport = blank(StartTransport)
+    _set_StartTransport_node_id(effect_0, m._node_id)
+    return [effect_0]
 
 
 def _row_4(m: NodeBootMachine, event: TransportReady) -> list[Effect]:
     """TransportReady -> TransportReady: JoinMembership."""
-    return [JoinMembership(node_id=m._node_id)]
+    effect_0: JoinMembership = blank(JoinMembership)
+    _set_JoinMembership_node_id(effect_0, m._node_id)
+    return [effect_0]
 
 
 def _row_5(m: NodeBootMachine, event: TransportFailed) -> list[Effect]:
     """TransportFailed -> Unavailable: ReportNodeUnavailable."""
-    return [ReportNodeUnavailable(node_id=m._node_id, reason=_MEMBER_2, component=_MEMBER_3)]
+    effect_0: ReportNodeUnavailable = blank(ReportNodeUnavailable)
+    _set_ReportNodeUnavailable_node_id(effect_0, m._node_id)
+    _set_ReportNodeUnavailable_reason(effect_0, _MEMBER_2)
+    _set_ReportNodeUnavailable_component(effect_0, _MEMBER_3)
+    return [effect_0]
 
 
 def _row_6(m: NodeBootMachine, event: MembershipJoinStarted) -> list[Effect]:
@@ -416,27 +432,41 @@ def _row_6(m: NodeBootMachine, event: MembershipJoinStarted) -> list[Effect]:
 
 def _row_7(m: NodeBootMachine, event: MembershipJoinFailed) -> list[Effect]:
     """MembershipJoinFailed -> Unavailable: ReportNodeUnavailable."""
-    return [ReportNodeUnavailable(node_id=m._node_id, reason=_MEMBER_2, component=_MEMBER_4)]
+    effect_0: ReportNodeUnavailable = blank(ReportNodeUnavailable)
+    _set_ReportNodeUnavailable_node_id(effect_0, m._node_id)
+    _set_ReportNodeUnavailable_reason(effect_0, _MEMBER_2)
+    _set_ReportNodeUnavailable_component(effect_0, _MEMBER_4)
+    return [effect_0]
 
 
 def _row_8(m: NodeBootMachine, event: MembershipJoined) -> list[Effect]:
     """MembershipJoined -> NodeAvailable: ReportNodeAvailable."""
-    return [ReportNodeAvailable(node_id=m._node_id)]
+    effect_0: ReportNodeAvailable = blank(ReportNodeAvailable)
+    _set_ReportNodeAvailable_node_id(effect_0, m._node_id)
+    return [effect_0]
 
 
 def _row_9(m: NodeBootMachine, event: WorkerFailed) -> list[Effect]:
     """WorkerFailed -> Unavailable: ReportNodeUnavailable."""
-    return [ReportNodeUnavailable(node_id=m._node_id, reason=_MEMBER_5, component=_MEMBER_6)]
+    effect_0: ReportNodeUnavailable = blank(ReportNodeUnavailable)
+    _set_ReportNodeUnavailable_node_id(effect_0, m._node_id)
+    _set_ReportNodeUnavailable_reason(effect_0, _MEMBER_5)
+    _set_ReportNodeUnavailable_component(effect_0, _MEMBER_6)
+    return [effect_0]
 
 
 def _row_10(m: NodeBootMachine, event: ProvisionRequested) -> list[Effect]:
     """ProvisionRequested (internal): AdmitProvisioning."""
-    return [AdmitProvisioning(run_id=event.run_id)]
+    effect_0: AdmitProvisioning = blank(AdmitProvisioning)
+    _set_AdmitProvisioning_run_id(effect_0, event.run_id)
+    return [effect_0]
 
 
 def _row_11(m: NodeBootMachine, event: ProvisionRequested) -> list[Effect]:
     """ProvisionRequested (internal): RejectProvisioning."""
-    return [RejectProvisioning(run_id=event.run_id)]
+    effect_0: RejectProvisioning = blank(RejectProvisioning)
+    _set_RejectProvisioning_run_id(effect_0, event.run_id)
+    return [effect_0]
 
 
 def _row_12(m: NodeBootMachine, event: Shutdown) -> list[Effect]:

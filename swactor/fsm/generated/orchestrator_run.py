@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
-from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, slot_setter
+from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, blank, slot_setter
 
 __all__ = [
     "OrchestratorRunMachine",
@@ -583,11 +583,11 @@ def _guard_teardown_failed(guards: OrchestratorRunGuards, event: Any) -> bool:
 
 def _row_0(m: OrchestratorRunMachine, event: PlanAvailable) -> list[Effect]:
     """PlanAvailable -> WaitingReady: ProvisionStages, CreateTokenEndpoints."""
-    return [
-        ProvisionStages(plan=event.plan),
-        CreateTokenEndpoints(plan=event.plan),
-        StartTimer("ReadinessTimeout", m._readiness_timeout_s),
-    ]
+    effect_0: ProvisionStages = blank(ProvisionStages)
+    _set_ProvisionStages_plan(effect_0, event.plan)
+    effect_1: CreateTokenEndpoints = blank(CreateTokenEndpoints)
+    _set_CreateTokenEndpoints_plan(effect_1, event.plan)
+    return [effect_0, effect_1, StartTimer("ReadinessTimeout", m._readiness_timeout_s)]
 
 
 def _row_1(m: OrchestratorRunMachine, event: OperatorStop) -> list[Effect]:
@@ -647,8 +647,11 @@ def _row_8(m: OrchestratorRunMachine, event: ObjectLoaded) -> list[Effect]:
     """ObjectLoaded [run_policy_stops] -> TearingDown: AcceptOutput, FinalizeOutput,
     RecordRunOutcome, SendStopRun, StopTokenEndpoints.
     """
+    effect_0: AcceptOutput = blank(AcceptOutput)
+    _set_AcceptOutput_object_id(effect_0, event.object_id)
+    _set_AcceptOutput_sequence(effect_0, event.sequence)
     return [
-        AcceptOutput(object_id=event.object_id, sequence=event.sequence),
+        effect_0,
         _EFFECT_10,
         _EFFECT_11,
         _EFFECT_6,
@@ -660,12 +663,12 @@ def _row_8(m: OrchestratorRunMachine, event: ObjectLoaded) -> list[Effect]:
 
 def _row_9(m: OrchestratorRunMachine, event: ObjectLoaded) -> list[Effect]:
     """ObjectLoaded [else] -> Running: AcceptOutput, InjectNextInput."""
-    return [
-        AcceptOutput(object_id=event.object_id, sequence=event.sequence),
-        InjectNextInput(sequence=event.sequence),
-        _EFFECT_9,
-        StartTimer("StepTimeout", m._step_timeout_s),
-    ]
+    effect_0: AcceptOutput = blank(AcceptOutput)
+    _set_AcceptOutput_object_id(effect_0, event.object_id)
+    _set_AcceptOutput_sequence(effect_0, event.sequence)
+    effect_1: InjectNextInput = blank(InjectNextInput)
+    _set_InjectNextInput_sequence(effect_1, event.sequence)
+    return [effect_0, effect_1, _EFFECT_9, StartTimer("StepTimeout", m._step_timeout_s)]
 
 
 def _row_10(m: OrchestratorRunMachine, event: StepTimeout) -> list[Effect]:
@@ -686,9 +689,12 @@ def _row_11(m: OrchestratorRunMachine, event: StageFault) -> list[Effect]:
     """StageFault -> TearingDown: RecordRunOutcome, RecordFaultReason, SendStopRun,
     StopTokenEndpoints.
     """
+    effect_0: RecordFaultReason = blank(RecordFaultReason)
+    _set_RecordFaultReason_reason(effect_0, event.reason)
+    _set_RecordFaultReason_component(effect_0, event.component)
     return [
         _EFFECT_4,
-        RecordFaultReason(reason=event.reason, component=event.component),
+        effect_0,
         _EFFECT_6,
         _EFFECT_7,
         _EFFECT_3,
@@ -700,9 +706,12 @@ def _row_12(m: OrchestratorRunMachine, event: StageFault) -> list[Effect]:
     """StageFault -> TearingDown: RecordRunOutcome, RecordFaultReason, SendStopRun,
     StopTokenEndpoints.
     """
+    effect_0: RecordFaultReason = blank(RecordFaultReason)
+    _set_RecordFaultReason_reason(effect_0, event.reason)
+    _set_RecordFaultReason_component(effect_0, event.component)
     return [
         _EFFECT_4,
-        RecordFaultReason(reason=event.reason, component=event.component),
+        effect_0,
         _EFFECT_6,
         _EFFECT_7,
         _EFFECT_9,
@@ -714,9 +723,12 @@ def _row_13(m: OrchestratorRunMachine, event: EndpointFault) -> list[Effect]:
     """EndpointFault -> TearingDown: RecordRunOutcome, RecordFaultReason, SendStopRun,
     StopTokenEndpoints.
     """
+    effect_0: RecordFaultReason = blank(RecordFaultReason)
+    _set_RecordFaultReason_reason(effect_0, event.reason)
+    _set_RecordFaultReason_component(effect_0, event.component)
     return [
         _EFFECT_4,
-        RecordFaultReason(reason=event.reason, component=event.component),
+        effect_0,
         _EFFECT_6,
         _EFFECT_7,
         _EFFECT_3,
@@ -728,9 +740,12 @@ def _row_14(m: OrchestratorRunMachine, event: EndpointFault) -> list[Effect]:
     """EndpointFault -> TearingDown: RecordRunOutcome, RecordFaultReason, SendStopRun,
     StopTokenEndpoints.
     """
+    effect_0: RecordFaultReason = blank(RecordFaultReason)
+    _set_RecordFaultReason_reason(effect_0, event.reason)
+    _set_RecordFaultReason_component(effect_0, event.component)
     return [
         _EFFECT_4,
-        RecordFaultReason(reason=event.reason, component=event.component),
+        effect_0,
         _EFFECT_6,
         _EFFECT_7,
         _EFFECT_9,
@@ -825,12 +840,18 @@ def _row_25(m: OrchestratorRunMachine, event: TeardownTimeout) -> list[Effect]:
 
 def _row_26(m: OrchestratorRunMachine, event: StageFault) -> list[Effect]:
     """StageFault (internal): RecordLateFault."""
-    return [RecordLateFault(reason=event.reason, component=event.component)]
+    effect_0: RecordLateFault = blank(RecordLateFault)
+    _set_RecordLateFault_reason(effect_0, event.reason)
+    _set_RecordLateFault_component(effect_0, event.component)
+    return [effect_0]
 
 
 def _row_27(m: OrchestratorRunMachine, event: EndpointFault) -> list[Effect]:
     """EndpointFault (internal): RecordLateFault."""
-    return [RecordLateFault(reason=event.reason, component=event.component)]
+    effect_0: RecordLateFault = blank(RecordLateFault)
+    _set_RecordLateFault_reason(effect_0, event.reason)
+    _set_RecordLateFault_component(effect_0, event.component)
+    return [effect_0]
 
 
 def _row_28(m: OrchestratorRunMachine, event: MembershipLost) -> list[Effect]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
-from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, slot_setter
+from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, blank, slot_setter
 
 __all__ = [
     "PoolReadinessMachine",
@@ -264,7 +264,9 @@ def _row_9(m: PoolReadinessMachine, event: AbortWaiting) -> list[Effect]:
 
 def _row_10(m: PoolReadinessMachine, event: MemberChanged) -> list[Effect]:
     """MemberChanged [else] -> Lost: ReportMembershipLost."""
-    return [ReportMembershipLost(node_id=event.node_id)]
+    effect_0: ReportMembershipLost = blank(ReportMembershipLost)
+    _set_ReportMembershipLost_node_id(effect_0, event.node_id)
+    return [effect_0]
 
 
 def _row_11(m: PoolReadinessMachine, event: RunEnded) -> list[Effect]:

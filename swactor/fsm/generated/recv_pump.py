@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
-from swactor.fsm.runtime import ProtocolError, slot_setter
+from swactor.fsm.runtime import ProtocolError, blank, slot_setter
 
 __all__ = [
     "RecvPumpMachine",
@@ -369,7 +369,9 @@ _MEMBER_1: Final = wire.StreamFaultReason.PumpFailed
 def _row_0(m: RecvPumpMachine, event: EstablishRecv) -> list[Effect]:
     """EstablishRecv -> HoldingSpec: DriverEdgeReady."""
     m._ring_id = event.ring_id
-    return [DriverEdgeReady(edge_id=event.edge_id)]
+    effect_0: DriverEdgeReady = blank(DriverEdgeReady)
+    _set_DriverEdgeReady_edge_id(effect_0, event.edge_id)
+    return [effect_0]
 
 
 def _row_1(m: RecvPumpMachine, event: StreamArrived) -> list[Effect]:
@@ -379,13 +381,19 @@ def _row_1(m: RecvPumpMachine, event: StreamArrived) -> list[Effect]:
 
 def _row_2(m: RecvPumpMachine, event: StreamArrived) -> list[Effect]:
     """StreamArrived -> Streaming: StartPump."""
-    return [StartPump(edge_id=event.edge_id)]
+    effect_0: StartPump = blank(StartPump)
+    _set_StartPump_edge_id(effect_0, event.edge_id)
+    return [effect_0]
 
 
 def _row_3(m: RecvPumpMachine, event: EstablishRecv) -> list[Effect]:
     """EstablishRecv -> Streaming: DriverEdgeReady, StartPump."""
     m._ring_id = event.ring_id
-    return [DriverEdgeReady(edge_id=event.edge_id), StartPump(edge_id=event.edge_id)]
+    effect_0: DriverEdgeReady = blank(DriverEdgeReady)
+    _set_DriverEdgeReady_edge_id(effect_0, event.edge_id)
+    effect_1: StartPump = blank(StartPump)
+    _set_StartPump_edge_id(effect_1, event.edge_id)
+    return [effect_0, effect_1]
 
 
 def _row_4(m: RecvPumpMachine, event: RingFull) -> list[Effect]:
@@ -395,63 +403,87 @@ def _row_4(m: RecvPumpMachine, event: RingFull) -> list[Effect]:
 
 def _row_5(m: RecvPumpMachine, event: RingWritable) -> list[Effect]:
     """RingWritable -> Streaming: ResumeReading."""
-    return [ResumeReading(edge_id=m._edge_id)]
+    effect_0: ResumeReading = blank(ResumeReading)
+    _set_ResumeReading_edge_id(effect_0, m._edge_id)
+    return [effect_0]
 
 
 def _row_6(m: RecvPumpMachine, event: StreamEof) -> list[Effect]:
     """StreamEof -> Closed: CloseRingProducer, StreamClosed, PumpStopped."""
-    return [
-        CloseRingProducer(edge_id=m._edge_id),
-        StreamClosed(edge_id=m._edge_id),
-        PumpStopped(edge_id=m._edge_id, ring_id=m._ring_id),
-    ]
+    effect_0: CloseRingProducer = blank(CloseRingProducer)
+    _set_CloseRingProducer_edge_id(effect_0, m._edge_id)
+    effect_1: StreamClosed = blank(StreamClosed)
+    _set_StreamClosed_edge_id(effect_1, m._edge_id)
+    effect_2: PumpStopped = blank(PumpStopped)
+    _set_PumpStopped_edge_id(effect_2, m._edge_id)
+    _set_PumpStopped_ring_id(effect_2, m._ring_id)
+    return [effect_0, effect_1, effect_2]
 
 
 def _row_7(m: RecvPumpMachine, event: StreamArrived) -> list[Effect]:
     """StreamArrived -> Faulted: StopReading, StreamFault, PumpStopped."""
-    return [
-        StopReading(edge_id=event.edge_id),
-        StreamFault(edge_id=event.edge_id, reason=_MEMBER_0),
-        PumpStopped(edge_id=event.edge_id, ring_id=m._ring_id),
-    ]
+    effect_0: StopReading = blank(StopReading)
+    _set_StopReading_edge_id(effect_0, event.edge_id)
+    effect_1: StreamFault = blank(StreamFault)
+    _set_StreamFault_edge_id(effect_1, event.edge_id)
+    _set_StreamFault_reason(effect_1, _MEMBER_0)
+    effect_2: PumpStopped = blank(PumpStopped)
+    _set_PumpStopped_edge_id(effect_2, event.edge_id)
+    _set_PumpStopped_ring_id(effect_2, m._ring_id)
+    return [effect_0, effect_1, effect_2]
 
 
 def _row_8(m: RecvPumpMachine, event: StreamError) -> list[Effect]:
     """StreamError -> Faulted: StreamFault, PumpStopped."""
-    return [
-        StreamFault(edge_id=m._edge_id, reason=event.reason),
-        PumpStopped(edge_id=m._edge_id, ring_id=m._ring_id),
-    ]
+    effect_0: StreamFault = blank(StreamFault)
+    _set_StreamFault_edge_id(effect_0, m._edge_id)
+    _set_StreamFault_reason(effect_0, event.reason)
+    effect_1: PumpStopped = blank(PumpStopped)
+    _set_PumpStopped_edge_id(effect_1, m._edge_id)
+    _set_PumpStopped_ring_id(effect_1, m._ring_id)
+    return [effect_0, effect_1]
 
 
 def _row_9(m: RecvPumpMachine, event: RingFault) -> list[Effect]:
     """RingFault -> Faulted: StopReading, StreamFault, PumpStopped."""
-    return [
-        StopReading(edge_id=m._edge_id),
-        StreamFault(edge_id=m._edge_id, reason=_MEMBER_1),
-        PumpStopped(edge_id=m._edge_id, ring_id=event.ring_id),
-    ]
+    effect_0: StopReading = blank(StopReading)
+    _set_StopReading_edge_id(effect_0, m._edge_id)
+    effect_1: StreamFault = blank(StreamFault)
+    _set_StreamFault_edge_id(effect_1, m._edge_id)
+    _set_StreamFault_reason(effect_1, _MEMBER_1)
+    effect_2: PumpStopped = blank(PumpStopped)
+    _set_PumpStopped_edge_id(effect_2, m._edge_id)
+    _set_PumpStopped_ring_id(effect_2, event.ring_id)
+    return [effect_0, effect_1, effect_2]
 
 
 def _row_10(m: RecvPumpMachine, event: RingFault) -> list[Effect]:
     """RingFault -> Faulted: StreamFault, PumpStopped."""
-    return [
-        StreamFault(edge_id=m._edge_id, reason=_MEMBER_1),
-        PumpStopped(edge_id=m._edge_id, ring_id=event.ring_id),
-    ]
+    effect_0: StreamFault = blank(StreamFault)
+    _set_StreamFault_edge_id(effect_0, m._edge_id)
+    _set_StreamFault_reason(effect_0, _MEMBER_1)
+    effect_1: PumpStopped = blank(PumpStopped)
+    _set_PumpStopped_edge_id(effect_1, m._edge_id)
+    _set_PumpStopped_ring_id(effect_1, event.ring_id)
+    return [effect_0, effect_1]
 
 
 def _row_11(m: RecvPumpMachine, event: StopEdge) -> list[Effect]:
     """StopEdge -> Closed: PumpStopped."""
-    return [PumpStopped(edge_id=event.edge_id, ring_id=m._ring_id)]
+    effect_0: PumpStopped = blank(PumpStopped)
+    _set_PumpStopped_edge_id(effect_0, event.edge_id)
+    _set_PumpStopped_ring_id(effect_0, m._ring_id)
+    return [effect_0]
 
 
 def _row_12(m: RecvPumpMachine, event: StopEdge) -> list[Effect]:
     """StopEdge -> Closed: StopReading, PumpStopped."""
-    return [
-        StopReading(edge_id=event.edge_id),
-        PumpStopped(edge_id=event.edge_id, ring_id=m._ring_id),
-    ]
+    effect_0: StopReading = blank(StopReading)
+    _set_StopReading_edge_id(effect_0, event.edge_id)
+    effect_1: PumpStopped = blank(PumpStopped)
+    _set_PumpStopped_edge_id(effect_1, event.edge_id)
+    _set_PumpStopped_ring_id(effect_1, m._ring_id)
+    return [effect_0, effect_1]
 
 
 def _ignore(m: RecvPumpMachine, event: Any) -> list[Effect]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
-from swactor.fsm.runtime import ProtocolError, slot_setter
+from swactor.fsm.runtime import ProtocolError, blank, slot_setter
 
 __all__ = [
     "RxEdgeMachine",
@@ -444,19 +444,19 @@ _MEMBER_0: Final = wire.RunFaultReason.SequenceViolation
 
 def _row_0(m: RxEdgeMachine, event: EdgeReady) -> list[Effect]:
     """EdgeReady -> Ready: ReportEdgeReady."""
-    return [ReportEdgeReady(edge_id=event.edge_id)]
+    effect_0: ReportEdgeReady = blank(ReportEdgeReady)
+    _set_ReportEdgeReady_edge_id(effect_0, event.edge_id)
+    return [effect_0]
 
 
 def _row_1(m: RxEdgeMachine, event: ObjectLoaded) -> list[Effect]:
     """ObjectLoaded -> ObjectReady: DeliverObject."""
-    return [
-        DeliverObject(
-            edge_id=event.edge_id,
-            object_id=event.object_id,
-            sequence=event.sequence,
-            device_handle=event.device_handle,
-        ),
-    ]
+    effect_0: DeliverObject = blank(DeliverObject)
+    _set_DeliverObject_edge_id(effect_0, event.edge_id)
+    _set_DeliverObject_object_id(effect_0, event.object_id)
+    _set_DeliverObject_sequence(effect_0, event.sequence)
+    _set_DeliverObject_device_handle(effect_0, event.device_handle)
+    return [effect_0]
 
 
 def _row_2(m: RxEdgeMachine, event: ObjectConsumed) -> list[Effect]:
@@ -466,42 +466,59 @@ def _row_2(m: RxEdgeMachine, event: ObjectConsumed) -> list[Effect]:
 
 def _row_3(m: RxEdgeMachine, event: ObjectLoaded) -> list[Effect]:
     """ObjectLoaded -> Faulted: DiscardObject, ReportEdgeFailed."""
-    return [
-        DiscardObject(device_handle=event.device_handle),
-        ReportEdgeFailed(edge_id=event.edge_id, reason=_MEMBER_0),
-    ]
+    effect_0: DiscardObject = blank(DiscardObject)
+    _set_DiscardObject_device_handle(effect_0, event.device_handle)
+    effect_1: ReportEdgeFailed = blank(ReportEdgeFailed)
+    _set_ReportEdgeFailed_edge_id(effect_1, event.edge_id)
+    _set_ReportEdgeFailed_reason(effect_1, _MEMBER_0)
+    return [effect_0, effect_1]
 
 
 def _row_4(m: RxEdgeMachine, event: ObjectLoaded) -> list[Effect]:
     """ObjectLoaded (internal): DiscardObject."""
-    return [DiscardObject(device_handle=event.device_handle)]
+    effect_0: DiscardObject = blank(DiscardObject)
+    _set_DiscardObject_device_handle(effect_0, event.device_handle)
+    return [effect_0]
 
 
 def _row_5(m: RxEdgeMachine, event: EdgeFailed) -> list[Effect]:
     """EdgeFailed -> Faulted: ReportEdgeFailed."""
-    return [ReportEdgeFailed(edge_id=event.edge_id, reason=event.reason)]
+    effect_0: ReportEdgeFailed = blank(ReportEdgeFailed)
+    _set_ReportEdgeFailed_edge_id(effect_0, event.edge_id)
+    _set_ReportEdgeFailed_reason(effect_0, event.reason)
+    return [effect_0]
 
 
 def _row_6(m: RxEdgeMachine, event: ObjectFailed) -> list[Effect]:
     """ObjectFailed -> Faulted: ReportObjectFailed."""
-    return [
-        ReportObjectFailed(edge_id=event.edge_id, object_id=event.object_id, reason=event.reason),
-    ]
+    effect_0: ReportObjectFailed = blank(ReportObjectFailed)
+    _set_ReportObjectFailed_edge_id(effect_0, event.edge_id)
+    _set_ReportObjectFailed_object_id(effect_0, event.object_id)
+    _set_ReportObjectFailed_reason(effect_0, event.reason)
+    return [effect_0]
 
 
 def _row_7(m: RxEdgeMachine, event: StreamFault) -> list[Effect]:
     """StreamFault -> Faulted: ReportStreamFault."""
-    return [ReportStreamFault(edge_id=event.edge_id, reason=event.reason)]
+    effect_0: ReportStreamFault = blank(ReportStreamFault)
+    _set_ReportStreamFault_edge_id(effect_0, event.edge_id)
+    _set_ReportStreamFault_reason(effect_0, event.reason)
+    return [effect_0]
 
 
 def _row_8(m: RxEdgeMachine, event: StopEdge) -> list[Effect]:
     """StopEdge -> Stopping: ForwardStopEdge."""
-    return [ForwardStopEdge(edge_id=event.edge_id)]
+    effect_0: ForwardStopEdge = blank(ForwardStopEdge)
+    _set_ForwardStopEdge_edge_id(effect_0, event.edge_id)
+    return [effect_0]
 
 
 def _row_9(m: RxEdgeMachine, event: EdgeStopped) -> list[Effect]:
     """EdgeStopped -> Stopped: ReportEdgeStopped."""
-    return [ReportEdgeStopped(edge_id=event.edge_id, clean=event.clean)]
+    effect_0: ReportEdgeStopped = blank(ReportEdgeStopped)
+    _set_ReportEdgeStopped_edge_id(effect_0, event.edge_id)
+    _set_ReportEdgeStopped_clean(effect_0, event.clean)
+    return [effect_0]
 
 
 def _ignore(m: RxEdgeMachine, event: Any) -> list[Effect]:

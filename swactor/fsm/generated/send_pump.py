@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
-from swactor.fsm.runtime import ProtocolError, slot_setter
+from swactor.fsm.runtime import ProtocolError, blank, slot_setter
 
 __all__ = [
     "SendPumpMachine",
@@ -407,32 +407,48 @@ _MEMBER_0: Final = wire.StreamFaultReason.PumpFailed
 
 def _row_0(m: SendPumpMachine, event: EstablishSend) -> list[Effect]:
     """EstablishSend (internal): EnsureConnection."""
-    return [EnsureConnection(edge_id=event.edge_id, rx_node_id=event.rx_node_id)]
+    effect_0: EnsureConnection = blank(EnsureConnection)
+    _set_EnsureConnection_edge_id(effect_0, event.edge_id)
+    _set_EnsureConnection_rx_node_id(effect_0, event.rx_node_id)
+    return [effect_0]
 
 
 def _row_1(m: SendPumpMachine, event: ConnectionReady) -> list[Effect]:
     """ConnectionReady -> WaitingForBytes: DriverEdgeReady, CheckRing."""
-    return [DriverEdgeReady(edge_id=m._edge_id), CheckRing(ring_id=m._ring_id)]
+    effect_0: DriverEdgeReady = blank(DriverEdgeReady)
+    _set_DriverEdgeReady_edge_id(effect_0, m._edge_id)
+    effect_1: CheckRing = blank(CheckRing)
+    _set_CheckRing_ring_id(effect_1, m._ring_id)
+    return [effect_0, effect_1]
 
 
 def _row_2(m: SendPumpMachine, event: RingReadable) -> list[Effect]:
     """RingReadable -> OpenStream: OpenUniStream."""
-    return [OpenUniStream(edge_id=m._edge_id)]
+    effect_0: OpenUniStream = blank(OpenUniStream)
+    _set_OpenUniStream_edge_id(effect_0, m._edge_id)
+    return [effect_0]
 
 
 def _row_3(m: SendPumpMachine, event: ProducerClosed) -> list[Effect]:
     """ProducerClosed -> Closed: PumpStopped."""
-    return [PumpStopped(edge_id=m._edge_id, ring_id=m._ring_id)]
+    effect_0: PumpStopped = blank(PumpStopped)
+    _set_PumpStopped_edge_id(effect_0, m._edge_id)
+    _set_PumpStopped_ring_id(effect_0, m._ring_id)
+    return [effect_0]
 
 
 def _row_4(m: SendPumpMachine, event: StreamOpened) -> list[Effect]:
     """StreamOpened -> Streaming: DrainRing."""
-    return [DrainRing(ring_id=m._ring_id)]
+    effect_0: DrainRing = blank(DrainRing)
+    _set_DrainRing_ring_id(effect_0, m._ring_id)
+    return [effect_0]
 
 
 def _row_5(m: SendPumpMachine, event: RingReadable) -> list[Effect]:
     """RingReadable (internal): DrainRing."""
-    return [DrainRing(ring_id=event.ring_id)]
+    effect_0: DrainRing = blank(DrainRing)
+    _set_DrainRing_ring_id(effect_0, event.ring_id)
+    return [effect_0]
 
 
 def _row_6(m: SendPumpMachine, event: WriteBlocked) -> list[Effect]:
@@ -442,54 +458,74 @@ def _row_6(m: SendPumpMachine, event: WriteBlocked) -> list[Effect]:
 
 def _row_7(m: SendPumpMachine, event: WriteProgress) -> list[Effect]:
     """WriteProgress -> Streaming: DrainRing."""
-    return [DrainRing(ring_id=m._ring_id)]
+    effect_0: DrainRing = blank(DrainRing)
+    _set_DrainRing_ring_id(effect_0, m._ring_id)
+    return [effect_0]
 
 
 def _row_8(m: SendPumpMachine, event: ProducerClosed) -> list[Effect]:
     """ProducerClosed -> Closed: FinishStream, StreamClosed, PumpStopped."""
-    return [
-        FinishStream(edge_id=m._edge_id),
-        StreamClosed(edge_id=m._edge_id),
-        PumpStopped(edge_id=m._edge_id, ring_id=m._ring_id),
-    ]
+    effect_0: FinishStream = blank(FinishStream)
+    _set_FinishStream_edge_id(effect_0, m._edge_id)
+    effect_1: StreamClosed = blank(StreamClosed)
+    _set_StreamClosed_edge_id(effect_1, m._edge_id)
+    effect_2: PumpStopped = blank(PumpStopped)
+    _set_PumpStopped_edge_id(effect_2, m._edge_id)
+    _set_PumpStopped_ring_id(effect_2, m._ring_id)
+    return [effect_0, effect_1, effect_2]
 
 
 def _row_9(m: SendPumpMachine, event: TransportFailed) -> list[Effect]:
     """TransportFailed -> Faulted: StreamFault, PumpStopped."""
-    return [
-        StreamFault(edge_id=m._edge_id, reason=event.reason),
-        PumpStopped(edge_id=m._edge_id, ring_id=m._ring_id),
-    ]
+    effect_0: StreamFault = blank(StreamFault)
+    _set_StreamFault_edge_id(effect_0, m._edge_id)
+    _set_StreamFault_reason(effect_0, event.reason)
+    effect_1: PumpStopped = blank(PumpStopped)
+    _set_PumpStopped_edge_id(effect_1, m._edge_id)
+    _set_PumpStopped_ring_id(effect_1, m._ring_id)
+    return [effect_0, effect_1]
 
 
 def _row_10(m: SendPumpMachine, event: RingFault) -> list[Effect]:
     """RingFault -> Faulted: StreamFault, PumpStopped."""
-    return [
-        StreamFault(edge_id=m._edge_id, reason=_MEMBER_0),
-        PumpStopped(edge_id=m._edge_id, ring_id=event.ring_id),
-    ]
+    effect_0: StreamFault = blank(StreamFault)
+    _set_StreamFault_edge_id(effect_0, m._edge_id)
+    _set_StreamFault_reason(effect_0, _MEMBER_0)
+    effect_1: PumpStopped = blank(PumpStopped)
+    _set_PumpStopped_edge_id(effect_1, m._edge_id)
+    _set_PumpStopped_ring_id(effect_1, event.ring_id)
+    return [effect_0, effect_1]
 
 
 def _row_11(m: SendPumpMachine, event: RingFault) -> list[Effect]:
     """RingFault -> Faulted: ResetStream, StreamFault, PumpStopped."""
-    return [
-        ResetStream(edge_id=m._edge_id),
-        StreamFault(edge_id=m._edge_id, reason=_MEMBER_0),
-        PumpStopped(edge_id=m._edge_id, ring_id=event.ring_id),
-    ]
+    effect_0: ResetStream = blank(ResetStream)
+    _set_ResetStream_edge_id(effect_0, m._edge_id)
+    effect_1: StreamFault = blank(StreamFault)
+    _set_StreamFault_edge_id(effect_1, m._edge_id)
+    _set_StreamFault_reason(effect_1, _MEMBER_0)
+    effect_2: PumpStopped = blank(PumpStopped)
+    _set_PumpStopped_edge_id(effect_2, m._edge_id)
+    _set_PumpStopped_ring_id(effect_2, event.ring_id)
+    return [effect_0, effect_1, effect_2]
 
 
 def _row_12(m: SendPumpMachine, event: StopEdge) -> list[Effect]:
     """StopEdge -> Closed: PumpStopped."""
-    return [PumpStopped(edge_id=event.edge_id, ring_id=m._ring_id)]
+    effect_0: PumpStopped = blank(PumpStopped)
+    _set_PumpStopped_edge_id(effect_0, event.edge_id)
+    _set_PumpStopped_ring_id(effect_0, m._ring_id)
+    return [effect_0]
 
 
 def _row_13(m: SendPumpMachine, event: StopEdge) -> list[Effect]:
     """StopEdge -> Closed: ResetStream, PumpStopped."""
-    return [
-        ResetStream(edge_id=event.edge_id),
-        PumpStopped(edge_id=event.edge_id, ring_id=m._ring_id),
-    ]
+    effect_0: ResetStream = blank(ResetStream)
+    _set_ResetStream_edge_id(effect_0, event.edge_id)
+    effect_1: PumpStopped = blank(PumpStopped)
+    _set_PumpStopped_edge_id(effect_1, event.edge_id)
+    _set_PumpStopped_ring_id(effect_1, m._ring_id)
+    return [effect_0, effect_1]
 
 
 def _ignore(m: SendPumpMachine, event: Any) -> list[Effect]:

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
-from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, slot_setter
+from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, blank, slot_setter
 
 __all__ = [
     "StageControllerMachine",
@@ -702,22 +702,29 @@ def _row_0(m: StageControllerMachine, event: ProvisionStage) -> list[Effect]:
     """ProvisionStage [provision_valid] -> Preparing: ConfigureWorkerRole, StartWeightLoad,
     EstablishInboundEdge, EstablishOutboundEdge.
     """
-    return [
-        ConfigureWorkerRole(provision=event.provision),
-        StartWeightLoad(provision=event.provision),
-        EstablishInboundEdge(provision=event.provision),
-        EstablishOutboundEdge(provision=event.provision),
-    ]
+    effect_0: ConfigureWorkerRole = blank(ConfigureWorkerRole)
+    _set_ConfigureWorkerRole_provision(effect_0, event.provision)
+    effect_1: StartWeightLoad = blank(StartWeightLoad)
+    _set_StartWeightLoad_provision(effect_1, event.provision)
+    effect_2: EstablishInboundEdge = blank(EstablishInboundEdge)
+    _set_EstablishInboundEdge_provision(effect_2, event.provision)
+    effect_3: EstablishOutboundEdge = blank(EstablishOutboundEdge)
+    _set_EstablishOutboundEdge_provision(effect_3, event.provision)
+    return [effect_0, effect_1, effect_2, effect_3]
 
 
 def _row_1(m: StageControllerMachine, event: ProvisionStage) -> list[Effect]:
     """ProvisionStage [else] (internal): RejectProvision."""
-    return [RejectProvision(orchestrator=event.orchestrator)]
+    effect_0: RejectProvision = blank(RejectProvision)
+    _set_RejectProvision_orchestrator(effect_0, event.orchestrator)
+    return [effect_0]
 
 
 def _row_2(m: StageControllerMachine, event: ProvisionStage) -> list[Effect]:
     """ProvisionStage (internal): RejectProvision."""
-    return [RejectProvision(orchestrator=event.orchestrator)]
+    effect_0: RejectProvision = blank(RejectProvision)
+    _set_RejectProvision_orchestrator(effect_0, event.orchestrator)
+    return [effect_0]
 
 
 def _row_3(m: StageControllerMachine, event: StopRun) -> list[Effect]:
@@ -762,33 +769,40 @@ def _row_10(m: StageControllerMachine, event: RoleFailed) -> list[Effect]:
 
 def _row_11(m: StageControllerMachine, event: WeightsFailed) -> list[Effect]:
     """WeightsFailed -> Faulted: ReportStageFault."""
-    return [ReportStageFault(reason=event.reason, component=_MEMBER_0)]
+    effect_0: ReportStageFault = blank(ReportStageFault)
+    _set_ReportStageFault_reason(effect_0, event.reason)
+    _set_ReportStageFault_component(effect_0, _MEMBER_0)
+    return [effect_0]
 
 
 def _row_12(m: StageControllerMachine, event: ObjectLoaded) -> list[Effect]:
     """ObjectLoaded [is_next_sequence] -> Executing: ExecuteStep."""
-    return [
-        ExecuteStep(
-            object_id=event.object_id,
-            sequence=event.sequence,
-            device_handle=event.device_handle,
-        ),
-    ]
+    effect_0: ExecuteStep = blank(ExecuteStep)
+    _set_ExecuteStep_object_id(effect_0, event.object_id)
+    _set_ExecuteStep_sequence(effect_0, event.sequence)
+    _set_ExecuteStep_device_handle(effect_0, event.device_handle)
+    return [effect_0]
 
 
 def _row_13(m: StageControllerMachine, event: ObjectLoaded) -> list[Effect]:
     """ObjectLoaded [else] -> Faulted: RejectRunWork, ReportStageFault."""
-    return [RejectRunWork(device_handle=event.device_handle), _EFFECT_3]
+    effect_0: RejectRunWork = blank(RejectRunWork)
+    _set_RejectRunWork_device_handle(effect_0, event.device_handle)
+    return [effect_0, _EFFECT_3]
 
 
 def _row_14(m: StageControllerMachine, event: ObjectLoaded) -> list[Effect]:
     """ObjectLoaded -> Faulted: RejectRunWork, ReportStageFault."""
-    return [RejectRunWork(device_handle=event.device_handle), _EFFECT_3]
+    effect_0: RejectRunWork = blank(RejectRunWork)
+    _set_RejectRunWork_device_handle(effect_0, event.device_handle)
+    return [effect_0, _EFFECT_3]
 
 
 def _row_15(m: StageControllerMachine, event: StepCompleted) -> list[Effect]:
     """StepCompleted -> Ready: ReleaseStepInputs."""
-    return [ReleaseStepInputs(step_id=event.step_id)]
+    effect_0: ReleaseStepInputs = blank(ReleaseStepInputs)
+    _set_ReleaseStepInputs_step_id(effect_0, event.step_id)
+    return [effect_0]
 
 
 def _row_16(m: StageControllerMachine, event: StepFailed) -> list[Effect]:
@@ -798,7 +812,10 @@ def _row_16(m: StageControllerMachine, event: StepFailed) -> list[Effect]:
 
 def _row_17(m: StageControllerMachine, event: EdgeFault) -> list[Effect]:
     """EdgeFault -> Faulted: ReportStageFault."""
-    return [ReportStageFault(reason=event.reason, component=event.component)]
+    effect_0: ReportStageFault = blank(ReportStageFault)
+    _set_ReportStageFault_reason(effect_0, event.reason)
+    _set_ReportStageFault_component(effect_0, event.component)
+    return [effect_0]
 
 
 def _row_18(m: StageControllerMachine, event: WorkerCrashed) -> list[Effect]:
@@ -808,7 +825,9 @@ def _row_18(m: StageControllerMachine, event: WorkerCrashed) -> list[Effect]:
 
 def _row_19(m: StageControllerMachine, event: ObjectLoaded) -> list[Effect]:
     """ObjectLoaded (internal): RejectRunWork."""
-    return [RejectRunWork(device_handle=event.device_handle)]
+    effect_0: RejectRunWork = blank(RejectRunWork)
+    _set_RejectRunWork_device_handle(effect_0, event.device_handle)
+    return [effect_0]
 
 
 def _row_20(m: StageControllerMachine, event: StopRun) -> list[Effect]:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
-from swactor.fsm.runtime import ProtocolError, slot_setter
+from swactor.fsm.runtime import ProtocolError, blank, slot_setter
 
 __all__ = [
     "SwimMemberMachine",
@@ -279,7 +279,9 @@ def _guard_not_older(guards: SwimMemberGuards, event: Any) -> bool:
 def _row_0(m: SwimMemberMachine, event: AliveHeard) -> list[Effect]:
     """AliveHeard [newer] -> Alive: ReportAlive."""
     m._incarnation = event.incarnation
-    return [ReportAlive(incarnation=event.incarnation)]
+    effect_0: ReportAlive = blank(ReportAlive)
+    _set_ReportAlive_incarnation(effect_0, event.incarnation)
+    return [effect_0]
 
 
 def _row_1(m: SwimMemberMachine, event: AliveHeard) -> list[Effect]:
@@ -290,7 +292,9 @@ def _row_1(m: SwimMemberMachine, event: AliveHeard) -> list[Effect]:
 def _row_2(m: SwimMemberMachine, event: SuspectHeard) -> list[Effect]:
     """SuspectHeard [not_older] -> Suspect: ReportSuspect."""
     m._incarnation = event.incarnation
-    return [ReportSuspect(incarnation=event.incarnation)]
+    effect_0: ReportSuspect = blank(ReportSuspect)
+    _set_ReportSuspect_incarnation(effect_0, event.incarnation)
+    return [effect_0]
 
 
 def _row_3(m: SwimMemberMachine, event: SuspectHeard) -> list[Effect]:
@@ -300,13 +304,17 @@ def _row_3(m: SwimMemberMachine, event: SuspectHeard) -> list[Effect]:
 
 def _row_4(m: SwimMemberMachine, event: SuspectHeard) -> list[Effect]:
     """SuspectHeard [not_older] (internal): ConfirmSuspicion."""
-    return [ConfirmSuspicion(incarnation=event.incarnation)]
+    effect_0: ConfirmSuspicion = blank(ConfirmSuspicion)
+    _set_ConfirmSuspicion_incarnation(effect_0, event.incarnation)
+    return [effect_0]
 
 
 def _row_5(m: SwimMemberMachine, event: DeadHeard) -> list[Effect]:
     """DeadHeard [not_older] -> Dead: ReportDead."""
     m._incarnation = event.incarnation
-    return [ReportDead(incarnation=event.incarnation)]
+    effect_0: ReportDead = blank(ReportDead)
+    _set_ReportDead_incarnation(effect_0, event.incarnation)
+    return [effect_0]
 
 
 def _row_6(m: SwimMemberMachine, event: DeadHeard) -> list[Effect]:
@@ -317,7 +325,9 @@ def _row_6(m: SwimMemberMachine, event: DeadHeard) -> list[Effect]:
 def _row_7(m: SwimMemberMachine, event: LeaveHeard) -> list[Effect]:
     """LeaveHeard [not_older] -> Left: ReportLeft."""
     m._incarnation = event.incarnation
-    return [ReportLeft(incarnation=event.incarnation)]
+    effect_0: ReportLeft = blank(ReportLeft)
+    _set_ReportLeft_incarnation(effect_0, event.incarnation)
+    return [effect_0]
 
 
 def _row_8(m: SwimMemberMachine, event: LeaveHeard) -> list[Effect]:
@@ -327,7 +337,9 @@ def _row_8(m: SwimMemberMachine, event: LeaveHeard) -> list[Effect]:
 
 def _row_9(m: SwimMemberMachine, event: SuspicionTimeout) -> list[Effect]:
     """SuspicionTimeout -> Dead: ReportDead."""
-    return [ReportDead(incarnation=m._incarnation)]
+    effect_0: ReportDead = blank(ReportDead)
+    _set_ReportDead_incarnation(effect_0, m._incarnation)
+    return [effect_0]
 
 
 def _row_10(m: SwimMemberMachine, event: Forget) -> list[Effect]:

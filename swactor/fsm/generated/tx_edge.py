@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
-from swactor.fsm.runtime import ProtocolError, slot_setter
+from swactor.fsm.runtime import ProtocolError, blank, slot_setter
 
 __all__ = [
     "TxEdgeMachine",
@@ -413,7 +413,9 @@ def _guard_is_expected_object(guards: TxEdgeGuards, event: Any) -> bool:
 
 def _row_0(m: TxEdgeMachine, event: EdgeReady) -> list[Effect]:
     """EdgeReady -> Ready: ReportEdgeReady."""
-    return [ReportEdgeReady(edge_id=event.edge_id)]
+    effect_0: ReportEdgeReady = blank(ReportEdgeReady)
+    _set_ReportEdgeReady_edge_id(effect_0, event.edge_id)
+    return [effect_0]
 
 
 def _row_1(m: TxEdgeMachine, event: ProduceObject) -> list[Effect]:
@@ -423,39 +425,58 @@ def _row_1(m: TxEdgeMachine, event: ProduceObject) -> list[Effect]:
 
 def _row_2(m: TxEdgeMachine, event: ObjectProduced) -> list[Effect]:
     """ObjectProduced [is_expected_object] -> Ready: ReportObjectProduced."""
-    return [ReportObjectProduced(edge_id=event.edge_id, object_id=event.object_id)]
+    effect_0: ReportObjectProduced = blank(ReportObjectProduced)
+    _set_ReportObjectProduced_edge_id(effect_0, event.edge_id)
+    _set_ReportObjectProduced_object_id(effect_0, event.object_id)
+    return [effect_0]
 
 
 def _row_3(m: TxEdgeMachine, event: ObjectProduced) -> list[Effect]:
     """ObjectProduced [else] -> Faulted: ReportEdgeFailed."""
-    return [ReportEdgeFailed(edge_id=event.edge_id, reason=_MEMBER_0)]
+    effect_0: ReportEdgeFailed = blank(ReportEdgeFailed)
+    _set_ReportEdgeFailed_edge_id(effect_0, event.edge_id)
+    _set_ReportEdgeFailed_reason(effect_0, _MEMBER_0)
+    return [effect_0]
 
 
 def _row_4(m: TxEdgeMachine, event: EdgeFailed) -> list[Effect]:
     """EdgeFailed -> Faulted: ReportEdgeFailed."""
-    return [ReportEdgeFailed(edge_id=event.edge_id, reason=event.reason)]
+    effect_0: ReportEdgeFailed = blank(ReportEdgeFailed)
+    _set_ReportEdgeFailed_edge_id(effect_0, event.edge_id)
+    _set_ReportEdgeFailed_reason(effect_0, event.reason)
+    return [effect_0]
 
 
 def _row_5(m: TxEdgeMachine, event: ObjectFailed) -> list[Effect]:
     """ObjectFailed -> Faulted: ReportObjectFailed."""
-    return [
-        ReportObjectFailed(edge_id=event.edge_id, object_id=event.object_id, reason=event.reason),
-    ]
+    effect_0: ReportObjectFailed = blank(ReportObjectFailed)
+    _set_ReportObjectFailed_edge_id(effect_0, event.edge_id)
+    _set_ReportObjectFailed_object_id(effect_0, event.object_id)
+    _set_ReportObjectFailed_reason(effect_0, event.reason)
+    return [effect_0]
 
 
 def _row_6(m: TxEdgeMachine, event: StreamFault) -> list[Effect]:
     """StreamFault -> Faulted: ReportStreamFault."""
-    return [ReportStreamFault(edge_id=event.edge_id, reason=event.reason)]
+    effect_0: ReportStreamFault = blank(ReportStreamFault)
+    _set_ReportStreamFault_edge_id(effect_0, event.edge_id)
+    _set_ReportStreamFault_reason(effect_0, event.reason)
+    return [effect_0]
 
 
 def _row_7(m: TxEdgeMachine, event: StopEdge) -> list[Effect]:
     """StopEdge -> Stopping: ForwardStopEdge."""
-    return [ForwardStopEdge(edge_id=event.edge_id)]
+    effect_0: ForwardStopEdge = blank(ForwardStopEdge)
+    _set_ForwardStopEdge_edge_id(effect_0, event.edge_id)
+    return [effect_0]
 
 
 def _row_8(m: TxEdgeMachine, event: EdgeStopped) -> list[Effect]:
     """EdgeStopped -> Stopped: ReportEdgeStopped."""
-    return [ReportEdgeStopped(edge_id=event.edge_id, clean=event.clean)]
+    effect_0: ReportEdgeStopped = blank(ReportEdgeStopped)
+    _set_ReportEdgeStopped_edge_id(effect_0, event.edge_id)
+    _set_ReportEdgeStopped_clean(effect_0, event.clean)
+    return [effect_0]
 
 
 def _ignore(m: TxEdgeMachine, event: Any) -> list[Effect]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
-from swactor.fsm.runtime import ProtocolError, ProtocolViolation, slot_setter
+from swactor.fsm.runtime import ProtocolError, ProtocolViolation, blank, slot_setter
 
 __all__ = [
     "WorkerProcessMachine",
@@ -649,94 +649,122 @@ _EFFECT_3: Final = EmitWorkerFatal(reason=wire.WorkerFatalReason.UnhandledExcept
 
 def _row_0(m: WorkerProcessMachine, event: InitializeWorker) -> list[Effect]:
     """InitializeWorker -> Initializing: InitializeRuntime."""
-    return [
-        InitializeRuntime(
-            worker_generation=event.worker_generation,
-            arena_ceiling=event.arena_ceiling,
-            required_ring_helper_abi=event.required_ring_helper_abi,
-        ),
-    ]
+    effect_0: InitializeRuntime = blank(InitializeRuntime)
+    _set_InitializeRuntime_worker_generation(effect_0, event.worker_generation)
+    _set_InitializeRuntime_arena_ceiling(effect_0, event.arena_ceiling)
+    _set_InitializeRuntime_required_ring_helper_abi(effect_0, event.required_ring_helper_abi)
+    return [effect_0]
 
 
 def _row_1(m: WorkerProcessMachine, event: RuntimeInitialized) -> list[Effect]:
     """RuntimeInitialized -> Running: EmitWorkerReady."""
-    return [
-        EmitWorkerReady(
-            pid=event.pid,
-            worker_generation=event.worker_generation,
-            ring_helper_abi=event.ring_helper_abi,
-        ),
-    ]
+    effect_0: EmitWorkerReady = blank(EmitWorkerReady)
+    _set_EmitWorkerReady_pid(effect_0, event.pid)
+    _set_EmitWorkerReady_worker_generation(effect_0, event.worker_generation)
+    _set_EmitWorkerReady_ring_helper_abi(effect_0, event.ring_helper_abi)
+    return [effect_0]
 
 
 def _row_2(m: WorkerProcessMachine, event: InitFailed) -> list[Effect]:
     """InitFailed -> Fatal: EmitWorkerFatal, ExitProcess."""
-    return [EmitWorkerFatal(reason=event.reason), _EFFECT_0]
+    effect_0: EmitWorkerFatal = blank(EmitWorkerFatal)
+    _set_EmitWorkerFatal_reason(effect_0, event.reason)
+    return [effect_0, _EFFECT_0]
 
 
 def _row_3(m: WorkerProcessMachine, event: InstallRing) -> list[Effect]:
     """InstallRing (internal): CreateRingMachine."""
-    return [CreateRingMachine(command=event.command)]
+    effect_0: CreateRingMachine = blank(CreateRingMachine)
+    _set_CreateRingMachine_command(effect_0, event.command)
+    return [effect_0]
 
 
 def _row_4(m: WorkerProcessMachine, event: ConfigureRole) -> list[Effect]:
     """ConfigureRole (internal): ApplyRoleConfig."""
-    return [ApplyRoleConfig(command=event.command)]
+    effect_0: ApplyRoleConfig = blank(ApplyRoleConfig)
+    _set_ApplyRoleConfig_command(effect_0, event.command)
+    return [effect_0]
 
 
 def _row_5(m: WorkerProcessMachine, event: ExecuteStep) -> list[Effect]:
     """ExecuteStep (internal): StartStep."""
-    return [StartStep(command=event.command)]
+    effect_0: StartStep = blank(StartStep)
+    _set_StartStep_command(effect_0, event.command)
+    return [effect_0]
 
 
 def _row_6(m: WorkerProcessMachine, event: UninstallRing) -> list[Effect]:
     """UninstallRing (internal): ForwardUninstall."""
-    return [ForwardUninstall(ring_id=event.ring_id, reason=event.reason)]
+    effect_0: ForwardUninstall = blank(ForwardUninstall)
+    _set_ForwardUninstall_ring_id(effect_0, event.ring_id)
+    _set_ForwardUninstall_reason(effect_0, event.reason)
+    return [effect_0]
 
 
 def _row_7(m: WorkerProcessMachine, event: RingReadable) -> list[Effect]:
     """RingReadable (internal): AdvanceRing."""
-    return [AdvanceRing(ring_id=event.ring_id)]
+    effect_0: AdvanceRing = blank(AdvanceRing)
+    _set_AdvanceRing_ring_id(effect_0, event.ring_id)
+    return [effect_0]
 
 
 def _row_8(m: WorkerProcessMachine, event: RingWritable) -> list[Effect]:
     """RingWritable (internal): AdvanceRing."""
-    return [AdvanceRing(ring_id=event.ring_id)]
+    effect_0: AdvanceRing = blank(AdvanceRing)
+    _set_AdvanceRing_ring_id(effect_0, event.ring_id)
+    return [effect_0]
 
 
 def _row_9(m: WorkerProcessMachine, event: ReleaseDeviceObject) -> list[Effect]:
     """ReleaseDeviceObject (internal): ReleaseWhenSafe."""
-    return [ReleaseWhenSafe(device_handle=event.device_handle)]
+    effect_0: ReleaseWhenSafe = blank(ReleaseWhenSafe)
+    _set_ReleaseWhenSafe_device_handle(effect_0, event.device_handle)
+    return [effect_0]
 
 
 def _row_10(m: WorkerProcessMachine, event: ShutdownWorker) -> list[Effect]:
     """ShutdownWorker -> Draining: BeginDrain."""
-    return [BeginDrain(mode=event.mode)]
+    effect_0: BeginDrain = blank(BeginDrain)
+    _set_BeginDrain_mode(effect_0, event.mode)
+    return [effect_0]
 
 
 def _row_11(m: WorkerProcessMachine, event: ShutdownWorker) -> list[Effect]:
     """ShutdownWorker (internal): BeginDrain."""
-    return [BeginDrain(mode=event.mode)]
+    effect_0: BeginDrain = blank(BeginDrain)
+    _set_BeginDrain_mode(effect_0, event.mode)
+    return [effect_0]
 
 
 def _row_12(m: WorkerProcessMachine, event: InstallRing) -> list[Effect]:
     """InstallRing (internal): RejectInstall."""
-    return [RejectInstall(command=event.command, reason=_MEMBER_0)]
+    effect_0: RejectInstall = blank(RejectInstall)
+    _set_RejectInstall_command(effect_0, event.command)
+    _set_RejectInstall_reason(effect_0, _MEMBER_0)
+    return [effect_0]
 
 
 def _row_13(m: WorkerProcessMachine, event: ExecuteStep) -> list[Effect]:
     """ExecuteStep (internal): RejectStep."""
-    return [RejectStep(command=event.command, reason=_MEMBER_1)]
+    effect_0: RejectStep = blank(RejectStep)
+    _set_RejectStep_command(effect_0, event.command)
+    _set_RejectStep_reason(effect_0, _MEMBER_1)
+    return [effect_0]
 
 
 def _row_14(m: WorkerProcessMachine, event: ConfigureRole) -> list[Effect]:
     """ConfigureRole (internal): RejectRoleConfig."""
-    return [RejectRoleConfig(command=event.command, reason=_MEMBER_2)]
+    effect_0: RejectRoleConfig = blank(RejectRoleConfig)
+    _set_RejectRoleConfig_command(effect_0, event.command)
+    _set_RejectRoleConfig_reason(effect_0, _MEMBER_2)
+    return [effect_0]
 
 
 def _row_15(m: WorkerProcessMachine, event: DrainComplete) -> list[Effect]:
     """DrainComplete -> Exited: EmitWorkerStopped, ExitProcess."""
-    return [EmitWorkerStopped(reason=event.reason), _EFFECT_1]
+    effect_0: EmitWorkerStopped = blank(EmitWorkerStopped)
+    _set_EmitWorkerStopped_reason(effect_0, event.reason)
+    return [effect_0, _EFFECT_1]
 
 
 def _row_16(m: WorkerProcessMachine, event: MalformedCommand) -> list[Effect]:
