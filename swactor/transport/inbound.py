@@ -34,9 +34,15 @@ class InboundStream:
         self.chunks: deque[memoryview] = deque()
         self.buffered = 0
         self.eof = False
+        self.discarding = False
         self.changed = asyncio.Event()
 
     def feed(self, data: bytes | memoryview, end: bool) -> None:
+        if self.discarding:
+            # Stopped: nobody will read these bytes, but the connection-wide credit they
+            # took must come back, or every stopped edge would shrink MAX_DATA for good.
+            self.link.consume(self.stream_id, len(data))
+            return
         if data:
             self.chunks.append(memoryview(data))
             self.buffered += len(data)
@@ -62,8 +68,12 @@ class InboundStream:
         return done
 
     def stop(self) -> None:
-        """Stop reading: STOP_SENDING to the peer, drop what is buffered."""
+        """Stop reading: STOP_SENDING to the peer; drop (and credit back) what is buffered
+        and whatever still arrives."""
         self.link.stop_stream(self.stream_id)
+        if self.buffered:
+            self.link.consume(self.stream_id, self.buffered)
         self.chunks.clear()
         self.buffered = 0
+        self.discarding = True
         self.changed.set()

@@ -22,6 +22,7 @@ from swactor.transport.messages import (
     StreamFault,
 )
 from swactor.wire import EdgeId, EdgePreamble, RingFaultReason, StreamFaultReason
+from swactor.wire.objects import PREAMBLE_LEN
 from tests.transport.harness import Consumer, Node, make_node, make_pair, payload_chunks, produce
 
 FAST = TransportConfig(
@@ -290,3 +291,29 @@ async def test_unreachable_consumer_is_a_handshake_fault() -> None:
         assert DriverEdgeReady(1) not in a.events
     finally:
         await a.close()
+
+
+async def test_stopped_edge_gives_its_connection_credit_back() -> None:
+    """A stream stopped while holding a full window must return that connection-wide
+    credit: otherwise each stopped edge shrinks MAX_DATA for the edges that follow."""
+    a, b = await make_pair(FAST)
+    try:
+        b.driver.expect_recv([31])
+        tx_id, tx_layout, tx = a.new_ring(1 << 20)
+        a.driver.handle(EstablishSend(31, b.identity.node_id, tx_id, tx_layout))
+        producer = asyncio.create_task(produce(a, tx, tx_id, payload_chunks(1 << 20, 31)))
+        async with asyncio.timeout(10):  # the stream waits unread in pending_streams
+            while b.driver.pending_streams.get(31) is None or (
+                b.driver.pending_streams[31].buffered < FAST.stream_window - PREAMBLE_LEN
+            ):
+                await asyncio.sleep(0.01)
+        link = b.driver.pending_streams[31].link
+        assert link.quic.received_unconsumed() == FAST.stream_window - PREAMBLE_LEN
+        b.driver.handle(StopEdge(31))
+        async with asyncio.timeout(10):
+            while link.quic.received_unconsumed() != 0:
+                await asyncio.sleep(0.01)
+        producer.cancel()
+    finally:
+        await a.close()
+        await b.close()
