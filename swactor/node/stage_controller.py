@@ -1,0 +1,763 @@
+"""The node's StageController actor: the generated stage_controller machine bound to `StagePorts`.
+
+Theory of operation. `StageController` is an actor (`swactor.actors`) that owns one
+`StageControllerMachine` (spec §14, §15, §36, §38) for one provisioning of this node,
+plus the bookkeeping its guards read. One controller lives for one run: the node's
+`StageHost` (`stage_host.py`) spawns a fresh controller for each accepted run and
+forgets it once it reports StageStopped, so no per-run state can leak into the next run.
+
+Mail is the machine's events (ProvisionStage and StopRun from the control channel,
+WeightsReady/WeightsFailed from the weight loader, EdgeFault/EdgeStopped from the edge
+actors, StoppingTimeout from its own timer) plus what other node actors send as they
+are: GpuWorkerCtl's §30 worker events (`wire.ObjectLoaded`, `wire.ObjectProduced`,
+`wire.ObjectFailed`, `wire.RoleConfigured`, `wire.RoleFailed`, `wire.StepCompleted`,
+`wire.StepFailed`, `wire.DeviceObjectReleased`, `wire.ReleaseFailed`) and its
+`WorkerCrashed` notice, the edge actors' `EdgeEstablished(edge_id, ring_id)` and the
+loader's `WeightsFetched` progress. For every message the binding
+
+1. translates it into the machine event it stands for, keeping what the machine does
+   not carry (the input's extent and ring, the outbound ring id): worker mail for
+   another role, edge or step than this stage's is logged and dropped, and an
+   ObjectFailed on one of this stage's edges becomes EdgeFault with its §36 reason;
+2. updates its bookkeeping so the guards are plain reads: `provision_valid` (the sender
+   is the trusted orchestrator, the run is the node's active run and not one it already
+   ran, and the last stage's tokens go back to that orchestrator), `setup_complete`
+   (role configured, weights ready, both edges ready), `is_next_sequence` (the inbound
+   edge, and the sequence a Contiguous `SequenceGate` admits: 0, then previous + 1),
+   `teardown_pending` / `teardown_clean` (both edges stopped, no requested device
+   release unanswered / no edge stopped unclean, no release or port failed);
+3. calls `machine.handle(event)` and carries out the effects in order. The four setup
+   effects of Preparing start port tasks (they may take long: a download), so the actor
+   stays responsive to StopRun; the others are awaited inline and must only queue a
+   command. ExecuteStep builds the §29 command: a fresh step id, the input bound to the
+   role's input port, one output on the outbound ring with the *same* sequence, object
+   id `sequence + 1` on the outbound edge, and an extent derived from the input's (token
+   rows in, rows of `hidden * width` out; one token id out of the last stage), inputs
+   released by the controller (ReleaseStepInputs), never by the worker. The device
+   handles this stage holds are tracked; ReleaseRunObjects releases those still held;
+   a worker crash drops its generation's handles (they died with the process).
+
+A port that raises is turned into the event its outcome would have been (module doc of
+`stage_ports`), posted to the actor's own mailbox, never fed re-entrantly. Events the
+machine refuses in its state (`unhandled: raise`) come from other actors, so they are
+logged and listed in `StageOutcome.rejected_events`, never allowed to crash the stage.
+
+Lifecycle events (spec §40) go through `ports.emit`, in this order for a clean run:
+weights_download_started, edge_provision_started (inbound, outbound), then as they come
+weights_downloaded, edge_ready (per edge), weights_loaded (weights ready and role
+configured), stage_ready; per step object_loaded, execute_step_started,
+object_produced, step_completed; stage_stopped. Faults are reported to the orchestrator
+(StageFault with reason and component), which emits run_faulted.
+
+Once the machine is Stopped the `finished` future resolves with the `StageOutcome` and
+the actor stops itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from swactor import wire
+from swactor.actors import Actor, Context
+from swactor.events.schema import (
+    EdgeProvisionStarted,
+    EdgeReady,
+    ExecuteStepStarted,
+    ObjectLoaded,
+    ObjectProduced,
+    StageReady,
+    StageStopped,
+    StepCompleted,
+    WeightsDownloaded,
+    WeightsDownloadStarted,
+    WeightsLoaded,
+)
+from swactor.fsm.generated import orchestrator_run as orun
+from swactor.fsm.generated import stage_controller as scm
+from swactor.fsm.runtime import ProtocolError
+from swactor.node.stage_ports import (
+    EdgeEstablished,
+    StageFaultRecord,
+    StageOutcome,
+    StagePortError,
+    StagePorts,
+    StageReport,
+    WeightsFetched,
+)
+from swactor.node.worker_ctl import WorkerCrashed as WorkerCrashedNotice
+from swactor.wire import (
+    Component,
+    DeviceObjectHandle,
+    EdgeId,
+    EdgeKind,
+    InputBinding,
+    NodeId,
+    ObjectFailure,
+    ObjectId,
+    OutputBinding,
+    ProvisionStage,
+    ReleaseFailure,
+    RingId,
+    RoleFailure,
+    RunFaultReason,
+    RunId,
+    Sequence,
+    SequenceGate,
+    SequencePolicy,
+    StageIndex,
+    StepFailure,
+    StepId,
+)
+
+log = logging.getLogger("swactor.node.stage_controller")
+
+DEFAULT_STOPPING_GRACE_S = 30.0
+
+WorkerMail = (
+    wire.ObjectLoaded
+    | wire.ObjectProduced
+    | wire.ObjectFailed
+    | wire.RoleConfigured
+    | wire.RoleFailed
+    | wire.StepCompleted
+    | wire.StepFailed
+    | wire.DeviceObjectReleased
+    | wire.ReleaseFailed
+    | WorkerCrashedNotice
+)
+StageMail = scm.Event | WorkerMail | EdgeEstablished | WeightsFetched
+"""Everything a StageController takes (module doc)."""
+
+OBJECT_FAULTS: dict[ObjectFailure, RunFaultReason] = {
+    ObjectFailure.HeaderMalformed: RunFaultReason.ObjectHeaderMalformed,
+    ObjectFailure.UnsupportedObjectVersion: RunFaultReason.ObjectHeaderMalformed,
+    ObjectFailure.ExtentExceedsMax: RunFaultReason.ObjectHeaderMalformed,
+    ObjectFailure.ExtentAlignmentInvalid: RunFaultReason.ObjectHeaderMalformed,
+    ObjectFailure.SequenceViolation: RunFaultReason.SequenceViolation,
+    ObjectFailure.DeviceAllocationFailed: RunFaultReason.DeviceOutOfMemory,
+    ObjectFailure.DeviceCopyFailed: RunFaultReason.DeviceCopyFailed,
+    ObjectFailure.EofMidObject: RunFaultReason.EofMidObject,
+}
+"""The §36 run-level reason of each §37 object failure on one of the stage's edges."""
+
+WEIGHT_REASONS = frozenset({
+    RunFaultReason.WeightDownloadFailed,
+    RunFaultReason.WeightLoadFailed,
+    RunFaultReason.WeightBindFailed,
+})
+_WORKER_GONE = frozenset({RunFaultReason.WorkerCrashed, RunFaultReason.WorkerFatal})
+
+
+@dataclass(frozen=True, slots=True)
+class StageControllerConfig:
+    """Who this node is, whom it trusts, and which runs it may accept."""
+
+    node_id: NodeId
+    orchestrator: NodeId
+    """The trusted orchestrator node id (spec §4): the only valid provisioning sender."""
+    active_run: RunId | None = None
+    """The run this node was told to serve; None accepts any run not in `retired_runs`."""
+    retired_runs: frozenset[RunId] = frozenset()
+    """Runs this node already served: provisioning them again is rejected."""
+    stopping_grace_s: float = DEFAULT_STOPPING_GRACE_S
+
+
+@dataclass(frozen=True, slots=True)
+class _Input:
+    """What the worker said about one loaded inbound object (the machine keeps less)."""
+
+    ring_id: RingId
+    extent: int
+
+
+@dataclass(slots=True)
+class _Step:
+    step_id: StepId
+    sequence: Sequence
+    object_id: ObjectId
+    inputs: tuple[DeviceObjectHandle, ...]
+
+
+@dataclass(slots=True)
+class _Teardown:
+    """Bookkeeping of Stopping: which edges stopped, how cleanly, failed releases."""
+
+    edges_stopped: set[EdgeId] = field(default_factory=set)
+    unclean: list[str] = field(default_factory=list)
+
+
+class StageController(Actor[StageMail]):
+    """One stage of one run: the stage_controller machine, its guards and effects."""
+
+    def __init__(
+        self,
+        config: StageControllerConfig,
+        ports: StagePorts,
+        finished: asyncio.Future[StageOutcome],
+    ) -> None:
+        self.config = config
+        self.ports = ports
+        self.outcome = StageOutcome()
+        self.machine = scm.StageControllerMachine(self, stopping_grace_s=config.stopping_grace_s)
+        self._finished = finished
+        self._provision: ProvisionStage | None = None
+        self._claim: ProvisionStage | None = None
+        self._current: scm.Event | None = None
+        self._role_ok = False
+        self._weights_ok = False
+        self._weights_fetched = False
+        self._weights_loaded_emitted = False
+        self._edges_ready: set[EdgeId] = set()
+        self._rings: dict[EdgeId, RingId] = {}
+        self._inputs: dict[DeviceObjectHandle, _Input] = {}
+        self._held: set[DeviceObjectHandle] = set()
+        self._releasing: set[DeviceObjectHandle] = set()
+        self._gate = SequenceGate(SequencePolicy.Contiguous)
+        self._next_step = 1
+        self._step: _Step | None = None
+        self._teardown = _Teardown()
+
+    # -- actor -------------------------------------------------------------------------
+
+    async def receive(self, ctx: Context[StageMail], message: StageMail) -> None:
+        event = self._translate(message)
+        if event is None:
+            return
+        self._note(event)
+        self._current = event
+        try:
+            effects = self.machine.handle(event)
+        except ProtocolError as error:
+            log.warning("stage %s: %s", self._name, error)
+            self.outcome.rejected_events.append(f"{error.state}: {error.event}")
+            return
+        for effect in effects:
+            if ctx.timers.apply(effect, scm.TIMER_EVENTS):
+                continue
+            await self._carry_out(ctx, effect)
+        if self.machine.state is scm.State.Stopped:
+            self._finish(ctx)
+
+    async def stopped(self, ctx: Context[StageMail]) -> None:
+        if not self._finished.done():
+            self._finished.set_exception(RuntimeError(
+                f"stage {self._name}: actor stopped in state {self.machine.state.name}"
+            ))
+            self._finished.exception()  # reported to whoever awaits; not logged if nobody does
+
+    @property
+    def _name(self) -> str:
+        claim = self._provision or self._claim
+        if claim is None:
+            return "(unprovisioned)"
+        return f"run {int(claim.run_id)} stage {int(claim.stage_index)}"
+
+    # -- translation ---------------------------------------------------------------------
+
+    def _translate(self, message: StageMail) -> scm.Event | None:
+        """The machine event `message` stands for; None when it is not for this stage."""
+        if isinstance(message, EdgeEstablished):
+            return self._edge_established(message.edge_id, message.ring_id)
+        if isinstance(message, WeightsFetched):
+            if self.machine.state is scm.State.Preparing:
+                self._emit_downloaded()
+            return None
+        if isinstance(message, WorkerCrashedNotice):
+            if self._provision is None:
+                return self._drop(message, "before provisioning")
+            return scm.WorkerCrashed(message.generation)
+        if isinstance(message, scm.StopRun) and not self._for_this_run(message.run_id):
+            return self._drop(message, f"StopRun for run {int(message.run_id)}")
+        if isinstance(message, scm.Event):
+            return message
+        return self._worker_event(message)
+
+    def _worker_event(self, message: WorkerMail) -> scm.Event | None:
+        provision = self._provision
+        if provision is None:
+            return self._drop(message, "before provisioning")
+        role = provision.runtime.role_id
+        match message:
+            case wire.ObjectLoaded() if message.edge_id == provision.inbound.edge_id:
+                return self._object_loaded(message)
+            case wire.ObjectProduced() if message.edge_id == provision.outbound.edge_id:
+                self._object_produced(message)
+                return None
+            case wire.ObjectFailed(edge_id=edge, reason=reason) if edge in self._edges:
+                component = (Component.IngressParser if edge == provision.inbound.edge_id
+                             else Component.EgressProducer)
+                return scm.EdgeFault(edge, OBJECT_FAULTS[reason], component)
+            case wire.RoleConfigured(role_id=r) if r == role:
+                return scm.RoleConfigured(r)
+            case wire.RoleFailed(role_id=r, reason=reason) if r == role:
+                log.warning("stage %s: role %d failed: %s", self._name, int(r), reason.value)
+                return scm.RoleFailed(r, reason)
+            case wire.StepCompleted(role_id=r, step_id=s) if r == role and self._is_step(s):
+                return scm.StepCompleted(r, s)
+            case wire.StepFailed(role_id=r, step_id=s, reason=reason) if (
+                r == role and self._is_step(s)
+            ):
+                log.warning("stage %s: step %d failed: %s", self._name, int(s), reason.value)
+                return scm.StepFailed(r, s, reason)
+            case wire.DeviceObjectReleased(device_handle=handle) if handle in self._held:
+                return scm.DeviceObjectReleased(handle)
+            case wire.ReleaseFailed(device_handle=handle, reason=reason) if handle in self._held:
+                return scm.ReleaseFailed(handle, reason)
+        return self._drop(message, "not for this stage")
+
+    def _drop(self, message: object, why: str) -> scm.Event | None:
+        """Log mail that is not for this stage; always None (`return self._drop(...)`)."""
+        log.info("stage %s: dropped %s (%s)", self._name, type(message).__name__, why)
+        return None
+
+    def _for_this_run(self, run: RunId) -> bool:
+        claim = self._provision or self._claim
+        return claim is None or claim.run_id == run
+
+    def _is_step(self, step: StepId) -> bool:
+        return self._step is not None and self._step.step_id == step
+
+    @property
+    def _edges(self) -> tuple[EdgeId, ...]:
+        provision = self._provision
+        if provision is None:
+            return ()
+        return (provision.inbound.edge_id, provision.outbound.edge_id)
+
+    def _edge_established(self, edge: EdgeId, ring: RingId) -> scm.Event | None:
+        provision = self._provision
+        if provision is None or edge not in self._edges:
+            return self._drop(EdgeEstablished(edge, ring), f"edge {int(edge)} is not ours")
+        if edge not in self._rings:
+            self._rings[edge] = ring
+            self.ports.emit(EdgeReady(
+                node_id=self.config.node_id, run_id=provision.run_id, edge_id=edge,
+                ring_id=ring,
+            ))
+        return scm.EdgeReady(edge)
+
+    def _object_loaded(self, message: wire.ObjectLoaded) -> scm.Event:
+        provision = self._provision
+        assert provision is not None
+        handle = message.device_handle
+        self._held.add(handle)
+        self._inputs[handle] = _Input(message.ring_id, message.extent)
+        self.ports.emit(ObjectLoaded(
+            node_id=self.config.node_id, run_id=provision.run_id,
+            stage_index=provision.stage_index, edge_id=message.edge_id,
+            ring_id=message.ring_id, object_id=message.object_id, sequence=message.sequence,
+            worker_generation=handle.worker_generation, detail={"extent": message.extent},
+        ))
+        return scm.ObjectLoaded(message.edge_id, message.object_id, message.sequence, handle)
+
+    def _object_produced(self, message: wire.ObjectProduced) -> None:
+        provision, step = self._provision, self._step
+        if provision is None or step is None or message.sequence != step.sequence:
+            self._drop(message, "no step in flight for its sequence")
+            return
+        self.ports.emit(ObjectProduced(
+            node_id=self.config.node_id, run_id=provision.run_id,
+            stage_index=provision.stage_index, edge_id=message.edge_id,
+            ring_id=message.ring_id, object_id=message.object_id, sequence=message.sequence,
+            step_id=step.step_id, worker_generation=self.ports.worker_generation(),
+            detail={"extent": message.extent},
+        ))
+
+    # -- bookkeeping ---------------------------------------------------------------------
+
+    def _note(self, event: scm.Event) -> None:
+        match event:
+            case scm.ProvisionStage(provision=provision) if self._claim is None:
+                self._claim = provision
+            case scm.RoleConfigured():
+                self._role_ok = True
+                self._maybe_weights_loaded()
+            case scm.WeightsReady():
+                if self.machine.state is scm.State.Preparing:
+                    self._emit_downloaded()
+                self._weights_ok = True
+                self._maybe_weights_loaded()
+            case scm.EdgeReady(edge_id=edge) if edge in self._edges:
+                self._edges_ready.add(edge)
+            case scm.EdgeStopped(edge_id=edge, clean=clean):
+                self._teardown.edges_stopped.add(edge)
+                if not clean:
+                    self._teardown.unclean.append(f"edge {int(edge)} stopped unclean")
+            case scm.DeviceObjectReleased(device_handle=handle):
+                self._held.discard(handle)
+                self._releasing.discard(handle)
+                self._inputs.pop(handle, None)
+            case scm.ReleaseFailed(device_handle=handle, reason=reason):
+                self._releasing.discard(handle)  # still held: teardown retries it
+                if self.machine.state is scm.State.Stopping:
+                    self._teardown.unclean.append(f"release failed: {reason.value}")
+            case scm.WorkerCrashed(worker_generation=generation):
+                dead = {h for h in self._held if h.worker_generation == generation}
+                self._held -= dead
+                self._releasing -= dead
+            case _:
+                pass
+
+    def _maybe_weights_loaded(self) -> None:
+        provision = self._provision
+        if (provision is None or self._weights_loaded_emitted or not self._role_ok
+                or not self._weights_ok or self.machine.state is not scm.State.Preparing):
+            return
+        self._weights_loaded_emitted = True
+        self.ports.emit(WeightsLoaded(
+            node_id=self.config.node_id, run_id=provision.run_id,
+            stage_index=provision.stage_index,
+            worker_generation=self.ports.worker_generation(),
+        ))
+
+    def _emit_downloaded(self) -> None:
+        provision = self._provision
+        if provision is None or self._weights_fetched:
+            return
+        self._weights_fetched = True
+        self.ports.emit(WeightsDownloaded(
+            node_id=self.config.node_id, run_id=provision.run_id,
+            stage_index=provision.stage_index,
+        ))
+
+    # -- guards (StageControllerGuards) --------------------------------------------------
+
+    def provision_valid(self, event: scm.ProvisionStage) -> bool:
+        problem = provision_problem(self.config, event.orchestrator, event.provision)
+        if problem is not None:
+            self.outcome.rejected_provisions.append(problem)
+            log.warning("stage: ProvisionStage rejected: %s", problem)
+        return problem is None
+
+    def setup_complete(
+        self, event: scm.RoleConfigured | scm.WeightsReady | scm.EdgeReady
+    ) -> bool:
+        return (self._role_ok and self._weights_ok
+                and self._edges_ready.issuperset(self._edges))
+
+    def is_next_sequence(self, event: scm.ObjectLoaded) -> bool:
+        provision = self._provision
+        return (provision is not None and event.edge_id == provision.inbound.edge_id
+                and self._gate.admits(event.sequence))
+
+    def teardown_pending(
+        self, event: scm.EdgeStopped | scm.DeviceObjectReleased | scm.ReleaseFailed
+    ) -> bool:
+        return (not self._teardown.edges_stopped.issuperset(self._edges)
+                or bool(self._releasing))
+
+    def teardown_clean(self, event: scm.EdgeStopped | scm.DeviceObjectReleased) -> bool:
+        return not self._teardown.unclean
+
+    # -- effects -------------------------------------------------------------------------
+
+    async def _carry_out(self, ctx: Context[StageMail], effect: scm.Effect) -> None:
+        match effect:
+            case scm.RejectProvision(orchestrator=sender):
+                await self._reject(sender)
+            case scm.ConfigureWorkerRole(provision=provision):
+                self._accept(provision)
+                role = provision.runtime.role_id
+                self._start(ctx, self.ports.configure_role(provision),
+                            lambda e: scm.RoleFailed(role, _role_failure(e)))
+            case scm.StartWeightLoad(provision=provision):
+                self.ports.emit(WeightsDownloadStarted(
+                    node_id=self.config.node_id, run_id=provision.run_id,
+                    stage_index=provision.stage_index,
+                ))
+                self._start(ctx, self.ports.load_weights(provision),
+                            lambda e: scm.WeightsFailed(_weights_reason(e)))
+            case scm.EstablishInboundEdge(provision=provision):
+                self._establish(ctx, provision.inbound.edge_id,
+                                self.ports.establish_inbound(provision))
+            case scm.EstablishOutboundEdge(provision=provision):
+                self._establish(ctx, provision.outbound.edge_id,
+                                self.ports.establish_outbound(provision))
+            case scm.ReportStageReady():
+                self._stage_ready()
+                await self._report(orun.StageReady(self._stage_index))
+            case scm.ExecuteStep(object_id=object_id, sequence=sequence, device_handle=handle):
+                await self._execute(ctx, object_id, sequence, handle)
+            case scm.ReleaseStepInputs(step_id=step_id):
+                await self._step_completed(ctx, step_id)
+            case scm.RejectRunWork(device_handle=handle):
+                await self._release(ctx, handle)
+            case scm.ReportStageFault(reason=reason, component=component):
+                if self.outcome.fault is None:
+                    self.outcome.fault = StageFaultRecord(reason, component)
+                await self._report(orun.StageFault(self._stage_index, reason, component))
+            case scm.StopEdges():
+                await self._stop_edges(ctx)
+            case scm.ReleaseRunObjects():
+                for handle in sorted(self._held - self._releasing, key=_handle_key):
+                    await self._release(ctx, handle)
+            case scm.ResetRole():
+                await self._reset_role()
+            case scm.ReportStageStopped(clean=clean):
+                await self._stage_stopped(clean)
+
+    @property
+    def _stage_index(self) -> StageIndex:
+        claim = self._provision or self._claim
+        assert claim is not None, "a report names a stage only after a ProvisionStage"
+        return claim.stage_index
+
+    def _accept(self, provision: ProvisionStage) -> None:
+        self._provision = provision
+        self.outcome.run_id = provision.run_id
+        self.outcome.stage_index = provision.stage_index
+        self.outcome.provisioned = True
+        log.info("stage %s: provisioned (layers %d..%d)", self._name, provision.layer_start,
+                 provision.layer_end_exclusive)
+
+    async def _reject(self, sender: NodeId) -> None:
+        event = self._current
+        assert isinstance(event, scm.ProvisionStage)
+        provision = event.provision
+        if self.machine.state is not scm.State.Unprovisioned:  # the "*" row, not the guard
+            self.outcome.rejected_provisions.append(
+                f"run {int(provision.run_id)} stage {int(provision.stage_index)}: "
+                "this controller is already provisioned"
+            )
+        fault = orun.StageFault(
+            provision.stage_index, RunFaultReason.ProvisioningRejected, Component.StageController
+        )
+        await self._send(sender, provision.run_id, fault)
+
+    def _establish(self, ctx: Context[StageMail], edge: EdgeId, action: Awaitable[None]) -> None:
+        provision = self._provision
+        assert provision is not None
+        self.ports.emit(EdgeProvisionStarted(
+            node_id=self.config.node_id, run_id=provision.run_id, edge_id=edge,
+        ))
+
+        def failed(error: BaseException) -> scm.Event:
+            reason = (error.reason if isinstance(error, StagePortError)
+                      else RunFaultReason.EdgeEstablishmentFailed)
+            return scm.EdgeFault(edge, reason, Component.EdgeEstablisher)
+
+        self._start(ctx, action, failed)
+
+    def _stage_ready(self) -> None:
+        provision = self._provision
+        assert provision is not None
+        self.ports.emit(StageReady(
+            node_id=self.config.node_id, run_id=provision.run_id,
+            stage_index=provision.stage_index,
+            worker_generation=self.ports.worker_generation(),
+        ))
+
+    async def _execute(
+        self,
+        ctx: Context[StageMail],
+        object_id: ObjectId,
+        sequence: Sequence,
+        handle: DeviceObjectHandle,
+    ) -> None:
+        provision = self._provision
+        assert provision is not None
+        step_id = StepId(self._next_step)
+        self._next_step += 1
+        self._gate.last = sequence
+        self._step = _Step(step_id, sequence, object_id, (handle,))
+        role = provision.runtime.role_id
+        try:
+            command = self._command(provision, step_id, object_id, sequence, handle)
+        except StagePortError as error:
+            log.warning("stage %s: step %d not issued: %s", self._name, int(step_id), error)
+            ctx.self_ref.tell(scm.StepFailed(role, step_id, _step_failure(error)))
+            return
+        self.ports.emit(ExecuteStepStarted(
+            node_id=self.config.node_id, run_id=provision.run_id,
+            stage_index=provision.stage_index, step_id=step_id, sequence=sequence,
+            worker_generation=handle.worker_generation,
+        ))
+        await self._call(ctx, self.ports.execute_step(command),
+                         lambda e: scm.StepFailed(role, step_id, _step_failure(e)))
+
+    def _command(
+        self,
+        provision: ProvisionStage,
+        step_id: StepId,
+        object_id: ObjectId,
+        sequence: Sequence,
+        handle: DeviceObjectHandle,
+    ) -> wire.ExecuteStep:
+        loaded = self._inputs.get(handle)
+        if loaded is None:
+            raise StagePortError(RunFaultReason.StepFailed, "input extent unknown "
+                                 "(ObjectLoaded did not come from the worker)")
+        ring = self._rings.get(provision.outbound.edge_id)
+        if ring is None:
+            raise StagePortError(RunFaultReason.StepFailed, "outbound ring unknown")
+        runtime = provision.runtime
+        return wire.ExecuteStep(
+            role_id=runtime.role_id,
+            step_id=step_id,
+            inputs=(InputBinding(runtime.input_port, object_id, sequence, handle),),
+            outputs=(OutputBinding(
+                runtime.output_port, ring, ObjectId(sequence + 1), sequence,
+                output_extent(provision, loaded.extent),
+            ),),
+            runtime={"sequence": int(sequence)},
+            release_inputs_after=False,
+        )
+
+    async def _step_completed(self, ctx: Context[StageMail], step_id: StepId) -> None:
+        provision, step = self._provision, self._step
+        assert provision is not None and step is not None and step.step_id == step_id
+        self._step = None
+        self.outcome.steps_completed += 1
+        self.ports.emit(StepCompleted(
+            node_id=self.config.node_id, run_id=provision.run_id,
+            stage_index=provision.stage_index, step_id=step_id, sequence=step.sequence,
+            worker_generation=step.inputs[0].worker_generation,
+        ))
+        for handle in step.inputs:
+            await self._release(ctx, handle)
+
+    async def _release(self, ctx: Context[StageMail], handle: DeviceObjectHandle) -> None:
+        if handle not in self._held or handle in self._releasing:
+            return
+        self._releasing.add(handle)
+        await self._call(ctx, self.ports.release_input(handle),
+                         lambda e: scm.ReleaseFailed(handle, _release_failure(e)))
+
+    async def _stop_edges(self, ctx: Context[StageMail]) -> None:
+        provision = self._provision
+        assert provision is not None
+        inbound, outbound = provision.inbound.edge_id, provision.outbound.edge_id
+        try:
+            await self.ports.stop_edges(inbound, outbound)
+        except Exception as error:
+            log.warning("stage %s: stop_edges failed: %s", self._name, error)
+            ctx.self_ref.tell(scm.EdgeStopped(inbound, clean=False))
+            ctx.self_ref.tell(scm.EdgeStopped(outbound, clean=False))
+
+    async def _reset_role(self) -> None:
+        provision = self._provision
+        assert provision is not None
+        try:
+            await self.ports.reset_role(provision.runtime.role_id)
+        except Exception as error:
+            log.warning("stage %s: reset_role failed: %s", self._name, error)
+            self._teardown.unclean.append("role reset failed")
+
+    async def _stage_stopped(self, clean: bool) -> None:
+        self.outcome.stopped = True
+        self.outcome.clean = clean
+        claim = self._provision or self._claim
+        if claim is None:
+            log.info("stage: StopRun before any ProvisionStage; no stage to report")
+            return
+        if self._teardown.unclean:
+            log.warning("stage %s: unclean stop: %s", self._name, "; ".join(self._teardown.unclean))
+        self.ports.emit(StageStopped(
+            node_id=self.config.node_id, run_id=claim.run_id, stage_index=claim.stage_index,
+            detail={"clean": clean},
+        ))
+        await self._report(orun.StageStopped(claim.stage_index, clean))
+
+    async def _report(self, message: StageReport) -> None:
+        claim = self._provision or self._claim
+        assert claim is not None
+        await self._send(self.config.orchestrator, claim.run_id, message)
+
+    async def _send(self, to: NodeId, run: RunId, message: StageReport) -> None:
+        try:
+            await self.ports.report(to, run, message)
+        except Exception as error:  # the orchestrator's own timers cover a lost report
+            log.warning("stage %s: report %s failed: %s", self._name,
+                        type(message).__name__, error)
+
+    # -- port calls ------------------------------------------------------------------------
+
+    def _start(
+        self,
+        ctx: Context[StageMail],
+        action: Awaitable[None],
+        on_error: Callable[[BaseException], scm.Event],
+    ) -> None:
+        ctx.spawn_task(self._call(ctx, action, on_error))
+
+    async def _call(
+        self,
+        ctx: Context[StageMail],
+        action: Awaitable[None],
+        on_error: Callable[[BaseException], scm.Event],
+    ) -> None:
+        try:
+            await action
+        except Exception as error:  # a port failure becomes the machine's event
+            log.warning("stage %s: port action failed: %s", self._name, error)
+            ctx.self_ref.tell(on_error(error))
+
+    def _finish(self, ctx: Context[StageMail]) -> None:
+        if not self._finished.done():
+            self._finished.set_result(self.outcome)
+        ctx.stop_self()
+
+
+def provision_problem(
+    config: StageControllerConfig, sender: NodeId, provision: ProvisionStage
+) -> str | None:
+    """Why a node with `config` must refuse `provision` from `sender` (spec §4), or None."""
+    trusted = config.orchestrator
+    run = provision.run_id
+    if sender != trusted:
+        return f"sender node {int(sender)} is not the trusted orchestrator {int(trusted)}"
+    if config.active_run is not None and run != config.active_run:
+        return f"run {int(run)} is not this node's active run {int(config.active_run)}"
+    if run in config.retired_runs:
+        return f"run {int(run)} already ran on this node"
+    outbound = provision.outbound
+    if outbound.kind is EdgeKind.TokenOut and outbound.consumer_node_id != trusted:
+        return (f"the last stage's tokens go to node {int(outbound.consumer_node_id)}, "
+                f"not the orchestrator {int(trusted)}")
+    return None
+
+
+def output_extent(provision: ProvisionStage, input_extent: int) -> int:
+    """Bytes of the step's output object for an input of `input_extent` bytes.
+
+    The input holds `input_extent / alignment` rows (token ids in, or rows of `hidden *
+    width` bytes); a non-last stage writes as many activation rows, the last stage one
+    token id.
+    """
+    inbound = provision.inbound.object_spec
+    outbound = provision.outbound.object_spec
+    if provision.outbound.kind is EdgeKind.TokenOut:
+        return outbound.dtype_width_bytes
+    rows = input_extent // inbound.alignment
+    return rows * outbound.alignment
+
+
+def _handle_key(handle: DeviceObjectHandle) -> tuple[int, int]:
+    return (int(handle.worker_generation), handle.id)
+
+
+def _role_failure(error: BaseException) -> RoleFailure:
+    if isinstance(error, StagePortError) and error.reason in _WORKER_GONE:
+        return RoleFailure.WorkerProcessExited
+    return RoleFailure.ConfigInvalid
+
+
+def _weights_reason(error: BaseException) -> RunFaultReason:
+    if isinstance(error, StagePortError) and error.reason in WEIGHT_REASONS:
+        return error.reason
+    return RunFaultReason.WeightLoadFailed
+
+
+def _step_failure(error: BaseException) -> StepFailure:
+    if isinstance(error, StagePortError) and error.reason in _WORKER_GONE:
+        return StepFailure.WorkerProcessExited
+    return StepFailure.RoleUnavailable
+
+
+def _release_failure(error: BaseException) -> ReleaseFailure:
+    if isinstance(error, StagePortError) and error.reason in _WORKER_GONE:
+        return ReleaseFailure.WorkerProcessExited
+    return ReleaseFailure.WorkerShuttingDown

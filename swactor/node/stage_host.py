@@ -1,0 +1,200 @@
+"""The node's StageHost actor: one fresh StageController per run, one stable address.
+
+Theory of operation. A node serves one stage of one run at a time and must accept the
+next run after teardown without a restart (issue 9, spec §38). `StageHost` is the
+node-lifetime actor that other node actors and the control channel address; it owns at
+most one *active* `StageController` child and forwards to it:
+
+- `scm.ProvisionStage(orchestrator=sender, provision)`: checked first with the
+  controller's own `provision_problem` (trusted sender, a run this node has not served
+  yet, tokens back to the orchestrator); a refused one is answered StageFault
+  (ProvisioningRejected) by the host and spawns nothing, so a stray sender cannot
+  occupy the node. With no active controller, a fresh one is spawned (its config lists
+  the runs this node already served) and handed the message; its guard repeats the
+  check. For the active run it is forwarded (the controller rejects a second
+  provisioning). For another run while one is active, the host refuses it: the node
+  is busy.
+- `StopRunRequest(sender, run_id, stage_index)`: from a node other than the trusted
+  orchestrator it is dropped and logged (spec §4). For the active run it becomes the
+  controller's StopRun. For a run this node is not serving (never provisioned here, or
+  refused) the host answers StageStopped(clean) at once: there is nothing to stop.
+- everything else (GpuWorkerCtl's worker events and WorkerCrashed, the edge actors'
+  EdgeEstablished/EdgeFault/EdgeStopped, the weight loader's reports): forwarded to the
+  active controller, dropped when there is none.
+
+When the active controller reaches Stopped its `StageOutcome` is appended to
+`StageHostState.history`, its run id is retired, and the host is idle again: the next
+ProvisionStage gets a new controller with fresh bookkeeping, gate and step ids. Because
+per-run state lives only in the controller, nothing of one run survives into the next;
+the worker-side state (role, rings, device objects) is released by the controller's own
+teardown effects (ResetRole, ReleaseRunObjects, StopEdges) before it reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from swactor.actors import Actor, ActorRef, Context
+from swactor.fsm.generated import orchestrator_run as orun
+from swactor.fsm.generated import stage_controller as scm
+from swactor.node.stage_controller import (
+    DEFAULT_STOPPING_GRACE_S,
+    StageController,
+    StageControllerConfig,
+    StageMail,
+    provision_problem,
+)
+from swactor.node.stage_ports import StageOutcome, StagePorts, StageReport
+from swactor.wire import Component, NodeId, RunFaultReason, RunId, StageIndex
+
+log = logging.getLogger("swactor.node.stage_host")
+
+
+@dataclass(frozen=True, slots=True)
+class StopRunRequest:
+    """StopRun as it arrives on the control channel: who sent it, for which stage."""
+
+    sender: NodeId
+    run_id: RunId
+    stage_index: StageIndex
+
+
+@dataclass(frozen=True, slots=True)
+class _ControllerDone:
+    run_id: RunId | None
+    outcome: StageOutcome | None
+
+
+HostMail = StageMail | StopRunRequest | _ControllerDone
+
+
+@dataclass(slots=True)
+class StageHostState:
+    """What the host has done, readable by the node (and tests) at any time."""
+
+    active_run: RunId | None = None
+    retired_runs: set[RunId] = field(default_factory=set)
+    history: list[StageOutcome] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    """Provisioning and StopRun messages the host itself refused, one line each."""
+
+
+@dataclass(frozen=True, slots=True)
+class StageHostConfig:
+    """This node's id and the orchestrator it trusts."""
+
+    node_id: NodeId
+    orchestrator: NodeId
+    stopping_grace_s: float = DEFAULT_STOPPING_GRACE_S
+
+
+class StageHost(Actor[HostMail]):
+    """The node's stage slot: one StageController per run (module doc)."""
+
+    def __init__(
+        self,
+        config: StageHostConfig,
+        ports: StagePorts,
+        state: StageHostState | None = None,
+        on_finished: Callable[[StageOutcome], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.ports = ports
+        self.state = state if state is not None else StageHostState()
+        self._on_finished = on_finished
+        self._active: ActorRef[StageMail] | None = None
+        self._serial = 0
+
+    async def receive(self, ctx: Context[HostMail], message: HostMail) -> None:
+        match message:
+            case scm.ProvisionStage():
+                await self._provision(ctx, message)
+            case StopRunRequest():
+                await self._stop_run(message)
+            case _ControllerDone():
+                self._done(message)
+            case _:
+                if self._active is not None:
+                    self._active.tell(message)
+                else:
+                    log.info("stage host: no active stage for %s", type(message).__name__)
+
+    async def _provision(self, ctx: Context[HostMail], message: scm.ProvisionStage) -> None:
+        run = message.provision.run_id
+        if self._active is not None:
+            if run == self.state.active_run:
+                self._active.tell(message)
+                return
+            await self._refuse(message, f"node busy with run {int(self.state.active_run or 0)}")
+            return
+        config = StageControllerConfig(
+            node_id=self.config.node_id,
+            orchestrator=self.config.orchestrator,
+            retired_runs=frozenset(self.state.retired_runs),
+            stopping_grace_s=self.config.stopping_grace_s,
+        )
+        problem = provision_problem(config, message.orchestrator, message.provision)
+        if problem is not None:
+            await self._refuse(message, problem)
+            return
+        finished: asyncio.Future[StageOutcome] = asyncio.get_running_loop().create_future()
+        self._serial += 1
+        self._active = ctx.spawn(
+            lambda: StageController(config, self.ports, finished),
+            f"stage-{self._serial}",
+        )
+        self.state.active_run = run
+        ctx.spawn_task(self._await_finish(ctx, run, finished))
+        self._active.tell(message)
+
+    async def _refuse(self, message: scm.ProvisionStage, problem: str) -> None:
+        provision = message.provision
+        self.state.refused.append(f"ProvisionStage run {int(provision.run_id)}: {problem}")
+        log.warning("stage host: %s", self.state.refused[-1])
+        await self._answer(message.orchestrator, provision.run_id, orun.StageFault(
+            provision.stage_index, RunFaultReason.ProvisioningRejected, Component.StageController,
+        ))
+
+    async def _await_finish(
+        self, ctx: Context[HostMail], run: RunId, finished: asyncio.Future[StageOutcome]
+    ) -> None:
+        try:
+            outcome: StageOutcome | None = await finished
+        except Exception as error:  # the controller died without reaching Stopped
+            log.error("stage host: controller of run %d ended: %s", int(run), error)
+            outcome = None
+        ctx.self_ref.tell(_ControllerDone(run, outcome))
+
+    def _done(self, message: _ControllerDone) -> None:
+        self._active = None
+        self.state.active_run = None
+        outcome = message.outcome
+        if outcome is not None and outcome.provisioned and message.run_id is not None:
+            self.state.retired_runs.add(message.run_id)
+        if outcome is not None:
+            self.state.history.append(outcome)
+            if self._on_finished is not None:
+                self._on_finished(outcome)
+
+    async def _stop_run(self, request: StopRunRequest) -> None:
+        if request.sender != self.config.orchestrator:
+            self.state.refused.append(
+                f"StopRun run {int(request.run_id)} from node {int(request.sender)}: "
+                "not the trusted orchestrator"
+            )
+            log.warning("stage host: %s", self.state.refused[-1])
+            return
+        if self._active is not None and request.run_id == self.state.active_run:
+            self._active.tell(scm.StopRun(request.run_id))
+            return
+        await self._answer(request.sender, request.run_id,
+                           orun.StageStopped(request.stage_index, clean=True))
+
+    async def _answer(self, to: NodeId, run: RunId, message: StageReport) -> None:
+        try:
+            await self.ports.report(to, run, message)
+        except Exception as error:
+            log.warning("stage host: report %s failed: %s", type(message).__name__, error)

@@ -1,0 +1,171 @@
+"""What the StageController needs from its node (`StagePorts`) and the extra mail it takes.
+
+Theory of operation. The controller (`stage_controller.py`) decides; the ports act. A
+`StagePorts` object carries out each kind of effect of the stage_controller machine on
+the node: configure the worker role, start weight work, establish the inbound (Rx) and
+outbound (Tx) edge ends, send one ExecuteStep or ReleaseDeviceObject to GpuWorkerCtl,
+stop both edges, reset the role, answer the orchestrator (`report`), and record
+lifecycle events (`emit`). The node composition plugs the real actors in here; unit
+tests plug in memory fakes.
+
+Port methods return once the action is *started* (a command queued, a task begun);
+outcomes come back as mail to the controller:
+
+=====================  ==================================================================
+port                   what comes back (mail to the controller)
+=====================  ==================================================================
+configure_role         `wire.RoleConfigured` / `wire.RoleFailed` (from GpuWorkerCtl)
+load_weights           `WeightsFetched` (optional progress), then `WeightsReady` /
+                       `WeightsFailed` (machine events)
+establish_inbound/     `EdgeEstablished(edge_id, ring_id)` or `EdgeFault` per edge
+establish_outbound
+execute_step           `wire.ObjectProduced`, then `wire.StepCompleted` / `wire.StepFailed`
+release_input          `wire.DeviceObjectReleased` / `wire.ReleaseFailed`
+stop_edges             one `EdgeStopped(edge_id, clean)` per edge of the stage, whatever
+                       phase the edge is in (a never-established edge stops clean)
+reset_role, report,    nothing
+emit
+=====================  ==================================================================
+
+`configure_role` and `load_weights` start at the same time (the table issues both on
+entering Preparing). For a role whose configuration reads the weights (the
+`llama_stage` worker role), the node's `configure_role` waits for the local artifact
+that its `load_weights` produces before sending ConfigureRole; so `WeightsReady` means
+the artifact range is local and validated, `RoleConfigured` that the worker bound it.
+
+A port that cannot act raises `StagePortError` with the §36 run-level reason; the
+controller turns it into the machine event that port's outcome would have been
+(WeightsFailed, RoleFailed, EdgeFault, StepFailed, ReleaseFailed, EdgeStopped(clean
+false)), so a refused command never leaves the stage waiting.
+
+`report` is awaited inline by the controller, so it must only queue the message (the
+control channel sends it); the setup ports run as tasks and may take long.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, TypeAlias
+
+from swactor.events.schema import LifecycleEvent
+from swactor.fsm.generated import orchestrator_run as orun
+from swactor.wire import (
+    Component,
+    DeviceObjectHandle,
+    EdgeId,
+    ExecuteStep,
+    NodeId,
+    ProvisionStage,
+    RingId,
+    RoleId,
+    RunFaultReason,
+    RunId,
+    StageIndex,
+    WorkerGeneration,
+)
+
+StageReport: TypeAlias = orun.StageReady | orun.StageFault | orun.StageStopped
+"""What a stage tells the orchestrator: the orchestrator_run machine's own events."""
+
+
+class StagePortError(Exception):
+    """A port could not carry out an action; `reason` is the §36 run-level fault source."""
+
+    def __init__(self, reason: RunFaultReason, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class StagePorts(Protocol):
+    """The effects of one stage, carried out by the node's actors (module doc)."""
+
+    def worker_generation(self) -> WorkerGeneration:
+        """The generation of the node's worker process now (for lifecycle events)."""
+        ...
+
+    async def configure_role(self, provision: ProvisionStage) -> None:
+        """Configure the stage's worker role (ConfigureRole with its layer range)."""
+        ...
+
+    async def load_weights(self, provision: ProvisionStage) -> None:
+        """Fetch or locate the GGUF range and validate it against the provision."""
+        ...
+
+    async def establish_inbound(self, provision: ProvisionStage) -> None:
+        """Provision the receive end of the inbound edge (ProvisionRx to the establisher)."""
+        ...
+
+    async def establish_outbound(self, provision: ProvisionStage) -> None:
+        """Provision the send end of the outbound edge (ProvisionTx to the establisher)."""
+        ...
+
+    async def execute_step(self, command: ExecuteStep) -> None:
+        """Send one ExecuteStep to GpuWorkerCtl."""
+        ...
+
+    async def release_input(self, handle: DeviceObjectHandle) -> None:
+        """Send ReleaseDeviceObject for one input device object to GpuWorkerCtl."""
+        ...
+
+    async def stop_edges(self, inbound: EdgeId, outbound: EdgeId) -> None:
+        """Send StopEdge to both edge actors (edge teardown, spec §38)."""
+        ...
+
+    async def reset_role(self, role_id: RoleId) -> None:
+        """Drop the role's per-run state in the worker (KV cache, weights: local policy)."""
+        ...
+
+    async def report(self, orchestrator: NodeId, run_id: RunId, message: StageReport) -> None:
+        """Queue one message for the orchestrator node's run `run_id`."""
+        ...
+
+    def emit(self, event: LifecycleEvent) -> None:
+        """Record one lifecycle event (spec §40)."""
+        ...
+
+
+# -- mail the controller takes besides the machine's events --------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeEstablished:
+    """An edge actor's end of `edge_id` is ready on ring `ring_id` (becomes EdgeReady)."""
+
+    edge_id: EdgeId
+    ring_id: RingId
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsFetched:
+    """Progress from `load_weights`: the artifact range is on this node (weights_downloaded)."""
+
+    bytes_fetched: int = 0
+
+
+# -- what one controller did ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StageFaultRecord:
+    """The first fault of the stage: reason and the component that detected it."""
+
+    reason: RunFaultReason
+    component: Component
+
+
+@dataclass(slots=True)
+class StageOutcome:
+    """The record of one controller's life; final once `stopped` is True."""
+
+    run_id: RunId | None = None
+    stage_index: StageIndex | None = None
+    provisioned: bool = False
+    stopped: bool = False
+    clean: bool | None = None
+    fault: StageFaultRecord | None = None
+    steps_completed: int = 0
+    rejected_provisions: list[str] = field(default_factory=list)
+    """Why each refused ProvisionStage was refused (one line each, no payload)."""
+    rejected_events: list[str] = field(default_factory=list)
+    """Events the machine refused in its state ("State: Event"), logged, never acted on."""

@@ -1,0 +1,489 @@
+"""The StageController binding drives the stage_controller machine through fake ports (§14).
+
+Each test starts a real actor runtime, provisions one stage of a real 3-stage plan, and
+plays the peers' mail (orchestrator, edge actors, weight loader, GpuWorkerCtl's worker
+events) into the controller; the fake ports record what it did and what it reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+
+from swactor import wire
+from swactor.fsm.generated import orchestrator_run as orun
+from swactor.fsm.generated import stage_controller as scm
+from swactor.node.stage_controller import StageControllerConfig, output_extent
+from swactor.node.stage_ports import EdgeEstablished, StagePortError, WeightsFetched
+from swactor.node.worker_ctl import WorkerCrashed
+from swactor.wire import (
+    Component,
+    NodeId,
+    ObjectFailure,
+    ObjectId,
+    RunFaultReason,
+    RunId,
+    Sequence,
+    StepFailure,
+    WorkerGeneration,
+)
+from tests.node.stage_rig import (
+    HIDDEN,
+    IN_RING,
+    OUT_RING,
+    PROMPT,
+    RUN,
+    StageRig,
+    handle,
+    make_plan,
+    provision_of,
+    run_stage,
+)
+
+F32 = 4
+
+
+def faults(rig: StageRig) -> list[tuple[int, RunFaultReason, Component]]:
+    return [
+        (int(m.stage_index), m.reason, m.component)
+        for m in rig.ports.reported(orun.StageFault)
+        if isinstance(m, orun.StageFault)
+    ]
+
+
+def stopped(rig: StageRig) -> list[tuple[int, bool]]:
+    return [
+        (int(m.stage_index), m.clean)
+        for m in rig.ports.reported(orun.StageStopped)
+        if isinstance(m, orun.StageStopped)
+    ]
+
+
+def assert_legal_order(names: list[str], steps: int) -> None:
+    """A stage's §40 events of one clean run, in the only order this binding allows."""
+    pattern = (
+        "weights_download_started (edge_provision_started ){2}"
+        "((edge_ready|weights_downloaded) ){3}weights_loaded stage_ready "
+        + f"(object_loaded execute_step_started object_produced step_completed ){{{steps}}}"
+        + "stage_stopped"
+    )
+    joined = " ".join(names)
+    assert re.fullmatch(pattern, joined), f"{joined!r} does not match {pattern!r}"
+
+
+# -- the happy path -------------------------------------------------------------------------
+
+
+def test_provision_ready_steps_stop() -> None:
+    async def body(rig: StageRig) -> None:
+        await rig.provision_stage()
+        await rig.ports.until(lambda: len(rig.ports.calls) == 4)
+        assert rig.state() is scm.State.Preparing
+        assert sorted(rig.ports.kinds()) == [
+            "configure_role", "establish_inbound", "establish_outbound", "load_weights",
+        ]
+        assert rig.ports.of("establish_inbound") == [("establish_inbound", int(rig.inbound))]
+        assert rig.ports.of("load_weights") == [("load_weights", 2, 4)]  # stage 1 of 6 blocks
+        rig.ref.tell(EdgeEstablished(rig.inbound, IN_RING))
+        rig.ref.tell(EdgeEstablished(rig.outbound, OUT_RING))
+        rig.ref.tell(WeightsFetched(1234))
+        rig.ref.tell(scm.WeightsReady())
+        await rig.settle()
+        assert rig.state() is scm.State.Preparing, "not ready before the role is configured"
+        assert rig.ports.reported(orun.StageReady) == []
+        rig.ref.tell(wire.RoleConfigured(rig.provision.runtime.role_id))
+        await rig.ports.until(lambda: bool(rig.ports.reported(orun.StageReady)))
+        assert rig.ports.reports[0] == (1000, int(RUN), orun.StageReady(rig.provision.stage_index))
+        assert rig.state() is scm.State.Ready
+
+        step_ids = []
+        for k in range(4):
+            tokens = len(PROMPT) if k == 0 else 1
+            command = await rig.execute(k, tokens)
+            assert rig.state() is scm.State.Executing
+            assert command.role_id == rig.provision.runtime.role_id
+            assert command.inputs == (wire.InputBinding(
+                rig.provision.runtime.input_port, ObjectId(k + 1), Sequence(k), handle(k)),)
+            (out,) = command.outputs
+            assert (out.ring_id, out.sequence, out.object_id) == (OUT_RING, k, k + 1)
+            assert out.port_id == rig.provision.runtime.output_port
+            assert out.extent == tokens * HIDDEN * F32
+            assert command.release_inputs_after is False
+            step_ids.append(int(command.step_id))
+            await rig.complete(command)
+            assert rig.state() is scm.State.Ready
+        assert len(set(step_ids)) == 4, "a fresh step id per step"
+        assert [c[1] for c in rig.ports.of("release_input")] == [100, 101, 102, 103]
+
+        await rig.stop_run()
+        assert rig.ports.of("reset_role") == [("reset_role", int(rig.provision.runtime.role_id))]
+        assert rig.state() is scm.State.Stopping
+        outcome = await rig.edges_stopped()
+        assert stopped(rig) == [(1, True)]
+        assert faults(rig) == []
+        assert outcome.stopped and outcome.clean and outcome.steps_completed == 4
+        assert outcome.run_id == RUN and outcome.provisioned
+        assert_legal_order(rig.ports.event_names(), steps=4)
+
+    run_stage(body)
+
+
+@pytest.mark.parametrize("stage, tokens, expected", [
+    (0, 5, 5 * HIDDEN * F32),   # token ids in, activation rows out
+    (1, 5, 5 * HIDDEN * F32),   # rows in, rows out
+    (1, 1, HIDDEN * F32),
+    (2, 5, 4),                  # the last stage writes one u32 token id
+])
+def test_output_extent_per_stage_kind(stage: int, tokens: int, expected: int) -> None:
+    provision = provision_of(make_plan(), stage)
+    row = 4 if stage == 0 else HIDDEN * F32
+    assert output_extent(provision, tokens * row) == expected
+
+
+# -- provisioning authority -----------------------------------------------------------------
+
+
+def test_provision_from_another_node_is_rejected_and_reported() -> None:
+    async def body(rig: StageRig) -> None:
+        await rig.provision_stage(sender=NodeId(666))
+        await rig.ports.until(lambda: bool(rig.ports.reports))
+        assert rig.ports.reports == [(666, int(RUN), orun.StageFault(
+            rig.provision.stage_index, RunFaultReason.ProvisioningRejected,
+            Component.StageController))]
+        assert rig.ports.calls == [], "nothing configured, loaded or established"
+        assert rig.state() is scm.State.Unprovisioned
+        assert "not the trusted orchestrator" in rig.controller.outcome.rejected_provisions[0]
+        # the trusted orchestrator can still provision it, exactly once
+        await rig.provision_stage()
+        await rig.ports.until(lambda: len(rig.ports.calls) == 4)
+        assert rig.state() is scm.State.Preparing
+        await rig.provision_stage()
+        await rig.ports.until(lambda: len(rig.ports.reports) == 2)
+        assert rig.ports.reports[-1][2] == orun.StageFault(
+            rig.provision.stage_index, RunFaultReason.ProvisioningRejected,
+            Component.StageController)
+        assert rig.state() is scm.State.Preparing
+        assert len(rig.ports.calls) == 4
+
+    run_stage(body)
+
+
+@pytest.mark.parametrize("config_change, phrase", [
+    ("active_run", "not this node's active run"),
+    ("retired", "already ran on this node"),
+])
+def test_provision_for_a_run_this_node_does_not_serve_is_rejected(
+    config_change: str, phrase: str
+) -> None:
+    plan = make_plan()
+    node = plan.stages[1].node_id
+    config = StageControllerConfig(
+        node_id=node, orchestrator=plan.orchestrator_node,
+        active_run=RunId(99) if config_change == "active_run" else None,
+        retired_runs=frozenset({RUN}) if config_change == "retired" else frozenset(),
+    )
+
+    async def body(rig: StageRig) -> None:
+        await rig.provision_stage()
+        await rig.ports.until(lambda: bool(rig.ports.reports))
+        assert faults(rig) == [(1, RunFaultReason.ProvisioningRejected,
+                                Component.StageController)]
+        assert rig.state() is scm.State.Unprovisioned
+        assert phrase in rig.controller.outcome.rejected_provisions[0]
+
+    run_stage(body, config=config)
+
+
+def test_last_stage_must_send_tokens_to_the_orchestrator() -> None:
+    plan = make_plan()
+    # this node trusts node 2 as orchestrator, but the plan's tokens go to node 1000
+    config = StageControllerConfig(node_id=NodeId(3), orchestrator=NodeId(2))
+
+    async def body(rig: StageRig) -> None:
+        await rig.provision_stage(sender=NodeId(2))
+        await rig.ports.until(lambda: bool(rig.ports.reports))
+        assert rig.state() is scm.State.Unprovisioned
+        assert "tokens go to node 1000" in rig.controller.outcome.rejected_provisions[0]
+        assert plan.orchestrator_node == 1000
+
+    run_stage(body, stage=2, config=config)
+
+
+# -- setup failures -------------------------------------------------------------------------
+
+
+def test_weights_failure_faults_the_stage_then_stop_is_clean() -> None:
+    async def body(rig: StageRig) -> None:
+        await rig.provision_stage()
+        rig.ref.tell(EdgeEstablished(rig.inbound, IN_RING))
+        rig.ref.tell(scm.WeightsFailed(RunFaultReason.WeightDownloadFailed))
+        await rig.ports.until(lambda: bool(faults(rig)))
+        assert faults(rig) == [(1, RunFaultReason.WeightDownloadFailed, Component.ModelLoader)]
+        assert rig.state() is scm.State.Faulted
+        # late setup news changes nothing; the stage never reports ready
+        rig.ref.tell(wire.RoleConfigured(rig.provision.runtime.role_id))
+        rig.ref.tell(EdgeEstablished(rig.outbound, OUT_RING))
+        rig.ref.tell(scm.WeightsReady())
+        await rig.settle()
+        assert rig.state() is scm.State.Faulted
+        assert rig.ports.reported(orun.StageReady) == []
+        await rig.stop_run()
+        outcome = await rig.edges_stopped()
+        assert stopped(rig) == [(1, True)]
+        assert outcome.fault is not None
+        assert outcome.fault.reason is RunFaultReason.WeightDownloadFailed
+        names = rig.ports.event_names()
+        assert "stage_ready" not in names and "weights_loaded" not in names
+        assert names[-1] == "stage_stopped"
+
+    run_stage(body)
+
+
+def test_load_weights_port_error_keeps_its_reason() -> None:
+    async def body(rig: StageRig) -> None:
+        rig.ports.fail["load_weights"] = StagePortError(
+            RunFaultReason.WeightBindFailed, "device allocation")
+        await rig.provision_stage()
+        await rig.ports.until(lambda: bool(faults(rig)))
+        assert faults(rig) == [(1, RunFaultReason.WeightBindFailed, Component.ModelLoader)]
+
+    run_stage(body)
+
+
+def test_edge_establishment_failure_is_an_edge_fault() -> None:
+    async def body(rig: StageRig) -> None:
+        rig.ports.fail["establish_outbound"] = StagePortError(
+            RunFaultReason.RingRequestOversized, "ring too big")
+        await rig.provision_stage()
+        await rig.ports.until(lambda: bool(faults(rig)))
+        assert faults(rig) == [(1, RunFaultReason.RingRequestOversized,
+                                Component.EdgeEstablisher)]
+
+    run_stage(body)
+
+
+def test_role_failure_is_reported_as_weight_load_failure() -> None:
+    async def body(rig: StageRig) -> None:
+        await rig.provision_stage()
+        rig.ref.tell(wire.RoleFailed(rig.provision.runtime.role_id,
+                                     wire.RoleFailure.DeviceOutOfMemory))
+        await rig.ports.until(lambda: bool(faults(rig)))
+        assert faults(rig) == [(1, RunFaultReason.WeightLoadFailed, Component.Worker)]
+
+    run_stage(body)
+
+
+# -- step ordering --------------------------------------------------------------------------
+
+
+def test_out_of_order_object_is_a_sequence_violation() -> None:
+    async def body(rig: StageRig) -> None:
+        await rig.make_ready()
+        rig.ref.tell(rig.loaded(1))  # step 1 before step 0
+        await rig.ports.until(lambda: bool(faults(rig)))
+        assert faults(rig) == [(1, RunFaultReason.SequenceViolation, Component.StageController)]
+        assert rig.ports.of("execute_step") == []
+        assert rig.ports.of("release_input") == [("release_input", handle(1).id)]
+        assert rig.state() is scm.State.Faulted
+
+    run_stage(body)
+
+
+def test_skipped_sequence_after_a_step_is_a_violation() -> None:
+    async def body(rig: StageRig) -> None:
+        await rig.make_ready()
+        await rig.complete(await rig.execute(0, len(PROMPT)))
+        rig.ref.tell(rig.loaded(2))
+        await rig.ports.until(lambda: bool(faults(rig)))
+        assert faults(rig) == [(1, RunFaultReason.SequenceViolation, Component.StageController)]
+        assert len(rig.ports.of("execute_step")) == 1
+
+    run_stage(body)
+
+
+def test_second_object_while_executing_is_a_violation() -> None:
+    async def body(rig: StageRig) -> None:
+        await rig.make_ready()
+        await rig.execute(0, len(PROMPT))
+        rig.ref.tell(rig.loaded(1))
+        await rig.ports.until(lambda: bool(faults(rig)))
+        assert faults(rig) == [(1, RunFaultReason.SequenceViolation, Component.StageController)]
+        assert len(rig.ports.of("execute_step")) == 1, "one ExecuteStep at a time"
+
+    run_stage(body)
+
+
+def test_object_on_another_edge_is_not_executed() -> None:
+    async def body(rig: StageRig) -> None:
+        await rig.make_ready()
+        stray = rig.loaded(0)
+        rig.ref.tell(wire.ObjectLoaded(stray.ring_id, wire.EdgeId(4242), stray.port_id,
+                                       stray.object_id, stray.sequence, stray.extent,
+                                       stray.device_handle))
+        await rig.settle()
+        assert rig.ports.of("execute_step") == []
+        assert rig.state() is scm.State.Ready
+
+    run_stage(body)
+
+
+def test_step_failure_faults_and_later_work_is_released_not_run() -> None:
+    async def body(rig: StageRig) -> None:
+        await rig.make_ready()
+        command = await rig.execute(0, len(PROMPT))
+        rig.ref.tell(wire.StepFailed(command.role_id, wire.StepId(int(command.step_id) + 50),
+                                     StepFailure.TinygradError))  # not our step: dropped
+        await rig.settle()
+        assert rig.state() is scm.State.Executing
+        rig.ref.tell(wire.StepFailed(command.role_id, command.step_id, StepFailure.TinygradError))
+        await rig.ports.until(lambda: bool(faults(rig)))
+        assert faults(rig) == [(1, RunFaultReason.StepFailed, Component.Worker)]
+        rig.ref.tell(rig.loaded(1))
+        await rig.ports.until(lambda: ("release_input", handle(1).id) in rig.ports.calls)
+        assert len(rig.ports.of("execute_step")) == 1
+        # teardown releases the failed step's input too, then waits for both answers
+        await rig.stop_run()
+        await rig.ports.until(lambda: ("release_input", handle(0).id) in rig.ports.calls)
+        rig.ref.tell(scm.EdgeStopped(rig.inbound, True))
+        rig.ref.tell(scm.EdgeStopped(rig.outbound, True))
+        rig.ref.tell(wire.DeviceObjectReleased(handle(1)))
+        await rig.settle()
+        assert rig.state() is scm.State.Stopping, "a release is still unanswered"
+        rig.ref.tell(wire.DeviceObjectReleased(handle(0)))
+        outcome = await asyncio.wait_for(asyncio.shield(rig.finished), 5)
+        assert outcome.clean and stopped(rig) == [(1, True)]
+
+    run_stage(body)
+
+
+def test_object_failure_on_the_inbound_edge_is_an_edge_fault() -> None:
+    async def body(rig: StageRig) -> None:
+        await rig.make_ready()
+        rig.ref.tell(wire.ObjectFailed(IN_RING, rig.inbound, rig.provision.runtime.input_port,
+                                       None, None, ObjectFailure.EofMidObject))
+        await rig.ports.until(lambda: bool(faults(rig)))
+        assert faults(rig) == [(1, RunFaultReason.EofMidObject, Component.IngressParser)]
+
+    run_stage(body)
+
+
+def test_worker_crash_faults_and_its_handles_are_not_released() -> None:
+    async def body(rig: StageRig) -> None:
+        await rig.make_ready()
+        await rig.execute(0, len(PROMPT))
+        rig.ref.tell(WorkerCrashed(WorkerGeneration(1), -9))
+        await rig.ports.until(lambda: bool(faults(rig)))
+        assert faults(rig) == [(1, RunFaultReason.WorkerCrashed, Component.WorkerCtl)]
+        await rig.stop_run()
+        outcome = await rig.edges_stopped()
+        assert rig.ports.of("release_input") == [], "generation 1's objects died with it"
+        assert outcome.clean
+
+    run_stage(body)
+
+
+# -- teardown -------------------------------------------------------------------------------
+
+
+def test_stop_run_while_preparing() -> None:
+    async def body(rig: StageRig) -> None:
+        await rig.provision_stage()
+        rig.ref.tell(EdgeEstablished(rig.inbound, IN_RING))
+        await rig.stop_run()
+        assert rig.state() is scm.State.Stopping
+        rig.ref.tell(scm.WeightsReady())  # late: ignored while stopping
+        rig.ref.tell(wire.RoleConfigured(rig.provision.runtime.role_id))
+        rig.ref.tell(scm.EdgeStopped(rig.inbound, True))
+        await rig.settle()
+        assert rig.state() is scm.State.Stopping, "waits for the outbound edge"
+        outcome = await rig.edges_stopped(outbound_clean=False)
+        assert stopped(rig) == [(1, False)], "an unclean edge makes an unclean stop"
+        assert rig.ports.reported(orun.StageReady) == []
+        assert not outcome.clean
+        assert "stage_ready" not in rig.ports.event_names()
+
+    run_stage(body)
+
+
+def test_stopping_times_out_unclean() -> None:
+    async def body(rig: StageRig) -> None:
+        await rig.make_ready()
+        await rig.stop_run()
+        rig.ref.tell(scm.EdgeStopped(rig.inbound, True))  # the outbound edge never answers
+        outcome = await asyncio.wait_for(asyncio.shield(rig.finished), 5)
+        assert stopped(rig) == [(1, False)]
+        assert outcome.clean is False
+
+    run_stage(body, grace_s=0.05)
+
+
+def test_stop_run_for_another_run_is_not_acted_on() -> None:
+    async def body(rig: StageRig) -> None:
+        await rig.make_ready()
+        rig.ref.tell(scm.StopRun(RunId(int(RUN) + 1)))
+        await rig.settle()
+        assert rig.state() is scm.State.Ready
+        assert rig.ports.of("stop_edges") == []
+
+    run_stage(body)
+
+
+def test_stop_run_before_provisioning_stops_at_once() -> None:
+    async def body(rig: StageRig) -> None:
+        rig.ref.tell(scm.StopRun(RUN))
+        outcome = await asyncio.wait_for(asyncio.shield(rig.finished), 5)
+        assert outcome.stopped and outcome.clean and not outcome.provisioned
+        assert rig.ports.calls == []
+
+    run_stage(body)
+
+
+def test_failing_teardown_ports_make_an_unclean_stop() -> None:
+    async def body(rig: StageRig) -> None:
+        await rig.make_ready()
+        rig.ports.fail["reset_role"] = StagePortError(RunFaultReason.WorkerCrashed, "gone")
+        rig.ports.fail["stop_edges"] = StagePortError(RunFaultReason.PumpFailed, "driver gone")
+        rig.ref.tell(scm.StopRun(RUN))
+        outcome = await asyncio.wait_for(asyncio.shield(rig.finished), 5)
+        assert stopped(rig) == [(1, False)]
+        assert outcome.clean is False
+
+    run_stage(body)
+
+
+def test_protocol_violations_are_listed_not_fatal() -> None:
+    async def body(rig: StageRig) -> None:
+        await rig.make_ready()
+        rig.ref.tell(scm.EdgeStopped(rig.inbound, True))  # no row in Ready
+        await rig.settle()
+        assert rig.controller.outcome.rejected_events == ["Ready: EdgeStopped"]
+        command = await rig.execute(0, len(PROMPT))
+        await rig.complete(command)
+        assert rig.state() is scm.State.Ready
+
+    run_stage(body)
+
+
+@pytest.mark.parametrize("withheld", ["role", "weights", "inbound", "outbound"])
+def test_stage_ready_only_when_role_weights_and_both_edges_are(withheld: str) -> None:
+    async def body(rig: StageRig) -> None:
+        await rig.provision_stage()
+        news: dict[str, object] = {
+            "role": wire.RoleConfigured(rig.provision.runtime.role_id),
+            "weights": scm.WeightsReady(),
+            "inbound": EdgeEstablished(rig.inbound, IN_RING),
+            "outbound": EdgeEstablished(rig.outbound, OUT_RING),
+        }
+        for name, message in news.items():
+            if name != withheld:
+                rig.ref.tell(message)  # type: ignore[arg-type]
+        await rig.settle()
+        assert rig.state() is scm.State.Preparing
+        assert rig.ports.reported(orun.StageReady) == []
+        rig.ref.tell(news[withheld])  # type: ignore[arg-type]
+        await rig.ports.until(lambda: bool(rig.ports.reported(orun.StageReady)))
+        assert rig.state() is scm.State.Ready
+
+    run_stage(body)
