@@ -246,6 +246,7 @@ class ControlChannel:
             task.add_done_callback(self._tasks.discard)
 
     def stream_reset(self, link: QuicLink, stream_id: int, error_code: int) -> None:
+        link.quic.settle_stream(stream_id)
         self._inbound.pop((link, stream_id), None)
         waiting = self._replies.get((link, stream_id))
         if waiting is not None and not waiting[1].done():

@@ -250,7 +250,10 @@ class Driver:
 
     def stream_reset(self, link: QuicLink, stream_id: int, error_code: int) -> None:
         key = (link, stream_id)
+        link.quic.settle_stream(stream_id)  # its connection credit comes back
+        link.transmit_soon()
         self._heads.pop(key, None)
+        self._refused.discard(key)
         routed = self._routed.pop(key, None)
         if routed is not None:
             routed[0].stream_failed(

@@ -62,6 +62,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("tls.Context", "_peer_certificate"),
     ("QuicStream", "max_stream_data_local"),
     ("QuicStream", "max_stream_data_local_sent"),
+    ("QuicStreamReceiver", "highest_offset (public attribute, final size after a reset)"),
     ("QuicStreamSender", "_buffer"),
     ("QuicConnection", "_loss._pacer, _max_datagram_size (only with pacing off)"),
     ("Limit", "used/value/sent"),
@@ -120,9 +121,16 @@ class SwactorConnection(QuicConnection):
         target = self._sw_consumed_total + self._sw_connection_window
         return bool(target - self._local_max_data.value >= self._sw_connection_step)
 
-    def forget_stream(self, stream_id: int) -> None:
-        """Drop per-stream accounting once a stream ended (its total stays counted)."""
-        self._sw_consumed.pop(stream_id, None)
+    def settle_stream(self, stream_id: int) -> None:
+        """The peer reset `stream_id`: count every byte up to its final size as consumed,
+        so that the connection-wide credit the stream held (bytes never read, or never
+        even sent) comes back. Call it when the StreamReset event is handled."""
+        stream = self._streams.get(stream_id)
+        consumed = self._sw_consumed.pop(stream_id, 0)
+        if stream is not None:
+            owed = stream.receiver.highest_offset - consumed
+            if owed > 0:
+                self._sw_consumed_total += owed
 
     def consumed(self, stream_id: int) -> int:
         return self._sw_consumed.get(stream_id, 0)

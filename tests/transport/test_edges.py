@@ -317,3 +317,26 @@ async def test_stopped_edge_gives_its_connection_credit_back() -> None:
     finally:
         await a.close()
         await b.close()
+
+
+async def test_peer_reset_of_an_unread_stream_gives_its_credit_back() -> None:
+    a, b = await make_pair(FAST)
+    try:
+        b.driver.expect_recv([32])  # provisioned, never established: the stream waits unread
+        link, sid = await _raw_stream(a, b)
+        preamble = EdgePreamble(edge_id=EdgeId(32)).pack()
+        link.send(sid, preamble + bytes(100_000))  # type: ignore[attr-defined]
+        async with asyncio.timeout(10):
+            while b.driver.pending_streams.get(32) is None or (
+                b.driver.pending_streams[32].buffered < 100_000
+            ):
+                await asyncio.sleep(0.01)
+        b_link = b.driver.pending_streams[32].link
+        assert b_link.quic.received_unconsumed() == 100_000
+        link.reset_stream(sid)  # type: ignore[attr-defined]
+        fault = await b.wait_for(StreamFault)
+        assert isinstance(fault, StreamFault) and fault.reason is StreamFaultReason.PeerReset
+        assert b_link.quic.received_unconsumed() == 0
+    finally:
+        await a.close()
+        await b.close()
