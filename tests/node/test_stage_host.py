@@ -1,0 +1,166 @@
+"""The StageHost gives every run a fresh StageController and refuses what it must (§4, §38).
+
+A real actor runtime; the host is addressed the way the node's control channel and
+GpuWorkerCtl address it; the fake ports record port calls and reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from swactor import wire
+from swactor.actors import ActorRef, Runtime
+from swactor.fsm.generated import orchestrator_run as orun
+from swactor.fsm.generated import stage_controller as scm
+from swactor.node.stage_host import (
+    HostMail,
+    StageHost,
+    StageHostConfig,
+    StageHostState,
+    StopRunRequest,
+)
+from swactor.node.stage_ports import EdgeEstablished, StageOutcome
+from swactor.wire import (
+    Component,
+    NodeId,
+    ObjectId,
+    ProvisionStage,
+    RunFaultReason,
+    RunId,
+    Sequence,
+    StageIndex,
+)
+from tests.node.fake_stage_ports import FakeStagePorts
+from tests.node.stage_rig import IN_RING, OUT_RING, handle, make_plan, provision_of
+
+ORCHESTRATOR = NodeId(1000)
+NODE = NodeId(2)  # stage 1 of the synthetic 3-node plan
+
+
+class Host:
+    def __init__(self, ref: ActorRef[HostMail], ports: FakeStagePorts, state: StageHostState,
+                 done: asyncio.Queue[StageOutcome]) -> None:
+        self.ref, self.ports, self.state, self.done = ref, ports, state, done
+
+    async def settle(self) -> None:
+        for _ in range(30):
+            await asyncio.sleep(0)
+
+    async def serve_run(self, provision: ProvisionStage, steps: int) -> StageOutcome:
+        """Provision, make ready, run `steps` steps, stop; the stage's outcome."""
+        ports, ref = self.ports, self.ref
+        ready_before = len(ports.reported(orun.StageReady))
+        ref.tell(scm.ProvisionStage(ORCHESTRATOR, provision))
+        await ports.until(lambda: self.state.active_run == provision.run_id)
+        ref.tell(EdgeEstablished(provision.inbound.edge_id, IN_RING))
+        ref.tell(EdgeEstablished(provision.outbound.edge_id, OUT_RING))
+        ref.tell(scm.WeightsReady())
+        ref.tell(wire.RoleConfigured(provision.runtime.role_id))
+        await ports.until(lambda: len(ports.reported(orun.StageReady)) == ready_before + 1)
+        for k in range(steps):
+            before = len(ports.of("execute_step"))
+            h = handle(k)
+            ref.tell(wire.ObjectLoaded(IN_RING, provision.inbound.edge_id,
+                                       provision.runtime.input_port, ObjectId(k + 1),
+                                       Sequence(k), provision.inbound.object_spec.alignment, h))
+            await ports.until(lambda: len(ports.of("execute_step")) == before + 1)
+            command = ports.of("execute_step")[-1][1]
+            assert isinstance(command, wire.ExecuteStep)
+            assert command.inputs[0].sequence == k, "every run starts again at sequence 0"
+            ref.tell(wire.StepCompleted(command.role_id, command.step_id))
+            await ports.until(lambda: ("release_input", h.id) in ports.calls[-1:])
+            ref.tell(wire.DeviceObjectReleased(h))
+        ref.tell(StopRunRequest(ORCHESTRATOR, provision.run_id, provision.stage_index))
+        ref.tell(scm.EdgeStopped(provision.inbound.edge_id, True))
+        ref.tell(scm.EdgeStopped(provision.outbound.edge_id, True))
+        outcome = await asyncio.wait_for(self.done.get(), 5)
+        await self.settle()
+        return outcome
+
+
+def run_host(body: Callable[[Host], Awaitable[None]]) -> None:
+    async def main() -> None:
+        async with Runtime("node") as runtime:
+            ports, state = FakeStagePorts(), StageHostState()
+            done: asyncio.Queue[StageOutcome] = asyncio.Queue()
+            ref = runtime.spawn(lambda: StageHost(
+                StageHostConfig(NODE, ORCHESTRATOR, stopping_grace_s=5.0), ports, state,
+                done.put_nowait,
+            ), "stage-host")
+            await body(Host(ref, ports, state, done))
+
+    asyncio.run(asyncio.wait_for(main(), timeout=20))
+
+
+def test_two_runs_back_to_back_each_with_a_fresh_controller() -> None:
+    first, second = provision_of(make_plan(RunId(7)), 1), provision_of(make_plan(RunId(8)), 1)
+
+    async def body(host: Host) -> None:
+        outcome = await host.serve_run(first, steps=3)
+        assert (outcome.run_id, outcome.clean, outcome.steps_completed) == (RunId(7), True, 3)
+        assert host.state.active_run is None
+        again = await host.serve_run(second, steps=2)
+        assert (again.run_id, again.clean, again.steps_completed) == (RunId(8), True, 2)
+        assert [o.run_id for o in host.state.history] == [RunId(7), RunId(8)]
+        assert host.state.retired_runs == {RunId(7), RunId(8)}
+        assert [m for m in host.ports.reported(orun.StageStopped)] == [
+            orun.StageStopped(StageIndex(1), True)] * 2
+        assert host.ports.reported(orun.StageFault) == []
+        assert len(host.ports.of("reset_role")) == 2, "each run resets the role"
+
+    run_host(body)
+
+
+def test_a_finished_run_cannot_be_provisioned_again() -> None:
+    provision = provision_of(make_plan(RunId(7)), 1)
+
+    async def body(host: Host) -> None:
+        await host.serve_run(provision, steps=1)
+        calls = len(host.ports.calls)
+        host.ref.tell(scm.ProvisionStage(ORCHESTRATOR, provision))
+        await host.ports.until(lambda: bool(host.ports.reported(orun.StageFault)))
+        assert host.ports.reported(orun.StageFault) == [orun.StageFault(
+            StageIndex(1), RunFaultReason.ProvisioningRejected, Component.StageController)]
+        assert "already ran on this node" in host.state.refused[-1]
+        assert len(host.ports.calls) == calls and host.state.active_run is None
+
+    run_host(body)
+
+
+def test_a_busy_node_refuses_another_run_and_a_stranger_cannot_occupy_it() -> None:
+    mine, other = provision_of(make_plan(RunId(7)), 1), provision_of(make_plan(RunId(9)), 1)
+
+    async def body(host: Host) -> None:
+        host.ref.tell(scm.ProvisionStage(NodeId(666), mine))
+        await host.ports.until(lambda: len(host.ports.reports) == 1)
+        assert host.ports.reports[0][0] == 666
+        assert host.state.active_run is None and host.ports.calls == []
+        host.ref.tell(scm.ProvisionStage(ORCHESTRATOR, mine))
+        await host.ports.until(lambda: len(host.ports.calls) == 4)
+        host.ref.tell(scm.ProvisionStage(ORCHESTRATOR, other))
+        await host.ports.until(lambda: len(host.ports.reports) == 2)
+        assert host.ports.reports[1] == (1000, 9, orun.StageFault(
+            StageIndex(1), RunFaultReason.ProvisioningRejected, Component.StageController))
+        assert "node busy with run 7" in host.state.refused[-1]
+        assert host.state.active_run == RunId(7) and len(host.ports.calls) == 4
+
+    run_host(body)
+
+
+def test_stop_run_authority_and_unknown_runs() -> None:
+    provision = provision_of(make_plan(RunId(7)), 1)
+
+    async def body(host: Host) -> None:
+        host.ref.tell(scm.ProvisionStage(ORCHESTRATOR, provision))
+        await host.ports.until(lambda: len(host.ports.calls) == 4)
+        host.ref.tell(StopRunRequest(NodeId(666), RunId(7), StageIndex(1)))
+        await host.settle()
+        assert host.ports.of("stop_edges") == [], "a stranger cannot stop the run"
+        assert "not the trusted orchestrator" in host.state.refused[-1]
+        host.ref.tell(StopRunRequest(ORCHESTRATOR, RunId(12), StageIndex(1)))
+        await host.ports.until(lambda: bool(host.ports.reported(orun.StageStopped)))
+        assert host.ports.reports[-1] == (1000, 12, orun.StageStopped(StageIndex(1), True))
+        assert host.ports.of("stop_edges") == [] and host.state.active_run == RunId(7)
+
+    run_host(body)
