@@ -64,12 +64,12 @@ class Host:
             ref.tell(wire.ObjectLoaded(IN_RING, provision.inbound.edge_id,
                                        provision.runtime.input_port, ObjectId(k + 1),
                                        Sequence(k), provision.inbound.object_spec.alignment, h))
-            await ports.until(lambda: len(ports.of("execute_step")) == before + 1)
+            await ports.until(count_is(ports, "execute_step", before + 1))
             command = ports.of("execute_step")[-1][1]
             assert isinstance(command, wire.ExecuteStep)
             assert command.inputs[0].sequence == k, "every run starts again at sequence 0"
             ref.tell(wire.StepCompleted(command.role_id, command.step_id))
-            await ports.until(lambda: ("release_input", h.id) in ports.calls[-1:])
+            await ports.until(last_call_is(ports, ("release_input", h.id)))
             ref.tell(wire.DeviceObjectReleased(h))
         ref.tell(StopRunRequest(ORCHESTRATOR, provision.run_id, provision.stage_index))
         ref.tell(scm.EdgeStopped(provision.inbound.edge_id, True))
@@ -77,6 +77,14 @@ class Host:
         outcome = await asyncio.wait_for(self.done.get(), 5)
         await self.settle()
         return outcome
+
+
+def count_is(ports: FakeStagePorts, kind: str, n: int) -> Callable[[], bool]:
+    return lambda: len(ports.of(kind)) == n
+
+
+def last_call_is(ports: FakeStagePorts, call: tuple[object, ...]) -> Callable[[], bool]:
+    return lambda: call in ports.calls[-1:]
 
 
 def run_host(body: Callable[[Host], Awaitable[None]]) -> None:
