@@ -208,6 +208,7 @@ class Driver:
             link.consume(stream_id, len(data))  # discard; keep the connection credited
             return
         if not stream_id & 2:
+            link.consume(stream_id, len(data))
             self._refuse(key, None, StreamFaultReason.PreambleGarbage, "bidirectional stream")
             return
         head = self._heads.setdefault(key, bytearray())
@@ -215,6 +216,7 @@ class Driver:
         if len(head) < PREAMBLE_LEN:
             if end:
                 del self._heads[key]
+                link.consume(stream_id, len(head))
                 self._refuse(
                     key,
                     None,
@@ -226,16 +228,19 @@ class Driver:
         try:
             edge_id = int(EdgePreamble.unpack(head).edge_id)
         except PreambleError as exc:
+            link.consume(stream_id, len(head))
             self._refuse(key, None, exc.reason, str(exc))
             return
-        link.consume(stream_id, PREAMBLE_LEN)
         edge = self.recv_edges.get(edge_id)
         if edge is None and edge_id not in self._expected:
+            link.consume(stream_id, len(head))
             self._refuse(key, edge_id, StreamFaultReason.UnknownEdge, "edge not in active plan")
             return
         if edge is not None and edge.finished:
+            link.consume(stream_id, len(head))
             self._refuse(key, edge_id, StreamFaultReason.DuplicateStream, "edge already ended")
             return
+        link.consume(stream_id, PREAMBLE_LEN)
         if edge is None:
             edge = self.recv_edges[edge_id] = RecvEdge(edge_id, self._emit, self._wake)
         assert link.peer_node_id is not None
@@ -276,6 +281,8 @@ class Driver:
     def _refuse(
         self, key: StreamKey, edge_id: int | None, reason: StreamFaultReason, detail: str
     ) -> None:
+        """Stop a stream nobody will read; the caller credited what it already took,
+        later bytes are credited as they come (see `stream_data`)."""
         link, stream_id = key
         self._refused.add(key)
         link.stop_stream(stream_id)

@@ -99,6 +99,11 @@ async def test_unknown_edge_is_refused_and_reported() -> None:
         fault = await b.wait_for(StreamFault)
         assert fault == StreamFault(99, StreamFaultReason.UnknownEdge, "edge not in active plan")
         assert rx.commit == 0 and 99 not in b.driver.pending_streams
+        b_link = b.endpoint.cached(a.identity.node_id, EDGE_ALPN)
+        assert b_link is not None
+        async with asyncio.timeout(5):  # the refused bytes gave their credit back
+            while b_link.quic.received_unconsumed():
+                await asyncio.sleep(0.01)
     finally:
         await a.close()
         await b.close()
