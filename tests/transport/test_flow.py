@@ -22,11 +22,14 @@ CLIENT_ADDR = ("10.0.0.1", 1000)
 SERVER_ADDR = ("10.0.0.2", 2000)
 
 
-def _pair(stock_server: bool = False) -> tuple[QuicConnection, QuicConnection]:
+def _pair(
+    stock_server: bool = False, tickets: list[object] | None = None
+) -> tuple[QuicConnection, QuicConnection]:
     client = SwactorConnection(
         configuration=CONFIG.quic_configuration(NodeIdentity.generate(), is_client=True),
         stream_window=WINDOW,
         connection_window=2 * WINDOW,
+        session_ticket_handler=None if tickets is None else tickets.append,
     )
     server_config = CONFIG.quic_configuration(NodeIdentity.generate(), is_client=False)
     client.connect(SERVER_ADDR, now=0.0)
@@ -80,6 +83,18 @@ def test_server_asks_for_the_client_certificate() -> None:
     cert = server.peer_certificate()
     assert cert is not None
     assert cert.public_key() == client._configuration.certificate.public_key()
+
+
+def test_server_issues_no_session_ticket_so_no_0rtt_is_possible() -> None:
+    tickets: list[object] = []
+    client, server = _pair(tickets=tickets)
+    _shuttle(client, server, 0.0)
+    for now in (0.1, 0.2, 0.5):
+        client.handle_timer(now)
+        server.handle_timer(now)
+        _shuttle(client, server, now)
+    assert isinstance(server, SwactorConnection) and server.peer_certificate() is not None
+    assert tickets == []
 
 
 def test_receiver_credits_only_consumed_bytes() -> None:
