@@ -120,3 +120,4 @@ class ScaleRole:
 
 register_role_kind("echo", lambda config, device: EchoRole())
 register_role_kind("scale", ScaleRole.from_config)
+import swactor.worker.llama_stage  # noqa: E402, F401  (registers the llama_stage role kind)

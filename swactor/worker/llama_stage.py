@@ -1,0 +1,166 @@
+"""The `llama_stage` worker role: a model `StageRole` behind the worker's role interface.
+
+Theory of operation
+-------------------
+`ConfigureRole { config }` with `config["kind"] == "llama_stage"` builds one
+`swactor.model.llama_role.StageRole` for a layer range of a local GGUF file:
+
+    {"kind": "llama_stage", "gguf": "/path/model.gguf", "layer_start": 0,
+     "layer_end": 10, "first": true, "last": false, "dtype": "f32",
+     "max_seq_len": 512, "sampling": {"mode": "Greedy"},       # wire SamplingPolicy JSON
+     "num_layers": 30, "hidden_dim": 576}                      # optional plan checks
+
+The factory reads and dequantises the range once (`GgufRangeReader.load_stage`, which
+validates it against the file and the optional plan facts) and places weights and KV
+cache on the worker's tinygrad device. A config it cannot use, or weights that fail
+(`WeightsError`: missing file, bad range, plan mismatch), raise `RoleConfigError`, which
+the worker answers RoleFailed ConfigInvalid; the message names the problem.
+
+A step has exactly one input and one output binding; the output's `sequence` is the
+inference step (the StageController gives input and output the same one). The role
+converts between ring object bytes and the model role's arrays (spec §17 layouts):
+
+- token objects (stage 0 input, last-stage output): u32 little-endian ids; the model
+  role takes and gives int32 ids;
+- activation objects: rows of `hidden` elements of the plan dtype (f32 or f16,
+  little endian), C order; `extent = tokens * hidden * width`.
+
+Bytes the role cannot read as such an object (a length that is not a whole number of
+rows, an id >= 2**31), and model step errors (out-of-order step, context overflow),
+raise `RoleRunError`, which the step runner answers StepFailed OutputExtentInvalid.
+
+The input crosses to the host once (`Tensor.numpy()`) because the model role's API takes
+arrays; its output is handed back as a uint8 tensor on the same device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from tinygrad.dtype import dtypes
+from tinygrad.tensor import Tensor
+
+from swactor.wire import JsonValue, OutputBinding, SamplingMode, WireError
+from swactor.wire import SamplingPolicy as WireSamplingPolicy
+from swactor.worker.roles import Role, RoleConfigError, RoleRunError, register_role_kind
+
+KIND = "llama_stage"
+ACTIVATION_DTYPES: dict[str, np.dtype[Any]] = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}
+TOKEN_DTYPE: np.dtype[Any] = np.dtype("<u4")
+
+
+def _field(config: Mapping[str, JsonValue], name: str, kind: type, required: bool = True
+           ) -> Any:
+    value = config.get(name)
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) is not (kind is bool) or not isinstance(value, kind):
+        raise RoleConfigError(f"llama_stage needs {name!r} as {kind.__name__}")
+    return value
+
+
+def _sampling(config: Mapping[str, JsonValue]) -> Any:
+    from swactor.model.sampling import SamplingPolicy
+
+    raw = config.get("sampling")
+    if raw is None:
+        return SamplingPolicy.greedy()
+    try:
+        policy = WireSamplingPolicy.from_json(raw)
+    except WireError as error:
+        raise RoleConfigError(f"llama_stage sampling: {error}") from None
+    if policy.mode is SamplingMode.Greedy:
+        return SamplingPolicy.greedy()
+    assert policy.temperature is not None and policy.top_p is not None
+    return SamplingPolicy.sample(
+        temperature=policy.temperature, top_k=policy.top_k or 0, top_p=policy.top_p,
+        seed=policy.seed or 0,
+    )
+
+
+class LlamaStageRole:
+    """One stage's layer range (see the module docstring for config and object layouts)."""
+
+    def __init__(self, stage: Any) -> None:
+        self.stage = stage  # swactor.model.llama_role.StageRole
+        self.hidden: int = stage.facts.hidden_dim
+        self.activation: np.dtype[Any] = ACTIVATION_DTYPES[stage.dtype]
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, JsonValue], device: str) -> LlamaStageRole:
+        from swactor.model.errors import WeightsError
+        from swactor.model.gguf_range import open_reader
+        from swactor.model.llama_role import StageRole
+
+        path = _field(config, "gguf", str)
+        start = _field(config, "layer_start", int)
+        end = _field(config, "layer_end", int)
+        first = _field(config, "first", bool)
+        last = _field(config, "last", bool)
+        dtype = _field(config, "dtype", str)
+        max_seq_len = _field(config, "max_seq_len", int)
+        if dtype not in ACTIVATION_DTYPES:
+            raise RoleConfigError(f"llama_stage dtype {dtype!r} (supported: f32, f16)")
+        sampling = _sampling(config)
+        try:
+            weights = open_reader(path).load_stage(
+                start, end, is_first=first, is_last=last, dtype=dtype, max_seq_len=max_seq_len,
+                num_layers=_field(config, "num_layers", int, required=False),
+                hidden_dim=_field(config, "hidden_dim", int, required=False),
+            )
+            stage = StageRole(weights, max_seq_len=max_seq_len, sampling=sampling,
+                              device=device)
+        except WeightsError as error:
+            raise RoleConfigError(f"llama_stage weights: {error}") from None
+        return cls(stage)
+
+    def run(
+        self, inputs: Mapping[int, Tensor], outputs: Sequence[OutputBinding], runtime: JsonValue
+    ) -> dict[int, Tensor]:
+        from swactor.model.llama_role import StepError
+
+        if len(inputs) != 1 or len(outputs) != 1:
+            raise RoleRunError("llama_stage takes one input and one output per step")
+        (source,) = inputs.values()
+        (binding,) = outputs
+        array = self.decode_input(source.numpy())
+        try:
+            result = self.stage.step(int(binding.sequence), array)
+        except StepError as error:
+            raise RoleRunError(f"llama_stage step {int(binding.sequence)}: {error}") from None
+        data = self.encode_output(result)
+        return {int(binding.port_id): Tensor(data, device=source.device, dtype=dtypes.uint8)}
+
+    def decode_input(self, raw: npt.NDArray[np.uint8]) -> npt.NDArray[Any]:
+        """The model role's input array for one input object's bytes."""
+        raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
+        if self.stage.is_first:
+            if raw.size % TOKEN_DTYPE.itemsize:
+                raise RoleRunError(f"token object of {raw.size} bytes is not whole u32 ids")
+            ids = raw.view(TOKEN_DTYPE)
+            if ids.size and int(ids.max()) >= 2**31:
+                raise RoleRunError("token id does not fit int32")
+            return ids.astype(np.int32)
+        row = self.hidden * self.activation.itemsize
+        if raw.size % row:
+            raise RoleRunError(f"activation object of {raw.size} bytes is not whole rows "
+                               f"of {row} bytes")
+        values: npt.NDArray[Any] = raw.view(self.activation).reshape(-1, self.hidden)
+        return values.astype(self.stage.np_dtype)  # the model role's native-order dtype
+
+    def encode_output(self, result: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
+        """The output object's bytes for the model role's output array."""
+        wire_dtype = TOKEN_DTYPE if self.stage.is_last else self.activation
+        out: npt.NDArray[Any] = np.ascontiguousarray(result).astype(wire_dtype)
+        data: npt.NDArray[np.uint8] = out.view(np.uint8).reshape(-1)
+        return data
+
+
+def _build(config: Mapping[str, JsonValue], device: str) -> Role:
+    return LlamaStageRole.from_config(config, device)
+
+
+register_role_kind(KIND, _build)

@@ -1,0 +1,146 @@
+"""The llama_stage worker role runs a planned stage in-process on a tiny GGUF (spec §17).
+
+The configs come from a real 2-stage plan of the file (`llama_stage_config` of each
+ProvisionStage), the roles from the worker's role registry, and the objects travel
+between them as ring bytes (u32 token ids, f32 activation rows). The reference is the
+model package's own StageRole fed arrays: one stage over all blocks for the tokens,
+and stage 0 alone for the activation bytes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from tinygrad.device import Device
+from tinygrad.tensor import Tensor
+
+from swactor.model.gguf_range import open_reader
+from swactor.model.llama_role import StageRole
+from swactor.node.role_config import llama_stage_config
+from swactor.node.stage_controller import output_extent
+from swactor.orchestrator.inventory import synthetic_pool
+from swactor.orchestrator.model_info import model_info_from_gguf
+from swactor.orchestrator.planner import PlanRequest, plan_run, stage_runtime_facts
+from swactor.wire import (
+    JsonObject,
+    ObjectId,
+    OutputBinding,
+    PortId,
+    PromptSource,
+    ProvisionStage,
+    RingId,
+    RunId,
+    Sequence,
+    provision_stage,
+)
+from swactor.worker.roles import Role, RoleConfigError, RoleRunError, build_role, role_kinds
+from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
+
+TINY = TinyConfig(blocks=4, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=64, context=32,
+                  seed=5)
+PROMPT = (3, 17, 42, 9, 51)
+DECODE = 3
+MAX_SEQ = 16
+
+
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("llama-stage") / "tiny.gguf", TINY)
+
+
+@pytest.fixture(scope="module")
+def provisions(gguf: Path) -> list[ProvisionStage]:
+    request = PlanRequest(run_id=RunId(3), prompt=PromptSource.from_token_ids(PROMPT),
+                          max_tokens=DECODE + 1, max_seq_len=MAX_SEQ, first_edge_id=300,
+                          split=(2, 2))
+    plan = plan_run(synthetic_pool(2), model_info_from_gguf(gguf, with_stop_ids=False),
+                    request).plan
+    return [provision_stage(plan, i, stage_runtime_facts(plan, i)) for i in range(2)]
+
+
+def run_step(role: Role, provision: ProvisionStage, sequence: int,
+             data: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """One step as the worker runs it: a uint8 device tensor in, the output's bytes out."""
+    runtime = provision.runtime
+    binding = OutputBinding(runtime.output_port, RingId(1), ObjectId(sequence + 1),
+                            Sequence(sequence), output_extent(provision, data.size))
+    inputs = {int(runtime.input_port): Tensor(data, device=Device.DEFAULT)}
+    out = role.run(inputs, [binding], {"sequence": sequence})
+    assert set(out) == {int(runtime.output_port)}
+    raw: npt.NDArray[np.uint8] = out[int(runtime.output_port)].numpy().view(np.uint8).reshape(-1)
+    assert raw.size == binding.extent, "the controller's extent is what the role writes"
+    return raw
+
+
+def u32(ids: list[int] | tuple[int, ...]) -> npt.NDArray[np.uint8]:
+    return np.asarray(ids, dtype="<u4").view(np.uint8)
+
+
+def test_two_stage_roles_over_ring_bytes_match_one_stage_role(
+    gguf: Path, provisions: list[ProvisionStage]
+) -> None:
+    assert "llama_stage" in role_kinds()
+    configs = [llama_stage_config(p, gguf) for p in provisions]
+    assert [(c["layer_start"], c["layer_end"], c["first"], c["last"]) for c in configs] == [
+        (0, 2, True, False), (2, 4, False, True)]
+    roles = [build_role(c, Device.DEFAULT) for c in configs]
+    reader = open_reader(gguf)
+    whole = StageRole(reader.load_stage(0, 4, is_first=True, is_last=True),
+                      max_seq_len=MAX_SEQ)
+    head = StageRole(reader.load_stage(0, 2, is_first=True, is_last=False),
+                     max_seq_len=MAX_SEQ)
+
+    tokens: list[int] = []
+    expected: list[int] = []
+    ids: tuple[int, ...] = PROMPT
+    for sequence in range(DECODE + 1):
+        activation = run_step(roles[0], provisions[0], sequence, u32(ids))
+        reference: npt.NDArray[Any] = head.step(sequence, np.array(ids, dtype=np.int32))
+        assert activation.size == len(ids) * TINY.hidden * 4
+        assert activation.tobytes() == reference.astype("<f4").tobytes()
+        token_bytes = run_step(roles[1], provisions[1], sequence, activation)
+        assert token_bytes.size == 4
+        tokens.append(int(token_bytes.view("<u4")[0]))
+        expected.append(int(whole.step(sequence, np.array(ids, dtype=np.int32))[0]))
+        ids = (tokens[-1],)
+    assert tokens == expected
+    assert all(0 <= t < TINY.vocab for t in tokens)
+
+
+@pytest.mark.parametrize("change, phrase", [
+    ({"gguf": None}, "'gguf'"),
+    ({"first": 1}, "'first'"),
+    ({"dtype": "q4"}, "dtype 'q4'"),
+    ({"layer_end": 9}, "LayerRangeInvalid"),
+    ({"hidden_dim": 65}, "PlanMismatch"),
+    ({"gguf": "/nonexistent/model.gguf"}, "llama_stage weights"),
+    ({"sampling": {"mode": "Sometimes"}}, "sampling"),
+])
+def test_bad_configs_are_role_config_errors_naming_the_problem(
+    gguf: Path, provisions: list[ProvisionStage], change: JsonObject, phrase: str
+) -> None:
+    config = dict(llama_stage_config(provisions[1], gguf))
+    config.update(change)
+    with pytest.raises(RoleConfigError, match=phrase.replace("(", r"\(")):
+        build_role(config, Device.DEFAULT)
+
+
+def test_unreadable_objects_and_out_of_order_steps_are_role_run_errors(
+    gguf: Path, provisions: list[ProvisionStage]
+) -> None:
+    last = build_role(llama_stage_config(provisions[1], gguf), Device.DEFAULT)
+    with pytest.raises(RoleRunError, match="not whole rows"):
+        run_step(last, provisions[1], 0, np.zeros(10, dtype=np.uint8))
+    first = build_role(llama_stage_config(provisions[0], gguf), Device.DEFAULT)
+    with pytest.raises(RoleRunError, match="int32"):
+        run_step(first, provisions[0], 0, u32([2**31]))
+    run_step(first, provisions[0], 0, u32(PROMPT))
+    with pytest.raises(RoleRunError, match="out of order"):
+        run_step(first, provisions[0], 2, u32([5]))
+    binding = OutputBinding(PortId(1), RingId(1), ObjectId(1), Sequence(1), 4)
+    with pytest.raises(RoleRunError, match="one input and one output"):
+        first.run({}, [binding], None)
