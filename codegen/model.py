@@ -44,6 +44,8 @@ class Timer:
 
 @dataclass(frozen=True, slots=True)
 class State:
+    """A declared state with its flags, optional timer and own ignore list."""
+
     name: str
     doc: str
     line: int
@@ -72,6 +74,8 @@ class Message:
 
 @dataclass(frozen=True, slots=True)
 class Guard:
+    """A named pure predicate the binding answers for a row's event."""
+
     name: str
     doc: str
     line: int
@@ -108,6 +112,8 @@ class Row:
 
 @dataclass(slots=True)
 class Table:
+    """One validated table: declarations, expanded rows and their groups."""
+
     machine: str
     spec: str
     doc: str
