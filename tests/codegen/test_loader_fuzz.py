@@ -26,7 +26,9 @@ BASE = yaml.safe_load(SOURCE.read_text(encoding="utf-8"))
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(-2, 2),
                     st.sampled_from(["", "*", "else", "Ready", "Lease", "Granted", "fits_now",
-                                     "int", "bytes", "x y", "on", "Rejected.reason"]))
+                                     "int", "bytes", "x y", "on", "Rejected.reason",
+                                     'say "hi"', "back\\slash", 'ends in a quote"',
+                                     "'" * 3, '"' * 3, "word " * 30]))
 values = st.recursive(scalars, lambda inner: st.one_of(
     st.lists(inner, max_size=3), st.dictionaries(scalars.filter(lambda v: v is not None),
                                                  inner, max_size=3)), max_leaves=6)
