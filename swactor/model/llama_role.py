@@ -280,7 +280,10 @@ class StageRole:
         n = self._rms_norm(h, block.ffn_norm)
         gate_up = self._linear(n, block.w_gate_up)
         ffn = self.facts.ffn_dim
-        mlp = self._linear(gate_up[:, :ffn].silu() * gate_up[:, ffn:], block.w_down)
+        # materialise the product: fused into the down projection, silu would be recomputed
+        # once per output feature (measured: 8x slower prefill, slower decode)
+        hidden = (gate_up[:, :ffn].silu() * gate_up[:, ffn:]).contiguous()
+        mlp = self._linear(hidden, block.w_down)
         return (h + mlp).cast(self._tg_dtype)
 
     def _forward(self, x: Tensor, start: UOp | int, tokens: int) -> Tensor:
