@@ -45,3 +45,18 @@ test-native: setup
     mkdir -p native/build
     clang -std=c11 -O1 -g -fsanitize=thread -Wall -Wextra -Werror -o native/build/ring_stress_tsan native/ring_stress.c native/ring.c -lpthread
     TSAN_OPTIONS="halt_on_error=1 exitcode=66" native/build/ring_stress_tsan
+
+# Not part of `just test`. First run builds llama-cpp-python in its own venv (~15 min on 2 cores;
+# AMX off, as a native build dies with SIGILL here); prints where the two first differ.
+# Compare our tokenizer ids and greedy SmolLM2 tokens with llama.cpp's.
+reference: setup
+    #!/usr/bin/env bash
+    set -euo pipefail
+    venv="${SWACTOR_REFERENCE_VENV:-$HOME/.cache/swactor/venv-reference}"
+    if ! "$venv/bin/python" -c "import llama_cpp" 2>/dev/null; then
+      python3 -m venv "$venv"
+      "$venv/bin/pip" install -q --upgrade pip
+      CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
+        "$venv/bin/pip" install --no-cache-dir llama-cpp-python numpy
+    fi
+    {{py}} -m tests.model.reference_llama_cpp --python "$venv/bin/python"

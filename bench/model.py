@@ -13,9 +13,10 @@ One run, CPU (or whatever ``tinygrad.Device.DEFAULT`` is):
    steps (kernel build, JIT capture) are excluded. We print tokens/s and the effective
    weight bandwidth (weight bytes held by the role / seconds per token): decode reads
    every weight once per token, so this says how close we are to memory bandwidth.
-3. **llama.cpp** — when ``llama_cpp`` imports here, or ``.venv-reference`` (built by
-   ``just reference``) exists, its decode tokens/s on the same file and thread count, and
-   the ratio. Otherwise the column is skipped with a note.
+3. **llama.cpp** — when ``llama_cpp`` imports here, or the reference venv (built by
+   ``just reference`` in ``~/.cache/swactor/venv-reference``) exists, its decode tokens/s
+   on the same file and thread count, and the ratio. Otherwise the column is skipped with
+   a note.
 
 The machine is shared: the load average is printed beside the figures.
 """
@@ -46,14 +47,14 @@ TEXT = (
 )
 
 _LLAMA_CPP_SCRIPT = r"""
-import sys, time, llama_cpp
+import sys, time, llama_cpp, numpy as np
 path, threads, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_threads=threads, verbose=False)
 ids = llm.tokenize(b"hello world", add_bos=False)
 llm.eval(ids)
 times = []
 for _ in range(n):
-    tok = llm.sample(temp=0.0)
+    tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
     t = time.perf_counter(); llm.eval([tok]); times.append(time.perf_counter() - t)
 times = sorted(times[3:])
 print(1.0 / times[len(times) // 2])
@@ -123,6 +124,14 @@ def single_stage(path: Path, dtype: str, tokens: int, prompt_len: int, beam: int
     return 1 / median
 
 
+def reference_venv() -> Path:
+    """Where ``just reference`` builds llama.cpp's binding (outside the checkout)."""
+    configured = os.environ.get("SWACTOR_REFERENCE_VENV")
+    if configured:
+        return Path(configured)
+    return Path.home() / ".cache" / "swactor" / "venv-reference"
+
+
 def llama_cpp_decode(path: Path, threads: int, tokens: int) -> float | None:
     candidates = []
     try:
@@ -131,7 +140,7 @@ def llama_cpp_decode(path: Path, threads: int, tokens: int) -> float | None:
         candidates.append(sys.executable)
     except ImportError:
         pass
-    reference = Path(__file__).resolve().parent.parent / ".venv-reference" / "bin" / "python"
+    reference = reference_venv() / "bin" / "python"
     if reference.exists():
         candidates.append(str(reference))
     for python in candidates:
@@ -169,7 +178,7 @@ def main(argv: list[str]) -> int:
     best = max(ours.values())
     reference = llama_cpp_decode(path, threads, args.tokens)
     if reference is None:
-        print("  llama.cpp: skipped (llama_cpp does not import and no .venv-reference; "
+        print("  llama.cpp: skipped (llama_cpp does not import and no reference venv; "
               "`just reference` builds it)")
     else:
         print(f"  llama.cpp decode {reference:.1f} tok/s on {threads} threads; ours/llama.cpp "
