@@ -3,10 +3,11 @@
 Theory of operation. The orchestrator's ProvisionStage says which layers a stage runs,
 whether it is first or last (stage index against stage count), the compute dtype
 (family and width), `max_seq_len` and, for the last stage only, the sampling policy.
-The worker role (`swactor.worker.llama_stage`) needs the same facts plus the *local*
-path of the GGUF file, which the node's weight loader knows once the artifact is on
-this node. `llama_stage_config` joins the two into the JSON config of ConfigureRole;
-the plan's hidden size travels along so the worker checks it against the file.
+The worker role (`swactor.worker.llama_stage`) needs the same facts plus where to read
+the GGUF on this node (a local path, or the URL with the node's range cache), which
+the node's weight loader resolves from the provision's `GgufSource`.
+`llama_stage_config` joins the two into the JSON config of ConfigureRole; the plan's
+hidden size and the source's sha256 travel along so the worker checks them.
 """
 
 from __future__ import annotations
@@ -23,8 +24,13 @@ class RoleConfigProblem(ValueError):
     """The provision asks for something the llama_stage role cannot run."""
 
 
-def llama_stage_config(provision: ProvisionStage, gguf_path: str | Path) -> JsonObject:
-    """The `llama_stage` ConfigureRole config for `provision`, reading `gguf_path`."""
+def llama_stage_config(
+    provision: ProvisionStage, location: str | Path, cache_dir: str | Path | None = None
+) -> JsonObject:
+    """The `llama_stage` ConfigureRole config for `provision`, reading the GGUF at `location`.
+
+    `location` is a local path (made absolute) or an http(s) URL.
+    """
     model = provision.model
     dtype = _DTYPES.get((model.dtype_family, model.dtype_width_bytes))
     if dtype is None:
@@ -33,9 +39,12 @@ def llama_stage_config(provision: ProvisionStage, gguf_path: str | Path) -> Json
             "(llama_stage runs Float32 or Float16)"
         )
     sampling = provision.runtime.sampling
+    text = str(location)
+    if not text.startswith(("http://", "https://")):
+        text = str(Path(text).absolute())
     return {
         "kind": ROLE_KIND,
-        "gguf": str(Path(gguf_path).absolute()),
+        "gguf": text,
         "layer_start": provision.layer_start,
         "layer_end": provision.layer_end_exclusive,
         "first": provision.stage_index == 0,
@@ -44,4 +53,6 @@ def llama_stage_config(provision: ProvisionStage, gguf_path: str | Path) -> Json
         "max_seq_len": model.max_seq_len,
         "hidden_dim": model.hidden_dim,
         "sampling": None if sampling is None else sampling.to_json(),
+        "sha256": provision.gguf_source.sha256,
+        "cache_dir": None if cache_dir is None else str(cache_dir),
     }

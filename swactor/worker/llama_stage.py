@@ -8,11 +8,14 @@ Theory of operation
     {"kind": "llama_stage", "gguf": "/path/model.gguf", "layer_start": 0,
      "layer_end": 10, "first": true, "last": false, "dtype": "f32",
      "max_seq_len": 512, "sampling": {"mode": "Greedy"},       # wire SamplingPolicy JSON
-     "num_layers": 30, "hidden_dim": 576}                      # optional plan checks
+     "num_layers": 30, "hidden_dim": 576,                      # optional plan checks
+     "sha256": null, "cache_dir": null}                        # optional source options
 
-The factory reads and dequantises the range once (`GgufRangeReader.load_stage`, which
-validates it against the file and the optional plan facts) and places weights and KV
-cache on the worker's tinygrad device. A config it cannot use, or weights that fail
+`gguf` is a local path or an http(s) URL (read by byte ranges, through the
+content-addressed cache in `cache_dir` when given). The factory reads and dequantises
+the range once (`GgufRangeReader.load_stage`, which validates it against the file and
+the optional plan facts) and places weights and KV cache on the worker's tinygrad
+device. A config it cannot use, or weights that fail
 (`WeightsError`: missing file, bad range, plan mismatch), raise `RoleConfigError`, which
 the worker answers RoleFailed ConfigInvalid; the message names the problem.
 
@@ -106,7 +109,11 @@ class LlamaStageRole:
             raise RoleConfigError(f"llama_stage dtype {dtype!r} (supported: f32, f16)")
         sampling = _sampling(config)
         try:
-            weights = open_reader(path).load_stage(
+            reader = open_reader(
+                path, digest=_field(config, "sha256", str, required=False),
+                cache_dir=_field(config, "cache_dir", str, required=False),
+            )
+            weights = reader.load_stage(
                 start, end, is_first=first, is_last=last, dtype=dtype, max_seq_len=max_seq_len,
                 num_layers=_field(config, "num_layers", int, required=False),
                 hidden_dim=_field(config, "hidden_dim", int, required=False),

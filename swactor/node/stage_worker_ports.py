@@ -1,0 +1,159 @@
+"""The worker- and weight-facing half of `StagePorts`: GpuWorkerCtl commands and GGUF weights.
+
+Theory of operation. `WorkerStagePorts` carries out the stage controller's effects that
+concern the node's GPU worker and the stage's weights; the node composition adds the
+edge ports (EdgeEstablisher, edge actors), `report` (control channel) and `emit`
+(event log) beside it.
+
+- `load_weights(provision)` resolves the provision's `GgufSource` to a location this
+  node reads (LocalPath as is; HttpUrl read by byte ranges through `cache_dir`;
+  CacheKey as a file in `models_dir`), then checks the stage's layer range, first/last
+  tensors, hidden size, dtype and `max_seq_len` against the file's header
+  (`GgufRangeReader.validate_stage`, in a thread: the header may come over HTTP).
+  Success tells the stage `WeightsFetched` and `WeightsReady`; a `WeightsError` raises
+  `StagePortError` with WeightDownloadFailed (download, cache, source problems) or
+  WeightLoadFailed (the file does not hold what the plan says), which the controller
+  reports as its StageFault.
+- `configure_role(provision)` waits for that location, then sends ConfigureRole with the
+  `llama_stage` config (`role_config.llama_stage_config`): the worker reads and binds
+  the range itself and answers RoleConfigured / RoleFailed to the stage. If the weights
+  failed, it raises too (the controller keeps the first fault).
+- `execute_step`, `release_input`: the §29 commands, as GpuWorkerCtl's machine events.
+- `reset_role`: §29 has no command to drop a role, so nothing is sent: the next run's
+  ConfigureRole replaces the role object (its weights and KV cache are freed with it),
+  and a role's positions restart at inference step 0. Locations of the run are dropped.
+- `worker_generation()`: the generation the node last heard of (`set_generation` on
+  each WorkerReadyNotice).
+
+Results go to `stage`, the StageHost (or a controller) the node wires in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from swactor.actors import ActorRef
+from swactor.fsm.generated import gpu_worker_ctl as gwc
+from swactor.fsm.generated import stage_controller as scm
+from swactor.node.role_config import RoleConfigProblem, llama_stage_config
+from swactor.node.stage_ports import StagePortError, WeightsFetched
+from swactor.wire import (
+    ConfigureRole,
+    DeviceObjectHandle,
+    ExecuteStep,
+    GgufSourceKind,
+    ProvisionStage,
+    RoleId,
+    RunFaultReason,
+    RunId,
+    WorkerGeneration,
+)
+
+_DTYPE_NAMES = {4: "f32", 2: "f16"}
+FIRST_GENERATION = WorkerGeneration(1)
+
+
+def weights_location(provision: ProvisionStage, models_dir: Path) -> str:
+    """Where this node reads the stage's GGUF: a local path or an http(s) URL."""
+    source = provision.gguf_source
+    if source.kind is GgufSourceKind.CacheKey:
+        return str(models_dir / source.location)
+    return source.location
+
+
+def _fault_reason(error: Exception) -> RunFaultReason:
+    from swactor.model.errors import WeightsFault
+
+    reason = getattr(error, "reason", None)
+    if reason in (WeightsFault.DOWNLOAD_FAILED, WeightsFault.CACHE_CORRUPT,
+                  WeightsFault.SOURCE_INVALID):
+        return RunFaultReason.WeightDownloadFailed
+    return RunFaultReason.WeightLoadFailed
+
+
+def validate_weights(provision: ProvisionStage, location: str, cache_dir: Path | None) -> int:
+    """Check the stage's range against the file's header; the bytes the range spans."""
+    from swactor.model.gguf_range import open_reader
+
+    model = provision.model
+    reader = open_reader(location, digest=provision.gguf_source.sha256, cache_dir=cache_dir)
+    entries = reader.validate_stage(
+        provision.layer_start,
+        provision.layer_end_exclusive,
+        is_first=provision.stage_index == 0,
+        is_last=provision.stage_index == provision.stage_count - 1,
+        hidden_dim=model.hidden_dim,
+        dtype_family=_DTYPE_NAMES.get(model.dtype_width_bytes, "?"),
+        max_seq_len=model.max_seq_len,
+    )
+    return sum(entry.n_bytes for entry in entries)
+
+
+class WorkerStagePorts:
+    """GpuWorkerCtl and weight ports of a stage (module doc)."""
+
+    def __init__(
+        self,
+        worker: ActorRef[Any],
+        stage: ActorRef[Any],
+        *,
+        models_dir: Path,
+        cache_dir: Path | None = None,
+        generation: WorkerGeneration = FIRST_GENERATION,
+    ) -> None:
+        self.worker = worker
+        self.stage = stage
+        self.models_dir = models_dir
+        self.cache_dir = cache_dir
+        self._generation = generation
+        self._locations: dict[RunId, asyncio.Future[str]] = {}
+
+    def set_generation(self, generation: WorkerGeneration) -> None:
+        self._generation = generation
+
+    def worker_generation(self) -> WorkerGeneration:
+        return self._generation
+
+    def _location(self, run: RunId) -> asyncio.Future[str]:
+        future = self._locations.get(run)
+        if future is None:
+            future = self._locations[run] = asyncio.get_running_loop().create_future()
+        return future
+
+    async def load_weights(self, provision: ProvisionStage) -> None:
+        future = self._location(provision.run_id)
+        location = weights_location(provision, self.models_dir)
+        try:
+            spanned = await asyncio.to_thread(validate_weights, provision, location,
+                                              self.cache_dir)
+        except Exception as error:  # WeightsError, or a reader bug: both fault the stage
+            failure = StagePortError(_fault_reason(error), str(error))
+            if not future.done():
+                future.set_exception(failure)
+                future.exception()  # configure_role may never await it
+            raise failure from None
+        if not future.done():
+            future.set_result(location)
+        self.stage.tell(WeightsFetched(spanned))
+        self.stage.tell(scm.WeightsReady())
+
+    async def configure_role(self, provision: ProvisionStage) -> None:
+        location = await self._location(provision.run_id)
+        try:
+            config = llama_stage_config(provision, location, self.cache_dir)
+        except RoleConfigProblem as error:
+            raise StagePortError(RunFaultReason.WeightLoadFailed, str(error)) from None
+        self.worker.tell(gwc.ConfigureRole(ConfigureRole(provision.runtime.role_id, config)))
+
+    async def execute_step(self, command: ExecuteStep) -> None:
+        self.worker.tell(gwc.ExecuteStep(command))
+
+    async def release_input(self, handle: DeviceObjectHandle) -> None:
+        self.worker.tell(gwc.ReleaseDeviceObject(handle))
+
+    async def reset_role(self, role_id: RoleId) -> None:
+        for run, future in list(self._locations.items()):
+            if future.done():
+                del self._locations[run]

@@ -1,0 +1,125 @@
+"""WorkerStagePorts: GGUF checks before the worker is asked, ConfigureRole after them (§15).
+
+Real actors collect what the ports send; the GGUF files are tiny ones the test writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from swactor.actors import Actor, Context, Runtime
+from swactor.fsm.generated import gpu_worker_ctl as gwc
+from swactor.fsm.generated import stage_controller as scm
+from swactor.node.stage_ports import StagePortError, WeightsFetched
+from swactor.node.stage_worker_ports import WorkerStagePorts
+from swactor.orchestrator.inventory import synthetic_pool
+from swactor.orchestrator.model_info import model_info_from_gguf
+from swactor.orchestrator.planner import PlanRequest, plan_run, stage_runtime_facts
+from swactor.wire import (
+    GgufSource,
+    GgufSourceKind,
+    PromptSource,
+    ProvisionStage,
+    RunFaultReason,
+    RunId,
+    provision_stage,
+)
+from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
+from tests.orchestrator.conftest import synthetic_model
+
+TINY = TinyConfig(blocks=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=64, context=32)
+
+
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("worker-ports") / "tiny.gguf", TINY)
+
+
+class Inbox(Actor[Any]):
+    def __init__(self, box: list[Any]) -> None:
+        self.box = box
+
+    async def receive(self, ctx: Context[Any], message: Any) -> None:
+        self.box.append(message)
+
+
+def provision_for(gguf: Path, *, source: GgufSource | None = None, blocks: int | None = None,
+                  stage: int = 1) -> ProvisionStage:
+    model = (model_info_from_gguf(gguf, with_stop_ids=False) if blocks is None
+             else synthetic_model(blocks=blocks, hidden=TINY.hidden, context=TINY.context))
+    request = PlanRequest(run_id=RunId(4), prompt=PromptSource.from_token_ids((1, 2)),
+                          max_tokens=2, max_seq_len=16, first_edge_id=50,
+                          gguf_source=source or GgufSource(GgufSourceKind.LocalPath, str(gguf)))
+    plan = plan_run(synthetic_pool(2), model, request).plan
+    return provision_stage(plan, stage, stage_runtime_facts(plan, stage))
+
+
+def run_ports(gguf: Path, body: Any) -> None:
+    async def main() -> None:
+        async with Runtime("node") as runtime:
+            worker_box: list[Any] = []
+            stage_box: list[Any] = []
+            ports = WorkerStagePorts(runtime.spawn(lambda: Inbox(worker_box), "worker"),
+                                     runtime.spawn(lambda: Inbox(stage_box), "stage"),
+                                     models_dir=gguf.parent)
+            await body(ports, worker_box, stage_box)
+
+    asyncio.run(asyncio.wait_for(main(), timeout=20))
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def test_weights_checked_then_role_configured(gguf: Path) -> None:
+    provision = provision_for(gguf, source=GgufSource(GgufSourceKind.CacheKey, gguf.name))
+
+    async def body(ports: WorkerStagePorts, worker: list[Any], stage: list[Any]) -> None:
+        configure = asyncio.ensure_future(ports.configure_role(provision))
+        await settle()
+        assert worker == [], "no ConfigureRole before the weights are checked"
+        await ports.load_weights(provision)
+        await configure
+        await settle()
+        fetched, ready = stage
+        assert isinstance(fetched, WeightsFetched) and fetched.bytes_fetched > 0
+        assert isinstance(ready, scm.WeightsReady)
+        (command,) = worker
+        assert isinstance(command, gwc.ConfigureRole)
+        config = command.command.config
+        assert isinstance(config, dict)
+        assert command.command.role_id == provision.runtime.role_id
+        assert (config["kind"], config["gguf"]) == ("llama_stage", str(gguf))
+        assert (config["layer_start"], config["layer_end"], config["last"]) == (1, 2, True)
+
+    run_ports(gguf, body)
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("range", RunFaultReason.WeightLoadFailed),      # the plan has 6 blocks, the file 2
+    ("missing", RunFaultReason.WeightDownloadFailed),
+])
+def test_weight_failures_raise_their_reason_and_block_the_role(
+    gguf: Path, case: str, reason: RunFaultReason
+) -> None:
+    if case == "range":
+        provision = provision_for(gguf, blocks=6)
+    else:
+        provision = provision_for(gguf, source=GgufSource(GgufSourceKind.LocalPath,
+                                                          str(gguf.parent / "absent.gguf")))
+
+    async def body(ports: WorkerStagePorts, worker: list[Any], stage: list[Any]) -> None:
+        with pytest.raises(StagePortError) as raised:
+            await ports.load_weights(provision)
+        assert raised.value.reason is reason
+        with pytest.raises(StagePortError):
+            await ports.configure_role(provision)
+        await settle()
+        assert worker == [] and stage == []
+
+    run_ports(gguf, body)
