@@ -9,27 +9,27 @@ import pytest
 
 from swactor.model.artifact_server import ArtifactServer
 from swactor.model.errors import WeightsError, WeightsFault
-from swactor.model.llama_role import StepError
-from swactor.model.stage import input_from_bytes, load_stage_role, object_extent
+from swactor.model.llama_role import StageRole, StepError
+from swactor.model.stage import LoadReport, input_from_bytes, load_stage_role, object_extent
+
+
+def _load(location: str, start: int, end: int) -> tuple[StageRole, LoadReport]:
+    return load_stage_role(
+        location, layer_start=start, layer_end=end, is_first=start == 0, is_last=end == 4,
+        dtype="f16", max_seq_len=16, num_layers=4, hidden_dim=256,
+    )
 
 
 def test_two_stages_over_http_exchange_bytes(tiny_llama: Path) -> None:
     with ArtifactServer(tiny_llama) as server:
-        common = {"dtype": "f16", "max_seq_len": 16, "num_layers": 4, "hidden_dim": 256}
-        first, first_report = load_stage_role(
-            server.url, layer_start=0, layer_end=2, is_first=True, is_last=False, **common
-        )
-        last, last_report = load_stage_role(
-            server.url, layer_start=2, layer_end=4, is_first=False, is_last=True, **common
-        )
+        first, first_report = _load(server.url, 0, 2)
+        last, last_report = _load(server.url, 2, 4)
         served = server.bytes_served
     size = tiny_llama.stat().st_size
     assert first_report.bytes_read + last_report.bytes_read == served
     assert first_report.file_size == size
     assert first_report.bytes_read - first_report.header_bytes >= first_report.tensor_bytes
-    whole, _ = load_stage_role(
-        tiny_llama, layer_start=0, layer_end=4, is_first=True, is_last=True, **common
-    )
+    whole, _ = _load(str(tiny_llama), 0, 4)
     prompt = np.array([3, 1, 4, 1, 5], dtype=np.int32)
     payload = prompt.tobytes()
     for sequence in range(3):
