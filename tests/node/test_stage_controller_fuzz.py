@@ -1,0 +1,185 @@
+"""Hypothesis: any order of peer mail leaves the StageController within its contract (§14).
+
+Sequences of what the orchestrator, the edge actors, the weight loader and GpuWorkerCtl
+may send, in any order, with duplicates, strangers and stale answers, are played into a
+real controller actor (fake ports). Whatever happens, the ports must have seen:
+
+- ExecuteStep only after StageReady, for input sequences 0, 1, 2, ... in order, never a
+  second one before the first completed, never after a fault or StopRun;
+- StageReady at most once, and only after the role, the weights and both edges were
+  reported ready;
+- at most one StageFault other than provisioning rejections (the first fault only);
+- StageStopped at most once, nothing reported after it, and the actor never crashed.
+
+Moves that need a live step id (StepCompleted, StepFailed) name the last ExecuteStep the
+ports saw, so sequences do reach Executing and come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import strategies as st
+
+from swactor import wire
+from swactor.actors import Runtime
+from swactor.fsm.generated import orchestrator_run as orun
+from swactor.fsm.generated import stage_controller as scm
+from swactor.node.stage_controller import StageController, StageControllerConfig
+from swactor.node.stage_ports import EdgeEstablished, StageOutcome
+from swactor.node.worker_ctl import WorkerCrashed
+from swactor.wire import (
+    Component,
+    NodeId,
+    ObjectFailure,
+    RunFaultReason,
+    StepFailure,
+    WorkerGeneration,
+)
+from tests.node.fake_stage_ports import FakeStagePorts
+from tests.node.stage_rig import IN_RING, OUT_RING, handle, make_plan, provision_of
+
+MOVES = st.sampled_from([
+    "setup_all", "load", "complete", "load", "complete", "released",
+    "provision", "provision_stranger", "edge_in", "edge_out", "weights", "weights_failed",
+    "role", "role_failed", "load", "load_next", "load_again", "complete", "complete_stale",
+    "step_failed", "released", "release_failed", "edge_stopped_in", "edge_stopped_out",
+    "edge_stopped_unclean", "stop", "crash", "edge_fault", "object_failed",
+])
+
+GOOD_MOVES = st.sampled_from(["load", "complete", "released"] * 15 + [
+    "load_next", "load_again", "complete_stale", "step_failed", "release_failed", "stop",
+    "edge_stopped_in", "edge_stopped_out", "crash", "edge_fault",
+])
+"""Mostly the moves of a healthy run, so that examples get several steps deep."""
+
+
+def message_for(move: str, ports: FakeStagePorts, provision: wire.ProvisionStage,
+                orchestrator: NodeId) -> Any:
+    role, inbound, outbound = (provision.runtime.role_id, provision.inbound.edge_id,
+                               provision.outbound.edge_id)
+    issued = [c[1] for c in ports.of("execute_step")]
+    last = issued[-1] if issued else None
+    next_seq = len(issued)
+    match move:
+        case "setup_all":
+            return [scm.ProvisionStage(orchestrator, provision),
+                    EdgeEstablished(inbound, IN_RING), EdgeEstablished(outbound, OUT_RING),
+                    scm.WeightsReady(), wire.RoleConfigured(role)]
+        case "provision":
+            return scm.ProvisionStage(orchestrator, provision)
+        case "provision_stranger":
+            return scm.ProvisionStage(NodeId(4242), provision)
+        case "edge_in":
+            return EdgeEstablished(inbound, IN_RING)
+        case "edge_out":
+            return EdgeEstablished(outbound, OUT_RING)
+        case "weights":
+            return scm.WeightsReady()
+        case "weights_failed":
+            return scm.WeightsFailed(RunFaultReason.WeightDownloadFailed)
+        case "role":
+            return wire.RoleConfigured(role)
+        case "role_failed":
+            return wire.RoleFailed(role, wire.RoleFailure.TinygradError)
+        case "load" | "load_next" | "load_again":
+            seq = {"load": next_seq, "load_next": next_seq + 1,
+                   "load_again": max(next_seq - 1, 0)}[move]
+            return wire.ObjectLoaded(IN_RING, inbound, provision.runtime.input_port,
+                                     wire.ObjectId(seq + 1), wire.Sequence(seq),
+                                     provision.inbound.object_spec.alignment, handle(seq))
+        case "complete" if isinstance(last, wire.ExecuteStep):
+            return wire.StepCompleted(role, last.step_id)
+        case "complete" | "complete_stale":
+            return wire.StepCompleted(role, wire.StepId(999))
+        case "step_failed" if isinstance(last, wire.ExecuteStep):
+            return wire.StepFailed(role, last.step_id, StepFailure.TinygradError)
+        case "step_failed":
+            return wire.StepFailed(role, wire.StepId(998), StepFailure.TinygradError)
+        case "released":
+            return wire.DeviceObjectReleased(handle(max(next_seq - 1, 0)))
+        case "release_failed":
+            return wire.ReleaseFailed(handle(max(next_seq - 1, 0)),
+                                      wire.ReleaseFailure.StillReferenced)
+        case "edge_stopped_in":
+            return scm.EdgeStopped(inbound, True)
+        case "edge_stopped_out":
+            return scm.EdgeStopped(outbound, True)
+        case "edge_stopped_unclean":
+            return scm.EdgeStopped(outbound, False)
+        case "stop":
+            return scm.StopRun(provision.run_id)
+        case "crash":
+            return WorkerCrashed(WorkerGeneration(1), -9)
+        case "edge_fault":
+            return scm.EdgeFault(outbound, RunFaultReason.StreamFault, Component.TxEdge)
+        case "object_failed":
+            return wire.ObjectFailed(IN_RING, inbound, provision.runtime.input_port, None, None,
+                                     ObjectFailure.HeaderMalformed)
+    raise AssertionError(move)
+
+
+def check_contract(ports: FakeStagePorts, trace: list[str]) -> None:
+    reports = [m for _, _, m in ports.reports]
+    readies = [m for m in reports if isinstance(m, orun.StageReady)]
+    assert len(readies) <= 1, trace
+    stops = [i for i, m in enumerate(reports) if isinstance(m, orun.StageStopped)]
+    assert len(stops) <= 1 and (not stops or stops[0] == len(reports) - 1), trace
+    faults = [m for m in reports if isinstance(m, orun.StageFault)
+              and m.reason is not RunFaultReason.ProvisioningRejected]
+    assert len(faults) <= 1, trace
+    sequences = [int(c[1].inputs[0].sequence) for c in ports.of("execute_step")
+                 if isinstance(c[1], wire.ExecuteStep)]
+    assert sequences == list(range(len(sequences))), trace
+    if sequences:
+        assert readies, f"ExecuteStep before StageReady: {trace}"
+    event(f"steps executed: {min(len(sequences), 3)}{'+' if len(sequences) > 3 else ''}")
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(["setup_all", "load", "complete", "released", "load", "complete", "load", "stop",
+          "edge_stopped_in", "edge_stopped_out", "released"])
+@given(st.one_of(
+    st.lists(MOVES, min_size=1, max_size=30),
+    st.lists(GOOD_MOVES, min_size=10, max_size=40).map(lambda moves: ["setup_all", *moves]),
+))
+def test_any_mail_order_keeps_the_contract(moves: list[str]) -> None:
+    plan = make_plan()
+    provision = provision_of(plan, 1)
+    orchestrator = plan.orchestrator_node
+
+    async def main() -> None:
+        async with Runtime("node") as runtime:
+            ports = FakeStagePorts()
+            finished: asyncio.Future[StageOutcome] = asyncio.get_running_loop().create_future()
+            config = StageControllerConfig(plan.stages[1].node_id, orchestrator,
+                                           stopping_grace_s=30.0)
+            controller = StageController(config, ports, finished)
+            ref = runtime.spawn(lambda: controller, "stage")
+            trace: list[str] = []
+            in_flight = 0
+            for move in moves:
+                if finished.done():
+                    break
+                trace.append(move)
+                mail = message_for(move, ports, provision, orchestrator)
+                for message in mail if isinstance(mail, list) else [mail]:
+                    ref.tell(message)
+                for _ in range(10):
+                    await asyncio.sleep(0)
+                issued = len(ports.of("execute_step"))
+                completed = controller.outcome.steps_completed
+                in_flight = issued - completed
+                assert in_flight in (0, 1), trace
+                if controller.machine.state is scm.State.Executing:
+                    assert in_flight == 1, trace
+            check_contract(ports, trace)
+            if finished.done():
+                assert finished.exception() is None, trace
+                assert ref.alive is False or controller.machine.state is scm.State.Stopped
+            else:
+                assert ref.alive, f"the controller crashed: {trace}"
+
+    asyncio.run(asyncio.wait_for(main(), timeout=20))
