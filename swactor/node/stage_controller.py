@@ -163,6 +163,9 @@ class StageControllerConfig:
     retired_runs: frozenset[RunId] = frozenset()
     """Runs this node already served: provisioning them again is rejected."""
     stopping_grace_s: float = DEFAULT_STOPPING_GRACE_S
+    first_step_id: int = 1
+    """Step ids are minted from here up; the StageHost gives each run its own range, so a
+    late worker answer about an earlier run's step can never match this run's step."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +219,7 @@ class StageController(Actor[StageMail]):
         self._held: set[DeviceObjectHandle] = set()
         self._releasing: set[DeviceObjectHandle] = set()
         self._gate = SequenceGate(SequencePolicy.Contiguous)
-        self._next_step = 1
+        self._next_step = config.first_step_id
         self._step: _Step | None = None
         self._teardown = _Teardown()
 

@@ -24,7 +24,9 @@ most one *active* `StageController` child and forwards to it:
 
 When the active controller reaches Stopped its `StageOutcome` is appended to
 `StageHostState.history`, its run id is retired, and the host is idle again: the next
-ProvisionStage gets a new controller with fresh bookkeeping, gate and step ids. Because
+ProvisionStage gets a new controller with fresh bookkeeping and gate, and step ids
+from a range no earlier run used (role ids repeat across runs, so a late StepCompleted
+of the last run must not match a step of this one). Because
 per-run state lives only in the controller, nothing of one run survives into the next;
 the worker-side state (role, rings, device objects) is released by the controller's own
 teardown effects (ResetRole, ReleaseRunObjects, StopEdges) before it reports.
@@ -51,6 +53,9 @@ from swactor.node.stage_ports import StageOutcome, StagePorts, StageReport
 from swactor.wire import Component, NodeId, RunFaultReason, RunId, StageIndex
 
 log = logging.getLogger("swactor.node.stage_host")
+
+STEP_IDS_PER_RUN = 1 << 32
+"""Each run's controller mints step ids from its own range of this size (StepId is u64)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +140,7 @@ class StageHost(Actor[HostMail]):
             orchestrator=self.config.orchestrator,
             retired_runs=frozenset(self.state.retired_runs),
             stopping_grace_s=self.config.stopping_grace_s,
+            first_step_id=(self._serial + 1) * STEP_IDS_PER_RUN,
         )
         problem = provision_problem(config, message.orchestrator, message.provision)
         if problem is not None:

@@ -116,6 +116,9 @@ def test_two_runs_back_to_back_each_with_a_fresh_controller() -> None:
             orun.StageStopped(StageIndex(1), True)] * 2
         assert host.ports.reported(orun.StageFault) == []
         assert len(host.ports.of("reset_role")) == 2, "each run resets the role"
+        step_ids = [c[1].step_id for c in host.ports.of("execute_step")
+                    if isinstance(c[1], wire.ExecuteStep)]
+        assert len(step_ids) == 5 and len(set(step_ids)) == 5, "no step id reused across runs"
 
     run_host(body)
 
