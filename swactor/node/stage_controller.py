@@ -168,14 +168,6 @@ class StageControllerConfig:
     late worker answer about an earlier run's step can never match this run's step."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Input:
-    """What the worker said about one loaded inbound object (the machine keeps less)."""
-
-    ring_id: RingId
-    extent: int
-
-
 @dataclass(slots=True)
 class _Step:
     step_id: StepId
@@ -215,7 +207,8 @@ class StageController(Actor[StageMail]):
         self._weights_loaded_emitted = False
         self._edges_ready: set[EdgeId] = set()
         self._rings: dict[EdgeId, RingId] = {}
-        self._inputs: dict[DeviceObjectHandle, _Input] = {}
+        self._extents: dict[DeviceObjectHandle, int] = {}
+        """Bytes of each loaded input (the machine's ObjectLoaded does not carry them)."""
         self._held: set[DeviceObjectHandle] = set()
         self._releasing: set[DeviceObjectHandle] = set()
         self._gate = SequenceGate(SequencePolicy.Contiguous)
@@ -347,7 +340,7 @@ class StageController(Actor[StageMail]):
         assert provision is not None
         handle = message.device_handle
         self._held.add(handle)
-        self._inputs[handle] = _Input(message.ring_id, message.extent)
+        self._extents[handle] = message.extent
         self.ports.emit(ObjectLoaded(
             node_id=self.config.node_id, run_id=provision.run_id,
             stage_index=provision.stage_index, edge_id=message.edge_id,
@@ -392,7 +385,7 @@ class StageController(Actor[StageMail]):
             case scm.DeviceObjectReleased(device_handle=handle):
                 self._held.discard(handle)
                 self._releasing.discard(handle)
-                self._inputs.pop(handle, None)
+                self._extents.pop(handle, None)
             case scm.ReleaseFailed(device_handle=handle, reason=reason):
                 self._releasing.discard(handle)  # still held: teardown retries it
                 if self.machine.state is scm.State.Stopping:
@@ -589,8 +582,8 @@ class StageController(Actor[StageMail]):
         sequence: Sequence,
         handle: DeviceObjectHandle,
     ) -> wire.ExecuteStep:
-        loaded = self._inputs.get(handle)
-        if loaded is None:
+        extent = self._extents.get(handle)
+        if extent is None:
             raise StagePortError(RunFaultReason.StepFailed, "input extent unknown "
                                  "(ObjectLoaded did not come from the worker)")
         ring = self._rings.get(provision.outbound.edge_id)
@@ -603,7 +596,7 @@ class StageController(Actor[StageMail]):
             inputs=(InputBinding(runtime.input_port, object_id, sequence, handle),),
             outputs=(OutputBinding(
                 runtime.output_port, ring, ObjectId(sequence + 1), sequence,
-                output_extent(provision, loaded.extent),
+                output_extent(provision, extent),
             ),),
             runtime={"sequence": int(sequence)},
             release_inputs_after=False,
