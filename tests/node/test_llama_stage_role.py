@@ -24,7 +24,12 @@ from swactor.node.role_config import llama_stage_config
 from swactor.node.stage_controller import output_extent
 from swactor.orchestrator.inventory import synthetic_pool
 from swactor.orchestrator.model_info import model_info_from_gguf
-from swactor.orchestrator.planner import PlanRequest, plan_run, stage_runtime_facts
+from swactor.orchestrator.planner import (
+    ComputeDtype,
+    PlanRequest,
+    plan_run,
+    stage_runtime_facts,
+)
 from swactor.wire import (
     JsonObject,
     ObjectId,
@@ -52,14 +57,18 @@ def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_gguf(tmp_path_factory.mktemp("llama-stage") / "tiny.gguf", TINY)
 
 
-@pytest.fixture(scope="module")
-def provisions(gguf: Path) -> list[ProvisionStage]:
+def planned(gguf: Path, dtype: ComputeDtype = ComputeDtype.f32) -> list[ProvisionStage]:
     request = PlanRequest(run_id=RunId(3), prompt=PromptSource.from_token_ids(PROMPT),
                           max_tokens=DECODE + 1, max_seq_len=MAX_SEQ, first_edge_id=300,
-                          split=(2, 2))
+                          split=(2, 2), dtype=dtype)
     plan = plan_run(synthetic_pool(2), model_info_from_gguf(gguf, with_stop_ids=False),
                     request).plan
     return [provision_stage(plan, i, stage_runtime_facts(plan, i)) for i in range(2)]
+
+
+@pytest.fixture(scope="module")
+def provisions(gguf: Path) -> list[ProvisionStage]:
+    return planned(gguf)
 
 
 def run_step(role: Role, provision: ProvisionStage, sequence: int,
@@ -80,19 +89,25 @@ def u32(ids: list[int] | tuple[int, ...]) -> npt.NDArray[np.uint8]:
     return np.asarray(ids, dtype="<u4").view(np.uint8)
 
 
+@pytest.mark.parametrize("dtype, wire_dtype", [
+    (ComputeDtype.f32, "<f4"),
+    (ComputeDtype.f16, "<f2"),
+])
 def test_two_stage_roles_over_ring_bytes_match_one_stage_role(
-    gguf: Path, provisions: list[ProvisionStage]
+    gguf: Path, dtype: ComputeDtype, wire_dtype: str
 ) -> None:
     assert "llama_stage" in role_kinds()
+    provisions = planned(gguf, dtype)
     configs = [llama_stage_config(p, gguf) for p in provisions]
-    assert [(c["layer_start"], c["layer_end"], c["first"], c["last"]) for c in configs] == [
-        (0, 2, True, False), (2, 4, False, True)]
+    assert [(c["layer_start"], c["layer_end"], c["first"], c["last"], c["dtype"])
+            for c in configs] == [(0, 2, True, False, dtype.name), (2, 4, False, True, dtype.name)]
     roles = [build_role(c, Device.DEFAULT) for c in configs]
     reader = open_reader(gguf)
-    whole = StageRole(reader.load_stage(0, 4, is_first=True, is_last=True),
+    whole = StageRole(reader.load_stage(0, 4, is_first=True, is_last=True, dtype=dtype.name),
                       max_seq_len=MAX_SEQ)
-    head = StageRole(reader.load_stage(0, 2, is_first=True, is_last=False),
+    head = StageRole(reader.load_stage(0, 2, is_first=True, is_last=False, dtype=dtype.name),
                      max_seq_len=MAX_SEQ)
+    width = np.dtype(wire_dtype).itemsize
 
     tokens: list[int] = []
     expected: list[int] = []
@@ -100,8 +115,8 @@ def test_two_stage_roles_over_ring_bytes_match_one_stage_role(
     for sequence in range(DECODE + 1):
         activation = run_step(roles[0], provisions[0], sequence, u32(ids))
         reference: npt.NDArray[Any] = head.step(sequence, np.array(ids, dtype=np.int32))
-        assert activation.size == len(ids) * TINY.hidden * 4
-        assert activation.tobytes() == reference.astype("<f4").tobytes()
+        assert activation.size == len(ids) * TINY.hidden * width
+        assert activation.tobytes() == reference.astype(wire_dtype).tobytes()
         token_bytes = run_step(roles[1], provisions[1], sequence, activation)
         assert token_bytes.size == 4
         tokens.append(int(token_bytes.view("<u4")[0]))
