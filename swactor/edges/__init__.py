@@ -1,0 +1,85 @@
+"""Edge establishment (spec §26, §27, §38): the EdgeEstablisher and the Tx/Rx edge actors.
+
+- `establisher.py`: `EdgeEstablisher`, one per node; per-edge records bound to the
+  generated `edge_record` machine, teardown bound to `edge_teardown`.
+- `edge_actors.py`: `TxEdgeActor` / `RxEdgeActor` (`tx_edge` / `rx_edge` machines), the
+  role-facing gates that report to an `EdgeOwner` (`owner.py`; `StageOwner` for a
+  StageController).
+- `installer.py`: `RingInstaller` and its two ends: `WorkerRingInstaller` (GpuWorkerCtl)
+  and `LocalRingInstaller` (the orchestrator's token endpoint); `WakeFanout` routes the
+  driver's wake hints to them.
+- `arena_actor.py`: `ArenaActor`, the node's ArenaManager behind one mailbox.
+- `driver_actor.py`: `DriverActor`, the node's transport Driver behind a mailbox.
+- `messages.py`: the mail between them.
+
+Wiring one node (see `tests/edges/rig.py` for a complete, runnable example)::
+
+    manager = ArenaManager(ceiling); manager.construct(); minter = manager.take_minter()
+    arena = runtime.spawn(lambda: ArenaActor(manager), "arena")
+    installer = WorkerRingInstaller(worker_ctl_ref, routes)       # or LocalRingInstaller
+    driver = runtime.spawn(lambda: DriverActor(endpoint, manager.arena, WakeFanout(installer)))
+    establisher = runtime.spawn(lambda: EdgeEstablisher(EstablisherConfig(
+        node_id, arena, driver, installer, minter, worker_ctl=worker_ctl_ref)))
+    routes.establisher = establisher; routes.driver = driver      # GpuWorkerCtl's routes
+    answer = await establisher.ask(ProvisionEdge(provision_tx(edge), port, owner), 5.0)
+    answer.edge_actor.tell(StopEdgeRequest(edge_id))               # owner stops the edge
+"""
+
+from swactor.edges.arena_actor import (
+    ArenaActor,
+    ArenaCancel,
+    ArenaLease,
+    ArenaLiveLeases,
+    ArenaRelease,
+    ArenaShutdown,
+)
+from swactor.edges.driver_actor import DriverActor, ExpectRecv, RouteDriverEvents
+from swactor.edges.edge_actors import RxEdgeActor, TxEdgeActor
+from swactor.edges.establisher import EdgeEstablisher, EstablisherConfig
+from swactor.edges.installer import (
+    LocalRingInstaller,
+    RingInstaller,
+    WakeFanout,
+    WorkerRingInstaller,
+)
+from swactor.edges.messages import (
+    EdgeDown,
+    EdgeGone,
+    EdgeProvisioned,
+    EdgeRefused,
+    EdgeStates,
+    EdgeUp,
+    ProvisionEdge,
+    StopEdgeRequest,
+)
+from swactor.edges.owner import EdgeOwner, StageOwner
+
+__all__ = [
+    "ArenaActor",
+    "ArenaCancel",
+    "ArenaLease",
+    "ArenaLiveLeases",
+    "ArenaRelease",
+    "ArenaShutdown",
+    "DriverActor",
+    "EdgeDown",
+    "EdgeEstablisher",
+    "EdgeGone",
+    "EdgeOwner",
+    "EdgeProvisioned",
+    "EdgeRefused",
+    "EdgeStates",
+    "EdgeUp",
+    "EstablisherConfig",
+    "ExpectRecv",
+    "LocalRingInstaller",
+    "ProvisionEdge",
+    "RingInstaller",
+    "RouteDriverEvents",
+    "RxEdgeActor",
+    "StageOwner",
+    "StopEdgeRequest",
+    "TxEdgeActor",
+    "WakeFanout",
+    "WorkerRingInstaller",
+]

@@ -1,0 +1,403 @@
+"""The node's EdgeEstablisher (spec §26, §38): per-edge records from provision to release.
+
+Theory of operation
+-------------------
+One actor per node. Each provisioned edge end gets a record bound to the generated
+`edge_record` machine; the record drives the edge through
+
+    ProvisionEdge -> spawn the Tx/Rx edge actor (child) -> ArenaLease -> Granted
+    -> RingInstaller.install -> RingInstalled -> EstablishSend/EstablishRecv (driver)
+    -> DriverEdgeReady -> Ready (EdgeUp to the edge actor, which tells its owner)
+
+and, on StopEdge or a fault, starts an `edge_teardown` machine that stops in the §38
+order: StopEdge to the driver -> PumpStopped -> installer.uninstall -> RingQuiesced (or
+GpuWorkerCtl's WorkerReaped after a crash) -> ArenaRelease with the proof minted here
+-> Released -> the record's EdgeTornDown -> EdgeGone to the edge actor (answering its
+StopEdge). The tables decide; this binding routes mail to the right record and carries
+out effects:
+
+- Routing: arena answers by request id (Granted, Rejected, Cancelled) or ring id
+  (Released, ReleaseRefused); worker events by ring id (RingFault, RingQuiesced,
+  WorkerReaped) or edge id (RingInstalled); driver events by edge id. Quiescence
+  reports, PumpStopped and release answers go to the record's teardown machine while
+  one runs; the record's own machine otherwise (which ignores them or absorbs them once
+  Stopped). Mail for an edge with no record is logged and dropped.
+- Stale events: a machine's ProtocolError is logged and dropped, never a crash. A lease
+  granted after cancellation reaches the record in CancellingLease / AbandoningLease,
+  which releases it unused (`NeverInstalled` proof) without installing anything.
+- Pump bookkeeping: a pump that ended by itself (stream fault) already sent PumpStopped
+  and the driver answers no second one, so the record remembers it and StopPump is
+  answered from that memory.
+- Proofs: the ArenaManager's `QuiescenceMinter` lives here (the teardown path). The
+  teardown's ReleaseRing carries `worker_reaped`: False mints PumpStoppedAndRingQuiesced
+  (the teardown machine only gets there after PumpStopped and RingQuiesced), True mints
+  WorkerReaped (GpuWorkerCtl reports WorkerReaped only after its process actor reported
+  the exit, i.e. after the child was reaped; the notice does not carry the status, so -1
+  stands for "collected").
+- Timers: each record's and teardown's StartTimer/CancelTimer become actor timers named
+  per edge; a fired timer is fed back to the machine that armed it.
+
+Mail in: `ProvisionEdge` (ask: `EdgeProvisioned` / `EdgeRefused`), `edge_record.StopEdge`,
+`EdgeStates` (ask), the arena's `Granted`/`Queued`/`Rejected`/`Cancelled`/`Released`/
+`ReleaseRefused`, the worker's `RingInstalled`/`RingFault`/`RingQuiesced` and
+`WorkerReaped`, the driver's `DriverEdgeReady`/`StreamFault`/`StreamClosed`/`PumpStopped`.
+Mail out: `ArenaLease`/`ArenaCancel`/`ArenaRelease` to the ArenaActor, `ExpectRecv`/
+`EstablishSend`/`EstablishRecv`/`StopEdge` to the DriverActor, installer calls,
+`EdgeUp`/`EdgeDown`/`EdgeGone` to edge actors, and the `edge_ready` lifecycle event.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from swactor.actors import Actor, ActorRef, Context
+from swactor.arena import (
+    Cancelled,
+    Granted,
+    Queued,
+    QuiescenceMinter,
+    Rejected,
+    Released,
+    ReleaseRefused,
+)
+from swactor.edges.arena_actor import ArenaCancel, ArenaLease, ArenaRelease
+from swactor.edges.driver_actor import ExpectRecv, RouteDriverEvents
+from swactor.edges.edge_actors import RxEdgeActor, TxEdgeActor
+from swactor.edges.installer import RingInstaller
+from swactor.edges.messages import (
+    EdgeDown,
+    EdgeGone,
+    EdgeProvisioned,
+    EdgeRefused,
+    EdgeStates,
+    EdgeUp,
+    ProvisionEdge,
+)
+from swactor.events.schema import EdgeReady, LifecycleEvent
+from swactor.fsm.generated import edge_record as er
+from swactor.fsm.generated import edge_teardown as et
+from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer
+from swactor.node.worker_ctl import WorkerReaped
+from swactor.transport import messages as tm
+from swactor.wire import (
+    ArenaFailure,
+    EdgeId,
+    InstallRing,
+    LeaseRequestId,
+    NodeId,
+    PortId,
+    ProvisionRx,
+    ProvisionTx,
+    RingDirection,
+    RingFault,
+    RingId,
+    RingInstalled,
+    RingLayout,
+    RingQuiesced,
+)
+
+log = logging.getLogger("swactor.edges.establisher")
+
+
+@dataclass(frozen=True)
+class EstablisherConfig:
+    """Who the establisher talks to and its timings."""
+
+    node_id: NodeId
+    arena: ActorRef[Any]
+    driver: ActorRef[Any]
+    installer: RingInstaller
+    minter: QuiescenceMinter
+    worker_ctl: ActorRef[Any] | None = None
+    """Given to Rx edge actors, which release undeliverable device objects through it."""
+    lease_timeout_s: float = 30.0
+    teardown_step_timeout_s: float = 10.0
+    emit: Callable[[LifecycleEvent], None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Timer:
+    edge_id: int
+    teardown: bool
+    name: str
+
+
+class _Record:
+    """One edge end: its machines and what their effects need; also their guards."""
+
+    def __init__(self, request: ProvisionEdge, request_id: LeaseRequestId,
+                 lease_timeout_s: float) -> None:
+        provision = request.provision
+        self.edge_id = provision.edge_id
+        self.provision = provision
+        self.port_id: PortId = request.port_id
+        self.owner = request.owner
+        self.run_id = request.run_id
+        self.request_id = request_id
+        self.direction = (RingDirection.Egress if isinstance(provision, ProvisionTx)
+                          else RingDirection.Ingress)
+        self.machine = er.EdgeRecordMachine(
+            self, edge_id=self.edge_id, request_id=request_id, direction=self.direction,
+            lease_timeout_s=lease_timeout_s, clean=True,
+        )
+        self.teardown: et.EdgeTeardownMachine | None = None
+        self.edge_actor: ActorRef[Any] | None = None
+        self.ring_id: RingId | None = None
+        self.layout: RingLayout | None = None
+        self.pump_stopped = False
+
+    # -- edge_record guards ----------------------------------------------------------
+
+    def never_fits(self, event: er.RingLeaseRejected) -> bool:
+        return event.reason is ArenaFailure.LeaseNeverFits
+
+    def sends(self, event: er.RingInstalled) -> bool:
+        return self.direction is RingDirection.Egress
+
+    @property
+    def tearing_down(self) -> bool:
+        return self.teardown is not None and self.teardown.state in (
+            et.State.StoppingPump, et.State.StoppingWorkerRing, et.State.ReleasingArena)
+
+
+class EdgeEstablisher(Actor[Any]):
+    """The node's EdgeEstablisher (module docstring)."""
+
+    def __init__(self, config: EstablisherConfig) -> None:
+        self.config = config
+        self.records: dict[int, _Record] = {}
+        self._by_request: dict[int, int] = {}
+        self._by_ring: dict[int, int] = {}
+        self._next_request = 1
+        self._spawned = 0
+
+    async def started(self, ctx: Context[Any]) -> None:
+        self.config.driver.tell(RouteDriverEvents(ctx.self_ref))
+
+    # -- mail -----------------------------------------------------------------------
+
+    async def receive(self, ctx: Context[Any], message: Any) -> None:
+        match message:
+            case ProvisionEdge():
+                ctx.reply(self._provision(ctx, message))
+            case EdgeStates():
+                ctx.reply({edge: rec.machine.state for edge, rec in self.records.items()})
+            case er.StopEdge(edge_id=edge):
+                self._to_record(ctx, self.records.get(int(edge)), message)
+            case Granted(request_id=request, layout=layout):
+                self._to_record(ctx, self._request(request),
+                                er.RingLeased(request, layout.ring_id, layout))
+            case Rejected(request_id=request, reason=reason):
+                self._to_record(ctx, self._request(request), er.RingLeaseRejected(request, reason))
+            case Cancelled(request_id=request):
+                self._to_record(ctx, self._request(request), er.LeaseCancelled(request))
+            case Queued():
+                pass  # WaitingForLease's timer already runs (§35 arena pressure)
+            case Released(ring_id=ring):
+                self._release_answer(ctx, ring, et.RingReleased(ring), er.RingReleased(ring))
+            case ReleaseRefused(ring_id=ring):
+                self._release_answer(ctx, ring, et.ReleaseRejected(ring), er.ReleaseRejected(ring))
+            case RingInstalled(ring_id=ring, edge_id=edge, port_id=port):
+                self._to_record(ctx, self._ring(ring), er.RingInstalled(ring, edge, port))
+            case RingFault(ring_id=ring, edge_id=edge, port_id=port, reason=reason):
+                self._to_record(ctx, self._ring(ring), er.RingFault(ring, edge, port, reason))
+            case RingQuiesced(ring_id=ring):
+                self._to_teardown(ctx, self._ring(ring), et.RingQuiesced(ring))
+            case WorkerReaped(ring_id=ring):
+                self._to_teardown(ctx, self._ring(ring), et.WorkerReaped(ring))
+            case tm.DriverEdgeReady(edge_id=edge):
+                self._to_record(ctx, self.records.get(edge), er.DriverEdgeReady(EdgeId(edge)))
+            case tm.StreamFault(edge_id=edge, reason=reason, detail=detail):
+                if edge is None:
+                    log.warning("stream fault before any edge id: %s %s", reason.value, detail)
+                    return
+                self._to_record(ctx, self.records.get(edge), er.StreamFault(EdgeId(edge), reason))
+            case tm.StreamClosed(edge_id=edge):
+                self._to_record(ctx, self.records.get(edge), er.StreamClosed(EdgeId(edge)))
+            case tm.PumpStopped(edge_id=edge):
+                rec = self.records.get(edge)
+                if rec is not None:
+                    rec.pump_stopped = True
+                    self._to_teardown(ctx, rec, et.PumpStopped(EdgeId(edge)))
+            case _Timer(edge_id=edge, teardown=teardown, name=name):
+                rec = self.records.get(edge)
+                if teardown:
+                    self._to_teardown(ctx, rec, et.TIMER_EVENTS[name]())
+                else:
+                    self._to_record(ctx, rec, er.TIMER_EVENTS[name]())
+            case _:
+                log.debug("establisher: ignoring %s", type(message).__name__)
+
+    def _request(self, request_id: LeaseRequestId) -> _Record | None:
+        edge = self._by_request.get(int(request_id))
+        return None if edge is None else self.records.get(edge)
+
+    def _ring(self, ring_id: RingId) -> _Record | None:
+        edge = self._by_ring.get(int(ring_id))
+        return None if edge is None else self.records.get(edge)
+
+    def _release_answer(self, ctx: Context[Any], ring: RingId, teardown_event: Any,
+                        record_event: Any) -> None:
+        rec = self._ring(ring)
+        if rec is not None and rec.tearing_down and rec.ring_id == ring:
+            self._to_teardown(ctx, rec, teardown_event)
+        else:
+            self._to_record(ctx, rec, record_event)
+
+    # -- provisioning ---------------------------------------------------------------
+
+    def _provision(self, ctx: Context[Any], request: ProvisionEdge
+                   ) -> EdgeProvisioned | EdgeRefused:
+        provision = request.provision
+        edge = int(provision.edge_id)
+        old = self.records.get(edge)
+        if old is not None and old.machine.state is not er.State.Stopped:
+            return EdgeRefused(provision.edge_id, f"edge {edge} already has a live record")
+        want = (RingDirection.Egress if isinstance(provision, ProvisionTx)
+                else RingDirection.Ingress)
+        if provision.ring_spec.direction is not want:
+            return EdgeRefused(provision.edge_id,
+                               f"ring_spec.direction must be {want.value} for this end")
+        request_id = LeaseRequestId(self._next_request)
+        self._next_request += 1
+        rec = _Record(request, request_id, self.config.lease_timeout_s)
+        self.records[edge] = rec
+        self._by_request[int(request_id)] = edge
+        event: er.Event
+        if isinstance(provision, ProvisionTx):
+            event = er.ProvisionTx(provision.edge_id, provision.rx_node_id,
+                                   provision.object_spec, provision.ring_spec)
+        else:
+            assert isinstance(provision, ProvisionRx)
+            event = er.ProvisionRx(provision.edge_id, provision.object_spec, provision.ring_spec)
+        self._to_record(ctx, rec, event)
+        assert rec.edge_actor is not None
+        return EdgeProvisioned(provision.edge_id, rec.edge_actor)
+
+    # -- machines -------------------------------------------------------------------
+
+    def _to_record(self, ctx: Context[Any], rec: _Record | None, event: er.Event) -> None:
+        if rec is None:
+            log.info("establisher: %s for an edge with no record; dropped", type(event).__name__)
+            return
+        try:
+            effects = rec.machine.handle(event)
+        except ProtocolError as exc:
+            log.warning("edge %d record: %s", int(rec.edge_id), exc)
+            return
+        for effect in effects:
+            self._record_effect(ctx, rec, effect)
+
+    def _to_teardown(self, ctx: Context[Any], rec: _Record | None, event: et.Event) -> None:
+        if rec is None or rec.teardown is None:
+            return  # no teardown running: quiescence and pump reports change nothing
+        try:
+            effects = rec.teardown.handle(event)
+        except ProtocolError as exc:
+            log.warning("edge %d teardown: %s", int(rec.edge_id), exc)
+            return
+        for effect in effects:
+            self._teardown_effect(ctx, rec, effect)
+
+    def _timer(self, ctx: Context[Any], rec: _Record, effect: object, teardown: bool) -> bool:
+        edge = int(rec.edge_id)
+        match effect:
+            case StartTimer(name=name, seconds=seconds):
+                ctx.timers.start(f"{edge}:{teardown}:{name}", seconds,
+                                 _Timer(edge, teardown, name))
+                return True
+            case CancelTimer(name=name):
+                ctx.timers.cancel(f"{edge}:{teardown}:{name}")
+                return True
+        return False
+
+    def _record_effect(self, ctx: Context[Any], rec: _Record, effect: Any) -> None:
+        cfg = self.config
+        me = ctx.self_ref
+        if self._timer(ctx, rec, effect, teardown=False):
+            return
+        match effect:
+            case er.SpawnEdgeActor(edge_id=edge, direction=direction):
+                self._spawned += 1
+                if direction is RingDirection.Egress:
+                    rec.edge_actor = ctx.spawn(
+                        lambda: TxEdgeActor(edge, rec.owner, me, cfg.worker_ctl),
+                        f"tx-edge-{int(edge)}-{self._spawned}")
+                else:
+                    rec.edge_actor = ctx.spawn(
+                        lambda: RxEdgeActor(edge, rec.owner, me, cfg.worker_ctl),
+                        f"rx-edge-{int(edge)}-{self._spawned}")
+                    cfg.driver.tell(ExpectRecv((int(edge),)))
+            case er.LeaseRing(request_id=request, edge_id=edge, direction=direction,
+                              ring_spec=spec):
+                cfg.arena.tell(ArenaLease(request, edge, direction, spec, me))
+            case er.CancelLease(request_id=request):
+                cfg.arena.tell(ArenaCancel(request, me))
+            case er.ReleaseUnusedRing(ring_id=ring):
+                self._by_ring[int(ring)] = int(rec.edge_id)
+                cfg.arena.tell(ArenaRelease(ring, cfg.minter.never_installed(int(ring)), me))
+            case er.InstallRing(ring_id=ring, edge_id=edge, direction=direction, layout=layout):
+                rec.ring_id, rec.layout = ring, layout
+                self._by_ring[int(ring)] = int(edge)
+                assert rec.edge_actor is not None
+                command = InstallRing(ring, edge, rec.port_id, direction, layout,
+                                      rec.provision.object_spec)
+                cfg.installer.install(command, me, rec.edge_actor)
+            case er.EstablishSend(edge_id=edge, ring_id=ring):
+                assert rec.layout is not None and isinstance(rec.provision, ProvisionTx)
+                cfg.driver.tell(tm.EstablishSend(int(edge), int(rec.provision.rx_node_id),
+                                                 int(ring), rec.layout))
+            case er.EstablishRecv(edge_id=edge, ring_id=ring):
+                assert rec.layout is not None
+                cfg.driver.tell(tm.EstablishRecv(int(edge), int(ring), rec.layout))
+            case er.NotifyEdgeReady(edge_id=edge):
+                assert rec.ring_id is not None
+                self._tell_actor(rec, EdgeUp(edge, rec.ring_id))
+                if cfg.emit is not None and rec.run_id is not None:
+                    cfg.emit(EdgeReady(node_id=cfg.node_id, run_id=rec.run_id, edge_id=edge,
+                                       ring_id=rec.ring_id))
+            case er.NotifyEdgeFailed(edge_id=edge, reason=reason):
+                self._tell_actor(rec, EdgeDown(edge, reason))
+            case er.NotifyEdgeStopped(edge_id=edge, clean=clean):
+                self._tell_actor(rec, EdgeGone(edge, clean))
+            case er.StartEdgeTeardown(edge_id=edge, reason=reason):
+                assert rec.ring_id is not None, "teardown starts only after a lease"
+                rec.teardown = et.EdgeTeardownMachine(
+                    rec, edge_id=edge, ring_id=rec.ring_id, reason=reason,
+                    step_timeout_s=cfg.teardown_step_timeout_s,
+                )
+                self._to_teardown(ctx, rec, et.StopEdge(edge))
+            case _:
+                raise TypeError(f"edge_record effect with no binding: {type(effect).__name__}")
+
+    def _teardown_effect(self, ctx: Context[Any], rec: _Record, effect: Any) -> None:
+        cfg = self.config
+        me = ctx.self_ref
+        if self._timer(ctx, rec, effect, teardown=True):
+            return
+        match effect:
+            case et.StopPump(edge_id=edge):
+                if rec.pump_stopped:  # ended by itself; the driver answers no second time
+                    me.tell(tm.PumpStopped(int(edge), None))
+                else:
+                    cfg.driver.tell(tm.StopEdge(int(edge)))
+            case et.UninstallRing(ring_id=ring, reason=reason):
+                cfg.installer.uninstall(ring, reason, me)
+            case et.ReleaseRing(ring_id=ring, worker_reaped=reaped):
+                proof = (cfg.minter.worker_reaped(int(ring), -1) if reaped else
+                         cfg.minter.after_teardown(int(ring), pump_stopped=True,
+                                                   ring_quiesced=True))
+                cfg.arena.tell(ArenaRelease(ring, proof, me))
+            case et.EdgeTornDown(edge_id=edge, clean=clean):
+                if rec.ring_id is not None:
+                    cfg.installer.forget(rec.ring_id)
+                self._to_record(ctx, rec, er.EdgeTornDown(edge, clean))
+            case _:
+                raise TypeError(f"edge_teardown effect with no binding: {type(effect).__name__}")
+
+    def _tell_actor(self, rec: _Record, message: object) -> None:
+        if rec.edge_actor is not None:
+            rec.edge_actor.tell(message)

@@ -1,0 +1,88 @@
+"""Mail of the EdgeEstablisher and the Tx/Rx edge actors (spec §26, §27).
+
+To the EdgeEstablisher (besides the arena's, worker's and driver's answers):
+
+- `ProvisionEdge(provision, port_id, owner)` (ask or tell): `provision` is the wire
+  `ProvisionTx` or `ProvisionRx`; `port_id` the worker role port the ring binds to;
+  `owner` the `EdgeOwner` the edge actor reports to. The answer (ask) is
+  `EdgeProvisioned(edge_id, edge_actor)`, or `EdgeRefused(edge_id, detail)` when the
+  edge id already has a record on this node.
+- `edge_record.StopEdge(edge_id)`: stop the edge (the edge actor forwards its owner's).
+- `EdgeStates()` (ask): `dict[int, edge_record.State]`, every record's state now.
+
+From the EdgeEstablisher to an edge actor: `EdgeUp`, `EdgeDown`, `EdgeGone`.
+To an edge actor from its owner: `StopEdgeRequest` (or the generated machine's own
+events: `tx_edge.ProduceObject`, `rx_edge.ObjectConsumed`, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from swactor.actors import ActorRef
+from swactor.wire import EdgeId, PortId, ProvisionRx, ProvisionTx, RingId, RunFaultReason, RunId
+
+
+@dataclass(frozen=True, slots=True)
+class ProvisionEdge:
+    """Provision one end of an edge on this node (§26)."""
+
+    provision: ProvisionTx | ProvisionRx
+    port_id: PortId
+    owner: Any
+    """The `EdgeOwner` the edge actor reports to."""
+    run_id: RunId | None = None
+    """The run, for the edge_ready lifecycle event (none emitted without it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeProvisioned:
+    """Answer to ProvisionEdge: the record exists and `edge_actor` is its Tx/Rx actor."""
+
+    edge_id: EdgeId
+    edge_actor: ActorRef[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeRefused:
+    """Answer to a ProvisionEdge this node cannot take (the edge id is already in use)."""
+
+    edge_id: EdgeId
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeUp:
+    """The edge record is Ready on `ring_id` (the edge actor's EdgeReady)."""
+
+    edge_id: EdgeId
+    ring_id: RingId
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeDown:
+    """The edge record failed (the edge actor's EdgeFailed)."""
+
+    edge_id: EdgeId
+    reason: RunFaultReason
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeGone:
+    """The edge record answered StopEdge (the edge actor's EdgeStopped)."""
+
+    edge_id: EdgeId
+    clean: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StopEdgeRequest:
+    """The owner stops the edge (the edge actor's StopEdge)."""
+
+    edge_id: EdgeId
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeStates:
+    """Ask the EdgeEstablisher for every record's state (`dict[int, edge_record.State]`)."""

@@ -1,0 +1,187 @@
+"""One node's edge machinery, wired for tests: real arena, ArenaManager, Driver, QUIC.
+
+`EdgeNode` builds, inside a running `Runtime`: a memfd arena with its `ArenaManager`
+(behind `ArenaActor`), a `QuicEndpoint` on loopback with a `DriverActor`, a ring
+installer (local by default; a GpuWorkerCtl one when given), and the `EdgeEstablisher`.
+`RecordingOwner` is an `EdgeOwner` that keeps every report and lets a test wait for one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from swactor.actors import ActorRef, Runtime
+from swactor.arena import ArenaManager, LiveLease
+from swactor.edges import (
+    ArenaActor,
+    ArenaLiveLeases,
+    DriverActor,
+    EdgeEstablisher,
+    EdgeProvisioned,
+    EdgeStates,
+    EstablisherConfig,
+    LocalRingInstaller,
+    ProvisionEdge,
+    RingInstaller,
+    WakeFanout,
+)
+from swactor.fsm.generated import edge_record as er
+from swactor.transport.config import TransportConfig
+from swactor.transport.endpoint import QuicEndpoint
+from swactor.transport.identity import NodeIdentity
+from swactor.wire import (
+    Component,
+    DeviceObjectHandle,
+    EdgeId,
+    HostPinning,
+    NodeId,
+    ObjectFailure,
+    ObjectId,
+    PortId,
+    ProvisionRx,
+    ProvisionTx,
+    RingDirection,
+    RingId,
+    RingSpec,
+    RunFaultReason,
+    Sequence,
+    WakeCoalescing,
+)
+from swactor.worker.rig import float_spec
+
+RING = 1 << 16
+
+
+def ring_spec(direction: RingDirection, capacity: int = RING) -> RingSpec:
+    return RingSpec(capacity, 64, direction, HostPinning.Pageable, WakeCoalescing.PendingBit)
+
+
+def tx(edge: int, rx_node: int, capacity: int = RING) -> ProvisionTx:
+    return ProvisionTx(EdgeId(edge), NodeId(rx_node), float_spec(),
+                       ring_spec(RingDirection.Egress, capacity))
+
+
+def rx(edge: int, capacity: int = RING) -> ProvisionRx:
+    return ProvisionRx(EdgeId(edge), float_spec(), ring_spec(RingDirection.Ingress, capacity))
+
+
+@dataclass
+class RecordingOwner:
+    """An EdgeOwner that records (kind, edge_id, detail) tuples."""
+
+    reports: list[tuple[str, int, Any]] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def _add(self, kind: str, edge: int, detail: Any) -> None:
+        self.reports.append((kind, edge, detail))
+        self.changed.set()
+
+    def edge_ready(self, edge_id: EdgeId, ring_id: RingId) -> None:
+        self._add("ready", int(edge_id), int(ring_id))
+
+    def edge_failed(self, edge_id: EdgeId, reason: RunFaultReason, component: Component
+                    ) -> None:
+        self._add("failed", int(edge_id), (reason, component))
+
+    def object_loaded(self, edge_id: EdgeId, object_id: ObjectId, sequence: Sequence,
+                      device_handle: DeviceObjectHandle) -> None:
+        self._add("loaded", int(edge_id), int(object_id))
+
+    def object_produced(self, edge_id: EdgeId, object_id: ObjectId) -> None:
+        self._add("produced", int(edge_id), int(object_id))
+
+    def object_failed(self, edge_id: EdgeId, object_id: ObjectId | None,
+                      reason: ObjectFailure) -> None:
+        self._add("object_failed", int(edge_id), reason)
+
+    def edge_stopped(self, edge_id: EdgeId, clean: bool) -> None:
+        self._add("stopped", int(edge_id), clean)
+
+    def of(self, kind: str, edge: int) -> list[Any]:
+        return [d for k, e, d in self.reports if k == kind and e == edge]
+
+    async def wait(self, kind: str, edge: int, timeout: float = 10.0) -> Any:
+        async with asyncio.timeout(timeout):
+            while True:
+                found = self.of(kind, edge)
+                if found:
+                    return found[0]
+                self.changed.clear()
+                await self.changed.wait()
+
+
+class EdgeNode:
+    """A node's arena, driver and establisher (module docstring)."""
+
+    def __init__(self, runtime: Runtime, name: str, ceiling: int,
+                 identity: NodeIdentity, installer: RingInstaller | None = None,
+                 lease_timeout_s: float = 10.0, worker_ctl: ActorRef[Any] | None = None
+                 ) -> None:
+        self.runtime, self.name, self.identity = runtime, name, identity
+        self.manager = ArenaManager(ceiling)
+        self.manager.construct()
+        assert self.manager.arena is not None
+        self.arena = self.manager.arena
+        self.minter = self.manager.take_minter()
+        self.installer: RingInstaller = installer or LocalRingInstaller(self.arena)
+        self.lease_timeout_s = lease_timeout_s
+        self.worker_ctl = worker_ctl
+        self.owner = RecordingOwner()
+
+    async def start(self, config: TransportConfig, allowed: tuple[int, ...]) -> None:
+        self.endpoint = QuicEndpoint(self.identity, config, allowed=allowed)
+        await self.endpoint.start("127.0.0.1")
+        rt, name = self.runtime, self.name
+        self.arena_ref = rt.spawn(lambda: ArenaActor(self.manager), f"{name}-arena")
+        self.driver = rt.spawn(
+            lambda: DriverActor(self.endpoint, self.arena, WakeFanout(self.installer)),
+            f"{name}-driver")
+        cfg = EstablisherConfig(NodeId(self.identity.node_id), self.arena_ref, self.driver,
+                                self.installer, self.minter, worker_ctl=self.worker_ctl,
+                                lease_timeout_s=self.lease_timeout_s,
+                                teardown_step_timeout_s=5.0)
+        self.establisher = rt.spawn(lambda: EdgeEstablisher(cfg), f"{name}-establisher")
+
+    @property
+    def local(self) -> LocalRingInstaller:
+        assert isinstance(self.installer, LocalRingInstaller)
+        return self.installer
+
+    async def provision(self, provision: ProvisionTx | ProvisionRx, port: int = 1
+                        ) -> ActorRef[Any]:
+        answer = await self.establisher.ask(
+            ProvisionEdge(provision, PortId(port), self.owner), 5.0)
+        assert isinstance(answer, EdgeProvisioned), answer
+        return answer.edge_actor
+
+    async def live_leases(self) -> list[LiveLease]:
+        leases: list[LiveLease] = await self.arena_ref.ask(ArenaLiveLeases(), 5.0)
+        return leases
+
+    async def state(self, edge: int) -> er.State:
+        states: dict[int, er.State] = await self.establisher.ask(EdgeStates(), 5.0)
+        return states[edge]
+
+    async def wait_state(self, edge: int, state: er.State, timeout: float = 10.0) -> None:
+        async with asyncio.timeout(timeout):
+            while await self.state(edge) is not state:
+                await asyncio.sleep(0.01)
+
+    async def close(self) -> None:
+        await self.driver.stop_and_join()
+        await self.endpoint.close()
+
+
+async def node_pair(runtime: Runtime, ceiling: int = 8 << 20
+                    ) -> tuple[EdgeNode, EdgeNode]:
+    """Sender `a` and receiver `b` on loopback QUIC, each allowing the other."""
+    ida, idb = NodeIdentity.generate(), NodeIdentity.generate()
+    a = EdgeNode(runtime, "a", ceiling, ida)
+    b = EdgeNode(runtime, "b", ceiling, idb)
+    config = TransportConfig()
+    await a.start(config, (idb.node_id,))
+    await b.start(config, (ida.node_id,))
+    a.endpoint.address_book[idb.node_id] = b.endpoint.address
+    return a, b
