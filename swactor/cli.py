@@ -29,6 +29,9 @@ SUBCOMMAND_MODULES: list[str] = [
     "swactor.orchestrator.plan_cmd",
     "swactor.transport.identity_cmd",
     "swactor.membership.cli",
+    "swactor.node.cli",
+    "swactor.orchestrator.orchestrate_cmd",
+    "swactor.cluster.run_cmd",
 ]
 
 

@@ -1,0 +1,1 @@
+"""Local clusters: N `swactor node` processes on loopback, for `swactor run` and tests."""

@@ -1,0 +1,96 @@
+"""`swactor run --nodes N`: a one-machine trial — N local nodes plus the orchestrator.
+
+Theory of operation. The command starts a `LocalCluster` of N `swactor node` processes
+on loopback (keys in `--keys-dir`, default a fresh temporary directory; events in
+`--events-dir DIR/node-<i>.jsonl` when given), then runs the orchestrator session in
+this process with every `swactor orchestrator` flag (events in
+`DIR/orchestrator.jsonl`), streams the text, prints the summary (or `--json`), and
+stops the nodes. Exit status as `swactor orchestrator`; a cluster that cannot boot
+exits 2 naming the node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+from swactor.orchestrator.orchestrate_cmd import _positive, add_run_arguments
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "run", help="start N local nodes and run one prompt through them",
+        description="A one-machine trial: N node processes on loopback and an orchestrator.")
+    parser.add_argument("--nodes", type=_positive, default=3, metavar="N",
+                        help="stage nodes to start (default 3)")
+    parser.add_argument("--events-dir", type=Path, default=None, metavar="DIR",
+                        help="every process writes its JSON Lines event log here")
+    parser.add_argument("--keys-dir", type=Path, default=None, metavar="DIR",
+                        help="node and orchestrator keys (default: a temporary directory)")
+    parser.add_argument("--arena-ceiling", default="256MiB", help="each node's arena size")
+    parser.add_argument("--verbose", action="store_true",
+                        help="echo the nodes' stderr and the orchestrator's events")
+    add_run_arguments(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
+    with contextlib.ExitStack() as stack:
+        keys = args.keys_dir or Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="swactor-run-")))
+        return asyncio.run(_run(args, keys))
+    return 2  # pragma: no cover - ExitStack does not swallow
+
+
+async def _run(args: argparse.Namespace, keys: Path) -> int:
+    import os
+
+    from swactor.cluster.launcher import ClusterError, LocalCluster
+    from swactor.events.emitter import configure
+    from swactor.orchestrator.orchestrate_cmd import session_options
+    from swactor.orchestrator.session import SessionError, run_session
+    from swactor.wire import RunOutcome
+
+    if args.verbose:
+        os.environ["SWACTOR_CLUSTER_ECHO"] = "1"
+    cluster = LocalCluster(args.nodes, keys, args.events_dir, args.arena_ceiling,
+                           args.log_level)
+    try:
+        options = session_options(args, cluster.orchestrator, ())
+    except ValueError as error:
+        print(f"swactor run: {error}", file=sys.stderr)
+        return 2
+    events = str(args.events_dir / "orchestrator.jsonl") if args.events_dir else None
+    emitter = configure(f"orchestrator-{cluster.orchestrator.node_id:016x}", events,
+                        verbosity=1 if args.verbose else None)
+    print(f"[swactor] starting {args.nodes} nodes ...", file=sys.stderr, flush=True)
+    try:
+        members = await cluster.start()
+    except ClusterError as error:
+        print(f"swactor run: {error}", file=sys.stderr)
+        emitter.close()
+        return 2
+    try:
+        from dataclasses import replace
+
+        report = await run_session(replace(options, nodes=members), emitter, sys.stdout,
+                                   sys.stderr)
+    except SessionError as error:
+        print(f"swactor run: {error}", file=sys.stderr)
+        return 2
+    finally:
+        await cluster.stop()
+        emitter.close()
+    if args.json:
+        print(json.dumps(report.to_json()), flush=True)
+    else:
+        for line in report.summary_lines():
+            print(line, file=sys.stderr)
+    return 0 if report.result.outcome is RunOutcome.Completed else 1

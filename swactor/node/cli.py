@@ -1,0 +1,122 @@
+"""`swactor node`: boot one node and serve stages until SIGINT / SIGTERM.
+
+Theory of operation. The command loads (or creates, mode 0600) the node key, boots a
+`StageNode` (arena -> worker -> transport -> available) and prints one JSON line on
+stdout, `{"kind": "available", "node_id", "hex", "quic": [host, port]}`, which is how
+`swactor run` and operators learn the node's id and address. After every stage it
+serves it prints `{"kind": "stage_finished", ...}` with the node's leak check (active
+run, live ring leases, worker pid, runs served). The node trusts exactly one
+orchestrator, named by `--trust-orchestrator` (a node id, decimal or hex); control
+messages from any other node are refused. SIGINT/SIGTERM stop the node cleanly (exit 0);
+a boot failure exits 1 with one line naming the step, bad arguments exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from swactor.events.emitter import add_event_arguments, configure_from_args
+from swactor.model.paths import model_cache_dir
+from swactor.node.node import DEFAULT_ARENA_CEILING, NodeBootError, NodeConfig, StageNode
+from swactor.orchestrator.inventory import parse_bytes
+from swactor.transport.identity import NodeIdentity
+from swactor.wire import NodeId
+
+
+def parse_node_id(text: str) -> NodeId:
+    """A node id: decimal, `0x`-prefixed hex, or the 16 hex digits `node-id` prints."""
+    text = text.strip()
+    try:
+        if text.lower().startswith("0x"):
+            value = int(text, 16)
+        elif len(text) == 16 and not text.isdigit():
+            value = int(text, 16)
+        else:
+            value = int(text, 10)
+        return NodeId(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a node id") from None
+
+
+def _bytes(text: str) -> int:
+    try:
+        return parse_bytes(text, "--arena-ceiling")
+    except Exception as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "node", help="run one stage node (arena, worker, QUIC) until stopped",
+        description="Boot a swactor node and serve pipeline stages for one orchestrator.")
+    parser.add_argument("--key", type=Path, required=True, help="node key file (created 0600)")
+    parser.add_argument("--bind", default="127.0.0.1", help="listen host (default 127.0.0.1)")
+    parser.add_argument("--quic", type=int, default=0, metavar="PORT",
+                        help="UDP port for QUIC (default: any free port)")
+    parser.add_argument("--trust-orchestrator", type=parse_node_id, required=True,
+                        metavar="NODE_ID", help="the only node allowed to provision and stop")
+    parser.add_argument("--arena-ceiling", type=_bytes, default=DEFAULT_ARENA_CEILING,
+                        metavar="BYTES", help="shared arena size (e.g. 256MiB)")
+    parser.add_argument("--models-dir", type=Path, default=None,
+                        help="where CacheKey model sources are looked up")
+    parser.add_argument("--log-level", default="WARNING")
+    add_event_arguments(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        args.key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        identity = NodeIdentity.load_or_create(args.key)
+    except Exception as error:
+        print(f"swactor node: key {args.key}: {error}", file=sys.stderr)
+        return 2
+    emitter = configure_from_args(args, f"node-{identity.node_id:016x}")
+    config = NodeConfig(identity=identity, orchestrator=args.trust_orchestrator,
+                        bind_host=args.bind, quic_port=args.quic,
+                        arena_ceiling=args.arena_ceiling,
+                        models_dir=args.models_dir or model_cache_dir())
+    try:
+        return asyncio.run(_serve(StageNode(config, emitter)))
+    finally:
+        emitter.close()
+
+
+def _print(document: dict[str, object]) -> None:
+    print(json.dumps(document), flush=True)
+
+
+async def _serve(node: StageNode) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        host, port = await node.start()
+    except NodeBootError as error:
+        print(f"swactor node: boot failed: {error}", file=sys.stderr)
+        await node.stop()
+        return 1
+    _print({"kind": "available", "node_id": int(node.node_id),
+            "hex": f"{int(node.node_id):016x}", "quic": [host, port]})
+
+    async def report_stages() -> None:
+        while True:
+            outcome = await node.finished.get()
+            await asyncio.sleep(0.2)  # let the edge keeper release what the stage stopped
+            _print({"kind": "stage_finished", "run_id": int(outcome.run_id or 0),
+                    "clean": outcome.clean, **node.status()})
+
+    reporter = asyncio.create_task(report_stages())
+    await stop.wait()
+    reporter.cancel()
+    await node.stop()
+    return 0

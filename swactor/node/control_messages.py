@@ -1,0 +1,115 @@
+"""The stage-run messages that travel on the control channel besides `ProvisionStage`.
+
+Theory of operation. The orchestrator sends a node `AddressBook` (the run's peers),
+`ProvisionStage` (a wire type of its own) and `StopRunMessage`; the node answers each
+stage milestone with one report request back to the orchestrator: `StageReadyReport`, `StageFaultReport`,
+`StageStoppedReport`. They are `WireStruct`s, so the control channel checks every field
+strictly on arrival, and they carry the run id, so its authority check refuses reports
+for a run the orchestrator is not running. `report_message` / `report_event` convert
+between these and the orchestrator_run machine's own event classes.
+
+`NODE_REGISTRY` is what a node's channel accepts, `ORCHESTRATOR_REGISTRY` what an
+orchestrator's accepts; the requester side needs the type in its registry too, so both
+list all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from swactor.fsm.generated import orchestrator_run as orun
+from swactor.wire import Component, NodeId, ProvisionStage, RunFaultReason, RunId, StageIndex
+from swactor.wire.codec import WireStruct
+
+
+@dataclass(frozen=True, slots=True)
+class PeerAddress(WireStruct):
+    """One node's QUIC address (host, UDP port)."""
+
+    node_id: NodeId
+    host: str
+    port: int
+
+    def _validate(self) -> None:
+        self._check_range("port", 1, 65535)
+        if not self.host:
+            self._fail("host", "is empty")
+
+
+@dataclass(frozen=True, slots=True)
+class AddressBook(WireStruct):
+    """Orchestrator -> node, before provisioning: the run's nodes and where they listen.
+
+    The node admits these peers to its QUIC endpoint and records their addresses, so a
+    Tx edge can reach its consumer (the next stage, or the orchestrator's token-out)."""
+
+    peers: tuple[PeerAddress, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StopRunMessage(WireStruct):
+    """Orchestrator -> node: stop stage `stage_index` of run `run_id` (spec §38)."""
+
+    run_id: RunId
+    stage_index: StageIndex
+
+
+@dataclass(frozen=True, slots=True)
+class StageReadyReport(WireStruct):
+    """Node -> orchestrator: the stage passed its setup barrier (spec §14)."""
+
+    run_id: RunId
+    stage_index: StageIndex
+
+
+@dataclass(frozen=True, slots=True)
+class StageFaultReport(WireStruct):
+    """Node -> orchestrator: the stage faulted; reason and detecting component (§36)."""
+
+    run_id: RunId
+    stage_index: StageIndex
+    reason: RunFaultReason
+    component: Component
+
+
+@dataclass(frozen=True, slots=True)
+class StageStoppedReport(WireStruct):
+    """Node -> orchestrator: the stage finished its teardown (spec §38)."""
+
+    run_id: RunId
+    stage_index: StageIndex
+    clean: bool
+
+
+Report = StageReadyReport | StageFaultReport | StageStoppedReport
+StageEvent = orun.StageReady | orun.StageFault | orun.StageStopped
+
+REGISTRY: tuple[type[WireStruct], ...] = (
+    AddressBook, ProvisionStage, StopRunMessage,
+    StageReadyReport, StageFaultReport, StageStoppedReport,
+)
+ORCHESTRATOR_ONLY = frozenset({"AddressBook", "ProvisionStage", "StopRunMessage"})
+
+
+def report_message(run_id: RunId, event: StageEvent) -> Report:
+    """The wire report for one orchestrator_run stage event."""
+    match event:
+        case orun.StageReady():
+            return StageReadyReport(run_id, event.stage_index)
+        case orun.StageFault():
+            return StageFaultReport(run_id, event.stage_index, event.reason, event.component)
+        case orun.StageStopped():
+            return StageStoppedReport(run_id, event.stage_index, event.clean)
+    raise TypeError(f"not a stage report: {type(event).__name__}")
+
+
+def report_event(message: WireStruct) -> StageEvent | None:
+    """The orchestrator_run event a wire report stands for (None: not a report)."""
+    match message:
+        case StageReadyReport():
+            return orun.StageReady(message.stage_index)
+        case StageFaultReport():
+            return orun.StageFault(message.stage_index, message.reason, message.component)
+        case StageStoppedReport():
+            return orun.StageStopped(message.stage_index, message.clean)
+    return None

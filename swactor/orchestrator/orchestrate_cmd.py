@@ -1,0 +1,175 @@
+"""`swactor orchestrator`: run one prompt through a pool of running nodes.
+
+Theory of operation. The command parses the pool (`--node ID@HOST:PORT`, repeated: the
+ids and QUIC addresses that `swactor node` printed), the model, the prompt and the
+sampling flags, then runs `session.run_session`: generated text streams to stdout as
+tokens arrive, progress and the summary go to stderr; with `--json` nothing streams and
+stdout gets one JSON object (run id, outcome, prompt and generated token ids, text,
+stage layer ranges, timings). Exit status: 0 for a Completed run, 1 for a run that
+faulted or was stopped, 2 for bad arguments or a session that could not start (one
+line on stderr naming the problem).
+
+`add_run_arguments` is shared with `swactor run`, which adds its own pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from swactor.events.emitter import add_event_arguments, configure_from_args
+
+if TYPE_CHECKING:
+    from swactor.orchestrator.session import PoolMember, SessionOptions
+    from swactor.transport.identity import NodeIdentity
+
+
+def _split_arg(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of block counts (e.g. 10,10,10)") from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def parse_member(text: str) -> PoolMember:
+    """`NODE_ID@HOST:PORT` -> PoolMember (node id decimal, 0x-hex or 16 hex digits)."""
+    from swactor.node.cli import parse_node_id
+    from swactor.orchestrator.session import PoolMember
+
+    node, at, address = text.partition("@")
+    host, colon, port = address.rpartition(":")
+    if not at or not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NODE_ID@HOST:PORT")
+    return PoolMember(parse_node_id(node), host, int(port))
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Model, prompt, sampling and output flags (shared with `swactor run`)."""
+    group = parser.add_argument_group("run")
+    group.add_argument("--model", type=Path, default=None,
+                       help="GGUF file (default: the embedded SmolLM2 in the model cache)")
+    prompt = group.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", default=None, help="prompt text (default 'hello world')")
+    prompt.add_argument("--prompt-file", type=Path, default=None, help="read the prompt here")
+    group.add_argument("--chat", action="store_true",
+                       help="wrap the prompt in the model's chat template (one user turn)")
+    group.add_argument("--max-tokens", type=_positive, default=32, metavar="N",
+                       help="tokens to generate at most (default 32)")
+    group.add_argument("--max-seq-len", type=_positive, default=None, metavar="N",
+                       help="positions per run, prompt included (default: min(context, 2048))")
+    group.add_argument("--split", type=_split_arg, default=None, metavar="B0,B1,...",
+                       help="explicit blocks per stage (default: even)")
+    group.add_argument("--temperature", type=float, default=None,
+                       help="sample at this temperature (default: greedy)")
+    group.add_argument("--top-k", type=int, default=0, help="top-k with --temperature")
+    group.add_argument("--top-p", type=float, default=1.0, help="top-p with --temperature")
+    group.add_argument("--seed", type=int, default=0, help="sampling seed with --temperature")
+    group.add_argument("--json", action="store_true",
+                       help="print one JSON object instead of streaming text and a summary")
+    group.add_argument("--run-id", type=int, default=None, help="run id (default: random)")
+    group.add_argument("--log-level", default="WARNING")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "orchestrator", help="run one prompt through a pool of running nodes",
+        description="Plan a run over the given nodes, stream the generated text, summarise.")
+    parser.add_argument("--key", type=Path, required=True,
+                        help="orchestrator key file (created 0600); nodes must trust its id")
+    parser.add_argument("--node", type=parse_member, action="append", required=True,
+                        metavar="ID@HOST:PORT", dest="nodes",
+                        help="a stage node, in stage order (repeat)")
+    parser.add_argument("--bind", default="127.0.0.1", help="listen host")
+    parser.add_argument("--advertise", default=None,
+                        help="host the nodes reach this orchestrator at (default: --bind)")
+    add_run_arguments(parser)
+    add_event_arguments(parser)
+    parser.set_defaults(handler=run)
+
+
+def session_options(
+    args: argparse.Namespace, identity: NodeIdentity, nodes: tuple[PoolMember, ...]
+) -> SessionOptions:
+    """SessionOptions from parsed `add_run_arguments` flags; ValueError names a bad flag."""
+    from swactor.model.paths import default_model_path
+    from swactor.orchestrator.session import SessionOptions
+    from swactor.wire import SamplingPolicy
+
+    if args.prompt_file is not None:
+        try:
+            prompt = args.prompt_file.read_text()
+        except OSError as error:
+            raise ValueError(f"--prompt-file {args.prompt_file}: {error.strerror}") from None
+    else:
+        prompt = args.prompt if args.prompt is not None else "hello world"
+    if args.temperature is None:
+        sampling = SamplingPolicy.greedy()
+    else:
+        try:
+            sampling = SamplingPolicy.temperature_sampling(args.temperature, args.seed,
+                                                           args.top_k, args.top_p)
+        except Exception as error:
+            raise ValueError(f"sampling flags: {error}") from None
+    model = args.model or default_model_path()
+    if not Path(model).is_file():
+        raise ValueError(f"model {model} not found (run scripts/setup.sh, or pass --model)")
+    return SessionOptions(
+        identity=identity, nodes=nodes, model=Path(model), prompt=prompt, chat=args.chat,
+        sampling=sampling, max_tokens=args.max_tokens, max_seq_len=args.max_seq_len,
+        split=args.split, bind_host=getattr(args, "bind", "127.0.0.1"),
+        advertise_host=getattr(args, "advertise", None), run_id=args.run_id,
+        stream=not args.json)
+
+
+def run(args: argparse.Namespace) -> int:
+    from swactor.transport.identity import NodeIdentity
+
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
+    try:
+        args.key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        identity = NodeIdentity.load_or_create(args.key)
+        options = session_options(args, identity, tuple(args.nodes))
+    except Exception as error:
+        print(f"swactor orchestrator: {error}", file=sys.stderr)
+        return 2
+    emitter = configure_from_args(args, f"orchestrator-{identity.node_id:016x}")
+    try:
+        return execute(options, emitter, args.json)
+    finally:
+        emitter.close()
+
+
+def execute(options: SessionOptions, emitter: object, as_json: bool) -> int:
+    """Run the session and print its output; the exit status."""
+    from swactor.events.emitter import Emitter
+    from swactor.orchestrator.session import SessionError, run_session
+    from swactor.wire import RunOutcome
+
+    assert isinstance(emitter, Emitter)
+    try:
+        report = asyncio.run(run_session(options, emitter, sys.stdout, sys.stderr))
+    except SessionError as error:
+        print(f"swactor orchestrator: {error}", file=sys.stderr)
+        return 2
+    if as_json:
+        print(json.dumps(report.to_json()), flush=True)
+    else:
+        for line in report.summary_lines():
+            print(line, file=sys.stderr)
+    return 0 if report.result.outcome is RunOutcome.Completed else 1

@@ -1,0 +1,311 @@
+"""One orchestrated run against real nodes: tokenize, reach the pool, plan, run, report.
+
+Theory of operation. `run_session(options, emitter, out, err)` is the whole job of
+`swactor orchestrator` (and of the orchestrator half of `swactor run`):
+
+1. prompt ids: the model's tokenizer encodes `--prompt` (or the file), after the chat
+   template when `chat` is set; given token ids are used as they are;
+2. the orchestrator's own QUIC endpoint (its identity; only the pool's nodes are
+   admitted), control channel, edge driver and a small memfd arena for the token rings;
+3. pool: each node is sent `AddressBook` (every node's and the orchestrator's address);
+   when every node has acknowledged, `pool_ready` is emitted — a node that does not
+   answer fails the session before anything is planned;
+4. plan (`plan_run`: even memory per node unless `--split`), then `start_run` with
+   `NetworkRunPorts`; progress lines go to `err` as stages report ready, each accepted
+   token's text goes to `out` as it arrives (`StreamDecoder`, special tokens skipped);
+5. the `RunResult` becomes a `SessionReport`: the summary lines (stages and layer
+   ranges, time to first token, tokens/s) or, with `json`, one JSON object.
+
+Ctrl-C during the run is an operator stop (the run tears down and reports
+OperatorStopped). Errors before the run (model, tokenizer, planner, unreachable node)
+raise `SessionError` with one line naming the problem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from swactor.actors import Runtime
+from swactor.arena import Arena
+from swactor.events.emitter import Emitter
+from swactor.events.schema import LifecycleEvent, PoolReady, TokenReceived
+from swactor.fsm.generated import orchestrator_run as orun
+from swactor.node.control_messages import REGISTRY, AddressBook, PeerAddress
+from swactor.orchestrator.inventory import DEFAULT_NODE_MEMORY_BYTES, NodeResources, PoolInventory
+from swactor.orchestrator.ports import RunResult
+from swactor.orchestrator.real_ports import NetworkRunPorts
+from swactor.orchestrator.run import RunTimeouts, start_run
+from swactor.transport import ControlAuthority, ControlChannel, Driver, QuicEndpoint
+from swactor.transport.config import TransportConfig
+from swactor.transport.identity import NodeIdentity
+from swactor.wire import GgufSource, NodeId, PromptSource, RunId, SamplingPolicy
+from swactor.wire.codec import WireStruct
+
+TOKEN_ARENA_BYTES = 16 << 20
+POOL_TIMEOUT_S = 60.0
+
+
+class SessionError(Exception):
+    """The session could not start its run; the message names the problem."""
+
+
+@dataclass(frozen=True)
+class PoolMember:
+    """A stage node the orchestrator was told about: id and QUIC address."""
+
+    node_id: NodeId
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    identity: NodeIdentity
+    nodes: tuple[PoolMember, ...]
+    model: Path
+    prompt: str | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
+    chat: bool = False
+    sampling: SamplingPolicy = field(default_factory=SamplingPolicy.greedy)
+    max_tokens: int = 64
+    max_seq_len: int | None = None
+    split: tuple[int, ...] | None = None
+    bind_host: str = "127.0.0.1"
+    advertise_host: str | None = None
+    run_id: int | None = None
+    stream: bool = True
+    transport: TransportConfig = TransportConfig()
+    timeouts: RunTimeouts = RunTimeouts()
+
+
+@dataclass
+class SessionReport:
+    result: RunResult
+    text: str
+    layer_ranges: list[tuple[int, int]]
+    stage_nodes: list[int]
+    timings: dict[str, float | None]
+
+    def to_json(self) -> dict[str, Any]:
+        result = self.result
+        return {
+            "run_id": int(result.run_id),
+            "outcome": result.outcome.value if result.outcome else None,
+            "teardown": result.teardown.value if result.teardown else None,
+            "fault": None if result.fault is None else {
+                "reason": result.fault.reason.value,
+                "component": result.fault.component.value,
+                "stage_index": None if result.fault.stage_index is None
+                else int(result.fault.stage_index),
+            },
+            "stop_cause": result.stop_cause.value if result.stop_cause else None,
+            "prompt_token_ids": list(result.prompt_token_ids),
+            "generated_token_ids": list(result.generated_token_ids),
+            "text": self.text,
+            "stages": [{"node_id": node, "layer_start": start, "layer_end_exclusive": end}
+                       for node, (start, end) in zip(self.stage_nodes, self.layer_ranges,
+                                                     strict=True)],
+            "timings": self.timings,
+        }
+
+    def summary_lines(self) -> list[str]:
+        result = self.result
+        lines = [f"run {int(result.run_id)}: "
+                 f"{result.outcome.value if result.outcome else 'no outcome'}"
+                 f" (teardown {result.teardown.value if result.teardown else '?'})"]
+        if result.fault is not None:
+            lines.append(f"  fault: {result.fault.reason.value} in "
+                         f"{result.fault.component.value}")
+        for i, (node, (start, end)) in enumerate(zip(self.stage_nodes, self.layer_ranges,
+                                                      strict=True)):
+            lines.append(f"  stage {i}: node {node:016x} layers {start}..{end - 1}")
+        t = self.timings
+        lines.append(f"  prompt {len(result.prompt_token_ids)} tokens, generated "
+                     f"{len(result.generated_token_ids)}"
+                     + (f" (stop: {result.stop_cause.value})" if result.stop_cause else ""))
+        lines.append(f"  load {_fmt(t['load_s'], 's')}, time to first token "
+                     f"{_fmt(t['ttft_s'], 's')}, {_fmt(t['tokens_per_s'], ' tokens/s')}")
+        return lines
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    return "n/a" if value is None else f"{value:.2f}{unit}"
+
+
+def prompt_ids(options: SessionOptions) -> tuple[tuple[int, ...], Any]:
+    """(prompt token ids, tokenizer)."""
+    from swactor.model.tokenizer import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_gguf(options.model)
+    except Exception as error:
+        raise SessionError(f"tokenizer of {options.model}: {error}") from None
+    if options.prompt_token_ids is not None:
+        return options.prompt_token_ids, tokenizer
+    text = options.prompt or ""
+    try:
+        if options.chat:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": text}])
+            ids = tokenizer.encode(text, add_bos=False)
+        else:
+            ids = tokenizer.encode(text)
+    except Exception as error:
+        raise SessionError(f"prompt: {error}") from None
+    if not ids:
+        raise SessionError("the prompt encodes to no tokens")
+    return tuple(ids), tokenizer
+
+
+async def run_session(
+    options: SessionOptions, emitter: Emitter, out: TextIO, err: TextIO
+) -> SessionReport:
+    """Run one prompt through the pool (module doc)."""
+    from swactor.orchestrator.errors import PlannerError
+    from swactor.orchestrator.model_info import model_info_from_gguf
+    from swactor.orchestrator.planner import PlanRequest, plan_run
+
+    if not options.nodes:
+        raise SessionError("the pool is empty: name at least one node")
+    ids, tokenizer = prompt_ids(options)
+    me = NodeId(options.identity.node_id)
+    run_id = RunId(options.run_id if options.run_id is not None else secrets.randbits(62) + 1)
+    try:
+        model = model_info_from_gguf(options.model)
+        pool = PoolInventory(
+            tuple(NodeResources(m.node_id, DEFAULT_NODE_MEMORY_BYTES) for m in options.nodes),
+            orchestrator_node_id=me)
+        planned = plan_run(pool, model, PlanRequest(
+            run_id=run_id, prompt=PromptSource.from_token_ids(ids),
+            max_tokens=options.max_tokens, max_seq_len=options.max_seq_len,
+            split=options.split, sampling=options.sampling,
+            gguf_source=GgufSource.local_path(str(options.model.resolve())),
+            prompt_token_count=len(ids)))
+    except PlannerError as error:
+        raise SessionError(f"plan: {error}") from None
+    plan = planned.plan
+
+    endpoint = QuicEndpoint(options.identity, options.transport,
+                            allowed={int(m.node_id) for m in options.nodes})
+    address = await endpoint.start(options.bind_host, 0)
+    for member in options.nodes:
+        endpoint.address_book[int(member.node_id)] = (member.host, member.port)
+    arena = Arena.create(TOKEN_ARENA_BYTES)
+    holder: list[NetworkRunPorts] = []
+
+    async def handler(peer: int, message: WireStruct) -> WireStruct | None:
+        return await holder[0].on_request(peer, message) if holder else None
+
+    control = ControlChannel(endpoint, REGISTRY, handler,
+                             ControlAuthority(orchestrator_id=int(me), active_run_id=int(run_id)))
+    drivers: list[Driver] = []
+
+    def make_driver(emit: Any, wake: Any) -> Driver:
+        drivers.append(Driver(endpoint, arena, emit=emit, wake=wake))
+        return drivers[-1]
+
+    stages = plan.stages
+    ports = _StreamingPorts(control, make_driver, arena, emitter, run_id,
+                            stages[0].node_id, stages[-1].node_id)
+    holder.append(ports)
+    decoder = tokenizer.stream(skip_special=True)
+    pieces: list[str] = []
+
+    def on_token(token: int) -> None:
+        piece = decoder.push(token)
+        pieces.append(piece)
+        if options.stream and piece:
+            out.write(piece)
+            out.flush()
+
+    ready_count = [0]
+
+    def on_stage(event: orun.Event) -> None:
+        if isinstance(event, orun.StageReady):
+            ready_count[0] += 1
+            err.write(f"[swactor] stage {int(event.stage_index)} ready "
+                      f"({ready_count[0]}/{len(stages)})\n")
+        elif isinstance(event, orun.StageFault):
+            err.write(f"[swactor] stage {int(event.stage_index)} fault: "
+                      f"{event.reason.value} ({event.component.value})\n")
+        err.flush()
+
+    ports.on_token, ports.on_stage = on_token, on_stage
+    host = options.advertise_host or address[0]
+    book = AddressBook(tuple(PeerAddress(m.node_id, m.host, m.port) for m in options.nodes)
+                       + (PeerAddress(me, host, address[1]),))
+    started = time.monotonic()
+    try:
+        try:
+            await asyncio.gather(*(control.request(int(m.node_id), book, timeout=POOL_TIMEOUT_S)
+                                   for m in options.nodes))
+        except Exception as error:
+            raise SessionError(f"pool: a node did not answer: {error}") from None
+        emitter.emit(PoolReady(node_id=me))
+        err.write(f"[swactor] pool ready: {len(options.nodes)} nodes; loading "
+                  f"{len(stages)} stages\n")
+        err.flush()
+        async with Runtime(f"orchestrator-{int(me):x}") as runtime:
+            handle = start_run(runtime, plan, ports, stop_token_ids=planned.stop_token_ids,
+                               prompt_token_ids=ids, timeouts=options.timeouts)
+            ports.handle = handle
+            loop = asyncio.get_running_loop()
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signal.SIGINT, handle.stop)
+            try:
+                result = await handle.result()
+            finally:
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.remove_signal_handler(signal.SIGINT)
+        tail = decoder.flush()
+        pieces.append(tail)
+        if options.stream:
+            out.write(tail + "\n")
+            out.flush()
+    finally:
+        for driver in drivers:
+            await driver.close()
+        await endpoint.close()
+        with contextlib.suppress(Exception):
+            arena.close()
+    t = result.timings
+    load = None if t.ready is None else t.ready - started
+    return SessionReport(
+        result=result,
+        text="".join(pieces),
+        layer_ranges=[(s.layer_start, s.layer_end_exclusive) for s in stages],
+        stage_nodes=[int(s.node_id) for s in stages],
+        timings={"load_s": load, "ttft_s": t.time_to_first_token_s,
+                 "tokens_per_s": t.tokens_per_second(len(result.generated_token_ids)),
+                 "total_s": time.monotonic() - started},
+    )
+
+
+class _StreamingPorts(NetworkRunPorts):
+    """`NetworkRunPorts` that also tells the session of tokens and stage reports."""
+
+    on_stage: Any = None
+
+    def emit(self, event: LifecycleEvent) -> None:
+        super().emit(event)
+        if isinstance(event, TokenReceived) and event.token is not None and self.on_token:
+            self.on_token(event.token)
+
+    async def on_request(self, peer: int, message: WireStruct) -> WireStruct | None:
+        from swactor.node.control_messages import report_event
+
+        event = report_event(message)
+        if event is not None and self.on_stage is not None:
+            self.on_stage(event)
+        return await super().on_request(peer, message)
+
+
+def report_json(report: SessionReport) -> str:
+    return json.dumps(report.to_json())
