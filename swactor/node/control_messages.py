@@ -2,15 +2,16 @@
 
 Theory of operation. The orchestrator sends a node `AddressBook` (the run's peers),
 `ProvisionStage` (a wire type of its own) and `StopRunMessage`; the node answers each
-stage milestone with one report request back to the orchestrator: `StageReadyReport`, `StageFaultReport`,
-`StageStoppedReport`. They are `WireStruct`s, so the control channel checks every field
-strictly on arrival, and they carry the run id, so its authority check refuses reports
-for a run the orchestrator is not running. `report_message` / `report_event` convert
-between these and the orchestrator_run machine's own event classes.
+stage milestone with one report request back to the orchestrator: `StageReadyReport`,
+`StageFaultReport`, `StageStoppedReport`. They are `WireStruct`s, so the control channel
+checks every field strictly on arrival, and they carry the run id, so its authority
+check refuses reports for a run the orchestrator is not running. `report_message` /
+`report_event` convert between these and the orchestrator_run machine's own event
+classes.
 
-`NODE_REGISTRY` is what a node's channel accepts, `ORCHESTRATOR_REGISTRY` what an
-orchestrator's accepts; the requester side needs the type in its registry too, so both
-list all of them.
+`REGISTRY` lists all of them: nodes and orchestrators build their channels with it
+(a requester needs the type in its registry too); `ORCHESTRATOR_ONLY` names the ones a
+node accepts only from the orchestrator it trusts.
 """
 
 from __future__ import annotations
