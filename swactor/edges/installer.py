@@ -140,6 +140,13 @@ class LocalRingInstaller:
         self.wake_event(hint.ring_id).set()
         return True
 
+    def close(self) -> None:
+        """Close every handle still installed (endpoint shutdown); the arena may then close."""
+        for ring in self._rings.values():
+            ring.close()
+        self._rings.clear()
+        self._by_edge.clear()
+
     # -- the token endpoint's view --------------------------------------------------------
 
     def ring(self, edge_id: EdgeId) -> Ring:

@@ -12,7 +12,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from swactor.actors import ActorRef, Runtime
+from swactor.actors import Actor, ActorRef, Context, Runtime
 from swactor.arena import ArenaManager, LiveLease
 from swactor.edges import (
     ArenaActor,
@@ -112,6 +112,29 @@ class RecordingOwner:
                 await self.changed.wait()
 
 
+@dataclass(frozen=True, slots=True)
+class OpenGate:
+    """Tell a `Gate` to forward what it holds and everything after."""
+
+
+class Gate(Actor[Any]):
+    """Forwards mail to `target`, holding it while closed (orders crossings in tests)."""
+
+    def __init__(self, target: ActorRef[Any]) -> None:
+        self.target = target
+        self.held: list[Any] | None = []
+
+    async def receive(self, ctx: Context[Any], message: Any) -> None:
+        if isinstance(message, OpenGate):
+            held, self.held = self.held or [], None
+            for item in held:
+                self.target.tell(item)
+        elif self.held is not None:
+            self.held.append(message)
+        else:
+            self.target.tell(message)
+
+
 class EdgeNode:
     """A node's arena, driver and establisher (module docstring)."""
 
@@ -130,7 +153,9 @@ class EdgeNode:
         self.worker_ctl = worker_ctl
         self.owner = RecordingOwner()
 
-    async def start(self, config: TransportConfig, allowed: tuple[int, ...]) -> None:
+    async def start(self, config: TransportConfig, allowed: tuple[int, ...],
+                    gate_arena: bool = False) -> None:
+        """Start the actors; `gate_arena` puts a closed `Gate` before the ArenaActor."""
         self.endpoint = QuicEndpoint(self.identity, config, allowed=allowed)
         await self.endpoint.start("127.0.0.1")
         rt, name = self.runtime, self.name
@@ -138,7 +163,9 @@ class EdgeNode:
         self.driver = rt.spawn(
             lambda: DriverActor(self.endpoint, self.arena, WakeFanout(self.installer)),
             f"{name}-driver")
-        cfg = EstablisherConfig(NodeId(self.identity.node_id), self.arena_ref, self.driver,
+        self.arena_front: ActorRef[Any] = (rt.spawn(lambda: Gate(self.arena_ref), f"{name}-gate")
+                            if gate_arena else self.arena_ref)
+        cfg = EstablisherConfig(NodeId(self.identity.node_id), self.arena_front, self.driver,
                                 self.installer, self.minter, worker_ctl=self.worker_ctl,
                                 lease_timeout_s=self.lease_timeout_s,
                                 teardown_step_timeout_s=5.0)
@@ -170,8 +197,13 @@ class EdgeNode:
                 await asyncio.sleep(0.01)
 
     async def close(self) -> None:
+        """Stop the driver and the endpoint, then unmap the arena: `Arena.close` raises
+        ArenaBusyError if any ring handle (driver, installer) still views it."""
         await self.driver.stop_and_join()
         await self.endpoint.close()
+        if isinstance(self.installer, LocalRingInstaller):
+            self.installer.close()
+        self.arena.close()
 
 
 async def node_pair(runtime: Runtime, ceiling: int = 8 << 20

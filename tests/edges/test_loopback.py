@@ -17,10 +17,10 @@ from swactor.actors import Runtime
 from swactor.edges import StopEdgeRequest
 from swactor.fsm.generated import edge_record as er
 from swactor.ring import Ring
-from swactor.wire import RingReadable, RingWritable
+from swactor.wire import EdgeId, RingId, RingReadable, RingWritable
 from tests.edges.rig import EdgeNode, node_pair, rx, tx
 
-EDGE = 7
+EDGE = EdgeId(7)
 PAYLOAD = 3 << 20  # larger than the 64 KiB rings: wraps and backpressure both ways
 
 
@@ -31,7 +31,7 @@ async def write_all(node: EdgeNode, ring: Ring, ring_id: int, data: bytes) -> No
         n, must_wake = ring.write_from(view)
         view = view[n:]
         if must_wake:
-            node.driver.tell(RingReadable(ring_id))
+            node.driver.tell(RingReadable(RingId(ring_id)))
         if n == 0:
             wake.clear()
             ring.clear_writable_pending()
@@ -39,7 +39,7 @@ async def write_all(node: EdgeNode, ring: Ring, ring_id: int, data: bytes) -> No
                 await asyncio.wait_for(wake.wait(), 10.0)
     ring.close_producer()
     if ring.mark_readable_pending():
-        node.driver.tell(RingReadable(ring_id))
+        node.driver.tell(RingReadable(RingId(ring_id)))
 
 
 async def read_n(node: EdgeNode, ring: Ring, ring_id: int, total: int) -> bytes:
@@ -50,7 +50,7 @@ async def read_n(node: EdgeNode, ring: Ring, ring_id: int, total: int) -> bytes:
         n, must_wake = ring.read_into(memoryview(buf)[: total - len(out)])
         out += buf[:n]
         if must_wake:
-            node.driver.tell(RingWritable(ring_id))
+            node.driver.tell(RingWritable(RingId(ring_id)))
         if n == 0:
             wake.clear()
             ring.clear_readable_pending()
