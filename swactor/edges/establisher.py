@@ -72,6 +72,7 @@ from swactor.edges.messages import (
     EdgeGone,
     EdgeProvisioned,
     EdgeRefused,
+    EdgeReleases,
     EdgeStates,
     EdgeUp,
     ProvisionEdge,
@@ -91,6 +92,8 @@ from swactor.wire import (
     PortId,
     ProvisionRx,
     ProvisionTx,
+    QuiescenceProof,
+    QuiescenceProofKind,
     RingDirection,
     RingFault,
     RingId,
@@ -173,6 +176,7 @@ class EdgeEstablisher(Actor[Any]):
         self._by_ring: dict[int, int] = {}
         self._next_request = 1
         self._spawned = 0
+        self.releases: list[tuple[int, QuiescenceProofKind]] = []
 
     async def started(self, ctx: Context[Any]) -> None:
         self.config.driver.tell(RouteDriverEvents(ctx.self_ref))
@@ -185,6 +189,8 @@ class EdgeEstablisher(Actor[Any]):
                 ctx.reply(self._provision(ctx, message))
             case EdgeStates():
                 ctx.reply({edge: rec.machine.state for edge, rec in self.records.items()})
+            case EdgeReleases():
+                ctx.reply(list(self.releases))
             case er.StopEdge(edge_id=edge):
                 self._to_record(ctx, self.records.get(int(edge)), message)
             case Granted(request_id=request, layout=layout):
@@ -338,7 +344,7 @@ class EdgeEstablisher(Actor[Any]):
                 cfg.arena.tell(ArenaCancel(request, me))
             case er.ReleaseUnusedRing(ring_id=ring):
                 self._by_ring[int(ring)] = int(rec.edge_id)
-                cfg.arena.tell(ArenaRelease(ring, cfg.minter.never_installed(int(ring)), me))
+                self._release(ctx, ring, cfg.minter.never_installed(int(ring)))
             case er.InstallRing(ring_id=ring, edge_id=edge, direction=direction, layout=layout):
                 rec.ring_id, rec.layout = ring, layout
                 self._by_ring[int(ring)] = int(edge)
@@ -390,13 +396,17 @@ class EdgeEstablisher(Actor[Any]):
                 proof = (cfg.minter.worker_reaped(int(ring), -1) if reaped else
                          cfg.minter.after_teardown(int(ring), pump_stopped=True,
                                                    ring_quiesced=True))
-                cfg.arena.tell(ArenaRelease(ring, proof, me))
+                self._release(ctx, ring, proof)
             case et.EdgeTornDown(edge_id=edge, clean=clean):
                 if rec.ring_id is not None:
                     cfg.installer.forget(rec.ring_id)
                 self._to_record(ctx, rec, er.EdgeTornDown(edge, clean))
             case _:
                 raise TypeError(f"edge_teardown effect with no binding: {type(effect).__name__}")
+
+    def _release(self, ctx: Context[Any], ring: RingId, proof: QuiescenceProof) -> None:
+        self.releases.append((int(ring), proof.kind))
+        self.config.arena.tell(ArenaRelease(ring, proof, ctx.self_ref))
 
     def _tell_actor(self, rec: _Record, message: object) -> None:
         if rec.edge_actor is not None:

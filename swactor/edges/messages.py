@@ -9,6 +9,8 @@ To the EdgeEstablisher (besides the arena's, worker's and driver's answers):
   edge id already has a record on this node.
 - `edge_record.StopEdge(edge_id)`: stop the edge (the edge actor forwards its owner's).
 - `EdgeStates()` (ask): `dict[int, edge_record.State]`, every record's state now.
+- `EdgeReleases()` (ask): `list[tuple[int, QuiescenceProofKind]]`, every ring this
+  establisher released so far and the kind of proof it carried (teardown audit).
 
 From the EdgeEstablisher to an edge actor: `EdgeUp`, `EdgeDown`, `EdgeGone`.
 To an edge actor from its owner: `StopEdgeRequest` (or the generated machine's own
@@ -86,3 +88,8 @@ class StopEdgeRequest:
 @dataclass(frozen=True, slots=True)
 class EdgeStates:
     """Ask the EdgeEstablisher for every record's state (`dict[int, edge_record.State]`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeReleases:
+    """Ask the EdgeEstablisher which rings it released, with which proof kind."""

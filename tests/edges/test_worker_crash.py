@@ -1,0 +1,97 @@
+"""Edges whose rings live in a real GPU worker process; the worker is killed with -9.
+
+Real: the memfd arena and ArenaManager, `python -m swactor.worker` under GpuWorkerCtl
+(WorkerRingInstaller), the DriverActor on a loopback endpoint, the establisher and its
+edge actors. After the kill GpuWorkerCtl reports every installed ring faulted; each
+edge fails (RingFault), its teardown stops the pump, has the ring uninstalled
+(answered WorkerReaped: the process is gone) and releases the lease with a
+WorkerReaped proof, so no lease is left even though the worker never quiesced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from typing import Any
+
+from swactor.actors import Runtime
+from swactor.edges import EdgeReleases, StopEdgeRequest, WorkerRingInstaller
+from swactor.fsm.generated import edge_record as er
+from swactor.fsm.generated import gpu_worker_ctl as gwc
+from swactor.node.worker_ctl import GpuWorkerCtl, WorkerCtlConfig, WorkerReadyNotice, WorkerRoutes
+from swactor.transport.config import TransportConfig
+from swactor.transport.identity import NodeIdentity
+from swactor.wire import Component, EdgeId, QuiescenceProofKind, RunFaultReason
+from tests.edges.rig import RING, EdgeNode, rx
+from tests.worker.ctl_rig import Collector, take
+
+EDGES = (1, 2)
+
+
+async def test_worker_crash_faults_edges_and_teardown_releases_with_worker_reaped() -> None:
+    boot_q: asyncio.Queue[Any] = asyncio.Queue()
+    async with Runtime("node") as runtime:
+        routes = WorkerRoutes(node_boot=runtime.spawn(lambda: Collector(boot_q), "boot"))
+        node = EdgeNode(runtime, "n", 1 << 20, NodeIdentity.generate())
+        arena = node.arena
+        config = WorkerCtlConfig(arena.fd, arena.size, max_restarts=0)
+        ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena), "gpu-worker",
+                            mailbox_capacity=1024)
+        node.installer = WorkerRingInstaller(ctl, routes)
+        node.worker_ctl = ctl
+        await node.start(TransportConfig(), ())
+        routes.establisher, routes.driver = node.establisher, node.driver
+        try:
+            ctl.tell(gwc.StartWorker())
+            ready = await take(boot_q, WorkerReadyNotice)
+            actors = [await node.provision(rx(edge, RING), port=edge) for edge in EDGES]
+            rings = [await node.owner.wait("ready", edge, timeout=30) for edge in EDGES]
+            assert sorted(int(r) for r in routes.edges) == sorted(rings)
+            assert len(await node.live_leases()) == 2
+
+            os.kill(ready.pid, signal.SIGKILL)
+            for edge in EDGES:
+                reason, component = await node.owner.wait("failed", edge, timeout=30)
+                assert (reason, component) == (RunFaultReason.RingFault, Component.Worker)
+                await node.wait_state(edge, er.State.Failed, timeout=30)
+            assert await node.live_leases() == []
+            releases = await node.establisher.ask(EdgeReleases(), 5.0)
+            assert sorted(releases) == sorted(
+                (ring, QuiescenceProofKind.WorkerReaped) for ring in rings)
+            assert routes.edges == {}
+
+            for edge, actor in zip(EDGES, actors, strict=True):
+                actor.tell(StopEdgeRequest(EdgeId(edge)))
+                assert await node.owner.wait("stopped", edge) is True
+                assert await node.state(edge) is er.State.Stopped
+        finally:
+            await node.close()
+
+
+async def test_stop_with_a_live_worker_releases_after_ring_quiesced() -> None:
+    boot_q: asyncio.Queue[Any] = asyncio.Queue()
+    async with Runtime("node") as runtime:
+        routes = WorkerRoutes(node_boot=runtime.spawn(lambda: Collector(boot_q), "boot"))
+        node = EdgeNode(runtime, "n", 1 << 20, NodeIdentity.generate())
+        arena = node.arena
+        config = WorkerCtlConfig(arena.fd, arena.size, max_restarts=0)
+        ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena), "gpu-worker",
+                            mailbox_capacity=1024)
+        node.installer = WorkerRingInstaller(ctl, routes)
+        node.worker_ctl = ctl
+        await node.start(TransportConfig(), ())
+        routes.establisher, routes.driver = node.establisher, node.driver
+        try:
+            ctl.tell(gwc.StartWorker())
+            await take(boot_q, WorkerReadyNotice)
+            actor = await node.provision(rx(1, RING), port=1)
+            ring = await node.owner.wait("ready", 1, timeout=30)
+            actor.tell(StopEdgeRequest(EdgeId(1)))
+            assert await node.owner.wait("stopped", 1, timeout=30) is True
+            assert await node.live_leases() == []
+            assert await node.establisher.ask(EdgeReleases(), 5.0) == [
+                (ring, QuiescenceProofKind.PumpStoppedAndRingQuiesced)]
+            assert node.owner.of("failed", 1) == []
+        finally:
+            await node.close()
