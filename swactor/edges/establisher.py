@@ -367,8 +367,10 @@ class EdgeEstablisher(Actor[Any]):
                                        ring_id=rec.ring_id))
             case er.NotifyEdgeFailed(edge_id=edge, reason=reason):
                 self._tell_actor(rec, EdgeDown(edge, reason))
+                self._drop_held_stream(rec)
             case er.NotifyEdgeStopped(edge_id=edge, clean=clean):
                 self._tell_actor(rec, EdgeGone(edge, clean))
+                self._drop_held_stream(rec)
             case er.StartEdgeTeardown(edge_id=edge, reason=reason):
                 assert rec.ring_id is not None, "teardown starts only after a lease"
                 rec.teardown = et.EdgeTeardownMachine(
@@ -403,6 +405,13 @@ class EdgeEstablisher(Actor[Any]):
                 self._to_record(ctx, rec, er.EdgeTornDown(edge, clean))
             case _:
                 raise TypeError(f"edge_teardown effect with no binding: {type(effect).__name__}")
+
+    def _drop_held_stream(self, rec: _Record) -> None:
+        """An Rx record that ends before any ring was installed (no teardown will run)
+        never sent EstablishRecv, but the driver may hold its early stream (ExpectRecv):
+        have the driver stop it. Its PumpStopped finds no teardown and changes nothing."""
+        if rec.direction is RingDirection.Ingress and rec.ring_id is None:
+            self.config.driver.tell(tm.StopEdge(int(rec.edge_id)))
 
     def _release(self, ctx: Context[Any], ring: RingId, proof: QuiescenceProof) -> None:
         self.releases.append((int(ring), proof.kind))

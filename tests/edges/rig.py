@@ -196,14 +196,15 @@ class EdgeNode:
             while await self.state(edge) is not state:
                 await asyncio.sleep(0.01)
 
-    async def close(self) -> None:
+    async def close(self, unmap: bool = True) -> None:
         """Stop the driver and the endpoint, then unmap the arena: `Arena.close` raises
         ArenaBusyError if any ring handle (driver, installer) still views it."""
         await self.driver.stop_and_join()
         await self.endpoint.close()
         if isinstance(self.installer, LocalRingInstaller):
             self.installer.close()
-        self.arena.close()
+        if unmap:
+            self.arena.close()
 
 
 async def node_pair(runtime: Runtime, ceiling: int = 8 << 20
