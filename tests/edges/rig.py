@@ -160,9 +160,8 @@ class EdgeNode:
         await self.endpoint.start("127.0.0.1")
         rt, name = self.runtime, self.name
         self.arena_ref = rt.spawn(lambda: ArenaActor(self.manager), f"{name}-arena")
-        self.driver = rt.spawn(
-            lambda: DriverActor(self.endpoint, self.arena, WakeFanout(self.installer)),
-            f"{name}-driver")
+        self.driver_actor = DriverActor(self.endpoint, self.arena, WakeFanout(self.installer))
+        self.driver = rt.spawn(lambda: self.driver_actor, f"{name}-driver")
         self.arena_front: ActorRef[Any] = (rt.spawn(lambda: Gate(self.arena_ref), f"{name}-gate")
                             if gate_arena else self.arena_ref)
         cfg = EstablisherConfig(NodeId(self.identity.node_id), self.arena_front, self.driver,
@@ -194,6 +193,12 @@ class EdgeNode:
     async def wait_state(self, edge: int, state: er.State, timeout: float = 10.0) -> None:
         async with asyncio.timeout(timeout):
             while await self.state(edge) is not state:
+                await asyncio.sleep(0.01)
+
+    async def wait_sent(self, edge: int, timeout: float = 10.0) -> None:
+        """Wait until the send pump of `edge` finished (its stream ended with FIN)."""
+        async with asyncio.timeout(timeout):
+            while not self.driver_actor.driver.send_edges[edge].finished:
                 await asyncio.sleep(0.01)
 
     async def close(self, unmap: bool = True) -> None:

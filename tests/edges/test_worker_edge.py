@@ -1,0 +1,81 @@
+"""One edge from a token endpoint's egress ring, over loopback QUIC, into a real worker.
+
+Node A (the orchestrator side) provisions the Tx end with a LocalRingInstaller; node B
+provisions the Rx end with its ring installed in `python -m swactor.worker` under
+GpuWorkerCtl. Object records written into A's egress ring cross QUIC into B's ingress
+ring, the worker loads each one and its ObjectLoaded reaches the Rx edge actor (through
+GpuWorkerCtl's routes, registered by the WorkerRingInstaller) and from there the owner.
+Wake hints go both ways through the DriverActor and GpuWorkerCtl. A clean stop then
+releases both leases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from swactor.actors import Runtime
+from swactor.edges import StopEdgeRequest, WorkerRingInstaller
+from swactor.fsm.generated import gpu_worker_ctl as gwc
+from swactor.fsm.generated import rx_edge as rx_fsm
+from swactor.node.worker_ctl import GpuWorkerCtl, WorkerCtlConfig, WorkerReadyNotice, WorkerRoutes
+from swactor.transport.config import TransportConfig
+from swactor.transport.identity import NodeIdentity
+from swactor.wire import EdgeId, ObjectId, RingId, RingReadable
+from swactor.worker.rig import record
+from tests.edges.rig import EdgeNode, rx, tx
+from tests.worker.ctl_rig import Collector, take
+
+EDGE = EdgeId(21)
+OBJECTS = 3
+
+
+async def test_objects_cross_quic_into_a_real_worker_and_reach_the_rx_actors_owner() -> None:
+    boot_q: asyncio.Queue[Any] = asyncio.Queue()
+    async with Runtime("nodes") as runtime:
+        ida, idb = NodeIdentity.generate(), NodeIdentity.generate()
+        a = EdgeNode(runtime, "a", 8 << 20, ida)
+        b = EdgeNode(runtime, "b", 8 << 20, idb)
+        routes = WorkerRoutes(node_boot=runtime.spawn(lambda: Collector(boot_q), "boot"))
+        arena = b.arena
+        config = WorkerCtlConfig(arena.fd, arena.size, max_restarts=0)
+        ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena), "gpu-worker",
+                            mailbox_capacity=1024)
+        b.installer, b.worker_ctl = WorkerRingInstaller(ctl, routes), ctl
+        await a.start(TransportConfig(), (idb.node_id,))
+        await b.start(TransportConfig(), (ida.node_id,))
+        a.endpoint.address_book[idb.node_id] = b.endpoint.address
+        routes.establisher, routes.driver = b.establisher, b.driver
+        try:
+            ctl.tell(gwc.StartWorker())
+            await take(boot_q, WorkerReadyNotice)
+            tx_actor = await a.provision(tx(EDGE, idb.node_id))
+            rx_actor = await b.provision(rx(EDGE), port=1)
+            ring_a = await a.owner.wait("ready", EDGE, timeout=30)
+            await b.owner.wait("ready", EDGE, timeout=30)
+
+            egress = a.local.ring(EDGE)
+            for n in range(OBJECTS):
+                data = record(n + 1, n, os.urandom(4 * 64))
+                written, must_wake = egress.write_from(data)
+                assert written == len(data)  # the 64 KiB ring has room for all three
+                if must_wake:
+                    a.driver.tell(RingReadable(RingId(ring_a)))
+                assert await b.owner.wait("loaded", EDGE, timeout=30) == n + 1
+                b.owner.reports.clear()
+                rx_actor.tell(rx_fsm.ObjectConsumed(EDGE, ObjectId(n + 1)))
+            assert a.owner.of("failed", EDGE) == []
+            egress.close_producer()  # the endpoint's clean end of the stream (FIN)
+            if egress.mark_readable_pending():
+                a.driver.tell(RingReadable(RingId(ring_a)))
+            await a.wait_sent(EDGE)
+
+            tx_actor.tell(StopEdgeRequest(EDGE))
+            rx_actor.tell(StopEdgeRequest(EDGE))
+            assert await a.owner.wait("stopped", EDGE) is True
+            assert await b.owner.wait("stopped", EDGE, timeout=30) is True
+            assert await a.live_leases() == [] and await b.live_leases() == []
+        finally:
+            await a.close()
+            await b.close()
