@@ -17,8 +17,10 @@ StopEdge). The tables decide; this binding routes mail to the right record and c
 out effects:
 
 - Routing: arena answers by request id (Granted, Rejected, Cancelled) or ring id
-  (Released, ReleaseRefused); worker events by ring id (RingFault, RingQuiesced,
-  WorkerReaped) or edge id (RingInstalled); driver events by edge id. Quiescence
+  (Released, ReleaseRefused); worker events by ring id (RingInstalled, RingFault,
+  RingQuiesced, WorkerReaped); driver events and StopEdge by edge id. Request and ring
+  ids are never reused, so their mail reaches the record that used them even after a
+  new record took over the edge id; it is Stopped (terminal) and absorbs it. Quiescence
   reports, PumpStopped and release answers go to the record's teardown machine while
   one runs; the record's own machine otherwise (which ignores them or absorbs them once
   Stopped). Mail for an edge with no record is logged and dropped.
@@ -172,8 +174,8 @@ class EdgeEstablisher(Actor[Any]):
     def __init__(self, config: EstablisherConfig) -> None:
         self.config = config
         self.records: dict[int, _Record] = {}
-        self._by_request: dict[int, int] = {}
-        self._by_ring: dict[int, int] = {}
+        self._by_request: dict[int, _Record] = {}
+        self._by_ring: dict[int, _Record] = {}
         self._next_request = 1
         self._spawned = 0
         self.releases: list[tuple[int, QuiescenceProofKind]] = []
@@ -238,12 +240,10 @@ class EdgeEstablisher(Actor[Any]):
                 log.debug("establisher: ignoring %s", type(message).__name__)
 
     def _request(self, request_id: LeaseRequestId) -> _Record | None:
-        edge = self._by_request.get(int(request_id))
-        return None if edge is None else self.records.get(edge)
+        return self._by_request.get(int(request_id))
 
     def _ring(self, ring_id: RingId) -> _Record | None:
-        edge = self._by_ring.get(int(ring_id))
-        return None if edge is None else self.records.get(edge)
+        return self._by_ring.get(int(ring_id))
 
     def _release_answer(self, ctx: Context[Any], ring: RingId, teardown_event: Any,
                         record_event: Any) -> None:
@@ -271,7 +271,7 @@ class EdgeEstablisher(Actor[Any]):
         self._next_request += 1
         rec = _Record(request, request_id, self.config.lease_timeout_s)
         self.records[edge] = rec
-        self._by_request[int(request_id)] = edge
+        self._by_request[int(request_id)] = rec
         event: er.Event
         if isinstance(provision, ProvisionTx):
             event = er.ProvisionTx(provision.edge_id, provision.rx_node_id,
@@ -343,11 +343,11 @@ class EdgeEstablisher(Actor[Any]):
             case er.CancelLease(request_id=request):
                 cfg.arena.tell(ArenaCancel(request, me))
             case er.ReleaseUnusedRing(ring_id=ring):
-                self._by_ring[int(ring)] = int(rec.edge_id)
+                self._by_ring[int(ring)] = rec
                 self._release(ctx, ring, cfg.minter.never_installed(int(ring)))
             case er.InstallRing(ring_id=ring, edge_id=edge, direction=direction, layout=layout):
                 rec.ring_id, rec.layout = ring, layout
-                self._by_ring[int(ring)] = int(edge)
+                self._by_ring[int(ring)] = rec
                 assert rec.edge_actor is not None
                 command = InstallRing(ring, edge, rec.port_id, direction, layout,
                                       rec.provision.object_spec)

@@ -27,6 +27,7 @@ from swactor.edges import (
     RingInstaller,
     WakeFanout,
 )
+from swactor.events.schema import LifecycleEvent
 from swactor.fsm.generated import edge_record as er
 from swactor.transport.config import TransportConfig
 from swactor.transport.endpoint import QuicEndpoint
@@ -46,6 +47,7 @@ from swactor.wire import (
     RingId,
     RingSpec,
     RunFaultReason,
+    RunId,
     Sequence,
     WakeCoalescing,
 )
@@ -152,6 +154,7 @@ class EdgeNode:
         self.lease_timeout_s = lease_timeout_s
         self.worker_ctl = worker_ctl
         self.owner = RecordingOwner()
+        self.events: list[LifecycleEvent] = []
 
     async def start(self, config: TransportConfig, allowed: tuple[int, ...],
                     gate_arena: bool = False) -> None:
@@ -167,7 +170,7 @@ class EdgeNode:
         cfg = EstablisherConfig(NodeId(self.identity.node_id), self.arena_front, self.driver,
                                 self.installer, self.minter, worker_ctl=self.worker_ctl,
                                 lease_timeout_s=self.lease_timeout_s,
-                                teardown_step_timeout_s=5.0)
+                                teardown_step_timeout_s=5.0, emit=self.events.append)
         self.establisher = rt.spawn(lambda: EdgeEstablisher(cfg), f"{name}-establisher")
 
     @property
@@ -175,10 +178,11 @@ class EdgeNode:
         assert isinstance(self.installer, LocalRingInstaller)
         return self.installer
 
-    async def provision(self, provision: ProvisionTx | ProvisionRx, port: int = 1
-                        ) -> ActorRef[Any]:
+    async def provision(self, provision: ProvisionTx | ProvisionRx, port: int = 1,
+                        run_id: int | None = None) -> ActorRef[Any]:
+        run = None if run_id is None else RunId(run_id)
         answer = await self.establisher.ask(
-            ProvisionEdge(provision, PortId(port), self.owner), 5.0)
+            ProvisionEdge(provision, PortId(port), self.owner, run), 5.0)
         assert isinstance(answer, EdgeProvisioned), answer
         return answer.edge_actor
 

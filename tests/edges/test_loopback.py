@@ -15,12 +15,15 @@ import pytest
 
 from swactor.actors import Runtime
 from swactor.edges import StopEdgeRequest
+from swactor.events.emitter import Emitter
+from swactor.events.schema import EdgeReady, validate_line
 from swactor.fsm.generated import edge_record as er
 from swactor.ring import Ring
-from swactor.wire import EdgeId, RingId, RingReadable, RingWritable
+from swactor.wire import EdgeId, NodeId, RingId, RingReadable, RingWritable, RunId
 from tests.edges.rig import EdgeNode, node_pair, rx, tx
 
 EDGE = EdgeId(7)
+RUN = 5
 PAYLOAD = 3 << 20  # larger than the 64 KiB rings: wraps and backpressure both ways
 
 
@@ -65,19 +68,24 @@ async def test_edge_ready_in_either_order_and_bytes_arrive(rx_first: bool) -> No
         a, b = await node_pair(runtime)
         try:
             if rx_first:
-                rx_actor = await b.provision(rx(EDGE))
+                rx_actor = await b.provision(rx(EDGE), run_id=RUN)
                 await b.wait_state(EDGE, er.State.Ready)
-                tx_actor = await a.provision(tx(EDGE, b.identity.node_id))
+                tx_actor = await a.provision(tx(EDGE, b.identity.node_id), run_id=RUN)
             else:
-                tx_actor = await a.provision(tx(EDGE, b.identity.node_id))
+                tx_actor = await a.provision(tx(EDGE, b.identity.node_id), run_id=RUN)
                 await a.wait_state(EDGE, er.State.Ready)
-                rx_actor = await b.provision(rx(EDGE))
+                rx_actor = await b.provision(rx(EDGE), run_id=RUN)
             ring_a = await a.owner.wait("ready", EDGE)
             ring_b = await b.owner.wait("ready", EDGE)
             assert await a.state(EDGE) is er.State.Ready
             assert await b.state(EDGE) is er.State.Ready
             assert [lease.ring_id for lease in await a.live_leases()] == [ring_a]
             assert [lease.ring_id for lease in await b.live_leases()] == [ring_b]
+            for node, ring in ((a, ring_a), (b, ring_b)):
+                assert node.events == [EdgeReady(node_id=NodeId(node.identity.node_id),
+                                                 run_id=RunId(RUN), edge_id=EDGE,
+                                                 ring_id=RingId(ring))]
+                validate_line(Emitter("edges-test", []).emit(node.events[0]).to_line())
 
             data = os.urandom(PAYLOAD)
             egress, ingress = a.local.ring(EDGE), b.local.ring(EDGE)
