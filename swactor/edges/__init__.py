@@ -8,6 +8,8 @@
 - `installer.py`: `RingInstaller` and its two ends: `WorkerRingInstaller` (GpuWorkerCtl)
   and `LocalRingInstaller` (the orchestrator's token endpoint); `WakeFanout` routes the
   driver's wake hints to them.
+- `stage_ports.py`: `EdgeStagePorts`, the establish/stop edge ports a StageController
+  needs (its `StagePorts` edge half).
 - `arena_actor.py`: `ArenaActor`, the node's ArenaManager behind one mailbox.
 - `driver_actor.py`: `DriverActor`, the node's transport Driver behind a mailbox.
 - `messages.py`: the mail between them.
@@ -54,6 +56,7 @@ from swactor.edges.messages import (
     StopEdgeRequest,
 )
 from swactor.edges.owner import EdgeOwner, StageOwner
+from swactor.edges.stage_ports import EdgeStagePorts
 
 __all__ = [
     "ArenaActor",
@@ -70,6 +73,7 @@ __all__ = [
     "EdgeProvisioned",
     "EdgeRefused",
     "EdgeReleases",
+    "EdgeStagePorts",
     "EdgeStates",
     "EdgeUp",
     "EstablisherConfig",
