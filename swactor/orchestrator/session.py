@@ -82,6 +82,8 @@ class SessionOptions:
     advertise_host: str | None = None
     run_id: int | None = None
     stream: bool = True
+    decode: bool = True
+    """Use the model's tokenizer (False: token ids only, for a model without one)."""
     transport: TransportConfig = TransportConfig()
     timeouts: RunTimeouts = RunTimeouts()
 
@@ -141,9 +143,11 @@ def _fmt(value: float | None, unit: str) -> str:
 
 
 def prompt_ids(options: SessionOptions) -> tuple[tuple[int, ...], Any]:
-    """(prompt token ids, tokenizer)."""
+    """(prompt token ids, tokenizer; None for a model without one, given token ids)."""
     from swactor.model.tokenizer import Tokenizer
 
+    if options.prompt_token_ids is not None and not options.decode:
+        return options.prompt_token_ids, None
     try:
         tokenizer = Tokenizer.from_gguf(options.model)
     except Exception as error:
@@ -178,7 +182,7 @@ async def run_session(
     me = NodeId(options.identity.node_id)
     run_id = RunId(options.run_id if options.run_id is not None else secrets.randbits(62) + 1)
     try:
-        model = model_info_from_gguf(options.model)
+        model = model_info_from_gguf(options.model, with_stop_ids=tokenizer is not None)
         pool = PoolInventory(
             tuple(NodeResources(m.node_id, DEFAULT_NODE_MEMORY_BYTES) for m in options.nodes),
             orchestrator_node_id=me)
@@ -190,6 +194,8 @@ async def run_session(
             prompt_token_count=len(ids)))
     except PlannerError as error:
         raise SessionError(f"plan: {error}") from None
+    except Exception as error:  # the model file: unreadable, not a GGUF, bad header
+        raise SessionError(f"model {options.model}: {error}") from None
     plan = planned.plan
 
     endpoint = QuicEndpoint(options.identity, options.transport,
@@ -215,10 +221,12 @@ async def run_session(
     ports = _StreamingPorts(control, make_driver, arena, emitter, run_id,
                             stages[0].node_id, stages[-1].node_id)
     holder.append(ports)
-    decoder = tokenizer.stream(skip_special=True)
+    decoder = tokenizer.stream(skip_special=True) if tokenizer is not None else None
     pieces: list[str] = []
 
     def on_token(token: int) -> None:
+        if decoder is None:
+            return
         piece = decoder.push(token)
         pieces.append(piece)
         if options.stream and piece:
@@ -264,9 +272,9 @@ async def run_session(
             finally:
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(signal.SIGINT)
-        tail = decoder.flush()
+        tail = decoder.flush() if decoder is not None else ""
         pieces.append(tail)
-        if options.stream:
+        if options.stream and decoder is not None:
             out.write(tail + "\n")
             out.flush()
     finally:
