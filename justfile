@@ -31,6 +31,12 @@ codegen-check: setup
 diagrams: codegen
     {{py}} -m codegen --render
 
+# A 3-stage `swactor run` of "hello world" on SmolLM2: 3 local node processes + orchestrator;
+# streams the text, prints a summary; every process's event log goes to $SWACTOR_DEMO_EVENTS.
+demo *ARGS: setup
+    {{py}} -m swactor.cli run --nodes 3 --prompt "hello world" --events-dir "${SWACTOR_DEMO_EVENTS:-/tmp/swactor-demo-events}" {{ARGS}}
+    @echo "events: swactor events ${SWACTOR_DEMO_EVENTS:-/tmp/swactor-demo-events}/*.jsonl"
+
 # Lint and type-check.
 lint: setup
     {{py}} -m ruff check .
