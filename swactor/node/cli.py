@@ -7,7 +7,9 @@ stdout, `{"kind": "available", "node_id", "hex", "quic": [host, port]}`, which i
 serves it prints `{"kind": "stage_finished", ...}` with the node's leak check (active
 run, live ring leases, worker pid, runs served). The node trusts exactly one
 orchestrator, named by `--trust-orchestrator` (a node id, decimal or hex); control
-messages from any other node are refused. SIGINT/SIGTERM stop the node cleanly (exit 0);
+messages from any other node are refused. With `--swim HOST:PORT` (and `--seed`s) the
+node also joins SWIM and publishes its QUIC address there, so an orchestrator can find
+it by membership instead of being told its address. SIGINT/SIGTERM stop the node cleanly (exit 0);
 a boot failure exits 1 with one line naming the step, bad arguments exit 2.
 """
 
@@ -22,6 +24,7 @@ import sys
 from pathlib import Path
 
 from swactor.events.emitter import add_event_arguments, configure_from_args
+from swactor.membership.cli import parse_address
 from swactor.model.paths import model_cache_dir
 from swactor.node.node import DEFAULT_ARENA_CEILING, NodeBootError, NodeConfig, StageNode
 from swactor.orchestrator.inventory import parse_bytes
@@ -63,6 +66,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         metavar="NODE_ID", help="the only node allowed to provision and stop")
     parser.add_argument("--arena-ceiling", type=_bytes, default=DEFAULT_ARENA_CEILING,
                         metavar="BYTES", help="shared arena size (e.g. 256MiB)")
+    parser.add_argument("--swim", type=parse_address, default=None, metavar="HOST:PORT",
+                        help="join SWIM membership on this UDP address (with --seed)")
+    parser.add_argument("--seed", type=parse_address, action="append", default=[],
+                        metavar="HOST:PORT", help="SWIM seed to join through (repeat)")
+    parser.add_argument("--advertise", default=None, metavar="HOST",
+                        help="QUIC host published to the pool (default: --bind)")
     parser.add_argument("--models-dir", type=Path, default=None,
                         help="where CacheKey model sources are looked up")
     parser.add_argument("--log-level", default="WARNING")
@@ -83,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
     config = NodeConfig(identity=identity, orchestrator=args.trust_orchestrator,
                         bind_host=args.bind, quic_port=args.quic,
                         arena_ceiling=args.arena_ceiling,
-                        models_dir=args.models_dir or model_cache_dir())
+                        models_dir=args.models_dir or model_cache_dir(),
+                        swim_bind=args.swim, seeds=tuple(args.seed),
+                        advertise_host=args.advertise)
     try:
         return asyncio.run(_serve(StageNode(config, emitter)))
     finally:

@@ -8,7 +8,10 @@ stop:
    and waits for its WorkerReady (a worker that cannot start fails the boot);
 3. the transport: one `QuicEndpoint` (the node's Ed25519 identity), the edge `Driver`
    on the arena, the `ControlChannel` on `swactor/ctl/1`;
-4. `node_available`, and one JSON line on stdout (`{"node_id", "quic"}`) that launchers
+4. with `swim_bind`, SWIM membership (seeds; the QUIC address and BootHealth.Available
+   in the signed member metadata, which is how an orchestrator started with `--seed`
+   finds the pool);
+5. `node_available`, and one JSON line on stdout (`{"node_id", "quic"}`) that launchers
    read to learn the node's id and bound address.
 
 Serving. The control channel accepts `AddressBook`, `ProvisionStage` and
@@ -96,6 +99,12 @@ class NodeConfig:
     models_dir: Path = Path(".")
     transport: TransportConfig = TransportConfig()
     worker_init_timeout_s: float = 120.0
+    swim_bind: tuple[str, int] | None = None
+    """Join SWIM on this UDP address (None: no membership; the orchestrator is given
+    the node's address instead)."""
+    seeds: tuple[tuple[str, int], ...] = ()
+    advertise_host: str | None = None
+    """The QUIC host published in SWIM metadata (default: `bind_host`)."""
 
 
 class _Notices(Actor[Any]):
@@ -183,6 +192,7 @@ class StageNode:
         self._host: ActorRef[Any] | None = None
         self._ctl: ActorRef[Any] | None = None
         self._worker_pid: int | None = None
+        self.membership: Any = None
 
     def keeper_ref(self) -> ActorRef[Any]:
         assert self._keeper_ref is not None
@@ -235,8 +245,26 @@ class StageNode:
         self.driver = Driver(endpoint, arena, emit=emit, wake=wake)
         keeper.bind(self.driver, self._ctl)
         self.control = ControlChannel(endpoint, REGISTRY, self._on_request, self.authority)
+        if config.swim_bind is not None:
+            self._join(address)
         self.emitter.emit(NodeAvailable(node_id=self.node_id))
         return address
+
+    def _join(self, quic: tuple[str, int]) -> None:
+        from swactor.membership import BootHealth, MemberMeta, MembershipNode, SwimConfig
+
+        config = self.config
+        assert config.swim_bind is not None
+        meta = MemberMeta(swim_host=config.swim_bind[0], swim_port=0,
+                          quic_host=config.advertise_host or quic[0], quic_port=quic[1],
+                          boot_health=BootHealth.Available, device_kind="cpu",
+                          memory_bytes=config.arena_ceiling)
+        try:
+            self.membership = MembershipNode(config.identity, SwimConfig(), meta,
+                                             seeds=list(config.seeds), bind=config.swim_bind)
+            self.membership.start()
+        except Exception as error:
+            raise NodeBootError(f"membership: {error}") from None
 
     # -- serving ------------------------------------------------------------------------
 
@@ -287,7 +315,10 @@ class StageNode:
     # -- stop ---------------------------------------------------------------------------
 
     async def stop(self) -> None:
-        """Shut the worker down, close the transport and the arena."""
+        """Leave the pool, shut the worker down, close the transport and the arena."""
+        if self.membership is not None:
+            await asyncio.to_thread(self.membership.stop, True)
+            self.membership = None
         if self._ctl is not None:
             self._ctl.tell(gwc.ShutdownWorker(ShutdownMode.Graceful))
             with contextlib.suppress(TimeoutError):

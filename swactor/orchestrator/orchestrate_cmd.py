@@ -1,7 +1,9 @@
 """`swactor orchestrator`: run one prompt through a pool of running nodes.
 
-Theory of operation. The command parses the pool (`--node ID@HOST:PORT`, repeated: the
-ids and QUIC addresses that `swactor node` printed), the model, the prompt and the
+Theory of operation. The command takes the pool either as `--node ID@HOST:PORT`,
+repeated (the ids and QUIC addresses that `swactor node` printed, in stage order), or
+finds it by SWIM (`--seed HOST:PORT --nodes N`: the first N available nodes by id, see
+`discovery`); then the model, the prompt and the
 sampling flags, then runs `session.run_session`: generated text streams to stdout as
 tokens arrive, progress and the summary go to stderr; with `--json` nothing streams and
 stdout gets one JSON object (run id, outcome, prompt and generated token ids, text,
@@ -25,7 +27,8 @@ from typing import TYPE_CHECKING
 from swactor.events.emitter import add_event_arguments, configure_from_args
 
 if TYPE_CHECKING:
-    from swactor.orchestrator.session import PoolMember, SessionOptions
+    from swactor.events.emitter import Emitter
+    from swactor.orchestrator.session import PoolMember, SessionOptions, SessionReport
     from swactor.transport.identity import NodeIdentity
 
 
@@ -45,6 +48,12 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be at least 1")
     return value
+
+
+def _address(text: str) -> tuple[str, int]:
+    from swactor.membership.cli import parse_address
+
+    return parse_address(text)
 
 
 def parse_member(text: str) -> PoolMember:
@@ -79,7 +88,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                        help="sample at this temperature (default: greedy)")
     group.add_argument("--top-k", type=int, default=0, help="top-k with --temperature")
     group.add_argument("--top-p", type=float, default=1.0, help="top-p with --temperature")
-    group.add_argument("--seed", type=int, default=0, help="sampling seed with --temperature")
+    group.add_argument("--sample-seed", type=int, default=0, metavar="N",
+                       help="sampling seed with --temperature")
     group.add_argument("--json", action="store_true",
                        help="print one JSON object instead of streaming text and a summary")
     group.add_argument("--run-id", type=int, default=None, help="run id (default: random)")
@@ -92,9 +102,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Plan a run over the given nodes, stream the generated text, summarise.")
     parser.add_argument("--key", type=Path, required=True,
                         help="orchestrator key file (created 0600); nodes must trust its id")
-    parser.add_argument("--node", type=parse_member, action="append", required=True,
-                        metavar="ID@HOST:PORT", dest="nodes",
-                        help="a stage node, in stage order (repeat)")
+    pool = parser.add_argument_group("pool (either --node ... or --seed ... --nodes N)")
+    pool.add_argument("--node", type=parse_member, action="append", default=[],
+                      metavar="ID@HOST:PORT", dest="members",
+                      help="a stage node, in stage order (repeat)")
+    pool.add_argument("--seed", type=_address, action="append", default=[],
+                      metavar="HOST:PORT", help="find the pool by SWIM through this seed")
+    pool.add_argument("--nodes", type=_positive, default=None, metavar="N",
+                      help="with --seed: wait for N available nodes (default 3)")
+    pool.add_argument("--swim", type=_address, default=None, metavar="HOST:PORT",
+                      help="with --seed: the SWIM address to bind (default: --bind, any port)")
     parser.add_argument("--bind", default="127.0.0.1", help="listen host")
     parser.add_argument("--advertise", default=None,
                         help="host the nodes reach this orchestrator at (default: --bind)")
@@ -122,7 +139,7 @@ def session_options(
         sampling = SamplingPolicy.greedy()
     else:
         try:
-            sampling = SamplingPolicy.temperature_sampling(args.temperature, args.seed,
+            sampling = SamplingPolicy.temperature_sampling(args.temperature, args.sample_seed,
                                                            args.top_k, args.top_p)
         except Exception as error:
             raise ValueError(f"sampling flags: {error}") from None
@@ -144,27 +161,38 @@ def run(args: argparse.Namespace) -> int:
     try:
         args.key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         identity = NodeIdentity.load_or_create(args.key)
-        options = session_options(args, identity, tuple(args.nodes))
+        if bool(args.members) == bool(args.seed):
+            raise ValueError("name the pool with --node ID@HOST:PORT ... or find it with "
+                             "--seed HOST:PORT (and --nodes N), not both")
+        options = session_options(args, identity, tuple(args.members))
     except Exception as error:
         print(f"swactor orchestrator: {error}", file=sys.stderr)
         return 2
     emitter = configure_from_args(args, f"orchestrator-{identity.node_id:016x}")
+    swim = args.swim or (args.bind, 0)
+    discovery = (swim, tuple(args.seed), args.nodes or 3) if args.seed else None
     try:
-        return execute(options, emitter, args.json)
+        return execute(options, emitter, args.json, discovery)
     finally:
         emitter.close()
 
 
-def execute(options: SessionOptions, emitter: object, as_json: bool) -> int:
-    """Run the session and print its output; the exit status."""
+Discovery = tuple[tuple[str, int], tuple[tuple[str, int], ...], int]
+
+
+def execute(
+    options: SessionOptions, emitter: object, as_json: bool, discovery: Discovery | None = None
+) -> int:
+    """Run the session (after finding the pool by SWIM) and print its output; exit status."""
     from swactor.events.emitter import Emitter
-    from swactor.orchestrator.session import SessionError, run_session
+    from swactor.orchestrator.discovery import DiscoveryError
+    from swactor.orchestrator.session import SessionError
     from swactor.wire import RunOutcome
 
     assert isinstance(emitter, Emitter)
     try:
-        report = asyncio.run(run_session(options, emitter, sys.stdout, sys.stderr))
-    except SessionError as error:
+        report = asyncio.run(_session(options, emitter, discovery))
+    except (SessionError, DiscoveryError) as error:
         print(f"swactor orchestrator: {error}", file=sys.stderr)
         return 2
     if as_json:
@@ -173,3 +201,22 @@ def execute(options: SessionOptions, emitter: object, as_json: bool) -> int:
         for line in report.summary_lines():
             print(line, file=sys.stderr)
     return 0 if report.result.outcome is RunOutcome.Completed else 1
+
+
+async def _session(options: SessionOptions, emitter: Emitter, discovery: Discovery | None
+                   ) -> SessionReport:
+    from dataclasses import replace
+
+    from swactor.orchestrator.discovery import discover_pool
+    from swactor.orchestrator.session import run_session
+
+    if discovery is None:
+        return await run_session(options, emitter, sys.stdout, sys.stderr)
+    swim, seeds, count = discovery
+    print(f"[swactor] waiting for {count} nodes via SWIM ...", file=sys.stderr, flush=True)
+    members, membership = await discover_pool(options.identity, swim, seeds, count)
+    try:
+        return await run_session(replace(options, nodes=members), emitter, sys.stdout,
+                                 sys.stderr)
+    finally:
+        await asyncio.to_thread(membership.stop, True)

@@ -1,0 +1,88 @@
+"""Find the pool by SWIM: join through seeds, wait for N available stage nodes.
+
+Theory of operation. The orchestrator joins SWIM as a member with role "orchestrator"
+(its own `MembershipNode` thread; events come to the event loop through
+`asyncio_events`). It keeps the latest metadata of every member; the pool is ready when
+`count` members are Alive, have role "node", report `BootHealth.Available` and publish
+a QUIC endpoint, and that set has not changed for `settle_s` (so a node that is still
+joining or flapping is not planned on). The members are returned in node-id order (the
+stage order) with their QUIC addresses; the caller stops the membership node when the
+run is over. Timing out raises `DiscoveryError` naming how many nodes were found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from swactor.membership import (
+    BootHealth,
+    MemberChanged,
+    MemberMeta,
+    MembershipEvent,
+    MembershipNode,
+    MemberState,
+    SwimConfig,
+    asyncio_events,
+)
+from swactor.orchestrator.session import PoolMember
+from swactor.transport.identity import NodeIdentity
+from swactor.wire import NodeId
+
+DEFAULT_SETTLE_S = 1.0
+
+
+class DiscoveryError(Exception):
+    """The pool did not become ready; the message says what was found."""
+
+
+def _usable(state: MemberState, meta: MemberMeta | None) -> bool:
+    return (state is MemberState.Alive and meta is not None and meta.role == "node"
+            and meta.boot_health is BootHealth.Available and meta.has_endpoint)
+
+
+async def discover_pool(
+    identity: NodeIdentity,
+    swim_bind: tuple[str, int],
+    seeds: tuple[tuple[str, int], ...],
+    count: int,
+    timeout_s: float = 120.0,
+    settle_s: float = DEFAULT_SETTLE_S,
+) -> tuple[tuple[PoolMember, ...], MembershipNode]:
+    """(the first `count` usable nodes by id, the running membership node)."""
+    queue: asyncio.Queue[MembershipEvent] = asyncio.Queue()
+    meta = MemberMeta(swim_host=swim_bind[0], swim_port=0, role="orchestrator")
+    node = MembershipNode(identity, SwimConfig(), meta, seeds=list(seeds), bind=swim_bind,
+                          on_event=asyncio_events(asyncio.get_running_loop(), queue))
+    node.start()
+    known: dict[NodeId, tuple[MemberState, MemberMeta | None]] = {}
+    deadline = time.monotonic() + timeout_s
+    stable_since: float | None = None
+    chosen: tuple[NodeId, ...] = ()
+    try:
+        while True:
+            now = time.monotonic()
+            if now > deadline:
+                raise DiscoveryError(f"pool: {len(chosen)} of {count} nodes available after "
+                                     f"{timeout_s:.0f}s")
+            with contextlib.suppress(TimeoutError):
+                event = await asyncio.wait_for(queue.get(), 0.1)
+                if isinstance(event, MemberChanged):
+                    previous = known.get(event.node_id, (event.state, None))[1]
+                    known[event.node_id] = (event.state, event.meta or previous)
+            usable = tuple(sorted(n for n, (state, m) in known.items() if _usable(state, m)))
+            if usable != chosen:
+                chosen, stable_since = usable, time.monotonic()
+            if len(chosen) >= count and stable_since is not None \
+                    and time.monotonic() - stable_since >= settle_s:
+                break
+    except BaseException:
+        await asyncio.to_thread(node.stop, True)
+        raise
+    members = []
+    for node_id in chosen[:count]:
+        found = known[node_id][1]
+        assert found is not None
+        members.append(PoolMember(node_id, found.quic_host, found.quic_port))
+    return tuple(members), node
