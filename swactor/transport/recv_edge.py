@@ -24,6 +24,8 @@ The pump loop (hot path, byte-blind): copy buffered stream bytes into the ring's
 span, `commit_and_mark` (one native call; send `RingReadable` only when the pending bit
 was clear), credit QUIC with exactly the bytes copied. Ring full: clear the wake event,
 feed `RingFull`, clear the writable pending bit, re-check, then sleep until a wake.
+Ring spans live only inside one synchronous copy and are released on every way out of
+it: a sleeping or cancelled pump never pins the arena mapping.
 """
 
 from __future__ import annotations
@@ -165,20 +167,18 @@ class RecvEdge:
         try:
             while self.machine.state is fsm.State.Streaming:
                 if inbound.buffered:
-                    span = ring.writable_span()
-                    if not len(span):
+                    moved = _fill_span(ring, inbound)
+                    if not moved:
                         if ring.state is not RingState.Open:
                             self._ring_fault(ring)
                             return
                         writable.clear()
                         self.feed(fsm.RingFull())
                         ring.clear_writable_pending()
-                        if len(ring.writable_span()):
+                        if _writable_bytes(ring):
                             self.feed(fsm.RingWritable(RingId(ring_id)))
                         await writable.wait()
                         continue
-                    moved = inbound.read_into(span)
-                    del span
                     if ring.commit_and_mark(moved):
                         self._wake(RingReadable(ring_id))
                     self.offset += moved
@@ -196,3 +196,19 @@ class RecvEdge:
         reason = ring.fault_reason or RingFaultReason.RingStateInvalid
         self._detail = f"ring {self.ring_id} is {ring.state.name}"
         self.feed(fsm.RingFault(RingId(self.ring_id or 0), reason))
+
+
+def _fill_span(ring: Ring, inbound: InboundStream) -> int:
+    """Copy buffered stream bytes into the ring's writable span: the count (0: full).
+
+    The span is released on every way out (`with`), so a pump that sleeps on a full ring,
+    or is cancelled there, never pins the arena mapping (`Arena.close` would raise
+    ArenaBusyError)."""
+    with ring.writable_span() as span:
+        return inbound.read_into(span) if len(span) else 0
+
+
+def _writable_bytes(ring: Ring) -> int:
+    """How many bytes the ring's writable span holds now (the view is released)."""
+    with ring.writable_span() as span:
+        return len(span)

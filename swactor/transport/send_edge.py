@@ -21,6 +21,9 @@ pending bit was clear). At the high-water mark it feeds `WriteBlocked`, waits fo
 progress (ACKs), feeds `WriteProgress`. An empty ring: producer closed -> feed
 `ProducerClosed`; otherwise clear the pending bit, re-check, sleep until `DrainRing`.
 A closed link feeds `TransportFailed` with `ConnectionLost` or `IdleTimeout`.
+Ring views (spans) live only inside one synchronous drain step and are released on every
+way out of it, before any event is fed: a drain task that sleeps, is cancelled by
+`PumpStopped` or ends on a lost connection never pins the arena mapping.
 
 A wake hint in `WaitingForBytes` is observed through the `CheckRing` logic (so a
 producer that closes without writing yields `ProducerClosed`, no stream); in `Streaming`
@@ -30,6 +33,7 @@ it is fed as `RingReadable` (-> `DrainRing`).
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections import deque
 
 from swactor.fsm.generated import send_pump as fsm
@@ -49,6 +53,15 @@ from swactor.transport.sinks import EmitEvent, EmitWake
 from swactor.wire import EdgeId, EdgePreamble, NodeId, RingFaultReason, RingId, StreamFaultReason
 
 _TERMINAL = frozenset({fsm.State.Closed, fsm.State.Faulted})
+
+
+class _Step(enum.Enum):
+    """What one `SendEdge._drain_step` did, for the drain loop to act on."""
+
+    Moved = enum.auto()  # bytes moved, or more may be readable: loop again
+    Idle = enum.auto()  # ring empty and open: sleep until DrainRing
+    Blocked = enum.auto()  # at the high-water mark: wait for link progress
+    Ended = enum.auto()  # a fault was fed: the task ends
 
 
 class _NoGuards:
@@ -195,11 +208,11 @@ class SendEdge:
     def _check_ring(self) -> None:
         ring = self.ring
         try:
-            if len(ring.readable_span()):
+            if _readable_bytes(ring):
                 self.feed(fsm.RingReadable(RingId(self.ring_id)))
                 return
             ring.clear_readable_pending()
-            if len(ring.readable_span()):
+            if _readable_bytes(ring):
                 self.feed(fsm.RingReadable(RingId(self.ring_id)))
             elif ring.state is RingState.Closed:
                 self.feed(fsm.ProducerClosed())
@@ -241,10 +254,8 @@ class SendEdge:
             self.feed(fsm.ConnectionReady())
 
     async def _drain(self) -> None:
-        ring, link, kick = self.ring, self.link, self._kick
-        stream_id = self.stream_id
-        assert link is not None and stream_id is not None
-        quic, high_water, ring_id = link.quic, self._high_water, self.ring_id
+        link, kick, ring_id = self.link, self._kick, self.ring_id
+        assert link is not None and self.stream_id is not None
         try:
             while not self.finished:
                 await kick.wait()
@@ -253,44 +264,79 @@ class SendEdge:
                     if link.closed:
                         self.link_lost(link.close_reason)
                         return
-                    span = ring.readable_span()
-                    if not len(span):
-                        state = ring.state
-                        if state is RingState.Open:
-                            ring.clear_readable_pending()
-                            if len(ring.readable_span()):
-                                continue
-                            break  # sleep until DrainRing
-                        if state is RingState.Closed:
-                            if not len(ring.readable_span()):
-                                self.feed(fsm.ProducerClosed())
-                            continue
-                        self._ring_fault()
-                        return
-                    room = high_water - quic.send_buffered(stream_id)
-                    if room <= 0:
-                        del span
-                        self.feed(fsm.WriteBlocked())
-                        link.progress.clear()
-                        await link.progress.wait()
-                        if link.closed:
-                            self.link_lost(link.close_reason)
-                            return
-                        self.feed(fsm.WriteProgress())
+                    step = self._drain_step(link)
+                    if step is _Step.Moved:
                         continue
-                    moved = min(len(span), room)
-                    try:
-                        link.send(stream_id, span[:moved])
-                    except RuntimeError as exc:
-                        # aioquic refuses writes to a stream the peer stopped.
-                        self._fail(StreamFaultReason.PeerReset, str(exc))
+                    if step is _Step.Idle:
+                        break  # sleep until DrainRing
+                    if step is _Step.Ended:
                         return
-                    del span
-                    self.offset += moved
-                    if ring.consume_and_mark(moved):
-                        self._wake(RingWritable(ring_id))
+                    # _Step.Blocked: wait for ACKs to drain the stream's send buffer
+                    self.feed(fsm.WriteBlocked())
+                    link.progress.clear()
+                    await link.progress.wait()
+                    if link.closed:
+                        self.link_lost(link.close_reason)
+                        return
+                    self.feed(fsm.WriteProgress())
         except RingError as exc:
             self._detail = str(exc)
             self.feed(fsm.RingFault(RingId(ring_id), exc.reason))
         except ConnectionLostError as exc:
             self.link_lost(str(exc))
+
+    def _drain_step(self, link: QuicLink) -> _Step:
+        """One pass of the drain loop, without awaiting: move readable bytes to the
+        stream, or observe why none moved.  Events that may stop the pump are fed only
+        after `_send_span` has released its views."""
+        ring = self.ring
+        try:
+            moved = self._send_span(link)
+        except RuntimeError as exc:
+            # aioquic refuses writes to a stream the peer stopped.
+            self._fail(StreamFaultReason.PeerReset, str(exc))
+            return _Step.Ended
+        if moved is None:
+            return _Step.Blocked
+        if moved:
+            self.offset += moved
+            if ring.consume_and_mark(moved):
+                self._wake(RingWritable(self.ring_id))
+            return _Step.Moved
+        state = ring.state
+        if state is RingState.Open:
+            ring.clear_readable_pending()
+            return _Step.Moved if _readable_bytes(ring) else _Step.Idle
+        if state is RingState.Closed:
+            if not _readable_bytes(ring):
+                self.feed(fsm.ProducerClosed())
+            return _Step.Moved
+        self._ring_fault()
+        return _Step.Ended
+
+    def _send_span(self, link: QuicLink) -> int | None:
+        """Write the ring's readable span, up to the high-water room, to the stream:
+        the bytes written (0: the ring is empty; None: no room below high water).
+
+        The ring views live only inside this call and are released on every way out of
+        it (`with`, exceptions included), so no suspended, cancelled or failed drain
+        task, nor an exception's traceback, can pin the arena mapping (`Arena.close`
+        would raise ArenaBusyError)."""
+        stream_id = self.stream_id
+        assert stream_id is not None
+        with self.ring.readable_span() as span:
+            if not len(span):
+                return 0
+            room = self._high_water - link.quic.send_buffered(stream_id)
+            if room <= 0:
+                return None
+            moved = min(len(span), room)
+            with span[:moved] as chunk:
+                link.send(stream_id, chunk)
+            return moved
+
+
+def _readable_bytes(ring: Ring) -> int:
+    """How many bytes the ring's readable span holds now (the view is released)."""
+    with ring.readable_span() as span:
+        return len(span)

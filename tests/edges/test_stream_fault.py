@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from swactor.actors import ActorRef, Runtime
-from swactor.arena import ArenaBusyError
 from swactor.edges import EdgeReleases, StopEdgeRequest
 from swactor.fsm.generated import edge_record as er
 from swactor.wire import (
@@ -56,15 +53,12 @@ async def test_connection_loss_fails_both_ends_and_releases_their_leases() -> No
                 actor.tell(StopEdgeRequest(EDGE))
                 assert await node.owner.wait("stopped", EDGE) is True
         finally:
-            await a.close(unmap=False)  # see the xfail test below
+            await a.close()
             await b.close()
 
 
-@pytest.mark.xfail(strict=True, raises=ArenaBusyError, reason=(
-    "transport: SendEdge._drain keeps a readable_span of the ring alive in its finished "
-    "frame after ConnectionLostError (the task list keeps the coroutine), so the "
-    "sender's arena cannot be unmapped (ArenaBusyError)"))
 async def test_connection_loss_leaves_no_view_into_the_senders_arena() -> None:
+    """`a.close()` unmaps the arena: ArenaBusyError if a pump task still views it."""
     async with Runtime("edges") as runtime:
         a, b, _ = await lose_connection(runtime)
         try:
