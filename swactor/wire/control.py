@@ -22,6 +22,12 @@ from swactor.wire.errors import ControlMessageError
 MAX_CONTROL_LINE = 1 << 20
 
 
+def registry_of(*message_types: type[WireStruct]) -> dict[str, type[WireStruct]]:
+    """The `decode_line` registry of `message_types`: each under its class name, the
+    name `encode_line` writes."""
+    return {cls.__name__: cls for cls in message_types}
+
+
 def encode_line(message: WireStruct) -> str:
     """One control line (ending in a newline) for `message`."""
     document = {"type": type(message).__name__, "body": message.to_json()}

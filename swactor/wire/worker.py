@@ -20,7 +20,7 @@ import typing
 from dataclasses import dataclass
 
 from swactor.wire.codec import JsonValue, WireStruct
-from swactor.wire.control import decode_line, encode_line
+from swactor.wire.control import decode_line, encode_line, registry_of
 from swactor.wire.enums import RingDirection, ShutdownMode, UninstallReason
 from swactor.wire.errors import PlanError
 from swactor.wire.ids import (
@@ -163,20 +163,10 @@ WorkerCommand = (
     InitializeWorker | ConfigureRole | InstallRing | UninstallRing | ExecuteStep | ShutdownWorker
 )
 
-COMMAND_TYPES: dict[str, type[WireStruct]] = {
-    cls.__name__: cls
-    for cls in (
-        InitializeWorker,
-        ConfigureRole,
-        InstallRing,
-        UninstallRing,
-        ExecuteStep,
-        ReleaseDeviceObject,
-        RingReadable,
-        RingWritable,
-        ShutdownWorker,
-    )
-}
+COMMAND_TYPES: dict[str, type[WireStruct]] = registry_of(
+    *typing.get_args(WorkerCommand), ReleaseDeviceObject, RingReadable, RingWritable
+)
+"""What `decode_command` accepts: the commands and the node's stdin hints to the worker."""
 
 
 def encode_command(command: WorkerCommand) -> str:

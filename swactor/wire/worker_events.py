@@ -20,7 +20,7 @@ import typing
 from dataclasses import dataclass
 
 from swactor.wire.codec import JsonValue, WireStruct
-from swactor.wire.control import decode_line, encode_line
+from swactor.wire.control import decode_line, encode_line, registry_of
 from swactor.wire.enums import (
     ObjectFailure,
     ReleaseFailure,
@@ -209,28 +209,8 @@ WorkerEvent = (
     | RingWritable
 )
 
-EVENT_TYPES: dict[str, type[WireStruct]] = {
-    cls.__name__: cls
-    for cls in (
-        WorkerReady,
-        WorkerFatal,
-        WorkerStopped,
-        RoleConfigured,
-        RoleFailed,
-        RingInstalled,
-        RingFault,
-        RingQuiesced,
-        ObjectLoaded,
-        ObjectProduced,
-        ObjectFailed,
-        StepCompleted,
-        StepFailed,
-        DeviceObjectReleased,
-        ReleaseFailed,
-        RingReadable,
-        RingWritable,
-    )
-}
+EVENT_TYPES: dict[str, type[WireStruct]] = registry_of(*typing.get_args(WorkerEvent))
+"""What `decode_event` accepts: every member of `WorkerEvent`."""
 
 
 def encode_event(event: WorkerEvent) -> str:
