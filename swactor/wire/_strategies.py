@@ -16,111 +16,14 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from swactor import wire
 from swactor.wire.codec import JsonValue
-from swactor.wire.enums import (
-    DTYPE_WIDTHS,
-    DTypeFamily,
-    EdgeKind,
-    GgufSourceKind,
-    HostPinning,
-    LayoutRule,
-    ObjectFailure,
-    ObjectKind,
-    PromptKind,
-    QuiescenceProofKind,
-    ReleaseFailure,
-    RingDirection,
-    RingFaultReason,
-    RoleFailure,
-    SamplingMode,
-    SequencePolicy,
-    ShapeRule,
-    ShutdownMode,
-    StepFailure,
-    TokenizerSourceKind,
-    TokenOutputMode,
-    UninstallReason,
-    WakeCoalescing,
-    WorkerFatalReason,
-    WorkerStoppedReason,
-)
-from swactor.wire.ids import (
-    U32_MAX,
-    U64_MAX,
-    DeviceObjectHandle,
-    EdgeId,
-    Identifier,
-    NodeId,
-    ObjectId,
-    PortId,
-    RingId,
-    RoleId,
-    RunId,
-    Sequence,
-    StageIndex,
-    StepId,
-    WorkerGeneration,
-)
-from swactor.wire.objects import EdgePreamble, ObjectHeader, ObjectSpec
-from swactor.wire.plan import (
-    EdgeEndpoint,
-    EdgePlan,
-    GgufModelPlan,
-    GgufSource,
-    PromptSource,
-    RunPlan,
-    RuntimePlan,
-    SamplingPolicy,
-    StagePlan,
-    TokenizerSource,
-    TokenOutputPolicy,
-)
-from swactor.wire.provision import (
-    InboundEdgeProvision,
-    OutboundEdgeProvision,
-    ProvisionRx,
-    ProvisionStage,
-    ProvisionTx,
-    StageModelFacts,
-    StageRuntimeFacts,
-)
-from swactor.wire.rings import RING_HEADER_BYTES, QuiescenceProof, RingLayout, RingSpec
-from swactor.wire.worker import (
-    ConfigureRole,
-    ExecuteStep,
-    InitializeWorker,
-    InputBinding,
-    InstallRing,
-    OutputBinding,
-    ReleaseDeviceObject,
-    RingReadable,
-    RingWritable,
-    ShutdownWorker,
-    UninstallRing,
-)
-from swactor.wire.worker_events import (
-    DeviceObjectReleased,
-    ObjectFailed,
-    ObjectLoaded,
-    ObjectProduced,
-    ReleaseFailed,
-    RingFault,
-    RingInstalled,
-    RingQuiesced,
-    RoleConfigured,
-    RoleFailed,
-    StepCompleted,
-    StepFailed,
-    WorkerFatal,
-    WorkerReady,
-    WorkerStopped,
-)
 
-u32 = st.integers(0, U32_MAX)
-u64 = st.integers(0, U64_MAX)
+u32 = st.integers(0, wire.U32_MAX)
+u64 = st.integers(0, wire.U64_MAX)
 
 
-def ident(tp: type[Identifier]) -> st.SearchStrategy[Any]:
+def ident(tp: type[wire.Identifier]) -> st.SearchStrategy[Any]:
     return st.integers(0, tp.MAX).map(tp)
 
 
@@ -128,7 +31,7 @@ def json_values() -> st.SearchStrategy[JsonValue]:
     scalars: st.SearchStrategy[JsonValue] = (
         st.none()
         | st.booleans()
-        | st.integers(-(1 << 63), U64_MAX)
+        | st.integers(-(1 << 63), wire.U64_MAX)
         | st.floats(allow_nan=False, allow_infinity=False)
         | st.text(max_size=20)
     )
@@ -146,57 +49,64 @@ def json_objects() -> st.SearchStrategy[JsonValue]:
 
 
 @st.composite
-def object_specs(draw: st.DrawFn, kind: ObjectKind | None = None) -> ObjectSpec:
-    family = draw(st.sampled_from(DTypeFamily))
-    width = draw(st.sampled_from(sorted(DTYPE_WIDTHS[family])))
-    shape = draw(st.sampled_from(ShapeRule))
-    alignment = width if shape is ShapeRule.Vector else width * draw(st.integers(1, 4096))
-    return ObjectSpec(
-        kind=kind if kind is not None else draw(st.sampled_from(ObjectKind)),
+def object_specs(draw: st.DrawFn, kind: wire.ObjectKind | None = None) -> wire.ObjectSpec:
+    family = draw(st.sampled_from(wire.DTypeFamily))
+    width = draw(st.sampled_from(sorted(wire.DTYPE_WIDTHS[family])))
+    shape = draw(st.sampled_from(wire.ShapeRule))
+    alignment = width if shape is wire.ShapeRule.Vector else width * draw(st.integers(1, 4096))
+    return wire.ObjectSpec(
+        kind=kind if kind is not None else draw(st.sampled_from(wire.ObjectKind)),
         max_extent=alignment * draw(st.integers(1, 1 << 30)),
         dtype_family=family,
         dtype_width_bytes=width,
         shape=shape,
-        layout=draw(st.sampled_from(LayoutRule)),
+        layout=draw(st.sampled_from(wire.LayoutRule)),
         alignment=alignment,
-        sequence_policy=draw(st.sampled_from(SequencePolicy)),
+        sequence_policy=draw(st.sampled_from(wire.SequencePolicy)),
     )
 
 
-def token_specs() -> st.SearchStrategy[ObjectSpec]:
+def token_specs() -> st.SearchStrategy[wire.ObjectSpec]:
     return st.builds(
-        lambda n, layout, policy: ObjectSpec(
-            ObjectKind.TokenIds, 4 * n, DTypeFamily.UInt, 4, ShapeRule.Vector, layout, 4, policy
+        lambda n, layout, policy: wire.ObjectSpec(
+            wire.ObjectKind.TokenIds,
+            4 * n,
+            wire.DTypeFamily.UInt,
+            4,
+            wire.ShapeRule.Vector,
+            layout,
+            4,
+            policy,
         ),
         st.integers(1, 1 << 20),
-        st.sampled_from(LayoutRule),
-        st.sampled_from(SequencePolicy),
+        st.sampled_from(wire.LayoutRule),
+        st.sampled_from(wire.SequencePolicy),
     )
 
 
 @st.composite
-def ring_specs(draw: st.DrawFn) -> RingSpec:
+def ring_specs(draw: st.DrawFn) -> wire.RingSpec:
     alignment = 1 << draw(st.integers(6, 21))
-    return RingSpec(
+    return wire.RingSpec(
         data_capacity=alignment * draw(st.integers(1, 1 << 20)),
         alignment=alignment,
-        direction=draw(st.sampled_from(RingDirection)),
-        host_pinning=draw(st.sampled_from(HostPinning)),
-        wake_coalescing=draw(st.sampled_from(WakeCoalescing)),
+        direction=draw(st.sampled_from(wire.RingDirection)),
+        host_pinning=draw(st.sampled_from(wire.HostPinning)),
+        wake_coalescing=draw(st.sampled_from(wire.WakeCoalescing)),
     )
 
 
 @st.composite
-def ring_layouts(draw: st.DrawFn, ring_id: RingId | None = None) -> RingLayout:
+def ring_layouts(draw: st.DrawFn, ring_id: wire.RingId | None = None) -> wire.RingLayout:
     alignment = 1 << draw(st.integers(6, 21))
     arena_offset = 64 * draw(st.integers(0, 1 << 30))
     header_offset = arena_offset + 64 * draw(st.integers(0, 64))
-    header_end = header_offset + RING_HEADER_BYTES
+    header_end = header_offset + wire.RING_HEADER_BYTES
     data_offset = -(-header_end // alignment) * alignment + alignment * draw(st.integers(0, 4))
     capacity = alignment * draw(st.integers(1, 1 << 16))
     slack = draw(st.integers(0, 1 << 20))
-    return RingLayout(
-        ring_id=ring_id if ring_id is not None else draw(ident(RingId)),
+    return wire.RingLayout(
+        ring_id=ring_id if ring_id is not None else draw(ident(wire.RingId)),
         arena_offset=arena_offset,
         total_len=data_offset + capacity - arena_offset + slack,
         header_offset=header_offset,
@@ -210,44 +120,44 @@ _SAFE = string.ascii_letters + string.digits + "._-"
 
 
 @st.composite
-def gguf_sources(draw: st.DrawFn) -> GgufSource:
-    kind = draw(st.sampled_from(GgufSourceKind))
+def gguf_sources(draw: st.DrawFn) -> wire.GgufSource:
+    kind = draw(st.sampled_from(wire.GgufSourceKind))
     name = draw(st.text(_SAFE, min_size=1, max_size=30))
-    if kind is GgufSourceKind.LocalPath:
+    if kind is wire.GgufSourceKind.LocalPath:
         location = "/models/" + name
-    elif kind is GgufSourceKind.HttpUrl:
+    elif kind is wire.GgufSourceKind.HttpUrl:
         location = draw(st.sampled_from(["http", "https"])) + "://host.example:8080/" + name
     else:
         location = "m" + name
     sha = draw(st.none() | st.binary(min_size=32, max_size=32).map(bytes.hex))
-    return GgufSource(kind, location, sha)
+    return wire.GgufSource(kind, location, sha)
 
 
-def tokenizer_sources() -> st.SearchStrategy[TokenizerSource]:
-    return st.just(TokenizerSource(TokenizerSourceKind.GgufEmbedded)) | st.text(
+def tokenizer_sources() -> st.SearchStrategy[wire.TokenizerSource]:
+    return st.just(wire.TokenizerSource(wire.TokenizerSourceKind.GgufEmbedded)) | st.text(
         _SAFE, min_size=1, max_size=20
-    ).map(lambda p: TokenizerSource(TokenizerSourceKind.LocalPath, "/tok/" + p))
+    ).map(lambda p: wire.TokenizerSource(wire.TokenizerSourceKind.LocalPath, "/tok/" + p))
 
 
 @st.composite
-def models(draw: st.DrawFn, num_layers: int | None = None) -> GgufModelPlan:
-    family = draw(st.sampled_from([DTypeFamily.Float, DTypeFamily.BFloat]))
-    return GgufModelPlan(
+def models(draw: st.DrawFn, num_layers: int | None = None) -> wire.GgufModelPlan:
+    family = draw(st.sampled_from([wire.DTypeFamily.Float, wire.DTypeFamily.BFloat]))
+    return wire.GgufModelPlan(
         model_id=draw(st.text(_SAFE, min_size=1, max_size=40)),
         gguf_source=draw(gguf_sources()),
         num_layers=num_layers if num_layers is not None else draw(st.integers(1, 512)),
         hidden_dim=draw(st.integers(1, 1 << 14)),
         dtype_family=family,
-        dtype_width_bytes=draw(st.sampled_from(sorted(DTYPE_WIDTHS[family]))),
+        dtype_width_bytes=draw(st.sampled_from(sorted(wire.DTYPE_WIDTHS[family]))),
         max_seq_len=draw(st.integers(1, 1 << 17)),
         eos_token_id=draw(u32),
         tokenizer=draw(tokenizer_sources()),
     )
 
 
-def sampling_policies() -> st.SearchStrategy[SamplingPolicy]:
-    return st.just(SamplingPolicy(SamplingMode.Greedy)) | st.builds(
-        lambda t, k, p, s: SamplingPolicy(SamplingMode.Temperature, t, k, p, s),
+def sampling_policies() -> st.SearchStrategy[wire.SamplingPolicy]:
+    return st.just(wire.SamplingPolicy(wire.SamplingMode.Greedy)) | st.builds(
+        lambda t, k, p, s: wire.SamplingPolicy(wire.SamplingMode.Temperature, t, k, p, s),
         st.floats(0.01, 100.0),
         u32,
         st.floats(0.01, 1.0),
@@ -255,28 +165,30 @@ def sampling_policies() -> st.SearchStrategy[SamplingPolicy]:
     )
 
 
-def prompts() -> st.SearchStrategy[PromptSource]:
+def prompts() -> st.SearchStrategy[wire.PromptSource]:
     return st.text(min_size=1, max_size=50).map(
-        lambda t: PromptSource(PromptKind.Text, text=t)
+        lambda t: wire.PromptSource(wire.PromptKind.Text, text=t)
     ) | st.lists(u32, min_size=1, max_size=20).map(
-        lambda ids: PromptSource(PromptKind.TokenIds, token_ids=tuple(ids))
+        lambda ids: wire.PromptSource(wire.PromptKind.TokenIds, token_ids=tuple(ids))
     )
 
 
-def runtimes() -> st.SearchStrategy[RuntimePlan]:
-    return st.builds(RuntimePlan, prompts(), sampling_policies(), _from(TokenOutputPolicy))
+def runtimes() -> st.SearchStrategy[wire.RuntimePlan]:
+    return st.builds(
+        wire.RuntimePlan, prompts(), sampling_policies(), _from(wire.TokenOutputPolicy)
+    )
 
 
 @st.composite
-def stage_plans(draw: st.DrawFn) -> StagePlan:
+def stage_plans(draw: st.DrawFn) -> wire.StagePlan:
     count = draw(st.integers(1, 64))
     start = draw(st.integers(0, 1000))
-    inbound, outbound = draw(st.lists(ident(EdgeId), min_size=2, max_size=2, unique=True))
-    return StagePlan(
-        run_id=draw(ident(RunId)),
-        stage_index=StageIndex(draw(st.integers(0, count - 1))),
+    inbound, outbound = draw(st.lists(ident(wire.EdgeId), min_size=2, max_size=2, unique=True))
+    return wire.StagePlan(
+        run_id=draw(ident(wire.RunId)),
+        stage_index=wire.StageIndex(draw(st.integers(0, count - 1))),
         stage_count=count,
-        node_id=draw(ident(NodeId)),
+        node_id=draw(ident(wire.NodeId)),
         gguf_source=draw(gguf_sources()),
         layer_start=start,
         layer_end_exclusive=start + draw(st.integers(1, 100)),
@@ -285,17 +197,19 @@ def stage_plans(draw: st.DrawFn) -> StagePlan:
     )
 
 
-def edge_endpoints() -> st.SearchStrategy[EdgeEndpoint]:
-    return st.builds(EdgeEndpoint.orchestrator, u64) | st.builds(EdgeEndpoint.stage, u64, u32)
+def edge_endpoints() -> st.SearchStrategy[wire.EdgeEndpoint]:
+    return st.builds(wire.EdgeEndpoint.orchestrator, u64) | st.builds(
+        wire.EdgeEndpoint.stage, u64, u32
+    )
 
 
 @st.composite
-def edge_plans(draw: st.DrawFn) -> EdgePlan:
+def edge_plans(draw: st.DrawFn) -> wire.EdgePlan:
     producer, consumer = draw(st.lists(edge_endpoints(), min_size=2, max_size=2, unique=True))
-    return EdgePlan(
-        run_id=draw(ident(RunId)),
-        edge_id=draw(ident(EdgeId)),
-        kind=draw(st.sampled_from(EdgeKind)),
+    return wire.EdgePlan(
+        run_id=draw(ident(wire.RunId)),
+        edge_id=draw(ident(wire.EdgeId)),
+        kind=draw(st.sampled_from(wire.EdgeKind)),
         producer=producer,
         consumer=consumer,
         object_spec=draw(object_specs()),
@@ -304,7 +218,7 @@ def edge_plans(draw: st.DrawFn) -> EdgePlan:
 
 
 @st.composite
-def run_plans(draw: st.DrawFn) -> RunPlan:
+def run_plans(draw: st.DrawFn) -> wire.RunPlan:
     count = draw(st.integers(1, 4))
     num_layers = draw(st.integers(count, 64))
     cuts = (
@@ -316,33 +230,41 @@ def run_plans(draw: st.DrawFn) -> RunPlan:
     )
     bounds = [0, *cuts, num_layers]
     model = draw(models(num_layers=num_layers))
-    run_id = draw(ident(RunId))
-    nodes = draw(st.lists(ident(NodeId), min_size=count + 1, max_size=count + 1))
-    orch = EdgeEndpoint.orchestrator(nodes[count])
-    stages_at = [EdgeEndpoint.stage(nodes[i], i) for i in range(count)]
-    edge_ids = draw(st.lists(ident(EdgeId), min_size=count + 1, max_size=count + 1, unique=True))
-    act_spec = ObjectSpec(
-        ObjectKind.Activation,
+    run_id = draw(ident(wire.RunId))
+    nodes = draw(st.lists(ident(wire.NodeId), min_size=count + 1, max_size=count + 1))
+    orch = wire.EdgeEndpoint.orchestrator(nodes[count])
+    stages_at = [wire.EdgeEndpoint.stage(nodes[i], i) for i in range(count)]
+    edge_ids = draw(
+        st.lists(ident(wire.EdgeId), min_size=count + 1, max_size=count + 1, unique=True)
+    )
+    act_spec = wire.ObjectSpec(
+        wire.ObjectKind.Activation,
         model.activation_max_extent,
         model.dtype_family,
         model.dtype_width_bytes,
-        ShapeRule.Rows,
-        draw(st.sampled_from(LayoutRule)),
+        wire.ShapeRule.Rows,
+        draw(st.sampled_from(wire.LayoutRule)),
         model.hidden_dim * model.dtype_width_bytes,
-        draw(st.sampled_from(SequencePolicy)),
+        draw(st.sampled_from(wire.SequencePolicy)),
     )
     ring = draw(ring_specs())
     edges = [
-        EdgePlan(
-            run_id, edge_ids[0], EdgeKind.TokenIn, orch, stages_at[0], draw(token_specs()), ring
+        wire.EdgePlan(
+            run_id,
+            edge_ids[0],
+            wire.EdgeKind.TokenIn,
+            orch,
+            stages_at[0],
+            draw(token_specs()),
+            ring,
         )
     ]
     for i in range(count - 1):
         edges.append(
-            EdgePlan(
+            wire.EdgePlan(
                 run_id,
                 edge_ids[i + 1],
-                EdgeKind.Activation,
+                wire.EdgeKind.Activation,
                 stages_at[i],
                 stages_at[i + 1],
                 act_spec,
@@ -350,10 +272,10 @@ def run_plans(draw: st.DrawFn) -> RunPlan:
             )
         )
     edges.append(
-        EdgePlan(
+        wire.EdgePlan(
             run_id,
             edge_ids[count],
-            EdgeKind.TokenOut,
+            wire.EdgeKind.TokenOut,
             stages_at[-1],
             orch,
             draw(token_specs()),
@@ -361,9 +283,9 @@ def run_plans(draw: st.DrawFn) -> RunPlan:
         )
     )
     stages = tuple(
-        StagePlan(
+        wire.StagePlan(
             run_id,
-            StageIndex(i),
+            wire.StageIndex(i),
             count,
             nodes[i],
             model.gguf_source,
@@ -375,7 +297,7 @@ def run_plans(draw: st.DrawFn) -> RunPlan:
         for i in range(count)
     )
     edges_drawn = draw(st.permutations(edges))
-    return RunPlan(
+    return wire.RunPlan(
         run_id=run_id,
         model=model,
         runtime=draw(runtimes()),
@@ -386,9 +308,9 @@ def run_plans(draw: st.DrawFn) -> RunPlan:
 
 
 @st.composite
-def stage_model_facts(draw: st.DrawFn) -> StageModelFacts:
+def stage_model_facts(draw: st.DrawFn) -> wire.StageModelFacts:
     model = draw(models(num_layers=1))
-    return StageModelFacts(
+    return wire.StageModelFacts(
         model.model_id,
         model.hidden_dim,
         model.dtype_family,
@@ -398,69 +320,71 @@ def stage_model_facts(draw: st.DrawFn) -> StageModelFacts:
 
 
 @st.composite
-def stage_runtime_facts(draw: st.DrawFn, sampling: bool | None = None) -> StageRuntimeFacts:
-    ports = draw(st.lists(ident(PortId), min_size=2, max_size=2, unique=True))
+def stage_runtime_facts(draw: st.DrawFn, sampling: bool | None = None) -> wire.StageRuntimeFacts:
+    ports = draw(st.lists(ident(wire.PortId), min_size=2, max_size=2, unique=True))
     wants = draw(st.booleans()) if sampling is None else sampling
     policy = draw(sampling_policies()) if wants else None
-    return StageRuntimeFacts(draw(ident(RoleId)), ports[0], ports[1], policy)
+    return wire.StageRuntimeFacts(draw(ident(wire.RoleId)), ports[0], ports[1], policy)
 
 
 @st.composite
-def provision_stages(draw: st.DrawFn) -> ProvisionStage:
+def provision_stages(draw: st.DrawFn) -> wire.ProvisionStage:
     count = draw(st.integers(1, 16))
     index = draw(st.integers(0, count - 1))
     start = draw(st.integers(0, 1000))
-    ids = draw(st.lists(ident(EdgeId), min_size=2, max_size=2, unique=True))
-    in_kind = EdgeKind.TokenIn if index == 0 else EdgeKind.Activation
-    out_kind = EdgeKind.TokenOut if index == count - 1 else EdgeKind.Activation
-    return ProvisionStage(
-        run_id=draw(ident(RunId)),
-        stage_index=StageIndex(index),
+    ids = draw(st.lists(ident(wire.EdgeId), min_size=2, max_size=2, unique=True))
+    in_kind = wire.EdgeKind.TokenIn if index == 0 else wire.EdgeKind.Activation
+    out_kind = wire.EdgeKind.TokenOut if index == count - 1 else wire.EdgeKind.Activation
+    return wire.ProvisionStage(
+        run_id=draw(ident(wire.RunId)),
+        stage_index=wire.StageIndex(index),
         stage_count=count,
         gguf_source=draw(gguf_sources()),
         layer_start=start,
         layer_end_exclusive=start + draw(st.integers(1, 100)),
-        inbound=InboundEdgeProvision(ids[0], in_kind, draw(object_specs()), draw(ring_specs())),
-        outbound=OutboundEdgeProvision(
-            ids[1], out_kind, draw(ident(NodeId)), draw(object_specs()), draw(ring_specs())
+        inbound=wire.InboundEdgeProvision(
+            ids[0], in_kind, draw(object_specs()), draw(ring_specs())
+        ),
+        outbound=wire.OutboundEdgeProvision(
+            ids[1], out_kind, draw(ident(wire.NodeId)), draw(object_specs()), draw(ring_specs())
         ),
         model=draw(stage_model_facts()),
         runtime=draw(stage_runtime_facts(sampling=index == count - 1)),
     )
 
 
-def handles() -> st.SearchStrategy[DeviceObjectHandle]:
-    return st.builds(DeviceObjectHandle, ident(WorkerGeneration), u64)
+def handles() -> st.SearchStrategy[wire.DeviceObjectHandle]:
+    return st.builds(wire.DeviceObjectHandle, ident(wire.WorkerGeneration), u64)
 
 
 @st.composite
-def execute_steps(draw: st.DrawFn) -> ExecuteStep:
-    generation = draw(ident(WorkerGeneration))
-    in_ports = draw(st.lists(ident(PortId), max_size=3, unique=True))
-    out_ports = draw(st.lists(ident(PortId), max_size=3, unique=True))
+def execute_steps(draw: st.DrawFn) -> wire.ExecuteStep:
+    generation = draw(ident(wire.WorkerGeneration))
+    in_ports = draw(st.lists(ident(wire.PortId), max_size=3, unique=True))
+    out_ports = draw(st.lists(ident(wire.PortId), max_size=3, unique=True))
     inputs = tuple(
-        InputBinding(
+        wire.InputBinding(
             port,
-            draw(ident(ObjectId)),
-            draw(ident(Sequence)),
-            DeviceObjectHandle(generation, draw(u64)),
+            draw(ident(wire.ObjectId)),
+            draw(ident(wire.Sequence)),
+            wire.DeviceObjectHandle(generation, draw(u64)),
         )
         for port in in_ports
     )
     outputs = tuple(
-        OutputBinding(
+        wire.OutputBinding(
             port,
-            draw(ident(RingId)),
-            draw(ident(ObjectId)),
-            draw(ident(Sequence)),
+            draw(ident(wire.RingId)),
+            draw(ident(wire.ObjectId)),
+            draw(ident(wire.Sequence)),
             draw(u64),
             draw(u32),
         )
         for port in out_ports
     )
-    return ExecuteStep(
-        draw(ident(RoleId)),
-        draw(ident(StepId)),
+    return wire.ExecuteStep(
+        draw(ident(wire.RoleId)),
+        draw(ident(wire.StepId)),
         inputs,
         outputs,
         draw(json_objects()),
@@ -469,13 +393,13 @@ def execute_steps(draw: st.DrawFn) -> ExecuteStep:
 
 
 @st.composite
-def install_rings(draw: st.DrawFn) -> InstallRing:
-    ring_id = draw(ident(RingId))
-    return InstallRing(
+def install_rings(draw: st.DrawFn) -> wire.InstallRing:
+    ring_id = draw(ident(wire.RingId))
+    return wire.InstallRing(
         ring_id,
-        draw(ident(EdgeId)),
-        draw(ident(PortId)),
-        draw(st.sampled_from(RingDirection)),
+        draw(ident(wire.EdgeId)),
+        draw(ident(wire.PortId)),
+        draw(st.sampled_from(wire.RingDirection)),
         draw(ring_layouts(ring_id=ring_id)),
         draw(object_specs()),
     )
@@ -487,129 +411,160 @@ def _from(tp: type[Any]) -> st.SearchStrategy[Any]:
 
 def _builders() -> dict[type, Callable[[], st.SearchStrategy[Any]]]:
     return {
-        DeviceObjectHandle: handles,
-        GgufSource: gguf_sources,
-        TokenizerSource: tokenizer_sources,
-        GgufModelPlan: models,
-        SamplingPolicy: sampling_policies,
-        TokenOutputPolicy: lambda: st.builds(
-            TokenOutputPolicy, st.sampled_from(TokenOutputMode), st.booleans()
+        wire.DeviceObjectHandle: handles,
+        wire.GgufSource: gguf_sources,
+        wire.TokenizerSource: tokenizer_sources,
+        wire.GgufModelPlan: models,
+        wire.SamplingPolicy: sampling_policies,
+        wire.TokenOutputPolicy: lambda: st.builds(
+            wire.TokenOutputPolicy, st.sampled_from(wire.TokenOutputMode), st.booleans()
         ),
-        PromptSource: prompts,
-        RuntimePlan: runtimes,
-        StagePlan: stage_plans,
-        EdgeEndpoint: edge_endpoints,
-        EdgePlan: edge_plans,
-        RunPlan: run_plans,
-        ObjectSpec: object_specs,
-        ObjectHeader: lambda: st.builds(ObjectHeader, ident(ObjectId), ident(Sequence), u64, u32),
-        EdgePreamble: lambda: st.builds(EdgePreamble, ident(EdgeId)),
-        RingSpec: ring_specs,
-        RingLayout: ring_layouts,
-        QuiescenceProof: lambda: st.builds(
-            QuiescenceProof, ident(RingId), st.sampled_from(QuiescenceProofKind)
+        wire.PromptSource: prompts,
+        wire.RuntimePlan: runtimes,
+        wire.StagePlan: stage_plans,
+        wire.EdgeEndpoint: edge_endpoints,
+        wire.EdgePlan: edge_plans,
+        wire.RunPlan: run_plans,
+        wire.ObjectSpec: object_specs,
+        wire.ObjectHeader: lambda: st.builds(
+            wire.ObjectHeader, ident(wire.ObjectId), ident(wire.Sequence), u64, u32
         ),
-        InboundEdgeProvision: lambda: st.builds(
-            InboundEdgeProvision,
-            ident(EdgeId),
-            st.sampled_from(EdgeKind),
+        wire.EdgePreamble: lambda: st.builds(wire.EdgePreamble, ident(wire.EdgeId)),
+        wire.RingSpec: ring_specs,
+        wire.RingLayout: ring_layouts,
+        wire.QuiescenceProof: lambda: st.builds(
+            wire.QuiescenceProof, ident(wire.RingId), st.sampled_from(wire.QuiescenceProofKind)
+        ),
+        wire.InboundEdgeProvision: lambda: st.builds(
+            wire.InboundEdgeProvision,
+            ident(wire.EdgeId),
+            st.sampled_from(wire.EdgeKind),
             object_specs(),
             ring_specs(),
         ),
-        OutboundEdgeProvision: lambda: st.builds(
-            OutboundEdgeProvision,
-            ident(EdgeId),
-            st.sampled_from(EdgeKind),
-            ident(NodeId),
+        wire.OutboundEdgeProvision: lambda: st.builds(
+            wire.OutboundEdgeProvision,
+            ident(wire.EdgeId),
+            st.sampled_from(wire.EdgeKind),
+            ident(wire.NodeId),
             object_specs(),
             ring_specs(),
         ),
-        StageModelFacts: stage_model_facts,
-        StageRuntimeFacts: stage_runtime_facts,
-        ProvisionStage: provision_stages,
-        ProvisionTx: lambda: st.builds(
-            ProvisionTx, ident(EdgeId), ident(NodeId), object_specs(), ring_specs()
+        wire.StageModelFacts: stage_model_facts,
+        wire.StageRuntimeFacts: stage_runtime_facts,
+        wire.ProvisionStage: provision_stages,
+        wire.ProvisionTx: lambda: st.builds(
+            wire.ProvisionTx, ident(wire.EdgeId), ident(wire.NodeId), object_specs(), ring_specs()
         ),
-        ProvisionRx: lambda: st.builds(ProvisionRx, ident(EdgeId), object_specs(), ring_specs()),
-        InitializeWorker: lambda: st.builds(
-            InitializeWorker,
-            ident(WorkerGeneration),
-            st.integers(1, U64_MAX),
+        wire.ProvisionRx: lambda: st.builds(
+            wire.ProvisionRx, ident(wire.EdgeId), object_specs(), ring_specs()
+        ),
+        wire.InitializeWorker: lambda: st.builds(
+            wire.InitializeWorker,
+            ident(wire.WorkerGeneration),
+            st.integers(1, wire.U64_MAX),
             st.integers(0, (1 << 16) - 1),
             json_values(),
         ),
-        ConfigureRole: lambda: st.builds(ConfigureRole, ident(RoleId), json_values()),
-        InstallRing: install_rings,
-        UninstallRing: lambda: st.builds(
-            UninstallRing, ident(RingId), st.sampled_from(UninstallReason)
+        wire.ConfigureRole: lambda: st.builds(
+            wire.ConfigureRole, ident(wire.RoleId), json_values()
         ),
-        InputBinding: lambda: st.builds(
-            InputBinding, ident(PortId), ident(ObjectId), ident(Sequence), handles()
+        wire.InstallRing: install_rings,
+        wire.UninstallRing: lambda: st.builds(
+            wire.UninstallRing, ident(wire.RingId), st.sampled_from(wire.UninstallReason)
         ),
-        OutputBinding: lambda: st.builds(
-            OutputBinding, ident(PortId), ident(RingId), ident(ObjectId), ident(Sequence), u64, u32
+        wire.InputBinding: lambda: st.builds(
+            wire.InputBinding,
+            ident(wire.PortId),
+            ident(wire.ObjectId),
+            ident(wire.Sequence),
+            handles(),
         ),
-        ExecuteStep: execute_steps,
-        ShutdownWorker: lambda: st.builds(ShutdownWorker, st.sampled_from(ShutdownMode)),
-        ReleaseDeviceObject: lambda: st.builds(ReleaseDeviceObject, handles()),
-        RingReadable: lambda: st.builds(RingReadable, ident(RingId)),
-        RingWritable: lambda: st.builds(RingWritable, ident(RingId)),
-        WorkerReady: lambda: st.builds(
-            WorkerReady,
-            st.integers(1, U32_MAX),
-            ident(WorkerGeneration),
+        wire.OutputBinding: lambda: st.builds(
+            wire.OutputBinding,
+            ident(wire.PortId),
+            ident(wire.RingId),
+            ident(wire.ObjectId),
+            ident(wire.Sequence),
+            u64,
+            u32,
+        ),
+        wire.ExecuteStep: execute_steps,
+        wire.ShutdownWorker: lambda: st.builds(
+            wire.ShutdownWorker, st.sampled_from(wire.ShutdownMode)
+        ),
+        wire.ReleaseDeviceObject: lambda: st.builds(wire.ReleaseDeviceObject, handles()),
+        wire.RingReadable: lambda: st.builds(wire.RingReadable, ident(wire.RingId)),
+        wire.RingWritable: lambda: st.builds(wire.RingWritable, ident(wire.RingId)),
+        wire.WorkerReady: lambda: st.builds(
+            wire.WorkerReady,
+            st.integers(1, wire.U32_MAX),
+            ident(wire.WorkerGeneration),
             st.integers(0, (1 << 16) - 1),
             json_values(),
         ),
-        WorkerFatal: lambda: st.builds(WorkerFatal, st.sampled_from(WorkerFatalReason)),
-        WorkerStopped: lambda: st.builds(WorkerStopped, st.sampled_from(WorkerStoppedReason)),
-        RoleConfigured: lambda: st.builds(RoleConfigured, ident(RoleId)),
-        RoleFailed: lambda: st.builds(RoleFailed, ident(RoleId), st.sampled_from(RoleFailure)),
-        RingInstalled: lambda: st.builds(
-            RingInstalled, ident(RingId), ident(EdgeId), ident(PortId)
+        wire.WorkerFatal: lambda: st.builds(
+            wire.WorkerFatal, st.sampled_from(wire.WorkerFatalReason)
         ),
-        RingFault: lambda: st.builds(
-            RingFault,
-            ident(RingId),
-            ident(EdgeId),
-            ident(PortId),
-            st.sampled_from(RingFaultReason),
+        wire.WorkerStopped: lambda: st.builds(
+            wire.WorkerStopped, st.sampled_from(wire.WorkerStoppedReason)
         ),
-        RingQuiesced: lambda: st.builds(RingQuiesced, ident(RingId)),
-        ObjectLoaded: lambda: st.builds(
-            ObjectLoaded,
-            ident(RingId),
-            ident(EdgeId),
-            ident(PortId),
-            ident(ObjectId),
-            ident(Sequence),
+        wire.RoleConfigured: lambda: st.builds(wire.RoleConfigured, ident(wire.RoleId)),
+        wire.RoleFailed: lambda: st.builds(
+            wire.RoleFailed, ident(wire.RoleId), st.sampled_from(wire.RoleFailure)
+        ),
+        wire.RingInstalled: lambda: st.builds(
+            wire.RingInstalled, ident(wire.RingId), ident(wire.EdgeId), ident(wire.PortId)
+        ),
+        wire.RingFault: lambda: st.builds(
+            wire.RingFault,
+            ident(wire.RingId),
+            ident(wire.EdgeId),
+            ident(wire.PortId),
+            st.sampled_from(wire.RingFaultReason),
+        ),
+        wire.RingQuiesced: lambda: st.builds(wire.RingQuiesced, ident(wire.RingId)),
+        wire.ObjectLoaded: lambda: st.builds(
+            wire.ObjectLoaded,
+            ident(wire.RingId),
+            ident(wire.EdgeId),
+            ident(wire.PortId),
+            ident(wire.ObjectId),
+            ident(wire.Sequence),
             u64,
             handles(),
         ),
-        ObjectProduced: lambda: st.builds(
-            ObjectProduced,
-            ident(RingId),
-            ident(EdgeId),
-            ident(PortId),
-            ident(ObjectId),
-            ident(Sequence),
+        wire.ObjectProduced: lambda: st.builds(
+            wire.ObjectProduced,
+            ident(wire.RingId),
+            ident(wire.EdgeId),
+            ident(wire.PortId),
+            ident(wire.ObjectId),
+            ident(wire.Sequence),
             u64,
         ),
-        ObjectFailed: lambda: st.builds(
-            ObjectFailed,
-            ident(RingId),
-            ident(EdgeId),
-            ident(PortId),
-            st.none() | ident(ObjectId),
-            st.none() | ident(Sequence),
-            st.sampled_from(ObjectFailure),
+        wire.ObjectFailed: lambda: st.builds(
+            wire.ObjectFailed,
+            ident(wire.RingId),
+            ident(wire.EdgeId),
+            ident(wire.PortId),
+            st.none() | ident(wire.ObjectId),
+            st.none() | ident(wire.Sequence),
+            st.sampled_from(wire.ObjectFailure),
         ),
-        StepCompleted: lambda: st.builds(StepCompleted, ident(RoleId), ident(StepId)),
-        StepFailed: lambda: st.builds(
-            StepFailed, ident(RoleId), ident(StepId), st.sampled_from(StepFailure)
+        wire.StepCompleted: lambda: st.builds(
+            wire.StepCompleted, ident(wire.RoleId), ident(wire.StepId)
         ),
-        DeviceObjectReleased: lambda: st.builds(DeviceObjectReleased, handles()),
-        ReleaseFailed: lambda: st.builds(ReleaseFailed, handles(), st.sampled_from(ReleaseFailure)),
+        wire.StepFailed: lambda: st.builds(
+            wire.StepFailed,
+            ident(wire.RoleId),
+            ident(wire.StepId),
+            st.sampled_from(wire.StepFailure),
+        ),
+        wire.DeviceObjectReleased: lambda: st.builds(wire.DeviceObjectReleased, handles()),
+        wire.ReleaseFailed: lambda: st.builds(
+            wire.ReleaseFailed, handles(), st.sampled_from(wire.ReleaseFailure)
+        ),
     }
 
 
@@ -618,7 +573,7 @@ _BUILDERS: dict[type, Callable[[], st.SearchStrategy[Any]]] = {}
 
 def strategy_for(tp: type[Any]) -> st.SearchStrategy[Any]:
     """The strategy of valid instances of `tp` (see `examples.strategy`)."""
-    if isinstance(tp, type) and issubclass(tp, Identifier):
+    if isinstance(tp, type) and issubclass(tp, wire.Identifier):
         return ident(tp)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return st.sampled_from(tp)

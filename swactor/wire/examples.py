@@ -20,98 +20,7 @@ import enum
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from swactor.wire.enums import (
-    DTypeFamily,
-    EdgeKind,
-    HostPinning,
-    LayoutRule,
-    ObjectFailure,
-    ObjectKind,
-    QuiescenceProofKind,
-    ReleaseFailure,
-    RingDirection,
-    RingFaultReason,
-    RoleFailure,
-    SequencePolicy,
-    ShapeRule,
-    ShutdownMode,
-    StepFailure,
-    TokenizerSourceKind,
-    TokenOutputMode,
-    UninstallReason,
-    WakeCoalescing,
-    WorkerFatalReason,
-    WorkerStoppedReason,
-)
-from swactor.wire.ids import (
-    DeviceObjectHandle,
-    EdgeId,
-    Identifier,
-    NodeId,
-    ObjectId,
-    PortId,
-    RingId,
-    RoleId,
-    RunId,
-    Sequence,
-    StageIndex,
-    StepId,
-    WorkerGeneration,
-)
-from swactor.wire.objects import EdgePreamble, ObjectHeader, ObjectSpec
-from swactor.wire.plan import (
-    EdgeEndpoint,
-    EdgePlan,
-    GgufModelPlan,
-    GgufSource,
-    PromptSource,
-    RunPlan,
-    RuntimePlan,
-    SamplingPolicy,
-    StagePlan,
-    TokenizerSource,
-    TokenOutputPolicy,
-)
-from swactor.wire.provision import (
-    InboundEdgeProvision,
-    OutboundEdgeProvision,
-    ProvisionRx,
-    ProvisionStage,
-    ProvisionTx,
-    StageModelFacts,
-    StageRuntimeFacts,
-)
-from swactor.wire.rings import QuiescenceProof, RingLayout, RingSpec
-from swactor.wire.worker import (
-    ConfigureRole,
-    ExecuteStep,
-    InitializeWorker,
-    InputBinding,
-    InstallRing,
-    OutputBinding,
-    ReleaseDeviceObject,
-    RingReadable,
-    RingWritable,
-    ShutdownWorker,
-    UninstallRing,
-)
-from swactor.wire.worker_events import (
-    DeviceObjectReleased,
-    ObjectFailed,
-    ObjectLoaded,
-    ObjectProduced,
-    ReleaseFailed,
-    RingFault,
-    RingInstalled,
-    RingQuiesced,
-    RoleConfigured,
-    RoleFailed,
-    StepCompleted,
-    StepFailed,
-    WorkerFatal,
-    WorkerReady,
-    WorkerStopped,
-)
+from swactor import wire
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -120,102 +29,124 @@ T = TypeVar("T")
 
 # --- deterministic examples ------------------------------------------------------------
 
-RUN = RunId(7)
-ORCH_NODE = NodeId(100)
-STAGE_NODES = (NodeId(101), NodeId(102))
+RUN = wire.RunId(7)
+ORCH_NODE = wire.NodeId(100)
+STAGE_NODES = (wire.NodeId(101), wire.NodeId(102))
 HIDDEN = 64
 MAX_SEQ = 128
 NUM_LAYERS = 6
 
 
-def _token_spec() -> ObjectSpec:
-    return ObjectSpec(
-        kind=ObjectKind.TokenIds,
+def _token_spec() -> wire.ObjectSpec:
+    return wire.ObjectSpec(
+        kind=wire.ObjectKind.TokenIds,
         max_extent=4 * MAX_SEQ,
-        dtype_family=DTypeFamily.UInt,
+        dtype_family=wire.DTypeFamily.UInt,
         dtype_width_bytes=4,
-        shape=ShapeRule.Vector,
-        layout=LayoutRule.RowMajor,
+        shape=wire.ShapeRule.Vector,
+        layout=wire.LayoutRule.RowMajor,
         alignment=4,
-        sequence_policy=SequencePolicy.Contiguous,
+        sequence_policy=wire.SequencePolicy.Contiguous,
     )
 
 
-def _activation_spec() -> ObjectSpec:
-    return ObjectSpec(
-        kind=ObjectKind.Activation,
+def _activation_spec() -> wire.ObjectSpec:
+    return wire.ObjectSpec(
+        kind=wire.ObjectKind.Activation,
         max_extent=MAX_SEQ * HIDDEN * 2,
-        dtype_family=DTypeFamily.Float,
+        dtype_family=wire.DTypeFamily.Float,
         dtype_width_bytes=2,
-        shape=ShapeRule.Rows,
-        layout=LayoutRule.RowMajor,
+        shape=wire.ShapeRule.Rows,
+        layout=wire.LayoutRule.RowMajor,
         alignment=HIDDEN * 2,
-        sequence_policy=SequencePolicy.Contiguous,
+        sequence_policy=wire.SequencePolicy.Contiguous,
     )
 
 
-def _ring_spec(direction: RingDirection = RingDirection.Ingress) -> RingSpec:
-    return RingSpec(
+def _ring_spec(direction: wire.RingDirection = wire.RingDirection.Ingress) -> wire.RingSpec:
+    return wire.RingSpec(
         data_capacity=1 << 16,
         alignment=64,
         direction=direction,
-        host_pinning=HostPinning.Pageable,
-        wake_coalescing=WakeCoalescing.PendingBit,
+        host_pinning=wire.HostPinning.Pageable,
+        wake_coalescing=wire.WakeCoalescing.PendingBit,
     )
 
 
-def _source() -> GgufSource:
-    return GgufSource.cache_key("SmolLM2-135M-Instruct.Q4_1.gguf")
+def _source() -> wire.GgufSource:
+    return wire.GgufSource.cache_key("SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
-def _model() -> GgufModelPlan:
-    return GgufModelPlan(
+def _model() -> wire.GgufModelPlan:
+    return wire.GgufModelPlan(
         model_id="smollm2-135m-instruct",
         gguf_source=_source(),
         num_layers=NUM_LAYERS,
         hidden_dim=HIDDEN,
-        dtype_family=DTypeFamily.Float,
+        dtype_family=wire.DTypeFamily.Float,
         dtype_width_bytes=2,
         max_seq_len=MAX_SEQ,
         eos_token_id=2,
-        tokenizer=TokenizerSource(TokenizerSourceKind.GgufEmbedded),
+        tokenizer=wire.TokenizerSource(wire.TokenizerSourceKind.GgufEmbedded),
     )
 
 
-def _runtime() -> RuntimePlan:
-    return RuntimePlan(
-        prompt=PromptSource.from_text("Hello"),
-        sampling=SamplingPolicy.greedy(),
-        token_output_policy=TokenOutputPolicy(TokenOutputMode.Collect),
+def _runtime() -> wire.RuntimePlan:
+    return wire.RuntimePlan(
+        prompt=wire.PromptSource.from_text("Hello"),
+        sampling=wire.SamplingPolicy.greedy(),
+        token_output_policy=wire.TokenOutputPolicy(wire.TokenOutputMode.Collect),
     )
 
 
-def _edges() -> tuple[EdgePlan, ...]:
-    s0 = EdgeEndpoint.stage(STAGE_NODES[0], 0)
-    s1 = EdgeEndpoint.stage(STAGE_NODES[1], 1)
-    orch = EdgeEndpoint.orchestrator(ORCH_NODE)
+def _edges() -> tuple[wire.EdgePlan, ...]:
+    s0 = wire.EdgeEndpoint.stage(STAGE_NODES[0], 0)
+    s1 = wire.EdgeEndpoint.stage(STAGE_NODES[1], 1)
+    orch = wire.EdgeEndpoint.orchestrator(ORCH_NODE)
     ring = _ring_spec()
     return (
-        EdgePlan(RUN, EdgeId(1), EdgeKind.TokenIn, orch, s0, _token_spec(), ring),
-        EdgePlan(RUN, EdgeId(2), EdgeKind.Activation, s0, s1, _activation_spec(), ring),
-        EdgePlan(RUN, EdgeId(3), EdgeKind.TokenOut, s1, orch, _token_spec(), ring),
+        wire.EdgePlan(RUN, wire.EdgeId(1), wire.EdgeKind.TokenIn, orch, s0, _token_spec(), ring),
+        wire.EdgePlan(
+            RUN, wire.EdgeId(2), wire.EdgeKind.Activation, s0, s1, _activation_spec(), ring
+        ),
+        wire.EdgePlan(RUN, wire.EdgeId(3), wire.EdgeKind.TokenOut, s1, orch, _token_spec(), ring),
     )
 
 
-def _stages() -> tuple[StagePlan, ...]:
+def _stages() -> tuple[wire.StagePlan, ...]:
     return (
-        StagePlan(RUN, StageIndex(0), 2, STAGE_NODES[0], _source(), 0, 3, EdgeId(1), EdgeId(2)),
-        StagePlan(RUN, StageIndex(1), 2, STAGE_NODES[1], _source(), 3, 6, EdgeId(2), EdgeId(3)),
+        wire.StagePlan(
+            RUN,
+            wire.StageIndex(0),
+            2,
+            STAGE_NODES[0],
+            _source(),
+            0,
+            3,
+            wire.EdgeId(1),
+            wire.EdgeId(2),
+        ),
+        wire.StagePlan(
+            RUN,
+            wire.StageIndex(1),
+            2,
+            STAGE_NODES[1],
+            _source(),
+            3,
+            6,
+            wire.EdgeId(2),
+            wire.EdgeId(3),
+        ),
     )
 
 
-def _run_plan() -> RunPlan:
-    return RunPlan(RUN, _model(), _runtime(), _stages(), _edges(), max_tokens=16)
+def _run_plan() -> wire.RunPlan:
+    return wire.RunPlan(RUN, _model(), _runtime(), _stages(), _edges(), max_tokens=16)
 
 
-def _layout() -> RingLayout:
-    return RingLayout(
-        ring_id=RingId(11),
+def _layout() -> wire.RingLayout:
+    return wire.RingLayout(
+        ring_id=wire.RingId(11),
         arena_offset=4096,
         total_len=(1 << 16) + 4096,
         header_offset=4096,
@@ -225,118 +156,166 @@ def _layout() -> RingLayout:
     )
 
 
-def _handle() -> DeviceObjectHandle:
-    return DeviceObjectHandle(WorkerGeneration(1), 5)
+def _handle() -> wire.DeviceObjectHandle:
+    return wire.DeviceObjectHandle(wire.WorkerGeneration(1), 5)
 
 
-def _provision_stage() -> ProvisionStage:
-    return ProvisionStage(
+def _provision_stage() -> wire.ProvisionStage:
+    return wire.ProvisionStage(
         run_id=RUN,
-        stage_index=StageIndex(1),
+        stage_index=wire.StageIndex(1),
         stage_count=2,
         gguf_source=_source(),
         layer_start=3,
         layer_end_exclusive=6,
-        inbound=InboundEdgeProvision(
-            EdgeId(2), EdgeKind.Activation, _activation_spec(), _ring_spec()
+        inbound=wire.InboundEdgeProvision(
+            wire.EdgeId(2), wire.EdgeKind.Activation, _activation_spec(), _ring_spec()
         ),
-        outbound=OutboundEdgeProvision(
-            EdgeId(3), EdgeKind.TokenOut, ORCH_NODE, _token_spec(), _ring_spec(RingDirection.Egress)
+        outbound=wire.OutboundEdgeProvision(
+            wire.EdgeId(3),
+            wire.EdgeKind.TokenOut,
+            ORCH_NODE,
+            _token_spec(),
+            _ring_spec(wire.RingDirection.Egress),
         ),
-        model=StageModelFacts("smollm2-135m-instruct", HIDDEN, DTypeFamily.Float, 2, MAX_SEQ),
-        runtime=StageRuntimeFacts(RoleId(1), PortId(0), PortId(1), SamplingPolicy.greedy()),
+        model=wire.StageModelFacts(
+            "smollm2-135m-instruct", HIDDEN, wire.DTypeFamily.Float, 2, MAX_SEQ
+        ),
+        runtime=wire.StageRuntimeFacts(
+            wire.RoleId(1), wire.PortId(0), wire.PortId(1), wire.SamplingPolicy.greedy()
+        ),
     )
 
 
 _EXAMPLES: dict[type, Callable[[], object]] = {
-    DeviceObjectHandle: _handle,
-    GgufSource: _source,
-    TokenizerSource: lambda: TokenizerSource(TokenizerSourceKind.GgufEmbedded),
-    GgufModelPlan: _model,
-    SamplingPolicy: SamplingPolicy.greedy,
-    TokenOutputPolicy: lambda: TokenOutputPolicy(TokenOutputMode.Collect),
-    PromptSource: lambda: PromptSource.from_text("Hello"),
-    RuntimePlan: _runtime,
-    StagePlan: lambda: _stages()[0],
-    EdgeEndpoint: lambda: EdgeEndpoint.stage(STAGE_NODES[0], 0),
-    EdgePlan: lambda: _edges()[1],
-    RunPlan: _run_plan,
-    ObjectSpec: _activation_spec,
-    ObjectHeader: lambda: ObjectHeader(ObjectId(3), Sequence(0), extent=HIDDEN * 2),
-    EdgePreamble: lambda: EdgePreamble(EdgeId(2)),
-    RingSpec: _ring_spec,
-    RingLayout: _layout,
-    QuiescenceProof: lambda: QuiescenceProof(
-        RingId(11), QuiescenceProofKind.PumpStoppedAndRingQuiesced
+    wire.DeviceObjectHandle: _handle,
+    wire.GgufSource: _source,
+    wire.TokenizerSource: lambda: wire.TokenizerSource(wire.TokenizerSourceKind.GgufEmbedded),
+    wire.GgufModelPlan: _model,
+    wire.SamplingPolicy: wire.SamplingPolicy.greedy,
+    wire.TokenOutputPolicy: lambda: wire.TokenOutputPolicy(wire.TokenOutputMode.Collect),
+    wire.PromptSource: lambda: wire.PromptSource.from_text("Hello"),
+    wire.RuntimePlan: _runtime,
+    wire.StagePlan: lambda: _stages()[0],
+    wire.EdgeEndpoint: lambda: wire.EdgeEndpoint.stage(STAGE_NODES[0], 0),
+    wire.EdgePlan: lambda: _edges()[1],
+    wire.RunPlan: _run_plan,
+    wire.ObjectSpec: _activation_spec,
+    wire.ObjectHeader: lambda: wire.ObjectHeader(
+        wire.ObjectId(3), wire.Sequence(0), extent=HIDDEN * 2
     ),
-    InboundEdgeProvision: lambda: _provision_stage().inbound,
-    OutboundEdgeProvision: lambda: _provision_stage().outbound,
-    StageModelFacts: lambda: _provision_stage().model,
-    StageRuntimeFacts: lambda: _provision_stage().runtime,
-    ProvisionStage: _provision_stage,
-    ProvisionTx: lambda: ProvisionTx(EdgeId(2), STAGE_NODES[1], _activation_spec(), _ring_spec()),
-    ProvisionRx: lambda: ProvisionRx(EdgeId(2), _activation_spec(), _ring_spec()),
-    InitializeWorker: lambda: InitializeWorker(WorkerGeneration(1), 1 << 30, 1, {"device": "CPU"}),
-    ConfigureRole: lambda: ConfigureRole(RoleId(1), {"layer_start": 3, "layer_end": 6}),
-    InstallRing: lambda: InstallRing(
-        RingId(11), EdgeId(2), PortId(0), RingDirection.Ingress, _layout(), _activation_spec()
+    wire.EdgePreamble: lambda: wire.EdgePreamble(wire.EdgeId(2)),
+    wire.RingSpec: _ring_spec,
+    wire.RingLayout: _layout,
+    wire.QuiescenceProof: lambda: wire.QuiescenceProof(
+        wire.RingId(11), wire.QuiescenceProofKind.PumpStoppedAndRingQuiesced
     ),
-    UninstallRing: lambda: UninstallRing(RingId(11), UninstallReason.EdgeStopped),
-    InputBinding: lambda: InputBinding(PortId(0), ObjectId(3), Sequence(0), _handle()),
-    OutputBinding: lambda: OutputBinding(PortId(1), RingId(12), ObjectId(4), Sequence(0), 4),
-    ExecuteStep: lambda: ExecuteStep(
-        RoleId(1),
-        StepId(1),
-        (InputBinding(PortId(0), ObjectId(3), Sequence(0), _handle()),),
-        (OutputBinding(PortId(1), RingId(12), ObjectId(4), Sequence(0), 4),),
+    wire.InboundEdgeProvision: lambda: _provision_stage().inbound,
+    wire.OutboundEdgeProvision: lambda: _provision_stage().outbound,
+    wire.StageModelFacts: lambda: _provision_stage().model,
+    wire.StageRuntimeFacts: lambda: _provision_stage().runtime,
+    wire.ProvisionStage: _provision_stage,
+    wire.ProvisionTx: lambda: wire.ProvisionTx(
+        wire.EdgeId(2), STAGE_NODES[1], _activation_spec(), _ring_spec()
+    ),
+    wire.ProvisionRx: lambda: wire.ProvisionRx(wire.EdgeId(2), _activation_spec(), _ring_spec()),
+    wire.InitializeWorker: lambda: wire.InitializeWorker(
+        wire.WorkerGeneration(1), 1 << 30, 1, {"device": "CPU"}
+    ),
+    wire.ConfigureRole: lambda: wire.ConfigureRole(
+        wire.RoleId(1), {"layer_start": 3, "layer_end": 6}
+    ),
+    wire.InstallRing: lambda: wire.InstallRing(
+        wire.RingId(11),
+        wire.EdgeId(2),
+        wire.PortId(0),
+        wire.RingDirection.Ingress,
+        _layout(),
+        _activation_spec(),
+    ),
+    wire.UninstallRing: lambda: wire.UninstallRing(
+        wire.RingId(11), wire.UninstallReason.EdgeStopped
+    ),
+    wire.InputBinding: lambda: wire.InputBinding(
+        wire.PortId(0), wire.ObjectId(3), wire.Sequence(0), _handle()
+    ),
+    wire.OutputBinding: lambda: wire.OutputBinding(
+        wire.PortId(1), wire.RingId(12), wire.ObjectId(4), wire.Sequence(0), 4
+    ),
+    wire.ExecuteStep: lambda: wire.ExecuteStep(
+        wire.RoleId(1),
+        wire.StepId(1),
+        (wire.InputBinding(wire.PortId(0), wire.ObjectId(3), wire.Sequence(0), _handle()),),
+        (
+            wire.OutputBinding(
+                wire.PortId(1), wire.RingId(12), wire.ObjectId(4), wire.Sequence(0), 4
+            ),
+        ),
         {},
         True,
     ),
-    ShutdownWorker: lambda: ShutdownWorker(ShutdownMode.Graceful),
-    ReleaseDeviceObject: lambda: ReleaseDeviceObject(_handle()),
-    RingReadable: lambda: RingReadable(RingId(11)),
-    RingWritable: lambda: RingWritable(RingId(11)),
-    WorkerReady: lambda: WorkerReady(4242, WorkerGeneration(1), 1, {"device": "CPU"}),
-    WorkerFatal: lambda: WorkerFatal(WorkerFatalReason.ArenaMapFailed),
-    WorkerStopped: lambda: WorkerStopped(WorkerStoppedReason.Graceful),
-    RoleConfigured: lambda: RoleConfigured(RoleId(1)),
-    RoleFailed: lambda: RoleFailed(RoleId(1), RoleFailure.ConfigInvalid),
-    RingInstalled: lambda: RingInstalled(RingId(11), EdgeId(2), PortId(0)),
-    RingFault: lambda: RingFault(RingId(11), EdgeId(2), PortId(0), RingFaultReason.HeaderMalformed),
-    RingQuiesced: lambda: RingQuiesced(RingId(11)),
-    ObjectLoaded: lambda: ObjectLoaded(
-        RingId(11), EdgeId(2), PortId(0), ObjectId(3), Sequence(0), HIDDEN * 2, _handle()
+    wire.ShutdownWorker: lambda: wire.ShutdownWorker(wire.ShutdownMode.Graceful),
+    wire.ReleaseDeviceObject: lambda: wire.ReleaseDeviceObject(_handle()),
+    wire.RingReadable: lambda: wire.RingReadable(wire.RingId(11)),
+    wire.RingWritable: lambda: wire.RingWritable(wire.RingId(11)),
+    wire.WorkerReady: lambda: wire.WorkerReady(
+        4242, wire.WorkerGeneration(1), 1, {"device": "CPU"}
     ),
-    ObjectProduced: lambda: ObjectProduced(
-        RingId(12), EdgeId(3), PortId(1), ObjectId(4), Sequence(0), 4
+    wire.WorkerFatal: lambda: wire.WorkerFatal(wire.WorkerFatalReason.ArenaMapFailed),
+    wire.WorkerStopped: lambda: wire.WorkerStopped(wire.WorkerStoppedReason.Graceful),
+    wire.RoleConfigured: lambda: wire.RoleConfigured(wire.RoleId(1)),
+    wire.RoleFailed: lambda: wire.RoleFailed(wire.RoleId(1), wire.RoleFailure.ConfigInvalid),
+    wire.RingInstalled: lambda: wire.RingInstalled(wire.RingId(11), wire.EdgeId(2), wire.PortId(0)),
+    wire.RingFault: lambda: wire.RingFault(
+        wire.RingId(11), wire.EdgeId(2), wire.PortId(0), wire.RingFaultReason.HeaderMalformed
     ),
-    ObjectFailed: lambda: ObjectFailed(
-        RingId(11), EdgeId(2), PortId(0), None, None, ObjectFailure.HeaderMalformed
+    wire.RingQuiesced: lambda: wire.RingQuiesced(wire.RingId(11)),
+    wire.ObjectLoaded: lambda: wire.ObjectLoaded(
+        wire.RingId(11),
+        wire.EdgeId(2),
+        wire.PortId(0),
+        wire.ObjectId(3),
+        wire.Sequence(0),
+        HIDDEN * 2,
+        _handle(),
     ),
-    StepCompleted: lambda: StepCompleted(RoleId(1), StepId(1)),
-    StepFailed: lambda: StepFailed(RoleId(1), StepId(1), StepFailure.TinygradError),
-    DeviceObjectReleased: lambda: DeviceObjectReleased(_handle()),
-    ReleaseFailed: lambda: ReleaseFailed(_handle(), ReleaseFailure.UnknownHandle),
+    wire.ObjectProduced: lambda: wire.ObjectProduced(
+        wire.RingId(12), wire.EdgeId(3), wire.PortId(1), wire.ObjectId(4), wire.Sequence(0), 4
+    ),
+    wire.ObjectFailed: lambda: wire.ObjectFailed(
+        wire.RingId(11),
+        wire.EdgeId(2),
+        wire.PortId(0),
+        None,
+        None,
+        wire.ObjectFailure.HeaderMalformed,
+    ),
+    wire.StepCompleted: lambda: wire.StepCompleted(wire.RoleId(1), wire.StepId(1)),
+    wire.StepFailed: lambda: wire.StepFailed(
+        wire.RoleId(1), wire.StepId(1), wire.StepFailure.TinygradError
+    ),
+    wire.DeviceObjectReleased: lambda: wire.DeviceObjectReleased(_handle()),
+    wire.ReleaseFailed: lambda: wire.ReleaseFailed(_handle(), wire.ReleaseFailure.UnknownHandle),
 }
 
 _ID_EXAMPLES: dict[type, int] = {
-    RunId: 7,
-    NodeId: 101,
-    RoleId: 1,
-    StageIndex: 0,
-    EdgeId: 2,
-    RingId: 11,
-    ObjectId: 3,
-    Sequence: 0,
-    StepId: 1,
-    WorkerGeneration: 1,
-    PortId: 0,
+    wire.RunId: 7,
+    wire.NodeId: 101,
+    wire.RoleId: 1,
+    wire.StageIndex: 0,
+    wire.EdgeId: 2,
+    wire.RingId: 11,
+    wire.ObjectId: 3,
+    wire.Sequence: 0,
+    wire.StepId: 1,
+    wire.WorkerGeneration: 1,
+    wire.PortId: 0,
 }
 
 
 def example(tp: type[T]) -> T:
     """A valid, deterministic instance of the exported wire type `tp`."""
-    if isinstance(tp, type) and issubclass(tp, Identifier):
+    if isinstance(tp, type) and issubclass(tp, wire.Identifier):
         return cast(T, tp(_ID_EXAMPLES.get(tp, 1)))
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return cast(T, next(iter(tp)))
