@@ -222,15 +222,46 @@ class FaultEvent(LifecycleEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class NodeStarted(LifecycleEvent):
-    NAME = EventName.node_started
+class _NodeEvent(LifecycleEvent):
+    """An event that must name its node (the identity groups mirror REQUIRED_IDENTITIES)."""
+
     node_id: NodeId
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class NodeAvailable(LifecycleEvent):
+class _RunEvent(_NodeEvent):
+    run_id: RunId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _StageEvent(_RunEvent):
+    stage_index: StageIndex
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _StepEvent(_StageEvent):
+    step_id: StepId
+    sequence: Sequence
+    worker_generation: WorkerGeneration
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _EdgeObjectEvent(_RunEvent):
+    """An object at the orchestrator's end of a token edge (no ring, no stage)."""
+
+    edge_id: EdgeId
+    object_id: ObjectId
+    sequence: Sequence
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeStarted(_NodeEvent):
+    NAME = EventName.node_started
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeAvailable(_NodeEvent):
     NAME = EventName.node_available
-    node_id: NodeId
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -240,100 +271,68 @@ class NodeFaulted(FaultEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PoolReady(LifecycleEvent):
+class PoolReady(_NodeEvent):
     NAME = EventName.pool_ready
-    node_id: NodeId
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RunPlanned(LifecycleEvent):
+class RunPlanned(_RunEvent):
     NAME = EventName.run_planned
-    node_id: NodeId
-    run_id: RunId
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StageProvisionStarted(LifecycleEvent):
+class StageProvisionStarted(_StageEvent):
     NAME = EventName.stage_provision_started
-    node_id: NodeId
-    run_id: RunId
-    stage_index: StageIndex
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class WeightsDownloadStarted(LifecycleEvent):
+class WeightsDownloadStarted(_StageEvent):
     NAME = EventName.weights_download_started
-    node_id: NodeId
-    run_id: RunId
-    stage_index: StageIndex
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class WeightsDownloaded(LifecycleEvent):
+class WeightsDownloaded(_StageEvent):
     NAME = EventName.weights_downloaded
-    node_id: NodeId
-    run_id: RunId
-    stage_index: StageIndex
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class WeightsLoaded(LifecycleEvent):
+class WeightsLoaded(_StageEvent):
     NAME = EventName.weights_loaded
-    node_id: NodeId
-    run_id: RunId
-    stage_index: StageIndex
     worker_generation: WorkerGeneration
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class EdgeProvisionStarted(LifecycleEvent):
+class EdgeProvisionStarted(_RunEvent):
     NAME = EventName.edge_provision_started
-    node_id: NodeId
-    run_id: RunId
     edge_id: EdgeId
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class EdgeReady(LifecycleEvent):
+class EdgeReady(_RunEvent):
     NAME = EventName.edge_ready
-    node_id: NodeId
-    run_id: RunId
     edge_id: EdgeId
     ring_id: RingId
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StageReady(LifecycleEvent):
+class StageReady(_StageEvent):
     NAME = EventName.stage_ready
-    node_id: NodeId
-    run_id: RunId
-    stage_index: StageIndex
     worker_generation: WorkerGeneration
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ReadinessBarrierPassed(LifecycleEvent):
+class ReadinessBarrierPassed(_RunEvent):
     NAME = EventName.readiness_barrier_passed
-    node_id: NodeId
-    run_id: RunId
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PromptInjected(LifecycleEvent):
+class PromptInjected(_EdgeObjectEvent):
     NAME = EventName.prompt_injected
-    node_id: NodeId
-    run_id: RunId
-    edge_id: EdgeId
-    object_id: ObjectId
-    sequence: Sequence
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ObjectLoaded(LifecycleEvent):
+class ObjectLoaded(_StageEvent):
     NAME = EventName.object_loaded
-    node_id: NodeId
-    run_id: RunId
-    stage_index: StageIndex
     edge_id: EdgeId
     ring_id: RingId
     object_id: ObjectId
@@ -342,58 +341,33 @@ class ObjectLoaded(LifecycleEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ExecuteStepStarted(LifecycleEvent):
+class ExecuteStepStarted(_StepEvent):
     NAME = EventName.execute_step_started
-    node_id: NodeId
-    run_id: RunId
-    stage_index: StageIndex
-    step_id: StepId
-    sequence: Sequence
-    worker_generation: WorkerGeneration
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ObjectProduced(LifecycleEvent):
+class ObjectProduced(_StepEvent):
     NAME = EventName.object_produced
-    node_id: NodeId
-    run_id: RunId
-    stage_index: StageIndex
     edge_id: EdgeId
     ring_id: RingId
     object_id: ObjectId
-    sequence: Sequence
-    step_id: StepId
-    worker_generation: WorkerGeneration
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StepCompleted(LifecycleEvent):
+class StepCompleted(_StepEvent):
     NAME = EventName.step_completed
-    node_id: NodeId
-    run_id: RunId
-    stage_index: StageIndex
-    step_id: StepId
-    sequence: Sequence
-    worker_generation: WorkerGeneration
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TokenReceived(LifecycleEvent):
+class TokenReceived(_EdgeObjectEvent):
     NAME = EventName.token_received
-    node_id: NodeId
-    run_id: RunId
-    edge_id: EdgeId
-    object_id: ObjectId
-    sequence: Sequence
     token: int | None = None
     """The sampled token id (a vocabulary index, not payload bytes)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RunCompleted(LifecycleEvent):
+class RunCompleted(_RunEvent):
     NAME = EventName.run_completed
-    node_id: NodeId
-    run_id: RunId
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -404,26 +378,18 @@ class RunFaulted(FaultEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StopRunSent(LifecycleEvent):
+class StopRunSent(_StageEvent):
     NAME = EventName.stop_run_sent
-    node_id: NodeId
-    run_id: RunId
-    stage_index: StageIndex
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StageStopped(LifecycleEvent):
+class StageStopped(_StageEvent):
     NAME = EventName.stage_stopped
-    node_id: NodeId
-    run_id: RunId
-    stage_index: StageIndex
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RunTornDown(LifecycleEvent):
+class RunTornDown(_RunEvent):
     NAME = EventName.run_torn_down
-    node_id: NodeId
-    run_id: RunId
     outcome: RunOutcome
     teardown: TeardownOutcome
 
