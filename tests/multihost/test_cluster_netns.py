@@ -1,0 +1,168 @@
+"""Multi-host (spec §41 layer c): 3 stage hosts + 1 orchestrator host, each its own
+Linux network namespace on one bridge, real `swactor node` / `swactor orchestrator`
+processes, real QUIC and real SWIM between the namespaces, SmolLM2 split 10,10,10.
+
+The nodes join SWIM through the first node; the orchestrator finds the pool through
+the same seed (`--seed --nodes 3`), never being told an address. Two runs on the same
+nodes: each must give the greedy tokens of the model package's single StageRole over
+all 30 blocks (computed here, in process), end Completed with a clean teardown, be
+served by the three nodes in id order from the addresses on the test subnet, and leave
+every node idle with no ring lease, the same worker and no extra fd. Then SIGTERM:
+every node exits 0 by itself, no process is left in any namespace, and every
+namespace (with the bridge) is gone afterwards — the teardown runs when the test fails
+too.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from swactor.cluster import netns
+from swactor.cluster.netns import NetnsTopology
+from swactor.model.gguf_range import open_reader
+from swactor.model.llama_role import StageRole
+from swactor.model.paths import default_model_path
+from swactor.model.tokenizer import Tokenizer
+from swactor.transport.identity import NodeIdentity
+from tests.cluster.event_order import check_run_order, read_records
+from tests.multihost.host_process import HostProcess
+
+pytestmark = [
+    pytest.mark.multihost,
+    pytest.mark.slow,
+    pytest.mark.timeout(1200),
+    pytest.mark.skipif(netns.available() is not None, reason=str(netns.available())),
+]
+
+TOKENS = 16
+MAX_SEQ = 64
+PROMPT = "hello world"
+SWIM_PORT = 7946
+STAGES = ("n0", "n1", "n2")
+BOOT_S = 300.0
+RUN_S = 600.0
+
+
+def reference_tokens(path: Path, prompt: tuple[int, ...]) -> list[int]:
+    """Greedy tokens of one StageRole over every block, in this process."""
+    whole = StageRole(open_reader(path).load_stage(0, 30, is_first=True, is_last=True),
+                      max_seq_len=MAX_SEQ)
+    tokens: list[int] = []
+    ids = prompt
+    for step in range(TOKENS):
+        tokens.append(int(whole.step(step, np.array(ids, dtype=np.int32))[0]))
+        ids = (tokens[-1],)
+    return tokens
+
+
+def node_facts(pid: int) -> tuple[int, list[int]]:
+    """(open fds, child pids) of a process."""
+    children: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as handle:
+            children += [int(c) for c in handle.read().split()]
+    return len(os.listdir(f"/proc/{pid}/fd")), sorted(children)
+
+
+@pytest.fixture
+def topology() -> Iterator[NetnsTopology]:
+    netns.sweep_stale()
+    pid = os.getpid()
+    subnet = ipaddress.ip_network(f"10.{200 + pid % 50}.{pid % 250}.0/24")
+    hosts = NetnsTopology(["orch", *STAGES], subnet)
+    with hosts:
+        yield hosts
+    left = [n for n in netns.namespaces() if n.startswith(hosts.hub.removesuffix("hub"))]
+    assert left == [], f"namespaces left behind: {left}"
+
+
+def start_node(hosts: NetnsTopology, name: str, keys: Path, events: Path,
+               orchestrator: int) -> HostProcess:
+    host, seed = hosts[name], hosts[STAGES[0]]
+    args = ["node", "--key", str(keys / f"{name}.key"), "--bind", host.address,
+            "--swim", f"{host.address}:{SWIM_PORT}",
+            "--trust-orchestrator", str(orchestrator), "--arena-ceiling", "256MiB",
+            "--event-verbosity", "-1", "--events-file", str(events / f"{name}.jsonl")]
+    if name != STAGES[0]:
+        args += ["--seed", f"{seed.address}:{SWIM_PORT}"]
+    return HostProcess(name, host, args)
+
+
+def run_orchestrator(hosts: NetnsTopology, run: int, keys: Path, events: Path
+                     ) -> dict[str, Any]:
+    host, seed = hosts["orch"], hosts[STAGES[0]]
+    orchestrator = HostProcess(f"orchestrator run {run}", host, [
+        "orchestrator", "--key", str(keys / "orchestrator.key"), "--bind", host.address,
+        "--seed", f"{seed.address}:{SWIM_PORT}", "--nodes", str(len(STAGES)),
+        "--prompt", PROMPT, "--max-tokens", str(TOKENS), "--max-seq-len", str(MAX_SEQ),
+        "--split", "10,10,10", "--json", "--run-id", str(run),
+        "--event-verbosity", "-1", "--events-file", str(events / f"orchestrator-{run}.jsonl")])
+    try:
+        code = orchestrator.finish(RUN_S)
+    finally:
+        orchestrator.stop(10)
+    assert orchestrator.documents, orchestrator.describe()
+    report = orchestrator.documents[-1]
+    assert code == 0, (report, orchestrator.describe())
+    return report
+
+
+def test_two_runs_across_four_namespaces_match_one_stage(
+    topology: NetnsTopology, tmp_path: Path
+) -> None:
+    model = default_model_path()
+    if not model.is_file():
+        pytest.fail(f"{model} missing: run scripts/setup.sh")
+    keys, events = tmp_path / "keys", tmp_path / "events"
+    keys.mkdir(mode=0o700)
+    events.mkdir()
+    orchestrator_id = NodeIdentity.load_or_create(keys / "orchestrator.key").node_id
+    nodes = [start_node(topology, name, keys, events, orchestrator_id) for name in STAGES]
+    try:
+        prompt = tuple(Tokenizer.from_gguf(model).encode(PROMPT))
+        expected = reference_tokens(model, prompt)
+        addresses: dict[int, str] = {}
+        for node in nodes:
+            available = node.wait_for(lambda d: d.get("kind") == "available", BOOT_S)
+            assert available["quic"][0] == node.host.address, available
+            addresses[int(available["node_id"])] = node.host.address
+
+        facts = []
+        for run in (1, 2):
+            report = run_orchestrator(topology, run, keys, events)
+            assert (report["outcome"], report["teardown"]) == ("Completed", "Clean"), report
+            assert report["prompt_token_ids"] == list(prompt)
+            assert report["generated_token_ids"] == expected, f"run {run}"
+            stages = report["stages"]
+            assert [s["node_id"] for s in stages] == sorted(addresses)
+            assert [(s["layer_start"], s["layer_end_exclusive"]) for s in stages] == [
+                (0, 10), (10, 20), (20, 30)]
+            for node in nodes:
+                last = node.wait_for(lambda d, r=run: d.get("kind") == "stage_finished"
+                                     and d.get("run_id") == r, 60)
+                assert last["clean"] is True, (node.label, last)
+                assert last["active_run"] is None and last["live_leases"] == [], last
+                assert last["runs_served"] == list(range(1, run + 1)), last
+            facts.append([node_facts(node.pid) for node in nodes])
+        for node in nodes:
+            finished = [d for d in node.documents if d.get("kind") == "stage_finished"]
+            assert len({d["worker_pid"] for d in finished}) == 1, finished
+        for (fds1, kids1), (fds2, kids2) in zip(facts[0], facts[1], strict=True):
+            assert kids1 == kids2 and len(kids2) == 1
+            assert fds2 <= fds1, (fds1, fds2)
+    finally:
+        codes = [node.stop(30) for node in nodes]
+    assert codes == [0, 0, 0], [node.describe() for node in nodes]
+    for name in topology.hosts:
+        assert topology.pids(name) == [], f"processes left in {name}"
+
+    records = read_records(sorted(events.glob("*.jsonl")))
+    for run in (1, 2):
+        assert check_run_order(records, run) == []
