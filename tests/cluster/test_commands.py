@@ -1,0 +1,102 @@
+"""`swactor node | orchestrator | run` argument handling and the stage-run control
+messages (fast: nothing boots)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from swactor.cli import main
+from swactor.fsm.generated import orchestrator_run as orun
+from swactor.node.cli import parse_node_id
+from swactor.node.control_messages import (
+    REGISTRY,
+    AddressBook,
+    PeerAddress,
+    StageFaultReport,
+    StopRunMessage,
+    report_event,
+    report_message,
+)
+from swactor.orchestrator.orchestrate_cmd import parse_member
+from swactor.wire import Component, NodeId, RunFaultReason, RunId, StageIndex
+from swactor.wire.errors import WireError
+
+
+def test_node_ids_parse_in_every_printed_form() -> None:
+    assert parse_node_id("42") == 42
+    assert parse_node_id("0x2a") == 42
+    assert parse_node_id("000000000000002a") == 42  # `swactor node-id` prints 16 hex digits
+    for bad in ("", "node", "-1", "0x", str(1 << 64)):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_node_id(bad)
+
+
+def test_pool_members_parse() -> None:
+    member = parse_member("0x2a@10.0.0.5:7400")
+    assert (member.node_id, member.host, member.port) == (42, "10.0.0.5", 7400)
+    for bad in ("42", "42@10.0.0.5", "42@:7400", "42@h:0", "42@h:70000", "x@h:1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_member(bad)
+
+
+def test_stage_reports_round_trip_through_json() -> None:
+    run = RunId(9)
+    events: list[orun.StageReady | orun.StageFault | orun.StageStopped] = [
+        orun.StageReady(StageIndex(1)),
+        orun.StageFault(StageIndex(2), RunFaultReason.WeightLoadFailed, Component.Worker),
+        orun.StageStopped(StageIndex(0), False),
+    ]
+    registry = {tp.__name__: tp for tp in REGISTRY}
+    for event in events:
+        message = report_message(run, event)
+        assert message.run_id == run
+        decoded = registry[type(message).__name__].from_json(message.to_json())
+        assert report_event(decoded) == event
+    assert report_event(StopRunMessage(run, StageIndex(0))) is None
+
+
+def test_control_messages_reject_bad_fields() -> None:
+    with pytest.raises(WireError):
+        PeerAddress(NodeId(1), "10.0.0.1", 0)
+    with pytest.raises(WireError):
+        PeerAddress(NodeId(1), "", 7400)
+    with pytest.raises(WireError):
+        StageFaultReport.from_json({"run_id": 1, "stage_index": 0, "reason": "Nope",
+                                    "component": "worker"})
+    book = AddressBook((PeerAddress(NodeId(1), "10.0.0.1", 7400),))
+    assert AddressBook.from_json(book.to_json()) == book
+
+
+def test_orchestrator_needs_exactly_one_way_to_name_the_pool(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = str(tmp_path / "o.key")
+    assert main(["orchestrator", "--key", key]) == 2
+    assert "--node" in capsys.readouterr().err
+    assert main(["orchestrator", "--key", key, "--node", "1@127.0.0.1:9",
+                 "--seed", "127.0.0.1:7946"]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
+def test_missing_model_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["orchestrator", "--key", str(tmp_path / "o.key"), "--node", "1@127.0.0.1:9",
+                 "--model", str(tmp_path / "absent.gguf")])
+    err = capsys.readouterr().err
+    assert code == 2 and "absent.gguf not found" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["node", "--key", "k"],  # no --trust-orchestrator
+    ["node", "--key", "k", "--trust-orchestrator", "zz"],
+    ["node", "--key", "k", "--trust-orchestrator", "1", "--arena-ceiling", "lots"],
+    ["run", "--nodes", "0"],
+    ["run", "--split", "10,x"],
+])
+def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert "error:" in capsys.readouterr().err
