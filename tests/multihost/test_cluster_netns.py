@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,11 +71,16 @@ def node_facts(pid: int) -> tuple[int, list[int]]:
     return len(os.listdir(f"/proc/{pid}/fd")), sorted(children)
 
 
+def finished_run(run: int) -> Callable[[dict[str, Any]], bool]:
+    """Matches a node's stage_finished report of `run`."""
+    return lambda d: d.get("kind") == "stage_finished" and d.get("run_id") == run
+
+
 @pytest.fixture
 def topology() -> Iterator[NetnsTopology]:
     netns.sweep_stale()
     pid = os.getpid()
-    subnet = ipaddress.ip_network(f"10.{200 + pid % 50}.{pid % 250}.0/24")
+    subnet = ipaddress.IPv4Network(f"10.{200 + pid % 50}.{pid % 250}.0/24")
     hosts = NetnsTopology(["orch", *STAGES], subnet)
     with hosts:
         yield hosts
@@ -145,8 +150,7 @@ def test_two_runs_across_four_namespaces_match_one_stage(
             assert [(s["layer_start"], s["layer_end_exclusive"]) for s in stages] == [
                 (0, 10), (10, 20), (20, 30)]
             for node in nodes:
-                last = node.wait_for(lambda d, r=run: d.get("kind") == "stage_finished"
-                                     and d.get("run_id") == r, 60)
+                last = node.wait_for(finished_run(run), 60)
                 assert last["clean"] is True, (node.label, last)
                 assert last["active_run"] is None and last["live_leases"] == [], last
                 assert last["runs_served"] == list(range(1, run + 1)), last

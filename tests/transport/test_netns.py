@@ -1,11 +1,12 @@
-"""An edge between two Linux network namespaces over a veth pair with a 1500-byte MTU:
-the default 1452-byte datagrams cross it; mutual TLS, flow control and digests hold."""
+"""An edge between two Linux network namespaces (`swactor.cluster.netns`, 1500-byte
+MTU): the default 1452-byte datagrams cross it; mutual TLS, flow control and digests
+hold."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,40 +14,24 @@ from pathlib import Path
 
 import pytest
 
+from swactor.cluster import netns
+from swactor.cluster.netns import NetnsTopology
 from swactor.transport.identity import NodeIdentity
 
 pytestmark = [
     pytest.mark.multihost,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(
-        os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2"
-    ),
+    pytest.mark.skipif(netns.available() is not None, reason=str(netns.available())),
 ]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
 @pytest.fixture
 def two_hosts() -> Iterator[tuple[str, str, str]]:
-    tag = f"{os.getpid() % 100000}"
-    ns_a, ns_b = f"swq{tag}a", f"swq{tag}b"
-    subnet = f"10.{77 + os.getpid() % 100}.{os.getpid() % 250}"
-    _ip("netns", "add", ns_a)
-    _ip("netns", "add", ns_b)
-    try:
-        _ip("link", "add", f"sq{tag}a", "type", "veth", "peer", "name", f"sq{tag}b")
-        for ns, dev, addr in ((ns_a, f"sq{tag}a", ".1"), (ns_b, f"sq{tag}b", ".2")):
-            _ip("link", "set", dev, "netns", ns)
-            _ip("-n", ns, "addr", "add", f"{subnet}{addr}/24", "dev", dev)
-            _ip("-n", ns, "link", "set", dev, "mtu", "1500", "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-        yield ns_a, ns_b, f"{subnet}.2"
-    finally:
-        for ns in (ns_a, ns_b):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    pid = os.getpid()
+    subnet = ipaddress.IPv4Network(f"10.{77 + pid % 100}.{pid % 250}.0/24")
+    with NetnsTopology(["a", "b"], subnet, mtu=1500) as hosts:
+        yield hosts["a"].netns, hosts["b"].netns, hosts["b"].address
 
 
 def _peer(ns: str, *args: str) -> list[str]:
