@@ -31,8 +31,8 @@ it: a sleeping or cancelled pump never pins the arena mapping.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 
+from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import recv_pump as fsm
 from swactor.ring import Ring, RingError, RingState
 from swactor.transport.inbound import InboundStream
@@ -68,8 +68,9 @@ class RecvEdge:
         self._wake = wake
         self._writable = asyncio.Event()
         self._detail = ""
-        self._queue: deque[fsm.Event] = deque()
-        self._feeding = False
+        self._feeder: EventFeeder[fsm.Event, fsm.Effect] = EventFeeder(
+            self.machine.handle, self._carry_out
+        )
 
     @property
     def finished(self) -> bool:
@@ -102,16 +103,7 @@ class RecvEdge:
 
     def feed(self, event: fsm.Event) -> None:
         """Apply `event`; effects may feed more events, which queue behind it."""
-        self._queue.append(event)
-        if self._feeding:
-            return
-        self._feeding = True
-        try:
-            while self._queue:
-                for effect in self.machine.handle(self._queue.popleft()):
-                    self._carry_out(effect)
-        finally:
-            self._feeding = False
+        self._feeder.feed(event)
 
     # -- effects --------------------------------------------------------------------
 

@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections import deque
 
+from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import send_pump as fsm
 from swactor.ring import Ring, RingError, RingState
 from swactor.transport.config import EDGE_ALPN
@@ -99,8 +99,9 @@ class SendEdge:
         self._draining = False
         self._tasks: list[asyncio.Task[None]] = []
         self._detail = ""
-        self._queue: deque[fsm.Event] = deque()
-        self._feeding = False
+        self._feeder: EventFeeder[fsm.Event, fsm.Effect] = EventFeeder(
+            self.machine.handle, self._carry_out
+        )
 
     @property
     def finished(self) -> bool:
@@ -132,16 +133,7 @@ class SendEdge:
 
     def feed(self, event: fsm.Event) -> None:
         """Apply `event`; effects may feed more events, which queue behind it."""
-        self._queue.append(event)
-        if self._feeding:
-            return
-        self._feeding = True
-        try:
-            while self._queue:
-                for effect in self.machine.handle(self._queue.popleft()):
-                    self._carry_out(effect)
-        finally:
-            self._feeding = False
+        self._feeder.feed(event)
 
     def _fail(self, reason: StreamFaultReason, detail: str) -> None:
         self._detail = detail

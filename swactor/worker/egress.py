@@ -24,11 +24,11 @@ through `OutputListener`: `output_done` after ObjectProduced was emitted, or
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
 from swactor.arena import Arena
+from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import egress_ring as er
 from swactor.ring import Ring, RingError, RingState
 from swactor.wire import (
@@ -79,8 +79,9 @@ class EgressRing:
         self.machine = er.EgressRingMachine(
             self, ring_id=command.ring_id, edge_id=command.edge_id, port_id=command.port_id
         )
-        self._queue: deque[er.Event] = deque()
-        self._feeding = False
+        self._feeder: EventFeeder[er.Event, er.Effect] = EventFeeder(
+            self.machine.handle, self._apply
+        )
         self._source: DeviceAllocation | None = None
         self._listener: OutputListener | None = None
         self._header = b""
@@ -132,16 +133,7 @@ class EgressRing:
     # -- feeding ----------------------------------------------------------------------
 
     def feed(self, event: er.Event) -> None:
-        self._queue.append(event)
-        if self._feeding:
-            return
-        self._feeding = True
-        try:
-            while self._queue:
-                for effect in self.machine.handle(self._queue.popleft()):
-                    self._apply(effect)
-        finally:
-            self._feeding = False
+        self._feeder.feed(event)
 
     def _apply(self, effect: er.Effect) -> None:
         cmd = self.command

@@ -28,10 +28,10 @@ A Faulted shared ring state (set by the node or a dead peer's watcher) is RingEr
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Callable
 
 from swactor.arena import Arena
+from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import ingress_ring as ir
 from swactor.ring import Ring, RingError, RingState
 from swactor.wire import (
@@ -75,8 +75,9 @@ class IngressRing:
         self.machine = ir.IngressRingMachine(
             self, ring_id=command.ring_id, edge_id=command.edge_id, port_id=command.port_id
         )
-        self._queue: deque[ir.Event] = deque()
-        self._feeding = False
+        self._feeder: EventFeeder[ir.Event, ir.Effect] = EventFeeder(
+            self.machine.handle, self._apply
+        )
         self._header = bytearray()
         self._gate = SequenceGate(self.spec.sequence_policy)
         self._object: DeviceAllocation | None = None
@@ -113,16 +114,7 @@ class IngressRing:
 
     def feed(self, event: ir.Event) -> None:
         """Hand one event to the machine and carry out its effects (and theirs)."""
-        self._queue.append(event)
-        if self._feeding:
-            return
-        self._feeding = True
-        try:
-            while self._queue:
-                for effect in self.machine.handle(self._queue.popleft()):
-                    self._apply(effect)
-        finally:
-            self._feeding = False
+        self._feeder.feed(event)
 
     def _apply(self, effect: ir.Effect) -> None:
         cmd = self.command

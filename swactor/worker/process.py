@@ -33,10 +33,10 @@ from __future__ import annotations
 import logging
 import os
 import traceback
-from collections import deque
 from typing import BinaryIO
 
 from swactor.arena import Arena, ArenaError
+from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import egress_ring as er
 from swactor.fsm.generated import ingress_ring as ir
 from swactor.fsm.generated import worker_process as wp
@@ -99,8 +99,9 @@ class WorkerProcess:
         self.rings: dict[RingId, IngressRing | EgressRing] = {}
         self.roles: dict[RoleId, Role] = {}
         self.steps: StepRunner | None = None
-        self._queue: deque[wp.Event] = deque()
-        self._feeding = False
+        self._feeder: EventFeeder[wp.Event, wp.Effect] = EventFeeder(
+            self.machine.handle, self._apply
+        )
         self._drain_mode: ShutdownMode | None = None
 
     # -- the loop -------------------------------------------------------------------------
@@ -129,16 +130,7 @@ class WorkerProcess:
             self.feed(wp.InternalError())
 
     def feed(self, event: wp.Event) -> None:
-        self._queue.append(event)
-        if self._feeding:
-            return
-        self._feeding = True
-        try:
-            while self._queue:
-                for effect in self.machine.handle(self._queue.popleft()):
-                    self._apply(effect)
-        finally:
-            self._feeding = False
+        self._feeder.feed(event)
 
     def _progress(self) -> None:
         if self.steps is not None:
