@@ -6,13 +6,16 @@ The model is a random 2-block GGUF the test writes (no tokenizer: token ids only
 runs must both give the tokens of the model package's StageRole over the whole model,
 end Completed with a clean teardown and leave each node idle without ring leases. A
 node refuses StopRun from a pool peer that is not its orchestrator (Unauthorized), and
-a node outside the pool gets no connection at all.
+a node outside the pool gets no connection at all. Ctrl-C (SIGINT) after the first
+token of a third run is an operator stop with a clean teardown.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
+import os
+import signal
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,6 +23,8 @@ import numpy as np
 import pytest
 
 from swactor.events.emitter import Emitter
+from swactor.events.names import EventName
+from swactor.events.schema import Emitted
 from swactor.events.sinks import MemorySink
 from swactor.model.gguf_range import open_reader
 from swactor.model.llama_role import StageRole
@@ -85,6 +90,20 @@ async def scenario(gguf: Path) -> None:
                 assert status["active_run"] is None and status["live_leases"] == []
         assert [node.status()["runs_served"] for node in nodes] == [[7, 8], [7, 8]]
 
+        # Ctrl-C after the first token: an operator stop, still a clean teardown
+        interrupt = InterruptOnFirstToken()
+        report = await run_session(replace(options, run_id=9, max_tokens=MAX_SEQ - len(PROMPT)),
+                                   Emitter("orchestrator", [sink, interrupt]), io.StringIO(),
+                                   io.StringIO())
+        assert interrupt.sent
+        assert report.result.outcome is RunOutcome.OperatorStopped, report.summary_lines()
+        assert report.result.teardown is TeardownOutcome.Clean
+        assert 1 <= len(report.result.generated_token_ids) < MAX_SEQ - len(PROMPT)
+        for node in nodes:
+            await asyncio.wait_for(node.finished.get(), 30)
+            await asyncio.sleep(0.2)
+            assert node.status()["active_run"] is None and node.status()["live_leases"] == []
+
         # a pool peer is admitted by the endpoint but may not stop another node's stage
         peer_channel = nodes[1].control
         assert peer_channel is not None
@@ -106,7 +125,23 @@ async def scenario(gguf: Path) -> None:
         for node in nodes:
             await node.stop()
     names = [e.name.value for e in sink.events]
-    assert names.count("stage_ready") == 4 and names.count("run_torn_down") == 2
+    assert names.count("stage_ready") == 6 and names.count("run_torn_down") == 3
+    assert names.count("run_completed") == 2  # an operator stop is neither completed nor faulted
+
+
+class InterruptOnFirstToken:
+    """An event sink that sends this process SIGINT (Ctrl-C) at the first token_received."""
+
+    def __init__(self) -> None:
+        self.sent = False
+
+    def write(self, emitted: Emitted) -> None:
+        if not self.sent and emitted.event.NAME is EventName.token_received:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def close(self) -> None:
+        return None
 
 
 async def _no_handler(peer: int, message: object) -> None:
