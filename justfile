@@ -42,9 +42,10 @@ lint: setup
     {{py}} -m ruff check .
     {{py}} -m mypy --strict swactor codegen
 
-# Benchmarks: `just bench` runs all, `just bench fsm` one of them.
+# Benchmarks: `just bench` runs all and writes bench/report.md + report.json (~20 min);
+# `just bench fsm` runs one of them.
 bench *WHICH: setup
-    {{py}} -m bench {{WHICH}}
+    {{py}} -m bench {{ if WHICH == "" { "report" } else { WHICH } }}
 
 # Native ring helper: build the two-thread C stress test with ThreadSanitizer and run it.
 test-native: setup

@@ -1,0 +1,263 @@
+"""`bench/report.md` from the report dict that `bench.report` builds (and writes as JSON).
+
+Theory of operation: pure formatting. Every number printed here is in the JSON beside
+it; the only arithmetic is aggregation for display (medians of per-run medians) and the
+differences in "what limits it", which subtract figures of the same report.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+COLUMNS = ("compute_ms", "ring_ms", "quic_ms", "control_ms", "waiting_ms")
+
+
+def _spread(spread: dict[str, float] | None, digits: int = 2) -> str:
+    if not spread:
+        return "n/a"
+    if spread.get("n", 2) == 1 or spread["min"] == spread["max"]:
+        return f"{spread['median']:.{digits}f}"
+    return (f"{spread['median']:.{digits}f} [{spread['min']:.{digits}f}.."
+            f"{spread['max']:.{digits}f}]")
+
+
+def _of(values: list[float]) -> dict[str, float]:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values),
+            "n": len(values)}
+
+
+def _machine(report: dict[str, Any]) -> list[str]:
+    m = report["machine"]
+    versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)
+    missing = ", ".join(k for k, v in m["versions"].items() if not v)
+    load = " / ".join(f"{x:.1f}" for x in m["load_average"])
+    end = " / ".join(f"{x:.1f}" for x in m.get("load_average_end", ()))
+    return [
+        "# swactor benchmark report", "",
+        f"Written by `just bench` (`python -m bench report`) on {m['date_utc']} UTC in "
+        f"{report['seconds'] / 60:.1f} min; commit {m['swactor_commit']}"
+        f"{' (working tree modified)' if m['working_tree_modified'] else ''}.", "",
+        f"- machine: {m['cpu']}, {m['cpus']} CPUs, {m['memory_gib']:.0f} GiB, "
+        f"Linux {m['kernel']}; no GPU (tinygrad on CPU, clang)",
+        f"- load average (1/5/15 min) at start {load}, at end {end}: the machine is shared "
+        "with other jobs, so every ratio below pairs figures taken side by side in this run",
+        f"- Python {m['python']}; {versions}" + (f"; not installed: {missing}" if missing
+                                                  else ""),
+        "- each figure: median [min..max] over the repeats named beside it", "",
+    ]
+
+
+def _goals(report: dict[str, Any]) -> list[str]:
+    lines = ["## Goals", "", "| goal | measured | target | verdict | measured by |",
+             "|---|---|---|---|---|"]
+    for row in report["goals"]:
+        measured = _spread(row["measured"], 3)
+        if row["measured"]:
+            measured += f" (n={row['measured']['n']})"
+        note = f"; {row['note']}" if row["note"] else ""
+        lines.append(f"| {row['goal']} | {measured} | {row['direction']} {row['target']:g} | "
+                     f"{row['verdict']} | {row['source']}{note} |")
+    return [*lines, ""]
+
+
+def _median_of(runs: list[dict[str, Any]], stage: int, column: str) -> float:
+    return float(statistics.median(r["per_stage_ms"][stage][column] for r in runs
+                                   if len(r["per_stage_ms"]) > stage))
+
+
+def _breakdown(title: str, runs: list[dict[str, Any]]) -> list[str]:
+    if not runs:
+        return []
+    stages = len(runs[0]["per_stage_ms"])
+    period = statistics.median(r["token_period_ms"]["median"] for r in runs
+                               if r["token_period_ms"])
+    lines = [f"**{title}** ({len(runs)} run(s); token period {period:.1f} ms)", "",
+             "| stage | compute | ring copies (est.) | QUIC + pumps | control | waiting | "
+             "object bytes |", "|---|---|---|---|---|---|---|"]
+    for stage in range(stages):
+        cells = " | ".join(f"{_median_of(runs, stage, c):.2f}" for c in COLUMNS)
+        extent = _median_of(runs, stage, "extent_bytes")
+        lines.append(f"| {stage} | {cells} | {extent:.0f} |")
+    return [*lines, ""]
+
+
+def _e2e(e2e: dict[str, Any]) -> list[str]:
+    if not e2e:
+        return ["## End to end", "", "Not run (--skip e2e).", ""]
+    lines = [
+        "## End to end: SmolLM2-135M Q4_1, CPU, greedy, "
+        f"{e2e['tokens']} new tokens after \"{e2e['prompt']}\"", "",
+        "Each stage is its own `swactor node` process with its own worker process "
+        "(`swactor run --nodes N`); runs interleaved 1, 2, 3, 1, 2, 3, ... "
+        f"({e2e['repeat']} per stage count).", "",
+        "| stages | network | time to first token s | decode tok/s (session) | "
+        "decode tok/s (steady) | pool ready -> barrier s | runs |", "|---|---|---|---|---|---|---|"]
+    for count, summary in e2e["summary"].items():
+        runs = e2e["runs"][count]
+        barrier = [r["bring_up"]["pool_ready_to_barrier_s"] for r in runs]
+        lines.append(
+            f"| {count} | loopback | {_spread(summary['ttft_s'])} | "
+            f"{_spread(summary['session_tokens_per_s'])} | "
+            f"{_spread(summary['steady_tokens_per_s'])} | "
+            f"{statistics.median(barrier):.1f} | {len(runs)} |" if runs else
+            f"| {count} | loopback | failed | | | | 0 |")
+    netns = e2e.get("netns")
+    if isinstance(netns, dict):
+        lines.append(f"| 3 | netns (4 namespaces, one bridge) | {netns['ttft_s']:.2f} | "
+                     f"{netns['session_tokens_per_s']:.2f} | "
+                     f"{netns['steady_tokens_per_s']:.2f} | "
+                     f"{netns['bring_up']['pool_ready_to_barrier_s']:.1f} | 1 |")
+    else:
+        lines.append(f"| 3 | netns | {netns} | | | | 0 |")
+    ratio = e2e.get("ratio_3_to_1") or {}
+    lines += [
+        "",
+        f"3-stage / 1-stage decode rate, runs of the same repeat paired: steady "
+        f"{_spread(ratio.get('steady_tokens_per_s'), 3)}, session "
+        f"{_spread(ratio.get('session_tokens_per_s'), 3)}.", "",
+        "- *time to first token*: from the readiness barrier (prompt injected) to the first "
+        "token; it includes tinygrad compiling the prefill kernels of every stage.",
+        "- *session* rate: (tokens - 1) / (last token - first token), the figure "
+        "`swactor run` prints; it includes compiling the decode kernels on the first "
+        f"decode steps. *steady*: decode tokens after the first {e2e['warmup_tokens']}, "
+        "from the orchestrator's token_received timestamps.", "",
+    ]
+    for error in e2e["errors"]:
+        lines.append(f"- run error: {error}")
+    return lines
+
+
+def _time_split(e2e: dict[str, Any]) -> list[str]:
+    if not e2e:
+        return []
+    ring = e2e.get("ring_gbps_for_split") or 0.0
+    lines = [
+        "## Where a decode token's time goes, per stage", "",
+        "Milliseconds per steady decode token (median per run, then median over runs), "
+        "from the lifecycle events' timestamps (one monotonic clock on this machine): "
+        "*compute* = execute_step_started -> step_completed (the worker's step, its egress "
+        "ring write and the JSON-line round trip); *ring copies* + *QUIC + pumps* = the "
+        "upstream's object_produced (stage 0: the orchestrator's previous token_received) "
+        "-> this stage's object_loaded, of which ring copies are estimated as 4 copies of the "
+        f"object's bytes at the ring rate measured in this report ({ring:.2f} GB/s) and the "
+        "rest is QUIC, both pumps and the event reports; *control* = object_loaded -> "
+        "execute_step_started (StageController dispatch); *waiting* = the rest of the token "
+        "period, while other stages and the orchestrator work. Each row sums to the token "
+        "period.", ""]
+    for count, runs in e2e["runs"].items():
+        lines += _breakdown(f"{count} stage(s), loopback", runs)
+    netns = e2e.get("netns")
+    if isinstance(netns, dict):
+        lines += _breakdown("3 stages, netns", [netns])
+    return lines
+
+
+def _bring_up(e2e: dict[str, Any]) -> list[str]:
+    runs = e2e.get("runs", {}).get("3") if e2e else None
+    if not runs:
+        return []
+    lines = ["## Bring-up (3 stages, loopback)", "",
+             f"Seconds, median [min..max] over {len(runs)} run(s). Node start = the node's "
+             "node_started event (its Python imports before that are not counted).", "",
+             "| stage | node start -> node_available | pool_ready -> weights downloaded | "
+             "-> weights_loaded (role configured) | -> stage_ready |", "|---|---|---|---|---|"]
+    for stage in range(len(runs[0]["bring_up"]["stages"])):
+        def col(key: str, stage: int = stage) -> str:
+            return _spread(_of([r["bring_up"]["stages"][stage][key] for r in runs]))
+        lines.append(f"| {stage} | {col('node_start_to_available_s')} | "
+                     f"{col('pool_to_downloaded_s')} | {col('pool_to_weights_loaded_s')} | "
+                     f"{col('pool_to_stage_ready_s')} |")
+    barrier = [r["bring_up"]["pool_ready_to_barrier_s"] for r in runs]
+    lines += ["", f"pool_ready -> readiness_barrier_passed (weight load included): "
+              f"{_spread(_of(barrier))} s.", ""]
+    weights = e2e.get("weights")
+    if isinstance(weights, list):
+        lines += ["Weight bytes each stage reads (the worker's `load_stage` call replayed "
+                  "for the run's layer ranges on a byte-counting source, plus the node's "
+                  "header check):", "",
+                  "| stage | layers | share (tensor bytes) | worker reads | + node header | "
+                  "ratio to share | fraction of file |", "|---|---|---|---|---|---|---|"]
+        for w in weights:
+            lines.append(f"| {w['stage']} | {w['layers'][0]}-{w['layers'][1] - 1} | "
+                         f"{w['share_bytes'] / 1e6:.2f} MB | {w['worker_bytes'] / 1e6:.2f} MB | "
+                         f"{w['node_and_worker_bytes'] / 1e6:.2f} MB | "
+                         f"{w['worker_ratio']:.3f}x worker, {w['node_and_worker_ratio']:.3f}x "
+                         f"both | {w['file_fraction']:.2f} |")
+        lines.append("")
+    elif weights:
+        lines += [f"Weight bytes: {weights}", ""]
+    return lines
+
+
+def _profile(e2e: dict[str, Any]) -> list[str]:
+    prof = e2e.get("profile") if e2e else None
+    if not prof:
+        return []
+    if "error" in prof:
+        return ["## Profile", "", f"Not taken: {prof['error']}", ""]
+    lines = ["## Profile of the hottest path", "",
+             f"py-spy, {prof['seconds']:.0f} s at {prof['rate_hz']} Hz, non-blocking, during "
+             f"steady decode of a separate 3-stage loopback run: stage {prof['stage']}'s worker "
+             "process and its node process. Shares are of the samples in which the process "
+             "was running (idle waits are not sampled).", ""]
+    for name in ("worker", "node"):
+        part = prof.get(name, {})
+        if "error" in part:
+            lines += [f"{name}: {part['error']}", ""]
+            continue
+        lines += [f"**{name}** (pid {part.get('pid')}, {part['samples']} samples = "
+                  f"{part['samples'] / (prof['seconds'] * prof['rate_hz']):.0%} of the "
+                  "window busy). Top five costs by self time:", ""]
+        lines += [f"{i}. `{row['function']}` {row['share']:.1%}"
+                  for i, row in enumerate(part["self"][:5], 1)]
+        lines += ["", "Largest inclusive:", ""]
+        lines += [f"- `{row['function']}` {row['share']:.0%}" for row in part["inclusive"][:12]]
+        lines.append("")
+    return lines
+
+
+def _limits(report: dict[str, Any]) -> list[str]:
+    e2e = report.get("e2e") or {}
+    lines = ["## What limits the missed goals", ""]
+    one, three = e2e.get("runs", {}).get("1"), e2e.get("runs", {}).get("3")
+    if one and three:
+        def total(runs: list[dict[str, Any]], column: str) -> float:
+            return float(statistics.median(sum(s[column] for s in r["per_stage_ms"])
+                                           for r in runs))
+        p1 = statistics.median(r["token_period_ms"]["median"] for r in one)
+        p3 = statistics.median(r["token_period_ms"]["median"] for r in three)
+        parts = {c: total(three, c) - total(one, c) for c in
+                 ("compute_ms", "ring_ms", "quic_ms", "control_ms")}
+        rest = (p3 - p1) - sum(parts.values())
+        lines.append(
+            f"- 3 stages vs 1: a steady token takes {p3:.1f} ms against {p1:.1f} ms "
+            f"({p3 - p1:+.1f} ms). Of the difference, summed over the stages on a token's "
+            f"path: compute {parts['compute_ms']:+.1f} ms, ring copies "
+            f"{parts['ring_ms']:+.2f} ms, QUIC + pumps {parts['quic_ms']:+.1f} ms, control "
+            f"{parts['control_ms']:+.1f} ms, other (orchestrator, clock of the "
+            f"period) {rest:+.1f} ms. Decode is sequential (one token in flight), so every "
+            "hop and every stage's fixed per-step cost adds to the token period.")
+    for row in report.get("goals", []):
+        if row["verdict"] not in ("met", "not measured"):
+            lines.append(f"- {row['goal']}: {row['verdict']}.")
+    lines.append("")
+    return lines
+
+
+def _modules(report: dict[str, Any]) -> list[str]:
+    lines = ["## Every benchmark's own output", ""]
+    for module in report["modules"]:
+        args = " ".join(module["args"])
+        lines += [f"### {module['name']}" + (f" `{args}`" if args else ""), "",
+                  f"exit {module['rc']}, {module['seconds']:.0f} s", "", "```text",
+                  module["output"].rstrip(), "```", ""]
+    return lines
+
+
+def render(report: dict[str, Any]) -> str:
+    """The whole Markdown report."""
+    e2e = report.get("e2e") or {}
+    parts = (_machine(report) + _goals(report) + _limits(report) + _e2e(e2e)
+             + _time_split(e2e) + _bring_up(e2e) + _profile(e2e) + _modules(report))
+    return "\n".join(parts).rstrip() + "\n"

@@ -1,0 +1,252 @@
+"""The benchmark report: every benchmark, the goal ratios side by side, one Markdown + JSON.
+
+Theory of operation
+-------------------
+``python -m bench report`` (and ``just bench`` with no name) measures, in one invocation
+on one machine, so that every ratio compares figures taken minutes apart under the same
+load:
+
+1. the machine, the load, the versions and the commit (`_machine`);
+2. the end-to-end figures (`bench.e2e.measure`: 1/2/3 stages on loopback, interleaved,
+   ``--e2e-repeat`` runs each; the netns 3-stage run; weight bytes; a py-spy profile);
+3. the goal ratios with min / median / max over repeats: ring vs memcpy (interleaved
+   in-process calls of `bench.ring`'s own measurements, each repeat a pair), QUIC edge
+   vs TCP at 16 KiB datagrams and the hop p50 (`bench.quic --json`, which interleaves its
+   own rounds), a single stage vs llama.cpp (parsed from `bench model`'s lines, both
+   figures of the same run; llama.cpp only where `just reference` built it), and each
+   stage's weight bytes against its share;
+4. every other benchmark module, run as a subprocess with its output kept verbatim
+   (fewer repeats than their defaults for the slow ones: `MODULE_ARGS`).
+
+It writes ``bench/report.json`` (every figure) and ``bench/report.md`` (`_render`) and
+prints the goal table. A module that fails is recorded with its exit code and output;
+the report is still written, and the exit status is 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench._lifecycle import Spread
+
+HERE = Path(__file__).resolve().parent
+# Arguments for each module's text run: fewer repeats than their defaults where a module
+# is slow, so that the whole report stays near 20 minutes on a busy 2-core machine.
+MODULE_ARGS: dict[str, list[str]] = {
+    "fsm": ["--repeats", "2"],
+    "ring": ["--quick"],
+    "quic": ["--repeat", "3", "--mib", "16"],
+    "model": ["--tokens", "32", "--dtypes", "f16,f32"],
+    "worker": ["--quick"],
+}
+NOT_TEXT = {"report", "e2e"}  # e2e is measured in process, report is this module
+RING_TOTAL_MIB = 512
+MODULE_TIMEOUT_S = 900
+
+
+def run_module(name: str, args: list[str], echo: bool = True) -> dict[str, Any]:
+    """`bench.<name>.main(args)` in a subprocess; its output, exit code and wall time."""
+    code = f"import sys, bench.{name} as m; sys.exit(m.main(sys.argv[1:]))"
+    started = time.monotonic()
+    process = subprocess.Popen([sys.executable, "-c", code, *args], cwd=HERE.parent,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert process.stdout is not None
+    lines: list[str] = []
+    deadline = started + MODULE_TIMEOUT_S
+    for line in process.stdout:
+        lines.append(line)
+        if echo:
+            print(f"  {line}", end="", flush=True)
+        if time.monotonic() > deadline:
+            process.kill()
+            lines.append(f"(killed after {MODULE_TIMEOUT_S}s)\n")
+            break
+    rc = process.wait()
+    return {"name": name, "args": args, "rc": rc, "seconds": time.monotonic() - started,
+            "output": "".join(lines)}
+
+
+# -- goals ---------------------------------------------------------------------------------
+
+
+def verdict(measured: float, target: float, at_least: bool) -> str:
+    """'met', or 'missed: N% short of / over the target'."""
+    if (measured >= target) if at_least else (measured < target):
+        return "met"
+    if at_least:
+        return f"missed by {(target - measured) / target:.0%} ({measured:.3g} vs >= {target:g})"
+    return f"missed by {(measured - target) / target:.0%} over ({measured:.3g} vs < {target:g})"
+
+
+def goal(name: str, spread: dict[str, float] | None, target: float, at_least: bool,
+         source: str, note: str = "") -> dict[str, Any]:
+    row: dict[str, Any] = {"goal": name, "target": target,
+                           "direction": ">=" if at_least else "<", "measured": spread,
+                           "source": source, "note": note}
+    row["verdict"] = (verdict(spread["median"], target, at_least) if spread
+                      else "not measured")
+    return row
+
+
+def ring_vs_memcpy(repeat: int, total_mib: int) -> dict[str, Any]:
+    """memcpy and ring GB/s, interleaved in pairs; the ratio of each pair."""
+    from bench import ring
+    from swactor.ring import VERSION_SPLIT
+
+    total = total_mib * ring.MiB
+    memcpy, through, ratios = [], [], []
+    for _ in range(repeat):
+        copy_gbps, _ = ring.memcpy_gbps(total)
+        ring_gbps, _ = ring.ring_gbps(total, VERSION_SPLIT)
+        memcpy.append(copy_gbps)
+        through.append(ring_gbps)
+        ratios.append(ring_gbps / copy_gbps)
+    return {"total_mib": total_mib, "memcpy_gbps": Spread.of(memcpy).to_json(),
+            "ring_gbps": Spread.of(through).to_json(), "ratio": Spread.of(ratios).to_json()}
+
+
+_MODEL_DECODE = re.compile(r"^\s*(\w+) \(beam \d+\):.*?decode\s+([\d.]+) tok/s median", re.M)
+_LLAMA_DECODE = re.compile(r"llama\.cpp decode ([\d.]+) tok/s")
+
+
+def model_figures(output: str) -> dict[str, Any]:
+    """Single-stage decode tok/s per dtype and llama.cpp's, from `bench model` lines."""
+    ours = {dtype: float(rate) for dtype, rate in _MODEL_DECODE.findall(output)}
+    llama = _LLAMA_DECODE.search(output)
+    return {"ours_tokens_per_s": ours,
+            "llama_cpp_tokens_per_s": float(llama.group(1)) if llama else None}
+
+
+def _one(value: float | None) -> dict[str, float] | None:
+    return None if value is None else {"min": value, "median": value, "max": value, "n": 1}
+
+
+def goals(e2e: dict[str, Any], ring_fig: dict[str, Any] | None, quic: dict[str, Any] | None,
+          model: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    ratio = (e2e.get("ratio_3_to_1") or {}).get("steady_tokens_per_s")
+    rows.append(goal("3-stage / 1-stage decode tok/s (loopback, steady)", ratio, 0.9, True,
+                     "e2e, runs paired by repeat"))
+    rows.append(goal("ring / memcpy throughput", ring_fig["ratio"] if ring_fig else None,
+                     0.7, True, f"bench.ring functions, {RING_TOTAL_MIB} MiB, pairs"))
+    throughput = (quic or {}).get("throughput", {})
+    edge = throughput.get("quic 16383 pacing on", {}).get("ratio_wall")
+    rows.append(goal("QUIC edge / TCP at 16 KiB datagrams (16383 B, pacing on)", edge, 0.25,
+                     True, "bench quic --json, rounds interleaved"))
+    hop = (quic or {}).get("hop", {}).get("pacing on", {}).get("p50_ms")
+    rows.append(goal("hop p50 ms (2304 B record, ring->QUIC->ring)", hop, 1.0, False,
+                     "bench quic --json"))
+    ours = max(model["ours_tokens_per_s"].values(), default=None)
+    llama = model["llama_cpp_tokens_per_s"]
+    rows.append(goal("single stage / llama.cpp decode (same file, threads)",
+                     _one(ours / llama) if ours and llama else None, 0.5, True,
+                     "bench model (both in one run)",
+                     "" if llama else "llama.cpp not built here (`just reference` builds it)"))
+    weights = e2e.get("weights")
+    if isinstance(weights, list) and weights:
+        worst = max(weights, key=lambda w: float(w["node_and_worker_ratio"]))
+        rows.append(goal("weight bytes read / stage share (worst stage, node + worker)",
+                         _one(float(worst["node_and_worker_ratio"])), 1.05, False,
+                         "replay of the worker's load call", f"stage {worst['stage']}"))
+    else:
+        rows.append(goal("weight bytes read / stage share", None, 1.05, False, "e2e",
+                         str(weights)))
+    return rows
+
+
+def _reference_llama_version() -> str | None:
+    from bench.model import reference_venv
+
+    python = reference_venv() / "bin" / "python"
+    if not python.exists():
+        return None
+    result = subprocess.run([str(python), "-c", "import llama_cpp; print(llama_cpp.__version__)"],
+                            capture_output=True, text=True, timeout=60)
+    return result.stdout.strip() or None if result.returncode == 0 else None
+
+
+# -- main ----------------------------------------------------------------------------------
+
+
+def main(argv: list[str]) -> int:
+    from bench.__main__ import available
+    from bench._machine import machine
+    from bench._render import render
+    from bench.e2e import measure, print_figures
+
+    parser = argparse.ArgumentParser(prog="python -m bench report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--e2e-repeat", type=int, default=2, help="e2e runs per stage count")
+    parser.add_argument("--ring-repeat", type=int, default=5)
+    parser.add_argument("--skip", default="", help="comma-separated modules to leave out")
+    parser.add_argument("--out", type=Path, default=HERE, help="where report.md/json go")
+    args = parser.parse_args(argv)
+    skip = {s for s in args.skip.split(",") if s}
+    started = time.monotonic()
+    report: dict[str, Any] = {"machine": machine(), "modules": [], "notes": []}
+    report["machine"]["versions"]["llama_cpp_python (reference venv)"] = (
+        _reference_llama_version())
+    status = 0
+
+    e2e: dict[str, Any] = {}
+    if "e2e" not in skip:
+        print("== e2e ==", flush=True)
+        e2e = measure(repeat=args.e2e_repeat)
+        print_figures(e2e)
+        status |= int(bool(e2e["errors"]))
+    report["e2e"] = e2e
+
+    ring_fig = None
+    if "ring" not in skip:
+        print(f"== ring vs memcpy ({args.ring_repeat} pairs) ==", flush=True)
+        ring_fig = ring_vs_memcpy(args.ring_repeat, RING_TOTAL_MIB)
+        print(f"  ratio {ring_fig['ratio']}", flush=True)
+    report["ring_goal"] = ring_fig
+
+    quic = None
+    model: dict[str, Any] = {"ours_tokens_per_s": {}, "llama_cpp_tokens_per_s": None}
+    for name in available():
+        if name in NOT_TEXT or name in skip:
+            continue
+        print(f"== {name} ==", flush=True)
+        extra = list(MODULE_ARGS.get(name, []))
+        with tempfile.TemporaryDirectory() as tmp:
+            if name == "quic":
+                extra += ["--json", f"{tmp}/quic.json"]
+            result = run_module(name, extra)
+            if name == "quic" and Path(f"{tmp}/quic.json").exists():
+                quic = json.loads(Path(f"{tmp}/quic.json").read_text())
+        if name == "model":
+            model = model_figures(result["output"])
+        result["args"] = [a for a in result["args"] if not a.startswith(("/tmp", tmp))]
+        report["modules"].append(result)
+        status |= int(result["rc"] != 0)
+    report["quic_goal"] = quic
+    report["model_goal"] = model
+    report["goals"] = goals(e2e, ring_fig, quic, model)
+    report["machine"]["load_average_end"] = os.getloadavg()
+    report["seconds"] = time.monotonic() - started
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    (args.out / "report.md").write_text(render(report))
+    print("== goals ==")
+    for row in report["goals"]:
+        measured = row["measured"]
+        shown = f"{measured['median']:.3g}" if measured else "n/a"
+        print(f"  {row['goal']}: {shown} -> {row['verdict']}")
+    print(f"wrote {args.out / 'report.md'} and report.json in {report['seconds'] / 60:.1f} min")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
