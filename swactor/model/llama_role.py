@@ -56,6 +56,7 @@ from swactor.model.sampling import SamplingPolicy, sample_token
 _TG_DTYPES = {"f32": dtypes.float32, "f16": dtypes.float16}
 NP_DTYPES: dict[str, type[np.floating[Any]]] = {"f32": np.float32, "f16": np.float16}
 _REDUCE_LANES = 16
+PREFILL_BUCKET = 16
 
 
 class StepError(Exception):
@@ -231,8 +232,8 @@ class StageRole:
             wide = weight.float()
         out_features, in_features = weight.shape
         lanes = _REDUCE_LANES
-        if in_features % lanes:
-            return x.matmul(wide.T)
+        if in_features % lanes or x.shape[0] != 1:
+            return x.matmul(wide.T)  # prefill: a matrix product, tinygrad's heuristics fit
         # 16 running sums along the contiguous input axis, then one short sum: the kernel
         # loads and widens 16 consecutive weights at once (2-2.5x the bandwidth of matmul)
         tokens = x.shape[0]
@@ -300,14 +301,17 @@ class StageRole:
         mlp = self._linear(hidden, block.w_down)
         return (h + mlp).cast(self._tg_dtype)
 
-    def _forward(self, x: Tensor, start: UOp | int, tokens: int) -> Tensor:
+    def _forward(
+        self, x: Tensor, start: UOp | int, tokens: int, last: int | None = None
+    ) -> Tensor:
         for block in self.blocks:
             x = self._block(block, x.float(), start, tokens)
         if not self.is_last:
             return x.contiguous()
         assert self.output_norm is not None and self.output is not None
-        last = self._rms_norm(x[tokens - 1 : tokens].float(), self.output_norm)
-        return self._linear(last, self.output).reshape(-1).contiguous()
+        row = tokens - 1 if last is None else last
+        last_row = self._rms_norm(x[row : row + 1].float(), self.output_norm)
+        return self._linear(last_row, self.output).reshape(-1).contiguous()
 
     def _forward_decode(self, payload: Tensor, start: UOp) -> Tensor:
         return self._forward(payload, start, 1).realize()
@@ -334,17 +338,28 @@ class StageRole:
             )
         if self.token_embd is not None:
             array = np.ascontiguousarray(self.token_embd[array], dtype=self.np_dtype)
-        data = Tensor(array, device=self.device)
         if tokens == 1 and sequence > 0:
+            data = Tensor(array, device=self.device).realize()
             with Context(BEAM=self.beam):  # type: ignore[no-untyped-call]
-                out = self._decode(data.realize(), self._pos_var.bind(self._position))
+                out = self._decode(data, self._pos_var.bind(self._position))
         else:
-            out = self._forward(data, self._position, tokens).realize()
+            # pad the prompt to a multiple of PREFILL_BUCKET rows: kernels (and BEAM results)
+            # are shared by every prompt length in a bucket. Padding rows come after the
+            # real ones, so no real row attends to them, and their KV entries are rewritten
+            # by decode before any step reads them.
+            padded = min(self.max_seq_len, -(-tokens // PREFILL_BUCKET) * PREFILL_BUCKET)
+            padded = max(padded, tokens)
+            if padded > tokens:
+                pad = np.zeros((padded - tokens, array.shape[1]), dtype=array.dtype)
+                array = np.concatenate([array, pad])
+            data = Tensor(array, device=self.device)
+            with Context(BEAM=self.beam):  # type: ignore[no-untyped-call]
+                out = self._forward(data, self._position, padded, tokens - 1).realize()
         self._position += tokens
         self._next_sequence = sequence + 1
         result = out.numpy()
         if not self.is_last:
-            return np.ascontiguousarray(result, dtype=self.np_dtype)
+            return np.ascontiguousarray(result[:tokens], dtype=self.np_dtype)
         self.last_logits = result.astype(np.float32)
         token = sample_token(self.last_logits, self.sampling, sequence)
         return np.array([token], dtype=np.int32)
