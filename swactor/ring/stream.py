@@ -26,6 +26,7 @@ directions afterwards, so the sleeper wakes and sees it.  `timeout` bounds each 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from swactor.ring.errors import RingClosedError, RingFaulted
@@ -47,6 +48,26 @@ class WaitStats:
     sleeps: int = 0
 
 
+def _poll(
+    span_of: Callable[[int | None], memoryview], max_len: int | None, spin_s: float
+) -> memoryview | None:
+    """A non-empty span from `span_of`, asked once and then again for up to `spin_s`
+    seconds; None if every answer was empty.  Empty views are released here: they must
+    not outlive this frame (they pin the arena)."""
+    span = span_of(max_len)
+    if span:
+        return span
+    span.release()
+    if spin_s > 0:
+        end = time.perf_counter() + spin_s
+        while time.perf_counter() < end:
+            span = span_of(max_len)
+            if span:
+                return span
+            span.release()
+    return None
+
+
 def _raise_faulted(ring: Ring) -> None:
     raise RingFaulted(ring.fault_reason or RingFaultReason.RingStateInvalid, ring.ring_id)
 
@@ -61,17 +82,9 @@ def wait_writable(
 ) -> memoryview:
     """Producer: a non-empty writable span, sleeping on `writable` while the ring is full."""
     while True:
-        span = ring.writable_span(max_len)
-        if span:
-            return span
-        span.release()
-        if spin_s > 0:
-            end = time.perf_counter() + spin_s
-            while time.perf_counter() < end:
-                span = ring.writable_span(max_len)
-                if span:
-                    return span
-                span.release()  # empty views must not outlive this frame (they pin the arena)
+        ready = _poll(ring.writable_span, max_len, spin_s)
+        if ready is not None:
+            return ready
         ring.clear_writable_pending()
         span = ring.writable_span(max_len)
         if span:
@@ -99,17 +112,9 @@ def wait_readable(
     """Consumer: a non-empty readable span, or an empty one at end of stream (the
     producer closed and everything was consumed)."""
     while True:
-        span = ring.readable_span(max_len)
-        if span:
-            return span
-        span.release()
-        if spin_s > 0:
-            end = time.perf_counter() + spin_s
-            while time.perf_counter() < end:
-                span = ring.readable_span(max_len)
-                if span:
-                    return span
-                span.release()  # empty views must not outlive this frame (they pin the arena)
+        ready = _poll(ring.readable_span, max_len, spin_s)
+        if ready is not None:
+            return ready
         ring.clear_readable_pending()
         state = ring.state
         span = ring.readable_span(max_len)
