@@ -1,18 +1,24 @@
 """`StageNode`: one swactor node process — arena, worker, transport, control, stage slot.
 
-Theory of operation. The node boots in spec §8's order and serves stages until told to
-stop:
+Theory of operation. The node boots through the generated `node_boot` machine (spec §8,
+bound by `membership.boot.NodeBoot`, which emits node_started / node_available /
+node_faulted): `_BootSteps` carries out each step and answers with the next milestone,
+always fed on the event loop (`deliver`), never re-entrantly:
 
-1. `node_started`; the memfd arena (`--arena-ceiling` bytes);
-2. the GPU worker: `GpuWorkerCtl` spawns `python -m swactor.worker` with the arena fd
-   and waits for its WorkerReady (a worker that cannot start fails the boot);
-3. the transport: one `QuicEndpoint` (the node's Ed25519 identity), the edge `Driver`
-   on the arena, the `ControlChannel` on `swactor/ctl/1`;
-4. with `swim_bind`, SWIM membership (seeds; the QUIC address and BootHealth.Available
-   in the signed member metadata, which is how an orchestrator started with `--seed`
-   finds the pool);
-5. `node_available`, and one JSON line on stdout (`{"node_id", "quic"}`) that launchers
-   read to learn the node's id and bound address.
+1. NodeProcessStarted -> ConstructArena: the memfd arena (`arena_ceiling` bytes) and the
+   node's actors (StageHost, EdgeKeeper, GpuWorkerCtl) -> ArenaReady / ArenaFailed;
+2. StartWorker: GpuWorkerCtl spawns `python -m swactor.worker` with the arena fd ->
+   WorkerReady(generation) / WorkerFailed (also later, if the worker dies for good);
+3. StartTransport: one `QuicEndpoint` (the node's Ed25519 identity), the edge `Driver`
+   on the arena, the `ControlChannel` on `swactor/ctl/1` -> TransportReady / Failed;
+4. JoinMembership: with `swim_bind`, `SwimJoin` (seeds; the QUIC address in the signed
+   member metadata, BootHealth published Available / Unavailable as the machine
+   decides, which is how an orchestrator started with `--seed` finds the pool);
+   without it the node is joined at once (its orchestrator is given its address);
+5. NodeAvailable: `start()` returns the bound QUIC address (the CLI prints it as one
+   JSON line). An Unavailable machine makes `start()` raise `NodeBootError` naming
+   the failed step; ProvisionStage is refused (StageFault NodeUnavailable) unless the
+   machine is NodeAvailable.
 
 Serving. The control channel accepts `AddressBook`, `ProvisionStage` and
 `StopRunMessage` only from the orchestrator the node trusts (`--trust-orchestrator`;
@@ -24,7 +30,8 @@ control requests back to the orchestrator, events through the node's emitter. Wh
 run is active the authority accepts only messages of that run; when its controller
 stops, the node is idle again and the next run may open (no restart).
 
-`stop()` shuts the worker down, closes the endpoint and the arena. `status()` is the
+`stop()` feeds Shutdown, leaves SWIM, shuts the worker down, closes the endpoint and
+the arena. `status()` is the
 leak check a test or operator reads: active run, live ring leases, worker pid.
 """
 
@@ -33,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,13 +48,16 @@ from typing import Any
 from swactor.actors import Actor, ActorRef, Context, Runtime
 from swactor.arena import Arena
 from swactor.events.emitter import Emitter
-from swactor.events.schema import LifecycleEvent, NodeAvailable, NodeStarted
+from swactor.events.schema import LifecycleEvent
 from swactor.fsm.generated import gpu_worker_ctl as gwc
+from swactor.fsm.generated import node_boot as nb
 from swactor.fsm.generated import stage_controller as scm
+from swactor.membership.boot import NodeBoot
 from swactor.node.control_messages import (
     ORCHESTRATOR_ONLY,
     REGISTRY,
     AddressBook,
+    StageFaultReport,
     StopRunMessage,
     report_message,
 )
@@ -65,12 +76,15 @@ from swactor.transport import ControlAuthority, ControlChannel, Driver, QuicEndp
 from swactor.transport.config import TransportConfig
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import (
+    ArenaFailure,
+    Component,
     DeviceObjectHandle,
     EdgeId,
     ExecuteStep,
     NodeId,
     ProvisionStage,
     RoleId,
+    RunFaultReason,
     RunId,
     ShutdownMode,
     WorkerGeneration,
@@ -81,6 +95,8 @@ log = logging.getLogger("swactor.node")
 
 DEFAULT_ARENA_CEILING = 256 << 20
 REPORT_TIMEOUT_S = 30.0
+BOOT_SLACK_S = 60.0
+JOIN_TIMEOUT_S = 30.0
 
 
 class NodeBootError(Exception):
@@ -167,6 +183,52 @@ class NodeStagePorts:
         self.node.emitter.emit(event)
 
 
+class _BootSteps:
+    """`BootSteps` of the node_boot binding: each step answers with the next milestone."""
+
+    def __init__(self, node: StageNode) -> None:
+        self.node = node
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _task(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def construct_arena(self, ceiling: int) -> None:
+        try:
+            self.node.arena = Arena.create(ceiling)
+        except Exception as error:
+            self.node.boot_failure = f"arena of {ceiling} bytes: {error}"
+            self.node.deliver(nb.ArenaFailed(ArenaFailure.MemfdFailed))
+            return
+        self.node.spawn_actors(self.node.arena)
+        self.node.deliver(nb.ArenaReady())
+
+    def start_worker(self) -> None:
+        self._task(self.node.await_worker())
+
+    def start_transport(self) -> None:
+        self._task(self.node.start_transport())
+
+    def join_membership(self) -> None:
+        self.node.join_membership()
+
+    def admit_provisioning(self, run: RunId) -> None:
+        return None
+
+    def reject_provisioning(self, run: RunId) -> None:
+        log.warning("node: run %d refused: the node is not available", int(run))
+
+    def shutdown(self) -> None:
+        return None
+
+
+async def _notices(queue: asyncio.Queue[Any]) -> AsyncIterator[Any]:
+    while True:
+        yield await queue.get()
+
+
 class StageNode:
     """One node: boot, serve stages, stop (module doc)."""
 
@@ -193,6 +255,12 @@ class StageNode:
         self._ctl: ActorRef[Any] | None = None
         self._worker_pid: int | None = None
         self.membership: Any = None
+        self.swim_join: Any = None
+        self.boot: NodeBoot | None = None
+        self.boot_failure: str | None = None
+        self.boot_refusals = 0
+        self.notices: asyncio.Queue[Any] = asyncio.Queue()
+        self._booted: asyncio.Future[None] | None = None
 
     def keeper_ref(self) -> ActorRef[Any]:
         assert self._keeper_ref is not None
@@ -201,70 +269,137 @@ class StageNode:
     # -- boot -------------------------------------------------------------------------
 
     async def start(self) -> tuple[str, int]:
-        """Boot (module doc); the bound QUIC address. Raises `NodeBootError`."""
-        config = self.config
-        self.emitter.emit(NodeStarted(node_id=self.node_id))
+        """Boot through the node_boot machine (module doc); the bound QUIC address.
+
+        Raises `NodeBootError` naming the step when the machine ends Unavailable."""
+        loop = asyncio.get_running_loop()
+        self._booted = loop.create_future()
+        self.boot = NodeBoot(self.node_id, self.config.arena_ceiling, _BootSteps(self),
+                             health=self, emitter=self.emitter)
+        self.deliver(nb.NodeProcessStarted())
+        timeout = self.config.worker_init_timeout_s + BOOT_SLACK_S
         try:
-            self.arena = Arena.create(config.arena_ceiling)
-        except Exception as error:
-            raise NodeBootError(f"arena of {config.arena_ceiling} bytes: {error}") from None
-        self.runtime = Runtime(f"node-{self.node_id:x}")
-        await self.runtime.__aenter__()
-        notices: asyncio.Queue[Any] = asyncio.Queue()
-        runtime, arena = self.runtime, self.arena
+            await asyncio.wait_for(asyncio.shield(self._booted), timeout)
+        except TimeoutError:
+            raise NodeBootError(f"boot did not finish within {timeout:.0f}s "
+                                f"(state {self.boot.state.value})") from None
+        assert self.endpoint is not None
+        return self.endpoint.address
+
+    def deliver(self, event: nb.Event) -> None:
+        """Feed one boot milestone on the event loop (never re-entrantly)."""
+        self._loop().call_soon(self._feed, event)
+
+    def deliver_threadsafe(self, event: nb.Event) -> None:
+        self._loop().call_soon_threadsafe(self._feed, event)
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        assert self._booted is not None
+        return self._booted.get_loop()
+
+    def _feed(self, event: nb.Event) -> None:
+        assert self.boot is not None and self._booted is not None
+        self.boot.handle(event)
+        state = self.boot.state
+        if self._booted.done():
+            return
+        if state is nb.State.NodeAvailable:
+            self._booted.set_result(None)
+        elif state in (nb.State.Unavailable, nb.State.Stopped):
+            self._booted.set_exception(NodeBootError(self.boot_failure or state.value))
+
+    def publish_health(self, health: Any) -> None:
+        """`HealthPublisher`: the boot health goes into the SWIM metadata."""
+        if self.swim_join is not None:
+            self.swim_join.publish_health(health)
+
+    def spawn_actors(self, arena: Arena) -> None:
+        """The node's actors: stage host, edge keeper, boot notices, GpuWorkerCtl."""
+        config = self.config
+        runtime = self.runtime = Runtime(f"node-{self.node_id:x}")
         host = runtime.spawn(lambda: StageHost(
             StageHostConfig(self.node_id, config.orchestrator), NodeStagePorts(self),
             self.host_state, self._stage_finished), "stage-host", mailbox_capacity=4096)
         self._host = host
-        self._keeper = EdgeKeeper(arena, host)
-        keeper = self._keeper
+        keeper = self._keeper = EdgeKeeper(arena, host)
         self._keeper_ref = runtime.spawn(lambda: keeper, "edges", mailbox_capacity=4096)
-        watcher = runtime.spawn(lambda: _Notices(notices), "boot")
+        watcher = runtime.spawn(lambda: _Notices(self.notices), "boot")
         routes = WorkerRoutes(node_boot=watcher, establisher=self._keeper_ref,
                               driver=self._keeper_ref, stage_controllers=[host])
         ctl_config = WorkerCtlConfig(arena.fd, arena.size,
                                      init_timeout_s=config.worker_init_timeout_s)
         self._ctl = runtime.spawn(lambda: GpuWorkerCtl(ctl_config, routes, arena), "gpu-worker",
                                   mailbox_capacity=4096)
-        self._ctl.tell(gwc.StartWorker())
-        notice = await asyncio.wait_for(notices.get(), config.worker_init_timeout_s + 10)
-        if isinstance(notice, WorkerFailedNotice):
-            raise NodeBootError("the GPU worker failed to start (see its stderr)")
-        self._worker_pid = notice.pid
-        self.worker_ports = WorkerStagePorts(self._ctl, host, models_dir=config.models_dir,
-                                             generation=notice.generation)
 
+    async def await_worker(self) -> None:
+        """Start the worker; WorkerReady / WorkerFailed to the boot machine."""
+        assert self._ctl is not None and self._host is not None
+        self._ctl.tell(gwc.StartWorker())
+        notice = await self.notices.get()
+        if isinstance(notice, WorkerFailedNotice):
+            self.boot_failure = "the GPU worker failed to start (see its stderr)"
+            self.deliver(nb.WorkerFailed())
+            return
+        self._worker_pid = notice.pid
+        self.worker_ports = WorkerStagePorts(self._ctl, self._host,
+                                             models_dir=self.config.models_dir,
+                                             generation=notice.generation)
+        self.deliver(nb.WorkerReady(notice.generation))
+        async for later in _notices(self.notices):  # a worker that fails after boot
+            if isinstance(later, WorkerFailedNotice):
+                self.deliver(nb.WorkerFailed())
+
+    async def start_transport(self) -> None:
+        """The QUIC endpoint, edge driver and control channel; TransportReady / Failed."""
+        config = self.config
         endpoint = QuicEndpoint(config.identity, config.transport,
                                 allowed={int(config.orchestrator)})
         try:
-            address = await endpoint.start(config.bind_host, config.quic_port)
+            await endpoint.start(config.bind_host, config.quic_port)
         except Exception as error:
-            raise NodeBootError(f"transport: {error}") from None
+            self.boot_failure = f"transport: {error}"
+            self.deliver(nb.TransportFailed())
+            return
+        assert self.arena is not None and self._keeper is not None and self._ctl is not None
         self.endpoint = endpoint
-        emit, wake = keeper.driver_callbacks(self._keeper_ref)
-        self.driver = Driver(endpoint, arena, emit=emit, wake=wake)
-        keeper.bind(self.driver, self._ctl)
+        emit, wake = self._keeper.driver_callbacks(self.keeper_ref())
+        self.driver = Driver(endpoint, self.arena, emit=emit, wake=wake)
+        self._keeper.bind(self.driver, self._ctl)
         self.control = ControlChannel(endpoint, REGISTRY, self._on_request, self.authority)
-        if config.swim_bind is not None:
-            self._join(address)
-        self.emitter.emit(NodeAvailable(node_id=self.node_id))
-        return address
+        self.deliver(nb.TransportReady())
 
-    def _join(self, quic: tuple[str, int]) -> None:
-        from swactor.membership import BootHealth, MemberMeta, MembershipNode, SwimConfig
+    def join_membership(self) -> None:
+        """SWIM join when configured (SwimJoin reports the outcome); else joined at once."""
+        from swactor.membership import (
+            BootHealth,
+            MemberMeta,
+            MembershipNode,
+            SwimConfig,
+            SwimJoin,
+        )
 
         config = self.config
-        assert config.swim_bind is not None
+        if config.swim_bind is None:
+            self.deliver(nb.MembershipJoinStarted())
+            self.deliver(nb.MembershipJoined())
+            return
+        assert self.endpoint is not None
+        quic = self.endpoint.address
         meta = MemberMeta(swim_host=config.swim_bind[0], swim_port=0,
                           quic_host=config.advertise_host or quic[0], quic_port=quic[1],
-                          boot_health=BootHealth.Available, device_kind="cpu",
+                          boot_health=BootHealth.Booting, device_kind="cpu",
                           memory_bytes=config.arena_ceiling)
+        seeds = [seed for seed in config.seeds if seed != config.swim_bind]
         try:
-            self.membership = MembershipNode(config.identity, SwimConfig(), meta,
-                                             seeds=list(config.seeds), bind=config.swim_bind)
-            self.membership.start()
+            self.membership = MembershipNode(config.identity, SwimConfig(), meta, seeds=seeds,
+                                             bind=config.swim_bind)
         except Exception as error:
-            raise NodeBootError(f"membership: {error}") from None
+            self.boot_failure = f"membership: {error}"
+            self.deliver(nb.MembershipJoinFailed())
+            return
+        self.boot_failure = "membership: the SWIM join was not acknowledged"
+        self.swim_join = SwimJoin(self.membership, self.deliver_threadsafe, JOIN_TIMEOUT_S)
+        self.swim_join.start()
 
     # -- serving ------------------------------------------------------------------------
 
@@ -277,6 +412,13 @@ class StageNode:
                         continue
                     self.endpoint.allowed.add(int(entry.node_id))
                     self.endpoint.address_book[int(entry.node_id)] = (entry.host, entry.port)
+            case ProvisionStage() if self.boot is None or not self.boot.available:
+                # node_boot admits provisioning only while NodeAvailable (§8)
+                self.boot_refusals += 1
+                asyncio.get_running_loop().create_task(self.send_report(
+                    NodeId(peer), StageFaultReport(message.run_id, message.stage_index,
+                                                   RunFaultReason.NodeUnavailable,
+                                                   Component.NodeBoot)))
             case ProvisionStage():
                 if self.host_state.active_run is None:
                     self.authority.active_run_id = int(message.run_id)
@@ -316,7 +458,12 @@ class StageNode:
 
     async def stop(self) -> None:
         """Leave the pool, shut the worker down, close the transport and the arena."""
-        if self.membership is not None:
+        if self.boot is not None:
+            self.boot.handle(nb.Shutdown())
+        if self.swim_join is not None:
+            await asyncio.to_thread(self.swim_join.stop)
+            self.swim_join = self.membership = None
+        elif self.membership is not None:
             await asyncio.to_thread(self.membership.stop, True)
             self.membership = None
         if self._ctl is not None:
