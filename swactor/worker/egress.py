@@ -30,7 +30,7 @@ from typing import Protocol
 from swactor.arena import Arena
 from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import egress_ring as er
-from swactor.ring import Ring, RingError, RingState
+from swactor.ring import Ring
 from swactor.wire import (
     InstallRing,
     ObjectFailure,
@@ -39,7 +39,6 @@ from swactor.wire import (
     ObjectProduced,
     OutputBinding,
     RingFault,
-    RingFaultReason,
     RingInstalled,
     RingQuiesced,
     RingReadable,
@@ -48,6 +47,7 @@ from swactor.wire import (
     WorkerEvent,
 )
 from swactor.worker.bridge import DeviceAllocation, DeviceBridge, DeviceError
+from swactor.worker.ring_record import RingRecord
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class OutputListener(Protocol):
     def output_failed(self, reason: StepFailure) -> None: ...
 
 
-class EgressRing:
+class EgressRing(RingRecord):
     """Producer of one egress ring (implements EgressRingGuards)."""
 
     def __init__(
@@ -70,12 +70,7 @@ class EgressRing:
         bridge: DeviceBridge,
         emit: Callable[[WorkerEvent], None],
     ) -> None:
-        self.command = command
-        self.spec = command.object_spec
-        self._arena = arena
-        self._bridge = bridge
-        self._emit = emit
-        self.ring: Ring | None = None
+        super().__init__(command, arena, bridge, emit)
         self.machine = er.EgressRingMachine(
             self, ring_id=command.ring_id, edge_id=command.edge_id, port_id=command.port_id
         )
@@ -113,14 +108,6 @@ class EgressRing:
         )
 
     # -- guards -----------------------------------------------------------------------
-
-    def layout_valid(self, event: er.InstallRing) -> bool:
-        try:
-            self.ring = Ring.open(self._arena, self.command.layout)
-        except RingError as exc:
-            log.warning("ring %s: open refused: %s", int(self.command.ring_id), exc)
-            return False
-        return True
 
     def extent_valid(self, event: er.ProduceOutput) -> bool:
         source = self._source
@@ -197,8 +184,9 @@ class EgressRing:
     def _live_ring(self) -> Ring | None:
         ring = self.ring
         assert ring is not None
-        if ring.state is RingState.Faulted:
-            self.feed(er.RingError(ring.fault_reason or RingFaultReason.RingStateInvalid))
+        reason = self.fault_reason(ring)
+        if reason is not None:
+            self.feed(er.RingError(reason))
             return None
         return ring
 

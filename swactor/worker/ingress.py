@@ -33,7 +33,7 @@ from collections.abc import Callable
 from swactor.arena import Arena
 from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import ingress_ring as ir
-from swactor.ring import Ring, RingError, RingState
+from swactor.ring import Ring, RingState
 from swactor.wire import (
     InstallRing,
     ObjectFailed,
@@ -42,7 +42,6 @@ from swactor.wire import (
     ObjectHeaderError,
     ObjectLoaded,
     RingFault,
-    RingFaultReason,
     RingInstalled,
     RingQuiesced,
     RingWritable,
@@ -50,13 +49,14 @@ from swactor.wire import (
     WorkerEvent,
 )
 from swactor.worker.bridge import DeviceAllocation, DeviceBridge, DeviceError
+from swactor.worker.ring_record import RingRecord
 
 log = logging.getLogger(__name__)
 
 HEADER_LEN = ObjectHeader.LEN
 
 
-class IngressRing:
+class IngressRing(RingRecord):
     """Parser and device loader of one ingress ring (implements IngressRingGuards)."""
 
     def __init__(
@@ -66,12 +66,7 @@ class IngressRing:
         bridge: DeviceBridge,
         emit: Callable[[WorkerEvent], None],
     ) -> None:
-        self.command = command
-        self.spec = command.object_spec
-        self._arena = arena
-        self._bridge = bridge
-        self._emit = emit
-        self.ring: Ring | None = None
+        super().__init__(command, arena, bridge, emit)
         self.machine = ir.IngressRingMachine(
             self, ring_id=command.ring_id, edge_id=command.edge_id, port_id=command.port_id
         )
@@ -89,14 +84,6 @@ class IngressRing:
         return self.machine.state is ir.State.Quiesced
 
     # -- guards -----------------------------------------------------------------------
-
-    def layout_valid(self, event: ir.InstallRing) -> bool:
-        try:
-            self.ring = Ring.open(self._arena, self.command.layout)
-        except RingError as exc:
-            log.warning("ring %s: open refused: %s", int(self.command.ring_id), exc)
-            return False
-        return True
 
     def extent_exceeds_max(self, event: ir.HeaderDecoded) -> bool:
         return self.spec.extent_failure(event.extent) is ObjectFailure.ExtentExceedsMax
@@ -163,8 +150,9 @@ class IngressRing:
         """The ring, or None after feeding RingError for a faulted shared state."""
         ring = self.ring
         assert ring is not None
-        if ring.state is RingState.Faulted:
-            self.feed(ir.RingError(ring.fault_reason or RingFaultReason.RingStateInvalid))
+        reason = self.fault_reason(ring)
+        if reason is not None:
+            self.feed(ir.RingError(reason))
             return None
         return ring
 

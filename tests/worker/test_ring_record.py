@@ -1,0 +1,65 @@
+"""RingRecord, the part ingress and egress ring records share: the layout_valid guard
+opens the handle only on a ring whose header matches the planned layout, and
+fault_reason reads a Faulted shared state."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from swactor.arena import Arena
+from swactor.ring import Ring
+from swactor.ring.rig import make_layout
+from swactor.wire import (
+    EdgeId,
+    InstallRing,
+    PortId,
+    RingDirection,
+    RingFaultReason,
+    RingId,
+    WorkerEvent,
+    WorkerGeneration,
+)
+from swactor.worker.bridge import DeviceBridge
+from swactor.worker.rig import float_spec
+from swactor.worker.ring_record import RingRecord
+
+LAYOUT = make_layout(1 << 16, ring_id=5)
+
+
+@pytest.fixture
+def arena() -> Iterator[Arena]:
+    mapped = Arena.create(1 << 20)
+    yield mapped
+    mapped.close()  # ArenaBusyError if a handle or view was left open
+
+
+def record(arena: Arena) -> RingRecord:
+    command = InstallRing(RingId(5), EdgeId(2), PortId(0), RingDirection.Ingress, LAYOUT,
+                          float_spec())
+    sent: list[WorkerEvent] = []
+    return RingRecord(command, arena, DeviceBridge("CPU", WorkerGeneration(1)), sent.append)
+
+
+def test_layout_valid_opens_the_ring_the_node_initialised(arena: Arena) -> None:
+    owner = Ring.init(arena, LAYOUT)
+    rec = record(arena)
+    assert rec.layout_valid(object()) is True
+    assert rec.ring is not None and rec.ring.ring_id == 5
+    assert rec.fault_reason(rec.ring) is None
+    owner.fault(RingFaultReason.WorkerShuttingDown)
+    assert rec.fault_reason(rec.ring) is RingFaultReason.WorkerShuttingDown
+    rec.ring.close()
+    owner.close()
+
+
+def test_layout_valid_refuses_a_ring_without_a_header_and_logs_why(
+    arena: Arena, caplog: pytest.LogCaptureFixture
+) -> None:
+    rec = record(arena)
+    with caplog.at_level(logging.WARNING, logger="swactor.worker.ring_record"):
+        assert rec.layout_valid(object()) is False
+    assert rec.ring is None
+    assert "ring 5: open refused" in caplog.text
