@@ -10,41 +10,29 @@ WorkerReaped proof, so no lease is left even though the worker never quiesced.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-from typing import Any
 
 from swactor.actors import Runtime
-from swactor.edges import EdgeReleases, StopEdgeRequest, WorkerRingInstaller
+from swactor.edges import EdgeReleases, StopEdgeRequest
 from swactor.fsm.generated import edge_record as er
-from swactor.fsm.generated import gpu_worker_ctl as gwc
-from swactor.node.worker_ctl import GpuWorkerCtl, WorkerCtlConfig, WorkerReadyNotice, WorkerRoutes
 from swactor.transport.config import TransportConfig
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import Component, EdgeId, QuiescenceProofKind, RunFaultReason
 from tests.edges.rig import RING, EdgeNode, rx
-from tests.worker.ctl_rig import Collector, take
+from tests.edges.worker_rig import attach_worker, start_worker
 
 EDGES = (1, 2)
 
 
 async def test_worker_crash_faults_edges_and_teardown_releases_with_worker_reaped() -> None:
-    boot_q: asyncio.Queue[Any] = asyncio.Queue()
     async with Runtime("node") as runtime:
-        routes = WorkerRoutes(node_boot=runtime.spawn(lambda: Collector(boot_q), "boot"))
         node = EdgeNode(runtime, "n", 1 << 20, NodeIdentity.generate())
-        arena = node.arena
-        config = WorkerCtlConfig(arena.fd, arena.size, max_restarts=0)
-        ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena), "gpu-worker",
-                            mailbox_capacity=1024)
-        node.installer = WorkerRingInstaller(ctl, routes)
-        node.worker_ctl = ctl
+        worker = attach_worker(runtime, node)
+        routes = worker.routes
         await node.start(TransportConfig(), ())
-        routes.establisher, routes.driver = node.establisher, node.driver
         try:
-            ctl.tell(gwc.StartWorker())
-            ready = await take(boot_q, WorkerReadyNotice)
+            ready = await start_worker(node, worker)
             actors = [await node.provision(rx(edge, RING), port=edge) for edge in EDGES]
             rings = [await node.owner.wait("ready", edge, timeout=30) for edge in EDGES]
             assert sorted(int(r) for r in routes.edges) == sorted(rings)
@@ -70,21 +58,12 @@ async def test_worker_crash_faults_edges_and_teardown_releases_with_worker_reape
 
 
 async def test_stop_with_a_live_worker_releases_after_ring_quiesced() -> None:
-    boot_q: asyncio.Queue[Any] = asyncio.Queue()
     async with Runtime("node") as runtime:
-        routes = WorkerRoutes(node_boot=runtime.spawn(lambda: Collector(boot_q), "boot"))
         node = EdgeNode(runtime, "n", 1 << 20, NodeIdentity.generate())
-        arena = node.arena
-        config = WorkerCtlConfig(arena.fd, arena.size, max_restarts=0)
-        ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena), "gpu-worker",
-                            mailbox_capacity=1024)
-        node.installer = WorkerRingInstaller(ctl, routes)
-        node.worker_ctl = ctl
+        worker = attach_worker(runtime, node)
         await node.start(TransportConfig(), ())
-        routes.establisher, routes.driver = node.establisher, node.driver
         try:
-            ctl.tell(gwc.StartWorker())
-            await take(boot_q, WorkerReadyNotice)
+            await start_worker(node, worker)
             actor = await node.provision(rx(1, RING), port=1)
             ring = await node.owner.wait("ready", 1, timeout=30)
             actor.tell(StopEdgeRequest(EdgeId(1)))

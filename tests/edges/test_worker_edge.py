@@ -11,45 +11,33 @@ releases both leases.
 
 from __future__ import annotations
 
-import asyncio
 import os
-from typing import Any
 
 from swactor.actors import Runtime
-from swactor.edges import StopEdgeRequest, WorkerRingInstaller
-from swactor.fsm.generated import gpu_worker_ctl as gwc
+from swactor.edges import StopEdgeRequest
 from swactor.fsm.generated import rx_edge as rx_fsm
-from swactor.node.worker_ctl import GpuWorkerCtl, WorkerCtlConfig, WorkerReadyNotice, WorkerRoutes
 from swactor.transport.config import TransportConfig
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import EdgeId, ObjectId, RingId, RingReadable
 from swactor.worker.rig import record
 from tests.edges.rig import EdgeNode, rx, tx
-from tests.worker.ctl_rig import Collector, take
+from tests.edges.worker_rig import attach_worker, start_worker
 
 EDGE = EdgeId(21)
 OBJECTS = 3
 
 
 async def test_objects_cross_quic_into_a_real_worker_and_reach_the_rx_actors_owner() -> None:
-    boot_q: asyncio.Queue[Any] = asyncio.Queue()
     async with Runtime("nodes") as runtime:
         ida, idb = NodeIdentity.generate(), NodeIdentity.generate()
         a = EdgeNode(runtime, "a", 8 << 20, ida)
         b = EdgeNode(runtime, "b", 8 << 20, idb)
-        routes = WorkerRoutes(node_boot=runtime.spawn(lambda: Collector(boot_q), "boot"))
-        arena = b.arena
-        config = WorkerCtlConfig(arena.fd, arena.size, max_restarts=0)
-        ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena), "gpu-worker",
-                            mailbox_capacity=1024)
-        b.installer, b.worker_ctl = WorkerRingInstaller(ctl, routes), ctl
+        worker = attach_worker(runtime, b)
         await a.start(TransportConfig(), (idb.node_id,))
         await b.start(TransportConfig(), (ida.node_id,))
         a.endpoint.address_book[idb.node_id] = b.endpoint.address
-        routes.establisher, routes.driver = b.establisher, b.driver
         try:
-            ctl.tell(gwc.StartWorker())
-            await take(boot_q, WorkerReadyNotice)
+            await start_worker(b, worker)
             tx_actor = await a.provision(tx(EDGE, idb.node_id))
             rx_actor = await b.provision(rx(EDGE), port=1)
             ring_a = await a.owner.wait("ready", EDGE, timeout=30)
