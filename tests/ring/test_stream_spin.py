@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -36,47 +36,46 @@ def commit_bytes(producer: Ring, data: bytes) -> None:
     producer.advance_commit(len(data))
 
 
-def test_a_spinning_consumer_takes_bytes_committed_while_it_polls() -> None:
-    rig = RingRig(CAPACITY)
-    producer = Ring.open(rig.arena, rig.layout)
-    try:
-        stats = stream.WaitStats()
-        thread = later(lambda: commit_bytes(producer, b"abc"))
-        span = stream.wait_readable(rig.ring, rig.readable, timeout=5, stats=stats, spin_s=10)
-        thread.join()
-        assert bytes(span) == b"abc" and stats.sleeps == 0
-        span.release()
-    finally:
-        producer.close()
-        rig.close()
+@pytest.fixture
+def rig() -> Iterator[RingRig]:
+    made = RingRig(CAPACITY)
+    yield made
+    made.close()  # ArenaBusyError if a view into the arena is still alive
 
 
-def test_without_spinning_the_same_consumer_sleeps_on_its_wake() -> None:
-    rig = RingRig(CAPACITY)
-    producer = Ring.open(rig.arena, rig.layout)
-    try:
-        stats = stream.WaitStats()
-        thread = later(lambda: commit_bytes(producer, b"abc"))
-        with pytest.raises(WakeTimeout):
-            stream.wait_readable(rig.ring, rig.readable, timeout=0.3, stats=stats, spin_s=0)
-        thread.join()
-        assert stats.sleeps == 1
-    finally:
-        producer.close()
-        rig.close()
+@pytest.fixture
+def peer(rig: RingRig) -> Iterator[Ring]:
+    """The other side's handle on the same ring (closed before the rig)."""
+    handle = Ring.open(rig.arena, rig.layout)
+    yield handle
+    handle.close()
 
 
-def test_a_spinning_producer_takes_space_freed_while_it_polls() -> None:
-    rig = RingRig(CAPACITY)
-    consumer = Ring.open(rig.arena, rig.layout)
-    try:
-        commit_bytes(rig.ring, b"x" * CAPACITY)  # full
-        stats = stream.WaitStats()
-        thread = later(lambda: consumer.advance_consume(64))
-        span = stream.wait_writable(rig.ring, rig.writable, timeout=5, stats=stats, spin_s=10)
-        thread.join()
-        assert len(span) == 64 and stats.sleeps == 0
-        span.release()
-    finally:
-        consumer.close()
-        rig.close()
+def test_a_spinning_consumer_takes_bytes_committed_while_it_polls(
+    rig: RingRig, peer: Ring
+) -> None:
+    stats = stream.WaitStats()
+    thread = later(lambda: commit_bytes(peer, b"abc"))
+    span = stream.wait_readable(rig.ring, rig.readable, timeout=5, stats=stats, spin_s=10)
+    thread.join()
+    assert bytes(span) == b"abc" and stats.sleeps == 0
+    span.release()
+
+
+def test_without_spinning_the_same_consumer_sleeps_on_its_wake(rig: RingRig, peer: Ring) -> None:
+    stats = stream.WaitStats()
+    thread = later(lambda: commit_bytes(peer, b"abc"))
+    with pytest.raises(WakeTimeout):
+        stream.wait_readable(rig.ring, rig.readable, timeout=0.3, stats=stats, spin_s=0)
+    thread.join()
+    assert stats.sleeps == 1
+
+
+def test_a_spinning_producer_takes_space_freed_while_it_polls(rig: RingRig, peer: Ring) -> None:
+    commit_bytes(rig.ring, b"x" * CAPACITY)  # full
+    stats = stream.WaitStats()
+    thread = later(lambda: peer.advance_consume(64))
+    span = stream.wait_writable(rig.ring, rig.writable, timeout=5, stats=stats, spin_s=10)
+    thread.join()
+    assert len(span) == 64 and stats.sleeps == 0
+    span.release()
