@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from swactor import faults
 from swactor.actors import Actor, ActorRef, Context, Runtime
 from swactor.arena import Arena
 from swactor.events.emitter import Emitter
@@ -74,6 +75,7 @@ from swactor.node.worker_ctl import (
 )
 from swactor.transport import ControlAuthority, ControlChannel, Driver, QuicEndpoint
 from swactor.transport.config import TransportConfig
+from swactor.transport.errors import ControlError
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import (
     ArenaFailure,
@@ -274,6 +276,7 @@ class StageNode:
         Raises `NodeBootError` naming the step when the machine ends Unavailable."""
         loop = asyncio.get_running_loop()
         self._booted = loop.create_future()
+        faults.bind_node(self.node_id)  # SWACTOR_FAULT_INJECT (swactor/faults)
         self.boot = NodeBoot(self.node_id, self.config.arena_ceiling, _BootSteps(self),
                              health=self, emitter=self.emitter)
         self.deliver(nb.NodeProcessStarted())
@@ -407,6 +410,8 @@ class StageNode:
         assert self._host is not None and self.endpoint is not None
         match message:
             case AddressBook():
+                if faults.hit("node.address_drop"):
+                    return None
                 for entry in message.peers:
                     if int(entry.node_id) == int(self.node_id):
                         continue
@@ -420,6 +425,8 @@ class StageNode:
                                                    RunFaultReason.NodeUnavailable,
                                                    Component.NodeBoot)))
             case ProvisionStage():
+                if faults.hit("node.provision_reject"):
+                    raise ControlError("provisioning refused (fault injection)")
                 if self.host_state.active_run is None:
                     self.authority.active_run_id = int(message.run_id)
                 assert self.driver is not None

@@ -34,6 +34,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from swactor import faults
 from swactor.actors import ActorRef
 from swactor.fsm.generated import gpu_worker_ctl as gwc
 from swactor.fsm.generated import stage_controller as scm
@@ -125,6 +126,8 @@ class WorkerStagePorts:
     async def load_weights(self, provision: ProvisionStage) -> None:
         future = self._location(provision.run_id)
         location = weights_location(provision, self.models_dir)
+        override = faults.hit("node.weights_path")
+        location = str(override["path"]) if override else location
         try:
             spanned = await asyncio.to_thread(validate_weights, provision, location,
                                               self.cache_dir)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import enum
 
+from swactor import faults
 from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import send_pump as fsm
 from swactor.ring import Ring, RingError, RingState
@@ -324,7 +325,14 @@ class SendEdge:
                 return None
             moved = min(len(span), room)
             with span[:moved] as chunk:
-                link.send(stream_id, chunk)
+                # SWACTOR_FAULT_INJECT driver.send (swactor/faults): FIN mid-object or reset
+                cut = faults.stream_cut(int(self.edge_id), self.offset, moved)
+                if cut == "fin":
+                    link.send(stream_id, chunk[: moved // 2], end=True)
+                else:
+                    link.send(stream_id, chunk)
+                if cut == "reset":
+                    link.reset_stream(stream_id)
             return moved
 
 

@@ -33,6 +33,7 @@ from tinygrad.device import Device
 from tinygrad.dtype import DType, dtypes
 from tinygrad.tensor import Tensor
 
+from swactor import faults
 from swactor.wire import DeviceObjectHandle, WorkerGeneration
 
 SYNC_EVERY_BYTES = 64 << 20
@@ -133,6 +134,8 @@ class DeviceBridge:
 
     def alloc(self, extent: int, object_id: int = -1) -> DeviceAllocation:
         """Allocate `extent` bytes of device memory (raises DeviceError)."""
+        if faults.alloc_refused(extent):  # SWACTOR_FAULT_INJECT worker.alloc_cap
+            raise DeviceError(f"allocating {extent} bytes: over the injected cap", oom=True)
         try:
             tensor = Tensor.empty(max(extent, 1), dtype=dtypes.uint8, device=self.device)
             tensor.uop.buffer.ensure_allocated()  # type: ignore[union-attr]

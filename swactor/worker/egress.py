@@ -27,6 +27,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from swactor import faults
 from swactor.arena import Arena
 from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import egress_ring as er
@@ -131,7 +132,10 @@ class EgressRing(RingRecord):
                 header = ObjectHeader(
                     effect.object_id, effect.sequence, effect.extent, effect.flags
                 )
-                self._header, self._header_written, self._produced = header.pack(), 0, 0
+                packed = faults.header_bytes(  # SWACTOR_FAULT_INJECT worker.egress_header
+                    header.pack(), int(effect.sequence),
+                    lambda s: ObjectHeader(effect.object_id, s, effect.extent, effect.flags).pack())
+                self._header, self._header_written, self._produced = packed, 0, 0
                 self._pending = (effect.object_id, effect.sequence, effect.extent)
                 self._phase = "header"
                 self._write_header()

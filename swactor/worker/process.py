@@ -35,6 +35,7 @@ import os
 import traceback
 from typing import BinaryIO
 
+from swactor import faults
 from swactor.arena import Arena, ArenaError
 from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import egress_ring as er
@@ -122,6 +123,8 @@ class WorkerProcess:
             event, init = parse_command(line)
             if init is not None:
                 self.backend = init.backend
+            if faults.hit("worker.fatal", command=type(event).__name__):  # SWACTOR_FAULT_INJECT
+                raise RuntimeError("injected exception in worker code")
             self.feed(event)
             if self.exit_code is None:
                 self._progress()

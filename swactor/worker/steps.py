@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from tinygrad.tensor import Tensor
 
+from swactor import faults
 from swactor.wire import (
     DeviceObjectReleased,
     ExecuteStep,
@@ -179,6 +180,8 @@ class StepRunner:
             if ring.refusal(out.extent) is not None:
                 raise StepRefused(StepFailure.OutputExtentInvalid, f"ring {int(out.ring_id)}")
         try:
+            if command.outputs:  # SWACTOR_FAULT_INJECT worker.step (swactor/faults)
+                faults.worker_step(int(command.outputs[0].sequence))
             produced = role.run(views, command.outputs, command.runtime)
             declared = {int(b.port_id) for b in command.outputs}
             if set(produced) != declared:

@@ -1,0 +1,132 @@
+"""Fault injection: named hook points that the running system consults (tests only).
+
+Theory of operation. A component that can be made to fail calls `hit(point, **facts)` at
+one place; it returns the matching fault entry (a dict) or None. Entries come from the
+JSON file named by the `SWACTOR_FAULT_INJECT` environment variable, re-read whenever its
+modification time changes, so a test can arm and disarm faults on a running cluster
+between runs. Without the variable every `hit` is None after one `os.environ` lookup.
+
+The file holds `{"faults": [ENTRY, ...]}`. An ENTRY names its `point`, optionally the
+`node` (decimal node id) it applies to, and any facts the hook passes (e.g. `sequence`);
+an entry matches when every such key equals the hook's fact. Other keys are parameters
+the hook reads (`mode`, `bytes`, `after_bytes`, `path`, `delay_s`). `bind_node(node_id)`
+records this process's node id in `SWACTOR_FAULT_NODE`, so a node's worker process (it
+inherits the environment) matches the same `node` entries.
+
+Hook points:
+
+- `node.provision_reject` (node control handler): ProvisionStage refused.
+- `node.address_drop` (node control handler): AddressBook ignored, so the node's
+  outbound edge cannot reach its peer.
+- `node.weights_path` (WorkerStagePorts.load_weights): the GGUF is read from `path`.
+- `worker.step` (step runner, per `sequence`): `mode` raise / kill (SIGKILL of the
+  worker itself) / delay (`delay_s`).
+- `worker.fatal` (worker command loop, per `command` event name): an exception escapes
+  worker code (WorkerFatal UnhandledException).
+- `worker.alloc_cap` (DeviceBridge.alloc): allocations above `bytes` fail as device OOM.
+- `worker.egress_header` (egress producer, per `sequence`): `mode` garble (bad header
+  bytes) / sequence (the header names another sequence).
+- `driver.send` (send pump, per `edge`): once `after_bytes` were sent, `mode` reset
+  (RESET_STREAM) or fin (half the span, then FIN: EOF mid-object).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+ENV_FILE = "SWACTOR_FAULT_INJECT"
+ENV_NODE = "SWACTOR_FAULT_NODE"
+
+_cache: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+
+
+def bind_node(node_id: int) -> None:
+    """Record this process's node id for `node` matching (inherited by its worker)."""
+    if os.environ.get(ENV_FILE):
+        os.environ[ENV_NODE] = str(int(node_id))
+
+
+def _entries(path: str) -> list[dict[str, Any]]:
+    try:
+        mtime = os.stat(path).st_mtime_ns
+    except OSError:
+        return []
+    cached = _cache.get(path)
+    if cached is not None and cached[0] == mtime:
+        return cached[1]
+    try:
+        document = json.loads(Path(path).read_text())
+        entries = [e for e in document.get("faults", []) if isinstance(e, dict)]
+    except (OSError, ValueError, AttributeError):
+        entries = []
+    _cache[path] = (mtime, entries)
+    return entries
+
+
+def hit(point: str, **facts: object) -> dict[str, Any] | None:
+    """The armed entry for `point` matching `facts` and this node, or None."""
+    path = os.environ.get(ENV_FILE)
+    if not path:
+        return None
+    node = os.environ.get(ENV_NODE)
+    for entry in _entries(path):
+        if entry.get("point") != point:
+            continue
+        if "node" in entry and str(entry["node"]) != node:
+            continue
+        if all(entry[key] == value for key, value in facts.items() if key in entry):
+            return entry
+    return None
+
+
+def arm(path: Path, *entries: dict[str, Any]) -> None:
+    """Write the fault file (atomically: readers never see half a file)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"faults": list(entries)}))
+    os.replace(tmp, path)
+
+
+def worker_step(sequence: int) -> None:
+    """`worker.step` hook, called just before a role runs step `sequence`."""
+    entry = hit("worker.step", sequence=sequence)
+    if entry is None:
+        return
+    mode = entry.get("mode")
+    if mode == "kill":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif mode == "delay":
+        import time
+
+        time.sleep(float(entry.get("delay_s", 0.2)))
+    elif mode == "raise":
+        raise RuntimeError(f"injected step failure at sequence {sequence}")
+
+
+def alloc_refused(extent: int) -> bool:
+    """`worker.alloc_cap` hook: True when an allocation of `extent` bytes must fail."""
+    entry = hit("worker.alloc_cap")
+    return entry is not None and extent > int(entry.get("bytes", 0))
+
+
+def header_bytes(packed: bytes, sequence: int, repack: Any) -> bytes:
+    """`worker.egress_header` hook: the header bytes the producer writes for `sequence`
+    (`repack(sequence)` packs the same header with another sequence)."""
+    entry = hit("worker.egress_header", sequence=sequence)
+    if entry is None:
+        return packed
+    if entry.get("mode") == "sequence":
+        return bytes(repack(sequence + 5))
+    return b"\xa5" * len(packed)
+
+
+def stream_cut(edge: int, sent_before: int, moved: int) -> str | None:
+    """`driver.send` hook: "reset" or "fin" once `after_bytes` have been sent on `edge`."""
+    entry = hit("driver.send", edge=edge)
+    if entry is None or sent_before + moved < int(entry.get("after_bytes", 0)):
+        return None
+    return str(entry.get("mode", "reset"))
