@@ -18,6 +18,7 @@ Hook points:
 - `node.provision_reject` (node control handler): ProvisionStage refused.
 - `node.address_drop` (node control handler): AddressBook ignored, so the node's
   outbound edge cannot reach its peer.
+- `node.ring_oversize` (EdgeKeeper lease): the ring asks for the whole arena and more.
 - `node.weights_path` (WorkerStagePorts.load_weights): the GGUF is read from `path`.
 - `worker.step` (step runner, per `sequence`): `mode` raise / kill (SIGKILL of the
   worker itself) / delay (`delay_s`).
@@ -40,7 +41,7 @@ from typing import Any
 ENV_FILE = "SWACTOR_FAULT_INJECT"
 ENV_NODE = "SWACTOR_FAULT_NODE"
 
-_cache: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+_cache: dict[str, tuple[tuple[int, int, int], list[dict[str, Any]]]] = {}
 
 
 def bind_node(node_id: int) -> None:
@@ -51,10 +52,11 @@ def bind_node(node_id: int) -> None:
 
 def _entries(path: str) -> list[dict[str, Any]]:
     try:
-        mtime = os.stat(path).st_mtime_ns
+        info = os.stat(path)
     except OSError:
         return []
     cached = _cache.get(path)
+    mtime = (info.st_mtime_ns, info.st_ino, info.st_size)
     if cached is not None and cached[0] == mtime:
         return cached[1]
     try:

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from swactor import faults
 from swactor.actors import Actor, ActorRef, Context
 from swactor.arena import Arena
 from swactor.arena.allocator import FreeList, align_up
@@ -208,6 +209,8 @@ class EdgeKeeper(Actor[Any]):
         object_spec: ObjectSpec = edge_plan.object_spec
         alignment = max(spec.alignment, HEADER_PAGE)
         capacity = align_up(spec.data_capacity, alignment)
+        if faults.hit("node.ring_oversize"):  # SWACTOR_FAULT_INJECT (swactor/faults)
+            capacity = align_up(self.arena.size, alignment)
         size = HEADER_PAGE + capacity
         offset = self.free.find(size, alignment, skew=HEADER_PAGE)
         if offset is None:
