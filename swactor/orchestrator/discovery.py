@@ -6,8 +6,10 @@ Theory of operation. The orchestrator joins SWIM as a member with role "orchestr
 `count` members are Alive, have role "node", report `BootHealth.Available` and publish
 a QUIC endpoint, and that set has not changed for `settle_s` (so a node that is still
 joining or flapping is not planned on). The members are returned in node-id order (the
-stage order) with their QUIC addresses; the caller stops the membership node when the
-run is over. Timing out raises `DiscoveryError` naming how many nodes were found.
+stage order) with their QUIC addresses, as a `Pool`: while the run lasts, `Pool.watch`
+turns a chosen node that SWIM declares dead or gone into the run's `MembershipLost`;
+the caller stops the membership node when the run is over. Timing out raises
+`DiscoveryError` naming how many nodes were found.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import dataclass
 
+from swactor.fsm.generated import orchestrator_run as orun
 from swactor.membership import (
     BootHealth,
     MemberChanged,
@@ -26,6 +30,7 @@ from swactor.membership import (
     SwimConfig,
     asyncio_events,
 )
+from swactor.orchestrator.run import RunHandle
 from swactor.orchestrator.session import PoolMember
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId
@@ -42,6 +47,30 @@ def _usable(state: MemberState, meta: MemberMeta | None) -> bool:
             and meta.boot_health is BootHealth.Available and meta.has_endpoint)
 
 
+@dataclass
+class Pool:
+    """The discovered pool: its members and the running membership node."""
+
+    members: tuple[PoolMember, ...]
+    node: MembershipNode
+    events: asyncio.Queue[MembershipEvent]
+
+    async def watch(self, handle: RunHandle) -> None:
+        """Tell the run `MembershipLost` when one of its nodes is dead or left (§9).
+
+        Suspicion alone is not a loss: SWIM suspects a slow member and refutes it."""
+        wanted = {m.node_id for m in self.members}
+        while True:
+            event = await self.events.get()
+            if isinstance(event, MemberChanged) and event.node_id in wanted \
+                    and event.state in (MemberState.Dead, MemberState.Left):
+                wanted.discard(event.node_id)
+                handle.tell(orun.MembershipLost(event.node_id))
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.node.stop, True)
+
+
 async def discover_pool(
     identity: NodeIdentity,
     swim_bind: tuple[str, int],
@@ -49,8 +78,8 @@ async def discover_pool(
     count: int,
     timeout_s: float = 120.0,
     settle_s: float = DEFAULT_SETTLE_S,
-) -> tuple[tuple[PoolMember, ...], MembershipNode]:
-    """(the first `count` usable nodes by id, the running membership node)."""
+) -> Pool:
+    """The first `count` usable nodes by id, with the running membership node."""
     queue: asyncio.Queue[MembershipEvent] = asyncio.Queue()
     meta = MemberMeta(swim_host=swim_bind[0], swim_port=0, role="orchestrator")
     node = MembershipNode(identity, SwimConfig(), meta, seeds=list(seeds), bind=swim_bind,
@@ -85,4 +114,4 @@ async def discover_pool(
         found = known[node_id][1]
         assert found is not None
         members.append(PoolMember(node_id, found.quic_host, found.quic_port))
-    return tuple(members), node
+    return Pool(tuple(members), node, queue)

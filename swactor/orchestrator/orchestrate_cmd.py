@@ -214,9 +214,9 @@ async def _session(options: SessionOptions, emitter: Emitter, discovery: Discove
         return await run_session(options, emitter, sys.stdout, sys.stderr)
     swim, seeds, count = discovery
     print(f"[swactor] waiting for {count} nodes via SWIM ...", file=sys.stderr, flush=True)
-    members, membership = await discover_pool(options.identity, swim, seeds, count)
+    pool = await discover_pool(options.identity, swim, seeds, count)
     try:
-        return await run_session(replace(options, nodes=members), emitter, sys.stdout,
-                                 sys.stderr)
+        return await run_session(replace(options, nodes=pool.members), emitter, sys.stdout,
+                                 sys.stderr, watch=pool.watch)
     finally:
-        await asyncio.to_thread(membership.stop, True)
+        await pool.stop()

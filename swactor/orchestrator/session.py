@@ -29,6 +29,7 @@ import json
 import secrets
 import signal
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -42,7 +43,7 @@ from swactor.node.control_messages import REGISTRY, AddressBook, PeerAddress
 from swactor.orchestrator.inventory import DEFAULT_NODE_MEMORY_BYTES, NodeResources, PoolInventory
 from swactor.orchestrator.ports import RunResult
 from swactor.orchestrator.real_ports import NetworkRunPorts
-from swactor.orchestrator.run import RunTimeouts, start_run
+from swactor.orchestrator.run import RunHandle, RunTimeouts, start_run
 from swactor.transport import ControlAuthority, ControlChannel, Driver, QuicEndpoint
 from swactor.transport.config import TransportConfig
 from swactor.transport.identity import NodeIdentity
@@ -169,9 +170,14 @@ def prompt_ids(options: SessionOptions) -> tuple[tuple[int, ...], Any]:
 
 
 async def run_session(
-    options: SessionOptions, emitter: Emitter, out: TextIO, err: TextIO
+    options: SessionOptions,
+    emitter: Emitter,
+    out: TextIO,
+    err: TextIO,
+    watch: Callable[[RunHandle], Coroutine[Any, Any, None]] | None = None,
 ) -> SessionReport:
-    """Run one prompt through the pool (module doc)."""
+    """Run one prompt through the pool (module doc); `watch(handle)` runs beside the run
+    (membership: it tells the run MembershipLost) and is cancelled when it ends."""
     from swactor.orchestrator.errors import PlannerError
     from swactor.orchestrator.model_info import model_info_from_gguf
     from swactor.orchestrator.planner import PlanRequest, plan_run
@@ -264,12 +270,16 @@ async def run_session(
             handle = start_run(runtime, plan, ports, stop_token_ids=planned.stop_token_ids,
                                prompt_token_ids=ids, timeouts=options.timeouts)
             ports.handle = handle
+            watcher = asyncio.create_task(watch(handle)) if watch is not None else None
             loop = asyncio.get_running_loop()
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signal.SIGINT, handle.stop)
             try:
                 result = await handle.result()
             finally:
+                if watcher is not None:
+                    watcher.cancel()
+                    await asyncio.gather(watcher, return_exceptions=True)
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(signal.SIGINT)
         tail = decoder.flush() if decoder is not None else ""
