@@ -15,9 +15,7 @@ too.
 
 from __future__ import annotations
 
-import ipaddress
 import os
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +30,14 @@ from swactor.model.paths import default_model_path
 from swactor.model.tokenizer import Tokenizer
 from swactor.transport.identity import NodeIdentity
 from tests.cluster.event_order import check_run_order, read_records
-from tests.multihost.host_process import HostProcess
+from tests.multihost.pool import (
+    PROMPT,
+    STAGES,
+    finished_run,
+    start_node,
+    start_orchestrator,
+    wait_available,
+)
 
 pytestmark = [
     pytest.mark.multihost,
@@ -43,10 +48,6 @@ pytestmark = [
 
 TOKENS = 16
 MAX_SEQ = 64
-PROMPT = "hello world"
-SWIM_PORT = 7946
-STAGES = ("n0", "n1", "n2")
-BOOT_S = 300.0
 RUN_S = 600.0
 
 
@@ -71,44 +72,9 @@ def node_facts(pid: int) -> tuple[int, list[int]]:
     return len(os.listdir(f"/proc/{pid}/fd")), sorted(children)
 
 
-def finished_run(run: int) -> Callable[[dict[str, Any]], bool]:
-    """Matches a node's stage_finished report of `run`."""
-    return lambda d: d.get("kind") == "stage_finished" and d.get("run_id") == run
-
-
-@pytest.fixture
-def topology() -> Iterator[NetnsTopology]:
-    netns.sweep_stale()
-    pid = os.getpid()
-    subnet = ipaddress.IPv4Network(f"10.{200 + pid % 50}.{pid % 250}.0/24")
-    hosts = NetnsTopology(["orch", *STAGES], subnet)
-    with hosts:
-        yield hosts
-    left = [n for n in netns.namespaces() if n.startswith(hosts.hub.removesuffix("hub"))]
-    assert left == [], f"namespaces left behind: {left}"
-
-
-def start_node(hosts: NetnsTopology, name: str, keys: Path, events: Path,
-               orchestrator: int) -> HostProcess:
-    host, seed = hosts[name], hosts[STAGES[0]]
-    args = ["node", "--key", str(keys / f"{name}.key"), "--bind", host.address,
-            "--swim", f"{host.address}:{SWIM_PORT}",
-            "--trust-orchestrator", str(orchestrator), "--arena-ceiling", "256MiB",
-            "--event-verbosity", "-1", "--events-file", str(events / f"{name}.jsonl")]
-    if name != STAGES[0]:
-        args += ["--seed", f"{seed.address}:{SWIM_PORT}"]
-    return HostProcess(name, host, args)
-
-
 def run_orchestrator(hosts: NetnsTopology, run: int, keys: Path, events: Path
                      ) -> dict[str, Any]:
-    host, seed = hosts["orch"], hosts[STAGES[0]]
-    orchestrator = HostProcess(f"orchestrator run {run}", host, [
-        "orchestrator", "--key", str(keys / "orchestrator.key"), "--bind", host.address,
-        "--seed", f"{seed.address}:{SWIM_PORT}", "--nodes", str(len(STAGES)),
-        "--prompt", PROMPT, "--max-tokens", str(TOKENS), "--max-seq-len", str(MAX_SEQ),
-        "--split", "10,10,10", "--json", "--run-id", str(run),
-        "--event-verbosity", "-1", "--events-file", str(events / f"orchestrator-{run}.jsonl")])
+    orchestrator = start_orchestrator(hosts, run, keys, events, TOKENS, MAX_SEQ)
     try:
         code = orchestrator.finish(RUN_S)
     finally:
@@ -133,11 +99,7 @@ def test_two_runs_across_four_namespaces_match_one_stage(
     try:
         prompt = tuple(Tokenizer.from_gguf(model).encode(PROMPT))
         expected = reference_tokens(model, prompt)
-        addresses: dict[int, str] = {}
-        for node in nodes:
-            available = node.wait_for(lambda d: d.get("kind") == "available", BOOT_S)
-            assert available["quic"][0] == node.host.address, available
-            addresses[int(available["node_id"])] = node.host.address
+        addresses = wait_available(nodes)
 
         facts = []
         for run in (1, 2):

@@ -1,0 +1,64 @@
+"""A SWIM-joined pool of `swactor node` processes on the test hosts, and the
+orchestrator command that finds it through the same seed.
+
+Stage host `n0` is the SWIM seed: the other nodes and every orchestrator join through
+it, so no process is ever told another's QUIC address. Each node trusts the
+orchestrator key in `keys/orchestrator.key` and writes its events to
+`events/<host>.jsonl`; orchestrator run R writes `events/orchestrator-R.jsonl`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from swactor.cluster.netns import NetnsTopology
+from tests.multihost.host_process import HostProcess
+
+STAGES = ("n0", "n1", "n2")
+SWIM_PORT = 7946
+BOOT_S = 300.0
+PROMPT = "hello world"
+
+
+def seed(hosts: NetnsTopology) -> str:
+    return f"{hosts[STAGES[0]].address}:{SWIM_PORT}"
+
+
+def start_node(hosts: NetnsTopology, name: str, keys: Path, events: Path,
+               orchestrator: int) -> HostProcess:
+    host = hosts[name]
+    args = ["node", "--key", str(keys / f"{name}.key"), "--bind", host.address,
+            "--swim", f"{host.address}:{SWIM_PORT}",
+            "--trust-orchestrator", str(orchestrator), "--arena-ceiling", "256MiB",
+            "--event-verbosity", "-1", "--events-file", str(events / f"{name}.jsonl")]
+    if name != STAGES[0]:
+        args += ["--seed", seed(hosts)]
+    return HostProcess(name, hosts[name], args)
+
+
+def wait_available(nodes: list[HostProcess]) -> dict[int, str]:
+    """{node id: address} once every node printed `available` on its own address."""
+    addresses = {}
+    for node in nodes:
+        available = node.wait_for(lambda d: d.get("kind") == "available", BOOT_S)
+        assert available["quic"][0] == node.host.address, available
+        addresses[int(available["node_id"])] = node.host.address
+    return addresses
+
+
+def start_orchestrator(hosts: NetnsTopology, run: int, keys: Path, events: Path,
+                       tokens: int, max_seq: int) -> HostProcess:
+    host = hosts["orch"]
+    return HostProcess(f"orchestrator run {run}", host, [
+        "orchestrator", "--key", str(keys / "orchestrator.key"), "--bind", host.address,
+        "--seed", seed(hosts), "--nodes", str(len(STAGES)),
+        "--prompt", PROMPT, "--max-tokens", str(tokens), "--max-seq-len", str(max_seq),
+        "--split", "10,10,10", "--json", "--run-id", str(run),
+        "--event-verbosity", "-1", "--events-file", str(events / f"orchestrator-{run}.jsonl")])
+
+
+def finished_run(run: int) -> Callable[[dict[str, Any]], bool]:
+    """Matches a node's stage_finished report of `run`."""
+    return lambda d: d.get("kind") == "stage_finished" and d.get("run_id") == run
