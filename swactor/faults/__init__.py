@@ -16,8 +16,6 @@ inherits the environment) matches the same `node` entries.
 Hook points:
 
 - `node.provision_reject` (node control handler): ProvisionStage refused.
-- `node.address_drop` (node control handler): AddressBook ignored, so the node's
-  outbound edge cannot reach its peer.
 - `node.ring_oversize` (EdgeKeeper lease): the ring asks for the whole arena and more.
 - `node.weights_path` (WorkerStagePorts.load_weights): the GGUF is read from `path`.
 - `worker.step` (step runner, per `sequence`): `mode` raise / kill (SIGKILL of the
@@ -27,6 +25,8 @@ Hook points:
 - `worker.alloc_cap` (DeviceBridge.alloc): allocations above `bytes` fail as device OOM.
 - `worker.egress_header` (egress producer, per `sequence`): `mode` garble (bad header
   bytes) / sequence (the header names another sequence).
+- `driver.connect` (send pump, per `edge`): the connection attempt fails as a
+  handshake failure (HandshakeFailed).
 - `driver.send` (send pump, per `edge`): once `after_bytes` were sent, `mode` reset
   (RESET_STREAM) or fin (half the span, then FIN: EOF mid-object).
 """

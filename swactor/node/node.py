@@ -410,8 +410,6 @@ class StageNode:
         assert self._host is not None and self.endpoint is not None
         match message:
             case AddressBook():
-                if faults.hit("node.address_drop"):
-                    return None
                 for entry in message.peers:
                     if int(entry.node_id) == int(self.node_id):
                         continue

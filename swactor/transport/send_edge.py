@@ -235,6 +235,9 @@ class SendEdge:
     # -- tasks ----------------------------------------------------------------------
 
     async def _connect(self) -> None:
+        if faults.hit("driver.connect", edge=int(self.edge_id)):  # SWACTOR_FAULT_INJECT
+            self._fail(StreamFaultReason.HandshakeFailed, "injected handshake failure")
+            return
         try:
             self.link = await self.endpoint.connect(self.rx_node_id, EDGE_ALPN)
         except PeerRejectedError as exc:
