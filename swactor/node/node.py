@@ -28,7 +28,9 @@ the run's peers to the endpoint and records their addresses. ProvisionStage goes
 worker and weight ports of `WorkerStagePorts`, the edge ends of `EdgeKeeper`, reports as
 control requests back to the orchestrator, events through the node's emitter. While a
 run is active the authority accepts only messages of that run; when its controller
-stops, the node is idle again and the next run may open (no restart).
+stops, the node is idle again and the next run may open (no restart). If the trusted
+orchestrator's control connection closes while a run is active (the orchestrator died
+or went away without teardown), the node stops that run itself, as if StopRun had come.
 
 `stop()` feeds Shutdown, leaves SWIM, shuts the worker down, closes the endpoint and
 the arena. `status()` is the
@@ -40,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +77,7 @@ from swactor.node.worker_ctl import (
 )
 from swactor.transport import ControlAuthority, ControlChannel, Driver, QuicEndpoint
 from swactor.transport.config import TransportConfig
+from swactor.transport.endpoint import QuicLink
 from swactor.transport.errors import ControlError
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import (
@@ -89,6 +92,7 @@ from swactor.wire import (
     RunFaultReason,
     RunId,
     ShutdownMode,
+    StageIndex,
     WorkerGeneration,
 )
 from swactor.wire.codec import WireStruct
@@ -185,6 +189,17 @@ class NodeStagePorts:
         self.node.emitter.emit(event)
 
 
+class _WatchedControl(ControlChannel):
+    """The node's control channel, which also says when a peer's connection closed."""
+
+    on_lost: Callable[[int], None] | None = None
+
+    def link_closed(self, link: QuicLink, reason: str) -> None:
+        super().link_closed(link, reason)
+        if link.peer_node_id is not None and self.on_lost is not None:
+            self.on_lost(link.peer_node_id)
+
+
 class _BootSteps:
     """`BootSteps` of the node_boot binding: each step answers with the next milestone."""
 
@@ -261,6 +276,7 @@ class StageNode:
         self.boot: NodeBoot | None = None
         self.boot_failure: str | None = None
         self.boot_refusals = 0
+        self._active_stage = StageIndex(0)
         self.notices: asyncio.Queue[Any] = asyncio.Queue()
         self._booted: asyncio.Future[None] | None = None
 
@@ -368,7 +384,8 @@ class StageNode:
         emit, wake = self._keeper.driver_callbacks(self.keeper_ref())
         self.driver = Driver(endpoint, self.arena, emit=emit, wake=wake)
         self._keeper.bind(self.driver, self._ctl)
-        self.control = ControlChannel(endpoint, REGISTRY, self._on_request, self.authority)
+        self.control = _WatchedControl(endpoint, REGISTRY, self._on_request, self.authority)
+        self.control.on_lost = self._link_lost
         self.deliver(nb.TransportReady())
 
     def join_membership(self) -> None:
@@ -410,6 +427,8 @@ class StageNode:
         assert self._host is not None and self.endpoint is not None
         match message:
             case AddressBook():
+                if faults.hit("node.address_drop"):
+                    return None
                 for entry in message.peers:
                     if int(entry.node_id) == int(self.node_id):
                         continue
@@ -423,6 +442,7 @@ class StageNode:
                                                    RunFaultReason.NodeUnavailable,
                                                    Component.NodeBoot)))
             case ProvisionStage():
+                self._active_stage = message.stage_index
                 if faults.hit("node.provision_reject"):
                     raise ControlError("provisioning refused (fault injection)")
                 if self.host_state.active_run is None:
@@ -434,6 +454,14 @@ class StageNode:
                 self._host.tell(StopRunRequest(NodeId(peer), message.run_id,
                                                message.stage_index))
         return None
+
+    def _link_lost(self, peer: int) -> None:
+        """The orchestrator's control connection closed: stop its run here (no orphan)."""
+        run = self.host_state.active_run
+        if peer != int(self.config.orchestrator) or run is None or self._host is None:
+            return
+        log.warning("node: lost the orchestrator's connection; stopping run %d", int(run))
+        self._host.tell(StopRunRequest(NodeId(peer), run, self._active_stage))
 
     def _stage_finished(self, outcome: StageOutcome) -> None:
         self.authority.active_run_id = None
