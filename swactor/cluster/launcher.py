@@ -99,8 +99,8 @@ class LocalCluster:
         except TimeoutError:
             await self.stop()
             raise ClusterError(f"nodes did not boot within {BOOT_TIMEOUT_S:.0f}s") from None
-        except ClusterError:
-            await self.stop()
+        except BaseException:  # ClusterError, or cancelled (Ctrl-C) while booting
+            await asyncio.shield(self.stop())
             raise
         return self.members
 

@@ -18,6 +18,7 @@ import json
 import logging
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from swactor.orchestrator.orchestrate_cmd import _positive, add_run_arguments
@@ -45,7 +46,11 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         keys = args.keys_dir or Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="swactor-run-")))
-        return asyncio.run(_run(args, keys))
+        try:
+            return asyncio.run(_run(args, keys))
+        except KeyboardInterrupt:  # Ctrl-C before the run started; the nodes are stopped
+            print("swactor run: interrupted", file=sys.stderr)
+            return 130
     return 2  # pragma: no cover - ExitStack does not swallow
 
 
@@ -71,20 +76,18 @@ async def _run(args: argparse.Namespace, keys: Path) -> int:
     emitter = configure(f"orchestrator-{cluster.orchestrator.node_id:016x}", events,
                         verbosity=1 if args.verbose else None)
     print(f"[swactor] starting {args.nodes} nodes ...", file=sys.stderr, flush=True)
-    try:
-        members = await cluster.start()
-    except ClusterError as error:
-        print(f"swactor run: {error}", file=sys.stderr)
-        emitter.close()
-        return 2
-    try:
-        from dataclasses import replace
-
-        report = await run_session(replace(options, nodes=members), emitter, sys.stdout,
-                                   sys.stderr)
-    except SessionError as error:
-        print(f"swactor run: {error}", file=sys.stderr)
-        return 2
+    try:  # whatever happens (Ctrl-C while booting included), the nodes are stopped
+        try:
+            members = await cluster.start()
+        except ClusterError as error:
+            print(f"swactor run: {error}", file=sys.stderr)
+            return 2
+        try:
+            report = await run_session(replace(options, nodes=members), emitter, sys.stdout,
+                                       sys.stderr)
+        except SessionError as error:
+            print(f"swactor run: {error}", file=sys.stderr)
+            return 2
     finally:
         await cluster.stop()
         emitter.close()

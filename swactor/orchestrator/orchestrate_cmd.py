@@ -195,6 +195,9 @@ def execute(
     except (SessionError, DiscoveryError) as error:
         print(f"swactor orchestrator: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before the run started (during it: operator stop)
+        print("swactor orchestrator: interrupted", file=sys.stderr)
+        return 130
     if as_json:
         print(json.dumps(report.to_json()), flush=True)
     else:

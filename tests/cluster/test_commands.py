@@ -100,3 +100,30 @@ def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str
         main(argv)
     assert exited.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_ctrl_c_while_the_nodes_boot_stops_them(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    keys = tmp_path / "keys"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "swactor.cli", "run", "--nodes", "2", "--keys-dir", str(keys)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 60
+        while not ((keys / "node-0.key").exists() and (keys / "node-1.key").exists()):
+            assert time.monotonic() < deadline and run.poll() is None
+            time.sleep(0.05)
+        run.send_signal(signal.SIGINT)
+        out, _ = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 130 and "swactor run: interrupted" in out, out[-2000:]
+    assert "Traceback" not in out
+    left = subprocess.run(["pgrep", "-f", str(keys)], capture_output=True, text=True).stdout
+    assert left.split() == []
