@@ -52,7 +52,12 @@ _STATE_KEYS = frozenset({"doc", "initial", "terminal", "fault", "timer", "ignore
 def load_table(path: Path, wire: WireNames | None = None) -> Table:
     """Parse and validate one table file."""
     data = path.read_bytes()
-    raw = load_marked(data.decode("utf-8"), path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:  # found by tests/faults/test_fuzz.py
+        raise TableError(path, 1, "yaml", f"not UTF-8: {error.reason} at byte {error.start}") \
+            from None
+    raw = load_marked(text, path)
     reader = _Reader(path, wire or WireNames())
     table = reader.declarations(raw, hashlib.sha256(data).hexdigest())
     reader.rows(table, raw)
