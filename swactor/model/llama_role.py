@@ -353,8 +353,8 @@ class StageRole:
                 pad = np.zeros((padded - tokens, array.shape[1]), dtype=array.dtype)
                 array = np.concatenate([array, pad])
             data = Tensor(array, device=self.device)
-            with Context(BEAM=self.beam):  # type: ignore[no-untyped-call]
-                out = self._forward(data, self._position, padded, tokens - 1).realize()
+            # no BEAM here: searching prefill-sized kernels takes minutes on a small CPU
+            out = self._forward(data, self._position, padded, tokens - 1).realize()
         self._position += tokens
         self._next_sequence = sequence + 1
         result = out.numpy()
