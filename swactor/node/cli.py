@@ -5,7 +5,8 @@ Theory of operation. The command loads (or creates, mode 0600) the node key, boo
 stdout, `{"kind": "available", "node_id", "hex", "quic": [host, port]}`, which is how
 `swactor run` and operators learn the node's id and address. After every stage it
 serves it prints `{"kind": "stage_finished", ...}` with the node's leak check (active
-run, live ring leases, worker pid, runs served). The node trusts exactly one
+run, live ring leases, worker pid, runs served); SIGUSR1 prints the same check as
+`{"kind": "status", ...}` at any time. The node trusts exactly one
 orchestrator, named by `--trust-orchestrator` (a node id, decimal or hex); control
 messages from any other node are refused. With `--swim HOST:PORT` (and `--seed`s) the
 node also joins SWIM and publishes its QUIC address there, so an orchestrator can find
@@ -110,6 +111,9 @@ async def _serve(node: StageNode) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    # SIGUSR1: print the leak check now (tests/faults asks each node between runs)
+    loop.add_signal_handler(signal.SIGUSR1,
+                            lambda: _print({"kind": "status", **node.status()}))
     try:
         host, port = await node.start()
     except NodeBootError as error:
