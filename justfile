@@ -19,6 +19,10 @@ test *ARGS: setup codegen-check
 test-fast *ARGS: setup
     {{py}} -m pytest --skip-slow {{ARGS}}
 
+# Multi-host tests (root): nodes and orchestrator in Linux network namespaces on one bridge.
+multihost *ARGS: setup
+    {{py}} -m pytest -m multihost {{ARGS}}
+
 # Regenerate machines, diagrams (.dot) and conformance tests from fsm/*.yaml.
 codegen: setup
     {{py}} -m codegen
