@@ -13,9 +13,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from swactor.cluster import netns
 from swactor.cluster.netns import NetnsTopology
 from tests.multihost.host_process import HostProcess
 
+MARKS = [
+    pytest.mark.multihost,
+    pytest.mark.slow,
+    pytest.mark.skipif(netns.available() is not None, reason=str(netns.available())),
+]
 STAGES = ("n0", "n1", "n2")
 SWIM_PORT = 7946
 BOOT_S = 300.0

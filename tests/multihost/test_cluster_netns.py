@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from swactor.cluster import netns
 from swactor.cluster.netns import NetnsTopology
 from swactor.model.gguf_range import open_reader
 from swactor.model.llama_role import StageRole
@@ -31,6 +30,7 @@ from swactor.model.tokenizer import Tokenizer
 from swactor.transport.identity import NodeIdentity
 from tests.cluster.event_order import check_run_order, read_records
 from tests.multihost.pool import (
+    MARKS,
     PROMPT,
     STAGES,
     finished_run,
@@ -39,12 +39,7 @@ from tests.multihost.pool import (
     wait_available,
 )
 
-pytestmark = [
-    pytest.mark.multihost,
-    pytest.mark.slow,
-    pytest.mark.timeout(1200),
-    pytest.mark.skipif(netns.available() is not None, reason=str(netns.available())),
-]
+pytestmark = [*MARKS, pytest.mark.timeout(1200)]
 
 TOKENS = 16
 MAX_SEQ = 64

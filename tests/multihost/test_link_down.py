@@ -39,6 +39,7 @@ from swactor.model.paths import default_model_path
 from swactor.transport.identity import NodeIdentity
 from tests.multihost.host_process import HostProcess
 from tests.multihost.pool import (
+    MARKS,
     STAGES,
     finished_run,
     start_node,
@@ -46,12 +47,7 @@ from tests.multihost.pool import (
     wait_available,
 )
 
-pytestmark = [
-    pytest.mark.multihost,
-    pytest.mark.slow,
-    pytest.mark.timeout(900),
-    pytest.mark.skipif(netns.available() is not None, reason=str(netns.available())),
-]
+pytestmark = [*MARKS, pytest.mark.timeout(900)]
 
 LONG_TOKENS = 400
 LONG_SEQ = 512
