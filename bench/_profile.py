@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 RATE_HZ = 100
-SECONDS = 5.0
+SECONDS = 5
 WAIT_S = 300.0
 
 
@@ -104,15 +104,15 @@ def summarise(raw: str, top: int = 8) -> dict[str, Any]:
     }
 
 
-def profile_stage(start_run: Callable[[Callable[[Path], None]], Any], stage: int,
-                  warmup: int, seconds: float = SECONDS) -> dict[str, Any]:
+def profile_stage(start_run: Callable[[Callable[[Path, int], None]], Any], stage: int,
+                  warmup: int, seconds: int = SECONDS) -> dict[str, Any]:
     """Profile stage `stage`'s worker and node during decode (module doc)."""
     pyspy = _pyspy()
     if pyspy is None:
         return {"error": "py-spy is not installed (pip install py-spy)"}
     found: dict[str, Any] = {}
 
-    def during(events_dir: Path) -> None:
+    def during(events_dir: Path, _root: int) -> None:
         deadline = time.monotonic() + WAIT_S
         while _tokens(events_dir / "orchestrator.jsonl") < warmup + 2:
             if time.monotonic() > deadline:
@@ -139,11 +139,12 @@ def profile_stage(start_run: Callable[[Callable[[Path], None]], Any], stage: int
                 for name in outs}
             for name, spy in spies.items():
                 _, err = spy.communicate(timeout=seconds + 60)
-                if outs[name].exists():
+                if spy.returncode == 0 and outs[name].exists():
                     found[name] = summarise(outs[name].read_text())
                     found[name]["pid"] = pids[name]
                 else:
-                    found[name] = {"error": (err.strip().splitlines() or ["no output"])[-1]}
+                    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("note:")]
+                    found[name] = {"error": (lines or ["no output"])[0][:300]}
         found.update(seconds=seconds, rate_hz=RATE_HZ, stage=stage)
 
     try:

@@ -82,6 +82,20 @@ def _breakdown(title: str, runs: list[dict[str, Any]]) -> list[str]:
     return [*lines, ""]
 
 
+def _cpu_rows(runs: list[dict[str, Any]]) -> list[str]:
+    samples = [r["cpu"] for r in runs if r.get("cpu")]
+    if not samples:
+        return []
+    keys = [(p["role"], p["stage"]) for p in samples[0]["processes"]]
+    cells = []
+    for role, stage in keys:
+        values = [p["cpu_ms_per_token"] for cpu in samples for p in cpu["processes"]
+                  if (p["role"], p["stage"]) == (role, stage)]
+        name = role if stage is None else f"{role} {stage}"
+        cells.append(f"{name} {statistics.median(values):.1f}")
+    return ["CPU ms per token by process (median over runs): " + ", ".join(cells) + ".", ""]
+
+
 def _e2e(e2e: dict[str, Any]) -> list[str]:
     if not e2e:
         return ["## End to end", "", "Not run (--skip e2e).", ""]
@@ -92,7 +106,8 @@ def _e2e(e2e: dict[str, Any]) -> list[str]:
         "(`swactor run --nodes N`); runs interleaved 1, 2, 3, 1, 2, 3, ... "
         f"({e2e['repeat']} per stage count).", "",
         "| stages | network | time to first token s | decode tok/s (session) | "
-        "decode tok/s (steady) | pool ready -> barrier s | runs |", "|---|---|---|---|---|---|---|"]
+        "decode tok/s (steady) | CPU ms per token (all processes) | pool ready -> barrier s "
+        "| runs |", "|---|---|---|---|---|---|---|---|"]
     for count, summary in e2e["summary"].items():
         runs = e2e["runs"][count]
         barrier = [r["bring_up"]["pool_ready_to_barrier_s"] for r in runs]
@@ -100,22 +115,29 @@ def _e2e(e2e: dict[str, Any]) -> list[str]:
             f"| {count} | loopback | {_spread(summary['ttft_s'])} | "
             f"{_spread(summary['session_tokens_per_s'])} | "
             f"{_spread(summary['steady_tokens_per_s'])} | "
+            f"{_spread(summary.get('cpu_ms_per_token'), 1)} | "
             f"{statistics.median(barrier):.1f} | {len(runs)} |" if runs else
-            f"| {count} | loopback | failed | | | | 0 |")
+            f"| {count} | loopback | failed | | | | | 0 |")
     netns = e2e.get("netns")
     if isinstance(netns, dict):
         lines.append(f"| 3 | netns (4 namespaces, one bridge) | {netns['ttft_s']:.2f} | "
                      f"{netns['session_tokens_per_s']:.2f} | "
-                     f"{netns['steady_tokens_per_s']:.2f} | "
+                     f"{netns['steady_tokens_per_s']:.2f} | not sampled | "
                      f"{netns['bring_up']['pool_ready_to_barrier_s']:.1f} | 1 |")
     else:
-        lines.append(f"| 3 | netns | {netns} | | | | 0 |")
+        lines.append(f"| 3 | netns | {netns} | | | | | 0 |")
     ratio = e2e.get("ratio_3_to_1") or {}
     lines += [
         "",
         f"3-stage / 1-stage decode rate, runs of the same repeat paired: steady "
         f"{_spread(ratio.get('steady_tokens_per_s'), 3)}, session "
-        f"{_spread(ratio.get('session_tokens_per_s'), 3)}.", "",
+        f"{_spread(ratio.get('session_tokens_per_s'), 3)}; CPU basis (1-stage CPU ms per "
+        f"token / 3-stage's: the rate ratio if CPU were the only limit) "
+        f"{_spread(ratio.get('cpu_ms_per_token'), 3)}.", "",
+        "- *CPU ms per token*: user + system CPU time of every process of the run (the "
+        "`swactor run` process with the orchestrator, each node, each worker) from token "
+        f"{e2e['warmup_tokens'] + 2} to token {e2e['tokens'] - 3}, over the tokens received "
+        "meanwhile; it moves little with the machine's load, unlike wall time.",
         "- *time to first token*: from the readiness barrier (prompt injected) to the first "
         "token; it includes tinygrad compiling the prefill kernels of every stage.",
         "- *session* rate: (tokens - 1) / (last token - first token), the figure "
@@ -143,10 +165,11 @@ def _time_split(e2e: dict[str, Any]) -> list[str]:
         f"object's bytes at the ring rate measured in this report ({ring:.2f} GB/s) and the "
         "rest is QUIC, both pumps and the event reports; *control* = object_loaded -> "
         "execute_step_started (StageController dispatch); *waiting* = the rest of the token "
-        "period, while other stages and the orchestrator work. Each row sums to the token "
-        "period.", ""]
+        "period, while other stages and the orchestrator work (it holds the last stage's hop "
+        "back to the orchestrator too). Each row sums to the token period.", ""]
     for count, runs in e2e["runs"].items():
         lines += _breakdown(f"{count} stage(s), loopback", runs)
+        lines += _cpu_rows(runs)
     netns = e2e.get("netns")
     if isinstance(netns, dict):
         lines += _breakdown("3 stages, netns", [netns])

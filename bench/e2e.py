@@ -13,7 +13,9 @@ From each run: the session's own time to first token and decode tokens/s (over e
 decode token), and, from the lifecycle events every process wrote (`_lifecycle`), the
 steady decode rate (tokens past ``--warmup``, after tinygrad compiled the decode
 kernels), the per-stage split of a token's time (compute / inbound: ring copies + QUIC /
-control / waiting) and the bring-up intervals. The 3-stage/1-stage ratio is taken per
+control / waiting) and the bring-up intervals; while it runs, `_cputime` reads the CPU
+time of every process of the run across the steady decode tokens (CPU ms per token, a
+figure the machine's load hardly moves). The 3-stage/1-stage ratios are taken per
 repeat (the runs next to each other) and summarised.
 
 Then, once each: the same 3-stage run with every host in its own network namespace on a
@@ -108,8 +110,9 @@ def _finish(label: str, stages: int, process: subprocess.Popen[str], events_dir:
 
 
 def run_loopback(stages: int, tokens: int, events_dir: Path,
-                 during: Callable[[Path], None] | None = None) -> Run:
-    """`swactor run --nodes stages` on loopback; `during(events_dir)` runs while it does."""
+                 during: Callable[[Path, int], None] | None = None) -> Run:
+    """`swactor run --nodes stages` on loopback; `during(events_dir, pid)` runs while it
+    does (pid: the `swactor run` process)."""
     events_dir.mkdir(parents=True, exist_ok=True)
     argv = _swactor("run", "--nodes", str(stages), "--prompt", PROMPT, "--max-tokens",
                     str(tokens), "--json", "--events-dir", str(events_dir))
@@ -118,7 +121,7 @@ def run_loopback(stages: int, tokens: int, events_dir: Path,
                                text=True, start_new_session=True)
     try:
         if during is not None:
-            during(events_dir)
+            during(events_dir, process.pid)
         return _finish(f"loopback {stages}-stage", stages, process, events_dir, started)
     finally:
         if process.poll() is None:
@@ -196,7 +199,8 @@ def run_netns(tokens: int, workdir: Path) -> Run | str:
 # -- figures -------------------------------------------------------------------------------
 
 
-def run_figures(run: Run, warmup: int, ring_gbps: float) -> dict[str, Any]:
+def run_figures(run: Run, warmup: int, ring_gbps: float,
+                cpu: dict[str, Any] | None = None) -> dict[str, Any]:
     """One run's figures (module doc); ms unless named otherwise."""
     timings = run.report.get("timings", {})
     periods = token_periods_ms(run.events, warmup)
@@ -215,7 +219,8 @@ def run_figures(run: Run, warmup: int, ring_gbps: float) -> dict[str, Any]:
         "load_s": timings.get("load_s"), "wall_s": run.wall_s,
         "steady_tokens_per_s": steady,
         "token_period_ms": Spread.of(periods).to_json() if periods else None,
-        "per_stage_ms": breakdown, "bring_up": bring_up(run.events),
+        "per_stage_ms": breakdown, "bring_up": bring_up(run.events), "cpu": cpu,
+        "cpu_ms_per_token": cpu["total_cpu_ms_per_token"] if cpu else None,
         "layer_ranges": [(s["layer_start"], s["layer_end_exclusive"])
                          for s in run.report.get("stages", [])],
         "generated_token_ids": run.report.get("generated_token_ids", []),
@@ -231,6 +236,7 @@ def measure(repeat: int = 2, tokens: int = 64, stage_counts: tuple[int, ...] = (
             warmup: int = 2, ring_gbps: float = 0.0, netns: bool = True,
             profile: bool = True, log: IO[str] = sys.stdout) -> dict[str, Any]:
     """Every end-to-end figure (module doc) as a JSON-able dict."""
+    from bench._cputime import CpuSampler
     from bench._profile import profile_stage
     from bench._weights import weight_bytes
 
@@ -243,9 +249,10 @@ def measure(repeat: int = 2, tokens: int = 64, stage_counts: tuple[int, ...] = (
             for count in stage_counts:
                 print(f"e2e: repeat {rep + 1}/{repeat}, {count} stage(s) ...", file=log,
                       flush=True)
+                sampler = CpuSampler(warmup + 2, tokens - 3)
                 try:
-                    run = run_loopback(count, tokens, root / f"r{rep}-n{count}")
-                    figures = run_figures(run, warmup, ring_gbps)
+                    run = run_loopback(count, tokens, root / f"r{rep}-n{count}", sampler)
+                    figures = run_figures(run, warmup, ring_gbps, sampler.result)
                 except (RunFailed, EventsError) as error:
                     result["errors"].append(str(error))
                     print(f"e2e: {error}", file=log, flush=True)
@@ -253,10 +260,12 @@ def measure(repeat: int = 2, tokens: int = 64, stage_counts: tuple[int, ...] = (
                 result["runs"][str(count)].append(figures)
                 print(f"e2e:   ttft {figures['ttft_s']:.2f} s, session "
                       f"{figures['session_tokens_per_s']:.2f} tok/s, steady "
-                      f"{figures['steady_tokens_per_s']:.2f} tok/s", file=log, flush=True)
+                      f"{figures['steady_tokens_per_s']:.2f} tok/s, CPU "
+                      f"{figures['cpu_ms_per_token'] or 0:.1f} ms/token", file=log, flush=True)
         result["summary"] = {
             count: {key: summarise(runs, key) for key in
-                    ("ttft_s", "session_tokens_per_s", "steady_tokens_per_s", "load_s")}
+                    ("ttft_s", "session_tokens_per_s", "steady_tokens_per_s", "load_s",
+                     "cpu_ms_per_token")}
             for count, runs in result["runs"].items()}
         result["ratio_3_to_1"] = _ratios(result["runs"].get("1", []),
                                          result["runs"].get("3", []))
@@ -287,9 +296,10 @@ def measure(repeat: int = 2, tokens: int = 64, stage_counts: tuple[int, ...] = (
 def _ratios(one: list[dict[str, Any]], three: list[dict[str, Any]]) -> dict[str, Any] | None:
     """3-stage/1-stage decode rate, pairing the runs of the same repeat."""
     out: dict[str, Any] = {}
-    for key in ("steady_tokens_per_s", "session_tokens_per_s"):
-        pairs = [b[key] / a[key] for a, b in zip(one, three, strict=False)
-                 if a.get(key) and b.get(key)]
+    for key in ("steady_tokens_per_s", "session_tokens_per_s", "cpu_ms_per_token"):
+        # for CPU per token, 1-stage over 3-stage: the rate ratio if CPU were the only limit
+        pairs = [(b[key] / a[key]) if key.endswith("_per_s") else (a[key] / b[key])
+                 for a, b in zip(one, three, strict=False) if a.get(key) and b.get(key)]
         if pairs:
             out[key] = Spread.of(pairs).to_json()
     return out or None
@@ -311,7 +321,8 @@ def print_figures(result: dict[str, Any], out: IO[str] = sys.stdout) -> None:
     for count, summary in result["summary"].items():
         print(f"  {count} stage(s): ttft {_fmt(summary['ttft_s'])} s, decode "
               f"{_fmt(summary['session_tokens_per_s'])} tok/s (session), "
-              f"{_fmt(summary['steady_tokens_per_s'])} tok/s (steady)", file=out)
+              f"{_fmt(summary['steady_tokens_per_s'])} tok/s (steady), CPU "
+              f"{_fmt(summary['cpu_ms_per_token'], 1)} ms/token (all processes)", file=out)
     ratios = result.get("ratio_3_to_1") or {}
     steady = ratios.get("steady_tokens_per_s")
     if steady:
