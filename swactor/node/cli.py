@@ -89,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
     except Exception as error:
         print(f"swactor node: key {args.key}: {error}", file=sys.stderr)
         return 2
+    if args.swim is not None and args.bind in ("0.0.0.0", "") and not args.advertise:
+        print("swactor node: --bind 0.0.0.0 with --swim needs --advertise HOST "
+              "(the address the pool reaches this node at)", file=sys.stderr)
+        return 2
     emitter = configure_from_args(args, f"node-{identity.node_id:016x}")
     config = NodeConfig(identity=identity, orchestrator=args.trust_orchestrator,
                         bind_host=args.bind, quic_port=args.quic,

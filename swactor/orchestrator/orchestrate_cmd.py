@@ -161,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         args.key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         identity = NodeIdentity.load_or_create(args.key)
+        if args.bind in ("0.0.0.0", "") and not args.advertise:
+            raise ValueError("--bind 0.0.0.0 needs --advertise HOST (the address the nodes "
+                             "reach this orchestrator at)")
         if bool(args.members) == bool(args.seed):
             raise ValueError("name the pool with --node ID@HOST:PORT ... or find it with "
                              "--seed HOST:PORT (and --nodes N), not both")

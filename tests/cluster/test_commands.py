@@ -81,6 +81,17 @@ def test_orchestrator_needs_exactly_one_way_to_name_the_pool(
     assert "not both" in capsys.readouterr().err
 
 
+def test_a_wildcard_bind_needs_an_advertised_host(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["orchestrator", "--key", str(tmp_path / "o.key"), "--bind", "0.0.0.0",
+                 "--node", "1@127.0.0.1:9"]) == 2
+    assert "--advertise" in capsys.readouterr().err
+    assert main(["node", "--key", str(tmp_path / "n.key"), "--trust-orchestrator", "1",
+                 "--bind", "0.0.0.0", "--swim", "127.0.0.1:7946"]) == 2
+    assert "--advertise" in capsys.readouterr().err
+
+
 def test_missing_model_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["orchestrator", "--key", str(tmp_path / "o.key"), "--node", "1@127.0.0.1:9",
                  "--model", str(tmp_path / "absent.gguf")])
