@@ -135,7 +135,7 @@ def reference_venv() -> Path:
 def llama_cpp_decode(path: Path, threads: int, tokens: int) -> float | None:
     candidates = []
     try:
-        import llama_cpp  # noqa: F401
+        import llama_cpp  # type: ignore[import-not-found]  # noqa: F401
 
         candidates.append(sys.executable)
     except ImportError:
