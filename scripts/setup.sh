@@ -30,7 +30,7 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 # Reinstall when the project's declared dependencies or the native sources change.
-want=$(cat pyproject.toml setup.py native/*.c native/*.h native/*.py 2>/dev/null | sha256sum | cut -c1-16)
+want=$( { cat pyproject.toml setup.py native/*.c native/*.h native/*.py 2>/dev/null || true; } | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing swactor (editable, with dev extra) into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
