@@ -68,6 +68,7 @@ from swactor.node.edge_keeper import EdgeKeeper, EstablishEdge, StopEdges
 from swactor.node.stage_host import StageHost, StageHostConfig, StageHostState, StopRunRequest
 from swactor.node.stage_ports import StageOutcome, StageReport
 from swactor.node.stage_worker_ports import WorkerStagePorts
+from swactor.node.transports import QuicTransport, Transport
 from swactor.node.worker_ctl import (
     GpuWorkerCtl,
     WorkerCtlConfig,
@@ -127,6 +128,8 @@ class NodeConfig:
     seeds: tuple[tuple[str, int], ...] = ()
     advertise_host: str | None = None
     """The QUIC host published in SWIM metadata (default: `bind_host`)."""
+    network: Transport | None = None
+    """How to build the endpoint, driver and control channel (None: real QUIC)."""
 
 
 class _Notices(Actor[Any]):
@@ -371,8 +374,9 @@ class StageNode:
     async def start_transport(self) -> None:
         """The QUIC endpoint, edge driver and control channel; TransportReady / Failed."""
         config = self.config
-        endpoint = QuicEndpoint(config.identity, config.transport,
-                                allowed={int(config.orchestrator)})
+        network = config.network or QuicTransport()
+        endpoint = network.endpoint(config.identity, config.transport,
+                                    {int(config.orchestrator)})
         try:
             await endpoint.start(config.bind_host, config.quic_port)
         except Exception as error:
@@ -382,10 +386,12 @@ class StageNode:
         assert self.arena is not None and self._keeper is not None and self._ctl is not None
         self.endpoint = endpoint
         emit, wake = self._keeper.driver_callbacks(self.keeper_ref())
-        self.driver = Driver(endpoint, self.arena, emit=emit, wake=wake)
+        self.driver = network.driver(endpoint, self.arena, emit, wake)
         self._keeper.bind(self.driver, self._ctl)
-        self.control = _WatchedControl(endpoint, REGISTRY, self._on_request, self.authority)
-        self.control.on_lost = self._link_lost
+        control: Any = network.control(endpoint, REGISTRY, self._on_request, self.authority,
+                                       _WatchedControl)
+        control.on_lost = self._link_lost
+        self.control = control
         self.deliver(nb.TransportReady())
 
     def join_membership(self) -> None:

@@ -40,11 +40,12 @@ from swactor.events.emitter import Emitter
 from swactor.events.schema import LifecycleEvent, PoolReady, TokenReceived
 from swactor.fsm.generated import orchestrator_run as orun
 from swactor.node.control_messages import REGISTRY, AddressBook, PeerAddress
+from swactor.node.transports import QuicTransport, Transport
 from swactor.orchestrator.inventory import DEFAULT_NODE_MEMORY_BYTES, NodeResources, PoolInventory
 from swactor.orchestrator.ports import RunResult
 from swactor.orchestrator.real_ports import NetworkRunPorts
 from swactor.orchestrator.run import RunHandle, RunTimeouts, start_run
-from swactor.transport import ControlAuthority, ControlChannel, Driver, QuicEndpoint
+from swactor.transport import ControlAuthority, Driver
 from swactor.transport.config import TransportConfig
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import GgufSource, NodeId, PromptSource, RunId, SamplingPolicy
@@ -86,6 +87,8 @@ class SessionOptions:
     decode: bool = True
     """Use the model's tokenizer (False: token ids only, for a model without one)."""
     transport: TransportConfig = TransportConfig()
+    network: Transport | None = None
+    """How to build the endpoint, driver and control channel (None: real QUIC)."""
     timeouts: RunTimeouts = RunTimeouts()
 
 
@@ -204,8 +207,9 @@ async def run_session(
         raise SessionError(f"model {options.model}: {error}") from None
     plan = planned.plan
 
-    endpoint = QuicEndpoint(options.identity, options.transport,
-                            allowed={int(m.node_id) for m in options.nodes})
+    network = options.network or QuicTransport()
+    endpoint = network.endpoint(options.identity, options.transport,
+                                {int(m.node_id) for m in options.nodes})
     address = await endpoint.start(options.bind_host, 0)
     for member in options.nodes:
         endpoint.address_book[int(member.node_id)] = (member.host, member.port)
@@ -215,12 +219,13 @@ async def run_session(
     async def handler(peer: int, message: WireStruct) -> WireStruct | None:
         return await holder[0].on_request(peer, message) if holder else None
 
-    control = ControlChannel(endpoint, REGISTRY, handler,
-                             ControlAuthority(orchestrator_id=int(me), active_run_id=int(run_id)))
+    control = network.control(endpoint, REGISTRY, handler,
+                              ControlAuthority(orchestrator_id=int(me),
+                                               active_run_id=int(run_id)))
     drivers: list[Driver] = []
 
     def make_driver(emit: Any, wake: Any) -> Driver:
-        drivers.append(Driver(endpoint, arena, emit=emit, wake=wake))
+        drivers.append(network.driver(endpoint, arena, emit, wake))
         return drivers[-1]
 
     stages = plan.stages
