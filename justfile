@@ -51,6 +51,20 @@ lint: setup
 bench *WHICH: setup
     {{py}} -m bench {{ if WHICH == "" { "report" } else { WHICH } }}
 
+# Fault matrix (issue 10): one injected fault per run on a 3-node loopback cluster with a tiny
+# GGUF; rewrites the README "Fault behaviour" table from the rows (also when a case fails).
+faults: setup
+    #!/usr/bin/env bash
+    set -uo pipefail
+    rows="$(mktemp -t swactor-faults.XXXXXX.json)"
+    SWACTOR_FAULTS_JSON="$rows" {{py}} -m pytest tests/faults/test_matrix.py -q -p no:cacheprovider; rc=$?
+    {{py}} -m swactor.faults.table "$rows" README.md && rm -f "$rows"
+    exit $rc
+
+# Hypothesis fuzz of every parser of outside input, SWACTOR_FUZZ_EXAMPLES (default 100000) each.
+fuzz: setup
+    SWACTOR_FUZZ_EXAMPLES="${SWACTOR_FUZZ_EXAMPLES:-100000}" {{py}} -m pytest tests/faults/test_fuzz.py -q -p no:cacheprovider --timeout 0
+
 # Native ring helper: build the two-thread C stress test with ThreadSanitizer and run it.
 test-native: setup
     mkdir -p native/build
