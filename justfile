@@ -65,6 +65,11 @@ faults: setup
 fuzz: setup
     SWACTOR_FUZZ_EXAMPLES="${SWACTOR_FUZZ_EXAMPLES:-100000}" {{py}} -m pytest tests/faults/test_fuzz.py -q -p no:cacheprovider --timeout 0
 
+# Soak (not in `just test`): RUNS runs (default 50) on one 3-node loopback cluster, a fault in
+# every fifth; prints fds, threads, RSS and leases of each node and worker before and after.
+soak RUNS="50": setup
+    {{py}} -m tests.faults.soak {{RUNS}}
+
 # Native ring helper: build the two-thread C stress test with ThreadSanitizer and run it.
 test-native: setup
     mkdir -p native/build
