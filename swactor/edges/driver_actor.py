@@ -21,7 +21,9 @@ out, all on the event loop. Node actors talk to it by mail through this actor:
 
 Driver events (`DriverEdgeReady`, `StreamClosed`, `StreamFault`, `PumpStopped`) go to
 the subscriber; wake hints for the far end of a ring go to the `wake` callback given at
-construction (a `WakeFanout` over the ring installers).
+construction (a `WakeFanout` over the ring installers). The driver is the real QUIC
+`Driver` unless a `make_driver(endpoint, arena, emit, wake)` factory is given (a node's
+`Transport.driver`, e.g. the in-process test layer's `MemoryNetwork`).
 """
 
 from __future__ import annotations
@@ -74,11 +76,15 @@ class DriverActor(Actor[DriverMail]):
     """Owns the node's `Driver` (module docstring)."""
 
     def __init__(
-        self, endpoint: QuicEndpoint, arena: ArenaLike, wake: Callable[[WakeHint], None]
+        self, endpoint: QuicEndpoint, arena: ArenaLike, wake: Callable[[WakeHint], None],
+        make_driver: Callable[[Any, Any, Callable[[Any], None], Callable[[Any], None]], Any]
+        | None = None,
     ) -> None:
         self._target: ActorRef[Any] | None = None
         self._early: list[DriverEvent] = []
-        self.driver = Driver(endpoint, arena, emit=self._emit, wake=wake)
+        self.driver: Any = (Driver(endpoint, arena, emit=self._emit, wake=wake)
+                            if make_driver is None
+                            else make_driver(endpoint, arena, self._emit, wake))
 
     def _emit(self, event: DriverEvent) -> None:
         if self._target is None:

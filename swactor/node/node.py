@@ -5,12 +5,16 @@ bound by `membership.boot.NodeBoot`, which emits node_started / node_available /
 node_faulted): `_BootSteps` carries out each step and answers with the next milestone,
 always fed on the event loop (`deliver`), never re-entrantly:
 
-1. NodeProcessStarted -> ConstructArena: the memfd arena (`arena_ceiling` bytes) and the
-   node's actors (StageHost, EdgeKeeper, GpuWorkerCtl) -> ArenaReady / ArenaFailed;
+1. NodeProcessStarted -> ConstructArena: the `ArenaManager` constructs the memfd arena
+   (`arena_ceiling` bytes); the node's actors (StageHost, ArenaActor, GpuWorkerCtl) ->
+   ArenaReady / ArenaFailed;
 2. StartWorker: GpuWorkerCtl spawns `python -m swactor.worker` with the arena fd ->
    WorkerReady(generation) / WorkerFailed (also later, if the worker dies for good);
 3. StartTransport: one `QuicEndpoint` (the node's Ed25519 identity), the edge `Driver`
-   on the arena, the `ControlChannel` on `swactor/ctl/1` -> TransportReady / Failed;
+   on the arena (behind a `DriverActor`), the `EdgeEstablisher` (spec §26: per-edge
+   records bound to the `edge_record` / `edge_teardown` tables; rings leased from the
+   ArenaActor, installed in the worker by a `WorkerRingInstaller`), the
+   `ControlChannel` on `swactor/ctl/1` -> TransportReady / Failed;
 4. JoinMembership: with `swim_bind`, `SwimJoin` (seeds; the QUIC address in the signed
    member metadata, BootHealth published Available / Unavailable as the machine
    decides, which is how an orchestrator started with `--seed` finds the pool);
@@ -25,7 +29,9 @@ Serving. The control channel accepts `AddressBook`, `ProvisionStage` and
 the channel's `ControlAuthority` answers anyone else `Unauthorized`). AddressBook admits
 the run's peers to the endpoint and records their addresses. ProvisionStage goes to the
 `StageHost`, which runs one fresh `StageController` per run on `NodeStagePorts`: the
-worker and weight ports of `WorkerStagePorts`, the edge ends of `EdgeKeeper`, reports as
+worker and weight ports of `WorkerStagePorts`, the edge ports of `EdgeStagePorts`
+(ProvisionRx / ProvisionTx to the EdgeEstablisher, StopEdgeRequest to the edge actors;
+the StageHost owns both edge actors through a `StageOwner`), reports as
 control requests back to the orchestrator, events through the node's emitter. While a
 run is active the authority accepts only messages of that run; when its controller
 stops, the node is idle again and the next run may open (no restart). If the trusted
@@ -34,13 +40,17 @@ or went away without teardown), the node stops that run itself, as if StopRun ha
 
 `stop()` feeds Shutdown, leaves SWIM, shuts the worker down, closes the endpoint and
 the arena. `status()` is the
-leak check a test or operator reads: active run, live ring leases, worker pid.
+leak check a test or operator reads: active run, live ring leases (the ArenaManager's,
+as (edge id, ring id) pairs), worker pid. The fault hook `node.ring_oversize` makes the
+stage's edge ports ask for a ring larger than the arena (the ArenaManager rejects it:
+RingRequestOversized).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
@@ -49,7 +59,17 @@ from typing import Any
 
 from swactor import faults
 from swactor.actors import Actor, ActorRef, Context, Runtime
-from swactor.arena import Arena
+from swactor.arena import Arena, ArenaDown, ArenaManager
+from swactor.edges import (
+    ArenaActor,
+    DriverActor,
+    EdgeEstablisher,
+    EdgeStagePorts,
+    EstablisherConfig,
+    ExpectRecv,
+    WakeFanout,
+    WorkerRingInstaller,
+)
 from swactor.events.emitter import Emitter
 from swactor.events.schema import LifecycleEvent
 from swactor.fsm.generated import gpu_worker_ctl as gwc
@@ -64,7 +84,6 @@ from swactor.node.control_messages import (
     StopRunMessage,
     report_message,
 )
-from swactor.node.edge_keeper import EdgeKeeper, EstablishEdge, StopEdges
 from swactor.node.stage_host import StageHost, StageHostConfig, StageHostState, StopRunRequest
 from swactor.node.stage_ports import StageOutcome, StageReport
 from swactor.node.stage_worker_ports import WorkerStagePorts
@@ -76,7 +95,7 @@ from swactor.node.worker_ctl import (
     WorkerReadyNotice,
     WorkerRoutes,
 )
-from swactor.transport import ControlAuthority, ControlChannel, Driver, QuicEndpoint
+from swactor.transport import ControlAuthority, ControlChannel, QuicEndpoint
 from swactor.transport.config import TransportConfig
 from swactor.transport.endpoint import QuicLink
 from swactor.transport.errors import ControlError
@@ -165,6 +184,7 @@ class NodeStagePorts:
         await self._worker.load_weights(provision)
 
     async def execute_step(self, command: ExecuteStep) -> None:
+        self._edges.step_issued(command)  # the §27 gates first (EdgeStagePorts doc)
         await self._worker.execute_step(command)
 
     async def release_input(self, handle: DeviceObjectHandle) -> None:
@@ -173,14 +193,36 @@ class NodeStagePorts:
     async def reset_role(self, role_id: RoleId) -> None:
         await self._worker.reset_role(role_id)
 
+    @property
+    def _edges(self) -> EdgeStagePorts:
+        assert self.node.edge_ports is not None
+        return self.node.edge_ports
+
     async def establish_inbound(self, provision: ProvisionStage) -> None:
-        self.node.keeper_ref().tell(EstablishEdge(provision, inbound=True))
+        await self._edges.establish_inbound(self._oversize(provision, inbound=True))
 
     async def establish_outbound(self, provision: ProvisionStage) -> None:
-        self.node.keeper_ref().tell(EstablishEdge(provision, inbound=False))
+        await self._edges.establish_outbound(self._oversize(provision, inbound=False))
 
     async def stop_edges(self, inbound: EdgeId, outbound: EdgeId) -> None:
-        self.node.keeper_ref().tell(StopEdges((inbound, outbound)))
+        await self._edges.stop_edges(inbound, outbound)
+
+    def _oversize(self, provision: ProvisionStage, inbound: bool) -> ProvisionStage:
+        """SWACTOR_FAULT_INJECT `node.ring_oversize`: the ring asks for the whole arena and
+        more, which the ArenaManager rejects (LeaseNeverFits -> RingRequestOversized)."""
+        if not faults.hit("node.ring_oversize"):
+            return provision
+        assert self.node.arena is not None
+        size = self.node.arena.size + 1
+        if inbound:
+            edge_in = provision.inbound
+            spec = dataclasses.replace(edge_in.ring_spec, data_capacity=size)
+            return dataclasses.replace(
+                provision, inbound=dataclasses.replace(edge_in, ring_spec=spec))
+        edge_out = provision.outbound
+        spec = dataclasses.replace(edge_out.ring_spec, data_capacity=size)
+        return dataclasses.replace(
+            provision, outbound=dataclasses.replace(edge_out, ring_spec=spec))
 
     async def report(self, orchestrator: NodeId, run_id: RunId, message: StageReport) -> None:
         task = asyncio.get_running_loop().create_task(
@@ -216,13 +258,21 @@ class _BootSteps:
         task.add_done_callback(self._tasks.discard)
 
     def construct_arena(self, ceiling: int) -> None:
+        manager = ArenaManager(ceiling)
         try:
-            self.node.arena = Arena.create(ceiling)
+            outputs = manager.construct()
         except Exception as error:
             self.node.boot_failure = f"arena of {ceiling} bytes: {error}"
             self.node.deliver(nb.ArenaFailed(ArenaFailure.MemfdFailed))
             return
-        self.node.spawn_actors(self.node.arena)
+        down = [o for o in outputs if isinstance(o, ArenaDown)]
+        if down or manager.arena is None:
+            reason = down[0].reason if down else ArenaFailure.MemfdFailed
+            self.node.boot_failure = f"arena of {ceiling} bytes: {reason.value}"
+            self.node.deliver(nb.ArenaFailed(reason))
+            return
+        self.node.arena_manager, self.node.arena = manager, manager.arena
+        self.node.spawn_actors(manager)
         self.node.deliver(nb.ArenaReady())
 
     def start_worker(self) -> None:
@@ -258,8 +308,11 @@ class StageNode:
         self.node_id = NodeId(config.identity.node_id)
         self.arena: Arena | None = None
         self.runtime: Runtime | None = None
+        self.arena_manager: ArenaManager | None = None
         self.endpoint: QuicEndpoint | None = None
-        self.driver: Driver | None = None
+        self.driver: Any = None
+        """The edge driver (owned by the DriverActor `_driver_ref`)."""
+        self.edge_ports: EdgeStagePorts | None = None
         self.control: ControlChannel | None = None
         self.worker_ports: WorkerStagePorts | None = None
         self.host_state = StageHostState()
@@ -269,8 +322,10 @@ class StageNode:
             opening_types=frozenset({"ProvisionStage"}),
         )
         self.finished: asyncio.Queue[StageOutcome] = asyncio.Queue()
-        self._keeper: EdgeKeeper | None = None
-        self._keeper_ref: ActorRef[Any] | None = None
+        self._arena_ref: ActorRef[Any] | None = None
+        self._driver_ref: ActorRef[Any] | None = None
+        self._establisher: ActorRef[Any] | None = None
+        self._routes: WorkerRoutes | None = None
         self._host: ActorRef[Any] | None = None
         self._ctl: ActorRef[Any] | None = None
         self._worker_pid: int | None = None
@@ -282,10 +337,6 @@ class StageNode:
         self._active_stage = StageIndex(0)
         self.notices: asyncio.Queue[Any] = asyncio.Queue()
         self._booted: asyncio.Future[None] | None = None
-
-    def keeper_ref(self) -> ActorRef[Any]:
-        assert self._keeper_ref is not None
-        return self._keeper_ref
 
     # -- boot -------------------------------------------------------------------------
 
@@ -335,19 +386,21 @@ class StageNode:
         if self.swim_join is not None:
             self.swim_join.publish_health(health)
 
-    def spawn_actors(self, arena: Arena) -> None:
-        """The node's actors: stage host, edge keeper, boot notices, GpuWorkerCtl."""
+    def spawn_actors(self, manager: ArenaManager) -> None:
+        """The node's actors: stage host, arena, boot notices, GpuWorkerCtl (the driver
+        and the EdgeEstablisher come with the transport)."""
         config = self.config
+        assert manager.arena is not None
+        arena = manager.arena
         runtime = self.runtime = Runtime(f"node-{self.node_id:x}")
         host = runtime.spawn(lambda: StageHost(
             StageHostConfig(self.node_id, config.orchestrator), NodeStagePorts(self),
             self.host_state, self._stage_finished), "stage-host", mailbox_capacity=4096)
         self._host = host
-        keeper = self._keeper = EdgeKeeper(arena, host)
-        self._keeper_ref = runtime.spawn(lambda: keeper, "edges", mailbox_capacity=4096)
+        self._arena_ref = runtime.spawn(lambda: ArenaActor(manager), "arena",
+                                        mailbox_capacity=4096)
         watcher = runtime.spawn(lambda: _Notices(self.notices), "boot")
-        routes = WorkerRoutes(node_boot=watcher, establisher=self._keeper_ref,
-                              driver=self._keeper_ref, stage_controllers=[host])
+        routes = self._routes = WorkerRoutes(node_boot=watcher, stage_controllers=[host])
         ctl_config = WorkerCtlConfig(arena.fd, arena.size,
                                      init_timeout_s=config.worker_init_timeout_s)
         self._ctl = runtime.spawn(lambda: GpuWorkerCtl(ctl_config, routes, arena), "gpu-worker",
@@ -383,16 +436,34 @@ class StageNode:
             self.boot_failure = f"transport: {error}"
             self.deliver(nb.TransportFailed())
             return
-        assert self.arena is not None and self._keeper is not None and self._ctl is not None
         self.endpoint = endpoint
-        emit, wake = self._keeper.driver_callbacks(self.keeper_ref())
-        self.driver = network.driver(endpoint, self.arena, emit, wake)
-        self._keeper.bind(self.driver, self._ctl)
+        self._spawn_edges(endpoint, network)
         control: Any = network.control(endpoint, REGISTRY, self._on_request, self.authority,
                                        _WatchedControl)
         control.on_lost = self._link_lost
         self.control = control
         self.deliver(nb.TransportReady())
+
+    def _spawn_edges(self, endpoint: Any, network: Transport) -> None:
+        """The DriverActor and the EdgeEstablisher on the endpoint; the edge ports."""
+        manager, runtime, routes = self.arena_manager, self.runtime, self._routes
+        ctl, host, arena_ref = self._ctl, self._host, self._arena_ref
+        assert manager is not None and manager.arena is not None and runtime is not None
+        assert routes is not None and ctl is not None and host is not None
+        assert arena_ref is not None
+        arena = manager.arena
+        installer = WorkerRingInstaller(ctl, routes)
+        driver_actor = DriverActor(endpoint, arena, WakeFanout(installer), network.driver)
+        self.driver = driver_actor.driver
+        driver = self._driver_ref = runtime.spawn(lambda: driver_actor, "driver",
+                                                  mailbox_capacity=4096)
+        # edge_ready is the StageController's event (on EdgeEstablished): no emit here
+        est_config = EstablisherConfig(self.node_id, arena_ref, driver, installer,
+                                       manager.take_minter(), worker_ctl=ctl)
+        establisher = self._establisher = runtime.spawn(
+            lambda: EdgeEstablisher(est_config), "edge-establisher", mailbox_capacity=4096)
+        routes.establisher, routes.driver = establisher, driver
+        self.edge_ports = EdgeStagePorts(establisher, host)
 
     def join_membership(self) -> None:
         """SWIM join when configured (SwimJoin reports the outcome); else joined at once."""
@@ -453,8 +524,8 @@ class StageNode:
                     raise ControlError("provisioning refused (fault injection)")
                 if self.host_state.active_run is None:
                     self.authority.active_run_id = int(message.run_id)
-                assert self.driver is not None
-                self.driver.expect_recv([int(message.inbound.edge_id)])
+                assert self._driver_ref is not None
+                self._driver_ref.tell(ExpectRecv((int(message.inbound.edge_id),)))
                 self._host.tell(scm.ProvisionStage(NodeId(peer), message))
             case StopRunMessage():
                 self._host.tell(StopRunRequest(NodeId(peer), message.run_id,
@@ -487,7 +558,9 @@ class StageNode:
             "node_id": int(self.node_id),
             "active_run": None if self.host_state.active_run is None
             else int(self.host_state.active_run),
-            "live_leases": self._keeper.live_leases() if self._keeper is not None else [],
+            "live_leases": [] if self.arena_manager is None else
+            [(int(lease.edge_id), int(lease.ring_id))
+             for lease in self.arena_manager.live_leases()],
             "worker_pid": self._worker_pid,
             "runs_served": [int(o.run_id) for o in self.host_state.history
                             if o.run_id is not None],
@@ -511,15 +584,12 @@ class StageNode:
                 async with asyncio.timeout(15):
                     while self._ctl.alive and self._worker_alive():
                         await asyncio.sleep(0.05)
-        if self.driver is not None:
-            await self.driver.close()
+        if self._driver_ref is not None:
+            await self._driver_ref.stop_and_join()  # DriverActor.stopped closes the driver
         if self.endpoint is not None:
             await self.endpoint.close()
         if self.runtime is not None:
             await self.runtime.shutdown()
-        if self._keeper is not None:
-            for end in list(self._keeper.ends.values()):
-                end.ring.close()
         if self.arena is not None:
             with contextlib.suppress(Exception):
                 self.arena.close()
