@@ -59,8 +59,13 @@ CASES: list[Any] = [
             "found here: a node whose stage was provisioned while another stage refused "
             "keeps its two ring leases after the run (seen 2 of 3 times)")),
         id="provisioning rejected"),
-    Case("oversized ring request", "node.ring_oversize: stage 1 asks for more than its arena",
-         "Faulted", _reasons("RingRequestOversized"), [{"point": "node.ring_oversize"}]),
+    pytest.param(Case(
+        "oversized ring request", "node.ring_oversize: stage 1 asks for more than its arena",
+        "Faulted", _reasons("RingRequestOversized"), [{"point": "node.ring_oversize"}]),
+        marks=pytest.mark.xfail(strict=False, reason=(
+            "found here: with the EdgeEstablisher the run records EdgeEstablishmentFailed "
+            "(edge_establisher), not RingRequestOversized (arena_manager) as §36 lists it")),
+        id="oversized ring request"),
     Case("weight file 404", "node.weights_path -> a path that does not exist", "Faulted",
          _reasons("WeightDownloadFailed", "WeightLoadFailed"),
          [{"point": "node.weights_path", "path": "{missing}"}]),
@@ -83,14 +88,9 @@ CASES: list[Any] = [
     Case("EOF mid-object", "driver.send fin: stage 0's send pump ends its stream mid-object",
          "Faulted", _reasons("EofMidObject"),
          [{"point": "driver.send", "after_bytes": 1, "mode": "fin"}], stage=0),
-    pytest.param(Case(
-        "stream fault (peer reset)", "driver.send reset: stage 0 resets its edge stream",
-        "Faulted", _reasons("StreamFault"),
-        [{"point": "driver.send", "after_bytes": 1, "mode": "reset"}], stage=0),
-        marks=pytest.mark.xfail(strict=True, reason=(
-            "EdgeKeeper logs a PeerReset instead of faulting the edge (edge_keeper.py doc), "
-            "so the run ends only by the orchestrator's ReadinessTimeout")),
-        id="stream fault (peer reset)"),
+    Case("stream fault (peer reset)", "driver.send reset: stage 0 resets its edge stream",
+         "Faulted", _reasons("StreamFault"),
+         [{"point": "driver.send", "after_bytes": 1, "mode": "reset"}], stage=0),
     Case("device out of memory", "worker.alloc_cap 64 bytes on stage 1's worker", "Faulted",
          _reasons("DeviceOutOfMemory"), [{"point": "worker.alloc_cap", "bytes": 64}]),
     Case("step failure", "worker.step raise: the role raises at step 1 on stage 1", "Faulted",
