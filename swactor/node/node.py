@@ -60,6 +60,7 @@ from typing import Any
 from swactor import faults
 from swactor.actors import Actor, ActorRef, Context, Runtime
 from swactor.arena import Arena, ArenaDown, ArenaManager
+from swactor.arena.allocator import align_up
 from swactor.edges import (
     ArenaActor,
     DriverActor,
@@ -213,14 +214,16 @@ class NodeStagePorts:
         if not faults.hit("node.ring_oversize"):
             return provision
         assert self.node.arena is not None
-        size = self.node.arena.size + 1
+        size = self.node.arena.size
         if inbound:
             edge_in = provision.inbound
-            spec = dataclasses.replace(edge_in.ring_spec, data_capacity=size)
+            spec = dataclasses.replace(edge_in.ring_spec, data_capacity=align_up(
+                size + 1, edge_in.ring_spec.alignment))
             return dataclasses.replace(
                 provision, inbound=dataclasses.replace(edge_in, ring_spec=spec))
         edge_out = provision.outbound
-        spec = dataclasses.replace(edge_out.ring_spec, data_capacity=size)
+        spec = dataclasses.replace(edge_out.ring_spec, data_capacity=align_up(
+            size + 1, edge_out.ring_spec.alignment))
         return dataclasses.replace(
             provision, outbound=dataclasses.replace(edge_out, ring_spec=spec))
 
