@@ -29,7 +29,7 @@ from codegen.errors import TableError
 from codegen.loader import load_table
 from swactor.fsm.generated import gpu_worker_ctl as gwc
 from swactor.fsm.generated import worker_process as wp
-from swactor.model.errors import WeightsError
+from swactor.model.errors import WeightsError, WeightsFault
 from swactor.model.gguf_range import GgufRangeReader
 from swactor.node.control_messages import REGISTRY
 from swactor.node.worker_ctl import decode_worker_line
@@ -60,7 +60,7 @@ def examples(ci: int = CI_EXAMPLES) -> int:
     return int(os.environ.get("SWACTOR_FUZZ_EXAMPLES", ci))
 
 
-def fuzz(ci: int = CI_EXAMPLES) -> Any:
+def fuzz(ci: int = CI_EXAMPLES) -> settings:
     return settings(max_examples=examples(ci), deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -173,7 +173,8 @@ class _Bytes:
 
     def read(self, offset: int, length: int) -> bytes:
         if offset < 0 or length < 0 or offset + length > len(self.data):
-            raise WeightsError(f"read {offset}+{length} past {len(self.data)} bytes")
+            raise WeightsError(WeightsFault.TRUNCATED,
+                               f"read {offset}+{length} past {len(self.data)} bytes")
         self.bytes_read += length
         return self.data[offset:offset + length]
 
