@@ -8,13 +8,14 @@ One module-scoped cluster (booting SmolLM2 three times is the expensive part) se
 both tests, in file order:
 
 - the run must end Faulted (one fault recorded, the tokens received so far kept) with a
-  teardown outcome other than Clean, the orchestrator must exit 1 by itself, and the
-  two survivors must finish their stage of the run with no active run and no lease;
-- (strict xfail, a known gap) once the link is back, the cut-off node must end its
-  stage too (it lost every peer and its orchestrator, it did not crash) and a second
-  run over the same three nodes must complete. Today the node's StageController
-  waits in Faulted for a StopRun (spec §14) that the gone orchestrator can never send,
-  so the node refuses the next run as busy until it is restarted.
+  teardown outcome other than Clean, the orchestrator must exit 1 by itself, the two
+  survivors must finish their stage with no active run and no lease, and so must the
+  cut-off node, still cut off (it loses its orchestrator's connection and stops the run
+  itself instead of waiting forever for a StopRun);
+- (xfail, not strict: a known, timing-dependent gap) once the link is back, a second
+  run over the same three nodes must complete. Here SWIM often does not heal the
+  partition: the new orchestrator's discovery, joining through n0, finds only 2 of 3
+  nodes available within its 120 s (3 of 4 tries failed this way, 1 completed).
 
 At the end every node must exit 0 on SIGTERM and no process may be left in any
 namespace; the namespaces are removed whatever happened.
@@ -56,7 +57,6 @@ CUT = "n1"
 FIRST_TOKENS_S = 600.0
 FAULT_S = 300.0
 STAGE_END_S = 120.0
-ORPHAN_END_S = 60.0
 
 
 @dataclass
@@ -144,23 +144,19 @@ def test_pulled_link_faults_the_run_and_survivors_end_their_stage(
     assert report["teardown"] in ("Faulted", "TimedOut"), report
     assert TOKENS_BEFORE_CUT <= len(report["generated_token_ids"]) < LONG_TOKENS
     assert [s["node_id"] for s in report["stages"]] == sorted(partitioned.addresses)
-    for name in STAGES:
-        if name != CUT:
-            assert_stage_ended(partitioned.nodes[name], 1, STAGE_END_S)
+    for name in STAGES:  # the cut-off node too, while its link is still down
+        assert_stage_ended(partitioned.nodes[name], 1, STAGE_END_S)
     print(f"\norchestrator exited {partitioned.fault_s:.1f}s after the cut: fault "
           f"{report['fault']}, teardown {report['teardown']}, "
           f"{len(report['generated_token_ids'])} tokens")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "known gap: a node cut off from its orchestrator keeps its faulted stage (waits for "
-    "a StopRun that never comes) and refuses the next run as busy"))
-def test_cut_off_node_ends_its_stage_and_the_pool_serves_again(
-    partitioned: Partitioned,
-) -> None:
+@pytest.mark.xfail(strict=False, raises=AssertionError, reason=(
+    "known gap, timing-dependent: SWIM often does not heal the partition once the link "
+    "is back (discovery through n0: 'pool: 2 of 3 nodes available after 120s')"))
+def test_the_pool_serves_again_once_the_link_is_back(partitioned: Partitioned) -> None:
     hosts, nodes = partitioned.hosts, partitioned.nodes
     hosts.set_link(CUT, up=True)
-    assert_stage_ended(nodes[CUT], 1, ORPHAN_END_S)
     second = start_orchestrator(hosts, 2, partitioned.keys, partitioned.events, 4, 64)
     code, report = final_report(second, FAULT_S)
     assert code == 0, (report, second.describe())
