@@ -26,7 +26,9 @@ committed to the egress ring: ``object_produced(s)``) -> ``step_completed(s)`` -
   the stage idles while other stages and the orchestrator work on the token.
 
 The four add up to the token period for each stage. Tokens before ``warmup`` decode
-steps are left out (tinygrad compiles the decode kernels on the first ones).
+steps are left out (tinygrad compiles the decode kernels on the first ones), and so is a
+token whose step events some stage did not record (the run's last step_completed can
+be lost when the run stops right after its token).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 Record = Mapping[str, Any]
+STEP_EVENTS = ("object_loaded", "execute_step_started", "object_produced", "step_completed")
 MS = 1e6  # ns per ms
 
 
@@ -97,8 +100,7 @@ class RunEvents:
             event = record["event"]
             if event == "token_received":
                 self.tokens.setdefault(int(record["sequence"]), int(record["mono"]))
-            elif event in ("object_loaded", "execute_step_started", "object_produced",
-                           "step_completed"):
+            elif event in STEP_EVENTS:
                 stage = int(record["stage_index"])
                 self._at.setdefault((event, stage, int(record["sequence"])), int(record["mono"]))
 
@@ -107,6 +109,12 @@ class RunEvents:
             return self._at[(event, stage, sequence)]
         except KeyError:
             raise EventsError(f"no {event} for stage {stage} sequence {sequence}") from None
+
+    def complete(self, sequence: int) -> bool:
+        """Whether every stage recorded all four step events of `sequence` (the last
+        step_completed of a run can be lost when the run stops right after its token)."""
+        return all((event, stage, sequence) in self._at for stage in range(self.stages)
+                   for event in STEP_EVENTS)
 
     def first(self, event: str, **match: int) -> int:
         """mono of the first `event` whose fields equal `match`."""
@@ -127,9 +135,10 @@ def token_periods_ms(run: RunEvents, warmup: int) -> list[float]:
 
 def stage_breakdown(run: RunEvents, warmup: int) -> list[dict[str, list[float]]]:
     """Per stage: inbound / control / compute / waiting per steady decode token, in ms."""
-    sequences = run.decode_sequences(warmup)
+    sequences = [s for s in run.decode_sequences(warmup) if run.complete(s)]
     if not sequences:
-        raise EventsError(f"no decode token past the first {warmup}")
+        raise EventsError(f"no decode token past the first {warmup} with every stage's "
+                          "events")
     out: list[dict[str, list[float]]] = []
     for stage in range(run.stages):
         parts: dict[str, list[float]] = {"inbound": [], "control": [], "compute": [],

@@ -75,10 +75,12 @@ def test_warmup_tokens_are_left_out_and_a_missing_event_is_named() -> None:
     assert run.decode_sequences(warmup=5) == []
     with pytest.raises(EventsError, match="no decode token"):
         stage_breakdown(run, warmup=5)
-    holed = [r for r in records if not (r["event"] == "object_loaded"
-                                        and r.get("stage_index") == 1 and r["sequence"] == 3)]
-    with pytest.raises(EventsError, match="object_loaded for stage 1 sequence 3"):
-        stage_breakdown(RunEvents(holed), warmup=1)
+    holed = [r for r in records if not (r["event"] == "step_completed"
+                                        and r.get("stage_index") == 1 and r["sequence"] == 5)]
+    stage0, stage1 = stage_breakdown(RunEvents(holed), warmup=1)
+    assert len(stage0["compute"]) == len(stage1["compute"]) == 3  # token 5 left out
+    with pytest.raises(EventsError, match="step_completed for stage 1 sequence 5"):
+        RunEvents(holed).at("step_completed", 1, 5)
 
 
 def test_other_runs_are_ignored(tmp_path: Path) -> None:
