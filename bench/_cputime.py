@@ -68,6 +68,15 @@ def _stages(events_dir: Path) -> dict[int, int]:
     return found
 
 
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def _parent(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat") as handle:
@@ -83,16 +92,18 @@ class CpuSampler:
         self.start, self.stop = start, stop
         self.result: dict[str, Any] | None = None
 
-    def _wait(self, events_dir: Path, count: int) -> int:
+    def _wait(self, events_dir: Path, count: int, root: int) -> int:
         deadline = time.monotonic() + WAIT_S
         while (seen := _tokens(events_dir)) < count and time.monotonic() < deadline:
+            if not _alive(root):
+                break
             time.sleep(POLL_S)
         return seen
 
     def __call__(self, events_dir: Path, root: int) -> None:
-        first = self._wait(events_dir, self.start)
+        first = self._wait(events_dir, self.start, root)
         before = {pid: cpu_s(pid) for pid in tree(root)}
-        last = self._wait(events_dir, self.stop)
+        last = self._wait(events_dir, self.stop, root)
         after = {pid: cpu_s(pid) for pid in before}
         tokens = last - first
         if tokens <= 0:

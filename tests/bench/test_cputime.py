@@ -31,7 +31,7 @@ import json, sys, time
 log = sys.argv[1]
 def token(sequence):
     with open(log, "a") as handle:
-        handle.write(json.dumps({"event": "token_received", "sequence": sequence}) + "\n")
+        handle.write(json.dumps({"event": "token_received", "sequence": sequence}) + "\\n")
 token(0)
 time.sleep(1.0)  # the sampler reads the CPU times now
 t = time.process_time()
