@@ -54,13 +54,8 @@ AFTER_CRASH = pytest.mark.xfail(strict=True, reason=(
 CASES: list[Any] = [
     Case("provisioning rejected", "node.provision_reject on stage 1's node", "Faulted",
          _reasons("ProvisioningRejected"), [{"point": "node.provision_reject"}]),
-    pytest.param(Case(
-        "oversized ring request", "node.ring_oversize: stage 1 asks for more than its arena",
-        "Faulted", _reasons("RingRequestOversized"), [{"point": "node.ring_oversize"}]),
-        marks=pytest.mark.xfail(strict=False, reason=(
-            "found here: with the EdgeEstablisher the run records EdgeEstablishmentFailed "
-            "(edge_establisher), not RingRequestOversized (arena_manager) as §36 lists it")),
-        id="oversized ring request"),
+    Case("oversized ring request", "node.ring_oversize: stage 1 asks for more than its arena",
+         "Faulted", _reasons("RingRequestOversized"), [{"point": "node.ring_oversize"}]),
     Case("weight file 404", "node.weights_path -> a path that does not exist", "Faulted",
          _reasons("WeightDownloadFailed", "WeightLoadFailed"),
          [{"point": "node.weights_path", "path": "{missing}"}]),
