@@ -317,7 +317,9 @@ class TeardownOutcome(enum.Enum):
 
 
 class RunFaultReason(enum.Enum):
-    """Every run-level fault source of spec §36, plus ReadinessTimeout."""
+    """Every run-level fault source of spec §36, plus the orchestrator's two timeouts:
+    ReadinessTimeout (no global readiness in time) and ProgressTimeout (no output object
+    for the running step in time, spec §13 Running "timeout")."""
 
     NodeUnavailable = "NodeUnavailable"
     MembershipLost = "MembershipLost"
@@ -341,6 +343,7 @@ class RunFaultReason(enum.Enum):
     SequenceViolation = "SequenceViolation"
     StepFailed = "StepFailed"
     ReadinessTimeout = "ReadinessTimeout"
+    ProgressTimeout = "ProgressTimeout"
 
 
 class Component(enum.Enum):

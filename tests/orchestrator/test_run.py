@@ -338,12 +338,8 @@ def test_step_timeout() -> None:
         result = await stop_all(handle, ports)
         assert result.outcome is RunOutcome.Faulted
         assert result.fault is not None and result.fault.component is Component.Orchestrator
-        # fsm/orchestrator_run.yaml reports ReadinessTimeout until swactor.wire has
-        # ProgressTimeout (its doc says so); the step timer must not pass for a readiness one
-        # once the member exists
-        interim = RunFaultReason.ReadinessTimeout
-        expected = RunFaultReason.__members__.get("ProgressTimeout", interim)
-        assert result.fault.reason is expected
+        # a stalled step is a progress timeout, never a readiness one
+        assert result.fault.reason is RunFaultReason.ProgressTimeout
         assert_legal_order(ports.event_names(), tokens=0, ending="run_faulted")
 
     run_test(body)

@@ -70,7 +70,8 @@ def test_spec_enum_members_exact(name: str) -> None:
 
 
 def test_run_fault_reason_covers_every_section_36_source() -> None:
-    # One member per §36 bullet, in the spec's order, then ReadinessTimeout.
+    # One member per §36 bullet, in the spec's order, then the orchestrator's timeouts
+    # (§13: no readiness in time; no output for the running step in time).
     section_36 = [
         "NodeUnavailable",  # node unavailable before or during run
         "MembershipLost",  # membership loss for a required node
@@ -94,6 +95,7 @@ def test_run_fault_reason_covers_every_section_36_source() -> None:
         "SequenceViolation",  # inference-step ordering violation
         "StepFailed",
         "ReadinessTimeout",
+        "ProgressTimeout",
     ]
     assert [m.name for m in wire.RunFaultReason] == section_36
 
