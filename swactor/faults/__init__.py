@@ -126,9 +126,18 @@ def header_bytes(packed: bytes, sequence: int, repack: Any) -> bytes:
     return b"\xa5" * len(packed)
 
 
+_finished_edges: set[int] = set()
+
+
 def stream_cut(edge: int, sent_before: int, moved: int) -> str | None:
-    """`driver.send` hook: "reset" or "fin" once `after_bytes` have been sent on `edge`."""
+    """`driver.send` hook: "reset" or "fin" once `after_bytes` have been sent on `edge`;
+    "hold" (write nothing more) on an edge already ended with an injected FIN."""
     entry = hit("driver.send", edge=edge)
     if entry is None or sent_before + moved < int(entry.get("after_bytes", 0)):
         return None
-    return str(entry.get("mode", "reset"))
+    mode = str(entry.get("mode", "reset"))
+    if mode == "fin":
+        if edge in _finished_edges:
+            return "hold"
+        _finished_edges.add(edge)
+    return mode

@@ -330,6 +330,8 @@ class SendEdge:
             with span[:moved] as chunk:
                 # SWACTOR_FAULT_INJECT driver.send (swactor/faults): FIN mid-object or reset
                 cut = faults.stream_cut(int(self.edge_id), self.offset, moved)
+                if cut == "hold":
+                    return None  # after the injected FIN: write nothing more
                 if cut == "fin":
                     link.send(stream_id, chunk[: moved // 2], end=True)
                 else:
