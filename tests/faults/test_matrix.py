@@ -47,6 +47,14 @@ def _reasons(*names: str) -> frozenset[str]:
     return frozenset(names)
 
 
+def _or_peer_reset(*names: str) -> frozenset[str]:
+    """A data-plane fault's own reason, or StreamFault: the faulting stage stops its edges
+    at once, and the upstream peer's StreamFault (the reset it sees) may reach the
+    orchestrator first (observed in about one run of three; the run still faults once,
+    tears down clean and leaves nothing behind)."""
+    return frozenset(names) | {"StreamFault"}
+
+
 AFTER_CRASH = pytest.mark.xfail(strict=True, reason=(
     "found here: the first run after a worker crash or fatal error on a node faults with "
     "RingFault (worker) instead of completing"))
@@ -70,13 +78,13 @@ CASES: list[Any] = [
          _reasons("EdgeEstablishmentFailed", "StreamFault"),
          [{"point": "driver.connect"}], stage=0),
     Case("malformed object header", "worker.egress_header garble: stage 0's object 1",
-         "Faulted", _reasons("ObjectHeaderMalformed"),
+         "Faulted", _or_peer_reset("ObjectHeaderMalformed"),
          [{"point": "worker.egress_header", "sequence": 1, "mode": "garble"}], stage=0),
     Case("sequence violation", "worker.egress_header: stage 0's object 1 says sequence 6",
-         "Faulted", _reasons("SequenceViolation"),
+         "Faulted", _or_peer_reset("SequenceViolation"),
          [{"point": "worker.egress_header", "sequence": 1, "mode": "sequence"}], stage=0),
     Case("EOF mid-object", "driver.send fin: stage 0's send pump ends its stream mid-object",
-         "Faulted", _reasons("EofMidObject"),
+         "Faulted", _or_peer_reset("EofMidObject"),
          [{"point": "driver.send", "after_bytes": 1, "mode": "fin"}], stage=0),
     Case("stream fault (peer reset)", "driver.send reset: stage 0 resets its edge stream",
          "Faulted", _reasons("StreamFault"),
@@ -93,7 +101,7 @@ CASES: list[Any] = [
         marks=AFTER_CRASH, id="worker fatal error"),
     pytest.param(Case(
         "worker crash (kill -9 mid-step)", "worker.step kill: SIGKILL at step 1 on stage 1",
-        "Faulted", _reasons("WorkerCrashed", "RingFault", "StepFailed"),
+        "Faulted", _or_peer_reset("WorkerCrashed", "RingFault", "StepFailed"),
         [{"point": "worker.step", "sequence": 1, "mode": "kill"}]),
         marks=AFTER_CRASH, id="worker crash (kill -9 mid-step)"),
 ]
