@@ -89,6 +89,7 @@ def main(argv: list[str]) -> int:
                     line = f"run {run:>3}: clean: {'ok' if ok else detail}"
                     if not ok:
                         problems.append(line)
+                        rig.held |= rig.leases(rig.settled_status())  # report a leak once
                 print(line, flush=True)
             after = measure(rig)
         finally:
