@@ -12,22 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from swactor.cluster.launcher import LocalCluster
 from swactor.events.emitter import configure
 from swactor.events.names import EventName
-from swactor.model.gguf_range import open_reader
-from swactor.model.llama_role import StageRole
 from swactor.model.paths import default_model_path
 from swactor.model.tokenizer import Tokenizer
 from swactor.orchestrator.session import SessionOptions, SessionReport, run_session
 from swactor.wire import RunOutcome, TeardownOutcome
+from tests import single_stage
 from tests.cluster.event_order import check_run_order, read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -39,24 +36,7 @@ FAULT_ONLY = {EventName.node_faulted.value, EventName.run_faulted.value}
 
 
 def reference_tokens(path: Path, prompt: tuple[int, ...]) -> list[int]:
-    whole = StageRole(open_reader(path).load_stage(0, 30, is_first=True, is_last=True),
-                      max_seq_len=MAX_SEQ)
-    tokens: list[int] = []
-    ids = prompt
-    for step in range(TOKENS):
-        tokens.append(int(whole.step(step, np.array(ids, dtype=np.int32))[0]))
-        ids = (tokens[-1],)
-    return tokens
-
-
-def node_facts(pid: int) -> tuple[int, list[int]]:
-    """(open fds, child pids) of a process."""
-    fds = len(os.listdir(f"/proc/{pid}/fd"))
-    children: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as handle:
-            children += [int(c) for c in handle.read().split()]
-    return fds, sorted(children)
+    return single_stage.reference_tokens(path, 30, prompt, TOKENS, MAX_SEQ)
 
 
 async def scenario(tmp: Path) -> None:
@@ -92,7 +72,7 @@ async def scenario(tmp: Path) -> None:
                 assert (last["run_id"], last["clean"]) == (run, True), last
                 assert last["active_run"] is None and last["live_leases"] == [], last
                 assert last["runs_served"] == list(range(1, run + 1))
-            facts.append([node_facts(node.process.pid) for node in cluster.nodes])
+            facts.append([single_stage.process_facts(node.process.pid) for node in cluster.nodes])
         # the same worker per node served both runs; nothing leaked in between
         for node in cluster.nodes:
             workers = {r["worker_pid"] for r in node.reports if r["kind"] == "stage_finished"}

@@ -15,19 +15,16 @@ too.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from swactor.cluster.netns import NetnsTopology
-from swactor.model.gguf_range import open_reader
-from swactor.model.llama_role import StageRole
 from swactor.model.paths import default_model_path
 from swactor.model.tokenizer import Tokenizer
 from swactor.transport.identity import NodeIdentity
+from tests import single_stage
 from tests.cluster.event_order import check_run_order, read_records
 from tests.multihost.pool import (
     MARKS,
@@ -47,24 +44,7 @@ RUN_S = 600.0
 
 
 def reference_tokens(path: Path, prompt: tuple[int, ...]) -> list[int]:
-    """Greedy tokens of one StageRole over every block, in this process."""
-    whole = StageRole(open_reader(path).load_stage(0, 30, is_first=True, is_last=True),
-                      max_seq_len=MAX_SEQ)
-    tokens: list[int] = []
-    ids = prompt
-    for step in range(TOKENS):
-        tokens.append(int(whole.step(step, np.array(ids, dtype=np.int32))[0]))
-        ids = (tokens[-1],)
-    return tokens
-
-
-def node_facts(pid: int) -> tuple[int, list[int]]:
-    """(open fds, child pids) of a process."""
-    children: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as handle:
-            children += [int(c) for c in handle.read().split()]
-    return len(os.listdir(f"/proc/{pid}/fd")), sorted(children)
+    return single_stage.reference_tokens(path, 30, prompt, TOKENS, MAX_SEQ)
 
 
 def run_orchestrator(hosts: NetnsTopology, run: int, keys: Path, events: Path
@@ -111,7 +91,7 @@ def test_two_runs_across_four_namespaces_match_one_stage(
                 assert last["clean"] is True, (node.label, last)
                 assert last["active_run"] is None and last["live_leases"] == [], last
                 assert last["runs_served"] == list(range(1, run + 1)), last
-            facts.append([node_facts(node.pid) for node in nodes])
+            facts.append([single_stage.process_facts(node.pid) for node in nodes])
         for node in nodes:
             finished = [d for d in node.documents if d.get("kind") == "stage_finished"]
             assert len({d["worker_pid"] for d in finished}) == 1, finished

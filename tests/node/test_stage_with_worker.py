@@ -29,8 +29,6 @@ from swactor.events.sinks import MemorySink
 from swactor.fsm.generated import gpu_worker_ctl as gwc
 from swactor.fsm.generated import orchestrator_run as orun
 from swactor.fsm.generated import stage_controller as scm
-from swactor.model.gguf_range import open_reader
-from swactor.model.llama_role import StageRole
 from swactor.node.stage_host import StageHost, StageHostConfig, StageHostState, StopRunRequest
 from swactor.node.stage_ports import EdgeEstablished, StageOutcome, StageReport
 from swactor.node.stage_worker_ports import WorkerStagePorts
@@ -69,6 +67,7 @@ from swactor.wire import (
     WorkerGeneration,
     provision_stage,
 )
+from tests import single_stage
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
 
 TINY = TinyConfig(blocks=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=64, context=32,
@@ -94,13 +93,7 @@ def one_stage(gguf: Path, run: int) -> ProvisionStage:
 
 
 def reference_tokens(gguf: Path) -> list[int]:
-    role = StageRole(open_reader(gguf).load_stage(0, TINY.blocks, is_first=True, is_last=True),
-                     max_seq_len=16)
-    tokens, ids = [], list(PROMPT)
-    for step in range(STEPS):
-        tokens.append(int(role.step(step, np.array(ids, dtype=np.int32))[0]))
-        ids = [tokens[-1]]
-    return tokens
+    return single_stage.reference_tokens(gguf, TINY.blocks, PROMPT, STEPS, 16)
 
 
 class EdgePlayer(Actor[Any]):
