@@ -50,7 +50,8 @@ from swactor.transport.identity import NodeIdentity, node_id_from_certificate
 
 Address = tuple[str, int]
 PEER_REJECTED_CODE = 0x5A01
-STOPPED_CODE = 0x5A02
+STOPPED_CODE = 0x5A02  # a graceful stop (STOP_SENDING, or a send edge's teardown reset)
+ABORTED_CODE = 0x5A03  # an abortive reset: the receiver counts a fault
 _CID_LENGTH = 8
 _MIN_INITIAL = 1200
 _BATCH = 64
@@ -173,7 +174,7 @@ class QuicLink:
             return
         self.transmit_soon()
 
-    def reset_stream(self, stream_id: int, error_code: int = STOPPED_CODE) -> None:
+    def reset_stream(self, stream_id: int, error_code: int = ABORTED_CODE) -> None:
         if self.closed:
             return
         try:
