@@ -13,7 +13,7 @@ setup:
 
 # Run the whole test suite (pass --skip-slow to skip real-model and multi-host tests).
 test *ARGS: setup codegen-check
-    {{py}} -m pytest {{ARGS}}
+    scripts/test.sh {{ARGS}}
 
 # Fast local loop: everything but the slow real-model and multi-host tests.
 test-fast *ARGS: setup
