@@ -25,10 +25,9 @@ Send side. `EstablishSend` creates a `SendEdge`, which connects (connection cach
 endpoint), reports `DriverEdgeReady`, and opens its stream on the first egress bytes.
 
 Wake hints from the rings' other side arrive through `ring_readable` / `ring_writable`
-and are routed by ring id. A peer reset with the "stopped" code (the sender's graceful
-stop) becomes `PeerStopped`, a clean close; other peer resets and connection loss
-become `StreamError` / `TransportFailed` of the affected edges. `StopEdge` for an edge
-with no binding is answered `PumpStopped(edge_id, None)` directly.
+and are routed by ring id. Peer resets and connection loss become `StreamError` /
+`TransportFailed` of the affected edges. `StopEdge` for an edge with no binding is
+answered `PumpStopped(edge_id, None)` directly.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from swactor.fsm.generated.recv_pump import State
 from swactor.ring import Ring, RingError
 from swactor.ring.ring import ArenaLike
 from swactor.transport.config import EDGE_ALPN
-from swactor.transport.endpoint import STOPPED_CODE, QuicEndpoint, QuicLink
+from swactor.transport.endpoint import QuicEndpoint, QuicLink
 from swactor.transport.errors import TransportError
 from swactor.transport.inbound import InboundStream, lost_reason
 from swactor.transport.messages import (
@@ -261,11 +260,7 @@ class Driver:
         self._heads.pop(key, None)
         self._refused.discard(key)
         routed = self._routed.pop(key, None)
-        if routed is None:
-            return
-        if error_code == STOPPED_CODE:
-            routed[0].peer_stopped()  # the sender's graceful stop: not a fault
-        else:
+        if routed is not None:
             routed[0].stream_failed(
                 StreamFaultReason.PeerReset, f"peer reset the stream, code {error_code:#x}"
             )

@@ -50,8 +50,7 @@ from swactor.transport.identity import NodeIdentity, node_id_from_certificate
 
 Address = tuple[str, int]
 PEER_REJECTED_CODE = 0x5A01
-STOPPED_CODE = 0x5A02  # a graceful stop (STOP_SENDING, or a send edge's teardown reset)
-ABORTED_CODE = 0x5A03  # an abortive reset: the receiver counts a fault
+STOPPED_CODE = 0x5A02
 _CID_LENGTH = 8
 _MIN_INITIAL = 1200
 _BATCH = 64
@@ -174,7 +173,7 @@ class QuicLink:
             return
         self.transmit_soon()
 
-    def reset_stream(self, stream_id: int, error_code: int = ABORTED_CODE) -> None:
+    def reset_stream(self, stream_id: int, error_code: int = STOPPED_CODE) -> None:
         if self.closed:
             return
         try:

@@ -11,9 +11,8 @@ out effects. It feeds the machine:
 * from the pump loop: `RingFull` (no writable span), `RingWritable` (the binding's own
   re-check found space after clearing the pending bit), `StreamEof` (FIN and every byte
   committed), `RingFault` (the ring is Faulted or refused an advance);
-* from the driver: `RingWritable` wake hints, `PeerStopped` (the sender reset with the
-  "stopped" code: its graceful stop), `StreamError` (any other peer reset, connection
-  lost, idle timeout) and `StopEdge`.
+* from the driver: `RingWritable` wake hints, `StreamError` (peer reset, connection lost,
+  idle timeout) and `StopEdge`.
 
 Effects: `DriverEdgeReady`, `StreamClosed`, `StreamFault`, `PumpStopped` become driver
 events; `StartPump` starts the pump task; `ResumeReading` wakes it; `StopReading` sends
@@ -98,10 +97,6 @@ class RecvEdge:
     def stream_failed(self, reason: StreamFaultReason, detail: str) -> None:
         self._detail = detail
         self.feed(fsm.StreamError(reason))
-
-    def peer_stopped(self) -> None:
-        """The sender ended the stream with the "stopped" code (its graceful StopEdge)."""
-        self.feed(fsm.PeerStopped())
 
     def stop(self) -> None:
         self.feed(fsm.StopEdge(EdgeId(self.edge_id)))

@@ -12,9 +12,7 @@ out effects:
   wait for a wake hint (the driver feeds it);
 * `OpenUniStream` -> open the edge's one uni-stream, write the 16-byte `EdgePreamble`,
   feed `StreamOpened`;
-* `DrainRing` -> wake the drain task; `FinishStream` -> FIN; `ResetStream` -> RESET with the abort
-  code (a fault for the receiver); `StopStream` -> RESET with the stopped code (a graceful
-  stop: the receiver closes the edge without a fault);
+* `DrainRing` -> wake the drain task; `FinishStream` -> FIN; `ResetStream` -> RESET;
 * `DriverEdgeReady`, `StreamClosed`, `StreamFault`, `PumpStopped` -> driver events.
 
 Drain task (hot path, byte-blind): write at most (high-water - unacknowledged bytes) of
@@ -42,7 +40,7 @@ from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import send_pump as fsm
 from swactor.ring import Ring, RingError, RingState
 from swactor.transport.config import EDGE_ALPN
-from swactor.transport.endpoint import ABORTED_CODE, STOPPED_CODE, QuicEndpoint, QuicLink
+from swactor.transport.endpoint import QuicEndpoint, QuicLink
 from swactor.transport.errors import ConnectionLostError, PeerRejectedError, TransportError
 from swactor.transport.inbound import lost_reason
 from swactor.transport.messages import (
@@ -163,10 +161,7 @@ class SendEdge:
                 self.link.send(self.stream_id, b"", end=True)
         elif isinstance(effect, fsm.ResetStream):
             if self.link is not None and self.stream_id is not None:
-                self.link.reset_stream(self.stream_id, ABORTED_CODE)
-        elif isinstance(effect, fsm.StopStream):
-            if self.link is not None and self.stream_id is not None:
-                self.link.reset_stream(self.stream_id, STOPPED_CODE)
+                self.link.reset_stream(self.stream_id)
         elif isinstance(effect, fsm.StreamClosed):
             self._emit(StreamClosed(self.edge_id, self.offset))
         elif isinstance(effect, fsm.StreamFault):
@@ -342,7 +337,7 @@ class SendEdge:
                 else:
                     link.send(stream_id, chunk)
                 if cut == "reset":
-                    link.reset_stream(stream_id, ABORTED_CODE)
+                    link.reset_stream(stream_id)
             return moved
 
 
