@@ -15,7 +15,8 @@ groups=(
   "tests/generated tests/codegen tests/wire tests/events tests/actors tests/bench"
   "tests/arena tests/ring tests/worker tests/transport tests/edges tests/membership"
   "tests/model tests/node tests/orchestrator"
-  "tests/e2e tests/cluster tests/faults"
+  "tests/e2e tests/cluster"
+  "tests/faults"
   "tests/multihost"
 )
 # A test folder missing from the groups would silently never run: refuse that.
