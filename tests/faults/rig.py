@@ -31,15 +31,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
-
 from swactor.cluster.launcher import LocalCluster
 from swactor.events.emitter import Emitter, configure
 from swactor.events.schema import Emitted, RunFaulted, RunTornDown
 from swactor.events.wait import JsonlFollower, wait_for_event
 from swactor.faults import ENV_FILE, arm
-from swactor.model.gguf_range import open_reader
-from swactor.model.llama_role import StageRole
 from swactor.orchestrator.run import RunTimeouts
 from swactor.orchestrator.session import (
     PoolMember,
@@ -48,6 +44,7 @@ from swactor.orchestrator.session import (
     SessionReport,
     run_session,
 )
+from tests import single_stage
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
 
 T = TypeVar("T")
@@ -102,14 +99,7 @@ class Observed:
 
 
 def reference_tokens(gguf: Path, count: int = TOKENS) -> list[int]:
-    role = StageRole(open_reader(gguf).load_stage(0, TINY.blocks, is_first=True, is_last=True),
-                     max_seq_len=MAX_SEQ)
-    tokens: list[int] = []
-    ids = list(PROMPT)
-    for step in range(count):
-        tokens.append(int(role.step(step, np.array(ids, dtype=np.int32))[0]))
-        ids = [tokens[-1]]
-    return tokens
+    return single_stage.reference_tokens(gguf, TINY.blocks, PROMPT, count, MAX_SEQ)
 
 
 def children(pid: int) -> list[int]:
