@@ -133,7 +133,10 @@ class Arena:
         """Unmap and close the fd; idempotent.  Raises ArenaBusyError while views live."""
         if self._map.closed:
             return
-        self.view.release()
+        try:
+            self.view.release()  # refused while something holds an export on the view
+        except BufferError as exc:
+            raise ArenaBusyError("a buffer export of the arena view is still alive") from exc
         try:
             self._map.close()
         except BufferError as exc:

@@ -140,6 +140,27 @@ def _c_layout(layout: LayoutLike) -> Any:
     )
 
 
+def _exporter(view: memoryview) -> Any:
+    """The object that owns `view`'s memory (the arena's mmap), to take the handle's base
+    pointer from.
+
+    The pointer pins the mapping with a buffer export for the handle's lifetime.  Taken
+    from the arena's memoryview, that export would sit on a memoryview, and CPython 3.11
+    crashes when its garbage collector breaks a reference cycle holding a memoryview that
+    still has an export (gh-77894, fixed in 3.12 only): `tp_clear` drops the view's
+    managed buffer, and freeing the view after the export is released dereferences it.
+    An arena and its rings left for the collector (a busy `Arena.close()` suppressed on
+    teardown) hit exactly that.  The mmap (or bytearray) has no such `tp_clear`, and it
+    still refuses `close()` while the export lives.  A view that is only part of its
+    owner keeps the view itself (offsets are relative to the view)."""
+    owner = view.obj
+    with memoryview(owner) as whole:
+        same = whole.nbytes == view.nbytes and view.c_contiguous and whole.c_contiguous
+    if same and ffi.from_buffer(owner) == ffi.from_buffer(view):
+        return owner
+    return view
+
+
 def _check(rc: int, ring_id: int, what: str) -> None:
     if rc == lib.RING_OK:
         return
@@ -165,7 +186,7 @@ class Ring:
         self.ring_id = int(layout.ring_id)
         self.capacity = int(layout.data_capacity)
         check_abi()
-        self._base = ffi.from_buffer("uint8_t[]", arena.view, require_writable=True)
+        self._base = ffi.from_buffer("uint8_t[]", _exporter(arena.view), require_writable=True)
         self._h: Any = ffi.NULL
         self._data: memoryview | None = None
         self._off = ffi.new("uint64_t *")
