@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+from swactor import faults
 from swactor.arena.allocator import FreeList, align_up
 from swactor.arena.arena import Arena, ArenaBusyError, ArenaError
 from swactor.arena.proofs import QuiescenceMinter
@@ -291,6 +292,8 @@ class ArenaManager:
     # -- guards (pure) ------------------------------------------------------------------
 
     def fits_now(self, event: fsm.LeaseRing) -> bool:
+        if faults.arena_pressure():  # SWACTOR_FAULT_INJECT arena.pressure (swactor/faults)
+            return False
         size, align = lease_geometry(event.ring_spec)
         return self._free.find(size, align, HEADER_PAGE) is not None
 

@@ -55,6 +55,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from swactor import faults
 from swactor.actors import Actor, ActorRef, Context
 from swactor.arena import (
     Cancelled,
@@ -102,6 +103,8 @@ from swactor.wire import (
     RingInstalled,
     RingLayout,
     RingQuiesced,
+    RunFaultReason,
+    StreamFaultReason,
 )
 
 log = logging.getLogger("swactor.edges.establisher")
@@ -153,6 +156,8 @@ class _Record:
         self.ring_id: RingId | None = None
         self.layout: RingLayout | None = None
         self.pump_stopped = False
+        self.pump_failed = False
+        """The driver reported StreamFault(PumpFailed): the edge fails as PumpFailed."""
 
     # -- edge_record guards ----------------------------------------------------------
 
@@ -222,7 +227,10 @@ class EdgeEstablisher(Actor[Any]):
                 if edge is None:
                     log.warning("stream fault before any edge id: %s %s", reason.value, detail)
                     return
-                self._to_record(ctx, self.records.get(edge), er.StreamFault(EdgeId(edge), reason))
+                rec = self.records.get(edge)
+                if rec is not None and reason is StreamFaultReason.PumpFailed:
+                    rec.pump_failed = True  # §36 pump failure, its own run fault reason
+                self._to_record(ctx, rec, er.StreamFault(EdgeId(edge), reason))
             case tm.StreamClosed(edge_id=edge):
                 self._to_record(ctx, self.records.get(edge), er.StreamClosed(EdgeId(edge)))
             case tm.PumpStopped(edge_id=edge):
@@ -269,7 +277,8 @@ class EdgeEstablisher(Actor[Any]):
                                f"ring_spec.direction must be {want.value} for this end")
         request_id = LeaseRequestId(self._next_request)
         self._next_request += 1
-        rec = _Record(request, request_id, self.config.lease_timeout_s)
+        # SWACTOR_FAULT_INJECT arena.pressure may shorten the lease timer (swactor/faults)
+        rec = _Record(request, request_id, faults.lease_timeout_s(self.config.lease_timeout_s))
         self.records[edge] = rec
         self._by_request[int(request_id)] = rec
         event: er.Event
@@ -366,6 +375,8 @@ class EdgeEstablisher(Actor[Any]):
                     cfg.emit(EdgeReady(node_id=cfg.node_id, run_id=rec.run_id, edge_id=edge,
                                        ring_id=rec.ring_id))
             case er.NotifyEdgeFailed(edge_id=edge, reason=reason):
+                if reason is RunFaultReason.StreamFault and rec.pump_failed:
+                    reason = RunFaultReason.PumpFailed
                 self._tell_actor(rec, EdgeDown(edge, reason))
                 self._drop_held_stream(rec)
             case er.NotifyEdgeStopped(edge_id=edge, clean=clean):

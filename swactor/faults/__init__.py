@@ -29,6 +29,15 @@ Hook points:
   handshake failure (HandshakeFailed).
 - `driver.send` (send pump, per `edge`): once `after_bytes` were sent, `mode` reset
   (RESET_STREAM) or fin (half the span, then FIN: EOF mid-object).
+- `driver.pump` (send pump drain loop, per `edge`): the pump fails (its ring read
+  raises), so the pump stops with StreamFault(PumpFailed).
+- `arena.pressure` (ArenaManager guard `fits_now`, EdgeEstablisher lease timer): no
+  lease fits now, so every request is queued; the edge's lease timer is `lease_timeout_s`
+  (default: the node's), after which the edge fails with ArenaPressureTimeout.
+- `worker.ring_fault` (worker ring consumer, per `direction` ingress/egress): the
+  worker faults the shared ring (WorkerInternal) before its next read or write.
+- `worker.copy` (DeviceBridge copies, per `direction` host_to_device/device_to_host):
+  the device copy fails (DeviceCopyFailed).
 """
 
 from __future__ import annotations
@@ -141,3 +150,29 @@ def stream_cut(edge: int, sent_before: int, moved: int) -> str | None:
             return "hold"
         _finished_edges.add(edge)
     return mode
+
+
+def arena_pressure() -> bool:
+    """`arena.pressure` hook: True while no new ring lease may fit (it is queued)."""
+    return hit("arena.pressure") is not None
+
+
+def lease_timeout_s(default: float) -> float:
+    """`arena.pressure` hook: the lease timer of a new edge record (`lease_timeout_s`)."""
+    entry = hit("arena.pressure")
+    return default if entry is None else float(entry.get("lease_timeout_s", default))
+
+
+def pump_fails(edge: int) -> bool:
+    """`driver.pump` hook: True when the send pump of `edge` must fail now."""
+    return hit("driver.pump", edge=edge) is not None
+
+
+def ring_faults(direction: str) -> bool:
+    """`worker.ring_fault` hook: True when the worker must fault its `direction` ring."""
+    return hit("worker.ring_fault", direction=direction) is not None
+
+
+def copy_fails(direction: str) -> bool:
+    """`worker.copy` hook: True when a `direction` device copy must fail."""
+    return hit("worker.copy", direction=direction) is not None

@@ -27,14 +27,8 @@ RULE = "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 NOT_INJECTED: tuple[tuple[str, str], ...] = (
     ("membership loss during the run", "netns link down: tests/multihost/test_link_down.py "
      "(multihost; not in this loopback matrix)"),
-    ("arena boot failure", "node boot tests (tests/node): arena failure names the step, "
-     "node_faulted, no worker; a node that never boots never joins a run"),
-    ("arena pressure timeout", "no node-level injection yet (needs a lease held by another "
-     "party); the establisher's lease timeout is tested in tests/edges/test_lifecycle.py"),
-    ("pump failure / ring fault", "tests/edges/test_worker_crash.py (RingFault from a killed "
-     "worker) and test_stream_fault.py; no separate node-level injection"),
-    ("device copy failure", "worker FaultPlan.fail_copy_objects (tests/worker); not wired "
-     "through a node"),
+    ("arena boot failure", "node boot: tests/e2e/test_node_boot.py (ArenaBootFailed in "
+     "node_boot, no worker); a node that never boots never joins a run"),
 )
 
 

@@ -286,6 +286,8 @@ class SendEdge:
         stream, or observe why none moved.  Events that may stop the pump are fed only
         after `_send_span` has released its views."""
         ring = self.ring
+        if faults.pump_fails(int(self.edge_id)):  # SWACTOR_FAULT_INJECT driver.pump
+            raise RingError("injected pump failure", self.ring_id)
         try:
             moved = self._send_span(link)
         except RuntimeError as exc:

@@ -162,7 +162,8 @@ class DeviceBridge:
         self, src: memoryview, allocation: DeviceAllocation, device_offset: int
     ) -> CopyEvent:
         """Copy host bytes `src` into the allocation at `device_offset`."""
-        if allocation.object_id in self.faults.fail_copy_objects:
+        if allocation.object_id in self.faults.fail_copy_objects or faults.copy_fails(
+                "host_to_device"):  # SWACTOR_FAULT_INJECT worker.copy
             raise DeviceError("host-to-device copy failed (fault injection)")
         if len(src) == 0:
             return CopyEvent(0)
@@ -179,7 +180,8 @@ class DeviceBridge:
         self, allocation: DeviceAllocation, device_offset: int, dst: memoryview
     ) -> CopyEvent:
         """Copy `len(dst)` bytes of the allocation from `device_offset` into host `dst`."""
-        if allocation.object_id in self.faults.fail_copy_objects:
+        if allocation.object_id in self.faults.fail_copy_objects or faults.copy_fails(
+                "device_to_host"):  # SWACTOR_FAULT_INJECT worker.copy
             raise DeviceError("device-to-host copy failed (fault injection)")
         if len(dst) == 0:
             return CopyEvent(0)

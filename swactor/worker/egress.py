@@ -40,6 +40,7 @@ from swactor.wire import (
     ObjectProduced,
     OutputBinding,
     RingFault,
+    RingFaultReason,
     RingInstalled,
     RingQuiesced,
     RingReadable,
@@ -188,6 +189,8 @@ class EgressRing(RingRecord):
     def _live_ring(self) -> Ring | None:
         ring = self.ring
         assert ring is not None
+        if faults.ring_faults("egress"):  # SWACTOR_FAULT_INJECT worker.ring_fault
+            ring.fault(RingFaultReason.WorkerInternal)
         reason = self.fault_reason(ring)
         if reason is not None:
             self.feed(er.RingError(reason))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from swactor import faults
 from swactor.arena import Arena
 from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import ingress_ring as ir
@@ -42,6 +43,7 @@ from swactor.wire import (
     ObjectHeaderError,
     ObjectLoaded,
     RingFault,
+    RingFaultReason,
     RingInstalled,
     RingQuiesced,
     RingWritable,
@@ -150,6 +152,8 @@ class IngressRing(RingRecord):
         """The ring, or None after feeding RingError for a faulted shared state."""
         ring = self.ring
         assert ring is not None
+        if faults.ring_faults("ingress"):  # SWACTOR_FAULT_INJECT worker.ring_fault
+            ring.fault(RingFaultReason.WorkerInternal)
         reason = self.fault_reason(ring)
         if reason is not None:
             self.feed(ir.RingError(reason))

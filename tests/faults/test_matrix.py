@@ -93,6 +93,17 @@ CASES: list[Any] = [
          _reasons("DeviceOutOfMemory"), [{"point": "worker.alloc_cap", "bytes": 64}]),
     Case("step failure", "worker.step raise: the role raises at step 1 on stage 1", "Faulted",
          _reasons("StepFailed"), [{"point": "worker.step", "sequence": 1, "mode": "raise"}]),
+    Case("arena pressure timeout", "arena.pressure: no lease fits on stage 1's node (queued), "
+         "lease timer 2 s", "Faulted", _reasons("ArenaPressureTimeout"),
+         [{"point": "arena.pressure", "lease_timeout_s": 2.0}]),
+    Case("pump failure", "driver.pump: stage 0's send pump fails (its ring read raises)",
+         "Faulted", _reasons("PumpFailed"), [{"point": "driver.pump"}], stage=0),
+    Case("ring fault", "worker.ring_fault: stage 1's worker faults its ingress ring",
+         "Faulted", _reasons("RingFault"),
+         [{"point": "worker.ring_fault", "direction": "ingress"}]),
+    Case("device copy failure", "worker.copy: stage 1's host-to-device copy fails", "Faulted",
+         _reasons("DeviceCopyFailed"),
+         [{"point": "worker.copy", "direction": "host_to_device"}]),
     # the two worker deaths last: the run after each is refused (see the marks)
     pytest.param(Case(
         "worker fatal error", "worker.fatal: stage 1's worker raises on ExecuteStep",
