@@ -61,9 +61,16 @@ faults: setup
     {{py}} -m swactor.faults.table "$rows" README.md && rm -f "$rows"
     exit $rc
 
-# Hypothesis fuzz of every parser of outside input, SWACTOR_FUZZ_EXAMPLES (default 100000) each.
-fuzz: setup
-    SWACTOR_FUZZ_EXAMPLES="${SWACTOR_FUZZ_EXAMPLES:-100000}" {{py}} -m pytest tests/faults/test_fuzz.py -q -p no:cacheprovider --timeout 0
+# Fuzz each parser of outside input, SWACTOR_FUZZ_EXAMPLES (default 100000) inputs: atheris, else Hypothesis.
+fuzz *TARGETS: setup
+    #!/usr/bin/env bash
+    set -uo pipefail
+    export SWACTOR_FUZZ_EXAMPLES="${SWACTOR_FUZZ_EXAMPLES:-100000}"
+    if {{py}} -c "import atheris" 2>/dev/null; then
+        exec {{py}} -m tests.faults.atheris_fuzz {{TARGETS}}
+    fi
+    echo "atheris is not importable: fuzzing with Hypothesis instead (slower)"
+    exec {{py}} -m pytest tests/faults/test_fuzz.py -q -p no:cacheprovider --timeout 0
 
 # Soak (not in `just test`): RUNS runs (default 50) on one 3-node loopback cluster, a fault in
 # every fifth; prints fds, threads, RSS and leases of each node and worker before and after.
