@@ -252,6 +252,10 @@ class ControlChannel:
         if waiting is not None and not waiting[1].done():
             waiting[1].set_exception(ConnectionLostError(f"peer reset, code {error_code:#x}"))
 
+    def stream_stopped(self, link: QuicLink, stream_id: int, error_code: int) -> None:
+        """The peer stopped reading a control stream: aioquic already reset our sending
+        side; a pending reply still comes (or the request times out) as before."""
+
     def link_closed(self, link: QuicLink, reason: str) -> None:
         for key in [key for key in self._inbound if key[0] is link]:
             del self._inbound[key]

@@ -25,9 +25,12 @@ Send side. `EstablishSend` creates a `SendEdge`, which connects (connection cach
 endpoint), reports `DriverEdgeReady`, and opens its stream on the first egress bytes.
 
 Wake hints from the rings' other side arrive through `ring_readable` / `ring_writable`
-and are routed by ring id. Peer resets and connection loss become `StreamError` /
-`TransportFailed` of the affected edges. `StopEdge` for an edge with no binding is
-answered `PumpStopped(edge_id, None)` directly.
+and are routed by ring id. A peer reset with the "stopped" code (the sender's graceful
+stop) becomes the receiver's `PeerStopped`, and STOP_SENDING with that code (the
+receiver's graceful stop) the sender's `PeerStopped`: clean closes. Other peer resets,
+STOP_SENDING codes and connection loss become `StreamError` / `TransportFailed` of the
+affected edges; a stream the driver refuses is stopped with the abort code. `StopEdge`
+for an edge with no binding is answered `PumpStopped(edge_id, None)` directly.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from swactor.fsm.generated.recv_pump import State
 from swactor.ring import Ring, RingError
 from swactor.ring.ring import ArenaLike
 from swactor.transport.config import EDGE_ALPN
-from swactor.transport.endpoint import QuicEndpoint, QuicLink
+from swactor.transport.endpoint import ABORTED_CODE, STOPPED_CODE, QuicEndpoint, QuicLink
 from swactor.transport.errors import TransportError
 from swactor.transport.inbound import InboundStream, lost_reason
 from swactor.transport.messages import (
@@ -260,10 +263,21 @@ class Driver:
         self._heads.pop(key, None)
         self._refused.discard(key)
         routed = self._routed.pop(key, None)
-        if routed is not None:
+        if routed is None:
+            return
+        if error_code == STOPPED_CODE:
+            routed[0].peer_stopped()  # the sender's graceful stop: not a fault
+        else:
             routed[0].stream_failed(
                 StreamFaultReason.PeerReset, f"peer reset the stream, code {error_code:#x}"
             )
+
+    def stream_stopped(self, link: QuicLink, stream_id: int, error_code: int) -> None:
+        """STOP_SENDING for one of our edge streams: the receiver stopped its end."""
+        for send in self.send_edges.values():
+            if send.link is link and send.stream_id == stream_id:
+                send.peer_stopped(error_code)
+                return
 
     def link_closed(self, link: QuicLink, reason: str) -> None:
         for key in [key for key in self._heads if key[0] is link]:
@@ -285,5 +299,5 @@ class Driver:
         later bytes are credited as they come (see `stream_data`)."""
         link, stream_id = key
         self._refused.add(key)
-        link.stop_stream(stream_id)
+        link.stop_stream(stream_id, ABORTED_CODE)  # a refusal: the sender faults
         self._emit(StreamFault(edge_id, reason, detail))

@@ -50,7 +50,8 @@ from swactor.transport.identity import NodeIdentity, node_id_from_certificate
 
 Address = tuple[str, int]
 PEER_REJECTED_CODE = 0x5A01
-STOPPED_CODE = 0x5A02
+STOPPED_CODE = 0x5A02  # a graceful stop: a receiver's or a send edge's teardown (no fault)
+ABORTED_CODE = 0x5A03  # an abortive reset or STOP_SENDING: the peer counts a fault
 _CID_LENGTH = 8
 _MIN_INITIAL = 1200
 _BATCH = 64
@@ -71,6 +72,11 @@ class LinkHandler(Protocol):
     def stream_data(self, link: QuicLink, stream_id: int, data: bytes, end: bool) -> None: ...
 
     def stream_reset(self, link: QuicLink, stream_id: int, error_code: int) -> None: ...
+
+    def stream_stopped(self, link: QuicLink, stream_id: int, error_code: int) -> None:
+        """The peer sent STOP_SENDING for a stream we send on (aioquic has already reset
+        our sending side with the same code)."""
+        ...
 
     def link_closed(self, link: QuicLink, reason: str) -> None: ...
 
@@ -164,7 +170,7 @@ class QuicLink:
         if self.quic.consume(stream_id, nbytes) and not self.closed:
             self.transmit_soon()
 
-    def stop_stream(self, stream_id: int, error_code: int = STOPPED_CODE) -> None:
+    def stop_stream(self, stream_id: int, error_code: int = ABORTED_CODE) -> None:
         if self.closed:
             return
         try:
@@ -173,7 +179,7 @@ class QuicLink:
             return
         self.transmit_soon()
 
-    def reset_stream(self, stream_id: int, error_code: int = STOPPED_CODE) -> None:
+    def reset_stream(self, stream_id: int, error_code: int = ABORTED_CODE) -> None:
         if self.closed:
             return
         try:
@@ -214,6 +220,11 @@ class QuicLink:
                     handler = self.endpoint.handler_for(self.alpn)
                     if handler is not None:
                         handler.stream_reset(self, event.stream_id, event.error_code)
+            elif isinstance(event, events.StopSendingReceived):
+                if self.peer_node_id is not None and not self.closed:
+                    handler = self.endpoint.handler_for(self.alpn)
+                    if handler is not None:
+                        handler.stream_stopped(self, event.stream_id, event.error_code)
             elif isinstance(event, events.ConnectionIdIssued):
                 self.endpoint.route(event.connection_id, self)
             elif isinstance(event, events.ConnectionIdRetired):

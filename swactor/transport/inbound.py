@@ -12,6 +12,7 @@ import asyncio
 from collections import deque
 from typing import TYPE_CHECKING
 
+from swactor.transport.endpoint import ABORTED_CODE
 from swactor.wire import StreamFaultReason
 
 if TYPE_CHECKING:
@@ -67,10 +68,11 @@ class InboundStream:
         self.buffered -= done
         return done
 
-    def stop(self) -> None:
-        """Stop reading: STOP_SENDING to the peer; drop (and credit back) what is buffered
+    def stop(self, error_code: int = ABORTED_CODE) -> None:
+        """Stop reading: STOP_SENDING with `error_code` to the peer (STOPPED_CODE: a
+        graceful stop; the abort code: a fault); drop (and credit back) what is buffered
         and whatever still arrives."""
-        self.link.stop_stream(self.stream_id)
+        self.link.stop_stream(self.stream_id, error_code)
         if self.buffered:
             self.link.consume(self.stream_id, self.buffered)
         self.chunks.clear()

@@ -11,12 +11,14 @@ out effects. It feeds the machine:
 * from the pump loop: `RingFull` (no writable span), `RingWritable` (the binding's own
   re-check found space after clearing the pending bit), `StreamEof` (FIN and every byte
   committed), `RingFault` (the ring is Faulted or refused an advance);
-* from the driver: `RingWritable` wake hints, `StreamError` (peer reset, connection lost,
-  idle timeout) and `StopEdge`.
+* from the driver: `RingWritable` wake hints, `PeerStopped` (the sender reset with the
+  "stopped" code: its graceful stop), `StreamError` (any other peer reset, connection
+  lost, idle timeout) and `StopEdge`.
 
 Effects: `DriverEdgeReady`, `StreamClosed`, `StreamFault`, `PumpStopped` become driver
-events; `StartPump` starts the pump task; `ResumeReading` wakes it; `StopReading` sends
-STOP_SENDING and cancels it; `CloseRingProducer` closes the ring's producer side (EOF for
+events; `StartPump` starts the pump task; `ResumeReading` wakes it; `StopReading` (graceful
+StopEdge) sends STOP_SENDING with the "stopped" code, `AbortReading` (a fault) with the
+abort code, and each cancels it; `CloseRingProducer` closes the ring's producer side (EOF for
 the worker's parser). After `PumpStopped` the task never touches the ring again; the
 ring handle is closed once the task has finished.
 
@@ -35,6 +37,7 @@ import asyncio
 from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import recv_pump as fsm
 from swactor.ring import Ring, RingError, RingState
+from swactor.transport.endpoint import ABORTED_CODE, STOPPED_CODE
 from swactor.transport.inbound import InboundStream
 from swactor.transport.messages import (
     DriverEdgeReady,
@@ -98,6 +101,10 @@ class RecvEdge:
         self._detail = detail
         self.feed(fsm.StreamError(reason))
 
+    def peer_stopped(self) -> None:
+        """The sender ended the stream with the "stopped" code (its graceful StopEdge)."""
+        self.feed(fsm.PeerStopped())
+
     def stop(self) -> None:
         self.feed(fsm.StopEdge(EdgeId(self.edge_id)))
 
@@ -116,9 +123,10 @@ class RecvEdge:
             )
         elif isinstance(effect, fsm.ResumeReading):
             self._writable.set()
-        elif isinstance(effect, fsm.StopReading):
+        elif isinstance(effect, (fsm.StopReading, fsm.AbortReading)):
             if self.inbound is not None:
-                self.inbound.stop()
+                graceful = isinstance(effect, fsm.StopReading)
+                self.inbound.stop(STOPPED_CODE if graceful else ABORTED_CODE)
             self._cancel_task()
         elif isinstance(effect, fsm.CloseRingProducer):
             assert self.ring is not None and self.ring_id is not None

@@ -12,8 +12,14 @@ out effects:
   wait for a wake hint (the driver feeds it);
 * `OpenUniStream` -> open the edge's one uni-stream, write the 16-byte `EdgePreamble`,
   feed `StreamOpened`;
-* `DrainRing` -> wake the drain task; `FinishStream` -> FIN; `ResetStream` -> RESET;
+* `DrainRing` -> wake the drain task; `FinishStream` -> FIN; `ResetStream` -> RESET with the abort
+  code (a fault for the receiver); `StopStream` -> RESET with the stopped code (a graceful
+  stop: the receiver closes the edge without a fault);
 * `DriverEdgeReady`, `StreamClosed`, `StreamFault`, `PumpStopped` -> driver events.
+
+The driver reports the receiver's STOP_SENDING through `peer_stopped`: the "stopped" code
+(the receiver's graceful StopEdge came first) feeds `PeerStopped`, a clean close; any
+other code (a refusal or a receiver fault) is `TransportFailed(PeerReset)`.
 
 Drain task (hot path, byte-blind): write at most (high-water - unacknowledged bytes) of
 the readable span to the stream, `consume_and_mark` (send `RingWritable` only when the
@@ -40,7 +46,7 @@ from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import send_pump as fsm
 from swactor.ring import Ring, RingError, RingState
 from swactor.transport.config import EDGE_ALPN
-from swactor.transport.endpoint import QuicEndpoint, QuicLink
+from swactor.transport.endpoint import ABORTED_CODE, STOPPED_CODE, QuicEndpoint, QuicLink
 from swactor.transport.errors import ConnectionLostError, PeerRejectedError, TransportError
 from swactor.transport.inbound import lost_reason
 from swactor.transport.messages import (
@@ -129,6 +135,17 @@ class SendEdge:
     def link_lost(self, detail: str) -> None:
         self._fail(lost_reason(detail), detail)
 
+    def peer_stopped(self, error_code: int) -> None:
+        """The receiver sent STOP_SENDING: with the "stopped" code its graceful stop (a
+        clean close), with any other code a fault."""
+        if self.finished:
+            return  # already ended (FIN sent, or our own stop): nothing left to stop
+        if error_code == STOPPED_CODE:
+            self.feed(fsm.PeerStopped())
+        else:
+            self._fail(StreamFaultReason.PeerReset,
+                       f"peer stopped the stream, code {error_code:#x}")
+
     def stop(self) -> None:
         self.feed(fsm.StopEdge(EdgeId(self.edge_id)))
 
@@ -161,7 +178,10 @@ class SendEdge:
                 self.link.send(self.stream_id, b"", end=True)
         elif isinstance(effect, fsm.ResetStream):
             if self.link is not None and self.stream_id is not None:
-                self.link.reset_stream(self.stream_id)
+                self.link.reset_stream(self.stream_id, ABORTED_CODE)
+        elif isinstance(effect, fsm.StopStream):
+            if self.link is not None and self.stream_id is not None:
+                self.link.reset_stream(self.stream_id, STOPPED_CODE)
         elif isinstance(effect, fsm.StreamClosed):
             self._emit(StreamClosed(self.edge_id, self.offset))
         elif isinstance(effect, fsm.StreamFault):
@@ -339,7 +359,7 @@ class SendEdge:
                 else:
                     link.send(stream_id, chunk)
                 if cut == "reset":
-                    link.reset_stream(stream_id)
+                    link.reset_stream(stream_id, ABORTED_CODE)
             return moved
 
 

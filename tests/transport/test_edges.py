@@ -95,9 +95,16 @@ async def test_unknown_edge_is_refused_and_reported() -> None:
         b.driver.handle(EstablishRecv(1, rx_id, rx_layout))
         tx_id, tx_layout, tx = a.new_ring(1 << 16)
         a.driver.handle(EstablishSend(99, b.identity.node_id, tx_id, tx_layout))
-        await produce(a, tx, tx_id, [b"x" * 5000])
+        await produce(a, tx, tx_id, [b"x" * 5000], close=False)
         fault = await b.wait_for(StreamFault)
         assert fault == StreamFault(99, StreamFaultReason.UnknownEdge, "edge not in active plan")
+        # the refusal stops the stream with the abort code: no graceful stop, the sender
+        # (still streaming: its producer is open) faults
+        refused = await a.wait_for(StreamFault)
+        assert isinstance(refused, StreamFault)
+        assert (refused.edge_id, refused.reason) == (99, StreamFaultReason.PeerReset), refused
+        assert "0x5a03" in refused.detail, refused
+        assert not a.of_type(StreamClosed)
         assert rx.commit == 0 and 99 not in b.driver.pending_streams
         b_link = b.endpoint.cached(a.identity.node_id, EDGE_ALPN)
         assert b_link is not None
@@ -227,6 +234,70 @@ async def test_stop_edge_stops_the_pump_with_pump_stopped() -> None:
         await b.close()
 
 
+async def test_graceful_stop_of_the_sender_closes_the_receiver_without_a_fault() -> None:
+    """Teardown stops the sending edge first (spec §38): its receiver must see a clean
+    StreamClosed, not StreamFault(PeerReset), and must not close the ring's producer side
+    (a cut object is not EOF: EofMidObject stays reserved for a FIN mid-object)."""
+    a, b = await make_pair(FAST)
+    try:
+        tx_id, tx_layout, tx = a.new_ring(1 << 16)
+        rx_id, rx_layout, rx = b.new_ring(1 << 16)
+        b.driver.handle(EstablishRecv(9, rx_id, rx_layout))
+        a.driver.handle(EstablishSend(9, b.identity.node_id, tx_id, tx_layout))
+        producer = asyncio.create_task(produce(a, tx, tx_id, payload_chunks(1 << 20, 9)))
+        async with asyncio.timeout(5):
+            while rx.commit < rx.capacity:
+                await asyncio.sleep(0.01)
+        a.driver.handle(StopEdge(9))  # the receiver's own StopEdge has not come yet
+        assert await a.wait_for(PumpStopped) == PumpStopped(9, tx_id)
+        closed = await b.wait_for(StreamClosed)
+        assert isinstance(closed, StreamClosed) and closed.edge_id == 9
+        assert await b.wait_for(PumpStopped) == PumpStopped(9, rx_id)
+        assert not [e for e in b.events if isinstance(e, StreamFault)]
+        assert rx.state is RingState.Open
+        producer.cancel()
+    finally:
+        await a.close()
+        await b.close()
+
+
+@pytest.mark.parametrize("first", ["receiver", "sender", "both"])
+async def test_graceful_stop_in_any_order_is_no_fault(first: str) -> None:
+    """Edge teardown stops both ends (spec §38) in whichever order their StopEdge comes.
+    The receiver stopping first sends STOP_SENDING with the stopped code: the sender, its
+    stream reset under it mid-transfer, must close cleanly (StreamClosed, PumpStopped),
+    not report StreamFault(PeerReset); and the other way round."""
+    a, b = await make_pair(FAST)
+    try:
+        tx_id, tx_layout, tx = a.new_ring(1 << 16)
+        rx_id, rx_layout, rx = b.new_ring(1 << 16)
+        b.driver.handle(EstablishRecv(12, rx_id, rx_layout))
+        a.driver.handle(EstablishSend(12, b.identity.node_id, tx_id, tx_layout))
+        producer = asyncio.create_task(produce(a, tx, tx_id, payload_chunks(1 << 20, 12)))
+        async with asyncio.timeout(5):
+            while rx.commit < rx.capacity:  # mid-transfer: the sender has more to send
+                await asyncio.sleep(0.01)
+        stopped_first, stopped_second = (b, a) if first == "receiver" else (a, b)
+        stopped_first.driver.handle(StopEdge(12))
+        if first == "both":
+            stopped_second.driver.handle(StopEdge(12))
+        other = await stopped_second.wait_for(PumpStopped)
+        if first != "both":
+            closed = await stopped_second.wait_for(StreamClosed)
+            assert isinstance(closed, StreamClosed) and closed.edge_id == 12
+        assert other == PumpStopped(12, tx_id if stopped_second is a else rx_id)
+        assert await stopped_first.wait_for(PumpStopped) == PumpStopped(
+            12, tx_id if stopped_first is a else rx_id)
+        await asyncio.sleep(0.2)  # a late reset or STOP_SENDING would show up by now
+        assert not [e for e in a.events + b.events if isinstance(e, StreamFault)], (
+            a.events, b.events)
+        assert rx.state is RingState.Open  # a stop is no EOF for the worker's parser
+        producer.cancel()
+    finally:
+        await a.close()
+        await b.close()
+
+
 def test_digest_helper_is_not_trivial() -> None:
     assert hashlib.sha256(b"".join(payload_chunks(3000, 1, 1000))).hexdigest() != hashlib.sha256(
         b"".join(payload_chunks(3000, 2, 1000))
@@ -251,6 +322,11 @@ async def test_ring_fault_stops_the_recv_pump_with_pump_failed() -> None:
         assert isinstance(fault, StreamFault)
         assert (fault.edge_id, fault.reason) == (9, StreamFaultReason.PumpFailed)
         assert await b.wait_for(PumpStopped) == PumpStopped(9, rx_id)
+        # the receiver's fault aborts the stream: for the sender that is a fault too
+        sent = await a.wait_for(StreamFault)
+        assert isinstance(sent, StreamFault)
+        assert (sent.edge_id, sent.reason) == (9, StreamFaultReason.PeerReset), sent
+        assert await a.wait_for(PumpStopped) == PumpStopped(9, tx_id)
         producer.cancel()
     finally:
         await a.close()
