@@ -5,10 +5,19 @@ Theory of operation. One `FaultRig` cluster (tiny GGUF) serves RUNS consecutive 
 malformed header, missing weights, device OOM, kill -9 of a worker). Before the first
 run (after a warm-up run, which compiles the kernels) and after the last, each node
 process and its worker are measured: open fds, threads, resident memory, and the node's
-live ring leases (SIGUSR1 leak check). The two tables print side by side with the
-difference. Exit status 1 when a clean run did not complete, a fault run did not fault,
-or a lease is left; growth in fds/threads/RSS is printed, not judged (noise on a shared
-host is large; read the numbers).
+live ring leases (SIGUSR1 leak check). The last measurement follows one more clean run
+(a settle run; up to `SETTLE_TRIES`, as the first runs after a worker's kill -9 may be
+refused while it restarts), so a restarting worker is not measured mid-spawn.
+The two tables print side by side with the difference.
+
+Each node is also asked for its leases right after every run's session returned (the
+orchestrator's run_torn_down is written by then): a stage releases its leases before it
+reports StageStopped (spec §38), so any lease seen then was released late or never. A
+lease still held after the settle wait of the next clean run is a leak.
+
+Exit status 1 when a clean run did not complete, a fault run did not fault, or a lease
+is held at run_torn_down or left; growth in fds/threads/RSS is printed, not judged
+(noise on a shared host is large; read the numbers).
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ FAULTS: list[tuple[str, dict[str, Any], int]] = [
     ("device OOM", {"point": "worker.alloc_cap", "bytes": 64}, 1),
     ("worker kill -9", {"point": "worker.step", "sequence": 1, "mode": "kill"}, 2),
 ]
+
+SETTLE_TRIES = 3
 
 
 def _proc(pid: int) -> dict[str, int]:
@@ -63,6 +74,11 @@ def print_table(before: list[dict[str, int]], after: list[dict[str, int]]) -> No
         print(f"{b['node']:>4} " + " ".join(f"{c:>24}" for c in cells))
 
 
+def leases_at_teardown(rig: FaultRig) -> set[tuple[int, int, int]]:
+    """The (node, edge, ring) leases held now, without waiting (not already reported)."""
+    return rig.leases(rig.run(rig._status())) - rig.held
+
+
 def main(argv: list[str]) -> int:
     runs = int(argv[0]) if argv else 50
     problems: list[str] = []
@@ -82,7 +98,10 @@ def main(argv: list[str]) -> int:
                     seen = rig.session(rig.options(), {**entry, "node": stages[stage]})
                     outcome = seen.report.result.outcome if seen.report else None
                     line = f"run {run:>3}: {name}: {outcome.value if outcome else seen.error}"
-                    if outcome is None or outcome.value != "Faulted":
+                    late = leases_at_teardown(rig)
+                    if late:
+                        line += f"; leases at run_torn_down: {sorted(late)}"
+                    if outcome is None or outcome.value != "Faulted" or late:
                         problems.append(line)
                 else:
                     ok, detail = rig.clean_run()
@@ -91,6 +110,13 @@ def main(argv: list[str]) -> int:
                         problems.append(line)
                         rig.held |= rig.leases(rig.settled_status())  # report a leak once
                 print(line, flush=True)
+            for attempt in range(1, SETTLE_TRIES + 1):
+                ok, detail = rig.clean_run()
+                print(f"settle run {attempt}: {'ok' if ok else detail}", flush=True)
+                if ok:
+                    break
+            else:
+                problems.append(f"settle: no clean run in {SETTLE_TRIES} tries: {detail}")
             after = measure(rig)
         finally:
             rig.close()
