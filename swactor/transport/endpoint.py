@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -47,6 +47,7 @@ from swactor.transport.errors import (
 )
 from swactor.transport.flow import SwactorConnection
 from swactor.transport.identity import NodeIdentity, node_id_from_certificate
+from swactor.transport.udp import UdpSocket
 
 Address = tuple[str, int]
 PEER_REJECTED_CODE = 0x5A01
@@ -122,9 +123,9 @@ class QuicLink:
     def transmit(self) -> None:
         """Send every datagram aioquic has ready and re-arm the timer."""
         self._transmit_handle = None
-        sendto = self.endpoint.sendto
-        for data, addr in self.quic.datagrams_to_send(now=self._loop.time()):
-            sendto(data, addr)
+        datagrams = self.quic.datagrams_to_send(now=self._loop.time())
+        if datagrams:
+            self.endpoint.send_datagrams(datagrams)
         timer_at = self.quic.get_timer()
         if self._timer is not None and self._timer_at != timer_at:
             self._timer.cancel()
@@ -310,7 +311,7 @@ class QuicEndpoint:
         self._cache: dict[tuple[int, str], QuicLink] = {}
         self._connecting: dict[tuple[int, str], asyncio.Future[QuicLink]] = {}
         self._links: set[QuicLink] = set()
-        self._sock: socket.socket | None = None
+        self._sock: UdpSocket | None = None
         self._server_config = config.quic_configuration(identity, is_client=False)
         self._keepalive: asyncio.Task[None] | None = None
 
@@ -330,7 +331,7 @@ class QuicEndpoint:
         except OSError as exc:
             sock.close()
             raise TransportError(f"cannot bind UDP {host}:{port}: {exc.strerror}") from exc
-        self._sock = sock
+        self._sock = UdpSocket(sock, offload=self.config.udp_offload)
         loop.add_reader(sock.fileno(), self._read_ready)
         self._keepalive = asyncio.create_task(self._keepalive_loop())
         return self.address
@@ -340,7 +341,7 @@ class QuicEndpoint:
         """The bound (host, port)."""
         if self._sock is None:
             raise TransportError("endpoint is not started")
-        host, port = self._sock.getsockname()[:2]
+        host, port = self._sock.sock.getsockname()[:2]
         return (str(host), int(port))
 
     async def close(self) -> None:
@@ -444,36 +445,36 @@ class QuicEndpoint:
     def cached(self, peer_node_id: int, alpn: str) -> QuicLink | None:
         return self._cache.get((peer_node_id, alpn))
 
+    def send_datagrams(self, datagrams: Sequence[tuple[bytes, Address]]) -> None:
+        """Send datagrams in order (GSO batches where possible); a full buffer or an
+        unreachable peer loses them, which QUIC recovers."""
+        if self._sock is not None:
+            self._sock.send(datagrams)
+
     def sendto(self, data: bytes, addr: Address) -> None:
-        sock = self._sock
-        if sock is None:
-            return
-        try:
-            sock.sendto(data, addr)
-        except (BlockingIOError, InterruptedError):
-            pass  # socket buffer full: a lost datagram, which QUIC recovers
-        except OSError:
-            pass  # e.g. unreachable peer; the connection's timers deal with it
+        self.send_datagrams([(data, addr)])
 
     # -- inbound --------------------------------------------------------------------
 
     def _read_ready(self) -> None:
-        """Drain up to `_BATCH` datagrams, then let each touched link react once: one
-        event pass and one transmit per batch instead of per datagram."""
+        """Drain up to `_BATCH` datagrams (GRO may bring many per system call), then let
+        each touched link react once: one event pass and one transmit per batch instead
+        of per datagram."""
         sock = self._sock
         if sock is None:
             return
         touched: dict[QuicLink, None] = {}
-        for _ in range(_BATCH):
-            try:
-                data, addr = sock.recvfrom(65536)
-            except (BlockingIOError, InterruptedError):
+        received = 0
+        while received < _BATCH:
+            batch = sock.receive()
+            if batch is None:
                 break
-            except OSError:
-                break
-            link = self._route(data, (str(addr[0]), int(addr[1])))
-            if link is not None:
-                touched[link] = None
+            datagrams, addr = batch
+            received += len(datagrams)
+            for data in datagrams:
+                link = self._route(data, addr)
+                if link is not None:
+                    touched[link] = None
         for link in touched:
             link.after_receive()
 

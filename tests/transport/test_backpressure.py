@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,15 +148,14 @@ async def test_lossy_path_loses_no_byte_and_no_credit() -> None:
     rng = random.Random(11)
     dropped = [0]
     for node in (a, b):
-        real = node.endpoint.sendto
+        real = node.endpoint.send_datagrams
 
-        def lossy(data: bytes, addr: tuple[str, int], real: Any = real) -> None:
-            if rng.random() < 0.10:
-                dropped[0] += 1
-                return
-            real(data, addr)
+        def lossy(datagrams: Sequence[tuple[bytes, tuple[str, int]]], real: Any = real) -> None:
+            kept = [datagram for datagram in datagrams if rng.random() >= 0.10]
+            dropped[0] += len(datagrams) - len(kept)
+            real(kept)
 
-        node.endpoint.sendto = lossy  # type: ignore[method-assign]
+        node.endpoint.send_datagrams = lossy  # type: ignore[method-assign]
     try:
         total = 2 << 20
         tx_id, tx_layout, tx = a.new_ring(256 << 10)
