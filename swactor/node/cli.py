@@ -12,6 +12,8 @@ messages from any other node are refused. With `--swim HOST:PORT` (and `--seed`s
 node also joins SWIM and publishes its QUIC address there, so an orchestrator can find
 it by membership instead of being told its address. SIGINT/SIGTERM stop the node cleanly (exit 0);
 a boot failure exits 1 with one line naming the step, bad arguments exit 2.
+`--show-id` only loads (or creates) the key, prints `HEX  (DECIMAL)` as `swactor node-id`
+does, and exits 0.
 """
 
 from __future__ import annotations
@@ -63,8 +65,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--bind", default="127.0.0.1", help="listen host (default 127.0.0.1)")
     parser.add_argument("--quic", type=int, default=0, metavar="PORT",
                         help="UDP port for QUIC (default: any free port)")
-    parser.add_argument("--trust-orchestrator", type=parse_node_id, required=True,
-                        metavar="NODE_ID", help="the only node allowed to provision and stop")
+    parser.add_argument("--trust-orchestrator", type=parse_node_id, default=None,
+                        metavar="NODE_ID",
+                        help="the only node allowed to provision and stop (required to serve)")
+    parser.add_argument("--show-id", action="store_true",
+                        help="print the node id derived from --key (creating the key on "
+                        "first use) and exit; `swactor node-id` does the same")
     parser.add_argument("--arena-ceiling", type=_bytes, default=DEFAULT_ARENA_CEILING,
                         metavar="BYTES", help="shared arena size (e.g. 256MiB)")
     parser.add_argument("--swim", type=parse_address, default=None, metavar="HOST:PORT",
@@ -77,18 +83,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="where CacheKey model sources are looked up")
     parser.add_argument("--log-level", default="WARNING")
     add_event_arguments(parser)
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, node_parser=parser)
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not args.show_id and args.trust_orchestrator is None:
+        args.node_parser.error("the following arguments are required to serve: "
+                               "--trust-orchestrator (only --show-id runs without it)")
     try:
         args.key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         identity = NodeIdentity.load_or_create(args.key)
     except Exception as error:
         print(f"swactor node: key {args.key}: {error}", file=sys.stderr)
         return 2
+    if args.show_id:
+        print(f"{identity.node_id:016x}  ({identity.node_id})")
+        return 0
     if args.swim is not None and args.bind in ("0.0.0.0", "") and not args.advertise:
         print("swactor node: --bind 0.0.0.0 with --swim needs --advertise HOST "
               "(the address the pool reaches this node at)", file=sys.stderr)
