@@ -14,6 +14,8 @@ never share an event loop or a GIL:
    recv-pump copies them into a 4 MiB ingress ring whose worker side drains it. Time runs
    from the receiver's first byte to its last. Also shown: MiB per CPU second of the
    busier process (CPU time, so less sensitive to other load on a shared machine).
+   Variants per size: aioquic's pacer on (the default config) and off, and pacing on with
+   UDP GSO/GRO offload off (one system call per datagram, `TransportConfig.udp_offload`).
 2. `tcp MiB/s`: the same kind of bytes over one plain asyncio TCP stream (write + drain
    per MiB, read 1 MiB at a time; 8x as many, so that the much faster run is long enough
    to time), measured the same way. Ratio = edge / tcp, per round.
@@ -63,10 +65,11 @@ RECORD = 2304
 EDGE = 1
 
 
-def _config(datagram: int, pacing: bool) -> TransportConfig:
+def _config(datagram: int, pacing: bool, offload: bool = True) -> TransportConfig:
     return TransportConfig(
         max_datagram_size=datagram,
         pacing=pacing,
+        udp_offload=offload,
         stream_window=2 * MiB,
         edges_per_connection=4,
         connection_window=8 * MiB,
@@ -77,9 +80,10 @@ def _config(datagram: int, pacing: bool) -> TransportConfig:
 class _Side:
     """One process's endpoint, arena, ring and driver, with in-process wake routing."""
 
-    def __init__(self, key: Path, datagram: int, allowed: int, pacing: bool) -> None:
-        self.identity = NodeIdentity.load(key)
-        config = _config(datagram, pacing)
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.identity = NodeIdentity.load(args.key)
+        config = _config(args.datagram, args.pacing == "on", args.offload == "on")
+        allowed = args.peer_id
         self.endpoint = QuicEndpoint(self.identity, config, allowed=[allowed])
         self.arena = Arena.create(RING + (1 << 20))
         self.layout = make_layout(RING, ring_id=1, offset=1 << 16)
@@ -116,7 +120,7 @@ async def _wait_readable(side: _Side) -> bool:
 
 
 async def _rx_quic(args: argparse.Namespace) -> dict[str, Any]:
-    side = _Side(args.key, args.datagram, args.peer_id, args.pacing == "on")
+    side = _Side(args)
     _, port = await side.endpoint.start()
     print(json.dumps({"port": port}), flush=True)
     side.driver.handle(EstablishRecv(EDGE, 1, side.layout))
@@ -145,7 +149,7 @@ async def _rx_quic(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _tx_quic(args: argparse.Namespace) -> dict[str, Any]:
-    side = _Side(args.key, args.datagram, args.peer_id, args.pacing == "on")
+    side = _Side(args)
     await side.endpoint.start()
     side.endpoint.address_book[args.peer_id] = ("127.0.0.1", args.port)
     side.driver.handle(EstablishSend(EDGE, args.peer_id, 1, side.layout))
@@ -242,7 +246,8 @@ def _role(args: argparse.Namespace) -> int:
     if args.profile:
         profiler = cProfile.Profile()
         result = profiler.runcall(asyncio.run, runner(args))
-        profiler.dump_stats(str(Path(args.profile) / f"{args.role}-{args.datagram}.prof"))
+        name = f"{args.role}-{args.datagram}-pacing-{args.pacing}-offload-{args.offload}.prof"
+        profiler.dump_stats(str(Path(args.profile) / name))
     else:
         result = asyncio.run(runner(args))
     print(json.dumps(result), flush=True)
@@ -297,6 +302,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--datagram", type=int, default=1452, help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=["tput", "lat"], default="tput", help=argparse.SUPPRESS)
     parser.add_argument("--pacing", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
+    parser.add_argument("--offload", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.role:
         return _role(args)
@@ -323,7 +329,11 @@ def measure(mib: int, datagrams: str, records: int, repeat: int, profile: str) -
     """Run every figure `repeat` times, interleaved (each ratio pairs figures of the same
     round); print medians with [min..max]; return everything as a JSON-able dict."""
     sizes = [int(d) for d in datagrams.split(",")]
-    configs = [(d, pacing) for d in sizes for pacing in ("on", "off")]
+    # (pacing, UDP GSO/GRO offload) per datagram size; the last one shows what the
+    # offload gives against the same pacing in the same round.
+    variants = (("on", "on", "pacing on"), ("off", "on", "pacing off"),
+                ("on", "off", "pacing on, no offload"))
+    configs = [(d, *variant) for d in sizes for variant in variants]
     tput: dict[str, dict[str, list[float]]] = {}
     hops: dict[str, dict[str, list[float]]] = {}
     ok = True
@@ -340,10 +350,11 @@ def measure(mib: int, datagrams: str, records: int, repeat: int, profile: str) -
             row = tput.setdefault("tcp", {})
             row.setdefault("mib_s", []).append(tcp)
             row.setdefault("mib_cpu_s", []).append(tcp_cpu)
-            for datagram, pacing in configs:
-                extra = [*common, "--datagram", str(datagram), "--pacing", pacing]
+            for datagram, pacing, offload, label in configs:
+                extra = [*common, "--datagram", str(datagram), "--pacing", pacing,
+                         "--offload", offload]
                 quic, quic_cpu = _mib_s(_pair("quic", keys, extra))
-                row = tput.setdefault(f"quic {datagram} pacing {pacing}", {})
+                row = tput.setdefault(f"quic {datagram} {label}", {})
                 row.setdefault("mib_s", []).append(quic)
                 row.setdefault("mib_cpu_s", []).append(quic_cpu)
                 row.setdefault("ratio_wall", []).append(quic / tcp)
@@ -364,7 +375,7 @@ def measure(mib: int, datagrams: str, records: int, repeat: int, profile: str) -
     print(f"loopback, {mib} MiB per run, {repeat} round(s): median [min..max]")
     for name, row in tput.items():
         wall, cpu = _show(row["mib_s"], "MiB/s"), _show(row["mib_cpu_s"], "MiB/cpu-s")
-        line = f"{name:24s} {wall:28s} {cpu}"
+        line = f"{name:37s} {wall:28s} {cpu}"
         if "ratio_wall" in row:
             line += (
                 f"   x tcp: {_show(row['ratio_wall'], 'wall', 3)}"
