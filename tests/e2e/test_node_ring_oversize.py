@@ -63,4 +63,8 @@ def test_oversized_ring_faults_the_run(tmp_path: Path, monkeypatch: pytest.Monke
     faults = tmp_path / "faults.json"
     faults.write_text(json.dumps({"faults": [{"point": "node.ring_oversize"}]}))
     monkeypatch.setenv("SWACTOR_FAULT_INJECT", str(faults))
+    # each in-process node's start() records its id in os.environ (faults.bind_node):
+    # registered here, monkeypatch undoes that too (a stale SWACTOR_FAULT_NODE would
+    # otherwise outlive this test and reach every process later tests start)
+    monkeypatch.setenv("SWACTOR_FAULT_NODE", "")
     asyncio.run(scenario(write_tiny_gguf(tmp_path / "tiny.gguf", TINY)))
