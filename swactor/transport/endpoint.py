@@ -55,7 +55,7 @@ STOPPED_CODE = 0x5A02  # a graceful stop: a receiver's or a send edge's teardown
 ABORTED_CODE = 0x5A03  # an abortive reset or STOP_SENDING: the peer counts a fault
 _CID_LENGTH = 8
 _MIN_INITIAL = 1200
-_BATCH = 64
+_BATCH = 64  # datagrams per receive batch (one event pass, one ACK, one transmit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -458,8 +458,8 @@ class QuicEndpoint:
 
     def _read_ready(self) -> None:
         """Drain up to `_BATCH` datagrams (GRO may bring many per system call), then let
-        each touched link react once: one event pass and one transmit per batch instead
-        of per datagram."""
+        each touched link react once: one event pass and one transmit (with one ACK, see
+        `flow.py`) per batch instead of per datagram."""
         sock = self._sock
         if sock is None:
             return

@@ -26,6 +26,9 @@ sends the new limits, and both ends wait forever).
 The sender side has `send_buffered(stream_id)`: the bytes written to a stream and not yet
 acknowledged. A send-pump writes only while it is below its high-water mark.
 
+ACKs are not delayed (`_ack_delay = 0`): the endpoint's receive batch is the coalescing
+unit, one ACK per batch, sent by the transmit that ends the batch.
+
 Servers also ask for the client's certificate (mutual TLS): aioquic has no public switch,
 so `_initialize` sets the TLS context's request flag. `peer_certificate()` exposes the
 certificate the peer proved possession of (its CertificateVerify signature was checked by
@@ -66,6 +69,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("QuicStreamSender", "_buffer"),
     ("QuicConnection", "_loss._pacer, _max_datagram_size (only with pacing off)"),
     ("Limit", "used/value/sent"),
+    ("QuicConnection", "_ack_delay (0: ACK at the end of each receive batch)"),
 )
 
 _MAX_STREAM_DATA_FRAME_CAPACITY = 1 + 2 * UINT_VAR_MAX_SIZE
@@ -95,6 +99,12 @@ class SwactorConnection(QuicConnection):
         self, *, stream_window: int, connection_window: int, pacing: bool = True, **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
+        # aioquic schedules an ACK 1 ms (K_GRANULARITY) after the first ack-eliciting
+        # packet. The endpoint already coalesces: it feeds a whole receive batch, then
+        # transmits once, so with no delay that transmit carries one ACK per batch at
+        # once instead of a timer later (the sender's unacknowledged bytes, bounded by
+        # its high-water mark, drain a timer tick earlier on every round).
+        self._ack_delay = 0.0
         if not pacing:
             self._loss._pacer = _NoPacer(max_datagram_size=self._max_datagram_size)
         self._sw_stream_window = stream_window

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from importlib.metadata import version
 
-from aioquic.quic.connection import Limit
+from aioquic.quic.connection import Limit, QuicConnection
 from aioquic.quic.recovery import QuicPacketPacer
 
 from swactor.transport.config import TransportConfig
@@ -31,6 +31,8 @@ def test_connection_instance_attributes_exist() -> None:
     assert conn._is_client is True
     assert conn._max_datagram_size == TransportConfig().max_datagram_size
     assert conn._local_max_data.value == TransportConfig().connection_window
+    assert conn._ack_delay == 0.0  # overrides aioquic's K_GRANULARITY (attribute must exist)
+    assert "_ack_delay" in vars(QuicConnection(configuration=config))
 
 
 def test_pacer_is_replaceable() -> None:

@@ -140,3 +140,21 @@ def test_stock_aioquic_keeps_crediting_without_consumption() -> None:
         client.handle_timer(now)
         server.handle_timer(now)
     assert total == 4 * WINDOW
+
+
+def test_a_received_batch_is_acknowledged_by_the_transmit_that_ends_it() -> None:
+    """No delayed-ACK timer: the receiver's next transmit, at the same instant, carries the
+    ACK (stock aioquic would wait 1 ms for its timer), and the sender's unacknowledged
+    bytes drop at once."""
+    for stock, expect_ack_now in ((False, True), (True, False)):
+        client, server = _pair(stock_server=stock)
+        _shuttle(client, server, 0.0)
+        assert isinstance(client, SwactorConnection)
+        stream_id = client.get_next_available_stream_id(is_unidirectional=True)
+        client.send_stream_data(stream_id, bytes(1000))  # one packet: no pacing delay
+        now = 1.0
+        for data, _ in client.datagrams_to_send(now=now):
+            server.receive_datagram(data, CLIENT_ADDR, now=now)
+        for data, _ in server.datagrams_to_send(now=now):
+            client.receive_datagram(data, SERVER_ADDR, now=now)
+        assert (client.send_buffered(stream_id) == 0) is expect_ack_now
