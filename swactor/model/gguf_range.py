@@ -229,8 +229,25 @@ class GgufRangeReader:
                 WeightsFault.UNSUPPORTED_ARCHITECTURE,
                 f"{self.source.name}: rope frequency factors (rope_freqs.weight) not supported",
             )
+        try:
+            return self._checked_facts(arch)
+        except (TypeError, ValueError, OverflowError) as exc:  # a count that is no number
+            raise WeightsError(
+                WeightsFault.CORRUPT_HEADER,
+                f"{self.source.name}: {arch} metadata holds a value of the wrong type "
+                f"({type(exc).__name__})",
+            ) from None
+
+    def _checked_facts(self, arch: str) -> ModelFacts:
         hidden = int(self._meta(f"{arch}.embedding_length"))
         heads = int(self._meta(f"{arch}.attention.head_count"))
+        kv_heads = int(self.metadata.get(f"{arch}.attention.head_count_kv", heads))
+        if heads <= 0 or kv_heads <= 0:
+            raise WeightsError(
+                WeightsFault.CORRUPT_HEADER,
+                f"{self.source.name}: attention head counts must be positive "
+                f"(head_count {heads}, head_count_kv {kv_heads})",
+            )
         head_dim = int(self.metadata.get(f"{arch}.attention.key_length", hidden // heads))
         embd = self.tensors.get("token_embd.weight")
         vocab = self.metadata.get(f"{arch}.vocab_size", self._token_count)
@@ -244,7 +261,7 @@ class GgufRangeReader:
             hidden_dim=hidden,
             ffn_dim=int(self._meta(f"{arch}.feed_forward_length")),
             head_count=heads,
-            head_count_kv=int(self.metadata.get(f"{arch}.attention.head_count_kv", heads)),
+            head_count_kv=kv_heads,
             head_dim=head_dim,
             rope_theta=float(self.metadata.get(f"{arch}.rope.freq_base", 10000.0)),
             rope_dim=int(self.metadata.get(f"{arch}.rope.dimension_count", head_dim)),

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -201,6 +203,23 @@ def test_gguf_reader(head: bytes) -> None:
                               dtype_family="f32", max_seq_len=8)
     except WeightsError:
         return
+
+
+def _with_u32(data: bytes, key: str, value: int) -> bytes:
+    """`data` (a GGUF) with the u32 metadata `key` set to `value`."""
+    name = key.encode()
+    at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    assert struct.unpack_from("<I", data, at)[0] == 4  # GGUF value type u32
+    return data[:at + 4] + struct.pack("<I", value) + data[at + 8:]
+
+
+@pytest.mark.parametrize("key", ["llama.attention.head_count",
+                                 "llama.attention.head_count_kv"])
+def test_gguf_reader_refuses_zero_heads(key: str) -> None:
+    """Found by `just fuzz` (atheris): a head count of 0 was a ZeroDivisionError."""
+    with pytest.raises(WeightsError) as refused:
+        GgufRangeReader(_Bytes(_with_u32(GGUF, key, 0)))
+    assert refused.value.reason is WeightsFault.CORRUPT_HEADER
 
 
 # -- YAML table loader --------------------------------------------------------------------------
