@@ -42,6 +42,19 @@ prompt_injected, token_received (per token), run_completed | run_faulted (with t
 first fault's reason and component; an operator stop emits neither), stop_run_sent
 (per provisioned stage), run_torn_down (outcome and teardown outcome).
 
+Attribution (spec §36 "records the first run-level failure reason", §40 the component
+that saw it). Stage reports reach the orchestrator over separate control connections, so
+their arrival order is not their causal order: a stage that faults stops its edges at
+once, and the upstream or downstream peer's StreamFault (the reset it sees) can arrive
+before the faulting stage's own report. A StreamFault is the one reason that is, as a
+rule, another stage's symptom, so the binding holds a first StageFault / EndpointFault
+of reason StreamFault for a short settle window (`RunTimeouts.fault_settle_s`, a
+`SettleEnded` self-message ends it) and queues every later message behind it. If a fault
+of any other reason (or MembershipLost) arrives in the window, that root cause is fed first
+(it is recorded; the held StreamFault becomes a late fault); otherwise the StreamFault is
+fed as it came. Either way the queued messages follow in arrival order, so the machine
+sees one consistent history and the run still ends with exactly one outcome.
+
 When the machine reaches Done the result future resolves and the actor stops itself.
 `start_run(runtime, plan, ports, ...)` spawns the actor, feeds PlanAvailable and returns
 a `RunHandle` (`await handle.result()`, `handle.stop()` for an operator stop).
@@ -101,6 +114,7 @@ log = logging.getLogger("swactor.orchestrator.run")
 DEFAULT_READINESS_TIMEOUT_S = 600.0
 DEFAULT_STEP_TIMEOUT_S = 120.0
 DEFAULT_TEARDOWN_TIMEOUT_S = 30.0
+DEFAULT_FAULT_SETTLE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +131,14 @@ class TokenOutput:
     token_ids: tuple[int, ...]
 
 
-RunMessage: TypeAlias = orun.Event | TokenOutput
+@dataclass(frozen=True, slots=True)
+class SettleEnded:
+    """The settle window of a held StreamFault ended (the run actor's own timer)."""
+
+
+RunMessage: TypeAlias = orun.Event | TokenOutput | SettleEnded
+
+_FaultReport = orun.StageFault | orun.EndpointFault
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +148,8 @@ class RunTimeouts:
     readiness_s: float = DEFAULT_READINESS_TIMEOUT_S
     step_s: float = DEFAULT_STEP_TIMEOUT_S
     teardown_s: float = DEFAULT_TEARDOWN_TIMEOUT_S
+    fault_settle_s: float = DEFAULT_FAULT_SETTLE_S
+    """How long a first StreamFault waits for a root-cause fault report (module doc)."""
 
 
 class OrchestratorRun(Actor[RunMessage]):
@@ -170,6 +193,10 @@ class OrchestratorRun(Actor[RunMessage]):
         self._candidate_stop: StopCause | None = None
         self._current: RunMessage | None = None
         self._fault_pending = False
+        self._settle_s = timeouts.fault_settle_s
+        self._held_fault: _FaultReport | None = None
+        self._queued: list[RunMessage] = []
+        """Messages that came while a StreamFault is held (module doc, Attribution)."""
         self._ctx: Context[RunMessage] | None = None
 
     # -- actor -----------------------------------------------------------------------------
@@ -178,6 +205,52 @@ class OrchestratorRun(Actor[RunMessage]):
         self._ctx = ctx
 
     async def receive(self, ctx: Context[RunMessage], message: RunMessage) -> None:
+        held = self._held_fault
+        if held is None:
+            if isinstance(message, SettleEnded):
+                return  # a window that already closed early
+            if self._is_symptom(message):
+                assert isinstance(message, orun.StageFault | orun.EndpointFault)
+                self._held_fault = message
+                ctx.spawn_task(self._settle(ctx))
+                return
+            await self._process(ctx, message)
+            return
+        if isinstance(message, SettleEnded) or self._is_root_cause(message):
+            order: list[RunMessage] = [held] if isinstance(message, SettleEnded) \
+                else [message, held]
+            order += self._queued
+            self._held_fault, self._queued = None, []
+            for queued in order:
+                await self._process(ctx, queued)
+            return
+        self._queued.append(message)
+
+    def _is_symptom(self, message: RunMessage) -> bool:
+        """A first fault report that is, as a rule, a peer's symptom (module doc)."""
+        return (self._settle_s > 0
+                and isinstance(message, orun.StageFault | orun.EndpointFault)
+                and message.reason is RunFaultReason.StreamFault
+                and self.machine.state in (orun.State.WaitingReady, orun.State.Running))
+
+    @staticmethod
+    def _is_root_cause(message: RunMessage) -> bool:
+        if isinstance(message, orun.MembershipLost):
+            return True
+        return (isinstance(message, orun.StageFault | orun.EndpointFault)
+                and message.reason is not RunFaultReason.StreamFault)
+
+    def _done(self) -> bool:
+        return self.machine.state is orun.State.Done
+
+    async def _settle(self, ctx: Context[RunMessage]) -> None:
+        await asyncio.sleep(self._settle_s)
+        ctx.self_ref.tell(SettleEnded())
+
+    async def _process(self, ctx: Context[RunMessage], message: RunMessage) -> None:
+        """Feed one message to the machine and carry out its effects (module doc)."""
+        if isinstance(message, SettleEnded) or self._done():
+            return
         if isinstance(message, TokenOutput):
             event: orun.Event | None = self._token_event(message)
             if event is None:

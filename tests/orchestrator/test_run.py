@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 import pytest
 
@@ -242,6 +243,53 @@ def test_fault_mid_run_and_late_fault_do_not_rewrite_the_outcome() -> None:
         assert result.teardown is TeardownOutcome.Clean
         assert len(ports.events("run_faulted")) == 1
         assert_legal_order(ports.event_names(), tokens=1, ending="run_faulted")
+
+    run_test(body)
+
+
+def test_a_root_cause_that_arrives_just_after_a_peers_stream_fault_is_recorded() -> None:
+    """Stage 1 faults and resets its streams; stage 0's StreamFault (the reset it saw)
+    reaches the orchestrator first. The root cause, within the settle window, is the
+    recorded fault; the StreamFault is a late fault (module doc of run.py, Attribution)."""
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await start(runtime, ports, timeouts=replace(SLOW, fault_settle_s=5.0))
+        make_ready(handle)
+        await ports.until(lambda: bool(ports.of("inject")))
+        handle.tell(orun.StageFault(StageIndex(0), RunFaultReason.StreamFault,
+                                    Component.Driver))
+        handle.tell(output(0, 40))  # queued behind the held fault: not accepted
+        handle.tell(orun.StageFault(StageIndex(1), RunFaultReason.ObjectHeaderMalformed,
+                                    Component.IngressParser))
+        result = await stop_all(handle, ports)
+        assert result.fault is not None
+        assert (result.fault.reason, result.fault.component, result.fault.stage_index) == (
+            RunFaultReason.ObjectHeaderMalformed, Component.IngressParser, 1)
+        assert [(f.reason, f.stage_index) for f in result.late_faults] == [
+            (RunFaultReason.StreamFault, 0)]
+        assert result.generated_token_ids == []
+        assert len(ports.events("run_faulted")) == 1
+        assert_legal_order(ports.event_names(), tokens=0, ending="run_faulted")
+
+    run_test(body)
+
+
+def test_a_stream_fault_with_no_root_cause_is_recorded_after_the_settle_window() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await start(runtime, ports, timeouts=replace(SLOW, fault_settle_s=0.5))
+        make_ready(handle)
+        await ports.until(lambda: bool(ports.of("inject")))
+        handle.tell(orun.StageFault(StageIndex(1), RunFaultReason.StreamFault,
+                                    Component.Driver))
+        await asyncio.sleep(0.1)
+        assert ports.of("stop_run") == [], "held for the settle window"
+        await ports.until(lambda: len(ports.of("stop_run")) == 3)
+        handle.tell(orun.StageFault(StageIndex(2), RunFaultReason.StepFailed,
+                                    Component.Worker))  # after the window: late
+        result = await stop_all(handle, ports)
+        assert result.fault is not None
+        assert (result.fault.reason, result.fault.stage_index) == (
+            RunFaultReason.StreamFault, 1)
+        assert [f.reason for f in result.late_faults] == [RunFaultReason.StepFailed]
 
     run_test(body)
 
