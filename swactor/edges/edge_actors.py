@@ -52,6 +52,12 @@ _COMPONENTS: dict[RunFaultReason, Component] = {
 }
 
 
+NOT_ESTABLISHED = frozenset({StreamFaultReason.HandshakeFailed,
+                             StreamFaultReason.PeerNotAllowed})
+"""Stream faults that mean the edge's connection was never made (spec §36 edge
+establishment failure), not that an established stream broke (StreamFault)."""
+
+
 def _component(reason: RunFaultReason, own: Component) -> Component:
     if reason is RunFaultReason.SequenceViolation:
         return own
@@ -106,7 +112,9 @@ class _EdgeActor(Actor[Any]):
         self.owner.edge_failed(self.edge_id, reason, _component(reason, self.component))
 
     def _stream_fault(self, reason: StreamFaultReason) -> None:
-        self.owner.edge_failed(self.edge_id, RunFaultReason.StreamFault, Component.Driver)
+        run_reason = (RunFaultReason.EdgeEstablishmentFailed if reason in NOT_ESTABLISHED
+                      else RunFaultReason.StreamFault)
+        self.owner.edge_failed(self.edge_id, run_reason, Component.Driver)
 
 
 class TxEdgeActor(_EdgeActor):

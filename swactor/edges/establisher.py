@@ -68,7 +68,7 @@ from swactor.arena import (
 )
 from swactor.edges.arena_actor import ArenaCancel, ArenaLease, ArenaRelease
 from swactor.edges.driver_actor import ExpectRecv, RouteDriverEvents
-from swactor.edges.edge_actors import RxEdgeActor, TxEdgeActor
+from swactor.edges.edge_actors import NOT_ESTABLISHED, RxEdgeActor, TxEdgeActor
 from swactor.edges.installer import RingInstaller
 from swactor.edges.messages import (
     EdgeDown,
@@ -156,6 +156,9 @@ class _Record:
         self.ring_id: RingId | None = None
         self.layout: RingLayout | None = None
         self.pump_stopped = False
+        self.never_connected = False
+        """The driver's StreamFault said the connection was never made (handshake failed,
+        peer not allowed): the edge fails as EdgeEstablishmentFailed (§36)."""
         self.pump_failed = False
         """The driver reported StreamFault(PumpFailed): the edge fails as PumpFailed."""
 
@@ -230,6 +233,8 @@ class EdgeEstablisher(Actor[Any]):
                 rec = self.records.get(edge)
                 if rec is not None and reason is StreamFaultReason.PumpFailed:
                     rec.pump_failed = True  # §36 pump failure, its own run fault reason
+                if rec is not None and reason in NOT_ESTABLISHED:
+                    rec.never_connected = True
                 self._to_record(ctx, rec, er.StreamFault(EdgeId(edge), reason))
             case tm.StreamClosed(edge_id=edge):
                 self._to_record(ctx, self.records.get(edge), er.StreamClosed(EdgeId(edge)))
@@ -375,6 +380,8 @@ class EdgeEstablisher(Actor[Any]):
                     cfg.emit(EdgeReady(node_id=cfg.node_id, run_id=rec.run_id, edge_id=edge,
                                        ring_id=rec.ring_id))
             case er.NotifyEdgeFailed(edge_id=edge, reason=reason):
+                if reason is RunFaultReason.StreamFault and rec.never_connected:
+                    reason = RunFaultReason.EdgeEstablishmentFailed
                 if reason is RunFaultReason.StreamFault and rec.pump_failed:
                     reason = RunFaultReason.PumpFailed
                 self._tell_actor(rec, EdgeDown(edge, reason))

@@ -35,8 +35,10 @@ the StageHost owns both edge actors through a `StageOwner`), reports as
 control requests back to the orchestrator, events through the node's emitter. While a
 run is active the authority accepts only messages of that run; when its controller
 stops, the node is idle again and the next run may open (no restart). If the trusted
-orchestrator's control connection closes while a run is active (the orchestrator died
-or went away without teardown), the node stops that run itself, as if StopRun had come.
+orchestrator's last live control connection closes while a run is active (the
+orchestrator died or went away without teardown), the node stops that run itself, as if
+StopRun had come; a previous session's link closing while the current one is live is
+not that (`_WatchedControl`).
 
 `stop()` feeds Shutdown, leaves SWIM, shuts the worker down, closes the endpoint and
 the arena. `status()` is the
@@ -52,7 +54,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,6 +100,7 @@ from swactor.node.worker_ctl import (
 )
 from swactor.transport import ControlAuthority, ControlChannel, QuicEndpoint
 from swactor.transport.config import TransportConfig
+from swactor.transport.control import Handler
 from swactor.transport.endpoint import QuicLink
 from swactor.transport.errors import ControlError
 from swactor.transport.identity import NodeIdentity
@@ -238,14 +241,42 @@ class NodeStagePorts:
 
 
 class _WatchedControl(ControlChannel):
-    """The node's control channel, which also says when a peer's connection closed."""
+    """The node's control channel, which also says when a peer's last connection closed.
+
+    A peer may hold more than one control link to this node: each orchestrator session
+    has an endpoint of its own, so the previous session's link can be seen closing after
+    the next session already provisioned this node over a new one. Only the close of the
+    last link that carried control traffic means the peer is gone (`on_lost`).
+    """
 
     on_lost: Callable[[int], None] | None = None
 
+    def __init__(self, endpoint: QuicEndpoint, registry: Iterable[type[WireStruct]],
+                 handler: Handler, authority: ControlAuthority) -> None:
+        super().__init__(endpoint, registry, handler, authority)
+        self._live: dict[int, set[QuicLink]] = {}
+        """Per peer, the links that carried control traffic and have not closed."""
+
+    def stream_data(self, link: QuicLink, stream_id: int, data: bytes, end: bool) -> None:
+        if link.peer_node_id is not None and not link.closed:
+            self._live_links(link.peer_node_id).add(link)
+        super().stream_data(link, stream_id, data, end)
+
     def link_closed(self, link: QuicLink, reason: str) -> None:
         super().link_closed(link, reason)
-        if link.peer_node_id is not None and self.on_lost is not None:
-            self.on_lost(link.peer_node_id)
+        peer = link.peer_node_id
+        if peer is None:
+            return
+        live = self._live_links(peer)
+        live.discard(link)
+        live -= {other for other in live if other.closed}
+        if live:
+            log.info("node: a control link of node %#018x closed; another is live", peer)
+        elif self.on_lost is not None:
+            self.on_lost(peer)
+
+    def _live_links(self, peer: int) -> set[QuicLink]:
+        return self._live.setdefault(peer, set())
 
 
 class _BootSteps:
@@ -426,6 +457,9 @@ class StageNode:
         async for later in _notices(self.notices):  # a worker that fails after boot
             if isinstance(later, WorkerFailedNotice):
                 self.deliver(nb.WorkerFailed())
+            else:  # a restarted generation is ready (§31): stages report its number
+                self._worker_pid = later.pid
+                self.worker_ports.set_generation(later.generation)
 
     async def start_transport(self) -> None:
         """The QUIC endpoint, edge driver and control channel; TransportReady / Failed."""

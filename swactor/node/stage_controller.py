@@ -206,6 +206,9 @@ class StageController(Actor[StageMail]):
         self._weights_fetched = False
         self._weights_loaded_emitted = False
         self._edges_ready: set[EdgeId] = set()
+        self._establishing: list[asyncio.Task[None]] = []
+        """The edge establishment tasks: StopEdges waits for them, so a stop that comes
+        right after provisioning cannot overtake the lease an establishment takes."""
         self._rings: dict[EdgeId, RingId] = {}
         self._extents: dict[DeviceObjectHandle, int] = {}
         """Bytes of each loaded input (the machine's ObjectLoaded does not carry them)."""
@@ -264,7 +267,9 @@ class StageController(Actor[StageMail]):
         if isinstance(message, WorkerCrashedNotice):
             if self._provision is None:
                 return self._drop(message, "before provisioning")
-            return scm.WorkerCrashed(message.generation)
+            reason = (RunFaultReason.WorkerCrashed if message.fatal is None
+                      else RunFaultReason.WorkerFatal)
+            return scm.WorkerCrashed(message.generation, reason)
         if isinstance(message, scm.StopRun) and not self._for_this_run(message.run_id):
             return self._drop(message, f"StopRun for run {int(message.run_id)}")
         if isinstance(message, scm.Event):
@@ -535,7 +540,7 @@ class StageController(Actor[StageMail]):
                       else RunFaultReason.EdgeEstablishmentFailed)
             return scm.EdgeFault(edge, reason, Component.EdgeEstablisher)
 
-        self._start(ctx, action, failed)
+        self._establishing.append(ctx.spawn_task(self._call(ctx, action, failed)))
 
     def _stage_ready(self) -> None:
         provision = self._provision
@@ -626,6 +631,9 @@ class StageController(Actor[StageMail]):
         provision = self._provision
         assert provision is not None
         inbound, outbound = provision.inbound.edge_id, provision.outbound.edge_id
+        # An establishment not yet under way when StopRun came would take its lease after
+        # the stop (a leaked lease): let each end (a failure is an EdgeFault, ignored now).
+        await asyncio.gather(*map(asyncio.shield, self._establishing), return_exceptions=True)
         try:
             await self.ports.stop_edges(inbound, outbound)
         except Exception as error:

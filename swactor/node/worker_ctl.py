@@ -31,8 +31,13 @@ DeviceObjectReleased), so every waiter ends.
 Bookkeeping the guards answer: the worker generation (starts at 1, +1 per restart, sent
 in InitializeWorker and checked in WorkerReady), the installed-ring table of the current
 generation (InstallRing adds, RingQuiesced / reaping removes), the in-flight steps
-(failed with WorkerProcessExited when the process dies), and the restart budget.
-On a crash every installed ring is reported faulted (RingFault WorkerProcessExited) and,
+(failed with WorkerProcessExited when the process dies), the restart budget, and the
+commands held while the next generation starts (`deferred`: written in arrival order
+when it is ready, answered as refused if it never is, an InstallRing dropped when its
+ring is uninstalled first).
+On a crash the StageControllers hear `WorkerCrashed` first (with the WorkerFatal reason
+when the worker reported one before it exited), then every in-flight step is failed and
+every installed ring is reported faulted (RingFault WorkerProcessExited) and,
 when the actor was given the arena, its shared state word is faulted too, so a pump
 blocked on it wakes with RingFaulted instead of waiting for a dead peer.
 """
@@ -65,6 +70,7 @@ from swactor.fsm.runtime import ProtocolError
 from swactor.ring import Ring, RingError
 from swactor.ring._ring_cffi import lib as _ring_lib
 from swactor.wire import (
+    ConfigureRole,
     DeviceObjectReleased,
     ExecuteStep,
     InitializeWorker,
@@ -82,6 +88,7 @@ from swactor.wire import (
     RingReadable,
     RingWritable,
     RoleFailed,
+    RoleFailure,
     RoleId,
     ShutdownWorker,
     StepCompleted,
@@ -93,6 +100,7 @@ from swactor.wire import (
     WireStruct,
     WorkerEvent,
     WorkerFatal,
+    WorkerFatalReason,
     WorkerGeneration,
     WorkerReady,
     WorkerStopped,
@@ -131,6 +139,8 @@ class WorkerCrashed:
 
     generation: WorkerGeneration
     exit_code: int
+    fatal: WorkerFatalReason | None = None
+    """The reason of the WorkerFatal the worker reported before it exited, if it did."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +230,8 @@ def decode_worker_line(text: str, truncated: bool = False) -> AdapterOutput:
 # -- the actor --------------------------------------------------------------------------
 
 Mail = gwc.Event | ProcessEvent
+Deferred = InstallRing | ConfigureRole | ExecuteStep
+"""A command held while the next worker generation starts (Defer* effects)."""
 
 _FROM_WORKER = (gwc.WorkerReady, gwc.WorkerFatal, gwc.WorkerStopped, gwc.WorkerEvent)
 
@@ -237,8 +249,11 @@ class GpuWorkerCtl(Actor[Mail]):
         self.restarts = 0
         self.installed: dict[RingId, InstallRing] = {}
         self.in_flight: dict[tuple[RoleId, StepId], ExecuteStep] = {}
+        self.deferred: list[Deferred] = []
         self.pid: int | None = None
         self.exit_code = 0
+        self.fatal: WorkerFatalReason | None = None
+        """The current generation's WorkerFatal reason (NoteWorkerFatal), if any."""
         self.process: ActorRef[ProcessCommand] | None = None
         self._held: WorkerEvent | None = None
         self._ctx: Context[Mail] | None = None
@@ -367,13 +382,14 @@ class GpuWorkerCtl(Actor[Mail]):
             case gwc.ReportWorkerFailed():
                 self._route(WorkerFailedNotice(self.generation))
             case gwc.ReportWorkerCrashed():
-                self._route(WorkerCrashed(self.generation, self.exit_code))
+                self._route(WorkerCrashed(self.generation, self.exit_code, self.fatal))
+            case gwc.NoteWorkerFatal(reason=reason):
+                self.fatal = reason
             case gwc.KillProcess():
                 if self.process is not None:
                     self.process.tell(StopProcess(cfg.kill_grace_s))
             case gwc.SendInstallRing(command=command):
-                self.installed[command.ring_id] = command
-                self._write(command)
+                self._send_command(command)
             case gwc.SendUninstallRing(ring_id=ring_id, reason=reason):
                 self._write(UninstallRing(ring_id, reason))
             case gwc.SendRingReadable(ring_id=ring_id):
@@ -381,10 +397,21 @@ class GpuWorkerCtl(Actor[Mail]):
             case gwc.SendRingWritable(ring_id=ring_id):
                 self._write(RingWritable(ring_id))
             case gwc.SendConfigureRole(command=command):
-                self._write(command)
+                self._send_command(command)
             case gwc.SendExecuteStep(command=command):
-                self.in_flight[(command.role_id, command.step_id)] = command
-                self._write(command)
+                self._send_command(command)
+            case gwc.DeferInstallRing(command=command) | gwc.DeferConfigureRole(
+                command=command
+            ) | gwc.DeferExecuteStep(command=command):
+                self.deferred.append(command)
+            case gwc.ReplayDeferred():
+                pending, self.deferred = self.deferred, []
+                for command in pending:
+                    self._send_command(command)
+            case gwc.RejectDeferred():
+                pending, self.deferred = self.deferred, []
+                for command in pending:
+                    self._reject_command(command)
             case gwc.SendReleaseDeviceObject(device_handle=handle):
                 self._write(ReleaseDeviceObject(handle))
             case gwc.SendShutdownWorker(mode=mode):
@@ -401,6 +428,8 @@ class GpuWorkerCtl(Actor[Mail]):
                 self._route(DeviceObjectReleased(handle))
             case gwc.ReportRingReaped(ring_id=ring_id):
                 self.installed.pop(ring_id, None)
+                self.deferred = [c for c in self.deferred
+                                 if not (isinstance(c, InstallRing) and c.ring_id == ring_id)]
                 self._route(WorkerReaped(ring_id))
             case gwc.ReportRingsReaped():
                 for ring_id in list(self.installed):
@@ -415,8 +444,32 @@ class GpuWorkerCtl(Actor[Mail]):
             case gwc.IncrementGeneration():
                 self.generation = WorkerGeneration(self.generation + 1)
                 self.restarts += 1
+                self.fatal = None
                 self.installed.clear()
                 self.process = None
+
+    def _send_command(self, command: Deferred) -> None:
+        """Write a command to the running worker, with its bookkeeping."""
+        match command:
+            case InstallRing(ring_id=ring_id):
+                self.installed[ring_id] = command
+            case ExecuteStep(role_id=role_id, step_id=step_id):
+                self.in_flight[(role_id, step_id)] = command
+            case _:
+                pass
+        self._write(command)
+
+    def _reject_command(self, command: Deferred) -> None:
+        """Answer a held command the worker generation never came up to run."""
+        match command:
+            case InstallRing():
+                self._route(RingFault(command.ring_id, command.edge_id, command.port_id,
+                                      RingFaultReason.WorkerProcessExited))
+            case ExecuteStep():
+                self._route(StepFailed(command.role_id, command.step_id,
+                                       StepFailure.WorkerProcessExited))
+            case _:
+                self._route(RoleFailed(command.role_id, RoleFailure.WorkerProcessExited))
 
     def _route_held(self) -> None:
         event, self._held = self._held, None

@@ -3,10 +3,14 @@ their teardowns still release every lease (real QUIC, rings, arenas, establisher
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from swactor.actors import ActorRef, Runtime
 from swactor.edges import EdgeReleases, StopEdgeRequest
+from swactor.faults import ENV_FILE, arm
 from swactor.fsm.generated import edge_record as er
 from swactor.wire import (
     Component,
@@ -66,3 +70,27 @@ async def test_connection_loss_leaves_no_view_into_the_senders_arena() -> None:
         finally:
             await b.close()
             await a.close()
+
+
+async def test_handshake_failure_is_an_edge_establishment_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A send pump whose QUIC handshake fails (StreamFault HandshakeFailed) fails its
+    edge with the §36 edge establishment reason, not StreamFault, and leaks no lease."""
+    fault_file = tmp_path / "faults.json"
+    arm(fault_file, {"point": "driver.connect", "edge": int(EDGE)})
+    monkeypatch.setenv(ENV_FILE, str(fault_file))
+    async with Runtime("edges") as runtime:
+        a, b = await node_pair(runtime)
+        try:
+            await b.provision(rx(EDGE))
+            await a.provision(tx(EDGE, b.identity.node_id))
+            reason, component = await a.owner.wait("failed", EDGE)
+            assert reason is RunFaultReason.EdgeEstablishmentFailed
+            # the establisher's EdgeDown or the driver's own StreamFault, whichever is first
+            assert component in (Component.EdgeEstablisher, Component.Driver)
+            await a.wait_state(EDGE, er.State.Failed)
+            assert await a.live_leases() == []
+        finally:
+            await a.close()
+            await b.close()

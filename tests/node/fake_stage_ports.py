@@ -39,6 +39,8 @@ class FakeStagePorts:
     fail: dict[str, StagePortError] = field(default_factory=dict)
     generation: int = 1
     lines: list[str] = field(default_factory=list)
+    establish_delay_s: float = 0.0
+    """How long each edge establishment takes before it is recorded."""
 
     def __post_init__(self) -> None:
         self.emitter = Emitter("node-test", [self.sink])
@@ -60,9 +62,11 @@ class FakeStagePorts:
         self._record("load_weights", provision.layer_start, provision.layer_end_exclusive)
 
     async def establish_inbound(self, provision: ProvisionStage) -> None:
+        await asyncio.sleep(self.establish_delay_s)
         self._record("establish_inbound", int(provision.inbound.edge_id))
 
     async def establish_outbound(self, provision: ProvisionStage) -> None:
+        await asyncio.sleep(self.establish_delay_s)
         self._record("establish_outbound", int(provision.outbound.edge_id))
 
     async def execute_step(self, command: ExecuteStep) -> None:

@@ -27,6 +27,7 @@ from swactor.wire import (
     RunId,
     Sequence,
     StepFailure,
+    WorkerFatalReason,
     WorkerGeneration,
 )
 from tests.node.stage_rig import (
@@ -384,7 +385,39 @@ def test_worker_crash_faults_and_its_handles_are_not_released() -> None:
     run_stage(body)
 
 
+def test_worker_fatal_is_reported_as_worker_fatal_before_its_step_failure() -> None:
+    """GpuWorkerCtl tells of the death (with the fatal reason) before it fails the dead
+    generation's in-flight step: the stage's one fault is WorkerFatal, not StepFailed."""
+    async def body(rig: StageRig) -> None:
+        await rig.make_ready()
+        step = await rig.execute(0, len(PROMPT))
+        rig.ref.tell(WorkerCrashed(WorkerGeneration(1), 1, WorkerFatalReason.UnhandledException))
+        rig.ref.tell(wire.StepFailed(step.role_id, step.step_id, StepFailure.WorkerProcessExited))
+        await rig.ports.until(lambda: bool(faults(rig)))
+        await rig.stop_run()
+        await rig.edges_stopped()
+        assert faults(rig) == [(1, RunFaultReason.WorkerFatal, Component.WorkerCtl)]
+
+    run_stage(body)
+
+
 # -- teardown -------------------------------------------------------------------------------
+
+
+def test_stop_run_right_after_provisioning_waits_for_the_edge_establishments() -> None:
+    """StopRun queued behind ProvisionStage (a rejection elsewhere in the run): the
+    edges are stopped only after both establishments ended, so no lease they take is
+    left behind (found by the fault matrix: 'provisioning rejected' left 2 leases)."""
+    async def body(rig: StageRig) -> None:
+        rig.ports.establish_delay_s = 0.2
+        rig.ref.tell(scm.ProvisionStage(rig.orchestrator, rig.provision))
+        await rig.stop_run()
+        kinds = [str(call[0]) for call in rig.ports.calls]
+        assert kinds.index("stop_edges") > kinds.index("establish_inbound"), kinds
+        assert kinds.index("stop_edges") > kinds.index("establish_outbound"), kinds
+        await rig.edges_stopped()
+
+    run_stage(body)
 
 
 def test_stop_run_while_preparing() -> None:

@@ -108,10 +108,12 @@ async def kill_mid_step_scenario() -> None:
                 await asyncio.sleep(0.01)
         os.kill(first.pid, signal.SIGKILL)
 
+        # The death is told first (the stage's first fault), then its in-flight step.
+        crashed = await take(stage_q, WorkerCrashed)
+        assert (crashed.generation, crashed.exit_code, crashed.fatal) == (
+            1, -signal.SIGKILL, None)
         failed = await take(stage_q, StepFailed)
         assert (failed.step_id, failed.reason) == (1, StepFailure.WorkerProcessExited)
-        crashed = await take(stage_q, WorkerCrashed)
-        assert (crashed.generation, crashed.exit_code) == (1, -signal.SIGKILL)
         faults = [await take(ring_q, RingFault) for _ in range(2)]
         assert {f.ring_id for f in faults} == {1, 2}
         assert {f.reason for f in faults} == {RingFaultReason.WorkerProcessExited}
@@ -121,15 +123,19 @@ async def kill_mid_step_scenario() -> None:
         for ring_id in (1, 2):
             ctl.tell(gwc.UninstallRing(RingId(ring_id), UninstallReason.RingFaulted))
             assert (await take(ring_q, WorkerReaped)).ring_id == ring_id
-        second = await take(boot_q, WorkerReadyNotice)
-        assert second.generation == 2 and second.pid != first.pid
-
-        # Old handles are refused by the new generation.
+        # The next run's commands, sent while the next generation starts, are held and
+        # written once it is ready (not refused: the node serves its next run).
+        assert _state(runtime) in (gwc.State.Restarting, gwc.State.Spawning,
+                                   gwc.State.Initializing)
         fresh_cmd, fresh = install_command(arena, 3, RingDirection.Egress, RING, 1 << 18)
         ctl.tell(gwc.InstallRing(fresh_cmd))
-        await take(ring_q, RingInstalled)
         ctl.tell(gwc.ConfigureRole(ConfigureRole(RoleId(1), {"kind": "echo"})))
+        second = await take(boot_q, WorkerReadyNotice)
+        assert second.generation == 2 and second.pid != first.pid
+        assert (await take(ring_q, RingInstalled)).ring_id == 3
         await take(stage_q, RoleConfigured)
+
+        # Old handles are refused by the new generation.
         ctl.tell(gwc.ExecuteStep(echo_step(2, loaded.device_handle, 3, len(payload))))
         refused = await take(stage_q, StepFailed)
         assert (refused.step_id, refused.reason) == (2, StepFailure.InvalidInputHandle)
