@@ -2,7 +2,8 @@
 
 Theory of operation. One `FaultRig` cluster (tiny GGUF) serves RUNS consecutive runs
 (default 50); every fifth run has a fault injected (rotating through step failure,
-malformed header, missing weights, device OOM, kill -9 of a worker). Before the first
+malformed header, missing weights, device OOM, kill -9 of a worker, pump failure, ring
+fault, device copy failure, arena pressure timeout). Before the first
 run (after a warm-up run, which compiles the kernels) and after the last, each node
 process and its worker are measured: open fds, threads, resident memory, and the node's
 live ring leases (SIGUSR1 leak check). The last measurement follows one more clean run
@@ -35,9 +36,16 @@ FAULTS: list[tuple[str, dict[str, Any], int]] = [
     ("weights 404", {"point": "node.weights_path", "path": "/nonexistent/tiny.gguf"}, 1),
     ("device OOM", {"point": "worker.alloc_cap", "bytes": 64}, 1),
     ("worker kill -9", {"point": "worker.step", "sequence": 1, "mode": "kill"}, 2),
+    ("pump failure", {"point": "driver.pump"}, 0),
+    ("ring fault", {"point": "worker.ring_fault", "direction": "ingress"}, 1),
+    ("device copy failure", {"point": "worker.copy", "direction": "host_to_device"}, 2),
+    ("arena pressure", {"point": "arena.pressure", "lease_timeout_s": 2.0}, 1),
 ]
 
 SETTLE_TRIES = 3
+RSS_EVERY = 10
+"""Print each node's and worker's resident memory every this many runs (the trend),
+after a clean run."""
 
 
 def _proc(pid: int) -> dict[str, int]:
@@ -110,6 +118,10 @@ def main(argv: list[str]) -> int:
                         problems.append(line)
                         rig.held |= rig.leases(rig.settled_status())  # report a leak once
                 print(line, flush=True)
+                if (run + 1) % RSS_EVERY == 0:  # a clean run (a fault run is every fifth)
+                    print(f"  rss KiB after run {run}: " + ", ".join(
+                        f"node {r['node']} {r['rss_kib']}/{r['worker_rss_kib']}"
+                        for r in measure(rig)) + " (node/worker)", flush=True)
             for attempt in range(1, SETTLE_TRIES + 1):
                 ok, detail = rig.clean_run()
                 print(f"settle run {attempt}: {'ok' if ok else detail}", flush=True)
