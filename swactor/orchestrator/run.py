@@ -19,10 +19,11 @@ machine never sees payload. For every message the binding
    `ctx.timers.apply`; ProvisionStages as a parallel fan-out (one task per stage,
    each `ports.provision_stage(node, provision_stage(plan, i, facts))`);
    CreateTokenEndpoints / StopTokenEndpoints / SendStopRun as tasks too, so the actor
-   never blocks on the network and its timers stay live; InjectPrompt writes step 0
-   (the prompt ids), InjectNextInput writes step k + 1 (the token of step k), in mailbox
-   order; AcceptOutput appends the token and releases the object; the Record* effects
-   fill `RunResult`.
+   never blocks on the network and its timers stay live (a stage's StopRun is sent only
+   after its ProvisionStage was answered, so the two can never reach the node
+   reversed); InjectPrompt writes step 0 (the prompt ids), InjectNextInput writes step
+   k + 1 (the token of step k), in mailbox order; AcceptOutput appends the token and
+   releases the object; the Record* effects fill `RunResult`.
 
 A port that raises `PortError` (or anything else) is turned into the event the machine
 understands: a StageFault for that stage (provisioning; the stage still counts as
@@ -96,6 +97,7 @@ from swactor.wire import (
     Component,
     EdgeId,
     EdgeKind,
+    NodeId,
     ObjectId,
     PromptKind,
     RunFaultReason,
@@ -184,6 +186,8 @@ class OrchestratorRun(Actor[RunMessage]):
         self._ready_stages: set[int] = set()
         self._ready_endpoints: set[int] = set()
         self._provisioned: set[int] = set()
+        self._provisioning: dict[int, asyncio.Task[None]] = {}
+        """Each stage's ProvisionStage task; its StopRun waits for it (_stop_after_provisioned)."""
         self._stopped: set[int] = set()
         self._unclean: set[int] = set()
         self._endpoints_stopped = False
@@ -419,8 +423,9 @@ class OrchestratorRun(Actor[RunMessage]):
             ))
             message = provision_stage(self.plan, index, stage_runtime_facts(self.plan, index))
             self._provisioned.add(index)
-            self._spawn(ctx, self.ports.provision_stage(stage.node_id, message),
-                        self._provision_failed(index))
+            self._provisioning[index] = self._spawn(
+                ctx, self.ports.provision_stage(stage.node_id, message),
+                self._provision_failed(index))
 
     def _provision_failed(self, index: StageIndex) -> Callable[[BaseException], orun.Event]:
         def event(error: BaseException) -> orun.Event:
@@ -446,16 +451,24 @@ class OrchestratorRun(Actor[RunMessage]):
                         ) -> orun.Event:
                 return orun.StageStopped(index, clean=False)
 
-            self._spawn(ctx, self.ports.send_stop_run(
-                stage.node_id, self.plan.run_id, stage.stage_index
-            ), unclean)
+            self._spawn(ctx, self._stop_after_provisioned(stage.node_id, stage.stage_index),
+                        unclean)
+
+    async def _stop_after_provisioned(self, node: NodeId, index: StageIndex) -> None:
+        """StopRun once the stage's ProvisionStage was answered: sent earlier it could
+        reach the node first (refused there as a run it does not serve) and leave the
+        late ProvisionStage to lease rings for a run that is over."""
+        provisioning = self._provisioning.get(index)
+        if provisioning is not None:
+            await asyncio.shield(provisioning)  # never raises: failures become events
+        await self.ports.send_stop_run(node, self.plan.run_id, index)
 
     def _spawn(
         self,
         ctx: Context[RunMessage],
         action: Awaitable[None],
         on_error: Callable[[BaseException], orun.Event],
-    ) -> None:
+    ) -> asyncio.Task[None]:
         async def run() -> None:
             try:
                 await action
@@ -463,7 +476,7 @@ class OrchestratorRun(Actor[RunMessage]):
                 log.warning("run %s: port action failed: %s", self.plan.run_id, error)
                 ctx.self_ref.tell(on_error(error))
 
-        ctx.spawn_task(run())
+        return ctx.spawn_task(run())
 
     async def _inject(self, sequence: Sequence, token_ids: tuple[int, ...]) -> None:
         edge = self._token_in.edge_id

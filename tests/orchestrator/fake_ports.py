@@ -36,6 +36,8 @@ class FakePorts:
     sink: MemorySink = field(default_factory=MemorySink)
     calls: list[Call] = field(default_factory=list)
     fail: dict[tuple[str, int | None], PortError] = field(default_factory=dict)
+    provision_delay_s: dict[int, float] = field(default_factory=dict)
+    """Per stage index, how long its ProvisionStage takes to be answered."""
 
     def __post_init__(self) -> None:
         self.emitter = Emitter("orchestrator-test", [self.sink])
@@ -46,7 +48,7 @@ class FakePorts:
             raise error
 
     async def provision_stage(self, node_id: NodeId, message: ProvisionStage) -> None:
-        await asyncio.sleep(0)
+        await asyncio.sleep(self.provision_delay_s.get(int(message.stage_index), 0))
         self.calls.append(("provision", int(node_id), int(message.stage_index)))
         self._maybe_fail("provision", int(message.stage_index))
 
