@@ -8,8 +8,8 @@ call (copy, socket accounting, waking the peer) costs more than aioquic's own wo
 16 KiB packet, so the endpoint batches both directions:
 
 * Send (UDP GSO, `UDP_SEGMENT`): consecutive datagrams to the same address with the same
-  length (the last one of a run may be shorter) are joined into one buffer and handed to
-  the kernel in one `sendmsg` with the segment size as a control message; the kernel (or
+  length (the last one of a run may be shorter) are handed to the kernel in one `sendmsg`
+  (one iovec each) with the segment size as a control message; the kernel (or
   the NIC) cuts it back into the same datagrams on the wire. A run holds at most
   `GSO_MAX_SEGMENTS` datagrams and `GSO_MAX_BYTES` bytes (one IP packet's limit).
 * Receive (UDP GRO, `UDP_GRO`): the kernel may hand over several datagrams of one flow
@@ -55,7 +55,6 @@ class UdpSocket:
         self.sock = sock
         self.gso = offload and hasattr(sock, "sendmsg")
         self.gro = False
-        self.sent_calls = 0  # system calls that carried datagrams (figures for benches)
         if offload:
             try:
                 sock.setsockopt(socket.SOL_UDP, UDP_GRO, 1)
@@ -97,12 +96,11 @@ class UdpSocket:
     def _send_run(self, run: list[bytes], size: int, addr: Address) -> None:
         try:
             self.sock.sendmsg(
-                [b"".join(run)],
+                run,  # one iovec per datagram: the kernel gathers them, no join copy
                 [(socket.SOL_UDP, UDP_SEGMENT, _SEGMENT_SIZE.pack(size))],
                 0,
                 addr,
             )
-            self.sent_calls += 1
         except (BlockingIOError, InterruptedError):
             pass  # socket buffer full: lost datagrams, which QUIC recovers
         except OSError as exc:
@@ -115,7 +113,6 @@ class UdpSocket:
     def _sendto(self, data: bytes, addr: Address) -> None:
         try:
             self.sock.sendto(data, addr)
-            self.sent_calls += 1
         except OSError:
             pass  # buffer full or unreachable: a lost datagram, which QUIC recovers
 
