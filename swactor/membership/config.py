@@ -4,8 +4,9 @@ Theory of operation
 -------------------
 `SwimConfig` holds memberlist's LAN defaults (probe every 1 s, 500 ms probe timeout,
 3 indirect probes, gossip every 200 ms to 3 members, suspicion multiplier 4, maximum
-suspicion 6x the minimum, retransmit multiplier 4, local health awareness up to 8x).
-Tests scale them down through `scaled()`.
+suspicion 6x the minimum, retransmit multiplier 4, local health awareness up to 8x,
+push/pull every 30 s) and Serf's reconnect defaults (a member declared dead is retried
+every 30 s for 24 h). Tests scale them down through `scaled()`.
 
 The formulas are memberlist's:
 
@@ -45,6 +46,10 @@ class SwimConfig:
     gossip_to_the_dead_s: float = 30.0
     dead_retention_s: float = 60.0
     push_pull_interval_s: float = 30.0
+    reconnect_interval_s: float = 30.0
+    """Every this often, a full-state sync with one member believed dead (partition heal)."""
+    reconnect_timeout_s: float = 86400.0
+    """How long a member declared dead stays a reconnect target (kept past its reaping)."""
     join_retry_s: float = 1.0
     max_piggyback: int = 6
 
@@ -54,6 +59,7 @@ class SwimConfig:
             "probe_timeout_s": self.probe_timeout_s,
             "gossip_interval_s": self.gossip_interval_s,
             "join_retry_s": self.join_retry_s,
+            "reconnect_interval_s": self.reconnect_interval_s,
         }
         for name, value in positive.items():
             if not value > 0:
@@ -83,6 +89,8 @@ class SwimConfig:
             gossip_to_the_dead_s=self.gossip_to_the_dead_s * factor,
             dead_retention_s=self.dead_retention_s * factor,
             push_pull_interval_s=self.push_pull_interval_s * factor,
+            reconnect_interval_s=self.reconnect_interval_s * factor,
+            reconnect_timeout_s=self.reconnect_timeout_s * factor,
             join_retry_s=self.join_retry_s * factor,
         )
 

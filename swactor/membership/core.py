@@ -31,6 +31,19 @@ What it does, following memberlist and the Lifeguard paper:
 * Join and anti-entropy. `start` sends `Sync(reply=True)` with this member's alive
   update to the seeds until one answers with its own view (`Joined`); every push/pull
   interval the full view is exchanged with one random member.
+* Merging a full view (memberlist's mergeRemoteState). A `Sync` carries the sender's
+  whole view, stale entries included, so a dead claim in it is not taken as a verdict:
+  it becomes a suspicion signed by this member, which the accused refutes in time if it
+  is alive. Suspect, alive and leave entries are applied as they are.
+* Partition heal (Serf's reconnect). Plain SWIM never probes a dead member again, so
+  once both sides of a partition have declared each other dead nothing re-merges the
+  views when the link returns. Every reconnect interval this member therefore sends
+  `Sync(reply=True)` with its full view to one random member it declared dead (kept as a
+  target past its reaping, for the reconnect timeout; a member that left is not retried:
+  only it can sign a leave, so a leave is never a partition artefact), or to a seed when
+  it has no live member at all. If the target is up, each side finds the other's dead
+  claim about itself in the exchanged view, refutes it (a higher incarnation, alive
+  gossiped), and the reply already carries the refuted alive, so the views re-merge.
 
 Each remote member's state is a generated `swim_member` machine
 (`swactor.fsm.generated.swim_member`); `_Member` answers its guards. Updates arriving
@@ -178,6 +191,8 @@ class SwimCore:
         self._seeds: tuple[Address, ...] = ()
         self._started = False
         self._recent_dead: dict[NodeId, float] = {}
+        self._failed: dict[NodeId, tuple[Address, float]] = {}
+        """Members declared dead (not left): their last SWIM address and when (reconnect)."""
         self._reassert = False
         self._now = 0.0
         self.sent_messages = 0
@@ -195,6 +210,7 @@ class SwimCore:
         self._arm(now + self._rng.uniform(0, self.config.probe_interval_s), "probe", 0)
         self._arm(now + self._rng.uniform(0, self.config.gossip_interval_s), "gossip", 0)
         self._arm(now + self.config.push_pull_interval_s, "push_pull", 0)
+        self._arm(now + self.config.reconnect_interval_s, "reconnect", 0)
         if not self._seeds:
             self.joined = True
             self._events.append(Joined(via=self.node_id, at=now))
@@ -206,7 +222,10 @@ class SwimCore:
         """Process one verified message that arrived from `source`."""
         out: list[Outgoing] = []
         self._now = now
-        self._apply_all(message.updates, now)
+        if isinstance(message, Sync):
+            self._merge(message.updates, now)
+        else:
+            self._apply_all(message.updates, now)
         match message:
             case Ping(sender=sender, seq=seq, target=target):
                 if target == self.node_id:
@@ -303,7 +322,17 @@ class SwimCore:
         for update in updates:
             self._apply(update, now)
 
+    def _merge(self, updates: Iterable[Update], now: float) -> None:
+        """Apply a full view from a `Sync`: its dead claims only as our own suspicion."""
+        for update in updates:
+            if (isinstance(update, DeadUpdate) and not update.is_leave
+                    and update.node_id != self.node_id):
+                update = SuspectUpdate(update.node_id, update.incarnation, self.node_id)
+            self._apply(update, now)
+
     def _apply(self, update: Update, now: float) -> None:
+        if isinstance(update, DeadUpdate) and update.is_leave:
+            self._failed.pop(update.node_id, None)  # it left: never a reconnect target
         if update.node_id == self.node_id:
             self._about_me(update, now)
             return
@@ -337,6 +366,7 @@ class SwimCore:
                     member.accusers = None
                     self._add_live(member.node_id)
                     self._recent_dead.pop(member.node_id, None)
+                    self._failed.pop(member.node_id, None)
                     self._record(member, update, now)
                 case sm.ReportSuspect():
                     assert isinstance(update, SuspectUpdate)
@@ -355,9 +385,11 @@ class SwimCore:
                 case sm.ReportDead():
                     dead = update if update is not None else DeadUpdate(
                         member.node_id, member.machine.incarnation, self.node_id)
+                    self._failed[member.node_id] = (member.meta.swim_address, now)
                     self._ended(member, dead, now)
                 case sm.ReportLeft():
                     assert update is not None
+                    self._failed.pop(member.node_id, None)
                     self._ended(member, update, now)
                 case sm.ReportRemoved():
                     del self._members[member.node_id]
@@ -529,7 +561,25 @@ class SwimCore:
                                       Sync(self.node_id, True), node,
                                       updates=self._full_state()))
             self._arm(now + self.config.push_pull_interval_s, "push_pull", 0)
+        elif kind == "reconnect":
+            self._reconnect(now, out)
+            self._arm(now + self.config.reconnect_interval_s, "reconnect", 0)
 
+    def _reconnect(self, now: float, out: list[Outgoing]) -> None:
+        """Full-state sync with one member declared dead, or a seed when alone."""
+        horizon = now - self.config.reconnect_timeout_s
+        for node, (_, since) in list(self._failed.items()):
+            if since < horizon:
+                del self._failed[node]
+        targets: list[tuple[Address, NodeId | None]] = [
+            (address, node) for node, (address, _) in self._failed.items()]
+        if not self._live:
+            targets.extend((seed, None) for seed in self._seeds)
+        if not targets:
+            return
+        address, target = targets[self._rng.randrange(len(targets))]
+        out.append(self._send(address, Sync(self.node_id, True), target,
+                              updates=self._full_state()))
     # ------------------------------------------------------------ sending
 
     def _gossip(self, out: list[Outgoing]) -> None:

@@ -15,6 +15,8 @@ when it resumes, as a process stalled by GC or a busy loop would read its socket
 `available=True` gives every member booted metadata with a (fake) QUIC endpoint, for
 pool-readiness runs. `restart(i)` replaces a crashed member's core with a fresh one at
 incarnation 0 that joins through a seed, as a restarted process would.
+`partition(groups)` cuts the network between groups of members (every message from one
+group to another is lost; counted in `cut`) until `heal()`, as a pulled cable would.
 
 Membership events of every core are kept in `events` as (time, member index, event);
 `first_state_time` answers "when did observer o first see member t in state s".
@@ -91,6 +93,9 @@ class Simulation:
         self.first_probe_of_crashed: dict[int, float] = {}
         """Member index -> when the first Ping was sent to it after it crashed."""
         self.dropped = 0
+        self.cut = 0
+        """Messages lost to a partition (not counted in `dropped`)."""
+        self._side: dict[int, int] = {}
         self._heap: list[tuple[float, int, int, int, object]] = []
         self._seq = 0
         self._first: dict[tuple[int, NodeId, MemberState], float] = {}
@@ -127,6 +132,19 @@ class Simulation:
         self.members[index] = fresh
         self._route(index, fresh.core.start(self.now, [sim_address(seed_index)]))
         self._reschedule(index)
+
+    def partition(self, *groups: list[int]) -> None:
+        """Cut the network between `groups` (members left out form one more group)."""
+        side = {index: number for number, group in enumerate(groups) for index in group}
+        if len(side) != sum(len(group) for group in groups):
+            raise ValueError("a member is in more than one partition group")
+        if not all(0 <= index < len(self.members) for index in side):
+            raise ValueError(f"partition groups name members outside 0..{len(self.members) - 1}")
+        self._side = {i: side.get(i, len(groups)) for i in range(len(self.members))}
+
+    def heal(self) -> None:
+        """Restore the network between every member."""
+        self._side = {}
 
     def run_until(self, when: float) -> None:
         """Process every event up to simulated time `when`."""
@@ -205,6 +223,9 @@ class Simulation:
             if (self.members[dest].crashed and dest not in self.first_probe_of_crashed
                     and isinstance(out.message, Ping)):
                 self.first_probe_of_crashed[dest] = self.now
+            if self._side and self._side[index] != self._side[dest]:
+                self.cut += 1
+                continue
             if self.loss and self.rng.random() < self.loss:
                 self.dropped += 1
                 continue
