@@ -4,7 +4,9 @@ Theory of operation
 -------------------
 * `core.SwimCore` is one SWIM participant, sans-I/O: messages and time in, messages and
   membership events out; each remote member's state is the generated `swim_member`
-  machine. `config` holds memberlist's parameters and timing formulas.
+  machine. `config` holds memberlist's parameters and timing formulas. A partition
+  heals by itself once the link is back: members declared dead are sent a full-state
+  sync every reconnect interval (Serf's reconnect), which makes both sides refute.
 * `sim.Simulation` runs many cores on a seeded simulated network (tests, benchmark).
 * `wire` signs and verifies datagrams and updates with the node's Ed25519 identity
   key; `udp.MembershipNode` runs a core on its own UDP port in its own thread.
