@@ -73,8 +73,11 @@ def _run(
         TinyConfig(blocks=2, seed=3),
         TinyConfig(blocks=2, seed=4, arch="qwen2", tied=False),
         TinyConfig(blocks=2, seed=5, rope_dim=32, heads=4, kv_heads=1, rope_theta=500.0),
+        # gate/up (3072 rows) and output (1300 rows) products are split into CPU kernels
+        # of fewer than 1024 rows and concatenated: the pieces must come back in order
+        TinyConfig(blocks=2, seed=7, hidden=128, heads=2, kv_heads=1, ffn=1536, vocab=1300),
     ],
-    ids=["llama", "qwen2", "llama-partial-rope-mqa"],
+    ids=["llama", "qwen2", "llama-partial-rope-mqa", "llama-split-wide-products"],
 )
 def test_one_stage_matches_numpy_reference(tmp_path: Path, cfg: TinyConfig) -> None:
     path = write_tiny_gguf(tmp_path / "m.gguf", cfg)
