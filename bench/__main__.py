@@ -12,6 +12,13 @@ import pkgutil
 import sys
 from pathlib import Path
 
+USAGE = """usage: python -m bench [NAME [OPTIONS...]]...
+
+With no NAME, runs `report` (every benchmark; writes bench/report.md and report.json).
+Each NAME runs that benchmark; the words after it, up to the next NAME, are its options
+(`python -m bench quic --repeat 3`; `python -m bench NAME --help` lists them).
+Benchmarks: {names}"""
+
 
 def available() -> list[str]:
     """Benchmark module names, sorted."""
@@ -21,18 +28,37 @@ def available() -> list[str]:
     )
 
 
+def split_groups(argv: list[str], names: list[str]) -> list[tuple[str, list[str]]]:
+    """Split ``argv`` into (benchmark, its arguments): a word naming a benchmark starts a
+    group and every following word that is not a benchmark name is passed to it, so
+    ``quic --repeat 3 model --beam 2`` runs two benchmarks with their own options."""
+    groups: list[tuple[str, list[str]]] = []
+    for word in argv:
+        if word in names:
+            groups.append((word, []))
+        elif groups:
+            groups[-1][1].append(word)
+        else:
+            raise ValueError(word)
+    return groups
+
+
 def main(argv: list[str]) -> int:
-    names = argv or ["report"]  # the report runs every other module (bench/report.py)
-    unknown = [n for n in names if n not in available()]
-    if unknown:
-        print(f"bench: unknown benchmark(s): {', '.join(unknown)}; have: {', '.join(available())}",
-              file=sys.stderr)
+    if argv and argv[0] in ("-h", "--help"):
+        print(USAGE.format(names=", ".join(available())))
+        return 0
+    have = available()
+    try:
+        groups = split_groups(argv, have) if argv else [("report", [])]
+    except ValueError as bad:
+        print(f"bench: unknown benchmark {bad}; have: {', '.join(have)} "
+              "(options go after the benchmark's name)", file=sys.stderr)
         return 2
     status = 0
-    for name in names:
+    for name, args in groups:
         print(f"== bench {name} ==", flush=True)
         module = importlib.import_module(f"bench.{name}")
-        status |= int(module.main([]))
+        status |= int(module.main(args))
     return status
 
 

@@ -11,6 +11,7 @@ Figures (one run, printed side by side with their ratio):
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import statistics
@@ -178,6 +179,10 @@ def events(n: int) -> tuple[float, float, float]:
 
 
 def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench actors",
+        description="actor, process actor and event sink costs beside plain asyncio (no options).")
+    parser.parse_args(argv)
     n_tell, n_ask, n_lines, n_events = 100_000, 5_000, 100_000, 20_000
     ours, base = asyncio.run(tell_throughput(n_tell))
     row(f"tell throughput ({n_tell:,} msgs)", ours, base, "msg/s", True)

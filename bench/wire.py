@@ -9,6 +9,7 @@ same document (the cost of strict decoding and validation on top of parsing).
 
 from __future__ import annotations
 
+import argparse
 import json
 import struct
 import timeit
@@ -32,6 +33,10 @@ def _best_us(fn: Callable[[], object], number: int) -> float:
 
 
 def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench wire",
+        description="wire codec costs beside bare struct/json (no options).")
+    parser.parse_args(argv)
     header = example(ObjectHeader)
     packed = header.pack()
     spec = example(ObjectSpec)
