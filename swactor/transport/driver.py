@@ -31,11 +31,18 @@ receiver's graceful stop) the sender's `PeerStopped`: clean closes. Other peer r
 STOP_SENDING codes and connection loss become `StreamError` / `TransportFailed` of the
 affected edges; a stream the driver refuses is stopped with the abort code. `StopEdge`
 for an edge with no binding is answered `PumpStopped(edge_id, None)` directly.
+
+Edges of past runs. Edge ids are drawn per run, so a long-lived node would keep every
+finished binding (with its link, ring handle and ended pump task) forever. When a new
+plan arrives (`expect_recv`, or an establish message) the driver forgets the bindings
+whose pumps have ended, keeping only their ids (the last `ENDED_IDS_KEPT`), so a late
+stream for one is still refused as `DuplicateStream`.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from swactor.fsm.generated.recv_pump import State
@@ -62,6 +69,9 @@ from swactor.wire.objects import PREAMBLE_LEN
 
 StreamKey = tuple[QuicLink, int]
 
+ENDED_IDS_KEPT = 4096
+"""How many forgotten edge ids the driver remembers for `DuplicateStream` refusals."""
+
 
 class Driver:
     """Edge driver bound to one endpoint and one arena (see the module docstring)."""
@@ -82,6 +92,7 @@ class Driver:
         self._refused: set[StreamKey] = set()
         self._by_ring_recv: dict[int, RecvEdge] = {}
         self._by_ring_send: dict[int, SendEdge] = {}
+        self._ended: OrderedDict[int, None] = OrderedDict()
         endpoint.register_handler(EDGE_ALPN, self)
 
     # -- spec §25 views -------------------------------------------------------------
@@ -104,7 +115,31 @@ class Driver:
 
     def expect_recv(self, edge_ids: Iterable[int]) -> None:
         """Declare the active plan's inbound edge ids (streams for others are refused)."""
+        self.forget_ended()
         self._expected.update(edge_ids)
+
+    def forget_ended(self) -> None:
+        """Drop the bindings whose pumps have ended, keeping their ids (module doc)."""
+        ended: list[int] = []
+        for recv_id, recv in list(self.recv_edges.items()):
+            if recv.finished and (recv.task is None or recv.task.done()):
+                del self.recv_edges[recv_id]
+                ended.append(recv_id)
+        for send_id, send in list(self.send_edges.items()):
+            if send.finished and all(task.done() for task in send.tasks):
+                del self.send_edges[send_id]
+                ended.append(send_id)
+        if not ended:
+            return
+        live_recv, live_send = set(self.recv_edges.values()), set(self.send_edges.values())
+        self._by_ring_recv = {r: e for r, e in self._by_ring_recv.items() if e in live_recv}
+        self._by_ring_send = {r: e for r, e in self._by_ring_send.items() if e in live_send}
+        self._routed = {k: v for k, v in self._routed.items() if v[0] in live_recv}
+        for edge_id in ended:
+            self._expected.discard(edge_id)
+            self._ended[edge_id] = None
+        while len(self._ended) > ENDED_IDS_KEPT:
+            self._ended.popitem(last=False)
 
     def handle(self, message: DriverMessage) -> None:
         if isinstance(message, EstablishRecv):
@@ -129,8 +164,13 @@ class Driver:
         return None
 
     def _establish_recv(self, msg: EstablishRecv) -> None:
+        self.forget_ended()
         edge = self.recv_edges.get(msg.edge_id)
-        if (edge is not None and edge.ring is not None) or msg.edge_id in self.send_edges:
+        if (
+            (edge is not None and edge.ring is not None)
+            or msg.edge_id in self.send_edges
+            or msg.edge_id in self._ended
+        ):
             raise TransportError(f"edge {msg.edge_id} is already established")
         ring = self._open_ring(msg.edge_id, msg)
         if ring is None:
@@ -142,7 +182,12 @@ class Driver:
         edge.establish(msg.ring_id, msg.ring_layout, ring)
 
     def _establish_send(self, msg: EstablishSend) -> None:
-        if msg.edge_id in self.send_edges or msg.edge_id in self.recv_edges:
+        self.forget_ended()
+        if (
+            msg.edge_id in self.send_edges
+            or msg.edge_id in self.recv_edges
+            or msg.edge_id in self._ended
+        ):
             raise TransportError(f"edge {msg.edge_id} is already established")
         ring = self._open_ring(msg.edge_id, msg)
         if ring is None:
@@ -235,13 +280,13 @@ class Driver:
             self._refuse(key, None, exc.reason, str(exc))
             return
         edge = self.recv_edges.get(edge_id)
+        if (edge is not None and edge.finished) or (edge is None and edge_id in self._ended):
+            link.consume(stream_id, len(head))
+            self._refuse(key, edge_id, StreamFaultReason.DuplicateStream, "edge already ended")
+            return
         if edge is None and edge_id not in self._expected:
             link.consume(stream_id, len(head))
             self._refuse(key, edge_id, StreamFaultReason.UnknownEdge, "edge not in active plan")
-            return
-        if edge is not None and edge.finished:
-            link.consume(stream_id, len(head))
-            self._refuse(key, edge_id, StreamFaultReason.DuplicateStream, "edge already ended")
             return
         link.consume(stream_id, PREAMBLE_LEN)
         if edge is None:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import hashlib
 import socket
+import weakref
 
 import pytest
 
 from swactor.ring import RingState
 from swactor.transport.config import EDGE_ALPN, TransportConfig
+from swactor.transport.errors import TransportError
 from swactor.transport.identity import NodeIdentity
 from swactor.transport.messages import (
     DriverEdgeReady,
@@ -418,6 +421,43 @@ async def test_peer_reset_of_an_unread_stream_gives_its_credit_back() -> None:
         fault = await b.wait_for(StreamFault)
         assert isinstance(fault, StreamFault) and fault.reason is StreamFaultReason.PeerReset
         assert b_link.quic.received_unconsumed() == 0
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_new_plan_forgets_the_ended_edges_of_the_last_one() -> None:
+    """Edge ids are drawn per run: a long-lived node must not keep every finished binding
+    (its link, ring handle and ended pump task). The next plan drops them; a late stream
+    for a forgotten edge is still refused as DuplicateStream, not adopted."""
+    a, b = await make_pair(FAST)
+    try:
+        await _transfer(a, b, 5, 1 << 20, recv_first=True)
+        assert await a.wait_for(PumpStopped) == PumpStopped(5, 1)
+        async with asyncio.timeout(5):
+            while not (b.driver.recv_edges[5].task and b.driver.recv_edges[5].task.done()):
+                await asyncio.sleep(0.01)
+            while not all(t.done() for t in a.driver.send_edges[5].tasks):
+                await asyncio.sleep(0.01)
+        recv_ref = weakref.ref(b.driver.recv_edges[5])
+        send_ref = weakref.ref(a.driver.send_edges[5])
+        b.driver.expect_recv([6])  # the next run's plan
+        rx_id, rx_layout, _ = a.new_ring(1 << 16)
+        a.driver.handle(EstablishRecv(7, rx_id, rx_layout))  # the next run's establish
+        gc.collect()
+        assert 5 not in b.driver.recv_edges and 5 not in a.driver.send_edges
+        assert recv_ref() is None, gc.get_referrers(recv_ref())
+        assert send_ref() is None, gc.get_referrers(send_ref())
+        before = len(b.of_type(StreamFault))
+        link, late = await _raw_stream(a, b)
+        link.send(late, EdgePreamble(edge_id=EdgeId(5)).pack() + b"late")  # type: ignore[attr-defined]
+        async with asyncio.timeout(5):
+            while len(b.of_type(StreamFault)) == before:
+                await asyncio.sleep(0.01)
+        fault = b.of_type(StreamFault)[-1]
+        assert (fault.edge_id, fault.reason) == (5, StreamFaultReason.DuplicateStream)
+        with pytest.raises(TransportError, match="already established"):
+            b.driver.handle(EstablishRecv(5, *b.new_ring(1 << 16)[:2]))
     finally:
         await a.close()
         await b.close()
