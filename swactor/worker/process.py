@@ -225,6 +225,15 @@ class WorkerProcess:
 
     def _configure_role(self, command: ConfigureRole) -> None:
         assert self.bridge is not None
+        kept = self.roles.get(command.role_id)
+        reconfigure = getattr(kept, "reconfigure", None)
+        if reconfigure is not None and isinstance(command.config, dict):
+            try:
+                if reconfigure(command.config, self.bridge.device):  # same stage, same file
+                    self.emit(RoleConfigured(command.role_id))
+                    return
+            except RoleConfigError:
+                pass  # the fresh build below reports what is wrong with the config
         try:
             self.roles[command.role_id] = build_role(command.config, self.bridge.device)
         except RoleConfigError as exc:

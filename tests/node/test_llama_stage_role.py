@@ -9,6 +9,7 @@ and stage 0 alone for the activation bytes.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from swactor.wire import (
     Sequence,
     provision_stage,
 )
+from swactor.worker.llama_stage import LlamaStageRole
 from swactor.worker.roles import Role, RoleConfigError, RoleRunError, build_role, role_kinds
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
 
@@ -159,3 +161,32 @@ def test_unreadable_objects_and_out_of_order_steps_are_role_run_errors(
     binding = OutputBinding(PortId(1), RingId(1), ObjectId(1), Sequence(1), 4)
     with pytest.raises(RoleRunError, match="one input and one output"):
         first.run({}, [binding], None)
+
+
+def test_a_role_is_rearmed_only_for_the_same_stage_of_the_unchanged_file(
+    gguf: Path, provisions: list[ProvisionStage], tmp_path: Path
+) -> None:
+    """The worker asks the configured role first (`reconfigure`) so a node's next run of
+    the same stage skips the weight load; a second run on the re-armed role must give
+    what a fresh role gives, and anything else about the stage or the file rebuilds."""
+    config = dict(llama_stage_config(provisions[0], gguf))
+    role = build_role(config, Device.DEFAULT)
+    assert isinstance(role, LlamaStageRole)
+    first_run = [run_step(role, provisions[0], 0, u32(PROMPT)).tobytes()]
+    first_run.append(run_step(role, provisions[0], 1, u32([7])).tobytes())
+    assert role.reconfigure(config, Device.DEFAULT)
+    again = [run_step(role, provisions[0], 0, u32(PROMPT)).tobytes(),
+             run_step(role, provisions[0], 1, u32([7])).tobytes()]
+    assert again == first_run
+    sampled = {**config, "sampling": {"mode": "Temperature", "seed": 3, "temperature": 0.7,
+                                      "top_k": 5, "top_p": 0.9}}
+    assert role.reconfigure(sampled, Device.DEFAULT)
+    assert role.stage.sampling.seed == 3
+    assert not role.reconfigure({**config, "layer_end": 1}, Device.DEFAULT)
+    assert not role.reconfigure(config, "OTHER")
+    copy = tmp_path / "copy.gguf"
+    copy.write_bytes(gguf.read_bytes())
+    assert not role.reconfigure({**config, "gguf": str(copy)}, Device.DEFAULT)
+    info = gguf.stat()
+    os.utime(gguf, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000))
+    assert not role.reconfigure(config, Device.DEFAULT), "a rewritten file is loaded anew"
