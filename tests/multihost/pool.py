@@ -70,3 +70,14 @@ def start_orchestrator(hosts: NetnsTopology, run: int, keys: Path, events: Path,
 def finished_run(run: int) -> Callable[[dict[str, Any]], bool]:
     """Matches a node's stage_finished report of `run`."""
     return lambda d: d.get("kind") == "stage_finished" and d.get("run_id") == run
+
+
+def final_report(orchestrator: HostProcess, timeout_s: float) -> tuple[int, dict[str, Any]]:
+    """Wait for the orchestrator to exit (stopping it after `timeout_s`): its exit code
+    and its last JSON document, the run report."""
+    try:
+        code = orchestrator.finish(timeout_s)
+    finally:
+        orchestrator.stop(10)
+    assert orchestrator.documents, orchestrator.describe()
+    return code, orchestrator.documents[-1]

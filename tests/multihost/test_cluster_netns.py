@@ -30,6 +30,7 @@ from tests.multihost.pool import (
     MARKS,
     PROMPT,
     STAGES,
+    final_report,
     finished_run,
     start_node,
     start_orchestrator,
@@ -50,12 +51,7 @@ def reference_tokens(path: Path, prompt: tuple[int, ...]) -> list[int]:
 def run_orchestrator(hosts: NetnsTopology, run: int, keys: Path, events: Path
                      ) -> dict[str, Any]:
     orchestrator = start_orchestrator(hosts, run, keys, events, TOKENS, MAX_SEQ)
-    try:
-        code = orchestrator.finish(RUN_S)
-    finally:
-        orchestrator.stop(10)
-    assert orchestrator.documents, orchestrator.describe()
-    report = orchestrator.documents[-1]
+    code, report = final_report(orchestrator, RUN_S)
     assert code == 0, (report, orchestrator.describe())
     return report
 

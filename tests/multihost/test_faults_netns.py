@@ -25,6 +25,7 @@ from swactor.transport.identity import NodeIdentity
 from tests.multihost.pool import (
     MARKS,
     STAGES,
+    final_report,
     finished_run,
     start_node,
     start_orchestrator,
@@ -45,13 +46,7 @@ CASES = [
 
 def run_once(topology: NetnsTopology, run: int, keys: Path, events: Path) -> dict[str, Any]:
     orchestrator = start_orchestrator(topology, run, keys, events, TOKENS, MAX_SEQ)
-    try:
-        orchestrator.finish(RUN_S)
-    finally:
-        orchestrator.stop(10)
-    assert orchestrator.documents, orchestrator.describe()
-    report: dict[str, Any] = orchestrator.documents[-1]
-    return report
+    return final_report(orchestrator, RUN_S)[1]
 
 
 def test_network_faults_end_the_run_once_and_the_pool_serves_again(

@@ -43,6 +43,7 @@ from tests.multihost.host_process import HostProcess
 from tests.multihost.pool import (
     MARKS,
     STAGES,
+    final_report,
     finished_run,
     start_node,
     start_orchestrator,
@@ -88,15 +89,6 @@ def wait_tokens(orchestrator: HostProcess, events: Path, count: int) -> None:
         assert orchestrator.process.poll() is None, orchestrator.describe()
         assert time.monotonic() < deadline, f"no {count} tokens: {orchestrator.describe()}"
         time.sleep(0.2)
-
-
-def final_report(orchestrator: HostProcess, timeout_s: float) -> tuple[int, dict[str, Any]]:
-    try:
-        code = orchestrator.finish(timeout_s)
-    finally:
-        orchestrator.stop(10)
-    assert orchestrator.documents, orchestrator.describe()
-    return code, orchestrator.documents[-1]
 
 
 def assert_stage_ended(node: HostProcess, run: int, timeout_s: float) -> dict[str, Any]:
