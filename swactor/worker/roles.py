@@ -42,7 +42,11 @@ class RoleRunError(ValueError):
 
 
 class Role(Protocol):
-    """One configured role: runs steps over device tensors."""
+    """One configured role: runs steps over device tensors.
+
+    A role may also offer `reconfigure(config, device) -> bool`: the worker asks the role
+    already configured under a role id first, and a True answer means it serves the new
+    ConfigureRole as it is (no rebuild; `llama_stage` uses it to skip reloading weights)."""
 
     def run(
         self, inputs: Mapping[int, Tensor], outputs: Sequence[OutputBinding], runtime: JsonValue

@@ -8,10 +8,11 @@ import gc
 import hashlib
 import socket
 import weakref
+from typing import Any
 
 import pytest
 
-from swactor.ring import RingState
+from swactor.ring import Ring, RingState
 from swactor.transport.config import EDGE_ALPN, TransportConfig
 from swactor.transport.errors import TransportError
 from swactor.transport.identity import NodeIdentity
@@ -83,6 +84,21 @@ async def test_rendezvous_in_either_order_delivers_every_byte(recv_first: bool) 
     finally:
         await a.close()
         await b.close()
+
+
+async def _full_edge(a: Node, b: Node, edge: int) -> tuple[int, int, Ring, asyncio.Task[Any]]:
+    """Edge `edge` from a to b, established on both ends, its producer streaming 1 MiB into
+    64 KiB rings, returned once b's ring is full (mid-transfer: the sender has more to
+    send): (tx ring id, rx ring id, b's ring, the producer task)."""
+    tx_id, tx_layout, tx = a.new_ring(1 << 16)
+    rx_id, rx_layout, rx = b.new_ring(1 << 16)
+    b.driver.handle(EstablishRecv(edge, rx_id, rx_layout))
+    a.driver.handle(EstablishSend(edge, b.identity.node_id, tx_id, tx_layout))
+    producer = asyncio.create_task(produce(a, tx, tx_id, payload_chunks(1 << 20, edge)))
+    async with asyncio.timeout(5):
+        while rx.commit < rx.capacity:
+            await asyncio.sleep(0.01)
+    return tx_id, rx_id, rx, producer
 
 
 async def _raw_stream(a: Node, b: Node) -> tuple[object, int]:
@@ -217,14 +233,7 @@ async def test_several_edges_share_one_connection_and_one_stall_blocks_no_other(
 async def test_stop_edge_stops_the_pump_with_pump_stopped() -> None:
     a, b = await make_pair(FAST)
     try:
-        tx_id, tx_layout, tx = a.new_ring(1 << 16)
-        rx_id, rx_layout, rx = b.new_ring(1 << 16)
-        b.driver.handle(EstablishRecv(8, rx_id, rx_layout))
-        a.driver.handle(EstablishSend(8, b.identity.node_id, tx_id, tx_layout))
-        producer = asyncio.create_task(produce(a, tx, tx_id, payload_chunks(1 << 20, 8)))
-        async with asyncio.timeout(5):
-            while rx.commit < rx.capacity:
-                await asyncio.sleep(0.01)
+        tx_id, rx_id, rx, producer = await _full_edge(a, b, 8)
         a.driver.handle(StopEdge(8))
         b.driver.handle(StopEdge(8))
         assert await a.wait_for(PumpStopped) == PumpStopped(8, tx_id)
@@ -243,14 +252,7 @@ async def test_graceful_stop_of_the_sender_closes_the_receiver_without_a_fault()
     (a cut object is not EOF: EofMidObject stays reserved for a FIN mid-object)."""
     a, b = await make_pair(FAST)
     try:
-        tx_id, tx_layout, tx = a.new_ring(1 << 16)
-        rx_id, rx_layout, rx = b.new_ring(1 << 16)
-        b.driver.handle(EstablishRecv(9, rx_id, rx_layout))
-        a.driver.handle(EstablishSend(9, b.identity.node_id, tx_id, tx_layout))
-        producer = asyncio.create_task(produce(a, tx, tx_id, payload_chunks(1 << 20, 9)))
-        async with asyncio.timeout(5):
-            while rx.commit < rx.capacity:
-                await asyncio.sleep(0.01)
+        tx_id, rx_id, rx, producer = await _full_edge(a, b, 9)
         a.driver.handle(StopEdge(9))  # the receiver's own StopEdge has not come yet
         assert await a.wait_for(PumpStopped) == PumpStopped(9, tx_id)
         closed = await b.wait_for(StreamClosed)
@@ -272,14 +274,7 @@ async def test_graceful_stop_in_any_order_is_no_fault(first: str) -> None:
     not report StreamFault(PeerReset); and the other way round."""
     a, b = await make_pair(FAST)
     try:
-        tx_id, tx_layout, tx = a.new_ring(1 << 16)
-        rx_id, rx_layout, rx = b.new_ring(1 << 16)
-        b.driver.handle(EstablishRecv(12, rx_id, rx_layout))
-        a.driver.handle(EstablishSend(12, b.identity.node_id, tx_id, tx_layout))
-        producer = asyncio.create_task(produce(a, tx, tx_id, payload_chunks(1 << 20, 12)))
-        async with asyncio.timeout(5):
-            while rx.commit < rx.capacity:  # mid-transfer: the sender has more to send
-                await asyncio.sleep(0.01)
+        tx_id, rx_id, rx, producer = await _full_edge(a, b, 12)  # mid-transfer
         stopped_first, stopped_second = (b, a) if first == "receiver" else (a, b)
         stopped_first.driver.handle(StopEdge(12))
         if first == "both":
@@ -310,14 +305,7 @@ def test_digest_helper_is_not_trivial() -> None:
 async def test_ring_fault_stops_the_recv_pump_with_pump_failed() -> None:
     a, b = await make_pair(FAST)
     try:
-        tx_id, tx_layout, tx = a.new_ring(1 << 16)
-        rx_id, rx_layout, rx = b.new_ring(1 << 16)
-        b.driver.handle(EstablishRecv(9, rx_id, rx_layout))
-        a.driver.handle(EstablishSend(9, b.identity.node_id, tx_id, tx_layout))
-        producer = asyncio.create_task(produce(a, tx, tx_id, payload_chunks(1 << 20, 9)))
-        async with asyncio.timeout(5):
-            while rx.commit < rx.capacity:
-                await asyncio.sleep(0.01)
+        tx_id, rx_id, rx, producer = await _full_edge(a, b, 9)
         # The worker dies: its watcher faults the ring and wakes the pump.
         assert rx.fault(RingFaultReason.WorkerProcessExited)
         b.driver.ring_writable(rx_id)
