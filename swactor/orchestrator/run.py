@@ -3,10 +3,10 @@
 Theory of operation. `OrchestratorRun` is an actor (`swactor.actors`) that owns one
 `OrchestratorRunMachine` (spec §13, §36, §38) and nothing else stateful but
 bookkeeping. Mail is the machine's events (StageReady, EndpointReady, StageFault,
-EndpointFault, MembershipLost, OperatorStop, StageStopped, EndpointsStopped, timer
-events) plus `TokenOutput`, which the token-out endpoint sends for each output object:
-the binding keeps its token id and feeds the machine `ObjectLoaded` for it, since the
-machine never sees payload. For every message the binding
+EndpointFault, MembershipLost, OperatorStop, StageStopped, EndpointsStopped, the timer
+events, SettleTimerFired included) plus `TokenOutput`, which the token-out endpoint
+sends for each output object: the binding keeps its token id and feeds the machine
+`ObjectLoaded` for it, since the machine never sees payload. For every message the binding
 
 1. updates its bookkeeping (who is ready, who stopped and how cleanly, the pending
    output token), so that the guards it answers for the machine are plain reads:
@@ -14,7 +14,8 @@ machine never sees payload. For every message the binding
    (not the token-out edge, or not the awaited step), `run_policy_stops` (the token is
    a stop id while `stop_on_eos`, or `max_tokens` are generated, or feeding the token
    back would need a position past `max_seq_len - 1`), `teardown_pending` / `teardown_failed` (every
-   provisioned stage and the endpoints stopped / any of them unclean);
+   provisioned stage and the endpoints stopped / any of them unclean), `symptomatic_fault`
+   (the fault's reason is StreamFault);
 2. calls `machine.handle(event)` and carries out the effects in order: timers through
    `ctx.timers.apply`; ProvisionStages as a parallel fan-out (one task per stage,
    each `ports.provision_stage(node, provision_stage(plan, i, facts))`);
@@ -23,7 +24,9 @@ machine never sees payload. For every message the binding
    after its ProvisionStage was answered, so the two can never reach the node
    reversed); InjectPrompt writes step 0 (the prompt ids), InjectNextInput writes step
    k + 1 (the token of step k), in mailbox order; AcceptOutput appends the token and
-   releases the object; the Record* effects fill `RunResult`.
+   releases the object; the Record* effects fill `RunResult`; HoldFault keeps the fault
+   (reason, component and where it came from) aside, CommitHeldFault makes it the run's
+   fault, DemoteHeldFault the first late fault.
 
 A port that raises `PortError` (or anything else) is turned into the event the machine
 understands: a StageFault for that stage (provisioning; the stage still counts as
@@ -44,17 +47,11 @@ first fault's reason and component; an operator stop emits neither), stop_run_se
 (per provisioned stage), run_torn_down (outcome and teardown outcome).
 
 Attribution (spec §36 "records the first run-level failure reason", §40 the component
-that saw it). Stage reports reach the orchestrator over separate control connections, so
-their arrival order is not their causal order: a stage that faults stops its edges at
-once, and the upstream or downstream peer's StreamFault (the reset it sees) can arrive
-before the faulting stage's own report. A StreamFault is the one reason that is, as a
-rule, another stage's symptom, so the binding holds a first StageFault / EndpointFault
-of reason StreamFault for a short settle window (`RunTimeouts.fault_settle_s`, a
-`SettleEnded` self-message ends it) and queues every later message behind it. If a fault
-of any other reason (or MembershipLost) arrives in the window, that root cause is fed first
-(it is recorded; the held StreamFault becomes a late fault); otherwise the StreamFault is
-fed as it came. Either way the queued messages follow in arrival order, so the machine
-sees one consistent history and the run still ends with exactly one outcome.
+that saw it) is the table's: a first StreamFault sends the machine to Settling, whose
+timer (`RunTimeouts.fault_settle_s`, the context field `fault_settle_s`) gives a root
+cause reported over another connection the time to arrive and take over the reason
+(fsm/orchestrator_run.yaml, doc). The binding only answers `symptomatic_fault`, runs the
+timer like any other and records the held fault where the effects say.
 
 When the machine reaches Done the result future resolves and the actor stops itself.
 `start_run(runtime, plan, ports, ...)` spawns the actor, feeds PlanAvailable and returns
@@ -133,25 +130,18 @@ class TokenOutput:
     token_ids: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class SettleEnded:
-    """The settle window of a held StreamFault ended (the run actor's own timer)."""
-
-
-RunMessage: TypeAlias = orun.Event | TokenOutput | SettleEnded
-
-_FaultReport = orun.StageFault | orun.EndpointFault
+RunMessage: TypeAlias = orun.Event | TokenOutput
 
 
 @dataclass(frozen=True, slots=True)
 class RunTimeouts:
-    """The machine's three timers, in seconds."""
+    """The machine's four timers, in seconds."""
 
     readiness_s: float = DEFAULT_READINESS_TIMEOUT_S
     step_s: float = DEFAULT_STEP_TIMEOUT_S
     teardown_s: float = DEFAULT_TEARDOWN_TIMEOUT_S
     fault_settle_s: float = DEFAULT_FAULT_SETTLE_S
-    """How long a first StreamFault waits for a root-cause fault report (module doc)."""
+    """How long a first StreamFault waits in Settling for a root-cause fault report."""
 
 
 class OrchestratorRun(Actor[RunMessage]):
@@ -178,6 +168,7 @@ class OrchestratorRun(Actor[RunMessage]):
             readiness_timeout_s=timeouts.readiness_s,
             step_timeout_s=timeouts.step_s,
             teardown_timeout_s=timeouts.teardown_s,
+            fault_settle_s=timeouts.fault_settle_s,
         )
         self._node = plan.orchestrator_node
         self._token_in = next(e for e in plan.edges if e.kind is EdgeKind.TokenIn)
@@ -197,10 +188,8 @@ class OrchestratorRun(Actor[RunMessage]):
         self._candidate_stop: StopCause | None = None
         self._current: RunMessage | None = None
         self._fault_pending = False
-        self._settle_s = timeouts.fault_settle_s
-        self._held_fault: _FaultReport | None = None
-        self._queued: list[RunMessage] = []
-        """Messages that came while a StreamFault is held (module doc, Attribution)."""
+        self._held_fault: RunFault | None = None
+        """The fault HoldFault set aside while the machine is Settling."""
         self._ctx: Context[RunMessage] | None = None
 
     # -- actor -----------------------------------------------------------------------------
@@ -209,51 +198,8 @@ class OrchestratorRun(Actor[RunMessage]):
         self._ctx = ctx
 
     async def receive(self, ctx: Context[RunMessage], message: RunMessage) -> None:
-        held = self._held_fault
-        if held is None:
-            if isinstance(message, SettleEnded):
-                return  # a window that already closed early
-            if self._is_symptom(message):
-                assert isinstance(message, orun.StageFault | orun.EndpointFault)
-                self._held_fault = message
-                ctx.spawn_task(self._settle(ctx))
-                return
-            await self._process(ctx, message)
-            return
-        if isinstance(message, SettleEnded) or self._is_root_cause(message):
-            order: list[RunMessage] = [held] if isinstance(message, SettleEnded) \
-                else [message, held]
-            order += self._queued
-            self._held_fault, self._queued = None, []
-            for queued in order:
-                await self._process(ctx, queued)
-            return
-        self._queued.append(message)
-
-    def _is_symptom(self, message: RunMessage) -> bool:
-        """A first fault report that is, as a rule, a peer's symptom (module doc)."""
-        return (self._settle_s > 0
-                and isinstance(message, orun.StageFault | orun.EndpointFault)
-                and message.reason is RunFaultReason.StreamFault
-                and self.machine.state in (orun.State.WaitingReady, orun.State.Running))
-
-    @staticmethod
-    def _is_root_cause(message: RunMessage) -> bool:
-        if isinstance(message, orun.MembershipLost):
-            return True
-        return (isinstance(message, orun.StageFault | orun.EndpointFault)
-                and message.reason is not RunFaultReason.StreamFault)
-
-    def _done(self) -> bool:
-        return self.machine.state is orun.State.Done
-
-    async def _settle(self, ctx: Context[RunMessage]) -> None:
-        await asyncio.sleep(self._settle_s)
-        ctx.self_ref.tell(SettleEnded())
-
-    async def _process(self, ctx: Context[RunMessage], message: RunMessage) -> None:
         """Feed one message to the machine and carry out its effects (module doc)."""
-        if isinstance(message, SettleEnded) or self._done():
+        if self._done():
             return
         if isinstance(message, TokenOutput):
             event: orun.Event | None = self._token_event(message)
@@ -274,8 +220,11 @@ class OrchestratorRun(Actor[RunMessage]):
                 continue
             await self._carry_out(ctx, effect)
         self._flush_outcome()
-        if self.machine.state is orun.State.Done:
+        if self._done():
             self._finish(ctx)
+
+    def _done(self) -> bool:
+        return self.machine.state is orun.State.Done
 
     async def stopped(self, ctx: Context[RunMessage]) -> None:
         if not self._future.done():
@@ -351,6 +300,9 @@ class OrchestratorRun(Actor[RunMessage]):
     def teardown_failed(self, event: orun.StageStopped | orun.EndpointsStopped) -> bool:
         return bool(self._unclean) or self._endpoints_unclean
 
+    def symptomatic_fault(self, event: orun.StageFault | orun.EndpointFault) -> bool:
+        return event.reason is RunFaultReason.StreamFault
+
     # -- effects ---------------------------------------------------------------------------
 
     async def _carry_out(self, ctx: Context[RunMessage], effect: orun.Effect) -> None:
@@ -389,6 +341,14 @@ class OrchestratorRun(Actor[RunMessage]):
             case orun.StopTokenEndpoints():
                 self._spawn(ctx, self.ports.stop_token_endpoints(),
                             lambda _error: orun.EndpointsStopped(clean=False))
+            case orun.HoldFault(reason=reason, component=component):
+                self._held_fault = self._fault(reason, component)
+                log.info("run %s: %s from %s held for its root cause", run_id, reason.value,
+                         component.value)
+            case orun.CommitHeldFault():
+                self.result.fault = self._take_held_fault()
+            case orun.DemoteHeldFault():
+                self.result.late_faults.insert(0, self._take_held_fault())
             case orun.RecordLateFault(reason=reason, component=component):
                 self.result.late_faults.append(self._fault(reason, component))
             case orun.RecordTeardownOutcome(teardown=teardown):
@@ -402,6 +362,12 @@ class OrchestratorRun(Actor[RunMessage]):
         if node is None and stage is not None and stage < self._stage_count:
             node = self.plan.stages[stage].node_id
         return RunFault(reason, component, stage, edge, node)
+
+    def _take_held_fault(self) -> RunFault:
+        held = self._held_fault
+        assert held is not None, "the table holds a fault before it commits or demotes one"
+        self._held_fault = None
+        return held
 
     def _flush_outcome(self) -> None:
         """Emit run_faulted once its reason is known (RecordFaultReason follows the outcome)."""

@@ -268,14 +268,14 @@ def test_fault_mid_run_and_late_fault_do_not_rewrite_the_outcome() -> None:
 def test_a_root_cause_that_arrives_just_after_a_peers_stream_fault_is_recorded() -> None:
     """Stage 1 faults and resets its streams; stage 0's StreamFault (the reset it saw)
     reaches the orchestrator first. The root cause, within the settle window, is the
-    recorded fault; the StreamFault is a late fault (module doc of run.py, Attribution)."""
+    recorded fault; the StreamFault is a late fault (orchestrator_run.yaml, Settling)."""
     async def body(runtime: Runtime, ports: FakePorts) -> None:
         handle = await start(runtime, ports, timeouts=replace(SLOW, fault_settle_s=5.0))
         make_ready(handle)
         await ports.until(lambda: bool(ports.of("inject")))
         handle.tell(orun.StageFault(StageIndex(0), RunFaultReason.StreamFault,
                                     Component.Driver))
-        handle.tell(output(0, 40))  # queued behind the held fault: not accepted
+        handle.tell(output(0, 40))  # the run faulted already: not accepted
         handle.tell(orun.StageFault(StageIndex(1), RunFaultReason.ObjectHeaderMalformed,
                                     Component.IngressParser))
         result = await stop_all(handle, ports)
@@ -308,6 +308,86 @@ def test_a_stream_fault_with_no_root_cause_is_recorded_after_the_settle_window()
         assert (result.fault.reason, result.fault.stage_index) == (
             RunFaultReason.StreamFault, 1)
         assert [f.reason for f in result.late_faults] == [RunFaultReason.StepFailed]
+
+    run_test(body)
+
+
+def test_stream_faults_in_the_window_are_late_and_a_later_root_cause_still_wins() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await start(runtime, ports, timeouts=replace(SLOW, fault_settle_s=5.0))
+        make_ready(handle)
+        await ports.until(lambda: bool(ports.of("inject")))
+        handle.tell(orun.EndpointFault(TOKEN_OUT, RunFaultReason.StreamFault,
+                                       Component.TokenEndpoint))
+        handle.tell(orun.StageFault(StageIndex(0), RunFaultReason.StreamFault,
+                                    Component.SendPump))
+        handle.tell(orun.StageFault(StageIndex(2), RunFaultReason.WorkerCrashed,
+                                    Component.WorkerCtl))
+        result = await stop_all(handle, ports)
+        assert result.fault is not None
+        assert (result.fault.reason, result.fault.component, result.fault.stage_index) == (
+            RunFaultReason.WorkerCrashed, Component.WorkerCtl, 2)
+        assert [(f.reason, f.component, f.stage_index, f.edge_id)
+                for f in result.late_faults] == [
+            (RunFaultReason.StreamFault, Component.TokenEndpoint, None, TOKEN_OUT),
+            (RunFaultReason.StreamFault, Component.SendPump, 0, None),
+        ], "the held fault first: late faults keep their arrival order"
+        assert len(ports.events("run_faulted")) == 1
+
+    run_test(body)
+
+
+def test_membership_loss_in_the_window_is_the_root_cause() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await start(runtime, ports, timeouts=replace(SLOW, fault_settle_s=5.0))
+        make_ready(handle)
+        await ports.until(lambda: bool(ports.of("inject")))
+        handle.tell(orun.StageFault(StageIndex(1), RunFaultReason.StreamFault,
+                                    Component.RecvPump))
+        handle.tell(orun.MembershipLost(NodeId(3)))
+        result = await stop_all(handle, ports)
+        assert result.fault is not None
+        assert (result.fault.reason, result.fault.component, result.fault.node_id) == (
+            RunFaultReason.MembershipLost, Component.Membership, NodeId(3))
+        assert [(f.reason, f.stage_index) for f in result.late_faults] == [
+            (RunFaultReason.StreamFault, 1)]
+
+    run_test(body)
+
+
+def test_operator_stop_in_the_window_ends_it_with_the_held_fault() -> None:
+    """The fault came first, so the run is Faulted; the stop does not wait out the window."""
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await start(runtime, ports, timeouts=replace(SLOW, fault_settle_s=60.0))
+        make_ready(handle)
+        await ports.until(lambda: bool(ports.of("inject")))
+        handle.tell(orun.StageFault(StageIndex(1), RunFaultReason.StreamFault,
+                                    Component.Driver))
+        handle.stop()
+        result = await stop_all(handle, ports)  # within run_test's 20 s, not the 60 s window
+        assert result.outcome is RunOutcome.Faulted
+        assert result.fault is not None
+        assert (result.fault.reason, result.fault.component, result.fault.stage_index) == (
+            RunFaultReason.StreamFault, Component.Driver, 1)
+        assert result.late_faults == []
+        assert_legal_order(ports.event_names(), tokens=0, ending="run_faulted")
+
+    run_test(body)
+
+
+def test_a_stream_fault_before_readiness_holds_the_prompt_back() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await start(runtime, ports, timeouts=replace(SLOW, fault_settle_s=0.3))
+        handle.tell(orun.StageFault(StageIndex(0), RunFaultReason.StreamFault,
+                                    Component.Driver))
+        make_ready(handle)  # readiness in the window: ignored, no prompt
+        result = await stop_all(handle, ports)
+        assert ports.of("inject") == []
+        assert result.fault is not None
+        assert (result.fault.reason, result.fault.stage_index) == (
+            RunFaultReason.StreamFault, 0)
+        assert result.rejected_events == []
+        assert_legal_order(ports.event_names(), tokens=-1, ending="run_faulted")
 
     run_test(body)
 
@@ -479,7 +559,8 @@ def test_peer_events_the_machine_refuses_are_recorded_not_fatal() -> None:
 
 def test_operator_stop_before_the_plan_is_done_at_once() -> None:
     machine = orun.OrchestratorRunMachine(
-        _NeverAsked(), readiness_timeout_s=1, step_timeout_s=1, teardown_timeout_s=1
+        _NeverAsked(), readiness_timeout_s=1, step_timeout_s=1, teardown_timeout_s=1,
+        fault_settle_s=1,
     )
     effects = machine.handle(orun.OperatorStop())
     assert machine.state is orun.State.Done
