@@ -10,6 +10,19 @@ stage order) with their QUIC addresses, as a `Pool`: while the run lasts, `Pool.
 turns a chosen node that SWIM declares dead or gone into the run's `MembershipLost`;
 the caller stops the membership node when the run is over. Timing out raises
 `DiscoveryError` naming how many nodes were found.
+
+Fault order (spec §36, first run-level failure). A node cut off mid-run is seen twice: by
+SWIM (it stops answering probes and is declared dead: MembershipLost, the root cause) and
+by its peers' QUIC edges, which report a StreamFault once the connection's idle timeout
+passes (a symptom). The orchestrator records the first, so SWIM must be the faster:
+`check_fault_order` refuses a SWIM configuration whose detection bound
+(`swactor.membership.detection_bound_s`, for the members in the view) is not below the
+QUIC idle timeout, before joining (for the pool asked for) and again once the pool is
+found (for the whole view). The nodes are assumed to run the orchestrator's transport
+idle timeout (both default to `TransportConfig.idle_timeout`). With the defaults the
+bound is 28.3 s (29.1 s at 10 members, over 30 s from 11) against 30 s; a StreamFault
+that still comes first waits out the run's settle window (`RunTimeouts.fault_settle_s`),
+one more second.
 """
 
 from __future__ import annotations
@@ -29,17 +42,37 @@ from swactor.membership import (
     MemberState,
     SwimConfig,
     asyncio_events,
+    detection_bound_s,
 )
 from swactor.orchestrator.run import RunHandle
 from swactor.orchestrator.session import PoolMember
+from swactor.transport.config import TransportConfig
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId
 
 DEFAULT_SETTLE_S = 1.0
+DEFAULT_SWIM = SwimConfig()
+DEFAULT_IDLE_TIMEOUT_S = TransportConfig().idle_timeout
 
 
 class DiscoveryError(Exception):
     """The pool did not become ready; the message says what was found."""
+
+
+class FaultOrderError(DiscoveryError):
+    """SWIM would declare a cut-off node dead only after QUIC's idle timeout (module doc)."""
+
+
+def check_fault_order(swim: SwimConfig, members: int, idle_timeout_s: float) -> float:
+    """The SWIM detection bound for `members`; FaultOrderError unless below the idle timeout."""
+    bound = detection_bound_s(swim, members)
+    if bound >= idle_timeout_s:
+        raise FaultOrderError(
+            f"SWIM detection bound {bound:.1f}s for {members} members is not below the QUIC "
+            f"idle timeout {idle_timeout_s:.1f}s: a cut-off node would be reported as its "
+            "peers' StreamFault instead of MembershipLost (shorten SWIM's probe interval or "
+            "suspicion, or lengthen the idle timeout)")
+    return bound
 
 
 def _usable(state: MemberState, meta: MemberMeta | None) -> bool:
@@ -78,11 +111,17 @@ async def discover_pool(
     count: int,
     timeout_s: float = 120.0,
     settle_s: float = DEFAULT_SETTLE_S,
+    swim: SwimConfig = DEFAULT_SWIM,
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
 ) -> Pool:
-    """The first `count` usable nodes by id, with the running membership node."""
+    """The first `count` usable nodes by id, with the running membership node.
+
+    FaultOrderError before joining, or once found, when SWIM is not the faster failure
+    detector (module doc, Fault order)."""
+    check_fault_order(swim, count + 1, idle_timeout_s)
     queue: asyncio.Queue[MembershipEvent] = asyncio.Queue()
     meta = MemberMeta(swim_host=swim_bind[0], swim_port=0, role="orchestrator")
-    node = MembershipNode(identity, SwimConfig(), meta, seeds=list(seeds), bind=swim_bind,
+    node = MembershipNode(identity, swim, meta, seeds=list(seeds), bind=swim_bind,
                           on_event=asyncio_events(asyncio.get_running_loop(), queue))
     node.start()
     known: dict[NodeId, tuple[MemberState, MemberMeta | None]] = {}
@@ -105,6 +144,9 @@ async def discover_pool(
                 chosen, stable_since = usable, time.monotonic()
             if len(chosen) >= count and stable_since is not None \
                     and time.monotonic() - stable_since >= settle_s:
+                live = sum(1 for state, _ in known.values()
+                           if state in (MemberState.Alive, MemberState.Suspect))
+                check_fault_order(swim, live + 1, idle_timeout_s)
                 break
     except BaseException:
         await asyncio.to_thread(node.stop, True)

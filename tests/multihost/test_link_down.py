@@ -7,11 +7,13 @@ long SmolLM2 run. Once the orchestrator has received a few tokens, the bridge po
 One module-scoped cluster (booting SmolLM2 three times is the expensive part) serves
 both tests, in file order:
 
-- the run must end Faulted (one fault recorded, the tokens received so far kept) with a
-  teardown outcome other than Clean, the orchestrator must exit 1 by itself, the two
-  survivors must finish their stage with no active run and no lease, and so must the
-  cut-off node, still cut off (it loses its orchestrator's connection and stops the run
-  itself instead of waiting forever for a StopRun);
+- the run must end Faulted with exactly one reason, MembershipLost seen by membership
+  (SWIM declares n1 dead before the QUIC idle timeout makes n0 and n2 report their edges'
+  StreamFault: `swactor.orchestrator.discovery`, Fault order), the tokens received so
+  far kept, and a teardown outcome other than Clean; the orchestrator must exit 1 by
+  itself, the two survivors must finish their stage with no active run and no lease,
+  and so must the cut-off node, still cut off (it loses its orchestrator's connection
+  and stops the run itself instead of waiting forever for a StopRun);
 - once the link is back, a second run over the same three nodes must complete: the new
   orchestrator's discovery, joining through n0, must find all 3 nodes available within
   its 120 s. Both sides of the cut declared each other dead, and plain SWIM never
@@ -73,6 +75,7 @@ class Partitioned:
     exit_code: int
     report: dict[str, Any]
     fault_s: float
+    cut_wall_ns: int
 
 
 def tokens_received(events: Path) -> int:
@@ -81,6 +84,14 @@ def tokens_received(events: Path) -> int:
         return 0
     return sum(1 for line in events.read_text().splitlines()
                if line and json.loads(line)["event"] == "token_received")
+
+
+def run_faulted_after_s(events: Path, since_wall_ns: int) -> float:
+    """Seconds from `since_wall_ns` to the run_faulted record (one kernel clock)."""
+    walls: list[int] = [record["wall"] for line in events.read_text().splitlines()
+             if line and (record := json.loads(line))["event"] == "run_faulted"]
+    assert len(walls) == 1, walls
+    return (walls[0] - since_wall_ns) / 1e9
 
 
 def wait_tokens(orchestrator: HostProcess, events: Path, count: int) -> None:
@@ -117,10 +128,10 @@ def partitioned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Partitione
             orchestrator = start_orchestrator(hosts, 1, keys, events, LONG_TOKENS, LONG_SEQ)
             wait_tokens(orchestrator, events / "orchestrator-1.jsonl", TOKENS_BEFORE_CUT)
             hosts.set_link(CUT, up=False)
-            cut_at = time.monotonic()
+            cut_at, cut_wall_ns = time.monotonic(), time.time_ns()
             code, report = final_report(orchestrator, FAULT_S)
             yield Partitioned(hosts, nodes, keys, events, addresses, code, report,
-                              time.monotonic() - cut_at)
+                              time.monotonic() - cut_at, cut_wall_ns)
         finally:
             codes = {name: node.stop(30) for name, node in nodes.items()}
         left = {name: hosts.pids(name) for name in hosts.hosts}
@@ -133,15 +144,19 @@ def test_pulled_link_faults_the_run_and_survivors_end_their_stage(
 ) -> None:
     report = partitioned.report
     assert partitioned.exit_code == 1, report
-    assert report["outcome"] == "Faulted" and report["fault"] is not None, report
+    assert report["outcome"] == "Faulted", report
+    assert report["fault"] == {"reason": "MembershipLost", "component": "membership",
+                               "stage_index": None}, report
     assert report["teardown"] in ("Faulted", "TimedOut"), report
     assert TOKENS_BEFORE_CUT <= len(report["generated_token_ids"]) < LONG_TOKENS
     assert [s["node_id"] for s in report["stages"]] == sorted(partitioned.addresses)
     for name in STAGES:  # the cut-off node too, while its link is still down
         assert_stage_ended(partitioned.nodes[name], 1, STAGE_END_S)
-    print(f"\norchestrator exited {partitioned.fault_s:.1f}s after the cut: fault "
-          f"{report['fault']}, teardown {report['teardown']}, "
-          f"{len(report['generated_token_ids'])} tokens")
+    faulted_s = run_faulted_after_s(partitioned.events / "orchestrator-1.jsonl",
+                                    partitioned.cut_wall_ns)
+    print(f"\nrun_faulted {faulted_s:.1f}s after the cut, orchestrator exited "
+          f"{partitioned.fault_s:.1f}s after it: fault {report['fault']}, teardown "
+          f"{report['teardown']}, {len(report['generated_token_ids'])} tokens")
 
 
 def test_the_pool_serves_again_once_the_link_is_back(partitioned: Partitioned) -> None:

@@ -10,6 +10,7 @@ import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from typing import cast
 
 import pytest
 
@@ -559,8 +560,8 @@ def test_peer_events_the_machine_refuses_are_recorded_not_fatal() -> None:
 
 def test_operator_stop_before_the_plan_is_done_at_once() -> None:
     machine = orun.OrchestratorRunMachine(
-        _NeverAsked(), readiness_timeout_s=1, step_timeout_s=1, teardown_timeout_s=1,
-        fault_settle_s=1,
+        cast(orun.OrchestratorRunGuards, _NeverAsked()), readiness_timeout_s=1,
+        step_timeout_s=1, teardown_timeout_s=1, fault_settle_s=1,
     )
     effects = machine.handle(orun.OperatorStop())
     assert machine.state is orun.State.Done
