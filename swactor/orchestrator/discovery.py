@@ -14,22 +14,26 @@ the caller stops the membership node when the run is over. Timing out raises
 Fault order (spec §36, first run-level failure). A node cut off mid-run is seen twice: by
 SWIM (it stops answering probes and is declared dead: MembershipLost, the root cause) and
 by its peers' QUIC edges, which report a StreamFault once the connection's idle timeout
-passes (a symptom). The orchestrator records the first, so SWIM must be the faster:
-`check_fault_order` refuses a SWIM configuration whose detection bound
-(`swactor.membership.detection_bound_s`, for the members in the view) is not below the
-QUIC idle timeout, before joining (for the pool asked for) and again once the pool is
-found (for the whole view). The nodes are assumed to run the orchestrator's transport
-idle timeout (both default to `TransportConfig.idle_timeout`). With the defaults the
-bound is 28.3 s (29.1 s at 10 members, over 30 s from 11) against 30 s; a StreamFault
-that still comes first waits out the run's settle window (`RunTimeouts.fault_settle_s`),
-one more second.
+passes (a symptom). The orchestrator records the first, so SWIM should be the faster:
+`check_fault_order` raises FaultOrderError for a SWIM configuration whose detection
+bound (`swactor.membership.detection_bound_s`, for the members in the view) is not below
+the QUIC idle timeout. `discover_pool` runs it before joining (for the pool asked for)
+and again once the pool is found (for the whole view) and passes the error's text to
+`warn` (the command prints it): the run is still fail-stop, only a cut-off node may be
+recorded as its peers' StreamFault instead of MembershipLost, so a large pool is warned,
+not refused. The nodes are assumed to run the orchestrator's transport idle timeout
+(both default to `TransportConfig.idle_timeout`). With the defaults the bound is 28.3 s
+(29.1 s at 10 members, over 30 s from 11) against 30 s; a StreamFault that still comes
+first waits out the run's settle window (`RunTimeouts.fault_settle_s`), one more second.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from swactor.fsm.generated import orchestrator_run as orun
@@ -49,6 +53,8 @@ from swactor.orchestrator.session import PoolMember
 from swactor.transport.config import TransportConfig
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId
+
+log = logging.getLogger("swactor.orchestrator.discovery")
 
 DEFAULT_SETTLE_S = 1.0
 DEFAULT_SWIM = SwimConfig()
@@ -73,6 +79,14 @@ def check_fault_order(swim: SwimConfig, members: int, idle_timeout_s: float) -> 
             "peers' StreamFault instead of MembershipLost (shorten SWIM's probe interval or "
             "suspicion, or lengthen the idle timeout)")
     return bound
+
+
+def _warn_fault_order(swim: SwimConfig, members: int, idle_timeout_s: float,
+                      warn: Callable[[str], None]) -> None:
+    try:
+        check_fault_order(swim, members, idle_timeout_s)
+    except FaultOrderError as error:
+        warn(str(error))
 
 
 def _usable(state: MemberState, meta: MemberMeta | None) -> bool:
@@ -113,12 +127,13 @@ async def discover_pool(
     settle_s: float = DEFAULT_SETTLE_S,
     swim: SwimConfig = DEFAULT_SWIM,
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+    warn: Callable[[str], None] = log.warning,
 ) -> Pool:
     """The first `count` usable nodes by id, with the running membership node.
 
-    FaultOrderError before joining, or once found, when SWIM is not the faster failure
-    detector (module doc, Fault order)."""
-    check_fault_order(swim, count + 1, idle_timeout_s)
+    `warn` gets the FaultOrderError's text, before joining or once found, when SWIM is
+    not the faster failure detector (module doc, Fault order)."""
+    _warn_fault_order(swim, count + 1, idle_timeout_s, warn)
     queue: asyncio.Queue[MembershipEvent] = asyncio.Queue()
     meta = MemberMeta(swim_host=swim_bind[0], swim_port=0, role="orchestrator")
     node = MembershipNode(identity, swim, meta, seeds=list(seeds), bind=swim_bind,
@@ -146,7 +161,7 @@ async def discover_pool(
                     and time.monotonic() - stable_since >= settle_s:
                 live = sum(1 for state, _ in known.values()
                            if state in (MemberState.Alive, MemberState.Suspect))
-                check_fault_order(swim, live + 1, idle_timeout_s)
+                _warn_fault_order(swim, live + 1, idle_timeout_s, warn)
                 break
     except BaseException:
         await asyncio.to_thread(node.stop, True)

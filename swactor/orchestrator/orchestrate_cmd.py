@@ -220,8 +220,9 @@ async def _session(options: SessionOptions, emitter: Emitter, discovery: Discove
         return await run_session(options, emitter, sys.stdout, sys.stderr)
     swim, seeds, count = discovery
     print(f"[swactor] waiting for {count} nodes via SWIM ...", file=sys.stderr, flush=True)
-    pool = await discover_pool(options.identity, swim, seeds, count,
-                               idle_timeout_s=options.transport.idle_timeout)
+    pool = await discover_pool(
+        options.identity, swim, seeds, count, idle_timeout_s=options.transport.idle_timeout,
+        warn=lambda text: print(f"[swactor] warning: {text}", file=sys.stderr, flush=True))
     try:
         return await run_session(replace(options, nodes=pool.members), emitter, sys.stdout,
                                  sys.stderr, watch=pool.watch)

@@ -50,14 +50,17 @@ def test_a_large_view_lengthens_the_bound_past_the_idle_timeout() -> None:
         check_fault_order(SwimConfig(), 11, IDLE_S)
 
 
-def test_discovery_refuses_the_order_before_joining() -> None:
+def test_discovery_warns_of_the_order_before_joining_and_still_looks_for_the_pool() -> None:
     identity = NodeIdentity.generate()
+    warnings: list[str] = []
 
     async def main() -> None:
-        # The seed does not exist: only a check before joining can answer this fast.
+        # The seed does not exist: discovery times out after warning, it is not refused.
         await discover_pool(identity, ("127.0.0.1", 0), (("127.0.0.1", 9),), 3,
-                            timeout_s=30, idle_timeout_s=10.0)
+                            timeout_s=0.5, idle_timeout_s=10.0, warn=warnings.append)
 
-    with pytest.raises(FaultOrderError) as raised:
-        asyncio.run(asyncio.wait_for(main(), 5))
-    assert isinstance(raised.value, DiscoveryError), "orchestrate reports it as exit 2"
+    with pytest.raises(DiscoveryError, match="0 of 3 nodes") as raised:
+        asyncio.run(asyncio.wait_for(main(), 10))
+    assert not isinstance(raised.value, FaultOrderError)
+    assert len(warnings) == 1 and "StreamFault instead of MembershipLost" in warnings[0]
+    assert "for 4 members" in warnings[0] and "10.0s" in warnings[0]
