@@ -10,19 +10,27 @@ memfd arena:
   `on_request` (the orchestrator's control handler) turns into the machine's events for
   the run handle. A request that fails (timeout, rejection, no connection) raises
   `PortError(NodeUnavailable / ProvisioningRejected)`.
-- `create_token_endpoints`: leases two rings in the arena (`TokenRings`): token-in is an
-  egress ring this process produces into and the driver sends to stage 0
-  (`EstablishSend`), token-out an ingress ring the driver fills from the last stage
-  (`EstablishRecv`) and this process consumes. Each becomes `EndpointReady` on the
-  driver's `DriverEdgeReady`; a stream or pump fault on either is `EndpointFault`,
-  except `PeerReset`: the stage at the other end stopped the edge during teardown.
+- `create_token_endpoints`: the token edges are ordinary edge ends of this process,
+  established the way a stage node establishes its own (spec §26, §38): an
+  `ArenaManager` (behind an `ArenaActor`) leases both rings, a `LocalRingInstaller`
+  opens this process's end of each, the `EdgeEstablisher` drives the `edge_record`
+  machine through lease -> install -> EstablishSend/EstablishRecv on the edge `Driver`
+  (behind a `DriverActor`) -> Ready. Token-in is an egress ring this process produces
+  into and the driver sends to stage 0; token-out an ingress ring the driver fills
+  from the last stage and this process consumes. The edge actors report to
+  `TokenOwner`, which turns their EdgeReady / EdgeFailed / EdgeStopped into the run
+  machine's EndpointReady / EndpointFault / EndpointsStopped.
 - `inject`: one token object (header + u32 ids) written into token-in; waits for ring
   space (the driver's RingWritable hint, with a short poll as a safety net).
 - the token-out reader task parses each object (header, then exactly `extent` bytes)
   and tells the run `TokenOutput` with the decoded ids. The bytes are consumed as they
   are read, so `release_output` has nothing left to release.
-- `stop_token_endpoints`: `StopEdge` for both edges; when both pumps stopped the rings
-  are released and `EndpointsStopped(clean)` goes to the run.
+- `stop_token_endpoints`: StopEdgeRequest to both edge actors; each edge stops in the
+  §38 teardown order (pump stopped -> ring uninstalled -> lease released with its
+  quiescence proof) and answers EdgeStopped; when both have, the run gets
+  `EndpointsStopped(clean)`. `live_leases()` asks the ArenaManager what is still
+  leased (the fault matrix checks it is nothing).
+- `close()`: after the run, stop the driver, close the ring handles and unmap the arena.
 - `emit`: the process's emitter.
 """
 
@@ -32,10 +40,23 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import Any
 
-from swactor.arena import Arena
-from swactor.arena.allocator import FreeList, align_up
+from swactor.actors import ActorRef, Runtime
+from swactor.arena import ArenaManager, LiveLease
+from swactor.edges import (
+    ArenaActor,
+    ArenaLiveLeases,
+    DriverActor,
+    EdgeEstablisher,
+    EdgeProvisioned,
+    EstablisherConfig,
+    ExpectRecv,
+    LocalRingInstaller,
+    ProvisionEdge,
+    StopEdgeRequest,
+    WakeFanout,
+)
 from swactor.events.emitter import Emitter
 from swactor.events.schema import LifecycleEvent
 from swactor.fsm.generated import orchestrator_run as orun
@@ -44,117 +65,84 @@ from swactor.orchestrator.ports import PortError
 from swactor.orchestrator.run import RunHandle, TokenOutput
 from swactor.orchestrator.tokens import decode_token_ids, encode_token_ids
 from swactor.ring import Ring
-from swactor.transport import ControlChannel, Driver
+from swactor.transport import ControlChannel
 from swactor.transport.control import ControlRejectedError
-from swactor.transport.messages import (
-    DriverEdgeReady,
-    EstablishRecv,
-    EstablishSend,
-    PumpStopped,
-    StopEdge,
-    StreamFault,
-)
-from swactor.transport.messages import RingReadable as DriverReadable
-from swactor.transport.messages import RingWritable as DriverWritable
 from swactor.wire import (
     OBJECT_HEADER_LEN,
     Component,
+    DeviceObjectHandle,
     EdgeId,
     NodeId,
+    ObjectFailure,
     ObjectHeader,
     ObjectId,
     ObjectSpec,
+    PortId,
     ProvisionRx,
     ProvisionStage,
     ProvisionTx,
     RingId,
-    RingLayout,
-    RingSpec,
     RunFaultReason,
     RunId,
     Sequence,
     StageIndex,
-    StreamFaultReason,
 )
 from swactor.wire.codec import WireStruct
 
 log = logging.getLogger("swactor.orchestrator.ports")
 
-HEADER_PAGE = 4096
 REQUEST_TIMEOUT_S = 30.0
+PROVISION_TIMEOUT_S = 10.0
 POLL_S = 0.05
+TOKEN_PORT = PortId(0)
+"""The local installer binds no worker port; the record still carries one."""
 
-
-@dataclass
-class TokenRing:
-    """One leased token ring and its edge."""
-
-    edge_id: EdgeId
-    ring: Ring
-    layout: RingLayout
-    object_spec: ObjectSpec
-    lease: tuple[int, int]
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    ready: bool = False
-    stopped: bool = False
-    faulted: bool = False
-
-
-class TokenRings:
-    """Ring leases in the orchestrator's arena (one header page + data region each)."""
-
-    def __init__(self, arena: Arena) -> None:
-        self.arena = arena
-        self.free = FreeList(arena.size)
-        self._next = 1
-
-    def lease(self, edge_id: EdgeId, spec: RingSpec, object_spec: ObjectSpec) -> TokenRing:
-        alignment = max(spec.alignment, HEADER_PAGE)
-        capacity = align_up(spec.data_capacity, alignment)
-        size = HEADER_PAGE + capacity
-        offset = self.free.find(size, alignment, skew=HEADER_PAGE)
-        if offset is None:
-            raise PortError(RunFaultReason.RingRequestOversized,
-                            f"token ring of {size} bytes does not fit the arena")
-        self.free.take(offset, size)
-        layout = RingLayout(ring_id=RingId(self._next), arena_offset=offset, total_len=size,
-                            header_offset=offset, data_offset=offset + HEADER_PAGE,
-                            data_capacity=capacity, alignment=spec.alignment)
-        self._next += 1
-        return TokenRing(edge_id, Ring.init(self.arena, layout), layout, object_spec,
-                         (offset, size))
-
-    def release(self, token_ring: TokenRing) -> None:
-        token_ring.ring.close()
-        self.free.give(*token_ring.lease)
+MakeDriver = Callable[[Any, Any, Callable[[Any], None], Callable[[Any], None]], Any]
 
 
 class NetworkRunPorts:
-    """The orchestrator's `RunPorts` for one run (module doc)."""
+    """The orchestrator's `RunPorts` for one run (module doc); also the `EdgeOwner` of
+    its two token edges."""
 
     def __init__(
         self,
         control: ControlChannel,
-        driver_factory: Callable[[Callable[[object], None], Callable[[object], None]], Driver],
-        arena: Arena,
+        runtime: Runtime,
+        endpoint: Any,
+        make_driver: MakeDriver | None,
         emitter: Emitter,
         run_id: RunId,
-        stage0_node: NodeId,
-        last_node: NodeId,
+        node_id: NodeId,
+        arena_bytes: int,
     ) -> None:
         self.control = control
-        self.driver = driver_factory(self._driver_event, self._driver_wake)
-        self.rings = TokenRings(arena)
         self.emitter = emitter
         self.run_id = run_id
-        self.stage0_node = stage0_node
-        self.last_node = last_node
         self.handle: RunHandle | None = None
-        self.token_in: TokenRing | None = None
-        self.token_out: TokenRing | None = None
         self.on_token: Callable[[int], None] | None = None
+        self.manager = ArenaManager(arena_bytes)
+        self.manager.construct()
+        arena = self.manager.arena
+        if arena is None:
+            raise PortError(RunFaultReason.ArenaBootFailed,
+                            f"the token arena of {arena_bytes} bytes could not be created")
+        self.rings = LocalRingInstaller(arena)
+        manager = self.manager
+        self._arena_ref = runtime.spawn(lambda: ArenaActor(manager), "token-arena")
+        driver_actor = DriverActor(endpoint, arena, WakeFanout(self.rings), make_driver)
+        self.driver = driver_actor.driver
+        self._driver_ref = runtime.spawn(lambda: driver_actor, "token-driver")
+        config = EstablisherConfig(node_id, self._arena_ref, self._driver_ref, self.rings,
+                                   manager.take_minter())
+        self._establisher = runtime.spawn(lambda: EdgeEstablisher(config),
+                                          "token-establisher")
+        self._edges: dict[int, ActorRef[Any]] = {}
+        self._specs: dict[int, ObjectSpec] = {}
+        self._stopped: dict[int, bool] = {}
+        self._token_in: EdgeId | None = None
+        self._token_out: EdgeId | None = None
+        self._out_ready = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
-        self._stopping = False
 
     # -- control channel --------------------------------------------------------------
 
@@ -186,129 +174,141 @@ class NetworkRunPorts:
 
     # -- token endpoints --------------------------------------------------------------
 
+    async def _provision(self, provision: ProvisionTx | ProvisionRx) -> None:
+        edge_id = int(provision.edge_id)
+        answer = await self._establisher.ask(
+            ProvisionEdge(provision, TOKEN_PORT, self, self.run_id), PROVISION_TIMEOUT_S)
+        if not isinstance(answer, EdgeProvisioned):
+            raise PortError(RunFaultReason.EdgeEstablishmentFailed,
+                            f"token edge {edge_id}: {getattr(answer, 'detail', answer)}")
+        self._edges[edge_id] = answer.edge_actor
+        self._specs[edge_id] = provision.object_spec
+
     async def create_token_endpoints(self, token_in: ProvisionTx, token_out: ProvisionRx) -> None:
-        self.token_in = self.rings.lease(token_in.edge_id, token_in.ring_spec,
-                                         token_in.object_spec)
-        self.token_out = self.rings.lease(token_out.edge_id, token_out.ring_spec,
-                                          token_out.object_spec)
-        out = self.token_out
-        self.driver.expect_recv([int(out.edge_id)])
-        self.driver.handle(EstablishRecv(int(out.edge_id), int(out.layout.ring_id), out.layout))
-        tin = self.token_in
-        self.driver.handle(EstablishSend(int(tin.edge_id), int(token_in.rx_node_id),
-                                         int(tin.layout.ring_id), tin.layout))
-        self._reader = asyncio.get_running_loop().create_task(self._read_outputs(out))
+        self._token_in, self._token_out = token_in.edge_id, token_out.edge_id
+        self._driver_ref.tell(ExpectRecv((int(token_out.edge_id),)))
+        await self._provision(token_out)
+        await self._provision(token_in)
+        self._reader = asyncio.get_running_loop().create_task(self._read_outputs(token_out.edge_id))
+
+    def _wake_event(self, edge_id: EdgeId) -> asyncio.Event:
+        return self.rings.wake_event(int(self.rings.ring_id(edge_id)))
+
+    async def _wait_wake(self, wake: asyncio.Event) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), POLL_S)
 
     async def inject(
         self, edge_id: EdgeId, object_id: ObjectId, sequence: Sequence, token_ids: tuple[int, ...]
     ) -> None:
-        tin = self.token_in
-        if tin is None or tin.edge_id != edge_id:
+        if edge_id != self._token_in:
             raise PortError(RunFaultReason.EdgeEstablishmentFailed,
                             f"edge {int(edge_id)} is not the token-in edge")
-        payload = encode_token_ids(token_ids, tin.object_spec)
+        ring, ring_id = self.rings.ring(edge_id), int(self.rings.ring_id(edge_id))
+        wake = self._wake_event(edge_id)
+        payload = encode_token_ids(token_ids, self._specs[int(edge_id)])
         record = ObjectHeader(object_id, sequence, len(payload)).pack() + payload
         view, sent = memoryview(record), 0
         while sent < len(record):
-            tin.ring.clear_writable_pending()
-            written, wake = tin.ring.write_from(view[sent:])
+            ring.clear_writable_pending()
+            written, _ = ring.write_from(view[sent:])
             sent += written
             if written:
-                self.driver.ring_readable(int(tin.layout.ring_id))
+                self.driver.ring_readable(ring_id)
             if sent < len(record):
-                tin.wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(tin.wake.wait(), POLL_S)
+                wake.clear()
+                await self._wait_wake(wake)
 
     async def release_output(self, edge_id: EdgeId, object_id: ObjectId) -> None:
         return None  # the reader consumed the object's bytes as it parsed them
 
-    async def _read_exact(self, token_ring: TokenRing, count: int) -> bytes:
+    async def _read_exact(self, ring: Ring, ring_id: int, wake: asyncio.Event, count: int
+                          ) -> bytes:
         out = bytearray(count)
         view, got = memoryview(out), 0
         while got < count:
-            token_ring.ring.clear_readable_pending()
-            n, _ = token_ring.ring.read_into(view[got:])
+            ring.clear_readable_pending()
+            n, _ = ring.read_into(view[got:])
             got += n
             if n:
-                self.driver.ring_writable(int(token_ring.layout.ring_id))
+                self.driver.ring_writable(ring_id)
                 continue
-            token_ring.wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(token_ring.wake.wait(), POLL_S)
+            wake.clear()
+            await self._wait_wake(wake)
         return bytes(out)
 
-    async def _read_outputs(self, out: TokenRing) -> None:
+    async def _read_outputs(self, edge_id: EdgeId) -> None:
+        await self._out_ready.wait()
+        ring, ring_id = self.rings.ring(edge_id), int(self.rings.ring_id(edge_id))
+        wake, spec = self._wake_event(edge_id), self._specs[int(edge_id)]
         try:
             while True:
-                header = ObjectHeader.unpack(await self._read_exact(out, OBJECT_HEADER_LEN))
-                payload = await self._read_exact(out, header.extent)
-                ids = decode_token_ids(payload, out.object_spec)
-                self._tell(TokenOutput(out.edge_id, header.object_id, header.sequence, ids))
+                header = ObjectHeader.unpack(
+                    await self._read_exact(ring, ring_id, wake, OBJECT_HEADER_LEN))
+                payload = await self._read_exact(ring, ring_id, wake, header.extent)
+                ids = decode_token_ids(payload, spec)
+                self._tell(TokenOutput(edge_id, header.object_id, header.sequence, ids))
         except asyncio.CancelledError:
             raise
         except Exception as error:
             log.error("token-out: %s", error)
-            self._tell(orun.EndpointFault(out.edge_id, RunFaultReason.ObjectHeaderMalformed,
+            self._tell(orun.EndpointFault(edge_id, RunFaultReason.ObjectHeaderMalformed,
                                           Component.TokenEndpoint))
 
     async def stop_token_endpoints(self) -> None:
-        self._stopping = True
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
-        rings = [r for r in (self.token_in, self.token_out) if r is not None]
-        if not rings:
+        if not self._edges:
             self._tell(orun.EndpointsStopped(True))
             return
-        for token_ring in rings:
-            self.driver.handle(StopEdge(int(token_ring.edge_id)))
-        await asyncio.gather(*(self.driver.wait_stopped(int(r.edge_id)) for r in rings))
-        async with asyncio.timeout(10):
-            while not all(r.stopped for r in rings):
-                await asyncio.sleep(0.01)
-        clean = not any(r.faulted for r in rings)
-        for token_ring in rings:
-            self.rings.release(token_ring)
-        self.token_in = self.token_out = None
-        self._tell(orun.EndpointsStopped(clean))
+        for edge_id, edge_actor in self._edges.items():
+            edge_actor.tell(StopEdgeRequest(EdgeId(edge_id)))
 
-    # -- driver callbacks -------------------------------------------------------------
+    async def live_leases(self) -> list[LiveLease]:
+        """What the token arena still has leased (nothing once the endpoints stopped)."""
+        leases: list[LiveLease] = await self._arena_ref.ask(ArenaLiveLeases(), 5.0)
+        return leases
 
-    def _ring_of(self, edge_id: int | None) -> TokenRing | None:
-        for token_ring in (self.token_in, self.token_out):
-            if token_ring is not None and int(token_ring.edge_id) == edge_id:
-                return token_ring
-        return None
+    async def close(self) -> None:
+        """Stop the driver, close this process's ring handles, unmap the token arena."""
+        await self._driver_ref.stop_and_join()  # DriverActor.stopped closes the driver
+        self.rings.close()
+        arena = self.manager.arena
+        if arena is not None:
+            try:
+                arena.close()
+            except Exception as error:
+                log.warning("token arena: %s", error)
 
-    def _driver_event(self, event: object) -> None:
-        token_ring = self._ring_of(getattr(event, "edge_id", None))
-        if token_ring is None:
-            return
-        match event:
-            case DriverEdgeReady() if not token_ring.ready:
-                token_ring.ready = True
-                self._tell(orun.EndpointReady(token_ring.edge_id))
-            case PumpStopped():
-                token_ring.stopped = True
-            case StreamFault(reason=StreamFaultReason.PeerReset):
-                log.info("token edge %d: peer stopped the stream", int(token_ring.edge_id))
-            case StreamFault():
-                log.warning("token edge %d: %s %s", int(token_ring.edge_id), event.reason.value,
-                            event.detail)
-                if not token_ring.faulted and not self._stopping:
-                    self._tell(orun.EndpointFault(token_ring.edge_id, RunFaultReason.StreamFault,
-                                                  Component.Driver))
-                token_ring.faulted = True
+    # -- EdgeOwner: the edge actors' reports ------------------------------------------
 
-    def _driver_wake(self, hint: object) -> None:
-        ring_id = getattr(hint, "ring_id", None)
-        for token_ring in (self.token_in, self.token_out):
-            if token_ring is None or int(token_ring.layout.ring_id) != ring_id:
-                continue
-            if isinstance(hint, DriverReadable | DriverWritable):
-                token_ring.wake.set()
+    def edge_ready(self, edge_id: EdgeId, ring_id: RingId) -> None:
+        if edge_id == self._token_out:
+            self._out_ready.set()
+        self._tell(orun.EndpointReady(edge_id))
+
+    def edge_failed(self, edge_id: EdgeId, reason: RunFaultReason, component: Component
+                    ) -> None:
+        log.warning("token edge %d: %s (%s)", int(edge_id), reason.value, component.value)
+        self._tell(orun.EndpointFault(edge_id, reason, component))
+
+    def object_loaded(self, edge_id: EdgeId, object_id: ObjectId, sequence: Sequence,
+                      device_handle: DeviceObjectHandle) -> None:
+        pass  # the token endpoint reads its rings itself; no worker loads objects here
+
+    def object_produced(self, edge_id: EdgeId, object_id: ObjectId) -> None:
+        pass
+
+    def object_failed(self, edge_id: EdgeId, object_id: ObjectId | None,
+                      reason: ObjectFailure) -> None:
+        pass
+
+    def edge_stopped(self, edge_id: EdgeId, clean: bool) -> None:
+        self._stopped[int(edge_id)] = clean
+        if set(self._stopped) >= set(self._edges):
+            self._tell(orun.EndpointsStopped(all(self._stopped.values())))
 
     def emit(self, event: LifecycleEvent) -> None:
         self.emitter.emit(event)

@@ -6,7 +6,8 @@ Theory of operation. `run_session(options, emitter, out, err)` is the whole job 
 1. prompt ids: the model's tokenizer encodes `--prompt` (or the file), after the chat
    template when `chat` is set; given token ids are used as they are;
 2. the orchestrator's own QUIC endpoint (its identity; only the pool's nodes are
-   admitted), control channel, edge driver and a small memfd arena for the token rings;
+   admitted) and control channel; the token edges' arena, driver and EdgeEstablisher
+   come with `NetworkRunPorts` once the run's actor runtime is up;
 3. pool: each node is sent `AddressBook` (every node's and the orchestrator's address);
    when every node has acknowledged, `pool_ready` is emitted — a node that does not
    answer fails the session before anything is planned;
@@ -35,17 +36,16 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from swactor.actors import Runtime
-from swactor.arena import Arena
 from swactor.events.emitter import Emitter
 from swactor.events.schema import LifecycleEvent, PoolReady, TokenReceived
 from swactor.fsm.generated import orchestrator_run as orun
 from swactor.node.control_messages import REGISTRY, AddressBook, PeerAddress
 from swactor.node.transports import QuicTransport, Transport
 from swactor.orchestrator.inventory import DEFAULT_NODE_MEMORY_BYTES, NodeResources, PoolInventory
-from swactor.orchestrator.ports import RunResult
+from swactor.orchestrator.ports import PortError, RunResult
 from swactor.orchestrator.real_ports import NetworkRunPorts
 from swactor.orchestrator.run import RunHandle, RunTimeouts, start_run
-from swactor.transport import ControlAuthority, Driver
+from swactor.transport import ControlAuthority
 from swactor.transport.config import TransportConfig
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import GgufSource, NodeId, PromptSource, RunId, SamplingPolicy
@@ -99,6 +99,8 @@ class SessionReport:
     layer_ranges: list[tuple[int, int]]
     stage_nodes: list[int]
     timings: dict[str, float | None]
+    token_leases_left: int = 0
+    """Rings the orchestrator's token arena still had leased after the run (must be 0)."""
 
     def to_json(self) -> dict[str, Any]:
         result = self.result
@@ -120,6 +122,7 @@ class SessionReport:
                        for node, (start, end) in zip(self.stage_nodes, self.layer_ranges,
                                                      strict=True)],
             "timings": self.timings,
+            "token_leases_left": self.token_leases_left,
         }
 
     def summary_lines(self) -> list[str]:
@@ -213,7 +216,6 @@ async def run_session(
     address = await endpoint.start(options.bind_host, 0)
     for member in options.nodes:
         endpoint.address_book[int(member.node_id)] = (member.host, member.port)
-    arena = Arena.create(TOKEN_ARENA_BYTES)
     holder: list[NetworkRunPorts] = []
 
     async def handler(peer: int, message: WireStruct) -> WireStruct | None:
@@ -222,16 +224,7 @@ async def run_session(
     control = network.control(endpoint, REGISTRY, handler,
                               ControlAuthority(orchestrator_id=int(me),
                                                active_run_id=int(run_id)))
-    drivers: list[Driver] = []
-
-    def make_driver(emit: Any, wake: Any) -> Driver:
-        drivers.append(network.driver(endpoint, arena, emit, wake))
-        return drivers[-1]
-
     stages = plan.stages
-    ports = _StreamingPorts(control, make_driver, arena, emitter, run_id,
-                            stages[0].node_id, stages[-1].node_id)
-    holder.append(ports)
     decoder = tokenizer.stream(skip_special=True) if tokenizer is not None else None
     pieces: list[str] = []
 
@@ -256,7 +249,6 @@ async def run_session(
                       f"{event.reason.value} ({event.component.value})\n")
         err.flush()
 
-    ports.on_token, ports.on_stage = on_token, on_stage
     host = options.advertise_host or address[0]
     book = AddressBook(tuple(PeerAddress(m.node_id, m.host, m.port) for m in options.nodes)
                        + (PeerAddress(me, host, address[1]),))
@@ -272,32 +264,26 @@ async def run_session(
                   f"{len(stages)} stages\n")
         err.flush()
         async with Runtime(f"orchestrator-{int(me):x}") as runtime:
-            handle = start_run(runtime, plan, ports, stop_token_ids=planned.stop_token_ids,
-                               prompt_token_ids=ids, timeouts=options.timeouts)
-            ports.handle = handle
-            watcher = asyncio.create_task(watch(handle)) if watch is not None else None
-            loop = asyncio.get_running_loop()
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(signal.SIGINT, handle.stop)
             try:
-                result = await handle.result()
+                ports = _StreamingPorts(control, runtime, endpoint, network.driver, emitter,
+                                        run_id, me, TOKEN_ARENA_BYTES)
+            except PortError as error:
+                raise SessionError(f"token endpoints: {error}") from None
+            ports.on_token, ports.on_stage = on_token, on_stage
+            holder.append(ports)
+            try:
+                result = await _run(runtime, plan, ports, planned.stop_token_ids, ids,
+                                    options.timeouts, watch)
+                leases_left = len(await ports.live_leases())
             finally:
-                if watcher is not None:
-                    watcher.cancel()
-                    await asyncio.gather(watcher, return_exceptions=True)
-                with contextlib.suppress(NotImplementedError, RuntimeError):
-                    loop.remove_signal_handler(signal.SIGINT)
+                await ports.close()
         tail = decoder.flush() if decoder is not None else ""
         pieces.append(tail)
         if options.stream and decoder is not None:
             out.write(tail + "\n")
             out.flush()
     finally:
-        for driver in drivers:
-            await driver.close()
         await endpoint.close()
-        with contextlib.suppress(Exception):
-            arena.close()
     t = result.timings
     load = None if t.ready is None else t.ready - started
     return SessionReport(
@@ -305,10 +291,39 @@ async def run_session(
         text="".join(pieces),
         layer_ranges=[(s.layer_start, s.layer_end_exclusive) for s in stages],
         stage_nodes=[int(s.node_id) for s in stages],
+        token_leases_left=leases_left,
         timings={"load_s": load, "ttft_s": t.time_to_first_token_s,
                  "tokens_per_s": t.tokens_per_second(len(result.generated_token_ids)),
                  "total_s": time.monotonic() - started},
     )
+
+
+async def _run(
+    runtime: Runtime,
+    plan: Any,
+    ports: NetworkRunPorts,
+    stop_token_ids: Any,
+    ids: tuple[int, ...],
+    timeouts: RunTimeouts,
+    watch: Callable[[RunHandle], Coroutine[Any, Any, None]] | None,
+) -> RunResult:
+    """Start the run on `ports` and wait for its result; Ctrl-C is an operator stop and
+    `watch(handle)` runs beside it until it ends."""
+    handle = start_run(runtime, plan, ports, stop_token_ids=stop_token_ids,
+                       prompt_token_ids=ids, timeouts=timeouts)
+    ports.handle = handle
+    watcher = asyncio.create_task(watch(handle)) if watch is not None else None
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGINT, handle.stop)
+    try:
+        return await handle.result()
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)
 
 
 class _StreamingPorts(NetworkRunPorts):

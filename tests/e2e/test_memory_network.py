@@ -76,6 +76,7 @@ async def scenario(gguf: Path) -> None:
             result = report.result
             assert result.outcome is RunOutcome.Completed, report.summary_lines()
             assert result.teardown is TeardownOutcome.Clean, report.summary_lines()
+            assert report.token_leases_left == 0, "the token arena kept a ring leased"
             assert result.generated_token_ids == expected
             assert report.layer_ranges == [(0, 1), (1, 2), (2, 3)]
             for node in nodes:

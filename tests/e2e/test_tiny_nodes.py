@@ -81,6 +81,7 @@ async def scenario(gguf: Path) -> None:
             result = report.result
             assert result.outcome is RunOutcome.Completed, report.summary_lines()
             assert result.teardown is TeardownOutcome.Clean, report.summary_lines()
+            assert report.token_leases_left == 0, "the token arena kept a ring leased"
             assert result.generated_token_ids == expected
             assert report.layer_ranges == [(0, 1), (1, 2)]
             for node in nodes:
@@ -98,6 +99,7 @@ async def scenario(gguf: Path) -> None:
         assert interrupt.sent
         assert report.result.outcome is RunOutcome.OperatorStopped, report.summary_lines()
         assert report.result.teardown is TeardownOutcome.Clean
+        assert report.token_leases_left == 0
         assert 1 <= len(report.result.generated_token_ids) < MAX_SEQ - len(PROMPT)
         for node in nodes:
             await asyncio.wait_for(node.finished.get(), 30)

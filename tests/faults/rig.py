@@ -307,6 +307,8 @@ class FaultRig:
         status = self.settled_status()
         if self.leases(status) - self.held or any(s["active_run"] is not None for s in status):
             problems.append(f"after the next run: {status}")
+        if report.token_leases_left:
+            problems.append(f"orchestrator token leases left: {report.token_leases_left}")
         return not problems, " | ".join(problems)
 
     def row(self, source: str, injected: str, seen: Observed) -> FaultRow:
@@ -330,7 +332,10 @@ class FaultRig:
         row.torn_down = len(torn) == 1
         status = self.settled_status()
         left = self.leases(status) - self.held
-        row.leases_left = len(left)
+        token_left = seen.report.token_leases_left if seen.report is not None else 0
+        row.leases_left = len(left) + token_left
+        if token_left:
+            row.notes.append(f"orchestrator token leases left: {token_left}")
         if any(s["active_run"] is not None for s in status):
             row.notes.append(f"active run left: {status}")
         if left:
