@@ -3,12 +3,12 @@
 Each case arms one `swactor.faults` entry (or changes the session's inputs), runs a
 session, and checks what every run-level fault must leave (see `rig.FaultRig`): one
 terminal outcome with the first reason and the component that saw it, `run_torn_down`
-with a teardown outcome, no ring lease on any node, no orphan process, and a clean next
-run on the same nodes. Cases run in file order on the same nodes, so each also proves
-that the previous one left the cluster serviceable. Each case expects exactly its own
-reason: a peer's StreamFault that races the faulting stage's report is not accepted in
-its place (the orchestrator's settle window, `swactor.orchestrator.run`, records the
-root cause).
+with a teardown outcome, no ring lease on any node (the orchestrator's token arena
+included), no orphan process, and a clean next run on the same nodes. Cases run in file
+order on the same nodes, so each also proves that the previous one left the cluster
+serviceable. Each case expects exactly its own reason: a peer's StreamFault that races
+the faulting stage's report is not accepted in its place (the Settling state of
+`fsm/orchestrator_run.yaml` records the root cause).
 
 The rows are collected; with `SWACTOR_FAULTS_JSON=PATH` they are written there as JSON
 (`swactor.faults.table` turns them into the README's "Fault behaviour" table).
