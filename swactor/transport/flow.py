@@ -24,7 +24,9 @@ control. The caller must transmit soon after `consume` (an idle connection other
 sends the new limits, and both ends wait forever).
 
 The sender side has `send_buffered(stream_id)`: the bytes written to a stream and not yet
-acknowledged. A send-pump writes only while it is below its high-water mark.
+acknowledged. A send-pump writes only while it is below its high-water mark. Streams we
+send on get a `sendbuf.ChunkedSender` (aioquic's sender with a chunk list instead of one
+reallocated bytearray: see `sendbuf.py`).
 
 ACKs are not delayed (`_ack_delay = 0`): the endpoint's receive batch is the coalescing
 unit, one ACK per batch, sent by the transmit that ends the batch.
@@ -49,6 +51,8 @@ from aioquic.quic.packet import QuicFrameType
 from aioquic.quic.recovery import QuicPacketPacer
 from cryptography import x509
 
+from swactor.transport import sendbuf
+
 # (owner, attribute) pairs this module relies on; see tests/transport/test_aioquic_pins.py.
 PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("QuicConnection", "_initialize"),
@@ -67,13 +71,44 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("QuicStream", "max_stream_data_local_sent"),
     ("QuicStreamReceiver", "highest_offset (public attribute, final size after a reset)"),
     ("QuicStreamSender", "_buffer"),
-    ("QuicConnection", "_loss._pacer, _max_datagram_size (only with pacing off)"),
+    ("QuicConnection", "_loss._pacer, _max_datagram_size"),
+    ("QuicPacketPacer", "_max_datagram_size, packet_time, bucket_max (TickPacer)"),
     ("Limit", "used/value/sent"),
     ("QuicConnection", "_ack_delay (0: ACK at the end of each receive batch)"),
+    ("QuicConnection", "_get_or_create_stream_for_send"),
+    ("QuicStream", "sender (replaced by sendbuf.ChunkedSender)"),
+    ("QuicStreamSender", "see sendbuf.SENDER_NAMES"),
 )
 
 _MAX_STREAM_DATA_FRAME_CAPACITY = 1 + 2 * UINT_VAR_MAX_SIZE
 _CONNECTION_LIMIT_FRAME_CAPACITY = 1 + UINT_VAR_MAX_SIZE
+
+
+PACING_TICK = 0.002
+"""Seconds of sending the pacer lets out in one burst (see `TickPacer`)."""
+_MIN_BURST, _MAX_BURST = 10, 256  # datagrams per burst, as in quinn's pacer
+
+
+class TickPacer(QuicPacketPacer):
+    """aioquic's token-bucket pacer with a burst sized for the event loop's timers.
+
+    aioquic lets out at most 16 datagrams (and a quarter congestion window) per burst,
+    then asks for a timer one packet-time later: microseconds on a fast path. asyncio's
+    epoll selector rounds every timeout up to a whole millisecond, so each such timer
+    sleeps 1 ms and the rate collapses to 16 datagrams per millisecond (23 MB/s at 1452
+    bytes) whatever the congestion window allows. This pacer holds `PACING_TICK` worth
+    of the pacing rate (congestion window / smoothed RTT), 10 to 256 datagrams, as quinn
+    does: after a burst it sleeps a tick the loop can actually time, and the average rate
+    is still the congestion window per RTT."""
+
+    def update_rate(self, congestion_window: int, smoothed_rtt: float) -> None:
+        super().update_rate(congestion_window, smoothed_rtt)
+        packet_time = self.packet_time
+        assert packet_time is not None  # update_rate always sets it
+        size: int = self._max_datagram_size
+        rate = size / packet_time  # bytes per second, as aioquic clamps it
+        burst = min(max(rate * PACING_TICK, _MIN_BURST * size), _MAX_BURST * size)
+        self.bucket_max = burst / rate
 
 
 class _NoPacer(QuicPacketPacer):
@@ -105,8 +140,8 @@ class SwactorConnection(QuicConnection):
         # once instead of a timer later (the sender's unacknowledged bytes, bounded by
         # its high-water mark, drain a timer tick earlier on every round).
         self._ack_delay = 0.0
-        if not pacing:
-            self._loss._pacer = _NoPacer(max_datagram_size=self._max_datagram_size)
+        pacer = TickPacer if pacing else _NoPacer
+        self._loss._pacer = pacer(max_datagram_size=self._max_datagram_size)
         self._sw_stream_window = stream_window
         self._sw_connection_window = connection_window
         self._sw_consumed: dict[int, int] = {}
@@ -157,7 +192,12 @@ class SwactorConnection(QuicConnection):
         stream = self._streams.get(stream_id)
         if stream is None:
             return 0
-        return len(stream.sender._buffer)
+        return sendbuf.held_bytes(stream.sender)
+
+    def _get_or_create_stream_for_send(self, stream_id: int) -> Any:
+        stream = super()._get_or_create_stream_for_send(stream_id)
+        sendbuf.install(stream)
+        return stream
 
     # -- identity -------------------------------------------------------------------
 
@@ -218,6 +258,7 @@ def check_private_names() -> list[str]:
     missing: list[str] = []
     for name in (
         "_initialize",
+        "_get_or_create_stream_for_send",
         "_write_stream_limits",
         "_write_connection_limits",
         "_on_max_stream_data_delivery",
@@ -233,6 +274,13 @@ def check_private_names() -> list[str]:
             missing.append(f"QuicStream.{attr}")
     if not isinstance(getattr(QuicStreamSender(2, True), "_buffer", None), bytearray):
         missing.append("QuicStreamSender._buffer")
+    pacer = QuicPacketPacer(max_datagram_size=1200)
+    for attr in ("_max_datagram_size", "packet_time", "bucket_max"):
+        if not hasattr(pacer, attr):
+            missing.append(f"QuicPacketPacer.{attr}")
+    if not hasattr(stream, "sender"):
+        missing.append("QuicStream.sender")
+    missing += sendbuf.check_sender_names()
     ctx = tls.Context(is_client=False)
     for attr in ("_request_client_certificate", "_peer_certificate"):
         if not hasattr(ctx, attr):

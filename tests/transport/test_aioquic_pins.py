@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from importlib.metadata import version
 
 from aioquic.quic.connection import Limit, QuicConnection
 from aioquic.quic.recovery import QuicPacketPacer
 
 from swactor.transport.config import TransportConfig
-from swactor.transport.flow import SwactorConnection, check_private_names
+from swactor.transport.flow import SwactorConnection, TickPacer, check_private_names
 from swactor.transport.identity import NodeIdentity
 
 
@@ -50,3 +51,30 @@ def test_pacer_is_replaceable() -> None:
             conn._loss._pacer.update_after_send(now=1.0)
     assert unpaced._loss._pacer.next_send_time(now=1.0) is None
     assert paced._loss._pacer.next_send_time(now=1.0) is not None
+
+
+def _packets_in(pacer: QuicPacketPacer, seconds: float) -> int:
+    """Datagrams a pacer lets out in `seconds` when every wait it asks for is rounded up
+    to a whole millisecond, as asyncio's epoll selector does with timeouts."""
+    now, sent = 1.0, 0
+    end = now + seconds
+    while now < end:
+        wait_until = pacer.next_send_time(now=now)
+        if wait_until is None:
+            pacer.update_after_send(now=now)
+            sent += 1
+        else:
+            now += math.ceil((wait_until - now) * 1e3) * 1e-3
+    return sent
+
+
+def test_tick_pacer_keeps_the_rate_with_millisecond_timers() -> None:
+    datagram, cwnd, srtt = 1452, 1 << 20, 0.004  # 262 MB/s, ~180 datagrams per ms
+    rate_packets = cwnd / srtt / datagram
+    stock = QuicPacketPacer(max_datagram_size=datagram)
+    tick = TickPacer(max_datagram_size=datagram)
+    for pacer in (stock, tick):
+        pacer.update_rate(congestion_window=cwnd, smoothed_rtt=srtt)
+    # aioquic's burst of 16 then a sub-millisecond timer: 16 per ms, a tenth of the rate.
+    assert _packets_in(stock, 0.1) < 0.2 * rate_packets * 0.1
+    assert 0.9 * rate_packets * 0.1 < _packets_in(tick, 0.1) < 1.1 * rate_packets * 0.1 + 256
