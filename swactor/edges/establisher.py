@@ -22,8 +22,15 @@ out effects:
   ids are never reused, so their mail reaches the record that used them even after a
   new record took over the edge id; it is Stopped (terminal) and absorbs it. Quiescence
   reports, PumpStopped and release answers go to the record's teardown machine while
-  one runs; the record's own machine otherwise (which ignores them or absorbs them once
-  Stopped). Mail for an edge with no record is logged and dropped.
+  one runs; the record's own machine otherwise (which ignores them). Mail for an edge
+  with no record is logged and dropped.
+- Retirement: a record that reaches Stopped (terminal: it would only absorb what comes
+  later) leaves every index at once, with its machines and its edge actor's reference.
+  Edge ids are drawn per run, so keeping Stopped records kept every past run's edges for
+  the life of the node (the soak's per-run node memory growth). Late mail for a retired
+  record finds none and is dropped as the Stopped machine would have absorbed it; the
+  last `RETIRED_KEPT` retired edge ids are remembered so `EdgeStates` still answers
+  Stopped for them, and `EdgeReleases` keeps the last `RETIRED_KEPT` releases.
 - Stale events: a machine's ProtocolError is logged and dropped, never a crash. A lease
   granted after cancellation reaches the record in CancellingLease / AbandoningLease,
   which releases it unused (`NeverInstalled` proof) without installing anything.
@@ -51,6 +58,7 @@ Mail out: `ArenaLease`/`ArenaCancel`/`ArenaRelease` to the ArenaActor, `ExpectRe
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -108,6 +116,11 @@ from swactor.wire import (
 )
 
 log = logging.getLogger("swactor.edges.establisher")
+
+RETIRED_KEPT = 256
+"""Retired edge ids (and releases) remembered for `EdgeStates` / `EdgeReleases`: a test or
+operator asks about the edges of the last few runs (two per run on a stage node);
+bounded so a long-lived node does not grow per run."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +199,9 @@ class EdgeEstablisher(Actor[Any]):
         self._by_ring: dict[int, _Record] = {}
         self._next_request = 1
         self._spawned = 0
-        self.releases: list[tuple[int, QuiescenceProofKind]] = []
+        self.releases: deque[tuple[int, QuiescenceProofKind]] = deque(maxlen=RETIRED_KEPT)
+        self._retired: OrderedDict[int, None] = OrderedDict()
+        """Edge ids whose record reached Stopped and was dropped (module doc)."""
 
     async def started(self, ctx: Context[Any]) -> None:
         self.config.driver.tell(RouteDriverEvents(ctx.self_ref))
@@ -198,7 +213,9 @@ class EdgeEstablisher(Actor[Any]):
             case ProvisionEdge():
                 ctx.reply(self._provision(ctx, message))
             case EdgeStates():
-                ctx.reply({edge: rec.machine.state for edge, rec in self.records.items()})
+                states = dict.fromkeys(self._retired, er.State.Stopped)
+                states.update({edge: rec.machine.state for edge, rec in self.records.items()})
+                ctx.reply(states)
             case EdgeReleases():
                 ctx.reply(list(self.releases))
             case er.StopEdge(edge_id=edge):
@@ -285,6 +302,7 @@ class EdgeEstablisher(Actor[Any]):
         # SWACTOR_FAULT_INJECT arena.pressure may shorten the lease timer (swactor/faults)
         rec = _Record(request, request_id, faults.lease_timeout_s(self.config.lease_timeout_s))
         self.records[edge] = rec
+        self._retired.pop(edge, None)
         self._by_request[int(request_id)] = rec
         event: er.Event
         if isinstance(provision, ProvisionTx):
@@ -310,6 +328,19 @@ class EdgeEstablisher(Actor[Any]):
             return
         for effect in effects:
             self._record_effect(ctx, rec, effect)
+        if rec.machine.state is er.State.Stopped:
+            self._retire(rec)
+
+    def _retire(self, rec: _Record) -> None:
+        """Drop a Stopped record from every index; remember its edge id (module doc)."""
+        edge = int(rec.edge_id)
+        if self.records.get(edge) is rec:
+            del self.records[edge]
+            self._retired[edge] = None
+            while len(self._retired) > RETIRED_KEPT:
+                self._retired.popitem(last=False)
+        self._by_request = {k: r for k, r in self._by_request.items() if r is not rec}
+        self._by_ring = {k: r for k, r in self._by_ring.items() if r is not rec}
 
     def _to_teardown(self, ctx: Context[Any], rec: _Record | None, event: et.Event) -> None:
         if rec is None or rec.teardown is None:
