@@ -9,7 +9,9 @@ configured (RoleUnavailable); every input handle is of this worker generation an
 output (InvalidOutputRing) and fits its ObjectSpec (OutputExtentInvalid). The role then
 runs over tinygrad views of the inputs (TinygradError, DeviceOutOfMemory); its outputs
 must be exactly the declared ports with exactly the declared byte sizes
-(OutputExtentInvalid). Nothing is written unless all of that holds.
+(OutputExtentInvalid). Nothing is written unless all of that holds. After the role ran
+(or raised), tinygrad's memory-planner caches are dropped (`planner_caches`), or every
+planned schedule's allocators would stay alive for the life of the worker.
 
 Outputs are then written one after another through their egress rings. A ring without
 space leaves the step waiting (`pump` returns); the RingWritable that frees space lets
@@ -45,6 +47,7 @@ from swactor.wire import (
 from swactor.worker.bridge import DeviceAllocation, DeviceBridge, DeviceError, InvalidHandle
 from swactor.worker.egress import EgressRing
 from swactor.worker.ingress import IngressRing
+from swactor.worker.planner_caches import drop_planner_caches
 from swactor.worker.roles import Role, RoleRunError
 
 log = logging.getLogger(__name__)
@@ -195,6 +198,8 @@ class StepRunner:
             raise StepRefused(StepFailure.DeviceOutOfMemory, str(exc)) from None
         except Exception as exc:  # tinygrad raises many types; all are the role's failure
             raise StepRefused(StepFailure.TinygradError, type(exc).__name__) from None
+        finally:
+            drop_planner_caches()  # else tinygrad keeps each plan's allocators (module doc)
         for out, allocation in zip(command.outputs, allocations, strict=True):
             if allocation.extent != out.extent:
                 raise StepRefused(
