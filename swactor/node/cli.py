@@ -26,6 +26,7 @@ import signal
 import sys
 from pathlib import Path
 
+from swactor import heap, memtrace
 from swactor.events.emitter import add_event_arguments, configure_from_args
 from swactor.membership.cli import parse_address
 from swactor.model.paths import model_cache_dir
@@ -105,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         print("swactor node: --bind 0.0.0.0 with --swim needs --advertise HOST "
               "(the address the pool reaches this node at)", file=sys.stderr)
         return 2
+    memtrace.install("node")  # SWACTOR_MEMTRACE (soak diagnosis; off by default)
     emitter = configure_from_args(args, f"node-{identity.node_id:016x}")
     config = NodeConfig(identity=identity, orchestrator=args.trust_orchestrator,
                         bind_host=args.bind, quic_port=args.quic,
@@ -136,6 +138,7 @@ async def _serve(node: StageNode) -> int:
         print(f"swactor node: boot failed: {error}", file=sys.stderr)
         await node.stop()
         return 1
+    heap.settle()  # booted: later per-run collections skip what exists now (swactor.heap)
     _print({"kind": "available", "node_id": int(node.node_id),
             "hex": f"{int(node.node_id):016x}", "quic": [host, port]})
 

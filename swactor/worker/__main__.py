@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from swactor import heap, memtrace
 from swactor.worker.adapter import EventWriter
 from swactor.worker.process import WorkerProcess
 
@@ -17,7 +18,9 @@ def main() -> int:
     logging.basicConfig(
         stream=sys.stderr, level=logging.INFO, format="worker %(levelname)s %(name)s: %(message)s"
     )
+    memtrace.install("worker")  # SWACTOR_MEMTRACE (soak diagnosis; off by default)
     worker = WorkerProcess(EventWriter(sys.stdout.buffer))
+    heap.settle()  # imports done: later per-run collections skip them (swactor.heap)
     return worker.run(sys.stdin.buffer)
 
 

@@ -13,7 +13,9 @@ carries out the effects the machine returns:
   `backend` says which device was chosen (`{"device": "CPU"}` or CUDA).
 - CreateRingMachine / ForwardUninstall / AdvanceRing: the per-ring parser or producer
   (`ingress.IngressRing`, `egress.EgressRing`), fed InstallRing, UninstallRing and the
-  wake hints. A ring that reaches Quiesced leaves the table.
+  wake hints. A ring that reaches Quiesced leaves the table; when the last one left (a
+  run's teardown), the run's garbage is collected and freed heap pages go back to the
+  kernel (`swactor.heap.release`).
 - ApplyRoleConfig: build the role by kind (`roles`), RoleConfigured or RoleFailed.
 - StartStep: queue the step on the `steps.StepRunner`.
 - ReleaseWhenSafe: free the handle's device memory (tinygrad keeps it alive while a
@@ -35,7 +37,7 @@ import os
 import traceback
 from typing import BinaryIO
 
-from swactor import faults
+from swactor import faults, heap
 from swactor.arena import Arena, ArenaError
 from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import egress_ring as er
@@ -289,6 +291,8 @@ class WorkerProcess:
         ring = self.rings.get(ring_id)
         if ring is not None and ring.done:
             del self.rings[ring_id]
+            if not self.rings:  # the run's last ring is gone: a run boundary
+                heap.release()
 
     def _release(self, handle: DeviceObjectHandle) -> None:
         assert self.bridge is not None
