@@ -23,10 +23,11 @@ most one *active* `StageController` child and forwards to it:
   active controller, dropped when there is none.
 
 When the active controller reaches Stopped its `StageOutcome` is appended to
-`StageHostState.history`, its run id is retired, and the host is idle again: the next
-ProvisionStage gets a new controller with fresh bookkeeping and gate, and step ids
-from a range no earlier run used (role ids repeat across runs, so a late StepCompleted
-of the last run must not match a step of this one). Because
+`StageHostState.history` (the last `HISTORY_KEPT`), its run id is retired, and the
+host is idle again: the next ProvisionStage gets a new controller with fresh
+bookkeeping and gate, and step ids from a range no earlier run used (role ids repeat
+across runs, so a late StepCompleted of the last run must not match a step of this
+one). Because
 per-run state lives only in the controller, nothing of one run survives into the next;
 the worker-side state (role, rings, device objects) is released by the controller's own
 teardown effects (ResetRole, ReleaseRunObjects, StopEdges) before it reports.
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -56,6 +58,11 @@ log = logging.getLogger("swactor.node.stage_host")
 
 STEP_IDS_PER_RUN = 1 << 32
 """Each run's controller mints step ids from its own range of this size (StepId is u64)."""
+HISTORY_KEPT = 256
+"""How many finished runs' `StageOutcome`s `StageHostState.history` keeps (the node's
+status lists them as `runs_served`): enough for any test or operator looking back, and a
+bound, since a node serves runs for as long as it lives. `retired_runs` is not bounded:
+it is the authority record that no run id is served twice (one int per run)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +89,9 @@ class StageHostState:
 
     active_run: RunId | None = None
     retired_runs: set[RunId] = field(default_factory=set)
-    history: list[StageOutcome] = field(default_factory=list)
+    history: deque[StageOutcome] = field(
+        default_factory=lambda: deque(maxlen=HISTORY_KEPT))
+    """The last `HISTORY_KEPT` outcomes, oldest first."""
     refused: list[str] = field(default_factory=list)
     """Provisioning and StopRun messages the host itself refused, one line each."""
 

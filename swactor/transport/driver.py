@@ -42,7 +42,7 @@ stream for one is still refused as `DuplicateStream`.
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 
 from swactor.fsm.generated.recv_pump import State
@@ -71,6 +71,9 @@ StreamKey = tuple[QuicLink, int]
 
 ENDED_IDS_KEPT = 4096
 """How many forgotten edge ids the driver remembers for `DuplicateStream` refusals."""
+ARRIVALS_KEPT = 256
+"""How many of the latest stream arrivals `Driver.arrivals` keeps (one per run's inbound
+edge; an audit trail, bounded so it does not grow for the life of the node)."""
 
 
 class Driver:
@@ -83,7 +86,8 @@ class Driver:
         self.arena = arena
         self.recv_edges: dict[int, RecvEdge] = {}
         self.send_edges: dict[int, SendEdge] = {}
-        self.arrivals: list[StreamArrived] = []
+        self.arrivals: deque[StreamArrived] = deque(maxlen=ARRIVALS_KEPT)
+        """The latest streams that reached an edge (`ARRIVALS_KEPT`)."""
         self._emit = emit
         self._wake = wake
         self._expected: set[int] = set()
