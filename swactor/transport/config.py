@@ -19,9 +19,11 @@ net.core.rmem_max/wmem_max): with the 208 KiB default, bursts of large datagrams
 the receive buffer on loopback, every drop halves the congestion window, and throughput
 collapses.
 
-`pacing=False` replaces aioquic's packet pacer (bursts of at most 16 datagrams, then a
-timer) with one that never delays: on loopback and fast LANs the congestion window alone
-is enough, and the pacer's timers cost more than they save (measured in bench/quic.py).
+`pacing=True` (the default) paces with `flow.TickPacer`: aioquic's token bucket, with
+bursts sized to 2 ms of the pacing rate so that asyncio's millisecond timer granularity
+does not cap the rate (aioquic's own burst of 16 datagrams then a sub-millisecond timer
+ran at 16 datagrams per ms). `pacing=False` never delays a packet: on loopback and fast
+LANs the congestion window alone is enough (both measured in bench/quic.py).
 
 `udp_offload` batches datagrams through Linux UDP GSO (send) and GRO (receive): one
 system call per run of up to 64 same-size datagrams instead of one each (see `udp.py`;
