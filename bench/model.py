@@ -7,12 +7,18 @@ One run, CPU (or whatever ``tinygrad.Device.DEFAULT`` is):
 1. **Bytes per stage.** The model is split 10/10/10 blocks; each stage opens its own
    :class:`LocalFileSource`, reads the header and its tensors, and we print bytes read
    over its *share* (the bytes of the tensors it needs) and over the whole file.
-2. **Single stage, per compute dtype** (``f16`` then ``f32``): load, then prefill a
+2. **Single stage, per variant** (``--variants``, each ``dtype:weights[:nograph]``):
+   ``dtype`` is the plan's compute dtype (f16/f32); ``weights`` ``dense`` decodes from
+   weights dequantised at load, ``blocks`` from the file's Q4/Q8 blocks; ``nograph``
+   replays the decode JIT kernel by kernel from Python instead of through
+   :class:`~swactor.model.cpu_graph.CpuGraph` (the step before it). Load, prefill a
    ``--prompt-len`` prompt twice (the first run builds kernels; the second is reported),
    then greedy-decode ``--tokens`` tokens through the decode JIT; the first three decode
-   steps (kernel build, JIT capture) are excluded. We print tokens/s and the effective
-   weight bandwidth (weight bytes held by the role / seconds per token): decode reads
-   every weight once per token, so this says how close we are to memory bandwidth.
+   steps (kernel build, JIT capture) are excluded. Each variant is run ``--repeat`` times
+   and the median of the runs' median decode step is printed, with prefill tokens/s,
+   kernels per decode step, CPU ms per decode step and the weight bytes the decode reads
+   per token over the step time (decode reads every weight once per token). The greedy
+   tokens of every variant are compared with the first one's.
 3. **llama.cpp** — when ``llama_cpp`` imports here, or the reference venv (built by
    ``just reference`` in ``~/.cache/swactor/venv-reference``) exists, its decode tokens/s
    on the same file and thread count, and the ratio. Otherwise the column is skipped with
@@ -29,11 +35,12 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from swactor.model.gguf_range import GgufRangeReader
+from swactor.model.gguf_range import GgufRangeReader, StageWeights
 from swactor.model.llama_role import StageRole
 from swactor.model.paths import default_model_path
 from swactor.model.source import LocalFileSource
@@ -45,6 +52,9 @@ TEXT = (
     "the next possible. Programmers who once wired plugboards by hand now describe whole "
     "distributed systems in a few lines of configuration."
 )
+
+# the per-kernel replay (the step before CpuGraph), then the graph with dense and block weights
+DEFAULT_VARIANTS = "f16:dense:nograph,f16:dense,f16:blocks,f32:dense,f32:blocks"
 
 _LLAMA_CPP_SCRIPT = r"""
 import sys, time, llama_cpp, numpy as np
@@ -89,14 +99,44 @@ def bytes_per_stage(path: Path) -> None:
         )
 
 
-def single_stage(path: Path, dtype: str, tokens: int, prompt_len: int, beam: int) -> float:
+@dataclass
+class Run:
+    """One single-stage run of a variant."""
+
+    load_s: float
+    cold_prefill_s: float
+    prefill_tok_s: float
+    decode_s: float  # median step
+    cpu_ms: float  # per decode step, all threads
+    kernels: int | None
+    decode_bytes: int  # weight bytes one decode step reads
+    tokens: list[int]
+
+
+def _decode_bytes(role: StageRole, weights: StageWeights) -> int:
+    """Weight bytes a decode step reads: block matrices as held, the rest dense."""
+    blocked = {
+        name: b.codes.nbytes + b.scale.nbytes + (b.offset.nbytes if b.offset.any() else 0)
+        for name, b in weights.blocks.items()
+    } if role.quantised else {}
+    dense = {n: a.nbytes for n, a in weights.tensors.items() if n != "token_embd.weight"}
+    dense["output"] = weights.tensors["token_embd.weight"].nbytes  # tied output projection
+    blocked["output"] = blocked.get("token_embd.weight", dense["output"])
+    return sum(blocked.get(n, size) for n, size in dense.items())
+
+
+def single_stage(
+    path: Path, variant: str, tokens: int, prompt_len: int, beam: int
+) -> Run:
+    dtype, weights_mode, *rest = variant.split(":")
+    blocks = weights_mode == "blocks"
     reader = GgufRangeReader(LocalFileSource(path))
     t0 = time.perf_counter()
-    weights = reader.load_stage(0, 30, is_first=True, is_last=True, dtype=dtype)
-    role = StageRole(weights, max_seq_len=prompt_len + tokens + 8, beam=beam)
+    weights = reader.load_stage(0, 30, is_first=True, is_last=True, dtype=dtype,
+                                keep_blocks=blocks)
+    role = StageRole(weights, max_seq_len=prompt_len + tokens + 8, beam=beam,
+                     cpu_graph="nograph" not in rest, quantised=blocks)
     load_s = time.perf_counter() - t0
-    weight_bytes = sum(a.nbytes for n, a in weights.tensors.items() if n != "token_embd.weight")
-    weight_bytes += weights.tensors["token_embd.weight"].nbytes  # tied output projection
     prompt = np.array(_prompt(prompt_len), dtype=np.int32)
     t0 = time.perf_counter()
     role.step(0, prompt)
@@ -105,7 +145,7 @@ def single_stage(path: Path, dtype: str, tokens: int, prompt_len: int, beam: int
     out = role.step(0, prompt)
     prefill_s = time.perf_counter() - t0
     steps: list[float] = []
-    t_build = time.perf_counter()
+    generated = [int(out[0])]
     cpu_start = 0.0
     for sequence in range(1, tokens + 1):
         if sequence == 4:
@@ -113,20 +153,33 @@ def single_stage(path: Path, dtype: str, tokens: int, prompt_len: int, beam: int
         t0 = time.perf_counter()
         out = role.step(sequence, out)
         steps.append(time.perf_counter() - t0)
+        generated.append(int(out[0]))
     cpu_per_token = (time.process_time() - cpu_start) / max(1, tokens - 3)
-    build_s = sum(steps[:3])
-    steady = steps[3:]
-    median = statistics.median(steady)
+    return Run(load_s, cold_prefill_s, prompt_len / prefill_s, statistics.median(steps[3:]),
+               cpu_per_token * 1e3, role.decode_kernel_count(), _decode_bytes(role, weights),
+               generated)
+
+
+def run_variant(
+    path: Path, variant: str, args: argparse.Namespace, first_tokens: list[int] | None
+) -> tuple[float, list[int]]:
+    """Run ``variant`` ``--repeat`` times; print one line; return (decode tok/s, tokens)."""
+    runs = [single_stage(path, variant, args.tokens, args.prompt_len, args.beam)
+            for _ in range(args.repeat)]
+    decode_s = statistics.median(r.decode_s for r in runs)
+    prefill = statistics.median(r.prefill_tok_s for r in runs)
+    cpu_ms = statistics.median(r.cpu_ms for r in runs)
+    same = "" if first_tokens is None else (
+        "; greedy tokens = first variant's" if runs[0].tokens == first_tokens
+        else "; greedy tokens DIFFER from the first variant's")
     print(
-        f"  {dtype} (beam {beam}): load {load_s:.1f} s; prefill {prompt_len} tokens "
-        f"{prompt_len / prefill_s:7.1f} tok/s warm ({cold_prefill_s:.1f} s cold); decode "
-        f"{1 / median:6.1f} tok/s median, {len(steady) / sum(steady):6.1f} mean over "
-        f"{len(steady)} tokens (first 3 steps: {build_s:.1f} s kernel build + JIT capture, "
-        f"{time.perf_counter() - t_build:.1f} s total); weights {weight_bytes / 1e6:.0f} MB "
-        f"-> {weight_bytes / median / 1e9:.1f} GB/s effective; CPU {cpu_per_token * 1e3:.1f} ms "
-        f"per decode token (all threads; on a shared machine steadier than wall time)"
+        f"  {variant:16s} decode {1 / decode_s:6.1f} tok/s ({decode_s * 1e3:5.1f} ms, "
+        f"CPU {cpu_ms:5.1f} ms/token, {runs[0].kernels} kernels/token, reads "
+        f"{runs[0].decode_bytes / 1e6:.0f} MB/token = {runs[0].decode_bytes / decode_s / 1e9:.1f}"
+        f" GB/s); prefill {args.prompt_len} tokens {prefill:6.1f} tok/s warm "
+        f"({runs[0].cold_prefill_s:.1f} s cold); load {runs[0].load_s:.1f} s{same}"
     )
-    return 1 / median
+    return 1 / decode_s, runs[0].tokens
 
 
 def reference_venv() -> Path:
@@ -168,7 +221,9 @@ def main(argv: list[str]) -> int:
     # BEAM=2 searched SmolLM2's decode kernels for 15 min on 2 shared cores and then decoded
     # within 5% of the hand-shaped kernels (34.0 vs 35.9 CPU ms/token), so it is opt-in
     parser.add_argument("--beam", type=int, default=0, help="tinygrad BEAM for decode kernels")
-    parser.add_argument("--dtypes", default="f16,f32")
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS,
+                        help="comma-separated dtype:weights[:nograph] (module doc)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per variant (median)")
     args = parser.parse_args(argv)
     path = default_model_path()
     if not path.is_file():
@@ -179,10 +234,16 @@ def main(argv: list[str]) -> int:
     threads = os.cpu_count() or 1
     print(f"device {Device.DEFAULT}, {threads} CPUs, load average {os.getloadavg()[0]:.1f}")
     bytes_per_stage(path)
-    print("single stage, SmolLM2-135M (30 blocks):")
-    ours = {d: single_stage(path, d, args.tokens, args.prompt_len, args.beam)
-            for d in args.dtypes.split(",")}
-    best = max(ours.values())
+    print(f"single stage, SmolLM2-135M (30 blocks), median of {args.repeat} runs, beam "
+          f"{args.beam}:")
+    ours: dict[str, float] = {}
+    first_tokens: list[int] | None = None
+    for variant in args.variants.split(","):
+        ours[variant], tokens = run_variant(path, variant, args, first_tokens)
+        first_tokens = first_tokens or tokens
+    best_variant = max(ours, key=lambda v: ours[v])
+    best = ours[best_variant]
+    print(f"  fastest: {best_variant}")
     reference = llama_cpp_decode(path, threads, args.tokens)
     if reference is None:
         print("  llama.cpp: skipped (llama_cpp does not import and no reference venv; "

@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
-from swactor.model.dequant import SUPPORTED_TYPES, dequantize
+from swactor.model.dequant import SUPPORTED_TYPES, AffineBlocks, affine_blocks, dequantize
 from swactor.model.errors import WeightsError, WeightsFault
 from swactor.model.source import ByteSource
 
@@ -147,6 +147,8 @@ class StageWeights:
     bytes_read: int
     file_size: int
     ranges: list[tuple[int, int]] = field(default_factory=list)
+    # with ``keep_blocks``: the 2-D Q4_0/Q4_1/Q8_0 tensors also in their file blocks
+    blocks: dict[str, AffineBlocks] = field(default_factory=dict)
 
 
 class GgufRangeReader:
@@ -386,8 +388,13 @@ class GgufRangeReader:
         max_seq_len: int | None = None,
         num_layers: int | None = None,
         hidden_dim: int | None = None,
+        keep_blocks: bool = False,
     ) -> StageWeights:
-        """Validate, read the stage's byte ranges and dequantise them once into ``dtype``."""
+        """Validate, read the stage's byte ranges and dequantise them once into ``dtype``.
+
+        ``keep_blocks`` also keeps every 2-D ``Q4_0``/``Q4_1``/``Q8_0`` tensor in its
+        blocks (:class:`AffineBlocks`) for roles that compute from the quantised weights.
+        """
         entries = self.validate_stage(
             layer_start,
             layer_end,
@@ -401,6 +408,7 @@ class GgufRangeReader:
         before = self.source.bytes_read
         ranges = coalesce_ranges([(e.offset, e.n_bytes) for e in entries])
         tensors: dict[str, npt.NDArray[Any]] = {}
+        kept: dict[str, AffineBlocks] = {}
         target = COMPUTE_DTYPES[dtype]
         pending = list(entries)
         for start, length in ranges:
@@ -410,6 +418,8 @@ class GgufRangeReader:
                 lo = entry.offset - start
                 raw = np.frombuffer(block, dtype=np.uint8, count=entry.n_bytes, offset=lo)
                 tensors[entry.name] = dequantize(raw, entry.type_id, entry.shape, target)
+                if keep_blocks and (found := affine_blocks(raw, entry.type_id, entry.shape)):
+                    kept[entry.name] = found
         return StageWeights(
             facts=self.facts,
             layer_start=layer_start,
@@ -423,6 +433,7 @@ class GgufRangeReader:
             bytes_read=self.source.bytes_read - before,
             file_size=self.file_size,
             ranges=ranges,
+            blocks=kept,
         )
 
 

@@ -46,45 +46,75 @@ for every output row, which made the Q/K/V, gate/up and output products 2-10x sl
 CPU a product with 1024 or more output rows is cut into kernels of fewer rows
 (:func:`_matvec_chunk`): from 1024 rows tinygrad's heuristics unroll three rows at once,
 a kernel that streams weights at about a third of the speed of the unsplit ones.
+Round 3 (issue #8): on CPU the decode JIT is replayed through
+:class:`~swactor.model.cpu_graph.CpuGraph` (one C loop over the ~730 kernels instead of
+~15 us of Python each: 33 -> 17 ms/token), and the step's input and output go through
+numpy views of a kept input buffer and the JIT's output buffer (a fresh Tensor and
+``numpy()`` cost a schedule each). With ``quantised`` (opt-in, weights loaded with
+``keep_blocks``) decode products read the file's Q4_0/Q4_1/Q8_0 blocks
+(:meth:`_block_linear`): 112 instead of 269 MB per SmolLM2 token, about 9 instead of
+16 ms of kernels. Those products are cut below 800 rows: tinygrad split a 960-row block
+product into two thread slices that ran at a sixth of the speed of one 480-row kernel.
+Prefill stays dense (a matrix product per layer; from blocks it would re-widen codes
+per prompt row).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
-from tinygrad.device import Device
+from tinygrad.device import Buffer, Device
 from tinygrad.dtype import dtypes
 from tinygrad.engine.jit import TinyJit
 from tinygrad.helpers import Context
 from tinygrad.tensor import Tensor
+from tinygrad.uop import Ops
 from tinygrad.uop.ops import UOp
 
+from swactor.model.cpu_graph import use_cpu_graph
+from swactor.model.dequant import AffineBlocks
 from swactor.model.errors import WeightsError, WeightsFault
 from swactor.model.gguf_range import ModelFacts, StageWeights
 from swactor.model.sampling import SamplingPolicy, sample_token
 
 _TG_DTYPES = {"f32": dtypes.float32, "f16": dtypes.float16}
 NP_DTYPES: dict[str, type[np.floating[Any]]] = {"f32": np.float32, "f16": np.float16}
+_NP_OF_TG: dict[Any, type[np.generic]] = {
+    dtypes.float32: np.float32,
+    dtypes.float16: np.float16,
+    dtypes.int32: np.int32,
+}
 _REDUCE_LANES = 16
+# block products of 960 rows came out as two 480-row thread slices at a sixth of the
+# speed of one 480-row kernel (146 vs 2 x 16 us): cut them below 800 rows
+_BLOCK_ROWS_LIMIT = 800
 PREFILL_BUCKET = 16
 
 
-def _matvec_chunk(out_features: int) -> int:
+def _matvec_chunk(out_features: int, limit: int = 1024) -> int:
     """Rows per CPU matrix-vector kernel: the largest even divisor below 1024.
 
     tinygrad's heuristics upcast the output axis of a kernel with 1024 or more outputs (by 3
     here), which clang turns into slow code; below that they keep one row per iteration.
     """
-    if out_features < 1024:
+    if out_features < limit:
         return out_features
-    for rows in range(1022, 1, -2):
+    for rows in range(limit - 2, 1, -2):
         if out_features % rows == 0:
             return rows
     return out_features
+
+
+def _host_view(tensor: Tensor) -> npt.NDArray[Any]:
+    """A numpy view of a realized CPU tensor's memory (no copy; valid while it lives)."""
+    buffer = cast(Buffer, tensor.uop.buffer)
+    memory = buffer.as_memoryview(force_zero_copy=True)
+    np_dtype = _NP_OF_TG[tensor.dtype]
+    return np.frombuffer(memory, dtype=np_dtype).reshape(tensor.shape)
 
 
 class StepError(Exception):
@@ -104,6 +134,16 @@ def _unpermute_rope_rows(
 
 
 @dataclass
+class _DeviceBlocks:
+    """A matrix in 32-weight blocks on the device (see :class:`AffineBlocks`)."""
+
+    codes: Tensor
+    scale: Tensor
+    offset: Tensor | None  # None when every block's offset is 0 (Q8_0)
+    nibbles: bool
+
+
+@dataclass
 class _Block:
     attn_norm: Tensor
     w_qkv: Tensor  # rows: q (heads*hd), k (kv*hd), v (kv*hd); one matrix-vector per step
@@ -114,6 +154,8 @@ class _Block:
     w_down: Tensor
     cache_k: Tensor
     cache_v: Tensor
+    # decode products from the file's blocks (``quantised`` roles), by matrix name
+    blocks: dict[str, _DeviceBlocks]
 
 
 class StageRole:
@@ -127,6 +169,8 @@ class StageRole:
         sampling: SamplingPolicy | None = None,
         device: str | None = None,
         beam: int = 0,
+        cpu_graph: bool = True,
+        quantised: bool = False,
     ) -> None:
         facts = weights.facts
         if not 0 < max_seq_len <= facts.context_length:
@@ -145,6 +189,8 @@ class StageRole:
         self.sampling = sampling or SamplingPolicy.greedy()
         self.device = device or Device.DEFAULT
         self.beam = beam
+        self.cpu_graph = cpu_graph
+        self.quantised = quantised
         self.last_logits: npt.NDArray[np.float32] | None = None
         self._next_sequence = 0
         self._position = 0
@@ -152,9 +198,11 @@ class StageRole:
         # clang renders f16->f32 as scalar converts; integer bit moves vectorise (about 2x)
         self._cpu = self.device.startswith("CPU")
         self._f16_bits = self._tg_dtype == dtypes.float16 and self._cpu
-        self._load(weights.tensors)
+        self._load(weights.tensors, weights.blocks if quantised else {})
         self._pos_var = UOp.variable("start_pos", 0, max_seq_len - 1)
         self._decode = TinyJit(self._forward_decode)
+        self._decode_input: Tensor | None = None
+        self._decode_input_view: npt.NDArray[Any] = np.zeros(0)
 
     # -- loading --------------------------------------------------------------------------
     def _checked(
@@ -181,7 +229,29 @@ class StageRole:
         shape = (f.head_count_kv, self.max_seq_len, f.head_dim)
         return Tensor.zeros(*shape, dtype=self._tg_dtype, device=self.device).contiguous().realize()
 
-    def _load(self, tensors: dict[str, npt.NDArray[Any]]) -> None:
+    def _device_blocks(
+        self,
+        blocks: dict[str, AffineBlocks],
+        names: list[str],
+        orders: list[npt.NDArray[np.intp] | None] | None = None,
+    ) -> _DeviceBlocks | None:
+        """``names`` stacked by rows (each reordered by ``orders``), if all are in blocks."""
+        parts = [blocks.get(n) for n in names]
+        if any(p is None for p in parts) or len({p.nibbles for p in parts if p}) != 1:
+            return None
+        found = [p for p in parts if p is not None]
+        if orders is not None:
+            found = [p if o is None else p.permute_rows(o) for p, o in zip(found, orders,
+                                                                           strict=True)]
+        joined = AffineBlocks.stack(found)
+        offset = None if not joined.offset.any() else self._to_device(joined.offset)
+        return _DeviceBlocks(
+            self._to_device(joined.codes), self._to_device(joined.scale), offset, joined.nibbles
+        )
+
+    def _load(
+        self, tensors: dict[str, npt.NDArray[Any]], blocks: dict[str, AffineBlocks]
+    ) -> None:
         f = self.facts
         dim, hd, heads, kv = f.hidden_dim, f.head_dim, f.head_count, f.head_count_kv
         self.blocks: list[_Block] = []
@@ -211,6 +281,25 @@ class StageRole:
                 )
             gate = self._checked(tensors, p + "ffn_gate.weight", (f.ffn_dim, dim))
             up = self._checked(tensors, p + "ffn_up.weight", (f.ffn_dim, dim))
+            block_sets: dict[str, _DeviceBlocks] = {}
+            if blocks:
+                orders: list[npt.NDArray[np.intp] | None] = [None, None, None]
+                if llama and f.rope_dim > 0:
+                    orders = [
+                        _unpermute_rope_rows(np.arange(n * hd), n, hd, f.rope_dim)
+                        for n in (heads, kv)
+                    ] + [None]
+                found = {
+                    "qkv": self._device_blocks(
+                        blocks, [p + f"attn_{x}.weight" for x in "qkv"], orders
+                    ),
+                    "wo": self._device_blocks(blocks, [p + "attn_output.weight"]),
+                    "gate_up": self._device_blocks(
+                        blocks, [p + "ffn_gate.weight", p + "ffn_up.weight"]
+                    ),
+                    "down": self._device_blocks(blocks, [p + "ffn_down.weight"]),
+                }
+                block_sets = {k: v for k, v in found.items() if v is not None}
             self.blocks.append(
                 _Block(
                     attn_norm=self._tensor(tensors, p + "attn_norm.weight", (dim,)),
@@ -222,6 +311,7 @@ class StageRole:
                     w_down=self._tensor(tensors, p + "ffn_down.weight", (dim, f.ffn_dim)),
                     cache_k=self._kv_cache(),
                     cache_v=self._kv_cache(),
+                    blocks=block_sets,
                 )
             )
         vocab = f.vocab_size
@@ -238,10 +328,12 @@ class StageRole:
             self.token_embd = embd
         self.output_norm: Tensor | None = None
         self.output: Tensor | None = None
+        self.output_blocks: _DeviceBlocks | None = None
         if self.is_last:
             self.output_norm = self._tensor(tensors, "output_norm.weight", (dim,))
             out_name = "token_embd.weight" if f.tied_embeddings else "output.weight"
             self.output = self._tensor(tensors, out_name, (vocab, dim))
+            self.output_blocks = self._device_blocks(blocks, [out_name]) if blocks else None
         half = f.rope_dim // 2
         if half:
             inv = 1.0 / (f.rope_theta ** (np.arange(0, half, dtype=np.float64) * 2 / f.rope_dim))
@@ -250,8 +342,13 @@ class StageRole:
             self.rope_sin = self._to_device(np.sin(angles).astype(np.float32))
 
     # -- math -----------------------------------------------------------------------------
-    def _linear(self, x: Tensor, weight: Tensor) -> Tensor:
-        """``x @ weight.T`` in float32, ``weight`` being ``[out, in]`` in the compute dtype."""
+    def _linear(self, x: Tensor, weight: Tensor, blocks: _DeviceBlocks | None = None) -> Tensor:
+        """``x @ weight.T`` in float32, ``weight`` being ``[out, in]`` in the compute dtype.
+
+        A one-row ``x`` with ``blocks`` reads the file's quantised blocks instead.
+        """
+        if blocks is not None and x.shape[0] == 1:
+            return self._block_linear(x, blocks)
         if self._f16_bits:
             bits = weight.bitcast(dtypes.uint16).cast(dtypes.uint32)
             moved = ((bits & 0x8000) << 16) | ((bits & 0x7FFF) << 13)
@@ -280,6 +377,39 @@ class StageRole:
         ]
         return parts[0].cat(*parts[1:], dim=-1)
 
+    def _block_linear(self, x: Tensor, blocks: _DeviceBlocks) -> Tensor:
+        """One row times a block matrix: per block ``scale * (x . q) + offset * sum(x)``.
+
+        The dot runs as 16 running sums (a block's two 16-weight halves; for nibbles the
+        low and high halves of 16 bytes), so a kernel widens 16 consecutive codes at once;
+        each lane is scaled per block and takes its share of the offset term
+        (``offset * (x[j] + x[j + 16])``), then lanes and blocks are summed. Every product
+        is materialised: fused into its consumer it would be recomputed per consumer row.
+        """
+        rows, groups = int(blocks.codes.shape[0]), int(blocks.codes.shape[1])
+        halves = x.reshape(1, 1, groups, 2, 16)
+        pair_sums = None
+        if blocks.offset is not None:
+            pair_sums = halves.sum(axis=3).contiguous()  # [1, 1, groups, 16]
+        chunk = _matvec_chunk(rows, _BLOCK_ROWS_LIMIT) if self._cpu else rows
+        parts = []
+        for start in range(0, rows, chunk):
+            n = min(chunk, rows - start)
+            codes = blocks.codes[start : start + n]
+            if blocks.nibbles:
+                packed = codes.reshape(1, n, groups, 16)
+                lanes = halves[:, :, :, 0] * (packed & 15).float() + halves[:, :, :, 1] * (
+                    packed >> 4
+                ).float()
+            else:
+                lanes = (halves * codes.reshape(1, n, groups, 2, 16).float()).sum(axis=3)
+            lanes = lanes * blocks.scale[start : start + n].reshape(1, n, groups, 1)
+            if blocks.offset is not None and pair_sums is not None:
+                offset = blocks.offset[start : start + n].reshape(1, n, groups, 1)
+                lanes = lanes + offset * pair_sums
+            parts.append(lanes.sum(axis=2).sum(axis=-1).contiguous())
+        return parts[0] if len(parts) == 1 else parts[0].cat(*parts[1:], dim=-1)
+
     def _rms_norm(self, x: Tensor, weight: Tensor) -> Tensor:
         normed = x * (x.square().mean(axis=-1, keepdim=True) + self.facts.norm_eps).rsqrt()
         return (normed * weight.float()).contiguous()
@@ -301,7 +431,7 @@ class StageRole:
     def _attention(self, block: _Block, x: Tensor, start: UOp | int, tokens: int) -> Tensor:
         f = self.facts
         hd, heads, kv = f.head_dim, f.head_count, f.head_count_kv
-        qkv = self._linear(x, block.w_qkv)
+        qkv = self._linear(x, block.w_qkv, block.blocks.get("qkv"))
         if block.b_qkv is not None:
             qkv = qkv + block.b_qkv.float()
         q = qkv[:, : heads * hd]
@@ -325,17 +455,17 @@ class StageRole:
             scores = causal.where(scores, float("-inf")).reshape(kv, group * tokens, -1)
         out = scores.softmax(-1).matmul(values)  # [kv, group*tokens, hd]
         out = out.reshape(heads, tokens, hd).transpose(0, 1).reshape(tokens, heads * hd)
-        return self._linear(out, block.wo)
+        return self._linear(out, block.wo, block.blocks.get("wo"))
 
     def _block(self, block: _Block, x: Tensor, start: UOp | int, tokens: int) -> Tensor:
         h = x + self._attention(block, self._rms_norm(x, block.attn_norm), start, tokens)
         n = self._rms_norm(h, block.ffn_norm)
-        gate_up = self._linear(n, block.w_gate_up)
+        gate_up = self._linear(n, block.w_gate_up, block.blocks.get("gate_up"))
         ffn = self.facts.ffn_dim
         # materialise the product: fused into the down projection, silu would be recomputed
         # once per output feature (measured: 8x slower prefill, slower decode)
         hidden = (gate_up[:, :ffn].silu() * gate_up[:, ffn:]).contiguous()
-        mlp = self._linear(hidden, block.w_down)
+        mlp = self._linear(hidden, block.w_down, block.blocks.get("down"))
         return (h + mlp).cast(self._tg_dtype)
 
     def _forward(
@@ -348,7 +478,7 @@ class StageRole:
         assert self.output_norm is not None and self.output is not None
         row = tokens - 1 if last is None else last
         last_row = self._rms_norm(x[row : row + 1].float(), self.output_norm)
-        return self._linear(last_row, self.output).reshape(-1).contiguous()
+        return self._linear(last_row, self.output, self.output_blocks).reshape(-1).contiguous()
 
     def _forward_decode(self, payload: Tensor, start: UOp) -> Tensor:
         return self._forward(payload, start, 1).realize()
@@ -376,9 +506,7 @@ class StageRole:
         if self.token_embd is not None:
             array = np.ascontiguousarray(self.token_embd[array], dtype=self.np_dtype)
         if tokens == 1 and sequence > 0:
-            data = Tensor(array, device=self.device).realize()
-            with Context(BEAM=self.beam):  # type: ignore[no-untyped-call]
-                out = self._decode(data, self._pos_var.bind(self._position))
+            result = self._decode_step(array)
         else:
             # pad the prompt to a multiple of PREFILL_BUCKET rows: kernels (and BEAM results)
             # are shared by every prompt length in a bucket. Padding rows come after the
@@ -392,14 +520,52 @@ class StageRole:
             data = Tensor(array, device=self.device)
             # no BEAM here: searching prefill-sized kernels takes minutes on a small CPU
             out = self._forward(data, self._position, padded, tokens - 1).realize()
+            result = out.numpy()
         self._position += tokens
         self._next_sequence = sequence + 1
-        result = out.numpy()
         if not self.is_last:
             return np.ascontiguousarray(result[:tokens], dtype=self.np_dtype)
         self.last_logits = result.astype(np.float32)
         token = sample_token(self.last_logits, self.sampling, sequence)
         return np.array([token], dtype=np.int32)
+
+    def _decode_step(self, array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """One position through the decode JIT; returns its output as a numpy array.
+
+        On CPU the JIT's input is one buffer kept for the role's life and both directions
+        go through numpy views of device memory: a fresh input Tensor and ``numpy()`` each
+        cost a schedule and a copy kernel (about 1 ms of Python per token).
+        """
+        position = self._pos_var.bind(self._position)
+        if not self._cpu:
+            data = Tensor(array, device=self.device).realize()
+            with Context(BEAM=self.beam):  # type: ignore[no-untyped-call]
+                return self._decode(data, position).numpy()
+        if self._decode_input is None:
+            self._decode_input = (
+                Tensor.zeros(*array.shape, dtype=self._tg_dtype, device=self.device)
+                .contiguous()
+                .realize()
+            )
+            self._decode_input_view = _host_view(self._decode_input)
+        self._decode_input_view[...] = array
+        use_cpu_graph(self.cpu_graph)
+        with Context(BEAM=self.beam):  # type: ignore[no-untyped-call]
+            out = self._decode(self._decode_input, position)
+        return _host_view(out).copy()
+
+    def decode_kernel_count(self) -> int | None:
+        """Kernels one decode step runs (those batched into graphs counted one by one);
+        None before the decode JIT is captured (third decode step)."""
+        captured = self._decode.captured
+        if captured is None:
+            return None
+        count = 0
+        for call in captured.linear.src:
+            ast = call.src[0]
+            graph = ast.op is Ops.CUSTOM_FUNCTION and ast.arg == "graph"
+            count += len(ast.src[0].src) if graph else 1
+        return count
 
     def _check_input(self, payload: npt.NDArray[Any]) -> npt.NDArray[Any]:
         array = np.asarray(payload)

@@ -9,7 +9,12 @@ Theory of operation
      "layer_end": 10, "first": true, "last": false, "dtype": "f32",
      "max_seq_len": 512, "sampling": {"mode": "Greedy"},       # wire SamplingPolicy JSON
      "num_layers": 30, "hidden_dim": 576,                      # optional plan checks
-     "sha256": null, "cache_dir": null}                        # optional source options
+     "sha256": null, "cache_dir": null,                        # optional source options
+     "weights": "dense"}                                       # optional, or "blocks"
+
+`weights` "blocks" keeps the file's Q4_0/Q4_1/Q8_0 matrices in their blocks and decodes
+from them (about half the bytes per token of f16; not the f32 plan's exact arithmetic, so
+opt-in; prefill stays dense).
 
 `gguf` is a local path or an http(s) URL (read by byte ranges, through the
 content-addressed cache in `cache_dir` when given). The factory reads and dequantises
@@ -140,6 +145,11 @@ class LlamaStageRole:
         max_seq_len = _field(config, "max_seq_len", int)
         if dtype not in ACTIVATION_DTYPES:
             raise RoleConfigError(f"llama_stage dtype {dtype!r} (supported: f32, f16)")
+        weights_mode = _field(config, "weights", str, required=False) or "dense"
+        if weights_mode not in ("dense", "blocks"):
+            raise RoleConfigError(
+                f"llama_stage weights {weights_mode!r} (supported: dense, blocks)"
+            )
         sampling = _sampling(config)
         try:
             reader = open_reader(
@@ -150,9 +160,10 @@ class LlamaStageRole:
                 start, end, is_first=first, is_last=last, dtype=dtype, max_seq_len=max_seq_len,
                 num_layers=_field(config, "num_layers", int, required=False),
                 hidden_dim=_field(config, "hidden_dim", int, required=False),
+                keep_blocks=weights_mode == "blocks",
             )
             stage = StageRole(weights, max_seq_len=max_seq_len, sampling=sampling,
-                              device=device)
+                              device=device, quantised=weights_mode == "blocks")
         except WeightsError as error:
             raise RoleConfigError(f"llama_stage weights: {error}") from None
         return cls(stage, _reuse_key(config, device))

@@ -157,3 +157,61 @@ def test_bad_step_inputs_are_typed(tiny_llama: Path) -> None:
     too_long = np.zeros((MAX_SEQ + 1,), dtype=np.int32)
     with pytest.raises(StepError):
         first.step(0, too_long)
+
+
+def _block_roles(path: Path, split: list[tuple[int, int]]) -> list[StageRole]:
+    reader = open_reader(path)
+    return [
+        StageRole(
+            reader.load_stage(
+                a, b, is_first=i == 0, is_last=i == len(split) - 1, dtype="f32",
+                keep_blocks=True,
+            ),
+            max_seq_len=MAX_SEQ,
+            quantised=True,
+        )
+        for i, (a, b) in enumerate(split)
+    ]
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        TinyConfig(blocks=2, seed=8, matrix_type=Q.Q4_1, embd_type=Q.Q8_0),
+        TinyConfig(blocks=2, seed=9, matrix_type=Q.Q4_0, embd_type=Q.Q4_1, tied=False),
+        TinyConfig(blocks=2, seed=10, arch="qwen2", matrix_type=Q.Q8_0, embd_type=Q.Q8_0,
+                   tied=False),
+        # 3072-row gate/up and 1300-row output block products are cut into <800-row kernels
+        TinyConfig(blocks=2, seed=11, hidden=128, heads=2, kv_heads=1, ffn=1536, vocab=1300,
+                   matrix_type=Q.Q4_1, embd_type=Q.Q8_0),
+    ],
+    ids=["q4_1-tied-q8_0", "q4_0-output-q4_1", "qwen2-q8_0", "q4_1-split-wide-products"],
+)
+def test_block_decode_matches_reference_and_every_split(tmp_path: Path, cfg: TinyConfig) -> None:
+    """Decode from the file's blocks: the numpy float64 reference within f32 rounding of
+    a different summation order, and one stage's tokens and logits for every split."""
+    path = write_tiny_gguf(tmp_path / "b.gguf", cfg)
+    roles = _block_roles(path, [(0, 2)])
+    assert roles[0].blocks[0].blocks.keys() == {"qkv", "wo", "gate_up", "down"}
+    assert roles[0].output_blocks is not None
+    forced = [11, 3, 200]
+    tokens, logits = _run(roles, forced=forced)
+    reference = NumpyLlama(path)
+    sequence = list(PROMPT)
+    for step, got in enumerate(logits):
+        assert _rel(got, reference.logits(sequence)) < 1e-4, f"step {step}"
+        sequence.append(forced[step] if step < len(forced) else 0)
+    for split in ([(0, 1), (1, 2)],):
+        split_tokens, split_logits = _run(_block_roles(path, split), forced=forced)
+        assert split_tokens == tokens
+        for got, want in zip(split_logits, logits, strict=True):
+            assert _rel(got, want) < 1e-5
+
+
+def test_block_roles_leave_other_types_dense(tmp_path: Path) -> None:
+    cfg = TinyConfig(blocks=1, seed=12, matrix_type=Q.Q6_K, embd_type=Q.Q6_K, tied=False)
+    path = write_tiny_gguf(tmp_path / "k.gguf", cfg)
+    roles = _block_roles(path, [(0, 1)])
+    assert roles[0].blocks[0].blocks == {} and roles[0].output_blocks is None
+    _, logits = _run(roles, steps=1, forced=[9])
+    assert _rel(logits[1], NumpyLlama(path).logits([*PROMPT, 9])) < 2e-5
