@@ -86,7 +86,10 @@ _CONNECTION_LIMIT_FRAME_CAPACITY = 1 + UINT_VAR_MAX_SIZE
 
 PACING_TICK = 0.002
 """Seconds of sending the pacer lets out in one burst (see `TickPacer`)."""
+PACING_GAIN = 1.25
+"""Pacing rate over congestion window / smoothed RTT (quinn's choice)."""
 _MIN_BURST, _MAX_BURST = 10, 256  # datagrams per burst, as in quinn's pacer
+_MIN_PACKET_TIME = 1e-6  # aioquic clamps packet_time to at least 1 us as well
 
 
 class TickPacer(QuicPacketPacer):
@@ -97,14 +100,17 @@ class TickPacer(QuicPacketPacer):
     epoll selector rounds every timeout up to a whole millisecond, so each such timer
     sleeps 1 ms and the rate collapses to 16 datagrams per millisecond (23 MB/s at 1452
     bytes) whatever the congestion window allows. This pacer holds `PACING_TICK` worth
-    of the pacing rate (congestion window / smoothed RTT), 10 to 256 datagrams, as quinn
-    does: after a burst it sleeps a tick the loop can actually time, and the average rate
-    is still the congestion window per RTT."""
+    of the pacing rate, 10 to 256 datagrams, as quinn does: after a burst it sleeps a tick
+    the loop can actually time. The rate is `PACING_GAIN` x congestion window / smoothed
+    RTT (quinn's 1.25; aioquic paces at exactly cwnd/RTT, so any lateness of the loop
+    left the window unused and the RTT estimate grew with it)."""
 
     def update_rate(self, congestion_window: int, smoothed_rtt: float) -> None:
         super().update_rate(congestion_window, smoothed_rtt)
         packet_time = self.packet_time
         assert packet_time is not None  # update_rate always sets it
+        packet_time = max(_MIN_PACKET_TIME, packet_time / PACING_GAIN)
+        self.packet_time = packet_time
         size: int = self._max_datagram_size
         rate = size / packet_time  # bytes per second, as aioquic clamps it
         burst = min(max(rate * PACING_TICK, _MIN_BURST * size), _MAX_BURST * size)
