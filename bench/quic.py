@@ -14,7 +14,7 @@ never share an event loop or a GIL:
    recv-pump copies them into a 4 MiB ingress ring whose worker side drains it. Time runs
    from the receiver's first byte to its last. Also shown: MiB per CPU second of the
    busier process (CPU time, so less sensitive to other load on a shared machine).
-   Variants per size: aioquic's pacer on (the default config) and off, and pacing on with
+   Variants per size: pacing on (`flow.TickPacer`, the default config) and off, and pacing on with
    UDP GSO/GRO offload off (one system call per datagram, `TransportConfig.udp_offload`).
 2. `tcp MiB/s`: the same kind of bytes over one plain asyncio TCP stream (write + drain
    per MiB, read 1 MiB at a time; 8x as many, so that the much faster run is long enough
