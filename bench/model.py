@@ -172,8 +172,10 @@ def run_variant(
     same = "" if first_tokens is None else (
         "; greedy tokens = first variant's" if runs[0].tokens == first_tokens
         else "; greedy tokens DIFFER from the first variant's")
+    # "<name> (beam N): ... decode X tok/s median" is the line bench/report.py parses
     print(
-        f"  {variant:16s} decode {1 / decode_s:6.1f} tok/s ({decode_s * 1e3:5.1f} ms, "
+        f"  {variant.replace(':', '_')} (beam {args.beam}): decode {1 / decode_s:6.1f} tok/s "
+        f"median ({decode_s * 1e3:5.1f} ms, "
         f"CPU {cpu_ms:5.1f} ms/token, {runs[0].kernels} kernels/token, reads "
         f"{runs[0].decode_bytes / 1e6:.0f} MB/token = {runs[0].decode_bytes / decode_s / 1e9:.1f}"
         f" GB/s); prefill {args.prompt_len} tokens {prefill:6.1f} tok/s warm "
@@ -223,8 +225,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--beam", type=int, default=0, help="tinygrad BEAM for decode kernels")
     parser.add_argument("--variants", default=DEFAULT_VARIANTS,
                         help="comma-separated dtype:weights[:nograph] (module doc)")
+    parser.add_argument("--dtypes", help="shorthand: dtype:dense and dtype:blocks for each")
     parser.add_argument("--repeat", type=int, default=3, help="runs per variant (median)")
     args = parser.parse_args(argv)
+    if args.dtypes:
+        args.variants = ",".join(f"{d}:{w}" for d in args.dtypes.split(",")
+                                 for w in ("dense", "blocks"))
     path = default_model_path()
     if not path.is_file():
         print(f"bench model: {path} missing; run scripts/setup.sh", file=sys.stderr)
