@@ -73,9 +73,10 @@ fuzz *TARGETS: setup
     exec {{py}} -m pytest tests/faults/test_fuzz.py -q -p no:cacheprovider --timeout 0
 
 # Soak (not in `just test`): RUNS runs (default 50) on one 3-node loopback cluster, a fault in
-# every fifth; prints fds, threads, RSS and leases of each node and worker before and after.
-soak RUNS="50": setup
-    {{py}} -m tests.faults.soak {{RUNS}}
+# every fifth; prints fds, threads, RSS and leases of each node and worker before and after,
+# and each one's RSS slope against its jitter. ARGS: --trace DIR [--frames N] [--trim] [--keep DIR].
+soak RUNS="50" *ARGS: setup
+    {{py}} -m tests.faults.soak {{RUNS}} {{ARGS}}
 
 # Native ring helper: build the two-thread C stress test with ThreadSanitizer and run it.
 test-native: setup

@@ -13,7 +13,7 @@ two kinds of memory that are free in principle but still resident:
   arena.
 
 `just soak` measured both as linear RSS growth (node +15-22 KiB per run, worker +4,
-after the retention fixes; `just soak --trace DIR --frames 0 --trim` separates them).
+after the retention fixes; `just soak 50 --trace DIR --frames 0 --trim` separates them).
 `release()` runs `gc.collect()` and then glibc's `malloc_trim(0)`, which returns every
 free page of every arena (also free pages inside the heap, by `madvise`); the node calls
 it once per run after teardown and the worker when a run's last ring is gone, so the
