@@ -11,7 +11,8 @@ SIGUSR2 runs a full `gc.collect()` and writes, under DIR, two files named `ROLE-
 - `.tm`: the `tracemalloc` snapshot (`tracemalloc.Snapshot.load` reads it back; compare
   two with `compare_to(older, "traceback")`);
 - `.json`: resident memory (VmRSS, KiB), glibc's `mallinfo2` (arena, in-use and free
-  bytes), live objects grouped by type (`gc.get_objects`, module-qualified names) and,
+  bytes), live objects grouped by type (`gc.get_objects`, module-qualified names), the
+  timer handles queued in the process's asyncio loop (by callback; a node) and,
   with `SWACTOR_MEMTRACE_TRIM=1`, VmRSS again after `malloc_trim(0)`: how much of the
   resident memory was freed heap that glibc had not returned.
 
@@ -22,6 +23,7 @@ counts. `tests/faults/soak.py --trace DIR` drives it.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import gc
@@ -84,6 +86,23 @@ def type_counts() -> dict[str, int]:
     return dict(counts)
 
 
+def pending_timers() -> dict[str, int]:
+    """Timer handles queued in this thread's running asyncio loop, by callback and by
+    whether they were cancelled ({} outside a loop)."""
+    loop = asyncio._get_running_loop()
+    scheduled = getattr(loop, "_scheduled", None)
+    if loop is None or not isinstance(scheduled, list):
+        return {}
+    counts: Counter[str] = Counter()
+    for handle in scheduled:
+        callback = getattr(handle, "_callback", None)
+        name = getattr(callback, "__qualname__", type(callback).__name__)
+        due = handle.when() - loop.time()
+        state = "cancelled" if handle.cancelled() else "due < 60 s" if due < 60 else "later"
+        counts[f"{name} ({state})"] += 1
+    return dict(counts)
+
+
 def dump(folder: Path, role: str) -> Path:
     """Write one snapshot pair (module doc); the path without its suffix."""
     count = int(str(_state.get("dumps", 0))) + 1
@@ -92,7 +111,7 @@ def dump(folder: Path, role: str) -> Path:
     gc.collect()
     record: dict[str, object] = {"role": role, "pid": os.getpid(), "dump": count,
                                  "rss_kib": rss_kib(), "malloc": malloc_info(),
-                                 "types": type_counts()}
+                                 "types": type_counts(), "timers": pending_timers()}
     if tracemalloc.is_tracing():
         tracemalloc.take_snapshot().dump(str(stem) + ".tm")
     if os.environ.get(ENV_TRIM) == "1":

@@ -212,6 +212,10 @@ def trace_report(folder: Path, first: int, top: int = 12) -> None:
                         for k in set(types_a) | set(types_b)), reverse=True)
         print("  live objects gained: " + ", ".join(
             f"{k} +{d}" for d, k in grown[:top] if d > 0) or "  live objects: none gained")
+        timers = sorted(((n, k) for k, n in b.get("timers", {}).items()), reverse=True)
+        if timers:
+            print("  asyncio timers queued at the last dump: " + ", ".join(
+                f"{k} x{n}" for n, k in timers[:6]))
         tm_a, tm_b = folder / f"{stem_a}.tm", folder / f"{stem_b}.tm"
         if not (tm_a.exists() and tm_b.exists()):
             continue
