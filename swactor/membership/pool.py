@@ -9,7 +9,9 @@ where NodeAvailable arrives by another channel, `node_available()`. Every change
 candidate's view is one `MemberChanged` event of the machine; the machine asks the guard
 `pool_complete`, which this binding answers: every candidate known, alive (not suspect,
 dead or left), NodeAvailable (boot health `available` or reported), with QUIC endpoint
-material, and none faulted (boot health `unavailable`).
+material, and none faulted (boot health `unavailable`); after a plan is committed it asks
+`candidate_lost` (the changed candidate dead, left, removed or unavailable: a suspect is
+not lost).
 
 Time is an input. The machine's convergence-window timer (`StartTimer`/`CancelTimer`)
 becomes a deadline here; `tick(now)` feeds `ConvergenceWindowElapsed` once it passes.
@@ -93,6 +95,12 @@ class CandidateView:
             and meta.has_endpoint
         )
 
+    @property
+    def lost(self) -> bool:
+        """Gone from the pool: dead, left, removed, or its boot health unavailable."""
+        return (self.state in (MemberState.Dead, MemberState.Left, None)
+                or (self.meta is not None and self.meta.boot_health is BootHealth.Unavailable))
+
 
 class PoolReadiness:
     """The `pool_readiness` binding (see the module docstring)."""
@@ -165,6 +173,9 @@ class PoolReadiness:
 
     def pool_complete(self, event: pr.MemberChanged) -> bool:
         return all(view.complete for view in self.views.values())
+
+    def candidate_lost(self, event: pr.MemberChanged) -> bool:
+        return self.views[event.node_id].lost
 
     # ------------------------------------------------------------ internals
 

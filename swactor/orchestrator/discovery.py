@@ -2,13 +2,18 @@
 
 Theory of operation. The orchestrator joins SWIM as a member with role "orchestrator"
 (its own `MembershipNode` thread; events come to the event loop through
-`asyncio_events`). It keeps the latest metadata of every member; the pool is ready when
-`count` members are Alive, have role "node", report `BootHealth.Available` and publish
-a QUIC endpoint, and that set has not changed for `settle_s` (so a node that is still
-joining or flapping is not planned on). The members are returned in node-id order (the
-stage order) with their QUIC addresses, as a `Pool`: while the run lasts, `Pool.watch`
-turns a chosen node that SWIM declares dead or gone into the run's `MembershipLost`;
-the caller stops the membership node when the run is over. Timing out raises
+`asyncio_events`). It keeps the latest state and metadata of every member and chooses
+the candidate pool: the first `count` members by node id that are Alive, have role
+"node", report `BootHealth.Available` and publish a QUIC endpoint. Whether that pool is
+ready is the generated `pool_readiness` machine's decision (spec §9, bound by
+`swactor.membership.pool.PoolReadiness`): every candidate complete and the view stable
+for the convergence window `settle_s`, so a node that is still joining or flapping is
+not planned on. A different choice (a member came or went) starts a fresh gate for the
+new candidates. The members are returned in node-id order (the stage order) with their
+QUIC addresses, as a `Pool`: while the run lasts, `Pool.watch` commits the run to the
+gate and feeds it SWIM's events; the gate's MembershipLost (a candidate dead, left or
+unavailable; a suspicion alone is not a loss) becomes the run's `MembershipLost`. The
+caller stops the membership node when the run is over. Timing out raises
 `DiscoveryError` naming how many nodes were found.
 
 Fault order (spec §36, first run-level failure). A node cut off mid-run is seen twice: by
@@ -34,9 +39,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from swactor.events.emitter import Emitter
 from swactor.fsm.generated import orchestrator_run as orun
+from swactor.fsm.generated import pool_readiness as pr
 from swactor.membership import (
     BootHealth,
     MemberChanged,
@@ -48,15 +55,20 @@ from swactor.membership import (
     asyncio_events,
     detection_bound_s,
 )
+from swactor.membership.pool import MembershipLost as LostMember
+from swactor.membership.pool import PoolReadiness, PoolReadyReached
 from swactor.orchestrator.run import RunHandle
 from swactor.orchestrator.session import PoolMember
 from swactor.transport.config import TransportConfig
 from swactor.transport.identity import NodeIdentity
-from swactor.wire import NodeId
+from swactor.wire import NodeId, RunId
 
 log = logging.getLogger("swactor.orchestrator.discovery")
 
 DEFAULT_SETTLE_S = 1.0
+_QUIET = Emitter("discovery")
+"""The gate's own pool_ready goes nowhere: the session emits pool_ready once every
+chosen node has acknowledged its AddressBook."""
 DEFAULT_SWIM = SwimConfig()
 DEFAULT_IDLE_TIMEOUT_S = TransportConfig().idle_timeout
 
@@ -96,25 +108,32 @@ def _usable(state: MemberState, meta: MemberMeta | None) -> bool:
 
 @dataclass
 class Pool:
-    """The discovered pool: its members and the running membership node."""
+    """The discovered pool: its members, its readiness gate and the running membership
+    node."""
 
     members: tuple[PoolMember, ...]
     node: MembershipNode
     events: asyncio.Queue[MembershipEvent]
+    readiness: PoolReadiness
+    run_id: RunId | None = None
+    """The run whose plan was committed to the gate (by `watch`)."""
 
     async def watch(self, handle: RunHandle) -> None:
-        """Tell the run `MembershipLost` when one of its nodes is dead or left (§9).
-
-        Suspicion alone is not a loss: SWIM suspects a slow member and refutes it."""
-        wanted = {m.node_id for m in self.members}
-        while True:
+        """Commit the run's plan to the readiness gate, then feed it membership events:
+        its MembershipLost (a chosen node dead, left or unavailable; `pool_readiness`
+        decides, a suspicion alone is not a loss) becomes the run's (§9)."""
+        readiness, self.run_id = self.readiness, handle.run_id
+        readiness.plan_committed(handle.run_id, time.monotonic())
+        while readiness.state is pr.State.Committed:
             event = await self.events.get()
-            if isinstance(event, MemberChanged) and event.node_id in wanted \
-                    and event.state in (MemberState.Dead, MemberState.Left):
-                wanted.discard(event.node_id)
-                handle.tell(orun.MembershipLost(event.node_id))
+            readiness.observe(event, time.monotonic())
+            for outcome in readiness.take_outcomes():
+                if isinstance(outcome, LostMember):
+                    handle.tell(orun.MembershipLost(outcome.node_id))
 
     async def stop(self) -> None:
+        if self.run_id is not None and self.readiness.state is pr.State.Committed:
+            self.readiness.run_ended(self.run_id, time.monotonic())
         await asyncio.to_thread(self.node.stop, True)
 
 
@@ -139,36 +158,49 @@ async def discover_pool(
     node = MembershipNode(identity, swim, meta, seeds=list(seeds), bind=swim_bind,
                           on_event=asyncio_events(asyncio.get_running_loop(), queue))
     node.start()
-    known: dict[NodeId, tuple[MemberState, MemberMeta | None]] = {}
+    me = NodeId(identity.node_id)
+    known: dict[NodeId, MemberChanged] = {}
+    readiness: PoolReadiness | None = None
     deadline = time.monotonic() + timeout_s
-    stable_since: float | None = None
-    chosen: tuple[NodeId, ...] = ()
     try:
         while True:
             now = time.monotonic()
             if now > deadline:
-                raise DiscoveryError(f"pool: {len(chosen)} of {count} nodes available after "
-                                     f"{timeout_s:.0f}s")
+                usable = sum(1 for e in known.values() if _usable(e.state, e.meta))
+                raise DiscoveryError(f"pool: {min(usable, count)} of {count} nodes available "
+                                     f"after {timeout_s:.0f}s")
+            wake = min(deadline, readiness.next_deadline() if readiness else deadline, now + 0.1)
+            event: MembershipEvent | None = None
             with contextlib.suppress(TimeoutError):
-                event = await asyncio.wait_for(queue.get(), 0.1)
-                if isinstance(event, MemberChanged):
-                    previous = known.get(event.node_id, (event.state, None))[1]
-                    known[event.node_id] = (event.state, event.meta or previous)
-            usable = tuple(sorted(n for n, (state, m) in known.items() if _usable(state, m)))
-            if usable != chosen:
-                chosen, stable_since = usable, time.monotonic()
-            if len(chosen) >= count and stable_since is not None \
-                    and time.monotonic() - stable_since >= settle_s:
-                live = sum(1 for state, _ in known.values()
-                           if state in (MemberState.Alive, MemberState.Suspect))
+                event = await asyncio.wait_for(queue.get(), max(0.0, wake - now))
+            now = time.monotonic()
+            if isinstance(event, MemberChanged):
+                previous = known.get(event.node_id)
+                known[event.node_id] = replace(
+                    event, meta=event.meta or (previous.meta if previous else None))
+            chosen = sorted(n for n, e in known.items() if _usable(e.state, e.meta))[:count]
+            if len(chosen) == count and (readiness is None
+                                         or readiness.candidates != frozenset(chosen)):
+                # a new candidate pool: its gate starts from what is known of each
+                readiness = PoolReadiness(chosen, settle_s, observer=me, emitter=_QUIET)
+                for change in known.values():
+                    readiness.observe(change, now)
+            elif readiness is not None and event is not None:
+                readiness.observe(event, now)
+            if readiness is None:
+                continue
+            readiness.tick(now)
+            if any(isinstance(o, PoolReadyReached) for o in readiness.take_outcomes()):
+                live = sum(1 for e in known.values()
+                           if e.state in (MemberState.Alive, MemberState.Suspect))
                 _warn_fault_order(swim, live + 1, idle_timeout_s, warn)
                 break
     except BaseException:
         await asyncio.to_thread(node.stop, True)
         raise
     members = []
-    for node_id in chosen[:count]:
-        found = known[node_id][1]
+    for node_id in sorted(readiness.candidates):
+        found = known[node_id].meta
         assert found is not None
         members.append(PoolMember(node_id, found.quic_host, found.quic_port))
-    return Pool(tuple(members), node, queue)
+    return Pool(tuple(members), node, queue, readiness)

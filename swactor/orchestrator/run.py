@@ -98,6 +98,7 @@ from swactor.wire import (
     ObjectId,
     PromptKind,
     RunFaultReason,
+    RunId,
     RunOutcome,
     RunPlan,
     Sequence,
@@ -506,6 +507,7 @@ class RunHandle:
 
     ref: ActorRef[RunMessage]
     future: asyncio.Future[RunResult]
+    run_id: RunId
 
     async def result(self, timeout_s: float | None = None) -> RunResult:
         """The run's result once teardown ended (the terminal Done state)."""
@@ -552,4 +554,4 @@ def start_run(
     )
     ports.emit(RunPlanned(node_id=plan.orchestrator_node, run_id=plan.run_id))
     ref.tell(orun.PlanAvailable(plan))
-    return RunHandle(ref, future)
+    return RunHandle(ref, future, plan.run_id)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from swactor.fsm.generated import orchestrator_run as orun
+from swactor.fsm.generated import pool_readiness as pr
 from swactor.membership import (
     BootHealth,
     MemberChanged,
@@ -19,7 +20,7 @@ from swactor.membership import (
 )
 from swactor.orchestrator.discovery import DiscoveryError, discover_pool
 from swactor.transport.identity import NodeIdentity
-from swactor.wire import NodeId
+from swactor.wire import NodeId, RunId
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.timeout(120)
 class Recorder:
     def __init__(self) -> None:
         self.told: list[Any] = []
+        self.run_id = RunId(5)
 
     def tell(self, message: Any) -> None:
         self.told.append(message)
@@ -62,7 +64,8 @@ async def scenario() -> None:
             pool.events.put_nowait(MemberChanged(NodeId(12345), MemberState.Dead, 1, None, 0.0))
             await asyncio.sleep(0.1)
             watcher.cancel()
-            assert recorder.told == [orun.MembershipLost(chosen)]
+            assert recorder.told == [orun.MembershipLost(chosen)]  # the suspicion was no loss
+            assert pool.readiness.state is pr.State.Lost
         finally:
             await pool.stop()
 

@@ -130,8 +130,26 @@ def test_loss_before_commit_waits_after_commit_faults() -> None:
     assert pool.take_outcomes() == [PoolReadyReached(4.0 + WINDOW)]
     pool.plan_committed(RunId(7), 7.0)
     pool.observe(MemberChanged(NODES[2], MemberState.Suspect, 0, _meta(), 8.0), 8.0)
-    assert pool.take_outcomes() == [MembershipLost(NODES[2], 8.0)]
+    assert pool.take_outcomes() == [], "a suspicion alone is not a loss"
+    assert _state(pool) is pr.State.Committed
+    pool.observe(_alive(NODES[2], 8.5, incarnation=1), 8.5)  # refuted
+    pool.observe(MemberChanged(NODES[2], MemberState.Dead, 1, _meta(), 9.0), 9.0)
+    assert pool.take_outcomes() == [MembershipLost(NODES[2], 9.0)]
     assert _state(pool) is pr.State.Lost
+
+
+def test_after_commit_a_left_or_unavailable_candidate_is_lost() -> None:
+    for change in (MemberChanged(NODES[1], MemberState.Left, 0, _meta(), 5.0),
+                   MemberChanged(NODES[1], MemberState.Alive, 0,
+                                 _meta(BootHealth.Unavailable), 5.0)):
+        pool, _ = _pool()
+        for node in NODES:
+            pool.observe(_alive(node, 0.0), 0.0)
+        pool.tick(WINDOW)
+        pool.plan_committed(RunId(7), 4.0)
+        pool.take_outcomes()
+        pool.observe(change, 5.0)
+        assert pool.take_outcomes() == [MembershipLost(NODES[1], 5.0)], change
 
 
 def test_events_about_non_candidates_change_nothing() -> None:
