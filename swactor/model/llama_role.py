@@ -32,8 +32,9 @@ Decode (one position) runs through one :class:`TinyJit` per role: the start posi
 bound symbolic variable, the KV cache is written with ``assign`` into
 ``cache[:, pos:pos+1]`` and attention reads ``cache[:, 0:pos+1]``, so kernels are built on
 the first decode steps and replayed afterwards (``beam > 0`` lets tinygrad's BEAM search
-pick those kernels once; its results are cached on disk). Prefill runs eagerly, padded to
-a multiple of ``PREFILL_BUCKET`` rows.
+pick those kernels once; its results are cached on disk). Prefill pads the prompt to a
+multiple of ``PREFILL_BUCKET`` rows and runs through one TinyJit per padded length (the
+last real row, whose logits are sampled, is a bound variable).
 
 Decode is a chain of matrix-vector products over every weight, so its speed is the rate at
 which kernels stream weights. Two measured choices (SmolLM2, 2 CPU cores): products are
@@ -62,6 +63,7 @@ per prompt row).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -201,6 +203,8 @@ class StageRole:
         self._load(weights.tensors, weights.blocks if quantised else {})
         self._pos_var = UOp.variable("start_pos", 0, max_seq_len - 1)
         self._decode = TinyJit(self._forward_decode)
+        self._last_var = UOp.variable("last_row", 0, max_seq_len - 1)
+        self._prefill: dict[int, Callable[..., Tensor]] = {}
         self._decode_input: Tensor | None = None
         self._decode_input_view: npt.NDArray[Any] = np.zeros(0)
 
@@ -469,7 +473,7 @@ class StageRole:
         return (h + mlp).cast(self._tg_dtype)
 
     def _forward(
-        self, x: Tensor, start: UOp | int, tokens: int, last: int | None = None
+        self, x: Tensor, start: UOp | int, tokens: int, last: UOp | int | None = None
     ) -> Tensor:
         for block in self.blocks:
             x = self._block(block, x.float(), start, tokens)
@@ -482,6 +486,9 @@ class StageRole:
 
     def _forward_decode(self, payload: Tensor, start: UOp) -> Tensor:
         return self._forward(payload, start, 1).realize()
+
+    def _forward_prefill(self, payload: Tensor, last: UOp) -> Tensor:
+        return self._forward(payload, 0, int(payload.shape[0]), last).realize()
 
     # -- the step API ---------------------------------------------------------------------
     def input_shape(self, tokens: int) -> tuple[int, ...]:
@@ -517,10 +524,16 @@ class StageRole:
             if padded > tokens:
                 pad = np.zeros((padded - tokens, array.shape[1]), dtype=array.dtype)
                 array = np.concatenate([array, pad])
-            data = Tensor(array, device=self.device)
-            # no BEAM here: searching prefill-sized kernels takes minutes on a small CPU
-            out = self._forward(data, self._position, padded, tokens - 1).realize()
-            result = out.numpy()
+            data = Tensor(array, device=self.device).realize()
+            # one JIT per bucket: from the third prefill of a bucket its kernels replay
+            # without scheduling (and through CpuGraph on CPU). No BEAM here: searching
+            # prefill-sized kernels takes minutes on a small CPU.
+            prefill = self._prefill.get(padded)
+            if prefill is None:
+                prefill = self._prefill[padded] = TinyJit(self._forward_prefill)
+            if self._cpu:
+                use_cpu_graph(self.cpu_graph)
+            result = prefill(data, self._last_var.bind(tokens - 1)).numpy()
         self._position += tokens
         self._next_sequence = sequence + 1
         if not self.is_last:

@@ -215,3 +215,21 @@ def test_block_roles_leave_other_types_dense(tmp_path: Path) -> None:
     assert roles[0].blocks[0].blocks == {} and roles[0].output_blocks is None
     _, logits = _run(roles, steps=1, forced=[9])
     assert _rel(logits[1], NumpyLlama(path).logits([*PROMPT, 9])) < 2e-5
+
+
+def test_repeated_prefills_replay_the_bucket_jit_exactly(tiny_llama: Path) -> None:
+    """Prefills of different lengths in one bucket (from the third, replayed by the JIT,
+    the last real row a bound variable) give a fresh role's logits and decode after them."""
+    prompts = [[5, 17, 42, 99, 7], [3, 1, 4, 1, 5, 9, 2], [250, 8], [7, 7, 7, 7, 7, 7, 7, 7, 7]]
+    (reused,) = _roles(tiny_llama, [(0, 4)])
+    for prompt in prompts:
+        (fresh,) = _roles(tiny_llama, [(0, 4)])
+        seen = []
+        for role in (reused, fresh):
+            first = role.step(0, np.array(prompt, dtype=np.int32))
+            prefill_logits = np.array(role.last_logits)
+            role.step(1, first)
+            seen.append((prefill_logits, np.array(role.last_logits)))
+        for got, want in zip(seen[0], seen[1], strict=True):
+            np.testing.assert_array_equal(got, want)
+    assert len(reused._prefill) == 1  # one bucket, one JIT
