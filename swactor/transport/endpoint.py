@@ -19,9 +19,10 @@ the endpoint's `on_refused` callback receives a `PeerRefused` event, and no stre
 of that connection ever reaches a handler (stream events are dispatched only once a link
 is verified). There are no session tickets, so no 0-RTT data can precede the check.
 
-Verified links are cached by (peer node id, ALPN), whichever side opened them, and pinged
-every `keepalive_interval` so that a stalled edge (no bytes moving for longer than the
-idle timeout while a consumer is slow) does not lose its connection. Stream events of a
+Verified links are cached by (peer node id, ALPN), whichever side opened them, the newest
+winning (`admit`), and every verified open link is pinged every `keepalive_interval` so
+that a stalled edge (no bytes moving for longer than the idle timeout while a consumer is
+slow) does not lose its connection. Stream events of a
 verified link go to the `LinkHandler` registered for its ALPN (the driver for edges, the
 control channel for control messages).
 """
@@ -429,11 +430,14 @@ class QuicEndpoint:
         self._routes.pop(cid, None)
 
     def admit(self, link: QuicLink) -> None:
+        """Cache a newly verified link: the newest one to a peer on an ALPN wins.
+
+        A peer that opens a new link has a reason to (an orchestrator's next session
+        comes from a new endpoint with the same identity): its previous link may still
+        look open here, and close a moment later, so a request sent on it would be lost.
+        An older link stays usable for the streams it carries and is still pinged."""
         assert link.peer_node_id is not None and link.alpn is not None
-        key = (link.peer_node_id, link.alpn)
-        current = self._cache.get(key)
-        if current is None or current.closed:
-            self._cache[key] = link
+        self._cache[(link.peer_node_id, link.alpn)] = link
 
     def forget(self, link: QuicLink) -> None:
         self._links.discard(link)
@@ -512,6 +516,7 @@ class QuicEndpoint:
     async def _keepalive_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.keepalive_interval)
-            for link in list(self._cache.values()):
-                link.ping()
+            for link in list(self._links):
+                if link.peer_node_id is not None and not link.closed:
+                    link.ping()
 
