@@ -57,6 +57,7 @@ class LocalCluster:
         arena_ceiling: str = "256MiB",
         log_level: str = "WARNING",
         extra_env: dict[str, str] | None = None,
+        weights: str = "dense",
     ) -> None:
         if count < 1:
             raise ClusterError("a cluster needs at least one node")
@@ -66,6 +67,7 @@ class LocalCluster:
         self.arena_ceiling = arena_ceiling
         self.log_level = log_level
         self.extra_env = extra_env or {}
+        self.weights = weights
         keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.orchestrator = NodeIdentity.load_or_create(keys_dir / "orchestrator.key")
         self.nodes: list[NodeProcess] = []
@@ -80,7 +82,7 @@ class LocalCluster:
                 "--key", str(self.keys_dir / f"node-{index}.key"),
                 "--trust-orchestrator", str(self.orchestrator.node_id),
                 "--arena-ceiling", self.arena_ceiling, "--log-level", self.log_level,
-                "--event-verbosity", "-1"]
+                "--event-verbosity", "-1", "--weights", self.weights]
         if self.events_dir is not None:
             argv += ["--events-file", str(self.events_dir / f"node-{index}.jsonl")]
         return argv

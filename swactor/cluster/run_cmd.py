@@ -21,6 +21,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+from swactor.node.role_config import WEIGHT_MODES
 from swactor.orchestrator.orchestrate_cmd import _positive, add_run_arguments
 
 
@@ -35,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--keys-dir", type=Path, default=None, metavar="DIR",
                         help="node and orchestrator keys (default: a temporary directory)")
     parser.add_argument("--arena-ceiling", default="256MiB", help="each node's arena size")
+    parser.add_argument("--weights", choices=WEIGHT_MODES, default="dense",
+                        help="each node's weight mode (swactor node --weights): dense "
+                        "(default) or blocks (faster CPU decode from the file's blocks)")
     parser.add_argument("--verbose", action="store_true",
                         help="echo the nodes' stderr and the orchestrator's events")
     add_run_arguments(parser)
@@ -66,7 +70,7 @@ async def _run(args: argparse.Namespace, keys: Path) -> int:
     if args.verbose:
         os.environ["SWACTOR_CLUSTER_ECHO"] = "1"
     cluster = LocalCluster(args.nodes, keys, args.events_dir, args.arena_ceiling,
-                           args.log_level)
+                           args.log_level, weights=args.weights)
     try:
         options = session_options(args, cluster.orchestrator, ())
     except ValueError as error:

@@ -143,6 +143,9 @@ class NodeConfig:
     quic_port: int = 0
     arena_ceiling: int = DEFAULT_ARENA_CEILING
     models_dir: Path = Path(".")
+    weights: str = "dense"
+    """How the worker holds quantised matrices: "dense" (dequantised once at load) or
+    "blocks" (decode reads the file's Q4_0/Q4_1/Q8_0 blocks; faster on CPU, ~1.4x memory)."""
     transport: TransportConfig = TransportConfig()
     worker_init_timeout_s: float = 120.0
     swim_bind: tuple[str, int] | None = None
@@ -452,6 +455,7 @@ class StageNode:
         self._worker_pid = notice.pid
         self.worker_ports = WorkerStagePorts(self._ctl, self._host,
                                              models_dir=self.config.models_dir,
+                                             weights=self.config.weights,
                                              generation=notice.generation)
         self.deliver(nb.WorkerReady(notice.generation))
         async for later in _notices(self.notices):  # a worker that fails after boot

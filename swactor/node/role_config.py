@@ -7,7 +7,10 @@ The worker role (`swactor.worker.llama_stage`) needs the same facts plus where t
 the GGUF on this node (a local path, or the URL with the node's range cache), which
 the node's weight loader resolves from the provision's `GgufSource`.
 `llama_stage_config` joins the two into the JSON config of ConfigureRole; the plan's
-hidden size and the source's sha256 travel along so the worker checks them.
+hidden size and the source's sha256 travel along so the worker checks them, and the
+node's weight mode (`swactor node --weights`: "dense" dequantises every matrix once at
+load, "blocks" keeps Q4_0/Q4_1/Q8_0 matrices in the file's blocks for decode) goes as
+`weights`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from pathlib import Path
 from swactor.wire import DTypeFamily, JsonObject, ProvisionStage
 
 ROLE_KIND = "llama_stage"
+WEIGHT_MODES = ("dense", "blocks")
+"""How the worker holds the stage's quantised matrices (`swactor node --weights`)."""
 _DTYPES = {(DTypeFamily.Float, 4): "f32", (DTypeFamily.Float, 2): "f16"}
 
 
@@ -25,12 +30,16 @@ class RoleConfigProblem(ValueError):
 
 
 def llama_stage_config(
-    provision: ProvisionStage, location: str | Path, cache_dir: str | Path | None = None
+    provision: ProvisionStage, location: str | Path, cache_dir: str | Path | None = None,
+    weights: str = "dense",
 ) -> JsonObject:
     """The `llama_stage` ConfigureRole config for `provision`, reading the GGUF at `location`.
 
-    `location` is a local path (made absolute) or an http(s) URL.
+    `location` is a local path (made absolute) or an http(s) URL; `weights` is the node's
+    weight mode (`WEIGHT_MODES`).
     """
+    if weights not in WEIGHT_MODES:
+        raise RoleConfigProblem(f"weights {weights!r} (supported: {', '.join(WEIGHT_MODES)})")
     model = provision.model
     dtype = _DTYPES.get((model.dtype_family, model.dtype_width_bytes))
     if dtype is None:
@@ -55,4 +64,5 @@ def llama_stage_config(
         "sampling": None if sampling is None else sampling.to_json(),
         "sha256": provision.gguf_source.sha256,
         "cache_dir": None if cache_dir is None else str(cache_dir),
+        "weights": weights,
     }

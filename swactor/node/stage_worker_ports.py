@@ -103,11 +103,13 @@ class WorkerStagePorts:
         models_dir: Path,
         cache_dir: Path | None = None,
         generation: WorkerGeneration = FIRST_GENERATION,
+        weights: str = "dense",
     ) -> None:
         self.worker = worker
         self.stage = stage
         self.models_dir = models_dir
         self.cache_dir = cache_dir
+        self.weights = weights
         self._generation = generation
         self._locations: dict[RunId, asyncio.Future[str]] = {}
 
@@ -145,7 +147,7 @@ class WorkerStagePorts:
     async def configure_role(self, provision: ProvisionStage) -> None:
         location = await self._location(provision.run_id)
         try:
-            config = llama_stage_config(provision, location, self.cache_dir)
+            config = llama_stage_config(provision, location, self.cache_dir, self.weights)
         except RoleConfigProblem as error:
             raise StagePortError(RunFaultReason.WeightLoadFailed, str(error)) from None
         self.worker.tell(gwc.ConfigureRole(ConfigureRole(provision.runtime.role_id, config)))

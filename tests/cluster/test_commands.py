@@ -105,12 +105,22 @@ def test_missing_model_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
     ["node", "--key", "k", "--trust-orchestrator", "1", "--arena-ceiling", "lots"],
     ["run", "--nodes", "0"],
     ["run", "--split", "10,x"],
+    ["node", "--key", "k", "--trust-orchestrator", "1", "--weights", "int4"],
+    ["run", "--weights", "int4"],
 ])
 def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(argv)
     assert exited.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_run_gives_its_nodes_the_weight_mode(tmp_path: Path) -> None:
+    from swactor.cluster.launcher import LocalCluster
+
+    argv = LocalCluster(2, tmp_path / "keys", weights="blocks")._argv(1)
+    assert argv[argv.index("--weights") + 1] == "blocks"
+    assert "--weights" in argv and argv[argv.index("node") - 1] == "swactor.cli"
 
 
 def test_ctrl_c_while_the_nodes_boot_stops_them(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from tinygrad.tensor import Tensor
 
 from swactor.model.gguf_range import open_reader
 from swactor.model.llama_role import StageRole
-from swactor.node.role_config import llama_stage_config
+from swactor.node.role_config import RoleConfigProblem, llama_stage_config
 from swactor.node.stage_controller import output_extent
 from swactor.orchestrator.inventory import synthetic_pool
 from swactor.orchestrator.model_info import model_info_from_gguf
@@ -190,3 +190,18 @@ def test_a_role_is_rearmed_only_for_the_same_stage_of_the_unchanged_file(
     info = gguf.stat()
     os.utime(gguf, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000))
     assert not role.reconfigure(config, Device.DEFAULT), "a rewritten file is loaded anew"
+
+
+def test_the_nodes_weight_mode_reaches_the_role(gguf: Path,
+                                                provisions: list[ProvisionStage]) -> None:
+    """`swactor node --weights` travels in the role config; a mode nobody knows is a
+    RoleConfigProblem naming it, on the node, before the worker is asked."""
+    assert llama_stage_config(provisions[0], gguf)["weights"] == "dense"
+    config = llama_stage_config(provisions[0], gguf, weights="blocks")
+    assert config["weights"] == "blocks"
+    role = build_role(config, Device.DEFAULT)
+    assert isinstance(role, LlamaStageRole) and role.stage.quantised
+    dense = build_role(llama_stage_config(provisions[0], gguf), Device.DEFAULT)
+    assert isinstance(dense, LlamaStageRole) and not dense.stage.quantised
+    with pytest.raises(RoleConfigProblem, match="weights 'int4'"):
+        llama_stage_config(provisions[0], gguf, weights="int4")
