@@ -15,21 +15,20 @@ two kinds of memory that are free in principle but still resident:
 `just soak` measured both as linear RSS growth (node +15-22 KiB per run, worker +4,
 after the retention fixes; `just soak 50 --trace DIR --frames 0 --trim` separates them).
 `release()` runs `gc.collect()` and then glibc's `malloc_trim(0)`, which returns every
-free page of every arena (also free pages inside the heap, by `madvise`); the worker
-calls it when a run's last ring is gone, so the pause (~50 ms) never lands on a step.
-`settle()` is called once after a process booted (node and worker): a full collection,
-then `gc.freeze()`, which moves every object alive then (imported modules, the boot's
-long-lived state) out of the collector's reach, so later collections scan only what was
-made since (a worker's per-run collection: ~50 ms instead of ~200 ms here). Objects that
+free page of every arena (also free pages inside the heap, by `madvise`); the node calls
+it once per run after teardown and the worker when a run's last ring is gone, so the
+pause never lands on a step. `settle()` is called once after a process booted: a full
+collection, then `gc.freeze()`, which moves every object alive then (imported modules,
+the boot's long-lived state) out of the collector's reach, so each later `release()`
+scans only what was made since (node: ~5 ms instead of ~100-200 ms here). Objects that
 exist at boot live as long as the process, so freezing them frees nothing later.
 `trim()` alone is `malloc_trim(0)`; without glibc (musl, macOS) it does nothing.
 
-The node does not call `release()` per run. It made node RSS flat in the soak (slope
-0-4 KiB/run instead of +15-41), but soaks with it failed a clean run 3 times in 13 (a
-stage's StageReady report went out on the previous session's control link, which
-closed under it: "control connection lost: endpoint closing", then ReadinessTimeout),
-and none in 9 without it. The cause was not found; the node's remaining growth is what
-a collection and a trim give back (`just soak 50 --trace DIR --frames 0 --trim`).
+History: the node's per-run release was taken out once (a8ec6d9) because soaks with it
+failed a clean run 3 times in 13: a stage's StageReady went out on the previous
+orchestrator session's control link, which closed under it. The release only shifted
+the node's timing; the cause was the endpoint's link cache keeping the older link to a
+returning peer (fixed in 6ab29f2: the newest link wins), so the release is back.
 """
 
 from __future__ import annotations

@@ -40,6 +40,11 @@ orchestrator died or went away without teardown), the node stops that run itself
 StopRun had come; a previous session's link closing while the current one is live is
 not that (`_WatchedControl`).
 
+Between runs. `HEAP_RELEASE_DELAY_S` after a stage finished (its edges are torn down
+by then) the node collects the run's cyclic garbage and hands freed heap pages back to
+the kernel (`swactor.heap.release`), so resident memory does not creep up run after run
+while it waits for Python's next full collection or in glibc's free lists.
+
 `stop()` feeds Shutdown, leaves SWIM, shuts the worker down, closes the endpoint and
 the arena. `status()` is the
 leak check a test or operator reads: active run, live ring leases (the ArenaManager's,
@@ -59,7 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swactor import faults
+from swactor import faults, heap
 from swactor.actors import Actor, ActorRef, Context, Runtime
 from swactor.arena import Arena, ArenaDown, ArenaManager
 from swactor.arena.allocator import align_up
@@ -127,6 +132,9 @@ DEFAULT_ARENA_CEILING = 256 << 20
 REPORT_TIMEOUT_S = 30.0
 BOOT_SLACK_S = 60.0
 JOIN_TIMEOUT_S = 30.0
+HEAP_RELEASE_DELAY_S = 1.0
+"""After a stage finished, when the node collects the run's garbage and trims its heap
+(`swactor.heap.release`)."""
 
 
 class NodeBootError(Exception):
@@ -584,6 +592,8 @@ class StageNode:
     def _stage_finished(self, outcome: StageOutcome) -> None:
         self.authority.active_run_id = None
         self.finished.put_nowait(outcome)
+        # the run's edge actors finish stopping just after: then free what the run left
+        asyncio.get_running_loop().call_later(HEAP_RELEASE_DELAY_S, heap.release)
 
     async def send_report(self, orchestrator: NodeId, message: WireStruct) -> None:
         assert self.control is not None
