@@ -73,9 +73,17 @@ class RestartBudget:
 
     def allow(self, now: float) -> bool:
         """Record a restart at `now` if the budget allows it; False when exhausted."""
+        if not self.would_allow(now):
+            return False
+        self.record(now)
+        return True
+
+    def would_allow(self, now: float) -> bool:
+        """Whether a restart at `now` fits the window (forgets restarts older than it)."""
         while self.recent and now - self.recent[0] > self.within_s:
             self.recent.popleft()
-        if len(self.recent) >= self.max_restarts:
-            return False
+        return len(self.recent) < self.max_restarts
+
+    def record(self, now: float) -> None:
+        """Count a restart at `now`."""
         self.recent.append(now)
-        return True

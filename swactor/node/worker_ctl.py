@@ -31,10 +31,11 @@ DeviceObjectReleased), so every waiter ends.
 Bookkeeping the guards answer: the worker generation (starts at 1, +1 per restart, sent
 in InitializeWorker and checked in WorkerReady), the installed-ring table of the current
 generation (InstallRing adds, RingQuiesced / reaping removes), the in-flight steps
-(failed with WorkerProcessExited when the process dies), the restart budget, and the
-commands held while the next generation starts (`deferred`: written in arrival order
-when it is ready, answered as refused if it never is, an InstallRing dropped when its
-ring is uninstalled first).
+(failed with WorkerProcessExited when the process dies), the restart budget
+(`max_restarts` within a sliding `restart_window_s`, so only a crash loop exhausts it),
+and the commands held while the next generation starts (`deferred`: written in arrival
+order when it is ready, answered as refused if it never is, an InstallRing dropped when
+its ring is uninstalled first).
 On a crash the StageControllers hear `WorkerCrashed` first (with the WorkerFatal reason
 when the worker reported one before it exited), then every in-flight step is failed and
 every installed ring is reported faulted (RingFault WorkerProcessExited) and,
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -64,6 +66,7 @@ from swactor.actors.process import (
     WriteLine,
     spawn_process,
 )
+from swactor.actors.supervision import RestartBudget
 from swactor.arena import Arena
 from swactor.fsm.generated import gpu_worker_ctl as gwc
 from swactor.fsm.runtime import ProtocolError
@@ -197,6 +200,9 @@ class WorkerCtlConfig:
     crash_teardown_timeout_s: float = 10.0
     restart_backoff_s: float = 0.2
     max_restarts: int = 3
+    """Restarts allowed within `restart_window_s`: one more crash inside the window is
+    Failed (a crash loop ends the node's worker; a crash now and then does not)."""
+    restart_window_s: float = 60.0
     kill_grace_s: float = 0.5
     required_ring_helper_abi: int = RING_HELPER_ABI
 
@@ -247,6 +253,8 @@ class GpuWorkerCtl(Actor[Mail]):
         self.arena = arena
         self.generation = WorkerGeneration(1)
         self.restarts = 0
+        """Restarts over the life of this GpuWorkerCtl (the budget counts a window)."""
+        self.budget = RestartBudget(config.max_restarts, config.restart_window_s)
         self.installed: dict[RingId, InstallRing] = {}
         self.in_flight: dict[tuple[RoleId, StepId], ExecuteStep] = {}
         self.deferred: list[Deferred] = []
@@ -283,7 +291,7 @@ class GpuWorkerCtl(Actor[Mail]):
     def may_restart(
         self, event: gwc.ProcessExited | gwc.UninstallRing | gwc.CrashTeardownTimeout
     ) -> bool:
-        return self.restarts < self.config.max_restarts
+        return self.budget.would_allow(time.monotonic())
 
     def rings_remain(self, event: gwc.UninstallRing) -> bool:
         return bool(set(self.installed) - {event.ring_id})
@@ -444,6 +452,7 @@ class GpuWorkerCtl(Actor[Mail]):
             case gwc.IncrementGeneration():
                 self.generation = WorkerGeneration(self.generation + 1)
                 self.restarts += 1
+                self.budget.record(time.monotonic())
                 self.fatal = None
                 self.installed.clear()
                 self.process = None

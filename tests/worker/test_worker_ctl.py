@@ -228,3 +228,36 @@ async def init_timeout_scenario() -> None:
 
 def test_init_timeout_kills_the_silent_worker_and_reports_failed() -> None:
     asyncio.run(init_timeout_scenario())
+
+
+async def restart_window_scenario() -> None:
+    arena = Arena.create(1 << 20)
+    boot_q: asyncio.Queue[Any] = asyncio.Queue()
+    async with Runtime("node") as runtime:
+        routes = WorkerRoutes(node_boot=runtime.spawn(lambda: Collector(boot_q), "boot"))
+        # One restart per 1.5 s window: a crash after the window restarts again (a node
+        # that lives for weeks survives a crash now and then); two inside it fail.
+        config = WorkerCtlConfig(arena.fd, arena.size, restart_backoff_s=0.05,
+                                 max_restarts=1, restart_window_s=1.5)
+        ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena), "gpu-worker",
+                            mailbox_capacity=64)  # fmt: skip
+        ctl.tell(gwc.StartWorker())
+        ready = await take(boot_q, WorkerReadyNotice)
+        for generation in (2, 3):
+            await asyncio.sleep(1.6)  # the previous restart has left the window
+            os.kill(ready.pid, signal.SIGKILL)
+            ready = await take(boot_q, WorkerReadyNotice)
+            assert ready.generation == generation
+        os.kill(ready.pid, signal.SIGKILL)  # at once: the window still holds generation 3
+        failed = await take(boot_q, WorkerFailedNotice)
+        assert failed.generation == 3
+        assert _state(runtime) is gwc.State.Failed
+        ctl.tell(gwc.ShutdownWorker(ShutdownMode.Graceful))
+        async with asyncio.timeout(10):
+            while _state(runtime) is not gwc.State.Stopped:
+                await asyncio.sleep(0.02)
+    arena.close()
+
+
+def test_the_restart_budget_is_a_window_not_a_lifetime() -> None:
+    asyncio.run(restart_window_scenario())
