@@ -18,7 +18,9 @@ edge actors do not depend on any one owner's message types:
 `scm.EdgeFault`, `scm.EdgeStopped`. It does not forward object events: GpuWorkerCtl
 routes the worker's ObjectLoaded / ObjectProduced / ObjectFailed to the controller
 directly (its `WorkerRoutes.stage_controllers`), so forwarding them again would deliver
-each twice. `RecordingOwner`-style owners (tests, token endpoints) see everything.
+each twice (it is a `LifecycleOwner`, whose object methods do nothing; so is the
+orchestrator's token endpoint, which reads its rings itself). Test owners such as
+`RecordingOwner` see everything.
 """
 
 from __future__ import annotations
@@ -59,7 +61,24 @@ class EdgeOwner(Protocol):
     def edge_stopped(self, edge_id: EdgeId, clean: bool) -> None: ...
 
 
-class StageOwner:
+class LifecycleOwner:
+    """The object half of `EdgeOwner` for owners that want lifecycle reports only: a
+    StageController has object events from GpuWorkerCtl already, and the orchestrator's
+    token endpoint reads its rings itself."""
+
+    def object_loaded(self, edge_id: EdgeId, object_id: ObjectId, sequence: Sequence,
+                      device_handle: DeviceObjectHandle) -> None:
+        pass
+
+    def object_produced(self, edge_id: EdgeId, object_id: ObjectId) -> None:
+        pass
+
+    def object_failed(self, edge_id: EdgeId, object_id: ObjectId | None,
+                      reason: ObjectFailure) -> None:
+        pass
+
+
+class StageOwner(LifecycleOwner):
     """An `EdgeOwner` that tells a StageController (or its StageHost)."""
 
     def __init__(self, controller: ActorRef[Any]) -> None:
@@ -71,17 +90,6 @@ class StageOwner:
     def edge_failed(self, edge_id: EdgeId, reason: RunFaultReason, component: Component
                     ) -> None:
         self.controller.tell(scm.EdgeFault(edge_id, reason, component))
-
-    def object_loaded(self, edge_id: EdgeId, object_id: ObjectId, sequence: Sequence,
-                      device_handle: DeviceObjectHandle) -> None:
-        pass  # the controller has it from GpuWorkerCtl (module docstring)
-
-    def object_produced(self, edge_id: EdgeId, object_id: ObjectId) -> None:
-        pass
-
-    def object_failed(self, edge_id: EdgeId, object_id: ObjectId | None,
-                      reason: ObjectFailure) -> None:
-        pass
 
     def edge_stopped(self, edge_id: EdgeId, clean: bool) -> None:
         self.controller.tell(scm.EdgeStopped(edge_id, clean))

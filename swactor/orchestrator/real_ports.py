@@ -52,6 +52,7 @@ from swactor.edges import (
     EdgeProvisioned,
     EstablisherConfig,
     ExpectRecv,
+    LifecycleOwner,
     LocalRingInstaller,
     ProvisionEdge,
     StopEdgeRequest,
@@ -70,10 +71,8 @@ from swactor.transport.control import ControlRejectedError
 from swactor.wire import (
     OBJECT_HEADER_LEN,
     Component,
-    DeviceObjectHandle,
     EdgeId,
     NodeId,
-    ObjectFailure,
     ObjectHeader,
     ObjectId,
     ObjectSpec,
@@ -100,9 +99,9 @@ TOKEN_PORT = PortId(0)
 MakeDriver = Callable[[Any, Any, Callable[[Any], None], Callable[[Any], None]], Any]
 
 
-class NetworkRunPorts:
+class NetworkRunPorts(LifecycleOwner):
     """The orchestrator's `RunPorts` for one run (module doc); also the `EdgeOwner` of
-    its two token edges."""
+    its two token edges (lifecycle reports only: it reads its rings itself)."""
 
     def __init__(
         self,
@@ -293,17 +292,6 @@ class NetworkRunPorts:
                     ) -> None:
         log.warning("token edge %d: %s (%s)", int(edge_id), reason.value, component.value)
         self._tell(orun.EndpointFault(edge_id, reason, component))
-
-    def object_loaded(self, edge_id: EdgeId, object_id: ObjectId, sequence: Sequence,
-                      device_handle: DeviceObjectHandle) -> None:
-        pass  # the token endpoint reads its rings itself; no worker loads objects here
-
-    def object_produced(self, edge_id: EdgeId, object_id: ObjectId) -> None:
-        pass
-
-    def object_failed(self, edge_id: EdgeId, object_id: ObjectId | None,
-                      reason: ObjectFailure) -> None:
-        pass
 
     def edge_stopped(self, edge_id: EdgeId, clean: bool) -> None:
         self._stopped[int(edge_id)] = clean
