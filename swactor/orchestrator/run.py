@@ -31,7 +31,9 @@ sends for each output object: the binding keeps its token id and feeds the machi
 A port that raises `PortError` (or anything else) is turned into the event the machine
 understands: a StageFault for that stage (provisioning; the stage still counts as
 provisioned, so teardown still sends it StopRun, and a node that cannot be reached
-then makes the teardown Faulted rather than silently skipped), an EndpointFault for a
+then makes the teardown Faulted rather than silently skipped; a node that answered
+with a refusal, ProvisioningRejected, holds nothing of the run, so its StopRun is not
+sent and the stage counts as stopped clean), an EndpointFault for a
 token edge, a StageStopped(clean=False) for a stage that cannot be sent StopRun, an
 EndpointsStopped(clean=False) for endpoints that cannot be stopped. Such an event is
 posted to the actor's own mailbox, never fed re-entrantly.
@@ -178,6 +180,8 @@ class OrchestratorRun(Actor[RunMessage]):
         self._ready_stages: set[int] = set()
         self._ready_endpoints: set[int] = set()
         self._provisioned: set[int] = set()
+        self._refused: set[int] = set()
+        """Stages whose node refused ProvisionStage: stopped clean without a StopRun."""
         self._provisioning: dict[int, asyncio.Task[None]] = {}
         """Each stage's ProvisionStage task; its StopRun waits for it (_stop_after_provisioned)."""
         self._stopped: set[int] = set()
@@ -398,6 +402,8 @@ class OrchestratorRun(Actor[RunMessage]):
         def event(error: BaseException) -> orun.Event:
             reason = (error.reason if isinstance(error, PortError)
                       else RunFaultReason.ProvisioningRejected)
+            if isinstance(error, PortError) and reason is RunFaultReason.ProvisioningRejected:
+                self._refused.add(index)  # the node answered no: nothing of the run there
             return orun.StageFault(index, reason, Component.Orchestrator)
         return event
 
@@ -410,9 +416,6 @@ class OrchestratorRun(Actor[RunMessage]):
     def _stop_all(self, ctx: Context[RunMessage]) -> None:
         for index in sorted(self._provisioned):
             stage = self.plan.stages[index]
-            self.ports.emit(StopRunSent(
-                node_id=self._node, run_id=self.plan.run_id, stage_index=stage.stage_index
-            ))
 
             def unclean(_error: BaseException, index: StageIndex = stage.stage_index
                         ) -> orun.Event:
@@ -428,6 +431,12 @@ class OrchestratorRun(Actor[RunMessage]):
         provisioning = self._provisioning.get(index)
         if provisioning is not None:
             await asyncio.shield(provisioning)  # never raises: failures become events
+        if index in self._refused:
+            assert self._ctx is not None
+            self._ctx.self_ref.tell(orun.StageStopped(index, clean=True))
+            return
+        self.ports.emit(StopRunSent(node_id=self._node, run_id=self.plan.run_id,
+                                    stage_index=index))
         await self.ports.send_stop_run(node, self.plan.run_id, index)
 
     def _spawn(
