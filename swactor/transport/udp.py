@@ -32,6 +32,13 @@ import errno
 import socket
 import struct
 from collections.abc import Sequence
+from typing import Any
+
+try:
+    from swactor.transport._quicfast_cffi import ffi as _ffi  # type: ignore[import-not-found]
+    from swactor.transport._quicfast_cffi import lib as _qf
+except ImportError:  # pragma: no cover - the package build compiles it
+    _ffi = _qf = None
 
 Address = tuple[str, int]
 Datagram = tuple[bytes, Address]
@@ -41,6 +48,7 @@ UDP_GRO = int(getattr(socket, "UDP_GRO", 104))
 GSO_MAX_SEGMENTS = 64
 GSO_MAX_BYTES = 65000  # below 65507 (IPv4) and 65527 (IPv6) UDP payload limits
 RECV_BUFFER = 65536
+RECV_MESSAGES = 16  # GRO receives per recvmmsg (native helper)
 _CMSG_SPACE = socket.CMSG_SPACE(4)
 _SEGMENT_SIZE = struct.Struct("=H")
 _GRO_SIZE = struct.Struct("=i")
@@ -61,6 +69,12 @@ class UdpSocket:
                 self.gro = True
             except OSError:
                 self.gro = False
+        self._native: tuple[memoryview, Any, Any] | None = None
+        self._sources: dict[tuple[bytes, int], Address] = {}
+        if self.gro and _qf is not None:
+            buf = bytearray(RECV_BUFFER * RECV_MESSAGES)
+            msgs = _ffi.new("qf_msg[]", RECV_MESSAGES)
+            self._native = (memoryview(buf), msgs, _ffi.from_buffer(buf))
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -121,19 +135,55 @@ class UdpSocket:
     def receive(self) -> tuple[list[bytes], Address] | None:
         """The datagrams of one receive call and their sender; None when nothing is
         waiting (or the socket reported an error, which a UDP endpoint ignores)."""
+        raw = self.receive_raw()
+        if raw is None:
+            return None
+        data, segment, source = raw
+        if not segment or segment >= len(data):
+            return [data], source
+        return [data[k : k + segment] for k in range(0, len(data), segment)], source
+
+    def receive_messages(self) -> tuple[memoryview, Any, int] | None:
+        """Up to `RECV_MESSAGES` GRO receives in one `recvmmsg` (native helper): the
+        reused receive buffer, the `qf_msg` records (offset, length, segment size,
+        source) and their count. None when nothing is waiting, on a socket error, or
+        where this socket has no GRO or the native helper is missing (use `receive`)."""
+        if self._native is None:
+            return None
+        buf, msgs, cbuf = self._native
+        count = int(_qf.qf_recv(self.sock.fileno(), cbuf, RECV_BUFFER, RECV_MESSAGES, msgs))
+        if count <= 0:
+            return None
+        return buf, msgs, count
+
+    def source(self, message: Any) -> Address:
+        """The (host, port) a `qf_msg` came from (cached: one peer sends most)."""
+        raw = bytes(_ffi.buffer(message.addr, 16 if message.family == 6 else 4))
+        key = (raw, int(message.port))
+        found = self._sources.get(key)
+        if found is None:
+            family = socket.AF_INET6 if message.family == 6 else socket.AF_INET
+            found = (socket.inet_ntop(family, raw), int(message.port))
+            if len(self._sources) > 1024:
+                self._sources.clear()
+            self._sources[key] = found
+        return found
+
+    def receive_raw(self) -> tuple[bytes, int, Address] | None:
+        """One receive call as it came: the buffer, its GRO segment size (0: one
+        datagram) and the sender; None when nothing is waiting or on a socket error."""
         sock = self.sock
         try:
             if not self.gro:
                 data, addr = sock.recvfrom(RECV_BUFFER)
-                return [data], (str(addr[0]), int(addr[1]))
+                return data, 0, (str(addr[0]), int(addr[1]))
             data, ancillary, _, addr = sock.recvmsg(RECV_BUFFER, _CMSG_SPACE)
         except OSError:  # BlockingIOError (nothing waiting), ICMP errors, ...
             return None
-        source = (str(addr[0]), int(addr[1]))
         segment = _gro_segment_size(ancillary)
-        if not segment or segment >= len(data):
-            return [data], source
-        return [data[k : k + segment] for k in range(0, len(data), segment)], source
+        if segment >= len(data):
+            segment = 0
+        return data, segment, (str(addr[0]), int(addr[1]))
 
 
 def _gro_segment_size(ancillary: list[tuple[int, int, bytes]]) -> int:
