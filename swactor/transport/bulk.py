@@ -212,12 +212,13 @@ def write_bulk(
                 stop = credit
             if stop <= start:
                 break
-            chunk, base = sender.chunk_at(start)
-            if stop > base + len(chunk):
-                stop = base + len(chunk)
-            # one GSO run per call, and an exact-size buffer below glibc's mmap threshold
-            # (a fresh multi-MiB bytearray page-faults its way through every packet)
             count = min(allowance, run, -(-(stop - start) // payload))
+            if stop > start + count * payload:
+                stop = start + count * payload
+            chunk, base = sender.chunk_at(start)
+            if stop > base + len(chunk):  # straddles two chunks: join just this run
+                chunk, base = sender._slice(start, stop), start
+            # one GSO run per call, into an exact-size buffer
             out = bytearray(min(count * size, (stop - start) + count * _MAX_OVERHEAD))
             source = ffi.from_buffer(chunk)
             built = lib.qf_seal_stream(
