@@ -13,6 +13,9 @@
 #ifndef UDP_GRO
 #define UDP_GRO 104
 #endif
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
 
 struct qf_keys {
     EVP_CIPHER_CTX *aead_enc; /* the same key set up once for sealing ... */
@@ -347,3 +350,62 @@ int qf_recv(int fd, uint8_t *buf, size_t slot, int max_msgs, qf_msg *msgs) {
     }
     return n;
 }
+
+/* -- send ---------------------------------------------------------------------------- */
+
+int qf_send(int fd, int family, const uint8_t *addr, uint16_t port, uint8_t *const *bufs,
+            const uint32_t *lens, const uint16_t *segs, int count) {
+    if (count > QF_MAX_MSGS) count = QF_MAX_MSGS;
+    struct mmsghdr hdrs[QF_MAX_MSGS];
+    struct iovec iovs[QF_MAX_MSGS];
+    union {
+        char buf[CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } controls[QF_MAX_MSGS];
+    struct sockaddr_in v4;
+    struct sockaddr_in6 v6;
+    void *name;
+    socklen_t name_len;
+    if (family == 4) {
+        memset(&v4, 0, sizeof(v4));
+        v4.sin_family = AF_INET;
+        v4.sin_port = htons(port);
+        memcpy(&v4.sin_addr, addr, 4);
+        name = &v4;
+        name_len = sizeof(v4);
+    } else {
+        memset(&v6, 0, sizeof(v6));
+        v6.sin6_family = AF_INET6;
+        v6.sin6_port = htons(port);
+        memcpy(&v6.sin6_addr, addr, 16);
+        name = &v6;
+        name_len = sizeof(v6);
+    }
+    memset(hdrs, 0, sizeof(hdrs[0]) * (size_t)count);
+    for (int i = 0; i < count; i++) {
+        iovs[i].iov_base = bufs[i];
+        iovs[i].iov_len = lens[i];
+        struct msghdr *h = &hdrs[i].msg_hdr;
+        h->msg_name = name;
+        h->msg_namelen = name_len;
+        h->msg_iov = &iovs[i];
+        h->msg_iovlen = 1;
+        if (segs[i] && segs[i] < lens[i]) { /* a GSO run: the kernel cuts it */
+            h->msg_control = controls[i].buf;
+            h->msg_controllen = sizeof(controls[i].buf);
+            struct cmsghdr *c = CMSG_FIRSTHDR(h);
+            c->cmsg_level = SOL_UDP;
+            c->cmsg_type = UDP_SEGMENT;
+            c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+            memcpy(CMSG_DATA(c), &segs[i], sizeof(uint16_t));
+        }
+    }
+    int sent = 0;
+    while (sent < count) {
+        int n = sendmmsg(fd, hdrs + sent, (unsigned)(count - sent), MSG_DONTWAIT);
+        if (n < 0) return sent ? sent : -errno;
+        sent += n;
+    }
+    return sent;
+}
+

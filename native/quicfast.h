@@ -99,6 +99,14 @@ int qf_open(qf_keys *k, const uint8_t *buf, const qf_msg *msgs, int nmsgs, const
  * nothing is waiting). */
 int qf_recv(int fd, uint8_t *buf, size_t slot, int max_msgs, qf_msg *msgs);
 
+/* One sendmmsg(MSG_DONTWAIT) of `count` (<= QF_MAX_MSGS) messages to one address
+ * (family 4 or 6, `addr` 4 or 16 bytes, host-order port): message i is bufs[i][0:lens[i]],
+ * cut by the kernel into segs[i]-byte datagrams (UDP GSO) when segs[i] is non-zero and
+ * below lens[i]. Returns the number of messages sent, or -errno if none was (-EIO or
+ * -EINVAL: the device or kernel cannot do GSO). */
+int qf_send(int fd, int family, const uint8_t *addr, uint16_t port, uint8_t *const *bufs,
+            const uint32_t *lens, const uint16_t *segs, int count);
+
 uint32_t qf_abi_version(void);
 
 #endif

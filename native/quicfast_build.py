@@ -67,6 +67,9 @@ int qf_open(qf_keys *k, const uint8_t *buf, const qf_msg *msgs, int nmsgs, const
 #define QF_MAX_MSGS 64
 int qf_recv(int fd, uint8_t *buf, size_t slot, int max_msgs, qf_msg *msgs);
 
+int qf_send(int fd, int family, const uint8_t *addr, uint16_t port, uint8_t *const *bufs,
+            const uint32_t *lens, const uint16_t *segs, int count);
+
 uint32_t qf_abi_version(void);
 """
 

@@ -50,6 +50,7 @@ from aioquic.quic.packet import QuicPacketType
 from aioquic.quic.packet_builder import QuicPacketBuilder, QuicSentPacket
 
 from swactor.transport.sendbuf import ChunkedSender
+from swactor.transport.udp import DatagramRun
 
 if TYPE_CHECKING:
     from swactor.transport.flow import SwactorConnection
@@ -219,7 +220,7 @@ def write_bulk(
             if stop > base + len(chunk):  # straddles two chunks: join just this run
                 chunk, base = sender._slice(start, stop), start
             # one GSO run per call, into an exact-size buffer
-            out = bytearray(min(count * size, (stop - start) + count * _MAX_OVERHEAD))
+            out = bytearray(count * size)
             source = ffi.from_buffer(chunk)
             built = lib.qf_seal_stream(
                 keys, first_byte, dcid, len(dcid), pn, sid, start,
@@ -228,13 +229,11 @@ def write_bulk(
             )  # fmt: skip
             if built <= 0:
                 return
-            view = memoryview(out).toreadonly()  # aioquic accepts read-only buffers
             at = 0
             for i in range(built):
                 record = tx[i]
                 length = record.size
                 offset = record.offset
-                datagrams.append(view[at : at + length])  # type: ignore[arg-type]
                 at += length
                 packet = QuicSentPacket(
                     epoch=_ONE_RTT,
@@ -250,6 +249,8 @@ def write_bulk(
                 )
                 packets.append(packet)
                 pn += 1
+            # every packet but the last is exactly `size` bytes: one GSO send
+            datagrams.append(DatagramRun(memoryview(out)[:at], size, built))  # type: ignore[arg-type]
             end = tx[built - 1].offset + tx[built - 1].length
             sender._pending.subtract(start, end)
             if end > sender.highest_offset:

@@ -131,7 +131,7 @@ class QuicLink:
     def transmit(self) -> None:
         """Send every datagram aioquic has ready and re-arm the timer."""
         self._transmit_handle = None
-        datagrams = self.quic.datagrams_to_send(now=self._loop.time())
+        datagrams = self.quic.transmissions(now=self._loop.time())
         if datagrams:
             self.endpoint.send_datagrams(datagrams)
         timer_at = self.quic.get_timer()
@@ -492,7 +492,6 @@ class QuicEndpoint:
                 received += 1
                 continue
             buf, msgs, count = batch
-            received += count
             i = 0
             while i < count:
                 first = msgs[i]
@@ -515,6 +514,7 @@ class QuicEndpoint:
                     if routed is not None:
                         touched[routed] = None
                 i = j
+            received += sum(-(-msgs[m].len // (msgs[m].seg or msgs[m].len)) for m in range(count))
         for link in touched:
             link.after_receive()
 

@@ -52,6 +52,7 @@ from aioquic.quic.recovery import QuicPacketPacer
 from cryptography import x509
 
 from swactor.transport import bulk, sendbuf
+from swactor.transport.udp import DatagramRun
 
 # (owner, attribute) pairs this module relies on; see tests/transport/test_aioquic_pins.py.
 PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
@@ -236,6 +237,23 @@ class SwactorConnection(QuicConnection):
         finally:
             self._streams_queue.extend(streams)
         bulk.write_bulk(self, builder, streams, now)
+
+    def datagrams_to_send(self, now: float) -> list[tuple[Any, Any]]:
+        """aioquic's datagrams, one per item (the bulk path's `DatagramRun`s cut into
+        views): aioquic's contract, for sans-I/O callers."""
+        out: list[tuple[Any, Any]] = []
+        for data, addr in self.transmissions(now):
+            if type(data) is DatagramRun:
+                out.extend((view, addr) for view in data.datagrams())
+            else:
+                out.append((data, addr))
+        return out
+
+    def transmissions(self, now: float) -> list[tuple[Any, Any]]:
+        """What to send now, the bulk path's packets as `DatagramRun`s (one GSO send
+        each): what the endpoint's socket takes."""
+        sent: list[tuple[Any, Any]] = super().datagrams_to_send(now)
+        return sent
 
     def receive_datagram(self, data: Any, addr: Any, now: float) -> None:
         """aioquic's receive, also for a datagram that is a view (this class's own

@@ -32,7 +32,7 @@ import errno
 import socket
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 try:
     from swactor.transport._quicfast_cffi import ffi as _ffi  # type: ignore[import-not-found]
@@ -41,7 +41,8 @@ except ImportError:  # pragma: no cover - the package build compiles it
     _ffi = _qf = None
 
 Address = tuple[str, int]
-Datagram = tuple[bytes, Address]
+Buffer = bytes | memoryview
+Datagram = tuple["Buffer | DatagramRun", Address]
 
 UDP_SEGMENT = int(getattr(socket, "UDP_SEGMENT", 103))
 UDP_GRO = int(getattr(socket, "UDP_GRO", 104))
@@ -49,11 +50,35 @@ GSO_MAX_SEGMENTS = 64
 GSO_MAX_BYTES = 65000  # below 65507 (IPv4) and 65527 (IPv6) UDP payload limits
 RECV_BUFFER = 65536
 RECV_MESSAGES = 16  # GRO receives per recvmmsg (native helper)
+SEND_MESSAGES = 64  # GSO sends per sendmmsg (native helper; its QF_MAX_MSGS)
 _CMSG_SPACE = socket.CMSG_SPACE(4)
 _SEGMENT_SIZE = struct.Struct("=H")
 _GRO_SIZE = struct.Struct("=i")
 # errno values that mean "this socket/device cannot do GSO": fall back to sendto.
 _NO_GSO = frozenset({errno.EIO, errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP})
+_NO_GSO_NEG = frozenset(-code for code in _NO_GSO)  # as the native helper returns them
+
+
+class DatagramRun:
+    """Datagrams built back to back in one buffer, each `segment` bytes but the last
+    (shorter or equal): what the kernel's GSO cuts one send into. The bulk path seals
+    into these, so a run costs one `sendmsg` with a single iovec, no per-datagram
+    objects. `len()` is the total byte count (what aioquic adds to a path's bytes_sent)."""
+
+    __slots__ = ("view", "segment", "count")
+
+    def __init__(self, view: memoryview, segment: int, count: int) -> None:
+        self.view = view
+        self.segment = segment
+        self.count = count
+
+    def __len__(self) -> int:
+        return len(self.view)
+
+    def datagrams(self) -> list[memoryview]:
+        """The run cut back into one view per datagram."""
+        view, step = self.view, self.segment
+        return [view[k : k + step] for k in range(0, len(view), step)]
 
 
 class UdpSocket:
@@ -71,6 +96,7 @@ class UdpSocket:
                 self.gro = False
         self._native: tuple[memoryview, Any, Any] | None = None
         self._sources: dict[tuple[bytes, int], Address] = {}
+        self._packed_addrs: dict[Address, tuple[int, bytes]] = {}
         if self.gro and _qf is not None:
             buf = bytearray(RECV_BUFFER * RECV_MESSAGES)
             msgs = _ffi.new("qf_msg[]", RECV_MESSAGES)
@@ -85,11 +111,24 @@ class UdpSocket:
     # -- send -----------------------------------------------------------------------
 
     def send(self, datagrams: Sequence[Datagram]) -> None:
-        """Send `datagrams` in order, as few system calls as GSO allows."""
+        """Send `datagrams` in order, as few system calls as GSO allows (a
+        `DatagramRun` is one GSO send, or one send per datagram without GSO)."""
         count = len(datagrams)
         i = 0
         while i < count:
             data, addr = datagrams[i]
+            if type(data) is DatagramRun:
+                runs = [data]
+                j = i + 1
+                while j < count:
+                    nxt, nxt_addr = datagrams[j]
+                    if type(nxt) is not DatagramRun or nxt_addr != addr:
+                        break
+                    runs.append(nxt)
+                    j += 1
+                self._send_datagram_runs(runs, addr)
+                i = j
+                continue
             size = len(data)
             j = i + 1
             if self.gso:
@@ -102,12 +141,51 @@ class UdpSocket:
                     if len(nxt) < size:
                         break  # a shorter datagram may only end a run
             if j - i == 1:
-                self._sendto(data, addr)
+                self._sendto(cast(Buffer, data), addr)
             else:
-                self._send_run([d for d, _ in datagrams[i:j]], size, addr)
+                self._send_run([cast(Buffer, d) for d, _ in datagrams[i:j]], size, addr)
             i = j
 
-    def _send_run(self, run: list[bytes], size: int, addr: Address) -> None:
+    def _send_datagram_runs(self, runs: list[DatagramRun], addr: Address) -> None:
+        """Runs to one address: one `sendmmsg` of GSO sends (native helper), else one
+        `sendmsg` per run, or one `sendto` per datagram without GSO."""
+        if self.gso and _qf is not None:
+            family, packed = self._packed(addr)
+            for k in range(0, len(runs), SEND_MESSAGES):
+                batch = runs[k : k + SEND_MESSAGES]
+                n = len(batch)
+                keep = [_ffi.from_buffer(run.view) for run in batch]
+                bufs = _ffi.new("uint8_t *[]", keep)
+                lens = _ffi.new("uint32_t[]", [len(run.view) for run in batch])
+                segs = _ffi.new("uint16_t[]", [run.segment for run in batch])
+                sent = _qf.qf_send(self.sock.fileno(), family, packed, addr[1], bufs, lens, segs, n)
+                if sent in _NO_GSO_NEG:  # the kernel or device refuses GSO: for good
+                    self.gso = False
+                    for run in batch:
+                        for data in run.datagrams():
+                            self._sendto(data, addr)
+            return  # other errors (full buffer, unreachable): lost, QUIC recovers
+        for run in runs:
+            if run.count > 1 and self.gso:
+                self._send_run([run.view], run.segment, addr)
+            else:
+                for data in run.datagrams():
+                    self._sendto(data, addr)
+
+    def _packed(self, addr: Address) -> tuple[int, bytes]:
+        found = self._packed_addrs.get(addr)
+        if found is None:
+            host = addr[0]
+            if ":" in host:
+                found = (6, socket.inet_pton(socket.AF_INET6, host))
+            else:
+                found = (4, socket.inet_pton(socket.AF_INET, host))
+            if len(self._packed_addrs) > 1024:
+                self._packed_addrs.clear()
+            self._packed_addrs[addr] = found
+        return found
+
+    def _send_run(self, run: list[Buffer], size: int, addr: Address) -> None:
         try:
             self.sock.sendmsg(
                 run,  # one iovec per datagram: the kernel gathers them, no join copy
@@ -122,9 +200,11 @@ class UdpSocket:
                 return  # e.g. unreachable peer; the connection's timers deal with it
             self.gso = False
             for data in run:
-                self._sendto(data, addr)
+                view = memoryview(data)
+                for k in range(0, len(view), size):  # one iovec may hold a whole run
+                    self._sendto(view[k : k + size], addr)
 
-    def _sendto(self, data: bytes, addr: Address) -> None:
+    def _sendto(self, data: Buffer, addr: Address) -> None:
         try:
             self.sock.sendto(data, addr)
         except OSError:
