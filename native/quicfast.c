@@ -105,6 +105,8 @@ static int hp_mask(qf_keys *k, const uint8_t *sample, uint8_t mask[16]) {
     return EVP_EncryptUpdate(k->hp, mask, &outl, sample, 16) == 1 && outl == 16 ? 0 : -1;
 }
 
+int qf_hp_mask(qf_keys *k, const uint8_t *sample, uint8_t *mask) { return hp_mask(k, sample, mask); }
+
 /* RFC 9000 A.3 */
 static uint64_t decode_pn(uint64_t truncated, unsigned bits, uint64_t expected) {
     uint64_t win = (uint64_t)1 << bits, hwin = win / 2, mask = win - 1;

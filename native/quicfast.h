@@ -40,6 +40,9 @@ typedef struct qf_keys qf_keys;
 qf_keys *qf_keys_new(int suite, const uint8_t *key, const uint8_t *iv, const uint8_t *hp);
 void qf_keys_free(qf_keys *k);
 
+/* The 16-byte header-protection mask of a 16-byte sample (0, or -1 on failure). */
+int qf_hp_mask(qf_keys *k, const uint8_t *sample, uint8_t *mask);
+
 typedef struct qf_tx {
     uint64_t offset; /* stream offset of the packet's first data byte */
     uint32_t length; /* data bytes the packet carries */

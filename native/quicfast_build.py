@@ -27,6 +27,7 @@ CDEF = """
 typedef struct qf_keys qf_keys;
 qf_keys *qf_keys_new(int suite, const uint8_t *key, const uint8_t *iv, const uint8_t *hp);
 void qf_keys_free(qf_keys *k);
+int qf_hp_mask(qf_keys *k, const uint8_t *sample, uint8_t *mask);
 
 typedef struct qf_tx {
     uint64_t offset;

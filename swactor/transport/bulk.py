@@ -107,35 +107,74 @@ PRIVATE_NAMES: tuple[str, ...] = (
     "largest_received_time, expected_packet_number, ack_at, discarded",
     "QuicStreamReceiver._buffer, _buffer_start, _final_size, highest_offset, is_finished",
     "QuicStream.is_blocked, max_stream_data_local, max_stream_data_remote",
-    "CryptoContext.secret, cipher_suite, version, key_phase",
+    "CryptoContext.secret, cipher_suite, version, key_phase, hp (kept across key updates)",
 )
 
 
 class PacketKeys:
-    """One direction's 1-RTT keys in C form, rebuilt when aioquic's keys change."""
+    """One direction's 1-RTT keys in C form, rebuilt when aioquic's keys change.
+
+    A key update (RFC 9001 section 6) changes the packet-protection key and iv, never
+    the header-protection key: aioquic keeps the `hp` object of the first 1-RTT
+    secret and replaces `aead` and `secret`. So the header-protection key is derived
+    once per `hp` object, from the secret seen with it, and checked against aioquic's
+    own header protection (one mask computed both ways); if the first secret seen was
+    already an updated one the check fails and this direction stays on aioquic's path.
+    Later secrets with the same `hp` object only give a new key and iv."""
 
     def __init__(self) -> None:
         self._secret: bytes | None = None
         self._keys: Any = None
+        self._hp_owner: object = None
+        self._hp_key: bytes | None = None  # None with an owner: its key is not ours
 
     def get(self, context: CryptoContext) -> Any:
-        """The C keys of `context`, or None when its suite has no native path."""
+        """The C keys of `context`, or None when it has no native path."""
         secret = context.secret
-        if secret is None or lib is None:
+        if secret is None or lib is None or context.hp is None:
             return None
         if secret is not self._secret:
-            suite = SUITES.get(context.cipher_suite) if context.cipher_suite else None
-            keys = None
-            if suite is not None and context.version is not None:
-                key, iv, hp = derive_key_iv_hp(
-                    cipher_suite=context.cipher_suite,  # type: ignore[arg-type]
-                    secret=secret,
-                    version=context.version,
-                )
-                raw = lib.qf_keys_new(suite, key, iv, hp)
-                keys = ffi.gc(raw, lib.qf_keys_free) if raw != ffi.NULL else None
-            self._secret, self._keys = secret, keys
+            self._secret, self._keys = secret, self._build(context, secret)
         return self._keys
+
+    def _build(self, context: CryptoContext, secret: bytes) -> Any:
+        suite = SUITES.get(context.cipher_suite) if context.cipher_suite else None
+        if suite is None or context.version is None:
+            return None
+        key, iv, hp = derive_key_iv_hp(
+            cipher_suite=context.cipher_suite,  # type: ignore[arg-type]
+            secret=secret,
+            version=context.version,
+        )
+        if context.hp is not self._hp_owner:
+            self._hp_owner = context.hp
+            self._hp_key = hp if _same_mask(context, suite, key, iv, hp) else None
+        if self._hp_key is None:
+            return None
+        raw = lib.qf_keys_new(suite, key, iv, self._hp_key)
+        return ffi.gc(raw, lib.qf_keys_free) if raw != ffi.NULL else None
+
+
+def _same_mask(context: CryptoContext, suite: int, key: bytes, iv: bytes, hp: bytes) -> bool:
+    """Whether `hp` is the key of aioquic's header protection in `context`: one short
+    header (2-byte packet number) masked by both."""
+    assert context.hp is not None
+    header = bytes([0x41]) + bytes(10)
+    payload = bytes(range(1, 21))
+    theirs = context.hp.apply(header, payload)
+    raw = lib.qf_keys_new(suite, key, iv, hp)
+    if raw == ffi.NULL:
+        return False
+    keys = ffi.gc(raw, lib.qf_keys_free)
+    mask = ffi.new("uint8_t[16]")
+    if lib.qf_hp_mask(keys, payload[2:18], mask) != 0:
+        return False
+    ours = bytes(mask)
+    return bool(
+        theirs[0] ^ header[0] == ours[0] & 0x1F
+        and theirs[9] == ours[1]
+        and theirs[10] == ours[2]
+    )
 
 
 # -- send --------------------------------------------------------------------------------
