@@ -266,8 +266,9 @@ def write_bulk(
                 source + (start - base), stop - start, size, count,
                 ffi.from_buffer(out), len(out), tx,
             )  # fmt: skip
-            if built <= 0:
-                return
+            if built <= 0:  # cannot seal (no room, or OpenSSL failed): aioquic's turn
+                allowance = 0
+                break
             at = 0
             for i in range(built):
                 record = tx[i]
@@ -462,3 +463,59 @@ def new_tx_records() -> Any:
 
 def new_rx_records() -> Any:
     return ffi.new("qf_rx[]", MAX_RUNS) if ffi is not None else None
+
+
+def check_private_names(conn: SwactorConnection) -> list[str]:
+    """`PRIVATE_NAMES` missing from aioquic, checked on `conn` (a fresh connection)
+    and fresh instances of the other classes (empty: all present)."""
+    from aioquic.quic import connection as connection_module
+    from aioquic.quic.recovery import QuicPacketNumberWindow, QuicPacketSpace
+    from aioquic.quic.stream import QuicStream
+
+    missing: list[str] = []
+    for name in (
+        "_cryptos", "_spaces", "_streams", "_streams_queue", "_events",
+        "_handshake_confirmed", "_quic_logger", "_network_paths", "_peer_cid", "_spin_bit",
+        "_remote_max_data", "_remote_max_data_used", "_local_max_data",
+        "_max_datagram_size", "_close_at", "_idle_timeout",
+        "_ack_eliciting_sent_since_receipt", "_ack_delay", "_pacing_at", "_state",
+        "_write_application",
+    ):  # fmt: skip
+        if not hasattr(conn, name):
+            missing.append(f"QuicConnection.{name}")
+    if not hasattr(getattr(conn, "_loss", None), "_pacer"):
+        missing.append("QuicConnection._loss._pacer")
+    if not hasattr(connection_module, "MAX_ACK_RANGES"):
+        missing.append("aioquic.quic.connection.MAX_ACK_RANGES")
+    builder = QuicPacketBuilder(
+        host_cid=bytes(8), peer_cid=bytes(8), version=1, is_client=True,
+        max_datagram_size=1200,
+    )  # fmt: skip
+    for name in (
+        "_packet", "_end_packet", "_datagrams", "_packets", "_packet_number",
+        "_flight_bytes", "_total_bytes", "max_flight_bytes",
+    ):  # fmt: skip
+        if not hasattr(builder, name):
+            missing.append(f"QuicPacketBuilder.{name}")
+    space = QuicPacketSpace()
+    for name in (
+        "ack_queue", "received_packets", "largest_received_packet", "largest_received_time",
+        "expected_packet_number", "ack_at", "discarded",
+    ):  # fmt: skip
+        if not hasattr(space, name):
+            missing.append(f"QuicPacketSpace.{name}")
+    if not isinstance(space.received_packets, QuicPacketNumberWindow):
+        missing.append("QuicPacketSpace.received_packets (a QuicPacketNumberWindow)")
+    stream = QuicStream(stream_id=3, max_stream_data_local=7, readable=True, writable=False)
+    for name in ("is_blocked", "max_stream_data_local", "max_stream_data_remote"):
+        if not hasattr(stream, name):
+            missing.append(f"QuicStream.{name}")
+    for name in ("_buffer", "_buffer_start", "_final_size", "highest_offset", "is_finished"):
+        if not hasattr(stream.receiver, name):
+            missing.append(f"QuicStreamReceiver.{name}")
+    context = CryptoContext()
+    for name in ("secret", "cipher_suite", "version", "key_phase", "hp", "aead"):
+        if not hasattr(context, name):
+            missing.append(f"CryptoContext.{name}")
+    return missing
+

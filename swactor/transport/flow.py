@@ -352,6 +352,12 @@ def check_private_names() -> list[str]:
     if not hasattr(stream, "sender"):
         missing.append("QuicStream.sender")
     missing += sendbuf.check_sender_names()
+    from swactor.transport.config import TransportConfig
+    from swactor.transport.identity import NodeIdentity
+
+    config = TransportConfig().quic_configuration(NodeIdentity.generate(), is_client=True)
+    conn = SwactorConnection(configuration=config, stream_window=1 << 16, connection_window=1 << 20)
+    missing += bulk.check_private_names(conn)
     ctx = tls.Context(is_client=False)
     for attr in ("_request_client_certificate", "_peer_certificate"):
         if not hasattr(ctx, attr):
