@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -465,5 +466,66 @@ async def test_loopback_edge_moves_32_mib_on_the_native_path() -> None:
         assert sender.quic.bulk_sent > 0
         assert sum(link.quic.bulk_received for link in receivers) > 0
     finally:
+        await a.close()
+        await b.close()
+
+
+# -- malformed input on the receive path ----------------------------------------------------
+
+_EMPTY_DATAGRAM = (
+    "a zero-length UDP datagram (qf_msg len 0, seg 0) makes endpoint._split and "
+    "bulk._datagrams call range() with step 0: ValueError out of the receive batch"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=_EMPTY_DATAGRAM)
+def test_an_empty_datagram_in_a_batch_is_ignored_by_receive_bulk() -> None:
+    transfer = _connected(1452, True)
+    sid = _send(transfer, PAYLOAD[:2800])
+    sent = [bytes(d) for d, _ in transfer.client.datagrams_to_send(now=transfer.now)]
+    assert len(sent) == 2
+    buf = bytearray(sent[0] + sent[1])
+    msgs = ffi.new("qf_msg[]", 3)
+    for k, (at, length) in enumerate(
+        ((0, len(sent[0])), (len(sent[0]), 0), (len(sent[0]), len(sent[1])))
+    ):
+        msgs[k].at, msgs[k].len, msgs[k].seg = at, length, 0
+    rest = transfer.server.receive_bulk(memoryview(buf), msgs, 3, CLIENT_ADDR, transfer.now)
+    assert rest is not None
+    assert all(len(view) == 0 for view in rest)  # nothing of this connection is left
+    transfer.run(_complete(transfer, sid, 2800))
+    assert transfer.received[sid].hexdigest() == _digest(PAYLOAD[:2800])
+
+
+@pytest.mark.xfail(strict=True, reason=_EMPTY_DATAGRAM)
+async def test_empty_datagrams_to_an_endpoint_raise_nothing() -> None:
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: errors.append(context))
+    a, b = await make_pair(LOOPBACK)
+    rogue = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        tx_id, tx_layout, tx = a.new_ring(1 << 20)
+        rx_id, rx_layout, rx = b.new_ring(1 << 20)
+        b.driver.handle(EstablishRecv(8, rx_id, rx_layout))
+        a.driver.handle(EstablishSend(8, b.identity.node_id, tx_id, tx_layout))
+        consumer = Consumer(b, rx, rx_id)
+
+        async def spray() -> None:
+            for _ in range(50):
+                rogue.sendto(b"", b.endpoint.address)
+                await asyncio.sleep(0.002)
+
+        chunks = payload_chunks(4 << 20, seed=8)
+        sent, got, _ = await fail_on_fault(
+            (a, b),
+            asyncio.gather(produce(a, tx, tx_id, chunks), consumer.drain(), spray()),
+            30,
+        )
+        assert got == sent
+        await asyncio.sleep(0.05)
+        assert [str(e.get("exception") or e.get("message")) for e in errors] == []
+    finally:
+        rogue.close()
         await a.close()
         await b.close()
