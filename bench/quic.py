@@ -14,8 +14,11 @@ never share an event loop or a GIL:
    recv-pump copies them into a 4 MiB ingress ring whose worker side drains it. Time runs
    from the receiver's first byte to its last. Also shown: MiB per CPU second of the
    busier process (CPU time, so less sensitive to other load on a shared machine).
-   Variants per size: pacing on (`flow.TickPacer`, the default config) and off, and pacing on with
-   UDP GSO/GRO offload off (one system call per datagram, `TransportConfig.udp_offload`).
+   Variants per size: pacing on (`flow.TickPacer`, the default config) and off; pacing
+   on with UDP GSO/GRO offload off (one system call per datagram,
+   `TransportConfig.udp_offload`); pacing on with the native bulk path off (aioquic
+   builds and parses every packet in Python, `TransportConfig.native_path`). MIB
+   defaults to 128: at ~1 GiB/s a shorter run is mostly congestion-control ramp-up.
 2. `tcp MiB/s`: the same kind of bytes over one plain asyncio TCP stream (write + drain
    per MiB, read 1 MiB at a time; 8x as many, so that the much faster run is long enough
    to time), measured the same way. Ratio = edge / tcp, per round.
@@ -65,11 +68,14 @@ RECORD = 2304
 EDGE = 1
 
 
-def _config(datagram: int, pacing: bool, offload: bool = True) -> TransportConfig:
+def _config(
+    datagram: int, pacing: bool, offload: bool = True, native: bool = True
+) -> TransportConfig:
     return TransportConfig(
         max_datagram_size=datagram,
         pacing=pacing,
         udp_offload=offload,
+        native_path=native,
         stream_window=2 * MiB,
         edges_per_connection=4,
         connection_window=8 * MiB,
@@ -82,7 +88,9 @@ class _Side:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.identity = NodeIdentity.load(args.key)
-        config = _config(args.datagram, args.pacing == "on", args.offload == "on")
+        config = _config(
+            args.datagram, args.pacing == "on", args.offload == "on", args.native == "on"
+        )
         allowed = args.peer_id
         self.endpoint = QuicEndpoint(self.identity, config, allowed=[allowed])
         self.arena = Arena.create(RING + (1 << 20))
@@ -289,7 +297,7 @@ def _mib_s(result: dict[str, Any]) -> tuple[float, float]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench quic", description=__doc__.split("\n")[0])
-    parser.add_argument("--mib", type=int, default=32, help="MiB per throughput run")
+    parser.add_argument("--mib", type=int, default=128, help="MiB per throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="rounds (median, min, max)")
     parser.add_argument("--json", default="", help="also write the figures to this file")
     parser.add_argument("--datagrams", default="1452,16383", help="datagram sizes to measure")
@@ -303,6 +311,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--mode", choices=["tput", "lat"], default="tput", help=argparse.SUPPRESS)
     parser.add_argument("--pacing", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
     parser.add_argument("--offload", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
+    parser.add_argument("--native", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.role:
         return _role(args)
@@ -329,10 +338,12 @@ def measure(mib: int, datagrams: str, records: int, repeat: int, profile: str) -
     """Run every figure `repeat` times, interleaved (each ratio pairs figures of the same
     round); print medians with [min..max]; return everything as a JSON-able dict."""
     sizes = [int(d) for d in datagrams.split(",")]
-    # (pacing, UDP GSO/GRO offload) per datagram size; the last one shows what the
-    # offload gives against the same pacing in the same round.
-    variants = (("on", "on", "pacing on"), ("off", "on", "pacing off"),
-                ("on", "off", "pacing on, no offload"))
+    # (pacing, UDP GSO/GRO offload, native bulk path) per datagram size; the last two
+    # show what the offload and the native path give against the same pacing in the
+    # same round.
+    variants = (("on", "on", "on", "pacing on"), ("off", "on", "on", "pacing off"),
+                ("on", "off", "on", "pacing on, no offload"),
+                ("on", "on", "off", "pacing on, aioquic only"))
     configs = [(d, *variant) for d in sizes for variant in variants]
     tput: dict[str, dict[str, list[float]]] = {}
     hops: dict[str, dict[str, list[float]]] = {}
@@ -350,9 +361,9 @@ def measure(mib: int, datagrams: str, records: int, repeat: int, profile: str) -
             row = tput.setdefault("tcp", {})
             row.setdefault("mib_s", []).append(tcp)
             row.setdefault("mib_cpu_s", []).append(tcp_cpu)
-            for datagram, pacing, offload, label in configs:
+            for datagram, pacing, offload, native, label in configs:
                 extra = [*common, "--datagram", str(datagram), "--pacing", pacing,
-                         "--offload", offload]
+                         "--offload", offload, "--native", native]
                 quic, quic_cpu = _mib_s(_pair("quic", keys, extra))
                 row = tput.setdefault(f"quic {datagram} {label}", {})
                 row.setdefault("mib_s", []).append(quic)
@@ -375,7 +386,7 @@ def measure(mib: int, datagrams: str, records: int, repeat: int, profile: str) -
     print(f"loopback, {mib} MiB per run, {repeat} round(s): median [min..max]")
     for name, row in tput.items():
         wall, cpu = _show(row["mib_s"], "MiB/s"), _show(row["mib_cpu_s"], "MiB/cpu-s")
-        line = f"{name:37s} {wall:28s} {cpu}"
+        line = f"{name:39s} {wall:28s} {cpu}"
         if "ratio_wall" in row:
             line += (
                 f"   x tcp: {_show(row['ratio_wall'], 'wall', 3)}"
