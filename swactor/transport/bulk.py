@@ -401,7 +401,7 @@ def _advance(msgs: Any, at: tuple[int, int], count: int) -> tuple[int, int]:
     m, index = at
     while count:
         record = msgs[m]
-        step = record.seg or record.len
+        step = record.seg or record.len or 1  # an empty datagram holds no packet
         left = -(-record.len // step) - index
         if count < left:
             return m, index + count
@@ -418,7 +418,7 @@ def _datagrams(
     found: list[memoryview] = []
     while m < nmsgs and count:
         record = msgs[m]
-        step = record.seg or record.len
+        step = record.seg or record.len or 1  # an empty datagram holds no packet
         for k in range(record.at + index * step, record.at + record.len, step):
             if not count:
                 break

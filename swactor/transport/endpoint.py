@@ -514,7 +514,10 @@ class QuicEndpoint:
                     if routed is not None:
                         touched[routed] = None
                 i = j
-            received += sum(-(-msgs[m].len // (msgs[m].seg or msgs[m].len)) for m in range(count))
+            # datagrams in this receive (an empty UDP datagram counts as one, and none of
+            # the step computations below may be 0)
+            received += sum(-(-msgs[m].len // (msgs[m].seg or msgs[m].len or 1)) or 1
+                            for m in range(count))
         for link in touched:
             link.after_receive()
 
@@ -577,6 +580,6 @@ def _split(buf: memoryview, msgs: object, start: int, stop: int) -> list[memoryv
     for m in range(start, stop):
         record = records[m]
         at, size = int(record.at), int(record.len)  # type: ignore[attr-defined]
-        step = int(record.seg) or size  # type: ignore[attr-defined]
+        step = int(record.seg) or size or 1  # type: ignore[attr-defined]
         found.extend(buf[k : min(k + step, at + size)] for k in range(at, at + size, step))
     return found
