@@ -685,3 +685,26 @@ def test_qf_recv_on_a_closed_descriptor_is_a_negative_errno() -> None:
     buf = bytearray(65536)
     msgs = ffi.new("qf_msg[]", 1)
     assert lib.qf_recv(fd, ffi.from_buffer(buf), 65536, 1, msgs) == -errno.EBADF
+
+
+# -- qf_hp_mask -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suite", sorted(SUITES))
+def test_hp_mask_is_aioquics_header_protection_mask(suite: str) -> None:
+    """The mask of `qf_hp_mask` is what aioquic's HeaderProtection applies: on a
+    short header with a zero 4-byte packet number, the protected header bytes are the
+    mask (first byte: its low 5 bits)."""
+    keys = _keys(suite, seed=9)
+    rng = random.Random(9)
+    assert keys.context.hp is not None
+    mask = ffi.new("uint8_t[16]")
+    for _ in range(50):
+        header = bytes([0x43]) + DCID + bytes(4)
+        payload = rng.randbytes(40)
+        theirs = keys.context.hp.apply(header, payload)
+        sample = payload[0:16]  # 4 bytes after the packet number's start
+        assert lib.qf_hp_mask(keys.c, sample, mask) == 0
+        ours = bytes(mask)
+        assert theirs[0] ^ header[0] == ours[0] & 0x1F
+        assert theirs[9:13] == ours[1:5]
