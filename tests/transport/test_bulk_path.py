@@ -36,9 +36,9 @@ from aioquic._crypto import CryptoError
 from aioquic.buffer import Buffer  # type: ignore[attr-defined]
 from aioquic.quic import events
 from aioquic.quic.crypto import CryptoPair
-from aioquic.quic.packet import pull_quic_header
+from aioquic.quic.packet import QuicErrorCode, pull_quic_header
 from aioquic.quic.recovery import QuicPacketRecovery
-from swactor.transport._quicfast_cffi import ffi  # type: ignore[import-not-found]
+from swactor.transport._quicfast_cffi import ffi, lib  # type: ignore[import-not-found]
 
 from swactor.transport import bulk
 from swactor.transport.config import EDGE_ALPN, TransportConfig
@@ -55,6 +55,7 @@ pytestmark = [
 CLIENT_ADDR = ("10.0.0.1", 1000)
 SERVER_ADDR = ("10.0.0.2", 2000)
 WINDOW = 1 << 20
+SMALL_WINDOW = 256 << 10
 GSO_SEGMENTS = 64
 GSO_BYTES = 65000
 
@@ -452,9 +453,79 @@ def test_duplicated_datagrams_deliver_bytes_once() -> None:
     assert transfer.server.bulk_received > 0
 
 
-# -- 11, 12: consumer-paced flow control ---------------------------------------------------
+# -- a misbehaving peer: the native receiver closes as aioquic alone does ---------------------
 
-SMALL_WINDOW = 256 << 10
+
+def _forge(client: SwactorConnection, stream_id: int, offset: int, data: bytes) -> bytes:
+    """One 1-RTT packet from `client` holding one STREAM frame it would never send,
+    sealed with its own keys and next packet number (what a buggy peer could send)."""
+    crypto = client._cryptos[bulk._ONE_RTT].send
+    keys = bulk.PacketKeys().get(crypto)
+    assert keys is not None
+    dcid = client._peer_cid.cid
+    out = bytearray(len(data) + 64)
+    tx = ffi.new("qf_tx[]", 1)
+    pn = client._packet_number
+    built = lib.qf_seal_stream(
+        keys, 0x40 | (crypto.key_phase << 2), dcid, len(dcid), pn, stream_id, offset,
+        data, len(data), len(out), 1, ffi.from_buffer(out), len(out), tx,
+    )  # fmt: skip
+    assert built == 1 and tx[0].length == len(data)
+    client._packet_number = pn + 1
+    return bytes(out[: tx[0].size])
+
+
+def _violations(transfer: Transfer) -> dict[str, tuple[int, int, bytes]]:
+    """(stream id, offset, data) per protocol violation, on a connection where the
+    client sent 1000 bytes with FIN on uni stream 2, a full window (never consumed) on
+    uni stream 6, and the server opened uni stream 3."""
+    return {
+        "beyond-stream-credit": (6, SMALL_WINDOW, b"v" * 100),  # in order, one too far
+        "on-a-send-only-stream": (3, 0, b"v" * 100),
+        "beyond-the-final-size": (2, 1000, b"v" * 100),
+        "over-the-stream-limit": (2 + 4 * 10_000, 0, b"v" * 100),
+    }
+
+
+_ERRORS: dict[str, int | None] = {
+    "beyond-stream-credit": QuicErrorCode.FLOW_CONTROL_ERROR,
+    "on-a-send-only-stream": QuicErrorCode.STREAM_STATE_ERROR,
+    "over-the-stream-limit": QuicErrorCode.STREAM_LIMIT_ERROR,
+    # aioquic discards a stream once it is finished, and ignores frames for it after
+    "beyond-the-final-size": None,
+}
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "aioquic"])
+@pytest.mark.parametrize("case", sorted(_ERRORS))
+def test_a_protocol_violation_closes_the_connection(native: bool, case: str) -> None:
+    """A peer's STREAM frame that breaks the rules, in a packet the C path can open:
+    the native receiver hands it to aioquic, which closes with the same error as
+    aioquic alone (or ignores it the same way)."""
+    transfer = _connected(1452, native, window=SMALL_WINDOW)
+    done = _send(transfer, b"f" * 1000)
+    transfer.client.send_stream_data(done, b"", end_stream=True)
+    transfer.consume = lambda stream_id: False
+    open_stream = _send(transfer, b"o" * SMALL_WINDOW)  # stream 6: all its credit
+    server_stream = transfer.server.get_next_available_stream_id(is_unidirectional=True)
+    transfer.server.send_stream_data(server_stream, b"s")
+    transfer.run(
+        lambda: transfer.ended == [done] and transfer.counts.get(open_stream) == SMALL_WINDOW
+    )
+    assert (done, open_stream, server_stream) == (2, 6, 3)
+    stream_id, offset, data = _violations(transfer)[case]
+    _deliver(transfer.server, [_forge(transfer.client, stream_id, offset, data)],
+             CLIENT_ADDR, transfer.now)  # fmt: skip
+    close = transfer.server._close_event
+    if _ERRORS[case] is None:
+        assert close is None
+        transfer._drain_server()
+        assert transfer.counts == {2: 1000, 6: SMALL_WINDOW}
+    else:
+        assert close is not None and close.error_code == _ERRORS[case]
+
+
+# -- 11, 12: consumer-paced flow control ---------------------------------------------------
 
 
 def test_native_path_stalls_at_the_stream_window_until_consumed() -> None:
