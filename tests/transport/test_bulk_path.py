@@ -502,6 +502,31 @@ def test_random_writes_and_random_network_faults(seed: int) -> None:
     assert transfer.client.bulk_sent > 0 and transfer.server.bulk_received > 0
 
 
+@pytest.mark.parametrize("max_runs", [1, 2, 3])
+def test_datagrams_past_the_run_limit_are_handed_back(
+    monkeypatch: pytest.MonkeyPatch, max_runs: int
+) -> None:
+    """`qf_open` stops at MAX_RUNS records; the datagrams after them come back from
+    `receive_bulk` for the endpoint to route (here: to aioquic), none lost or doubled."""
+    monkeypatch.setattr(bulk, "MAX_RUNS", max_runs)
+    rng = random.Random(max_runs)
+
+    def shuffle_some(batch: int, datagrams: Datagrams) -> Datagrams:
+        out = list(datagrams)
+        for _ in range(len(out) // 6):
+            i = rng.randrange(len(out))
+            out.insert(rng.randrange(len(out)), out.pop(i))
+        return out
+
+    transfer = _connected(1452, True)
+    transfer.fault = shuffle_some
+    sid = _send(transfer, PAYLOAD[: 2 << 20])
+    transfer.run(_complete(transfer, sid, 2 << 20))
+    assert transfer.counts[sid] == 2 << 20
+    assert transfer.received[sid].hexdigest() == _digest(PAYLOAD[: 2 << 20])
+    assert transfer.server.bulk_received > 0
+
+
 # -- a misbehaving peer: the native receiver closes as aioquic alone does ---------------------
 
 
