@@ -661,22 +661,26 @@ def _links(node: Node, peer: Node) -> list[Any]:
     return [link for link in node.endpoint._links if link.peer_node_id == peer.identity.node_id]
 
 
-@pytest.mark.parametrize("offload", [True, False], ids=["gro", "no-offload"])
-async def test_loopback_edge_moves_32_mib_on_the_native_path(offload: bool) -> None:
+@pytest.mark.parametrize(
+    ("offload", "native"),
+    [(True, True), (False, True), (True, False)],
+    ids=["gro", "no-offload", "native-off"],
+)
+async def test_loopback_edge_moves_32_mib_on_the_native_path(offload: bool, native: bool) -> None:
     """Real endpoints on loopback. Without UDP offload the endpoint receives one
-    datagram per call (no qf_recv batch): only the send side is native."""
+    datagram per call (no qf_recv batch): only the send side is native. With
+    `native_path=False` neither side is."""
     total = 32 << 20
-    a, b = await make_pair(dataclasses.replace(LOOPBACK, udp_offload=offload))
+    config = dataclasses.replace(LOOPBACK, udp_offload=offload, native_path=native)
+    a, b = await make_pair(config)
     try:
         sent, got, received = await fail_on_fault((a, b), _edge(a, b, 7, total), 60)
         assert got == sent
         assert received == total
-        assert sum(link.quic.bulk_sent for link in _links(a, b)) > 0
+        bulk_sent = sum(link.quic.bulk_sent for link in _links(a, b))
         bulk_received = sum(link.quic.bulk_received for link in _links(b, a))
-        if offload:
-            assert bulk_received > 0
-        else:
-            assert bulk_received == 0
+        assert (bulk_sent > 0) is native
+        assert (bulk_received > 0) is (native and offload)
     finally:
         await a.close()
         await b.close()
