@@ -72,19 +72,23 @@ Fault = Callable[[int, Datagrams], Datagrams]
 """Rewrites one client -> server batch (its sequence number, its datagrams)."""
 
 
-def _config(size: int, window: int = WINDOW, edges: int = 2) -> TransportConfig:
+def _config(
+    size: int, window: int = WINDOW, edges: int = 2, idle_timeout: float = 30.0
+) -> TransportConfig:
     return TransportConfig(
         max_datagram_size=size,
         stream_window=window,
         edges_per_connection=edges,
         connection_window=edges * window,
+        idle_timeout=idle_timeout,
+        keepalive_interval=idle_timeout / 2,
     )
 
 
 def _pair(
-    size: int, native: bool, window: int = WINDOW, edges: int = 2
+    size: int, native: bool, window: int = WINDOW, edges: int = 2, idle_timeout: float = 30.0
 ) -> tuple[SwactorConnection, SwactorConnection]:
-    config = _config(size, window, edges)
+    config = _config(size, window, edges, idle_timeout)
     client = SwactorConnection(
         configuration=config.quic_configuration(NodeIdentity.generate(), is_client=True),
         stream_window=window,
@@ -224,8 +228,10 @@ class Transfer:
             timers = [t for t in (self.client.get_timer(), self.server.get_timer()) if t]
             due = min(timers) if timers else self.now + 0.01
             self.now = min(max_time, max(self.now + 1e-4, due))
-            self.client.handle_timer(self.now)
-            self.server.handle_timer(self.now)
+            for conn in (self.client, self.server):
+                timer = conn.get_timer()
+                if timer is not None and timer <= self.now:  # None: terminated
+                    conn.handle_timer(self.now)
         raise AssertionError("connections never went quiet")
 
 
@@ -525,6 +531,23 @@ def test_datagrams_past_the_run_limit_are_handed_back(
     assert transfer.counts[sid] == 2 << 20
     assert transfer.received[sid].hexdigest() == _digest(PAYLOAD[: 2 << 20])
     assert transfer.server.bulk_received > 0
+
+
+def test_packets_taken_natively_keep_the_receiver_from_idling_out() -> None:
+    """A receiver that hears only native-path STREAM packets for longer than its idle
+    timeout stays open: each of them counts as activity, as in aioquic."""
+    transfer = _connected(16383, True, idle_timeout=1.0)
+    sid = transfer.client.get_next_available_stream_id(is_unidirectional=True)
+    sent = 0
+    for _ in range(10):  # 20 KB every 0.6 s, 6 s in all
+        transfer.client.send_stream_data(sid, PAYLOAD[sent : sent + 20_000])
+        sent += 20_000
+        transfer.run(_complete(transfer, sid, sent), max_time=transfer.now + 0.5)
+        transfer.idle(0.6)
+    assert transfer.now > 5.0
+    assert transfer.server._close_event is None and transfer.client._close_event is None
+    assert transfer.received[sid].hexdigest() == _digest(PAYLOAD[:sent])
+    assert transfer.server.bulk_received >= 10
 
 
 # -- a misbehaving peer: the native receiver closes as aioquic alone does ---------------------
