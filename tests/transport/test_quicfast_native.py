@@ -708,3 +708,32 @@ def test_hp_mask_is_aioquics_header_protection_mask(suite: str) -> None:
         ours = bytes(mask)
         assert theirs[0] ^ header[0] == ours[0] & 0x1F
         assert theirs[9:13] == ours[1:5]
+
+
+def test_qf_recv_takes_at_most_max_msgs_per_call() -> None:
+    receiver, sender = _udp_pair(socket.AF_INET, "127.0.0.1")
+    try:
+        target = receiver.getsockname()[:2]
+        sent = [bytes([i]) * (100 + i) for i in range(10)]  # sizes differ: no coalescing
+        for data in sent:
+            sender.sendto(data, target)
+        slot = 2048
+        buf = bytearray(slot * 4)
+        msgs = ffi.new("qf_msg[]", 4)
+        got: list[bytes] = []
+        counts = []
+        for _ in range(100):
+            n = lib.qf_recv(receiver.fileno(), ffi.from_buffer(buf), slot, 4, msgs)
+            if n == -errno.EAGAIN:
+                if len(got) == len(sent):
+                    break
+                continue
+            assert 0 < n <= 4
+            counts.append(n)
+            got += [bytes(buf[msgs[i].at : msgs[i].at + msgs[i].len]) for i in range(n)]
+            assert all(msgs[i].seg == 0 for i in range(n))
+        assert got == sent
+        assert max(counts) == 4
+    finally:
+        receiver.close()
+        sender.close()
