@@ -550,6 +550,39 @@ def test_packets_taken_natively_keep_the_receiver_from_idling_out() -> None:
     assert transfer.server.bulk_received >= 10
 
 
+def test_a_new_connection_id_mid_transfer() -> None:
+    """The client moves to another of the server's connection ids: the first packets
+    for it are not this connection's to C (QF_OTHER_CID, handed back), aioquic takes
+    them and switches, and the native path goes on with the new id."""
+    transfer = _connected(16383, True)
+    sid = _send(transfer, PAYLOAD)
+    transfer.run(_reached(transfer, sid, len(PAYLOAD) // 3))
+    old_cid = transfer.server.host_cid
+    transfer.client.change_connection_id()
+    transfer.run(_reached(transfer, sid, 2 * len(PAYLOAD) // 3))
+    assert transfer.server.host_cid != old_cid
+    before = transfer.server.bulk_received
+    transfer.run(_complete(transfer, sid, len(PAYLOAD)))
+    assert transfer.received[sid].hexdigest() == PAYLOAD_DIGEST
+    assert transfer.server.bulk_received > before
+
+
+def test_a_client_address_change_mid_transfer() -> None:
+    """NAT rebinding: the client's packets come from a new address. Until the server
+    validated it, aioquic alone handles the path; then the native path resumes."""
+    transfer = _connected(16383, True)
+    sid = _send(transfer, PAYLOAD)
+    transfer.run(_reached(transfer, sid, len(PAYLOAD) // 3))
+    transfer.client_addr = ("10.0.0.9", 999)
+    transfer.run(_reached(transfer, sid, 2 * len(PAYLOAD) // 3))
+    path = transfer.server._network_paths[0]
+    assert path.addr == ("10.0.0.9", 999) and path.is_validated
+    before = transfer.server.bulk_received
+    transfer.run(_complete(transfer, sid, len(PAYLOAD)))
+    assert transfer.received[sid].hexdigest() == PAYLOAD_DIGEST
+    assert transfer.server.bulk_received > before
+
+
 # -- a misbehaving peer: the native receiver closes as aioquic alone does ---------------------
 
 
