@@ -55,10 +55,7 @@ from tests.transport.harness import (
     produce,
 )
 
-pytestmark = [
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(not bulk.AVAILABLE, reason="native module not built"),
-]
+pytestmark = pytest.mark.timeout(120)
 
 CLIENT_ADDR = ("10.0.0.1", 1000)
 SERVER_ADDR = ("10.0.0.2", 2000)
