@@ -266,7 +266,7 @@ PAYLOAD_DIGEST = _digest(PAYLOAD)
 # -- 6: equivalence -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("size", [16383, 1452])
+@pytest.mark.parametrize("size", [16383, 4001, 1452, 1200])
 @pytest.mark.parametrize("native", [True, False], ids=["native", "aioquic"])
 def test_same_bytes_with_and_without_the_native_path(size: int, native: bool) -> None:
     transfer = _connected(size, native)
