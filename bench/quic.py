@@ -4,8 +4,9 @@ Theory of operation
 -------------------
 Everything runs in one invocation on loopback, `--repeat` interleaved rounds (median and
 [min..max] printed; `--json FILE` writes them), each figure from a fresh pair of
-processes (a sender and a receiver, `python -m bench.quic --role ...`), so the two ends
-never share an event loop or a GIL:
+processes (a sender and a receiver, `python -m bench.quic --role ...`, pinned to one
+core each where there are two or more), so the two ends never share an event loop, a
+GIL or a core:
 
 1. `edge MiB/s` at each datagram size (default 1452 and 16383: 16384 itself is refused,
    aioquic corrupts streams above 16383): the sender's worker side writes MIB MiB into a
@@ -251,6 +252,8 @@ ROLES = {"rx-quic": _rx_quic, "tx-quic": _tx_quic, "rx-tcp": _rx_tcp, "tx-tcp": 
 
 def _role(args: argparse.Namespace) -> int:
     runner = ROLES[args.role]
+    if args.cpu >= 0:
+        os.sched_setaffinity(0, {args.cpu})
     if args.profile:
         profiler = cProfile.Profile()
         result = profiler.runcall(asyncio.run, runner(args))
@@ -266,8 +269,13 @@ def _pair(kind: str, keys: dict[str, tuple[Path, int]], extra: list[str]) -> dic
     base = [sys.executable, "-m", "bench.quic"]
     rx_key, rx_id = keys["rx"]
     tx_key, tx_id = keys["tx"]
+    # One core each when there are two: the two ends then never share a core (measured
+    # on 2 cores: unpinned QUIC runs fell into a slow mode in about one run in three).
+    cpus = sorted(os.sched_getaffinity(0))
+    rx_cpu, tx_cpu = (cpus[1], cpus[0]) if len(cpus) >= 2 else (-1, -1)
     rx = subprocess.Popen(
-        [*base, "--role", f"rx-{kind}", "--key", str(rx_key), "--peer-id", str(tx_id), *extra],
+        [*base, "--role", f"rx-{kind}", "--key", str(rx_key), "--peer-id", str(tx_id),
+         "--cpu", str(rx_cpu), *extra],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -275,7 +283,7 @@ def _pair(kind: str, keys: dict[str, tuple[Path, int]], extra: list[str]) -> dic
     port = json.loads(rx.stdout.readline())["port"]
     tx = subprocess.run(
         [*base, "--role", f"tx-{kind}", "--key", str(tx_key), "--peer-id", str(rx_id),
-         "--port", str(port), *extra],
+         "--port", str(port), "--cpu", str(tx_cpu), *extra],
         capture_output=True,
         text=True,
         timeout=600,
@@ -312,6 +320,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--pacing", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
     parser.add_argument("--offload", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
     parser.add_argument("--native", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
+    parser.add_argument("--cpu", type=int, default=-1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.role:
         return _role(args)
