@@ -254,6 +254,7 @@ static int open_one(qf_keys *k, const uint8_t *pkt, size_t len, const uint8_t *d
     for (size_t i = (size_t)n; i < payload_len - frame_head; i++)
         if (dst[i] != 0) return QF_SLOW; /* a frame after the STREAM frame */
     rx->pn = pn;
+    rx->first = first;
     rx->stream_id = sid;
     rx->offset = off;
     rx->data_at = (uint32_t)cursor;
@@ -288,6 +289,7 @@ int qf_open(qf_keys *k, const uint8_t *buf, const qf_msg *msgs, int nmsgs, const
                     last->pn + last->count == one.pn) {
                     last->length += one.length; /* contiguous: one run */
                     last->count++;
+                    last->first = one.first;
                     continue;
                 }
             }

@@ -78,6 +78,7 @@ typedef struct qf_rx {
     uint64_t offset;   /* stream offset of the run's first data byte */
     uint32_t data_at;  /* where the run's data lies in `plain` */
     uint32_t length;   /* data bytes of the run */
+    uint32_t first;    /* unprotected first byte of the run's last packet (spin bit) */
 } qf_rx;
 
 /* Open the datagrams of `nmsgs` received messages (each `len` bytes at buf + at, cut

@@ -59,6 +59,7 @@ typedef struct qf_rx {
     uint64_t offset;
     uint32_t data_at;
     uint32_t length;
+    uint32_t first;
 } qf_rx;
 
 int qf_open(qf_keys *k, const uint8_t *buf, const qf_msg *msgs, int nmsgs, const uint8_t *dcid,

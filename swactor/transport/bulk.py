@@ -89,7 +89,7 @@ PRIVATE_NAMES: tuple[str, ...] = (
     "QuicConnection._quic_logger",
     "QuicConnection._network_paths",
     "QuicConnection._peer_cid",
-    "QuicConnection._spin_bit",
+    "QuicConnection._spin_bit, _spin_highest_pn, _is_client",
     "QuicConnection._remote_max_data",
     "QuicConnection._remote_max_data_used",
     "QuicConnection._local_max_data",
@@ -383,7 +383,12 @@ def receive_bulk(
                             stream_id=run.stream_id,
                         )
                     )
-                    _record_packets(conn, space, run.pn, run.pn + run.count, now)
+                    last = run.pn + run.count - 1
+                    _record_packets(conn, space, run.pn, last + 1, now)
+                    if last > conn._spin_highest_pn:  # as receive_datagram does
+                        spin = bool(run.first & 0x20)
+                        conn._spin_bit = not spin if conn._is_client else spin
+                        conn._spin_highest_pn = last
                     conn.bulk_received += run.count
                     continue
         elif status == _QF_OTHER_CID:
@@ -476,6 +481,7 @@ def check_private_names(conn: SwactorConnection) -> list[str]:
     for name in (
         "_cryptos", "_spaces", "_streams", "_streams_queue", "_events",
         "_handshake_confirmed", "_quic_logger", "_network_paths", "_peer_cid", "_spin_bit",
+        "_spin_highest_pn", "_is_client",
         "_remote_max_data", "_remote_max_data_used", "_local_max_data",
         "_max_datagram_size", "_close_at", "_idle_timeout",
         "_ack_eliciting_sent_since_receipt", "_ack_delay", "_pacing_at", "_state",

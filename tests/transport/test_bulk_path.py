@@ -283,6 +283,18 @@ def test_same_bytes_with_and_without_the_native_path(size: int, native: bool) ->
         assert transfer.client.bulk_sent == 0 and transfer.server.bulk_received == 0
 
 
+def test_spin_bit_follows_packets_the_native_path_took() -> None:
+    """receive_datagram updates the spin bit from every newer 1-RTT packet (RFC 9000
+    section 17.4); the bulk path does the same for the packets it takes."""
+    transfer = _connected(16383, True)
+    sid = _send(transfer, PAYLOAD[: 4 << 20])
+    transfer.run(_complete(transfer, sid, 4 << 20))
+    server = transfer.server
+    assert server.bulk_received > 0
+    largest = server._spaces[bulk._ONE_RTT].largest_received_packet
+    assert server._spin_highest_pn == largest
+
+
 # -- 10: key update -------------------------------------------------------------------------
 
 
