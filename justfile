@@ -78,11 +78,14 @@ fuzz *TARGETS: setup
 soak RUNS="50" *ARGS: setup
     {{py}} -m tests.faults.soak {{RUNS}} {{ARGS}}
 
-# Native ring helper: build the two-thread C stress test with ThreadSanitizer and run it.
+# Native helpers: the ring's two-thread C stress test under ThreadSanitizer, and the QUIC
+# bulk path's qf_open on mangled datagrams under AddressSanitizer + UBSan.
 test-native: setup
     mkdir -p native/build
     clang -std=c11 -O1 -g -fsanitize=thread -Wall -Wextra -Werror -o native/build/ring_stress_tsan native/ring_stress.c native/ring.c -lpthread
     TSAN_OPTIONS="halt_on_error=1 exitcode=66" native/build/ring_stress_tsan
+    clang -std=c11 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -Wall -Wextra -Werror -o native/build/quicfast_fuzz native/quicfast_fuzz.c native/quicfast.c -lcrypto
+    native/build/quicfast_fuzz
 
 # Not part of `just test`. First run builds llama-cpp-python in its own venv (~15 min on 2 cores;
 # AMX off, as a native build dies with SIGILL here); prints where the two first differ.

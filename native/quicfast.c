@@ -139,6 +139,7 @@ int qf_seal_stream(qf_keys *k, uint8_t first_byte, const uint8_t *dcid, size_t d
         size_t len_len = max_data - 2 < 16384 ? 2 : 4;
         max_data -= len_len;
         size_t n = data_len - done < max_data ? data_len - done : max_data;
+        if (off + n >= ((uint64_t)1 << 62) || stream_id >= ((uint64_t)1 << 62)) break;
         uint8_t *pkt = out + used;
         uint8_t *p = pkt;
         *p++ = first_byte;
