@@ -47,13 +47,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from swactor.transport.errors import TransportConfigError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
         return 2
-    result: int = handler(args)
+    try:
+        result: int = handler(args)
+    except TransportConfigError as exc:  # e.g. a bad SWACTOR_NATIVE_QUIC
+        print(f"swactor: {exc}", file=sys.stderr)
+        return 2
     return result
 
 

@@ -154,7 +154,7 @@ class NodeConfig:
     weights: str = "dense"
     """How the worker holds quantised matrices: "dense" (dequantised once at load) or
     "blocks" (decode reads the file's Q4_0/Q4_1/Q8_0 blocks; faster on CPU, ~1.4x memory)."""
-    transport: TransportConfig = TransportConfig()
+    transport: TransportConfig = dataclasses.field(default_factory=TransportConfig)
     worker_init_timeout_s: float = 120.0
     swim_bind: tuple[str, int] | None = None
     """Join SWIM on this UDP address (None: no membership; the orchestrator is given

@@ -86,7 +86,7 @@ class SessionOptions:
     stream: bool = True
     decode: bool = True
     """Use the model's tokenizer (False: token ids only, for a model without one)."""
-    transport: TransportConfig = TransportConfig()
+    transport: TransportConfig = field(default_factory=TransportConfig)
     network: Transport | None = None
     """How to build the endpoint, driver and control channel (None: real QUIC)."""
     timeouts: RunTimeouts = RunTimeouts()

@@ -31,7 +31,9 @@ it falls back to plain sendto/recvfrom where the kernel refuses).
 
 `native_path` (default on) seals and opens edge-stream packets in C (`bulk.py`,
 `native/quicfast.c`) once a connection is in its steady state; off, aioquic builds and
-parses every packet in Python (the reference the tests compare it with).
+parses every packet in Python (the reference the tests compare it with). Its default
+comes from `SWACTOR_NATIVE_QUIC` (`1`, the default, or `0`): a switch for `swactor node`
+and `swactor run` without a flag of their own, e.g. to rule the native path out.
 
 `quic_configuration()` turns it into an aioquic `QuicConfiguration` carrying the node's
 certificate. Certificate chains are not verified by aioquic (`verify_mode=CERT_NONE`):
@@ -41,8 +43,9 @@ used, so 0-RTT never happens.
 
 from __future__ import annotations
 
+import os
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.tls import CipherSuite
@@ -63,6 +66,18 @@ MAX_SAFE_DATAGRAM = 16383
 MIN_DATAGRAM = 1200
 
 
+NATIVE_PATH_ENV = "SWACTOR_NATIVE_QUIC"
+
+
+def native_path_from_env() -> bool:
+    """`SWACTOR_NATIVE_QUIC`: unset or `1` -> True, `0` -> False; anything else is
+    refused (a typo must not silently pick a transport)."""
+    value = os.environ.get(NATIVE_PATH_ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise TransportConfigError(f"{NATIVE_PATH_ENV}={value!r}: expected 0 or 1")
+    return value == "1"
+
+
 @dataclass(frozen=True, slots=True)
 class TransportConfig:
     """Validated transport settings (sizes in bytes, times in seconds)."""
@@ -78,7 +93,7 @@ class TransportConfig:
     socket_buffer: int = 4 << 20
     pacing: bool = True
     udp_offload: bool = True
-    native_path: bool = True
+    native_path: bool = field(default_factory=lambda: native_path_from_env())
 
     def __post_init__(self) -> None:
         if not MIN_DATAGRAM <= self.max_datagram_size <= MAX_SAFE_DATAGRAM:

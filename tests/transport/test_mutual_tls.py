@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -169,3 +170,25 @@ def test_connection_window_below_edges_times_stream_window_is_rejected() -> None
 def test_peer_rejected_error_names_the_id() -> None:
     assert "0x00000000000000ff" in str(PeerRejectedError(255, "x"))
     assert "no certificate" in str(PeerRejectedError(None, "x"))
+
+
+@pytest.mark.parametrize(("value", "native"), [("1", True), ("0", False), (" 0 ", False)])
+def test_native_path_default_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, value: str, native: bool
+) -> None:
+    monkeypatch.setenv("SWACTOR_NATIVE_QUIC", value)
+    assert TransportConfig().native_path is native
+    assert TransportConfig(native_path=not native).native_path is not native  # explicit wins
+
+
+def test_a_bad_native_path_switch_is_a_clean_command_line_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from swactor import cli
+
+    monkeypatch.setenv("SWACTOR_NATIVE_QUIC", "yes")
+    with pytest.raises(TransportConfigError, match="SWACTOR_NATIVE_QUIC='yes'"):
+        TransportConfig()
+    key = tmp_path / "node.key"
+    assert cli.main(["node", "--key", str(key), "--trust-orchestrator", "0x1234"]) == 2
+    assert "SWACTOR_NATIVE_QUIC='yes': expected 0 or 1" in capsys.readouterr().err
