@@ -186,6 +186,8 @@ def bulk_streams(conn: SwactorConnection) -> list[Any]:
         return []
     if not conn._network_paths or not conn._network_paths[0].is_validated:
         return []
+    if conn._bulk_send_keys.get(conn._cryptos[_ONE_RTT].send) is None:
+        return []  # a suite without a native path (ChaCha20), or keys C cannot match
     found = []
     for stream in conn._streams_queue:
         sender = stream.sender
