@@ -67,8 +67,7 @@ SUITES = {
     tls.CipherSuite.AES_128_GCM_SHA256: 1,
     tls.CipherSuite.AES_256_GCM_SHA384: 2,
 }
-MAX_BATCH = 64  # packets per seal call (at most)
-GSO_BYTES = 65000  # bytes the endpoint hands the kernel per GSO send (udp.GSO_MAX_BYTES)
+MAX_BATCH = 64  # packets per seal call (at most): one DatagramRun, several GSO sends
 # Largest per-packet overhead of a sealed packet: short header (first byte, 8-byte
 # connection id, 2-byte packet number), STREAM frame header (type, stream id, offset,
 # length: 1 + 8 + 8 + 4), AEAD tag.
@@ -230,7 +229,6 @@ def write_bulk(
                 conn._pacing_at = now + packet_time
     if allowance <= 0:
         return
-    run = max(1, GSO_BYTES // size)
     payload = size - _MAX_OVERHEAD
     first_byte = 0x40 | (conn._spin_bit << 5) | (crypto.key_phase << 2)
     dcid = conn._peer_cid.cid
@@ -254,7 +252,7 @@ def write_bulk(
                 stop = credit
             if stop <= start:
                 break
-            count = min(allowance, run, -(-(stop - start) // payload))
+            count = min(allowance, MAX_BATCH, -(-(stop - start) // payload))
             if stop > start + count * payload:
                 stop = start + count * payload
             chunk, base = sender.chunk_at(start)

@@ -61,9 +61,10 @@ _NO_GSO_NEG = frozenset(-code for code in _NO_GSO)  # as the native helper retur
 
 class DatagramRun:
     """Datagrams built back to back in one buffer, each `segment` bytes but the last
-    (shorter or equal): what the kernel's GSO cuts one send into. The bulk path seals
-    into these, so a run costs one `sendmsg` with a single iovec, no per-datagram
-    objects. `len()` is the total byte count (what aioquic adds to a path's bytes_sent)."""
+    (shorter or equal). The bulk path seals into these; the socket cuts a run into GSO
+    sends (`gso_messages`: as many whole segments as one send may carry), each one
+    iovec, so no per-datagram objects exist. `len()` is the total byte count (what
+    aioquic adds to a path's bytes_sent)."""
 
     __slots__ = ("view", "segment", "count")
 
@@ -74,6 +75,13 @@ class DatagramRun:
 
     def __len__(self) -> int:
         return len(self.view)
+
+    def gso_messages(self) -> list[tuple[int, int]]:
+        """(offset, length) of each GSO send the run needs: whole segments, at most
+        `GSO_MAX_SEGMENTS` and `GSO_MAX_BYTES` each."""
+        step = max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // self.segment)) * self.segment
+        total = len(self.view)
+        return [(k, min(step, total - k)) for k in range(0, total, step)]
 
     def datagrams(self) -> list[memoryview]:
         """The run cut back into one view per datagram."""
@@ -151,23 +159,30 @@ class UdpSocket:
         `sendmsg` per run, or one `sendto` per datagram without GSO."""
         if self.gso and _qf is not None:
             family, packed = self._packed(addr)
-            for k in range(0, len(runs), SEND_MESSAGES):
-                batch = runs[k : k + SEND_MESSAGES]
-                n = len(batch)
-                keep = [_ffi.from_buffer(run.view) for run in batch]
-                bufs = _ffi.new("uint8_t *[]", keep)
-                lens = _ffi.new("uint32_t[]", [len(run.view) for run in batch])
-                segs = _ffi.new("uint16_t[]", [run.segment for run in batch])
-                sent = _qf.qf_send(self.sock.fileno(), family, packed, addr[1], bufs, lens, segs, n)
+            messages: list[tuple[Any, int, int, int]] = []  # (buffer, offset, length, seg)
+            for run in runs:
+                base = _ffi.from_buffer(run.view)
+                messages.extend((base, k, n, run.segment) for k, n in run.gso_messages())
+            for k in range(0, len(messages), SEND_MESSAGES):
+                batch = messages[k : k + SEND_MESSAGES]
+                bufs = _ffi.new("uint8_t *[]", [base + at for base, at, _, _ in batch])
+                lens = _ffi.new("uint32_t[]", [n for _, _, n, _ in batch])
+                segs = _ffi.new("uint16_t[]", [seg for _, _, _, seg in batch])
+                sent = _qf.qf_send(
+                    self.sock.fileno(), family, packed, addr[1], bufs, lens, segs, len(batch)
+                )
                 if sent in _NO_GSO_NEG:  # the kernel or device refuses GSO: for good
                     self.gso = False
-                    for run in batch:
-                        for data in run.datagrams():
-                            self._sendto(data, addr)
+                    for base, at, n, seg in messages[k:]:
+                        view = memoryview(_ffi.buffer(base + at, n))
+                        for d in range(0, n, seg):
+                            self._sendto(view[d : d + seg], addr)
+                    return
             return  # other errors (full buffer, unreachable): lost, QUIC recovers
         for run in runs:
             if run.count > 1 and self.gso:
-                self._send_run([run.view], run.segment, addr)
+                for at, n in run.gso_messages():
+                    self._send_run([run.view[at : at + n]], run.segment, addr)
             else:
                 for data in run.datagrams():
                     self._sendto(data, addr)

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from swactor.transport.udp import GSO_MAX_SEGMENTS, UdpSocket
+from swactor.transport import udp
+from swactor.transport.udp import GSO_MAX_SEGMENTS, DatagramRun, UdpSocket
 
 
 def _bound() -> socket.socket:
@@ -168,3 +169,62 @@ def test_nothing_waiting_is_none() -> None:
     sock.setblocking(False)
     assert UdpSocket(sock).receive() is None
     sock.close()
+
+
+def _run(sizes: list[int]) -> tuple[DatagramRun, list[bytes]]:
+    """A DatagramRun as the bulk path seals it: back to back, all but the last equal."""
+    datagrams = _payloads(sizes)
+    view = memoryview(bytearray(b"".join(datagrams)))
+    return DatagramRun(view, sizes[0], len(sizes)), datagrams
+
+
+def test_a_datagram_run_is_cut_into_whole_segment_gso_sends() -> None:
+    run, _ = _run([16383] * 9 + [500])
+    assert run.gso_messages() == [(0, 3 * 16383), (3 * 16383, 3 * 16383),
+                                  (6 * 16383, 3 * 16383), (9 * 16383, 500)]
+    small, _ = _run([600] * (GSO_MAX_SEGMENTS + 1))
+    assert [n for _, n in small.gso_messages()] == [600 * GSO_MAX_SEGMENTS, 600]
+
+
+def test_datagram_runs_arrive_as_the_datagrams_they_hold(pair: Any) -> None:
+    rx, tx_sock = pair
+    tx = UdpSocket(tx_sock)
+    addr = rx.sock.getsockname()
+    first, sent_first = _run([16383] * 7 + [1000])
+    second, sent_second = _run([1452] * 50 + [99])
+    tx.send([(first, addr), (second, addr)])  # one sendmmsg (native helper)
+    assert _receive_all(rx, 59) == sent_first + sent_second
+
+
+def test_datagram_runs_without_the_native_helper_go_one_sendmsg_per_gso_send(
+    pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rx, tx_sock = pair
+    monkeypatch.setattr(udp, "_qf", None)
+    recording = _Recording(tx_sock)
+    tx = UdpSocket(recording)  # type: ignore[arg-type]
+    addr = rx.sock.getsockname()
+    run, sent = _run([16383] * 4 + [10])
+    tx.send([(run, addr)])
+    assert recording.calls == [("sendmsg", 3 * 16383), ("sendmsg", 16383 + 10)]
+    assert _receive_all(rx, 5) == sent
+
+
+def test_native_gso_refused_falls_back_to_one_sendto_each(
+    pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rx, tx_sock = pair
+
+    class Refusing:
+        def qf_send(self, *args: Any) -> int:
+            return -errno.EIO
+
+    monkeypatch.setattr(udp, "_qf", Refusing())
+    recording = _Recording(tx_sock)
+    tx = UdpSocket(recording)  # type: ignore[arg-type]
+    addr = rx.sock.getsockname()
+    run, sent = _run([1452] * 5 + [200])
+    tx.send([(run, addr)])
+    assert not tx.gso
+    assert recording.calls == [("sendto", 1452)] * 5 + [("sendto", 200)]
+    assert _receive_all(rx, 6) == sent
