@@ -392,12 +392,12 @@ def receive_bulk(
                     conn.bulk_received += run.count
                     continue
         elif status == _QF_OTHER_CID:
-            others.extend(_datagrams(buf, msgs, nmsgs, start, run.count))
+            others.extend(datagram_views(buf, msgs, nmsgs, start, run.count))
             continue
         # aioquic decides (C declined these datagrams, or Python did), in arrival order
-        for datagram in _datagrams(buf, msgs, nmsgs, start, run.count):
+        for datagram in datagram_views(buf, msgs, nmsgs, start, run.count):
             conn.receive_datagram(bytes(datagram), addr, now)
-    others.extend(_datagrams(buf, msgs, nmsgs, position, -1))  # not opened (closed, or
+    others.extend(datagram_views(buf, msgs, nmsgs, position, -1))  # not opened (closed, or
     return others  # more runs than MAX_RUNS)
 
 
@@ -415,10 +415,11 @@ def _advance(msgs: Any, at: tuple[int, int], count: int) -> tuple[int, int]:
     return m, index
 
 
-def _datagrams(
+def datagram_views(
     buf: memoryview, msgs: Any, nmsgs: int, at: tuple[int, int], count: int
 ) -> list[memoryview]:
-    """`count` datagrams from `at` on (-1: all that are left), as views of `buf`."""
+    """`count` datagrams of the `qf_msg` records from `at` = (message, datagram index) on
+    (-1: all that are left), as views of `buf` (the endpoint's receive buffer)."""
     m, index = at
     found: list[memoryview] = []
     while m < nmsgs and count:

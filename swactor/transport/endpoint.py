@@ -40,6 +40,7 @@ from aioquic.quic import events
 from aioquic.quic.packet import QuicPacketType, pull_quic_header
 
 from swactor import heap
+from swactor.transport import bulk
 from swactor.transport.config import ALPNS, TransportConfig
 from swactor.transport.errors import (
     ConnectionLostError,
@@ -508,7 +509,7 @@ class QuicEndpoint:
                         if rest is not None:
                             touched[link] = None
                 if rest is None:
-                    rest = _split(buf, msgs, i, j)
+                    rest = bulk.datagram_views(buf, msgs + i, j - i, (0, 0), -1)
                 for datagram in rest:
                     routed = self._route(bytes(datagram), addr)
                     if routed is not None:
@@ -572,14 +573,3 @@ class QuicEndpoint:
                 if link.peer_node_id is not None and not link.closed:
                     link.ping()
 
-
-def _split(buf: memoryview, msgs: object, start: int, stop: int) -> list[memoryview]:
-    """The datagrams of messages start..stop-1 (`qf_msg` records), as views of `buf`."""
-    found: list[memoryview] = []
-    records = cast(list[object], msgs)
-    for m in range(start, stop):
-        record = records[m]
-        at, size = int(record.at), int(record.len)  # type: ignore[attr-defined]
-        step = int(record.seg) or size or 1  # type: ignore[attr-defined]
-        found.extend(buf[k : min(k + step, at + size)] for k in range(at, at + size, step))
-    return found
