@@ -54,7 +54,7 @@ from swactor.membership.pool import (
     wait_pool_ready,
 )
 from swactor.membership.udp import MembershipNode, asyncio_events
-from swactor.membership.wire import MembershipWireError
+from swactor.membership.wire import MembershipWireError, public_key_raw
 
 __all__ = [
     "BootHealth",
@@ -82,5 +82,6 @@ __all__ = [
     "WaitingAborted",
     "asyncio_events",
     "detection_bound_s",
+    "public_key_raw",
     "wait_pool_ready",
 ]

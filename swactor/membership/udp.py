@@ -18,6 +18,12 @@ commands and wake the thread; `view()` returns a snapshot taken under a lock.
 
 A datagram that is malformed is dropped and counted (`malformed`); one whose signature
 or node id does not match is dropped and reported as a `ForgedMessage` event.
+
+Pool admission: `allowed_keys` is the pool's allow-list, the full raw 32-byte Ed25519
+public keys of its members (`swactor.membership.wire.public_key_raw`), pinned; None means an
+open pool. With it, a datagram or gossip update sent or authored by any other key is
+refused (`ForgeryReason.NotInPool`) before its signature is even verified. `allowed`
+(64-bit node ids) is the older, weaker list: a node id is only a hash of the key.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ class MembershipNode:
         *,
         seeds: Sequence[Address] = (),
         allowed: Collection[NodeId] | None = None,
+        allowed_keys: frozenset[bytes] | None = None,
         on_event: EventCallback | None = None,
         bind: Address = ("127.0.0.1", 0),
         rng: random.Random | None = None,
@@ -69,7 +76,7 @@ class MembershipNode:
             quic_host=meta.quic_host, quic_port=meta.quic_port, boot_health=meta.boot_health,
             device_kind=meta.device_kind, memory_bytes=meta.memory_bytes, role=meta.role,
         )
-        self._codec = Codec(Signer(identity.private_key), allowed)
+        self._codec = Codec(Signer(identity.private_key), allowed, allowed_keys=allowed_keys)
         self._core = SwimCore(config, self.node_id, meta, rng or random.Random())
         self._seeds = tuple(seeds)
         self._listeners: list[EventCallback] = [] if on_event is None else [on_event]

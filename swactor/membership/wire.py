@@ -23,9 +23,11 @@ Every gossip update inside the body carries its *author's* key and signature ove
 canonical JSON: an alive update is authored by the member itself (so no relay can fake
 a member's metadata or incarnation), a suspect or dead update by its accuser. A relayed
 update is forwarded with its original signature; one that fails is dropped alone and
-reported. Verified signatures are cached, so an update gossiped many times is checked
-once. When a pool allow-list is given, anything authored or sent by a node outside it
-is rejected as `NotInPool`.
+reported. A verified update is cached under its whole (author key, signature, signed
+body) triple, so an update gossiped many times is checked once and any change to any of
+the three is checked afresh. When a pool allow-list is given (`allowed_keys`: the full
+32-byte Ed25519 public keys of the pool, pinned, never the 64-bit node id derived from
+them), anything authored or sent by a key outside it is rejected as `NotInPool`.
 
 `encode` splits a message whose updates do not fit `max_datagram` bytes into several
 datagrams (a `Sync` carrying a whole view); only the first keeps `reply`.
@@ -95,14 +97,18 @@ class Decoded:
     forged: tuple[ForgedMessage, ...]
 
 
+def public_key_raw(key: Ed25519PrivateKey | Ed25519PublicKey) -> bytes:
+    """The raw 32-byte Ed25519 public key: what a pool allow-list (`allowed_keys`) pins."""
+    public = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
+    return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
 class Signer:
     """Signs datagrams and this node's own updates with its identity key."""
 
     def __init__(self, private_key: Ed25519PrivateKey) -> None:
         self._key = private_key
-        self.public_raw = private_key.public_key().public_bytes(
-            serialization.Encoding.Raw, serialization.PublicFormat.Raw
-        )
+        self.public_raw = public_key_raw(private_key)
         self.node_id = NodeId(node_id_from_public_key(private_key.public_key()))
         self._own: dict[Update, dict[str, Any]] = {}
 
@@ -126,9 +132,11 @@ class Codec:
     """Encodes messages for one node and verifies the datagrams it receives."""
 
     def __init__(self, signer: Signer, allowed: Collection[NodeId] | None = None,
-                 max_datagram: int = MAX_DATAGRAM) -> None:
+                 max_datagram: int = MAX_DATAGRAM, *,
+                 allowed_keys: Collection[bytes] | None = None) -> None:
         self.signer = signer
         self.allowed = None if allowed is None else frozenset(allowed)
+        self.allowed_keys = None if allowed_keys is None else _pinned_keys(allowed_keys)
         self.max_datagram = max_datagram
         self._relayed: OrderedDict[Update, dict[str, Any]] = OrderedDict()
         self._verified: OrderedDict[bytes, None] = OrderedDict()
@@ -218,6 +226,8 @@ class Codec:
                signed: bytes) -> ForgeryReason | None:
         if self.allowed is not None and claimed not in self.allowed:
             return ForgeryReason.NotInPool
+        if self.allowed_keys is not None and key_raw not in self.allowed_keys:
+            return ForgeryReason.NotInPool
         try:
             key = Ed25519PublicKey.from_public_bytes(key_raw)
         except ValueError:
@@ -231,17 +241,30 @@ class Codec:
         return None
 
     def _check_update(self, update: Update, wire: dict[str, Any]) -> ForgeryReason | None:
+        """Why `update` (parsed from `wire`) is refused, or None when its author signed it.
+
+        The cache of verified updates is keyed on the whole (author key, signature, signed
+        body) triple, and consulted only after the allow-list and the author's node id
+        were checked against that key: a signature verified once proves nothing about
+        any other key or body.
+        """
         signature = _unb64(wire, "g", _SIG)
-        if signature in self._verified:
-            self._verified.move_to_end(signature)
-            return None
+        key_raw = _unb64(wire, "p", _KEY)
         unsigned = {k: v for k, v in wire.items() if k != "g"}
-        if _canonical(unsigned) != _canonical(_update_body(update) | {"p": wire["p"]}):
+        signed = _canonical(unsigned)
+        if signed != _canonical(_update_body(update) | {"p": wire["p"]}):
             raise MembershipWireError("u", "update carries unknown or non-canonical fields")
-        reason = self._check(update.author, _unb64(wire, "p", _KEY), signature,
-                             _canonical(unsigned))
+        if self.allowed is not None and update.author not in self.allowed:
+            return ForgeryReason.NotInPool
+        if self.allowed_keys is not None and key_raw not in self.allowed_keys:
+            return ForgeryReason.NotInPool
+        triple = key_raw + signature + signed
+        if triple in self._verified:
+            self._verified.move_to_end(triple)
+            return None
+        reason = self._check(update.author, key_raw, signature, signed)
         if reason is None:
-            self._verified[signature] = None
+            self._verified[triple] = None
             if len(self._verified) > 8192:
                 self._verified.popitem(last=False)
         return reason
@@ -343,6 +366,16 @@ def _parse_meta(body: dict[str, Any]) -> MemberMeta:
 
 
 # ------------------------------------------------------------------ field helpers
+
+
+def _pinned_keys(keys: Collection[bytes]) -> frozenset[bytes]:
+    """The allow-list as raw 32-byte Ed25519 public keys; `ValueError` names a bad one."""
+    pinned = frozenset(bytes(key) for key in keys)
+    for key in pinned:
+        if len(key) != _KEY:
+            raise ValueError(f"allowed_keys: a pinned key is {len(key)} bytes, expected {_KEY}"
+                             " (raw Ed25519 public key)")
+    return pinned
 
 
 def _canonical(body: dict[str, Any]) -> bytes:

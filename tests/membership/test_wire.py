@@ -24,7 +24,7 @@ from swactor.membership.messages import (
     SuspectUpdate,
     Sync,
 )
-from swactor.membership.wire import MAGIC, Codec, MembershipWireError, Signer
+from swactor.membership.wire import MAGIC, Codec, MembershipWireError, Signer, public_key_raw
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId
 
@@ -189,3 +189,45 @@ def test_mutated_datagrams_decode_or_raise_wire_error(cut: bytes, at: int) -> No
         # any change to the signed part is caught by the signature, never accepted
         assert decoded.message is None
         assert decoded.forged
+
+
+def _pin(*identities: NodeIdentity) -> frozenset[bytes]:
+    return frozenset(public_key_raw(i.private_key) for i in identities)
+
+
+def test_sender_whose_key_is_not_pinned_is_rejected(alice: NodeIdentity,
+                                                    bob: NodeIdentity) -> None:
+    (datagram,) = _codec(alice).encode(Ack(NodeId(alice.node_id), 1))
+    rx = Codec(Signer(bob.private_key), allowed_keys=_pin(bob))
+    decoded = rx.decode(datagram, SRC, 0.0)
+    assert decoded.message is None
+    assert [f.reason for f in decoded.forged] == [ForgeryReason.NotInPool]
+    pinned = Codec(Signer(bob.private_key), allowed_keys=_pin(alice, bob))
+    assert pinned.decode(datagram, SRC, 0.0).message == Ack(NodeId(alice.node_id), 1)
+
+
+def test_pinned_keys_must_be_raw_ed25519_keys(bob: NodeIdentity) -> None:
+    with pytest.raises(ValueError, match="32"):
+        Codec(Signer(bob.private_key), allowed_keys=[b"short"])
+
+
+def test_a_verified_signature_does_not_vouch_for_another_update(
+    alice: NodeIdentity, bob: NodeIdentity
+) -> None:
+    """Replaying one valid update signature onto a forged update (a leave of bob) fails."""
+    mallory = NodeIdentity.generate()
+    m, b = NodeId(mallory.node_id), NodeId(bob.node_id)
+    rx = _codec(alice)
+    genuine = Signer(mallory.private_key).own_update(AliveUpdate(m, 0, _meta(1)))
+    assert rx.decode(_forge({"t": "gossip", "s": m, "u": [genuine]}, mallory), SRC,
+                     0.0).forged == ()
+    forged_leave = dict(_codec(bob).signer.own_update(DeadUpdate(b, 0, b)))
+    forged_leave["g"] = genuine["g"]  # a signature alice's codec verified before
+    decoded = rx.decode(_forge({"t": "gossip", "s": m, "u": [forged_leave]}, mallory), SRC, 0.0)
+    assert decoded.message == Gossip(m)
+    assert [(f.claimed, f.reason) for f in decoded.forged] == [(b, ForgeryReason.BadSignature)]
+    # and bob's key with mallory's body (mallory's alive, re-keyed to bob): refused too
+    rekeyed = dict(genuine)
+    rekeyed["p"] = forged_leave["p"]
+    decoded = rx.decode(_forge({"t": "gossip", "s": m, "u": [rekeyed]}, mallory), SRC, 0.0)
+    assert [f.reason for f in decoded.forged] == [ForgeryReason.NodeIdMismatch]
