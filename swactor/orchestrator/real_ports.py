@@ -22,9 +22,16 @@ memfd arena:
   machine's EndpointReady / EndpointFault / EndpointsStopped.
 - `inject`: one token object (header + u32 ids) written into token-in; waits for ring
   space (the driver's RingWritable hint, with a short poll as a safety net).
-- the token-out reader task parses each object (header, then exactly `extent` bytes)
-  and tells the run `TokenOutput` with the decoded ids. The bytes are consumed as they
-  are read, so `release_output` has nothing left to release.
+- the token-out reader task runs `TokenOutReader`, the generated ingress_ring machine
+  over host memory: every record gets the checks a stage's ingress parser makes (spec
+  §17, §32: header, extent against the ObjectSpec before any buffer is set aside,
+  sequence policy, EOF mid-record, a Faulted ring), and each loaded object becomes a
+  `TokenOutput` with the decoded ids; a failed record becomes `EndpointFault` with its
+  §36 reason (EofMidObject, ObjectHeaderMalformed, SequenceViolation, RingFault). The
+  bytes are consumed as they are read, so `release_output` has nothing left to release.
+- lifecycle events of the token edges: `edge_provision_started` when each edge's
+  ProvisionTx/ProvisionRx goes to the establisher, `edge_ready` from the establisher
+  when its edge_record machine reaches Ready (spec §40).
 - `stop_token_endpoints`: StopEdgeRequest to both edge actors; each edge stops in the
   §38 teardown order (pump stopped -> ring uninstalled -> lease released with its
   quiescence proof) and answers EdgeStopped; when both have, the run gets
@@ -59,19 +66,19 @@ from swactor.edges import (
     WakeFanout,
 )
 from swactor.events.emitter import Emitter
-from swactor.events.schema import LifecycleEvent
+from swactor.events.schema import EdgeProvisionStarted, LifecycleEvent
 from swactor.fsm.generated import orchestrator_run as orun
 from swactor.node.control_messages import StopRunMessage, report_event
 from swactor.orchestrator.ports import PortError
 from swactor.orchestrator.run import RunHandle, TokenOutput
-from swactor.orchestrator.tokens import decode_token_ids, encode_token_ids
-from swactor.ring import Ring
+from swactor.orchestrator.token_out import TokenOutReader
+from swactor.orchestrator.tokens import encode_token_ids
 from swactor.transport import ControlChannel
 from swactor.transport.control import ControlRejectedError
 from swactor.wire import (
-    OBJECT_HEADER_LEN,
     Component,
     EdgeId,
+    InstallRing,
     NodeId,
     ObjectHeader,
     ObjectId,
@@ -97,6 +104,21 @@ TOKEN_PORT = PortId(0)
 """The local installer binds no worker port; the record still carries one."""
 
 MakeDriver = Callable[[Any, Any, Callable[[Any], None], Callable[[Any], None]], Any]
+
+
+class TokenRings(LocalRingInstaller):
+    """The token endpoint's ring installer, keeping each edge's InstallRing command
+    (the token-out reader's machine is created from it)."""
+
+    def __init__(self, arena: Any) -> None:
+        super().__init__(arena)
+        self.commands: dict[int, InstallRing] = {}
+
+    def install(
+        self, command: InstallRing, establisher: ActorRef[Any], edge_actor: ActorRef[Any]
+    ) -> None:
+        self.commands[int(command.edge_id)] = command
+        super().install(command, establisher, edge_actor)
 
 
 class NetworkRunPorts(LifecycleOwner):
@@ -125,14 +147,15 @@ class NetworkRunPorts(LifecycleOwner):
         if arena is None:
             raise PortError(RunFaultReason.ArenaBootFailed,
                             f"the token arena of {arena_bytes} bytes could not be created")
-        self.rings = LocalRingInstaller(arena)
+        self.node_id = node_id
+        self.rings = TokenRings(arena)
         manager = self.manager
         self._arena_ref = runtime.spawn(lambda: ArenaActor(manager), "token-arena")
         driver_actor = DriverActor(endpoint, arena, WakeFanout(self.rings), make_driver)
         self.driver = driver_actor.driver
         self._driver_ref = runtime.spawn(lambda: driver_actor, "token-driver")
         config = EstablisherConfig(node_id, self._arena_ref, self._driver_ref, self.rings,
-                                   manager.take_minter())
+                                   manager.take_minter(), emit=self.emit)
         self._establisher = runtime.spawn(lambda: EdgeEstablisher(config),
                                           "token-establisher")
         self._edges: dict[int, ActorRef[Any]] = {}
@@ -142,6 +165,7 @@ class NetworkRunPorts(LifecycleOwner):
         self._token_out: EdgeId | None = None
         self._out_ready = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
+        self.token_out: TokenOutReader | None = None
 
     # -- control channel --------------------------------------------------------------
 
@@ -175,6 +199,8 @@ class NetworkRunPorts(LifecycleOwner):
 
     async def _provision(self, provision: ProvisionTx | ProvisionRx) -> None:
         edge_id = int(provision.edge_id)
+        self.emitter.emit(EdgeProvisionStarted(node_id=self.node_id, run_id=self.run_id,
+                                               edge_id=provision.edge_id))
         answer = await self._establisher.ask(
             ProvisionEdge(provision, TOKEN_PORT, self, self.run_id), PROVISION_TIMEOUT_S)
         if not isinstance(answer, EdgeProvisioned):
@@ -221,44 +247,36 @@ class NetworkRunPorts(LifecycleOwner):
     async def release_output(self, edge_id: EdgeId, object_id: ObjectId) -> None:
         return None  # the reader consumed the object's bytes as it parsed them
 
-    async def _read_exact(self, ring: Ring, ring_id: int, wake: asyncio.Event, count: int
-                          ) -> bytes:
-        out = bytearray(count)
-        view, got = memoryview(out), 0
-        while got < count:
-            ring.clear_readable_pending()
-            n, _ = ring.read_into(view[got:])
-            got += n
-            if n:
-                self.driver.ring_writable(ring_id)
-                continue
-            wake.clear()
-            await self._wait_wake(wake)
-        return bytes(out)
-
     async def _read_outputs(self, edge_id: EdgeId) -> None:
+        """Run the token-out reader until it faults, the ring ends, or the task is cancelled."""
         await self._out_ready.wait()
         ring, ring_id = self.rings.ring(edge_id), int(self.rings.ring_id(edge_id))
-        wake, spec = self._wake_event(edge_id), self._specs[int(edge_id)]
-        try:
-            while True:
-                header = ObjectHeader.unpack(
-                    await self._read_exact(ring, ring_id, wake, OBJECT_HEADER_LEN))
-                payload = await self._read_exact(ring, ring_id, wake, header.extent)
-                ids = decode_token_ids(payload, spec)
-                self._tell(TokenOutput(edge_id, header.object_id, header.sequence, ids))
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:
-            log.error("token-out: %s", error)
-            self._tell(orun.EndpointFault(edge_id, RunFaultReason.ObjectHeaderMalformed,
-                                          Component.TokenEndpoint))
+        wake = self._wake_event(edge_id)
+
+        def loaded(object_id: ObjectId, sequence: Sequence, ids: tuple[int, ...]) -> None:
+            self._tell(TokenOutput(edge_id, object_id, sequence, ids))
+
+        def failed(reason: RunFaultReason, detail: str) -> None:
+            log.error("token-out edge %d: %s", int(edge_id), detail)
+            self._tell(orun.EndpointFault(edge_id, reason, Component.TokenEndpoint))
+
+        reader = self.token_out = TokenOutReader(
+            self.rings.commands[int(edge_id)], ring,
+            writable=lambda: self.driver.ring_writable(ring_id), loaded=loaded, failed=failed)
+        reader.install()
+        while reader.consuming:
+            wake.clear()
+            reader.readable()
+            if reader.consuming:
+                await self._wait_wake(wake)
 
     async def stop_token_endpoints(self) -> None:
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
+        if self.token_out is not None:
+            self.token_out.uninstall()  # before the edge's teardown closes the handle
         if not self._edges:
             self._tell(orun.EndpointsStopped(True))
             return

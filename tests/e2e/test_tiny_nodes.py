@@ -128,6 +128,12 @@ async def scenario(gguf: Path) -> None:
             await node.stop()
     names = [e.name.value for e in sink.events]
     assert names.count("stage_ready") == 6 and names.count("run_torn_down") == 3
+    for run in (7, 8, 9):  # the orchestrator's own token edges report like a stage's edges
+        mine = [e for e in sink.events if e.proc == "orchestrator" and e.value("run_id") == run]
+        started = {e.value("edge_id") for e in mine
+                   if e.name is EventName.edge_provision_started}
+        ready = {e.value("edge_id") for e in mine if e.name is EventName.edge_ready}
+        assert len(started) == 2 and ready == started, (run, started, ready)
     assert names.count("run_completed") == 2  # an operator stop is neither completed nor faulted
 
 

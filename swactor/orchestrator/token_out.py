@@ -1,0 +1,254 @@
+"""The orchestrator's token-out consumer: the generated ingress_ring machine over host memory.
+
+Theory of operation. The last stage's send pump streams token objects to this process,
+whose recv pump fills the token-out ring. The ring's consumer here runs the same table
+as a stage worker's ingress parser (`fsm/ingress_ring.yaml`, spec §17 record checks,
+§32), so a token-out record is checked exactly as any ingress record is: the header is
+unpacked (bad magic, version, header_len: HeaderRejected), its extent is checked against
+the edge's ObjectSpec *before* any memory is set aside for it (ExtentExceedsMax,
+ExtentAlignmentInvalid), its sequence against the edge's SequencePolicy, a ring its
+producer closed mid-record is EofMidObject, and a Faulted shared ring state is a
+RingFault. The binding only does the byte work:
+
+- ParseAvailable: clear the readable-pending bit, move committed bytes into a 40-byte
+  header buffer (advancing `consume` as they are copied out), unpack a whole header;
+  feed RingClosed when the producer closed the ring and every byte was consumed.
+- AllocateDeviceObject: a host buffer of exactly `extent` bytes (the machine reaches this
+  effect only after the extent guards passed). CopyAvailable: copy committed payload
+  prefixes into it and advance `consume`; PayloadComplete at the extent.
+  AwaitCopyCompletion: host copies are complete at once (CopyCompleted).
+- EmitObjectLoaded: decode the u32 token ids and hand them to `loaded`; the payload
+  bytes go no further. EmitObjectFailed / EmitRingFault: `failed` with the §36 reason
+  (the same §37 -> §36 map a stage uses for its ingress edge).
+- UninstallRing (endpoint stop): drop any partial buffer; the ring handle itself is the
+  installer's and is closed by its uninstall, so CloseRing does nothing here.
+
+Every `consume` advance marks the writable-pending bit and calls `writable` only when
+the bit was clear (spec §21 coalescing): the driver's recv pump resumes on it.
+`readable()` is what the endpoint calls on each wake hint (or poll): it feeds
+RingReadable, which the machine ignores outside NeedHeader / NeedPayload.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from swactor.fsm.feeding import EventFeeder
+from swactor.fsm.generated import ingress_ring as ir
+from swactor.node.stage_controller import OBJECT_FAULTS
+from swactor.orchestrator.tokens import TokenObjectError, decode_token_ids
+from swactor.ring import Ring, RingError, RingState
+from swactor.wire import (
+    DeviceObjectHandle,
+    InstallRing,
+    ObjectFailure,
+    ObjectHeader,
+    ObjectHeaderError,
+    ObjectId,
+    RingFaultReason,
+    RunFaultReason,
+    Sequence,
+    SequenceGate,
+    UninstallReason,
+    WorkerGeneration,
+)
+
+log = logging.getLogger("swactor.orchestrator.token_out")
+
+HEADER_LEN = ObjectHeader.LEN
+_CONSUMING = frozenset({ir.State.NeedHeader, ir.State.NeedPayload})
+
+Loaded = Callable[[ObjectId, Sequence, tuple[int, ...]], None]
+Failed = Callable[[RunFaultReason, str], None]
+
+
+class TokenOutReader:
+    """Consumer of the token-out ring (implements IngressRingGuards; module doc)."""
+
+    def __init__(
+        self,
+        command: InstallRing,
+        ring: Ring,
+        *,
+        writable: Callable[[], None],
+        loaded: Loaded,
+        failed: Failed,
+    ) -> None:
+        self.command = command
+        self.spec = command.object_spec
+        self.ring = ring
+        self._writable = writable
+        self._loaded = loaded
+        self._failed = failed
+        self.machine = ir.IngressRingMachine(
+            self, ring_id=command.ring_id, edge_id=command.edge_id, port_id=command.port_id
+        )
+        self._feeder: EventFeeder[ir.Event, ir.Effect] = EventFeeder(
+            self.machine.handle, self._apply
+        )
+        self._header = bytearray()
+        self._gate = SequenceGate(self.spec.sequence_policy)
+        self._decoded: ObjectHeader | None = None
+        self._payload: bytearray | None = None
+        self._copied = 0
+        self._objects = 0
+
+    @property
+    def consuming(self) -> bool:
+        """Whether more records may come: not faulted, not uninstalled, and not closed
+        by the producer at a record boundary (a clean end, which the table idles in)."""
+        state = self.machine.state
+        if state not in _CONSUMING or self.ring.closed:
+            return False
+        return bool(self._header) or state is not ir.State.NeedHeader or (
+            not self._closed_and_drained())
+
+    # -- what the endpoint calls ------------------------------------------------------
+
+    def install(self) -> None:
+        self.feed(ir.InstallRing(self.command))
+
+    def readable(self) -> None:
+        """A wake hint (or a poll): parse or copy what the producer committed."""
+        self.feed(ir.RingReadable(self.command.ring_id))
+
+    def uninstall(self) -> None:
+        self.feed(ir.UninstallRing(self.command.ring_id, UninstallReason.EdgeStopped))
+
+    def feed(self, event: ir.Event) -> None:
+        self._feeder.feed(event)
+
+    # -- guards -----------------------------------------------------------------------
+
+    def layout_valid(self, event: ir.InstallRing) -> bool:
+        return not self.ring.closed  # the installer opened the handle on this layout
+
+    def extent_exceeds_max(self, event: ir.HeaderDecoded) -> bool:
+        return self.spec.extent_failure(event.extent) is ObjectFailure.ExtentExceedsMax
+
+    def extent_misaligned(self, event: ir.HeaderDecoded) -> bool:
+        return self.spec.extent_failure(event.extent) is ObjectFailure.ExtentAlignmentInvalid
+
+    def sequence_out_of_order(self, event: ir.HeaderDecoded) -> bool:
+        return not self._gate.admits(event.sequence)
+
+    def header_partial(self, event: ir.RingClosed) -> bool:
+        return len(self._header) > 0
+
+    # -- effects ----------------------------------------------------------------------
+
+    def _apply(self, effect: ir.Effect) -> None:
+        match effect:
+            case ir.ParseAvailable():
+                self._parse()
+            case ir.AllocateDeviceObject(extent=extent):
+                assert self._decoded is not None
+                self._gate.admit(self._decoded)
+                self._payload = bytearray(extent)  # the extent guards passed: bounded
+                self._copied = 0
+            case ir.CopyAvailable():
+                self._copy()
+            case ir.AwaitCopyCompletion():
+                decoded = self._decoded
+                assert decoded is not None
+                self._objects += 1
+                handle = DeviceObjectHandle(WorkerGeneration(0), self._objects)
+                self.feed(ir.CopyCompleted(decoded.object_id, decoded.sequence,
+                                           decoded.extent, handle))
+            case ir.EmitObjectLoaded(object_id=object_id, sequence=sequence):
+                self._deliver(object_id, sequence)
+            case ir.EmitObjectFailed(reason=reason):
+                self._payload = None
+                self._failed(OBJECT_FAULTS[reason], f"token-out record: {reason.value}")
+            case ir.EmitRingFault(reason=reason):
+                self._failed(RunFaultReason.RingFault, f"token-out ring: {reason.value}")
+            case ir.FreePartialObject():
+                self._payload = None
+            case ir.DrainCopies():
+                self._payload = None
+                self.feed(ir.CopiesDrained())
+            case ir.EmitRingInstalled() | ir.CloseRing() | ir.EmitRingQuiesced():
+                pass  # the installer answered the establisher and owns the handle
+
+    def _deliver(self, object_id: ObjectId, sequence: Sequence) -> None:
+        payload, self._payload = self._payload, None
+        assert payload is not None
+        try:
+            ids = decode_token_ids(payload, self.spec)
+        except TokenObjectError as error:
+            log.error("token-out: %s", error)
+            self._failed(RunFaultReason.ObjectHeaderMalformed, str(error))
+            return
+        self._loaded(object_id, sequence, ids)
+
+    # -- byte work --------------------------------------------------------------------
+
+    def _live(self) -> bool:
+        """False after feeding RingError for a Faulted shared ring state."""
+        ring = self.ring
+        if ring.state is RingState.Faulted:
+            self.feed(ir.RingError(ring.fault_reason or RingFaultReason.RingStateInvalid))
+            return False
+        return True
+
+    def _consumed(self, n: int) -> None:
+        if self.ring.consume_and_mark(n):
+            self._writable()
+
+    def _closed_and_drained(self) -> bool:
+        ring = self.ring
+        return ring.state is RingState.Closed and len(ring.readable_span(1)) == 0
+
+    def _parse(self) -> None:
+        if not self._live():
+            return
+        ring, header = self.ring, self._header
+        try:
+            ring.clear_readable_pending()
+            while len(header) < HEADER_LEN:
+                span = ring.readable_span(HEADER_LEN - len(header))
+                n = len(span)
+                if n == 0:
+                    break
+                header += span
+                span.release()
+                self._consumed(n)
+            if len(header) < HEADER_LEN:
+                if self._closed_and_drained():
+                    self.feed(ir.RingClosed())
+                return
+        except RingError as error:
+            self.feed(ir.RingError(error.reason))
+            return
+        try:
+            decoded = ObjectHeader.unpack(bytes(header))
+        except ObjectHeaderError as error:
+            self.feed(ir.HeaderRejected(error.reason))
+            return
+        header.clear()
+        self._decoded = decoded
+        self.feed(ir.HeaderDecoded(decoded.object_id, decoded.sequence, decoded.extent))
+
+    def _copy(self) -> None:
+        payload, decoded = self._payload, self._decoded
+        if payload is None or decoded is None or not self._live():
+            return
+        ring, extent = self.ring, decoded.extent
+        try:
+            ring.clear_readable_pending()
+            while self._copied < extent:
+                span = ring.readable_span(extent - self._copied)
+                n = len(span)
+                if n == 0:
+                    break
+                payload[self._copied:self._copied + n] = span
+                span.release()
+                self._copied += n
+                self._consumed(n)
+            if self._copied == extent:
+                self.feed(ir.PayloadComplete())
+            elif self._closed_and_drained():
+                self.feed(ir.RingClosed())
+        except RingError as error:
+            self.feed(ir.RingError(error.reason))
