@@ -35,6 +35,16 @@ parses every packet in Python (the reference the tests compare it with). Its def
 comes from `SWACTOR_NATIVE_QUIC` (`1`, the default, or `0`): a switch for `swactor node`
 and `swactor run` without a flag of their own, e.g. to rule the native path out.
 
+Server-side admission (see `endpoint.py`, `retry.py`): every Initial must carry a Retry
+token issued to its source address before any connection state is built;
+`max_half_open` connections at most may be in their handshake at once,
+`max_half_open_per_host` of them from one host, and one that is not verified within
+`handshake_timeout` is dropped.
+
+`key_update_packets`: a connection starts a key update (RFC 9001 §6) after sending this
+many packets under one key, half the AES-GCM confidentiality limit of 2^23 packets
+(RFC 9001 §6.6) at most, so that a link reused run after run never reaches it.
+
 `quic_configuration()` turns it into an aioquic `QuicConfiguration` carrying the node's
 certificate. Certificate chains are not verified by aioquic (`verify_mode=CERT_NONE`):
 identities are checked by node id in `tlsauth` instead. No session tickets are issued or
@@ -62,6 +72,8 @@ CIPHER_SUITES = (
     CipherSuite.AES_256_GCM_SHA384,
     CipherSuite.CHACHA20_POLY1305_SHA256,
 )
+AES_GCM_CONFIDENTIALITY_LIMIT = 1 << 23
+"""Packets one AES-GCM key may protect (RFC 9001 §6.6)."""
 MAX_SAFE_DATAGRAM = 16383
 MIN_DATAGRAM = 1200
 
@@ -90,6 +102,9 @@ class TransportConfig:
     idle_timeout: float = 30.0
     keepalive_interval: float = 5.0
     handshake_timeout: float = 10.0
+    max_half_open: int = 128
+    max_half_open_per_host: int = 16
+    key_update_packets: int = 1 << 22
     socket_buffer: int = 4 << 20
     pacing: bool = True
     udp_offload: bool = True
@@ -102,7 +117,10 @@ class TransportConfig:
                 f"[{MIN_DATAGRAM}, {MAX_SAFE_DATAGRAM}] (larger datagrams corrupt aioquic "
                 "streams: packet lengths are 2-byte varints)"
             )
-        for name in ("stream_window", "edges_per_connection", "send_high_water"):
+        for name in (
+            "stream_window", "edges_per_connection", "send_high_water", "max_half_open",
+            "max_half_open_per_host", "key_update_packets",
+        ):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise TransportConfigError(f"{name}={getattr(self, name)} must be positive")
         needed = self.edges_per_connection * self.stream_window
@@ -110,6 +128,15 @@ class TransportConfig:
             raise TransportConfigError(
                 f"connection_window={self.connection_window} is below edges_per_connection "
                 f"x stream_window = {needed}: one stalled edge could starve the others"
+            )
+        if self.key_update_packets > AES_GCM_CONFIDENTIALITY_LIMIT // 2:
+            raise TransportConfigError(
+                f"key_update_packets={self.key_update_packets} must be at most half the "
+                f"AES-GCM confidentiality limit ({AES_GCM_CONFIDENTIALITY_LIMIT // 2})"
+            )
+        if self.handshake_timeout <= 0:
+            raise TransportConfigError(
+                f"handshake_timeout={self.handshake_timeout} must be positive"
             )
         if not 0 < self.keepalive_interval < self.idle_timeout:
             raise TransportConfigError(

@@ -19,6 +19,19 @@ the endpoint's `on_refused` callback receives a `PeerRefused` event, and no stre
 of that connection ever reaches a handler (stream events are dispatched only once a link
 is verified). There are no session tickets, so no 0-RTT data can precede the check.
 
+Server-side admission. An Initial with an unknown connection id costs a server a key
+share and a certificate signature, so no such connection is built for an unproven
+source: an Initial without a token is answered with a Retry (`retry.py`, RFC 9000
+§8.1) and builds nothing; one whose token this endpoint did not issue to that address
+(or issued more than `handshake_timeout` ago) is dropped. Every Initial is validated,
+not only under load: links are few and long-lived (cached, reused across runs), so the
+extra round trip is paid once per link, and there is no load threshold for an attacker
+to steer. A validated Initial is still refused while `max_half_open` links (or
+`max_half_open_per_host` from its host) are in their handshake; a server link not
+verified within `handshake_timeout` is closed and forgotten. `admission` counts each
+outcome and `refused` keeps only the latest `REFUSALS_KEPT` identity refusals, so a
+flood costs bounded memory and, per datagram, one header parse and one HMAC.
+
 Verified links are cached by (peer node id, ALPN), whichever side opened them, the newest
 winning (`admit`), and every verified open link is pinged every `keepalive_interval` so
 that a stalled edge (no bytes moving for longer than the idle timeout while a consumer is
@@ -30,14 +43,17 @@ control channel for control messages).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import os
 import socket
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
 from aioquic.buffer import Buffer  # type: ignore[attr-defined]
 from aioquic.quic import events
-from aioquic.quic.packet import QuicPacketType, pull_quic_header
+from aioquic.quic.packet import QuicHeader, QuicPacketType, encode_quic_retry, pull_quic_header
 
 from swactor import heap
 from swactor.transport import bulk
@@ -50,6 +66,7 @@ from swactor.transport.errors import (
 )
 from swactor.transport.flow import SwactorConnection
 from swactor.transport.identity import NodeIdentity, node_id_from_certificate
+from swactor.transport.retry import RSCID_LENGTH, RetryTokenError, RetryTokens
 from swactor.transport.udp import UdpSocket
 
 Address = tuple[str, int]
@@ -59,6 +76,9 @@ ABORTED_CODE = 0x5A03  # an abortive reset or STOP_SENDING: the peer counts a fa
 _CID_LENGTH = 8
 _MIN_INITIAL = 1200
 _BATCH = 64  # datagrams per receive batch (one event pass, one ACK, one transmit)
+REFUSALS_KEPT = 256
+"""How many of the latest `PeerRefused` records `QuicEndpoint.refused` keeps (the
+counts of every kind of refusal are in `QuicEndpoint.admission`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +131,8 @@ class QuicLink:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._transmit_handle: asyncio.Handle | None = None
+        self.deadline: asyncio.TimerHandle | None = None
+        """Server side: drops the link if its handshake is not verified in time."""
 
     # -- I/O ------------------------------------------------------------------------
 
@@ -147,6 +169,12 @@ class QuicLink:
         """Coalesce several writes or credit updates into one transmit."""
         if self._transmit_handle is None:
             self._transmit_handle = self._loop.call_soon(self.transmit)
+
+    def cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            self._timer_at = None
 
     def _handle_timer(self) -> None:
         now = max(self._timer_at or 0.0, self._loop.time())
@@ -271,6 +299,7 @@ class QuicLink:
         else:
             self.peer_node_id = node_id
             self.alpn = alpn
+            self.endpoint.handshake_over(self)
             self.endpoint.admit(self)
             if not self.verified.done():
                 self.verified.set_result(None)
@@ -287,6 +316,7 @@ class QuicLink:
         if self.closed:
             return
         self.closed = True
+        self.endpoint.handshake_over(self)
         self.close_reason = reason
         self.progress.set()
         if not self.verified.done():
@@ -313,7 +343,15 @@ class QuicEndpoint:
         self.config = config
         self.allowed: set[int] = set(allowed)
         self.address_book: dict[int, Address] = {}
-        self.refused: list[PeerRefused] = []
+        self.refused: deque[PeerRefused] = deque(maxlen=REFUSALS_KEPT)
+        """The latest identity refusals (`REFUSALS_KEPT`)."""
+        self.admission: Counter[str] = Counter()
+        """Counts of what happened to unknown Initials and handshakes: `retry_sent`,
+        `bad_token`, `half_open_full`, `host_full`, `accepted`, `handshake_expired`,
+        `peer_refused`."""
+        self._half_open: dict[QuicLink, str] = {}
+        self._half_open_hosts: Counter[str] = Counter()
+        self._retry = RetryTokens(lifetime=config.handshake_timeout)
         self._on_refused = on_refused
         self._handlers: dict[str, LinkHandler] = {}
         self._routes: dict[bytes, QuicLink] = {}
@@ -375,6 +413,7 @@ class QuicEndpoint:
         return node_id in self.allowed
 
     def report_refused(self, refusal: PeerRefused) -> None:
+        self.admission["peer_refused"] += 1
         self.refused.append(refusal)
         if self._on_refused is not None:
             self._on_refused(refusal)
@@ -393,6 +432,7 @@ class QuicEndpoint:
         target = addr or self.address_book.get(peer_node_id)
         if target is None:
             raise TransportError(f"no address known for node {peer_node_id:#018x}")
+        target = await self.resolve(target)
         future: asyncio.Future[QuicLink] = asyncio.get_running_loop().create_future()
         self._connecting[key] = future
         try:
@@ -405,6 +445,33 @@ class QuicEndpoint:
             raise
         finally:
             del self._connecting[key]
+
+    async def resolve(self, addr: Address) -> Address:
+        """`addr` with its host as an IPv4 address (the socket is IPv4): a host name is
+        resolved once here, so that the send path and path validation only ever see
+        numeric addresses; `TransportError` names an address that cannot be used."""
+        host, port = addr
+        if not isinstance(port, int) or not 0 < port < 65536:
+            raise TransportError(f"peer address {host}:{port}: bad port")
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            ip = None
+        if isinstance(ip, ipaddress.IPv4Address):
+            return (str(ip), port)
+        if ip is not None:
+            raise TransportError(f"peer address {host}:{port}: the endpoint is IPv4 only")
+        try:
+            found = await asyncio.get_running_loop().getaddrinfo(
+                host, port, family=socket.AF_INET, type=socket.SOCK_DGRAM
+            )
+        except (OSError, UnicodeError) as exc:
+            raise TransportError(
+                f"peer address {host}:{port} does not resolve to IPv4: {exc}"
+            ) from None
+        if not found:
+            raise TransportError(f"peer address {host}:{port} does not resolve to IPv4")
+        return (str(found[0][4][0]), port)
 
     async def _open(self, peer_node_id: int, alpn: str, addr: Address) -> QuicLink:
         config = self.config.quic_configuration(self.identity, is_client=True)
@@ -450,6 +517,7 @@ class QuicEndpoint:
         self._cache[(link.peer_node_id, link.alpn)] = link
 
     def forget(self, link: QuicLink) -> None:
+        self.handshake_over(link)
         self._links.discard(link)
         for cid in [cid for cid, routed in self._routes.items() if routed is link]:
             del self._routes[cid]
@@ -551,20 +619,95 @@ class QuicEndpoint:
                 return None
             if header.version not in self._server_config.supported_versions:
                 return None
-            quic = SwactorConnection(
-                configuration=self._server_config,
-                original_destination_connection_id=header.destination_cid,
-                stream_window=self.config.stream_window,
-                connection_window=self.config.connection_window,
-                pacing=self.config.pacing,
-                native_path=self.config.native_path,
-            )
-            link = QuicLink(self, quic, addr, expected_peer=None)
-            self._links.add(link)
-            self.route(header.destination_cid, link)
-            self.route(quic.host_cid, link)
+            link = self._accept(header, addr)
+            if link is None:
+                return None
         link.receive(data, addr)
         return link
+
+    # -- server-side admission (module docstring) --------------------------------------
+
+    def _accept(self, header: QuicHeader, addr: Address) -> QuicLink | None:
+        """A new server link for an Initial with an unknown connection id, or None: a
+        Retry was sent instead, or the token or a half-open cap refused it."""
+        loop = asyncio.get_running_loop()
+        if not header.token:
+            self._send_retry(header, addr, loop.time())
+            return None
+        try:
+            proof = self._retry.check(addr, header.token, loop.time())
+        except RetryTokenError:
+            self.admission["bad_token"] += 1
+            return None
+        if proof.retry_source_cid != header.destination_cid:
+            self.admission["bad_token"] += 1
+            return None
+        host = addr[0]
+        if len(self._half_open) >= self.config.max_half_open:
+            self.admission["half_open_full"] += 1
+            return None
+        if self._half_open_hosts[host] >= self.config.max_half_open_per_host:
+            self.admission["host_full"] += 1
+            return None
+        quic = SwactorConnection(
+            configuration=self._server_config,
+            original_destination_connection_id=proof.original_destination_cid,
+            retry_source_connection_id=proof.retry_source_cid,
+            stream_window=self.config.stream_window,
+            connection_window=self.config.connection_window,
+            pacing=self.config.pacing,
+            native_path=self.config.native_path,
+        )
+        link = QuicLink(self, quic, addr, expected_peer=None)
+        self._links.add(link)
+        self._half_open[link] = host
+        self._half_open_hosts[host] += 1
+        link.deadline = loop.call_later(
+            self.config.handshake_timeout, self._handshake_expired, link
+        )
+        self.admission["accepted"] += 1
+        self.route(header.destination_cid, link)
+        self.route(quic.host_cid, link)
+        return link
+
+    def _send_retry(self, header: QuicHeader, addr: Address, now: float) -> None:
+        if header.version is None or not 8 <= len(header.destination_cid) <= 20:
+            return  # RFC 9000 §7.2: a client's first destination id has 8..20 bytes
+        retry_cid = os.urandom(RSCID_LENGTH)
+        token = self._retry.issue(addr, header.destination_cid, retry_cid, now)
+        packet = encode_quic_retry(
+            version=header.version,
+            source_cid=retry_cid,
+            destination_cid=header.source_cid,
+            original_destination_cid=header.destination_cid,
+            retry_token=token,
+        )
+        self.admission["retry_sent"] += 1
+        self.sendto(packet, addr)
+
+    def _handshake_expired(self, link: QuicLink) -> None:
+        link.deadline = None
+        if link in self._half_open:
+            self.admission["handshake_expired"] += 1
+            link.close("handshake timed out")
+            link.cancel_timer()
+            self.forget(link)
+
+    def handshake_over(self, link: QuicLink) -> None:
+        """`link` left its handshake (verified, refused or closed): free its slot."""
+        host = self._half_open.pop(link, None)
+        if host is not None:
+            self._half_open_hosts[host] -= 1
+            if self._half_open_hosts[host] <= 0:
+                del self._half_open_hosts[host]
+        if link.deadline is not None:
+            link.deadline.cancel()
+            link.deadline = None
+
+    @property
+    def half_open(self) -> int:
+        """Server-side links in their handshake now."""
+        return len(self._half_open)
 
     async def _keepalive_loop(self) -> None:
         while True:

@@ -158,7 +158,10 @@ class UdpSocket:
         """Runs to one address: one `sendmmsg` of GSO sends (native helper), else one
         `sendmsg` per run, or one `sendto` per datagram without GSO."""
         if self.gso and _qf is not None:
-            family, packed = self._packed(addr)
+            try:
+                family, packed = self._packed(addr)
+            except (OSError, ValueError):
+                return  # not a numeric address (the endpoint resolves names first): lost
             messages: list[tuple[Any, int, int, int]] = []  # (buffer, offset, length, seg)
             for run in runs:
                 base = _ffi.from_buffer(run.view)
