@@ -52,6 +52,10 @@ class SwimConfig:
     """How long a member declared dead stays a reconnect target (kept past its reaping)."""
     join_retry_s: float = 1.0
     max_piggyback: int = 6
+    max_members: int = 1024
+    """Members the table holds at most (any state); a new member beyond it is refused."""
+    max_relays: int = 64
+    """Indirect probes (PingReq) run for others at once; more are refused."""
 
     def __post_init__(self) -> None:
         positive = {
@@ -74,6 +78,8 @@ class SwimConfig:
             "retransmit_mult": self.retransmit_mult,
             "awareness_max_multiplier": self.awareness_max_multiplier,
             "max_piggyback": self.max_piggyback,
+            "max_members": self.max_members,
+            "max_relays": self.max_relays,
         }
         for name, count in counts.items():
             if count < 1:

@@ -45,6 +45,26 @@ What it does, following memberlist and the Lifeguard paper:
   claim about itself in the exchanged view, refutes it (a higher incarnation, alive
   gossiped), and the reply already carries the refuted alive, so the views re-merge.
 
+Hostile input (an authenticated but misbehaving member, or anyone in an open pool):
+
+* A probe is answered only by its target: an `Ack` counts when both its sequence number
+  and its sender match (the target, or a helper that was asked to probe it), a `Nack`
+  only from a helper; sequence numbers are drawn at random, so they cannot be guessed.
+* `PingReq` is served only for a sender and a target this member knows (alive or
+  suspect), at the address its own view holds, at most `max_relays` at once.
+* `handle(..., budget=n)` marks a datagram that was not authenticated: every answer to
+  it is capped at n bytes (the wire layer fits what it can) and an indirect probe run
+  for it answers once. A `Sync` answer under a budget carries a random part of the view.
+* The member table holds at most `max_members` members; a new one beyond is refused.
+  Only a member that once answered a probe of ours becomes a reconnect target when it
+  dies, so invented members at invented addresses are reaped after `dead_retention_s`
+  and never synced with for the reconnect timeout.
+* Claims more than `MAX_CLAIM_AHEAD` above a member's incarnation are refused, about
+  the local member too (the swim_member table's `far_ahead`), and so is a claim about
+  the local member at `MAX_INCARNATION`: a refutation always stays encodable. A leave
+  about the local member that it did not send is refuted.
+* Refusals are `Refused` events naming the sender and the reason.
+
 Each remote member's state is a generated `swim_member` machine
 (`swactor.fsm.generated.swim_member`); `_Member` answers its guards. Updates arriving
 here are already verified (the wire layer checks signatures); the simulator hands them
@@ -62,6 +82,9 @@ import swactor.fsm.generated.swim_member as sm
 from swactor.membership import config as cfg
 from swactor.membership.broadcasts import BroadcastQueue
 from swactor.membership.messages import (
+    MAX_CLAIM_AHEAD,
+    MAX_INCARNATION,
+    MAX_SEQ,
     Ack,
     Address,
     AliveUpdate,
@@ -77,6 +100,8 @@ from swactor.membership.messages import (
     Outgoing,
     Ping,
     PingReq,
+    RefusalReason,
+    Refused,
     Refuted,
     SuspectUpdate,
     Sync,
@@ -100,7 +125,7 @@ class _Member:
     """One remote member: its machine, metadata and suspicion; answers the guards."""
 
     __slots__ = ("node_id", "meta", "machine", "last_update", "changed_at", "accusers",
-                 "suspected_at", "suspicion_deadline")
+                 "suspected_at", "suspicion_deadline", "confirmed")
 
     def __init__(self, update: AliveUpdate, now: float) -> None:
         self.node_id = update.node_id
@@ -111,6 +136,11 @@ class _Member:
         self.accusers: set[NodeId] | None = None
         self.suspected_at = 0.0
         self.suspicion_deadline = 0.0
+        self.confirmed = False
+        """It answered one of our probes at its published address (a reconnect target)."""
+
+    def far_ahead(self, event: sm.SuspectHeard | sm.DeadHeard | sm.LeaveHeard) -> bool:
+        return event.incarnation > self.machine.incarnation + MAX_CLAIM_AHEAD
 
     def newer(self, event: sm.AliveHeard) -> bool:
         return event.incarnation > self.machine.incarnation
@@ -134,6 +164,7 @@ class _Probe:
     acked: bool = False
     expected_nacks: int = 0
     nacks: int = 0
+    helpers: frozenset[NodeId] = frozenset()
 
 
 @dataclass(slots=True)
@@ -143,7 +174,9 @@ class _Relay:
     origin: NodeId
     origin_address: Address
     origin_seq: int
+    target: NodeId
     nack: bool
+    budget: int | None
     done: bool = False
 
 
@@ -176,6 +209,7 @@ class SwimCore:
         self.awareness = 0
         self.joined = False
         self._rng = rng
+        self._seq_rng = random.Random(rng.getrandbits(64))
         self._members: dict[NodeId, _Member] = {}
         self._live: list[NodeId] = []
         self._live_index: dict[NodeId, int] = {}
@@ -183,7 +217,8 @@ class SwimCore:
         self._events: list[MembershipEvent] = []
         self._timers: list[tuple[float, int, str, int]] = []
         self._timer_seq = 0
-        self._seq = 0
+        self._budget: int | None = None
+        """While handling an unauthenticated datagram: its size (answers are capped)."""
         self._probe: _Probe | None = None
         self._probe_order: list[NodeId] = []
         self._probe_index = 0
@@ -194,6 +229,7 @@ class SwimCore:
         self._failed: dict[NodeId, tuple[Address, float]] = {}
         """Members declared dead (not left): their last SWIM address and when (reconnect)."""
         self._reassert = False
+        self._leaving = False
         self._now = 0.0
         self.sent_messages = 0
 
@@ -218,40 +254,51 @@ class SwimCore:
         self._arm(now + self.config.join_retry_s, "join", 0)
         return self._join_messages()
 
-    def handle(self, message: Message, source: Address, now: float) -> list[Outgoing]:
-        """Process one verified message that arrived from `source`."""
+    def handle(self, message: Message, source: Address, now: float,
+               budget: int | None = None) -> list[Outgoing]:
+        """Process one verified message that arrived from `source`.
+
+        `budget`: the message came in an unauthenticated datagram of that many bytes;
+        every answer to it is capped at that size.
+        """
         out: list[Outgoing] = []
         self._now = now
+        self._budget = budget
         if isinstance(message, Sync):
-            self._merge(message.updates, now)
+            self._merge(message.updates, now, message.sender)
         else:
-            self._apply_all(message.updates, now)
+            self._apply_all(message.updates, now, message.sender)
         match message:
             case Ping(sender=sender, seq=seq, target=target):
                 if target == self.node_id:
-                    out.append(self._send(source, Ack(self.node_id, seq), sender))
-            case Ack(seq=seq):
-                self._on_ack(seq, out)
-            case Nack(seq=seq):
-                if self._probe is not None and self._probe.seq == seq:
-                    self._probe.nacks += 1
-            case PingReq(sender=sender, seq=seq, target=target, target_address=address):
-                self._seq += 1
-                self._relays[self._seq] = _Relay(sender, source, seq, message.nack)
-                timeout = self._scaled(self.config.probe_timeout_s)
-                self._arm(now + timeout * _NACK_FRACTION, "relay_nack", self._seq)
-                self._arm(now + self._scaled(self.config.probe_interval_s), "relay_end",
-                          self._seq)
-                out.append(self._send(address, Ping(self.node_id, self._seq, target), target))
+                    out.append(self._send(source, Ack(self.node_id, seq), sender,
+                                          budget=budget))
+            case Ack(sender=sender, seq=seq):
+                self._on_ack(sender, seq, now, out)
+            case Nack(sender=sender, seq=seq):
+                probe = self._probe
+                if probe is not None and probe.seq == seq:
+                    if sender in probe.helpers:
+                        probe.nacks += 1
+                    else:
+                        self._refuse(sender, probe.target, RefusalReason.WrongResponder, now)
+            case PingReq(sender=sender, seq=seq, target=target):
+                self._relay(message, now, out)
             case Sync(sender=sender, reply=reply):
                 if reply:
+                    state = self._full_state()
+                    if budget is not None:
+                        rest = list(state[1:])
+                        self._rng.shuffle(rest)
+                        state = (state[0], *rest)
                     out.append(self._send(source, Sync(self.node_id, False), sender,
-                                          updates=self._full_state()))
+                                          updates=state, budget=budget))
                 elif not self.joined:
                     self.joined = True
                     self._events.append(Joined(via=sender, at=now))
             case _:
                 pass
+        self._budget = None
         return out
 
     def tick(self, now: float) -> list[Outgoing]:
@@ -275,6 +322,8 @@ class SwimCore:
 
     def update_meta(self, meta: MemberMeta, now: float) -> None:
         """Publish new metadata (boot health, endpoint): a new incarnation, gossiped."""
+        if self.incarnation >= MAX_INCARNATION:
+            raise OverflowError("SWIM incarnation exhausted: restart with a new key")
         self.meta = meta
         self.incarnation += 1
         self._queue.push(self._self_alive())
@@ -282,6 +331,7 @@ class SwimCore:
     def leave(self, now: float) -> list[Outgoing]:
         """Announce a graceful leave to a few members (the caller stops calling us)."""
         update = DeadUpdate(self.node_id, self.incarnation, self.node_id)
+        self._leaving = True
         out: list[Outgoing] = []
         for node in self._random_members(self.config.gossip_nodes, exclude=None):
             member = self._members[node]
@@ -290,9 +340,16 @@ class SwimCore:
         return out
 
     def learn(self, update: AliveUpdate, now: float) -> None:
-        """Know a member already, without gossiping it (bootstrap in simulations)."""
-        if update.node_id != self.node_id and update.node_id not in self._members:
-            self._members[update.node_id] = _Member(update, now)
+        """Know a member already, without gossiping it (bootstrap in simulations).
+
+        A member known this way is trusted as a reconnect target, as one that answered
+        a probe would be.
+        """
+        if (update.node_id != self.node_id and update.node_id not in self._members
+                and len(self._members) < self.config.max_members):
+            member = _Member(update, now)
+            member.confirmed = True  # known by configuration, not by hearsay
+            self._members[update.node_id] = member
             self._add_live(update.node_id)
 
     def view(self) -> dict[NodeId, MemberView]:
@@ -318,27 +375,29 @@ class SwimCore:
 
     # ------------------------------------------------------------ updates
 
-    def _apply_all(self, updates: Iterable[Update], now: float) -> None:
+    def _apply_all(self, updates: Iterable[Update], now: float, sender: NodeId) -> None:
         for update in updates:
-            self._apply(update, now)
+            self._apply(update, now, sender)
 
-    def _merge(self, updates: Iterable[Update], now: float) -> None:
+    def _merge(self, updates: Iterable[Update], now: float, sender: NodeId) -> None:
         """Apply a full view from a `Sync`: its dead claims only as our own suspicion."""
         for update in updates:
             if (isinstance(update, DeadUpdate) and not update.is_leave
                     and update.node_id != self.node_id):
                 update = SuspectUpdate(update.node_id, update.incarnation, self.node_id)
-            self._apply(update, now)
+            self._apply(update, now, sender)
 
-    def _apply(self, update: Update, now: float) -> None:
-        if isinstance(update, DeadUpdate) and update.is_leave:
-            self._failed.pop(update.node_id, None)  # it left: never a reconnect target
+    def _apply(self, update: Update, now: float, sender: NodeId | None = None) -> None:
         if update.node_id == self.node_id:
-            self._about_me(update, now)
+            self._about_me(update, now, sender)
             return
         member = self._members.get(update.node_id)
         if isinstance(update, AliveUpdate):
             if member is None:
+                if len(self._members) >= self.config.max_members:
+                    self._refuse(sender or update.node_id, update.node_id,
+                                 RefusalReason.TableFull, now)
+                    return
                 member = _Member(update, now)
                 self._members[update.node_id] = member
                 self._add_live(update.node_id)
@@ -347,6 +406,8 @@ class SwimCore:
                 return
             effects = member.machine.handle(sm.AliveHeard(incarnation=update.incarnation))
         elif member is None:
+            if isinstance(update, DeadUpdate) and update.is_leave:
+                self._failed.pop(update.node_id, None)  # it left: never a reconnect target
             return  # memberlist: suspicion or death of an unknown member is ignored
         elif isinstance(update, SuspectUpdate):
             effects = member.machine.handle(sm.SuspectHeard(incarnation=update.incarnation))
@@ -354,6 +415,12 @@ class SwimCore:
             effects = member.machine.handle(sm.LeaveHeard(incarnation=update.incarnation))
         else:
             effects = member.machine.handle(sm.DeadHeard(incarnation=update.incarnation))
+        if any(isinstance(effect, sm.RefuseClaim) for effect in effects):
+            self._refuse(sender or update.author, update.node_id,
+                         RefusalReason.ClaimTooFarAhead, now)
+            return
+        if isinstance(update, DeadUpdate) and update.is_leave:
+            self._failed.pop(update.node_id, None)  # it left: never a reconnect target
         self._carry_out(member, effects, update, now)
 
     def _carry_out(self, member: _Member, effects: list[sm.Effect], update: Update | None,
@@ -385,7 +452,11 @@ class SwimCore:
                 case sm.ReportDead():
                     dead = update if update is not None else DeadUpdate(
                         member.node_id, member.machine.incarnation, self.node_id)
-                    self._failed[member.node_id] = (member.meta.swim_address, now)
+                    if member.confirmed:
+                        self._failed.pop(member.node_id, None)
+                        self._failed[member.node_id] = (member.meta.swim_address, now)
+                        while len(self._failed) > self.config.max_members:
+                            del self._failed[next(iter(self._failed))]
                     self._ended(member, dead, now)
                 case sm.ReportLeft():
                     assert update is not None
@@ -416,12 +487,17 @@ class SwimCore:
         self._events.append(MemberChanged(member.node_id, member.state,
                                           member.machine.incarnation, member.meta, now))
 
-    def _about_me(self, update: Update, now: float) -> None:
+    def _about_me(self, update: Update, now: float, sender: NodeId | None) -> None:
+        if (update.incarnation >= MAX_INCARNATION
+                or update.incarnation > self.incarnation + MAX_CLAIM_AHEAD):
+            self._refuse(sender or update.author, self.node_id,
+                         RefusalReason.ClaimTooFarAhead, now)
+            return
         if isinstance(update, AliveUpdate):
             if update.incarnation <= self.incarnation:
                 return  # our own alive, echoed
             accuser = update.node_id  # an alive from an earlier life of this member
-        elif isinstance(update, DeadUpdate) and update.is_leave:
+        elif isinstance(update, DeadUpdate) and update.is_leave and self._leaving:
             return  # our own leave, echoed
         else:
             if update.incarnation < self.incarnation:
@@ -444,16 +520,55 @@ class SwimCore:
 
     # ------------------------------------------------------------ probing
 
-    def _on_ack(self, seq: int, out: list[Outgoing]) -> None:
+    def _on_ack(self, sender: NodeId, seq: int, now: float, out: list[Outgoing]) -> None:
+        """An ack counts only when (sequence number, responder) both match."""
         probe = self._probe
         if probe is not None and probe.seq == seq:
-            probe.acked = True
+            if sender == probe.target or sender in probe.helpers:
+                probe.acked = True
+                member = self._members.get(probe.target)
+                if member is not None and sender == probe.target:
+                    member.confirmed = True
+            else:
+                self._refuse(sender, probe.target, RefusalReason.WrongResponder, now)
             return
         relay = self._relays.get(seq)
         if relay is not None and not relay.done:
+            if sender != relay.target:
+                self._refuse(sender, relay.target, RefusalReason.WrongResponder, now)
+                return
             relay.done = True
             out.append(self._send(relay.origin_address, Ack(self.node_id, relay.origin_seq),
-                                  relay.origin))
+                                  relay.origin, budget=relay.budget))
+
+    def _relay(self, request: PingReq, now: float, out: list[Outgoing]) -> None:
+        """Probe `request.target` for its sender: known members only, bounded."""
+        origin = self._members.get(request.sender)
+        member = self._members.get(request.target)
+        if origin is None or not origin.live or member is None or not member.live:
+            self._refuse(request.sender, request.target, RefusalReason.UnknownTarget, now)
+            return
+        if len(self._relays) >= self.config.max_relays:
+            self._refuse(request.sender, request.target, RefusalReason.RelayLimit, now)
+            return
+        seq = self._next_seq()
+        self._relays[seq] = _Relay(request.sender, origin.meta.swim_address, request.seq,
+                                   request.target, request.nack, self._budget)
+        timeout = self._scaled(self.config.probe_timeout_s)
+        self._arm(now + timeout * _NACK_FRACTION, "relay_nack", seq)
+        self._arm(now + self._scaled(self.config.probe_interval_s), "relay_end", seq)
+        out.append(self._send(member.meta.swim_address, Ping(self.node_id, seq, request.target),
+                              request.target, budget=self._budget))
+
+    def _next_seq(self) -> int:
+        """A random probe sequence number not in use (an ack cannot be guessed ahead)."""
+        while True:
+            seq = self._seq_rng.randint(1, MAX_SEQ)
+            if seq not in self._relays and (self._probe is None or self._probe.seq != seq):
+                return seq
+
+    def _refuse(self, sender: NodeId, node: NodeId, reason: RefusalReason, now: float) -> None:
+        self._events.append(Refused(sender, node, reason, now))
 
     def _next_target(self) -> NodeId | None:
         for _ in range(2):
@@ -473,17 +588,17 @@ class SwimCore:
         if target is None:
             self._probe = None
             return
-        self._seq += 1
-        self._probe = _Probe(self._seq, target)
+        seq = self._next_seq()
+        self._probe = _Probe(seq, target)
         member = self._members[target]
-        ping = self._send(member.meta.swim_address, Ping(self.node_id, self._seq, target), target)
+        ping = self._send(member.meta.swim_address, Ping(self.node_id, seq, target), target)
         if member.machine.state is sm.State.Suspect:
             # memberlist: tack the suspicion onto the probe so the target can refute at once
             claim = SuspectUpdate(target, member.machine.incarnation, self.node_id)
             ping = Outgoing(ping.address, _with_updates(ping.message,
                                                         (claim, *ping.message.updates)), target)
         out.append(ping)
-        self._arm(now + self._scaled(self.config.probe_timeout_s), "probe_timeout", self._seq)
+        self._arm(now + self._scaled(self.config.probe_timeout_s), "probe_timeout", seq)
 
     def _probe_timeout(self, seq: int, now: float, out: list[Outgoing]) -> None:
         probe = self._probe
@@ -494,11 +609,11 @@ class SwimCore:
             return
         helpers = self._random_members(self.config.indirect_checks, exclude=probe.target)
         probe.expected_nacks = len(helpers)
+        probe.helpers = frozenset(helpers)
         for node in helpers:
             helper = self._members[node]
             out.append(self._send(helper.meta.swim_address,
-                                  PingReq(self.node_id, seq, probe.target,
-                                          target.meta.swim_address), node))
+                                  PingReq(self.node_id, seq, probe.target), node))
 
     def _finish_probe(self, now: float) -> None:
         probe = self._probe
@@ -542,8 +657,10 @@ class SwimCore:
         elif kind == "relay_nack":
             relay = self._relays.get(key)
             if relay is not None and not relay.done and relay.nack:
+                if relay.budget is not None:
+                    relay.done = True  # unauthenticated: one answer per request
                 out.append(self._send(relay.origin_address, Nack(self.node_id, relay.origin_seq),
-                                      relay.origin))
+                                      relay.origin, budget=relay.budget))
         elif kind == "relay_end":
             self._relays.pop(key, None)
         elif kind == "reap":
@@ -595,7 +712,8 @@ class SwimCore:
             self.sent_messages += 1
 
     def _send(self, address: Address, message: Message, to: NodeId | None,
-              updates: tuple[Update, ...] | None = None) -> Outgoing:
+              updates: tuple[Update, ...] | None = None,
+              budget: int | None = None) -> Outgoing:
         piggyback = self._take() if updates is None else updates
         if self._reassert:
             self._reassert = False
@@ -603,7 +721,7 @@ class SwimCore:
         if piggyback:
             message = _with_updates(message, piggyback)
         self.sent_messages += 1
-        return Outgoing(address, message, to)
+        return Outgoing(address, message, to, budget)
 
     def _take(self) -> tuple[Update, ...]:
         limit = cfg.retransmit_limit(self.config, self.live_members)
@@ -664,8 +782,8 @@ def _with_updates(message: Message, updates: tuple[Update, ...]) -> Message:
             return Ack(s, q, updates)
         case Nack(sender=s, seq=q):
             return Nack(s, q, updates)
-        case PingReq(sender=s, seq=q, target=t, target_address=a, nack=n):
-            return PingReq(s, q, t, a, n, updates)
+        case PingReq(sender=s, seq=q, target=t, nack=n):
+            return PingReq(s, q, t, n, updates)
         case Gossip(sender=s):
             return Gossip(s, updates)
         case Sync(sender=s, reply=r):

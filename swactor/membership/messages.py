@@ -16,8 +16,14 @@ simulator hands them over as objects. Three layers:
   `PingReq` (indirect probe), `Gossip` and `Sync` (state exchange on join and
   anti-entropy). Every message names its `sender`; the wire layer proves it.
 
-Membership events (`MemberChanged`, `Joined`, `Refuted`, `ForgedMessage`) are what the
-core and the wire layer report upward. Payload bytes never appear in any of them.
+Membership events (`MemberChanged`, `Joined`, `Refuted`, `ForgedMessage`, `Refused`) are
+what the core and the wire layer report upward. Payload bytes never appear in any of them.
+
+Integer limits every layer holds (the wire refuses anything outside them):
+`MAX_INCARNATION` bounds incarnations, and a claim about a member is only taken when it
+is at most `MAX_CLAIM_AHEAD` above the incarnation it is known at (a member's refutation
+raises its incarnation to the claim + 1, so unbounded claims could push it past anything
+encodable); `MAX_SEQ` bounds probe sequence numbers, which wrap to 1 after it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,13 @@ import enum
 from dataclasses import dataclass
 
 from swactor.wire import NodeId
+
+MAX_INCARNATION = (1 << 63) - 1
+"""Largest incarnation on the wire."""
+MAX_CLAIM_AHEAD = 1 << 16
+"""A suspect/dead/leave claim further above the member's known incarnation is refused."""
+MAX_SEQ = (1 << 32) - 1
+"""Largest probe sequence number on the wire."""
 
 Address = tuple[str, int]
 """A SWIM address: (host, UDP port). The simulator uses ("sim", node_id)."""
@@ -148,12 +161,15 @@ class Nack:
 
 @dataclass(frozen=True, slots=True)
 class PingReq:
-    """Ask the receiver to probe `target` on the sender's behalf (indirect probe `seq`)."""
+    """Ask the receiver to probe `target` on the sender's behalf (indirect probe `seq`).
+
+    The receiver probes the address its own view holds for `target`, and only a member it
+    knows alive or suspect: nobody can make a member ping an address of their choosing.
+    """
 
     sender: NodeId
     seq: int
     target: NodeId
-    target_address: Address
     nack: bool = True
     updates: tuple[Update, ...] = ()
 
@@ -185,6 +201,10 @@ class Outgoing:
     address: Address
     message: Message
     to: NodeId | None = None
+    budget: int | None = None
+    """At most this many bytes on the wire (an answer to an unauthenticated datagram of
+    that size): updates that do not fit are left out, and a message that does not fit
+    at all is not sent."""
 
 
 # ------------------------------------------------------------------ events
@@ -227,7 +247,15 @@ class ForgeryReason(enum.Enum):
     BadSignature = "BadSignature"
     """The signature does not verify with the claimed member's key."""
     NotInPool = "NotInPool"
-    """The author is not in the allowed pool."""
+    """The author's key is not pinned in the pool's allow-list."""
+    Misdirected = "Misdirected"
+    """The datagram was addressed to another member (re-targeted)."""
+    Stale = "Stale"
+    """The datagram's counter (its sender's clock) is outside the freshness window."""
+    Replayed = "Replayed"
+    """The datagram's counter was already seen from that key (a captured datagram)."""
+    Flooded = "Flooded"
+    """The table of recent senders is full of fresh ones: a new sender is refused."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,4 +268,29 @@ class ForgedMessage:
     at: float
 
 
-MembershipEvent = MemberChanged | Joined | Refuted | ForgedMessage
+class RefusalReason(enum.Enum):
+    """Why the core refused a verified message or update (see `Refused`)."""
+
+    TableFull = "TableFull"
+    """A new member while the member table holds `SwimConfig.max_members`."""
+    ClaimTooFarAhead = "ClaimTooFarAhead"
+    """A suspect/dead/leave claim more than `MAX_CLAIM_AHEAD` above the known incarnation."""
+    UnknownTarget = "UnknownTarget"
+    """A PingReq for a member not alive or suspect in this view, or from a non-member."""
+    RelayLimit = "RelayLimit"
+    """A PingReq while `SwimConfig.max_relays` indirect probes are already running."""
+    WrongResponder = "WrongResponder"
+    """An Ack or Nack whose sequence number matches a probe but whose sender does not."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The core refused a verified message or update from `sender` about `node_id`."""
+
+    sender: NodeId
+    node_id: NodeId
+    reason: RefusalReason
+    at: float
+
+
+MembershipEvent = MemberChanged | Joined | Refuted | ForgedMessage | Refused

@@ -16,8 +16,17 @@ commands and wake the thread; `view()` returns a snapshot taken under a lock.
 `on_event` is called on the membership thread: hand events to asyncio with
 `loop.call_soon_threadsafe` (`asyncio_events` does exactly that into a queue).
 
-A datagram that is malformed is dropped and counted (`malformed`); one whose signature
-or node id does not match is dropped and reported as a `ForgedMessage` event.
+Bad input never leaves the receive loop: a datagram that is malformed (over
+`MAX_DATAGRAM` bytes, wrong version or length, bad JSON...) is dropped and counted
+(`malformed`); one that is refused by the wire layer (forged, not in the pool, stale,
+replayed, misdirected) is dropped, counted by reason (`forged`) and reported as a
+`ForgedMessage` event; a message the core refuses (`Refused`: table full, a claim too
+far ahead, a PingReq for a stranger, an ack from the wrong responder) is counted by
+reason (`refused`). Each datagram is handled on its own, so one bad datagram in a batch
+costs the others nothing. Events about refusals go to the listeners and the log at most
+`REPORTS_PER_S` times a second; the counters count them all. Answers to datagrams that
+are not authenticated (see `swactor.membership.wire`) are capped at the size of the
+datagram that asked.
 
 Pool admission: `allowed_keys` is the pool's allow-list, the full raw 32-byte Ed25519
 public keys of its members (`swactor.membership.wire.public_key_raw`), pinned; None means an
@@ -35,11 +44,21 @@ import select
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 
 from swactor.membership.config import SwimConfig
 from swactor.membership.core import MemberView, SwimCore
-from swactor.membership.messages import Address, MemberMeta, MembershipEvent, Outgoing
+from swactor.membership.messages import (
+    Address,
+    ForgedMessage,
+    ForgeryReason,
+    MemberMeta,
+    MembershipEvent,
+    Outgoing,
+    RefusalReason,
+    Refused,
+)
 from swactor.membership.wire import MAX_DATAGRAM, Codec, MembershipWireError, Signer
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId
@@ -47,6 +66,9 @@ from swactor.wire import NodeId
 log = logging.getLogger(__name__)
 
 EventCallback = Callable[[MembershipEvent], None]
+
+REPORTS_PER_S = 20
+"""Refusal reports (events and log lines) per second at most; the rest are only counted."""
 
 
 class MembershipNode:
@@ -89,7 +111,10 @@ class MembershipNode:
         self._thread = threading.Thread(target=self._run, name=f"swim-{self.node_id:016x}",
                                         daemon=True)
         self.malformed = 0
-        self.forged = 0
+        self.forged: Counter[ForgeryReason] = Counter()
+        self.refused: Counter[RefusalReason] = Counter()
+        self._report_second = 0
+        self._reports = 0
 
     # ------------------------------------------------------------ other threads
 
@@ -192,31 +217,64 @@ class MembershipNode:
         out: list[Outgoing] = []
         for _ in range(256):
             try:
-                datagram, source = self._sock.recvfrom(MAX_DATAGRAM + 1024)
+                datagram, source = self._sock.recvfrom(MAX_DATAGRAM + 1)
             except BlockingIOError:
                 break
             except OSError:
                 break  # e.g. ICMP port unreachable reported on a later recv
             address: Address = (str(source[0]), int(source[1]))
-            try:
-                decoded = self._codec.decode(datagram, address, now)
-            except MembershipWireError as error:
-                self.malformed += 1
-                log.debug("dropped a malformed SWIM datagram from %s: %s", address, error)
-                continue
-            for forged in decoded.forged:
-                self.forged += 1
-                log.warning("dropped a forged SWIM %s claiming node %016x from %s:%d (%s)",
-                            "datagram" if decoded.message is None else "update",
-                            forged.claimed, address[0], address[1], forged.reason.value)
-                self._emit(forged)
-            if decoded.message is not None:
-                out.extend(self._core.handle(decoded.message, address, now))
+            out.extend(self._one(datagram, address, now))
         return out
+
+    def _one(self, datagram: bytes, address: Address, now: float) -> list[Outgoing]:
+        """Check and handle one datagram; whatever is wrong with it stays with it."""
+        try:
+            decoded = self._codec.decode(datagram, address, now)
+        except MembershipWireError as error:
+            self.malformed += 1
+            if self._may_report(now):
+                log.info("dropped a malformed SWIM datagram from %s:%d: %s",
+                         address[0], address[1], error)
+            return []
+        except Exception:  # a codec bug must not drop the rest of the batch
+            self.malformed += 1
+            log.exception("SWIM datagram from %s:%d could not be decoded", *address)
+            return []
+        for forged in decoded.forged:
+            self._forged(forged, "datagram" if decoded.message is None else "update", now)
+        if decoded.message is None:
+            return []
+        try:
+            return self._core.handle(decoded.message, address, now,
+                                     None if decoded.authenticated else decoded.size)
+        except Exception:
+            log.exception("SWIM message from %s:%d could not be handled", *address)
+            return []
+
+    def _forged(self, forged: ForgedMessage, what: str, now: float) -> None:
+        self.forged[forged.reason] += 1
+        if self._may_report(now):
+            log.warning("dropped a SWIM %s claiming node %016x from %s:%d (%s)", what,
+                        forged.claimed, forged.source[0], forged.source[1],
+                        forged.reason.value)
+            self._emit(forged)
+
+    def _refused(self, refused: Refused, now: float) -> None:
+        self.refused[refused.reason] += 1
+        if self._may_report(now):
+            log.warning("refused a SWIM message from node %016x about node %016x (%s)",
+                        refused.sender, refused.node_id, refused.reason.value)
+
+    def _may_report(self, now: float) -> bool:
+        second = int(now)
+        if second != self._report_second:
+            self._report_second, self._reports = second, 0
+        self._reports += 1
+        return self._reports <= REPORTS_PER_S
 
     def _send(self, out: list[Outgoing]) -> None:
         for item in out:
-            for datagram in self._codec.encode(item.message):
+            for datagram in self._codec.encode(item.message, item.to, item.budget):
                 try:
                     self._sock.sendto(datagram, item.address)
                 except OSError as error:
@@ -229,7 +287,10 @@ class MembershipNode:
             with self._lock:
                 self._view = view
         for event in events:
-            self._emit(event)
+            if isinstance(event, Refused):
+                self._refused(event, time.monotonic())
+            else:
+                self._emit(event)
 
     def _emit(self, event: MembershipEvent) -> None:
         for listener in self._listeners:

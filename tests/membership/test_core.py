@@ -116,7 +116,7 @@ def test_acked_probes_bring_local_health_back_down() -> None:
 
 def test_intermediary_nacks_when_the_target_stays_silent() -> None:
     core = _core(3)
-    out = core.handle(PingReq(NodeId(2), 99, NodeId(3), ("sim", 3)), ("sim", 2), 0.0)
+    out = core.handle(PingReq(NodeId(2), 99, NodeId(3)), ("sim", 2), 0.0)
     (ping,) = _pings(out)
     assert out[0].address == ("sim", 3)
     assert not [o for o in core.tick(0.39) if isinstance(o.message, Nack)]
@@ -124,7 +124,7 @@ def test_intermediary_nacks_when_the_target_stays_silent() -> None:
     assert nacks == [(("sim", 2), 99)]
     # an ack that arrives for the relayed ping is forwarded to the origin with its seq
     core2 = _core(3)
-    (ping2,) = _pings(core2.handle(PingReq(NodeId(2), 98, NodeId(3), ("sim", 3)), ("sim", 2),
+    (ping2,) = _pings(core2.handle(PingReq(NodeId(2), 98, NodeId(3)), ("sim", 2),
                                    0.0))
     forwarded = core2.handle(Ack(NodeId(3), ping2.seq), ("sim", 3), 0.1)
     assert [(o.address, type(o.message).__name__, getattr(o.message, "seq", None))

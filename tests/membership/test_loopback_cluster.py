@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -24,7 +23,7 @@ import pytest
 
 from swactor.membership.config import SwimConfig, detection_bound_s
 from swactor.membership.messages import DeadUpdate
-from swactor.membership.wire import MAGIC, Signer
+from swactor.membership.wire import Signer, seal
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId
 
@@ -147,8 +146,8 @@ def test_forged_update_is_dropped_and_reported(cluster: list[Member]) -> None:
     # Mallory's own key, but the datagram claims to come from member 1 and says member 3
     # is dead: the node id does not derive from the key it carries.
     body = json.dumps({"t": "gossip", "s": impersonated.node_id, "u": []}).encode()
-    head = struct.pack(">4sI", MAGIC, len(body)) + body
-    datagram = head + Signer(mallory.private_key).public_raw + mallory.private_key.sign(head)
+    counter = int(time.time() * 1e6)
+    datagram = seal(body, mallory.private_key, to=target.node_id, n=counter)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.sendto(datagram, target.host_port())
         # and a genuine datagram from Mallory carrying a dead update "by member 1"
@@ -157,8 +156,7 @@ def test_forged_update_is_dropped_and_reported(cluster: list[Member]) -> None:
             DeadUpdate(NodeId(cluster[3].node_id), 50, NodeId(mallory.node_id))))
         fake["a"] = impersonated.node_id
         body2 = json.dumps({"t": "gossip", "s": mallory.node_id, "u": [fake]}).encode()
-        head2 = struct.pack(">4sI", MAGIC, len(body2)) + body2
-        sock.sendto(head2 + signer.public_raw + mallory.private_key.sign(head2),
+        sock.sendto(seal(body2, mallory.private_key, to=target.node_id, n=counter + 1),
                     target.host_port())
     reported = wait_for(
         lambda: [e for e in target.events if e["event"] == "forged"]

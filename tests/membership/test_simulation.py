@@ -110,7 +110,7 @@ def test_control_without_lifeguard_margins_healthy_members_do_die() -> None:
 
 
 def test_paused_member_suspected_refutes_with_higher_incarnation() -> None:
-    sim = Simulation(10, seed=21)
+    sim = Simulation(10, seed=22)  # a seed where a probe of member 3 falls in its pause
     sim.run_until(WARMUP_S)
     target = sim_node_id(3)
     before = sim.members[3].core.incarnation
