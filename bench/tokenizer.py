@@ -148,7 +148,7 @@ def main(argv: list[str]) -> int:
     tok = Tokenizer(vocab)
     t2 = time.perf_counter()
     print(f"model {args.model.name}: {vocab.size} tokens, {len(vocab.merges)} merges")
-    print(f"  read metadata (gguf.GGUFReader)    {(t1 - t0) * 1e3:9.1f} ms")
+    print(f"  read metadata (gguf_header)        {(t1 - t0) * 1e3:9.1f} ms")
     print(f"  build tokenizer                    {(t2 - t1) * 1e3:9.1f} ms")
 
     text = _PARAGRAPH * args.repeat

@@ -1,7 +1,9 @@
 """The `swactor` command line: one subcommand per job.
 
 Each subcommand lives in the module that owns the job and registers itself here with a
-`register(subparsers)` function, so this file stays a short index.
+`register(subparsers)` function, so this file stays a short index. A command line that
+names a subcommand imports only that subcommand's module (`swactor tokenize` does not
+load the QUIC stack); `swactor --help`, or anything else, imports them all.
 """
 
 from __future__ import annotations
@@ -13,52 +15,58 @@ from collections.abc import Callable, Sequence
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 
-def _registrars() -> list[Register]:
-    """Subcommand registrars, imported lazily so `swactor --help` stays fast."""
+def _registrars(modules: Sequence[str]) -> list[Register]:
+    """The registrars of `modules`, imported on demand so one subcommand loads only its own."""
     found: list[Register] = []
-    for module_name in SUBCOMMAND_MODULES:
+    for module_name in modules:
         module = __import__(module_name, fromlist=["register"])
         found.append(module.register)
     return found
 
 
-# Modules that provide `register(subparsers)`; each adds one or more subcommands.
-SUBCOMMAND_MODULES: list[str] = [
-    "swactor.model.tokenize_cmd",
-    "swactor.events",
-    "swactor.orchestrator.plan_cmd",
-    "swactor.transport.identity_cmd",
-    "swactor.membership.cli",
-    "swactor.node.cli",
-    "swactor.orchestrator.orchestrate_cmd",
-    "swactor.cluster.run_cmd",
-]
+# Subcommand -> the module whose `register(subparsers)` adds it.
+SUBCOMMANDS: dict[str, str] = {
+    "tokenize": "swactor.model.tokenize_cmd",
+    "events": "swactor.events",
+    "plan": "swactor.orchestrator.plan_cmd",
+    "node-id": "swactor.transport.identity_cmd",
+    "swim": "swactor.membership.cli",
+    "node": "swactor.node.cli",
+    "orchestrator": "swactor.orchestrator.orchestrate_cmd",
+    "run": "swactor.cluster.run_cmd",
+}
+SUBCOMMAND_MODULES: list[str] = list(dict.fromkeys(SUBCOMMANDS.values()))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every subcommand, or only `command`'s when it is a known one."""
     parser = argparse.ArgumentParser(
         prog="swactor",
         description="Run one GGUF inference pipeline across a pool of machines.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for register in _registrars():
+    module = SUBCOMMANDS.get(command or "")
+    for register in _registrars([module] if module else SUBCOMMAND_MODULES):
         register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from swactor.transport.errors import TransportConfigError
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(words[0] if words else None)
+    args = parser.parse_args(words)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
         return 2
     try:
         result: int = handler(args)
-    except TransportConfigError as exc:  # e.g. a bad SWACTOR_NATIVE_QUIC
-        print(f"swactor: {exc}", file=sys.stderr)
+    except Exception as exc:
+        # only a command that loaded the transport can raise its config error
+        errors = sys.modules.get("swactor.transport.errors")
+        if errors is None or not isinstance(exc, errors.TransportConfigError):
+            raise
+        print(f"swactor: {exc}", file=sys.stderr)  # e.g. a bad SWACTOR_NATIVE_QUIC
         return 2
     return result
 

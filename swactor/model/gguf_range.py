@@ -5,12 +5,12 @@ first stage, the token embedding; when it is the last, the output norm and the o
 projection (or the tied token embedding). :class:`GgufRangeReader` learns where those tensors
 lie without reading tensor data:
 
-1. Header. The ``gguf`` package's :class:`GGUFReader` does the parsing, fed a growing prefix
-   of the file: ``_get`` is overridden to raise :class:`_NeedMoreBytes` when the parser wants
-   a byte beyond the prefix, and the reader fetches more (doubling) and parses again.
-   ``_build_tensors`` is overridden to record ``(name, type, shape, offset, n_bytes)`` entries
-   instead of slicing tensor data. The prefix therefore covers the header and nothing else
-   (rounded up by the doubling), whatever the source (local, HTTP Range, cache).
+1. Header. :func:`~swactor.model.gguf_header.parse_header` parses a growing prefix of the
+   file: when it needs a byte beyond the prefix it says so (with an estimate of where the
+   header ends), and the reader fetches more and parses again. The tensor table becomes
+   ``(name, type, shape, offset, n_bytes)`` entries. The prefix therefore covers the header
+   and little else (at most an eighth past it, or the estimate's slack), whatever the
+   source (local, HTTP Range, cache).
 2. Facts. :class:`ModelFacts` gathers the architecture numbers from metadata.
 3. Validation. :meth:`GgufRangeReader.validate_stage` checks a stage plan against the file
    (layer range, layer count, hidden size, dtype family, max sequence length) and that every
@@ -25,28 +25,31 @@ Every failure is a :class:`~swactor.model.errors.WeightsError`.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from swactor.model.dequant import SUPPORTED_TYPES, AffineBlocks, affine_blocks, dequantize
 from swactor.model.errors import WeightsError, WeightsFault
+from swactor.model.gguf_header import (
+    FIRST_READ_BYTES,
+    GgufHeader,
+    GgufHeaderError,
+    NeedMoreBytes,
+    TensorInfo,
+    grow_to,
+    parse_header,
+)
 from swactor.model.source import ByteSource
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 COMPUTE_DTYPES: dict[str, type[np.floating[Any]]] = {"f32": np.float32, "f16": np.float16}
-_FIRST_PREFIX_BYTES = 1 << 20
 _COALESCE_GAP_BYTES = 4096
-
-
-class _NeedMoreBytes(Exception):
-    def __init__(self, end: int) -> None:
-        super().__init__(end)
-        self.end = end
+# the vocabulary stays with the tokenizer; the loader keeps only these tokenizer keys
+_TOKENIZER_KEYS_KEPT = ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id")
 
 
 @dataclass(frozen=True)
@@ -67,47 +70,23 @@ class TensorEntry:
             return f"type#{self.type_id}"
 
 
-class _PrefixParser(GGUFReader):
-    """GGUFReader over a file prefix that reports, rather than misreads, missing bytes."""
-
-    entries: list[TensorEntry]
-
-    def _get(
-        self, offset: int, dtype: Any, count: int = 1, override_order: Any = None
-    ) -> npt.NDArray[Any]:
-        end = int(offset) + int(np.dtype(dtype).itemsize) * int(count)
-        if end > len(self.data):
-            raise _NeedMoreBytes(end)
-        result: npt.NDArray[Any] = super()._get(offset, dtype, count, override_order)
-        return result
-
-    def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
-        entries: list[TensorEntry] = []
-        seen: set[str] = set()
-        for info in fields:
-            _name_len, name_data, _n_dims, dims, raw_dtype, offset_tensor = info.parts
-            name = bytes(name_data).decode("utf-8")
-            if name in seen:
-                raise ValueError(f"duplicate tensor {name!r}")
-            seen.add(name)
-            type_id = int(raw_dtype[0])
-            n_elems = int(np.prod([int(d) for d in dims]))
-            try:
-                block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
-                n_bytes = n_elems * type_size // block_size
-            except (ValueError, KeyError):
-                n_bytes = -1
-            entries.append(
-                TensorEntry(
-                    name=name,
-                    type_id=type_id,
-                    shape=tuple(int(d) for d in reversed(dims.tolist())),
-                    offset=int(start_offs + int(offset_tensor[0])),
-                    n_bytes=n_bytes,
-                )
-            )
-        self.entries = entries
-        self.tensors = []
+def _entry(info: TensorInfo, data_offset: int) -> TensorEntry:
+    """Where a tensor table entry's bytes lie; ``n_bytes`` -1 for a type without a size."""
+    n_elems = 1
+    for dim in info.dims:
+        n_elems *= dim
+    try:
+        block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(info.type_id)]
+        n_bytes = n_elems * type_size // block_size
+    except (ValueError, KeyError):
+        n_bytes = -1
+    return TensorEntry(
+        name=info.name,
+        type_id=info.type_id,
+        shape=tuple(reversed(info.dims)),
+        offset=data_offset + info.offset,
+        n_bytes=n_bytes,
+    )
 
 
 @dataclass(frozen=True)
@@ -158,53 +137,42 @@ class GgufRangeReader:
         self.source = source
         self.file_size = source.size()
         self._prefix = b""
-        parser = self._parse_header()
+        header = self._parse_header()
         self.header_bytes = len(self._prefix)
-        self.data_offset = int(parser.data_offset)
-        self.tensors: dict[str, TensorEntry] = {e.name: e for e in parser.entries}
-        self.metadata: dict[str, Any] = {}
-        for key, value in parser.fields.items():
-            if key.startswith("tokenizer.ggml.") and key not in (
-                "tokenizer.ggml.bos_token_id",
-                "tokenizer.ggml.eos_token_id",
-            ):
-                continue
-            try:
-                self.metadata[key] = value.contents()
-            except (ValueError, IndexError, UnicodeDecodeError):
-                continue
-        tokens = parser.fields.get("tokenizer.ggml.tokens")
-        self._token_count = len(tokens.data) if tokens is not None else None
+        self.data_offset = header.data_offset
+        self.tensors: dict[str, TensorEntry] = {}
+        for info in header.tensors:
+            entry = _entry(info, header.data_offset)
+            self.tensors[entry.name] = entry
+        self.metadata: dict[str, Any] = {
+            key: value
+            for key, value in header.metadata.items()
+            if not key.startswith("tokenizer.ggml.") or key in _TOKENIZER_KEYS_KEPT
+        }
+        tokens = header.metadata.get("tokenizer.ggml.tokens")
+        self._token_count = len(tokens) if isinstance(tokens, list) else None
         self.facts = self._facts()
 
     # -- header ---------------------------------------------------------------------------
-    def _parse_header(self) -> _PrefixParser:
-        want = min(self.file_size, _FIRST_PREFIX_BYTES)
+    def _parse_header(self) -> GgufHeader:
+        """Parse the header from a prefix of the source that grows until it holds it."""
+        want = min(self.file_size, FIRST_READ_BYTES)
         while True:
             if want > len(self._prefix):
                 self._prefix += self.source.read(len(self._prefix), want - len(self._prefix))
+            if len(self._prefix) < 4:
+                raise WeightsError(WeightsFault.TRUNCATED, f"{self.source.name}: file too short")
             try:
-                return self._parse_prefix()
-            except _NeedMoreBytes as more:
+                return parse_header(self._prefix)
+            except NeedMoreBytes as more:
                 if more.end > self.file_size:
                     raise WeightsError(
                         WeightsFault.TRUNCATED,
                         f"{self.source.name}: header needs byte {more.end} but the file has "
                         f"{self.file_size} bytes (truncated or corrupt header)",
                     ) from None
-                want = min(self.file_size, max(more.end, 2 * len(self._prefix)))
-
-    def _parse_prefix(self) -> _PrefixParser:
-        if len(self._prefix) < 4:
-            raise WeightsError(WeightsFault.TRUNCATED, f"{self.source.name}: file too short")
-        with tempfile.NamedTemporaryFile(prefix="swactor-gguf-header-") as tmp:
-            tmp.write(self._prefix)
-            tmp.flush()
-            try:
-                return _PrefixParser(tmp.name)
-            except _NeedMoreBytes:
-                raise
-            except (ValueError, KeyError, IndexError, UnicodeDecodeError, OverflowError) as exc:
+                want = grow_to(len(self._prefix), more, self.file_size)
+            except GgufHeaderError as exc:
                 raise WeightsError(
                     WeightsFault.CORRUPT_HEADER, f"{self.source.name}: {exc}"
                 ) from None

@@ -39,10 +39,16 @@ from typing import Any
 from tokenizers import Tokenizer as HfTokenizer
 from tokenizers import models
 
-from swactor.model.chat import render_chat
 from swactor.model.pretokenize import preset_for
 from swactor.model.tokenizer_errors import TokenizerError, TokenizerFault
-from swactor.model.vocab import EOG_TEXTS, GgufVocab, TokenType, read_vocab, vocab_from_fields
+from swactor.model.vocab import (
+    EOG_TEXTS,
+    GgufVocab,
+    TokenType,
+    read_vocab,
+    vocab_from_fields,
+    vocab_from_metadata,
+)
 
 SPM_SPACE = "\u2581"  # "▁", SentencePiece's visible space
 
@@ -71,7 +77,7 @@ class Tokenizer:
 
     def __init__(self, vocab: GgufVocab) -> None:
         self._vocab = vocab
-        self._types = tuple(_token_type(t) for t in vocab.token_types)
+        self._types = vocab.token_types  # raw values; token_type() names them
         self._spm = vocab.model == "llama"
         if vocab.model == "gpt2":
             self._hf = _build_byte_level_bpe(vocab)
@@ -83,20 +89,21 @@ class Tokenizer:
                 f"{vocab.source}: tokenizer model {vocab.model!r} is not supported "
                 "(supported: gpt2, llama)",
             )
-        specials = [i for i, t in enumerate(self._types) if t in _SPECIAL_TYPES]
+        special_values = {int(t) for t in _SPECIAL_TYPES}
+        specials = [i for i, t in enumerate(self._types) if t in special_values]
         # Longest text first, as llama.cpp partitions; ties by id for a stable order.
         specials.sort(key=lambda i: (-len(vocab.tokens[i]), i))
         self._specials: tuple[tuple[str, int, bool], ...] = tuple(
-            (vocab.tokens[i], i, self._types[i] in _ALWAYS_SPLIT_TYPES)
+            (vocab.tokens[i], i, _token_type(self._types[i]) in _ALWAYS_SPLIT_TYPES)
             for i in specials
             if vocab.tokens[i]
         )
         eog = {i for i, text in enumerate(vocab.tokens) if text in EOG_TEXTS}
         eog.update(i for i in (vocab.eos_id, vocab.eot_id) if i is not None)
         self._eog_ids = frozenset(eog)
-        self._pieces: tuple[bytes, ...] = tuple(
-            self._piece(i) for i in range(vocab.size)
-        )
+        # each id's bytes, worked out on first use: a command that encodes a few words
+        # should not pay for the whole vocabulary
+        self._pieces: list[bytes | None] = [None] * vocab.size
 
     # ----------------------------------------------------------------- construction
 
@@ -104,8 +111,9 @@ class Tokenizer:
     def from_gguf(cls, path: str | Path) -> Tokenizer:
         """Build the tokenizer described by the GGUF file at ``path`` (metadata only).
 
-        Reading a real vocabulary takes about two seconds, so the result is kept per
-        process, keyed by the file's resolved path, size and modification time.
+        The result is kept per process (an orchestrator tokenizes the prompt and decodes
+        the stream with one), keyed by the file's resolved path, size and modification
+        time.
         """
         file = Path(path)
         try:
@@ -116,9 +124,14 @@ class Tokenizer:
 
     @classmethod
     def from_fields(cls, fields: dict[str, Any], source: str) -> Tokenizer:
-        """Build from ``GGUFReader.fields`` someone already parsed (e.g. the range reader's
-        header); ``source`` names the file in errors."""
+        """Build from ``gguf.GGUFReader.fields`` someone already parsed; ``source`` names
+        the file in errors."""
         return cls(vocab_from_fields(fields, source))
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any], source: str) -> Tokenizer:
+        """Build from a parsed header's metadata (``GgufHeader.metadata``)."""
+        return cls(vocab_from_metadata(metadata, source))
 
     # ------------------------------------------------------------------- properties
 
@@ -164,7 +177,7 @@ class Tokenizer:
 
     def token_type(self, token_id: int) -> TokenType:
         self._check_id(token_id)
-        return self._types[token_id]
+        return _token_type(self._types[token_id])
 
     def is_special(self, token_id: int) -> bool:
         """Control or unknown tokens: the ones a plain-text decode leaves out."""
@@ -245,7 +258,10 @@ class Tokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes ``token_id`` stands for (may be part of a UTF-8 character)."""
         self._check_id(token_id)
-        return self._pieces[token_id]
+        piece = self._pieces[token_id]
+        if piece is None:
+            piece = self._pieces[token_id] = self._piece(token_id)
+        return piece
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         """The text for ``ids``; bytes that are not valid UTF-8 become U+FFFD."""
@@ -258,7 +274,7 @@ class Tokenizer:
 
     def _piece(self, token_id: int) -> bytes:
         text = self._vocab.tokens[token_id]
-        kind = self._types[token_id]
+        kind = _token_type(self._types[token_id])
         if kind in _TEXT_PIECE_TYPES:
             return text.encode("utf-8")
         if kind is TokenType.BYTE and self._spm:
@@ -285,6 +301,8 @@ class Tokenizer:
                 TokenizerFault.CHAT_TEMPLATE_MISSING,
                 f"{self._vocab.source}: no tokenizer.chat_template in metadata",
             )
+        from swactor.model.chat import render_chat  # jinja2: loaded only for templates
+
         return render_chat(
             self.chat_template,
             messages,

@@ -1,8 +1,9 @@
 """The tokenizer facts a GGUF file carries in its metadata, read without touching tensors.
 
-Theory of operation: :func:`read_vocab` opens the file with ``gguf.GGUFReader`` (which
-memory-maps it and parses the key/value header and the tensor table, never tensor data),
-picks the ``tokenizer.*`` keys and returns one immutable :class:`GgufVocab`. Defaults for
+Theory of operation: :func:`read_vocab` parses the file's header
+(:func:`~swactor.model.gguf_header.read_local_header`: the key/value metadata and the
+tensor table, never tensor data, vocabulary arrays read in bulk), picks the
+``tokenizer.*`` keys and returns one immutable :class:`GgufVocab`. Defaults for
 keys a file may omit follow llama.cpp's loader, so a file tokenizes here as it does there:
 
 * ``tokenizer.ggml.model = "llama"`` (SentencePiece): BOS 1, EOS 2, UNK 0, a BOS is added
@@ -19,12 +20,12 @@ unreadable file, a file that is not GGUF, a missing or mistyped key — is a
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gguf
-
+from swactor.model.gguf_header import GgufHeaderError, NeedMoreBytes, read_local_header
 from swactor.model.tokenizer_errors import TokenizerError, TokenizerFault
 
 
@@ -95,32 +96,44 @@ class GgufVocab:
 
 def read_vocab(path: str | Path) -> GgufVocab:
     """Read the tokenizer metadata of the GGUF file at ``path``."""
-    source = str(path)
-    fields = _open_fields(Path(path))
-    return vocab_from_fields(fields, source)
+    return vocab_from_metadata(_read_metadata(Path(path)), str(path))
 
 
-def _open_fields(path: Path) -> dict[str, Any]:
+def _read_metadata(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise TokenizerError(TokenizerFault.MODEL_UNREADABLE, f"{path}: no such model file")
     try:
-        reader = gguf.GGUFReader(path, "r")
-    except (OSError, PermissionError) as exc:
+        header, _ = read_local_header(path)
+    except OSError as exc:
         raise TokenizerError(
             TokenizerFault.MODEL_UNREADABLE, f"{path}: cannot read ({exc.strerror or exc})"
         ) from exc
-    except (ValueError, IndexError, KeyError, TypeError) as exc:
+    except (NeedMoreBytes, GgufHeaderError) as exc:
         size = path.stat().st_size
+        detail = "ends inside its header" if isinstance(exc, NeedMoreBytes) else str(exc)
         raise TokenizerError(
             TokenizerFault.METADATA_INVALID,
-            f"{path}: not a readable GGUF file, truncated or corrupt ({size} bytes; {exc})",
-        ) from exc
-    return dict(reader.fields)
+            f"{path}: not a readable GGUF file, truncated or corrupt ({size} bytes; {detail})",
+        ) from None
+    return header.metadata
 
 
-def vocab_from_fields(fields: dict[str, Any], source: str) -> GgufVocab:
-    """Build a :class:`GgufVocab` from ``GGUFReader.fields``; ``source`` names the file."""
-    reading = _FieldReader(fields, source)
+def vocab_from_fields(fields: Mapping[str, Any], source: str) -> GgufVocab:
+    """Build a :class:`GgufVocab` from ``gguf.GGUFReader.fields``; ``source`` names the file."""
+    metadata: dict[str, Any] = {}
+    for key, field in fields.items():
+        try:
+            metadata[key] = field.contents()
+        except (ValueError, IndexError, TypeError, UnicodeDecodeError) as exc:
+            raise TokenizerError(
+                TokenizerFault.METADATA_INVALID, f"{source}: {key} unreadable ({exc})"
+            ) from exc
+    return vocab_from_metadata(metadata, source)
+
+
+def vocab_from_metadata(metadata: Mapping[str, Any], source: str) -> GgufVocab:
+    """Build a :class:`GgufVocab` from a header's metadata (plain values by key)."""
+    reading = _FieldReader(metadata, source)
     model = reading.string(KEY_MODEL, required=True)
     assert model is not None
     tokens = tuple(reading.string_list(KEY_TOKENS, required=True) or ())
@@ -172,26 +185,19 @@ def vocab_from_fields(fields: dict[str, Any], source: str) -> GgufVocab:
 
 
 class _FieldReader:
-    """Typed access to ``GGUFReader.fields`` that turns every surprise into a TokenizerError."""
+    """Typed access to header metadata that turns every surprise into a TokenizerError."""
 
-    def __init__(self, fields: dict[str, Any], source: str) -> None:
-        self._fields = fields
+    def __init__(self, metadata: Mapping[str, Any], source: str) -> None:
+        self._metadata = metadata
         self._source = source
 
     def _contents(self, key: str, required: bool) -> Any:
-        field = self._fields.get(key)
-        if field is None:
-            if required:
-                raise TokenizerError(
-                    TokenizerFault.METADATA_MISSING, f"{self._source}: no {key} in metadata"
-                )
-            return None
-        try:
-            return field.contents()
-        except (ValueError, IndexError, TypeError, UnicodeDecodeError) as exc:
+        value = self._metadata.get(key)
+        if value is None and required:
             raise TokenizerError(
-                TokenizerFault.METADATA_INVALID, f"{self._source}: {key} unreadable ({exc})"
-            ) from exc
+                TokenizerFault.METADATA_MISSING, f"{self._source}: no {key} in metadata"
+            )
+        return value
 
     def _bad(self, key: str, want: str) -> TokenizerError:
         return TokenizerError(

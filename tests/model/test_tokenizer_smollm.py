@@ -19,7 +19,7 @@ from swactor.model.tokenizer import Tokenizer
 
 MODEL = default_model_path()
 
-# Reading the real vocabulary (98k strings through gguf.GGUFReader) takes just over 2 s.
+# Needs the real model file: grouped with the other real-model tests.
 pytestmark = pytest.mark.slow
 
 # llama.cpp's smollm preset: every digit alone, then GPT-2's expression on each piece.
