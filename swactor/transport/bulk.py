@@ -107,6 +107,7 @@ PRIVATE_NAMES: tuple[str, ...] = (
     "QuicStreamReceiver._buffer, _buffer_start, _final_size, highest_offset, is_finished",
     "QuicStream.is_blocked, max_stream_data_local, max_stream_data_remote",
     "CryptoContext.secret, cipher_suite, version, key_phase, hp (kept across key updates)",
+    "CryptoPair._update_key_requested",
 )
 
 
@@ -185,7 +186,10 @@ def bulk_streams(conn: SwactorConnection) -> list[Any]:
         return []
     if not conn._network_paths or not conn._network_paths[0].is_validated:
         return []
-    if conn._bulk_send_keys.get(conn._cryptos[_ONE_RTT].send) is None:
+    pair = conn._cryptos[_ONE_RTT]
+    if pair._update_key_requested:
+        return []  # aioquic's next sealed packet applies the key update (flow.py)
+    if conn._bulk_send_keys.get(pair.send) is None:
         return []  # a suite without a native path (ChaCha20), or keys C cannot match
     found = []
     for stream in conn._streams_queue:
@@ -208,12 +212,12 @@ def write_bulk(
     conn: SwactorConnection, builder: QuicPacketBuilder, streams: list[Any], now: float
 ) -> None:
     """Seal the pending data of `streams` into packets of `builder` (see module doc)."""
-    crypto = conn._cryptos[_ONE_RTT].send
+    if builder._packet is not None:
+        builder._end_packet()  # aioquic's loop leaves an empty packet open: cancel it
+    crypto = conn._cryptos[_ONE_RTT].send  # (read after: sealing may update the keys)
     keys = conn._bulk_send_keys.get(crypto)
     if keys is None:
         return
-    if builder._packet is not None:
-        builder._end_packet()  # aioquic's loop leaves an empty packet open: cancel it
     size = conn._max_datagram_size
     flight = builder.max_flight_bytes
     allowance = MAX_BATCH * 64 if flight is None else (flight - builder._flight_bytes) // size

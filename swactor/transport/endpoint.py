@@ -483,6 +483,7 @@ class QuicEndpoint:
             connection_window=self.config.connection_window,
             pacing=self.config.pacing,
             native_path=self.config.native_path,
+            key_update_packets=self.config.key_update_packets,
         )
         link = QuicLink(self, quic, addr, expected_peer=peer_node_id)
         self._links.add(link)
@@ -657,6 +658,7 @@ class QuicEndpoint:
             connection_window=self.config.connection_window,
             pacing=self.config.pacing,
             native_path=self.config.native_path,
+            key_update_packets=self.config.key_update_packets,
         )
         link = QuicLink(self, quic, addr, expected_peer=None)
         self._links.add(link)

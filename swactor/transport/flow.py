@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from aioquic import tls
 from aioquic.buffer import UINT_VAR_MAX_SIZE
 from aioquic.quic import connection as _conn_module
 from aioquic.quic.connection import QuicConnection
@@ -80,6 +81,8 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("QuicStream", "sender (replaced by sendbuf.ChunkedSender)"),
     ("QuicStreamSender", "see sendbuf.SENDER_NAMES"),
     ("QuicConnection", "_write_application, _streams_queue; see bulk.PRIVATE_NAMES"),
+    ("QuicConnection", "_packet_number, _cryptos, _spaces[...].largest_acked_packet"),
+    ("CryptoPair", "_update_key_requested (a key update requested, not yet applied)"),
 )
 
 _MAX_STREAM_DATA_FRAME_CAPACITY = 1 + 2 * UINT_VAR_MAX_SIZE
@@ -145,9 +148,15 @@ class SwactorConnection(QuicConnection):
         connection_window: int,
         pacing: bool = True,
         native_path: bool = True,
+        key_update_packets: int = 1 << 22,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self._ku_limit = key_update_packets
+        self._ku_secret: bytes | None = None
+        self._ku_first_pn = 0
+        self.key_updates = 0
+        """Key updates this side started (RFC 9001 §6; see `_maybe_update_keys`)."""
         # The C bulk path (bulk.py) for steady-state STREAM packets, both directions.
         self._bulk = native_path and bulk.AVAILABLE
         self._bulk_send_keys = bulk.PacketKeys()
@@ -252,8 +261,38 @@ class SwactorConnection(QuicConnection):
     def transmissions(self, now: float) -> list[tuple[Any, Any]]:
         """What to send now, the bulk path's packets as `DatagramRun`s (one GSO send
         each): what the endpoint's socket takes."""
+        self._maybe_update_keys()
         sent: list[tuple[Any, Any]] = super().datagrams_to_send(now)
         return sent
+
+    def _maybe_update_keys(self) -> None:
+        """Start a key update once `key_update_packets` packets went out under the
+        current 1-RTT send key (RFC 9001 §6.6: AES-GCM may protect 2^23 packets per
+        key; a link lives across runs). Packets are counted by packet number, which
+        aioquic and the bulk path share (it counts every packet, bulk ones included).
+        Not before the peer acknowledged a packet of the current key phase (RFC 9001
+        §6.1). A new send secret, ours or one the peer's update brought, restarts the
+        count. aioquic applies a requested update when it next seals a packet; until
+        then the bulk path leaves the sending to aioquic (`bulk.bulk_streams`). A key
+        thus protects at most `key_update_packets` plus two transmits' packets (the
+        one a new key began in is not counted, and the one that applies the update),
+        far below 2^23 with the default of 2^22."""
+        if not self._handshake_confirmed:
+            return
+        pair = self._cryptos.get(tls.Epoch.ONE_RTT)
+        if pair is None:
+            return
+        secret = pair.send.secret
+        if secret is not self._ku_secret:
+            self._ku_secret = secret
+            self._ku_first_pn = self._packet_number
+            return
+        if pair._update_key_requested or self._packet_number - self._ku_first_pn < self._ku_limit:
+            return
+        if self._spaces[tls.Epoch.ONE_RTT].largest_acked_packet < self._ku_first_pn:
+            return
+        self.request_key_update()
+        self.key_updates += 1
 
     def receive_datagram(self, data: Any, addr: Any, now: float) -> None:
         """aioquic's receive, also for a datagram that is a view (this class's own
@@ -323,7 +362,6 @@ class SwactorConnection(QuicConnection):
 
 def check_private_names() -> list[str]:
     """Names from `PRIVATE_NAMES` that the installed aioquic lacks (empty: all present)."""
-    from aioquic import tls
     from aioquic.quic.stream import QuicStream, QuicStreamSender
 
     missing: list[str] = []
@@ -358,6 +396,12 @@ def check_private_names() -> list[str]:
     config = TransportConfig().quic_configuration(NodeIdentity.generate(), is_client=True)
     conn = SwactorConnection(configuration=config, stream_window=1 << 16, connection_window=1 << 20)
     missing += bulk.check_private_names(conn)
+    from aioquic.quic.crypto import CryptoPair
+
+    if not isinstance(getattr(CryptoPair(), "_update_key_requested", None), bool):
+        missing.append("CryptoPair._update_key_requested")
+    if not isinstance(getattr(conn, "_packet_number", None), int):
+        missing.append("QuicConnection._packet_number")
     ctx = tls.Context(is_client=False)
     for attr in ("_request_client_certificate", "_peer_certificate"):
         if not hasattr(ctx, attr):
