@@ -70,6 +70,14 @@ class MemoryEndpoint:
         self.network.endpoints[self.node_id] = self
         return self.address
 
+    def set_allowed(self, allowed: Iterable[int]) -> list[int]:
+        new = set(allowed)
+        dropped = sorted(self.allowed - new)
+        self.allowed = new
+        for node_id in dropped:
+            self.address_book.pop(node_id, None)
+        return dropped
+
     async def close(self) -> None:
         if self.network.endpoints.get(self.node_id) is self:
             del self.network.endpoints[self.node_id]
@@ -137,7 +145,7 @@ class MemoryDriver:
         self._arrived: dict[int, asyncio.Event] = {}
         endpoint.driver = self
 
-    def expect_recv(self, edge_ids: Iterable[int]) -> None:
+    def expect_recv(self, edges: Iterable[tuple[int, int]]) -> None:
         return None
 
     def handle(self, message: object) -> None:

@@ -9,8 +9,8 @@ out, all on the event loop. Node actors talk to it by mail through this actor:
   an establish the driver refuses (edge already established) is reported as
   `StreamFault(edge_id, PumpFailed)` plus `PumpStopped(edge_id, None)`, so the
   requester's machine ends instead of waiting;
-- `ExpectRecv(edge_ids)` -> `driver.expect_recv`: streams for these edges are held (not
-  refused) until their EstablishRecv comes;
+- `ExpectRecv(edges)` -> `driver.expect_recv`: streams for these edges, from their
+  producers, are held (not refused) until their EstablishRecv comes;
 - the worker's wake hints (`wire.RingReadable` / `wire.RingWritable`, routed here by
   GpuWorkerCtl) and the local token endpoint's -> `driver.ring_readable` /
   `ring_writable`; a worker `RingFault` needs nothing here (the ring's shared state
@@ -54,9 +54,10 @@ log = logging.getLogger("swactor.edges.driver")
 
 @dataclass(frozen=True, slots=True)
 class ExpectRecv:
-    """The active plan's inbound edge ids: streams for them wait for EstablishRecv."""
+    """The active plan's inbound edges as (edge id, producer node id): their streams,
+    from those nodes only, wait for EstablishRecv."""
 
-    edge_ids: tuple[int, ...]
+    edges: tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +93,8 @@ class DriverActor(Actor[DriverMail]):
         else:
             self._target.tell(event)
 
-    def expect(self, edge_ids: Iterable[int]) -> None:
-        self.driver.expect_recv(edge_ids)
+    def expect(self, edges: Iterable[tuple[int, int]]) -> None:
+        self.driver.expect_recv(edges)
 
     async def receive(self, ctx: Context[DriverMail], message: DriverMail) -> None:
         match message:
@@ -105,8 +106,8 @@ class DriverActor(Actor[DriverMail]):
                     self._emit(StreamFault(message.edge_id, StreamFaultReason.PumpFailed,
                                            str(exc)))
                     self._emit(PumpStopped(message.edge_id, None))
-            case ExpectRecv(edge_ids):
-                self.driver.expect_recv(edge_ids)
+            case ExpectRecv(edges):
+                self.driver.expect_recv(edges)
             case RouteDriverEvents(target):
                 self._target = target
                 early, self._early = self._early, []

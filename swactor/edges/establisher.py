@@ -310,7 +310,8 @@ class EdgeEstablisher(Actor[Any]):
                                    provision.object_spec, provision.ring_spec)
         else:
             assert isinstance(provision, ProvisionRx)
-            event = er.ProvisionRx(provision.edge_id, provision.object_spec, provision.ring_spec)
+            event = er.ProvisionRx(provision.edge_id, provision.tx_node_id,
+                                   provision.object_spec, provision.ring_spec)
         self._to_record(ctx, rec, event)
         assert rec.edge_actor is not None
         return EdgeProvisioned(provision.edge_id, rec.edge_actor)
@@ -381,7 +382,9 @@ class EdgeEstablisher(Actor[Any]):
                     rec.edge_actor = ctx.spawn(
                         lambda: RxEdgeActor(edge, rec.owner, me, cfg.worker_ctl),
                         f"rx-edge-{int(edge)}-{self._spawned}")
-                    cfg.driver.tell(ExpectRecv((int(edge),)))
+                    assert isinstance(rec.provision, ProvisionRx)
+                    producer = int(rec.provision.tx_node_id)
+                    cfg.driver.tell(ExpectRecv(((int(edge), producer),)))
             case er.LeaseRing(request_id=request, edge_id=edge, direction=direction,
                               ring_spec=spec):
                 cfg.arena.tell(ArenaLease(request, edge, direction, spec, me))
@@ -402,8 +405,9 @@ class EdgeEstablisher(Actor[Any]):
                 cfg.driver.tell(tm.EstablishSend(int(edge), int(rec.provision.rx_node_id),
                                                  int(ring), rec.layout))
             case er.EstablishRecv(edge_id=edge, ring_id=ring):
-                assert rec.layout is not None
-                cfg.driver.tell(tm.EstablishRecv(int(edge), int(ring), rec.layout))
+                assert rec.layout is not None and isinstance(rec.provision, ProvisionRx)
+                cfg.driver.tell(tm.EstablishRecv(int(edge), int(rec.provision.tx_node_id),
+                                                 int(ring), rec.layout))
             case er.NotifyEdgeReady(edge_id=edge):
                 assert rec.ring_id is not None
                 self._tell_actor(rec, EdgeUp(edge, rec.ring_id))

@@ -66,8 +66,10 @@ class EdgeStagePorts:
 
     async def establish_inbound(self, provision: ProvisionStage) -> None:
         edge = provision.inbound
-        await self._provision(ProvisionRx(edge.edge_id, edge.object_spec, edge.ring_spec),
-                              provision.runtime.input_port, provision.run_id)
+        await self._provision(
+            ProvisionRx(edge.edge_id, edge.producer_node_id, edge.object_spec, edge.ring_spec),
+            provision.runtime.input_port, provision.run_id,
+        )
 
     async def establish_outbound(self, provision: ProvisionStage) -> None:
         edge = provision.outbound

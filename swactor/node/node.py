@@ -27,8 +27,11 @@ always fed on the event loop (`deliver`), never re-entrantly:
 Serving. The control channel accepts `AddressBook`, `ProvisionStage` and
 `StopRunMessage` only from the orchestrator the node trusts (`--trust-orchestrator`;
 the channel's `ControlAuthority` answers anyone else `Unauthorized`). AddressBook admits
-the run's peers to the endpoint and records their addresses. ProvisionStage goes to the
-`StageHost`, which runs one fresh `StageController` per run on `NodeStagePorts`: the
+the run's peers to the endpoint and records their addresses; between runs it replaces
+the allow-list, so a past session's peers lose their links and are refused (spec §4).
+Each inbound edge accepts its stream only from the producer node its ProvisionStage
+names (the driver refuses any other peer's stream with PeerNotAllowed). ProvisionStage
+goes to the `StageHost`, which runs one fresh `StageController` per run on `NodeStagePorts`: the
 worker and weight ports of `WorkerStagePorts`, the edge ports of `EdgeStagePorts`
 (ProvisionRx / ProvisionTx to the EdgeEstablisher, StopEdgeRequest to the edge actors;
 the StageHost owns both edge actors through a `StageOwner`), reports as
@@ -555,11 +558,14 @@ class StageNode:
             case AddressBook():
                 if faults.hit("node.address_drop"):
                     return None
-                for entry in message.peers:
-                    if int(entry.node_id) == int(self.node_id):
-                        continue
-                    self.endpoint.allowed.add(int(entry.node_id))
-                    self.endpoint.address_book[int(entry.node_id)] = (entry.host, entry.port)
+                peers = {int(entry.node_id): (entry.host, entry.port)
+                         for entry in message.peers if int(entry.node_id) != int(self.node_id)}
+                allowed = {int(self.config.orchestrator), *peers}
+                if self.host_state.active_run is None:
+                    self.endpoint.set_allowed(allowed)  # past sessions' peers leave
+                else:
+                    self.endpoint.allowed |= allowed  # never cut a live run's links
+                self.endpoint.address_book.update(peers)
             case ProvisionStage() if self.boot is None or not self.boot.available:
                 # node_boot admits provisioning only while NodeAvailable (§8)
                 self.boot_refusals += 1
@@ -574,7 +580,9 @@ class StageNode:
                 if self.host_state.active_run is None:
                     self.authority.active_run_id = int(message.run_id)
                 assert self._driver_ref is not None
-                self._driver_ref.tell(ExpectRecv((int(message.inbound.edge_id),)))
+                inbound = message.inbound
+                self._driver_ref.tell(ExpectRecv(((int(inbound.edge_id),
+                                                   int(inbound.producer_node_id)),)))
                 self._host.tell(scm.ProvisionStage(NodeId(peer), message))
             case StopRunMessage():
                 self._host.tell(StopRunRequest(NodeId(peer), message.run_id,

@@ -211,7 +211,7 @@ class NetworkRunPorts(LifecycleOwner):
 
     async def create_token_endpoints(self, token_in: ProvisionTx, token_out: ProvisionRx) -> None:
         self._token_in, self._token_out = token_in.edge_id, token_out.edge_id
-        self._driver_ref.tell(ExpectRecv((int(token_out.edge_id),)))
+        self._driver_ref.tell(ExpectRecv(((int(token_out.edge_id), int(token_out.tx_node_id)),)))
         await self._provision(token_out)
         await self._provision(token_in)
         self._reader = asyncio.get_running_loop().create_task(self._read_outputs(token_out.edge_id))

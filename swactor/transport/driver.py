@@ -16,6 +16,10 @@ complete, then:
 * an edge id that the active plan does not name (neither `expect_recv` nor
   `EstablishRecv`) -> `StreamFault(edge_id, UnknownEdge)`, stream stopped; a stream for
   an edge that already finished -> `StreamFault(edge_id, DuplicateStream)`;
+* a stream from a peer that is not the edge's producer (each expected edge is bound to
+  the node id its plan names, spec §4) -> `StreamFault(None, PeerNotAllowed)` naming
+  the edge and both nodes, stream stopped; the edge is not touched, so its real
+  producer's stream, before or after, is served as if nothing happened;
 * otherwise `StreamArrived` goes to the edge's machine. Whether the receive spec is
   already there (`recv_specs`) or comes later (`pending_streams`: unread, so QUIC flow
   control stalls the sender) the machine starts the pump when it has both halves. A
@@ -90,13 +94,16 @@ class Driver:
         """The latest streams that reached an edge (`ARRIVALS_KEPT`)."""
         self._emit = emit
         self._wake = wake
-        self._expected: set[int] = set()
+        self._expected: dict[int, int] = {}
+        """Inbound edge id -> the node id of its producer (the active plan's)."""
         self._heads: dict[StreamKey, bytearray] = {}
         self._routed: dict[StreamKey, tuple[RecvEdge, InboundStream]] = {}
         self._refused: set[StreamKey] = set()
         self._by_ring_recv: dict[int, RecvEdge] = {}
         self._by_ring_send: dict[int, SendEdge] = {}
         self._ended: OrderedDict[int, None] = OrderedDict()
+        self.wrong_producer = 0
+        """Streams refused because their sender is not the edge's producer."""
         endpoint.register_handler(EDGE_ALPN, self)
 
     # -- spec §25 views -------------------------------------------------------------
@@ -117,10 +124,15 @@ class Driver:
 
     # -- inbound messages -------------------------------------------------------------
 
-    def expect_recv(self, edge_ids: Iterable[int]) -> None:
-        """Declare the active plan's inbound edge ids (streams for others are refused)."""
+    def expect_recv(self, edges: Iterable[tuple[int, int]]) -> None:
+        """Declare the active plan's inbound edges as (edge id, producer node id):
+        streams for other edges, or from other nodes, are refused."""
         self.forget_ended()
-        self._expected.update(edge_ids)
+        self._expected.update(edges)
+
+    def producer_of(self, edge_id: int) -> int | None:
+        """The node id a stream for inbound `edge_id` must come from (None: unknown)."""
+        return self._expected.get(edge_id)
 
     def forget_ended(self) -> None:
         """Drop the bindings whose pumps have ended, keeping their ids (module doc)."""
@@ -140,7 +152,7 @@ class Driver:
         self._by_ring_send = {r: e for r, e in self._by_ring_send.items() if e in live_send}
         self._routed = {k: v for k, v in self._routed.items() if v[0] in live_recv}
         for edge_id in ended:
-            self._expected.discard(edge_id)
+            self._expected.pop(edge_id, None)
             self._ended[edge_id] = None
         while len(self._ended) > ENDED_IDS_KEPT:
             self._ended.popitem(last=False)
@@ -179,7 +191,7 @@ class Driver:
         ring = self._open_ring(msg.edge_id, msg)
         if ring is None:
             return
-        self._expected.add(msg.edge_id)
+        self._expected[msg.edge_id] = msg.tx_node_id
         if edge is None:
             edge = self.recv_edges[msg.edge_id] = RecvEdge(msg.edge_id, self._emit, self._wake)
         self._by_ring_recv[msg.ring_id] = edge
@@ -284,11 +296,23 @@ class Driver:
             self._refuse(key, None, exc.reason, str(exc))
             return
         edge = self.recv_edges.get(edge_id)
+        producer = self._expected.get(edge_id)
+        if producer is not None and link.peer_node_id != producer:
+            link.consume(stream_id, len(head))
+            self.wrong_producer += 1
+            self._refuse(
+                key,
+                None,  # not the edge's stream: the edge itself goes on (module doc)
+                StreamFaultReason.PeerNotAllowed,
+                f"edge {edge_id} stream from node {link.peer_node_id:#018x}; the plan's "
+                f"producer is node {producer:#018x}",
+            )
+            return
         if (edge is not None and edge.finished) or (edge is None and edge_id in self._ended):
             link.consume(stream_id, len(head))
             self._refuse(key, edge_id, StreamFaultReason.DuplicateStream, "edge already ended")
             return
-        if edge is None and edge_id not in self._expected:
+        if producer is None:
             link.consume(stream_id, len(head))
             self._refuse(key, edge_id, StreamFaultReason.UnknownEdge, "edge not in active plan")
             return

@@ -412,6 +412,21 @@ class QuicEndpoint:
     def is_allowed(self, node_id: int) -> bool:
         return node_id in self.allowed
 
+    def set_allowed(self, allowed: Iterable[int]) -> list[int]:
+        """Replace the allow-list: a peer no longer on it loses its address and every
+        verified link (closed with `PEER_REJECTED_CODE`), and is refused if it comes
+        back. Returns the ids dropped."""
+        new = set(allowed)
+        dropped = sorted(self.allowed - new)
+        self.allowed = new
+        for node_id in dropped:
+            self.address_book.pop(node_id, None)
+        for link in list(self._links):
+            peer = link.peer_node_id
+            if peer is not None and peer not in new and not link.closed:
+                link.close(f"node {peer:#018x} left the allow-list", PEER_REJECTED_CODE)
+        return dropped
+
     def report_refused(self, refusal: PeerRefused) -> None:
         self.admission["peer_refused"] += 1
         self.refused.append(refusal)

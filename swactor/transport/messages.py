@@ -30,9 +30,11 @@ class EstablishSend:
 
 @dataclass(frozen=True, slots=True)
 class EstablishRecv:
-    """Start the receive side of `edge_id`: its stream -> ingress `ring`."""
+    """Start the receive side of `edge_id`: its stream from `tx_node_id` (the plan's
+    producer; a stream from any other peer is refused) -> ingress `ring`."""
 
     edge_id: int
+    tx_node_id: int
     ring_id: int
     ring_layout: RingLayout
     rx_addr: object = None
@@ -72,7 +74,9 @@ class StreamClosed:
 
 @dataclass(frozen=True, slots=True)
 class StreamFault:
-    """An edge stream failed. `edge_id` is None when the preamble never named one."""
+    """An edge stream failed. `edge_id` is None when the stream is none of this node's
+    edges: its preamble never named one, or it named an edge whose producer is another
+    node (`PeerNotAllowed`: the stream is refused, the edge itself is unaffected)."""
 
     edge_id: int | None
     reason: StreamFaultReason

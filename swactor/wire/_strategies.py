@@ -343,7 +343,7 @@ def provision_stages(draw: st.DrawFn) -> wire.ProvisionStage:
         layer_start=start,
         layer_end_exclusive=start + draw(st.integers(1, 100)),
         inbound=wire.InboundEdgeProvision(
-            ids[0], in_kind, draw(object_specs()), draw(ring_specs())
+            ids[0], in_kind, draw(ident(wire.NodeId)), draw(object_specs()), draw(ring_specs())
         ),
         outbound=wire.OutboundEdgeProvision(
             ids[1], out_kind, draw(ident(wire.NodeId)), draw(object_specs()), draw(ring_specs())
@@ -439,6 +439,7 @@ def _builders() -> dict[type, Callable[[], st.SearchStrategy[Any]]]:
             wire.InboundEdgeProvision,
             ident(wire.EdgeId),
             st.sampled_from(wire.EdgeKind),
+            ident(wire.NodeId),
             object_specs(),
             ring_specs(),
         ),
@@ -457,7 +458,7 @@ def _builders() -> dict[type, Callable[[], st.SearchStrategy[Any]]]:
             wire.ProvisionTx, ident(wire.EdgeId), ident(wire.NodeId), object_specs(), ring_specs()
         ),
         wire.ProvisionRx: lambda: st.builds(
-            wire.ProvisionRx, ident(wire.EdgeId), object_specs(), ring_specs()
+            wire.ProvisionRx, ident(wire.EdgeId), ident(wire.NodeId), object_specs(), ring_specs()
         ),
         wire.InitializeWorker: lambda: st.builds(
             wire.InitializeWorker,

@@ -169,7 +169,11 @@ def _provision_stage() -> wire.ProvisionStage:
         layer_start=3,
         layer_end_exclusive=6,
         inbound=wire.InboundEdgeProvision(
-            wire.EdgeId(2), wire.EdgeKind.Activation, _activation_spec(), _ring_spec()
+            wire.EdgeId(2),
+            wire.EdgeKind.Activation,
+            STAGE_NODES[0],
+            _activation_spec(),
+            _ring_spec(),
         ),
         outbound=wire.OutboundEdgeProvision(
             wire.EdgeId(3),
@@ -218,7 +222,9 @@ _EXAMPLES: dict[type, Callable[[], object]] = {
     wire.ProvisionTx: lambda: wire.ProvisionTx(
         wire.EdgeId(2), STAGE_NODES[1], _activation_spec(), _ring_spec()
     ),
-    wire.ProvisionRx: lambda: wire.ProvisionRx(wire.EdgeId(2), _activation_spec(), _ring_spec()),
+    wire.ProvisionRx: lambda: wire.ProvisionRx(
+        wire.EdgeId(2), STAGE_NODES[0], _activation_spec(), _ring_spec()
+    ),
     wire.InitializeWorker: lambda: wire.InitializeWorker(
         wire.WorkerGeneration(1), 1 << 30, 1, {"device": "CPU"}
     ),

@@ -31,10 +31,13 @@ from swactor.wire.rings import RingSpec
 
 @dataclass(frozen=True, slots=True)
 class InboundEdgeProvision(WireStruct):
-    """The edge a stage receives on (spec §12); established as a receive edge."""
+    """The edge a stage receives on, from `producer_node_id` (spec §12; the producer is
+    an extension: spec §4 has a node reject edge data that does not match its plan, so
+    the stream is accepted from that node only)."""
 
     edge_id: EdgeId
     kind: EdgeKind
+    producer_node_id: NodeId
     object_spec: ObjectSpec
     ring_spec: RingSpec
 
@@ -137,9 +140,11 @@ class ProvisionTx(WireStruct):
 
 @dataclass(frozen=True, slots=True)
 class ProvisionRx(WireStruct):
-    """Provision the consumer end of an edge (spec §26)."""
+    """Provision the consumer end of an edge, produced by `tx_node_id` (spec §26; the
+    producer is an extension, see `InboundEdgeProvision`)."""
 
     edge_id: EdgeId
+    tx_node_id: NodeId
     object_spec: ObjectSpec
     ring_spec: RingSpec
 
@@ -158,7 +163,12 @@ def provision_tx(edge: EdgePlan) -> ProvisionTx:
 
 def provision_rx(edge: EdgePlan) -> ProvisionRx:
     """The consumer-side message for `edge` (Ingress ring)."""
-    return ProvisionRx(edge.edge_id, edge.object_spec, _ring_for(edge, RingDirection.Ingress))
+    return ProvisionRx(
+        edge.edge_id,
+        edge.producer.node_id,
+        edge.object_spec,
+        _ring_for(edge, RingDirection.Ingress),
+    )
 
 
 def provision_stage(plan: RunPlan, stage_index: int, runtime: StageRuntimeFacts) -> ProvisionStage:
@@ -177,6 +187,7 @@ def provision_stage(plan: RunPlan, stage_index: int, runtime: StageRuntimeFacts)
         inbound=InboundEdgeProvision(
             inbound.edge_id,
             inbound.kind,
+            inbound.producer.node_id,
             inbound.object_spec,
             _ring_for(inbound, RingDirection.Ingress),
         ),

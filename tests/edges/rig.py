@@ -65,8 +65,13 @@ def tx(edge: int, rx_node: int, capacity: int = RING) -> ProvisionTx:
                        ring_spec(RingDirection.Egress, capacity))
 
 
-def rx(edge: int, capacity: int = RING) -> ProvisionRx:
-    return ProvisionRx(EdgeId(edge), float_spec(), ring_spec(RingDirection.Ingress, capacity))
+PRODUCER = 0x5EED
+"""A producer node id for receive edges whose stream never comes (single-node tests)."""
+
+
+def rx(edge: int, tx_node: int, capacity: int = RING) -> ProvisionRx:
+    return ProvisionRx(EdgeId(edge), NodeId(tx_node), float_spec(),
+                       ring_spec(RingDirection.Ingress, capacity))
 
 
 @dataclass

@@ -33,7 +33,7 @@ from swactor.wire import (
     RunFaultReason,
     UninstallReason,
 )
-from tests.edges.rig import RING, EdgeNode, OpenGate, rx, tx
+from tests.edges.rig import PRODUCER, RING, EdgeNode, OpenGate, rx, tx
 
 LEASE_BYTES = 4096 + RING  # header page + data (ArenaManager lease geometry)
 
@@ -93,7 +93,7 @@ async def test_lease_never_fits_fails_the_edge() -> None:
     async with Runtime("edges") as runtime:
         node = await one_node(runtime, 1 << 20)
         try:
-            actor = await node.provision(rx(1, capacity=4 << 20))
+            actor = await node.provision(rx(1, PRODUCER, capacity=4 << 20))
             reason, component = await node.owner.wait("failed", 1)
             assert (reason, component) == (RunFaultReason.RingRequestOversized,
                                            Component.ArenaManager)
@@ -110,9 +110,9 @@ async def test_arena_pressure_waits_then_is_served_after_a_release() -> None:
     async with Runtime("edges") as runtime:
         node = await one_node(runtime, 2 * LEASE_BYTES - 4096)
         try:
-            first = await node.provision(rx(1))
+            first = await node.provision(rx(1, PRODUCER))
             await node.owner.wait("ready", 1)
-            await node.provision(rx(2))
+            await node.provision(rx(2, PRODUCER))
             await asyncio.sleep(0.1)
             assert await node.state(2) is er.State.WaitingForLease
             assert len(await node.live_leases()) == 1
@@ -130,9 +130,9 @@ async def test_arena_pressure_timeout_fails_the_edge_and_cancels_its_lease() -> 
     async with Runtime("edges") as runtime:
         node = await one_node(runtime, 2 * LEASE_BYTES - 4096, lease_timeout_s=0.2)
         try:
-            first = await node.provision(rx(1))
+            first = await node.provision(rx(1, PRODUCER))
             await node.owner.wait("ready", 1)
-            second = await node.provision(rx(2))
+            second = await node.provision(rx(2, PRODUCER))
             reason, _ = await node.owner.wait("failed", 2)
             assert reason is RunFaultReason.ArenaPressureTimeout
             await node.wait_state(2, er.State.Failed)
@@ -157,10 +157,10 @@ async def test_stop_edge_in_each_state_leaves_no_live_lease(state: str) -> None:
         silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         silent.bind(("127.0.0.1", 0))
         try:
-            edge, provision = 5, rx(5)
+            edge, provision = 5, rx(5, PRODUCER)
             expected_clean = True
             if state == "WaitingForLease":
-                await node.provision(rx(9, capacity=3 * RING))  # takes most of the arena
+                await node.provision(rx(9, PRODUCER, capacity=3 * RING))  # takes most of the arena
                 await node.owner.wait("ready", 9)
             elif state == "WaitingForWorkerRing":
                 holder(node).holding = True
@@ -169,7 +169,7 @@ async def test_stop_edge_in_each_state_leaves_no_live_lease(state: str) -> None:
                 node.endpoint.address_book[peer] = silent.getsockname()
                 provision = tx(edge, peer)  # type: ignore[assignment]
             elif state == "Failed":
-                provision = rx(edge, capacity=64 * RING)
+                provision = rx(edge, PRODUCER, capacity=64 * RING)
             actor = await node.provision(provision)
             if state == "StoppingAfterFault":
                 ring = await node.owner.wait("ready", edge)
@@ -201,7 +201,7 @@ async def test_grant_crossing_its_cancellation_is_released_unused() -> None:
         try:
             # LeaseRing and then CancelLease reach the ArenaManager back to back, so it
             # grants the lease before it sees the cancellation.
-            actor = await node.provision(rx(3))
+            actor = await node.provision(rx(3, PRODUCER))
             actor.tell(StopEdgeRequest(EdgeId(3)))
             await node.wait_state(3, er.State.CancellingLease)
             node.arena_front.tell(OpenGate())
@@ -211,7 +211,7 @@ async def test_grant_crossing_its_cancellation_is_released_unused() -> None:
             assert await node.live_leases() == []
             # Ring ids are never reused: the next lease getting ring 2 proves ring 1 was
             # granted to the cancelled request (and then released unused).
-            await node.provision(rx(4))
+            await node.provision(rx(4, PRODUCER))
             assert await node.owner.wait("ready", 4) == 2
             await actor.join()
         finally:

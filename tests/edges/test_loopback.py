@@ -68,13 +68,13 @@ async def test_edge_ready_in_either_order_and_bytes_arrive(rx_first: bool) -> No
         a, b = await node_pair(runtime)
         try:
             if rx_first:
-                rx_actor = await b.provision(rx(EDGE), run_id=RUN)
+                rx_actor = await b.provision(rx(EDGE, a.identity.node_id), run_id=RUN)
                 await b.wait_state(EDGE, er.State.Ready)
                 tx_actor = await a.provision(tx(EDGE, b.identity.node_id), run_id=RUN)
             else:
                 tx_actor = await a.provision(tx(EDGE, b.identity.node_id), run_id=RUN)
                 await a.wait_state(EDGE, er.State.Ready)
-                rx_actor = await b.provision(rx(EDGE), run_id=RUN)
+                rx_actor = await b.provision(rx(EDGE, a.identity.node_id), run_id=RUN)
             ring_a = await a.owner.wait("ready", EDGE)
             ring_b = await b.owner.wait("ready", EDGE)
             assert await a.state(EDGE) is er.State.Ready

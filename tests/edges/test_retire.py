@@ -22,7 +22,7 @@ from swactor.fsm.generated import edge_record as er
 from swactor.transport.config import TransportConfig
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import EdgeId
-from tests.edges.rig import RING, EdgeNode, rx
+from tests.edges.rig import PRODUCER, RING, EdgeNode, rx
 
 CYCLES = 12
 
@@ -34,7 +34,7 @@ def live(kind: type) -> int:
 
 async def one_edge(node: EdgeNode, edge: int) -> None:
     """Provision an Rx edge, see it ready, stop it, see it stopped."""
-    actor = await node.provision(rx(edge))
+    actor = await node.provision(rx(edge, PRODUCER))
     await node.owner.wait("ready", edge)
     actor.tell(StopEdgeRequest(EdgeId(edge)))
     assert await node.owner.wait("stopped", edge) is True

@@ -28,7 +28,7 @@ EDGE = EdgeId(11)
 async def lose_connection(runtime: Runtime) -> tuple[EdgeNode, EdgeNode, list[ActorRef[Any]]]:
     """A Ready pair with a live stream whose sender's endpoint then closes."""
     a, b = await node_pair(runtime)
-    rx_actor = await b.provision(rx(EDGE))
+    rx_actor = await b.provision(rx(EDGE, a.identity.node_id))
     tx_actor = await a.provision(tx(EDGE, b.identity.node_id))
     ring_a = await a.owner.wait("ready", EDGE)
     await b.owner.wait("ready", EDGE)
@@ -83,7 +83,7 @@ async def test_handshake_failure_is_an_edge_establishment_failure(
     async with Runtime("edges") as runtime:
         a, b = await node_pair(runtime)
         try:
-            await b.provision(rx(EDGE))
+            await b.provision(rx(EDGE, a.identity.node_id))
             await a.provision(tx(EDGE, b.identity.node_id))
             reason, component = await a.owner.wait("failed", EDGE)
             assert reason is RunFaultReason.EdgeEstablishmentFailed

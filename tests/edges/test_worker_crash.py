@@ -19,7 +19,7 @@ from swactor.fsm.generated import edge_record as er
 from swactor.transport.config import TransportConfig
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import Component, EdgeId, QuiescenceProofKind, RunFaultReason
-from tests.edges.rig import RING, EdgeNode, rx
+from tests.edges.rig import PRODUCER, RING, EdgeNode, rx
 from tests.edges.worker_rig import attach_worker, start_worker
 
 EDGES = (1, 2)
@@ -33,7 +33,7 @@ async def test_worker_crash_faults_edges_and_teardown_releases_with_worker_reape
         await node.start(TransportConfig(), ())
         try:
             ready = await start_worker(node, worker)
-            actors = [await node.provision(rx(edge, RING), port=edge) for edge in EDGES]
+            actors = [await node.provision(rx(edge, PRODUCER, RING), port=edge) for edge in EDGES]
             rings = [await node.owner.wait("ready", edge, timeout=30) for edge in EDGES]
             assert sorted(int(r) for r in routes.edges) == sorted(rings)
             assert len(await node.live_leases()) == 2
@@ -64,7 +64,7 @@ async def test_stop_with_a_live_worker_releases_after_ring_quiesced() -> None:
         await node.start(TransportConfig(), ())
         try:
             await start_worker(node, worker)
-            actor = await node.provision(rx(1, RING), port=1)
+            actor = await node.provision(rx(1, PRODUCER, RING), port=1)
             ring = await node.owner.wait("ready", 1, timeout=30)
             actor.tell(StopEdgeRequest(EdgeId(1)))
             assert await node.owner.wait("stopped", 1, timeout=30) is True

@@ -39,7 +39,7 @@ async def test_objects_cross_quic_into_a_real_worker_and_reach_the_rx_actors_own
         try:
             await start_worker(b, worker)
             tx_actor = await a.provision(tx(EDGE, idb.node_id))
-            rx_actor = await b.provision(rx(EDGE), port=1)
+            rx_actor = await b.provision(rx(EDGE, a.identity.node_id), port=1)
             ring_a = await a.owner.wait("ready", EDGE, timeout=30)
             await b.owner.wait("ready", EDGE, timeout=30)
 

@@ -108,7 +108,7 @@ async def test_initial_flood_gets_retries_and_builds_nothing() -> None:
     sock.setblocking(False)
     try:
         rx_id, rx_layout, ring = b.new_ring(1 << 16)
-        b.driver.handle(EstablishRecv(1, rx_id, rx_layout))
+        b.driver.handle(EstablishRecv(1, a.identity.node_id, rx_id, rx_layout))
         tx_id, tx_layout, tx = a.new_ring(1 << 16)
         a.driver.handle(EstablishSend(1, b.identity.node_id, tx_id, tx_layout))
         await a.wait_for(DriverEdgeReady)  # a's link to b is up before the flood

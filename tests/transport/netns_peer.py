@@ -26,7 +26,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     ring_id, layout, ring = node.new_ring(1 << 20)
     if args.role == "rx":
         print(json.dumps({"port": node.endpoint.address[1]}), flush=True)
-        node.driver.handle(EstablishRecv(1, ring_id, layout))
+        node.driver.handle(EstablishRecv(1, args.peer_id, ring_id, layout))
         consumer = Consumer(node, ring, ring_id)
         digest = await consumer.drain()
         result: dict[str, object] = {"bytes": consumer.received, "digest": digest}

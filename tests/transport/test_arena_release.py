@@ -40,7 +40,7 @@ async def _idle_sender(a: Node, b: Node) -> int:
     egress ring (its producer never closes)."""
     tx_id, tx_layout, tx = a.new_ring(1 << 16)
     rx_id, rx_layout, _ = b.new_ring(1 << 16)
-    b.driver.handle(EstablishRecv(EDGE, rx_id, rx_layout))
+    b.driver.handle(EstablishRecv(EDGE, a.identity.node_id, rx_id, rx_layout))
     a.driver.handle(EstablishSend(EDGE, b.identity.node_id, tx_id, tx_layout))
     await produce(a, tx, tx_id, [b"x" * 5000], close=False)
     async with asyncio.timeout(10):
@@ -82,7 +82,7 @@ async def test_receiver_stopped_on_a_full_ring_leaves_no_view() -> None:
     try:
         tx_id, tx_layout, tx = a.new_ring(1 << 16)
         rx_id, rx_layout, rx = b.new_ring(1 << 16)
-        b.driver.handle(EstablishRecv(EDGE, rx_id, rx_layout))
+        b.driver.handle(EstablishRecv(EDGE, a.identity.node_id, rx_id, rx_layout))
         a.driver.handle(EstablishSend(EDGE, b.identity.node_id, tx_id, tx_layout))
         producer = asyncio.create_task(produce(a, tx, tx_id, payload_chunks(1 << 20, EDGE)))
         async with asyncio.timeout(10):

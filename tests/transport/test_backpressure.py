@@ -61,7 +61,7 @@ async def _proof(config: TransportConfig, total: int, stall_s: float) -> None:
     try:
         tx_id, tx_layout, tx = a.new_ring(RING)
         rx_id, rx_layout, rx = b.new_ring(RING)
-        b.driver.handle(EstablishRecv(1, rx_id, rx_layout))
+        b.driver.handle(EstablishRecv(1, a.identity.node_id, rx_id, rx_layout))
         a.driver.handle(EstablishSend(1, b.identity.node_id, tx_id, tx_layout))
         consumer = Consumer(b, rx, rx_id)
         peaks = Peaks()
@@ -160,7 +160,7 @@ async def test_lossy_path_loses_no_byte_and_no_credit() -> None:
         total = 2 << 20
         tx_id, tx_layout, tx = a.new_ring(256 << 10)
         rx_id, rx_layout, rx = b.new_ring(256 << 10)
-        b.driver.handle(EstablishRecv(1, rx_id, rx_layout))
+        b.driver.handle(EstablishRecv(1, a.identity.node_id, rx_id, rx_layout))
         a.driver.handle(EstablishSend(1, b.identity.node_id, tx_id, tx_layout))
         consumer = Consumer(b, rx, rx_id)
         sent, got = await fail_on_fault(

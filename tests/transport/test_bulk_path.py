@@ -732,7 +732,7 @@ async def _edge(src: Node, dst: Node, edge: int, total: int) -> tuple[str, str, 
     received, and the bytes the consumer took."""
     tx_id, tx_layout, tx = src.new_ring(1 << 20)
     rx_id, rx_layout, rx = dst.new_ring(1 << 20)
-    dst.driver.handle(EstablishRecv(edge, rx_id, rx_layout))
+    dst.driver.handle(EstablishRecv(edge, src.identity.node_id, rx_id, rx_layout))
     src.driver.handle(EstablishSend(edge, dst.identity.node_id, tx_id, tx_layout))
     consumer = Consumer(dst, rx, rx_id)
     chunks = payload_chunks(total, seed=edge)
@@ -823,7 +823,7 @@ async def test_empty_datagrams_to_an_endpoint_raise_nothing() -> None:
     try:
         tx_id, tx_layout, tx = a.new_ring(1 << 20)
         rx_id, rx_layout, rx = b.new_ring(1 << 20)
-        b.driver.handle(EstablishRecv(8, rx_id, rx_layout))
+        b.driver.handle(EstablishRecv(8, a.identity.node_id, rx_id, rx_layout))
         a.driver.handle(EstablishSend(8, b.identity.node_id, tx_id, tx_layout))
         consumer = Consumer(b, rx, rx_id)
 

@@ -44,12 +44,13 @@ async def _transfer(a: Node, b: Node, edge: int, total: int, recv_first: bool) -
     rx_id, rx_layout, rx = b.new_ring(256 << 10)
     chunks = payload_chunks(total, seed=edge)
     send = EstablishSend(edge, b.identity.node_id, tx_id, tx_layout)
-    recv = EstablishRecv(edge, rx_id, rx_layout)
+    recv = EstablishRecv(edge, a.identity.node_id, rx_id, rx_layout)
     if recv_first:
         b.driver.handle(recv)
         a.driver.handle(send)
     else:
-        b.driver.expect_recv([edge])  # provisioned, not yet established locally
+        # provisioned, not yet established locally
+        b.driver.expect_recv([(edge, a.identity.node_id)])
         a.driver.handle(send)
         producer = asyncio.create_task(produce(a, tx, tx_id, chunks))
         # The stream arrives and waits, unread, in pending_streams.
@@ -92,7 +93,7 @@ async def _full_edge(a: Node, b: Node, edge: int) -> tuple[int, int, Ring, async
     send): (tx ring id, rx ring id, b's ring, the producer task)."""
     tx_id, tx_layout, tx = a.new_ring(1 << 16)
     rx_id, rx_layout, rx = b.new_ring(1 << 16)
-    b.driver.handle(EstablishRecv(edge, rx_id, rx_layout))
+    b.driver.handle(EstablishRecv(edge, a.identity.node_id, rx_id, rx_layout))
     a.driver.handle(EstablishSend(edge, b.identity.node_id, tx_id, tx_layout))
     producer = asyncio.create_task(produce(a, tx, tx_id, payload_chunks(1 << 20, edge)))
     async with asyncio.timeout(5):
@@ -109,9 +110,9 @@ async def _raw_stream(a: Node, b: Node) -> tuple[object, int]:
 async def test_unknown_edge_is_refused_and_reported() -> None:
     a, b = await make_pair(FAST)
     try:
-        b.driver.expect_recv([1])
+        b.driver.expect_recv([(1, a.identity.node_id)])
         rx_id, rx_layout, rx = b.new_ring(1 << 16)
-        b.driver.handle(EstablishRecv(1, rx_id, rx_layout))
+        b.driver.handle(EstablishRecv(1, a.identity.node_id, rx_id, rx_layout))
         tx_id, tx_layout, tx = a.new_ring(1 << 16)
         a.driver.handle(EstablishSend(99, b.identity.node_id, tx_id, tx_layout))
         await produce(a, tx, tx_id, [b"x" * 5000], close=False)
@@ -151,7 +152,7 @@ async def test_bad_preamble_is_a_stream_fault(
     a, b = await make_pair(FAST)
     try:
         rx_id, rx_layout, rx = b.new_ring(1 << 16)
-        b.driver.handle(EstablishRecv(3, rx_id, rx_layout))
+        b.driver.handle(EstablishRecv(3, a.identity.node_id, rx_id, rx_layout))
         link, sid = await _raw_stream(a, b)
         link.send(sid, first_bytes, end=True)  # type: ignore[attr-defined]
         fault = await b.wait_for(StreamFault)
@@ -167,7 +168,7 @@ async def test_eof_mid_stream_closes_with_offset_and_keeps_bytes() -> None:
     a, b = await make_pair(FAST)
     try:
         rx_id, rx_layout, rx = b.new_ring(1 << 16)
-        b.driver.handle(EstablishRecv(4, rx_id, rx_layout))
+        b.driver.handle(EstablishRecv(4, a.identity.node_id, rx_id, rx_layout))
         link, sid = await _raw_stream(a, b)
         body = bytes(range(256)) * 4 + b"half-an-object"
         link.send(sid, EdgePreamble(edge_id=EdgeId(4)).pack() + body, end=True)  # type: ignore[attr-defined]
@@ -183,7 +184,7 @@ async def test_peer_reset_mid_stream_is_a_stream_fault() -> None:
     a, b = await make_pair(FAST)
     try:
         rx_id, rx_layout, rx = b.new_ring(1 << 16)
-        b.driver.handle(EstablishRecv(6, rx_id, rx_layout))
+        b.driver.handle(EstablishRecv(6, a.identity.node_id, rx_id, rx_layout))
         link, sid = await _raw_stream(a, b)
         link.send(sid, EdgePreamble(edge_id=EdgeId(6)).pack() + b"abc")  # type: ignore[attr-defined]
         async with asyncio.timeout(5):
@@ -205,7 +206,7 @@ async def test_several_edges_share_one_connection_and_one_stall_blocks_no_other(
         total = 2 << 20
         rings = {edge: (a.new_ring(128 << 10), b.new_ring(128 << 10)) for edge in (21, 22, 23)}
         for edge, ((tx_id, tx_layout, _), (rx_id, rx_layout, _)) in rings.items():
-            b.driver.handle(EstablishRecv(edge, rx_id, rx_layout))
+            b.driver.handle(EstablishRecv(edge, a.identity.node_id, rx_id, rx_layout))
             a.driver.handle(EstablishSend(edge, b.identity.node_id, tx_id, tx_layout))
         producers = {
             edge: asyncio.create_task(produce(a, tx[2], tx[0], payload_chunks(total, edge)))
@@ -328,7 +329,7 @@ async def test_second_stream_for_a_live_edge_faults_it() -> None:
     a, b = await make_pair(FAST)
     try:
         rx_id, rx_layout, rx = b.new_ring(1 << 16)
-        b.driver.handle(EstablishRecv(10, rx_id, rx_layout))
+        b.driver.handle(EstablishRecv(10, a.identity.node_id, rx_id, rx_layout))
         link, first = await _raw_stream(a, b)
         preamble = EdgePreamble(edge_id=EdgeId(10)).pack()
         link.send(first, preamble + b"one")  # type: ignore[attr-defined]
@@ -370,7 +371,7 @@ async def test_stopped_edge_gives_its_connection_credit_back() -> None:
     credit: otherwise each stopped edge shrinks MAX_DATA for the edges that follow."""
     a, b = await make_pair(FAST)
     try:
-        b.driver.expect_recv([31])
+        b.driver.expect_recv([(31, a.identity.node_id)])
         tx_id, tx_layout, tx = a.new_ring(1 << 20)
         a.driver.handle(EstablishSend(31, b.identity.node_id, tx_id, tx_layout))
         producer = asyncio.create_task(produce(a, tx, tx_id, payload_chunks(1 << 20, 31)))
@@ -394,7 +395,8 @@ async def test_stopped_edge_gives_its_connection_credit_back() -> None:
 async def test_peer_reset_of_an_unread_stream_gives_its_credit_back() -> None:
     a, b = await make_pair(FAST)
     try:
-        b.driver.expect_recv([32])  # provisioned, never established: the stream waits unread
+        # provisioned, never established: the stream waits unread
+        b.driver.expect_recv([(32, a.identity.node_id)])
         link, sid = await _raw_stream(a, b)
         preamble = EdgePreamble(edge_id=EdgeId(32)).pack()
         link.send(sid, preamble + bytes(100_000))  # type: ignore[attr-defined]
@@ -429,9 +431,10 @@ async def test_a_new_plan_forgets_the_ended_edges_of_the_last_one() -> None:
                 await asyncio.sleep(0.01)
         recv_ref = weakref.ref(b.driver.recv_edges[5])
         send_ref = weakref.ref(a.driver.send_edges[5])
-        b.driver.expect_recv([6])  # the next run's plan
+        b.driver.expect_recv([(6, a.identity.node_id)])  # the next run's plan
         rx_id, rx_layout, _ = a.new_ring(1 << 16)
-        a.driver.handle(EstablishRecv(7, rx_id, rx_layout))  # the next run's establish
+        # the next run's establish
+        a.driver.handle(EstablishRecv(7, b.identity.node_id, rx_id, rx_layout))
         gc.collect()
         assert 5 not in b.driver.recv_edges and 5 not in a.driver.send_edges
         assert recv_ref() is None, gc.get_referrers(recv_ref())
@@ -445,7 +448,7 @@ async def test_a_new_plan_forgets_the_ended_edges_of_the_last_one() -> None:
         fault = b.of_type(StreamFault)[-1]
         assert (fault.edge_id, fault.reason) == (5, StreamFaultReason.DuplicateStream)
         with pytest.raises(TransportError, match="already established"):
-            b.driver.handle(EstablishRecv(5, *b.new_ring(1 << 16)[:2]))
+            b.driver.handle(EstablishRecv(5, a.identity.node_id, *b.new_ring(1 << 16)[:2]))
     finally:
         await a.close()
         await b.close()

@@ -37,7 +37,7 @@ _addr = address_of
 async def _receiver(allowed: tuple[int, ...]) -> tuple[Node, Ring]:
     b = await make_node(CONFIG, allowed=allowed)
     ring_id, layout, ring = b.new_ring(1 << 16)
-    b.driver.handle(EstablishRecv(1, ring_id, layout))
+    b.driver.handle(EstablishRecv(1, allowed[0], ring_id, layout))
     return b, ring
 
 

@@ -55,7 +55,7 @@ async def test_worker_processes_stream_through_quic_with_doorbells() -> None:
     producer = egress.spawn("producer", "--total", str(TOTAL), "--timeout", "60", barrier=False)
     consumer = ingress.spawn("consumer", "--timeout", "60", barrier=False)
     try:
-        rx.handle(EstablishRecv(7, 1, ingress.layout))
+        rx.handle(EstablishRecv(7, ids[0].node_id, 1, ingress.layout))
         tx.handle(EstablishSend(7, ids[1].node_id, 1, egress.layout))
         produced, consumed = await asyncio.gather(_finish(producer), _finish(consumer))
         assert produced["bytes"] == consumed["bytes"] == TOTAL
