@@ -50,8 +50,8 @@ async def _intrude(c: Node, b: Node) -> None:
 async def _refusal(b: Node) -> StreamFault:
     async with asyncio.timeout(10):
         while True:
-            faults = [e for e in b.of_type(StreamFault)
-                      if isinstance(e, StreamFault) and e.reason is StreamFaultReason.PeerNotAllowed]
+            faults = [e for e in b.of_type(StreamFault) if isinstance(e, StreamFault)
+                      and e.reason is StreamFaultReason.PeerNotAllowed]
             if faults:
                 return faults[0]
             await asyncio.sleep(0.01)
