@@ -17,6 +17,7 @@ onto many states shares one function unless timers make the effect lists differ.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -269,8 +270,98 @@ def module_source(table: Table, wire: WireNames) -> str:
         "context_props": [(f.name, f.type.python(), pretty.docstring(f.doc, 8))
                           for f in table.context],
         "slots": pretty.call("__slots__ = ", [f'"_{n}"' for n in slot_names], "", 4),
+        "model": _model_lines(table),
     }
     return render("machine.py.j2", **context)
+
+
+def _literal(value: object) -> str:
+    """A scalar as Python source (strings in double quotes, as ruff's style has them)."""
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def _layout(value: object, indent: int, lead: str = "", tail: str = "") -> list[str]:
+    """``lead + value + tail`` as Python source within the line limit: a tuple (or a
+    call of ``Name`` with a tuple of arguments) on one line when it fits, else one element
+    per line, each laid out the same way."""
+    pad = " " * indent
+    if isinstance(value, _Call):
+        inner = [_flat(item) for item in value.args]
+        one = f"{pad}{lead}{value.name}({', '.join(inner)}){tail}"
+        if len(one) <= pretty.LIMIT:
+            return [one]
+        out = [f"{pad}{lead}{value.name}("]
+        for item in value.args:
+            out += _layout(item, indent + 4, "", ",")
+        return [*out, f"{pad}){tail}"]
+    if isinstance(value, tuple):
+        one = f"{pad}{lead}{_flat(value)}{tail}"
+        if len(one) <= pretty.LIMIT:
+            return [one]
+        out = [f"{pad}{lead}("]
+        for item in value:
+            out += _layout(item, indent + 4, "", ",")
+        return [*out, f"{pad}){tail}"]
+    return [f"{pad}{lead}{_flat(value)}{tail}"]
+
+
+class _Call:
+    """``name(args...)`` for `_layout` (keyword arguments are ``_Kw``)."""
+
+    def __init__(self, name: str, *args: object) -> None:
+        self.name = name
+        self.args = args
+
+
+class _Kw:
+    def __init__(self, key: str, value: object) -> None:
+        self.key = key
+        self.value = value
+
+
+def _flat(value: object) -> str:
+    if isinstance(value, _Kw):
+        return f"{value.key}={_flat(value.value)}"
+    if isinstance(value, _Call):
+        return f"{value.name}({', '.join(_flat(a) for a in value.args)})"
+    if isinstance(value, tuple):
+        items = [_flat(v) for v in value]
+        return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+    return _literal(value)
+
+
+def _model_lines(table: Table) -> list[str]:
+    """``MODEL: Final = MachineModel(...)``: the table as data (``swactor.fsm.model``)."""
+    rows = tuple(
+        _Call("Transition", row.source, row.event, row.guard, row.target, row.effects,
+              row.with_values, row.fault)
+        for row in table.rows
+    )
+    ignored = tuple(sorted((s, e) for s in table.states for e in table.events
+                           if table.outcome(s, e) == "ignore"))
+    states = table.states.values()
+    model = _Call(
+        "MachineModel",
+        _Kw("machine", table.machine),
+        _Kw("spec", table.spec),
+        _Kw("initial", table.initial),
+        _Kw("states", tuple(table.states)),
+        _Kw("terminal", _Call("frozenset", *((tuple(s.name for s in states if s.terminal),)
+                                             if any(s.terminal for s in states) else ()))),
+        _Kw("fault_states", _Call("frozenset", *((tuple(s.name for s in states if s.fault),)
+                                                 if any(s.fault for s in states) else ()))),
+        _Kw("events", tuple(table.events)),
+        _Kw("effects", tuple(table.effects)),
+        _Kw("transitions", rows),
+        _Kw("ignored", _Call("frozenset", *((ignored,) if ignored else ()))),
+        _Kw("unhandled", table.unhandled),
+        _Kw("fault_state", table.fault_state),
+    )
+    out = [f"{' ' * 0}MODEL: Final = MachineModel("]
+    for arg in model.args:
+        assert isinstance(arg, _Kw)
+        out += _layout(arg.value, 4, f"{arg.key}=", ",")
+    return [*out, ")", '"""This table as data (``swactor.fsm.model``): rows, ignores, policy."""']
 
 
 def _row_summary(row: Row) -> str:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
+from swactor.fsm.model import MachineModel, Transition
 from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, blank, slot_setter
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "Effect",
     "Event",
     "MACHINE",
+    "MODEL",
     "SPEC",
     "State",
     "TIMER_EVENTS",
@@ -744,3 +746,123 @@ class ArenaManagerMachine:
         if self._state in _TERMINAL:
             return []
         raise ProtocolError(MACHINE, self._state.name, name, "no row handles it in this state")
+
+
+MODEL: Final = MachineModel(
+    machine="arena_manager",
+    spec="\u00a719",
+    initial="Booting",
+    states=("Booting", "Constructing", "Ready", "ShuttingDown", "Stopped", "Failed"),
+    terminal=frozenset(("Stopped", "Failed")),
+    fault_states=frozenset(("Failed",)),
+    events=(
+        "ConstructArena",
+        "ArenaConstructed",
+        "ArenaBootFailed",
+        "LeaseRing",
+        "CancelLease",
+        "ReleaseRing",
+        "Shutdown",
+        "ShutdownTimeout",
+    ),
+    effects=(
+        "CreateArena",
+        "ArenaReady",
+        "ArenaFailed",
+        "RingLeased",
+        "QueueLease",
+        "RingLeaseRejected",
+        "LeaseCancelled",
+        "RingReleased",
+        "RetryQueuedLeases",
+        "ReleaseRejected",
+        "RejectQueuedLeases",
+        "UnmapArena",
+    ),
+    transitions=(
+        Transition("Booting", "ConstructArena", None, "Constructing", ("CreateArena",), (), False),
+        Transition("Constructing", "ArenaConstructed", None, "Ready", ("ArenaReady",), (), False),
+        Transition("Constructing", "ArenaBootFailed", None, "Failed", ("ArenaFailed",), (), True),
+        Transition("Ready", "LeaseRing", "fits_now", None, ("RingLeased",), (), False),
+        Transition("Ready", "LeaseRing", "can_ever_fit", None, ("QueueLease",), (), False),
+        Transition(
+            "Ready",
+            "LeaseRing",
+            "else",
+            None,
+            ("RingLeaseRejected",),
+            (("RingLeaseRejected", "reason", "LeaseNeverFits"),),
+            True,
+        ),
+        Transition("Ready", "CancelLease", None, None, ("LeaseCancelled",), (), False),
+        Transition(
+            "Ready",
+            "ReleaseRing",
+            "proof_valid",
+            None,
+            ("RingReleased", "RetryQueuedLeases"),
+            (),
+            False,
+        ),
+        Transition("Ready", "ReleaseRing", "else", None, ("ReleaseRejected",), (), False),
+        Transition(
+            "Ready",
+            "Shutdown",
+            "has_live_leases",
+            "ShuttingDown",
+            ("RejectQueuedLeases",),
+            (),
+            False,
+        ),
+        Transition(
+            "Ready",
+            "Shutdown",
+            "else",
+            "Stopped",
+            ("RejectQueuedLeases", "UnmapArena"),
+            (),
+            False,
+        ),
+        Transition(
+            "ShuttingDown",
+            "LeaseRing",
+            None,
+            None,
+            ("RingLeaseRejected",),
+            (("RingLeaseRejected", "reason", "ShuttingDown"),),
+            False,
+        ),
+        Transition("ShuttingDown", "CancelLease", None, None, ("LeaseCancelled",), (), False),
+        Transition(
+            "ShuttingDown",
+            "ReleaseRing",
+            "releases_last_lease",
+            "Stopped",
+            ("RingReleased", "UnmapArena"),
+            (),
+            False,
+        ),
+        Transition(
+            "ShuttingDown",
+            "ReleaseRing",
+            "proof_valid",
+            None,
+            ("RingReleased",),
+            (),
+            False,
+        ),
+        Transition("ShuttingDown", "ReleaseRing", "else", None, ("ReleaseRejected",), (), False),
+        Transition("ShuttingDown", "Shutdown", None, None, (), (), False),
+        Transition("ShuttingDown", "ShutdownTimeout", None, "Stopped", ("UnmapArena",), (), True),
+    ),
+    ignored=frozenset(
+        (
+            ("Booting", "ShutdownTimeout"),
+            ("Constructing", "ShutdownTimeout"),
+            ("Ready", "ShutdownTimeout"),
+        ),
+    ),
+    unhandled="raise",
+    fault_state=None,
+)
+"""This table as data (``swactor.fsm.model``): rows, ignores, policy."""

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
+from swactor.fsm.model import MachineModel, Transition
 from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, blank, slot_setter
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "Effect",
     "Event",
     "MACHINE",
+    "MODEL",
     "SPEC",
     "State",
     "TIMER_EVENTS",
@@ -595,3 +597,121 @@ class EdgeTeardownMachine:
         if self._state in _TERMINAL:
             return []
         raise ProtocolError(MACHINE, self._state.name, name, "no row handles it in this state")
+
+
+MODEL: Final = MachineModel(
+    machine="edge_teardown",
+    spec="\u00a738",
+    initial="Ready",
+    states=("Ready", "StoppingPump", "StoppingWorkerRing", "ReleasingArena", "Stopped", "Leaked"),
+    terminal=frozenset(("Stopped", "Leaked")),
+    fault_states=frozenset(("Leaked",)),
+    events=(
+        "StopEdge",
+        "StreamFault",
+        "RingFault",
+        "PumpStopped",
+        "RingQuiesced",
+        "WorkerReaped",
+        "RingReleased",
+        "ReleaseRejected",
+        "TeardownStepTimeout",
+    ),
+    effects=("StopPump", "UninstallRing", "ReleaseRing", "EdgeTornDown"),
+    transitions=(
+        Transition("Ready", "StopEdge", None, "StoppingPump", ("StopPump",), (), False),
+        Transition("Ready", "StreamFault", None, "StoppingPump", ("StopPump",), (), True),
+        Transition("Ready", "RingFault", None, "StoppingPump", ("StopPump",), (), True),
+        Transition(
+            "StoppingPump",
+            "PumpStopped",
+            None,
+            "StoppingWorkerRing",
+            ("UninstallRing",),
+            (),
+            False,
+        ),
+        Transition(
+            "StoppingWorkerRing",
+            "RingQuiesced",
+            None,
+            "ReleasingArena",
+            ("ReleaseRing",),
+            (("ReleaseRing", "worker_reaped", False),),
+            False,
+        ),
+        Transition(
+            "StoppingWorkerRing",
+            "WorkerReaped",
+            None,
+            "ReleasingArena",
+            ("ReleaseRing",),
+            (("ReleaseRing", "worker_reaped", True),),
+            False,
+        ),
+        Transition(
+            "ReleasingArena",
+            "RingReleased",
+            None,
+            "Stopped",
+            ("EdgeTornDown",),
+            (("EdgeTornDown", "clean", True),),
+            False,
+        ),
+        Transition(
+            "ReleasingArena",
+            "ReleaseRejected",
+            None,
+            "Leaked",
+            ("EdgeTornDown",),
+            (("EdgeTornDown", "clean", False),),
+            True,
+        ),
+        Transition(
+            "StoppingPump",
+            "TeardownStepTimeout",
+            None,
+            "Leaked",
+            ("EdgeTornDown",),
+            (("EdgeTornDown", "clean", False),),
+            True,
+        ),
+        Transition(
+            "StoppingWorkerRing",
+            "TeardownStepTimeout",
+            None,
+            "Leaked",
+            ("EdgeTornDown",),
+            (("EdgeTornDown", "clean", False),),
+            True,
+        ),
+        Transition(
+            "ReleasingArena",
+            "TeardownStepTimeout",
+            None,
+            "Leaked",
+            ("EdgeTornDown",),
+            (("EdgeTornDown", "clean", False),),
+            True,
+        ),
+        Transition("StoppingPump", "StopEdge", None, None, (), (), False),
+        Transition("StoppingWorkerRing", "StopEdge", None, None, (), (), False),
+        Transition("ReleasingArena", "StopEdge", None, None, (), (), False),
+        Transition("StoppingPump", "StreamFault", None, None, (), (), False),
+        Transition("StoppingWorkerRing", "StreamFault", None, None, (), (), False),
+        Transition("ReleasingArena", "StreamFault", None, None, (), (), False),
+        Transition("StoppingPump", "RingFault", None, None, (), (), False),
+        Transition("StoppingWorkerRing", "RingFault", None, None, (), (), False),
+        Transition("ReleasingArena", "RingFault", None, None, (), (), False),
+        Transition("StoppingPump", "WorkerReaped", None, None, (), (), False),
+        Transition("StoppingPump", "RingQuiesced", None, None, (), (), False),
+        Transition("StoppingWorkerRing", "PumpStopped", None, None, (), (), False),
+        Transition("ReleasingArena", "PumpStopped", None, None, (), (), False),
+        Transition("ReleasingArena", "RingQuiesced", None, None, (), (), False),
+        Transition("ReleasingArena", "WorkerReaped", None, None, (), (), False),
+    ),
+    ignored=frozenset((("Ready", "TeardownStepTimeout"),)),
+    unhandled="raise",
+    fault_state=None,
+)
+"""This table as data (``swactor.fsm.model``): rows, ignores, policy."""

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
+from swactor.fsm.model import MachineModel, Transition
 from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, blank, slot_setter
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "Effect",
     "Event",
     "MACHINE",
+    "MODEL",
     "SPEC",
     "State",
     "TIMER_EVENTS",
@@ -414,3 +416,92 @@ class PoolReadinessMachine:
         if self._state in _TERMINAL:
             return []
         raise ProtocolError(MACHINE, self._state.name, name, "no row handles it in this state")
+
+
+MODEL: Final = MachineModel(
+    machine="pool_readiness",
+    spec="\u00a79",
+    initial="Waiting",
+    states=("Waiting", "Converging", "PoolReady", "Committed", "Released", "Aborted", "Lost"),
+    terminal=frozenset(("Released", "Aborted", "Lost")),
+    fault_states=frozenset(("Lost",)),
+    events=(
+        "MemberChanged",
+        "ConvergenceWindowElapsed",
+        "RunPlanCommitted",
+        "RunEnded",
+        "AbortWaiting",
+    ),
+    effects=(
+        "ReportPoolReady",
+        "ReportPoolReadinessLost",
+        "ReportMembershipLost",
+        "ReportPoolAborted",
+    ),
+    transitions=(
+        Transition("Waiting", "MemberChanged", "pool_complete", "Converging", (), (), False),
+        Transition("Waiting", "MemberChanged", "else", None, (), (), False),
+        Transition("Converging", "MemberChanged", "pool_complete", "Converging", (), (), False),
+        Transition("Converging", "MemberChanged", "else", "Waiting", (), (), False),
+        Transition(
+            "Converging",
+            "ConvergenceWindowElapsed",
+            None,
+            "PoolReady",
+            ("ReportPoolReady",),
+            (),
+            False,
+        ),
+        Transition("PoolReady", "MemberChanged", "pool_complete", None, (), (), False),
+        Transition(
+            "PoolReady",
+            "MemberChanged",
+            "else",
+            "Waiting",
+            ("ReportPoolReadinessLost",),
+            (),
+            False,
+        ),
+        Transition("PoolReady", "RunPlanCommitted", None, "Committed", (), (), False),
+        Transition("Waiting", "AbortWaiting", None, "Aborted", ("ReportPoolAborted",), (), False),
+        Transition(
+            "Converging",
+            "AbortWaiting",
+            None,
+            "Aborted",
+            ("ReportPoolAborted",),
+            (),
+            False,
+        ),
+        Transition(
+            "PoolReady",
+            "AbortWaiting",
+            None,
+            "Aborted",
+            ("ReportPoolAborted",),
+            (),
+            False,
+        ),
+        Transition(
+            "Committed",
+            "MemberChanged",
+            "candidate_lost",
+            "Lost",
+            ("ReportMembershipLost",),
+            (),
+            True,
+        ),
+        Transition("Committed", "MemberChanged", "else", None, (), (), False),
+        Transition("Committed", "RunEnded", None, "Released", (), (), False),
+    ),
+    ignored=frozenset(
+        (
+            ("Committed", "ConvergenceWindowElapsed"),
+            ("PoolReady", "ConvergenceWindowElapsed"),
+            ("Waiting", "ConvergenceWindowElapsed"),
+        ),
+    ),
+    unhandled="raise",
+    fault_state=None,
+)
+"""This table as data (``swactor.fsm.model``): rows, ignores, policy."""

@@ -48,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
+from swactor.fsm.model import MachineModel, Transition
 from swactor.fsm.runtime import ProtocolError, blank, slot_setter
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "Effect",
     "Event",
     "MACHINE",
+    "MODEL",
     "SPEC",
     "State",
     "TIMER_EVENTS",
@@ -567,3 +569,70 @@ class SwimMemberMachine:
         if self._state in _TERMINAL:
             return []
         raise ProtocolError(MACHINE, self._state.name, name, "no row handles it in this state")
+
+
+MODEL: Final = MachineModel(
+    machine="swim_member",
+    spec="\u00a79",
+    initial="Alive",
+    states=("Alive", "Suspect", "Dead", "Left", "Removed"),
+    terminal=frozenset(("Removed",)),
+    fault_states=frozenset(),
+    events=("AliveHeard", "SuspectHeard", "DeadHeard", "LeaveHeard", "SuspicionTimeout", "Forget"),
+    effects=(
+        "ReportAlive",
+        "ReportSuspect",
+        "ConfirmSuspicion",
+        "ReportDead",
+        "ReportLeft",
+        "ReportRemoved",
+        "RefuseClaim",
+    ),
+    transitions=(
+        Transition("Alive", "AliveHeard", "newer", "Alive", ("ReportAlive",), (), False),
+        Transition("Suspect", "AliveHeard", "newer", "Alive", ("ReportAlive",), (), False),
+        Transition("Dead", "AliveHeard", "newer", "Alive", ("ReportAlive",), (), False),
+        Transition("Left", "AliveHeard", "newer", "Alive", ("ReportAlive",), (), False),
+        Transition("Alive", "AliveHeard", "else", None, (), (), False),
+        Transition("Suspect", "AliveHeard", "else", None, (), (), False),
+        Transition("Dead", "AliveHeard", "else", None, (), (), False),
+        Transition("Left", "AliveHeard", "else", None, (), (), False),
+        Transition("Alive", "SuspectHeard", "far_ahead", None, ("RefuseClaim",), (), False),
+        Transition("Suspect", "SuspectHeard", "far_ahead", None, ("RefuseClaim",), (), False),
+        Transition("Alive", "SuspectHeard", "not_older", "Suspect", ("ReportSuspect",), (), False),
+        Transition("Alive", "SuspectHeard", "else", None, (), (), False),
+        Transition("Suspect", "SuspectHeard", "not_older", None, ("ConfirmSuspicion",), (), False),
+        Transition("Suspect", "SuspectHeard", "else", None, (), (), False),
+        Transition("Alive", "DeadHeard", "far_ahead", None, ("RefuseClaim",), (), False),
+        Transition("Suspect", "DeadHeard", "far_ahead", None, ("RefuseClaim",), (), False),
+        Transition("Alive", "DeadHeard", "not_older", "Dead", ("ReportDead",), (), False),
+        Transition("Suspect", "DeadHeard", "not_older", "Dead", ("ReportDead",), (), False),
+        Transition("Alive", "DeadHeard", "else", None, (), (), False),
+        Transition("Suspect", "DeadHeard", "else", None, (), (), False),
+        Transition("Alive", "LeaveHeard", "far_ahead", None, ("RefuseClaim",), (), False),
+        Transition("Suspect", "LeaveHeard", "far_ahead", None, ("RefuseClaim",), (), False),
+        Transition("Alive", "LeaveHeard", "not_older", "Left", ("ReportLeft",), (), False),
+        Transition("Suspect", "LeaveHeard", "not_older", "Left", ("ReportLeft",), (), False),
+        Transition("Alive", "LeaveHeard", "else", None, (), (), False),
+        Transition("Suspect", "LeaveHeard", "else", None, (), (), False),
+        Transition("Suspect", "SuspicionTimeout", None, "Dead", ("ReportDead",), (), False),
+        Transition("Dead", "Forget", None, "Removed", ("ReportRemoved",), (), False),
+        Transition("Left", "Forget", None, "Removed", ("ReportRemoved",), (), False),
+    ),
+    ignored=frozenset(
+        (
+            ("Alive", "SuspicionTimeout"),
+            ("Dead", "DeadHeard"),
+            ("Dead", "LeaveHeard"),
+            ("Dead", "SuspectHeard"),
+            ("Dead", "SuspicionTimeout"),
+            ("Left", "DeadHeard"),
+            ("Left", "LeaveHeard"),
+            ("Left", "SuspectHeard"),
+            ("Left", "SuspicionTimeout"),
+        ),
+    ),
+    unhandled="raise",
+    fault_state=None,
+)
+"""This table as data (``swactor.fsm.model``): rows, ignores, policy."""

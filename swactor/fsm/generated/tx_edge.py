@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
+from swactor.fsm.model import MachineModel, Transition
 from swactor.fsm.runtime import ProtocolError, blank, slot_setter
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "Effect",
     "Event",
     "MACHINE",
+    "MODEL",
     "SPEC",
     "State",
     "TIMER_EVENTS",
@@ -602,3 +604,112 @@ class TxEdgeMachine:
         if self._state in _TERMINAL:
             return []
         raise ProtocolError(MACHINE, self._state.name, name, "no row handles it in this state")
+
+
+MODEL: Final = MachineModel(
+    machine="tx_edge",
+    spec="\u00a727",
+    initial="Provisioning",
+    states=("Provisioning", "Ready", "Producing", "Faulted", "Stopping", "Stopped"),
+    terminal=frozenset(("Stopped",)),
+    fault_states=frozenset(("Faulted",)),
+    events=(
+        "EdgeReady",
+        "EdgeFailed",
+        "ProduceObject",
+        "ObjectProduced",
+        "ObjectFailed",
+        "StreamFault",
+        "StopEdge",
+        "EdgeStopped",
+    ),
+    effects=(
+        "ReportEdgeReady",
+        "ReportObjectProduced",
+        "ReportEdgeFailed",
+        "ReportObjectFailed",
+        "ReportStreamFault",
+        "ForwardStopEdge",
+        "ReportEdgeStopped",
+    ),
+    transitions=(
+        Transition("Provisioning", "EdgeReady", None, "Ready", ("ReportEdgeReady",), (), False),
+        Transition("Ready", "ProduceObject", None, "Producing", (), (), False),
+        Transition(
+            "Producing",
+            "ObjectProduced",
+            "is_expected_object",
+            "Ready",
+            ("ReportObjectProduced",),
+            (),
+            False,
+        ),
+        Transition(
+            "Producing",
+            "ObjectProduced",
+            "else",
+            "Faulted",
+            ("ReportEdgeFailed",),
+            (("ReportEdgeFailed", "reason", "SequenceViolation"),),
+            True,
+        ),
+        Transition("Provisioning", "EdgeFailed", None, "Faulted", ("ReportEdgeFailed",), (), True),
+        Transition("Ready", "EdgeFailed", None, "Faulted", ("ReportEdgeFailed",), (), True),
+        Transition("Producing", "EdgeFailed", None, "Faulted", ("ReportEdgeFailed",), (), True),
+        Transition(
+            "Provisioning",
+            "ObjectFailed",
+            None,
+            "Faulted",
+            ("ReportObjectFailed",),
+            (),
+            True,
+        ),
+        Transition("Ready", "ObjectFailed", None, "Faulted", ("ReportObjectFailed",), (), True),
+        Transition(
+            "Producing",
+            "ObjectFailed",
+            None,
+            "Faulted",
+            ("ReportObjectFailed",),
+            (),
+            True,
+        ),
+        Transition(
+            "Provisioning",
+            "StreamFault",
+            None,
+            "Faulted",
+            ("ReportStreamFault",),
+            (),
+            True,
+        ),
+        Transition("Ready", "StreamFault", None, "Faulted", ("ReportStreamFault",), (), True),
+        Transition("Producing", "StreamFault", None, "Faulted", ("ReportStreamFault",), (), True),
+        Transition("Provisioning", "StopEdge", None, "Stopping", ("ForwardStopEdge",), (), False),
+        Transition("Ready", "StopEdge", None, "Stopping", ("ForwardStopEdge",), (), False),
+        Transition("Producing", "StopEdge", None, "Stopping", ("ForwardStopEdge",), (), False),
+        Transition("Faulted", "StopEdge", None, "Stopping", ("ForwardStopEdge",), (), False),
+        Transition("Stopping", "EdgeStopped", None, "Stopped", ("ReportEdgeStopped",), (), False),
+    ),
+    ignored=frozenset(
+        (
+            ("Faulted", "EdgeFailed"),
+            ("Faulted", "EdgeReady"),
+            ("Faulted", "ObjectFailed"),
+            ("Faulted", "ObjectProduced"),
+            ("Faulted", "ProduceObject"),
+            ("Faulted", "StreamFault"),
+            ("Stopping", "EdgeFailed"),
+            ("Stopping", "EdgeReady"),
+            ("Stopping", "ObjectFailed"),
+            ("Stopping", "ObjectProduced"),
+            ("Stopping", "ProduceObject"),
+            ("Stopping", "StopEdge"),
+            ("Stopping", "StreamFault"),
+        ),
+    ),
+    unhandled="raise",
+    fault_state=None,
+)
+"""This table as data (``swactor.fsm.model``): rows, ignores, policy."""
