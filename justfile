@@ -40,6 +40,7 @@ diagrams: codegen
 demo *ARGS: setup
     {{py}} -m swactor.cli run --nodes 3 --prompt "hello world" --events-dir "${SWACTOR_DEMO_EVENTS:-/tmp/swactor-demo-events}" {{ARGS}}
     @echo "events: swactor events ${SWACTOR_DEMO_EVENTS:-/tmp/swactor-demo-events}/*.jsonl"
+    @echo "check:  swactor check ${SWACTOR_DEMO_EVENTS:-/tmp/swactor-demo-events}/*.jsonl"
 
 # Lint and type-check.
 lint: setup

@@ -28,6 +28,7 @@ def _registrars(modules: Sequence[str]) -> list[Register]:
 SUBCOMMANDS: dict[str, str] = {
     "tokenize": "swactor.model.tokenize_cmd",
     "events": "swactor.events",
+    "check": "swactor.check",
     "plan": "swactor.orchestrator.plan_cmd",
     "node-id": "swactor.transport.identity_cmd",
     "swim": "swactor.membership.cli",

@@ -31,6 +31,7 @@ from swactor.transport.control import ControlRejectedError, RejectCode
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId, RunId, RunOutcome, StageIndex, TeardownOutcome
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
+from tests.trace_check import assert_tables_allow
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -94,6 +95,7 @@ async def scenario(gguf: Path) -> None:
             await node.stop()
     names = [e.name.value for e in sink.events]
     assert names.count("stage_ready") == 6 and names.count("run_completed") == 2
+    assert_tables_allow(sink.events)
 
 
 def test_three_nodes_on_in_memory_peers_match_one_stage(tmp_path: Path) -> None:

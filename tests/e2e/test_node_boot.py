@@ -15,6 +15,7 @@ from swactor.fsm.generated import node_boot as nb
 from swactor.node.node import NodeBootError, NodeConfig, StageNode
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import Component, NodeId, RunFaultReason
+from tests.trace_check import assert_tables_allow
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -43,6 +44,7 @@ def test_an_arena_that_cannot_be_created_fails_the_boot(tmp_path: Path) -> None:
     fault = fault_of(sink)
     assert (fault.reason, fault.component) == (RunFaultReason.ArenaBootFailed,
                                                Component.ArenaManager)
+    assert_tables_allow(sink.events)
     assert node.boot is not None and node.boot.state is nb.State.Stopped
 
 
@@ -54,5 +56,6 @@ def test_a_transport_that_cannot_bind_fails_the_boot(tmp_path: Path) -> None:
     assert names == ["node_started", "node_faulted"]
     fault = fault_of(sink)
     assert (fault.reason, fault.component) == (RunFaultReason.NodeUnavailable, Component.Driver)
+    assert_tables_allow(sink.events)
     assert node.status()["worker_pid"] is not None
     assert not node._worker_alive()  # the worker that did start was shut down

@@ -22,6 +22,7 @@ from swactor.transport.identity import NodeIdentity
 from swactor.wire import Component, NodeId, RunFaultReason, RunOutcome, TeardownOutcome
 from tests.e2e.test_memory_network import MAX_SEQ, PROMPT, TINY, TOKENS
 from tests.model.tiny_gguf import write_tiny_gguf
+from tests.trace_check import assert_tables_allow
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -57,6 +58,7 @@ async def scenario(gguf: Path) -> None:
     finally:
         for node in nodes:
             await node.stop()
+    assert_tables_allow(sink.events)
 
 
 def test_oversized_ring_faults_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

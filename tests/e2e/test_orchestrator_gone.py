@@ -24,6 +24,7 @@ from swactor.orchestrator.session import PoolMember, SessionOptions, run_session
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId, RunOutcome, TeardownOutcome
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
+from tests.trace_check import assert_tables_allow
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -47,10 +48,11 @@ class FirstToken:
 
 async def scenario(gguf: Path) -> None:
     orchestrator = NodeIdentity.generate()
+    sink = MemorySink()
     nodes = [StageNode(NodeConfig(identity=NodeIdentity.generate(),
                                   orchestrator=NodeId(orchestrator.node_id),
                                   arena_ceiling=16 << 20, models_dir=gguf.parent),
-                       Emitter(f"node-{i}", [MemorySink()])) for i in range(2)]
+                       Emitter(f"node-{i}", [sink])) for i in range(2)]
     try:
         addresses = await asyncio.gather(*(node.start() for node in nodes))
         members = tuple(PoolMember(node.node_id, host, port)
@@ -60,7 +62,7 @@ async def scenario(gguf: Path) -> None:
                                  max_tokens=MAX_SEQ - len(PROMPT), run_id=31)
         first = FirstToken()
         session = asyncio.create_task(run_session(
-            options, Emitter("orchestrator", [first]), io.StringIO(), io.StringIO()))
+            options, Emitter("orchestrator", [first, sink]), io.StringIO(), io.StringIO()))
         await asyncio.wait_for(first.seen.wait(), 120)
         session.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -78,7 +80,7 @@ async def scenario(gguf: Path) -> None:
             expected.append(int(role.step(step, np.array(ids, dtype=np.int32))[0]))
             ids = [expected[-1]]
         report = await run_session(replace(options, run_id=32, max_tokens=4),
-                                   Emitter("orchestrator", [MemorySink()]), io.StringIO(),
+                                   Emitter("orchestrator", [sink]), io.StringIO(),
                                    io.StringIO())
         assert report.result.outcome is RunOutcome.Completed
         assert report.result.teardown is TeardownOutcome.Clean
@@ -86,6 +88,11 @@ async def scenario(gguf: Path) -> None:
     finally:
         for node in nodes:
             await node.stop()
+    # run 31's orchestrator was cancelled mid-run: its own log stops there (incomplete),
+    # while each node ended its stage; run 32 is whole
+    gone = [e for e in sink.events if e.proc == "orchestrator" and e.value("run_id") == 31]
+    assert_tables_allow(gone, complete=False)
+    assert_tables_allow([e for e in sink.events if e not in gone])
 
 
 def test_nodes_stop_a_run_whose_orchestrator_went_away(tmp_path: Path) -> None:

@@ -38,6 +38,7 @@ from swactor.transport.errors import ConnectionLostError
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId, RunId, RunOutcome, StageIndex, TeardownOutcome
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
+from tests.trace_check import assert_tables_allow
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -135,6 +136,7 @@ async def scenario(gguf: Path) -> None:
         ready = {e.value("edge_id") for e in mine if e.name is EventName.edge_ready}
         assert len(started) == 2 and ready == started, (run, started, ready)
     assert names.count("run_completed") == 2  # an operator stop is neither completed nor faulted
+    assert_tables_allow(sink.events)
 
 
 class InterruptOnFirstToken:

@@ -16,7 +16,10 @@ event files and the nodes' own leak reports, what the issue asks of every fault:
 - no orphan: each node process has exactly one live child (its worker) and every worker
   pid seen so far is either that child or gone (not a zombie, not re-parented);
 - the surviving nodes accept the next run: a clean run right after gives the model's
-  tokens, Completed, teardown Clean.
+  tokens, Completed, teardown Clean;
+- every process's events of every run (the faulted one and the clean one after it) are
+  an order the protocol tables allow, seen to the end (`swactor check`, through
+  `tests.trace_check`): a binding that drifts from its table fails the case.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from swactor.orchestrator.session import (
 )
 from tests import single_stage
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
+from tests.trace_check import assert_tables_allow
 
 T = TypeVar("T")
 
@@ -87,6 +91,8 @@ class Observed:
     events: list[Emitted]
     finished: dict[int, dict[str, Any]]
     """node index -> that node's stage_finished report for this run."""
+    trace: list[str] = field(default_factory=list)
+    """One verdict line per process whose events the tables do not allow (none: fine)."""
 
     def names(self) -> list[str]:
         return [e.name.value for e in self.events]
@@ -96,6 +102,18 @@ class Observed:
 
     def torn_down(self) -> list[RunTornDown]:
         return [e.event for e in self.events if isinstance(e.event, RunTornDown)]
+
+
+def trace_problems(events: list[Emitted]) -> list[str]:
+    """The verdict lines of the processes whose events of a run the tables do not allow,
+    or that did not reach their end (`tests.trace_check`)."""
+    if not events:
+        return []  # no run: nothing to replay
+    try:
+        assert_tables_allow(events)
+    except AssertionError as failure:
+        return str(failure).splitlines()[1:] or [str(failure)]
+    return []
 
 
 def reference_tokens(gguf: Path, count: int = TOKENS) -> list[int]:
@@ -220,7 +238,7 @@ class FaultRig:
             follower.close()
         mine = [e for e in events if getattr(e.event, "run_id", None) == run_id]
         self._note_workers()
-        return Observed(run_id, report, error, mine, finished)
+        return Observed(run_id, report, error, mine, finished, trace_problems(mine))
 
     async def _finished(
         self, run_id: int, before: dict[int, int], expect: bool
@@ -298,7 +316,7 @@ class FaultRig:
         if report is None:
             return False, f"next run: {seen.error}"
         result = report.result
-        problems = []
+        problems = [f"next run: {line}" for line in seen.trace]
         if result.outcome is None or result.outcome.value != "Completed" or \
                 result.teardown is None or result.teardown.value != "Clean":
             problems.append("; ".join(report.summary_lines()[:2]))
@@ -341,6 +359,7 @@ class FaultRig:
         if left:
             row.notes.append(f"leases left (node, edge, ring): {sorted(left)}")
         self.held |= left
+        row.notes += seen.trace
         row.orphans = self.orphans()
         row.next_run_ok, detail = self.clean_run()
         if not row.next_run_ok:

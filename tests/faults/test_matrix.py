@@ -151,6 +151,7 @@ def check(row: FaultRow, seen: Observed, outcome: str, reasons: frozenset[str]) 
     assert row.leases_left == 0, row
     assert not row.notes or not row.notes[0].startswith("active run"), row
     assert row.orphans == 0, row
+    assert not seen.trace, seen.trace  # every process's events: an order the tables allow
     assert row.next_run_ok, row.notes
 
 
@@ -182,7 +183,7 @@ def test_node_unavailable_before_the_run(rig: FaultRig) -> None:
     row = rig.row("node unavailable before the run", "a pool member with no process", seen)
     ROWS.append(row)
     assert seen.report is None and seen.error is not None and "pool" in seen.error
-    assert "run_planned" not in seen.names()
+    assert "run_planned" not in seen.names() and not seen.trace
     assert row.leases_left == 0 and row.orphans == 0 and row.next_run_ok, row
 
 
@@ -201,5 +202,5 @@ def test_operator_stop_mid_decode(rig: FaultRig) -> None:
     assert 2 <= len(result.generated_token_ids) < 16
     longer = reference_tokens(rig.gguf, 16)
     assert result.generated_token_ids == longer[:len(result.generated_token_ids)]
-    assert "run_faulted" not in seen.names() and row.torn_down
+    assert "run_faulted" not in seen.names() and row.torn_down and not seen.trace
     assert row.leases_left == 0 and row.orphans == 0 and row.next_run_ok, row

@@ -5,6 +5,8 @@ Stage host `n0` is the SWIM seed: the other nodes and every orchestrator join th
 it, so no process is ever told another's QUIC address. Each node trusts the
 orchestrator key in `keys/orchestrator.key` and writes its events to
 `events/<host>.jsonl`; orchestrator run R writes `events/orchestrator-R.jsonl`.
+`assert_run_allowed(events, R)` replays every process's events of run R through the
+protocol tables (`swactor check`); each test calls it once a run has ended everywhere.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 from swactor.cluster import netns
 from swactor.cluster.netns import NetnsTopology
 from tests.multihost.host_process import HostProcess
+from tests.trace_check import assert_tables_allow, read_events
 
 MARKS = [
     pytest.mark.multihost,
@@ -65,6 +68,12 @@ def start_orchestrator(hosts: NetnsTopology, run: int, keys: Path, events: Path,
         "--prompt", PROMPT, "--max-tokens", str(tokens), "--max-seq-len", str(max_seq),
         "--split", "10,10,10", "--json", "--run-id", str(run),
         "--event-verbosity", "-1", "--events-file", str(events / f"orchestrator-{run}.jsonl")])
+
+
+def assert_run_allowed(events: Path, run: int) -> None:
+    """Every process's events of `run` (all files under `events`): an order the tables
+    allow, each machine at its end (`tests.trace_check`)."""
+    assert_tables_allow(read_events(*sorted(events.glob("*.jsonl")), run_id=run))
 
 
 def finished_run(run: int) -> Callable[[dict[str, Any]], bool]:

@@ -30,6 +30,7 @@ from tests.multihost.pool import (
     MARKS,
     PROMPT,
     STAGES,
+    assert_run_allowed,
     final_report,
     finished_run,
     start_node,
@@ -87,6 +88,7 @@ def test_two_runs_across_four_namespaces_match_one_stage(
                 assert last["clean"] is True, (node.label, last)
                 assert last["active_run"] is None and last["live_leases"] == [], last
                 assert last["runs_served"] == list(range(1, run + 1)), last
+            assert_run_allowed(events, run)
             facts.append([single_stage.process_facts(node.pid) for node in nodes])
         for node in nodes:
             finished = [d for d in node.documents if d.get("kind") == "stage_finished"]

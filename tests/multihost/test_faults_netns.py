@@ -25,6 +25,7 @@ from swactor.transport.identity import NodeIdentity
 from tests.multihost.pool import (
     MARKS,
     STAGES,
+    assert_run_allowed,
     final_report,
     finished_run,
     start_node,
@@ -75,6 +76,7 @@ def test_network_faults_end_the_run_once_and_the_pool_serves_again(
                 finished = node.wait_for(finished_run(run), 120)
                 assert finished["active_run"] is None, (source, node.label, finished)
                 assert finished["live_leases"] == [], (source, node.label, finished)
+            assert_run_allowed(events, run)
             faults.arm(armed)
             run += 1
             report = run_once(topology, run, keys, events)
@@ -84,6 +86,7 @@ def test_network_faults_end_the_run_once_and_the_pool_serves_again(
             for node in nodes:
                 finished = node.wait_for(finished_run(run), 120)
                 assert finished["clean"] is True and finished["live_leases"] == [], finished
+            assert_run_allowed(events, run)
         for node in nodes:
             finished = [d for d in node.documents if d.get("kind") == "stage_finished"]
             assert len(finished) == run, (node.label, finished)

@@ -45,6 +45,7 @@ from tests.multihost.host_process import HostProcess
 from tests.multihost.pool import (
     MARKS,
     STAGES,
+    assert_run_allowed,
     final_report,
     finished_run,
     start_node,
@@ -152,6 +153,7 @@ def test_pulled_link_faults_the_run_and_survivors_end_their_stage(
     assert [s["node_id"] for s in report["stages"]] == sorted(partitioned.addresses)
     for name in STAGES:  # the cut-off node too, while its link is still down
         assert_stage_ended(partitioned.nodes[name], 1, STAGE_END_S)
+    assert_run_allowed(partitioned.events, 1)
     faulted_s = run_faulted_after_s(partitioned.events / "orchestrator-1.jsonl",
                                     partitioned.cut_wall_ns)
     print(f"\nrun_faulted {faulted_s:.1f}s after the cut, orchestrator exited "
@@ -171,3 +173,4 @@ def test_the_pool_serves_again_once_the_link_is_back(partitioned: Partitioned) -
     assert (report["outcome"], report["teardown"]) == ("Completed", "Clean"), report
     for node in nodes.values():
         assert assert_stage_ended(node, 2, 60)["clean"] is True
+    assert_run_allowed(partitioned.events, 2)
