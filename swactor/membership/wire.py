@@ -118,7 +118,7 @@ _SIG = 64
 MAX_DATAGRAM = 8192
 """Largest datagram `encode` produces and `decode` accepts (IP fragments it on a
 1500-byte LAN; fine for SWIM)."""
-MAX_UPDATES = 64
+MAX_UPDATES = 32
 """Most gossip updates one datagram may carry (each may cost a signature check)."""
 FRESHNESS_S = 30.0
 """How far a datagram's counter (its sender's clock) may be from this node's clock."""
@@ -129,7 +129,8 @@ _MAX_DEPTH = 4  # body {} > "u" [] > update {} > "m" {}
 _MAX_DIGITS = 20  # 2**64 - 1 has 20
 _U64 = (1 << 64) - 1
 _STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_BRACKETS = re.compile(rb"[\[\]{}]")
+_MAX_BRACKETS = 4 * MAX_UPDATES + 16  # body, "u", and per update its object and "m"
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _PAD = len(',"x":""')
 
 
@@ -535,21 +536,22 @@ def _bounded_json(raw: bytes) -> Any:
     """`raw` parsed as JSON nested at most 4 deep, with integers of at most 20 digits.
 
     `MembershipWireError("body", ...)` for anything else (deep nesting, a huge number, a
-    float, NaN, bad UTF-8, bad JSON). The depth is measured before parsing, on the bytes
-    with their strings cut out (two linear regular expressions, no recursion).
+    float, NaN, bad UTF-8, bad JSON). The depth is measured before parsing: strings and
+    everything but brackets cut out, then four passes that each delete the innermost
+    bracket pairs must leave nothing (linear scans in C, no recursion).
     """
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise MembershipWireError("body", "not UTF-8") from exc
-    depth = 0
-    for bracket in _BRACKETS.findall(_STRINGS.sub(b"", raw)):
-        if bracket in (b"{", b"["):
-            depth += 1
-            if depth > _MAX_DEPTH:
-                raise MembershipWireError("body", f"nested deeper than {_MAX_DEPTH}")
-        else:
-            depth -= 1
+    shape = _STRINGS.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    if len(shape) > _MAX_BRACKETS:
+        raise MembershipWireError("body", f"more than {_MAX_BRACKETS} brackets (nested deeper"
+                                  f" than {_MAX_DEPTH} or too many objects)")
+    for _ in range(_MAX_DEPTH):  # each pass deletes one level: the innermost pairs
+        shape = shape.replace(b"[]", b"\0").replace(b"{}", b"\0").replace(b"\0", b"")
+    if shape:
+        raise MembershipWireError("body", f"nested deeper than {_MAX_DEPTH} (or unbalanced)")
     try:
         return json.loads(text, parse_int=_bounded_int, parse_float=_no_float,
                           parse_constant=_no_float)
