@@ -3,12 +3,13 @@ the parsers of outside input with atheris (libFuzzer), the fast path of `just fu
 
 Theory of operation. The targets are the Hypothesis tests of `tests/faults/test_fuzz.py`
 (object header, edge preamble, control decoder, worker JSON adapter both ends, GGUF
-reader, YAML table loader): each accepts its input or rejects it with its own typed
-error, and anything else raises. atheris drives a test through Hypothesis's
-`test.hypothesis.fuzz_one_input(buffer)`, which reads the libFuzzer buffer as the
-test's draws and runs the body once, so both fuzzers share one definition of "typed
-rejection" and one set of input shapes; libFuzzer mutates the buffer, guided by the
-line coverage of the instrumented `swactor` and `codegen` modules.
+reader, YAML table loader, SWIM datagram decoder raw and with a validly signed body):
+each accepts its input or rejects it with its own typed error, and anything else raises.
+atheris drives a test through Hypothesis's `test.hypothesis.fuzz_one_input(buffer)`,
+which reads the libFuzzer buffer as the test's draws and runs the body once, so both
+fuzzers share one definition of "typed rejection" and one set of input shapes; libFuzzer
+mutates the buffer, guided by the line coverage of the instrumented `swactor` and
+`codegen` modules.
 
 libFuzzer's loop never returns, so each target runs in a child process
 (`--child SPEC`, SPEC = `module:function`) with `-runs=N`; the parent reads the child's
@@ -42,6 +43,8 @@ TARGETS: dict[str, str] = {
     "gguf_reader": "tests.faults.test_fuzz:test_gguf_reader",
     "yaml_loader": "tests.faults.test_fuzz:test_yaml_table_loader",
     "yaml_loader_raw": "tests.faults.test_fuzz:test_yaml_table_loader_raw_bytes",
+    "swim_datagram": "tests.faults.test_fuzz:test_swim_datagram_decoder",
+    "swim_signed_body": "tests.faults.test_fuzz:test_swim_signed_body_decoder",
 }
 INSTRUMENTED = ["swactor", "codegen"]
 MAX_LEN = 8192

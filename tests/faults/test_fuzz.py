@@ -3,8 +3,10 @@
 Each target must either accept its input or reject it with its own typed error (the
 §37 reason where one applies); any other exception fails the test. Targets: the object
 header parser, the edge preamble, the control-message decoder (frame and message), the
-worker JSON adapter (both ends), the GGUF reader (header and a stage's tensor check), and
-the YAML table loader.
+worker JSON adapter (both ends), the GGUF reader (header and a stage's tensor check), the
+YAML table loader, and the SWIM datagram decoder: raw datagrams (the checks before the
+signature: size, version, length, allow-list, target, freshness, signature) and bodies
+sealed with a valid key (the bounded JSON parser and field checks behind it).
 
 Example counts: `SWACTOR_FUZZ_EXAMPLES` per target (`just fuzz` sets 100000); by default
 `CI_EXAMPLES` (a few thousand in all, a few seconds each). Tests of other components
@@ -15,6 +17,7 @@ strategies and make the count a knob.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import struct
@@ -31,11 +34,14 @@ from codegen.errors import TableError
 from codegen.loader import load_table
 from swactor.fsm.generated import gpu_worker_ctl as gwc
 from swactor.fsm.generated import worker_process as wp
+from swactor.membership.messages import AliveUpdate, BootHealth, MemberMeta, Ping
+from swactor.membership.wire import Codec, Decoded, MembershipWireError, Signer, seal
 from swactor.model.errors import WeightsError, WeightsFault
 from swactor.model.gguf_range import GgufRangeReader
 from swactor.node.control_messages import REGISTRY
 from swactor.node.worker_ctl import decode_worker_line
 from swactor.transport.control import _message, _Reject, decode_frame, encode_frame
+from swactor.transport.identity import NodeIdentity
 from swactor.wire import (
     EdgeId,
     EdgePreamble,
@@ -248,6 +254,63 @@ def test_yaml_table_loader_raw_bytes(data: bytes) -> None:
             return
 
 
+# -- SWIM datagrams ------------------------------------------------------------------------------
+
+SWIM_CLOCK = 1_800_000_000.0
+SWIM_SENDER = NodeIdentity.generate()
+SWIM_VICTIM = NodeIdentity.generate()
+_SWIM_N = itertools.count(int(SWIM_CLOCK * 1e6) - 10_000_000)
+"""Fresh datagram counters inside the victim's freshness window, one per example."""
+
+
+def _swim_codec(identity: NodeIdentity) -> Codec:
+    return Codec(Signer(identity.private_key), clock=lambda: SWIM_CLOCK)
+
+
+SWIM_RX = _swim_codec(SWIM_VICTIM)
+"""One victim for every example: its replay and signature caches must stay bounded too."""
+_SWIM_ME = NodeId(SWIM_SENDER.node_id)
+SWIM_MESSAGE = Ping(_SWIM_ME, 9, NodeId(SWIM_VICTIM.node_id), (AliveUpdate(
+    _SWIM_ME, 3, MemberMeta("10.0.0.1", 7946, "10.0.0.1", 4433, BootHealth.Available, "cpu",
+                            1 << 30)),))
+SWIM_DATAGRAM = _swim_codec(SWIM_SENDER).encode(SWIM_MESSAGE, NodeId(SWIM_VICTIM.node_id))[0]
+SWIM_BODY = SWIM_DATAGRAM[22:-96]
+swim_bodies = (
+    mutated(SWIM_BODY)
+    | st.builds(lambda d: json.dumps(d).encode(), finite_json)
+    | st.builds(lambda d, kind: json.dumps({"t": kind, "s": SWIM_SENDER.node_id, **d}).encode(),
+                st.dictionaries(st.sampled_from(["q", "tg", "r", "n", "u", "x"]), finite_json,
+                                max_size=4),
+                st.sampled_from(["ping", "ack", "nack", "pingreq", "gossip", "sync", "?"]))
+    | st.builds(lambda depth, digits: b"[" * depth + b"9" * digits + b"]" * depth,
+                st.integers(0, 4000), st.integers(0, 5000))
+)
+
+
+def _swim_decoded(datagram: bytes) -> Decoded | None:
+    try:
+        return SWIM_RX.decode(datagram, ("127.0.0.1", 7946), 0.0)
+    except MembershipWireError as error:
+        assert error.field
+        return None
+
+
+@fuzz()
+@given(mutated(SWIM_DATAGRAM))
+def test_swim_datagram_decoder(data: bytes) -> None:
+    decoded = _swim_decoded(data)
+    if decoded is not None and decoded.message is not None:
+        assert data == SWIM_DATAGRAM  # nothing else carries a valid signature
+
+
+@fuzz()
+@given(swim_bodies)
+def test_swim_signed_body_decoder(body: bytes) -> None:
+    if len(body) > 8000:
+        body = body[:8000]
+    _swim_decoded(seal(body, SWIM_SENDER.private_key, to=SWIM_VICTIM.node_id, n=next(_SWIM_N)))
+
+
 def test_fuzz_inputs_are_not_all_rejected() -> None:
     """The valid seeds parse (so the targets above exercise their accepting paths too)."""
     assert ObjectHeader.unpack(HEADER).pack() == HEADER
@@ -259,3 +322,5 @@ def test_fuzz_inputs_are_not_all_rejected() -> None:
                           "body": {"run_id": 1, "stage_index": 0}})
     assert type(_message(decode_frame(frame), REGISTRY_BY_NAME)).__name__ == "StopRunMessage"
     assert NodeId(1) == 1
+    fresh = seal(SWIM_BODY, SWIM_SENDER.private_key, to=SWIM_VICTIM.node_id, n=next(_SWIM_N))
+    assert _swim_codec(SWIM_VICTIM).decode(fresh, ("127.0.0.1", 1), 0.0).message == SWIM_MESSAGE
