@@ -42,6 +42,8 @@ from swactor.membership.messages import (
     MemberMeta,
     MembershipEvent,
     MemberState,
+    RefusalReason,
+    Refused,
     Refuted,
 )
 from swactor.membership.pool import (
@@ -75,6 +77,8 @@ __all__ = [
     "PoolReadiness",
     "PoolReadyReached",
     "ReadinessLost",
+    "RefusalReason",
+    "Refused",
     "Refuted",
     "SwimConfig",
     "SwimCore",
