@@ -66,7 +66,7 @@ class Path:
     label: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Program:
     """One table compiled against its anchors (module doc)."""
 
@@ -161,6 +161,11 @@ class Violation:
     """The lifecycle events the table would have allowed there."""
 
 
+_CLOSURES: dict[Program, dict[frozenset[Config], dict[Config, int]]] = {}
+"""Per compiled table (by identity): closures already computed."""
+_CLOSURES_KEPT = 4096
+
+
 class Tracker:
     """One machine instance being replayed (module doc)."""
 
@@ -178,7 +183,18 @@ class Tracker:
 
     def _closure(self, configs: Iterable[Config]) -> dict[Config, int]:
         """Every configuration reachable without an event, with the fewest silent rows
-        taken to reach it (breadth first)."""
+        taken to reach it (breadth first); memoised per table, since a run repeats the
+        same few situations (one per token)."""
+        start = frozenset(configs)
+        cache = _CLOSURES.setdefault(self.program, {})
+        found = cache.get(start)
+        if found is None:
+            if len(cache) > _CLOSURES_KEPT:
+                cache.clear()
+            found = cache[start] = self._reach(start)
+        return found
+
+    def _reach(self, configs: Iterable[Config]) -> dict[Config, int]:
         out: dict[Config, int] = {}
         layer = list(configs)
         depth = 0
