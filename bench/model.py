@@ -9,7 +9,7 @@ One run, CPU (or whatever ``tinygrad.Device.DEFAULT`` is):
    over its *share* (the bytes of the tensors it needs) and over the whole file.
 2. **Single stage, per variant** (``--variants``, each ``dtype:weights[:nograph]``):
    ``dtype`` is the plan's compute dtype (f16/f32); ``weights`` ``dense`` decodes from
-   weights dequantised at load, ``blocks`` from the file's Q4/Q8 blocks; ``nograph``
+   weights dequantised at load, ``blocks`` from the file's quantised blocks; ``nograph``
    replays the decode JIT kernel by kernel from Python instead of through
    :class:`~swactor.model.cpu_graph.CpuGraph` (the step before it). Load, prefill a
    ``--prompt-len`` prompt three times (the first run builds kernels, the second captures
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from swactor.model.gguf_range import GgufRangeReader, StageWeights
+from swactor.model.gguf_range import GgufRangeReader
 from swactor.model.llama_role import StageRole
 from swactor.model.paths import default_model_path
 from swactor.model.source import LocalFileSource
@@ -114,16 +114,12 @@ class Run:
     tokens: list[int]
 
 
-def _decode_bytes(role: StageRole, weights: StageWeights) -> int:
-    """Weight bytes a decode step reads: block matrices as held, the rest dense."""
-    blocked = {
-        name: b.codes.nbytes + b.scale.nbytes + (b.offset.nbytes if b.offset.any() else 0)
-        for name, b in weights.blocks.items()
-    } if role.quantised else {}
-    dense = {n: a.nbytes for n, a in weights.tensors.items() if n != "token_embd.weight"}
-    dense["output"] = weights.tensors["token_embd.weight"].nbytes  # tied output projection
-    blocked["output"] = blocked.get("token_embd.weight", dense["output"])
-    return sum(blocked.get(n, size) for n, size in dense.items())
+def _decode_bytes(role: StageRole) -> int:
+    """Weight bytes a decode step reads: every weight the role holds on the device (block
+    matrices as held), not the host embedding (a row gather)."""
+    weights, _ = role.memory_bytes()
+    embedding = role.token_embd
+    return weights - (0 if embedding is None else int(embedding.nbytes))
 
 
 def single_stage(
@@ -158,7 +154,7 @@ def single_stage(
         generated.append(int(out[0]))
     cpu_per_token = (time.process_time() - cpu_start) / max(1, tokens - 3)
     return Run(load_s, cold_prefill_s, prompt_len / prefill_s, statistics.median(steps[3:]),
-               cpu_per_token * 1e3, role.decode_kernel_count(), _decode_bytes(role, weights),
+               cpu_per_token * 1e3, role.decode_kernel_count(), _decode_bytes(role),
                generated)
 
 

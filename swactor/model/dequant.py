@@ -1,23 +1,27 @@
-"""Dequantisation of GGUF tensor bytes, once at load, into the plan's compute dtype.
+"""GGUF tensor bytes: dequantised once at load, or kept in the file's blocks.
 
-Theory of operation: a stage reads each tensor's raw bytes and calls :func:`dequantize`
-exactly once; the result is a C-contiguous numpy array in numpy shape order (GGUF lists
-dimensions innermost first; we reverse them) and in the compute dtype (``float32`` or
-``float16``). F32/F16 are reinterpreted directly; block-quantised types go through
+Theory of operation: a stage reads each tensor's raw bytes once. Dense mode calls
+:func:`dequantize`: the result is a C-contiguous numpy array in numpy shape order (GGUF
+lists dimensions innermost first; we reverse them) and in the compute dtype (``float32``
+or ``float16``). F32/F16 are reinterpreted directly; block-quantised types go through
 ``gguf.quants.dequantize`` (vectorised numpy, ~1 s for all of SmolLM2-135M on one core).
+Block mode keeps a 2-D tensor of a :data:`BLOCK_TYPES` type as a :class:`QuantMatrix`
+(the file's bytes, one row of blocks per matrix row); :func:`block_fields` cuts its
+blocks into the arrays :mod:`swactor.model.block_kernels` computes from.
 Only the types in :data:`SUPPORTED_TYPES` are accepted; the reader rejects others with
 ``UnsupportedTensorType`` before reading any tensor bytes.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as Q
-from gguf import quants
 
 SUPPORTED_TYPES: frozenset[int] = frozenset(
     int(t)
@@ -57,61 +61,137 @@ def dequantize(
     return np.ascontiguousarray(values.reshape(shape), dtype=target)
 
 
-@dataclass(frozen=True)
-class AffineBlocks:
-    """A matrix kept in its file's 32-weight blocks: ``w = scale * q + offset`` per block.
+BLOCK_TYPES: frozenset[int] = frozenset(
+    int(t) for t in (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+)
+"""Types a stage can keep in the file's blocks and compute from (``--weights blocks``)."""
 
-    ``codes`` is ``uint8 [rows, blocks, 16]`` when ``nibbles`` (GGUF's 4-bit layout: weight
-    ``j`` of a block in the low nibble of byte ``j``, weight ``j + 16`` in its high nibble)
-    or ``int8 [rows, blocks, 32]``; ``scale`` and ``offset`` are ``float32 [rows, blocks]``.
-    Every value is exactly the file's (its f16 scales widen to f32 exactly and ``scale * q``
-    needs at most 19 significant bits).
+
+@dataclass(frozen=True)
+class QuantMatrix:
+    """A 2-D tensor kept as the file's own bytes: ``raw`` is ``uint8 [rows, row_bytes]``.
+
+    Rows are whole runs of blocks (every type here packs a row into ``cols / block``
+    blocks), so a row permutation or a stack of matrices of one type is a permutation or
+    a concatenation of ``raw``'s rows. :func:`block_fields` splits the blocks into the
+    arrays the block kernels read; :meth:`dense_rows` dequantises chosen rows on the host
+    (the embedding lookup).
     """
 
-    codes: npt.NDArray[Any]
-    scale: npt.NDArray[np.float32]
-    offset: npt.NDArray[np.float32]
-    nibbles: bool
+    type_id: int
+    shape: tuple[int, int]
+    raw: npt.NDArray[np.uint8]
 
     @property
     def rows(self) -> int:
-        return int(self.codes.shape[0])
+        return self.shape[0]
 
-    def permute_rows(self, order: npt.NDArray[np.intp]) -> AffineBlocks:
-        return AffineBlocks(
-            self.codes[order], self.scale[order], self.offset[order], self.nibbles
-        )
+    @property
+    def nbytes(self) -> int:
+        return int(self.raw.nbytes)
+
+    @property
+    def type_name(self) -> str:
+        return Q(self.type_id).name
+
+    def permute_rows(self, order: npt.NDArray[np.intp]) -> QuantMatrix:
+        return QuantMatrix(self.type_id, self.shape, np.ascontiguousarray(self.raw[order]))
+
+    def dense_rows(
+        self, ids: npt.NDArray[Any], target: type[np.floating[Any]]
+    ) -> npt.NDArray[Any]:
+        """Rows ``ids`` dequantised (``gguf.quants``), ``[len(ids), cols]`` of ``target``."""
+        picked = self.raw[np.asarray(ids, dtype=np.intp)]
+        values = quants.dequantize(picked, Q(self.type_id))
+        return np.ascontiguousarray(values.reshape(len(picked), self.shape[1]), dtype=target)
+
+    def dense(self, target: type[np.floating[Any]]) -> npt.NDArray[Any]:
+        return self.dense_rows(np.arange(self.rows), target)
 
     @staticmethod
-    def stack(parts: list[AffineBlocks]) -> AffineBlocks:
-        """Rows of ``parts`` one after another (all of one code layout)."""
-        assert len({p.nibbles for p in parts}) == 1
-        return AffineBlocks(
-            np.concatenate([p.codes for p in parts]),
-            np.concatenate([p.scale for p in parts]),
-            np.concatenate([p.offset for p in parts]),
-            parts[0].nibbles,
-        )
+    def stack(parts: list[QuantMatrix]) -> QuantMatrix:
+        """Rows of ``parts`` one after another (all of one type and width)."""
+        assert len({(p.type_id, p.shape[1]) for p in parts}) == 1
+        rows = sum(p.rows for p in parts)
+        raw = np.concatenate([p.raw for p in parts])
+        return QuantMatrix(parts[0].type_id, (rows, parts[0].shape[1]), raw)
 
 
-BLOCK_TYPES: frozenset[int] = frozenset(int(t) for t in (Q.Q4_0, Q.Q4_1, Q.Q8_0))
-
-
-def affine_blocks(
+def quant_matrix(
     raw: npt.NDArray[np.uint8], type_id: int, shape: tuple[int, ...]
-) -> AffineBlocks | None:
-    """The blocks of a 2-D ``Q4_0``/``Q4_1``/``Q8_0`` tensor; ``None`` for any other."""
-    if type_id not in BLOCK_TYPES or len(shape) != 2 or shape[1] % 32:
+) -> QuantMatrix | None:
+    """The file's blocks of a 2-D tensor of a :data:`BLOCK_TYPES` type (a copy of ``raw``,
+    so the read buffer can go); ``None`` for any other tensor."""
+    if type_id not in BLOCK_TYPES or len(shape) != 2:
         return None
-    qtype = Q(type_id)
-    rows, groups = shape[0], shape[1] // 32
-    block_bytes = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q8_0: 34}[qtype]
-    blocks = raw.reshape(rows, groups, block_bytes)
-    scale = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    block, size = GGML_QUANT_SIZES[Q(type_id)]
+    rows, cols = shape
+    if cols % block or raw.size != rows * cols // block * size:
+        return None
+    return QuantMatrix(type_id, (rows, cols), raw.reshape(rows, cols // block * size).copy())
+
+
+def _f16(blocks: npt.NDArray[np.uint8], at: int) -> npt.NDArray[np.float16]:
+    return blocks[..., at : at + 2].copy().view(np.float16)[..., 0]
+
+
+def _k_scale_min(
+    scales: npt.NDArray[np.uint8],
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """Q4_K/Q5_K's eight 6-bit scales and mins from their 12 packed bytes (last axis)."""
+    d, m, m_d = scales[..., 0:4], scales[..., 4:8], scales[..., 8:12]
+    sc = np.concatenate([d & 0x3F, (m_d & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mins = np.concatenate([m & 0x3F, (m_d >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return np.ascontiguousarray(sc), np.ascontiguousarray(mins)
+
+
+def block_fields(matrix: QuantMatrix) -> dict[str, npt.NDArray[Any]]:
+    """The arrays a block kernel reads, each ``[rows, blocks, ...]`` and C-contiguous.
+
+    Bytes are the file's, cut apart: ``d``/``dmin``/``m`` f16 scales, ``qs``/``ql``/``qh``
+    packed codes, and for Q4_K/Q5_K the eight 6-bit ``sc``/``mn`` of a super-block
+    unpacked to one byte each (16 bytes instead of 12 per 256 weights); Q6_K's ``sc``
+    are int8. :mod:`swactor.model.block_kernels` documents what each type computes.
+    """
+    qtype = Q(matrix.type_id)
+    block, size = GGML_QUANT_SIZES[qtype]
+    rows, cols = matrix.shape
+    b = matrix.raw.reshape(rows, cols // block, size)
     if qtype == Q.Q8_0:
-        codes = blocks[..., 2:].copy().view(np.int8)
-        return AffineBlocks(codes, scale, np.zeros_like(scale), nibbles=False)
+        return {"d": _f16(b, 0), "qs": b[..., 2:].copy().view(np.int8)}
+    if qtype == Q.Q4_0:
+        return {"d": _f16(b, 0), "qs": b[..., 2:].copy()}
     if qtype == Q.Q4_1:
-        offset = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-        return AffineBlocks(blocks[..., 4:].copy(), scale, offset, nibbles=True)
-    return AffineBlocks(blocks[..., 2:].copy(), scale, -8.0 * scale, nibbles=True)
+        return {"d": _f16(b, 0), "m": _f16(b, 2), "qs": b[..., 4:].copy()}
+    if qtype in (Q.Q4_K, Q.Q5_K):
+        sc, mins = _k_scale_min(b[..., 4:16])
+        fields: dict[str, npt.NDArray[Any]] = {
+            "d": _f16(b, 0), "dmin": _f16(b, 2), "sc": sc, "mn": mins
+        }
+        if qtype == Q.Q5_K:
+            fields["qh"] = b[..., 16:48].copy()
+            fields["qs"] = b[..., 48:].copy().reshape(rows, -1, 4, 32)
+        else:
+            fields["qs"] = b[..., 16:].copy().reshape(rows, -1, 4, 32)
+        return fields
+    if qtype == Q.Q6_K:
+        return {
+            "ql": b[..., 0:128].copy().reshape(rows, -1, 2, 64),
+            "qh": b[..., 128:192].copy().reshape(rows, -1, 2, 32),
+            "sc": b[..., 192:208].copy().view(np.int8),
+            "d": _f16(b, 208),
+        }
+    raise ValueError(f"{qtype.name} has no block form")
+
+
+# bytes per block of the arrays block_fields makes (Q4_K/Q5_K: 12 packed scale bytes
+# become 16, one per 6-bit scale or min)
+_HELD_BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q8_0: 34, Q.Q4_K: 148, Q.Q5_K: 180,
+                     Q.Q6_K: 210}
+
+
+def block_bytes(type_id: int, shape: tuple[int, ...]) -> int:
+    """Bytes :func:`block_fields` holds for a ``shape`` tensor of block type ``type_id``."""
+    qtype = Q(type_id)
+    block, _ = GGML_QUANT_SIZES[qtype]
+    return math.prod(shape) // block * _HELD_BLOCK_BYTES[qtype]

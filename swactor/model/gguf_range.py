@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from swactor.model.dequant import SUPPORTED_TYPES, AffineBlocks, affine_blocks, dequantize
+from swactor.model.dequant import SUPPORTED_TYPES, QuantMatrix, dequantize, quant_matrix
 from swactor.model.errors import WeightsError, WeightsFault
 from swactor.model.gguf_header import (
     FIRST_READ_BYTES,
@@ -49,7 +49,9 @@ SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 COMPUTE_DTYPES: dict[str, type[np.floating[Any]]] = {"f32": np.float32, "f16": np.float16}
 _COALESCE_GAP_BYTES = 4096
 # the vocabulary stays with the tokenizer; the loader keeps only these tokenizer keys
-_TOKENIZER_KEYS_KEPT = ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id")
+_TOKENIZER_KEYS_KEPT = (
+    "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.model"
+)
 
 
 @dataclass(frozen=True)
@@ -126,8 +128,9 @@ class StageWeights:
     bytes_read: int
     file_size: int
     ranges: list[tuple[int, int]] = field(default_factory=list)
-    # with ``keep_blocks``: the 2-D Q4_0/Q4_1/Q8_0 tensors also in their file blocks
-    blocks: dict[str, AffineBlocks] = field(default_factory=dict)
+    # with ``keep_blocks``: the 2-D tensors of block types (``dequant.BLOCK_TYPES``) in
+    # their file blocks, instead of in ``tensors``
+    blocks: dict[str, QuantMatrix] = field(default_factory=dict)
 
 
 class GgufRangeReader:
@@ -360,8 +363,9 @@ class GgufRangeReader:
     ) -> StageWeights:
         """Validate, read the stage's byte ranges and dequantise them once into ``dtype``.
 
-        ``keep_blocks`` also keeps every 2-D ``Q4_0``/``Q4_1``/``Q8_0`` tensor in its
-        blocks (:class:`AffineBlocks`) for roles that compute from the quantised weights.
+        ``keep_blocks`` keeps every 2-D tensor of a block type (Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/
+        Q6_K) in its file blocks (:class:`QuantMatrix`) instead of dequantising it, for
+        roles that compute from the quantised weights.
         """
         entries = self.validate_stage(
             layer_start,
@@ -376,7 +380,7 @@ class GgufRangeReader:
         before = self.source.bytes_read
         ranges = coalesce_ranges([(e.offset, e.n_bytes) for e in entries])
         tensors: dict[str, npt.NDArray[Any]] = {}
-        kept: dict[str, AffineBlocks] = {}
+        kept: dict[str, QuantMatrix] = {}
         target = COMPUTE_DTYPES[dtype]
         pending = list(entries)
         for start, length in ranges:
@@ -385,9 +389,11 @@ class GgufRangeReader:
                 entry = pending.pop(0)
                 lo = entry.offset - start
                 raw = np.frombuffer(block, dtype=np.uint8, count=entry.n_bytes, offset=lo)
-                tensors[entry.name] = dequantize(raw, entry.type_id, entry.shape, target)
-                if keep_blocks and (found := affine_blocks(raw, entry.type_id, entry.shape)):
+                found = quant_matrix(raw, entry.type_id, entry.shape) if keep_blocks else None
+                if found is not None:
                     kept[entry.name] = found
+                else:
+                    tensors[entry.name] = dequantize(raw, entry.type_id, entry.shape, target)
         return StageWeights(
             facts=self.facts,
             layer_start=layer_start,

@@ -51,17 +51,24 @@ Round 3 (issue #8): on CPU the decode JIT is replayed through
 :class:`~swactor.model.cpu_graph.CpuGraph` (one C loop over the ~730 kernels instead of
 ~15 us of Python each: 33 -> 17 ms/token), and the step's input and output go through
 numpy views of a kept input buffer and the JIT's output buffer (a fresh Tensor and
-``numpy()`` cost a schedule each). With ``quantised`` (opt-in, weights loaded with
-``keep_blocks``) decode products read the file's Q4_0/Q4_1/Q8_0 blocks
-(:meth:`_block_linear`): 112 instead of 269 MB per SmolLM2 token, about 9 instead of
-16 ms of kernels. Those products are cut below 800 rows: tinygrad split a 960-row block
+``numpy()`` cost a schedule each).
+
+Weights in blocks (``quantised``, weights loaded with ``keep_blocks``): every Q4_0/Q4_1/
+Q8_0/Q4_K/Q5_K/Q6_K matrix stays in the file's blocks on the device and nothing dense is
+kept; both decode and prefill products widen the codes inside their kernels
+(:mod:`swactor.model.block_kernels`), so a stage holds about its file bytes (SmolLM2
+Q4_1: 97 MB of weights instead of 538 MB at f32; decode reads those 97 MB per token,
+about 3x less CPU per token than f32 dense). A matrix is a list of row-stacked parts
+(:class:`_Matrix`): a file that mixes types inside a block (llama.cpp's ``_M`` variants)
+gives one product per run of one type, outputs joined. Other types (Q5_0, Q2_K, ...,
+F16) are dequantised to dense at load. The embedding lookup dequantises only the rows it
+gathers. Block decode products are cut below 800 rows: tinygrad split a 960-row block
 product into two thread slices that ran at a sixth of the speed of one 480-row kernel.
-Prefill stays dense (a matrix product per layer; from blocks it would re-widen codes
-per prompt row).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,8 +84,9 @@ from tinygrad.tensor import Tensor
 from tinygrad.uop import Ops
 from tinygrad.uop.ops import UOp
 
+from swactor.model.block_kernels import DeviceQuant, dequant_expr, to_device, widen_f16
 from swactor.model.cpu_graph import use_cpu_graph
-from swactor.model.dequant import AffineBlocks
+from swactor.model.dequant import QuantMatrix
 from swactor.model.errors import WeightsError, WeightsFault
 from swactor.model.gguf_range import ModelFacts, StageWeights
 from swactor.model.sampling import SamplingPolicy, sample_token
@@ -91,10 +99,26 @@ _NP_OF_TG: dict[Any, type[np.generic]] = {
     dtypes.int32: np.int32,
 }
 _REDUCE_LANES = 16
+MIB = 1 << 20
+log = logging.getLogger(__name__)
 # block products of 960 rows came out as two 480-row thread slices at a sixth of the
 # speed of one 480-row kernel (146 vs 2 x 16 us): cut them below 800 rows
 _BLOCK_ROWS_LIMIT = 800
 PREFILL_BUCKET = 16
+
+
+def process_rss_bytes() -> int:
+    """This process's resident set now (Linux ``/proc/self/status``), else its peak."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def _matvec_chunk(out_features: int, limit: int = 1024) -> int:
@@ -136,28 +160,32 @@ def _unpermute_rope_rows(
 
 
 @dataclass
-class _DeviceBlocks:
-    """A matrix in 32-weight blocks on the device (see :class:`AffineBlocks`)."""
+class _Matrix:
+    """A weight matrix on the device as row-stacked parts, each dense (compute dtype) or
+    in the file's blocks; a product is one kernel set per part, outputs joined."""
 
-    codes: Tensor
-    scale: Tensor
-    offset: Tensor | None  # None when every block's offset is 0 (Q8_0)
-    nibbles: bool
+    parts: list[Tensor | DeviceQuant]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes if isinstance(p, DeviceQuant) else p.nbytes() for p in self.parts)
+
+    @property
+    def quantised(self) -> bool:
+        return any(isinstance(p, DeviceQuant) for p in self.parts)
 
 
 @dataclass
 class _Block:
     attn_norm: Tensor
-    w_qkv: Tensor  # rows: q (heads*hd), k (kv*hd), v (kv*hd); one matrix-vector per step
+    w_qkv: _Matrix  # rows: q (heads*hd), k (kv*hd), v (kv*hd); one matrix-vector per step
     b_qkv: Tensor | None
-    wo: Tensor
+    wo: _Matrix
     ffn_norm: Tensor
-    w_gate_up: Tensor  # rows: gate (ffn), up (ffn)
-    w_down: Tensor
+    w_gate_up: _Matrix  # rows: gate (ffn), up (ffn)
+    w_down: _Matrix
     cache_k: Tensor
     cache_v: Tensor
-    # decode products from the file's blocks (``quantised`` roles), by matrix name
-    blocks: dict[str, _DeviceBlocks]
 
 
 class StageRole:
@@ -201,6 +229,20 @@ class StageRole:
         self._cpu = self.device.startswith("CPU")
         self._f16_bits = self._tg_dtype == dtypes.float16 and self._cpu
         self._load(weights.tensors, weights.blocks if quantised else {})
+        # the role holds what it needs now: drop the loader's host arrays, so what the
+        # process holds from here is the role's (and RSS at ready measures that)
+        weights.tensors.clear()
+        weights.blocks.clear()
+        self.file_bytes = weights.tensor_bytes
+        self.weight_bytes, self.kv_cache_bytes = self.memory_bytes()
+        self.rss_at_ready = process_rss_bytes()
+        log.info(
+            "stage blocks %d..%d ready on %s (%s weights): weights %.1f MiB = %.2fx its "
+            "%.1f MiB in the file, KV cache %.1f MiB for max_seq_len %d, process RSS "
+            "%.1f MiB", self.layer_start, self.layer_end, self.device,
+            "blocks" if quantised else "dense", self.weight_bytes / MIB,
+            self.weight_bytes / max(1, self.file_bytes), self.file_bytes / MIB,
+            self.kv_cache_bytes / MIB, max_seq_len, self.rss_at_ready / MIB)
         self._pos_var = UOp.variable("start_pos", 0, max_seq_len - 1)
         self._decode = TinyJit(self._forward_decode)
         self._last_var = UOp.variable("last_row", 0, max_seq_len - 1)
@@ -233,45 +275,71 @@ class StageRole:
         shape = (f.head_count_kv, self.max_seq_len, f.head_dim)
         return Tensor.zeros(*shape, dtype=self._tg_dtype, device=self.device).contiguous().realize()
 
-    def _device_blocks(
+    def _matrix(
         self,
-        blocks: dict[str, AffineBlocks],
-        names: list[str],
-        orders: list[npt.NDArray[np.intp] | None] | None = None,
-    ) -> _DeviceBlocks | None:
-        """``names`` stacked by rows (each reordered by ``orders``), if all are in blocks."""
-        parts = [blocks.get(n) for n in names]
-        if any(p is None for p in parts) or len({p.nibbles for p in parts if p}) != 1:
-            return None
-        found = [p for p in parts if p is not None]
-        if orders is not None:
-            found = [p if o is None else p.permute_rows(o) for p, o in zip(found, orders,
-                                                                           strict=True)]
-        joined = AffineBlocks.stack(found)
-        offset = None if not joined.offset.any() else self._to_device(joined.offset)
-        return _DeviceBlocks(
-            self._to_device(joined.codes), self._to_device(joined.scale), offset, joined.nibbles
-        )
+        tensors: dict[str, npt.NDArray[Any]],
+        blocks: dict[str, QuantMatrix],
+        parts: list[tuple[str, tuple[int, int], npt.NDArray[np.intp] | None]],
+    ) -> _Matrix:
+        """Tensors ``parts`` (name, shape, row order) stacked by rows onto the device.
+
+        A tensor in ``blocks`` stays in its file blocks; consecutive ones of one type are
+        joined into one block matrix, consecutive dense ones into one dense matrix (so a
+        file that mixes types per tensor, like the ``_M`` variants, gives two or three
+        products where a uniform file gives one).
+        """
+        groups: list[list[QuantMatrix | npt.NDArray[Any]]] = []
+        kinds: list[int | None] = []  # a group's block type, None for dense
+        for name, shape, order in parts:
+            quant = blocks.get(name)
+            found: QuantMatrix | npt.NDArray[Any]
+            if quant is not None:
+                if quant.shape != shape:
+                    raise WeightsError(
+                        WeightsFault.CORRUPT_HEADER,
+                        f"tensor {name} has shape {quant.shape}, model needs {shape}",
+                    )
+                found = quant if order is None else quant.permute_rows(order)
+            else:
+                array = self._checked(tensors, name, shape)
+                found = array if order is None else array[order]
+            kind = quant.type_id if quant is not None else None
+            if groups and kinds[-1] == kind:
+                groups[-1].append(found)
+            else:
+                groups.append([found])
+                kinds.append(kind)
+        out: list[Tensor | DeviceQuant] = []
+        for group in groups:
+            quants = [g for g in group if isinstance(g, QuantMatrix)]
+            arrays = [g for g in group if not isinstance(g, QuantMatrix)]
+            if quants:
+                joined = quants[0] if len(quants) == 1 else QuantMatrix.stack(quants)
+                out.append(to_device(joined, self.device))
+            else:
+                out.append(self._to_device(np.concatenate(arrays) if len(arrays) > 1
+                                           else arrays[0]))
+        return _Matrix(out)
 
     def _load(
-        self, tensors: dict[str, npt.NDArray[Any]], blocks: dict[str, AffineBlocks]
+        self, tensors: dict[str, npt.NDArray[Any]], blocks: dict[str, QuantMatrix]
     ) -> None:
         f = self.facts
         dim, hd, heads, kv = f.hidden_dim, f.head_dim, f.head_count, f.head_count_kv
         self.blocks: list[_Block] = []
         llama = f.architecture == "llama"
+        q_order: npt.NDArray[np.intp] | None = None
+        k_order: npt.NDArray[np.intp] | None = None
+        if llama and f.rope_dim > 0:
+            q_order = _unpermute_rope_rows(np.arange(heads * hd), heads, hd, f.rope_dim)
+            k_order = _unpermute_rope_rows(np.arange(kv * hd), kv, hd, f.rope_dim)
         for layer in range(self.layer_start, self.layer_end):
             p = f"blk.{layer}."
-            wq = self._checked(tensors, p + "attn_q.weight", (heads * hd, dim))
-            wk = self._checked(tensors, p + "attn_k.weight", (kv * hd, dim))
-            wv = self._checked(tensors, p + "attn_v.weight", (kv * hd, dim))
             biases = [tensors.get(p + f"attn_{x}.bias") for x in "qkv"]
-            if llama and f.rope_dim > 0:
-                wq = _unpermute_rope_rows(wq, heads, hd, f.rope_dim)
-                wk = _unpermute_rope_rows(wk, kv, hd, f.rope_dim)
-                if biases[0] is not None and biases[1] is not None:
-                    biases[0] = _unpermute_rope_rows(biases[0], heads, hd, f.rope_dim)
-                    biases[1] = _unpermute_rope_rows(biases[1], kv, hd, f.rope_dim)
+            if biases[0] is not None and q_order is not None:
+                biases[0] = biases[0][q_order]
+            if biases[1] is not None and k_order is not None:
+                biases[1] = biases[1][k_order]
             b_qkv = None
             if any(b is not None for b in biases):
                 sizes = (heads * hd, kv * hd, kv * hd)
@@ -283,46 +351,39 @@ class StageRole:
                         ]
                     )
                 )
-            gate = self._checked(tensors, p + "ffn_gate.weight", (f.ffn_dim, dim))
-            up = self._checked(tensors, p + "ffn_up.weight", (f.ffn_dim, dim))
-            block_sets: dict[str, _DeviceBlocks] = {}
-            if blocks:
-                orders: list[npt.NDArray[np.intp] | None] = [None, None, None]
-                if llama and f.rope_dim > 0:
-                    orders = [
-                        _unpermute_rope_rows(np.arange(n * hd), n, hd, f.rope_dim)
-                        for n in (heads, kv)
-                    ] + [None]
-                found = {
-                    "qkv": self._device_blocks(
-                        blocks, [p + f"attn_{x}.weight" for x in "qkv"], orders
-                    ),
-                    "wo": self._device_blocks(blocks, [p + "attn_output.weight"]),
-                    "gate_up": self._device_blocks(
-                        blocks, [p + "ffn_gate.weight", p + "ffn_up.weight"]
-                    ),
-                    "down": self._device_blocks(blocks, [p + "ffn_down.weight"]),
-                }
-                block_sets = {k: v for k, v in found.items() if v is not None}
+            w_qkv = self._matrix(tensors, blocks, [
+                (p + "attn_q.weight", (heads * hd, dim), q_order),
+                (p + "attn_k.weight", (kv * hd, dim), k_order),
+                (p + "attn_v.weight", (kv * hd, dim), None),
+            ])
+            w_gate_up = self._matrix(tensors, blocks, [
+                (p + "ffn_gate.weight", (f.ffn_dim, dim), None),
+                (p + "ffn_up.weight", (f.ffn_dim, dim), None),
+            ])
             self.blocks.append(
                 _Block(
                     attn_norm=self._tensor(tensors, p + "attn_norm.weight", (dim,)),
-                    w_qkv=self._to_device(np.concatenate([wq, wk, wv])),
+                    w_qkv=w_qkv,
                     b_qkv=b_qkv,
-                    wo=self._tensor(tensors, p + "attn_output.weight", (dim, heads * hd)),
+                    wo=self._matrix(
+                        tensors, blocks, [(p + "attn_output.weight", (dim, heads * hd), None)]
+                    ),
                     ffn_norm=self._tensor(tensors, p + "ffn_norm.weight", (dim,)),
-                    w_gate_up=self._to_device(np.concatenate([gate, up])),
-                    w_down=self._tensor(tensors, p + "ffn_down.weight", (dim, f.ffn_dim)),
+                    w_gate_up=w_gate_up,
+                    w_down=self._matrix(
+                        tensors, blocks, [(p + "ffn_down.weight", (dim, f.ffn_dim), None)]
+                    ),
                     cache_k=self._kv_cache(),
                     cache_v=self._kv_cache(),
-                    blocks=block_sets,
                 )
             )
         vocab = f.vocab_size
-        # the embedding lookup is a row gather: done on the host, it reads only the rows used
-        self.token_embd: npt.NDArray[Any] | None = None
+        # the embedding lookup is a row gather: done on the host, it reads only the rows
+        # used (from the file's blocks when kept in blocks)
+        self.token_embd: npt.NDArray[Any] | QuantMatrix | None = None
         if self.is_first:
-            embd = tensors["token_embd.weight"]
+            embd: npt.NDArray[Any] | QuantMatrix = blocks.get("token_embd.weight") or \
+                tensors["token_embd.weight"]
             if tuple(embd.shape) != (vocab, dim):
                 raise WeightsError(
                     WeightsFault.CORRUPT_HEADER,
@@ -331,36 +392,70 @@ class StageRole:
                 )
             self.token_embd = embd
         self.output_norm: Tensor | None = None
-        self.output: Tensor | None = None
-        self.output_blocks: _DeviceBlocks | None = None
+        self.output: _Matrix | None = None
         if self.is_last:
             self.output_norm = self._tensor(tensors, "output_norm.weight", (dim,))
             out_name = "token_embd.weight" if f.tied_embeddings else "output.weight"
-            self.output = self._tensor(tensors, out_name, (vocab, dim))
-            self.output_blocks = self._device_blocks(blocks, [out_name]) if blocks else None
+            self.output = self._matrix(tensors, blocks, [(out_name, (vocab, dim), None)])
         half = f.rope_dim // 2
+        self.rope_cos: Tensor | None = None
+        self.rope_sin: Tensor | None = None
         if half:
             inv = 1.0 / (f.rope_theta ** (np.arange(0, half, dtype=np.float64) * 2 / f.rope_dim))
             angles = np.outer(np.arange(self.max_seq_len, dtype=np.float64), inv)
             self.rope_cos = self._to_device(np.cos(angles).astype(np.float32))
             self.rope_sin = self._to_device(np.sin(angles).astype(np.float32))
 
-    # -- math -----------------------------------------------------------------------------
-    def _linear(self, x: Tensor, weight: Tensor, blocks: _DeviceBlocks | None = None) -> Tensor:
-        """``x @ weight.T`` in float32, ``weight`` being ``[out, in]`` in the compute dtype.
+    def _embed(self, ids: npt.NDArray[np.int32]) -> npt.NDArray[Any]:
+        assert self.token_embd is not None
+        if isinstance(self.token_embd, QuantMatrix):
+            return self.token_embd.dense_rows(ids, self.np_dtype)
+        return np.ascontiguousarray(self.token_embd[ids], dtype=self.np_dtype)
 
-        A one-row ``x`` with ``blocks`` reads the file's quantised blocks instead.
-        """
-        if blocks is not None and x.shape[0] == 1:
-            return self._block_linear(x, blocks)
+    def memory_bytes(self) -> tuple[int, int]:
+        """``(weights, kv_cache)``: bytes this role holds in weights (device tensors and the
+        host embedding) and in its KV cache of ``max_seq_len`` positions."""
+        weights = 0
+        tensors: list[Tensor | _Matrix | None] = [self.output_norm, self.output,
+                                                  self.rope_cos, self.rope_sin]
+        kv = 0
+        for block in self.blocks:
+            tensors += [block.attn_norm, block.w_qkv, block.b_qkv, block.wo, block.ffn_norm,
+                        block.w_gate_up, block.w_down]
+            kv += block.cache_k.nbytes() + block.cache_v.nbytes()
+        for item in tensors:
+            if isinstance(item, _Matrix):
+                weights += item.nbytes
+            elif item is not None:
+                weights += item.nbytes()
+        if isinstance(self.token_embd, QuantMatrix):
+            weights += self.token_embd.nbytes
+        elif self.token_embd is not None:
+            weights += int(self.token_embd.nbytes)
+        return weights, kv
+
+    # -- math -----------------------------------------------------------------------------
+    def _linear(self, x: Tensor, matrix: _Matrix) -> Tensor:
+        """``x @ W.T`` in float32 for a ``[out, in]`` matrix (its parts' outputs joined)."""
+        outs = [
+            self._block_linear(x, part) if isinstance(part, DeviceQuant)
+            else self._dense_linear(x, part)
+            for part in matrix.parts
+        ]
+        return outs[0] if len(outs) == 1 else outs[0].cat(*outs[1:], dim=-1)
+
+    def _dense_linear(self, x: Tensor, weight: Tensor) -> Tensor:
+        """``x @ weight.T`` in float32, ``weight`` being ``[out, in]`` in the compute dtype."""
         if self._f16_bits:
-            bits = weight.bitcast(dtypes.uint16).cast(dtypes.uint32)
-            moved = ((bits & 0x8000) << 16) | ((bits & 0x7FFF) << 13)
-            # exact for every finite f16, subnormals included (no flush-to-zero on CPU)
-            wide = moved.bitcast(dtypes.float32) * 2.0**112
+            wide = widen_f16(weight, cpu=True)
         else:
             wide = weight.float()
-        out_features, in_features = weight.shape
+        return self._matvec(x, wide, _matvec_chunk(int(weight.shape[0])) if self._cpu
+                            else int(weight.shape[0]))
+
+    def _matvec(self, x: Tensor, wide: Tensor, chunk: int) -> Tensor:
+        """``x @ wide.T`` for a lazy float32 ``[out, in]`` expression ``wide``."""
+        out_features, in_features = wide.shape
         lanes = _REDUCE_LANES
         if in_features % lanes or x.shape[0] != 1:
             return x.matmul(wide.T)  # prefill: a matrix product, tinygrad's heuristics fit
@@ -372,8 +467,7 @@ class StageRole:
             1, out_features, groups, lanes
         )
         rows = int(out_features)
-        chunk = _matvec_chunk(rows) if self._cpu else rows
-        if chunk == rows:
+        if chunk >= rows:
             return products.sum(axis=2).sum(axis=-1)
         parts = [
             products[:, start : start + chunk].sum(axis=2).sum(axis=-1).contiguous()
@@ -381,37 +475,23 @@ class StageRole:
         ]
         return parts[0].cat(*parts[1:], dim=-1)
 
-    def _block_linear(self, x: Tensor, blocks: _DeviceBlocks) -> Tensor:
-        """One row times a block matrix: per block ``scale * (x . q) + offset * sum(x)``.
+    def _block_linear(self, x: Tensor, blocks: DeviceQuant) -> Tensor:
+        """``x @ W.T`` with ``W`` decoded from the file's blocks inside the product's kernels
+        (:func:`~swactor.model.block_kernels.dequant_expr`); nothing dense is stored.
 
-        The dot runs as 16 running sums (a block's two 16-weight halves; for nibbles the
-        low and high halves of 16 bytes), so a kernel widens 16 consecutive codes at once;
-        each lane is scaled per block and takes its share of the offset term
-        (``offset * (x[j] + x[j + 16])``), then lanes and blocks are summed. Every product
-        is materialised: fused into its consumer it would be recomputed per consumer row.
+        Decode products are cut below ``_BLOCK_ROWS_LIMIT`` rows on CPU, each a kernel
+        over its rows' blocks; every product is materialised (fused into its consumer it
+        would be recomputed per consumer row).
         """
-        rows, groups = int(blocks.codes.shape[0]), int(blocks.codes.shape[1])
-        halves = x.reshape(1, 1, groups, 2, 16)
-        pair_sums = None
-        if blocks.offset is not None:
-            pair_sums = halves.sum(axis=3).contiguous()  # [1, 1, groups, 16]
+        rows = blocks.rows
+        if x.shape[0] != 1:
+            return x.matmul(dequant_expr(blocks, self._cpu).T)
         chunk = _matvec_chunk(rows, _BLOCK_ROWS_LIMIT) if self._cpu else rows
         parts = []
         for start in range(0, rows, chunk):
             n = min(chunk, rows - start)
-            codes = blocks.codes[start : start + n]
-            if blocks.nibbles:
-                packed = codes.reshape(1, n, groups, 16)
-                lanes = halves[:, :, :, 0] * (packed & 15).float() + halves[:, :, :, 1] * (
-                    packed >> 4
-                ).float()
-            else:
-                lanes = (halves * codes.reshape(1, n, groups, 2, 16).float()).sum(axis=3)
-            lanes = lanes * blocks.scale[start : start + n].reshape(1, n, groups, 1)
-            if blocks.offset is not None and pair_sums is not None:
-                offset = blocks.offset[start : start + n].reshape(1, n, groups, 1)
-                lanes = lanes + offset * pair_sums
-            parts.append(lanes.sum(axis=2).sum(axis=-1).contiguous())
+            wide = dequant_expr(blocks.row_slice(start, n), self._cpu)
+            parts.append(self._matvec(x, wide, n).contiguous())
         return parts[0] if len(parts) == 1 else parts[0].cat(*parts[1:], dim=-1)
 
     def _rms_norm(self, x: Tensor, weight: Tensor) -> Tensor:
@@ -421,7 +501,7 @@ class StageRole:
     def _rope(self, x: Tensor, start: UOp | int, tokens: int) -> Tensor:
         """Rotate the first ``rope_dim`` features of ``x`` ``[heads, tokens, head_dim]``."""
         rope_dim = self.facts.rope_dim
-        if rope_dim == 0:
+        if rope_dim == 0 or self.rope_cos is None or self.rope_sin is None:
             return x
         half = rope_dim // 2
         cos = self.rope_cos[start : start + tokens].reshape(1, tokens, half)
@@ -435,7 +515,7 @@ class StageRole:
     def _attention(self, block: _Block, x: Tensor, start: UOp | int, tokens: int) -> Tensor:
         f = self.facts
         hd, heads, kv = f.head_dim, f.head_count, f.head_count_kv
-        qkv = self._linear(x, block.w_qkv, block.blocks.get("qkv"))
+        qkv = self._linear(x, block.w_qkv)
         if block.b_qkv is not None:
             qkv = qkv + block.b_qkv.float()
         q = qkv[:, : heads * hd]
@@ -459,17 +539,17 @@ class StageRole:
             scores = causal.where(scores, float("-inf")).reshape(kv, group * tokens, -1)
         out = scores.softmax(-1).matmul(values)  # [kv, group*tokens, hd]
         out = out.reshape(heads, tokens, hd).transpose(0, 1).reshape(tokens, heads * hd)
-        return self._linear(out, block.wo, block.blocks.get("wo"))
+        return self._linear(out, block.wo)
 
     def _block(self, block: _Block, x: Tensor, start: UOp | int, tokens: int) -> Tensor:
         h = x + self._attention(block, self._rms_norm(x, block.attn_norm), start, tokens)
         n = self._rms_norm(h, block.ffn_norm)
-        gate_up = self._linear(n, block.w_gate_up, block.blocks.get("gate_up"))
+        gate_up = self._linear(n, block.w_gate_up)
         ffn = self.facts.ffn_dim
         # materialise the product: fused into the down projection, silu would be recomputed
         # once per output feature (measured: 8x slower prefill, slower decode)
         hidden = (gate_up[:, :ffn].silu() * gate_up[:, ffn:]).contiguous()
-        mlp = self._linear(hidden, block.w_down, block.blocks.get("down"))
+        mlp = self._linear(hidden, block.w_down)
         return (h + mlp).cast(self._tg_dtype)
 
     def _forward(
@@ -482,7 +562,7 @@ class StageRole:
         assert self.output_norm is not None and self.output is not None
         row = tokens - 1 if last is None else last
         last_row = self._rms_norm(x[row : row + 1].float(), self.output_norm)
-        return self._linear(last_row, self.output, self.output_blocks).reshape(-1).contiguous()
+        return self._linear(last_row, self.output).reshape(-1).contiguous()
 
     def _forward_decode(self, payload: Tensor, start: UOp) -> Tensor:
         return self._forward(payload, start, 1).realize()
@@ -511,7 +591,7 @@ class StageRole:
                 f"exceed max_seq_len {self.max_seq_len}"
             )
         if self.token_embd is not None:
-            array = np.ascontiguousarray(self.token_embd[array], dtype=self.np_dtype)
+            array = self._embed(array)
         if tokens == 1 and sequence > 0:
             result = self._decode_step(array)
         else:

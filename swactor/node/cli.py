@@ -86,8 +86,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--weights", choices=WEIGHT_MODES, default="dense",
                         help="how the worker holds quantised matrices: dense (default: "
                         "dequantised once at load into the plan's dtype) or blocks (decode "
-                        "reads the file's Q4_0/Q4_1/Q8_0 blocks: about 2x faster decode on "
-                        "CPU, about 1.4x the memory)")
+                        "and prefill compute from the file's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K "
+                        "blocks: faster decode on CPU, memory about the file's bytes)")
     parser.add_argument("--log-level", default="WARNING")
     add_event_arguments(parser)
     parser.set_defaults(handler=run, node_parser=parser)

@@ -156,7 +156,8 @@ class NodeConfig:
     models_dir: Path = Path(".")
     weights: str = "dense"
     """How the worker holds quantised matrices: "dense" (dequantised once at load) or
-    "blocks" (decode reads the file's Q4_0/Q4_1/Q8_0 blocks; faster on CPU, ~1.4x memory)."""
+    "blocks" (computes from the file's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K blocks: faster on CPU,
+    about the file's bytes in memory)."""
     transport: TransportConfig = dataclasses.field(default_factory=TransportConfig)
     worker_init_timeout_s: float = 120.0
     swim_bind: tuple[str, int] | None = None

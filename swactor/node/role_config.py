@@ -9,7 +9,7 @@ the node's weight loader resolves from the provision's `GgufSource`.
 `llama_stage_config` joins the two into the JSON config of ConfigureRole; the plan's
 hidden size and the source's sha256 travel along so the worker checks them, and the
 node's weight mode (`swactor node --weights`: "dense" dequantises every matrix once at
-load, "blocks" keeps Q4_0/Q4_1/Q8_0 matrices in the file's blocks for decode) goes as
+load, "blocks" keeps Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K matrices in the file's blocks) goes as
 `weights`.
 """
 

@@ -12,9 +12,9 @@ Theory of operation
      "sha256": null, "cache_dir": null,                        # optional source options
      "weights": "dense"}                                       # optional, or "blocks"
 
-`weights` "blocks" keeps the file's Q4_0/Q4_1/Q8_0 matrices in their blocks and decodes
-from them (about half the bytes per token of f16; not the f32 plan's exact arithmetic, so
-opt-in; prefill stays dense).
+`weights` "blocks" keeps the file's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K matrices in their
+blocks and computes decode and prefill from them, with no dense copy (about the file's
+bytes; not the f32 plan's exact arithmetic, so opt-in).
 
 `gguf` is a local path or an http(s) URL (read by byte ranges, through the
 content-addressed cache in `cache_dir` when given). The factory reads and dequantises

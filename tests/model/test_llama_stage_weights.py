@@ -36,7 +36,7 @@ def test_weights_key_selects_the_decode_weights(
     role = build_role(_config(q4_gguf, **extra), Device.DEFAULT)
     assert isinstance(role, LlamaStageRole)
     assert role.stage.quantised is quantised
-    assert (role.stage.output_blocks is not None) is quantised
+    assert role.stage.output is not None and role.stage.output.quantised is quantised
 
 
 def test_unknown_weights_mode_is_a_role_config_error(q4_gguf: Path) -> None:

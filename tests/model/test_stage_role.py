@@ -11,6 +11,8 @@ import numpy.typing as npt
 import pytest
 from gguf import GGMLQuantizationType as Q
 
+from swactor.model.block_kernels import DeviceQuant
+from swactor.model.dequant import QuantMatrix
 from swactor.model.gguf_range import open_reader
 from swactor.model.llama_role import StageRole, StepError
 from tests.model.numpy_reference import NumpyLlama
@@ -174,6 +176,9 @@ def _block_roles(path: Path, split: list[tuple[int, int]]) -> list[StageRole]:
     ]
 
 
+_Q4_K_M = {"attn_v": Q.Q6_K, "ffn_down": Q.Q6_K}  # the matrices llama.cpp's _M lifts
+
+
 @pytest.mark.parametrize(
     "cfg",
     [
@@ -184,16 +189,29 @@ def _block_roles(path: Path, split: list[tuple[int, int]]) -> list[StageRole]:
         # 3072-row gate/up and 1300-row output block products are cut into <800-row kernels
         TinyConfig(blocks=2, seed=11, hidden=128, heads=2, kv_heads=1, ffn=1536, vocab=1300,
                    matrix_type=Q.Q4_1, embd_type=Q.Q8_0),
+        TinyConfig(blocks=2, seed=14, matrix_type=Q.Q4_K, embd_type=Q.Q4_K),
+        TinyConfig(blocks=2, seed=15, matrix_type=Q.Q5_K, embd_type=Q.Q6_K, tied=False),
+        TinyConfig(blocks=2, seed=16, matrix_type=Q.Q6_K, embd_type=Q.Q5_K, tied=False),
+        TinyConfig(blocks=2, seed=17, arch="qwen2", matrix_type=Q.Q5_K, embd_type=Q.Q8_0),
+        # q, k, gate, up Q4_K; v and down Q6_K; one block Q8_0; the output Q6_K
+        TinyConfig(blocks=2, seed=18, matrix_type=Q.Q4_K, embd_type=Q.Q4_K, tied=False,
+                   types_by_layer={1: Q.Q8_0}, types_by_matrix=_Q4_K_M),
     ],
-    ids=["q4_1-tied-q8_0", "q4_0-output-q4_1", "qwen2-q8_0", "q4_1-split-wide-products"],
+    ids=["q4_1-tied-q8_0", "q4_0-output-q4_1", "qwen2-q8_0", "q4_1-split-wide-products",
+         "q4_k-tied", "q5_k-output-q6_k", "q6_k-output-q5_k", "qwen2-q5_k",
+         "q4_k_m-mixed"],
 )
 def test_block_decode_matches_reference_and_every_split(tmp_path: Path, cfg: TinyConfig) -> None:
-    """Decode from the file's blocks: the numpy float64 reference within f32 rounding of
-    a different summation order, and one stage's tokens and logits for every split."""
+    """Prefill and decode from the file's blocks: the numpy float64 reference (weights by
+    gguf-py's dequantisation) within f32 rounding of a different summation order, and one
+    stage's tokens and logits for every split."""
     path = write_tiny_gguf(tmp_path / "b.gguf", cfg)
     roles = _block_roles(path, [(0, 2)])
-    assert roles[0].blocks[0].blocks.keys() == {"qkv", "wo", "gate_up", "down"}
-    assert roles[0].output_blocks is not None
+    for block in roles[0].blocks:
+        for matrix in (block.w_qkv, block.wo, block.w_gate_up, block.w_down):
+            assert all(isinstance(p, DeviceQuant) for p in matrix.parts)
+    assert roles[0].output is not None and roles[0].output.quantised
+    assert isinstance(roles[0].token_embd, QuantMatrix)
     forced = [11, 3, 200]
     tokens, logits = _run(roles, forced=forced)
     reference = NumpyLlama(path)
@@ -208,11 +226,28 @@ def test_block_decode_matches_reference_and_every_split(tmp_path: Path, cfg: Tin
             assert _rel(got, want) < 1e-5
 
 
+def test_mixed_block_matrices_are_one_product_per_type(tmp_path: Path) -> None:
+    """q and k (Q4_K) stack into one block matrix, v (Q6_K) is a second; a dense F16
+    block stays one dense matrix; block-mode logits match dense-mode logits."""
+    cfg = TinyConfig(blocks=2, seed=19, matrix_type=Q.Q4_K, embd_type=Q.Q8_0,
+                     types_by_layer={1: Q.F16}, types_by_matrix={"attn_v": Q.Q6_K})
+    path = write_tiny_gguf(tmp_path / "m.gguf", cfg)
+    (role,) = _block_roles(path, [(0, 2)])
+    kinds = [[p.type_name if isinstance(p, DeviceQuant) else "dense" for p in m.parts]
+             for m in (role.blocks[0].w_qkv, role.blocks[1].w_qkv, role.blocks[1].w_down)]
+    assert kinds == [["Q4_K", "Q6_K"], ["dense", "Q6_K"], ["dense"]]
+    _, block_logits = _run([role])
+    _, dense_logits = _run(_roles(path, [(0, 2)]))
+    for got, want in zip(block_logits, dense_logits, strict=True):
+        assert _rel(got, want) < 1e-5
+
+
 def test_block_roles_leave_other_types_dense(tmp_path: Path) -> None:
-    cfg = TinyConfig(blocks=1, seed=12, matrix_type=Q.Q6_K, embd_type=Q.Q6_K, tied=False)
+    cfg = TinyConfig(blocks=1, seed=12, matrix_type=Q.Q3_K, embd_type=Q.Q5_0, tied=False)
     path = write_tiny_gguf(tmp_path / "k.gguf", cfg)
     roles = _block_roles(path, [(0, 1)])
-    assert roles[0].blocks[0].blocks == {} and roles[0].output_blocks is None
+    assert not roles[0].blocks[0].w_qkv.quantised
+    assert roles[0].output is not None and not roles[0].output.quantised
     _, logits = _run(roles, steps=1, forced=[9])
     assert _rel(logits[1], NumpyLlama(path).logits([*PROMPT, 9])) < 2e-5
 

@@ -24,6 +24,7 @@ _K_SCALE_FIELDS: dict[Q, tuple[int, ...]] = {
     Q.Q4_K: (0, 2),
     Q.Q5_K: (0, 2),
     Q.Q6_K: (208,),
+    Q.IQ4_NL: (0,),  # no stage reads it: for the unsupported-type tests
 }
 
 
@@ -45,6 +46,10 @@ class TinyConfig:
     matrix_type: Q = Q.F32
     embd_type: Q = Q.F32
     types_by_layer: dict[int, Q] = field(default_factory=dict)
+    # per matrix name within a block ("attn_v", "ffn_down", ...), over types_by_layer:
+    # a file that mixes types inside a block, like llama.cpp's _M variants
+    types_by_matrix: dict[str, Q] = field(default_factory=dict)
+    tokenizer_model: str | None = None  # tokenizer.ggml.model, with no vocabulary
 
 
 def _encode(
@@ -80,8 +85,12 @@ def write_tiny_gguf(path: Path, cfg: TinyConfig) -> Path:
     writer.add_vocab_size(cfg.vocab)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
+    if cfg.tokenizer_model is not None:
+        writer.add_tokenizer_model(cfg.tokenizer_model)
 
     def matrix(name: str, rows: int, cols: int, qtype: Q) -> None:
+        if name.startswith("blk."):
+            qtype = cfg.types_by_matrix.get(name.split(".")[2], qtype)
         values = (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
         data = _encode(rng, values, qtype)
         writer.add_tensor(name, data, raw_dtype=None if qtype == Q.F32 else qtype)

@@ -1,0 +1,124 @@
+"""Matrices computed from the GGUF file's own blocks in tinygrad (``--weights blocks``).
+
+Theory of operation. A :class:`~swactor.model.dequant.QuantMatrix` (the file's bytes of
+one 2-D tensor) goes to the device as the arrays :func:`~swactor.model.dequant.block_fields`
+cuts from its blocks (:class:`DeviceQuant`): the packed codes as they are in the file,
+the f16 block scales, and for Q4_K/Q5_K the 6-bit sub-block scales and mins one per byte.
+Nothing dense is kept. :func:`dequant_expr` is a lazy tinygrad expression for the dense
+``float32 [rows, cols]`` matrix; it is never realised on its own: the matrix-vector and
+matrix-matrix products that consume it fuse it into their kernels, so each kernel reads
+the codes and widens them in registers.
+
+What each type computes (the same float32 operations, in the same order, as
+``gguf.quants.dequantize``, so the weights are bit-identical to gguf-py's):
+
+* ``Q8_0`` (32 weights per block): ``w = q * d``, ``q`` int8.
+* ``Q4_0`` / ``Q4_1``: 16 bytes hold 32 codes, weight ``j`` in the low nibble of byte
+  ``j``, weight ``j + 16`` in its high nibble; ``w = d * (q - 8)`` / ``w = d * q + m``.
+* ``Q4_K`` (256 weights per super-block, 8 sub-blocks of 32): ``qs`` is 4 chunks of 32
+  bytes; chunk ``c`` holds sub-block ``2c`` in its low nibbles and ``2c + 1`` in its high
+  nibbles; ``w = (d * sc) * q - dmin * mn`` per sub-block.
+* ``Q5_K``: as Q4_K plus a fifth bit: bit ``i`` of ``qh[j]`` is the high bit of weight
+  ``j`` of sub-block ``i`` (``q + 16 * bit``).
+* ``Q6_K`` (16 sub-blocks of 16, int8 scales): ``ql`` is 2 halves of 64 bytes, ``qh`` 2
+  halves of 32; in half ``h`` weight ``64 s + p`` takes nibble ``s`` of ``ql[h][p]`` and
+  bits ``2t..2t+1`` of ``qh[h][p % 32]`` with ``t = 2 s + p // 32``; ``w = (d * sc) *
+  (q - 32)``.
+
+On CPU the f16 scales widen to f32 with integer bit moves (clang renders ``__fp16``
+conversions as scalar code; exact for every finite f16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gguf import GGMLQuantizationType as Q
+from tinygrad.dtype import dtypes
+from tinygrad.tensor import Tensor
+
+from swactor.model.dequant import QuantMatrix, block_fields
+
+
+def widen_f16(tensor: Tensor, cpu: bool) -> Tensor:
+    """``tensor`` (float16) as float32; on CPU through integer bit moves."""
+    if not cpu:
+        return tensor.float()
+    bits = tensor.bitcast(dtypes.uint16).cast(dtypes.uint32)
+    moved = ((bits & 0x8000) << 16) | ((bits & 0x7FFF) << 13)
+    # exact for every finite f16, subnormals included (no flush-to-zero on CPU)
+    return moved.bitcast(dtypes.float32) * 2.0**112
+
+
+@dataclass
+class DeviceQuant:
+    """One matrix's block arrays on the device (see the module docstring)."""
+
+    type_id: int
+    shape: tuple[int, int]
+    fields: dict[str, Tensor]
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes() for t in self.fields.values())
+
+    @property
+    def type_name(self) -> str:
+        return Q(self.type_id).name
+
+    def row_slice(self, start: int, count: int) -> DeviceQuant:
+        fields = {k: v[start : start + count] for k, v in self.fields.items()}
+        return DeviceQuant(self.type_id, (count, self.shape[1]), fields)
+
+
+def to_device(matrix: QuantMatrix, device: str) -> DeviceQuant:
+    """Move ``matrix``'s block arrays to ``device`` (realised; host copies are dropped)."""
+    fields = {
+        name: Tensor(array, device=device).realize()
+        for name, array in block_fields(matrix).items()
+    }
+    return DeviceQuant(matrix.type_id, matrix.shape, fields)
+
+
+def _nibbles(packed: Tensor, axis: int) -> Tensor:
+    """Low then high nibbles of ``packed`` (uint8), stacked as a new axis ``axis``."""
+    return Tensor.stack(packed & 15, packed >> 4, dim=axis)
+
+
+def dequant_expr(matrix: DeviceQuant, cpu: bool) -> Tensor:
+    """The dense ``float32 [rows, cols]`` weights of ``matrix`` as a lazy expression."""
+    f = matrix.fields
+    rows, cols = matrix.shape
+    qtype = Q(matrix.type_id)
+    d = widen_f16(f["d"], cpu)
+    if qtype == Q.Q8_0:
+        w = f["qs"].float() * d.unsqueeze(-1)
+    elif qtype in (Q.Q4_0, Q.Q4_1):
+        q = _nibbles(f["qs"], -2).reshape(rows, -1, 32).float()
+        if qtype == Q.Q4_0:
+            w = d.unsqueeze(-1) * (q - 8.0)
+        else:
+            w = d.unsqueeze(-1) * q + widen_f16(f["m"], cpu).unsqueeze(-1)
+    elif qtype in (Q.Q4_K, Q.Q5_K):
+        q = _nibbles(f["qs"], -2).reshape(rows, -1, 8, 32)
+        if qtype == Q.Q5_K:
+            qh = f["qh"].reshape(rows, -1, 1, 32)
+            high = Tensor.cat(*[(qh >> i) & 1 for i in range(8)], dim=-2)
+            q = q + (high << 4)
+        scale = d.unsqueeze(-1) * f["sc"].float()
+        mins = widen_f16(f["dmin"], cpu).unsqueeze(-1) * f["mn"].float()
+        w = scale.unsqueeze(-1) * q.float() - mins.unsqueeze(-1)
+    elif qtype == Q.Q6_K:
+        ql = _nibbles(f["ql"], -2).reshape(rows, -1, 8, 32)
+        qh = f["qh"].reshape(rows, -1, 2, 1, 32)
+        high = Tensor.cat(*[(qh >> s) & 3 for s in (0, 2, 4, 6)], dim=-2)
+        q = ql + (high.reshape(rows, -1, 8, 32) << 4)
+        scale = d.unsqueeze(-1) * f["sc"].float()  # [rows, blocks, 16]
+        w = scale.unsqueeze(-1) * (q.reshape(rows, -1, 16, 16).float() - 32.0)
+    else:
+        raise ValueError(f"{qtype.name} has no block kernel")
+    return w.reshape(rows, cols)
