@@ -7,14 +7,24 @@ package's range reader (header, metadata and tensor table only) and keeps:
 - the stop set: EOS plus every end-of-generation id the tokenizer knows (`eog_ids`:
   `<|im_end|>`, `<|endoftext|>`, ...), so a chat model stops at the end of its turn;
   a file without a tokenizer vocabulary stops on EOS alone;
-- parameter counts (elements per block, of the embedding, of the output head), from
-  which `stage_memory_bytes` estimates what one stage holds after dequantising to the
-  compute dtype: its tensors plus its KV cache of `max_seq_len` positions. The estimate
-  is what the planner compares with a node's usable memory; it leaves out rings and the
-  runtime itself, which are small beside the weights.
+- every tensor's name, type, element count and file bytes (`TensorInfo`), from which
+  `stage_memory` predicts what one stage holds, exactly as the stage role computes it
+  (`StageRole.memory_bytes`): weights, apart from the KV cache of `max_seq_len`
+  positions. With weights in blocks (`--weights blocks`) a Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K
+  matrix costs its file bytes (Q4_K/Q5_K: plus 4 bytes per 256 weights, their 6-bit
+  scales unpacked), every other tensor its elements at the compute width; dense, every
+  tensor costs its elements at the compute width. The stage's first-stage embedding
+  lives on the host, the last stage's output projection on the device: a single stage of
+  a model with tied embeddings holds the embedding twice. The estimate leaves out rings
+  and the runtime itself (Python and tinygrad, ~0.3-0.5 GiB per worker).
 
-A missing, truncated or unsupported file is a `PlannerError(ModelUnreadable)` carrying
-the reader's one-line reason.
+Unsupported input is refused here, before any node loads anything (`PlannerError`
+naming the exact value and the supported list): an architecture other than llama and
+qwen2 (`UnsupportedArchitecture`), a tensor type the stages cannot read
+(`UnsupportedTensorType`), a tokenizer model other than gpt2 and llama
+(`UnsupportedTokenizer`; a file with no tokenizer metadata is accepted and stops on EOS
+alone). A missing, truncated or otherwise unreadable file is a
+`PlannerError(ModelUnreadable)` carrying the reader's one-line reason.
 """
 
 from __future__ import annotations
@@ -22,8 +32,64 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gguf import GGMLQuantizationType
 
 from swactor.orchestrator.errors import PlannerError, PlanProblem
+
+if TYPE_CHECKING:
+    from swactor.model.gguf_range import GgufRangeReader
+
+SUPPORTED_TOKENIZER_MODELS = ("gpt2", "llama")
+"""`tokenizer.ggml.model` values `swactor.model.tokenizer.Tokenizer` builds."""
+WEIGHT_MODES = ("dense", "blocks")
+"""How a stage holds its matrices (`swactor node --weights`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """One tensor of the file: name, GGML type id, shape (numpy order), file bytes."""
+
+    name: str
+    type_id: int
+    shape: tuple[int, ...]
+    file_bytes: int
+
+    def held_bytes(self, width: int, weights: str) -> int:
+        """Bytes a stage holds for this tensor (see the module doc)."""
+        from swactor.model.dequant import BLOCK_TYPES, block_bytes
+
+        if weights == "blocks" and self.type_id in BLOCK_TYPES and len(self.shape) == 2:
+            return block_bytes(self.type_id, self.shape)
+        return _elements(self.shape) * width
+
+    def host_bytes(self, width: int, weights: str) -> int:
+        """Bytes of the first stage's embedding, held on the host: in blocks mode a block
+        type stays the file's bytes as they are (rows are gathered, then dequantised)."""
+        from swactor.model.dequant import BLOCK_TYPES
+
+        if weights == "blocks" and self.type_id in BLOCK_TYPES and len(self.shape) == 2:
+            return self.file_bytes
+        return _elements(self.shape) * width
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    """What one stage is predicted to hold, and the bytes of its tensors in the file."""
+
+    weights: int
+    kv_cache: int
+    file_bytes: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache
+
+    @property
+    def ratio(self) -> float:
+        """Held weight bytes over the file bytes of the stage's tensors."""
+        return self.weights / self.file_bytes if self.file_bytes else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +112,10 @@ class ModelInfo:
     """Elements of `token_embd.weight`."""
     head_params: int
     """Elements of `output_norm.weight` plus `output.weight` (the embedding if tied)."""
+    tensors: tuple[TensorInfo, ...] = ()
+    """Every tensor of the file (empty for facts built without a file: then the
+    prediction is every parameter at the compute width)."""
+    rope_dim: int = 0
 
     def stage_params(self, start: int, end: int) -> int:
         """Elements stage `[start, end)` holds: its blocks, plus embedding / head."""
@@ -56,14 +126,85 @@ class ModelInfo:
             params += self.head_params
         return params
 
-    def stage_memory_bytes(self, start: int, end: int, width: int, max_seq_len: int) -> int:
+    def stage_memory_bytes(self, start: int, end: int, width: int, max_seq_len: int,
+                           weights: str = "dense") -> int:
         """Estimated bytes stage `[start, end)` holds: tensors plus KV cache, at `width`."""
-        kv_cache = 2 * max_seq_len * self.head_count_kv * self.head_dim * width * (end - start)
-        return self.stage_params(start, end) * width + kv_cache
+        return self.stage_memory(start, end, width, max_seq_len, weights).total
+
+    def stage_memory(self, start: int, end: int, width: int, max_seq_len: int,
+                     weights: str = "dense") -> StageMemory:
+        """What stage `[start, end)` holds (module doc) and its tensors' file bytes."""
+        return self.memory_costs(width, weights).stage(start, end, max_seq_len)
+
+    def memory_costs(self, width: int, weights: str = "dense") -> MemoryCosts:
+        """Per-block, embedding and head bytes (held and in the file), for many ranges."""
+        kv_row = 2 * self.head_count_kv * self.head_dim * width
+        rope_row = 2 * (self.rope_dim // 2) * 4  # rope cos/sin tables, f32, per position
+        if not self.tensors:
+            blocks = tuple((p * width, p * width) for p in self.block_params)
+            embd = (self.embedding_params * width,) * 2
+            head = (self.head_params * width,) * 2
+            return MemoryCosts(self.block_count, blocks, embd, head, kv_row, 0)
+        held = [0] * self.block_count
+        in_file = [0] * self.block_count
+        by_name = {t.name: t for t in self.tensors}
+        for tensor in self.tensors:
+            index = _block_of(tensor.name) if tensor.name.startswith("blk.") else -1
+            if 0 <= index < self.block_count:
+                held[index] += tensor.held_bytes(width, weights)
+                in_file[index] += tensor.file_bytes
+        embd_tensor = by_name.get("token_embd.weight")
+        embd = (0, 0) if embd_tensor is None else (
+            embd_tensor.host_bytes(width, weights), embd_tensor.file_bytes)
+        head_held = head_file = 0
+        out = "output.weight" if "output.weight" in by_name else "token_embd.weight"
+        for name in ("output_norm.weight", out):
+            if name in by_name:
+                head_held += by_name[name].held_bytes(width, weights)
+                head_file += by_name[name].file_bytes
+        return MemoryCosts(self.block_count, tuple(zip(held, in_file, strict=True)), embd,
+                           (head_held, head_file), kv_row, rope_row,
+                           tied=out == "token_embd.weight")
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryCosts:
+    """Bytes of a model's parts at one width and weight mode: ``(held, in the file)``."""
+
+    block_count: int
+    blocks: tuple[tuple[int, int], ...]
+    embedding: tuple[int, int]
+    head: tuple[int, int]
+    kv_per_position_block: int
+    rope_per_position: int
+    tied: bool = False
+
+    def stage(self, start: int, end: int, max_seq_len: int) -> StageMemory:
+        held = sum(b[0] for b in self.blocks[start:end])
+        in_file = sum(b[1] for b in self.blocks[start:end])
+        first, last = start == 0, end == self.block_count
+        if first:
+            held += self.embedding[0]
+            in_file += self.embedding[1]
+        if last:
+            held += self.head[0]
+            in_file += self.head[1]
+            if first and self.tied:  # one tensor in the file, held twice
+                in_file -= self.embedding[1]
+        held += self.rope_per_position * max_seq_len
+        kv_cache = self.kv_per_position_block * max_seq_len * (end - start)
+        return StageMemory(held, kv_cache, in_file)
 
 
 def _elements(shape: tuple[int, ...]) -> int:
     return math.prod(shape) if shape else 1
+
+
+def _block_of(name: str) -> int:
+    try:
+        return int(name.split(".", 2)[1])
+    except (IndexError, ValueError):
+        return -1
 
 
 def _stop_ids(path: Path, eos: int) -> frozenset[int]:
@@ -77,16 +218,44 @@ def _stop_ids(path: Path, eos: int) -> frozenset[int]:
     return frozenset({eos, *eog})
 
 
+def _refuse_unsupported(file: Path, reader: GgufRangeReader) -> None:
+    """PlannerError for a tensor type or tokenizer model no stage or tokenizer reads."""
+    from swactor.model.dequant import SUPPORTED_TYPES
+
+    bad = [t for t in reader.tensors.values()
+           if t.type_id not in SUPPORTED_TYPES or t.n_bytes < 0]
+    if bad:
+        names = sorted({t.type_name for t in bad})
+        supported = ", ".join(GGMLQuantizationType(t).name for t in sorted(SUPPORTED_TYPES))
+        others = f" and {len(bad) - 1} more tensors" if len(bad) > 1 else ""
+        raise PlannerError(
+            PlanProblem.UnsupportedTensorType,
+            f"{file}: quantisation type {', '.join(names)} (tensor {bad[0].name}{others}) is "
+            f"not supported (supported: {supported})",
+        )
+    model = reader.metadata.get("tokenizer.ggml.model")
+    if model is not None and model not in SUPPORTED_TOKENIZER_MODELS:
+        raise PlannerError(
+            PlanProblem.UnsupportedTokenizer,
+            f"{file}: tokenizer model {model!r} is not supported (supported: "
+            f"{', '.join(SUPPORTED_TOKENIZER_MODELS)})",
+        )
+
+
 def model_info_from_gguf(path: str | Path, *, with_stop_ids: bool = True) -> ModelInfo:
-    """Read the planning facts of the GGUF at `path` (header only)."""
-    from swactor.model.errors import WeightsError
+    """Read the planning facts of the GGUF at `path` (header only); refuse what no stage
+    can run (module doc)."""
+    from swactor.model.errors import WeightsError, WeightsFault
     from swactor.model.gguf_range import open_reader
 
     file = Path(path)
     try:
         reader = open_reader(file)
     except WeightsError as error:
+        if error.reason is WeightsFault.UNSUPPORTED_ARCHITECTURE:
+            raise PlannerError(PlanProblem.UnsupportedArchitecture, error.detail) from None
         raise PlannerError(PlanProblem.ModelUnreadable, str(error)) from None
+    _refuse_unsupported(file, reader)
     facts = reader.facts
     eos = facts.eos_token_id
     if eos is None:
@@ -120,4 +289,7 @@ def model_info_from_gguf(path: str | Path, *, with_stop_ids: bool = True) -> Mod
         block_params=tuple(blocks),
         embedding_params=embedding_params,
         head_params=head_params,
+        tensors=tuple(TensorInfo(t.name, t.type_id, t.shape, t.n_bytes)
+                      for t in reader.tensors.values()),
+        rope_dim=facts.rope_dim,
     )

@@ -125,6 +125,8 @@ def session_options(
 ) -> SessionOptions:
     """SessionOptions from parsed `add_run_arguments` flags; ValueError names a bad flag."""
     from swactor.model.paths import default_model_path
+    from swactor.orchestrator.errors import PlannerError
+    from swactor.orchestrator.model_info import model_info_from_gguf
     from swactor.orchestrator.session import SessionOptions
     from swactor.wire import SamplingPolicy
 
@@ -146,6 +148,10 @@ def session_options(
     model = args.model or default_model_path()
     if not Path(model).is_file():
         raise ValueError(f"model {model} not found (run scripts/setup.sh, or pass --model)")
+    try:  # an architecture, tensor type or tokenizer no stage runs: refused before any node
+        model_info_from_gguf(model, with_stop_ids=False)
+    except PlannerError as error:
+        raise ValueError(str(error)) from None
     return SessionOptions(
         identity=identity, nodes=nodes, model=Path(model), prompt=prompt, chat=args.chat,
         sampling=sampling, max_tokens=args.max_tokens, max_seq_len=args.max_seq_len,

@@ -89,6 +89,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="run id (default: random)")
     parser.add_argument("--first-edge-id", type=int, default=None, metavar="ID",
                         help="first edge id (default: a random 48-bit base)")
+    parser.add_argument("--weights", choices=("dense", "blocks"), default="dense",
+                        help="the nodes' weight mode (swactor node --weights) the memory "
+                        "prediction assumes (default dense)")
     parser.add_argument("--json", action="store_true", help="print the RunPlan as JSON")
     parser.set_defaults(handler=run)
 
@@ -130,6 +133,7 @@ def build_planned_run(args: argparse.Namespace) -> PlannedRun:
         split=args.split,
         dtype=ComputeDtype[args.dtype],
         first_edge_id=args.first_edge_id,
+        weights=getattr(args, "weights", "dense"),
     )
     return plan_run(pool, model, request)
 
@@ -191,17 +195,23 @@ def render_plan(planned: PlannedRun) -> str:
         "",
     ]
     stage_rows = []
-    for stage, node, need in zip(plan.stages, planned.nodes, planned.stage_memory_bytes,
+    for stage, node, need in zip(plan.stages, planned.nodes, planned.stage_memory,
                                  strict=True):
         stage_rows.append([
             str(stage.stage_index), str(stage.node_id), node.device_kind,
             f"{stage.layer_start}..{stage.layer_end_exclusive}",
             str(stage.layer_end_exclusive - stage.layer_start),
-            human_bytes(need), human_bytes(node.usable_memory_bytes),
+            human_bytes(need.file_bytes), human_bytes(need.weights), f"{need.ratio:.2f}x",
+            human_bytes(need.kv_cache), human_bytes(need.total),
+            human_bytes(node.usable_memory_bytes),
             str(stage.inbound_edge), str(stage.outbound_edge),
         ])
-    lines += _table(["stage", "node", "device", "layers", "blocks", "est. memory",
-                     "node memory", "in edge", "out edge"], stage_rows)
+    lines += _table(["stage", "node", "device", "layers", "blocks", "in file", "weights",
+                     "x file", "kv cache", "est. memory", "node memory", "in edge",
+                     "out edge"], stage_rows)
+    lines.append(f"memory predicted for --weights {planned.weights}: weights as the stage "
+                 "holds them, KV cache for max_seq_len; Python and tinygrad add ~0.3-0.5 "
+                 "GiB per node")
     lines.append("")
     edge_rows = []
     for edge in plan.edges:

@@ -9,8 +9,13 @@ drawing a random edge-id base when none is given):
 2. Split the blocks: the explicit `split` if given (it must have one entry per node,
    each at least 1, summing to the block count), else in proportion to each node's
    usable memory (`split.proportional_split`). Stage `i` runs on the pool's `i`-th node.
-3. Check memory: each stage's estimated footprint (`ModelInfo.stage_memory_bytes`:
-   tensors in the compute dtype plus the KV cache) must fit its node's usable memory.
+3. Check memory: each stage's predicted footprint (`ModelInfo.memory_costs`: its
+   weights as the stage role holds them in the request's weight mode, plus the KV cache
+   of `max_seq_len` positions) must fit its node's usable memory. When the proportional
+   split leaves a stage over its node, the blocks are re-split by the prediction
+   (`fitted_split`: the contiguous split with the smallest worst bytes/memory ratio,
+   which accounts for the embedding on the first stage and the output head on the last);
+   an explicit split is only checked.
 4. Assign edge ids, here and nowhere else (spec §11: stages never derive them): from a
    base, token-in gets `base`, activation edge `i` (stage `i` -> `i + 1`) gets
    `base + 1 + i`, token-out gets `base + N`. The default base is random (48 bits), so
@@ -41,7 +46,7 @@ from dataclasses import dataclass, field
 
 from swactor.orchestrator.errors import PlannerError, PlanProblem
 from swactor.orchestrator.inventory import NodeResources, PoolInventory
-from swactor.orchestrator.model_info import ModelInfo
+from swactor.orchestrator.model_info import MemoryCosts, ModelInfo, StageMemory
 from swactor.orchestrator.split import explicit_split, proportional_split, ranges
 from swactor.wire import (
     OBJECT_HEADER_LEN,
@@ -125,6 +130,8 @@ class PlanRequest:
     """When known (the orchestrator tokenized the prompt), checked against max_seq_len."""
     stream_tokens: bool = True
     stop_on_eos: bool = True
+    weights: str = "dense"
+    """The nodes' weight mode (`swactor node --weights`), for the memory prediction."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +142,10 @@ class PlannedRun:
     nodes: tuple[NodeResources, ...]
     stage_memory_bytes: tuple[int, ...]
     stop_token_ids: frozenset[int]
+    stage_memory: tuple[StageMemory, ...] = ()
+    """Per stage: predicted weight bytes, KV cache bytes and its tensors' file bytes."""
+    weights: str = "dense"
+    """The weight mode the prediction assumed."""
 
 
 def next_power_of_two(value: int) -> int:
@@ -274,24 +285,75 @@ def plan_run(pool: PoolInventory, model: ModelInfo, request: PlanRequest) -> Pla
     _check_pool(pool)
     max_seq_len = _max_seq_len(model, request)
     counts = _split(pool, model, request)
+    costs = model.memory_costs(request.dtype.width, request.weights)
+    memory = _memory(costs, ranges(counts), max_seq_len)
+    if request.split is None and _overflow(pool, memory) is not None:
+        # the memory-proportional split leaves a stage over its node: size the ranges by
+        # the predicted bytes instead (the embedding and output head weigh on the ends)
+        counts = fitted_split(costs, [n.usable_memory_bytes for n in pool.nodes], max_seq_len)
+        memory = _memory(costs, ranges(counts), max_seq_len)
     layer_ranges = ranges(counts)
-    width = request.dtype.width
-    estimates = tuple(
-        model.stage_memory_bytes(start, end, width, max_seq_len) for start, end in layer_ranges
-    )
-    for i, (node, need) in enumerate(zip(pool.nodes, estimates, strict=True)):
-        if need > node.usable_memory_bytes:
-            start, end = layer_ranges[i]
-            raise PlannerError(
-                PlanProblem.NodeMemoryTooSmall,
-                f"stage {i} (blocks {start}..{end}) needs about {need} bytes but node "
-                f"{node.node_id} has {node.usable_memory_bytes} usable",
-            )
+    over = _overflow(pool, memory)
+    if over is not None:
+        node, need = pool.nodes[over], memory[over]
+        start, end = layer_ranges[over]
+        raise PlannerError(
+            PlanProblem.NodeMemoryTooSmall,
+            f"stage {over} (blocks {start}..{end}) needs about {need.total} bytes "
+            f"(weights {need.weights}, KV cache {need.kv_cache}) but node "
+            f"{node.node_id} has {node.usable_memory_bytes} usable",
+        )
     try:
         plan = _build(pool, model, request, max_seq_len, layer_ranges)
     except WireError as error:
         raise PlannerError(PlanProblem.PlanRejected, str(error)) from None
-    return PlannedRun(plan, pool.nodes, estimates, model.stop_token_ids)
+    estimates = tuple(m.total for m in memory)
+    return PlannedRun(plan, pool.nodes, estimates, model.stop_token_ids, memory,
+                      request.weights)
+
+
+def _memory(
+    costs: MemoryCosts, layer_ranges: tuple[tuple[int, int], ...], max_seq_len: int
+) -> tuple[StageMemory, ...]:
+    return tuple(costs.stage(start, end, max_seq_len) for start, end in layer_ranges)
+
+
+def _overflow(pool: PoolInventory, memory: tuple[StageMemory, ...]) -> int | None:
+    """The first stage whose predicted bytes exceed its node's usable memory."""
+    for index, (node, need) in enumerate(zip(pool.nodes, memory, strict=True)):
+        if need.total > node.usable_memory_bytes:
+            return index
+    return None
+
+
+def fitted_split(costs: MemoryCosts, memory: list[int], max_seq_len: int) -> tuple[int, ...]:
+    """Block counts (each >= 1) that minimise the largest predicted-bytes / node-memory
+    ratio over the stages; ties keep the earlier cut (a deterministic result)."""
+    blocks, stages = costs.block_count, len(memory)
+    if stages > blocks:
+        raise PlannerError(PlanProblem.TooManyStages,
+                           f"{stages} nodes but the model has only {blocks} blocks")
+    # best[k][b]: the smallest worst ratio of stages 0..k-1 covering blocks 0..b-1
+    inf = float("inf")
+    best = [[inf] * (blocks + 1) for _ in range(stages + 1)]
+    cut = [[0] * (blocks + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for b in range(k, blocks - (stages - k) + 1):
+            for a in range(k - 1, b):
+                if best[k - 1][a] == inf:
+                    continue
+                ratio = costs.stage(a, b, max_seq_len).total / memory[k - 1]
+                worst = max(best[k - 1][a], ratio)
+                if worst < best[k][b]:
+                    best[k][b], cut[k][b] = worst, a
+    counts: list[int] = []
+    end = blocks
+    for k in range(stages, 0, -1):
+        start = cut[k][end]
+        counts.append(end - start)
+        end = start
+    return tuple(reversed(counts))
 
 
 def _build(
