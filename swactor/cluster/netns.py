@@ -9,7 +9,8 @@ namespaces (`ip -n HUB link add ... peer name eth0 netns HOST`), so nothing — 
 address or route — is ever added to the namespace the caller runs in: the hosts can
 reach each other and nothing else.
 
-Hosts are numbered in the order given; host i gets the (i+1)-th address of the subnet.
+Hosts are numbered in the order given; host i gets the (i+1)-th address of the subnet,
+unless `addresses` names a host's address (which must lie on the subnet).
 `Host.argv(cmd)` wraps a command in `ip netns exec`, so the process it starts (and its
 children) see only that host's network.
 
@@ -35,7 +36,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -99,6 +100,7 @@ class NetnsTopology:
     names: Sequence[str]
     subnet: ipaddress.IPv4Network
     mtu: int = 1500
+    addresses: Mapping[str, str] = field(default_factory=dict)
     tag: str = field(default_factory=lambda: f"{time.monotonic_ns() % 36**4:x}")
     hosts: dict[str, Host] = field(default_factory=dict, init=False)
     hub: str = field(default="", init=False)
@@ -116,9 +118,17 @@ class NetnsTopology:
             raise NetnsError(f"subnet {self.subnet} is not a private range")
         base = f"{PREFIX}{os.getpid()}-{self.tag}"
         self.hub = f"{base}-hub"
-        addresses = self.subnet.hosts()
+        fixed = {name: ipaddress.IPv4Address(a) for name, a in self.addresses.items()}
+        outside = [f"{n}={a}" for n, a in fixed.items()
+                   if n not in self.names or a not in self.subnet
+                   or a in (self.subnet.network_address, self.subnet.broadcast_address)]
+        if outside or len(set(fixed.values())) != len(fixed):
+            raise NetnsError(f"addresses must be distinct host addresses of {self.subnet} "
+                             f"for named hosts: {outside or dict(self.addresses)}")
+        free = (a for a in self.subnet.hosts() if a not in fixed.values())
         for name in self.names:
-            self.hosts[name] = Host(name, f"{base}-{name}", str(next(addresses)))
+            address = fixed[name] if name in fixed else next(free)
+            self.hosts[name] = Host(name, f"{base}-{name}", str(address))
 
     def __getitem__(self, name: str) -> Host:
         return self.hosts[name]

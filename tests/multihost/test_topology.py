@@ -125,3 +125,16 @@ def test_sweep_removes_only_namespaces_of_dead_creators() -> None:
 def test_bad_arguments_are_typed_errors(names: list[str], subnet: str, message: str) -> None:
     with pytest.raises(NetnsError, match=message):
         NetnsTopology(names, ipaddress.IPv4Network(subnet))
+
+
+def test_named_addresses_are_kept_and_the_rest_fill_in() -> None:
+    hosts = NetnsTopology(["a", "b", "c"], ipaddress.IPv4Network("172.28.0.0/24"),
+                          addresses={"b": "172.28.0.1", "c": "172.28.0.13"})
+    assert {n: h.address for n, h in hosts.hosts.items()} == {
+        "a": "172.28.0.2", "b": "172.28.0.1", "c": "172.28.0.13"}
+    for addresses, bad in (({"a": "10.0.0.1"}, "a=10.0.0.1"), ({"z": "172.28.0.5"}, "z="),
+                           ({"a": "172.28.0.255"}, "a=172.28.0.255"),
+                           ({"a": "172.28.0.5", "b": "172.28.0.5"}, "distinct")):
+        with pytest.raises(NetnsError, match=bad):
+            NetnsTopology(["a", "b"], ipaddress.IPv4Network("172.28.0.0/24"),
+                          addresses=addresses)
