@@ -42,6 +42,12 @@ demo *ARGS: setup
     @echo "events: swactor events ${SWACTOR_DEMO_EVENTS:-/tmp/swactor-demo-events}/*.jsonl"
     @echo "check:  swactor check ${SWACTOR_DEMO_EVENTS:-/tmp/swactor-demo-events}/*.jsonl"
 
+# Prove docker/ without a Docker engine (root): replay docker/Dockerfile on a bare Debian
+# bookworm root (debootstrap, cached in ~/.cache/swactor/imagecheck), start compose.yaml's
+# services from it in network namespaces, compare their hello-world run with `swactor run`.
+docker-check *ARGS: setup
+    {{py}} -m swactor.imagecheck check {{ARGS}}
+
 # Lint and type-check.
 lint: setup
     {{py}} -m ruff check .
