@@ -73,12 +73,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def build(args: argparse.Namespace, work: Path) -> Image:
-    args_map = {}
-    for item in args.build_arg:
-        name, eq, value = item.partition("=")
-        if not eq:
-            raise SystemExit(f"--build-arg {item!r}: expected NAME=VALUE")
-        args_map[name] = value
+    args_map = dict(item.partition("=")[::2] for item in args.build_arg)
     log = open(args.log, "w") if args.log else sys.stderr
     try:
         replayer = Replayer(args.dockerfile.resolve(), args.context.resolve(), work,
@@ -187,6 +182,11 @@ def fail(text: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    bad = [item for item in args.build_arg if "=" not in item]
+    if bad:
+        print(f"python -m swactor.imagecheck: --build-arg {bad[0]!r}: expected NAME=VALUE",
+              file=sys.stderr)
+        return 2
     if os.geteuid() != 0:
         print("python -m swactor.imagecheck: needs root (chroot, mounts, network "
               "namespaces); run it as root, e.g. `sudo just docker-check`", file=sys.stderr)

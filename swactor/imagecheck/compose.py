@@ -42,7 +42,7 @@ from typing import IO, Any
 import yaml
 
 from swactor.cluster.netns import NetnsTopology
-from swactor.imagecheck.replay import Image, launcher
+from swactor.imagecheck.replay import Image, inside_root, launcher
 from swactor.imagecheck.rootfs import Mounts, remove_tree
 
 SERVICE_KEYS = frozenset({"image", "build", "volumes", "networks", "depends_on", "entrypoint",
@@ -297,13 +297,13 @@ class Topology:
                 self._bind_volume(root, mount.target, self.work / "volumes" / mount.source,
                                   mounts, mount.read_only)
             else:
-                mounts.bind(Path(mount.source), _inside(root, mount.target), mount.read_only)
+                mounts.bind(Path(mount.source), inside_root(root, mount.target), mount.read_only)
         return root
 
     @staticmethod
     def _bind_volume(root: Path, target: str, folder: Path, mounts: Mounts,
                      read_only: bool = False) -> None:
-        inside = _inside(root, target)
+        inside = inside_root(root, target)
         if not folder.exists():
             if inside.is_dir():
                 shutil.copytree(inside, folder, symlinks=True)
@@ -363,9 +363,3 @@ class Topology:
         remove_tree(self.work / "containers")
         if (self.work / "volumes").exists():
             remove_tree(self.work / "volumes")
-
-
-def _inside(root: Path, path: str) -> Path:
-    from swactor.imagecheck.replay import _inside as inside
-
-    return inside(root, path)

@@ -41,9 +41,15 @@ from pathlib import Path
 from typing import TextIO
 
 from swactor.imagecheck import enter
-from swactor.imagecheck.context import IgnoreRules, context_files, ignore_file_for
+from swactor.imagecheck.context import ContextError, IgnoreRules, context_files, ignore_file_for
 from swactor.imagecheck.dockerfile import DockerfileError, Instruction, Stage, parse, words
-from swactor.imagecheck.rootfs import HostNetwork, Mounts, base_root, remove_tree
+from swactor.imagecheck.rootfs import (
+    HostNetwork,
+    Mounts,
+    RootfsError,
+    base_root,
+    remove_tree,
+)
 
 # Base images the bare root stands in for: the Debian bookworm family.
 STAND_IN_SUITE = "bookworm"
@@ -118,8 +124,7 @@ class Replayer:
         ignore = ignore_file_for(self.dockerfile, self.context)
         rules = IgnoreRules(ignore.read_text() if ignore else "")
         stage = Stage(build_args=dict(self.build_args))
-        steps = instructions
-        total = len(steps)
+        total = len(instructions)
         root_dir = self.work / "image"
         if root_dir.exists():
             remove_tree(root_dir)
@@ -127,7 +132,7 @@ class Replayer:
         base: Path | None = None
         network = HostNetwork(root_dir / "host")
         with Mounts() as mounts:
-            for number, ins in enumerate(steps, 1):
+            for number, ins in enumerate(instructions, 1):
                 label = f"step {number}/{total}, Dockerfile line {ins.line}: {_short(ins)}"
                 self.say(label)
                 try:
@@ -147,9 +152,8 @@ class Replayer:
                         self._copy(ins, stage, root, rules)
                     else:
                         self._run(ins, stage, root, network, label)
-                except DockerfileError as error:
-                    raise StepFailed(label, str(error), []) from None
-                except (OSError, enter.UserError) as error:
+                except (DockerfileError, ContextError, RootfsError, OSError,
+                        enter.UserError) as error:
                     raise StepFailed(label, str(error), []) from None
         unused = set(self.build_args) - stage.used_build_args
         if unused:
@@ -166,7 +170,7 @@ class Replayer:
                              "image; the replay stands in for those only", [])
 
     def _mkdir(self, root: Path, path: str, user: str) -> None:
-        target = _inside(root, path)
+        target = inside_root(root, path)
         target.mkdir(parents=True, exist_ok=True)
         if user != "root":
             ident = enter.resolve_user(root, user)
@@ -195,11 +199,11 @@ class Replayer:
                 if is_dir:
                     inner = posixpath.relpath(rel, src) if src != "." else rel
                     target = posixpath.join(dest_path, inner)
-                elif into_dir or _inside(root, dest_path).is_dir():
+                elif into_dir or inside_root(root, dest_path).is_dir():
                     target = posixpath.join(dest_path, posixpath.basename(rel))
                 else:
                     target = dest_path
-                self._copy_one(self.context / rel, _inside(root, target), owner)
+                self._copy_one(self.context / rel, inside_root(root, target), owner)
 
     @staticmethod
     def _copy_one(source: Path, target: Path, owner: enter.Identity | None) -> None:
@@ -249,7 +253,7 @@ def _short(ins: Instruction, width: int = 100) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
-def _inside(root: Path, path: str) -> Path:
+def inside_root(root: Path, path: str) -> Path:
     """`path` (absolute, inside the image) under `root`; refuses a path whose existing
     part leads out of the root through a symbolic link."""
     clean = posixpath.normpath("/" + path).lstrip("/")

@@ -292,7 +292,10 @@ class Mounts:
         while self.created:
             path = self.created.pop()
             with contextlib.suppress(OSError):
-                path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
+                if path.is_dir() and not path.is_symlink():
+                    path.rmdir()
+                else:
+                    path.unlink()
 
     def __enter__(self) -> Mounts:
         return self

@@ -10,7 +10,7 @@ import pytest
 
 from swactor.imagecheck.__main__ import host_run_argv
 from swactor.imagecheck.compose import ComposeError, load, start_order
-from swactor.imagecheck.context import IgnoreRules, context_files, ignore_file_for
+from swactor.imagecheck.context import ContextError, IgnoreRules, context_files, ignore_file_for
 from swactor.imagecheck.dockerfile import (
     DEFAULT_PATH,
     DockerfileError,
@@ -110,6 +110,9 @@ def test_the_context_is_the_ignore_file_s() -> None:
     assert "swactor/cli.py" in files
     assert not [f for f in files if "__pycache__" in f or f.endswith(".so")]
     assert context_files(ROOT, "pyproject.toml", rules) == ["pyproject.toml"]
+    for missing in ("tests", "no-such-file", "../outside"):  # ignored, absent, outside
+        with pytest.raises(ContextError, match="COPY source"):
+            context_files(ROOT, missing, rules)
 
 
 def test_globs() -> None:
