@@ -10,6 +10,14 @@ with the node's leak check) are collected per node in `NodeProcess.reports`. `st
 sends SIGTERM, waits, and kills what is left; it is idempotent.
 
 With `events_dir`, node i writes its lifecycle events to `events_dir/node-<i>.jsonl`.
+
+With `swim`, the cluster is a pinned SWIM pool on loopback, as on several machines:
+`write_pool()` creates every node's key and writes `keys_dir/pool.txt` (the
+orchestrator's and the nodes' public keys), and each node is started with `--swim
+127.0.0.1:0 --seed SEED --pool pool.txt`, where `seed` is the orchestrator's SWIM
+address (its `PoolDiscovery` binds before the nodes start). A node prints its
+`available` line only once its SWIM join was acknowledged. Without `swim` the nodes
+run without membership and the orchestrator is handed their addresses.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swactor.membership.admission import Admission, PoolEntry, public_key_bytes
 from swactor.orchestrator.session import PoolMember
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId
@@ -58,6 +67,7 @@ class LocalCluster:
         log_level: str = "WARNING",
         extra_env: dict[str, str] | None = None,
         weights: str = "dense",
+        swim: bool = False,
     ) -> None:
         if count < 1:
             raise ClusterError("a cluster needs at least one node")
@@ -68,14 +78,29 @@ class LocalCluster:
         self.log_level = log_level
         self.extra_env = extra_env or {}
         self.weights = weights
+        self.swim = swim
+        self.seed: tuple[str, int] | None = None
+        """With `swim`: the SWIM address the nodes join through (set before `start`)."""
         keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.orchestrator = NodeIdentity.load_or_create(keys_dir / "orchestrator.key")
+        self.pool_file = keys_dir / "pool.txt"
         self.nodes: list[NodeProcess] = []
         self._readers: list[asyncio.Task[None]] = []
 
     @property
     def members(self) -> tuple[PoolMember, ...]:
         return tuple(n.member for n in self.nodes if n.member is not None)
+
+    def write_pool(self) -> Admission:
+        """Create the node keys and pin them, with the orchestrator's, in `pool_file`."""
+        entries = [PoolEntry("orchestrator", public_key_bytes(self.orchestrator),
+                             "orchestrator")]
+        for index in range(self.count):
+            identity = NodeIdentity.load_or_create(self.keys_dir / f"node-{index}.key")
+            entries.append(PoolEntry("node", public_key_bytes(identity), f"node-{index}"))
+        admission = Admission.of(entries, str(self.pool_file))
+        self.pool_file.write_text("".join(entry.line() + "\n" for entry in entries))
+        return admission
 
     def _argv(self, index: int) -> list[str]:
         argv = [sys.executable, "-m", "swactor.cli", "node",
@@ -85,6 +110,11 @@ class LocalCluster:
                 "--event-verbosity", "-1", "--weights", self.weights]
         if self.events_dir is not None:
             argv += ["--events-file", str(self.events_dir / f"node-{index}.jsonl")]
+        if self.swim:
+            if self.seed is None:
+                raise ClusterError("a SWIM cluster needs its seed address before it starts")
+            argv += ["--swim", "127.0.0.1:0", "--seed", f"{self.seed[0]}:{self.seed[1]}",
+                     "--pool", str(self.pool_file)]
         return argv
 
     async def start(self) -> tuple[PoolMember, ...]:

@@ -1,10 +1,15 @@
 """`swactor run --nodes N`: a one-machine trial — N local nodes plus the orchestrator.
 
-Theory of operation. The command starts a `LocalCluster` of N `swactor node` processes
-on loopback (keys in `--keys-dir`, default a fresh temporary directory; events in
-`--events-dir DIR/node-<i>.jsonl` when given), then runs the orchestrator session in
-this process with every `swactor orchestrator` flag (events in
-`DIR/orchestrator.jsonl`), streams the text, prints the summary (or `--json`), and
+Theory of operation. The command walks the multi-machine path on loopback: it pins a
+pool (the orchestrator's and N node keys in `--keys-dir/pool.txt`, keys made on first
+use; default a fresh temporary directory), binds the orchestrator's SWIM participant,
+starts a `LocalCluster` of N `swactor node` processes that join SWIM through it with
+that pool file (events in `--events-dir DIR/node-<i>.jsonl` when given), and waits for
+the `pool_readiness` machine's PoolReady (spec §9; its convergence window is
+`LOCAL_CONVERGENCE_WINDOW_S`, the machine emits `pool_ready`). Then it runs the
+orchestrator session in this process with every `swactor orchestrator` flag (events in
+`DIR/orchestrator.jsonl`) while SWIM watches the chosen nodes (a node lost mid-run is
+the run's MembershipLost), streams the text, prints the summary (or `--json`), and
 stops the nodes. Exit status as `swactor orchestrator`; a cluster that cannot boot
 exits 2 naming the node.
 """
@@ -23,6 +28,14 @@ from pathlib import Path
 
 from swactor.node.role_config import WEIGHT_MODES
 from swactor.orchestrator.orchestrate_cmd import _positive, add_run_arguments
+
+LOCAL_CONVERGENCE_WINDOW_S = 0.25
+"""The `pool_readiness` convergence window of a loopback pool: its members share one
+machine, so a view that stayed complete for a quarter of a second is stable (a
+multi-machine pool waits `discovery.DEFAULT_SETTLE_S`)."""
+POOL_TIMEOUT_S = 60.0
+"""How long the orchestrator waits for PoolReady once every node printed `available`
+(each already joined SWIM through the orchestrator)."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -63,6 +76,7 @@ async def _run(args: argparse.Namespace, keys: Path) -> int:
 
     from swactor.cluster.launcher import ClusterError, LocalCluster
     from swactor.events.emitter import configure
+    from swactor.orchestrator.discovery import DiscoveryError, Pool, PoolDiscovery
     from swactor.orchestrator.orchestrate_cmd import session_options
     from swactor.orchestrator.session import SessionError, run_session
     from swactor.wire import RunOutcome
@@ -70,7 +84,7 @@ async def _run(args: argparse.Namespace, keys: Path) -> int:
     if args.verbose:
         os.environ["SWACTOR_CLUSTER_ECHO"] = "1"
     cluster = LocalCluster(args.nodes, keys, args.events_dir, args.arena_ceiling,
-                           args.log_level, weights=args.weights)
+                           args.log_level, weights=args.weights, swim=True)
     try:
         options = session_options(args, cluster.orchestrator, ())
     except ValueError as error:
@@ -80,19 +94,28 @@ async def _run(args: argparse.Namespace, keys: Path) -> int:
     emitter = configure(f"orchestrator-{cluster.orchestrator.node_id:016x}", events,
                         verbosity=1 if args.verbose else None)
     print(f"[swactor] starting {args.nodes} nodes ...", file=sys.stderr, flush=True)
+    discovery = PoolDiscovery(
+        cluster.orchestrator, ("127.0.0.1", 0), (), args.nodes,
+        admission=cluster.write_pool(), settle_s=LOCAL_CONVERGENCE_WINDOW_S, emitter=emitter,
+        warn=lambda text: print(f"[swactor] warning: {text}", file=sys.stderr, flush=True))
+    cluster.seed = discovery.address
+    pool: Pool | None = None
     try:  # whatever happens (Ctrl-C while booting included), the nodes are stopped
         try:
-            members = await cluster.start()
-        except ClusterError as error:
+            discovery.start()
+            await cluster.start()
+            pool = await discovery.wait(POOL_TIMEOUT_S)
+        except (ClusterError, DiscoveryError) as error:
             print(f"swactor run: {error}", file=sys.stderr)
             return 2
         try:
-            report = await run_session(replace(options, nodes=members), emitter, sys.stdout,
-                                       sys.stderr)
+            report = await run_session(replace(options, nodes=pool.members, pool_gated=True),
+                                       emitter, sys.stdout, sys.stderr, watch=pool.watch)
         except SessionError as error:
             print(f"swactor run: {error}", file=sys.stderr)
             return 2
     finally:
+        await (pool.stop() if pool is not None else discovery.close())
         await cluster.stop()
         emitter.close()
     if args.json:

@@ -21,6 +21,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from swactor.membership.admission import (
+    OPEN_POOL_WARNING,
+    ROLES,
+    Admission,
+    PoolFileError,
+    add_member,
+    load_pool,
+)
 from swactor.membership.config import SwimConfig
 from swactor.membership.messages import (
     Address,
@@ -33,6 +41,7 @@ from swactor.membership.messages import (
     Refuted,
 )
 from swactor.membership.udp import MembershipNode
+from swactor.transport.errors import IdentityError
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId
 
@@ -71,12 +80,91 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add `swactor swim`."""
+    """Add `swactor swim` and `swactor pool`."""
     parser = subparsers.add_parser(
         "swim", help="run one SWIM member (membership only); events as JSON lines",
         description="Run one SWIM member; events on stdout as JSON lines.")
     add_arguments(parser)
     parser.set_defaults(handler=run)
+    register_pool(subparsers)
+
+
+def add_admission_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--pool FILE` / `--open-pool` (shared by `swactor node` and `swactor orchestrator`)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--pool", type=Path, default=None, metavar="FILE",
+                       help="pool file pinning the members' full public keys (swactor pool "
+                       "add); required with SWIM unless --open-pool")
+    group.add_argument("--open-pool", action="store_true",
+                       help="admit any key that reaches SWIM (unsafe; prints a warning)")
+
+
+def admission_from_args(args: argparse.Namespace, identity: NodeIdentity, role: str,
+                        prog: str, swim: bool) -> Admission | None:
+    """The pool admission the flags ask for (None: an open pool, after a warning on
+    stderr); ValueError names a missing, unreadable or mismatched pool file."""
+    if args.open_pool:
+        if swim:
+            print(f"{prog}: warning: {OPEN_POOL_WARNING}", file=sys.stderr, flush=True)
+        return None
+    if args.pool is None:
+        if swim:
+            raise ValueError("SWIM needs --pool FILE (the pool's pinned public keys; "
+                             "`swactor pool add`), or --open-pool to admit any key")
+        return None
+    admission = load_pool(args.pool)
+    admission.require(identity, role)
+    return admission
+
+
+def register_pool(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `swactor pool add|show`."""
+    parser = subparsers.add_parser(
+        "pool", help="write or list a pool file (the keys admitted to a SWIM pool)",
+        description="A pool file pins the full Ed25519 public keys allowed in a pool: one "
+        "line per member, ROLE PUBLIC_KEY [NAME]. Copy it to every machine of the pool and "
+        "pass it as --pool to `swactor node` and `swactor orchestrator`.")
+    sub = parser.add_subparsers(dest="pool_command", metavar="ACTION", required=True)
+    add = sub.add_parser("add", help="append a key's line (creating the key on first use)")
+    add.add_argument("file", type=Path, help="pool file (created when missing)")
+    add.add_argument("--key", type=Path, required=True, help="the member's key file")
+    add.add_argument("--role", choices=ROLES, default="node",
+                     help="node (a stage candidate; default) or orchestrator")
+    add.add_argument("--name", default="", help="a label for people")
+    add.set_defaults(handler=run_pool_add)
+    show = sub.add_parser("show", help="list the members and their node ids")
+    show.add_argument("file", type=Path)
+    show.add_argument("--json", action="store_true", help="one JSON object per member")
+    show.set_defaults(handler=run_pool_show)
+
+
+def run_pool_add(args: argparse.Namespace) -> int:
+    try:
+        args.key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        identity = NodeIdentity.load_or_create(args.key)
+        entry = add_member(args.file, identity, args.role, args.name)
+    except (PoolFileError, IdentityError, OSError) as error:
+        print(f"swactor pool add: {error}", file=sys.stderr)
+        return 2
+    print(f"{entry.role} {int(entry.node_id):016x} added to {args.file}")
+    return 0
+
+
+def run_pool_show(args: argparse.Namespace) -> int:
+    try:
+        admission = load_pool(args.file)
+    except PoolFileError as error:
+        print(f"swactor pool show: {error}", file=sys.stderr)
+        return 2
+    for entry in admission.entries:
+        if args.json:
+            _line({"role": entry.role, "node_id": int(entry.node_id),
+                   "hex": f"{int(entry.node_id):016x}", "public_key": entry.public_key.hex(),
+                   "name": entry.name})
+        else:
+            print(f"{entry.role:<12} {int(entry.node_id):016x}  {entry.public_key.hex()}"
+                  + (f"  {entry.name}" if entry.name else ""))
+    return 0
 
 
 def _line(obj: dict[str, Any]) -> None:

@@ -115,6 +115,7 @@ class PoolReadiness:
         self.views = {node: CandidateView() for node in self.candidates}
         self.observer = observer
         self._emitter = emitter
+        self.convergence_window_s = convergence_window_s
         self._machine = pr.PoolReadinessMachine(self, convergence_window_s=convergence_window_s)
         self._deadline = float("inf")
         self._outcomes: list[Outcome] = []
@@ -191,8 +192,10 @@ class PoolReadiness:
                     self._deadline = float("inf")
                 case pr.ReportPoolReady():
                     emitter = self._emitter or default_emitter()
-                    emitter.emit(PoolReady(node_id=self.observer,
-                                           detail={"candidates": len(self.candidates)}))
+                    emitter.emit(PoolReady(node_id=self.observer, detail={
+                        "candidates": len(self.candidates),
+                        "convergence_window_s": self.convergence_window_s,
+                        "gate": "pool_readiness"}))
                     self._outcomes.append(PoolReadyReached(now))
                 case pr.ReportPoolReadinessLost():
                     self._outcomes.append(ReadinessLost(now))

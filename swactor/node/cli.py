@@ -10,7 +10,11 @@ run, live ring leases, worker pid, runs served); SIGUSR1 prints the same check a
 orchestrator, named by `--trust-orchestrator` (a node id, decimal or hex); control
 messages from any other node are refused. With `--swim HOST:PORT` (and `--seed`s) the
 node also joins SWIM and publishes its QUIC address there, so an orchestrator can find
-it by membership instead of being told its address. SIGINT/SIGTERM stop the node cleanly (exit 0);
+it by membership instead of being told its address. SWIM needs the pinned pool,
+`--pool FILE` (`swactor.membership.admission`: the node's own key must be pinned as a
+`node`; only the file's keys are admitted to its SWIM view and its AddressBooks; a file
+with exactly one orchestrator stands in for `--trust-orchestrator`), or an explicit
+`--open-pool`, which warns that any key may join. SIGINT/SIGTERM stop the node cleanly (exit 0);
 a boot failure exits 1 with one line naming the step, bad arguments exit 2.
 `--show-id` only loads (or creates) the key, prints `HEX  (DECIMAL)` as `swactor node-id`
 does, and exits 0.
@@ -28,7 +32,8 @@ from pathlib import Path
 
 from swactor import heap, memtrace
 from swactor.events.emitter import add_event_arguments, configure_from_args
-from swactor.membership.cli import parse_address
+from swactor.membership.admission import Admission
+from swactor.membership.cli import add_admission_arguments, admission_from_args, parse_address
 from swactor.model.paths import model_cache_dir
 from swactor.node.node import DEFAULT_ARENA_CEILING, NodeBootError, NodeConfig, StageNode
 from swactor.node.role_config import WEIGHT_MODES
@@ -52,6 +57,21 @@ def parse_node_id(text: str) -> NodeId:
         raise argparse.ArgumentTypeError(f"{text!r} is not a node id") from None
 
 
+def trusted_orchestrator(given: NodeId | None, admission: Admission | None) -> NodeId:
+    """The orchestrator the node trusts: `--trust-orchestrator`, or the pool file's only
+    orchestrator; ValueError when they disagree or neither names exactly one."""
+    pinned = sorted(admission.orchestrator_ids) if admission is not None else []
+    if given is not None:
+        if admission is not None and given not in pinned:
+            raise ValueError(f"--trust-orchestrator {int(given):016x} is not an orchestrator "
+                             f"of the pool file {admission.source}")
+        return given
+    if len(pinned) != 1:
+        raise ValueError("--trust-orchestrator is required: the pool file names "
+                         f"{len(pinned)} orchestrators, not exactly one")
+    return pinned[0]
+
+
 def _bytes(text: str) -> int:
     try:
         return parse_bytes(text, "--arena-ceiling")
@@ -69,7 +89,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="UDP port for QUIC (default: any free port)")
     parser.add_argument("--trust-orchestrator", type=parse_node_id, default=None,
                         metavar="NODE_ID",
-                        help="the only node allowed to provision and stop (required to serve)")
+                        help="the only node allowed to provision and stop (required to serve, "
+                        "unless --pool names exactly one orchestrator)")
     parser.add_argument("--show-id", action="store_true",
                         help="print the node id derived from --key (creating the key on "
                         "first use) and exit; `swactor node-id` does the same")
@@ -79,6 +100,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="join SWIM membership on this UDP address (with --seed)")
     parser.add_argument("--seed", type=parse_address, action="append", default=[],
                         metavar="HOST:PORT", help="SWIM seed to join through (repeat)")
+    add_admission_arguments(parser)
     parser.add_argument("--advertise", default=None, metavar="HOST",
                         help="QUIC host published to the pool (default: --bind)")
     parser.add_argument("--models-dir", type=Path, default=None,
@@ -96,7 +118,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if not args.show_id and args.trust_orchestrator is None:
+    if not args.show_id and args.trust_orchestrator is None and args.pool is None:
         args.node_parser.error("the following arguments are required to serve: "
                                "--trust-orchestrator (only --show-id runs without it)")
     try:
@@ -112,15 +134,22 @@ def run(args: argparse.Namespace) -> int:
         print("swactor node: --bind 0.0.0.0 with --swim needs --advertise HOST "
               "(the address the pool reaches this node at)", file=sys.stderr)
         return 2
+    try:
+        admission = admission_from_args(args, identity, "node", "swactor node",
+                                        swim=args.swim is not None)
+        orchestrator = trusted_orchestrator(args.trust_orchestrator, admission)
+    except ValueError as error:
+        print(f"swactor node: {error}", file=sys.stderr)
+        return 2
     memtrace.install("node")  # SWACTOR_MEMTRACE (soak diagnosis; off by default)
     emitter = configure_from_args(args, f"node-{identity.node_id:016x}")
-    config = NodeConfig(identity=identity, orchestrator=args.trust_orchestrator,
+    config = NodeConfig(identity=identity, orchestrator=orchestrator,
                         bind_host=args.bind, quic_port=args.quic,
                         arena_ceiling=args.arena_ceiling,
                         models_dir=args.models_dir or model_cache_dir(),
                         weights=args.weights,
                         swim_bind=args.swim, seeds=tuple(args.seed),
-                        advertise_host=args.advertise)
+                        advertise_host=args.advertise, admission=admission)
     try:
         return asyncio.run(_serve(StageNode(config, emitter)))
     finally:

@@ -86,6 +86,7 @@ from swactor.events.schema import LifecycleEvent
 from swactor.fsm.generated import gpu_worker_ctl as gwc
 from swactor.fsm.generated import node_boot as nb
 from swactor.fsm.generated import stage_controller as scm
+from swactor.membership.admission import Admission, swim_allow_list
 from swactor.membership.boot import NodeBoot
 from swactor.node.control_messages import (
     ORCHESTRATOR_ONLY,
@@ -166,6 +167,9 @@ class NodeConfig:
     seeds: tuple[tuple[str, int], ...] = ()
     advertise_host: str | None = None
     """The QUIC host published in SWIM metadata (default: `bind_host`)."""
+    admission: Admission | None = None
+    """The pinned pool (`--pool`): SWIM admits only its keys and AddressBook entries
+    outside it are ignored (None: an open pool, `--open-pool`, or no SWIM)."""
     network: Transport | None = None
     """How to build the endpoint, driver and control channel (None: real QUIC)."""
 
@@ -542,7 +546,8 @@ class StageNode:
         seeds = [seed for seed in config.seeds if seed != config.swim_bind]
         try:
             self.membership = MembershipNode(config.identity, SwimConfig(), meta, seeds=seeds,
-                                             bind=config.swim_bind)
+                                             bind=config.swim_bind,
+                                             allowed=swim_allow_list(config.admission))
         except Exception as error:
             self.boot_failure = f"membership: {error}"
             self.deliver(nb.MembershipJoinFailed())
@@ -559,8 +564,15 @@ class StageNode:
             case AddressBook():
                 if faults.hit("node.address_drop"):
                     return None
+                pinned = self.config.admission
+                outside = {int(e.node_id) for e in message.peers
+                           if pinned is not None and e.node_id not in pinned.member_ids}
+                if outside:
+                    log.warning("node: AddressBook names %d node(s) outside the pool file; "
+                                "ignored", len(outside))
                 peers = {int(entry.node_id): (entry.host, entry.port)
-                         for entry in message.peers if int(entry.node_id) != int(self.node_id)}
+                         for entry in message.peers
+                         if int(entry.node_id) not in outside | {int(self.node_id)}}
                 allowed = {int(self.config.orchestrator), *peers}
                 if self.host_state.active_run is None:
                     self.endpoint.set_allowed(allowed)  # past sessions' peers leave

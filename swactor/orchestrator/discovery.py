@@ -55,6 +55,7 @@ from swactor.membership import (
     asyncio_events,
     detection_bound_s,
 )
+from swactor.membership.admission import Admission, swim_allow_list
 from swactor.membership.pool import MembershipLost as LostMember
 from swactor.membership.pool import PoolReadiness, PoolReadyReached
 from swactor.orchestrator.run import RunHandle
@@ -137,6 +138,115 @@ class Pool:
         await asyncio.to_thread(self.node.stop, True)
 
 
+class PoolDiscovery:
+    """The orchestrator's SWIM participant, bound at construction (its `address` can be
+    handed to nodes as their seed before they start), and `wait()` for the pool."""
+
+    def __init__(
+        self,
+        identity: NodeIdentity,
+        swim_bind: tuple[str, int],
+        seeds: tuple[tuple[str, int], ...],
+        count: int,
+        *,
+        admission: Admission | None = None,
+        settle_s: float = DEFAULT_SETTLE_S,
+        swim: SwimConfig = DEFAULT_SWIM,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        warn: Callable[[str], None] = log.warning,
+        emitter: Emitter | None = None,
+    ) -> None:
+        if admission is not None and len(admission.stage_ids) < count:
+            raise DiscoveryError(f"pool: {count} nodes asked for, but the pool file "
+                                 f"{admission.source} pins only {len(admission.stage_ids)}")
+        self.identity, self.count, self.admission = identity, count, admission
+        self.settle_s, self.swim, self.idle_timeout_s = settle_s, swim, idle_timeout_s
+        self.warn, self.emitter = warn, emitter
+        _warn_fault_order(swim, count + 1, idle_timeout_s, warn)
+        self.queue: asyncio.Queue[MembershipEvent] = asyncio.Queue()
+        meta = MemberMeta(swim_host=swim_bind[0], swim_port=0, role="orchestrator")
+        self.node = MembershipNode(identity, swim, meta, seeds=list(seeds), bind=swim_bind,
+                                   allowed=swim_allow_list(admission),
+                                   on_event=asyncio_events(asyncio.get_running_loop(),
+                                                           self.queue))
+        self._started = False
+
+    def start(self) -> None:
+        """Start the participant (answering joins; its events queue up for `wait`)."""
+        if not self._started:
+            self._started = True
+            self.node.start()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound SWIM address (a seed for the pool's nodes)."""
+        return self.node.address
+
+    def _admitted(self, node: NodeId, change: MemberChanged) -> bool:
+        """A stage candidate: usable, and pinned as a `node` when the pool is pinned."""
+        return (_usable(change.state, change.meta)
+                and (self.admission is None or node in self.admission.stage_ids))
+
+    async def wait(self, timeout_s: float = 120.0) -> Pool:
+        """The first `count` admitted usable nodes by id once `pool_readiness` reports
+        PoolReady (module doc); DiscoveryError after `timeout_s`."""
+        count, queue, swim = self.count, self.queue, self.swim
+        node = self.node
+        self.start()
+        me = NodeId(self.identity.node_id)
+        known: dict[NodeId, MemberChanged] = {}
+        readiness: PoolReadiness | None = None
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                now = time.monotonic()
+                if now > deadline:
+                    usable = sum(1 for n, e in known.items() if self._admitted(n, e))
+                    raise DiscoveryError(f"pool: {min(usable, count)} of {count} nodes "
+                                         f"available after {timeout_s:.0f}s")
+                wake = min(deadline, readiness.next_deadline() if readiness else deadline,
+                           now + 0.1)
+                event: MembershipEvent | None = None
+                with contextlib.suppress(TimeoutError):
+                    event = await asyncio.wait_for(queue.get(), max(0.0, wake - now))
+                now = time.monotonic()
+                if isinstance(event, MemberChanged):
+                    previous = known.get(event.node_id)
+                    known[event.node_id] = replace(
+                        event, meta=event.meta or (previous.meta if previous else None))
+                chosen = sorted(n for n, e in known.items() if self._admitted(n, e))[:count]
+                if len(chosen) == count and (readiness is None
+                                             or readiness.candidates != frozenset(chosen)):
+                    # a new candidate pool: its gate starts from what is known of each
+                    readiness = PoolReadiness(chosen, self.settle_s, observer=me,
+                                              emitter=self.emitter or _QUIET)
+                    for change in known.values():
+                        readiness.observe(change, now)
+                elif readiness is not None and event is not None:
+                    readiness.observe(event, now)
+                if readiness is None:
+                    continue
+                readiness.tick(now)
+                if any(isinstance(o, PoolReadyReached) for o in readiness.take_outcomes()):
+                    live = sum(1 for e in known.values()
+                               if e.state in (MemberState.Alive, MemberState.Suspect))
+                    _warn_fault_order(swim, live + 1, self.idle_timeout_s, self.warn)
+                    break
+        except BaseException:
+            await asyncio.to_thread(node.stop, True)
+            raise
+        members = []
+        for node_id in sorted(readiness.candidates):
+            found = known[node_id].meta
+            assert found is not None
+            members.append(PoolMember(node_id, found.quic_host, found.quic_port))
+        return Pool(tuple(members), node, queue, readiness)
+
+    async def close(self) -> None:
+        """Stop the participant (when `wait` was never called or did not return a Pool)."""
+        await asyncio.to_thread(self.node.stop, True)
+
+
 async def discover_pool(
     identity: NodeIdentity,
     swim_bind: tuple[str, int],
@@ -147,60 +257,15 @@ async def discover_pool(
     swim: SwimConfig = DEFAULT_SWIM,
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
     warn: Callable[[str], None] = log.warning,
+    admission: Admission | None = None,
+    emitter: Emitter | None = None,
 ) -> Pool:
-    """The first `count` usable nodes by id, with the running membership node.
+    """The first `count` admitted usable nodes by id, with the running membership node.
 
     `warn` gets the FaultOrderError's text, before joining or once found, when SWIM is
-    not the faster failure detector (module doc, Fault order)."""
-    _warn_fault_order(swim, count + 1, idle_timeout_s, warn)
-    queue: asyncio.Queue[MembershipEvent] = asyncio.Queue()
-    meta = MemberMeta(swim_host=swim_bind[0], swim_port=0, role="orchestrator")
-    node = MembershipNode(identity, swim, meta, seeds=list(seeds), bind=swim_bind,
-                          on_event=asyncio_events(asyncio.get_running_loop(), queue))
-    node.start()
-    me = NodeId(identity.node_id)
-    known: dict[NodeId, MemberChanged] = {}
-    readiness: PoolReadiness | None = None
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            now = time.monotonic()
-            if now > deadline:
-                usable = sum(1 for e in known.values() if _usable(e.state, e.meta))
-                raise DiscoveryError(f"pool: {min(usable, count)} of {count} nodes available "
-                                     f"after {timeout_s:.0f}s")
-            wake = min(deadline, readiness.next_deadline() if readiness else deadline, now + 0.1)
-            event: MembershipEvent | None = None
-            with contextlib.suppress(TimeoutError):
-                event = await asyncio.wait_for(queue.get(), max(0.0, wake - now))
-            now = time.monotonic()
-            if isinstance(event, MemberChanged):
-                previous = known.get(event.node_id)
-                known[event.node_id] = replace(
-                    event, meta=event.meta or (previous.meta if previous else None))
-            chosen = sorted(n for n, e in known.items() if _usable(e.state, e.meta))[:count]
-            if len(chosen) == count and (readiness is None
-                                         or readiness.candidates != frozenset(chosen)):
-                # a new candidate pool: its gate starts from what is known of each
-                readiness = PoolReadiness(chosen, settle_s, observer=me, emitter=_QUIET)
-                for change in known.values():
-                    readiness.observe(change, now)
-            elif readiness is not None and event is not None:
-                readiness.observe(event, now)
-            if readiness is None:
-                continue
-            readiness.tick(now)
-            if any(isinstance(o, PoolReadyReached) for o in readiness.take_outcomes()):
-                live = sum(1 for e in known.values()
-                           if e.state in (MemberState.Alive, MemberState.Suspect))
-                _warn_fault_order(swim, live + 1, idle_timeout_s, warn)
-                break
-    except BaseException:
-        await asyncio.to_thread(node.stop, True)
-        raise
-    members = []
-    for node_id in sorted(readiness.candidates):
-        found = known[node_id].meta
-        assert found is not None
-        members.append(PoolMember(node_id, found.quic_host, found.quic_port))
-    return Pool(tuple(members), node, queue, readiness)
+    not the faster failure detector (module doc, Fault order). With `emitter`, the
+    `pool_readiness` machine's pool_ready goes there (else nowhere)."""
+    discovery = PoolDiscovery(identity, swim_bind, seeds, count, admission=admission,
+                              settle_s=settle_s, swim=swim, idle_timeout_s=idle_timeout_s,
+                              warn=warn, emitter=emitter)
+    return await discovery.wait(timeout_s)

@@ -3,7 +3,11 @@
 Theory of operation. The command takes the pool either as `--node ID@HOST:PORT`,
 repeated (the ids and QUIC addresses that `swactor node` printed, in stage order), or
 finds it by SWIM (`--seed HOST:PORT --nodes N`: the first N available nodes by id, see
-`discovery`); then the model, the prompt and the
+`discovery`). SWIM needs the pinned pool, `--pool FILE` (`swactor.membership.admission`:
+the orchestrator's own key must be pinned as `orchestrator`, only the file's `node` keys
+can join its SWIM view or be chosen as stages; `--nodes` defaults to all of them), or
+an explicit `--open-pool`, which warns that any key may join. With `--node`, a `--pool`
+refuses a listed node that the file does not pin. Then the model, the prompt and the
 sampling flags, then runs `session.run_session`: generated text streams to stdout as
 tokens arrive, progress and the summary go to stderr; with `--json` nothing streams and
 stdout gets one JSON object (run id, outcome, prompt and generated token ids, text,
@@ -25,9 +29,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from swactor.events.emitter import add_event_arguments, configure_from_args
+from swactor.membership.cli import add_admission_arguments, admission_from_args
 
 if TYPE_CHECKING:
     from swactor.events.emitter import Emitter
+    from swactor.membership.admission import Admission
     from swactor.orchestrator.session import PoolMember, SessionOptions, SessionReport
     from swactor.transport.identity import NodeIdentity
 
@@ -109,9 +115,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     pool.add_argument("--seed", type=_address, action="append", default=[],
                       metavar="HOST:PORT", help="find the pool by SWIM through this seed")
     pool.add_argument("--nodes", type=_positive, default=None, metavar="N",
-                      help="with --seed: wait for N available nodes (default 3)")
+                      help="with --seed: wait for N available nodes (default: every node "
+                      "of --pool; 3 with --open-pool)")
     pool.add_argument("--swim", type=_address, default=None, metavar="HOST:PORT",
                       help="with --seed: the SWIM address to bind (default: --bind, any port)")
+    add_admission_arguments(pool)
     parser.add_argument("--bind", default="127.0.0.1", help="listen host")
     parser.add_argument("--advertise", default=None,
                         help="host the nodes reach this orchestrator at (default: --bind)")
@@ -173,20 +181,28 @@ def run(args: argparse.Namespace) -> int:
         if bool(args.members) == bool(args.seed):
             raise ValueError("name the pool with --node ID@HOST:PORT ... or find it with "
                              "--seed HOST:PORT (and --nodes N), not both")
+        admission = admission_from_args(args, identity, "orchestrator",
+                                        "swactor orchestrator", swim=bool(args.seed))
+        if admission is not None:
+            strangers = [m for m in args.members if m.node_id not in admission.stage_ids]
+            if strangers:
+                raise ValueError(f"--node {int(strangers[0].node_id):016x} is not a node of "
+                                 f"the pool file {admission.source}")
         options = session_options(args, identity, tuple(args.members))
     except Exception as error:
         print(f"swactor orchestrator: {error}", file=sys.stderr)
         return 2
     emitter = configure_from_args(args, f"orchestrator-{identity.node_id:016x}")
     swim = args.swim or (args.bind, 0)
-    discovery = (swim, tuple(args.seed), args.nodes or 3) if args.seed else None
+    count = args.nodes or (len(admission.stage_ids) if admission is not None else 3)
+    discovery = (swim, tuple(args.seed), count, admission) if args.seed else None
     try:
         return execute(options, emitter, args.json, discovery)
     finally:
         emitter.close()
 
 
-Discovery = tuple[tuple[str, int], tuple[tuple[str, int], ...], int]
+Discovery = tuple[tuple[str, int], tuple[tuple[str, int], ...], int, "Admission | None"]
 
 
 def execute(
@@ -224,13 +240,14 @@ async def _session(options: SessionOptions, emitter: Emitter, discovery: Discove
 
     if discovery is None:
         return await run_session(options, emitter, sys.stdout, sys.stderr)
-    swim, seeds, count = discovery
+    swim, seeds, count, admission = discovery
     print(f"[swactor] waiting for {count} nodes via SWIM ...", file=sys.stderr, flush=True)
     pool = await discover_pool(
         options.identity, swim, seeds, count, idle_timeout_s=options.transport.idle_timeout,
-        warn=lambda text: print(f"[swactor] warning: {text}", file=sys.stderr, flush=True))
+        warn=lambda text: print(f"[swactor] warning: {text}", file=sys.stderr, flush=True),
+        admission=admission, emitter=emitter)
     try:
-        return await run_session(replace(options, nodes=pool.members), emitter, sys.stdout,
-                                 sys.stderr, watch=pool.watch)
+        return await run_session(replace(options, nodes=pool.members, pool_gated=True),
+                                 emitter, sys.stdout, sys.stderr, watch=pool.watch)
     finally:
         await pool.stop()

@@ -9,8 +9,10 @@ Theory of operation. `run_session(options, emitter, out, err)` is the whole job 
    admitted) and control channel; the token edges' arena, driver and EdgeEstablisher
    come with `NetworkRunPorts` once the run's actor runtime is up;
 3. pool: each node is sent `AddressBook` (every node's and the orchestrator's address);
-   when every node has acknowledged, `pool_ready` is emitted — a node that does not
-   answer fails the session before anything is planned;
+   a node that does not answer fails the session before anything is planned. A pool
+   found by SWIM (`pool_gated`) already passed the `pool_readiness` machine, which
+   emitted `pool_ready`; a fixed pool (`--node`) gets its `pool_ready` here, once every
+   node has acknowledged;
 4. plan (`plan_run`: even memory per node unless `--split`), then `start_run` with
    `NetworkRunPorts`; progress lines go to `err` as stages report ready, each accepted
    token's text goes to `out` as it arrives (`StreamDecoder`, special tokens skipped);
@@ -90,6 +92,10 @@ class SessionOptions:
     network: Transport | None = None
     """How to build the endpoint, driver and control channel (None: real QUIC)."""
     timeouts: RunTimeouts = RunTimeouts()
+    pool_gated: bool = False
+    """The pool came from SWIM discovery, whose `pool_readiness` machine already emitted
+    pool_ready: the session does not emit it again (False: a fixed `--node` list, whose
+    pool_ready is emitted once every node acknowledged its AddressBook)."""
 
 
 @dataclass
@@ -259,7 +265,8 @@ async def run_session(
                                    for m in options.nodes))
         except Exception as error:
             raise SessionError(f"pool: a node did not answer: {error}") from None
-        emitter.emit(PoolReady(node_id=me))
+        if not options.pool_gated:
+            emitter.emit(PoolReady(node_id=me))
         err.write(f"[swactor] pool ready: {len(options.nodes)} nodes; loading "
                   f"{len(stages)} stages\n")
         err.flush()

@@ -2,7 +2,9 @@
 orchestrator command that finds it through the same seed.
 
 Stage host `n0` is the SWIM seed: the other nodes and every orchestrator join through
-it, so no process is ever told another's QUIC address. Each node trusts the
+it, so no process is ever told another's QUIC address. Every process is given the same
+pool file (`keys/pool.txt`, the pinned public keys of the orchestrator and the three
+stage hosts), as an operator would copy it to each machine. Each node trusts the
 orchestrator key in `keys/orchestrator.key` and writes its events to
 `events/<host>.jsonl`; orchestrator run R writes `events/orchestrator-R.jsonl`.
 `assert_run_allowed(events, R)` replays every process's events of run R through the
@@ -19,6 +21,8 @@ import pytest
 
 from swactor.cluster import netns
 from swactor.cluster.netns import NetnsTopology
+from swactor.membership.admission import add_member
+from swactor.transport.identity import NodeIdentity
 from tests.multihost.host_process import HostProcess
 from tests.trace_check import assert_tables_allow, read_events
 
@@ -37,11 +41,23 @@ def seed(hosts: NetnsTopology) -> str:
     return f"{hosts[STAGES[0]].address}:{SWIM_PORT}"
 
 
+def pool_file(keys: Path) -> Path:
+    """`keys/pool.txt`, pinning the orchestrator's and every stage host's key (written once;
+    the keys are made on first use, as `swactor pool add` would)."""
+    path = keys / "pool.txt"
+    if not path.exists():
+        add_member(path, NodeIdentity.load_or_create(keys / "orchestrator.key"),
+                   "orchestrator", "orch")
+        for name in STAGES:
+            add_member(path, NodeIdentity.load_or_create(keys / f"{name}.key"), "node", name)
+    return path
+
+
 def start_node(hosts: NetnsTopology, name: str, keys: Path, events: Path,
                orchestrator: int) -> HostProcess:
     host = hosts[name]
     args = ["node", "--key", str(keys / f"{name}.key"), "--bind", host.address,
-            "--swim", f"{host.address}:{SWIM_PORT}",
+            "--swim", f"{host.address}:{SWIM_PORT}", "--pool", str(pool_file(keys)),
             "--trust-orchestrator", str(orchestrator), "--arena-ceiling", "256MiB",
             "--event-verbosity", "-1", "--events-file", str(events / f"{name}.jsonl")]
     if name != STAGES[0]:
@@ -64,7 +80,7 @@ def start_orchestrator(hosts: NetnsTopology, run: int, keys: Path, events: Path,
     host = hosts["orch"]
     return HostProcess(f"orchestrator run {run}", host, [
         "orchestrator", "--key", str(keys / "orchestrator.key"), "--bind", host.address,
-        "--seed", seed(hosts), "--nodes", str(len(STAGES)),
+        "--seed", seed(hosts), "--nodes", str(len(STAGES)), "--pool", str(pool_file(keys)),
         "--prompt", PROMPT, "--max-tokens", str(tokens), "--max-seq-len", str(max_seq),
         "--split", "10,10,10", "--json", "--run-id", str(run),
         "--event-verbosity", "-1", "--events-file", str(events / f"orchestrator-{run}.jsonl")])
