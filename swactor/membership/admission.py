@@ -213,6 +213,7 @@ def add_member(path: Path, identity: NodeIdentity, role: str, name: str = "") ->
     return entry
 
 
-def swim_allow_list(admission: Admission | None) -> frozenset[NodeId] | None:
-    """What the SWIM participant is given to check every author against (None: open)."""
-    return None if admission is None else admission.member_ids
+def swim_allow_list(admission: Admission | None) -> frozenset[bytes] | None:
+    """The `allowed_keys` a SWIM participant checks every sender and author against: the
+    pool's full public keys (None: an open pool)."""
+    return None if admission is None else admission.keys

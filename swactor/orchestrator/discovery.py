@@ -166,7 +166,7 @@ class PoolDiscovery:
         self.queue: asyncio.Queue[MembershipEvent] = asyncio.Queue()
         meta = MemberMeta(swim_host=swim_bind[0], swim_port=0, role="orchestrator")
         self.node = MembershipNode(identity, swim, meta, seeds=list(seeds), bind=swim_bind,
-                                   allowed=swim_allow_list(admission),
+                                   allowed_keys=swim_allow_list(admission),
                                    on_event=asyncio_events(asyncio.get_running_loop(),
                                                            self.queue))
         self._started = False
