@@ -8,7 +8,10 @@ machine and carries out the effects: each effect that starts the next boot step 
 the matching method of a `BootSteps` object (the node composition: ArenaManager,
 GpuWorkerCtl, Driver, membership), which answers later with the next milestone event.
 The lifecycle events `node_started`, `node_available` and `node_faulted` (with its §37
-reason and detecting component) are emitted here.
+reason and detecting component) are emitted here. Provisioning admission is the
+table's too: the node feeds every ProvisionStage as `ProvisionRequested`, and the row
+answers `AdmitProvisioning` (the steps hand the held message to the StageHost) or
+`RejectProvisioning` with the reason and component the row names.
 
 The membership step is `SwimJoin`: it starts a `MembershipNode`, reports
 `MembershipJoinStarted`, turns the first `Joined` into `MembershipJoined` and a join
@@ -35,7 +38,7 @@ import swactor.fsm.generated.node_boot as nb
 from swactor.events import Emitter, NodeAvailable, NodeFaulted, NodeStarted, default_emitter
 from swactor.membership.messages import BootHealth, Joined, MembershipEvent
 from swactor.membership.udp import MembershipNode
-from swactor.wire import NodeId, RunId
+from swactor.wire import Component, NodeId, RunFaultReason, RunId, StageIndex
 
 
 class BootSteps(Protocol):
@@ -49,9 +52,10 @@ class BootSteps(Protocol):
 
     def join_membership(self) -> None: ...
 
-    def admit_provisioning(self, run: RunId) -> None: ...
+    def admit_provisioning(self, run: RunId, stage: StageIndex) -> None: ...
 
-    def reject_provisioning(self, run: RunId) -> None: ...
+    def reject_provisioning(self, run: RunId, stage: StageIndex, reason: RunFaultReason,
+                            component: Component) -> None: ...
 
     def shutdown(self) -> None: ...
 
@@ -107,10 +111,11 @@ class NodeBoot:
                 emitter.emit(NodeFaulted(node_id=node, reason=reason, component=component))
                 if self._health is not None:
                     self._health.publish_health(BootHealth.Unavailable)
-            case nb.AdmitProvisioning(run_id=run):
-                self._steps.admit_provisioning(run)
-            case nb.RejectProvisioning(run_id=run):
-                self._steps.reject_provisioning(run)
+            case nb.AdmitProvisioning(run_id=run, stage_index=stage):
+                self._steps.admit_provisioning(run, stage)
+            case nb.RejectProvisioning(run_id=run, stage_index=stage, reason=reason,
+                                       component=component):
+                self._steps.reject_provisioning(run, stage, reason, component)
             case nb.ShutdownNode():
                 self._steps.shutdown()
             case _:

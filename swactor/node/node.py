@@ -21,8 +21,10 @@ always fed on the event loop (`deliver`), never re-entrantly:
    without it the node is joined at once (its orchestrator is given its address);
 5. NodeAvailable: `start()` returns the bound QUIC address (the CLI prints it as one
    JSON line). An Unavailable machine makes `start()` raise `NodeBootError` naming
-   the failed step; ProvisionStage is refused (StageFault NodeUnavailable) unless the
-   machine is NodeAvailable.
+   the failed step. Every ProvisionStage is fed to the machine as ProvisionRequested
+   and held until its row answers: AdmitProvisioning (NodeAvailable) hands it to the
+   StageHost, RejectProvisioning (any other state) drops it and reports StageFault with
+   the row's reason and component (ProvisioningRejected, node_boot).
 
 Serving. The control channel accepts `AddressBook`, `ProvisionStage` and
 `StopRunMessage` only from the orchestrator the node trusts (`--trust-orchestrator`;
@@ -337,11 +339,12 @@ class _BootSteps:
     def join_membership(self) -> None:
         self.node.join_membership()
 
-    def admit_provisioning(self, run: RunId) -> None:
-        return None
+    def admit_provisioning(self, run: RunId, stage: StageIndex) -> None:
+        self.node.admit(run, stage)
 
-    def reject_provisioning(self, run: RunId) -> None:
-        log.warning("node: run %d refused: the node is not available", int(run))
+    def reject_provisioning(self, run: RunId, stage: StageIndex, reason: RunFaultReason,
+                            component: Component) -> None:
+        self.node.reject(run, stage, reason, component)
 
     def shutdown(self) -> None:
         return None
@@ -387,6 +390,8 @@ class StageNode:
         self.boot: NodeBoot | None = None
         self.boot_failure: str | None = None
         self.boot_refusals = 0
+        self._held: dict[tuple[RunId, StageIndex], tuple[NodeId, ProvisionStage]] = {}
+        """ProvisionStage messages waiting for node_boot's answer (admit or reject)."""
         self._active_stage = StageIndex(0)
         self.notices: asyncio.Queue[Any] = asyncio.Queue()
         self._booted: asyncio.Future[None] | None = None
@@ -547,7 +552,7 @@ class StageNode:
         try:
             self.membership = MembershipNode(config.identity, SwimConfig(), meta, seeds=seeds,
                                              bind=config.swim_bind,
-                                             allowed=swim_allow_list(config.admission))
+                                             allowed_keys=swim_allow_list(config.admission))
         except Exception as error:
             self.boot_failure = f"membership: {error}"
             self.deliver(nb.MembershipJoinFailed())
@@ -579,28 +584,44 @@ class StageNode:
                 else:
                     self.endpoint.allowed |= allowed  # never cut a live run's links
                 self.endpoint.address_book.update(peers)
-            case ProvisionStage() if self.boot is None or not self.boot.available:
-                # node_boot admits provisioning only while NodeAvailable (§8)
-                self.boot_refusals += 1
-                asyncio.get_running_loop().create_task(self.send_report(
-                    NodeId(peer), StageFaultReport(message.run_id, message.stage_index,
-                                                   RunFaultReason.NodeUnavailable,
-                                                   Component.NodeBoot)))
             case ProvisionStage():
-                self._active_stage = message.stage_index
                 if faults.hit("node.provision_reject"):
                     raise ControlError("provisioning refused (fault injection)")
-                if self.host_state.active_run is None:
-                    self.authority.active_run_id = int(message.run_id)
-                assert self._driver_ref is not None
-                inbound = message.inbound
-                self._driver_ref.tell(ExpectRecv(((int(inbound.edge_id),
-                                                   int(inbound.producer_node_id)),)))
-                self._host.tell(scm.ProvisionStage(NodeId(peer), message))
+                # node_boot's rows decide (§8): admit() or reject() runs inside handle()
+                assert self.boot is not None
+                self._held[(message.run_id, message.stage_index)] = (NodeId(peer), message)
+                try:
+                    self.boot.handle(nb.ProvisionRequested(message.run_id,
+                                                           message.stage_index))
+                finally:
+                    self._held.pop((message.run_id, message.stage_index), None)
             case StopRunMessage():
                 self._host.tell(StopRunRequest(NodeId(peer), message.run_id,
                                                message.stage_index))
         return None
+
+    def admit(self, run: RunId, stage: StageIndex) -> None:
+        """AdmitProvisioning: the held ProvisionStage goes to the StageHost."""
+        peer, message = self._held.pop((run, stage))
+        assert self._host is not None and self._driver_ref is not None
+        self._active_stage = stage
+        if self.host_state.active_run is None:
+            self.authority.active_run_id = int(run)
+        inbound = message.inbound
+        self._driver_ref.tell(ExpectRecv(((int(inbound.edge_id),
+                                           int(inbound.producer_node_id)),)))
+        self._host.tell(scm.ProvisionStage(peer, message))
+
+    def reject(self, run: RunId, stage: StageIndex, reason: RunFaultReason,
+               component: Component) -> None:
+        """RejectProvisioning: the held ProvisionStage is dropped and the sender told."""
+        peer, _message = self._held.pop((run, stage))
+        self.boot_refusals += 1
+        log.warning("node: run %d stage %d refused by node_boot (%s): the node is %s",
+                    int(run), int(stage), reason.value,
+                    self.boot.state.value if self.boot is not None else "booting")
+        asyncio.get_running_loop().create_task(self.send_report(
+            peer, StageFaultReport(run, stage, reason, component)))
 
     def _link_lost(self, peer: int) -> None:
         """The orchestrator's control connection closed: stop its run here (no orphan)."""

@@ -13,7 +13,15 @@ from swactor.membership.config import SwimConfig
 from swactor.membership.messages import BootHealth, MemberMeta
 from swactor.membership.udp import MembershipNode
 from swactor.transport.identity import NodeIdentity
-from swactor.wire import ArenaFailure, Component, NodeId, RunFaultReason, RunId, WorkerGeneration
+from swactor.wire import (
+    ArenaFailure,
+    Component,
+    NodeId,
+    RunFaultReason,
+    RunId,
+    StageIndex,
+    WorkerGeneration,
+)
 
 CONFIG = SwimConfig().scaled(0.1)
 
@@ -36,11 +44,12 @@ class Steps:
     def join_membership(self) -> None:
         self.calls.append("join")
 
-    def admit_provisioning(self, run: RunId) -> None:
+    def admit_provisioning(self, run: RunId, stage: StageIndex) -> None:
         self.calls.append(f"admit:{run}")
 
-    def reject_provisioning(self, run: RunId) -> None:
-        self.calls.append(f"reject:{run}")
+    def reject_provisioning(self, run: RunId, stage: StageIndex, reason: RunFaultReason,
+                            component: Component) -> None:
+        self.calls.append(f"reject:{run}:{reason.value}:{component.value}")
 
     def shutdown(self) -> None:
         self.calls.append("shutdown")
@@ -81,11 +90,12 @@ def test_boot_reaches_node_available_and_the_pool_sees_it() -> None:
         join.start()
         _pump(boot, inbox)  # MembershipJoinStarted
         assert boot.state is nb.State.MembershipJoining
-        boot.handle(nb.ProvisionRequested(run_id=RunId(4)))  # not yet available
+        # not yet available:
+        boot.handle(nb.ProvisionRequested(run_id=RunId(4), stage_index=StageIndex(0)))
         _pump(boot, inbox)  # MembershipJoined
         assert boot.available
-        boot.handle(nb.ProvisionRequested(run_id=RunId(5)))
-        assert steps.calls[-2:] == ["reject:4", "admit:5"]
+        boot.handle(nb.ProvisionRequested(run_id=RunId(5), stage_index=StageIndex(0)))
+        assert steps.calls[-2:] == ["reject:4:ProvisioningRejected:node_boot", "admit:5"]
         assert sink.names() == ["node_started", "node_available"]
         # the seed (standing in for the orchestrator) sees the published boot health
         def health_seen() -> bool:
@@ -110,8 +120,8 @@ def test_worker_failure_before_worker_ready_makes_node_unavailable_without_joini
     boot.handle(nb.WorkerFailed())
     assert boot.state is nb.State.Unavailable
     assert "join" not in steps.calls
-    boot.handle(nb.ProvisionRequested(run_id=RunId(1)))
-    assert steps.calls[-1] == "reject:1"
+    boot.handle(nb.ProvisionRequested(run_id=RunId(1), stage_index=StageIndex(0)))
+    assert steps.calls[-1] == "reject:1:ProvisioningRejected:node_boot"
     faulted = _last_fault(sink)
     assert sink.names() == ["node_started", "node_faulted"]
     assert (faulted.reason, faulted.component) == (RunFaultReason.WorkerFatal, Component.WorkerCtl)
