@@ -886,7 +886,10 @@ MODEL: Final = MachineModel(
             None,
             None,
             ("RejectProvisioning",),
-            (),
+            (
+                ("RejectProvisioning", "reason", "ProvisioningRejected"),
+                ("RejectProvisioning", "component", "NodeBoot"),
+            ),
             False,
         ),
         Transition(
@@ -895,7 +898,10 @@ MODEL: Final = MachineModel(
             None,
             None,
             ("RejectProvisioning",),
-            (),
+            (
+                ("RejectProvisioning", "reason", "ProvisioningRejected"),
+                ("RejectProvisioning", "component", "NodeBoot"),
+            ),
             False,
         ),
         Transition(
@@ -904,7 +910,10 @@ MODEL: Final = MachineModel(
             None,
             None,
             ("RejectProvisioning",),
-            (),
+            (
+                ("RejectProvisioning", "reason", "ProvisioningRejected"),
+                ("RejectProvisioning", "component", "NodeBoot"),
+            ),
             False,
         ),
         Transition(
@@ -913,7 +922,10 @@ MODEL: Final = MachineModel(
             None,
             None,
             ("RejectProvisioning",),
-            (),
+            (
+                ("RejectProvisioning", "reason", "ProvisioningRejected"),
+                ("RejectProvisioning", "component", "NodeBoot"),
+            ),
             False,
         ),
         Transition(
@@ -922,7 +934,10 @@ MODEL: Final = MachineModel(
             None,
             None,
             ("RejectProvisioning",),
-            (),
+            (
+                ("RejectProvisioning", "reason", "ProvisioningRejected"),
+                ("RejectProvisioning", "component", "NodeBoot"),
+            ),
             False,
         ),
         Transition(
@@ -931,7 +946,10 @@ MODEL: Final = MachineModel(
             None,
             None,
             ("RejectProvisioning",),
-            (),
+            (
+                ("RejectProvisioning", "reason", "ProvisioningRejected"),
+                ("RejectProvisioning", "component", "NodeBoot"),
+            ),
             False,
         ),
         Transition(
@@ -940,7 +958,10 @@ MODEL: Final = MachineModel(
             None,
             None,
             ("RejectProvisioning",),
-            (),
+            (
+                ("RejectProvisioning", "reason", "ProvisioningRejected"),
+                ("RejectProvisioning", "component", "NodeBoot"),
+            ),
             False,
         ),
         Transition("ContainerStarting", "Shutdown", None, "Stopped", ("ShutdownNode",), (), False),
