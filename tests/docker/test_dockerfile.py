@@ -141,8 +141,12 @@ def test_compose_services_are_the_file_s_commands(tmp_path: Path) -> None:
     order = start_order(services)
     assert order[-1] == "orchestrator" or order.index("orchestrator") > max(
         order.index(n) for n in ("node1", "node2", "node3"))
+    keys = services["keys"]
+    assert keys.argv[:2] == ("sh", "-c") and "/keys/$n/node.key" in keys.argv[2]  # `$$`
+    assert keys.user == "root"
     node2 = services["node2"]
-    assert node2.argv[:2] == ("sh", "-c") and "$(cat " in node2.argv[2]  # `$$` unescaped
+    assert node2.argv[:2] == ("swactor", "node") and "--pool" in node2.argv
+    assert node2.user == "root"  # the fake image's USER; the real image's is `swactor`
     assert node2.address == "172.28.0.12" and str(compose.subnet) == "172.28.0.0/24"
     orchestrator = services["orchestrator"]
     assert orchestrator.argv[:2] == ("swactor", "orchestrator")  # the image's ENTRYPOINT
@@ -161,10 +165,9 @@ def test_compose_services_are_the_file_s_commands(tmp_path: Path) -> None:
 
 def test_compose_keys_it_would_not_honour_are_refused(tmp_path: Path) -> None:
     image = fake_image(tmp_path)
-    text = COMPOSE.read_text().replace("    restart: \"no\"\n    entrypoint",
-                                       "    restart: \"no\"\n    privileged: true\n    entrypoint",
-                                       1)
-    assert "privileged" in text
+    text = COMPOSE.read_text().replace("    user: root\n",
+                                       "    user: root\n    privileged: true\n", 1)
+    assert "privileged: true" in text
     changed = tmp_path / "compose.yaml"
     changed.write_text(text.replace("context: ..", f"context: {ROOT}"))
     with pytest.raises(ComposeError, match="privileged"):
