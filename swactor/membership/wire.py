@@ -460,7 +460,7 @@ def _parse_message(body: dict[str, Any], sender: NodeId, updates: tuple[Update, 
     elif kind == "sync":
         message = Sync(sender, _bool(body, "r"))
     else:
-        raise MembershipWireError("t", f"unknown message type {str(kind)[:32]!r}")
+        raise MembershipWireError("t", "unknown message type")
     return _with_updates(message, updates) if updates else message
 
 
@@ -490,7 +490,7 @@ def _parse_update(wire: object) -> Update:
         return SuspectUpdate(node, incarnation, _node(wire, "a"))
     if kind == "dead":
         return DeadUpdate(node, incarnation, _node(wire, "a"))
-    raise MembershipWireError("u.k", f"unknown update kind {str(kind)[:32]!r}")
+    raise MembershipWireError("u.k", "unknown update kind")
 
 
 def _meta_body(meta: MemberMeta) -> dict[str, Any]:
