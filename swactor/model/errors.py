@@ -25,6 +25,7 @@ class WeightsFault(enum.Enum):
     DOWNLOAD_FAILED = "DownloadFailed"
     CACHE_CORRUPT = "CacheCorrupt"
     SOURCE_INVALID = "SourceInvalid"
+    DIGEST_MISMATCH = "DigestMismatch"
 
 
 class WeightsError(Exception):

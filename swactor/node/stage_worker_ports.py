@@ -7,7 +7,9 @@ edge ports (EdgeEstablisher, edge actors), `report` (control channel) and `emit`
 
 - `load_weights(provision)` resolves the provision's `GgufSource` to a location this
   node reads (LocalPath as is; HttpUrl read by byte ranges through `cache_dir`;
-  CacheKey as a file in `models_dir`), then checks the stage's layer range, first/last
+  CacheKey as a file in `models_dir`), checks the file against the plan's `sha256` when
+  it names one (`model.source.verify_sha256`: a mismatch is WeightLoadFailed naming
+  both digests), then checks the stage's layer range, first/last
   tensors, hidden size, dtype and `max_seq_len` against the file's header
   (`GgufRangeReader.validate_stage`, in a thread: the header may come over HTTP).
   Success tells the stage `WeightsFetched` and `WeightsReady`; a `WeightsError` raises
@@ -75,11 +77,16 @@ def _fault_reason(error: Exception) -> RunFaultReason:
 
 
 def validate_weights(provision: ProvisionStage, location: str, cache_dir: Path | None) -> int:
-    """Check the stage's range against the file's header; the bytes the range spans."""
+    """Check the file against the plan's sha256 (when it names one) and the stage's range
+    against the file's header; the bytes the range spans."""
     from swactor.model.gguf_range import open_reader
+    from swactor.model.source import verify_sha256
 
     model = provision.model
-    reader = open_reader(location, digest=provision.gguf_source.sha256, cache_dir=cache_dir)
+    expected = provision.gguf_source.sha256
+    if expected is not None:
+        verify_sha256(location, expected)  # DigestMismatch: WeightLoadFailed
+    reader = open_reader(location, digest=expected, cache_dir=cache_dir)
     entries = reader.validate_stage(
         provision.layer_start,
         provision.layer_end_exclusive,

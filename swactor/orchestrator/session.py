@@ -190,6 +190,7 @@ async def run_session(
 ) -> SessionReport:
     """Run one prompt through the pool (module doc); `watch(handle)` runs beside the run
     (membership: it tells the run MembershipLost) and is cancelled when it ends."""
+    from swactor.model.source import local_sha256
     from swactor.orchestrator.errors import PlannerError
     from swactor.orchestrator.model_info import model_info_from_gguf
     from swactor.orchestrator.planner import PlanRequest, plan_run
@@ -208,7 +209,8 @@ async def run_session(
             run_id=run_id, prompt=PromptSource.from_token_ids(ids),
             max_tokens=options.max_tokens, max_seq_len=options.max_seq_len,
             split=options.split, sampling=options.sampling,
-            gguf_source=GgufSource.local_path(str(options.model.resolve())),
+            gguf_source=GgufSource.local_path(str(options.model.resolve()),
+                                              sha256=local_sha256(options.model)),
             prompt_token_count=len(ids)))
     except PlannerError as error:
         raise SessionError(f"plan: {error}") from None
