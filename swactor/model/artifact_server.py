@@ -9,6 +9,15 @@ streamed with ``pread`` in 1 MiB pieces; an unsatisfiable range answers ``416``;
 without ``Range`` answers ``200`` with the whole file. ``bytes_served`` counts body bytes
 sent, so tests can prove a stage downloaded only its ranges. The orchestrator's
 ``--serve-model PATH`` flag wraps this class.
+
+Limits (it listens on a network port, so every request is untrusted): at most
+``max_connections`` connections are served at once (one thread each; a connection over
+the cap is closed at once, unanswered); each socket operation times out after
+``timeout_s`` (an idle or trickling client loses its connection and its thread); the
+stdlib parser bounds the request line and each header line (64 KiB) and the header
+count (100); a ``Range`` header longer than ``MAX_RANGE_HEADER`` characters, or with
+several ranges, is ``416``; ``requests`` keeps only the latest ``REQUESTS_KEPT``
+(method, range) pairs, each range cut to ``MAX_RANGE_HEADER`` characters.
 """
 
 from __future__ import annotations
@@ -17,12 +26,44 @@ import hashlib
 import os
 import re
 import threading
+from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
-_RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_RANGE_RE = re.compile(r"^bytes=(\d{0,20})-(\d{0,20})$")
 _CHUNK = 1 << 20
+MAX_CONNECTIONS = 32
+TIMEOUT_S = 30.0
+MAX_RANGE_HEADER = 64
+REQUESTS_KEPT = 1024
+
+
+class _CappedServer(ThreadingHTTPServer):
+    """A thread per connection, at most `slots` at once; the rest are closed at once."""
+
+    def __init__(self, address: tuple[str, int], handler: Any, slots: int) -> None:
+        self._slots = threading.BoundedSemaphore(slots)
+        self.refused_connections = 0
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused_connections += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -38,16 +79,24 @@ class ArtifactServer:
     """Serve one file with HTTP Range support from a background thread."""
 
     def __init__(
-        self, path: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 0
+        self,
+        path: str | os.PathLike[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_connections: int = MAX_CONNECTIONS,
+        timeout_s: float = TIMEOUT_S,
     ) -> None:
         self.path = Path(path)
         self.size = self.path.stat().st_size
         self.sha256 = file_sha256(self.path)
         self.bytes_served = 0
-        self.requests: list[tuple[str, str | None]] = []
+        self.timeout_s = timeout_s
+        self.requests: deque[tuple[str, str | None]] = deque(maxlen=REQUESTS_KEPT)
+        """The latest (method, Range header cut to `MAX_RANGE_HEADER`) pairs."""
         self._lock = threading.Lock()
         self._fd = os.open(self.path, os.O_RDONLY)
-        self._httpd = ThreadingHTTPServer((host, port), self._handler_class())
+        self._httpd = _CappedServer((host, port), self._handler_class(), max_connections)
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -81,9 +130,15 @@ class ArtifactServer:
     ) -> None:
         self.stop()
 
+    @property
+    def refused_connections(self) -> int:
+        """Connections closed unanswered because `max_connections` were being served."""
+        return self._httpd.refused_connections
+
     def _count(self, method: str, range_header: str | None, sent: int) -> None:
+        kept = None if range_header is None else range_header[:MAX_RANGE_HEADER]
         with self._lock:
-            self.requests.append((method, range_header))
+            self.requests.append((method, kept))
             self.bytes_served += sent
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
@@ -91,6 +146,7 @@ class ArtifactServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            timeout = server.timeout_s  # every socket operation (StreamRequestHandler)
 
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002
                 return
@@ -146,8 +202,8 @@ class ArtifactServer:
                             break
                         self.wfile.write(chunk)
                         sent += len(chunk)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
+                except (TimeoutError, BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True
                 server._count("GET", range_header, sent)
 
         return Handler
@@ -155,6 +211,8 @@ class ArtifactServer:
 
 def _parse_range(header: str, size: int) -> tuple[int, int] | None:
     """``(first, last)`` inclusive for one satisfiable byte range, else ``None``."""
+    if len(header) > MAX_RANGE_HEADER:
+        return None
     match = _RANGE_RE.match(header.strip())
     if match is None:
         return None

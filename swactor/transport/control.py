@@ -36,6 +36,7 @@ import asyncio
 import enum
 import json
 import struct
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -46,6 +47,9 @@ from swactor.wire.codec import WireStruct
 from swactor.wire.errors import WireError
 
 MAX_FRAME = 1 << 20
+REJECTED_KEPT = 256
+"""How many of the latest rejections `ControlChannel.rejected` keeps."""
+REASON_KEPT = 300
 _LEN = struct.Struct(">I")
 
 Handler = Callable[[int, WireStruct], Awaitable[WireStruct | None]]
@@ -164,7 +168,9 @@ class ControlChannel:
         self.endpoint = endpoint
         self.registry = {tp.__name__: tp for tp in registry}
         self.authority = authority
-        self.rejected: list[tuple[int, RejectCode, str]] = []
+        self.rejected: deque[tuple[int, RejectCode, str]] = deque(maxlen=REJECTED_KEPT)
+        """The latest rejections (peer, code, reason); `rejected_count` counts them all."""
+        self.rejected_count = 0
         self._handler = handler
         self._inbound: dict[tuple[QuicLink, int], bytearray] = {}
         self._replies: dict[tuple[QuicLink, int], tuple[bytearray, asyncio.Future[bytes]]] = {}
@@ -290,7 +296,8 @@ class ControlChannel:
             self._answer(link, stream_id, {"kind": "reply", "type": name, "body": reply.to_json()})
 
     def _reject_doc(self, link: QuicLink, code: RejectCode, reason: str) -> dict[str, object]:
-        self.rejected.append((link.peer_node_id or 0, code, reason))
+        self.rejected_count += 1
+        self.rejected.append((link.peer_node_id or 0, code, reason[:REASON_KEPT]))
         return {"kind": "reject", "code": code.value, "reason": reason}
 
     def _answer(self, link: QuicLink, stream_id: int, document: dict[str, object]) -> None:
