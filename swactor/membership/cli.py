@@ -8,6 +8,12 @@ and writes one JSON object per line to stdout: ``started`` (node id, SWIM addres
 ``joined``, ``member`` (every state/incarnation change in its view), ``refuted`` and
 ``forged`` (a dropped datagram or update: claimed node id and reason). SIGTERM or
 SIGINT leaves the pool gracefully and exits 0. Bad arguments exit 2 naming the problem.
+`--pool FILE` admits only the pool file's keys (`swactor.membership.admission`); without
+it this diagnostic member is open (`swactor node` and `swactor orchestrator`, which can
+be planned on, refuse SWIM without `--pool` or an explicit `--open-pool`).
+
+This module also holds the admission flags those two commands share
+(`add_admission_arguments`, `admission_from_args`) and `swactor pool add|show`.
 """
 
 from __future__ import annotations
@@ -43,7 +49,6 @@ from swactor.membership.messages import (
 from swactor.membership.udp import MembershipNode
 from swactor.transport.errors import IdentityError
 from swactor.transport.identity import NodeIdentity
-from swactor.wire import NodeId
 
 
 def parse_address(text: str) -> Address:
@@ -68,8 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="publish boot health 'available' (default 'booting')")
     parser.add_argument("--scale", type=float, default=1.0,
                         help="multiply memberlist's periods and timeouts by this")
-    parser.add_argument("--allow", type=int, action="append", default=None,
-                        help="node id allowed in the pool (repeatable; default: any)")
+    parser.add_argument("--pool", type=Path, default=None, metavar="FILE",
+                        help="admit only the full public keys of this pool file (swactor "
+                        "pool add); default: any key (a diagnostic member only)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -208,7 +214,11 @@ def run(args: argparse.Namespace) -> int:
         boot_health=BootHealth.Available if args.available else BootHealth.Booting,
         device_kind=args.device_kind, memory_bytes=args.memory_bytes,
     )
-    allowed = None if args.allow is None else [NodeId(n) for n in args.allow]
+    try:
+        allowed_keys = None if args.pool is None else load_pool(args.pool).keys
+    except PoolFileError as error:
+        print(f"swactor swim: {error}", file=sys.stderr)
+        return 2
     lock = threading.Lock()
 
     def on_event(event: MembershipEvent) -> None:
@@ -216,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
             _line(event_json(event))
 
     node = MembershipNode(identity, SwimConfig().scaled(args.scale), meta, seeds=args.seed,
-                          allowed=allowed, on_event=on_event, bind=args.bind)
+                          allowed_keys=allowed_keys, on_event=on_event, bind=args.bind)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())

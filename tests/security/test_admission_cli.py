@@ -108,3 +108,35 @@ def test_an_open_pool_is_explicit_and_warned(tmp_path: Path) -> None:
     both = swactor("node", "--key", str(tmp_path / "n.key"), "--trust-orchestrator", "1",
                    "--swim", "127.0.0.1:0", "--open-pool", "--pool", str(tmp_path / "p"))
     assert both.returncode == 2 and "not allowed with" in both.stderr
+
+
+def test_a_pinned_swim_member_refuses_a_stranger_process(tmp_path: Path) -> None:
+    """Two real `swactor swim` processes: the pinned one reports the stranger's join as a
+    forged datagram, NotInPool, and never lists it as a member."""
+    pool = tmp_path / "pool.txt"
+    add_member(pool, NodeIdentity.load_or_create(tmp_path / "member.key"), "node")
+    stranger_id = NodeIdentity.load_or_create(tmp_path / "stranger.key").node_id
+    member = subprocess.Popen([sys.executable, "-m", "swactor.cli", "swim", "--key",
+                               str(tmp_path / "member.key"), "--pool", str(pool),
+                               "--scale", "0.2"], stdout=subprocess.PIPE, text=True)
+    stranger: subprocess.Popen[str] | None = None
+    try:
+        assert member.stdout is not None
+        started = json.loads(member.stdout.readline())
+        stranger = subprocess.Popen([sys.executable, "-m", "swactor.cli", "swim", "--key",
+                                     str(tmp_path / "stranger.key"), "--seed",
+                                     started["swim"], "--scale", "0.2"],
+                                    stdout=subprocess.DEVNULL)
+        seen = []
+        for line in member.stdout:
+            seen.append(json.loads(line))
+            if seen[-1]["event"] == "forged":
+                break
+        assert seen[-1] == {**seen[-1], "event": "forged", "claimed": stranger_id,
+                            "reason": "NotInPool"}
+        assert not any(e["event"] == "member" and e["node_id"] == stranger_id for e in seen)
+    finally:
+        for process in (member, stranger):
+            if process is not None:
+                process.terminate()
+                process.wait(timeout=30)
