@@ -4,7 +4,12 @@ Theory of operation. The orchestrator joins SWIM as a member with role "orchestr
 (its own `MembershipNode` thread; events come to the event loop through
 `asyncio_events`). It keeps the latest state and metadata of every member and chooses
 the candidate pool: the first `count` members by node id that are Alive, have role
-"node", report `BootHealth.Available` and publish a QUIC endpoint. Whether that pool is
+"node", report `BootHealth.Available` and publish a QUIC endpoint. With a pinned pool
+(`admission`, the operator's pool file: `swactor.membership.admission`) the participant
+admits only the file's keys to its view (`allowed_keys`) and a candidate must also be
+one of the file's `node` entries, so neither a stranger nor the orchestrator itself is
+ever chosen, however small its id; without one (an explicit open pool) any member
+qualifies. Whether that pool is
 ready is the generated `pool_readiness` machine's decision (spec §9, bound by
 `swactor.membership.pool.PoolReadiness`): every candidate complete and the view stable
 for the convergence window `settle_s`, so a node that is still joining or flapping is
@@ -14,7 +19,10 @@ QUIC addresses, as a `Pool`: while the run lasts, `Pool.watch` commits the run t
 gate and feeds it SWIM's events; the gate's MembershipLost (a candidate dead, left or
 unavailable; a suspicion alone is not a loss) becomes the run's `MembershipLost`. The
 caller stops the membership node when the run is over. Timing out raises
-`DiscoveryError` naming how many nodes were found.
+`DiscoveryError` naming how many nodes were found. With an `emitter`, the gate's
+PoolReady is the run's `pool_ready` lifecycle event (the session then does not emit
+its own). `PoolDiscovery` binds the participant at construction, so its address can
+seed nodes started afterwards (`swactor run`); `discover_pool` is the one-call form.
 
 Fault order (spec §36, first run-level failure). A node cut off mid-run is seen twice: by
 SWIM (it stops answering probes and is declared dead: MembershipLost, the root cause) and
@@ -68,8 +76,7 @@ log = logging.getLogger("swactor.orchestrator.discovery")
 
 DEFAULT_SETTLE_S = 1.0
 _QUIET = Emitter("discovery")
-"""The gate's own pool_ready goes nowhere: the session emits pool_ready once every
-chosen node has acknowledged its AddressBook."""
+"""Where the gate's pool_ready goes when no emitter is given (nowhere)."""
 DEFAULT_SWIM = SwimConfig()
 DEFAULT_IDLE_TIMEOUT_S = TransportConfig().idle_timeout
 
