@@ -36,6 +36,7 @@ from swactor.wire import (
 )
 from tests.orchestrator.conftest import synthetic_model
 from tests.orchestrator.fake_ports import FakePorts
+from tests.trace_check import assert_tables_allow
 
 PROMPT = (1, 31, 32, 33)
 EOS = 2
@@ -56,11 +57,17 @@ Body = Callable[[Runtime, FakePorts], Awaitable[None]]
 
 
 def run_test(body: Body) -> None:
+    """Run `body`; then every event the run binding emitted must be an order the
+    orchestrator_run table allows (`swactor check`), whatever the scenario."""
+    ports = FakePorts()
+
     async def main() -> None:
         async with Runtime("orchestrator") as runtime:
-            await body(runtime, FakePorts())
+            await body(runtime, ports)
 
     asyncio.run(asyncio.wait_for(main(), timeout=20))
+    if ports.sink.events:
+        assert_tables_allow(ports.sink.events, complete=False)
 
 
 async def start(
