@@ -54,13 +54,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("what", nargs="?", choices=("build", "check"), default="check",
                         help="build: replay the image build only; check (default): build, "
                         "then run the compose topology and compare")
-    parser.add_argument("--dockerfile", type=Path, default=REPO / "docker" / "Dockerfile")
+    parser.add_argument("--dockerfile", type=Path, default=REPO / "docker" / "Dockerfile",
+                        help="the Dockerfile to replay (default docker/Dockerfile; its "
+                        "<name>.dockerignore next to it filters the context)")
     parser.add_argument("--context", type=Path, default=REPO,
                         help="build context (default: the repository)")
-    parser.add_argument("--compose", type=Path, default=REPO / "docker" / "compose.yaml")
+    parser.add_argument("--compose", type=Path, default=REPO / "docker" / "compose.yaml",
+                        help="the compose file whose services run (default "
+                        "docker/compose.yaml)")
     parser.add_argument("--service", default="orchestrator",
                         help="the service whose exit ends the run (default orchestrator)")
-    parser.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE",
+                        help="as docker build --build-arg (repeatable)")
     parser.add_argument("--cache", type=Path, default=default_cache(),
                         help="where the bare root is kept between runs (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=1200.0, metavar="S",

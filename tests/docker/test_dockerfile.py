@@ -172,3 +172,21 @@ def test_compose_keys_it_would_not_honour_are_refused(tmp_path: Path) -> None:
     changed.write_text(text.replace("context: ..", f"context: {ROOT}"))
     with pytest.raises(ComposeError, match="privileged"):
         load(changed, image, DOCKERFILE)
+
+
+def test_compose_interpolation_other_than_dollar_dollar_is_refused(tmp_path: Path) -> None:
+    image = fake_image(tmp_path)
+    text = COMPOSE.read_text().replace("context: ..", f"context: {ROOT}")
+    text = text.replace('"10,10,10"', '"${SPLIT}"', 1)
+    assert "${SPLIT}" in text
+    changed = tmp_path / "compose.yaml"
+    changed.write_text(text)
+    with pytest.raises(ComposeError, match="interpolation"):
+        load(changed, image, DOCKERFILE)
+
+
+def test_compose_must_build_the_replayed_dockerfile(tmp_path: Path) -> None:
+    other = tmp_path / "Dockerfile"
+    other.write_text("FROM debian:bookworm\n")
+    with pytest.raises(ComposeError, match="not the replayed"):
+        load(COMPOSE, fake_image(tmp_path), other)
