@@ -32,7 +32,12 @@ from pathlib import Path
 
 from swactor.imagecheck.compose import Compose, ComposeError, Topology, load
 from swactor.imagecheck.replay import Image, Replayer, StepFailed
-from swactor.imagecheck.rootfs import RootfsError, default_cache, remove_tree
+from swactor.imagecheck.rootfs import (
+    RootfsError,
+    default_cache,
+    remove_tree,
+    sweep_stale_runs,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 # Flags of `swactor orchestrator` that make it a pool member, not part of the run.
@@ -197,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "namespaces); run it as root, e.g. `sudo just docker-check`", file=sys.stderr)
         return 2
     args.cache.mkdir(parents=True, exist_ok=True)
+    sweep_stale_runs(args.cache, say)
     work = args.cache / f"run-{os.getpid()}"
     image: Image | None = None
     try:

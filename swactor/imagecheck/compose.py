@@ -41,6 +41,7 @@ from typing import IO, Any
 
 import yaml
 
+from swactor.cluster import netns
 from swactor.cluster.netns import NetnsTopology
 from swactor.imagecheck.replay import Image, inside_root, launcher
 from swactor.imagecheck.rootfs import Mounts, remove_tree
@@ -252,6 +253,7 @@ class Topology:
         fixed = {hosts[n]: s.address for n, s in services.items() if s.address}
         started = time.monotonic()
         mounts = Mounts()
+        netns.sweep_stale()
         topology = NetnsTopology(list(hosts.values()), self.compose.subnet, addresses=fixed)
         try:
             topology.create()

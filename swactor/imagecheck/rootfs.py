@@ -225,6 +225,22 @@ def remove_tree(path: Path) -> None:
         raise RootfsError(f"rm -rf {path}: {done.stderr.strip()}")
 
 
+def sweep_stale_runs(cache: Path, say: Callable[[str], None]) -> list[Path]:
+    """Unmount and delete `cache/run-PID` folders whose process is gone (a check killed
+    before its cleanup); the folders removed."""
+    removed = []
+    for folder in sorted(cache.glob("run-*")):
+        pid = folder.name.removeprefix("run-")
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        for point in sorted(mounted_under(folder), key=len, reverse=True):
+            subprocess.run(["umount", "-R", "-l", point], capture_output=True, check=False)
+        remove_tree(folder)
+        say(f"removed the leftovers of an earlier check: {folder}")
+        removed.append(folder)
+    return removed
+
+
 @dataclass
 class Mounts:
     """Mounts made for one build or container, undone in reverse (module doc)."""

@@ -5,6 +5,7 @@ and users resolved against the image's own passwd and group files."""
 from __future__ import annotations
 
 import configparser
+import os
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,14 @@ from swactor.imagecheck.rootfs import (
     DEFAULT_MIRROR,
     HOST_DIR,
     HostNetwork,
+    Mounts,
+    RootfsError,
     chroot_sources,
     host_apt_sources,
     host_debian_mirror,
+    mounted_under,
+    remove_tree,
+    sweep_stale_runs,
 )
 
 DEB822 = """Types: deb
@@ -93,3 +99,25 @@ def test_users_come_from_the_image_s_own_files(tmp_path: Path) -> None:
         resolve_user(tmp_path, "nobody")
     with pytest.raises(UserError, match="wheel"):
         resolve_user(tmp_path, "swactor:wheel")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="bind mounts need root")
+def test_leftovers_of_a_killed_check_are_unmounted_and_removed(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "keep").write_text("host data")
+    dead = tmp_path / "cache" / "run-999999999"
+    (dead / "image" / "root" / "proc").mkdir(parents=True)
+    live = tmp_path / "cache" / f"run-{os.getpid()}"
+    live.mkdir()
+    mounts = Mounts()
+    mounts.bind(source, dead / "image" / "root" / "proc")
+    try:
+        with pytest.raises(RootfsError, match="still mounted"):
+            remove_tree(dead)
+        assert sweep_stale_runs(tmp_path / "cache", lambda _: None) == [dead]
+    finally:
+        mounts.points.clear()  # the sweep unmounted it
+    assert not dead.exists() and live.is_dir()
+    assert (source / "keep").read_text() == "host data"  # never deleted through the mount
+    assert mounted_under(tmp_path) == []
