@@ -1,8 +1,34 @@
-"""Suite-wide pytest options: `--skip-slow` skips real-model and multi-host tests."""
+"""Suite-wide pytest options: `--skip-slow` skips real-model and multi-host tests.
+
+The suite keeps its own kernel cache (`SWACTOR_KERNEL_CACHE`, a temporary directory for
+the session, removed at its end) unless one is given: tests start from an empty cache
+whatever earlier runs on the machine left, and the session's later workers replay what
+its first ones built, as a user's runs do.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
+
+_KERNEL_CACHE_ENV = "SWACTOR_KERNEL_CACHE"
+_own_kernel_cache: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _KERNEL_CACHE_ENV not in os.environ:
+        path = tempfile.mkdtemp(prefix="swactor-kernels-")
+        _own_kernel_cache.append(path)
+        os.environ[_KERNEL_CACHE_ENV] = path
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for path in _own_kernel_cache:
+        shutil.rmtree(path, ignore_errors=True)
+        os.environ.pop(_KERNEL_CACHE_ENV, None)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

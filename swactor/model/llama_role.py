@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -78,7 +77,7 @@ import numpy as np
 import numpy.typing as npt
 from tinygrad.device import Buffer, Device
 from tinygrad.dtype import dtypes
-from tinygrad.engine.jit import TinyJit
+from tinygrad.engine.jit import TinyJit, _TinyJit
 from tinygrad.helpers import Context
 from tinygrad.tensor import Tensor
 from tinygrad.uop import Ops
@@ -89,6 +88,7 @@ from swactor.model.cpu_graph import use_cpu_graph
 from swactor.model.dequant import QuantMatrix
 from swactor.model.errors import WeightsError, WeightsFault
 from swactor.model.gguf_range import ModelFacts, StageWeights
+from swactor.model.jit_cache import KernelCache
 from swactor.model.sampling import SamplingPolicy, sample_token
 
 _TG_DTYPES = {"f32": dtypes.float32, "f16": dtypes.float16}
@@ -246,9 +246,11 @@ class StageRole:
         self._pos_var = UOp.variable("start_pos", 0, max_seq_len - 1)
         self._decode = TinyJit(self._forward_decode)
         self._last_var = UOp.variable("last_row", 0, max_seq_len - 1)
-        self._prefill: dict[int, Callable[..., Tensor]] = {}
+        self._prefill: dict[int, _TinyJit[Tensor]] = {}
         self._decode_input: Tensor | None = None
         self._decode_input_view: npt.NDArray[Any] = np.zeros(0)
+        self._kernels = KernelCache.for_role(
+            self, self._structure(), skip=("_decode", "_prefill", "_decode_input", "_kernels"))
 
     # -- loading --------------------------------------------------------------------------
     def _checked(
@@ -608,12 +610,11 @@ class StageRole:
             # one JIT per bucket: from the third prefill of a bucket its kernels replay
             # without scheduling (and through CpuGraph on CPU). No BEAM here: searching
             # prefill-sized kernels takes minutes on a small CPU.
-            prefill = self._prefill.get(padded)
-            if prefill is None:
-                prefill = self._prefill[padded] = TinyJit(self._forward_prefill)
+            prefill = self._prefill_jit(padded)
             if self._cpu:
                 use_cpu_graph(self.cpu_graph)
             result = prefill(data, self._last_var.bind(tokens - 1)).numpy()
+            self._keep_prefill(prefill, padded, data, tokens - 1)
         self._position += tokens
         self._next_sequence = sequence + 1
         if not self.is_last:
@@ -630,10 +631,14 @@ class StageRole:
         cost a schedule and a copy kernel (about 1 ms of Python per token).
         """
         position = self._pos_var.bind(self._position)
+        if self._decode.cnt == 0:
+            self._adopt(self._decode, "decode")
         if not self._cpu:
             data = Tensor(array, device=self.device).realize()
             with Context(BEAM=self.beam):  # type: ignore[no-untyped-call]
-                return self._decode(data, position).numpy()
+                result = self._decode(data, position).numpy()
+            self._offer(self._decode, "decode")
+            return result
         if self._decode_input is None:
             self._decode_input = (
                 Tensor.zeros(*array.shape, dtype=self._tg_dtype, device=self.device)
@@ -645,7 +650,73 @@ class StageRole:
         use_cpu_graph(self.cpu_graph)
         with Context(BEAM=self.beam):  # type: ignore[no-untyped-call]
             out = self._decode(self._decode_input, position)
+        self._offer(self._decode, "decode")
         return _host_view(out).copy()
+
+    # -- kernel cache (swactor.model.jit_cache) ----------------------------------------------
+    def _structure(self) -> dict[str, Any]:
+        """What the role's graphs depend on besides its buffers (the kernel cache key)."""
+        return {"facts": self.facts.__dict__, "layers": [self.layer_start, self.layer_end],
+                "first": self.is_first, "last": self.is_last, "dtype": self.dtype,
+                "max_seq_len": self.max_seq_len, "device": self.device, "beam": self.beam,
+                "cpu_graph": self.cpu_graph, "quantised": self.quantised}
+
+    def _adopt(self, jit: _TinyJit[Tensor], kind: str) -> None:
+        """Give a JIT that never ran the captured graph the cache holds for `kind`."""
+        captured = self._kernels.load(kind) if self._kernels is not None else None
+        if captured is not None:
+            jit.captured, jit.cnt = captured, 2
+
+    def _offer(self, jit: _TinyJit[Tensor], kind: str) -> None:
+        """Keep a JIT's graph in the cache once it is captured."""
+        if self._kernels is not None and jit.captured is not None:
+            self._kernels.save(kind, jit.captured)
+
+    def _prefill_jit(self, padded: int) -> _TinyJit[Tensor]:
+        prefill = self._prefill.get(padded)
+        if prefill is None:
+            prefill = self._prefill[padded] = TinyJit(self._forward_prefill)
+            self._adopt(prefill, f"prefill-{padded}")
+        return prefill
+
+    def _keep_prefill(self, prefill: _TinyJit[Tensor], padded: int, data: Tensor,
+                      last: int) -> None:
+        """After a bucket's first prefill, with the cache on: run it once more to capture
+        its graph (same input, same positions: the KV cache gets the same values) and
+        keep it, so later workers replay the bucket instead of building it."""
+        if self._kernels is None or prefill.captured is not None or prefill.cnt != 1:
+            return
+        prefill(data, self._last_var.bind(last))
+        self._offer(prefill, f"prefill-{padded}")
+
+    def warm_up(self) -> None:
+        """Build the decode JIT (or load it from the kernel cache), load every prefill
+        bucket the cache holds for this role, and run each once, so the first real steps
+        replay kernels instead of building them. Leaves the role as if new: its positions
+        restart at step 0, and the KV entries warming wrote are rewritten by the prefill
+        before any step reads them."""
+        row = np.zeros((1, self.facts.hidden_dim), dtype=self.np_dtype)
+        for position in range(min(3, self.max_seq_len)):  # a JIT captures on its 2nd call
+            self._position = position
+            self._decode_step(row)
+            if self._decode.captured is not None:
+                break
+        buckets = self._kernels.kinds("prefill-") if self._kernels is not None else []
+        for kind in buckets:
+            padded = int(kind.removeprefix("prefill-"))
+            if not 0 < padded <= self.max_seq_len:
+                continue
+            prefill = self._prefill_jit(padded)
+            if prefill.captured is None:
+                continue
+            if self._cpu:
+                use_cpu_graph(self.cpu_graph)
+            rows = Tensor(np.zeros((padded, self.facts.hidden_dim), dtype=self.np_dtype),
+                          device=self.device).realize()
+            prefill(rows, self._last_var.bind(0))
+        self._position = 0
+        self._next_sequence = 0
+        self.last_logits = None
 
     def decode_kernel_count(self) -> int | None:
         """Kernels one decode step runs (those batched into graphs counted one by one);

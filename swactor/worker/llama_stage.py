@@ -164,6 +164,8 @@ class LlamaStageRole:
             )
             stage = StageRole(weights, max_seq_len=max_seq_len, sampling=sampling,
                               device=device, quantised=weights_mode == "blocks")
+            del weights  # the host copies: the role holds its own on the device
+            stage.warm_up()
         except WeightsError as error:
             raise RoleConfigError(f"llama_stage weights: {error}") from None
         return cls(stage, _reuse_key(config, device))

@@ -1,0 +1,121 @@
+"""Kernel cache: a role that replays JITs another role wrote computes what a fresh role does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from swactor.model import jit_cache
+from swactor.model.gguf_range import open_reader
+from swactor.model.llama_role import StageRole
+
+PROMPT = [5, 17, 42, 99, 7, 250]
+STEPS = 4
+MAX_SEQ = 32
+
+
+def _roles(path: Path, split: list[tuple[int, int]], quantised: bool = False) -> list[StageRole]:
+    reader = open_reader(path)
+    roles = []
+    for index, (start, end) in enumerate(split):
+        weights = reader.load_stage(start, end, is_first=index == 0,
+                                    is_last=index == len(split) - 1, keep_blocks=quantised)
+        roles.append(StageRole(weights, max_seq_len=MAX_SEQ, quantised=quantised))
+    return roles
+
+
+def _run(roles: list[StageRole], prompt: list[int] = PROMPT
+         ) -> tuple[list[int], list[npt.NDArray[Any]]]:
+    """Greedy tokens and every stage's outputs for a prefill and STEPS decode steps."""
+    tokens: list[int] = []
+    outputs: list[npt.NDArray[Any]] = []
+    payload: npt.NDArray[Any] = np.array(prompt, dtype=np.int32)
+    for sequence in range(STEPS + 1):
+        obj = payload
+        for role in roles:
+            obj = role.step(sequence, obj)
+            outputs.append(obj.copy())
+        tokens.append(int(obj[0]))
+        payload = obj
+    return tokens, outputs
+
+
+def test_off_writes_nothing(tiny_llama: Path, tmp_path: Path,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(jit_cache.CACHE_ENV, "off")
+    (role,) = _roles(tiny_llama, [(0, 4)])
+    _run([role])
+    assert jit_cache.cache_dir() is None
+    assert role._kernels is None
+
+
+@pytest.mark.parametrize("quantised", [False, True])
+def test_replayed_graphs_compute_what_built_ones_do(
+        tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        quantised: bool) -> None:
+    split = [(0, 1), (1, 4)]
+    monkeypatch.setenv(jit_cache.CACHE_ENV, "off")
+    reference = _run(_roles(tiny_llama, split, quantised))
+
+    monkeypatch.setenv(jit_cache.CACHE_ENV, str(tmp_path / "kernels"))
+    writers = _roles(tiny_llama, split, quantised)
+    assert _run(writers)[0] == reference[0]
+    for role in writers:
+        assert role._kernels is not None
+        assert role._kernels.saved == {"decode", "prefill-16"}
+        assert role._kernels.loaded == set()
+
+    readers = _roles(tiny_llama, split, quantised)
+    for role in readers:
+        role.warm_up()
+        assert role._kernels is not None
+        assert role._kernels.loaded == {"decode", "prefill-16"}
+        assert role._decode.captured is not None and role._prefill[16].captured is not None
+    tokens, outputs = _run(readers)
+    assert tokens == reference[0]
+    for got, want in zip(outputs, reference[1], strict=True):
+        np.testing.assert_array_equal(got, want)
+    for role in readers:
+        assert role._kernels is not None and role._kernels.saved == set()
+
+
+def test_warm_up_leaves_a_role_that_computes_what_a_new_one_does(
+        tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(jit_cache.CACHE_ENV, "off")
+    reference = _run(_roles(tiny_llama, [(0, 4)]))
+    (role,) = _roles(tiny_llama, [(0, 4)])
+    role.warm_up()
+    assert role._decode.captured is not None  # the decode graph is built before step 0
+    tokens, outputs = _run([role])
+    assert tokens == reference[0]
+    for got, want in zip(outputs, reference[1], strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_damaged_entry_is_rebuilt(tiny_llama: Path, tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(jit_cache.CACHE_ENV, str(tmp_path))
+    (writer,) = _roles(tiny_llama, [(0, 4)])
+    reference = _run([writer])
+    assert writer._kernels is not None
+    path = writer._kernels.path("decode")
+    path.write_bytes(path.read_bytes()[:100])
+    (reader,) = _roles(tiny_llama, [(0, 4)])
+    assert _run([reader])[0] == reference[0]
+    assert reader._kernels is not None and "decode" in reader._kernels.saved
+    assert len(path.read_bytes()) > 100  # rewritten whole
+
+
+def test_entries_are_per_role_structure(tiny_llama: Path, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(jit_cache.CACHE_ENV, str(tmp_path))
+    first, rest = _roles(tiny_llama, [(0, 2), (2, 4)])
+    (whole,) = _roles(tiny_llama, [(0, 4)])
+    assert first._kernels is not None and rest._kernels is not None
+    assert whole._kernels is not None
+    paths = {r._kernels.path("decode") for r in (first, rest, whole) if r._kernels}
+    assert len(paths) == 3
