@@ -47,6 +47,7 @@ MODULE_ARGS: dict[str, list[str]] = {
     "quic": ["--repeat", "3"],  # 128 MiB per run: shorter runs are mostly slow-start ramp-up
     "model": ["--tokens", "24", "--dtypes", "f16,f32", "--beam", "0"],
     "worker": ["--quick"],
+    "coldstart": ["--weights", "dense,blocks"],
 }
 NOT_TEXT = {"report", "e2e"}  # e2e is measured in process, report is this module
 RING_TOTAL_MIB = 512
@@ -178,6 +179,34 @@ def goals(e2e: dict[str, Any], ring_fig: dict[str, Any] | None, quic: dict[str, 
     return rows
 
 
+def coldstart_goals(figures: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Goal 4 rows (issue 22) from `bench coldstart --json`: tokenize time, and per weight
+    mode the first token after the barrier (warm cache, first run ever), pool ready to the
+    barrier and the second run's decode over the single stage's."""
+    from bench.coldstart import GOALS
+
+    if not figures:
+        return [goal("cold start (bench coldstart)", None, 0, False, "bench coldstart")]
+    source = f"bench coldstart --json ({figures.get('nodes')} nodes)"
+    rows = [goal("swactor tokenize, whole command (s)", _one(figures.get("tokenize_s")),
+                 GOALS["tokenize_s"], False, source)]
+    for weights, mode in figures.get("modes", {}).items():
+        cold, warm = mode["cold"], mode["warm"]
+        rows += [
+            goal(f"first token after the barrier, warm kernel cache (s) [{weights}]",
+                 _one(warm.get("first_token_s")), GOALS["warm_first_token_s"], False, source),
+            goal(f"first token after the barrier, first run ever (s) [{weights}]",
+                 _one(cold.get("first_token_s")), GOALS["cold_first_token_s"], False, source,
+                 f"pool ready -> barrier {cold.get('load_s')} s: the kernel build is inside"),
+            goal(f"pool ready -> barrier, warm kernel cache (s) [{weights}]",
+                 _one(warm.get("load_s")), GOALS["warm_load_s"], False, source),
+            goal(f"second run decode / single stage, same weights [{weights}]",
+                 _one(mode.get("demo_over_single_stage")), GOALS["demo_over_single_stage"],
+                 True, source),
+        ]
+    return rows
+
+
 def _reference_llama_version() -> str | None:
     from bench.model import reference_venv
 
@@ -229,6 +258,7 @@ def main(argv: list[str]) -> int:
     report["e2e"] = e2e
 
     quic = None
+    coldstart: dict[str, Any] | None = None
     model: dict[str, Any] = {"ours_tokens_per_s": {}, "llama_cpp_tokens_per_s": None}
     for name in available():
         if name in NOT_TEXT or name in skip:
@@ -236,20 +266,23 @@ def main(argv: list[str]) -> int:
         print(f"== {name} ==", flush=True)
         extra = list(MODULE_ARGS.get(name, []))
         with tempfile.TemporaryDirectory() as tmp:
-            if name == "quic":
-                extra += ["--json", f"{tmp}/quic.json"]
+            if name in ("quic", "coldstart"):
+                extra += ["--json", f"{tmp}/{name}.json"]
             result = run_module(name, extra)
             if name == "quic" and Path(f"{tmp}/quic.json").exists():
                 quic = json.loads(Path(f"{tmp}/quic.json").read_text())
+            if name == "coldstart" and Path(f"{tmp}/coldstart.json").exists():
+                coldstart = json.loads(Path(f"{tmp}/coldstart.json").read_text())
         if name == "model":
             model = model_figures(result["output"])
-        if name == "quic":
+        if name in ("quic", "coldstart"):
             result["args"] = result["args"][:-2]  # the temporary --json path
         report["modules"].append(result)
         status |= int(result["rc"] != 0)
     report["quic_goal"] = quic
     report["model_goal"] = model
-    report["goals"] = goals(e2e, ring_fig, quic, model)
+    report["coldstart_goal"] = coldstart
+    report["goals"] = goals(e2e, ring_fig, quic, model) + coldstart_goals(coldstart)
     report["machine"]["load_average_end"] = os.getloadavg()
     report["seconds"] = time.monotonic() - started
 

@@ -66,7 +66,7 @@ class LocalCluster:
         arena_ceiling: str = "256MiB",
         log_level: str = "WARNING",
         extra_env: dict[str, str] | None = None,
-        weights: str = "dense",
+        weights: str = "blocks",
         swim: bool = False,
     ) -> None:
         if count < 1:

@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from swactor.node.role_config import WEIGHT_MODES
+from swactor.node.role_config import DEFAULT_WEIGHT_MODE, WEIGHT_MODES
 from swactor.orchestrator.orchestrate_cmd import _positive, add_run_arguments
 
 LOCAL_CONVERGENCE_WINDOW_S = 0.25
@@ -49,9 +49,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--keys-dir", type=Path, default=None, metavar="DIR",
                         help="node and orchestrator keys (default: a temporary directory)")
     parser.add_argument("--arena-ceiling", default="256MiB", help="each node's arena size")
-    parser.add_argument("--weights", choices=WEIGHT_MODES, default="dense",
-                        help="each node's weight mode (swactor node --weights): dense "
-                        "(default) or blocks (faster CPU decode from the file's blocks)")
+    parser.add_argument("--weights", choices=WEIGHT_MODES, default=DEFAULT_WEIGHT_MODE,
+                        help="each node's weight mode (swactor node --weights): blocks "
+                        "(default: faster CPU decode from the file's blocks) or dense")
     parser.add_argument("--verbose", action="store_true",
                         help="echo the nodes' stderr and the orchestrator's events")
     add_run_arguments(parser)

@@ -36,7 +36,7 @@ from swactor.membership.admission import Admission
 from swactor.membership.cli import add_admission_arguments, admission_from_args, parse_address
 from swactor.model.paths import model_cache_dir
 from swactor.node.node import DEFAULT_ARENA_CEILING, NodeBootError, NodeConfig, StageNode
-from swactor.node.role_config import WEIGHT_MODES
+from swactor.node.role_config import DEFAULT_WEIGHT_MODE, WEIGHT_MODES
 from swactor.orchestrator.inventory import parse_bytes
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId
@@ -105,11 +105,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="QUIC host published to the pool (default: --bind)")
     parser.add_argument("--models-dir", type=Path, default=None,
                         help="where CacheKey model sources are looked up")
-    parser.add_argument("--weights", choices=WEIGHT_MODES, default="dense",
-                        help="how the worker holds quantised matrices: dense (default: "
-                        "dequantised once at load into the plan's dtype) or blocks (decode "
-                        "and prefill compute from the file's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K "
-                        "blocks: faster decode on CPU, memory about the file's bytes)")
+    parser.add_argument("--weights", choices=WEIGHT_MODES, default=DEFAULT_WEIGHT_MODE,
+                        help="how the worker holds quantised matrices: blocks (default: "
+                        "decode and prefill compute from the file's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/"
+                        "Q6_K blocks: faster decode on CPU, memory about the file's bytes) or "
+                        "dense (dequantised once at load into the plan's dtype)")
     parser.add_argument("--log-level", default="WARNING")
     add_event_arguments(parser)
     parser.set_defaults(handler=run, node_parser=parser)

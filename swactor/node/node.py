@@ -157,10 +157,10 @@ class NodeConfig:
     quic_port: int = 0
     arena_ceiling: int = DEFAULT_ARENA_CEILING
     models_dir: Path = Path(".")
-    weights: str = "dense"
-    """How the worker holds quantised matrices: "dense" (dequantised once at load) or
-    "blocks" (computes from the file's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K blocks: faster on CPU,
-    about the file's bytes in memory)."""
+    weights: str = "blocks"
+    """How the worker holds quantised matrices: "blocks" (computes from the file's
+    Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K blocks: faster on CPU, about the file's bytes in memory)
+    or "dense" (dequantised once at load); `role_config.DEFAULT_WEIGHT_MODE`."""
     transport: TransportConfig = dataclasses.field(default_factory=TransportConfig)
     worker_init_timeout_s: float = 120.0
     swim_bind: tuple[str, int] | None = None

@@ -110,7 +110,7 @@ class WorkerStagePorts:
         models_dir: Path,
         cache_dir: Path | None = None,
         generation: WorkerGeneration = FIRST_GENERATION,
-        weights: str = "dense",
+        weights: str = "blocks",
     ) -> None:
         self.worker = worker
         self.stage = stage

@@ -146,8 +146,11 @@ class SessionReport:
         lines.append(f"  prompt {len(result.prompt_token_ids)} tokens, generated "
                      f"{len(result.generated_token_ids)}"
                      + (f" (stop: {result.stop_cause.value})" if result.stop_cause else ""))
-        lines.append(f"  load {_fmt(t['load_s'], 's')}, time to first token "
-                     f"{_fmt(t['ttft_s'], 's')}, {_fmt(t['tokens_per_s'], ' tokens/s')}")
+        after_first = max(len(result.generated_token_ids) - 1, 0)
+        lines.append(f"  load {_fmt(t['load_s'], 's')} (pool ready to every stage ready), "
+                     f"first token {_fmt(t['ttft_s'], 's')} after that, "
+                     f"decode {_fmt(t['tokens_per_s'], ' tokens/s')} "
+                     f"({after_first} tokens after the first)")
         return lines
 
 

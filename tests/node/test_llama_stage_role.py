@@ -196,12 +196,12 @@ def test_the_nodes_weight_mode_reaches_the_role(gguf: Path,
                                                 provisions: list[ProvisionStage]) -> None:
     """`swactor node --weights` travels in the role config; a mode nobody knows is a
     RoleConfigProblem naming it, on the node, before the worker is asked."""
-    assert llama_stage_config(provisions[0], gguf)["weights"] == "dense"
-    config = llama_stage_config(provisions[0], gguf, weights="blocks")
-    assert config["weights"] == "blocks"
-    role = build_role(config, Device.DEFAULT)
+    assert llama_stage_config(provisions[0], gguf)["weights"] == "blocks"  # the default
+    role = build_role(llama_stage_config(provisions[0], gguf), Device.DEFAULT)
     assert isinstance(role, LlamaStageRole) and role.stage.quantised
-    dense = build_role(llama_stage_config(provisions[0], gguf), Device.DEFAULT)
+    config = llama_stage_config(provisions[0], gguf, weights="dense")
+    assert config["weights"] == "dense"
+    dense = build_role(config, Device.DEFAULT)
     assert isinstance(dense, LlamaStageRole) and not dense.stage.quantised
     with pytest.raises(RoleConfigProblem, match="weights 'int4'"):
         llama_stage_config(provisions[0], gguf, weights="int4")
