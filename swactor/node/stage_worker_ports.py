@@ -11,11 +11,16 @@ edge ports (EdgeEstablisher, edge actors), `report` (control channel) and `emit`
   it names one (`model.source.verify_sha256`: a mismatch is WeightLoadFailed naming
   both digests), then checks the stage's layer range, first/last
   tensors, hidden size, dtype and `max_seq_len` against the file's header
-  (`GgufRangeReader.validate_stage`, in a thread: the header may come over HTTP).
-  Success tells the stage `WeightsFetched` and `WeightsReady`; a `WeightsError` raises
-  `StagePortError` with WeightDownloadFailed (download, cache, source problems) or
-  WeightLoadFailed (the file does not hold what the plan says), which the controller
-  reports as its StageFault.
+  (`GgufRangeReader.validate_stage`, in a thread: the header may come over HTTP). When
+  the source is remote and cached, it then downloads the stage's tensor ranges into the
+  cache (`fetch_stage_bytes`: the same coalesced ranges the worker's load reads, so the
+  worker reads them from the cache and nothing twice over the network). Only then does
+  it tell the stage `WeightsFetched` (bytes now on this node: downloaded, or the local
+  file's stage bytes) and `WeightsReady` (the range is on this node and validated; the
+  worker reads and binds it during role configuration, which `RoleConfigured` reports).
+  A `WeightsError` raises `StagePortError` with WeightDownloadFailed (download, cache,
+  source problems) or WeightLoadFailed (the file does not hold what the plan says),
+  which the controller reports as its StageFault.
 - `configure_role(provision)` waits for that location, then sends ConfigureRole with the
   `llama_stage` config (`role_config.llama_stage_config`): the worker reads and binds
   the range itself and answers RoleConfigured / RoleFailed to the stage. If the weights
@@ -78,8 +83,9 @@ def _fault_reason(error: Exception) -> RunFaultReason:
 
 def validate_weights(provision: ProvisionStage, location: str, cache_dir: Path | None) -> int:
     """Check the file against the plan's sha256 (when it names one) and the stage's range
-    against the file's header; the bytes the range spans."""
-    from swactor.model.gguf_range import open_reader
+    against the file's header and, for a cached remote source, download its tensor ranges
+    into the cache (`fetch_stage_bytes`); the bytes now on this node for the stage."""
+    from swactor.model.gguf_range import coalesce_ranges, open_reader
     from swactor.model.source import verify_sha256
 
     model = provision.model
@@ -96,7 +102,23 @@ def validate_weights(provision: ProvisionStage, location: str, cache_dir: Path |
         dtype_family=_DTYPE_NAMES.get(model.dtype_width_bytes, "?"),
         max_seq_len=model.max_seq_len,
     )
+    spans = coalesce_ranges([(entry.offset, entry.n_bytes) for entry in entries])
+    if is_remote(location) and cache_dir is not None:
+        return fetch_stage_bytes(reader.source, spans)
     return sum(entry.n_bytes for entry in entries)
+
+
+def is_remote(location: str) -> bool:
+    return location.startswith(("http://", "https://"))
+
+
+def fetch_stage_bytes(source: Any, spans: list[tuple[int, int]]) -> int:
+    """Read `spans` (the worker load's coalesced ranges) through a cached source so they are
+    stored in the cache; the bytes they hold. The worker's reads of the same ranges are
+    then cache hits."""
+    for start, length in spans:
+        source.read(start, length)
+    return sum(length for _, length in spans)
 
 
 class WorkerStagePorts:

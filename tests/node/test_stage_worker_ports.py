@@ -58,14 +58,14 @@ def provision_for(gguf: Path, *, source: GgufSource | None = None, blocks: int |
     return provision_stage(plan, stage, stage_runtime_facts(plan, stage))
 
 
-def run_ports(gguf: Path, body: Any) -> None:
+def run_ports(gguf: Path, body: Any, cache_dir: Path | None = None) -> None:
     async def main() -> None:
         async with Runtime("node") as runtime:
             worker_box: list[Any] = []
             stage_box: list[Any] = []
             ports = WorkerStagePorts(runtime.spawn(lambda: Inbox(worker_box), "worker"),
                                      runtime.spawn(lambda: Inbox(stage_box), "stage"),
-                                     models_dir=gguf.parent)
+                                     models_dir=gguf.parent, cache_dir=cache_dir)
             await body(ports, worker_box, stage_box)
 
     asyncio.run(asyncio.wait_for(main(), timeout=20))
@@ -98,6 +98,33 @@ def test_weights_checked_then_role_configured(gguf: Path) -> None:
         assert (config["layer_start"], config["layer_end"], config["last"]) == (1, 2, True)
 
     run_ports(gguf, body)
+
+
+def test_a_remote_stage_is_downloaded_before_weights_ready(gguf: Path, tmp_path: Path) -> None:
+    """WeightsFetched / WeightsReady (weights_downloaded) come after the stage's tensor
+    bytes are in the node's cache, and the worker's own load then reads nothing more over
+    the network."""
+    from swactor.model.artifact_server import ArtifactServer, file_sha256
+    from swactor.model.gguf_range import open_reader
+
+    digest = file_sha256(gguf)
+    with ArtifactServer(gguf) as server:
+        provision = provision_for(gguf, source=GgufSource(GgufSourceKind.HttpUrl, server.url,
+                                                          digest))
+
+        async def body(ports: WorkerStagePorts, worker: list[Any], stage: list[Any]) -> None:
+            await ports.load_weights(provision)
+            await settle()
+            fetched, ready = stage
+            assert isinstance(fetched, WeightsFetched) and isinstance(ready, scm.WeightsReady)
+            served = server.bytes_served
+            worker_reader = open_reader(server.url, digest=digest, cache_dir=tmp_path)
+            weights = worker_reader.load_stage(1, 2, is_first=False, is_last=True)
+            assert server.bytes_served == served, "the worker's load came from the cache"
+            assert fetched.bytes_fetched >= weights.tensor_bytes
+            assert served >= worker_reader.header_bytes + weights.tensor_bytes
+
+        run_ports(gguf, body, cache_dir=tmp_path)
 
 
 @pytest.mark.parametrize("case, reason", [
