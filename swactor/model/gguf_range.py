@@ -24,7 +24,9 @@ Every failure is a :class:`~swactor.model.errors.WeightsError`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,10 +138,15 @@ class StageWeights:
 class GgufRangeReader:
     """Header, metadata and tensor table of one GGUF, read through a :class:`ByteSource`."""
 
-    def __init__(self, source: ByteSource) -> None:
+    def __init__(self, source: ByteSource, table: Mapping[str, Any] | None = None) -> None:
+        """Parse the header from `source`, or take `table` (:meth:`stage_table` of a reader
+        that parsed this file) instead and read no header bytes."""
         self.source = source
         self.file_size = source.size()
         self._prefix = b""
+        if table is not None:
+            self._adopt_table(table)
+            return
         header = self._parse_header()
         self.header_bytes = len(self._prefix)
         self.data_offset = header.data_offset
@@ -155,6 +162,40 @@ class GgufRangeReader:
         tokens = header.metadata.get("tokenizer.ggml.tokens")
         self._token_count = len(tokens) if isinstance(tokens, list) else None
         self.facts = self._facts()
+
+    # -- stage table ----------------------------------------------------------------------
+    def stage_table(self, entries: list[TensorEntry]) -> dict[str, Any]:
+        """What a second reader of this file needs to load a stage without its header: the
+        file's size, the model facts and the stage's tensor entries (JSON)."""
+        return {
+            "file_size": self.file_size,
+            "facts": dataclasses.asdict(self.facts),
+            "tensors": [[e.name, e.type_id, list(e.shape), e.offset, e.n_bytes]
+                        for e in entries],
+        }
+
+    def _adopt_table(self, table: Mapping[str, Any]) -> None:
+        problem = f"{self.source.name}: stage table"
+        try:
+            if int(table["file_size"]) != self.file_size:
+                raise WeightsError(
+                    WeightsFault.SOURCE_INVALID,
+                    f"{problem} is for a {table['file_size']}-byte file, this one has "
+                    f"{self.file_size} bytes (the file changed)",
+                )
+            self.facts = ModelFacts(**table["facts"])
+            self.tensors = {}
+            for name, type_id, shape, offset, n_bytes in table["tensors"]:
+                entry = TensorEntry(str(name), int(type_id), tuple(int(d) for d in shape),
+                                    int(offset), int(n_bytes))
+                self.tensors[entry.name] = entry
+        except (KeyError, TypeError, ValueError) as error:
+            raise WeightsError(WeightsFault.CORRUPT_HEADER,
+                               f"{problem} unreadable ({error!r})") from None
+        self.header_bytes = 0
+        self.data_offset = min((e.offset for e in self.tensors.values()), default=0)
+        self.metadata = {}
+        self._token_count = None
 
     # -- header ---------------------------------------------------------------------------
     def _parse_header(self) -> GgufHeader:
@@ -430,8 +471,10 @@ def open_reader(
     *,
     digest: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    table: Mapping[str, Any] | None = None,
 ) -> GgufRangeReader:
-    """Open a GGUF by path or URL (optionally through the content-addressed cache)."""
+    """Open a GGUF by path or URL (optionally through the content-addressed cache); with
+    `table` (:meth:`GgufRangeReader.stage_table`) its header is not read again."""
     from swactor.model.source import open_source
 
-    return GgufRangeReader(open_source(location, digest=digest, cache_dir=cache_dir))
+    return GgufRangeReader(open_source(location, digest=digest, cache_dir=cache_dir), table)

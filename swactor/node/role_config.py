@@ -36,11 +36,14 @@ class RoleConfigProblem(ValueError):
 def llama_stage_config(
     provision: ProvisionStage, location: str | Path, cache_dir: str | Path | None = None,
     weights: str = DEFAULT_WEIGHT_MODE,
+    *,
+    table: JsonObject | None = None,
 ) -> JsonObject:
     """The `llama_stage` ConfigureRole config for `provision`, reading the GGUF at `location`.
 
     `location` is a local path (made absolute) or an http(s) URL; `weights` is the node's
-    weight mode (`WEIGHT_MODES`).
+    weight mode (`WEIGHT_MODES`); `table` is the node's `GgufRangeReader.stage_table` for
+    the stage, which spares the worker a second header read.
     """
     if weights not in WEIGHT_MODES:
         raise RoleConfigProblem(f"weights {weights!r} (supported: {', '.join(WEIGHT_MODES)})")
@@ -69,4 +72,5 @@ def llama_stage_config(
         "sha256": provision.gguf_source.sha256,
         "cache_dir": None if cache_dir is None else str(cache_dir),
         "weights": weights,
+        **({} if table is None else {"table": table}),
     }

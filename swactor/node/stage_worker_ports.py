@@ -22,8 +22,10 @@ edge ports (EdgeEstablisher, edge actors), `report` (control channel) and `emit`
   source problems) or WeightLoadFailed (the file does not hold what the plan says),
   which the controller reports as its StageFault.
 - `configure_role(provision)` waits for that location, then sends ConfigureRole with the
-  `llama_stage` config (`role_config.llama_stage_config`): the worker reads and binds
-  the range itself and answers RoleConfigured / RoleFailed to the stage. If the weights
+  `llama_stage` config (`role_config.llama_stage_config`), the stage table the header
+  check produced included (`GgufRangeReader.stage_table`: facts and the stage's tensor
+  entries), so the worker reads the stage's tensor bytes and not the header again; it
+  binds them and answers RoleConfigured / RoleFailed to the stage. If the weights
   failed, it raises too (the controller keeps the first fault).
 - `execute_step`, `release_input`: the §29 commands, as GpuWorkerCtl's machine events.
 - `reset_role`: §29 has no command to drop a role, so nothing is sent: the next run's
@@ -52,6 +54,7 @@ from swactor.wire import (
     DeviceObjectHandle,
     ExecuteStep,
     GgufSourceKind,
+    JsonObject,
     ProvisionStage,
     RoleId,
     RunFaultReason,
@@ -81,10 +84,12 @@ def _fault_reason(error: Exception) -> RunFaultReason:
     return RunFaultReason.WeightLoadFailed
 
 
-def validate_weights(provision: ProvisionStage, location: str, cache_dir: Path | None) -> int:
+def validate_weights(provision: ProvisionStage, location: str, cache_dir: Path | None
+                     ) -> tuple[int, JsonObject]:
     """Check the file against the plan's sha256 (when it names one) and the stage's range
     against the file's header and, for a cached remote source, download its tensor ranges
-    into the cache (`fetch_stage_bytes`); the bytes now on this node for the stage."""
+    into the cache (`fetch_stage_bytes`); the bytes now on this node for the stage, and
+    the stage table the worker loads by (its header unread)."""
     from swactor.model.gguf_range import coalesce_ranges, open_reader
     from swactor.model.source import verify_sha256
 
@@ -102,10 +107,11 @@ def validate_weights(provision: ProvisionStage, location: str, cache_dir: Path |
         dtype_family=_DTYPE_NAMES.get(model.dtype_width_bytes, "?"),
         max_seq_len=model.max_seq_len,
     )
+    table: JsonObject = reader.stage_table(entries)
     spans = coalesce_ranges([(entry.offset, entry.n_bytes) for entry in entries])
     if is_remote(location) and cache_dir is not None:
-        return fetch_stage_bytes(reader.source, spans)
-    return sum(entry.n_bytes for entry in entries)
+        return fetch_stage_bytes(reader.source, spans), table
+    return sum(entry.n_bytes for entry in entries), table
 
 
 def is_remote(location: str) -> bool:
@@ -140,7 +146,7 @@ class WorkerStagePorts:
         self.cache_dir = cache_dir
         self.weights = weights
         self._generation = generation
-        self._locations: dict[RunId, asyncio.Future[str]] = {}
+        self._locations: dict[RunId, asyncio.Future[tuple[str, JsonObject]]] = {}
 
     def set_generation(self, generation: WorkerGeneration) -> None:
         self._generation = generation
@@ -148,7 +154,7 @@ class WorkerStagePorts:
     def worker_generation(self) -> WorkerGeneration:
         return self._generation
 
-    def _location(self, run: RunId) -> asyncio.Future[str]:
+    def _location(self, run: RunId) -> asyncio.Future[tuple[str, JsonObject]]:
         future = self._locations.get(run)
         if future is None:
             future = self._locations[run] = asyncio.get_running_loop().create_future()
@@ -160,8 +166,8 @@ class WorkerStagePorts:
         override = faults.hit("node.weights_path")
         location = str(override["path"]) if override else location
         try:
-            spanned = await asyncio.to_thread(validate_weights, provision, location,
-                                              self.cache_dir)
+            spanned, table = await asyncio.to_thread(validate_weights, provision, location,
+                                                     self.cache_dir)
         except Exception as error:  # WeightsError, or a reader bug: both fault the stage
             failure = StagePortError(_fault_reason(error), str(error))
             if not future.done():
@@ -169,14 +175,15 @@ class WorkerStagePorts:
                 future.exception()  # configure_role may never await it
             raise failure from None
         if not future.done():
-            future.set_result(location)
+            future.set_result((location, table))
         self.stage.tell(WeightsFetched(spanned))
         self.stage.tell(scm.WeightsReady())
 
     async def configure_role(self, provision: ProvisionStage) -> None:
-        location = await self._location(provision.run_id)
+        location, table = await self._location(provision.run_id)
         try:
-            config = llama_stage_config(provision, location, self.cache_dir, self.weights)
+            config = llama_stage_config(provision, location, self.cache_dir, self.weights,
+                                        table=table)
         except RoleConfigProblem as error:
             raise StagePortError(RunFaultReason.WeightLoadFailed, str(error)) from None
         self.worker.tell(gwc.ConfigureRole(ConfigureRole(provision.runtime.role_id, config)))

@@ -10,19 +10,28 @@ Theory of operation
      "max_seq_len": 512, "sampling": {"mode": "Greedy"},       # wire SamplingPolicy JSON
      "num_layers": 30, "hidden_dim": 576,                      # optional plan checks
      "sha256": null, "cache_dir": null,                        # optional source options
-     "weights": "dense"}                                       # optional, or "blocks"
+     "weights": "blocks",                                      # optional, or "dense"
+     "table": {...}}                                           # optional stage table
 
 `weights` "blocks" keeps the file's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K matrices in their
 blocks and computes decode and prefill from them, with no dense copy (about the file's
-bytes; not the f32 plan's exact arithmetic, so opt-in).
+bytes; not the f32 plan's exact arithmetic, though greedy tokens agree on the tests'
+prompts). The node sends its `--weights` mode (default blocks); a config without the
+key gets dense.
 
 `gguf` is a local path or an http(s) URL (read by byte ranges, through the
-content-addressed cache in `cache_dir` when given). The factory reads and dequantises
-the range once (`GgufRangeReader.load_stage`, which validates it against the file and
-the optional plan facts) and places weights and KV cache on the worker's tinygrad
-device. A config it cannot use, or weights that fail
-(`WeightsError`: missing file, bad range, plan mismatch), raise `RoleConfigError`, which
-the worker answers RoleFailed ConfigInvalid; the message names the problem.
+content-addressed cache in `cache_dir` when given). `table` is the node's
+`GgufRangeReader.stage_table` for the stage (model facts and the stage's tensor
+entries, from the header the node read): with it the role reads only the stage's
+tensor bytes, checked against the table (layer range, plan facts, bounds, file size).
+The factory reads the range once (`GgufRangeReader.load_stage`, which
+validates it against the file and the optional plan facts), places weights and KV
+cache on the worker's tinygrad device and warms the role up (`StageRole.warm_up`: its
+decode and cached prefill kernels built or loaded from the kernel cache), so the
+configuration's time includes the kernel build and the first steps replay. A config it
+cannot use, or weights that fail (`WeightsError`: missing file, bad range, plan
+mismatch), raise `RoleConfigError`, which the worker answers RoleFailed ConfigInvalid;
+the message names the problem.
 
 A step has exactly one input and one output binding; the output's `sequence` is the
 inference step (the StageController gives input and output the same one). The role
@@ -151,10 +160,11 @@ class LlamaStageRole:
                 f"llama_stage weights {weights_mode!r} (supported: dense, blocks)"
             )
         sampling = _sampling(config)
+        table = _field(config, "table", dict, required=False)
         try:
             reader = open_reader(
                 path, digest=_field(config, "sha256", str, required=False),
-                cache_dir=_field(config, "cache_dir", str, required=False),
+                cache_dir=_field(config, "cache_dir", str, required=False), table=table,
             )
             weights = reader.load_stage(
                 start, end, is_first=first, is_last=last, dtype=dtype, max_seq_len=max_seq_len,

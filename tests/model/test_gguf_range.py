@@ -175,3 +175,42 @@ def test_unsupported_architecture_is_typed(tiny_llama: Path, tmp_path: Path) -> 
     with pytest.raises(WeightsError) as excinfo:
         open_reader(other)
     assert _reason(excinfo) is WeightsFault.UNSUPPORTED_ARCHITECTURE
+
+
+def test_a_stage_table_spares_the_second_reader_the_header(tiny_mixed: Path) -> None:
+    """The node reads the header and hands the worker a stage table: the worker reads the
+    stage's tensor bytes and nothing else, and loads what a header-reading load does."""
+
+    node = GgufRangeReader(LocalFileSource(tiny_mixed))
+    table = node.stage_table(node.validate_stage(2, 4, is_first=False, is_last=True))
+    worker = GgufRangeReader(LocalFileSource(tiny_mixed), table)
+    assert worker.source.bytes_read == 0 and worker.facts == node.facts
+    loaded = worker.load_stage(2, 4, is_first=False, is_last=True)
+    assert worker.source.bytes_read == sum(length for _, length in loaded.ranges)
+    assert loaded.bytes_read < loaded.tensor_bytes + 4096 * len(loaded.ranges)
+    reference = node.load_stage(2, 4, is_first=False, is_last=True)
+    assert loaded.tensors.keys() == reference.tensors.keys()
+    for name, array in reference.tensors.items():
+        np.testing.assert_array_equal(loaded.tensors[name], array)
+    with pytest.raises(WeightsError) as outside:  # a range the table does not cover
+        worker.load_stage(0, 2, is_first=True, is_last=False)
+    assert _reason(outside) is WeightsFault.MISSING_TENSOR
+
+
+def test_a_stale_or_mangled_stage_table_is_typed(tiny_llama: Path) -> None:
+
+    node = GgufRangeReader(LocalFileSource(tiny_llama))
+    table = node.stage_table(node.validate_stage(0, 4, is_first=True, is_last=True))
+    with pytest.raises(WeightsError) as stale:
+        GgufRangeReader(LocalFileSource(tiny_llama), {**table, "file_size": 12})
+    assert _reason(stale) is WeightsFault.SOURCE_INVALID
+    for mangled in ({**table, "tensors": [["x", 0]]}, {**table, "facts": {"a": 1}},
+                    {"file_size": table["file_size"]}):
+        with pytest.raises(WeightsError) as bad:
+            GgufRangeReader(LocalFileSource(tiny_llama), mangled)
+        assert _reason(bad) is WeightsFault.CORRUPT_HEADER
+    past_end = [[*entry[:3], node.file_size, entry[4]] for entry in table["tensors"]]
+    worker = GgufRangeReader(LocalFileSource(tiny_llama), {**table, "tensors": past_end})
+    with pytest.raises(WeightsError) as truncated:
+        worker.load_stage(0, 4, is_first=True, is_last=True)
+    assert _reason(truncated) is WeightsFault.TRUNCATED

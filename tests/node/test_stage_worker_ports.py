@@ -96,6 +96,11 @@ def test_weights_checked_then_role_configured(gguf: Path) -> None:
         assert command.command.role_id == provision.runtime.role_id
         assert (config["kind"], config["gguf"]) == ("llama_stage", str(gguf))
         assert (config["layer_start"], config["layer_end"], config["last"]) == (1, 2, True)
+        table = config["table"]  # the worker loads by the node's header read
+        assert isinstance(table, dict)
+        assert {entry[0] for entry in table["tensors"]} >= {"blk.1.attn_q.weight",
+                                                            "output_norm.weight"}
+        assert not any(str(entry[0]).startswith("blk.0.") for entry in table["tensors"])
 
     run_ports(gguf, body)
 
