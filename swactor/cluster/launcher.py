@@ -68,6 +68,7 @@ class LocalCluster:
         extra_env: dict[str, str] | None = None,
         weights: str = "blocks",
         swim: bool = False,
+        models_dirs: list[Path] | None = None,
     ) -> None:
         if count < 1:
             raise ClusterError("a cluster needs at least one node")
@@ -79,6 +80,8 @@ class LocalCluster:
         self.extra_env = extra_env or {}
         self.weights = weights
         self.swim = swim
+        self.models_dirs = models_dirs
+        """One `--models-dir` per node (None: the nodes' default model cache)."""
         self.seed: tuple[str, int] | None = None
         """With `swim`: the SWIM address the nodes join through (set before `start`)."""
         keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -110,6 +113,8 @@ class LocalCluster:
                 "--event-verbosity", "-1", "--weights", self.weights]
         if self.events_dir is not None:
             argv += ["--events-file", str(self.events_dir / f"node-{index}.jsonl")]
+        if self.models_dirs is not None:
+            argv += ["--models-dir", str(self.models_dirs[index])]
         if self.swim:
             if self.seed is None:
                 raise ClusterError("a SWIM cluster needs its seed address before it starts")

@@ -98,6 +98,7 @@ from swactor.node.control_messages import (
     StopRunMessage,
     report_message,
 )
+from swactor.node.pool_weights import PoolWeights
 from swactor.node.stage_host import StageHost, StageHostConfig, StageHostState, StopRunRequest
 from swactor.node.stage_ports import StageOutcome, StageReport
 from swactor.node.stage_worker_ports import WorkerStagePorts
@@ -110,6 +111,7 @@ from swactor.node.worker_ctl import (
     WorkerRoutes,
 )
 from swactor.transport import ControlAuthority, ControlChannel, QuicEndpoint
+from swactor.transport.artifact_stream import ArtifactChannel
 from swactor.transport.config import TransportConfig
 from swactor.transport.control import Handler
 from swactor.transport.endpoint import QuicLink
@@ -371,6 +373,7 @@ class StageNode:
         self.edge_ports: EdgeStagePorts | None = None
         self.control: ControlChannel | None = None
         self.worker_ports: WorkerStagePorts | None = None
+        self.pool_weights: PoolWeights | None = None
         self.host_state = StageHostState()
         self.authority = ControlAuthority(
             orchestrator_id=int(config.orchestrator),
@@ -477,7 +480,8 @@ class StageNode:
         self.worker_ports = WorkerStagePorts(self._ctl, self._host,
                                              models_dir=self.config.models_dir,
                                              weights=self.config.weights,
-                                             generation=notice.generation)
+                                             generation=notice.generation,
+                                             fetch=self.pool_weights)
         self.deliver(nb.WorkerReady(notice.generation))
         async for later in _notices(self.notices):  # a worker that fails after boot
             if isinstance(later, WorkerFailedNotice):
@@ -499,6 +503,10 @@ class StageNode:
             self.deliver(nb.TransportFailed())
             return
         self.endpoint = endpoint
+        if isinstance(endpoint, QuicEndpoint):  # PoolPeer weights (node.pool_weights)
+            self.pool_weights = PoolWeights(ArtifactChannel(endpoint), config.models_dir)
+            if self.worker_ports is not None:
+                self.worker_ports.fetch = self.pool_weights
         self._spawn_edges(endpoint, network)
         control: Any = network.control(endpoint, REGISTRY, self._on_request, self.authority,
                                        _WatchedControl)
@@ -655,6 +663,7 @@ class StageNode:
             [(int(lease.edge_id), int(lease.ring_id))
              for lease in self.arena_manager.live_leases()],
             "worker_pid": self._worker_pid,
+            **({} if self.pool_weights is None else self.pool_weights.status()),
             "runs_served": [int(o.run_id) for o in self.host_state.history
                             if o.run_id is not None],
         }

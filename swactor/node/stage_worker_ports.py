@@ -7,10 +7,12 @@ edge ports (EdgeEstablisher, edge actors), `report` (control channel) and `emit`
 
 - `load_weights(provision)` resolves the provision's `GgufSource` to a location this
   node reads (LocalPath as is; HttpUrl read by byte ranges through `cache_dir`;
-  CacheKey as a file in `models_dir`), checks the file against the plan's `sha256` when
-  it names one (`model.source.verify_sha256`: a mismatch is WeightLoadFailed naming
-  both digests), then checks the stage's layer range, first/last
-  tensors, hidden size, dtype and `max_seq_len` against the file's header
+  CacheKey as a file in `models_dir`; PoolPeer fetched by the `fetch` hook, e.g.
+  `node.pool_weights.PoolWeights`, into the model cache, chunks verified as they arrive),
+  checks a whole file against the plan's `sha256` when it names one
+  (`model.source.verify_sha256`: a mismatch is WeightLoadFailed naming both digests;
+  a fetched chunk that does not match is one too), then checks the stage's layer
+  range, first/last tensors, hidden size, dtype and `max_seq_len` against the file's header
   (`GgufRangeReader.validate_stage`, in a thread: the header may come over HTTP). When
   the source is remote and cached, it then downloads the stage's tensor ranges into the
   cache (`fetch_stage_bytes`: the same coalesced ranges the worker's load reads, so the
@@ -40,6 +42,7 @@ Results go to `stage`, the StageHost (or a controller) the node wires in.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +98,7 @@ def validate_weights(provision: ProvisionStage, location: str, cache_dir: Path |
 
     model = provision.model
     expected = provision.gguf_source.sha256
-    if expected is not None:
+    if expected is not None and provision.gguf_source.kind is not GgufSourceKind.PoolPeer:
         verify_sha256(location, expected)  # DigestMismatch: WeightLoadFailed
     reader = open_reader(location, digest=expected, cache_dir=cache_dir)
     entries = reader.validate_stage(
@@ -139,12 +142,14 @@ class WorkerStagePorts:
         cache_dir: Path | None = None,
         generation: WorkerGeneration = FIRST_GENERATION,
         weights: str = "blocks",
+        fetch: Callable[[ProvisionStage], Awaitable[str]] | None = None,
     ) -> None:
         self.worker = worker
         self.stage = stage
         self.models_dir = models_dir
         self.cache_dir = cache_dir
         self.weights = weights
+        self.fetch = fetch
         self._generation = generation
         self._locations: dict[RunId, asyncio.Future[tuple[str, JsonObject]]] = {}
 
@@ -166,10 +171,16 @@ class WorkerStagePorts:
         override = faults.hit("node.weights_path")
         location = str(override["path"]) if override else location
         try:
+            if provision.gguf_source.kind is GgufSourceKind.PoolPeer and not override:
+                if self.fetch is None:
+                    raise StagePortError(RunFaultReason.WeightDownloadFailed,
+                                         "this node cannot fetch PoolPeer weights")
+                location = await self.fetch(provision)
             spanned, table = await asyncio.to_thread(validate_weights, provision, location,
                                                      self.cache_dir)
         except Exception as error:  # WeightsError, or a reader bug: both fault the stage
-            failure = StagePortError(_fault_reason(error), str(error))
+            failure = error if isinstance(error, StagePortError) else StagePortError(
+                _fault_reason(error), str(error))
             if not future.done():
                 future.set_exception(failure)
                 future.exception()  # configure_role may never await it

@@ -82,6 +82,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     prompt = group.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", default=None, help="prompt text (default 'hello world')")
     prompt.add_argument("--prompt-file", type=Path, default=None, help="read the prompt here")
+    group.add_argument("--offer-model", action="store_true",
+                       help="serve the model to the pool over its QUIC links: each node "
+                       "fetches only its own layers' byte ranges, verified chunk by chunk, "
+                       "into its model cache and reuses them next run (default: every node "
+                       "reads the file at the orchestrator's path)")
     group.add_argument("--chat", action="store_true",
                        help="wrap the prompt in the model's chat template (one user turn)")
     group.add_argument("--max-tokens", type=_positive, default=32, metavar="N",
@@ -165,7 +170,7 @@ def session_options(
         sampling=sampling, max_tokens=args.max_tokens, max_seq_len=args.max_seq_len,
         split=args.split, bind_host=getattr(args, "bind", "127.0.0.1"),
         advertise_host=getattr(args, "advertise", None), run_id=args.run_id,
-        stream=not args.json)
+        stream=not args.json, offer_model=args.offer_model)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -41,6 +41,7 @@ from swactor.actors import Runtime
 from swactor.events.emitter import Emitter
 from swactor.events.schema import LifecycleEvent, PoolReady, TokenReceived
 from swactor.fsm.generated import orchestrator_run as orun
+from swactor.model.fetch import OfferedFile
 from swactor.node.control_messages import REGISTRY, AddressBook, PeerAddress
 from swactor.node.transports import QuicTransport, Transport
 from swactor.orchestrator.inventory import DEFAULT_NODE_MEMORY_BYTES, NodeResources, PoolInventory
@@ -92,6 +93,10 @@ class SessionOptions:
     network: Transport | None = None
     """How to build the endpoint, driver and control channel (None: real QUIC)."""
     timeouts: RunTimeouts = RunTimeouts()
+    offer_model: bool = False
+    """Offer the model to the pool over QUIC (`orchestrator.offer`): the plan names this
+    orchestrator and the file's digests, not a path, and each node fetches its own byte
+    ranges into its model cache (False: every node reads the file at the same path)."""
     pool_gated: bool = False
     """The pool came from SWIM discovery, whose `pool_readiness` machine already emitted
     pool_ready: the session does not emit it again (False: a fixed `--node` list, whose
@@ -107,6 +112,8 @@ class SessionReport:
     timings: dict[str, float | None]
     token_leases_left: int = 0
     """Rings the orchestrator's token arena still had leased after the run (must be 0)."""
+    weights_served_bytes: int = 0
+    """Model bytes the nodes fetched from this orchestrator (`offer_model`)."""
 
     def to_json(self) -> dict[str, Any]:
         result = self.result
@@ -196,6 +203,7 @@ async def run_session(
     from swactor.model.source import local_sha256
     from swactor.orchestrator.errors import PlannerError
     from swactor.orchestrator.model_info import model_info_from_gguf
+    from swactor.orchestrator.offer import offered_source, serve_offer
     from swactor.orchestrator.planner import PlanRequest, plan_run
 
     if not options.nodes:
@@ -203,8 +211,14 @@ async def run_session(
     ids, tokenizer = prompt_ids(options)
     me = NodeId(options.identity.node_id)
     run_id = RunId(options.run_id if options.run_id is not None else secrets.randbits(62) + 1)
+    offered: OfferedFile | None = None
     try:
         model = model_info_from_gguf(options.model, with_stop_ids=tokenizer is not None)
+        if options.offer_model:  # nodes fetch their ranges from us (orchestrator.offer)
+            source, offered = offered_source(options.model, int(me))
+        else:
+            source = GgufSource.local_path(str(options.model.resolve()),
+                                           sha256=local_sha256(options.model))
         pool = PoolInventory(
             tuple(NodeResources(m.node_id, DEFAULT_NODE_MEMORY_BYTES) for m in options.nodes),
             orchestrator_node_id=me)
@@ -212,8 +226,7 @@ async def run_session(
             run_id=run_id, prompt=PromptSource.from_token_ids(ids),
             max_tokens=options.max_tokens, max_seq_len=options.max_seq_len,
             split=options.split, sampling=options.sampling,
-            gguf_source=GgufSource.local_path(str(options.model.resolve()),
-                                              sha256=local_sha256(options.model)),
+            gguf_source=source,
             prompt_token_count=len(ids)))
     except PlannerError as error:
         raise SessionError(f"plan: {error}") from None
@@ -227,6 +240,7 @@ async def run_session(
     address = await endpoint.start(options.bind_host, 0)
     for member in options.nodes:
         endpoint.address_book[int(member.node_id)] = (member.host, member.port)
+    offer = None if offered is None else serve_offer(endpoint, offered)
     holder: list[NetworkRunPorts] = []
 
     async def handler(peer: int, message: WireStruct) -> WireStruct | None:
@@ -296,6 +310,8 @@ async def run_session(
             out.flush()
     finally:
         await endpoint.close()
+        if offer is not None:
+            offer[1].close()
     t = result.timings
     load = None if t.ready is None else t.ready - started
     return SessionReport(
@@ -304,6 +320,7 @@ async def run_session(
         layer_ranges=[(s.layer_start, s.layer_end_exclusive) for s in stages],
         stage_nodes=[int(s.node_id) for s in stages],
         token_leases_left=leases_left,
+        weights_served_bytes=0 if offer is None else offer[0].served_bytes,
         timings={"load_s": load, "ttft_s": t.time_to_first_token_s,
                  "tokens_per_s": t.tokens_per_second(len(result.generated_token_ids)),
                  "total_s": time.monotonic() - started},

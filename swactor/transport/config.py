@@ -65,7 +65,9 @@ from swactor.transport.identity import NodeIdentity
 
 EDGE_ALPN = "swactor/edge/1"
 CONTROL_ALPN = "swactor/ctl/1"
-ALPNS = (EDGE_ALPN, CONTROL_ALPN)
+ARTIFACT_ALPN = "swactor/artifact/1"
+"""Byte ranges of an offered file (`artifact_stream.py`)."""
+ALPNS = (EDGE_ALPN, CONTROL_ALPN, ARTIFACT_ALPN)
 
 CIPHER_SUITES = (
     CipherSuite.AES_128_GCM_SHA256,

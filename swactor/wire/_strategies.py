@@ -127,9 +127,14 @@ def gguf_sources(draw: st.DrawFn) -> wire.GgufSource:
         location = "/models/" + name
     elif kind is wire.GgufSourceKind.HttpUrl:
         location = draw(st.sampled_from(["http", "https"])) + "://host.example:8080/" + name
+    elif kind is wire.GgufSourceKind.PoolPeer:
+        peer = draw(st.integers(min_value=0, max_value=(1 << 64) - 1))
+        location = f"{peer:016x}:" + draw(st.binary(min_size=32, max_size=32)).hex()
     else:
         location = "m" + name
     sha = draw(st.none() | st.binary(min_size=32, max_size=32).map(bytes.hex))
+    if kind is wire.GgufSourceKind.PoolPeer and sha is None:
+        sha = "0" * 64
     return wire.GgufSource(kind, location, sha)
 
 

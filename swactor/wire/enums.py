@@ -122,6 +122,7 @@ class GgufSourceKind(enum.Enum):
     LocalPath = "LocalPath"  #: an absolute file path on the node
     HttpUrl = "HttpUrl"  #: an http:// or https:// URL (artifact server, object store)
     CacheKey = "CacheKey"  #: a key into the node's model cache (e.g. a file name)
+    PoolPeer = "PoolPeer"  #: fetched by range from a pool peer over QUIC (spec §15 extension)
 
 
 class TokenizerSourceKind(enum.Enum):

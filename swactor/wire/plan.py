@@ -53,6 +53,7 @@ from swactor.wire.rings import RingSpec
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _CACHE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,254}")
+_POOL_PEER = re.compile(r"[0-9a-f]{16}:[0-9a-f]{64}")
 MAX_PROMPT_TOKENS = 1 << 20
 MAX_TEXT_LEN = 1 << 20
 
@@ -63,6 +64,9 @@ class GgufSource(WireStruct):
 
     `LocalPath`: an absolute path. `HttpUrl`: an http(s) URL with a host. `CacheKey`: a
     file-name-like key (letters, digits, `._+-`, no `/`) into the node's model cache.
+    `PoolPeer` (an extension of spec §15): `<peer node id, 16 hex>:<manifest sha256>`, the
+    pool member that serves the file over QUIC (`transport.artifact_stream`) and the digest
+    of its chunk manifest (`model.fetch`); `sha256`, the whole file's digest, is required.
     """
 
     kind: GgufSourceKind
@@ -77,6 +81,11 @@ class GgufSource(WireStruct):
             parsed = urlparse(self.location)
             if parsed.scheme not in ("http", "https") or not parsed.netloc:
                 self._fail("location", "an HttpUrl must be http(s)://host/...")
+        elif self.kind is GgufSourceKind.PoolPeer:
+            if not _POOL_PEER.fullmatch(self.location):
+                self._fail("location", "a PoolPeer is <16 hex node id>:<64 hex manifest sha256>")
+            if self.sha256 is None:
+                self._fail("sha256", "a PoolPeer source needs the file's sha256")
         elif not _CACHE_KEY.fullmatch(self.location):
             self._fail("location", "a CacheKey is 1-255 of [A-Za-z0-9._+-], not starting . + -")
         if self.sha256 is not None and not _SHA256_HEX.fullmatch(self.sha256):
@@ -93,6 +102,10 @@ class GgufSource(WireStruct):
     @classmethod
     def cache_key(cls, key: str, sha256: str | None = None) -> GgufSource:
         return cls(GgufSourceKind.CacheKey, key, sha256)
+
+    @classmethod
+    def pool_peer(cls, peer: int, manifest_sha256: str, sha256: str) -> GgufSource:
+        return cls(GgufSourceKind.PoolPeer, f"{peer:016x}:{manifest_sha256}", sha256)
 
 
 @dataclass(frozen=True, slots=True)
