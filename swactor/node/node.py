@@ -654,7 +654,8 @@ class StageNode:
                         type(message).__name__, error)
 
     def status(self) -> dict[str, object]:
-        """Leak check: active run, live ring leases, worker pid, runs served."""
+        """Leak check: active run, live ring leases, worker pid, runs served, and the
+        QUIC endpoint's connection counts (`QuicEndpoint.status`)."""
         return {
             "node_id": int(self.node_id),
             "active_run": None if self.host_state.active_run is None
@@ -666,6 +667,8 @@ class StageNode:
             **({} if self.pool_weights is None else self.pool_weights.status()),
             "runs_served": [int(o.run_id) for o in self.host_state.history
                             if o.run_id is not None],
+            "transport": (self.endpoint.status() if isinstance(self.endpoint, QuicEndpoint)
+                          else None),
         }
 
     # -- stop ---------------------------------------------------------------------------

@@ -721,6 +721,16 @@ class QuicEndpoint:
             link.deadline.cancel()
             link.deadline = None
 
+    def status(self) -> dict[str, object]:
+        """Connection counts for a leak check: open links, half-open handshakes, cached
+        verified links, and the admission counters."""
+        return {
+            "links": len(self._links),
+            "half_open": len(self._half_open),
+            "verified": len(self._cache),
+            "admission": dict(self.admission),
+        }
+
     @property
     def half_open(self) -> int:
         """Server-side links in their handshake now."""
