@@ -22,7 +22,7 @@ from bench._lifecycle import (
     token_periods_ms,
 )
 from bench._profile import summarise
-from bench.report import model_figures, verdict
+from bench.report import coldstart_goals, model_figures, verdict
 
 MS = 1_000_000
 
@@ -146,3 +146,21 @@ def test_model_lines_parse() -> None:
     assert model_figures(text) == {"ours_tokens_per_s": {"f16": 29.5, "f32": 20.25},
                                    "llama_cpp_tokens_per_s": 70.0}
     assert model_figures("llama.cpp: skipped")["llama_cpp_tokens_per_s"] is None
+
+
+def test_cold_start_rows_judge_each_figure_against_its_goal() -> None:
+    figures = {"nodes": 3, "tokenize_s": 0.31, "tokenize_cpu_s": 0.17, "modes": {
+        "blocks": {"cold": {"first_token_s": 0.9, "load_s": 70.0},
+                   "warm": {"first_token_s": 2.5, "load_s": 2.9},
+                   "demo_over_single_stage": 0.5}}}
+    rows = {row["goal"]: row for row in coldstart_goals(figures)}
+    assert rows["swactor tokenize, whole command (s wall)"]["verdict"] == "met"
+    warm = rows["first token after the barrier, warm kernel cache (s) [blocks]"]
+    assert warm["measured"]["median"] == 2.5 and warm["verdict"].startswith("missed")
+    cold = rows["first token after the barrier, first run ever (s) [blocks]"]
+    assert cold["verdict"] == "met" and "70.0" in cold["note"]
+    assert rows["pool ready -> barrier, warm kernel cache (s) [blocks]"]["verdict"] == "met"
+    ratio = rows["second run decode / single stage, same weights [blocks]"]
+    assert ratio["verdict"].startswith("missed")
+    (missing,) = coldstart_goals(None)
+    assert missing["verdict"] == "not measured"
