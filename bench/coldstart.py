@@ -65,13 +65,17 @@ def one_run(nodes: int, weights: str, tokens: int, env: dict[str, str]) -> dict[
         capture_output=True, text=True, timeout=1800, env=env)
     wall = time.perf_counter() - started
     line = next((x for x in reversed(result.stdout.splitlines()) if x.startswith("{")), None)
-    if result.returncode != 0 or line is None:
+    if line is None:
         return {"error": f"rc {result.returncode}: {result.stderr[-2000:]}", "wall_s": wall}
     report = json.loads(line)
     timings = report.get("timings", {})
-    return {"load_s": timings.get("load_s"), "first_token_s": timings.get("ttft_s"),
-            "decode_tokens_per_s": timings.get("tokens_per_s"), "wall_s": wall,
-            "generated": len(report.get("generated_token_ids") or [])}
+    figures = {"load_s": timings.get("load_s"), "first_token_s": timings.get("ttft_s"),
+               "decode_tokens_per_s": timings.get("tokens_per_s"), "wall_s": wall,
+               "generated": len(report.get("generated_token_ids") or []),
+               "outcome": report.get("outcome")}
+    if result.returncode != 0:
+        figures["error"] = f"rc {result.returncode}: fault {report.get('fault')}"
+    return figures
 
 
 def single_stage_rate(weights: str, tokens: int) -> float:

@@ -691,7 +691,8 @@ class StageRole:
 
     def warm_up(self) -> None:
         """Build the decode JIT (or load it from the kernel cache), load every prefill
-        bucket the cache holds for this role, and run each once, so the first real steps
+        bucket the cache holds for this role (none yet: build the first bucket, prompts of
+        up to ``PREFILL_BUCKET`` tokens), and run each once, so the first real steps
         replay kernels instead of building them. Leaves the role as if new: its positions
         restart at step 0, and the KV entries warming wrote are rewritten by the prefill
         before any step reads them."""
@@ -702,18 +703,19 @@ class StageRole:
             if self._decode.captured is not None:
                 break
         buckets = self._kernels.kinds("prefill-") if self._kernels is not None else []
+        if self._kernels is not None and not buckets:
+            buckets = [f"prefill-{min(PREFILL_BUCKET, self.max_seq_len)}"]
         for kind in buckets:
             padded = int(kind.removeprefix("prefill-"))
             if not 0 < padded <= self.max_seq_len:
                 continue
             prefill = self._prefill_jit(padded)
-            if prefill.captured is None:
-                continue
             if self._cpu:
                 use_cpu_graph(self.cpu_graph)
             rows = Tensor(np.zeros((padded, self.facts.hidden_dim), dtype=self.np_dtype),
                           device=self.device).realize()
             prefill(rows, self._last_var.bind(0))
+            self._keep_prefill(prefill, padded, rows, 0)  # built here: capture and keep
         self._position = 0
         self._next_sequence = 0
         self.last_logits = None

@@ -68,12 +68,16 @@ def test_replayed_graphs_compute_what_built_ones_do(
         assert role._kernels is not None
         assert role._kernels.saved == {"decode", "prefill-16"}
         assert role._kernels.loaded == set()
+    longer = _roles(tiny_llama, split, quantised)
+    _run(longer, prompt=PROMPT * 3)  # an 18-token prompt: bucket 32
+    for role in longer:
+        assert role._kernels is not None and role._kernels.saved == {"prefill-32"}
 
     readers = _roles(tiny_llama, split, quantised)
     for role in readers:
         role.warm_up()
         assert role._kernels is not None
-        assert role._kernels.loaded == {"decode", "prefill-16"}
+        assert role._kernels.loaded == {"decode", "prefill-16", "prefill-32"}
         assert role._decode.captured is not None and role._prefill[16].captured is not None
     tokens, outputs = _run(readers)
     assert tokens == reference[0]
@@ -87,9 +91,12 @@ def test_warm_up_leaves_a_role_that_computes_what_a_new_one_does(
         tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(jit_cache.CACHE_ENV, "off")
     reference = _run(_roles(tiny_llama, [(0, 4)]))
+    monkeypatch.setenv(jit_cache.CACHE_ENV, str(tmp_path))
     (role,) = _roles(tiny_llama, [(0, 4)])
     role.warm_up()
     assert role._decode.captured is not None  # the decode graph is built before step 0
+    assert role._prefill[16].captured is not None  # and, on an empty cache, bucket 16
+    assert role._kernels is not None and role._kernels.saved == {"decode", "prefill-16"}
     tokens, outputs = _run([role])
     assert tokens == reference[0]
     for got, want in zip(outputs, reference[1], strict=True):
