@@ -7,9 +7,11 @@ Modules, each with its theory of operation at the top:
 - `config`: `TransportConfig`, validated settings (datagram size <= 16383, connection
   window >= edges x stream window, ...), and the aioquic configuration built from it.
 - `flow`: `SwactorConnection`, aioquic's connection with consumer-credited flow control,
-  the client-certificate request, optional pacing; `PRIVATE_NAMES` lists what it relies on.
+  the client-certificate request, optional pacing, key updates before the AES-GCM limit;
+  `PRIVATE_NAMES` lists what it relies on.
 - `endpoint`: `QuicEndpoint` (one UDP socket per node, batched reads, mutual identity
-  checks, connection cache by (peer, ALPN), keep-alives) and `QuicLink` (one connection).
+  checks, Retry address validation and half-open caps, connection cache by (peer,
+  ALPN), keep-alives) and `QuicLink` (one connection); `retry`: the Retry tokens.
 - `driver`: `Driver` (spec §24-§25): edge demux and rendezvous; `recv_edge` / `send_edge`
   bind each edge to the generated `recv_pump` / `send_pump` machines; `inbound` holds
   received, not yet consumed stream bytes; `messages` the driver messages and events;
