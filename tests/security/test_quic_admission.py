@@ -26,7 +26,7 @@ from swactor.transport.identity import NodeIdentity
 from swactor.transport.messages import DriverEdgeReady, EstablishRecv, EstablishSend
 from swactor.transport.retry import RetryTokenError, RetryTokens
 from swactor.transport.udp import DatagramRun, UdpSocket
-from tests.transport.harness import make_node, make_pair, produce
+from tests.transport.harness import Node, make_node, make_pair, produce
 
 pytestmark = pytest.mark.timeout(120)
 CONFIG = TransportConfig(max_datagram_size=1452, handshake_timeout=1.0,
@@ -121,7 +121,11 @@ async def test_initial_flood_gets_retries_and_builds_nothing() -> None:
             if i % 50 == 49:
                 await asyncio.sleep(0.005)  # let the victim's loop read
                 replies += _drain(sock)
-        await asyncio.sleep(0.2)
+        async with asyncio.timeout(20):  # the victim answers at its own pace
+            while len(replies) < 1000:
+                await asyncio.sleep(0.02)
+                replies += _drain(sock)
+        await asyncio.sleep(0.1)
         replies += _drain(sock)
         assert b.endpoint.admission["retry_sent"] - before["retry_sent"] == 1000 == len(replies)
         assert max(replies) < len(template)  # no amplification
@@ -172,17 +176,26 @@ async def test_forged_and_foreign_tokens_are_dropped() -> None:
         await b.close()
 
 
+async def _settled(victim: Node, attempts: int) -> None:
+    """Wait until the victim has judged `attempts` token-bearing Initials."""
+    judged = ("accepted", "host_full", "half_open_full")
+    async with asyncio.timeout(20):
+        while sum(victim.endpoint.admission[k] for k in judged) < attempts:
+            await asyncio.sleep(0.02)
+
+
 async def test_half_open_connections_are_capped_per_host_and_expire() -> None:
     b = await make_node(CONFIG)
     adversary = _Adversary(b.endpoint.address)
     try:
         for _ in range(CONFIG.max_half_open_per_host + 4):
             await asyncio.to_thread(adversary.half_open)
-            await asyncio.sleep(0.05)
+        await _settled(b, CONFIG.max_half_open_per_host + 4)
         assert b.endpoint.half_open == CONFIG.max_half_open_per_host
         assert b.endpoint.admission["host_full"] == 4
-        await asyncio.sleep(CONFIG.handshake_timeout + 0.5)
-        assert b.endpoint.half_open == 0 and not b.endpoint._links
+        async with asyncio.timeout(20):  # each expires handshake_timeout after it began
+            while b.endpoint.half_open or b.endpoint._links:
+                await asyncio.sleep(0.05)
         assert b.endpoint.admission["handshake_expired"] == CONFIG.max_half_open_per_host
         # the victim then admits a real peer from the same host
         a = await make_node(CONFIG)
@@ -204,7 +217,7 @@ async def test_half_open_connections_are_capped_in_all() -> None:
     try:
         for _ in range(7):
             await asyncio.to_thread(adversary.half_open)
-            await asyncio.sleep(0.05)
+        await _settled(b, 7)
         assert b.endpoint.half_open == 4
         assert b.endpoint.admission["half_open_full"] == 3
     finally:
