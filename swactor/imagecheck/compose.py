@@ -307,8 +307,9 @@ class Topology:
                      read_only: bool = False) -> None:
         inside = inside_root(root, target)
         if not folder.exists():
-            if inside.is_dir():
+            if inside.is_dir():  # Docker fills a new volume from the image, owners too
                 shutil.copytree(inside, folder, symlinks=True)
+                _copy_owners(inside, folder)
             else:
                 folder.mkdir(parents=True)
         mounts.bind(folder, inside, read_only)
@@ -365,3 +366,12 @@ class Topology:
         remove_tree(self.work / "containers")
         if (self.work / "volumes").exists():
             remove_tree(self.work / "volumes")
+
+
+def _copy_owners(source: Path, target: Path) -> None:
+    """Give every path under `target` the owner of its twin under `source`."""
+    for dirpath, dirnames, filenames in os.walk(source):
+        for name in [".", *dirnames, *filenames]:
+            src = Path(dirpath) / name
+            info = src.lstat()
+            os.lchown(target / src.relative_to(source), info.st_uid, info.st_gid)
