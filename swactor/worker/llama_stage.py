@@ -231,7 +231,17 @@ class LlamaStageRole:
         return data
 
 
+def _pin_default_device(device: str) -> None:
+    """Make the worker's device tinygrad's default unless DEV names one: finding a default
+    otherwise opens every backend in turn (about a second of the stage's load)."""
+    from tinygrad.helpers import DEV
+
+    if not DEV.device:
+        DEV.value = device
+
+
 def _build(config: Mapping[str, JsonValue], device: str) -> Role:
+    _pin_default_device(device)
     return LlamaStageRole.from_config(config, device)
 
 
