@@ -263,12 +263,16 @@ class NetworkRunPorts(LifecycleOwner):
         reader = self.token_out = TokenOutReader(
             self.rings.commands[int(edge_id)], ring,
             writable=lambda: self.driver.ring_writable(ring_id), loaded=loaded, failed=failed)
-        reader.install()
-        while reader.consuming:
-            wake.clear()
-            reader.readable()
-            if reader.consuming:
-                await self._wait_wake(wake)
+        try:
+            reader.install()
+            while reader.consuming:
+                wake.clear()
+                reader.readable()
+                if reader.consuming:
+                    await self._wait_wake(wake)
+        except Exception:  # a reader bug must end the run now, not at the step timer
+            log.exception("token-out edge %d: the reader stopped", int(edge_id))
+            failed(RunFaultReason.RingFault, "token-out reader stopped")
 
     async def stop_token_endpoints(self) -> None:
         if self._reader is not None:
