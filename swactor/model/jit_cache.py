@@ -23,7 +23,8 @@ An entry is keyed by a SHA-256 of everything the captured graph depends on: tiny
 version and codegen settings, the CPU the binaries were compiled for, the source of the
 modules that build the graph (``llama_role``, ``cpu_graph``, this one), the role's
 structure (layer range, first/last, dtype, ``max_seq_len``, weight mode, device, model
-facts), the name, shape and dtype of every owned buffer, and the JIT's kind (``decode``,
+facts), the name, shape and dtype of every owned buffer, the plain values held beside
+them (a block matrix's ``nibbles`` flag, say), and the JIT's kind (``decode``,
 ``prefill-32``). Weight *values* are not part of it: two files of the same architecture
 share entries. A missing, stale or unreadable entry is rebuilt and rewritten (written to a
 temporary name and renamed, so concurrent workers never read half a file).
@@ -75,27 +76,40 @@ def cache_dir() -> Path | None:
 
 def role_buffers(role: object, skip: tuple[str, ...] = ()) -> dict[str, UOp]:
     """Every realized tensor a role holds (through lists, dicts and dataclasses), by path."""
-    found: dict[str, UOp] = {}
+    return _walk(role, skip)[0]
 
-    def walk(value: object, name: str) -> None:
+
+def _walk(role: object, skip: tuple[str, ...]) -> tuple[dict[str, UOp], dict[str, Any]]:
+    """The role's buffers by path, and the plain values (flags, sizes, names) held beside
+    them in its lists, dicts and dataclasses, which can shape a graph too (part of the
+    key)."""
+    found: dict[str, UOp] = {}
+    plain: dict[str, Any] = {}
+
+    def walk(value: object, name: str, depth: int) -> None:
         if isinstance(value, Tensor):
             base = value.uop.base
             if base.op is Ops.BUFFER and base not in found.values():
                 found[name] = base
+        elif isinstance(value, UOp):
+            return  # symbolic variables: named in the graph itself
+        elif isinstance(value, (bool, int, float, str)) or value is None:
+            if depth:  # the role's own attributes are in its description
+                plain[name] = value
         elif isinstance(value, (list, tuple)):
             for index, item in enumerate(value):
-                walk(item, f"{name}.{index}")
+                walk(item, f"{name}.{index}", depth + 1)
         elif isinstance(value, dict):
             for key, item in value.items():
-                walk(item, f"{name}.{key}")
+                walk(item, f"{name}.{key}", depth + 1)
         elif dataclasses.is_dataclass(value) and not isinstance(value, type):
             for field in dataclasses.fields(value):
-                walk(getattr(value, field.name), f"{name}.{field.name}")
+                walk(getattr(value, field.name), f"{name}.{field.name}", depth + 1)
 
     for attribute, value in vars(role).items():
         if attribute not in skip:
-            walk(value, attribute)
-    return found
+            walk(value, attribute, 0)
+    return found, plain
 
 
 @cache
@@ -179,10 +193,10 @@ class KernelCache:
         directory = cache_dir()
         if directory is None:
             return None
-        buffers = role_buffers(role, skip)
+        buffers, plain = _walk(role, skip)
         shapes = {name: [str(uop.dtype), repr(uop.src), repr(uop.device)]
                   for name, uop in buffers.items()}
-        text = json.dumps({"role": description, "buffers": shapes,
+        text = json.dumps({"role": description, "buffers": shapes, "values": plain,
                            "environment": _environment_digest()}, sort_keys=True, default=str)
         return cls(directory, hashlib.sha256(text.encode()).hexdigest(), buffers)
 

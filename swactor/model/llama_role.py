@@ -250,7 +250,8 @@ class StageRole:
         self._decode_input: Tensor | None = None
         self._decode_input_view: npt.NDArray[Any] = np.zeros(0)
         self._kernels = KernelCache.for_role(
-            self, self._structure(), skip=("_decode", "_prefill", "_decode_input", "_kernels"))
+            self, self._structure(),
+            skip=("_decode", "_prefill", "_decode_input", "_kernels", "sampling", "last_logits"))
 
     # -- loading --------------------------------------------------------------------------
     def _checked(

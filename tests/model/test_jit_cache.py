@@ -126,3 +126,24 @@ def test_entries_are_per_role_structure(tiny_llama: Path, tmp_path: Path,
     assert whole._kernels is not None
     paths = {r._kernels.path("decode") for r in (first, rest, whole) if r._kernels}
     assert len(paths) == 3
+
+
+def test_the_sampling_policy_is_not_part_of_the_key(tiny_llama: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from swactor.model.sampling import SamplingPolicy
+
+    monkeypatch.setenv(jit_cache.CACHE_ENV, str(tmp_path))
+    reader = open_reader(tiny_llama)
+
+    def weights() -> Any:
+        return reader.load_stage(0, 4, is_first=True, is_last=True)
+
+    greedy = StageRole(weights(), max_seq_len=MAX_SEQ)
+    sampled = StageRole(weights(), max_seq_len=MAX_SEQ,
+                        sampling=SamplingPolicy.sample(temperature=0.7, top_k=5, top_p=0.9,
+                                                       seed=3))
+    other = StageRole(weights(), max_seq_len=MAX_SEQ + 16)
+    assert greedy._kernels is not None and sampled._kernels is not None
+    assert other._kernels is not None
+    assert greedy._kernels.path("decode") == sampled._kernels.path("decode")
+    assert greedy._kernels.path("decode") != other._kernels.path("decode")
