@@ -31,6 +31,9 @@ as a local file; it reads only the header and the stage's tensors, which are pre
 later run re-hashes the chunks it needs from disk (a chunk changed on disk is fetched
 again) and fetches only what is missing: the same stage fetches nothing.
 
+Local copy: a node whose models folder already holds a `*.gguf` of the manifest's size
+and the plan's file SHA-256 uses that file and fetches nothing but the manifest.
+
 Progress: every `PROGRESS_BYTES` fetched and at the end, a log line with bytes done and
 to do (`swactor node --log-level INFO`).
 """
@@ -359,6 +362,7 @@ def fetch_stage(
     get_manifest: Callable[[], Coroutine[Any, Any, bytes]],
     fetch: Fetch,
     loop: asyncio.AbstractEventLoop,
+    local_dir: Path | None = None,
 ) -> StageFetch:
     """Bring the stage's header and tensors into the node's cache (module doc); in a thread."""
     from swactor.model.gguf_range import GgufRangeReader
@@ -369,6 +373,10 @@ def fetch_stage(
     if raw is None:
         raw = asyncio.run_coroutine_threadsafe(get_manifest(), loop).result()
     manifest = Manifest.parse(raw, manifest_sha256)
+    local = None if local_dir is None else local_copy(local_dir, manifest.size, file_sha256)
+    if local is not None:
+        log.info("weights: %s already holds sha256 %s; nothing to fetch", local, file_sha256)
+        return StageFetch(local, 0, 0, fetched_manifest)
     store = ChunkStore(cache, file_sha256, manifest, raw)
     try:
         source = ChunkSource(store, fetch, loop, f"pool:{file_sha256[:16]}")
@@ -380,6 +388,25 @@ def fetch_stage(
         return StageFetch(store.data_path, source.fetched_bytes, share, fetched_manifest)
     finally:
         store.close()
+
+
+def local_copy(folder: Path, size: int, sha256: str) -> Path | None:
+    """A `*.gguf` directly in `folder` of `size` bytes whose SHA-256 is `sha256` (hashed
+    once per file state, `source.local_sha256`), or None."""
+    from swactor.model.source import local_sha256
+
+    try:
+        candidates = sorted(p for p in folder.glob("*.gguf")
+                            if p.is_file() and p.stat().st_size == size)
+    except OSError:
+        return None
+    for path in candidates:
+        try:
+            if local_sha256(path) == sha256:
+                return path
+        except WeightsError:
+            continue
+    return None
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -6,8 +6,9 @@ the GGUF (the orchestrator) and the digests of its chunk manifest and of the who
 node's own QUIC endpoint (`transport.artifact_stream`, mutual TLS, only peers the node
 admits) for the manifest and the stage's missing chunks, verifies each chunk, keeps it in
 `<models dir>/fetched/<file sha256>/` (`model.fetch`) and returns the local file the
-worker reads. `fetches` records each stage's `StageFetch` (bytes fetched, share) and the
-node reports the last one in its status. Transport failures are
+worker reads; a `*.gguf` in the models folder with the plan's digest is used as it is
+(`model.fetch.local_copy`). `fetches` records each stage's `StageFetch` (bytes
+fetched, share) and the node reports the last one in its status. Transport failures are
 `WeightsError(DownloadFailed)`; a chunk that does not match is `DigestMismatch`.
 """
 
@@ -33,6 +34,7 @@ class PoolWeights:
 
     def __init__(self, channel: ArtifactChannel, models_dir: Path) -> None:
         self.channel = channel
+        self.models_dir = models_dir
         self.cache = models_dir / FETCHED_DIR
         self.fetches: list[StageFetch] = []
 
@@ -60,7 +62,8 @@ class PoolWeights:
             cache=self.cache, layer_start=provision.layer_start,
             layer_end=provision.layer_end_exclusive, is_first=provision.stage_index == 0,
             is_last=provision.stage_index == provision.stage_count - 1,
-            get_manifest=get_manifest, fetch=fetch, loop=asyncio.get_running_loop())
+            get_manifest=get_manifest, fetch=fetch, loop=asyncio.get_running_loop(),
+            local_dir=self.models_dir)
         self.fetches.append(result)
         log.info("weights: stage %d fetched %d bytes of a %d-byte share from node %#018x",
                  int(provision.stage_index), result.fetched_bytes, result.share_bytes, peer)

@@ -239,3 +239,20 @@ def test_the_server_answers_only_pool_peers_and_bounded_requests(
         assert pool.server.refused_requests == 3
 
     with_pool(model, model, body)
+
+
+def test_a_node_that_holds_the_file_uses_it_and_fetches_no_range(
+    model: Path, tmp_path: Path
+) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    os.symlink(model, models / "same-bytes-other-name.gguf")
+
+    async def body(pool: Pool, source: GgufSource) -> None:
+        fetcher = PoolWeights(ArtifactChannel(pool.nodes[0]), models)
+        path = await fetcher(provisions(model, source)[1])
+        assert Path(path) == models / "same-bytes-other-name.gguf"
+        assert fetcher.fetches[-1].fetched_bytes == 0
+        assert pool.server.served_bytes < 1 << 20  # the manifest only
+
+    with_pool(model, model, body)
