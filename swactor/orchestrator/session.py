@@ -136,6 +136,7 @@ class SessionReport:
                                                      strict=True)],
             "timings": self.timings,
             "token_leases_left": self.token_leases_left,
+            "weights_served_bytes": self.weights_served_bytes,
         }
 
     def summary_lines(self) -> list[str]:

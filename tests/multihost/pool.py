@@ -7,6 +7,9 @@ pool file (`keys/pool.txt`, the pinned public keys of the orchestrator and the t
 stage hosts), as an operator would copy it to each machine. Each node trusts the
 orchestrator key in `keys/orchestrator.key` and writes its events to
 `events/<host>.jsonl`; orchestrator run R writes `events/orchestrator-R.jsonl`.
+Each node's model cache is an empty folder of its own (`models/<host>`) and the
+orchestrator offers its model (`--offer-model`), so a node's weights arrive only as the
+byte ranges it fetches from the orchestrator over QUIC, once per node.
 `assert_run_allowed(events, R)` replays every process's events of run R through the
 protocol tables (`swactor check`); each test calls it once a run has ended everywhere.
 """
@@ -59,10 +62,18 @@ def start_node(hosts: NetnsTopology, name: str, keys: Path, events: Path,
     args = ["node", "--key", str(keys / f"{name}.key"), "--bind", host.address,
             "--swim", f"{host.address}:{SWIM_PORT}", "--pool", str(pool_file(keys)),
             "--trust-orchestrator", str(orchestrator), "--arena-ceiling", "256MiB",
-            "--event-verbosity", "-1", "--events-file", str(events / f"{name}.jsonl")]
+            "--event-verbosity", "-1", "--events-file", str(events / f"{name}.jsonl"),
+            "--models-dir", str(models_dir(events, name))]
     if name != STAGES[0]:
         args += ["--seed", seed(hosts)]
     return HostProcess(name, hosts[name], args)
+
+
+def models_dir(events: Path, name: str) -> Path:
+    """Host `name`'s own model cache, empty before its node starts."""
+    path = events.parent / "models" / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def wait_available(nodes: list[HostProcess]) -> dict[int, str]:
@@ -82,7 +93,7 @@ def start_orchestrator(hosts: NetnsTopology, run: int, keys: Path, events: Path,
         "orchestrator", "--key", str(keys / "orchestrator.key"), "--bind", host.address,
         "--seed", seed(hosts), "--nodes", str(len(STAGES)), "--pool", str(pool_file(keys)),
         "--prompt", PROMPT, "--max-tokens", str(tokens), "--max-seq-len", str(max_seq),
-        "--split", "10,10,10", "--json", "--run-id", str(run),
+        "--split", "10,10,10", "--json", "--run-id", str(run), "--offer-model",
         "--event-verbosity", "-1", "--events-file", str(events / f"orchestrator-{run}.jsonl")])
 
 

@@ -7,7 +7,9 @@ the same seed (`--seed --nodes 3`), never being told an address. Two runs on the
 nodes: each must give the greedy tokens of the model package's single StageRole over
 all 30 blocks (computed here, in process), end Completed with a clean teardown, be
 served by the three nodes in id order from the addresses on the test subnet, and leave
-every node idle with no ring lease, the same worker and no extra fd. Then SIGTERM:
+every node idle with no ring lease, the same worker and no extra fd. Each node's model
+cache starts empty and the plan names no path: run 1 fetches each stage's ranges from
+the orchestrator (at most 1.05x its share), run 2 fetches nothing. Then SIGTERM:
 every node exits 0 by itself, no process is left in any namespace, and every
 namespace (with the bridge) is gone afterwards — the teardown runs when the test fails
 too.
@@ -83,9 +85,16 @@ def test_two_runs_across_four_namespaces_match_one_stage(
             assert [s["node_id"] for s in stages] == sorted(addresses)
             assert [(s["layer_start"], s["layer_end_exclusive"]) for s in stages] == [
                 (0, 10), (10, 20), (20, 30)]
+            # weights: fetched from the orchestrator into empty caches once, then reused
+            assert (report["weights_served_bytes"] > 0) == (run == 1), report
             for node in nodes:
                 last = node.wait_for(finished_run(run), 60)
                 assert last["clean"] is True, (node.label, last)
+                fetched = last["weights_fetched"]
+                if run == 1:
+                    assert 0 < fetched["fetched_bytes"] <= 1.05 * fetched["share_bytes"], last
+                else:
+                    assert fetched["fetched_bytes"] == 0, last
                 assert last["active_run"] is None and last["live_leases"] == [], last
                 assert last["runs_served"] == list(range(1, run + 1)), last
             assert_run_allowed(events, run)
