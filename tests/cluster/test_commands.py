@@ -148,3 +148,18 @@ def test_ctrl_c_while_the_nodes_boot_stops_them(tmp_path: Path) -> None:
     assert "Traceback" not in out
     left = subprocess.run(["pgrep", "-f", str(keys)], capture_output=True, text=True).stdout
     assert left.split() == []
+
+
+@pytest.mark.parametrize("command", ["orchestrator", "run"])
+def test_offer_model_reaches_the_session(command: str, tmp_path: Path) -> None:
+    from swactor.cli import build_parser
+    from swactor.orchestrator.orchestrate_cmd import session_options
+    from swactor.transport.identity import NodeIdentity
+
+    parser = build_parser()
+    extra = ["--key", str(tmp_path / "o.key"), "--node", "1@127.0.0.1:9"] \
+        if command == "orchestrator" else []
+    identity = NodeIdentity.generate()
+    for flags, offered in (([], False), (["--offer-model"], True)):
+        args = parser.parse_args([command, *extra, *flags])
+        assert session_options(args, identity, ()).offer_model is offered
