@@ -118,7 +118,7 @@ ANCHORS: tuple[Anchor, ...] = (
     Anchor(_E.weights_loaded, "stage_controller", in_states=("Preparing",), count=Count.Any),
     Anchor(_E.stage_ready, "stage_controller", on_effect="ReportStageReady"),
     Anchor(_E.object_loaded, "stage_controller", on_event=("ObjectLoaded",)),
-    Anchor(_E.execute_step_started, "stage_controller", on_effect="ExecuteStep",
+    Anchor(_E.execute_step_started, "stage_controller", on_effect="StepStarted",
            count=Count.AtMostOne),
     Anchor(_E.object_produced, "stage_controller",
            in_states=("Executing", "Faulted", "Stopping"), count=Count.Any),

@@ -55,7 +55,7 @@ from swactor.edges.messages import (
     ProvisionEdge,
     StopEdgeRequest,
 )
-from swactor.edges.owner import EdgeOwner, LifecycleOwner, StageOwner
+from swactor.edges.owner import EdgeOwner, StageOwner
 from swactor.edges.stage_ports import EdgeStagePorts
 
 __all__ = [
@@ -78,7 +78,6 @@ __all__ = [
     "EdgeUp",
     "EstablisherConfig",
     "ExpectRecv",
-    "LifecycleOwner",
     "LocalRingInstaller",
     "ProvisionEdge",
     "RingInstaller",

@@ -8,16 +8,16 @@ translates its mail into machine events and carries out the effects:
 
 - from the establisher: `EdgeUp` -> EdgeReady, `EdgeDown` -> EdgeFailed, `EdgeGone` ->
   EdgeStopped;
-- from its owner: `StopEdgeRequest` -> StopEdge (and the machine's own events,
-  ProduceObject / ObjectConsumed);
-- from GpuWorkerCtl (its `WorkerRoutes.edges` entry): the worker's ObjectLoaded,
-  ObjectProduced, ObjectFailed for this edge; ring events (RingInstalled, RingQuiesced,
-  RingFault, wake hints) are the establisher's business and are ignored here;
+- from its owner: `StopEdgeRequest` -> StopEdge (and the machine's own StopEdge);
 - from the driver: a StreamFault for this edge.
 
-Effects become `EdgeOwner` calls (`owner.py`), `ForwardStopEdge` a `StopEdge` to the
-establisher's record, `DiscardObject` a ReleaseDeviceObject to GpuWorkerCtl (when the
-actor was given it). The actor never sees bytes, pointers, ranges or credits. An event
+Objects do not pass through these actors: GpuWorkerCtl routes the worker's object
+events to the StageController (fsm/rx_edge.yaml and tx_edge.yaml say why); the ring
+events GpuWorkerCtl sends to an edge actor (`WorkerRoutes.edges`: RingInstalled,
+RingQuiesced, RingFault) are the establisher's business and are ignored here.
+
+Effects become `EdgeOwner` calls (`owner.py`) and `ForwardStopEdge` a `StopEdge` to the
+establisher's record. The actor never sees bytes, pointers, ranges or credits. An event
 the machine refuses in its state is logged and dropped: a late report must not crash
 the gate. The actor stops itself once its machine is Stopped.
 """
@@ -31,15 +31,11 @@ from swactor.actors import Actor, ActorRef, Context
 from swactor.edges.messages import EdgeDown, EdgeGone, EdgeUp, StopEdgeRequest
 from swactor.edges.owner import EdgeOwner
 from swactor.fsm.generated import edge_record as er
-from swactor.fsm.generated import gpu_worker_ctl as gwc
 from swactor.fsm.generated import rx_edge as rx
 from swactor.fsm.generated import tx_edge as tx
 from swactor.fsm.runtime import ProtocolError
 from swactor.transport import messages as tm
 from swactor.wire import Component, EdgeId, RingId, RunFaultReason, StreamFaultReason
-from swactor.wire import ObjectFailed as WireObjectFailed
-from swactor.wire import ObjectLoaded as WireObjectLoaded
-from swactor.wire import ObjectProduced as WireObjectProduced
 
 log = logging.getLogger("swactor.edges.edge_actors")
 
@@ -126,17 +122,11 @@ class TxEdgeActor(_EdgeActor):
                  worker_ctl: ActorRef[Any] | None = None) -> None:
         super().__init__(edge_id, owner, establisher, worker_ctl)
         self.machine = tx.TxEdgeMachine(self)
-        self.expected_object: int | None = None
-
-    def is_expected_object(self, event: tx.ObjectProduced) -> bool:
-        return self.expected_object is not None and int(event.object_id) == self.expected_object
 
     def _stopped(self) -> bool:
         return self.machine.state is tx.State.Stopped
 
     def _handle(self, event: Any) -> list[Any]:
-        if isinstance(event, tx.ProduceObject):
-            self.expected_object = int(event.object_id)
         return list(self.machine.handle(event))
 
     def _translate(self, message: Any) -> tx.Event | None:
@@ -150,13 +140,9 @@ class TxEdgeActor(_EdgeActor):
                 return tx.EdgeStopped(self.edge_id, clean)
             case StopEdgeRequest():
                 return tx.StopEdge(self.edge_id)
-            case WireObjectProduced(object_id=object_id):
-                return tx.ObjectProduced(self.edge_id, object_id)
-            case WireObjectFailed(object_id=object_id, reason=reason):
-                return tx.ObjectFailed(self.edge_id, object_id, reason)
             case tm.StreamFault(reason=reason):
                 return tx.StreamFault(self.edge_id, reason)
-            case tx.ProduceObject() | tx.StopEdge() | tx.ObjectProduced() | tx.ObjectFailed():
+            case tx.StopEdge():
                 return message
         return None
 
@@ -165,13 +151,8 @@ class TxEdgeActor(_EdgeActor):
             case tx.ReportEdgeReady():
                 assert self.ring_id is not None
                 self.owner.edge_ready(self.edge_id, self.ring_id)
-            case tx.ReportObjectProduced(object_id=object_id):
-                self.expected_object = None
-                self.owner.object_produced(self.edge_id, object_id)
             case tx.ReportEdgeFailed(reason=reason):
                 self._fault(reason)
-            case tx.ReportObjectFailed(object_id=object_id, reason=reason):
-                self.owner.object_failed(self.edge_id, object_id, reason)
             case tx.ReportStreamFault(reason=reason):
                 self._stream_fault(reason)
             case tx.ForwardStopEdge():
@@ -207,14 +188,9 @@ class RxEdgeActor(_EdgeActor):
                 return rx.EdgeStopped(self.edge_id, clean)
             case StopEdgeRequest():
                 return rx.StopEdge(self.edge_id)
-            case WireObjectLoaded(object_id=object_id, sequence=sequence,
-                                  device_handle=handle):
-                return rx.ObjectLoaded(self.edge_id, object_id, sequence, handle)
-            case WireObjectFailed(object_id=object_id, reason=reason):
-                return rx.ObjectFailed(self.edge_id, object_id, reason)
             case tm.StreamFault(reason=reason):
                 return rx.StreamFault(self.edge_id, reason)
-            case rx.ObjectConsumed() | rx.StopEdge() | rx.ObjectLoaded() | rx.ObjectFailed():
+            case rx.StopEdge():
                 return message
         return None
 
@@ -223,16 +199,8 @@ class RxEdgeActor(_EdgeActor):
             case rx.ReportEdgeReady():
                 assert self.ring_id is not None
                 self.owner.edge_ready(self.edge_id, self.ring_id)
-            case rx.DeliverObject(object_id=object_id, sequence=sequence,
-                                  device_handle=handle):
-                self.owner.object_loaded(self.edge_id, object_id, sequence, handle)
-            case rx.DiscardObject(device_handle=handle):
-                if self.worker_ctl is not None:
-                    self.worker_ctl.tell(gwc.ReleaseDeviceObject(handle))
             case rx.ReportEdgeFailed(reason=reason):
                 self._fault(reason)
-            case rx.ReportObjectFailed(object_id=object_id, reason=reason):
-                self.owner.object_failed(self.edge_id, object_id, reason)
             case rx.ReportStreamFault(reason=reason):
                 self._stream_fault(reason)
             case rx.ForwardStopEdge():

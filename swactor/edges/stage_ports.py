@@ -13,13 +13,6 @@ against the node's EdgeEstablisher:
   EdgeEstablished / EdgeFault / EdgeStopped come back as the controller's mail. A
   refused provisioning (the edge id already has a live record) raises `StagePortError`
   with EdgeEstablishmentFailed.
-- `step_issued(command)`: the controller issued an ExecuteStep (the node's
-  `execute_step` port calls this just before the worker gets it). Each input binding
-  becomes `ObjectConsumed` to the Rx edge actor of that input port, each output binding
-  `ProduceObject` to the Tx edge actor of that output port: the §27 gates then accept
-  the worker's next ObjectLoaded / this ObjectProduced (GpuWorkerCtl routes both to the
-  edge actor as well as to the controller). Told before the command leaves, so the Tx
-  gate always has the ProduceObject before the worker's ObjectProduced.
 - `stop_edges(inbound, outbound)` sends StopEdgeRequest to each edge's actor; the
   actor's EdgeStopped answers. An edge that was never provisioned (or whose actor is
   already gone) is answered `EdgeStopped(clean=True)` at once, as the port contract
@@ -35,13 +28,10 @@ from typing import Any
 from swactor.actors import ActorRef
 from swactor.edges.messages import EdgeProvisioned, ProvisionEdge, StopEdgeRequest
 from swactor.edges.owner import StageOwner
-from swactor.fsm.generated import rx_edge as rx
 from swactor.fsm.generated import stage_controller as scm
-from swactor.fsm.generated import tx_edge as tx
 from swactor.node.stage_ports import StagePortError
 from swactor.wire import (
     EdgeId,
-    ExecuteStep,
     PortId,
     ProvisionRx,
     ProvisionStage,
@@ -77,18 +67,6 @@ class EdgeStagePorts:
             ProvisionTx(edge.edge_id, edge.consumer_node_id, edge.object_spec, edge.ring_spec),
             provision.runtime.output_port, provision.run_id,
         )
-
-    def step_issued(self, command: ExecuteStep) -> None:
-        for bound in command.inputs:
-            edge = self._input_edges.get(bound.port_id)
-            actor = None if edge is None else self.edge_actors.get(edge)
-            if edge is not None and actor is not None:
-                actor.tell(rx.ObjectConsumed(edge, bound.object_id))
-        for out in command.outputs:
-            edge = self._output_edges.get(out.port_id)
-            actor = None if edge is None else self.edge_actors.get(edge)
-            if edge is not None and actor is not None:
-                actor.tell(tx.ProduceObject(edge, out.object_id, out.sequence))
 
     async def stop_edges(self, inbound: EdgeId, outbound: EdgeId) -> None:
         for edge in (inbound, outbound):

@@ -211,7 +211,6 @@ class NodeStagePorts:
         await self._worker.load_weights(provision)
 
     async def execute_step(self, command: ExecuteStep) -> None:
-        self._edges.step_issued(command)  # the §27 gates first (EdgeStagePorts doc)
         await self._worker.execute_step(command)
 
     async def release_input(self, handle: DeviceObjectHandle) -> None:

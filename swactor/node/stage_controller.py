@@ -23,19 +23,22 @@ loader's `WeightsFetched` progress. For every message the binding
    is the trusted orchestrator, the run is the node's active run and not one it already
    ran, and the last stage's tokens go back to that orchestrator), `setup_complete`
    (role configured, weights ready, both edges ready), `is_next_sequence` (the inbound
-   edge, and the sequence a Contiguous `SequenceGate` admits: 0, then previous + 1),
+   edge, and the sequence of the armed step: 0, then previous + 1),
    `teardown_pending` / `teardown_clean` (both edges stopped, no requested device
    release unanswered / no edge stopped unclean, no release or port failed);
 3. calls `machine.handle(event)` and carries out the effects in order. The four setup
    effects of Preparing start port tasks (they may take long: a download), so the actor
    stays responsive to StopRun; the others are awaited inline and must only queue a
-   command. ExecuteStep builds the §29 command: a fresh step id, the input bound to the
+   command. ExecuteStep arms the next step ahead of its object (the table's doc says
+   why): a fresh step id, the input awaited as "sequence S on the inbound ring" on the
    role's input port, one output on the outbound ring with the *same* sequence, object
-   id `sequence + 1` on the outbound edge, and an extent derived from the input's (token
-   rows in, rows of `hidden * width` out; one token id out of the last stage), inputs
-   released by the controller (ReleaseStepInputs), never by the worker. The device
-   handles this stage holds are tracked; ReleaseRunObjects releases those still held;
-   a worker crash drops its generation's handles (they died with the process).
+   id `sequence + 1` on the outbound edge, and an extent per input row (rows of `hidden
+   * width` out; one token id out of the last stage), inputs released by the worker
+   after the step (`release_inputs_after`: ReleaseStepInputs only counts them as being
+   released until DeviceObjectReleased). StepStarted records the input the worker
+   reported loaded and started on. The device handles this stage holds are tracked;
+   ReleaseRunObjects releases those still held; a worker crash drops its generation's
+   handles (they died with the process).
 
 A port that raises is turned into the event its outcome would have been (module doc of
 `stage_ports`), posted to the actor's own mailbox, never fed re-entrantly. Events the
@@ -89,15 +92,16 @@ from swactor.node.stage_ports import (
 )
 from swactor.node.worker_ctl import WorkerCrashed as WorkerCrashedNotice
 from swactor.wire import (
+    AwaitedInput,
     Component,
     DeviceObjectHandle,
     EdgeId,
     EdgeKind,
-    InputBinding,
     NodeId,
     ObjectFailure,
     ObjectId,
     OutputBinding,
+    PortId,
     ProvisionStage,
     ReleaseFailure,
     RingId,
@@ -105,8 +109,6 @@ from swactor.wire import (
     RunFaultReason,
     RunId,
     Sequence,
-    SequenceGate,
-    SequencePolicy,
     StageIndex,
     StepFailure,
     StepId,
@@ -173,7 +175,9 @@ class _Step:
     step_id: StepId
     sequence: Sequence
     object_id: ObjectId
+    """The output object's id."""
     inputs: tuple[DeviceObjectHandle, ...]
+    """The input the step started on (empty while the step is armed)."""
 
 
 @dataclass(slots=True)
@@ -214,7 +218,8 @@ class StageController(Actor[StageMail]):
         """Bytes of each loaded input (the machine's ObjectLoaded does not carry them)."""
         self._held: set[DeviceObjectHandle] = set()
         self._releasing: set[DeviceObjectHandle] = set()
-        self._gate = SequenceGate(SequencePolicy.Contiguous)
+        self._next_sequence = Sequence(0)
+        """The sequence the next ExecuteStep is armed for (0, then previous + 1)."""
         self._next_step = config.first_step_id
         self._step: _Step | None = None
         self._teardown = _Teardown()
@@ -440,9 +445,9 @@ class StageController(Actor[StageMail]):
                 and self._edges_ready.issuperset(self._edges))
 
     def is_next_sequence(self, event: scm.ObjectLoaded) -> bool:
-        provision = self._provision
+        provision, step = self._provision, self._step
         return (provision is not None and event.edge_id == provision.inbound.edge_id
-                and self._gate.admits(event.sequence))
+                and step is not None and not step.inputs and event.sequence == step.sequence)
 
     def teardown_pending(
         self, event: scm.EdgeStopped | scm.DeviceObjectReleased | scm.ReleaseFailed
@@ -480,8 +485,10 @@ class StageController(Actor[StageMail]):
             case scm.ReportStageReady():
                 self._stage_ready()
                 await self._report(orun.StageReady(self._stage_index))
-            case scm.ExecuteStep(object_id=object_id, sequence=sequence, device_handle=handle):
-                await self._execute(ctx, object_id, sequence, handle)
+            case scm.ExecuteStep():
+                await self._arm(ctx)
+            case scm.StepStarted(object_id=object_id, sequence=sequence, device_handle=handle):
+                self._step_started(object_id, sequence, handle)
             case scm.ReleaseStepInputs(step_id=step_id):
                 await self._step_completed(ctx, step_id)
             case scm.RejectRunWork(device_handle=handle):
@@ -551,60 +558,53 @@ class StageController(Actor[StageMail]):
             worker_generation=self.ports.worker_generation(),
         ))
 
-    async def _execute(
-        self,
-        ctx: Context[StageMail],
-        object_id: ObjectId,
-        sequence: Sequence,
-        handle: DeviceObjectHandle,
-    ) -> None:
+    async def _arm(self, ctx: Context[StageMail]) -> None:
+        """Issue the ExecuteStep for the next sequence ahead of its object (table doc)."""
         provision = self._provision
         assert provision is not None
         step_id = StepId(self._next_step)
         self._next_step += 1
-        self._gate.last = sequence
-        self._step = _Step(step_id, sequence, object_id, (handle,))
+        sequence = self._next_sequence
+        self._next_sequence = Sequence(sequence + 1)
+        self._step = _Step(step_id, sequence, ObjectId(sequence + 1), ())
         role = provision.runtime.role_id
         try:
-            command = self._command(provision, step_id, object_id, sequence, handle)
+            command = self._command(provision, step_id, sequence)
         except StagePortError as error:
             log.warning("stage %s: step %d not issued: %s", self._name, int(step_id), error)
             ctx.self_ref.tell(scm.StepFailed(role, step_id, _step_failure(error)))
             return
-        self.ports.emit(ExecuteStepStarted(
-            node_id=self.config.node_id, run_id=provision.run_id,
-            stage_index=provision.stage_index, step_id=step_id, sequence=sequence,
-            worker_generation=handle.worker_generation,
-        ))
         await self._call(ctx, self.ports.execute_step(command),
                          lambda e: scm.StepFailed(role, step_id, _step_failure(e)))
 
+    def _step_started(self, object_id: ObjectId, sequence: Sequence,
+                      handle: DeviceObjectHandle) -> None:
+        provision, step = self._provision, self._step
+        assert provision is not None and step is not None and step.sequence == sequence
+        step.inputs = (handle,)
+        self.ports.emit(ExecuteStepStarted(
+            node_id=self.config.node_id, run_id=provision.run_id,
+            stage_index=provision.stage_index, step_id=step.step_id, sequence=sequence,
+            worker_generation=handle.worker_generation,
+        ))
+
     def _command(
-        self,
-        provision: ProvisionStage,
-        step_id: StepId,
-        object_id: ObjectId,
-        sequence: Sequence,
-        handle: DeviceObjectHandle,
+        self, provision: ProvisionStage, step_id: StepId, sequence: Sequence,
     ) -> wire.ExecuteStep:
-        extent = self._extents.get(handle)
-        if extent is None:
-            raise StagePortError(RunFaultReason.StepFailed, "input extent unknown "
-                                 "(ObjectLoaded did not come from the worker)")
+        inbound = self._rings.get(provision.inbound.edge_id)
         ring = self._rings.get(provision.outbound.edge_id)
-        if ring is None:
-            raise StagePortError(RunFaultReason.StepFailed, "outbound ring unknown")
+        if inbound is None or ring is None:
+            raise StagePortError(RunFaultReason.StepFailed, "edge ring unknown")
         runtime = provision.runtime
         return wire.ExecuteStep(
             role_id=runtime.role_id,
             step_id=step_id,
-            inputs=(InputBinding(runtime.input_port, object_id, sequence, handle),),
-            outputs=(OutputBinding(
-                runtime.output_port, ring, ObjectId(sequence + 1), sequence,
-                output_extent(provision, extent),
-            ),),
+            inputs=(),
+            outputs=(output_binding(provision, runtime.output_port, ring, sequence),),
             runtime={"sequence": int(sequence)},
-            release_inputs_after=False,
+            release_inputs_after=True,
+            awaits=(AwaitedInput(runtime.input_port, inbound, sequence,
+                                 provision.inbound.object_spec.alignment),),
         )
 
     async def _step_completed(self, ctx: Context[StageMail], step_id: StepId) -> None:
@@ -615,10 +615,10 @@ class StageController(Actor[StageMail]):
         self.ports.emit(StepCompleted(
             node_id=self.config.node_id, run_id=provision.run_id,
             stage_index=provision.stage_index, step_id=step_id, sequence=step.sequence,
-            worker_generation=step.inputs[0].worker_generation,
+            worker_generation=self.ports.worker_generation(),
         ))
-        for handle in step.inputs:
-            await self._release(ctx, handle)
+        # release_inputs_after: the worker frees them; held until DeviceObjectReleased
+        self._releasing.update(h for h in step.inputs if h in self._held)
 
     async def _release(self, ctx: Context[StageMail], handle: DeviceObjectHandle) -> None:
         if handle not in self._held or handle in self._releasing:
@@ -722,6 +722,18 @@ def provision_problem(
         return (f"the last stage's tokens go to node {int(outbound.consumer_node_id)}, "
                 f"not the orchestrator {int(trusted)}")
     return None
+
+
+def output_binding(provision: ProvisionStage, port: PortId, ring: RingId,
+                   sequence: Sequence) -> OutputBinding:
+    """The armed step's output: object `sequence + 1` on the outbound ring with the same
+    sequence; one token id from the last stage, else one outbound row per input row."""
+    outbound = provision.outbound
+    if outbound.kind is EdgeKind.TokenOut:
+        return OutputBinding(port, ring, ObjectId(sequence + 1), sequence,
+                             outbound.object_spec.dtype_width_bytes)
+    return OutputBinding(port, ring, ObjectId(sequence + 1), sequence,
+                         outbound.object_spec.alignment, per_input_row=True)
 
 
 def output_extent(provision: ProvisionStage, input_extent: int) -> int:

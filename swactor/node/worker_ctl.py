@@ -20,9 +20,10 @@ Mail it takes:
   an older generation is ignored.
 
 What it sends (`WorkerRoutes`): worker events by type - ring events to the
-EdgeEstablisher and the ring's edge actor, object events to the edge actor and the
-StageController, step/role/device events to the StageController, wake hints to the
-Driver and the edge actor - and its own notices: `WorkerReadyNotice` /
+EdgeEstablisher and the ring's edge actor, object events to the StageController only
+(the Tx/Rx edge actors are lifecycle gates that objects do not pass: fsm/rx_edge.yaml),
+step/role/device events to the StageController, wake hints to the Driver - and its own
+notices: `WorkerReadyNotice` /
 `WorkerFailedNotice` to node boot, `WorkerCrashed` to the StageControllers,
 `WorkerReaped(ring_id)` to the EdgeEstablisher. Commands it cannot forward are answered
 with the §30 event a worker would have sent (RingFault, StepFailed, RoleFailed,
@@ -36,6 +37,14 @@ generation (InstallRing adds, RingQuiesced / reaping removes), the in-flight ste
 and the commands held while the next generation starts (`deferred`: written in arrival
 order when it is ready, answered as refused if it never is, an InstallRing dropped when
 its ring is uninstalled first).
+Wake hints (spec §21) between node and worker go through the `WorkerDoorbells` the actor
+creates once and hands to every worker generation (`WorkerCtlConfig.doorbells`, on by
+default): SendRingReadable / SendRingWritable ring `to_worker`, and the worker's
+`readable` / `writable` rings are read by the actor's event loop and become, for each
+installed egress / ingress ring, a RingReadable / RingWritable to the Driver (the
+machine's WorkerRang and RouteWakeHints). Without doorbells the hints
+are JSON lines both ways.
+
 On a crash the StageControllers hear `WorkerCrashed` first (with the WorkerFatal reason
 when the worker reported one before it exited), then every in-flight step is failed and
 every installed ring is reported faulted (RingFault WorkerProcessExited) and,
@@ -45,6 +54,7 @@ blocked on it wakes with RingFaulted instead of waiting for a dead peer.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
@@ -70,7 +80,7 @@ from swactor.actors.supervision import RestartBudget
 from swactor.arena import Arena
 from swactor.fsm.generated import gpu_worker_ctl as gwc
 from swactor.fsm.runtime import ProtocolError
-from swactor.ring import Ring, RingError
+from swactor.ring import Ring, RingError, WorkerDoorbells
 from swactor.ring._ring_cffi import lib as _ring_lib
 from swactor.wire import (
     ConfigureRole,
@@ -83,6 +93,7 @@ from swactor.wire import (
     ObjectLoaded,
     ObjectProduced,
     ReleaseDeviceObject,
+    RingDirection,
     RingFault,
     RingFaultReason,
     RingId,
@@ -177,9 +188,9 @@ class WorkerRoutes:
             case RingFault():
                 found = [self.establisher, self.driver, edge]
             case ObjectLoaded() | ObjectProduced() | ObjectFailed():
-                found = [edge, *self.stage_controllers]
+                found = list(self.stage_controllers)  # not through the edge actors (§27 doc)
             case RingReadable() | RingWritable():
-                found = [self.driver, edge]
+                found = [self.driver]
             case WorkerReadyNotice() | WorkerFailedNotice():
                 found = [self.node_boot]
             case _:
@@ -205,6 +216,8 @@ class WorkerCtlConfig:
     restart_window_s: float = 60.0
     kill_grace_s: float = 0.5
     required_ring_helper_abi: int = RING_HELPER_ABI
+    doorbells: bool = True
+    """Wake hints through eventfd doorbells (module doc); False: as JSON lines."""
 
 
 # -- the adapter ------------------------------------------------------------------------
@@ -265,6 +278,7 @@ class GpuWorkerCtl(Actor[Mail]):
         self.process: ActorRef[ProcessCommand] | None = None
         self._held: WorkerEvent | None = None
         self._ctx: Context[Mail] | None = None
+        self.doorbells = WorkerDoorbells.create() if config.doorbells else None
         self.machine = gwc.GpuWorkerCtlMachine(
             self,
             init_timeout_s=config.init_timeout_s,
@@ -300,11 +314,38 @@ class GpuWorkerCtl(Actor[Mail]):
 
     async def started(self, ctx: Context[Mail]) -> None:
         self._ctx = ctx
+        bells = self.doorbells
+        if bells is not None:
+            loop = asyncio.get_running_loop()
+            loop.add_reader(bells.readable.fd, self._worker_rang, ctx, RingDirection.Egress)
+            loop.add_reader(bells.writable.fd, self._worker_rang, ctx, RingDirection.Ingress)
+
+    async def stopped(self, ctx: Context[Mail]) -> None:
+        bells, self.doorbells = self.doorbells, None
+        if bells is not None:
+            loop = asyncio.get_running_loop()
+            loop.remove_reader(bells.readable.fd)
+            loop.remove_reader(bells.writable.fd)
+            bells.close()
+
+    def _worker_rang(self, ctx: Context[Mail], direction: RingDirection) -> None:
+        """A worker doorbell is readable: the machine's WorkerRang, once per wake-up.
+
+        Runs on the actor's event loop between two messages (`receive` never awaits)."""
+        bells = self.doorbells
+        if bells is None:
+            return
+        bell = bells.readable if direction is RingDirection.Egress else bells.writable
+        if bell.drain():
+            self._handle(ctx, gwc.WorkerRang(direction))
 
     async def receive(self, ctx: Context[Mail], message: Mail) -> None:
         event = self._translate(message)
         if event is None:
             return
+        self._handle(ctx, event)
+
+    def _handle(self, ctx: Context[Mail], event: gwc.Event) -> None:
         try:
             effects = self.machine.handle(event)
         except ProtocolError as exc:
@@ -354,6 +395,12 @@ class GpuWorkerCtl(Actor[Mail]):
         if self.process is not None:
             self.process.tell(WriteLine(encode_line(message).rstrip("\n")))
 
+    def _wake_worker(self, hint: RingReadable | RingWritable) -> None:
+        if self.doorbells is not None:
+            self.doorbells.to_worker.notify()
+        else:
+            self._write(hint)
+
     def _route(self, event: WorkerEvent | Notice) -> None:
         for target in self.routes.targets(event):
             target.tell(event)
@@ -362,15 +409,16 @@ class GpuWorkerCtl(Actor[Mail]):
         cfg = self.config
         match effect:
             case gwc.SpawnProcess():
-                spec = ProcessSpec(
-                    cfg.argv,
-                    pass_fds=(cfg.arena_fd,),
-                    extra_env={
-                        "SWACTOR_ARENA_FD": str(cfg.arena_fd),
-                        "SWACTOR_ARENA_BYTES": str(cfg.arena_bytes),
-                    },
-                    grace_s=cfg.kill_grace_s,
-                )
+                env = {
+                    "SWACTOR_ARENA_FD": str(cfg.arena_fd),
+                    "SWACTOR_ARENA_BYTES": str(cfg.arena_bytes),
+                }
+                fds: tuple[int, ...] = (cfg.arena_fd,)
+                if self.doorbells is not None:
+                    env.update(self.doorbells.env())
+                    fds += self.doorbells.fds()
+                spec = ProcessSpec(cfg.argv, pass_fds=fds, extra_env=env,
+                                   grace_s=cfg.kill_grace_s)
                 owner = cast(ActorRef[ProcessEvent], ctx.self_ref)
                 name = f"worker-g{int(self.generation)}"
                 self.process = spawn_process(ctx, spec, owner, name)
@@ -401,9 +449,9 @@ class GpuWorkerCtl(Actor[Mail]):
             case gwc.SendUninstallRing(ring_id=ring_id, reason=reason):
                 self._write(UninstallRing(ring_id, reason))
             case gwc.SendRingReadable(ring_id=ring_id):
-                self._write(RingReadable(ring_id))
+                self._wake_worker(RingReadable(ring_id))
             case gwc.SendRingWritable(ring_id=ring_id):
-                self._write(RingWritable(ring_id))
+                self._wake_worker(RingWritable(ring_id))
             case gwc.SendConfigureRole(command=command):
                 self._send_command(command)
             case gwc.SendExecuteStep(command=command):
@@ -426,6 +474,11 @@ class GpuWorkerCtl(Actor[Mail]):
                 self._write(ShutdownWorker(mode))
             case gwc.RouteWorkerEvent():
                 self._route_held()
+            case gwc.RouteWakeHints(direction=direction):
+                hint = RingReadable if direction is RingDirection.Egress else RingWritable
+                for ring_id, command in self.installed.items():
+                    if command.direction is direction:
+                        self._route(hint(ring_id))
             case gwc.RejectInstallRing(command=command, reason=reason):
                 self._route(RingFault(command.ring_id, command.edge_id, command.port_id, reason))
             case gwc.RejectExecuteStep(command=command, reason=reason):

@@ -59,7 +59,6 @@ from swactor.edges import (
     EdgeProvisioned,
     EstablisherConfig,
     ExpectRecv,
-    LifecycleOwner,
     LocalRingInstaller,
     ProvisionEdge,
     StopEdgeRequest,
@@ -121,7 +120,7 @@ class TokenRings(LocalRingInstaller):
         super().install(command, establisher, edge_actor)
 
 
-class NetworkRunPorts(LifecycleOwner):
+class NetworkRunPorts:
     """The orchestrator's `RunPorts` for one run (module doc); also the `EdgeOwner` of
     its two token edges (lifecycle reports only: it reads its rings itself)."""
 

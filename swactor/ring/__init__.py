@@ -27,13 +27,22 @@ from swactor.ring.ring import (
     check_abi,
     header_len,
 )
-from swactor.ring.wake import Doorbell, JsonLineWake, MalformedWake, Wake, WakeTimeout
+from swactor.ring.wake import (
+    WAKE_FDS_ENV,
+    Doorbell,
+    JsonLineWake,
+    MalformedWake,
+    Wake,
+    WakeTimeout,
+    WorkerDoorbells,
+)
 
 __all__ = [
     "ABI_VERSION",
     "DEFAULT_VERSION",
     "VERSION_COMPACT",
     "VERSION_SPLIT",
+    "WAKE_FDS_ENV",
     "Doorbell",
     "JsonLineWake",
     "MalformedWake",
@@ -48,6 +57,7 @@ __all__ = [
     "UnsupportedRingVersion",
     "Wake",
     "WakeTimeout",
+    "WorkerDoorbells",
     "check_abi",
     "fault_and_wake",
     "header_len",

@@ -166,3 +166,70 @@ class JsonLineWake:
             if fd >= 0:
                 os.close(fd)
         self.read_fd = self.write_fd = -1
+
+
+WAKE_FDS_ENV = "SWACTOR_WAKE_FDS"
+"""The environment variable that hands a worker process its `WorkerDoorbells` fds."""
+
+
+class WorkerDoorbells:
+    """The three eventfd doorbells between a node and its worker process (spec §21).
+
+    One set serves every ring of the worker, so the fds are inherited once, at spawn,
+    and rings installed later need none of their own:
+
+    - `to_worker`: the node rang it (an ingress ring got bytes, an egress ring got space);
+      the worker then looks at each of its rings again;
+    - `readable`: the worker committed bytes to an egress ring; the node hints the send
+      pump of each egress ring of the worker;
+    - `writable`: the worker freed space in an ingress ring; the node hints the receive
+      pump of each ingress ring.
+
+    A hint names no ring: the receiver reloads the cursors of every ring of that
+    direction, and the pending bits in each ring's header (spec §21) still decide
+    whether a hint is sent at all. A spurious look finds nothing and costs a cursor
+    load. Hints are counted by the kernel, so several rung while the receiver was busy
+    are served by one look.
+
+    The node creates the set non-blocking (it drives the fds from its event loop) and
+    keeps it for every worker generation; a hint left over from a dead generation is a
+    spurious look for the next one. `env()` and `fds()` hand it to the child process;
+    the worker rebuilds it with `from_env`.
+    """
+
+    __slots__ = ("to_worker", "readable", "writable")
+
+    def __init__(self, to_worker: Doorbell, readable: Doorbell, writable: Doorbell) -> None:
+        self.to_worker = to_worker
+        self.readable = readable
+        self.writable = writable
+
+    @classmethod
+    def create(cls) -> WorkerDoorbells:
+        return cls(*(Doorbell.create(nonblocking=True) for _ in range(3)))
+
+    def fds(self) -> tuple[int, int, int]:
+        return (self.to_worker.fd, self.readable.fd, self.writable.fd)
+
+    def env(self) -> dict[str, str]:
+        return {WAKE_FDS_ENV: ",".join(str(fd) for fd in self.fds())}
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | os._Environ[str] | None = None
+                 ) -> WorkerDoorbells | None:
+        """The set named by SWACTOR_WAKE_FDS, or None when it is unset (hints then travel
+        as JSON lines); ValueError when it is set but not three open eventfds."""
+        text = (os.environ if environ is None else environ).get(WAKE_FDS_ENV)
+        if not text:
+            return None
+        parts = text.split(",")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"{WAKE_FDS_ENV}={text!r}: three fd numbers expected")
+        fds = [int(p) for p in parts]
+        for fd in fds:
+            os.fstat(fd)  # OSError (a ValueError's sibling for the caller) when not open
+        return cls(*(Doorbell(fd) for fd in fds))
+
+    def close(self) -> None:
+        for bell in (self.to_worker, self.readable, self.writable):
+            bell.close()

@@ -133,6 +133,7 @@ from swactor.wire.rings import (
 )
 from swactor.wire.worker import (
     COMMAND_TYPES,
+    AwaitedInput,
     ConfigureRole,
     ExecuteStep,
     InitializeWorker,
@@ -211,6 +212,7 @@ __all__ = [
     "IdentifierRangeError",
     "InboundEdgeProvision",
     "InitializeWorker",
+    "AwaitedInput",
     "InputBinding",
     "InstallRing",
     "InvalidFieldError",

@@ -387,6 +387,13 @@ def execute_steps(draw: st.DrawFn) -> wire.ExecuteStep:
         )
         for port in out_ports
     )
+    taken = set(in_ports)
+    awaits = tuple(
+        wire.AwaitedInput(port, draw(ident(wire.RingId)), draw(ident(wire.Sequence)),
+                          draw(st.integers(1, (1 << 64) - 1)))
+        for port in draw(st.lists(ident(wire.PortId), max_size=2, unique=True))
+        if port not in taken
+    )
     return wire.ExecuteStep(
         draw(ident(wire.RoleId)),
         draw(ident(wire.StepId)),
@@ -394,6 +401,7 @@ def execute_steps(draw: st.DrawFn) -> wire.ExecuteStep:
         outputs,
         draw(json_objects()),
         draw(st.booleans()),
+        awaits,
     )
 
 
@@ -494,6 +502,14 @@ def _builders() -> dict[type, Callable[[], st.SearchStrategy[Any]]]:
             ident(wire.Sequence),
             u64,
             u32,
+            st.booleans(),
+        ),
+        wire.AwaitedInput: lambda: st.builds(
+            wire.AwaitedInput,
+            ident(wire.PortId),
+            ident(wire.RingId),
+            ident(wire.Sequence),
+            st.integers(1, (1 << 64) - 1),
         ),
         wire.ExecuteStep: execute_steps,
         wire.ShutdownWorker: lambda: st.builds(

@@ -245,6 +245,9 @@ _EXAMPLES: dict[type, Callable[[], object]] = {
     wire.InputBinding: lambda: wire.InputBinding(
         wire.PortId(0), wire.ObjectId(3), wire.Sequence(0), _handle()
     ),
+    wire.AwaitedInput: lambda: wire.AwaitedInput(
+        wire.PortId(0), wire.RingId(11), wire.Sequence(1), 2304
+    ),
     wire.OutputBinding: lambda: wire.OutputBinding(
         wire.PortId(1), wire.RingId(12), wire.ObjectId(4), wire.Sequence(0), 4
     ),

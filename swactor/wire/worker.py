@@ -10,8 +10,18 @@ metadata: bytes are rejected. `RingReadable`/`RingWritable` are wake hints (spec
 they carry only a ring id and travel both ways (also listed in `worker_events`).
 
 Rules: `InstallRing.layout.ring_id == ring_id`; `ExecuteStep` port ids are unique among
-its inputs and among its outputs, and every input handle is of one worker generation;
-`InitializeWorker.arena_ceiling >= 1`.
+its inputs (`inputs` and `awaits` together) and among its outputs, and every input handle
+is of one worker generation; `InitializeWorker.arena_ceiling >= 1`; an `AwaitedInput`'s
+`row_bytes >= 1`.
+
+Steps issued ahead (an extension of §29's ExecuteStep, for spec §14's one ExecuteStep per
+inbound object without a node round trip between the object's arrival and its step):
+an `ExecuteStep` may name, in `awaits`, inputs that are not loaded yet - "the object of
+sequence S that ingress ring R loads". The worker holds such a step until the object is
+loaded, binds it to the port as if it had been an `InputBinding`, and runs the step at
+once. An `OutputBinding` with `per_input_row` gives its extent per row of the awaited
+input (input rows = the loaded extent / `row_bytes`), since the input's size is known only
+when it arrives.
 """
 
 from __future__ import annotations
@@ -95,6 +105,21 @@ class InputBinding(WireStruct):
 
 
 @dataclass(frozen=True, slots=True)
+class AwaitedInput(WireStruct):
+    """An input a step waits for: the object of `sequence` that ingress ring `ring_id`
+    loads, bound to role input port `port_id` when it is loaded (module doc)."""
+
+    port_id: PortId
+    ring_id: RingId
+    sequence: Sequence
+    row_bytes: int
+    """Bytes per row of the object, for outputs with `per_input_row`."""
+
+    def _validate(self) -> None:
+        self._check_range("row_bytes", 1, (1 << 64) - 1)
+
+
+@dataclass(frozen=True, slots=True)
 class OutputBinding(WireStruct):
     """An output object a step must write to an egress ring (spec §29)."""
 
@@ -104,6 +129,8 @@ class OutputBinding(WireStruct):
     sequence: Sequence
     extent: int
     flags: int = 0
+    per_input_row: bool = False
+    """`extent` is bytes per row of the step's awaited input (module doc)."""
 
     def _validate(self) -> None:
         self._check_u64("extent")
@@ -120,10 +147,14 @@ class ExecuteStep(WireStruct):
     outputs: tuple[OutputBinding, ...]
     runtime: JsonValue
     release_inputs_after: bool
+    awaits: tuple[AwaitedInput, ...] = ()
+    """Inputs not loaded yet, bound by the worker when they are (module doc)."""
 
     def _validate(self) -> None:
         for name in ("inputs", "outputs"):
             ports = [b.port_id for b in getattr(self, name)]
+            if name == "inputs":
+                ports += [a.port_id for a in self.awaits]
             if len(set(ports)) != len(ports):
                 raise PlanError("ExecuteStep", name, "port ids must be unique")
         generations = {b.device_handle.worker_generation for b in self.inputs}

@@ -10,6 +10,7 @@ import logging
 import sys
 
 from swactor import heap, memtrace
+from swactor.ring import WorkerDoorbells
 from swactor.worker.adapter import EventWriter
 from swactor.worker.process import WorkerProcess
 
@@ -19,7 +20,12 @@ def main() -> int:
         stream=sys.stderr, level=logging.INFO, format="worker %(levelname)s %(name)s: %(message)s"
     )
     memtrace.install("worker")  # SWACTOR_MEMTRACE (soak diagnosis; off by default)
-    worker = WorkerProcess(EventWriter(sys.stdout.buffer))
+    try:
+        doorbells = WorkerDoorbells.from_env()
+    except (ValueError, OSError) as exc:  # the node's hints would go unheard: refuse
+        logging.getLogger("swactor.worker").error("doorbells: %s", exc)
+        return 1
+    worker = WorkerProcess(EventWriter(sys.stdout.buffer), doorbells)
     heap.settle()  # imports done: later per-run collections skip them (swactor.heap)
     return worker.run(sys.stdin.buffer)
 

@@ -17,7 +17,9 @@ carries out the effects the machine returns:
   run's teardown), the run's garbage is collected and freed heap pages go back to the
   kernel (`swactor.heap.release`).
 - ApplyRoleConfig: build the role by kind (`roles`), RoleConfigured or RoleFailed.
-- StartStep: queue the step on the `steps.StepRunner`.
+- StartStep: queue the step on the `steps.StepRunner` (a step issued ahead waits there
+  for its awaited input: every ObjectLoaded an ingress ring emits is also reported to
+  the runner; an uninstalled ring or a drain fails the steps still waiting).
 - ReleaseWhenSafe: free the handle's device memory (tinygrad keeps it alive while a
   step still uses it); DeviceObjectReleased or ReleaseFailed (StaleGeneration,
   UnknownHandle).
@@ -28,12 +30,21 @@ carries out the effects the machine returns:
   state, an exception escaping worker code): WorkerFatal, exit 1.
 
 After every command the step runner is pumped and the drain condition re-checked.
+
+Wake hints (spec §21) travel as JSON lines (RingReadable / RingWritable) unless the node
+handed the worker a `WorkerDoorbells` set (SWACTOR_WAKE_FDS): then the loop polls stdin
+and the `to_worker` doorbell together, a rung doorbell is one RingReadable/RingWritable
+machine event for each installed ring (the ring machines ignore a hint that finds
+nothing new), and the rings' own hints ring `readable` / `writable` instead of writing
+lines. Events are then written in bursts: before the loop waits and before a step's
+compute (`adapter.EventWriter`, buffered).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import select
 import traceback
 from typing import BinaryIO
 
@@ -44,18 +55,22 @@ from swactor.fsm.generated import egress_ring as er
 from swactor.fsm.generated import ingress_ring as ir
 from swactor.fsm.generated import worker_process as wp
 from swactor.fsm.runtime import ProtocolViolation
+from swactor.ring import WorkerDoorbells
 from swactor.ring._ring_cffi import lib as ring_lib
 from swactor.wire import (
     ConfigureRole,
     DeviceObjectHandle,
     DeviceObjectReleased,
     InstallRing,
+    ObjectLoaded,
     ReleaseFailed,
     ReleaseFailure,
     RingDirection,
     RingFault,
     RingFaultReason,
     RingId,
+    RingReadable,
+    RingWritable,
     RoleConfigured,
     RoleFailed,
     RoleFailure,
@@ -71,7 +86,8 @@ from swactor.wire import (
     WorkerStopped,
     WorkerStoppedReason,
 )
-from swactor.worker.adapter import EventWriter, parse_command, read_command_line
+from swactor.wire import WorkerEvent as WireWorkerEvent
+from swactor.worker.adapter import EventWriter, LineReader, parse_command, read_command_line
 from swactor.worker.bridge import DeviceBridge, FaultPlan, InvalidHandle, choose_device
 from swactor.worker.egress import EgressRing
 from swactor.worker.ingress import IngressRing
@@ -91,8 +107,11 @@ def ring_helper_abi() -> int:
 class WorkerProcess:
     """One worker process's state (implements the empty WorkerProcessGuards)."""
 
-    def __init__(self, emit: EventWriter) -> None:
+    def __init__(self, emit: EventWriter, doorbells: WorkerDoorbells | None = None) -> None:
         self.emit = emit
+        self.doorbells = doorbells
+        if doorbells is not None:
+            emit.buffered = True  # flushed before each wait and each compute (module doc)
         self.machine = wp.WorkerProcessMachine(self)
         self.exit_code: int | None = None
         self.arena: Arena | None = None
@@ -111,6 +130,8 @@ class WorkerProcess:
 
     def run(self, stdin: BinaryIO) -> int:
         """Serve commands until an ExitProcess effect; return the exit status."""
+        if self.doorbells is not None:
+            return self._run_polled(stdin.fileno(), self.doorbells)
         while self.exit_code is None:
             line = read_command_line(stdin)
             if line is None:
@@ -118,6 +139,58 @@ class WorkerProcess:
                 break
             self.handle_line(line)
         return 0 if self.exit_code is None else self.exit_code
+
+    def _run_polled(self, stdin: int, bells: WorkerDoorbells) -> int:
+        """The loop with doorbells: stdin lines and `to_worker` rings, polled together."""
+        reader = LineReader(stdin)
+        poller = select.poll()
+        poller.register(stdin, select.POLLIN)
+        poller.register(bells.to_worker.fd, select.POLLIN)
+        try:
+            while self.exit_code is None:
+                line = reader.next_line()
+                if line is not None:
+                    self.handle_line(line)
+                    continue
+                if reader.eof:
+                    self.feed(wp.ControlClosed())
+                    break
+                self.emit.flush()
+                for fd, _ in poller.poll():
+                    if fd == stdin:
+                        reader.fill()
+                    elif bells.to_worker.drain() and self.exit_code is None:
+                        self.wake_rings()
+        finally:
+            self.emit.flush()
+        return 0 if self.exit_code is None else self.exit_code
+
+    def wake_rings(self) -> None:
+        """The `to_worker` doorbell rang: a wake hint for every installed ring."""
+        try:
+            for ring_id, ring in list(self.rings.items()):
+                hint = (wp.RingReadable(ring_id) if isinstance(ring, IngressRing)
+                        else wp.RingWritable(ring_id))
+                self.feed(hint)
+            if self.exit_code is None:
+                self._progress()
+        except Exception:
+            log.error("unhandled exception:\n%s", traceback.format_exc())
+            self.feed(wp.InternalError())
+
+    def _ring_emit(self, event: WireWorkerEvent) -> None:
+        """A ring machine's event: its wake hints ring a doorbell when there is one."""
+        bells = self.doorbells
+        if bells is not None:
+            if isinstance(event, RingReadable):
+                bells.readable.notify()
+                return
+            if isinstance(event, RingWritable):
+                bells.writable.notify()
+                return
+        self.emit(event)
+        if isinstance(event, ObjectLoaded) and self.steps is not None:
+            self.steps.object_loaded(event)  # a step issued ahead may be waiting for it
 
     def handle_line(self, line: bytes) -> None:
         """One stdin line: parse, feed, then let steps and the drain progress."""
@@ -222,7 +295,7 @@ class WorkerProcess:
             self.feed(wp.InitFailed(WorkerFatalReason.BackendInitFailed))
             return
         self.bridge = bridge
-        self.steps = StepRunner(bridge, self.roles, self.rings, self.emit)
+        self.steps = StepRunner(bridge, self.roles, self.rings, self.emit, self.emit.flush)
         self.feed(wp.RuntimeInitialized(os.getpid(), self.generation, abi))
 
     def _configure_role(self, command: ConfigureRole) -> None:
@@ -258,7 +331,7 @@ class WorkerProcess:
             )  # fmt: skip
             return
         kind = IngressRing if command.direction is RingDirection.Ingress else EgressRing
-        ring = kind(command, self.arena, self.bridge, self.emit)
+        ring = kind(command, self.arena, self.bridge, self._ring_emit)
         self.rings[command.ring_id] = ring
         if isinstance(ring, IngressRing):
             ring.feed(ir.InstallRing(command))
@@ -272,6 +345,8 @@ class WorkerProcess:
             log.info("UninstallRing for unknown ring %d", int(ring_id))
             return
         if isinstance(ring, IngressRing):
+            if self.steps is not None:
+                self.steps.ring_gone(ring_id)  # a step waiting for its objects cannot run
             ring.feed(ir.UninstallRing(ring_id, reason))
         else:
             ring.feed(er.UninstallRing(ring_id, reason))
@@ -296,6 +371,8 @@ class WorkerProcess:
 
     def _release(self, handle: DeviceObjectHandle) -> None:
         assert self.bridge is not None
+        if self.steps is not None:
+            self.steps.forget(handle)
         try:
             self.bridge.release(handle)
         except InvalidHandle as exc:
@@ -306,6 +383,8 @@ class WorkerProcess:
 
     def _continue_drain(self) -> None:
         assert self._drain_mode is not None
+        if self.steps is not None:
+            self.steps.abort_waiting(StepFailure.WorkerShuttingDown)  # inputs never come
         if self.steps is not None and not self.steps.idle:
             return  # Graceful: queued steps still run (they may wait for ring space)
         for ring_id in list(self.rings):

@@ -4,7 +4,8 @@ The rig plays the node: it creates the arena, lays rings out by hand (as ArenaMa
 would), writes their headers, spawns the worker with the arena fd inherited, writes
 command lines on its stdin and reads event lines from its stdout (a reader thread feeds
 a queue, so every wait has a timeout). Wake hints the worker emits are collected apart
-from the other events.
+from the other events. With `doorbells=True` the worker gets a `WorkerDoorbells` set, as
+GpuWorkerCtl gives it: `wake` then rings `to_worker` instead of writing a JSON hint.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from swactor.arena import Arena
-from swactor.ring import Ring, header_len
+from swactor.ring import Ring, WorkerDoorbells, header_len
 from swactor.wire import (
     DTypeFamily,
     EdgeId,
@@ -78,6 +79,8 @@ def record(object_id: int, sequence: int, payload: bytes, flags: int = 0) -> byt
 class WorkerRig:
     arena_bytes: int = 1 << 22
     backend: JsonValue = None
+    doorbells: bool = False
+    bells: WorkerDoorbells | None = field(init=False, default=None)
     arena: Arena = field(init=False)
     proc: subprocess.Popen[bytes] = field(init=False)
     events: queue.Queue[WorkerEvent | BaseException | None] = field(init=False)
@@ -96,12 +99,17 @@ class WorkerRig:
 
     def spawn(self) -> None:
         env = {**os.environ, **self.arena.child_env()}
+        fds = [self.arena.fd]
+        if self.doorbells:
+            self.bells = WorkerDoorbells.create()
+            env.update(self.bells.env())
+            fds += self.bells.fds()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "swactor.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=[self.arena.fd],
+            pass_fds=fds,
             env=env,
         )
         threading.Thread(target=self._read_stdout, daemon=True).start()
@@ -127,6 +135,13 @@ class WorkerRig:
         assert self.proc.stdin is not None
         self.proc.stdin.write(encode_line(command).encode())
         self.proc.stdin.flush()
+
+    def wake(self, hint: RingReadable | RingWritable) -> None:
+        """A wake hint to the worker: its doorbell when it has one, else a JSON line."""
+        if self.bells is not None:
+            self.bells.to_worker.notify()
+        else:
+            self.send(hint)
 
     def send_raw(self, line: bytes) -> None:
         assert self.proc.stdin is not None
@@ -215,6 +230,8 @@ class WorkerRig:
                     pass
         for ring in self.rings.values():
             ring.close()
+        if self.bells is not None:
+            self.bells.close()
         self.arena.close()
 
 
@@ -228,7 +245,7 @@ def write_all(rig: WorkerRig, ring: Ring, data: bytes, timeout: float = EVENT_TI
     while sent < len(data):
         n, _ = ring.write_from(memoryview(data)[sent:])
         sent += n
-        rig.send(RingReadable(RingId(ring.ring_id)))
+        rig.wake(RingReadable(RingId(ring.ring_id)))
         if n == 0:
             if time.monotonic() > deadline:
                 raise AssertionError(f"ring {ring.ring_id} stayed full; {sent} bytes written")
@@ -249,7 +266,7 @@ def read_all(
         n, _ = ring.read_into(memoryview(out)[got:])
         got += n
         if n:
-            rig.send(RingWritable(RingId(ring.ring_id)))
+            rig.wake(RingWritable(RingId(ring.ring_id)))
         elif time.monotonic() > deadline:
             raise AssertionError(f"ring {ring.ring_id}: {got} of {length} bytes arrived")
         else:

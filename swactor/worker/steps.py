@@ -22,6 +22,16 @@ anywhere emits StepFailed with its reason and the next step starts.
 
 `pump()` is a loop driven by the worker after every command or wake hint; the egress
 callbacks only record what happened, so nothing recurses across steps.
+
+A step issued ahead (`ExecuteStep.awaits`, see `swactor.wire.worker`) waits at the head
+of the queue until its awaited objects are loaded: the worker reports every object its
+ingress rings load (`object_loaded`), and the step takes the one of its ring and
+sequence, bound like an InputBinding; an output `per_input_row` gets as many rows as the
+input has. The loaded object of another sequence on an awaited ring fails the step
+(InvalidInputHandle: the node armed a step for an object that is not the one that came).
+A ring uninstalled under a waiting step fails it (WorkerShuttingDown), and so does a
+drain (`abort_waiting`): its object can no longer come. Loaded objects no step took stay
+listed until a step takes them or they are released (`forget`) or their ring goes.
 """
 
 from __future__ import annotations
@@ -29,16 +39,21 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tinygrad.tensor import Tensor
 
 from swactor import faults
 from swactor.wire import (
+    DeviceObjectHandle,
     DeviceObjectReleased,
     ExecuteStep,
+    InputBinding,
+    ObjectLoaded,
+    OutputBinding,
     RingId,
     RoleId,
+    Sequence,
     StepCompleted,
     StepFailed,
     StepFailure,
@@ -90,12 +105,15 @@ class StepRunner:
         roles: Mapping[RoleId, Role],
         rings: Mapping[RingId, IngressRing | EgressRing],
         emit: Callable[[WorkerEvent], None],
+        flush: Callable[[], None] = lambda: None,
     ) -> None:
         self._bridge = bridge
+        self._flush = flush
         self._roles = roles
         self._rings = rings
         self._emit = emit
         self._queue: deque[ExecuteStep] = deque()
+        self._loaded: dict[tuple[RingId, Sequence], ObjectLoaded] = {}
         self.current: ActiveStep | None = None
 
     @property
@@ -113,14 +131,51 @@ class StepRunner:
         while self._queue:
             self._fail(self._queue.popleft(), reason)
 
+    def object_loaded(self, event: ObjectLoaded) -> None:
+        """An ingress ring loaded this object (a step issued ahead may be waiting)."""
+        self._loaded[(event.ring_id, event.sequence)] = event
+
+    def forget(self, handle: DeviceObjectHandle) -> None:
+        """The object was released: no step may take it any more."""
+        for key, loaded in list(self._loaded.items()):
+            if loaded.device_handle == handle:
+                del self._loaded[key]
+
+    def ring_gone(self, ring_id: RingId) -> None:
+        """Ring `ring_id` is uninstalled: fail the steps waiting for it, drop its objects."""
+        for key in [k for k in self._loaded if k[0] == ring_id]:
+            del self._loaded[key]
+        waiting = [c for c in self._queue if any(a.ring_id == ring_id for a in c.awaits)]
+        for command in waiting:
+            self._queue.remove(command)
+            self._fail(command, StepFailure.WorkerShuttingDown)
+
+    def abort_waiting(self, reason: StepFailure) -> None:
+        """Fail every queued step still waiting for an awaited input (a drain)."""
+        for command in [c for c in self._queue if c.awaits]:
+            self._queue.remove(command)
+            self._fail(command, reason)
+
     def pump(self) -> None:
-        """Advance steps as far as they can go without waiting for ring space."""
+        """Advance steps as far as they can go without waiting for ring space or input."""
         while True:
             step = self.current
             if step is None:
                 if not self._queue:
                     return
-                self.current = self._start(self._queue.popleft())
+                head = self._queue[0]
+                if head.awaits:
+                    bound = self._bind(head)
+                    if bound is None:
+                        return  # its input is not loaded yet
+                    self._queue.popleft()
+                    if isinstance(bound, StepFailure):
+                        self._fail(head, bound)
+                        continue
+                    head = bound
+                else:
+                    self._queue.popleft()
+                self.current = self._start(head)
                 continue
             if step.failure is not None:
                 self._fail(step.command, step.failure)
@@ -142,6 +197,32 @@ class StepRunner:
 
     # -- steps ------------------------------------------------------------------------
 
+    def _bind(self, command: ExecuteStep) -> ExecuteStep | StepFailure | None:
+        """The step with its awaited inputs bound; None while one is not loaded yet; the
+        failure when an awaited ring loaded another sequence or an extent is not rows."""
+        found: list[tuple[ObjectLoaded, int]] = []
+        for awaited in command.awaits:
+            loaded = self._loaded.get((awaited.ring_id, awaited.sequence))
+            if loaded is None:
+                if any(ring == awaited.ring_id for ring, _ in self._loaded):
+                    log.warning("step %d awaits sequence %d of ring %d; another loaded",
+                                int(command.step_id), int(awaited.sequence),
+                                int(awaited.ring_id))
+                    return StepFailure.InvalidInputHandle
+                return None
+            if loaded.extent % awaited.row_bytes:
+                return StepFailure.OutputExtentInvalid
+            found.append((loaded, loaded.extent // awaited.row_bytes))
+        for awaited in command.awaits:
+            del self._loaded[(awaited.ring_id, awaited.sequence)]
+        inputs = command.inputs + tuple(
+            InputBinding(awaited.port_id, loaded.object_id, loaded.sequence,
+                         loaded.device_handle)
+            for awaited, (loaded, _) in zip(command.awaits, found, strict=True))
+        rows = found[0][1]
+        outputs = tuple(_per_rows(binding, rows) for binding in command.outputs)
+        return replace(command, inputs=inputs, outputs=outputs, awaits=())
+
     def _fail(self, command: ExecuteStep, reason: StepFailure) -> None:
         self._emit(StepFailed(command.role_id, command.step_id, reason))
 
@@ -157,6 +238,7 @@ class StepRunner:
                 self._emit(DeviceObjectReleased(binding.device_handle))
 
     def _start(self, command: ExecuteStep) -> ActiveStep | None:
+        """Run the step's role (steps with awaited inputs come here bound)."""
         try:
             outputs = self._run(command)
         except StepRefused as refused:
@@ -185,6 +267,7 @@ class StepRunner:
         try:
             if command.outputs:  # SWACTOR_FAULT_INJECT worker.step (swactor/faults)
                 faults.worker_step(int(command.outputs[0].sequence))
+            self._flush()  # the node hears what happened so far before the compute
             produced = role.run(views, command.outputs, command.runtime)
             declared = {int(b.port_id) for b in command.outputs}
             if set(produced) != declared:
@@ -208,3 +291,9 @@ class StepRunner:
                     f"binding says {out.extent}",
                 )
         return allocations
+
+
+def _per_rows(binding: OutputBinding, rows: int) -> OutputBinding:
+    if not binding.per_input_row:
+        return binding
+    return replace(binding, extent=binding.extent * rows, per_input_row=False)

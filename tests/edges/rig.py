@@ -34,12 +34,9 @@ from swactor.transport.endpoint import QuicEndpoint
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import (
     Component,
-    DeviceObjectHandle,
     EdgeId,
     HostPinning,
     NodeId,
-    ObjectFailure,
-    ObjectId,
     PortId,
     ProvisionRx,
     ProvisionTx,
@@ -48,7 +45,6 @@ from swactor.wire import (
     RingSpec,
     RunFaultReason,
     RunId,
-    Sequence,
     WakeCoalescing,
 )
 from swactor.worker.rig import float_spec
@@ -91,17 +87,6 @@ class RecordingOwner:
     def edge_failed(self, edge_id: EdgeId, reason: RunFaultReason, component: Component
                     ) -> None:
         self._add("failed", int(edge_id), (reason, component))
-
-    def object_loaded(self, edge_id: EdgeId, object_id: ObjectId, sequence: Sequence,
-                      device_handle: DeviceObjectHandle) -> None:
-        self._add("loaded", int(edge_id), int(object_id))
-
-    def object_produced(self, edge_id: EdgeId, object_id: ObjectId) -> None:
-        self._add("produced", int(edge_id), int(object_id))
-
-    def object_failed(self, edge_id: EdgeId, object_id: ObjectId | None,
-                      reason: ObjectFailure) -> None:
-        self._add("object_failed", int(edge_id), reason)
 
     def edge_stopped(self, edge_id: EdgeId, clean: bool) -> None:
         self._add("stopped", int(edge_id), clean)

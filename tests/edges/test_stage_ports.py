@@ -91,42 +91,6 @@ def _produced(number: int) -> ObjectProduced:
                                sequence=Sequence(number))
 
 
-@pytest.mark.parametrize("gated", [True, False])
-async def test_step_issued_opens_the_gates_for_the_next_object(gated: bool) -> None:
-    """GpuWorkerCtl routes ObjectLoaded / ObjectProduced to the edge actors as well: a
-    step announced by `step_issued` lets the next object through; without it the Rx gate
-    sees two loaded objects in a row as a SequenceViolation (§27)."""
-    inbox: asyncio.Queue[Any] = asyncio.Queue()
-    async with Runtime("edges") as runtime:
-        a, b = await node_pair(runtime)
-        try:
-            base = example(ProvisionStage)
-            provision = dataclasses.replace(base, outbound=dataclasses.replace(
-                base.outbound, consumer_node_id=NodeId(b.identity.node_id)))
-            assert provision.runtime.input_port == example(ExecuteStep).inputs[0].port_id
-            stage = runtime.spawn(lambda: Collector(inbox), "stage")
-            ports = EdgeStagePorts(a.establisher, stage)
-            await ports.establish_inbound(provision)
-            await ports.establish_outbound(provision)
-            await next_of(inbox, 2)  # EdgeEstablished twice
-            rx_actor = ports.edge_actors[provision.inbound.edge_id]
-            tx_actor = ports.edge_actors[provision.outbound.edge_id]
-            for number in (1, 2, 3):
-                rx_actor.tell(_loaded(number))
-                if gated:
-                    ports.step_issued(_step(number))
-                tx_actor.tell(_produced(number))
-            await asyncio.sleep(0.2)
-            faults = [m for m in _drain(inbox) if isinstance(m, scm.EdgeFault)]
-            if gated:
-                assert faults == []
-            else:
-                assert [f.reason for f in faults][:1] == [RunFaultReason.SequenceViolation]
-        finally:
-            await a.close()
-            await b.close()
-
-
 def _drain(inbox: asyncio.Queue[Any]) -> list[Any]:
     items = []
     while not inbox.empty():

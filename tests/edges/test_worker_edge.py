@@ -3,36 +3,40 @@
 Node A (the orchestrator side) provisions the Tx end with a LocalRingInstaller; node B
 provisions the Rx end with its ring installed in `python -m swactor.worker` under
 GpuWorkerCtl. Object records written into A's egress ring cross QUIC into B's ingress
-ring, the worker loads each one and its ObjectLoaded reaches the Rx edge actor (through
-GpuWorkerCtl's routes, registered by the WorkerRingInstaller) and from there the owner.
-Wake hints go both ways through the DriverActor and GpuWorkerCtl. A clean stop then
-releases both leases.
+ring, the worker loads each one and its ObjectLoaded reaches the stage controller that
+GpuWorkerCtl routes object events to (a collector here), not the Rx edge actor's owner.
+Wake hints go both ways through the DriverActor, GpuWorkerCtl and its eventfd doorbells.
+A clean stop then releases both leases.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+from typing import Any
 
 from swactor.actors import Runtime
 from swactor.edges import StopEdgeRequest
-from swactor.fsm.generated import rx_edge as rx_fsm
 from swactor.transport.config import TransportConfig
 from swactor.transport.identity import NodeIdentity
-from swactor.wire import EdgeId, ObjectId, RingId, RingReadable
+from swactor.wire import EdgeId, ObjectLoaded, RingId, RingReadable
 from swactor.worker.rig import record
 from tests.edges.rig import EdgeNode, rx, tx
 from tests.edges.worker_rig import attach_worker, start_worker
+from tests.worker.ctl_rig import Collector, take
 
 EDGE = EdgeId(21)
 OBJECTS = 3
 
 
-async def test_objects_cross_quic_into_a_real_worker_and_reach_the_rx_actors_owner() -> None:
+async def test_objects_cross_quic_into_a_real_worker_and_reach_the_stage_controller() -> None:
     async with Runtime("nodes") as runtime:
         ida, idb = NodeIdentity.generate(), NodeIdentity.generate()
         a = EdgeNode(runtime, "a", 8 << 20, ida)
         b = EdgeNode(runtime, "b", 8 << 20, idb)
         worker = attach_worker(runtime, b)
+        stage: asyncio.Queue[Any] = asyncio.Queue()
+        worker.routes.stage_controllers.append(runtime.spawn(lambda: Collector(stage), "stage"))
         await a.start(TransportConfig(), (idb.node_id,))
         await b.start(TransportConfig(), (ida.node_id,))
         a.endpoint.address_book[idb.node_id] = b.endpoint.address
@@ -50,10 +54,9 @@ async def test_objects_cross_quic_into_a_real_worker_and_reach_the_rx_actors_own
                 assert written == len(data)  # the 64 KiB ring has room for all three
                 if must_wake:
                     a.driver.tell(RingReadable(RingId(ring_a)))
-                assert await b.owner.wait("loaded", EDGE, timeout=30) == n + 1
-                b.owner.reports.clear()
-                rx_actor.tell(rx_fsm.ObjectConsumed(EDGE, ObjectId(n + 1)))
-            assert a.owner.of("failed", EDGE) == []
+                loaded = await take(stage, ObjectLoaded, timeout=30)
+                assert (loaded.edge_id, loaded.object_id, loaded.sequence) == (EDGE, n + 1, n)
+            assert a.owner.of("failed", EDGE) == [] and b.owner.of("failed", EDGE) == []
             egress.close_producer()  # the endpoint's clean end of the stream (FIN)
             if egress.mark_readable_pending():
                 a.driver.tell(RingReadable(RingId(ring_a)))

@@ -115,24 +115,32 @@ class StageRig:
             Sequence(sequence), tokens * spec.alignment, handle(sequence if n is None else n),
         )
 
-    async def execute(self, sequence: int, tokens: int = 1) -> wire.ExecuteStep:
-        """Deliver the input of `sequence`; return the ExecuteStep the controller issued."""
-        before = len(self.ports.of("execute_step"))
-        self.ref.tell(self.loaded(sequence, tokens))
-        await self.ports.until(lambda: len(self.ports.of("execute_step")) == before + 1)
+    def armed(self) -> wire.ExecuteStep:
+        """The last ExecuteStep the controller issued (armed ahead of its object)."""
         command = self.ports.of("execute_step")[-1][1]
         assert isinstance(command, wire.ExecuteStep)
         return command
 
+    async def execute(self, sequence: int, tokens: int = 1) -> wire.ExecuteStep:
+        """Deliver the input of `sequence` (the worker's report that the armed step
+        started on it); return the armed ExecuteStep."""
+        command = self.armed()
+        self.ref.tell(self.loaded(sequence, tokens))
+        await self.ports.until(lambda: "execute_step_started" in self.ports.event_names()[
+            -1:] or self.state() is not scm.State.Ready)
+        return command
+
     async def complete(self, command: wire.ExecuteStep) -> None:
+        """The worker's reports of the step's end: its output produced, the step
+        completed (the controller arms the next one), its input released."""
         out = command.outputs[0]
         self.ref.tell(wire.ObjectProduced(
             out.ring_id, self.outbound, out.port_id, out.object_id, out.sequence, out.extent,
         ))
-        before = len(self.ports.of("release_input"))
+        before = len(self.ports.of("execute_step"))
         self.ref.tell(wire.StepCompleted(command.role_id, command.step_id))
-        await self.ports.until(lambda: len(self.ports.of("release_input")) == before + 1)
-        self.ref.tell(wire.DeviceObjectReleased(command.inputs[0].device_handle))
+        await self.ports.until(lambda: len(self.ports.of("execute_step")) == before + 1)
+        self.ref.tell(wire.DeviceObjectReleased(handle(command.awaits[0].sequence)))
         await self.settle()
 
     async def stop_run(self) -> None:

@@ -22,7 +22,6 @@ from swactor.wire import (
     Component,
     NodeId,
     ObjectFailure,
-    ObjectId,
     RunFaultReason,
     RunId,
     Sequence,
@@ -105,18 +104,22 @@ def test_provision_ready_steps_stop() -> None:
             command = await rig.execute(k, tokens)
             assert rig.state() is scm.State.Executing
             assert command.role_id == rig.provision.runtime.role_id
-            assert command.inputs == (wire.InputBinding(
-                rig.provision.runtime.input_port, ObjectId(k + 1), Sequence(k), handle(k)),)
+            # issued ahead: the input is awaited on the inbound ring by its sequence
+            assert command.inputs == ()
+            assert command.awaits == (wire.AwaitedInput(
+                rig.provision.runtime.input_port, IN_RING, Sequence(k),
+                rig.provision.inbound.object_spec.alignment),)
             (out,) = command.outputs
             assert (out.ring_id, out.sequence, out.object_id) == (OUT_RING, k, k + 1)
             assert out.port_id == rig.provision.runtime.output_port
-            assert out.extent == tokens * HIDDEN * F32
-            assert command.release_inputs_after is False
+            assert (out.extent, out.per_input_row) == (HIDDEN * F32, True)  # per input row
+            assert command.release_inputs_after is True
             step_ids.append(int(command.step_id))
             await rig.complete(command)
             assert rig.state() is scm.State.Ready
+            assert rig.armed().awaits[0].sequence == k + 1, "the next step is armed"
         assert len(set(step_ids)) == 4, "a fresh step id per step"
-        assert [c[1] for c in rig.ports.of("release_input")] == [100, 101, 102, 103]
+        assert rig.ports.of("release_input") == [], "the worker releases step inputs"
 
         await rig.stop_run()
         assert rig.ports.of("reset_role") == [("reset_role", int(rig.provision.runtime.role_id))]
@@ -285,7 +288,7 @@ def test_out_of_order_object_is_a_sequence_violation() -> None:
         rig.ref.tell(rig.loaded(1))  # step 1 before step 0
         await rig.ports.until(lambda: bool(faults(rig)))
         assert faults(rig) == [(1, RunFaultReason.SequenceViolation, Component.StageController)]
-        assert rig.ports.of("execute_step") == []
+        assert len(rig.ports.of("execute_step")) == 1, "only the step armed for sequence 0"
         assert rig.ports.of("release_input") == [("release_input", handle(1).id)]
         assert rig.state() is scm.State.Faulted
 
@@ -299,7 +302,7 @@ def test_skipped_sequence_after_a_step_is_a_violation() -> None:
         rig.ref.tell(rig.loaded(2))
         await rig.ports.until(lambda: bool(faults(rig)))
         assert faults(rig) == [(1, RunFaultReason.SequenceViolation, Component.StageController)]
-        assert len(rig.ports.of("execute_step")) == 1
+        assert len(rig.ports.of("execute_step")) == 2, "steps armed for sequences 0 and 1"
 
     run_stage(body)
 
@@ -324,7 +327,7 @@ def test_object_on_another_edge_is_not_executed() -> None:
                                        stray.object_id, stray.sequence, stray.extent,
                                        stray.device_handle))
         await rig.settle()
-        assert rig.ports.of("execute_step") == []
+        assert len(rig.ports.of("execute_step")) == 1, "only the step armed for sequence 0"
         assert rig.state() is scm.State.Ready
 
     run_stage(body)

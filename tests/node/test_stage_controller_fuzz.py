@@ -4,8 +4,8 @@ Sequences of what the orchestrator, the edge actors, the weight loader and GpuWo
 may send, in any order, with duplicates, strangers and stale answers, are played into a
 real controller actor (fake ports). Whatever happens, the ports must have seen:
 
-- ExecuteStep only after StageReady, for input sequences 0, 1, 2, ... in order, never a
-  second one before the first completed, never after a fault or StopRun;
+- ExecuteStep only after StageReady, armed for input sequences 0, 1, 2, ... in order,
+  never a second one before the first completed, never after a fault or StopRun;
 - StageReady at most once, and only after the role, the weights and both edges were
   reported ready;
 - at most one StageFault other than provisioning rejections (the first fault only);
@@ -62,7 +62,7 @@ def message_for(move: str, ports: FakeStagePorts, provision: wire.ProvisionStage
                                provision.outbound.edge_id)
     issued = [c[1] for c in ports.of("execute_step")]
     last = issued[-1] if issued else None
-    next_seq = len(issued)
+    next_seq = max(len(issued) - 1, 0)  # the armed step's sequence (issued ahead)
     match move:
         case "setup_all":
             return [scm.ProvisionStage(orchestrator, provision),
@@ -130,7 +130,7 @@ def check_contract(ports: FakeStagePorts, trace: list[str]) -> None:
     faults = [m for m in reports if isinstance(m, orun.StageFault)
               and m.reason is not RunFaultReason.ProvisioningRejected]
     assert len(faults) <= 1, trace
-    sequences = [int(c[1].inputs[0].sequence) for c in ports.of("execute_step")
+    sequences = [int(c[1].awaits[0].sequence) for c in ports.of("execute_step")
                  if isinstance(c[1], wire.ExecuteStep)]
     assert sequences == list(range(len(sequences))), trace
     if sequences:
