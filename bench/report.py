@@ -48,6 +48,7 @@ MODULE_ARGS: dict[str, list[str]] = {
     "model": ["--tokens", "24", "--dtypes", "f16,f32", "--beam", "0"],
     "worker": ["--quick"],
     "coldstart": ["--weights", "dense,blocks"],
+    "hotpath": ["--repeat", "2", "--profile"],
 }
 NOT_TEXT = {"report", "e2e"}  # e2e is measured in process, report is this module
 RING_TOTAL_MIB = 512
@@ -208,6 +209,18 @@ def coldstart_goals(figures: dict[str, Any] | None) -> list[dict[str, Any]]:
     return rows
 
 
+def hotpath_goals(figures: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Goal 1-3 rows (issue 22) from `bench hotpath --json`: one stage against the model
+    alone, three stages against one, the fixed cost per stage and the node's CPU per
+    token, each wall and CPU basis, rounds measured side by side."""
+    if not figures:
+        return [goal("per-token path (bench hotpath)", None, 0, False, "bench hotpath")]
+    source = (f"bench hotpath --json ({figures.get('weights')} weights, "
+              f"{len(figures.get('rounds', []))} rounds)")
+    return [goal(row["goal"], row["measured"], row["target"], row["at_least"], source)
+            for row in figures.get("goals", [])]
+
+
 def _reference_llama_version() -> str | None:
     from bench.model import reference_venv
 
@@ -260,6 +273,7 @@ def main(argv: list[str]) -> int:
 
     quic = None
     coldstart: dict[str, Any] | None = None
+    hotpath: dict[str, Any] | None = None
     model: dict[str, Any] = {"ours_tokens_per_s": {}, "llama_cpp_tokens_per_s": None}
     for name in available():
         if name in NOT_TEXT or name in skip:
@@ -267,23 +281,27 @@ def main(argv: list[str]) -> int:
         print(f"== {name} ==", flush=True)
         extra = list(MODULE_ARGS.get(name, []))
         with tempfile.TemporaryDirectory() as tmp:
-            if name in ("quic", "coldstart"):
+            if name in ("quic", "coldstart", "hotpath"):
                 extra += ["--json", f"{tmp}/{name}.json"]
             result = run_module(name, extra)
             if name == "quic" and Path(f"{tmp}/quic.json").exists():
                 quic = json.loads(Path(f"{tmp}/quic.json").read_text())
             if name == "coldstart" and Path(f"{tmp}/coldstart.json").exists():
                 coldstart = json.loads(Path(f"{tmp}/coldstart.json").read_text())
+            if name == "hotpath" and Path(f"{tmp}/hotpath.json").exists():
+                hotpath = json.loads(Path(f"{tmp}/hotpath.json").read_text())
         if name == "model":
             model = model_figures(result["output"])
-        if name in ("quic", "coldstart"):
+        if name in ("quic", "coldstart", "hotpath"):
             result["args"] = result["args"][:-2]  # the temporary --json path
         report["modules"].append(result)
         status |= int(result["rc"] != 0)
     report["quic_goal"] = quic
     report["model_goal"] = model
     report["coldstart_goal"] = coldstart
-    report["goals"] = goals(e2e, ring_fig, quic, model) + coldstart_goals(coldstart)
+    report["hotpath_goal"] = hotpath
+    report["goals"] = (goals(e2e, ring_fig, quic, model) + coldstart_goals(coldstart)
+                       + hotpath_goals(hotpath))
     report["machine"]["load_average_end"] = os.getloadavg()
     report["seconds"] = time.monotonic() - started
 

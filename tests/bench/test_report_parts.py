@@ -164,3 +164,22 @@ def test_cold_start_rows_judge_each_figure_against_its_goal() -> None:
     assert ratio["verdict"].startswith("missed")
     (missing,) = coldstart_goals(None)
     assert missing["verdict"] == "not measured"
+
+
+def test_hotpath_ratios_and_fixed_costs() -> None:
+    from bench.hotpath import round_figures
+
+    model = {"step_ms": 30.0, "cpu_ms": 29.0}
+    one = {"stages": 1, "period_ms": 32.0, "compute_ms": 31.0, "cpu_ms_per_token": 32.0,
+           "node_cpu_ms": 0.8}
+    three = {"stages": 3, "period_ms": 34.0, "compute_ms": 31.6, "cpu_ms_per_token": 35.0,
+             "node_cpu_ms": 1.1}
+    got = round_figures(model, one, three)
+    assert got["e2e_over_model"] == 30.0 / 32.0
+    assert got["e2e_over_model_cpu"] == 29.0 / 32.0
+    assert got["three_over_one"] == 32.0 / 34.0
+    assert got["three_over_one_cpu"] == 32.0 / 35.0
+    assert got["fixed_ms_per_stage_1"] == 1.0
+    assert abs(got["fixed_ms_per_stage_3"] - 0.8) < 1e-9  # (34 - 31.6) / 3
+    assert got["fixed_cpu_ms_per_stage_3"] == 2.0  # (35 - 29) / 3
+    assert got["node_cpu_ms_per_token"] == 1.1
