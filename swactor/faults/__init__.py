@@ -18,6 +18,8 @@ Hook points:
 - `node.provision_reject` (node control handler): ProvisionStage refused.
 - `node.ring_oversize` (EdgeKeeper lease): the ring asks for the whole arena and more.
 - `node.weights_path` (WorkerStagePorts.load_weights): the GGUF is read from `path`.
+- `artifact.range` (ArtifactChannel, serving a range of an offered file): one byte of
+  the answer is flipped, as a tampered or corrupt range would arrive.
 - `worker.step` (step runner, per `sequence`): `mode` raise / kill (SIGKILL of the
   worker itself) / delay (`delay_s`).
 - `worker.fatal` (worker command loop, per `command` event name): an exception escapes

@@ -37,6 +37,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from swactor import faults
 from swactor.transport.config import ARTIFACT_ALPN
 from swactor.transport.endpoint import QuicEndpoint, QuicLink
 from swactor.transport.errors import ConnectionLostError, TransportError
@@ -246,6 +247,9 @@ class ArtifactChannel:
                                  f"range must be 1..{MAX_RANGE} bytes inside {item.size}")
                     return
                 body = await asyncio.to_thread(item.read, offset, length)
+                if faults.hit("artifact.range"):  # SWACTOR_FAULT_INJECT: a tampered range
+                    middle = length // 2
+                    body = body[:middle] + bytes([body[middle] ^ 0x01]) + body[middle + 1:]
         except OSError as exc:
             self._refuse(link, stream_id, Status.BAD_RANGE, f"read failed: {exc.strerror}")
             return

@@ -3,25 +3,31 @@ separate model caches and an orchestrator that offers SmolLM2 (`offer_model`), s
 plan names no path and the only way for weights to reach a node is to fetch its own
 ranges over QUIC. The greedy tokens equal the single-stage ones; each stage fetches at
 most 1.05x its share; the second run fetches nothing (the orchestrator serves 0 bytes).
+A third run with a new split needs new ranges for stage 1 while the orchestrator flips a
+byte of every range it serves (`artifact.range` fault): the run faults WeightLoadFailed
+at stage 1 and the node names the file's digest; the nodes still exit 0.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
+import json
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from swactor import faults
 from swactor.cluster.launcher import LocalCluster
 from swactor.events.emitter import configure
 from swactor.model.fetch import offer_file
 from swactor.model.paths import default_model_path
 from swactor.model.tokenizer import Tokenizer
 from swactor.orchestrator.session import SessionOptions, run_session
-from swactor.wire import RunOutcome, TeardownOutcome
+from swactor.wire import RunFaultReason, RunOutcome, TeardownOutcome
 from tests import single_stage
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -78,6 +84,27 @@ async def scenario(tmp: Path) -> None:
         progress = [line for node in cluster.nodes for line in node.stderr_tail
                     if "fetched" in line and "bytes" in line]
         assert progress, "no progress line"
+        # run 3: a new split needs new chunks for stage 1, and the orchestrator flips a
+        # byte in every range it serves: the stage faults WeightLoadFailed naming the file
+        faults_file = tmp / "faults.json"
+        faults_file.write_text(json.dumps({"faults": [{"point": "artifact.range"}]}))
+        os.environ[faults.ENV_FILE] = str(faults_file)
+        try:
+            report = await run_session(replace(base, run_id=3, split=(5, 10, 15)), emitter,
+                                       io.StringIO(), io.StringIO())
+        finally:
+            del os.environ[faults.ENV_FILE]
+        result = report.result
+        # The teardown outcome is not asserted here: stage 0 (its ranges cached) may be
+        # establishing its edge to stage 1 when stage 1 faults, seconds into its fetch,
+        # and that edge can then stop unclean (the edges' teardown, not the weights).
+        assert result.outcome is RunOutcome.Faulted, report.summary_lines()
+        assert result.fault is not None
+        assert result.fault.reason is RunFaultReason.WeightLoadFailed, result.fault
+        assert result.fault.stage_index == 1, result.fault
+        await cluster.wait_reports(3, timeout_s=60)
+        stage1 = cluster.nodes[1].stderr_tail
+        assert any("DigestMismatch" in line and sha in line for line in stage1), stage1[-5:]
     finally:
         codes = await cluster.stop()
         emitter.close()
