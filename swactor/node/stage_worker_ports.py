@@ -42,6 +42,8 @@ Results go to `stage`, the StageHost (or a controller) the node wires in.
 from __future__ import annotations
 
 import asyncio
+import os
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -93,14 +95,14 @@ def validate_weights(provision: ProvisionStage, location: str, cache_dir: Path |
     against the file's header and, for a cached remote source, download its tensor ranges
     into the cache (`fetch_stage_bytes`); the bytes now on this node for the stage, and
     the stage table the worker loads by (its header unread)."""
-    from swactor.model.gguf_range import coalesce_ranges, open_reader
+    from swactor.model.gguf_range import coalesce_ranges
     from swactor.model.source import verify_sha256
 
     model = provision.model
     expected = provision.gguf_source.sha256
     if expected is not None and provision.gguf_source.kind is not GgufSourceKind.PoolPeer:
         verify_sha256(location, expected)  # DigestMismatch: WeightLoadFailed
-    reader = open_reader(location, digest=expected, cache_dir=cache_dir)
+    reader = header_reader(location, expected, cache_dir)
     entries = reader.validate_stage(
         provision.layer_start,
         provision.layer_end_exclusive,
@@ -115,6 +117,41 @@ def validate_weights(provision: ProvisionStage, location: str, cache_dir: Path |
     if is_remote(location) and cache_dir is not None:
         return fetch_stage_bytes(reader.source, spans), table
     return sum(entry.n_bytes for entry in entries), table
+
+
+_HEADERS: OrderedDict[tuple[object, ...], JsonObject] = OrderedDict()
+_HEADERS_KEPT = 4
+
+
+def header_reader(location: str, digest: str | None, cache_dir: Path | None) -> Any:
+    """A `GgufRangeReader` of `location` whose header this node process parses once per
+    file: a node serves run after run from one file, and the header (1.8 MB for SmolLM2,
+    mostly the tokenizer) says the same each time. A local file is known by its device,
+    inode, size and modification time, a remote one by its digest (without one it is
+    parsed every time); the last few files are kept."""
+    from swactor.model.gguf_range import GgufRangeReader
+    from swactor.model.source import open_source
+
+    identity: tuple[object, ...] | None = None
+    if not is_remote(location):
+        try:
+            info = os.stat(location)
+            identity = (location, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+        except OSError:
+            identity = None  # open_source says what is wrong
+    elif digest is not None:
+        identity = (location, digest.lower())
+    source = open_source(location, digest=digest, cache_dir=cache_dir)
+    known = _HEADERS.get(identity) if identity is not None else None
+    if known is not None and identity is not None:
+        _HEADERS.move_to_end(identity)
+        return GgufRangeReader(source, known)
+    reader = GgufRangeReader(source)
+    if identity is not None:
+        _HEADERS[identity] = reader.stage_table(list(reader.tensors.values()))
+        while len(_HEADERS) > _HEADERS_KEPT:
+            _HEADERS.popitem(last=False)
+    return reader
 
 
 def is_remote(location: str) -> bool:

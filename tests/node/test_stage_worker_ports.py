@@ -155,3 +155,23 @@ def test_weight_failures_raise_their_reason_and_block_the_role(
         assert worker == [] and stage == []
 
     run_ports(gguf, body)
+
+
+def test_a_node_parses_a_files_header_once_until_the_file_changes(tmp_path: Path) -> None:
+    import os
+
+    from swactor.node.stage_worker_ports import header_reader, validate_weights
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", TINY)
+    first = header_reader(str(path), None, None)
+    assert first.header_bytes > 0 and first.source.bytes_read == first.header_bytes
+    again = header_reader(str(path), None, None)
+    assert again.source.bytes_read == 0 and again.header_bytes == 0
+    assert again.facts == first.facts and again.tensors == first.tensors
+    provision = provision_for(path)
+    assert validate_weights(provision, str(path), None) == validate_weights(provision,
+                                                                            str(path), None)
+    info = path.stat()
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000))
+    rewritten = header_reader(str(path), None, None)
+    assert rewritten.source.bytes_read == rewritten.header_bytes > 0
