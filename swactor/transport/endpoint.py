@@ -33,9 +33,12 @@ outcome and `refused` keeps only the latest `REFUSALS_KEPT` identity refusals, s
 flood costs bounded memory and, per datagram, one header parse and one HMAC.
 
 Verified links are cached by (peer node id, ALPN), whichever side opened them, the newest
-winning (`admit`), and every verified open link is pinged every `keepalive_interval` so
-that a stalled edge (no bytes moving for longer than the idle timeout while a consumer is
-slow) does not lose its connection. Stream events of a
+winning (`admit`); a link counts as closed from the moment its connection starts closing
+or draining (the peer's CONNECTION_CLOSE arrived), not three probe timeouts later when
+aioquic reports it terminated, so the cache never hands out a link that carries nothing
+(a past orchestrator session's, say). Every verified open link is pinged every
+`keepalive_interval` so that a stalled edge (no bytes moving for longer than the idle
+timeout while a consumer is slow) does not lose its connection. Stream events of a
 verified link go to the `LinkHandler` registered for its ALPN (the driver for edges, the
 control channel for control messages).
 """
@@ -274,6 +277,10 @@ class QuicLink:
                 self._mark_closed(reason)
                 self.endpoint.forget(self)
             event = quic.next_event()
+        if not self.closed:
+            closing = quic.closing_reason()
+            if closing is not None:  # closed now, not when aioquic's draining period ends
+                self._mark_closed(closing)
 
     def _verify_peer(self, alpn: str | None) -> None:
         inbound = self.expected_peer is None

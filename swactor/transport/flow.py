@@ -47,7 +47,7 @@ from typing import Any
 from aioquic import tls
 from aioquic.buffer import UINT_VAR_MAX_SIZE
 from aioquic.quic import connection as _conn_module
-from aioquic.quic.connection import QuicConnection
+from aioquic.quic.connection import QuicConnection, QuicConnectionState
 from aioquic.quic.packet import QuicFrameType
 from aioquic.quic.recovery import QuicPacketPacer
 from cryptography import x509
@@ -83,6 +83,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("QuicConnection", "_write_application, _streams_queue; see bulk.PRIVATE_NAMES"),
     ("QuicConnection", "_packet_number, _cryptos, _spaces[...].largest_acked_packet"),
     ("CryptoPair", "_update_key_requested (a key update requested, not yet applied)"),
+    ("QuicConnection", "_state, _close_event (closing or draining, see closing_reason)"),
 )
 
 _MAX_STREAM_DATA_FRAME_CAPACITY = 1 + 2 * UINT_VAR_MAX_SIZE
@@ -309,6 +310,20 @@ class SwactorConnection(QuicConnection):
             return None
         return bulk.receive_bulk(self, buf, msgs, nmsgs, addr, now)
 
+    def closing_reason(self) -> str | None:
+        """The close's reason once the connection is closing or draining (this side or
+        the peer closed it, e.g. the peer's CONNECTION_CLOSE arrived), else None.
+
+        aioquic reports `ConnectionTerminated` only when the closing or draining period
+        (three probe timeouts, RFC 9000 section 10.2) ends, which on a young link under
+        load is seconds later; the connection carries nothing in that period."""
+        if self._state not in (QuicConnectionState.CLOSING, QuicConnectionState.DRAINING):
+            return None
+        event = self._close_event
+        if event is None:
+            return "connection closing"
+        return str(event.reason_phrase or f"error code {event.error_code:#x}")
+
     # -- identity -------------------------------------------------------------------
 
     def peer_certificate(self) -> x509.Certificate | None:
@@ -402,6 +417,8 @@ def check_private_names() -> list[str]:
         missing.append("CryptoPair._update_key_requested")
     if not isinstance(getattr(conn, "_packet_number", None), int):
         missing.append("QuicConnection._packet_number")
+    if "_close_event" not in vars(conn):
+        missing.append("QuicConnection._close_event")
     ctx = tls.Context(is_client=False)
     for attr in ("_request_client_certificate", "_peer_certificate"):
         if not hasattr(ctx, attr):

@@ -3,6 +3,11 @@
 An orchestrator's next session has a new endpoint with the same identity; the node may
 still hold the previous session's link, open for a moment longer. Requests from the node
 (its StageReady) must go on the new link, or they are lost when the old one closes.
+
+A link whose peer closed it (CONNECTION_CLOSE) is closed at once, not when aioquic's
+draining period ends: the node's token-out edge to the orchestrator's next session must
+not be opened on the past session's draining link (its stream would go nowhere and the
+run fault with ConnectionLost once the draining period ends).
 """
 
 from __future__ import annotations
@@ -10,8 +15,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from aioquic.quic.connection import QuicConnectionState
 
-from swactor.transport.config import CONTROL_ALPN, TransportConfig
+from swactor.transport.config import CONTROL_ALPN, EDGE_ALPN, TransportConfig
 from swactor.transport.endpoint import QuicEndpoint, QuicLink
 from swactor.transport.identity import NodeIdentity
 
@@ -47,6 +53,32 @@ async def test_a_peer_back_from_a_new_endpoint_is_reached_on_its_newest_link() -
         assert not old.closed, "the older link stays open for what it carries"
         reached = await node.connect(orchestrator.node_id, CONTROL_ALPN)
         assert reached is new
+    finally:
+        for endpoint in (first, second, node):
+            await endpoint.close()
+
+
+async def test_a_link_the_peer_closed_is_not_handed_out_while_it_drains() -> None:
+    orchestrator, node_identity = NodeIdentity.generate(), NodeIdentity.generate()
+    node = QuicEndpoint(node_identity, CONFIG, allowed={orchestrator.node_id})
+    await node.start()
+    first = QuicEndpoint(orchestrator, CONFIG, allowed={node_identity.node_id})
+    second = QuicEndpoint(orchestrator, CONFIG, allowed={node_identity.node_id})
+    try:
+        await first.start()
+        old = await node.connect(orchestrator.node_id, EDGE_ALPN, first.address)
+        await first.close()  # the session ends: CONNECTION_CLOSE to the node
+        async with asyncio.timeout(10):
+            while old.quic._state is QuicConnectionState.CONNECTED:
+                await asyncio.sleep(0.001)
+        # the close arrived; aioquic drains for three probe timeouts before it says so
+        assert old.closed, old.quic._state
+        assert node.cached(orchestrator.node_id, EDGE_ALPN) in (old, None)
+
+        await second.start()  # the next session
+        new = await node.connect(orchestrator.node_id, EDGE_ALPN, second.address)
+        assert new is not old and not new.closed
+        assert new.addr[1] == second.address[1]
     finally:
         for endpoint in (first, second, node):
             await endpoint.close()
