@@ -14,8 +14,15 @@ ObjectSpec (guard `extent_valid`), then:
 - ContinueWrite (on RingWritable): clear the writable-pending bit, reload `consume`,
   and continue whichever phase was waiting for space.
 
+An object whose header and payload fit in one contiguous writable span (a decode step's
+activations, a token id) is written whole and committed once: one RingReadable at most,
+and the send pump moves it in one stream write, not a header and then a payload.
+
 No space means the output (and so its ExecuteStep) waits for the send-pump to drain:
-that is the backpressure path. Each commit marks the readable-pending bit and emits
+that is the backpressure path. Before it waits, the producer clears the writable-pending
+bit and looks again (spec §21), so the consumer's next consume sends the RingWritable
+that resumes it; while the producer is not waiting the bit stays set and consumes send
+no hint. Each commit marks the readable-pending bit and emits
 RingReadable only when it was clear (spec §21). The step runner hears the outcome
 through `OutputListener`: `output_done` after ObjectProduced was emitted, or
 `output_failed(reason)` (RejectOutput / FailOutput).
@@ -52,6 +59,9 @@ from swactor.worker.bridge import DeviceAllocation, DeviceBridge, DeviceError
 from swactor.worker.ring_record import RingRecord
 
 log = logging.getLogger(__name__)
+
+WHOLE_MAX = 1 << 20
+"""Objects up to this many payload bytes are written whole when they fit (module doc)."""
 
 
 class OutputListener(Protocol):
@@ -201,14 +211,52 @@ class EgressRing(RingRecord):
         if ring.commit_and_mark(n):
             self._emit(RingReadable(self.command.ring_id))
 
+    def _write_whole(self, ring: Ring) -> bool:
+        """Header and payload into one contiguous span, one commit; False if they do not
+        fit (or the copy failed: the payload phase then reports it)."""
+        source = self._source
+        header = self._header
+        extent = self._pending[2]
+        if source is None or self._header_written or extent > WHOLE_MAX:
+            return False
+        total = len(header) + extent
+        span = ring.writable_span(total)
+        try:
+            if len(span) < total:
+                return False
+            if extent:
+                self._bridge.device_to_host(source, 0, span[len(header):total])
+            span[: len(header)] = header
+        except DeviceError:
+            return False
+        finally:
+            span.release()
+        self._header_written, self._produced = len(header), extent
+        self._committed(ring, total)
+        return True
+
+    def _space(self, ring: Ring, want: int) -> memoryview:
+        """A writable span; when there is none, clear the writable-pending bit and look
+        again, so a consume after this sends the hint that resumes the wait (§21)."""
+        span = ring.writable_span(want)
+        if len(span) == 0:
+            span.release()
+            ring.clear_writable_pending()
+            span = ring.writable_span(want)
+        return span
+
     def _write_header(self) -> None:
         ring = self._live_ring()
         if ring is None:
             return
+        if self._write_whole(ring):
+            self.feed(er.HeaderCommitted())
+            return
         while self._header_written < len(self._header):
-            span = ring.writable_span(len(self._header) - self._header_written)
+            span = self._space(ring, len(self._header) - self._header_written)
             n = len(span)
             if n == 0:
+                span.release()
                 return  # wait for RingWritable
             span[:] = self._header[self._header_written : self._header_written + n]
             span.release()
@@ -223,9 +271,10 @@ class EgressRing(RingRecord):
             return
         object_id, sequence, extent = self._pending
         while self._produced < extent:
-            span = ring.writable_span(extent - self._produced)
+            span = self._space(ring, extent - self._produced)
             n = len(span)
             if n == 0:
+                span.release()
                 return  # wait for RingWritable
             try:
                 self._bridge.device_to_host(source, self._produced, span)

@@ -6,6 +6,7 @@ import os
 import queue
 import time
 
+from swactor.ring import Ring
 from swactor.wire import (
     ConfigureRole,
     ExecuteStep,
@@ -18,6 +19,7 @@ from swactor.wire import (
     PortId,
     RingDirection,
     RingId,
+    RingWritable,
     RoleConfigured,
     RoleId,
     Sequence,
@@ -101,3 +103,42 @@ def test_empty_object_loads_and_echoes(rig: WorkerRig) -> None:
     assert ObjectHeader.unpack(data).extent == 0
     assert rig.expect(ObjectProduced).extent == 0
     assert rig.expect(StepCompleted).step_id == 0
+
+
+def _drain(rig: WorkerRig, egress: Ring, length: int) -> bytes:
+    """Read `length` bytes as the node's send pump does: RingWritable only when the
+    consume found the writable-pending bit clear."""
+    out = bytearray(length)
+    got = 0
+    deadline = time.monotonic() + 30
+    while got < length:
+        assert time.monotonic() < deadline, f"stuck at {got} of {length} bytes"
+        n, hint = egress.read_into(memoryview(out)[got:])
+        got += n
+        if hint:
+            rig.send(RingWritable(RingId(egress.ring_id)))
+        if n == 0:
+            time.sleep(0.002)
+    return bytes(out)
+
+
+def test_a_consumer_that_hints_only_when_the_pending_bit_says_so_drains_a_big_object(
+    rig: WorkerRig,
+) -> None:
+    """The node's send pump sends RingWritable only when its consume found the
+    writable-pending bit clear (spec §21). A hint that comes while the producer is not
+    waiting leaves the bit set; a producer that then waits for space must clear it before
+    it waits, or the consumer never hints again and the step never completes."""
+    ingress = rig.add_ring(1, RingDirection.Ingress, 16 * RING)
+    egress = rig.add_ring(2, RingDirection.Egress, RING)
+    rig.send(ConfigureRole(RoleId(1), {"kind": "echo"}))
+    rig.expect(RoleConfigured)
+    small, big = os.urandom(64), os.urandom(6 * RING)
+    for step, payload in enumerate((small, big)):
+        write_all(rig, ingress, record(10 + 2 * step, step, payload))
+        loaded = rig.expect(ObjectLoaded)
+        rig.send(echo_step(step, loaded.device_handle, 10 + 2 * step, len(payload)))
+        data = _drain(rig, egress, ObjectHeader.LEN + len(payload))
+        assert data[ObjectHeader.LEN:] == payload
+        assert rig.expect(ObjectProduced).object_id == 11 + 2 * step
+        assert rig.expect(StepCompleted).step_id == step
