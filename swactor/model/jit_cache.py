@@ -27,7 +27,8 @@ facts), the name, shape and dtype of every owned buffer, the plain values held b
 them (a block matrix's ``nibbles`` flag, say), and the JIT's kind (``decode``,
 ``prefill-32``). Weight *values* are not part of it: two files of the same architecture
 share entries. A missing, stale or unreadable entry is rebuilt and rewritten (written to a
-temporary name and renamed, so concurrent workers never read half a file).
+temporary name and renamed, so concurrent workers never read half a file). Only the
+:data:`KEEP_ENTRIES` most recently used entries are kept.
 
 The cache directory is ``$SWACTOR_KERNEL_CACHE`` or ``$XDG_CACHE_HOME/swactor/kernels``
 (default ``~/.cache/swactor/kernels``); ``SWACTOR_KERNEL_CACHE=off`` turns it off. Entries
@@ -37,6 +38,7 @@ must be writable only by the user running the nodes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -60,6 +62,7 @@ from tinygrad.uop.ops import UOp
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "SWACTOR_KERNEL_CACHE"
+KEEP_ENTRIES = 64  # a few MB each: decode and prefill buckets of a few roles
 _FORMAT = 1
 # modules whose code shapes a role's graph: a change in any of them is a new key
 _GRAPH_MODULES = ("swactor.model.llama_role", "swactor.model.cpu_graph", __name__)
@@ -175,6 +178,19 @@ class _Reader(pickle.Unpickler):
         return made
 
 
+def prune(directory: Path, keep: int = KEEP_ENTRIES) -> None:
+    """Delete all but the `keep` most recently used entries (a code change makes every
+    entry of the old code a miss forever)."""
+    try:
+        entries = sorted(directory.glob("*.jit"), key=lambda p: p.stat().st_mtime_ns,
+                         reverse=True)
+    except OSError:
+        return
+    for stale in entries[keep:]:
+        with contextlib.suppress(OSError):
+            stale.unlink()
+
+
 class KernelCache:
     """The cache entries of one role (module doc)."""
 
@@ -225,6 +241,8 @@ class KernelCache:
         if not isinstance(captured, CapturedJit):
             return None
         self.loaded.add(kind)
+        with contextlib.suppress(OSError):
+            os.utime(path)  # used now: pruning goes by last use
         return captured
 
     def save(self, kind: str, captured: CapturedJit[Any]) -> None:
@@ -242,3 +260,5 @@ class KernelCache:
             os.replace(tmp.name, self.path(kind))
         except (OSError, pickle.PicklingError, TypeError, AttributeError) as error:
             log.warning("kernel cache: cannot write %s (%s)", kind, error)
+            return
+        prune(self.directory)

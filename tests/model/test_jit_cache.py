@@ -147,3 +147,16 @@ def test_the_sampling_policy_is_not_part_of_the_key(tiny_llama: Path, tmp_path: 
     assert other._kernels is not None
     assert greedy._kernels.path("decode") == sampled._kernels.path("decode")
     assert greedy._kernels.path("decode") != other._kernels.path("decode")
+
+
+def test_only_the_most_recently_used_entries_are_kept(tmp_path: Path) -> None:
+    import os
+
+    for index in range(6):
+        entry = tmp_path / f"role{index}-decode.jit"
+        entry.write_bytes(b"x")
+        os.utime(entry, ns=(index * 10**9, index * 10**9))
+    (tmp_path / "notes.txt").write_text("not an entry")
+    jit_cache.prune(tmp_path, keep=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "notes.txt", "role3-decode.jit", "role4-decode.jit", "role5-decode.jit"]
