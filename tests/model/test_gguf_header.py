@@ -81,6 +81,7 @@ def test_every_value_type_reads_as_the_gguf_reader_reads_it(
     assert header.metadata["t.bools"] == [True, False, True]
 
 
+@pytest.mark.slow  # the real model file
 def test_smollm2_header_reads_as_the_gguf_reader_reads_it() -> None:
     _assert_same_as_reference(default_model_path())
 
@@ -96,6 +97,7 @@ def test_every_prefix_short_of_the_header_asks_for_more(tmp_path: Path) -> None:
     assert parse_header(data[:end]).header_bytes == end
 
 
+@pytest.mark.slow  # the real model file
 def test_range_reader_reads_the_header_and_little_more() -> None:
     reader = open_reader(default_model_path())
     header, _ = read_local_header(default_model_path())
@@ -147,6 +149,7 @@ def test_malformed_headers_are_typed(data: bytes, words: str) -> None:
         parse_header(data)
 
 
+@pytest.mark.slow  # the real model file
 def test_tokenize_command_loads_neither_the_transport_nor_the_model_runtime() -> None:
     probe = (
         "import sys\n"
