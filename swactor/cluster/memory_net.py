@@ -7,7 +7,9 @@ allowed). A `StageNode` and an orchestrator session build their transport throug
 the surface of the real QUIC endpoint, edge driver and control channel and talk through
 this object:
 
-- `MemoryEndpoint`: a node id, an allow-list and an address book like the real one;
+- `MemoryEndpoint`: a node id, an allow-list, pinned keys and an address book like the
+  real one (a peer is reached only if each side admits the other: its id allowed and,
+  where pinned, its full public key equal to the pin);
   `start` registers the node (a made-up port), `close` unregisters it and tells every
   peer's control channel that the link closed (`on_lost`).
 - `MemoryControl`: `request(peer, message)` round-trips the message through its JSON
@@ -27,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +40,7 @@ from swactor.transport import ControlAuthority, ControlChannel
 from swactor.transport.config import TransportConfig
 from swactor.transport.control import ControlRejectedError, RejectCode
 from swactor.transport.errors import ConnectionLostError, ControlError
-from swactor.transport.identity import NodeIdentity
+from swactor.transport.identity import NodeIdentity, raw_public_key_from_certificate
 from swactor.transport.messages import (
     DriverEdgeReady,
     EstablishRecv,
@@ -56,10 +58,12 @@ CHUNK = 1 << 16
 
 class MemoryEndpoint:
     def __init__(self, network: MemoryNetwork, identity: NodeIdentity,
-                 allowed: Iterable[int]) -> None:
+                 allowed: Iterable[int], pinned: Mapping[int, bytes] | None = None) -> None:
         self.network = network
         self.node_id = identity.node_id
+        self.public_key = raw_public_key_from_certificate(identity.certificate)
         self.allowed: set[int] = set(allowed)
+        self.pinned: dict[int, bytes] = dict(pinned or {})
         self.address_book: dict[int, tuple[str, int]] = {}
         self.address: tuple[str, int] = ("memory", 0)
         self.control: MemoryControl | None = None
@@ -77,6 +81,14 @@ class MemoryEndpoint:
         for node_id in dropped:
             self.address_book.pop(node_id, None)
         return dropped
+
+    def pin_keys(self, pinned: Mapping[int, bytes]) -> None:
+        self.pinned = dict(pinned)
+
+    def admits(self, peer: MemoryEndpoint) -> bool:
+        """The real endpoint's handshake check: id allowed, full key equal to any pin."""
+        return (peer.node_id in self.allowed
+                and self.pinned.get(peer.node_id, peer.public_key) == peer.public_key)
 
     async def close(self) -> None:
         if self.network.endpoints.get(self.node_id) is self:
@@ -104,8 +116,8 @@ class MemoryControl:
             raise ControlError(f"{name} is not a registered control message type")
         peer = self.endpoint.network.endpoints.get(peer_node_id)
         me = self.endpoint.node_id
-        if peer is None or peer.control is None or me not in peer.allowed \
-                or peer_node_id not in self.endpoint.allowed:
+        if peer is None or peer.control is None or not peer.admits(self.endpoint) \
+                or not self.endpoint.admits(peer):
             raise ConnectionLostError(f"no link to node {peer_node_id:#018x}")
         control = peer.control
         received = control.registry[name].from_json(message.to_json())
@@ -243,8 +255,9 @@ class MemoryNetwork:
         self.ports = itertools.count(1)
 
     def endpoint(self, identity: NodeIdentity, config: TransportConfig,
-                 allowed: Iterable[int]) -> MemoryEndpoint:
-        return MemoryEndpoint(self, identity, allowed)
+                 allowed: Iterable[int], pinned: Mapping[int, bytes] | None = None
+                 ) -> MemoryEndpoint:
+        return MemoryEndpoint(self, identity, allowed, pinned)
 
     def driver(self, endpoint: Any, arena: Arena, emit: Callable[[object], None],
                wake: Callable[[object], None]) -> MemoryDriver:

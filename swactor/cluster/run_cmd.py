@@ -94,9 +94,11 @@ async def _run(args: argparse.Namespace, keys: Path) -> int:
     emitter = configure(f"orchestrator-{cluster.orchestrator.node_id:016x}", events,
                         verbosity=1 if args.verbose else None)
     print(f"[swactor] starting {args.nodes} nodes ...", file=sys.stderr, flush=True)
+    admission = cluster.write_pool()
+    options = replace(options, admission=admission)  # its endpoint pins the pool's keys
     discovery = PoolDiscovery(
         cluster.orchestrator, ("127.0.0.1", 0), (), args.nodes,
-        admission=cluster.write_pool(), settle_s=LOCAL_CONVERGENCE_WINDOW_S, emitter=emitter,
+        admission=admission, settle_s=LOCAL_CONVERGENCE_WINDOW_S, emitter=emitter,
         warn=lambda text: print(f"[swactor] warning: {text}", file=sys.stderr, flush=True))
     cluster.seed = discovery.address
     pool: Pool | None = None

@@ -22,9 +22,11 @@ What it pins. The full public key, not the 64-bit node id derived from it: a key
 admitted only if its 32 bytes are in the file. The membership layer drops every datagram
 and update whose author is not admitted (`ForgeryReason.NotInPool`), so a foreign key
 never enters the view; discovery then chooses stages only among the file's `node`
-entries, so neither a foreign key nor the orchestrator's is planned on. Two keys whose
-node ids collide are refused when the file is loaded, so inside a pool a node id
-names exactly one pinned key.
+entries, so neither a foreign key nor the orchestrator's is planned on. The QUIC
+endpoints of the node and the orchestrator pin the same keys (`pinned_keys`): a peer
+whose certificate's key merely hashes to a member's node id is refused at the
+handshake. Two keys whose node ids collide are refused when the file is loaded, so
+inside a pool a node id names exactly one pinned key.
 
 The file is bounded before it is parsed (`MAX_POOL_FILE_BYTES`, `MAX_POOL_MEMBERS`) and
 every refusal is a `PoolFileError` naming the file, the line and the problem.
@@ -115,6 +117,13 @@ class Admission:
     def keys(self) -> frozenset[bytes]:
         """Every admitted public key (32 raw bytes each)."""
         return frozenset(e.public_key for e in self.entries)
+
+    @property
+    def pinned_keys(self) -> dict[int, bytes]:
+        """Node id -> full public key of every member: what a QUIC endpoint pins
+        (`QuicEndpoint.pinned`), so that a peer is admitted by its 32-byte key, not by
+        the 64-bit id it hashes to."""
+        return {int(e.node_id): e.public_key for e in self.entries}
 
     @property
     def member_ids(self) -> frozenset[NodeId]:

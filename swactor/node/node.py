@@ -172,8 +172,9 @@ class NodeConfig:
     advertise_host: str | None = None
     """The QUIC host published in SWIM metadata (default: `bind_host`)."""
     admission: Admission | None = None
-    """The pinned pool (`--pool`): SWIM admits only its keys and AddressBook entries
-    outside it are ignored (None: an open pool, `--open-pool`, or no SWIM)."""
+    """The pinned pool (`--pool`): SWIM admits only its keys, AddressBook entries
+    outside it are ignored and the QUIC endpoint pins its members' full public keys
+    (None: an open pool, `--open-pool`, or no SWIM: ids only)."""
     network: Transport | None = None
     """How to build the endpoint, driver and control channel (None: real QUIC)."""
 
@@ -494,7 +495,9 @@ class StageNode:
         config = self.config
         network = config.network or QuicTransport()
         endpoint = network.endpoint(config.identity, config.transport,
-                                    {int(config.orchestrator)})
+                                    {int(config.orchestrator)},
+                                    None if config.admission is None
+                                    else config.admission.pinned_keys)
         try:
             await endpoint.start(config.bind_host, config.quic_port)
         except Exception as error:

@@ -9,7 +9,7 @@ instead, whose stand-ins have the same surface.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from swactor.arena import Arena
@@ -25,7 +25,11 @@ class Transport(Protocol):
     """How a node or an orchestrator builds its endpoint, edge driver and control channel."""
 
     def endpoint(self, identity: NodeIdentity, config: TransportConfig,
-                 allowed: Iterable[int]) -> Any: ...
+                 allowed: Iterable[int], pinned: Mapping[int, bytes] | None = None
+                 ) -> Any:
+        """The endpoint; `pinned` (node id -> raw public key) are the full keys those
+        ids must present (`QuicEndpoint.pinned`; None: ids only)."""
+        ...
 
     def driver(self, endpoint: Any, arena: Arena, emit: Callable[[object], None],
                wake: Callable[[object], None]) -> Any: ...
@@ -39,8 +43,9 @@ class QuicTransport:
     """The real transport: aioquic endpoint, edge `Driver`, `ControlChannel`."""
 
     def endpoint(self, identity: NodeIdentity, config: TransportConfig,
-                 allowed: Iterable[int]) -> QuicEndpoint:
-        return QuicEndpoint(identity, config, allowed=allowed)
+                 allowed: Iterable[int], pinned: Mapping[int, bytes] | None = None
+                 ) -> QuicEndpoint:
+        return QuicEndpoint(identity, config, allowed=allowed, pinned=pinned)
 
     def driver(self, endpoint: Any, arena: Arena, emit: Callable[[object], None],
                wake: Callable[[object], None]) -> Driver:

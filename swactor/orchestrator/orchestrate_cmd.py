@@ -174,6 +174,8 @@ def session_options(
 
 
 def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from swactor.transport.identity import NodeIdentity
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
@@ -193,7 +195,8 @@ def run(args: argparse.Namespace) -> int:
             if strangers:
                 raise ValueError(f"--node {int(strangers[0].node_id):016x} is not a node of "
                                  f"the pool file {admission.source}")
-        options = session_options(args, identity, tuple(args.members))
+        options = replace(session_options(args, identity, tuple(args.members)),
+                          admission=admission)
     except Exception as error:
         print(f"swactor orchestrator: {error}", file=sys.stderr)
         return 2

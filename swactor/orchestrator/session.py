@@ -41,6 +41,7 @@ from swactor.actors import Runtime
 from swactor.events.emitter import Emitter
 from swactor.events.schema import LifecycleEvent, PoolReady, TokenReceived
 from swactor.fsm.generated import orchestrator_run as orun
+from swactor.membership.admission import Admission
 from swactor.model.fetch import OfferedFile
 from swactor.node.control_messages import REGISTRY, AddressBook, PeerAddress
 from swactor.node.transports import QuicTransport, Transport
@@ -101,6 +102,10 @@ class SessionOptions:
     """The pool came from SWIM discovery, whose `pool_readiness` machine already emitted
     pool_ready: the session does not emit it again (False: a fixed `--node` list, whose
     pool_ready is emitted once every node acknowledged its AddressBook)."""
+    admission: Admission | None = None
+    """The pool file (`--pool`): the orchestrator's QUIC endpoint pins its members' full
+    public keys, so a node is admitted by its key, not by the 64-bit id it hashes to
+    (None: ids only)."""
 
 
 @dataclass
@@ -237,7 +242,9 @@ async def run_session(
 
     network = options.network or QuicTransport()
     endpoint = network.endpoint(options.identity, options.transport,
-                                {int(m.node_id) for m in options.nodes})
+                                {int(m.node_id) for m in options.nodes},
+                                None if options.admission is None
+                                else options.admission.pinned_keys)
     address = await endpoint.start(options.bind_host, 0)
     for member in options.nodes:
         endpoint.address_book[int(member.node_id)] = (member.host, member.port)

@@ -13,7 +13,13 @@ one credit update per batch instead of per datagram (measured: 13x at 1452 bytes
 Each connection is wrapped in a `QuicLink`, which does what aioquic's asyncio protocol
 does (transmit, timer, event loop) plus identity: when the TLS handshake completes, the
 link derives the peer's node id from its certificate and compares it with the expected id
-(client side) or the endpoint's allow-list (server side). A peer that fails is refused:
+(client side) or the endpoint's allow-list (server side). The 64-bit id alone is not
+proof of a key: where the endpoint pins that id's full public key (`pinned`, node id ->
+raw 32-byte Ed25519 key, from the pool file a node or orchestrator was started with), the
+certificate's raw key must equal the pinned one, in both directions, or the peer is
+refused ("presented a key that does not match its pinned key"); an id with no pin is
+checked by id only (no pool file: `--open-pool`, a fixed `--node` list). A peer that
+fails is refused:
 the connection is closed with `PEER_REJECTED_CODE` and a reason naming the rejected id,
 the endpoint's `on_refused` callback receives a `PeerRefused` event, and no stream byte
 of that connection ever reaches a handler (stream events are dispatched only once a link
@@ -50,7 +56,7 @@ import ipaddress
 import os
 import socket
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -68,7 +74,11 @@ from swactor.transport.errors import (
     TransportError,
 )
 from swactor.transport.flow import SwactorConnection
-from swactor.transport.identity import NodeIdentity, node_id_from_certificate
+from swactor.transport.identity import (
+    NodeIdentity,
+    node_id_from_certificate,
+    raw_public_key_from_certificate,
+)
 from swactor.transport.retry import RSCID_LENGTH, RetryTokenError, RetryTokens
 from swactor.transport.udp import UdpSocket
 
@@ -123,6 +133,8 @@ class QuicLink:
         self.addr = addr
         self.expected_peer = expected_peer
         self.peer_node_id: int | None = None
+        self.peer_public_key: bytes | None = None
+        """The raw Ed25519 key the verified peer's certificate carries."""
         self.alpn: str | None = None
         self.closed = False
         self.close_reason = ""
@@ -290,9 +302,11 @@ class QuicLink:
             return
         try:
             node_id = node_id_from_certificate(cert)
+            raw_key = raw_public_key_from_certificate(cert)
         except IdentityError as exc:
             self._refuse(None, str(exc), inbound)
             return
+        pinned = self.endpoint.pinned.get(node_id)
         if alpn not in ALPNS:
             self._refuse(node_id, f"unsupported ALPN {alpn!r}", inbound)
         elif inbound and not self.endpoint.is_allowed(node_id):
@@ -303,8 +317,15 @@ class QuicLink:
                 f"server is node {node_id:#018x}, expected {self.expected_peer:#018x}",
                 inbound,
             )
+        elif pinned is not None and raw_key != pinned:
+            self._refuse(
+                node_id,
+                f"node {node_id:#018x} presented a key that does not match its pinned key",
+                inbound,
+            )
         else:
             self.peer_node_id = node_id
+            self.peer_public_key = raw_key
             self.alpn = alpn
             self.endpoint.handshake_over(self)
             self.endpoint.admit(self)
@@ -345,10 +366,13 @@ class QuicEndpoint:
         config: TransportConfig,
         allowed: Iterable[int] = (),
         on_refused: Callable[[PeerRefused], None] | None = None,
+        pinned: Mapping[int, bytes] | None = None,
     ) -> None:
         self.identity = identity
         self.config = config
         self.allowed: set[int] = set(allowed)
+        self.pinned: dict[int, bytes] = {}
+        """Node id -> the raw 32-byte public key that id must present (module doc)."""
         self.address_book: dict[int, Address] = {}
         self.refused: deque[PeerRefused] = deque(maxlen=REFUSALS_KEPT)
         """The latest identity refusals (`REFUSALS_KEPT`)."""
@@ -365,6 +389,7 @@ class QuicEndpoint:
         self._cache: dict[tuple[int, str], QuicLink] = {}
         self._connecting: dict[tuple[int, str], asyncio.Future[QuicLink]] = {}
         self._links: set[QuicLink] = set()
+        self.pin_keys(pinned or {})
         self._sock: UdpSocket | None = None
         self._server_config = config.quic_configuration(identity, is_client=False)
         self._keepalive: asyncio.Task[None] | None = None
@@ -433,6 +458,26 @@ class QuicEndpoint:
             if peer is not None and peer not in new and not link.closed:
                 link.close(f"node {peer:#018x} left the allow-list", PEER_REJECTED_CODE)
         return dropped
+
+    def pin_keys(self, pinned: Mapping[int, bytes]) -> None:
+        """Replace the pinned keys (node id -> raw 32-byte Ed25519 public key): every later
+        handshake with a pinned id must present that key; a verified link whose key does
+        not match its new pin is closed with `PEER_REJECTED_CODE`."""
+        new: dict[int, bytes] = {}
+        for node_id, key in pinned.items():
+            if len(key) != 32:
+                raise ValueError(f"pinned key of node {node_id:#018x} is {len(key)} bytes, "
+                                 "not a raw 32-byte Ed25519 key")
+            new[int(node_id)] = bytes(key)
+        self.pinned = new
+        for link in list(self._links):
+            peer = link.peer_node_id
+            if peer is None or link.closed:
+                continue
+            pin = new.get(peer)
+            if pin is not None and link.peer_public_key != pin:
+                link.close(f"node {peer:#018x} no longer matches its pinned key",
+                           PEER_REJECTED_CODE)
 
     def report_refused(self, refusal: PeerRefused) -> None:
         self.admission["peer_refused"] += 1

@@ -12,9 +12,10 @@ is refused with `KeyFilePermissionsError`: a leaked key is a stolen identity.
 
 so any peer can recompute it from the certificate presented in the TLS handshake. The
 certificate itself is self-signed and carries no authority: trust comes from comparing the
-derived id with the expected id (client side) or the allow-list (server side), which
-`swactor.transport.tlsauth` does on handshake completion. The certificate is re-minted
-at every start (it is cheap), so only the key needs to persist.
+derived id with the expected id (client side) or the allow-list (server side), and, where
+the endpoint pins that id's full public key (a pool file), the certificate's raw key with
+the pinned one, which `swactor.transport.endpoint` does on handshake completion. The
+certificate is re-minted at every start (it is cheap), so only the key needs to persist.
 """
 
 from __future__ import annotations
@@ -47,12 +48,22 @@ def node_id_from_public_key(public_key: Ed25519PublicKey) -> int:
 
 def node_id_from_certificate(certificate: x509.Certificate) -> int:
     """The node id a peer's certificate proves; `IdentityError` if its key is not Ed25519."""
+    return node_id_from_public_key(_ed25519_key(certificate))
+
+
+def raw_public_key_from_certificate(certificate: x509.Certificate) -> bytes:
+    """The raw 32-byte Ed25519 key a peer's certificate carries (what a pin compares)."""
+    return _ed25519_key(certificate).public_bytes(serialization.Encoding.Raw,
+                                                  serialization.PublicFormat.Raw)
+
+
+def _ed25519_key(certificate: x509.Certificate) -> Ed25519PublicKey:
     key = certificate.public_key()
     if not isinstance(key, Ed25519PublicKey):
         raise IdentityError(
             f"peer certificate carries a {type(key).__name__}, not an Ed25519 key"
         )
-    return node_id_from_public_key(key)
+    return key
 
 
 @dataclass(frozen=True, slots=True)
