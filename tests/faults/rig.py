@@ -16,7 +16,8 @@ event files and the nodes' own leak reports, what the issue asks of every fault:
 - no orphan: each node process has exactly one live child (its worker) and every worker
   pid seen so far is either that child or gone (not a zombie, not re-parented);
 - the surviving nodes accept the next run: a clean run right after gives the model's
-  tokens, Completed, teardown Clean;
+  tokens, Completed, teardown Clean; when it does not, the row's notes carry the log
+  lines each node wrote during the faulted run and the next one (`LOG_LINES_KEPT`);
 - every process's events of every run (the faulted one and the clean one after it) are
   an order the protocol tables allow, seen to the end (`swactor check`, through
   `tests.trace_check`): a binding that drifts from its table fails the case.
@@ -62,6 +63,8 @@ TIMEOUTS = RunTimeouts(readiness_s=30.0, step_s=30.0, teardown_s=20.0)
 WARM_UP = RunTimeouts(readiness_s=180.0, step_s=180.0, teardown_s=30.0)
 REPORT_WAIT_S = 30.0
 STATUS_WAIT_S = 15.0
+LOG_LINES_KEPT = 12
+"""Per node, how many of its latest log lines a refused next run's notes carry."""
 
 
 @dataclass
@@ -93,6 +96,8 @@ class Observed:
     """node index -> that node's stage_finished report for this run."""
     trace: list[str] = field(default_factory=list)
     """One verdict line per process whose events the tables do not allow (none: fine)."""
+    logs: list[list[str]] = field(default_factory=list)
+    """Each node's `stderr_tail` when the session began (see `FaultRig.node_logs`)."""
 
     def names(self) -> list[str]:
         return [e.name.value for e in self.events]
@@ -217,6 +222,7 @@ class FaultRig:
         run_id = options.run_id
         assert run_id is not None
         before = {node.index: len(node.reports) for node in self.cluster.nodes}
+        logs = [list(node.stderr_tail) for node in self.cluster.nodes]
         helper = asyncio.ensure_future(during(run_id)) if during is not None else None
         report: SessionReport | None = None
         error: str | None = None
@@ -238,7 +244,7 @@ class FaultRig:
             follower.close()
         mine = [e for e in events if getattr(e.event, "run_id", None) == run_id]
         self._note_workers()
-        return Observed(run_id, report, error, mine, finished, trace_problems(mine))
+        return Observed(run_id, report, error, mine, finished, trace_problems(mine), logs)
 
     async def _finished(
         self, run_id: int, before: dict[int, int], expect: bool
@@ -329,6 +335,17 @@ class FaultRig:
             problems.append(f"orchestrator token leases left: {report.token_leases_left}")
         return not problems, " | ".join(problems)
 
+    def node_logs(self, since: list[list[str]]) -> list[str]:
+        """Each node's log lines (stderr) written after the snapshot `since` of
+        `stderr_tail` (all it keeps when the snapshot has scrolled out), the last
+        `LOG_LINES_KEPT` per node."""
+        lines: list[str] = []
+        for node, before in zip(self.cluster.nodes, since, strict=True):
+            tail = node.stderr_tail
+            fresh = tail[len(before):] if tail[:len(before)] == before else tail
+            lines += [f"node {node.index}: {line}" for line in fresh[-LOG_LINES_KEPT:]]
+        return lines
+
     def row(self, source: str, injected: str, seen: Observed) -> FaultRow:
         """Fill a table row from one faulted session, then run the next clean run."""
         row = FaultRow(source, injected)
@@ -364,6 +381,7 @@ class FaultRig:
         row.next_run_ok, detail = self.clean_run()
         if not row.next_run_ok:
             row.notes.append(detail)
+            row.notes += self.node_logs(seen.logs)
         return row
 
     def interrupt_after_tokens(self, tokens: int) -> Callable[[int], Awaitable[None]]:
