@@ -14,7 +14,7 @@ To the EdgeEstablisher (besides the arena's, worker's and driver's answers):
 
 From the EdgeEstablisher to an edge actor: `EdgeUp`, `EdgeDown`, `EdgeGone`.
 To an edge actor from its owner: `StopEdgeRequest` (or the generated machine's own
-events: `tx_edge.ProduceObject`, `rx_edge.ObjectConsumed`, ...).
+`StopEdge`).
 """
 
 from __future__ import annotations
