@@ -58,6 +58,13 @@ lint: setup
 bench *WHICH: setup
     {{py}} -m bench {{ if WHICH == "" { "report" } else { WHICH } }}
 
+# On whatever device tinygrad finds (the CPU when there is no GPU): the checks a GPU machine
+# runs first. Decode benchmark (dense, blocks) and 1/2/3-stage greedy equality (SmolLM2, K-quants).
+gpu-check: setup
+    {{py}} -c "from tinygrad import Device; print('gpu-check on tinygrad device', Device.DEFAULT)"
+    timeout 300 {{py}} -m bench model --variants f16:dense,f16:blocks,f32:blocks --repeat 1 --tokens 32
+    timeout 300 {{py}} -m pytest -q -p no:cacheprovider tests/model/test_smollm2.py tests/model/test_stage_role.py -k "identical or block_decode"
+
 # Fault matrix (issue 10): one injected fault per run on a 3-node loopback cluster with a tiny
 # GGUF; rewrites the README "Fault behaviour" table from the rows (also when a case fails).
 faults: setup

@@ -110,6 +110,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "decode and prefill compute from the file's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/"
                         "Q6_K blocks: faster decode on CPU, memory about the file's bytes) or "
                         "dense (dequantised once at load into the plan's dtype)")
+    parser.add_argument("--device", default=None, metavar="NAME",
+                        help="the worker's tinygrad device (CPU, CUDA, NV, AMD, METAL, GPU, "
+                        "...; default: tinygrad's best available)")
     parser.add_argument("--log-level", default="WARNING")
     add_event_arguments(parser)
     parser.set_defaults(handler=run, node_parser=parser)
@@ -147,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
                         bind_host=args.bind, quic_port=args.quic,
                         arena_ceiling=args.arena_ceiling,
                         models_dir=args.models_dir or model_cache_dir(),
-                        weights=args.weights,
+                        weights=args.weights, device=args.device,
                         swim_bind=args.swim, seeds=tuple(args.seed),
                         advertise_host=args.advertise, admission=admission)
     try:

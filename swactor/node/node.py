@@ -163,6 +163,8 @@ class NodeConfig:
     """How the worker holds quantised matrices: "blocks" (computes from the file's
     Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K blocks: faster on CPU, about the file's bytes in memory)
     or "dense" (dequantised once at load); `role_config.DEFAULT_WEIGHT_MODE`."""
+    device: str | None = None
+    """The worker's tinygrad device (`swactor node --device`); None: tinygrad's best."""
     transport: TransportConfig = dataclasses.field(default_factory=TransportConfig)
     worker_init_timeout_s: float = 120.0
     swim_bind: tuple[str, int] | None = None
@@ -463,6 +465,8 @@ class StageNode:
         watcher = runtime.spawn(lambda: _Notices(self.notices), "boot")
         routes = self._routes = WorkerRoutes(node_boot=watcher, stage_controllers=[host])
         ctl_config = WorkerCtlConfig(arena.fd, arena.size,
+                                     backend=None if config.device is None
+                                     else {"device": config.device},
                                      init_timeout_s=config.worker_init_timeout_s)
         self._ctl = runtime.spawn(lambda: GpuWorkerCtl(ctl_config, routes, arena), "gpu-worker",
                                   mailbox_capacity=4096)

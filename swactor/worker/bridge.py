@@ -25,7 +25,6 @@ DeviceCopyFailed paths run in a real worker.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,15 +99,14 @@ class FaultPlan:
 
 
 def choose_device(backend: object) -> str:
-    """The tinygrad device named by InitializeWorker.backend, else CUDA when an NVIDIA
-    GPU is present, else the CPU."""
+    """The tinygrad device named by InitializeWorker.backend (`swactor node --device`),
+    else tinygrad's best available (`Device.DEFAULT`: the first of its GPU backends that
+    opens, else the CPU)."""
     if isinstance(backend, dict) and isinstance(backend.get("device"), str):
         requested = str(backend["device"]).upper()
         if requested != "AUTO":
             return requested
-    if os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl"):
-        return "CUDA"
-    return "CPU"
+    return str(Device.DEFAULT)
 
 
 class DeviceBridge:
