@@ -83,6 +83,7 @@ from tinygrad.tensor import Tensor
 from tinygrad.uop import Ops
 from tinygrad.uop.ops import UOp
 
+from swactor import heap
 from swactor.model.block_kernels import DeviceQuant, dequant_expr, to_device, widen_f16
 from swactor.model.cpu_graph import use_cpu_graph
 from swactor.model.dequant import QuantMatrix
@@ -233,6 +234,7 @@ class StageRole:
         # process holds from here is the role's (and RSS at ready measures that)
         weights.tensors.clear()
         weights.blocks.clear()
+        heap.trim()  # the load's freed host copies sit in glibc's heap until trimmed
         self.file_bytes = weights.tensor_bytes
         self.weight_bytes, self.kv_cache_bytes = self.memory_bytes()
         self.rss_at_ready = process_rss_bytes()

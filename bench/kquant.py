@@ -1,0 +1,148 @@
+"""K-quant files: memory per stage against the file, and a 1B-class model on 1/2/4 stages.
+
+Theory of operation
+-------------------
+Every figure comes from a fresh process per stage (:mod:`bench._stage_probe`), run one
+after another, on synthetic llama files with random weights (:mod:`bench._synthetic`,
+generated once into the model cache):
+
+1. **Memory per type.** A 4-block, 2048-wide file per block type (Q4_0, Q4_1, Q8_0,
+   Q4_K, Q5_K, Q6_K, and Q4_K_M's mix), split in two stages, weights in blocks (and the
+   Q4_K_M file also dense). Per stage: the stage's tensors in the file, the resident
+   memory the stage added to its process at ready (RSS at ready minus RSS after
+   starting tinygrad) less its KV cache, the ratio of the two (the goal: at most 1.25x),
+   the KV cache apart, and the planner's prediction of the weights beside the role's own
+   count (they must agree exactly).
+2. **1B-class model** (``--big``): Llama-3.2-1B's shape (16 blocks, 2048 wide, FFN 8192,
+   vocabulary 128256, tied embeddings), Q4_K_M-like types, on 1, 2 and 4 stages: load
+   time, memory per stage as above, and the decode step of each stage after a
+   ``--prompt``-position prefill. A pipeline of stages decodes one token after another,
+   so its token rate is one over the sum of the stages' step times (transport apart).
+
+The machine is shared: the load average is printed beside the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gguf import GGMLQuantizationType as Q
+
+from bench._synthetic import LLAMA_1B, Shape, cached
+
+GOAL = 1.25
+MIB = 1 << 20
+_MIX = {"attn_v": Q.Q6_K, "ffn_down": Q.Q6_K}
+
+
+def _type_shapes() -> list[Shape]:
+    def shape(name: str, matrix: Q, embd: Q, mix: dict[str, Q] | None = None) -> Shape:
+        return Shape(name, blocks=4, hidden=2048, heads=16, kv_heads=4, ffn=5632,
+                     vocab=32000, matrix_type=matrix, embd_type=embd,
+                     types_by_matrix=mix or {})
+
+    shapes = [shape(f"mem-{t.name.lower()}", t, t)
+              for t in (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)]
+    shapes.append(shape("mem-q4_k_m", Q.Q4_K, Q.Q6_K, _MIX))
+    return shapes
+
+
+def _probe(path: Path, start: int, end: int, weights: str, args: argparse.Namespace,
+           decode: int = 0) -> dict[str, Any]:
+    request = {"path": str(path), "start": start, "end": end, "weights": weights,
+               "dtype": args.dtype, "max_seq_len": args.max_seq_len, "decode": decode,
+               "prompt": args.prompt}
+    result = subprocess.run([sys.executable, "-m", "bench._stage_probe", json.dumps(request)],
+                            capture_output=True, text=True, timeout=1800)
+    if result.returncode != 0:
+        raise RuntimeError(f"stage probe {start}..{end} failed: {result.stderr[-2000:]}")
+    row: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    added = row["rss_ready"] - row["rss_base"]
+    row["rss_added"] = added
+    row["ratio"] = (added - row["kv_bytes"]) / row["file_bytes"]
+    return row
+
+
+def _line(label: str, row: dict[str, Any]) -> str:
+    exact = "=" if row["predicted_weights"] == row["weight_bytes"] else "!="
+    return (f"  {label:<26} blocks {row['start']:2d}..{row['end']:<2d} file "
+            f"{row['file_bytes'] / MIB:7.1f} MiB  RSS +{row['rss_added'] / MIB:7.1f} MiB - KV "
+            f"{row['kv_bytes'] / MIB:5.1f} = {row['ratio']:5.2f}x file  (held "
+            f"{row['weight_bytes'] / MIB:7.1f} MiB {exact} predicted; load "
+            f"{row['load_s']:5.1f} s)")
+
+
+def _halves(blocks: int, stages: int) -> list[tuple[int, int]]:
+    size = blocks // stages
+    bounds = [i * size for i in range(stages)] + [blocks]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def memory_per_type(args: argparse.Namespace) -> list[dict[str, Any]]:
+    print(f"memory per stage, 2 stages of a 4-block 2048-wide file, {args.dtype}, "
+          f"max_seq_len {args.max_seq_len} (goal: RSS less KV cache <= {GOAL}x file):")
+    rows = []
+    for shape in _type_shapes():
+        path = cached(shape)
+        modes = ("blocks", "dense") if shape.name == "mem-q4_k_m" else ("blocks",)
+        for weights in modes:
+            for start, end in _halves(shape.blocks, 2):
+                row = _probe(path, start, end, weights, args)
+                row.update(file=shape.name, weights=weights)
+                print(_line(f"{shape.name[4:]} {weights}", row), flush=True)
+                rows.append(row)
+    return rows
+
+
+def big_model(args: argparse.Namespace) -> list[dict[str, Any]]:
+    path = cached(LLAMA_1B)
+    print(f"{LLAMA_1B.name}: {path.stat().st_size / MIB:.0f} MiB, weights in blocks, "
+          f"{args.dtype}, prompt {args.prompt}, {args.decode} decode steps:")
+    rows = []
+    for stages in args.stages:
+        total_ms = 0.0
+        for start, end in _halves(LLAMA_1B.blocks, stages):
+            row = _probe(path, start, end, "blocks", args, decode=args.decode)
+            row.update(stages=stages)
+            total_ms += row["decode_ms"]
+            print(_line(f"{stages} stage(s)", row) + f"; decode {row['decode_ms']:7.1f} "
+                  f"ms/step, prefill {row['prefill_cold_s']:5.1f} s cold", flush=True)
+            rows.append(row)
+        print(f"  {stages} stage(s): {1000 / total_ms:.2f} tokens/s (one over the sum of "
+              "the stages' decode steps)", flush=True)
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="bench kquant")
+    parser.add_argument("--dtype", choices=("f32", "f16"), default="f32")
+    parser.add_argument("--max-seq-len", type=int, default=512)
+    parser.add_argument("--prompt", type=int, default=16, help="prefill positions (--big)")
+    parser.add_argument("--decode", type=int, default=8, help="decode steps (--big)")
+    parser.add_argument("--big", action="store_true",
+                        help="also the 1B-class model on --stages (slow on a small CPU)")
+    parser.add_argument("--stages", type=lambda t: [int(x) for x in t.split(",")],
+                        default=[1, 2, 4])
+    parser.add_argument("--skip-types", action="store_true", help="only the 1B model")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows here")
+    args = parser.parse_args(argv)
+    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    started = time.monotonic()
+    rows: dict[str, Any] = {}
+    if not args.skip_types:
+        rows["types"] = memory_per_type(args)
+    if args.big:
+        rows["big"] = big_model(args)
+    print(f"load average now {os.getloadavg()[0]:.1f}; {time.monotonic() - started:.0f} s")
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=1))
+    worst = max((r["ratio"] for r in rows.get("types", []) if r["weights"] == "blocks"),
+                default=0.0)
+    return 0 if worst <= GOAL else 1
