@@ -70,6 +70,10 @@ class DeviceQuant:
     def type_name(self) -> str:
         return Q(self.type_id).name
 
+    @property
+    def device(self) -> str:
+        return str(next(iter(self.fields.values())).device)
+
     def row_slice(self, start: int, count: int) -> DeviceQuant:
         fields = {k: v[start : start + count] for k, v in self.fields.items()}
         return DeviceQuant(self.type_id, (count, self.shape[1]), fields)
@@ -84,41 +88,94 @@ def to_device(matrix: QuantMatrix, device: str) -> DeviceQuant:
     return DeviceQuant(matrix.type_id, matrix.shape, fields)
 
 
+def _f16_at(raw: Tensor, at: int) -> Tensor:
+    """The f16 stored little-endian in bytes ``at``, ``at + 1`` of ``raw``'s last axis, as
+    float32 (integer bit moves: exact for every finite f16)."""
+    bits = raw[..., at].cast(dtypes.uint32) | (raw[..., at + 1].cast(dtypes.uint32) << 8)
+    moved = ((bits & 0x8000) << 16) | ((bits & 0x7FFF) << 13)
+    return moved.bitcast(dtypes.float32) * 2.0**112
+
+
+def _ramp(count: int, step: int, device: str) -> Tensor:
+    """``uint8 [0, step, 2 step, ...]`` (``count`` values): per-slice shift amounts."""
+    return (Tensor.arange(count, dtype=dtypes.uint8) * step).to(device)
+
+
 def _nibbles(packed: Tensor, axis: int) -> Tensor:
     """Low then high nibbles of ``packed`` (uint8), stacked as a new axis ``axis``."""
     return Tensor.stack(packed & 15, packed >> 4, dim=axis)
 
 
-def dequant_expr(matrix: DeviceQuant, cpu: bool) -> Tensor:
-    """The dense ``float32 [rows, cols]`` weights of ``matrix`` as a lazy expression."""
+def scaled_codes(matrix: DeviceQuant, cpu: bool) -> tuple[Tensor, Tensor | None, int]:
+    """``(w0, offset, group)``: the weights are ``w0 + offset`` with ``w0`` a lazy
+    ``float32 [rows, cols]`` expression and ``offset`` (None when every offset is 0) a
+    ``float32 [rows, cols / group]`` one, each offset shared by ``group`` weights.
+
+    A product consumes the two apart (``x @ w0.T + sums(x) @ offset.T``): tinygrad fused
+    either into a matrix product, but materialised their sum as a dense matrix.
+    """
     f = matrix.fields
     rows, cols = matrix.shape
     qtype = Q(matrix.type_id)
-    d = widen_f16(f["d"], cpu)
+    offset: Tensor | None = None
     if qtype == Q.Q8_0:
-        w = f["qs"].float() * d.unsqueeze(-1)
+        w = f["qs"].float() * widen_f16(f["d"], cpu).unsqueeze(-1)
     elif qtype in (Q.Q4_0, Q.Q4_1):
+        d = widen_f16(f["d"], cpu)
         q = _nibbles(f["qs"], -2).reshape(rows, -1, 32).float()
         if qtype == Q.Q4_0:
             w = d.unsqueeze(-1) * (q - 8.0)
         else:
-            w = d.unsqueeze(-1) * q + widen_f16(f["m"], cpu).unsqueeze(-1)
+            w = d.unsqueeze(-1) * q
+            offset = widen_f16(f["m"], cpu)
     elif qtype in (Q.Q4_K, Q.Q5_K):
-        q = _nibbles(f["qs"], -2).reshape(rows, -1, 8, 32)
+        codes, scales = f["codes"], f["scales"]
+        qs = codes[..., -128:].reshape(rows, -1, 4, 32)
+        q = _nibbles(qs, -2).reshape(rows, -1, 8, 32)
         if qtype == Q.Q5_K:
-            qh = f["qh"].reshape(rows, -1, 1, 32)
-            high = Tensor.cat(*[(qh >> i) & 1 for i in range(8)], dim=-2)
+            # bit i of qh[j] is the fifth bit of weight j of sub-block i
+            qh = codes[..., :32].reshape(rows, -1, 1, 32)
+            high = (qh >> _ramp(8, 1, matrix.device).reshape(8, 1)) & 1
             q = q + (high << 4)
-        scale = d.unsqueeze(-1) * f["sc"].float()
-        mins = widen_f16(f["dmin"], cpu).unsqueeze(-1) * f["mn"].float()
-        w = scale.unsqueeze(-1) * q.float() - mins.unsqueeze(-1)
+        d = _f16_at(scales, 0)
+        # d * (sc * q): sc * q and d * sc are exact in float32, so this is the same
+        # single rounding as gguf-py's (d * sc) * q
+        w = d.reshape(rows, -1, 1, 1) * (scales[..., 4:12].float().unsqueeze(-1) * q.float())
+        offset = -(_f16_at(scales, 2).unsqueeze(-1) * scales[..., 12:20].float())
     elif qtype == Q.Q6_K:
-        ql = _nibbles(f["ql"], -2).reshape(rows, -1, 8, 32)
-        qh = f["qh"].reshape(rows, -1, 2, 1, 32)
-        high = Tensor.cat(*[(qh >> s) & 3 for s in (0, 2, 4, 6)], dim=-2)
+        codes, scales = f["codes"], f["scales"]
+        ql = _nibbles(codes[..., :128].reshape(rows, -1, 2, 64), -2).reshape(rows, -1, 8, 32)
+        qh = codes[..., 128:].reshape(rows, -1, 2, 1, 32)
+        high = (qh >> _ramp(4, 2, matrix.device).reshape(4, 1)) & 3
         q = ql + (high.reshape(rows, -1, 8, 32) << 4)
-        scale = d.unsqueeze(-1) * f["sc"].float()  # [rows, blocks, 16]
-        w = scale.unsqueeze(-1) * (q.reshape(rows, -1, 16, 16).float() - 32.0)
+        values = q.reshape(rows, -1, 16, 16).float() - 32.0
+        sc = scales[..., 2:18].bitcast(dtypes.int8).float()
+        w = _f16_at(scales, 0).reshape(rows, -1, 1, 1) * (sc.unsqueeze(-1) * values)
     else:
         raise ValueError(f"{qtype.name} has no block kernel")
-    return w.reshape(rows, cols)
+    w = w.reshape(rows, cols)
+    if offset is None:
+        return w, None, cols
+    offset = offset.reshape(rows, -1)
+    return w, offset, cols // int(offset.shape[1])
+
+
+def dequant_expr(matrix: DeviceQuant, cpu: bool) -> Tensor:
+    """The dense ``float32 [rows, cols]`` weights of ``matrix`` as a lazy expression."""
+    w, offset, group = scaled_codes(matrix, cpu)
+    if offset is None:
+        return w
+    rows, cols = matrix.shape
+    return (w.reshape(rows, -1, group) + offset.unsqueeze(-1)).reshape(rows, cols)
+
+
+def block_matmul(x: Tensor, matrix: DeviceQuant, cpu: bool) -> Tensor:
+    """``x @ W.T`` for ``x`` ``float32 [tokens, cols]`` (prefill): ``x @ w0.T`` plus each
+    row's sums over offset groups times the offsets (:func:`scaled_codes`), each one
+    kernel that widens the codes in registers; no dense matrix is materialised."""
+    w0, offset, group = scaled_codes(matrix, cpu)
+    out = x.matmul(w0.T)
+    if offset is None:
+        return out
+    tokens = int(x.shape[0])
+    return out + x.reshape(tokens, -1, group).sum(-1).matmul(offset.T)

@@ -148,10 +148,13 @@ def _k_scale_min(
 def block_fields(matrix: QuantMatrix) -> dict[str, npt.NDArray[Any]]:
     """The arrays a block kernel reads, each ``[rows, blocks, ...]`` and C-contiguous.
 
-    Bytes are the file's, cut apart: ``d``/``dmin``/``m`` f16 scales, ``qs``/``ql``/``qh``
-    packed codes, and for Q4_K/Q5_K the eight 6-bit ``sc``/``mn`` of a super-block
-    unpacked to one byte each (16 bytes instead of 12 per 256 weights); Q6_K's ``sc``
-    are int8. :mod:`swactor.model.block_kernels` documents what each type computes.
+    Bytes are the file's, cut apart. Q4_0/Q4_1/Q8_0: ``d``/``m`` f16 scales and ``qs``
+    codes. K-quants: ``codes`` (the block's packed codes as in the file) and ``scales``
+    (the f16 super-block scales as bytes, then the sub-block scales: Q4_K/Q5_K's eight
+    6-bit scales and eight mins unpacked to one byte each, 16 bytes instead of 12 per
+    256 weights; Q6_K's sixteen int8), two arrays so that a kernel reads two buffers
+    (tinygrad would not fuse a widened matrix of four into a matrix product).
+    :mod:`swactor.model.block_kernels` documents what each type computes.
     """
     qtype = Q(matrix.type_id)
     block, size = GGML_QUANT_SIZES[qtype]
@@ -165,21 +168,15 @@ def block_fields(matrix: QuantMatrix) -> dict[str, npt.NDArray[Any]]:
         return {"d": _f16(b, 0), "m": _f16(b, 2), "qs": b[..., 4:].copy()}
     if qtype in (Q.Q4_K, Q.Q5_K):
         sc, mins = _k_scale_min(b[..., 4:16])
-        fields: dict[str, npt.NDArray[Any]] = {
-            "d": _f16(b, 0), "dmin": _f16(b, 2), "sc": sc, "mn": mins
-        }
-        if qtype == Q.Q5_K:
-            fields["qh"] = b[..., 16:48].copy()
-            fields["qs"] = b[..., 48:].copy().reshape(rows, -1, 4, 32)
-        else:
-            fields["qs"] = b[..., 16:].copy().reshape(rows, -1, 4, 32)
-        return fields
+        # d, dmin (f16 bytes), 8 scales, 8 mins: one array, so a kernel reads two buffers
+        scales = np.concatenate([b[..., 0:4], sc, mins], axis=-1)
+        return {"scales": np.ascontiguousarray(scales),
+                "codes": b[..., 16:].copy()}  # Q5_K: qh (32 bytes) then qs (128)
     if qtype == Q.Q6_K:
         return {
-            "ql": b[..., 0:128].copy().reshape(rows, -1, 2, 64),
-            "qh": b[..., 128:192].copy().reshape(rows, -1, 2, 32),
-            "sc": b[..., 192:208].copy().view(np.int8),
-            "d": _f16(b, 208),
+            "codes": b[..., 0:192].copy(),  # ql (128 bytes) then qh (64)
+            "scales": np.ascontiguousarray(np.concatenate([b[..., 208:210], b[..., 192:208]],
+                                                          axis=-1)),  # d (f16), 16 int8
         }
     raise ValueError(f"{qtype.name} has no block form")
 

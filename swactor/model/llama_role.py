@@ -84,7 +84,13 @@ from tinygrad.uop import Ops
 from tinygrad.uop.ops import UOp
 
 from swactor import heap
-from swactor.model.block_kernels import DeviceQuant, dequant_expr, to_device, widen_f16
+from swactor.model.block_kernels import (
+    DeviceQuant,
+    block_matmul,
+    dequant_expr,
+    to_device,
+    widen_f16,
+)
 from swactor.model.cpu_graph import use_cpu_graph
 from swactor.model.dequant import QuantMatrix
 from swactor.model.errors import WeightsError, WeightsFault
@@ -490,7 +496,8 @@ class StageRole:
         """
         rows = blocks.rows
         if x.shape[0] != 1:
-            return x.matmul(dequant_expr(blocks, self._cpu).T)
+            # prefill: a matrix product that widens the codes inside its kernel
+            return block_matmul(x, blocks, self._cpu)
         chunk = _matvec_chunk(rows, _BLOCK_ROWS_LIMIT) if self._cpu else rows
         parts = []
         for start in range(0, rows, chunk):

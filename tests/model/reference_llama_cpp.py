@@ -66,6 +66,9 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--model", default=str(default_model_path()))
+    parser.add_argument("--weights", choices=("dense", "blocks"), default="dense",
+                        help="our stage's weight mode (blocks: computed from the file's "
+                             "quantised blocks)")
     args = parser.parse_args(argv)
     result = subprocess.run(
         [args.python, "-c", _LLAMA_SIDE, args.model, str(args.tokens), json.dumps(PROMPTS)],
@@ -79,8 +82,10 @@ def main(argv: list[str]) -> int:
     theirs = json.loads(result.stdout.strip().splitlines()[-1])
     tokenizer = Tokenizer.from_gguf(args.model)
     reader = open_reader(args.model)
-    weights = reader.load_stage(0, reader.facts.block_count, is_first=True, is_last=True)
-    role = StageRole(weights, max_seq_len=256)
+    blocks = args.weights == "blocks"
+    weights = reader.load_stage(0, reader.facts.block_count, is_first=True, is_last=True,
+                                keep_blocks=blocks)
+    role = StageRole(weights, max_seq_len=256, quantised=blocks)
     status = 0
     for text, ref in zip(PROMPTS, theirs, strict=True):
         ids = list(tokenizer.encode(text))

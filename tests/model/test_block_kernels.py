@@ -8,7 +8,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as Q
 
-from swactor.model.block_kernels import dequant_expr, to_device
+from swactor.model.block_kernels import block_matmul, dequant_expr, to_device
 from swactor.model.dequant import (
     BLOCK_TYPES,
     QuantMatrix,
@@ -96,3 +96,26 @@ def test_block_bytes_predicts_the_fields(qtype: Q) -> None:
     assert matrix is not None
     assert block_bytes(int(qtype), (3, 512)) == sum(
         a.nbytes for a in block_fields(matrix).values())
+
+
+@pytest.mark.parametrize("qtype", sorted(_F16_FIELDS, key=int), ids=lambda q: q.name)
+def test_prefill_product_keeps_no_dense_matrix(qtype: Q) -> None:
+    """The prefill product is one kernel per term, widening codes in registers: an extra
+    kernel would be tinygrad materialising the dense matrix (it did, for K-quants, when
+    the kernel read more than three buffers or the whole dequantised sum)."""
+    from tinygrad.tensor import Tensor
+
+    rows, cols, tokens = 64, 512, 16
+    matrix = quant_matrix(_random_blocks(qtype, rows, cols, 6).reshape(-1), int(qtype),
+                          (rows, cols))
+    assert matrix is not None
+    device = to_device(matrix, "CPU")
+    x = Tensor(np.random.default_rng(7).standard_normal((tokens, cols)).astype(np.float32))
+    x = x.realize()
+    with_offset = qtype in (Q.Q4_1, Q.Q4_K, Q.Q5_K)
+    # schedule_linear() takes the kernels out of the graph: count on a twin of it
+    kernels = block_matmul(x, device, cpu=True).schedule_linear().src
+    assert len(kernels) == (2 if with_offset else 1)
+    got = block_matmul(x, device, cpu=True).numpy()
+    want = x.numpy().astype(np.float64) @ matrix.dense(np.float32).astype(np.float64).T
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
