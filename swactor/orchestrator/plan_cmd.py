@@ -89,9 +89,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="run id (default: random)")
     parser.add_argument("--first-edge-id", type=int, default=None, metavar="ID",
                         help="first edge id (default: a random 48-bit base)")
-    parser.add_argument("--weights", choices=("dense", "blocks"), default="dense",
+    parser.add_argument("--weights", choices=("dense", "blocks"), default="blocks",
                         help="the nodes' weight mode (swactor node --weights) the memory "
-                        "prediction assumes (default dense)")
+                        "prediction assumes (default blocks, as the node's)")
     parser.add_argument("--json", action="store_true", help="print the RunPlan as JSON")
     parser.set_defaults(handler=run)
 
@@ -133,7 +133,7 @@ def build_planned_run(args: argparse.Namespace) -> PlannedRun:
         split=args.split,
         dtype=ComputeDtype[args.dtype],
         first_edge_id=args.first_edge_id,
-        weights=getattr(args, "weights", "dense"),
+        weights=getattr(args, "weights", "blocks"),
     )
     return plan_run(pool, model, request)
 

@@ -130,8 +130,9 @@ class PlanRequest:
     """When known (the orchestrator tokenized the prompt), checked against max_seq_len."""
     stream_tokens: bool = True
     stop_on_eos: bool = True
-    weights: str = "dense"
-    """The nodes' weight mode (`swactor node --weights`), for the memory prediction."""
+    weights: str = "blocks"
+    """The nodes' weight mode (`swactor node --weights`, default blocks), for the memory
+    prediction."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +145,7 @@ class PlannedRun:
     stop_token_ids: frozenset[int]
     stage_memory: tuple[StageMemory, ...] = ()
     """Per stage: predicted weight bytes, KV cache bytes and its tensors' file bytes."""
-    weights: str = "dense"
+    weights: str = "blocks"
     """The weight mode the prediction assumed."""
 
 
