@@ -2,31 +2,35 @@
 
 Theory of operation. A :class:`~swactor.model.dequant.QuantMatrix` (the file's bytes of
 one 2-D tensor) goes to the device as the arrays :func:`~swactor.model.dequant.block_fields`
-cuts from its blocks (:class:`DeviceQuant`): the packed codes as they are in the file,
-the f16 block scales, and for Q4_K/Q5_K the 6-bit sub-block scales and mins one per byte.
-Nothing dense is kept. :func:`dequant_expr` is a lazy tinygrad expression for the dense
-``float32 [rows, cols]`` matrix; it is never realised on its own: the matrix-vector and
-matrix-matrix products that consume it fuse it into their kernels, so each kernel reads
-the codes and widens them in registers.
+cuts from its blocks (:class:`DeviceQuant`): the packed codes as they are in the file and
+the block scales (K-quants: two arrays, codes and scales, the f16 scales kept as bytes
+and widened in the kernel). Nothing dense is kept. :func:`scaled_codes` is a lazy
+tinygrad expression of the weights as ``w0 + offset`` and :func:`dequant_expr` their sum,
+the dense ``float32 [rows, cols]`` matrix; neither is realised on its own: a decode
+matrix-vector product consumes the sum, a prefill matrix product
+(:func:`block_matmul`) the two terms apart, and each kernel reads the codes and widens
+them in registers. (tinygrad materialised the whole widened matrix when a prefill
+product's widening read four or more buffers, or the sum of both terms.)
 
-What each type computes (the same float32 operations, in the same order, as
-``gguf.quants.dequantize``, so the weights are bit-identical to gguf-py's):
+What each type computes (float32 results bit-identical to ``gguf.quants.dequantize``):
 
 * ``Q8_0`` (32 weights per block): ``w = q * d``, ``q`` int8.
 * ``Q4_0`` / ``Q4_1``: 16 bytes hold 32 codes, weight ``j`` in the low nibble of byte
   ``j``, weight ``j + 16`` in its high nibble; ``w = d * (q - 8)`` / ``w = d * q + m``.
 * ``Q4_K`` (256 weights per super-block, 8 sub-blocks of 32): ``qs`` is 4 chunks of 32
   bytes; chunk ``c`` holds sub-block ``2c`` in its low nibbles and ``2c + 1`` in its high
-  nibbles; ``w = (d * sc) * q - dmin * mn`` per sub-block.
+  nibbles; ``w = d * (sc * q) - dmin * mn`` per sub-block (gguf-py computes
+  ``(d * sc) * q``: both partial products are exact in float32, so the one rounding is
+  the same).
 * ``Q5_K``: as Q4_K plus a fifth bit: bit ``i`` of ``qh[j]`` is the high bit of weight
   ``j`` of sub-block ``i`` (``q + 16 * bit``).
 * ``Q6_K`` (16 sub-blocks of 16, int8 scales): ``ql`` is 2 halves of 64 bytes, ``qh`` 2
   halves of 32; in half ``h`` weight ``64 s + p`` takes nibble ``s`` of ``ql[h][p]`` and
-  bits ``2t..2t+1`` of ``qh[h][p % 32]`` with ``t = 2 s + p // 32``; ``w = (d * sc) *
-  (q - 32)``.
+  bits ``2t..2t+1`` of ``qh[h][p % 32]`` with ``t = 2 s + p // 32``; ``w = d * (sc *
+  (q - 32))``.
 
-On CPU the f16 scales widen to f32 with integer bit moves (clang renders ``__fp16``
-conversions as scalar code; exact for every finite f16).
+f16 scales widen to f32 with integer bit moves (exact for every finite f16; on CPU
+clang renders ``__fp16`` conversions as scalar code).
 """
 
 from __future__ import annotations
