@@ -47,8 +47,9 @@ many packets under one key, half the AES-GCM confidentiality limit of 2^23 packe
 
 `quic_configuration()` turns it into an aioquic `QuicConfiguration` carrying the node's
 certificate. Certificate chains are not verified by aioquic (`verify_mode=CERT_NONE`):
-identities are checked by node id in `tlsauth` instead. No session tickets are issued or
-used, so 0-RTT never happens.
+identities are checked after the handshake by `endpoint.py` instead (the node id the
+certificate's key hashes to, and the full key where the pool file pins one). No session
+tickets are issued or used, so 0-RTT never happens.
 """
 
 from __future__ import annotations
