@@ -3,12 +3,14 @@
 Three `swactor node` processes and the orchestrator (this process) on loopback. Run 1
 warms up (weights, worker, links); run 2 is the quiet reference; during run 3, from its
 first token on, an adversary sends 1,000 Initials (1200 bytes, fresh connection ids, no
-token: a spoofer's view) to each node's QUIC port. The victim must:
+token: a spoofer's view) to each node's QUIC port. Run 4 starts once the flood has
+ended, so its stage reports count every Initial however fast run 3 decoded. The victim
+must:
 
-- complete run 3 with a clean teardown and the same greedy tokens as run 2;
+- complete run 3 (and run 4) with a clean teardown and the same greedy tokens as run 2;
 - answer every Initial with a Retry smaller than it (no amplification) and build no
-  connection for it: each node's status after the run shows at least 1,000 more
-  Retries, no half-open handshake and no more links than after the quiet run;
+  connection for it: each node's status shows at least 1,000 more Retries by run 4
+  than after the quiet run, no half-open handshake and no more links than after it;
 - keep its memory: resident set growth over run 3 is printed and bounded loosely.
 
 The slowdown (decode tokens/s quiet over flooded, and the runs' wall times) is printed
@@ -142,7 +144,10 @@ async def scenario(tmp: Path) -> None:
         walls: dict[int, float] = {}
         rss: dict[int, list[int]] = {}
         flood = Flood([(m.host, m.port) for m in members])
-        for run in (1, 2, 3):
+        for run in (1, 2, 3, 4):
+            if run == 4:
+                await asyncio.to_thread(flood.thread.join, 30)
+                assert not flood.thread.is_alive(), "the flood did not end"
             out: io.StringIO = FirstToken(flood) if run == 3 else io.StringIO()
             rss[run] = [_rss_kib(node.process.pid) for node in cluster.nodes]
             started = time.monotonic()
@@ -152,23 +157,25 @@ async def scenario(tmp: Path) -> None:
             if run == 3:
                 flood.sent_at_end = flood.sent
             await cluster.wait_reports(run, timeout_s=60)
-        await asyncio.to_thread(flood.thread.join, 30)
-        after = [_rss_kib(node.process.pid) for node in cluster.nodes]
+        after = rss[4]  # after run 3 and the whole flood, before run 4
 
         quiet, flooded = reports[2], reports[3]
-        for report in (quiet, flooded):
+        for report in (quiet, flooded, reports[4]):
             assert report.result.outcome is RunOutcome.Completed, report.summary_lines()
             assert report.result.teardown is TeardownOutcome.Clean, report.summary_lines()
         assert flooded.result.generated_token_ids == quiet.result.generated_token_ids
+        assert reports[4].result.generated_token_ids == quiet.result.generated_token_ids
 
         assert flood.sent == PER_NODE * len(members)
+        assert flood.sent_at_end, "the flood did not overlap the decoding run"
         assert flood.replies > 0 and flood.reply_bytes_max < len(flood.template)
         for node in cluster.nodes:
-            t2, t3 = _transport(node, 2), _transport(node, 3)
-            retries = t3["admission"].get("retry_sent", 0) - t2["admission"].get("retry_sent", 0)
-            assert retries >= PER_NODE, (t2, t3)
-            assert t3["half_open"] == 0, t3
-            assert t3["links"] <= t2["links"] + 1, (t2, t3)  # the new session's own link
+            t2, t3, t4 = (_transport(node, run) for run in (2, 3, 4))
+            retries = t4["admission"].get("retry_sent", 0) - t2["admission"].get("retry_sent", 0)
+            assert retries >= PER_NODE, (t2, t4)
+            for t in (t3, t4):
+                assert t["half_open"] == 0, t
+                assert t["links"] <= t2["links"] + 1, (t2, t)  # a new session's own link
         growth = [a - b for a, b in zip(after, rss[3], strict=True)]
         print(f"\n[flood] {flood.sent} Initials ({flood.sent_at_end} before the run ended), "
               f"{flood.replies} Retries back (largest {flood.reply_bytes_max} bytes vs "
