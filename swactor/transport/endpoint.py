@@ -387,7 +387,8 @@ class QuicEndpoint:
         self._handlers: dict[str, LinkHandler] = {}
         self._routes: dict[bytes, QuicLink] = {}
         self._cache: dict[tuple[int, str], QuicLink] = {}
-        self._connecting: dict[tuple[int, str], asyncio.Future[QuicLink]] = {}
+        # (peer, alpn) -> the address being dialled and the handshake's outcome.
+        self._connecting: dict[tuple[int, str], tuple[Address, asyncio.Future[QuicLink]]] = {}
         self._links: set[QuicLink] = set()
         self.pin_keys(pinned or {})
         self._sock: UdpSocket | None = None
@@ -488,20 +489,28 @@ class QuicEndpoint:
     # -- outbound -------------------------------------------------------------------
 
     async def connect(self, peer_node_id: int, alpn: str, addr: Address | None = None) -> QuicLink:
-        """A verified link to `peer_node_id` on `alpn`, from the cache or newly opened."""
+        """A verified link to `peer_node_id` on `alpn`, from the cache or newly opened.
+
+        A caller joins a handshake already under way to the same peer only when it is
+        aimed at the address known now: a peer that restarted on another port (a new
+        orchestrator session with the same key) is dialled afresh instead of waiting for
+        the dead address's handshake to time out."""
         key = (peer_node_id, alpn)
         cached = self._cache.get(key)
         if cached is not None and not cached.closed:
             return cached
-        pending = self._connecting.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
         target = addr or self.address_book.get(peer_node_id)
         if target is None:
+            pending = self._connecting.get(key)
+            if pending is not None:  # dialled at an address given by its first caller
+                return await asyncio.shield(pending[1])
             raise TransportError(f"no address known for node {peer_node_id:#018x}")
         target = await self.resolve(target)
+        pending = self._connecting.get(key)
+        if pending is not None and pending[0] == target:
+            return await asyncio.shield(pending[1])
         future: asyncio.Future[QuicLink] = asyncio.get_running_loop().create_future()
-        self._connecting[key] = future
+        self._connecting[key] = (target, future)
         try:
             link = await self._open(peer_node_id, alpn, target)
             future.set_result(link)
@@ -511,7 +520,8 @@ class QuicEndpoint:
             future.exception()
             raise
         finally:
-            del self._connecting[key]
+            if self._connecting.get(key, (None, None))[1] is future:
+                del self._connecting[key]
 
     async def resolve(self, addr: Address) -> Address:
         """`addr` with its host as an IPv4 address (the socket is IPv4): a host name is

@@ -81,7 +81,7 @@ def test_network_faults_end_the_run_once_and_the_pool_serves_again(
             run += 1
             report = run_once(topology, run, keys, events)
             assert (report["outcome"], report["teardown"]) == ("Completed", "Clean"), (
-                f"the run after {source}", report)
+                f"the run after {source}", report, [node.describe() for node in nodes])
             assert len(report["generated_token_ids"]) == TOKENS, report
             for node in nodes:
                 finished = node.wait_for(finished_run(run), 120)

@@ -82,3 +82,33 @@ async def test_a_link_the_peer_closed_is_not_handed_out_while_it_drains() -> Non
     finally:
         for endpoint in (first, second, node):
             await endpoint.close()
+
+
+async def test_a_handshake_to_a_gone_address_is_not_joined_once_the_peer_moved() -> None:
+    """A node starts a fetch towards the orchestrator just before that session dies (its
+    handshake now waits out `handshake_timeout` towards a dead port); the next session,
+    same key, new port, is in the address book: a new request dials it at once rather
+    than joining the doomed handshake."""
+    orchestrator, node_identity = NodeIdentity.generate(), NodeIdentity.generate()
+    node = QuicEndpoint(node_identity, CONFIG, allowed={orchestrator.node_id})
+    await node.start()
+    gone = QuicEndpoint(orchestrator, CONFIG, allowed={node_identity.node_id})
+    second = QuicEndpoint(orchestrator, CONFIG, allowed={node_identity.node_id})
+    try:
+        await gone.start()
+        dead = gone.address
+        await gone.close()  # nothing answers at `dead` any more
+        node.address_book[orchestrator.node_id] = dead
+        doomed = asyncio.ensure_future(node.connect(orchestrator.node_id, EDGE_ALPN))
+        await asyncio.sleep(0.05)
+        assert not doomed.done()
+
+        await second.start()
+        node.address_book[orchestrator.node_id] = second.address
+        async with asyncio.timeout(CONFIG.handshake_timeout / 2):
+            link = await node.connect(orchestrator.node_id, EDGE_ALPN)
+        assert link.addr == second.address and not link.closed
+        doomed.cancel()
+    finally:
+        for endpoint in (second, node):
+            await endpoint.close()
