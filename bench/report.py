@@ -181,7 +181,7 @@ def goals(e2e: dict[str, Any], ring_fig: dict[str, Any] | None, quic: dict[str, 
 
 
 def coldstart_goals(figures: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Goal 4 rows (issue 22) from `bench coldstart --json`: tokenize time, and per weight
+    """Cold-start goal rows from `bench coldstart --json`: tokenize time, and per weight
     mode the first token after the barrier (warm cache, first run ever), pool ready to the
     barrier and the second run's decode over the single stage's."""
     from bench.coldstart import GOALS
@@ -210,7 +210,7 @@ def coldstart_goals(figures: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def hotpath_goals(figures: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Goal 1-3 rows (issue 22) from `bench hotpath --json`: one stage against the model
+    """Per-token-path goal rows from `bench hotpath --json`: one stage against the model
     alone, three stages against one, the fixed cost per stage and the node's CPU per
     token, each wall and CPU basis, rounds measured side by side."""
     if not figures:
