@@ -107,7 +107,7 @@ def test_two_runs_back_to_back_each_with_a_fresh_controller() -> None:
         assert (again.run_id, again.clean, again.steps_completed) == (RunId(8), True, 2)
         assert [o.run_id for o in host.state.history] == [RunId(7), RunId(8)]
         assert host.state.retired_runs == {RunId(7), RunId(8)}
-        assert [m for m in host.ports.reported(orun.StageStopped)] == [
+        assert list(host.ports.reported(orun.StageStopped)) == [
             orun.StageStopped(StageIndex(1), True)] * 2
         assert host.ports.reported(orun.StageFault) == []
         assert len(host.ports.of("reset_role")) == 2, "each run resets the role"
