@@ -66,7 +66,7 @@ def _translate(pattern: str) -> re.Pattern[str]:
                 out.append(re.escape(c))
             else:
                 body = pattern[i + 1:end]
-                if body.startswith("^") or body.startswith("!"):
+                if body.startswith(("^", "!")):
                     body = "^" + body[1:]
                 out.append(f"[{body}]")
                 i = end
