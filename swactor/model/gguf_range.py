@@ -322,8 +322,7 @@ class GgufRangeReader:
                 raise WeightsError(
                     WeightsFault.MISSING_TENSOR, f"{self.source.name}: tensor {name} missing"
                 )
-        unique = sorted(set(names), key=lambda n: self.tensors[n].offset)
-        return unique
+        return sorted(set(names), key=lambda n: self.tensors[n].offset)
 
     def _check_range(self, layer_start: int, layer_end: int) -> None:
         blocks = self.facts.block_count

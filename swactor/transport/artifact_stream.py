@@ -121,10 +121,9 @@ class ArtifactChannel:
                           timeout: float = 120.0) -> bytes:
         if not 0 < length <= MAX_RANGE or offset < 0:
             raise ArtifactError(f"range of {length} bytes at {offset}: outside 1..{MAX_RANGE}")
-        data = await self._request(peer, encode_request(Kind.RANGE, sha256, offset, length),
+        return await self._request(peer, encode_request(Kind.RANGE, sha256, offset, length),
                                    length, exact=True, timeout=timeout,
                                    what=f"bytes [{offset}, {offset + length}) of {sha256}")
-        return data
 
     async def _request(self, peer: int, request: bytes, limit: int, *, exact: bool,
                        timeout: float, what: str) -> bytes:
