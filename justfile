@@ -65,7 +65,7 @@ gpu-check: setup
     timeout 300 {{py}} -m bench model --variants f16:dense,f16:blocks,f32:blocks --repeat 1 --tokens 32
     timeout 300 {{py}} -m pytest -q -p no:cacheprovider tests/model/test_smollm2.py tests/model/test_stage_role.py -k "identical or block_decode"
 
-# Fault matrix (issue 10): one injected fault per run on a 3-node loopback cluster with a tiny
+# Fault matrix: one injected fault per run on a 3-node loopback cluster with a tiny
 # GGUF; rewrites the README "Fault behaviour" table from the rows (also when a case fails).
 faults: setup
     #!/usr/bin/env bash

@@ -18,9 +18,9 @@ One invocation, every figure side by side under the same load:
    filled, the median step of ``--tokens`` greedy steps. The second run's decode rate over
    this is the demo's ratio (goal: at least 0.85).
 
-Goals (issue 22, goal 4): first token after the barrier <= 2 s with a warm cache and <= 10 s
-on the first run ever; pool ready to the barrier <= 3 s (warm cache); the whole
-``swactor tokenize`` command <= 0.5 s. ``--json PATH`` writes every figure for the report.
+Goals (the report's cold-start row): first token after the barrier <= 2 s with a warm
+cache and <= 10 s on the first run ever; pool ready to the barrier <= 3 s (warm cache);
+the whole ``swactor tokenize`` command <= 0.5 s. ``--json PATH`` writes every figure for the report.
 """
 
 from __future__ import annotations

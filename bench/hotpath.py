@@ -15,7 +15,7 @@ that the machine's load falls on all of them alike:
    ``step_completed``: the worker's step and its egress write).
 3. **Three stages end to end.** ``swactor run --nodes 3``, the same figures.
 
-Goals (issue 22, goals 1-3), each as a ratio of figures of the same round:
+Goals (the report's rows G1-G3), each as a ratio of figures of the same round:
 
 - G1: one stage end to end decodes at >= 0.9x the model alone (model step / token period;
   CPU basis: model CPU per step / all processes' CPU per token);

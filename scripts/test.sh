@@ -1,14 +1,12 @@
 #!/usr/bin/env bash
 # `just test [ARGS]`: the suite in three pytest processes, one per group of test folders.
-# The garbage-collection segfault that once split the suite into one process per group is
-# fixed (a Ring pinned the arena through a memoryview export: CPython 3.11 gh-77894; see
-# tests/ring/test_gc_cycle.py), so everything runs in one process except:
+# Everything runs in one process (a Ring must not pin the arena through a memoryview
+# export, CPython 3.11 gh-77894: tests/ring/test_gc_cycle.py) except:
 # - tests/faults: the fault matrix drives one shared 3-node cluster through ~20 cases
 #   judged by timing (settle windows, 15 s leak checks) while this process is their
-#   orchestrator. Run after tests/e2e + tests/cluster in one process it failed cases
-#   (2 of 2 runs) that its own process passed in the matrix runs of 5d96a17 / 3186483
-#   (the StopRun/ProvisionStage race fixed in f91c537 was one): its own process keeps
-#   its verdicts about the faults, not about the load before it.
+#   orchestrator. Run after tests/e2e + tests/cluster in one process, the load left
+#   behind by those tests shifts its timing: its own process keeps its verdicts about
+#   the faults, not about the load before it.
 # - tests/multihost: network namespaces (root), its own marker; isolated on purpose.
 # ARGS that name paths run as one pytest call, as usual.
 set -uo pipefail

@@ -27,11 +27,11 @@ exist at boot live as long as the process, so freezing them frees nothing later.
 thresholds so that the packet path's short-lived buffers stop page-faulting; `trim()`
 at run boundaries still gives the kept pages back.
 
-History: the node's per-run release was taken out once (a8ec6d9) because soaks with it
-failed a clean run 3 times in 13: a stage's StageReady went out on the previous
-orchestrator session's control link, which closed under it. The release only shifted
-the node's timing; the cause was the endpoint's link cache keeping the older link to a
-returning peer (fixed in 6ab29f2: the newest link wins), so the release is back.
+The release shifts the node's timing at run boundaries; it must not be what decides
+whether a message reaches the orchestrator. A stage's StageReady goes out on the newest
+control link to a returning orchestrator (the endpoint's link cache keeps the newest
+link, `swactor.transport.endpoint`), never on the previous session's link that is
+closing, whatever the release's timing.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`MemoryNetwork`: the network replaced by in-memory peers, for in-process tests only.
 
-Theory of operation. Issue 9's first test layer runs the whole pipeline in one process
+Theory of operation. The in-process test layer runs the whole pipeline in one process
 with the network replaced by in-memory peers (the one place a fake transport is
 allowed). A `StageNode` and an orchestrator session build their transport through a
 `swactor.node.transports.Transport` factory; `MemoryNetwork` is one whose stand-ins have

@@ -41,13 +41,14 @@ which kernels stream weights. Two measured choices (SmolLM2, 2 CPU cores): produ
 written as 16 running sums along the contiguous input axis then one short sum (2-2.5x
 the bandwidth of ``matmul``), and on CPU f16 weights are widened to f32 with integer bit
 moves, which clang vectorises, instead of its scalar ``__fp16`` conversions (2x).
-Two more (issue #8): every RMSNorm output is materialised (``contiguous``): fused into the
-following product, the normalisation (a reciprocal square root per element) was recomputed
-for every output row, which made the Q/K/V, gate/up and output products 2-10x slower. And on
+Two more: every RMSNorm output is materialised (``contiguous``): fused into the
+following product, the normalisation (a reciprocal square root per element) would be
+recomputed for every output row, which makes the Q/K/V, gate/up and output products 2-10x
+slower. And on
 CPU a product with 1024 or more output rows is cut into kernels of fewer rows
 (:func:`_matvec_chunk`): from 1024 rows tinygrad's heuristics unroll three rows at once,
 a kernel that streams weights at about a third of the speed of the unsplit ones.
-Round 3 (issue #8): on CPU the decode JIT is replayed through
+And on CPU the decode JIT is replayed through
 :class:`~swactor.model.cpu_graph.CpuGraph` (one C loop over the ~730 kernels instead of
 ~15 us of Python each: 33 -> 17 ms/token), and the step's input and output go through
 numpy views of a kept input buffer and the JIT's output buffer (a fresh Tensor and

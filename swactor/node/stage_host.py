@@ -1,7 +1,7 @@
 """The node's StageHost actor: one fresh StageController per run, one stable address.
 
 Theory of operation. A node serves one stage of one run at a time and must accept the
-next run after teardown without a restart (issue 9, spec §38). `StageHost` is the
+next run after teardown without a restart (spec §38). `StageHost` is the
 node-lifetime actor that other node actors and the control channel address; it owns at
 most one *active* `StageController` child and forwards to it:
 

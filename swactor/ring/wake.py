@@ -16,7 +16,7 @@ Two channels implement the same `Wake` protocol (`notify(ring_id)`, `wait(timeou
   a pipe, the shape the worker-control channel uses for every other message.
 
 Choice for the hot path: the doorbell.  `just bench ring` measures both side by side
-(2-core shared VM, load 5, 2026-11-29): wake round trips between two processes
+(2-core shared VM, load 5): wake round trips between two processes
 160 k/s with eventfd vs 40 k/s with JSON lines (4x); 64-byte records through a
 256-byte ring, where nearly every record needs a wake, 0.094 vs 0.055 M records/s
 (1.7x); through a 4 MiB ring, where the pending bit suppresses almost every hint, the

@@ -1,4 +1,4 @@
-"""In-process end to end with the network replaced by in-memory peers (issue 9, layer a).
+"""In-process end to end with the network replaced by in-memory peers.
 
 Three `StageNode`s and the orchestrator session in one process; `MemoryNetwork` stands
 in for QUIC (control requests through their JSON form and the receivers' authority

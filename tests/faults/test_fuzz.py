@@ -1,4 +1,4 @@
-"""Bad input (issue 10 §4): Hypothesis fuzz of every parser that reads another party's bytes.
+"""Bad input: Hypothesis fuzz of every parser that reads another party's bytes.
 
 Each target must either accept its input or reject it with its own typed error (the
 §37 reason where one applies); any other exception fails the test. Targets: the object

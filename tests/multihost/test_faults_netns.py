@@ -1,6 +1,6 @@
-"""The network fault sources of spec §36 across network namespaces (issue #10 item 1:
-"the network ones also in the netns cluster"): real `swactor node` processes on three
-stage hosts, the orchestrator on a fourth, SWIM-joined, SmolLM2 split 10,10,10.
+"""The network fault sources of spec §36 across network namespaces: real `swactor node`
+processes on three stage hosts, the orchestrator on a fourth, SWIM-joined, SmolLM2
+split 10,10,10.
 
 One run per case on the same nodes, each armed through the `SWACTOR_FAULT_INJECT` file
 (the nodes inherit its path; entries name stage 0's node): stage 0's send pump fails

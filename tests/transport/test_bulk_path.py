@@ -286,8 +286,8 @@ def test_same_bytes_with_and_without_the_native_path(size: int, native: bool) ->
 def test_a_suite_without_a_native_path_still_sends_everything(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """ChaCha20 has no C path: the streams stay aioquic's (before, they were hidden from
-    aioquic's loop and then not sealed: the transfer stalled for good)."""
+    """ChaCha20 has no C path: the streams stay aioquic's (hidden from aioquic's loop
+    and then not sealed, the transfer would stall for good)."""
     from aioquic.tls import CipherSuite
 
     from swactor.transport import config as config_module
@@ -808,7 +808,7 @@ async def test_loopback_edges_both_ways_at_once_both_receive_natively() -> None:
 
 def test_an_empty_datagram_in_a_batch_is_ignored_by_receive_bulk() -> None:
     """A zero-length UDP datagram (qf_msg len 0, seg 0) between two of the link's
-    packets: no error (before 78d9bef, ZeroDivisionError in bulk._advance)."""
+    packets: no error (not a ZeroDivisionError in bulk._advance)."""
     transfer = _connected(1452, True)
     sid = _send(transfer, PAYLOAD[:2800])
     sent = [bytes(d) for d, _ in transfer.client.datagrams_to_send(now=transfer.now)]
@@ -827,9 +827,9 @@ def test_an_empty_datagram_in_a_batch_is_ignored_by_receive_bulk() -> None:
 
 
 async def test_empty_datagrams_to_an_endpoint_raise_nothing() -> None:
-    """Anyone can send empty datagrams to the port; before 78d9bef each one raised
-    ValueError out of the endpoint's receive batch (endpoint._split, range step 0),
-    losing the rest of the batch."""
+    """Anyone can send empty datagrams to the port; none may raise out of the
+    endpoint's receive batch (endpoint._split with a range step of 0 would raise
+    ValueError) and lose the rest of the batch."""
     loop = asyncio.get_running_loop()
     errors: list[dict[str, Any]] = []
     loop.set_exception_handler(lambda _, context: errors.append(context))
