@@ -33,6 +33,7 @@ granted ring (`granted_ring`), and the requester releases it unused with
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -413,8 +414,7 @@ class ArenaManager:
     def _do_unmap(self, effect: fsm.UnmapArena) -> None:
         abandoned = tuple(lease.ring_id for lease in self.live_leases())
         if self.arena is not None:
-            try:
+            # ArenaBusyError: a handle still views it; the mapping goes with the process
+            with contextlib.suppress(ArenaBusyError):
                 self.arena.close()
-            except ArenaBusyError:
-                pass  # a handle still views it; the mapping goes with the process
         self._out.append(ArenaUnmapped(abandoned))

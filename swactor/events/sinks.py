@@ -18,6 +18,7 @@ each waiter's event loop thread-safely.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import os
 import sys
@@ -162,10 +163,8 @@ class MemorySink:
         future: asyncio.Future[None] = loop.create_future()
         with self._lock:
             self._waiters.append((loop, future))
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(future, timeout)
-        except TimeoutError:
-            pass
 
     def names(self) -> list[str]:
         return [e.name.value for e in self.events]

@@ -20,6 +20,7 @@ held, 1 when a step, a service or the comparison failed (the first line after
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shlex
@@ -84,14 +85,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def build(args: argparse.Namespace, work: Path) -> Image:
     args_map = dict(item.partition("=")[::2] for item in args.build_arg)
-    log = open(args.log, "w") if args.log else sys.stderr
-    try:
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(open(args.log, "w")) if args.log else sys.stderr
         replayer = Replayer(args.dockerfile.resolve(), args.context.resolve(), work,
                             args.cache, args_map, log=log, say=say)
         image = replayer.replay()
-    finally:
-        if log is not sys.stderr:
-            log.close()
     say(f"image replayed in {image.seconds:.0f}s (base {image.base} stood in for by Debian "
         f"bookworm minbase); entrypoint {list(image.entrypoint)}, cmd {list(image.cmd)}")
     return image

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import yaml
 
@@ -242,7 +242,6 @@ class Topology:
     work: Path
     say: Callable[[str], None]
     _processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    _files: list[IO[bytes]] = field(default_factory=list)
 
     def run(self, target: str, timeout_s: float) -> Outcome:
         services = self.compose.services
@@ -270,8 +269,6 @@ class Topology:
             return outcome
         finally:
             self._stop_all()
-            for handle in self._files:
-                handle.close()
             topology.destroy()
             mounts.unmount_all()
 
@@ -321,13 +318,13 @@ class Topology:
                 "env": service.env, "argv": list(service.argv)}
         logs = self.work / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        out = open(logs / f"{name}.stdout", "wb")
-        err = open(logs / f"{name}.stderr", "wb")
-        self._files += [out, err]
         self.say(f"start {name}: {shlex.join(service.argv)}")
-        self._processes[name] = subprocess.Popen(
-            in_netns(launcher(spec)), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-            start_new_session=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        # the child holds its own copies of the log descriptors; ours close at once
+        with open(logs / f"{name}.stdout", "wb") as out, \
+                open(logs / f"{name}.stderr", "wb") as err:
+            self._processes[name] = subprocess.Popen(
+                in_netns(launcher(spec)), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                start_new_session=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
 
     def _read(self, name: str, stream: str) -> str:
         path = self.work / "logs" / f"{name}.{stream}"

@@ -623,10 +623,7 @@ class SwimCore:
         if probe.acked:
             self.awareness = max(0, self.awareness - 1)
             return
-        if probe.expected_nacks > 0:
-            delta = probe.expected_nacks - probe.nacks
-        else:
-            delta = 1
+        delta = probe.expected_nacks - probe.nacks if probe.expected_nacks > 0 else 1
         self.awareness = min(self.awareness + delta, self.config.awareness_max_multiplier - 1)
         member = self._members.get(probe.target)
         if member is not None and member.live:

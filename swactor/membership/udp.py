@@ -38,6 +38,7 @@ refused (`ForgeryReason.NotInPool`) before its signature is even verified. `allo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import select
@@ -172,10 +173,8 @@ class MembershipNode:
         self._wake()
 
     def _wake(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
-        except OSError:
-            pass
 
     # ------------------------------------------------------------ membership thread
 
@@ -199,10 +198,8 @@ class MembershipNode:
         now = time.monotonic()
         out: list[Outgoing] = []
         if self._wake_r in readable:
-            try:
+            with contextlib.suppress(OSError):
                 self._wake_r.recv(4096)
-            except OSError:
-                pass
         with self._lock:
             commands, self._commands = self._commands, []
         for command in commands:

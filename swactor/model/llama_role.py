@@ -458,10 +458,7 @@ class StageRole:
 
     def _dense_linear(self, x: Tensor, weight: Tensor) -> Tensor:
         """``x @ weight.T`` in float32, ``weight`` being ``[out, in]`` in the compute dtype."""
-        if self._f16_bits:
-            wide = widen_f16(weight, cpu=True)
-        else:
-            wide = weight.float()
+        wide = widen_f16(weight, cpu=True) if self._f16_bits else weight.float()
         return self._matvec(x, wide, _matvec_chunk(int(weight.shape[0])) if self._cpu
                             else int(weight.shape[0]))
 

@@ -30,6 +30,7 @@ bytes enter a message.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -98,10 +99,8 @@ class LocalFileSource:
         os.close(self._fd)
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             os.close(self._fd)
-        except (OSError, AttributeError):
-            pass
 
 
 class HttpRangeSource:

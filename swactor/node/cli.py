@@ -46,9 +46,7 @@ def parse_node_id(text: str) -> NodeId:
     """A node id: decimal, `0x`-prefixed hex, or the 16 hex digits `node-id` prints."""
     text = text.strip()
     try:
-        if text.lower().startswith("0x"):
-            value = int(text, 16)
-        elif len(text) == 16 and not text.isdigit():
+        if text.lower().startswith("0x") or (len(text) == 16 and not text.isdigit()):
             value = int(text, 16)
         else:
             value = int(text, 10)

@@ -31,6 +31,7 @@ server sent; `fetched_bytes` what the client received (tests and benches read th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import os
 import struct
@@ -266,10 +267,8 @@ class ArtifactChannel:
         if link.closed:
             return
         text = reason.encode()[:MAX_REASON]
-        try:
+        with contextlib.suppress(ConnectionLostError, RuntimeError, ValueError):
             link.send(stream_id, HEAD.pack(status, len(text)) + text, end=True)
-        except (ConnectionLostError, RuntimeError, ValueError):
-            pass
 
 
 class FileOffer:

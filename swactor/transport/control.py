@@ -33,6 +33,7 @@ responder holds at most one `MAX_FRAME` per stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import json
 import struct
@@ -303,7 +304,6 @@ class ControlChannel:
     def _answer(self, link: QuicLink, stream_id: int, document: dict[str, object]) -> None:
         if link.closed:
             return
-        try:
+        # the requester reset the stream or the link is gone: nobody to answer
+        with contextlib.suppress(ConnectionLostError, RuntimeError, ValueError):
             link.send(stream_id, encode_frame(document), end=True)
-        except (ConnectionLostError, RuntimeError, ValueError):
-            pass  # the requester reset the stream or the link is gone

@@ -194,9 +194,10 @@ class SwactorConnection(QuicConnection):
         self._sw_consumed[stream_id] = consumed
         self._sw_consumed_total += nbytes
         stream = self._streams.get(stream_id)
-        if stream is not None and stream.max_stream_data_local:
-            if consumed + self._sw_stream_window - stream.max_stream_data_local >= self._sw_step:
-                return True
+        if (stream is not None and stream.max_stream_data_local
+                and consumed + self._sw_stream_window - stream.max_stream_data_local
+                >= self._sw_step):
+            return True
         target = self._sw_consumed_total + self._sw_connection_window
         return bool(target - self._local_max_data.value >= self._sw_connection_step)
 

@@ -10,6 +10,7 @@ GpuWorkerCtl gives it: `wake` then rings `to_worker` instead of writing a JSON h
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import subprocess
@@ -224,10 +225,8 @@ class WorkerRig:
             self.proc.wait(10)
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if stream is not None:
-                try:
+                with contextlib.suppress(OSError):
                     stream.close()
-                except OSError:
-                    pass
         for ring in self.rings.values():
             ring.close()
         if self.bells is not None:

@@ -269,7 +269,7 @@ class ArenaManagerStateful(RuleBasedStateMachine):
         assert lay.total_len == size and lay.data_capacity == req.capacity
         assert lay.data_offset % align == 0 and lay.header_offset % 64 == 0
         assert lay.data_offset == lay.arena_offset + PAGE
-        assert 0 <= lay.arena_offset and lay.arena_offset + lay.total_len <= CEILING
+        assert lay.arena_offset >= 0 and lay.arena_offset + lay.total_len <= CEILING
         for start, length in self.live_ranges():  # placed in a gap, never on a live lease
             assert lay.arena_offset + size <= start or start + length <= lay.arena_offset
         assert int(lay.ring_id) > self.max_ring_id  # never reused

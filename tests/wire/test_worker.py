@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 
@@ -137,10 +138,8 @@ def test_bad_body_gives_the_body_error() -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=80) | st.binary(max_size=80))
 def test_decode_fuzz_only_typed_errors(line: str | bytes) -> None:
-    try:
+    with contextlib.suppress(WireError):
         decode_command(line)
-    except WireError:
-        pass
 
 
 @settings(max_examples=30, deadline=None)
@@ -218,10 +217,8 @@ def test_event_line_is_exact_and_commands_are_not_events() -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=80) | st.binary(max_size=80))
 def test_decode_event_fuzz_only_typed_errors(line: str | bytes) -> None:
-    try:
+    with contextlib.suppress(WireError):
         decode_event(line)
-    except WireError:
-        pass
 
 
 @settings(max_examples=200, deadline=None)
