@@ -56,7 +56,7 @@ def _value(ftype: FieldType) -> object:
         return ()
     if ftype.wire:
         wire = importlib.import_module("swactor.wire")
-        example = importlib.import_module("swactor.wire.examples").example
+        example = importlib.import_module("swactor.testing.examples").example
         return example(getattr(wire, ftype.name))
     return {"int": 1, "float": 1.5, "str": "x", "bool": True}[ftype.name]
 

@@ -8,7 +8,7 @@ Everything runs in one invocation, side by side, on the same machine state:
    into a 64 MiB destination (memoryview slice assignment is a plain memcpy).
 2. `ring`: a producer process copies the same TOTAL bytes from the same source into a
    4 MiB ring in 64 KiB spans; a consumer process copies them out into a 64 MiB
-   destination.  Both are `python -m swactor.ring.peer` processes that map the memfd
+   destination.  Both are `python -m swactor.testing.ring_peer` processes that map the memfd
    arena and use the native helper, with eventfd doorbells; the time runs from the
    start barrier to the consumer's last byte.  Ratio = ring GB/s / memcpy GB/s
    (goal >= 0.7).  Both header versions are measured (compact: the spec's packed
@@ -34,9 +34,9 @@ import time
 from collections.abc import Callable
 
 from swactor.ring import VERSION_COMPACT, VERSION_SPLIT, Doorbell, JsonLineWake, Wake
-from swactor.ring.peer import PATTERN_PERIOD, pattern_source
-from swactor.ring.rig import RingRig, run_pair
 from swactor.ring.wake import READABLE_EVENT, WRITABLE_EVENT
+from swactor.testing.ring_peer import PATTERN_PERIOD, pattern_source
+from swactor.testing.ring_rig import RingRig, run_pair
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 SPAN = 64 * KiB

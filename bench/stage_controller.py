@@ -34,6 +34,7 @@ from swactor.fsm.generated import orchestrator_run as orun
 from swactor.fsm.generated import stage_controller as scm
 from swactor.node.stage_controller import StageController, StageControllerConfig
 from swactor.node.stage_ports import EdgeEstablished, StageOutcome, StageReport
+from swactor.testing.examples import example
 from swactor.wire import (
     DeviceObjectHandle,
     EdgeId,
@@ -48,7 +49,6 @@ from swactor.wire import (
     Sequence,
     WorkerGeneration,
 )
-from swactor.wire.examples import example
 
 DECODE_STEP_MS = 12.5
 

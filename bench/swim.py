@@ -1,7 +1,7 @@
 """SWIM failure detection in simulation, next to the SWIM paper's expectations.
 
 Theory of operation: for each pool size N (10, 100, 1000) and a few seeds, a
-`swactor.membership.sim.Simulation` runs memberlist's LAN defaults (1 s probe period,
+`swactor.testing.swim_sim.Simulation` runs memberlist's LAN defaults (1 s probe period,
 500 ms probe timeout, 3 indirect probes, gossip 200 ms x 3, Lifeguard suspicion) on a
 loss-free simulated network in simulated time, so every figure is in real seconds of
 protocol time, independent of this machine's speed. After a warm-up one member is
@@ -37,8 +37,8 @@ from swactor.membership.config import (
     suspicion_min_s,
 )
 from swactor.membership.messages import AliveUpdate, BootHealth, MemberMeta, MemberState, Ping
-from swactor.membership.sim import Simulation, sim_node_id
 from swactor.membership.wire import Codec, Signer
+from swactor.testing.swim_sim import Simulation, sim_node_id
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId
 

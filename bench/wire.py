@@ -15,6 +15,7 @@ import struct
 import timeit
 from collections.abc import Callable
 
+from swactor.testing.examples import example
 from swactor.wire import (
     OBJECT_HEADER_FORMAT,
     EdgePreamble,
@@ -25,7 +26,6 @@ from swactor.wire import (
     decode_command,
     encode_command,
 )
-from swactor.wire.examples import example
 
 
 def _best_us(fn: Callable[[], object], number: int) -> float:

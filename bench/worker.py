@@ -28,6 +28,7 @@ import time
 
 from swactor.arena import Arena
 from swactor.ring import Ring
+from swactor.testing.worker_rig import WorkerRig, float_spec, read_all, record, write_all
 from swactor.wire import (
     ConfigureRole,
     DeviceObjectReleased,
@@ -48,7 +49,6 @@ from swactor.wire import (
     StepCompleted,
     StepId,
 )
-from swactor.worker.rig import WorkerRig, float_spec, read_all, record, write_all
 
 MIB = 1 << 20
 
@@ -68,7 +68,7 @@ def bench_memcpy(payload: bytes, chunk: int) -> float:
 
 def bench_ring_only(payload: bytes, cap: int) -> float:
     rig_arena = Arena.create(cap + 3 * 4096 + (1 << 16))
-    from swactor.ring.rig import make_layout
+    from swactor.testing.ring_rig import make_layout
 
     layout = make_layout(cap)
     producer = Ring.init(rig_arena, layout)

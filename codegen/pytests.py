@@ -15,7 +15,7 @@ The expectations are computed here from the parsed table (``codegen.exprs`` with
   ``transitions``-based second interpreter built at test time from the same YAML.
 
 Event and context values are simple distinct builtins, or
-``swactor.wire.examples.example(T)`` for wire types.
+``swactor.testing.examples.example(T)`` for wire types.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Theory of operation
 caller passes `now` (seconds on any monotonic clock) to every call, supplies the random
 source, sends the `Outgoing` messages it returns, calls `tick(now)` at or after
 `next_deadline()`, and drains `take_events()`. The same core runs under the UDP runner
-(`swactor.membership.udp`) and the seeded simulator (`swactor.membership.sim`).
+(`swactor.membership.udp`) and the seeded simulator (`swactor.testing.swim_sim`).
 
 What it does, following memberlist and the Lifeguard paper:
 

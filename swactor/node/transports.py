@@ -3,7 +3,7 @@
 Theory of operation. `StageNode` and the orchestrator session never construct the QUIC
 pieces directly: they ask a `Transport` factory. `QuicTransport` (the default) builds the
 real `QuicEndpoint`, edge `Driver` and `ControlChannel` (or a subclass of it the node
-asks for). The in-process test layer passes `swactor.cluster.memory_net.MemoryNetwork`
+asks for). The in-process test layer passes `swactor.testing.memory_net.MemoryNetwork`
 instead, whose stand-ins have the same surface.
 """
 

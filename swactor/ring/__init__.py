@@ -1,11 +1,12 @@
 """Shared-memory SPSC rings: the cffi binding of `native/ring.c` (spec §20-§22).
 
 - `Ring` (ring.py): zero-copy spans and cursor publication over the native helper.
-- `stream` (stream.py): blocking producer/consumer steps with the pending-bit protocol.
 - `Doorbell`, `JsonLineWake` (wake.py): wake-hint channels; the eventfd doorbell is the
   hot path (see wake.py for the measured choice).
-- `PeerWatch`, `fault_and_wake` (liveness.py): fault a dead peer's rings, wake survivors.
 - errors.py: typed errors carrying spec §37 RingFaultReason.
+
+Blocking test helpers over these rings (the waiter's side of spec §21, a peer process,
+a peer watcher) live in `swactor.testing`.
 """
 
 from swactor.ring.errors import (
@@ -16,7 +17,6 @@ from swactor.ring.errors import (
     RingLayoutInvalid,
     UnsupportedRingVersion,
 )
-from swactor.ring.liveness import PeerWatch, fault_and_wake
 from swactor.ring.ring import (
     ABI_VERSION,
     DEFAULT_VERSION,
@@ -46,7 +46,6 @@ __all__ = [
     "Doorbell",
     "JsonLineWake",
     "MalformedWake",
-    "PeerWatch",
     "Ring",
     "RingAdvanceError",
     "RingClosedError",
@@ -59,6 +58,5 @@ __all__ = [
     "WakeTimeout",
     "WorkerDoorbells",
     "check_abi",
-    "fault_and_wake",
     "header_len",
 ]

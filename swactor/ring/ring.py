@@ -22,7 +22,7 @@ readable; asking again gives the rest.  A span must not be touched after its adv
 Wake hints: after publishing, call `mark_readable_pending()` (producer) or
 `mark_writable_pending()` (consumer); send a hint only when it returns True.  A waiter
 calls `clear_readable_pending()` / `clear_writable_pending()` *before* re-checking the
-cursors, and sleeps only if there is still nothing to do (see `swactor.ring.stream`).
+cursors, and sleeps only if there is still nothing to do (see `swactor.testing.ring_stream`).
 
 The state word (Open / Closed / Faulted + reason) lives in shared memory, so a fault
 recorded by either side, or by a watcher of the peer process, is seen by both.

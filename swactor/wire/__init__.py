@@ -8,7 +8,7 @@ object and worker-command types (§11, §12, §17, §18, §26, §29) are frozen 
 dataclasses that validate themselves on construction, raising a `WireError` subclass
 that names the type, field and rule. Every dataclass round-trips through strict JSON
 (`to_json()` / `from_json()`); `ObjectHeader` and `EdgePreamble` also pack to fixed
-little-endian bytes. `swactor.wire.examples` gives a valid example and a Hypothesis
+little-endian bytes. `swactor.testing.examples` gives a valid example and a Hypothesis
 strategy for every type.
 
 Modules: `ids` (identifiers, DeviceObjectHandle), `enums`, `errors`, `codec` (WireStruct

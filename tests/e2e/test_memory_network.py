@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from swactor.cluster.memory_net import MemoryNetwork
 from swactor.events.emitter import Emitter
 from swactor.events.sinks import MemorySink
 from swactor.model.gguf_range import open_reader
@@ -27,6 +26,7 @@ from swactor.model.llama_role import StageRole
 from swactor.node.control_messages import StopRunMessage
 from swactor.node.node import NodeConfig, StageNode
 from swactor.orchestrator.session import PoolMember, SessionOptions, run_session
+from swactor.testing.memory_net import MemoryNetwork
 from swactor.transport.control import ControlRejectedError, RejectCode
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId, RunId, RunOutcome, StageIndex, TeardownOutcome

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from swactor.cluster.memory_net import MemoryNetwork
 from swactor.events.emitter import Emitter
 from swactor.events.sinks import MemorySink
 from swactor.node.node import NodeConfig, StageNode
 from swactor.orchestrator.session import PoolMember, SessionOptions, run_session
+from swactor.testing.memory_net import MemoryNetwork
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import Component, NodeId, RunFaultReason, RunOutcome, TeardownOutcome
 from tests.e2e.test_memory_network import MAX_SEQ, PROMPT, TINY, TOKENS

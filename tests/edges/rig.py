@@ -29,6 +29,7 @@ from swactor.edges import (
 )
 from swactor.events.schema import LifecycleEvent
 from swactor.fsm.generated import edge_record as er
+from swactor.testing.worker_rig import float_spec
 from swactor.transport.config import TransportConfig
 from swactor.transport.endpoint import QuicEndpoint
 from swactor.transport.identity import NodeIdentity
@@ -47,7 +48,6 @@ from swactor.wire import (
     RunId,
     WakeCoalescing,
 )
-from swactor.worker.rig import float_spec
 
 RING = 1 << 16
 

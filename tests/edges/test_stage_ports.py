@@ -13,6 +13,7 @@ from swactor.actors import Runtime
 from swactor.edges import EdgeStagePorts
 from swactor.fsm.generated import stage_controller as scm
 from swactor.node.stage_ports import EdgeEstablished, StagePortError
+from swactor.testing.examples import example
 from swactor.wire import (
     EdgeId,
     ExecuteStep,
@@ -24,7 +25,6 @@ from swactor.wire import (
     RunFaultReason,
     Sequence,
 )
-from swactor.wire.examples import example
 from tests.edges.rig import node_pair
 from tests.worker.ctl_rig import Collector
 

@@ -17,10 +17,10 @@ from typing import Any
 
 from swactor.actors import Runtime
 from swactor.edges import StopEdgeRequest
+from swactor.testing.worker_rig import record
 from swactor.transport.config import TransportConfig
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import EdgeId, ObjectLoaded, RingId, RingReadable
-from swactor.worker.rig import record
 from tests.edges.rig import EdgeNode, rx, tx
 from tests.edges.worker_rig import attach_worker, start_worker
 from tests.worker.ctl_rig import Collector, take

@@ -26,6 +26,7 @@ import pytest
 
 from swactor.cluster.launcher import LocalCluster
 from swactor.node.control_messages import REGISTRY, AddressBook, PeerAddress, StopRunMessage
+from swactor.testing.examples import example
 from swactor.transport import ControlAuthority, ControlChannel, QuicEndpoint
 from swactor.transport.config import TransportConfig
 from swactor.transport.control import ControlRejectedError, RejectCode
@@ -33,7 +34,6 @@ from swactor.transport.errors import ConnectionLostError
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId, ProvisionStage, RunId, StageIndex
 from swactor.wire.codec import WireStruct
-from swactor.wire.examples import example
 
 pytestmark = pytest.mark.timeout(300)
 

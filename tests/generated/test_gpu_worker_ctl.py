@@ -22,7 +22,7 @@ import swactor.fsm.generated.gpu_worker_ctl as gen
 from codegen.reference import ReferenceMachine
 from swactor import wire
 from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer
-from swactor.wire.examples import example
+from swactor.testing.examples import example
 
 TABLE = Path(__file__).resolve().parent / "../../fsm/gpu_worker_ctl.yaml"
 

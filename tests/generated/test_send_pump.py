@@ -22,7 +22,7 @@ import swactor.fsm.generated.send_pump as gen
 from codegen.reference import ReferenceMachine
 from swactor import wire
 from swactor.fsm.runtime import ProtocolError
-from swactor.wire.examples import example
+from swactor.testing.examples import example
 
 TABLE = Path(__file__).resolve().parent / "../../fsm/send_pump.yaml"
 

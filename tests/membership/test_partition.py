@@ -27,7 +27,7 @@ from swactor.membership.messages import (
     Refuted,
     Sync,
 )
-from swactor.membership.sim import Simulation, sim_node_id
+from swactor.testing.swim_sim import Simulation, sim_node_id
 from swactor.wire import NodeId
 
 WARMUP_S = 5.0

@@ -25,8 +25,8 @@ from swactor.membership.pool import (
     ReadinessLost,
     wait_pool_ready,
 )
-from swactor.membership.sim import Simulation, sim_node_id
 from swactor.membership.udp import MembershipNode, asyncio_events
+from swactor.testing.swim_sim import Simulation, sim_node_id
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId, RunId
 

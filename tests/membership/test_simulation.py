@@ -10,7 +10,7 @@ import pytest
 
 from swactor.membership.config import SwimConfig, detection_bound_s
 from swactor.membership.messages import MemberChanged, MemberState, Refuted
-from swactor.membership.sim import Simulation, sim_node_id
+from swactor.testing.swim_sim import Simulation, sim_node_id
 
 WARMUP_S = 5.0
 

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from swactor.orchestrator.planner import token_object_spec
 from swactor.orchestrator.tokens import TokenObjectError, decode_token_ids, encode_token_ids
+from swactor.testing.examples import example
 from swactor.wire import DTypeFamily, ObjectFailure, ObjectKind, ObjectSpec, RunPlan
-from swactor.wire.examples import example
 
 PROMPT_SPEC = token_object_spec(8)
 

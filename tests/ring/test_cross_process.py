@@ -1,6 +1,6 @@
 """Cross-process streaming through a real memfd ring between two peer processes.
 
-Each test runs a producer and a consumer as separate `python -m swactor.ring.peer`
+Each test runs a producer and a consumer as separate `python -m swactor.testing.ring_peer`
 processes that inherit the arena and wake fds.  The producer hashes the pattern it
 wrote, the consumer hashes what it read from the ring: a byte read before it was
 written, or overwritten before it was read, changes the consumer's digest (stale bytes
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from swactor.ring import DEFAULT_VERSION, VERSION_COMPACT
-from swactor.ring.peer import EXIT_TIMEOUT, PATTERN_PERIOD, pattern_source
-from swactor.ring.rig import RingRig, run_pair
+from swactor.testing.ring_peer import EXIT_TIMEOUT, PATTERN_PERIOD, pattern_source
+from swactor.testing.ring_rig import RingRig, run_pair
 
 MiB = 1 << 20
 

@@ -19,14 +19,14 @@ import pytest
 
 from swactor.arena import Arena, ArenaBusyError
 from swactor.ring import Ring
-from swactor.ring.rig import make_layout
+from swactor.testing.ring_rig import make_layout
 
 CYCLE = textwrap.dedent(
     """
     import gc
     from swactor.arena import Arena
     from swactor.ring import Ring
-    from swactor.ring.rig import make_layout
+    from swactor.testing.ring_rig import make_layout
 
     class Holder:
         pass

@@ -9,8 +9,10 @@ import time
 
 import pytest
 
-from swactor.ring import PeerWatch, Ring, RingFaulted, RingState, WakeTimeout, stream
-from swactor.ring.rig import RingRig
+from swactor.ring import Ring, RingFaulted, RingState, WakeTimeout
+from swactor.testing import ring_stream as stream
+from swactor.testing.ring_liveness import PeerWatch
+from swactor.testing.ring_rig import RingRig
 from swactor.wire import RingFaultReason
 
 MiB = 1 << 20

@@ -22,7 +22,7 @@ from swactor.ring import (
     UnsupportedRingVersion,
     header_len,
 )
-from swactor.ring.rig import make_layout
+from swactor.testing.ring_rig import make_layout
 from swactor.wire import RingFaultReason, RingId, RingLayout
 
 # Independent transcription of the ABI table in native/ring.h:

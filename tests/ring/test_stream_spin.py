@@ -10,9 +10,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from swactor.ring import Ring, stream
-from swactor.ring.rig import RingRig
+from swactor.ring import Ring
 from swactor.ring.wake import WakeTimeout
+from swactor.testing import ring_stream as stream
+from swactor.testing.ring_rig import RingRig
 
 CAPACITY = 4096
 

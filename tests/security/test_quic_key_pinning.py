@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterator
 import pytest
 from cryptography import x509
 
-from swactor.cluster.memory_net import MemoryNetwork
 from swactor.membership.admission import Admission, PoolEntry, public_key_bytes
 from swactor.node.transports import QuicTransport
+from swactor.testing.memory_net import MemoryNetwork
 from swactor.transport import endpoint as endpoint_module
 from swactor.transport.config import EDGE_ALPN, TransportConfig
 from swactor.transport.endpoint import PeerRefused, QuicEndpoint, QuicLink

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from swactor.arena import Arena
 from swactor.ring import Ring, RingState
-from swactor.ring.rig import make_layout
+from swactor.testing.ring_rig import make_layout
 from swactor.transport.config import TransportConfig
 from swactor.transport.driver import Driver
 from swactor.transport.endpoint import QuicEndpoint

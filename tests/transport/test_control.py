@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from swactor.testing.examples import example
 from swactor.transport.config import TransportConfig
 from swactor.transport.control import (
     ControlAuthority,
@@ -24,7 +25,6 @@ from swactor.transport.errors import ControlError
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import ProvisionRx, ProvisionStage, RunId
 from swactor.wire.codec import WireStruct
-from swactor.wire.examples import example
 
 pytestmark = pytest.mark.timeout(60)
 CONFIG = TransportConfig(max_datagram_size=16383)

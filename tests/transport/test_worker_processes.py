@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from swactor.ring.rig import RingRig
+from swactor.testing.ring_rig import RingRig
 from swactor.transport.config import TransportConfig
 from swactor.transport.doorbells import DoorbellRouter
 from swactor.transport.driver import Driver

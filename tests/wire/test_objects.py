@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from swactor.testing.examples import example, strategy
 from swactor.wire import (
     DTypeFamily,
     EdgeId,
@@ -30,7 +31,6 @@ from swactor.wire import (
     StreamFaultReason,
     WireError,
 )
-from swactor.wire.examples import example, strategy
 
 # Hand-assembled: magic b"SWOB", version 1, header_len 40, object_id 0x0102030405060708,
 # sequence 9, extent 0x40, flags 0xA0B0C0D0, reserved 0 -- all little endian.

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
+from swactor.testing.examples import example
 from swactor.wire import (
     DTypeFamily,
     EdgeEndpoint,
@@ -32,7 +33,6 @@ from swactor.wire import (
     TokenizerSourceKind,
     WireError,
 )
-from swactor.wire.examples import example
 
 PLAN = example(RunPlan)  # 2 stages over 6 layers: edges 1 (in), 2 (act), 3 (out)
 S0, S1 = PLAN.stages

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
+from swactor.testing.examples import example
 from swactor.wire import (
     EdgeId,
     EdgeKind,
@@ -26,7 +27,6 @@ from swactor.wire import (
     provision_stage,
     provision_tx,
 )
-from swactor.wire.examples import example
 
 LAST = example(ProvisionStage)  # stage 1 of 2: Activation in, TokenOut out, greedy sampling
 

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import swactor.wire as wire
+from swactor.testing.examples import example, example_types, strategy
 from swactor.wire import FieldTypeError, JsonShapeError, WireError, WireStruct
-from swactor.wire.examples import example, example_types, strategy
 
 EXPORTED_STRUCTS = sorted(
     (v for v in vars(wire).values() if isinstance(v, type) and issubclass(v, WireStruct)),

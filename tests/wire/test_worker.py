@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from swactor.testing.examples import example, strategy
 from swactor.wire import (
     COMMAND_TYPES,
     EVENT_TYPES,
@@ -58,7 +59,6 @@ from swactor.wire import (
     encode_command,
     encode_event,
 )
-from swactor.wire.examples import example, strategy
 
 COMMANDS = [
     InitializeWorker,

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from swactor.worker.rig import WorkerRig
+from swactor.testing.worker_rig import WorkerRig
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 from swactor.actors import Actor, Context
 from swactor.arena import Arena
 from swactor.ring import Ring, header_len
+from swactor.testing.worker_rig import float_spec
 from swactor.wire import (
     EdgeId,
     InstallRing,
@@ -18,7 +19,6 @@ from swactor.wire import (
     RingReadable,
     RingWritable,
 )
-from swactor.worker.rig import float_spec
 
 T = TypeVar("T")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 
+from swactor.testing.worker_rig import WorkerRig, read_all, record, write_all
 from swactor.wire import (
     ConfigureRole,
     DeviceObjectReleased,
@@ -23,7 +24,6 @@ from swactor.wire import (
     StepCompleted,
     StepId,
 )
-from swactor.worker.rig import WorkerRig, read_all, record, write_all
 
 
 def test_ready_reports_cpu_backend(rig: WorkerRig) -> None:

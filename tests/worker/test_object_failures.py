@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pytest
 
 from swactor.ring import Ring
+from swactor.testing.worker_rig import WorkerRig, float_spec, record, write_all
 from swactor.wire import (
     OBJECT_MAGIC,
     ObjectFailed,
@@ -27,7 +28,6 @@ from swactor.wire import (
     RingReadable,
     SequencePolicy,
 )
-from swactor.worker.rig import WorkerRig, float_spec, record, write_all
 
 _ring_ids = itertools.count(1)
 

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from swactor.testing.worker_rig import WorkerRig, read_all, record, write_all
 from swactor.wire import (
     ConfigureRole,
     DeviceObjectHandle,
@@ -48,7 +49,6 @@ from swactor.wire import (
     WorkerStoppedReason,
 )
 from swactor.worker.process import ring_helper_abi
-from swactor.worker.rig import WorkerRig, read_all, record, write_all
 
 
 def fatal_exit(rig: WorkerRig, reason: WorkerFatalReason) -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from swactor.arena import Arena
 from swactor.ring import Ring
-from swactor.ring.rig import make_layout
+from swactor.testing.ring_rig import make_layout
+from swactor.testing.worker_rig import float_spec
 from swactor.wire import (
     EdgeId,
     InstallRing,
@@ -23,7 +24,6 @@ from swactor.wire import (
     WorkerGeneration,
 )
 from swactor.worker.bridge import DeviceBridge
-from swactor.worker.rig import float_spec
 from swactor.worker.ring_record import RingRecord
 
 LAYOUT = make_layout(1 << 16, ring_id=5)

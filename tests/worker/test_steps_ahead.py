@@ -12,6 +12,7 @@ import struct
 
 from swactor.node.worker_ctl import WorkerRoutes
 from swactor.ring import Doorbell
+from swactor.testing.worker_rig import WorkerRig, read_all, record, write_all
 from swactor.wire import (
     AwaitedInput,
     ConfigureRole,
@@ -38,7 +39,6 @@ from swactor.wire import (
     StepId,
     WorkerGeneration,
 )
-from swactor.worker.rig import WorkerRig, read_all, record, write_all
 
 ROW = 4 * 4  # four f32 per row
 

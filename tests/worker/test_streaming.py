@@ -7,6 +7,7 @@ import queue
 import time
 
 from swactor.ring import Ring
+from swactor.testing.worker_rig import WorkerRig, read_all, record, write_all
 from swactor.wire import (
     ConfigureRole,
     ExecuteStep,
@@ -26,7 +27,6 @@ from swactor.wire import (
     StepCompleted,
     StepId,
 )
-from swactor.worker.rig import WorkerRig, read_all, record, write_all
 
 RING = 4096
 

@@ -20,6 +20,7 @@ from swactor.node.worker_ctl import (
     WorkerReaped,
     WorkerRoutes,
 )
+from swactor.testing.worker_rig import record
 from swactor.wire import (
     ConfigureRole,
     DeviceObjectHandle,
@@ -49,7 +50,6 @@ from swactor.wire import (
     UninstallReason,
     WorkerGeneration,
 )
-from swactor.worker.rig import record
 from tests.worker.ctl_rig import Collector, install_command, take
 
 RING = 4096

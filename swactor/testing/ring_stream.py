@@ -18,7 +18,7 @@ The consumer loads the state *before* its second try: a producer commits its las
 before it closes, so "Closed, then still empty" really means end of stream.
 
 A blocked side also gives up when the ring turns Faulted: whoever faults a ring (the
-peer, or the node watching the peer process, see `swactor.ring.liveness`) notifies both
+peer, or the node watching the peer process, see `swactor.testing.ring_liveness`) notifies both
 directions afterwards, so the sleeper wakes and sees it.  `timeout` bounds each sleep:
 `WakeTimeout` then means a wake was lost or the peer died unreported.
 """

@@ -341,6 +341,6 @@ def example_types() -> tuple[type, ...]:
 
 def strategy(tp: type[T]) -> SearchStrategy[T]:
     """A Hypothesis strategy of valid instances of the exported wire type `tp`."""
-    from swactor.wire import _strategies
+    from swactor.testing import strategies
 
-    return cast("SearchStrategy[T]", _strategies.strategy_for(cast(Any, tp)))
+    return cast("SearchStrategy[T]", strategies.strategy_for(cast(Any, tp)))

@@ -2,10 +2,10 @@
 
 Theory of operation
 -------------------
-`python -m swactor.ring.peer producer|consumer ...` maps the arena named by
+`python -m swactor.testing.ring_peer producer|consumer ...` maps the arena named by
 `SWACTOR_ARENA_FD` / `SWACTOR_ARENA_BYTES` (inherited with `pass_fds`), opens the ring of
 `--layout` (RingLayout JSON) and streams `--total` bytes through it with the blocking
-helpers of `swactor.ring.stream`, exactly as a worker would.  The wake channels are
+helpers of `swactor.testing.ring_stream`, exactly as a worker would.  The wake channels are
 inherited fds too (`--wake eventfd|jsonline`, `--readable`, `--writable`; a jsonline
 channel is `read_fd,write_fd`).
 
@@ -41,7 +41,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from swactor.arena import Arena
-from swactor.ring import stream
 from swactor.ring.errors import RingFaulted
 from swactor.ring.ring import Ring, RingState
 from swactor.ring.wake import (
@@ -52,6 +51,7 @@ from swactor.ring.wake import (
     Wake,
     WakeTimeout,
 )
+from swactor.testing import ring_stream as stream
 from swactor.wire import RingLayout
 
 PATTERN_PERIOD = (16 << 20) + 4099
@@ -233,7 +233,7 @@ def consume(ring: Ring, args: argparse.Namespace, readable: Wake, writable: Wake
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m swactor.ring.peer", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m swactor.testing.ring_peer", description=__doc__)
     p.add_argument("role", choices=["producer", "consumer"])
     p.add_argument("--layout", required=True, help="RingLayout as JSON")
     p.add_argument("--wake", choices=["eventfd", "jsonline"], default="eventfd")

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 `RingRig` plays the node: it creates the arena, leases one ring by hand (a layout at a
 fixed offset), writes the header, and creates both wake channels.  `spawn` starts
-`python -m swactor.ring.peer` with the arena fd and the channel fds inherited through
+`python -m swactor.testing.ring_peer` with the arena fd and the channel fds inherited through
 `pass_fds`, exactly like a worker.  `run_pair` runs a producer and a consumer peer
 through the start barrier and returns their JSON results.
 """
@@ -74,7 +74,7 @@ class RingRig:
         r_arg, r_fds = self.wake_fds(self.readable)
         w_arg, w_fds = self.wake_fds(self.writable)
         argv = [
-            sys.executable, "-m", "swactor.ring.peer", role,
+            sys.executable, "-m", "swactor.testing.ring_peer", role,
             "--layout", json.dumps(self.layout.to_json()),
             "--wake", self.wake, "--readable", r_arg, "--writable", w_arg, *extra,
         ]  # fmt: skip
