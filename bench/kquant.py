@@ -25,6 +25,7 @@ The machine is shared: the load average is printed beside the figures.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -82,7 +83,7 @@ def _line(label: str, row: dict[str, Any]) -> str:
 def _halves(blocks: int, stages: int) -> list[tuple[int, int]]:
     size = blocks // stages
     bounds = [i * size for i in range(stages)] + [blocks]
-    return list(zip(bounds[:-1], bounds[1:], strict=True))
+    return list(itertools.pairwise(bounds))
 
 
 def memory_per_type(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ per line, keeping paragraph breaks and indentation of list items.
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 LIMIT = 99
@@ -81,3 +82,22 @@ def import_from(module: str, names: list[str]) -> list[str]:
     if len(one) <= LIMIT:
         return [one]
     return [f"from {module} import ("] + [f"    {name}," for name in names] + [")"]
+
+
+def natural_sorted(names: list[str]) -> list[str]:
+    """``names`` in natural order (digit runs compare as numbers), as ruff RUF023 wants."""
+    return sorted(names, key=_natural_key)
+
+
+def all_sorted(names: list[str]) -> list[str]:
+    """``__all__`` in ruff RUF022's isort order: CONSTANTS, then Classes, then the rest."""
+    def kind(name: str) -> int:
+        if len(name) > 1 and name.upper() == name and name.lower() != name:
+            return 0
+        return 1 if name[:1].isupper() else 2
+    return sorted(names, key=lambda n: (kind(n), _natural_key(n)))
+
+
+def _natural_key(name: str) -> list[tuple[int, int, str]]:
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part)
+            for part in re.split(r"(\d+)", name) if part]

@@ -168,7 +168,7 @@ def _guards(table: Table) -> tuple[list[list[str]], list[list[str]]]:
         if len(adapter) > pretty.LIMIT:
             adapter = (f"def _guard_{guard.name}(\n    guards: {guards_cls}, event: Any\n"
                        ") -> bool:")
-        adapters.append(adapter.split("\n") + [f"    return guards.{guard.name}(event)"])
+        adapters.append([*adapter.split("\n"), f"    return guards.{guard.name}(event)"])
     return methods, adapters
 
 
@@ -269,7 +269,12 @@ def module_source(table: Table, wire: WireNames) -> str:
         "context_params": [f"        {f.name}: {f.type.python()}," for f in table.context],
         "context_props": [(f.name, f.type.python(), pretty.docstring(f.doc, 8))
                           for f in table.context],
-        "slots": pretty.call("__slots__ = ", [f'"_{n}"' for n in slot_names], "", 4),
+        "slots": pretty.call("__slots__ = ", [f'"{n}"' for n in pretty.natural_sorted(
+            [f"_{n}" for n in slot_names])], "", 4),
+        "all_names": pretty.all_sorted([
+            f"{table.class_prefix}Machine", f"{table.class_prefix}Guards", "Effect", "Event",
+            "MACHINE", "MODEL", "SPEC", "State", "TIMER_EVENTS", *table.events,
+            *table.effects]),
         "model": _model_lines(table),
     }
     return render("machine.py.j2", **context)

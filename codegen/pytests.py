@@ -61,7 +61,7 @@ def _effects_lambda(items: list[tuple[str, list[str]]], table: Table) -> list[st
     lines = ["        lambda ev, ctx: ["]
     for cls, args in calls:
         lines += pretty.call(cls, args, ",", 12)
-    return lines + ["        ],"]
+    return [*lines, "        ],"]
 
 
 def _row_cases(table: Table, rows: list[Row], wire: WireNames) -> list[dict[str, Any]]:

@@ -246,7 +246,7 @@ class ActorCell(Generic[M]):
                         await self._deliver(item)
                     else:
                         await self._dispatch(item)
-                except Exception as raised:  # noqa: BLE001 - supervision catches everything
+                except Exception as raised:  # supervision catches everything
                     failure = self._failed(raised)
         except asyncio.CancelledError:
             forced = True
@@ -257,7 +257,7 @@ class ActorCell(Generic[M]):
     async def _attempt(self, step: Coroutine[Any, Any, None]) -> Exception | None:
         try:
             await step
-        except Exception as error:  # noqa: BLE001 - supervision catches everything
+        except Exception as error:  # supervision catches everything
             return self._failed(error)
         return None
 
@@ -301,7 +301,7 @@ class ActorCell(Generic[M]):
         """(terminal error, None) to end the actor; (None, new failure or None) on restart."""
         try:
             directive = self._strategy.decide(failure)
-        except Exception:  # noqa: BLE001 - a broken decider must not kill the runtime
+        except Exception:  # a broken decider must not kill the runtime
             log.exception("%s: supervisor decider raised; stopping", self.address)
             directive = Directive.Stop
         log.warning("%s: failed (%s: %s); %s", self.address, type(failure).__name__,
@@ -338,7 +338,7 @@ class ActorCell(Generic[M]):
         if actor is not None:
             try:
                 await actor.stopped(self._context)
-            except Exception:  # noqa: BLE001 - a failing stop hook is reported, not fatal
+            except Exception:  # a failing stop hook is reported, not fatal
                 log.exception("%s: stopped() raised", self.address)
         self._actor = None  # only now: a cancel during stopped() still calls cancelled()
 
@@ -377,7 +377,7 @@ class ActorCell(Generic[M]):
         if actor is not None:
             try:
                 actor.cancelled(self._context)
-            except Exception:  # noqa: BLE001 - a failing hook is reported, not fatal
+            except Exception:  # a failing hook is reported, not fatal
                 log.exception("%s: cancelled() raised", self.address)
 
     def _finish(self, reason: StopReason, error: Exception | None) -> None:

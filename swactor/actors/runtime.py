@@ -136,7 +136,7 @@ class Runtime:
         if self._on_escalation is not None:
             try:
                 self._on_escalation(address, error)
-            except Exception:  # noqa: BLE001 - the callback must not kill the runtime
+            except Exception:  # the callback must not kill the runtime
                 log.exception("/%s: on_escalation callback raised", self.name)
 
     def count_dead_letter(self, address: Address, message: object) -> None:

@@ -31,7 +31,7 @@ def align_up(value: int, align: int) -> int:
 class FreeList:
     """Free extents of a `size`-byte address range."""
 
-    __slots__ = ("size", "_starts", "_lens")
+    __slots__ = ("_lens", "_starts", "size")
 
     def __init__(self, size: int) -> None:
         self.size = size

@@ -53,7 +53,7 @@ class ArenaBusyError(RuntimeError):
 class Arena:
     """One memfd mapping: `fd`, `size`, and `view`, a writable memoryview of it all."""
 
-    __slots__ = ("fd", "size", "_map", "view", "_owns_fd")
+    __slots__ = ("_map", "_owns_fd", "fd", "size", "view")
 
     def __init__(self, fd: int, size: int, mapping: mmap.mmap, owns_fd: bool) -> None:
         self.fd = fd

@@ -100,7 +100,7 @@ async def wait_for_event(
         for emitted in batch:
             if matches(emitted, wanted) and (where is None or where(emitted)):
                 return emitted
-            recent = (recent + [emitted.name.value])[-8:]
+            recent = [*recent, emitted.name.value][-8:]
         left = deadline - loop.time()
         if left <= 0:
             raise EventTimeout(wanted, timeout, recent)

@@ -27,7 +27,7 @@ F = TypeVar("F")
 class EventFeeder(Generic[E, F]):
     """Feeds `handle` (a machine's) events in order; `carry_out` gets every effect."""
 
-    __slots__ = ("_handle", "_carry_out", "_queue", "_feeding")
+    __slots__ = ("_carry_out", "_feeding", "_handle", "_queue")
 
     def __init__(self, handle: Callable[[E], Iterable[F]], carry_out: Callable[[F], None]
                  ) -> None:

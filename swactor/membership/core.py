@@ -124,8 +124,17 @@ _NACK_FRACTION = 0.8
 class _Member:
     """One remote member: its machine, metadata and suspicion; answers the guards."""
 
-    __slots__ = ("node_id", "meta", "machine", "last_update", "changed_at", "accusers",
-                 "suspected_at", "suspicion_deadline", "confirmed")
+    __slots__ = (
+        "accusers",
+        "changed_at",
+        "confirmed",
+        "last_update",
+        "machine",
+        "meta",
+        "node_id",
+        "suspected_at",
+        "suspicion_deadline",
+    )
 
     def __init__(self, update: AliveUpdate, now: float) -> None:
         self.node_id = update.node_id

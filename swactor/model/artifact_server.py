@@ -148,7 +148,7 @@ class ArtifactServer:
             protocol_version = "HTTP/1.1"
             timeout = server.timeout_s  # every socket operation (StreamRequestHandler)
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: object) -> None:
                 return
 
             def _common(self) -> bool:
@@ -157,7 +157,7 @@ class ArtifactServer:
                     return False
                 return True
 
-            def do_HEAD(self) -> None:  # noqa: N802
+            def do_HEAD(self) -> None:
                 if not self._common():
                     return
                 self.send_response(200)
@@ -171,7 +171,7 @@ class ArtifactServer:
                 self.send_header("ETag", f'"{server.sha256}"')
                 self.send_header("Content-Type", "application/octet-stream")
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 if not self._common():
                     return
                 range_header = self.headers.get("Range")

@@ -93,7 +93,7 @@ class SessionOptions:
     transport: TransportConfig = field(default_factory=TransportConfig)
     network: Transport | None = None
     """How to build the endpoint, driver and control channel (None: real QUIC)."""
-    timeouts: RunTimeouts = RunTimeouts()
+    timeouts: RunTimeouts = field(default_factory=RunTimeouts)
     offer_model: bool = False
     """Offer the model to the pool over QUIC (`orchestrator.offer`): the plan names this
     orchestrator and the file's digests, not a path, and each node fetches its own byte
@@ -283,8 +283,8 @@ async def run_session(
         err.flush()
 
     host = options.advertise_host or address[0]
-    book = AddressBook(tuple(PeerAddress(m.node_id, m.host, m.port) for m in options.nodes)
-                       + (PeerAddress(me, host, address[1]),))
+    book = AddressBook((*(PeerAddress(m.node_id, m.host, m.port) for m in options.nodes),
+                        PeerAddress(me, host, address[1])))
     started = time.monotonic()
     try:
         try:

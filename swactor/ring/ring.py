@@ -180,7 +180,7 @@ def _check(rc: int, ring_id: int, what: str) -> None:
 class Ring:
     """A process-local handle on one ring in an arena."""
 
-    __slots__ = ("ring_id", "capacity", "_h", "_base", "_data", "_off", "_wake")
+    __slots__ = ("_base", "_data", "_h", "_off", "_wake", "capacity", "ring_id")
 
     def __init__(self, arena: ArenaLike, layout: LayoutLike) -> None:
         self.ring_id = int(layout.ring_id)

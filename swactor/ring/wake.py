@@ -71,7 +71,7 @@ class Wake(Protocol):
 class Doorbell:
     """An eventfd doorbell: `notify` adds 1, `wait` reads (and so resets) the counter."""
 
-    __slots__ = ("fd", "_poll")
+    __slots__ = ("_poll", "fd")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -115,7 +115,7 @@ class JsonLineWake:
     """Hints as JSON lines over a pipe: `write_fd` on the sender, `read_fd` on the waiter
     (either may be -1 in the process that does not use it)."""
 
-    __slots__ = ("read_fd", "write_fd", "event", "_buf", "_poll")
+    __slots__ = ("_buf", "_poll", "event", "read_fd", "write_fd")
 
     def __init__(self, read_fd: int, write_fd: int, event: str = READABLE_EVENT) -> None:
         self.read_fd = read_fd
@@ -197,7 +197,7 @@ class WorkerDoorbells:
     the worker rebuilds it with `from_env`.
     """
 
-    __slots__ = ("to_worker", "readable", "writable")
+    __slots__ = ("readable", "to_worker", "writable")
 
     def __init__(self, to_worker: Doorbell, readable: Doorbell, writable: Doorbell) -> None:
         self.to_worker = to_worker

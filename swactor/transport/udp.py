@@ -66,7 +66,7 @@ class DatagramRun:
     iovec, so no per-datagram objects exist. `len()` is the total byte count (what
     aioquic adds to a path's bytes_sent)."""
 
-    __slots__ = ("view", "segment", "count")
+    __slots__ = ("count", "segment", "view")
 
     def __init__(self, view: memoryview, segment: int, count: int) -> None:
         self.view = view

@@ -39,7 +39,7 @@ from typing import Any, NoReturn, Self, TypeAlias, Union
 from swactor.wire.errors import FieldTypeError, InvalidFieldError, JsonShapeError, WireError
 
 JsonValue: TypeAlias = Union[  # noqa: UP007 - forward references need typing.Union
-    None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]
+    bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"], None
 ]
 """Free-form JSON: None, bool, int, float, str, list of JsonValue, str-keyed dict."""
 

@@ -256,7 +256,7 @@ class ObjectHeader(WireStruct):
 class SequenceGate:
     """Enforces one edge's `SequencePolicy` over the headers it sees, in order."""
 
-    __slots__ = ("policy", "last")
+    __slots__ = ("last", "policy")
 
     def __init__(self, policy: SequencePolicy) -> None:
         self.policy = policy

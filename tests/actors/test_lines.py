@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,7 +24,7 @@ def chunked(draw: st.DrawFn) -> tuple[bytes, list[bytes]]:
     data = b"".join(draw(st.lists(alphabet, max_size=300)))
     cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=20)))
     bounds = [0, *cuts, len(data)]
-    return data, [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return data, [data[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 @settings(max_examples=400, deadline=None)

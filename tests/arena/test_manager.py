@@ -10,6 +10,7 @@ proof minted by the teardown path.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import pytest
@@ -227,7 +228,7 @@ def geometry(capacity: int, alignment: int) -> tuple[int, int]:
 
 def oracle_fits(live: list[tuple[int, int]], size: int, align: int, ceiling: int) -> bool:
     cursor = 0
-    for start, length in sorted(live) + [(ceiling, 0)]:
+    for start, length in [*sorted(live), (ceiling, 0)]:
         s = -(-(cursor + PAGE) // align) * align - PAGE  # data (s + PAGE) aligned
         if s + size <= start:
             return True
@@ -389,7 +390,7 @@ class ArenaManagerStateful(RuleBasedStateMachine):
         assert [int(r) for r in self.m.queued_requests()] == [r.rid for r in self.queue]
         assert sorted(int(x.ring_id) for x in self.m.live_leases()) == sorted(self.live)
         ranges = sorted(self.live_ranges())
-        for (s1, l1), (s2, _) in zip(ranges, ranges[1:], strict=False):
+        for (s1, l1), (s2, _) in itertools.pairwise(ranges):
             assert s1 + l1 <= s2, "two live leases overlap"
         free = self.m.free_extents
         assert sum(n for _, n in free) + sum(n for _, n in ranges) == CEILING

@@ -136,13 +136,13 @@ def _token_before_barrier(events: list[LifecycleEvent]
     token = next(i for i, e in enumerate(events) if isinstance(e, TokenReceived))
     moved = events[token]
     rest = events[:token] + events[token + 1:]
-    return rest[:3] + [moved] + rest[3:], 3, "token_received", ("WaitingReady",)
+    return [*rest[:3], moved, *rest[3:]], 3, "token_received", ("WaitingReady",)
 
 
 def _completed_twice(events: list[LifecycleEvent]
                      ) -> tuple[list[LifecycleEvent], int, str, tuple[str, ...]]:
     at = next(i for i, e in enumerate(events) if isinstance(e, RunCompleted))
-    return events[:at + 1] + [events[at]] + events[at + 1:], at + 1, "run_completed", (
+    return [*events[:at + 1], events[at], *events[at + 1:]], at + 1, "run_completed", (
         "TearingDown",)
 
 
@@ -157,7 +157,7 @@ def _faulted_after_completed(events: list[LifecycleEvent]
     at = next(i for i, e in enumerate(events) if isinstance(e, RunCompleted))
     fault = RunFaulted(node_id=ORCH, run_id=RUN, reason=RunFaultReason.StepFailed,
                        component=Component.Worker)
-    return events[:at + 1] + [fault] + events[at + 1:], at + 1, "run_faulted", (
+    return [*events[:at + 1], fault, *events[at + 1:]], at + 1, "run_faulted", (
         "TearingDown",)
 
 

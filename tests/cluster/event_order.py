@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -65,7 +66,7 @@ def check_run_order(records: list[Record], run_id: int) -> list[str]:
     orch = [own[i] for i in pools[-1:] + indices]
     chain = ["pool_ready", "run_planned", "stage_provision_started",
              "readiness_barrier_passed", "prompt_injected", "token_received"]
-    for a, b in zip(chain, chain[1:], strict=False):
+    for a, b in itertools.pairwise(chain):
         _before(problems, "orchestrator", orch, a, b)
     end = "run_completed" if _first(orch, "run_completed") else "run_faulted"
     for a, b in (("token_received", end), (end, "stop_run_sent"),

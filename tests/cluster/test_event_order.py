@@ -53,7 +53,7 @@ def test_each_violation_is_named() -> None:
     late = [dict(r, wall=99) if r["event"] == "stage_ready" else r for r in records]
     assert "node-a run 5: stage_ready after the readiness barrier" in check_run_order(late, RUN)
 
-    tail = records + [_rec("orchestrator-x", "token_received", 30, sequence=1, run_id=RUN)]
+    tail = [*records, _rec("orchestrator-x", "token_received", 30, sequence=1, run_id=RUN)]
     problems = check_run_order(tail, RUN)
     assert "orchestrator: run_torn_down is not last" in problems
     assert "orchestrator: token_received after run_completed" in problems

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -97,7 +98,7 @@ def test_failed_probes_raise_local_health_and_stretch_the_probe_period() -> None
             core.handle(Gossip(NodeId(2), (AliveUpdate(NodeId(2), incarnation, _meta(2)),)),
                         ("sim", 2), now)
         now += 0.01
-    gaps = [b - a for a, b in zip(ping_times, ping_times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(ping_times)]
     assert core.awareness == CONFIG.awareness_max_multiplier - 1
     assert gaps[0] < 1.1  # healthy: one probe per second
     assert max(gaps) > 7.9  # at the cap: probe period x8

@@ -131,7 +131,7 @@ def test_paused_member_suspected_refutes_with_higher_incarnation() -> None:
 
 def test_restarted_member_refutes_its_death_with_a_higher_incarnation() -> None:
     sim = Simulation(10, seed=31)
-    crashed_at, _, delays = _detect(sim, victim=6)
+    _crashed_at, _, delays = _detect(sim, victim=6)
     assert len(delays) == 9
     target = sim_node_id(6)
     dead_incarnation = sim.members[0].core.view()[target].incarnation

@@ -110,6 +110,6 @@ def test_no_lost_wakeup_over_100k_handoffs(seed: int) -> None:
 def test_lost_wakeup_harness_catches_a_waiter_that_never_clears() -> None:
     """The same harness with a consumer that waits wrongly (never clears its pending
     bit) must report a lost wake-up: proof that the test above can fail."""
-    prod, cons, prc, crc = handoffs(1, 1.0, ["--mutant-no-clear"])
+    _prod, cons, _prc, crc = handoffs(1, 1.0, ["--mutant-no-clear"])
     assert crc == EXIT_TIMEOUT, (cons, crc)
     assert "lost a wake-up" in cons["error"]

@@ -141,7 +141,7 @@ async def test_wrong_run_and_unknown_edge_are_rejected() -> None:
 async def test_slow_handler_times_out() -> None:
     pair = await _pair(delay=2.0)
     try:
-        with pytest.raises(ControlTimeoutError, match="no answer within 0.3 s"):
+        with pytest.raises(ControlTimeoutError, match=r"no answer within 0\.3 s"):
             await pair.orch_ctl.request(pair.node.node_id, example(ProvisionStage), timeout=0.3)
     finally:
         await pair.close()

@@ -234,7 +234,7 @@ async def test_several_edges_share_one_connection_and_one_stall_blocks_no_other(
 async def test_stop_edge_stops_the_pump_with_pump_stopped() -> None:
     a, b = await make_pair(FAST)
     try:
-        tx_id, rx_id, rx, producer = await _full_edge(a, b, 8)
+        tx_id, rx_id, _rx, producer = await _full_edge(a, b, 8)
         a.driver.handle(StopEdge(8))
         b.driver.handle(StopEdge(8))
         assert await a.wait_for(PumpStopped) == PumpStopped(8, tx_id)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -73,7 +73,7 @@ class Case:
     feed: Callable[[WorkerRig, Ring], None]
     object_id: int | None
     sequence: int | None
-    spec: ObjectSpec = float_spec()
+    spec: ObjectSpec = field(default_factory=float_spec)
     loads_first: int = 0  #: valid records before the bad one
 
 
@@ -89,14 +89,14 @@ CASES = [
         ObjectFailure.SequenceViolation,
         plain(record(6, 0, bytes(8)) + record(7, 0, bytes(8))),
         7, 0, float_spec(policy=SequencePolicy.Increasing), 1,
-    ),  # fmt: skip
+    ),
     Case(ObjectFailure.EofMidObject, close_after(record(8, 0, bytes(64))[:-10]), None, None),
     Case(ObjectFailure.EofMidObject, close_after(raw_header()[:17]), None, None),
     Case(
         ObjectFailure.DeviceAllocationFailed,
         plain(raw_header(object_id=9, extent=1 << 50)),
         9, 0, float_spec(1 << 50),
-    ),  # fmt: skip
+    ),
     Case(ObjectFailure.DeviceCopyFailed, plain(record(666, 0, bytes(256))), 666, 0),
 ]
 

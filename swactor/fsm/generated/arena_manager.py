@@ -48,34 +48,34 @@ from swactor.fsm.model import MachineModel, Transition
 from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, blank, slot_setter
 
 __all__ = [
-    "ArenaManagerMachine",
-    "ArenaManagerGuards",
-    "Effect",
-    "Event",
     "MACHINE",
     "MODEL",
     "SPEC",
-    "State",
     "TIMER_EVENTS",
-    "ConstructArena",
-    "ArenaConstructed",
     "ArenaBootFailed",
-    "LeaseRing",
+    "ArenaConstructed",
+    "ArenaFailed",
+    "ArenaManagerGuards",
+    "ArenaManagerMachine",
+    "ArenaReady",
     "CancelLease",
+    "ConstructArena",
+    "CreateArena",
+    "Effect",
+    "Event",
+    "LeaseCancelled",
+    "LeaseRing",
+    "QueueLease",
+    "RejectQueuedLeases",
+    "ReleaseRejected",
     "ReleaseRing",
+    "RetryQueuedLeases",
+    "RingLeaseRejected",
+    "RingLeased",
+    "RingReleased",
     "Shutdown",
     "ShutdownTimeout",
-    "CreateArena",
-    "ArenaReady",
-    "ArenaFailed",
-    "RingLeased",
-    "QueueLease",
-    "RingLeaseRejected",
-    "LeaseCancelled",
-    "RingReleased",
-    "RetryQueuedLeases",
-    "ReleaseRejected",
-    "RejectQueuedLeases",
+    "State",
     "UnmapArena",
 ]
 
@@ -701,7 +701,7 @@ class ArenaManagerMachine:
     returns.
     """
 
-    __slots__ = ("_guards", "_state", "_events", "_shutdown_grace_s")
+    __slots__ = ("_events", "_guards", "_shutdown_grace_s", "_state")
 
     def __init__(
         self,

@@ -40,28 +40,28 @@ from swactor.fsm.model import MachineModel, Transition
 from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, blank, slot_setter
 
 __all__ = [
-    "EdgeTeardownMachine",
-    "EdgeTeardownGuards",
-    "Effect",
-    "Event",
     "MACHINE",
     "MODEL",
     "SPEC",
-    "State",
     "TIMER_EVENTS",
-    "StopEdge",
-    "StreamFault",
-    "RingFault",
-    "PumpStopped",
-    "RingQuiesced",
-    "WorkerReaped",
-    "RingReleased",
-    "ReleaseRejected",
-    "TeardownStepTimeout",
-    "StopPump",
-    "UninstallRing",
-    "ReleaseRing",
+    "EdgeTeardownGuards",
+    "EdgeTeardownMachine",
     "EdgeTornDown",
+    "Effect",
+    "Event",
+    "PumpStopped",
+    "ReleaseRejected",
+    "ReleaseRing",
+    "RingFault",
+    "RingQuiesced",
+    "RingReleased",
+    "State",
+    "StopEdge",
+    "StopPump",
+    "StreamFault",
+    "TeardownStepTimeout",
+    "UninstallRing",
+    "WorkerReaped",
 ]
 
 MACHINE: Final = "edge_teardown"
@@ -524,12 +524,12 @@ class EdgeTeardownMachine:
     """
 
     __slots__ = (
-        "_guards",
-        "_state",
-        "_events",
         "_edge_id",
-        "_ring_id",
+        "_events",
+        "_guards",
         "_reason",
+        "_ring_id",
+        "_state",
         "_step_timeout_s",
     )
 

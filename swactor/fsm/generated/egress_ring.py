@@ -38,35 +38,35 @@ from swactor.fsm.model import MachineModel, Transition
 from swactor.fsm.runtime import ProtocolError, blank, slot_setter
 
 __all__ = [
-    "EgressRingMachine",
-    "EgressRingGuards",
-    "Effect",
-    "Event",
     "MACHINE",
     "MODEL",
     "SPEC",
-    "State",
     "TIMER_EVENTS",
-    "InstallRing",
-    "ProduceOutput",
-    "RingWritable",
-    "HeaderCommitted",
-    "PayloadCommitted",
-    "CopyFailed",
-    "RingError",
-    "UninstallRing",
-    "CopiesDrained",
-    "EmitRingInstalled",
-    "WriteHeader",
-    "ContinueWrite",
-    "CopyPayload",
-    "EmitObjectProduced",
-    "RejectOutput",
-    "FailOutput",
-    "EmitRingFault",
-    "DrainCopies",
     "CloseRing",
+    "ContinueWrite",
+    "CopiesDrained",
+    "CopyFailed",
+    "CopyPayload",
+    "DrainCopies",
+    "Effect",
+    "EgressRingGuards",
+    "EgressRingMachine",
+    "EmitObjectProduced",
+    "EmitRingFault",
+    "EmitRingInstalled",
     "EmitRingQuiesced",
+    "Event",
+    "FailOutput",
+    "HeaderCommitted",
+    "InstallRing",
+    "PayloadCommitted",
+    "ProduceOutput",
+    "RejectOutput",
+    "RingError",
+    "RingWritable",
+    "State",
+    "UninstallRing",
+    "WriteHeader",
 ]
 
 MACHINE: Final = "egress_ring"
@@ -752,7 +752,7 @@ class EgressRingMachine:
     returns.
     """
 
-    __slots__ = ("_guards", "_state", "_events", "_ring_id", "_edge_id", "_port_id")
+    __slots__ = ("_edge_id", "_events", "_guards", "_port_id", "_ring_id", "_state")
 
     def __init__(
         self,

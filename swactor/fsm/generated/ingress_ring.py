@@ -40,39 +40,39 @@ from swactor.fsm.model import MachineModel, Transition
 from swactor.fsm.runtime import ProtocolError, blank, slot_setter
 
 __all__ = [
-    "IngressRingMachine",
-    "IngressRingGuards",
-    "Effect",
-    "Event",
     "MACHINE",
     "MODEL",
     "SPEC",
-    "State",
     "TIMER_EVENTS",
-    "InstallRing",
-    "RingReadable",
-    "HeaderDecoded",
-    "HeaderRejected",
+    "AllocateDeviceObject",
     "AllocationFailed",
-    "PayloadComplete",
+    "AwaitCopyCompletion",
+    "CloseRing",
+    "CopiesDrained",
+    "CopyAvailable",
     "CopyCompleted",
     "CopyFailed",
+    "DrainCopies",
+    "Effect",
+    "EmitObjectFailed",
+    "EmitObjectLoaded",
+    "EmitRingFault",
+    "EmitRingInstalled",
+    "EmitRingQuiesced",
+    "Event",
+    "FreePartialObject",
+    "HeaderDecoded",
+    "HeaderRejected",
+    "IngressRingGuards",
+    "IngressRingMachine",
+    "InstallRing",
+    "ParseAvailable",
+    "PayloadComplete",
     "RingClosed",
     "RingError",
+    "RingReadable",
+    "State",
     "UninstallRing",
-    "CopiesDrained",
-    "EmitRingInstalled",
-    "ParseAvailable",
-    "AllocateDeviceObject",
-    "CopyAvailable",
-    "AwaitCopyCompletion",
-    "EmitObjectLoaded",
-    "EmitObjectFailed",
-    "EmitRingFault",
-    "FreePartialObject",
-    "DrainCopies",
-    "CloseRing",
-    "EmitRingQuiesced",
 ]
 
 MACHINE: Final = "ingress_ring"
@@ -977,7 +977,7 @@ class IngressRingMachine:
     returns.
     """
 
-    __slots__ = ("_guards", "_state", "_events", "_ring_id", "_edge_id", "_port_id")
+    __slots__ = ("_edge_id", "_events", "_guards", "_port_id", "_ring_id", "_state")
 
     def __init__(
         self,

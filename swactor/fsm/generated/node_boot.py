@@ -44,37 +44,37 @@ from swactor.fsm.model import MachineModel, Transition
 from swactor.fsm.runtime import ProtocolError, blank, slot_setter
 
 __all__ = [
-    "NodeBootMachine",
-    "NodeBootGuards",
-    "Effect",
-    "Event",
     "MACHINE",
     "MODEL",
     "SPEC",
-    "State",
     "TIMER_EVENTS",
-    "NodeProcessStarted",
-    "ArenaReady",
+    "AdmitProvisioning",
     "ArenaFailed",
-    "WorkerReady",
-    "WorkerFailed",
-    "TransportReady",
-    "TransportFailed",
+    "ArenaReady",
+    "ConstructArena",
+    "Effect",
+    "Event",
+    "JoinMembership",
+    "MembershipJoinFailed",
     "MembershipJoinStarted",
     "MembershipJoined",
-    "MembershipJoinFailed",
+    "NodeBootGuards",
+    "NodeBootMachine",
+    "NodeProcessStarted",
     "ProvisionRequested",
-    "Shutdown",
-    "ReportNodeStarted",
-    "ConstructArena",
-    "StartWorker",
-    "StartTransport",
-    "JoinMembership",
-    "ReportNodeAvailable",
-    "ReportNodeUnavailable",
-    "AdmitProvisioning",
     "RejectProvisioning",
+    "ReportNodeAvailable",
+    "ReportNodeStarted",
+    "ReportNodeUnavailable",
+    "Shutdown",
     "ShutdownNode",
+    "StartTransport",
+    "StartWorker",
+    "State",
+    "TransportFailed",
+    "TransportReady",
+    "WorkerFailed",
+    "WorkerReady",
 ]
 
 MACHINE: Final = "node_boot"
@@ -611,7 +611,7 @@ class NodeBootMachine:
     returns.
     """
 
-    __slots__ = ("_guards", "_state", "_events", "_node_id", "_ceiling")
+    __slots__ = ("_ceiling", "_events", "_guards", "_node_id", "_state")
 
     def __init__(
         self,

@@ -38,24 +38,24 @@ from swactor.fsm.model import MachineModel, Transition
 from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, blank, slot_setter
 
 __all__ = [
-    "PoolReadinessMachine",
-    "PoolReadinessGuards",
-    "Effect",
-    "Event",
     "MACHINE",
     "MODEL",
     "SPEC",
-    "State",
     "TIMER_EVENTS",
-    "MemberChanged",
-    "ConvergenceWindowElapsed",
-    "RunPlanCommitted",
-    "RunEnded",
     "AbortWaiting",
-    "ReportPoolReady",
-    "ReportPoolReadinessLost",
+    "ConvergenceWindowElapsed",
+    "Effect",
+    "Event",
+    "MemberChanged",
+    "PoolReadinessGuards",
+    "PoolReadinessMachine",
     "ReportMembershipLost",
     "ReportPoolAborted",
+    "ReportPoolReadinessLost",
+    "ReportPoolReady",
+    "RunEnded",
+    "RunPlanCommitted",
+    "State",
 ]
 
 MACHINE: Final = "pool_readiness"
@@ -371,7 +371,7 @@ class PoolReadinessMachine:
     returns.
     """
 
-    __slots__ = ("_guards", "_state", "_events", "_convergence_window_s")
+    __slots__ = ("_convergence_window_s", "_events", "_guards", "_state")
 
     def __init__(
         self,

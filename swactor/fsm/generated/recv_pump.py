@@ -47,33 +47,33 @@ from swactor.fsm.model import MachineModel, Transition
 from swactor.fsm.runtime import ProtocolError, blank, slot_setter
 
 __all__ = [
-    "RecvPumpMachine",
-    "RecvPumpGuards",
-    "Effect",
-    "Event",
     "MACHINE",
     "MODEL",
     "SPEC",
-    "State",
     "TIMER_EVENTS",
-    "EstablishRecv",
-    "StreamArrived",
-    "RingFull",
-    "RingWritable",
-    "StreamEof",
-    "StreamError",
-    "PeerStopped",
-    "RingFault",
-    "StopEdge",
-    "DriverEdgeReady",
-    "StartPump",
-    "ResumeReading",
-    "StopReading",
     "AbortReading",
     "CloseRingProducer",
-    "StreamClosed",
-    "StreamFault",
+    "DriverEdgeReady",
+    "Effect",
+    "EstablishRecv",
+    "Event",
+    "PeerStopped",
     "PumpStopped",
+    "RecvPumpGuards",
+    "RecvPumpMachine",
+    "ResumeReading",
+    "RingFault",
+    "RingFull",
+    "RingWritable",
+    "StartPump",
+    "State",
+    "StopEdge",
+    "StopReading",
+    "StreamArrived",
+    "StreamClosed",
+    "StreamEof",
+    "StreamError",
+    "StreamFault",
 ]
 
 MACHINE: Final = "recv_pump"
@@ -615,7 +615,7 @@ class RecvPumpMachine:
     returns.
     """
 
-    __slots__ = ("_guards", "_state", "_events", "_edge_id", "_ring_id")
+    __slots__ = ("_edge_id", "_events", "_guards", "_ring_id", "_state")
 
     def __init__(
         self,

@@ -31,25 +31,25 @@ from swactor.fsm.model import MachineModel, Transition
 from swactor.fsm.runtime import ProtocolError, blank, slot_setter
 
 __all__ = [
-    "RxEdgeMachine",
-    "RxEdgeGuards",
-    "Effect",
-    "Event",
     "MACHINE",
     "MODEL",
     "SPEC",
-    "State",
     "TIMER_EVENTS",
-    "EdgeReady",
     "EdgeFailed",
-    "StreamFault",
-    "StopEdge",
+    "EdgeReady",
     "EdgeStopped",
-    "ReportEdgeReady",
-    "ReportEdgeFailed",
-    "ReportStreamFault",
+    "Effect",
+    "Event",
     "ForwardStopEdge",
+    "ReportEdgeFailed",
+    "ReportEdgeReady",
     "ReportEdgeStopped",
+    "ReportStreamFault",
+    "RxEdgeGuards",
+    "RxEdgeMachine",
+    "State",
+    "StopEdge",
+    "StreamFault",
 ]
 
 MACHINE: Final = "rx_edge"
@@ -374,7 +374,7 @@ _TERMINAL: Final[frozenset[State]] = frozenset({State.Stopped})
 class RxEdgeMachine:
     """The rx_edge machine (§27). Feed events to ``handle()``; carry out the effects it returns."""
 
-    __slots__ = ("_guards", "_state", "_events")
+    __slots__ = ("_events", "_guards", "_state")
 
     def __init__(self, guards: RxEdgeGuards) -> None:
         self._guards = guards

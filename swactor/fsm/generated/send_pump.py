@@ -47,37 +47,37 @@ from swactor.fsm.model import MachineModel, Transition
 from swactor.fsm.runtime import ProtocolError, blank, slot_setter
 
 __all__ = [
-    "SendPumpMachine",
-    "SendPumpGuards",
-    "Effect",
-    "Event",
     "MACHINE",
     "MODEL",
     "SPEC",
-    "State",
     "TIMER_EVENTS",
-    "EstablishSend",
-    "ConnectionReady",
-    "RingReadable",
-    "StreamOpened",
-    "WriteBlocked",
-    "WriteProgress",
-    "ProducerClosed",
-    "TransportFailed",
-    "RingFault",
-    "PeerStopped",
-    "StopEdge",
-    "EnsureConnection",
-    "DriverEdgeReady",
     "CheckRing",
-    "OpenUniStream",
+    "ConnectionReady",
     "DrainRing",
+    "DriverEdgeReady",
+    "Effect",
+    "EnsureConnection",
+    "EstablishSend",
+    "Event",
     "FinishStream",
+    "OpenUniStream",
+    "PeerStopped",
+    "ProducerClosed",
+    "PumpStopped",
     "ResetStream",
+    "RingFault",
+    "RingReadable",
+    "SendPumpGuards",
+    "SendPumpMachine",
+    "State",
+    "StopEdge",
     "StopStream",
     "StreamClosed",
     "StreamFault",
-    "PumpStopped",
+    "StreamOpened",
+    "TransportFailed",
+    "WriteBlocked",
+    "WriteProgress",
 ]
 
 MACHINE: Final = "send_pump"
@@ -670,7 +670,7 @@ class SendPumpMachine:
     returns.
     """
 
-    __slots__ = ("_guards", "_state", "_events", "_edge_id", "_ring_id")
+    __slots__ = ("_edge_id", "_events", "_guards", "_ring_id", "_state")
 
     def __init__(
         self,

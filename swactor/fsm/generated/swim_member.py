@@ -52,28 +52,28 @@ from swactor.fsm.model import MachineModel, Transition
 from swactor.fsm.runtime import ProtocolError, blank, slot_setter
 
 __all__ = [
-    "SwimMemberMachine",
-    "SwimMemberGuards",
-    "Effect",
-    "Event",
     "MACHINE",
     "MODEL",
     "SPEC",
-    "State",
     "TIMER_EVENTS",
     "AliveHeard",
-    "SuspectHeard",
-    "DeadHeard",
-    "LeaveHeard",
-    "SuspicionTimeout",
-    "Forget",
-    "ReportAlive",
-    "ReportSuspect",
     "ConfirmSuspicion",
+    "DeadHeard",
+    "Effect",
+    "Event",
+    "Forget",
+    "LeaveHeard",
+    "RefuseClaim",
+    "ReportAlive",
     "ReportDead",
     "ReportLeft",
     "ReportRemoved",
-    "RefuseClaim",
+    "ReportSuspect",
+    "State",
+    "SuspectHeard",
+    "SuspicionTimeout",
+    "SwimMemberGuards",
+    "SwimMemberMachine",
 ]
 
 MACHINE: Final = "swim_member"
@@ -524,7 +524,7 @@ class SwimMemberMachine:
     returns.
     """
 
-    __slots__ = ("_guards", "_state", "_events", "_incarnation")
+    __slots__ = ("_events", "_guards", "_incarnation", "_state")
 
     def __init__(
         self,

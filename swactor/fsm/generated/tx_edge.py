@@ -34,25 +34,25 @@ from swactor.fsm.model import MachineModel, Transition
 from swactor.fsm.runtime import ProtocolError, blank, slot_setter
 
 __all__ = [
-    "TxEdgeMachine",
-    "TxEdgeGuards",
-    "Effect",
-    "Event",
     "MACHINE",
     "MODEL",
     "SPEC",
-    "State",
     "TIMER_EVENTS",
-    "EdgeReady",
     "EdgeFailed",
-    "StreamFault",
-    "StopEdge",
+    "EdgeReady",
     "EdgeStopped",
-    "ReportEdgeReady",
-    "ReportEdgeFailed",
-    "ReportStreamFault",
+    "Effect",
+    "Event",
     "ForwardStopEdge",
+    "ReportEdgeFailed",
+    "ReportEdgeReady",
     "ReportEdgeStopped",
+    "ReportStreamFault",
+    "State",
+    "StopEdge",
+    "StreamFault",
+    "TxEdgeGuards",
+    "TxEdgeMachine",
 ]
 
 MACHINE: Final = "tx_edge"
@@ -377,7 +377,7 @@ _TERMINAL: Final[frozenset[State]] = frozenset({State.Stopped})
 class TxEdgeMachine:
     """The tx_edge machine (§27). Feed events to ``handle()``; carry out the effects it returns."""
 
-    __slots__ = ("_guards", "_state", "_events")
+    __slots__ = ("_events", "_guards", "_state")
 
     def __init__(self, guards: TxEdgeGuards) -> None:
         self._guards = guards
