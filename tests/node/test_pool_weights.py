@@ -107,9 +107,38 @@ def stage_spans(model: Path, provision: ProvisionStage) -> list[tuple[int, int]]
     return [(0, reader.header_bytes)] + [(e.offset, e.n_bytes) for e in entries]
 
 
+def same_spans(original: Path, fetched: Path, spans: list[tuple[int, int]]) -> int | None:
+    """The offset of the first span whose bytes differ between the files, else None."""
+    with open(original, "rb") as a, open(fetched, "rb") as b:
+        for offset, length in spans:
+            a.seek(offset)
+            b.seek(offset)
+            if a.read(length) != b.read(length):
+                return offset
+    return None
+
+
+def flip_byte(path: Path, offset: int, mask: int) -> int:
+    """XOR the byte at ``offset`` with ``mask``; the byte it held before."""
+    with open(path, "r+b") as data:
+        data.seek(offset)
+        byte = data.read(1)[0]
+        data.seek(offset)
+        data.write(bytes([byte ^ mask]))
+    return byte
+
+
+def byte_at(path: Path, offset: int) -> int:
+    with open(path, "rb") as data:
+        data.seek(offset)
+        return data.read(1)[0]
+
+
 def test_each_stage_fetches_its_share_once_and_gets_the_files_bytes(
     model: Path, tmp_path: Path
 ) -> None:
+    size = os.path.getsize(model)
+
     async def body(pool: Pool, source: GgufSource) -> None:
         stages = provisions(model, source)
         assert all(p.gguf_source.location.startswith(f"{pool.orchestrator.node_id:016x}:")
@@ -124,13 +153,10 @@ def test_each_stage_fetches_its_share_once_and_gets_the_files_bytes(
             ratio = first.fetched_bytes / first.share_bytes
             ratios.append(ratio)
             # the bytes the stage reads are the file's own
-            with open(model, "rb") as original, open(path, "rb") as fetched:
-                for offset, length in stage_spans(model, provision):
-                    original.seek(offset)
-                    fetched.seek(offset)
-                    assert fetched.read(length) == original.read(length), offset
+            spans = stage_spans(model, provision)
+            assert await asyncio.to_thread(same_spans, model, path, spans) is None
             # nobody fetched the whole file
-            assert first.fetched_bytes < 0.6 * os.path.getsize(model)
+            assert first.fetched_bytes < 0.6 * size
         print(f"\nfetched/share per stage: {', '.join(f'{r:.3f}' for r in ratios)}")
         assert max(ratios) <= 1.05, ratios
         served = pool.server.served_bytes
@@ -150,17 +176,11 @@ def test_a_chunk_changed_in_the_cache_is_fetched_again(model: Path, tmp_path: Pa
         fetcher = PoolWeights(ArtifactChannel(pool.nodes[0]), tmp_path / "cache")
         path = await fetcher(provision)
         offset, _ = stage_spans(model, provision)[1]
-        with open(path, "r+b") as data:
-            data.seek(offset)
-            byte = data.read(1)
-            data.seek(offset)
-            data.write(bytes([byte[0] ^ 0xFF]))
+        byte = await asyncio.to_thread(flip_byte, path, offset, 0xFF)
         await fetcher(provision)
         again = fetcher.fetches[-1]
         assert 0 < again.fetched_bytes <= 64 << 10
-        with open(path, "rb") as data:
-            data.seek(offset)
-            assert data.read(1) == byte
+        assert await asyncio.to_thread(byte_at, path, offset) == byte
 
     with_pool(model, model, body)
 
@@ -182,11 +202,8 @@ def test_a_tampered_range_is_weight_load_failed_naming_the_digest(
     async def body(pool: Pool, source: GgufSource) -> None:
         provision = provisions(model, source)[1]
         offset, length = stage_spans(model, provision)[3]
-        with open(tampered, "r+b") as data:  # one byte inside one of the stage's tensors
-            data.seek(offset + length // 2)
-            byte = data.read(1)
-            data.seek(offset + length // 2)
-            data.write(bytes([byte[0] ^ 0x01]))
+        # one byte inside one of the stage's tensors
+        await asyncio.to_thread(flip_byte, tampered, offset + length // 2, 0x01)
         async with Runtime("node") as runtime:
             stage_box: list[Any] = []
             ports = WorkerStagePorts(runtime.spawn(lambda: Inbox([]), "worker"),
@@ -208,6 +225,8 @@ def test_a_tampered_range_is_weight_load_failed_naming_the_digest(
 def test_the_server_answers_only_pool_peers_and_bounded_requests(
     model: Path, tmp_path: Path
 ) -> None:
+    size = os.path.getsize(model)
+
     async def body(pool: Pool, source: GgufSource) -> None:
         assert source.sha256 is not None
         sha = source.sha256
@@ -218,7 +237,6 @@ def test_the_server_answers_only_pool_peers_and_bounded_requests(
         client = ArtifactChannel(pool.nodes[0])
         with pytest.raises(ArtifactError, match="UNKNOWN_FILE"):
             await client.fetch_range(orch, "ab" * 32, 0, 4096)
-        size = os.path.getsize(model)
         with pytest.raises(ArtifactError, match="BAD_RANGE"):
             await client.fetch_range(orch, sha, size - 10, 4096)
         with pytest.raises(ArtifactError):  # over MAX_RANGE: refused before asking
