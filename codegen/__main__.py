@@ -3,9 +3,10 @@
 Theory of operation
 -------------------
 Default: load and validate every table, then write the generated machine modules,
-diagrams (``.dot``), conformance tests and ``diagrams/README.md`` (only files whose text
-changed) and delete generated files no table produces. ``--check`` writes nothing and
-exits 1 listing stale, missing and extra files and stale SVGs. ``--render`` runs Graphviz
+diagrams (``.dot``), conformance tests, ``diagrams/README.md`` and the protocol index
+``docs/protocols/index.md`` (only files whose text changed) and delete generated files
+no table produces. ``--check`` writes nothing and exits 1 listing stale, missing and
+extra files and stale SVGs. ``--render`` runs Graphviz
 on every planned ``.dot`` whose SVG is stale. A bad table exits 2 with
 ``file:line: rule: message``. Progress goes to stderr.
 """

@@ -62,7 +62,7 @@ def test_first_run_writes_every_file_and_second_run_nothing(tmp_path: Path) -> N
     expected = {f.format(m=m) for m in ("lease_desk", "toggle", "wire_mix") for f in MACHINE_FILES}
     expected |= {"swactor/fsm/generated/__init__.py", "tests/generated/__init__.py",
                  "diagrams/README.md", "diagrams/lease_desk.svg", "diagrams/toggle.svg",
-                 "diagrams/wire_mix.svg"}
+                 "diagrams/wire_mix.svg", "docs/protocols/index.md"}
     first = _tree(out)
     assert set(first) == expected
     assert main(["--fsm-dir", str(fsm), "--out-root", str(out)]) == 0
