@@ -69,11 +69,15 @@ def _cmdline(pid: int) -> str:
         return handle.read().replace(b"\0", b" ").decode(errors="replace")
 
 
+_REPO = f"{Path(__file__).resolve().parents[1]}/"
+"""This checkout's root: frames of its own files are shown relative to it."""
+
+
 def _short(frame: str) -> str:
     """'fn (/x/site-packages/tinygrad/a.py:12)' -> 'fn (tinygrad/a.py)'."""
     name, _, where = frame.partition(" (")
     where = where.rstrip(")").rsplit(":", 1)[0]
-    for marker in ("site-packages/", "/work/main/", "lib/python3.11/"):
+    for marker in ("site-packages/", _REPO, "lib/python3.11/"):
         if marker in where:
             where = where.split(marker, 1)[1]
     return f"{name} ({where})" if where else name
