@@ -54,5 +54,5 @@ def test_an_endless_line_is_cut_once_and_never_buffered() -> None:
 
 
 def test_rejects_a_non_positive_limit() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_line_bytes must be >= 1, got 0"):
         LineSplitter(0)

@@ -92,5 +92,5 @@ def test_close_is_idempotent() -> None:
     arena.close()
     arena.close()
     assert arena.closed
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="Bad file descriptor"):
         os.fstat(fd)

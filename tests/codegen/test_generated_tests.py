@@ -56,7 +56,7 @@ def test_generated_tests_pass_on_the_generated_machines(generated_root: Path) ->
     assert " passed" in done.stdout and "failed" not in done.stdout
 
 
-@pytest.mark.parametrize("original,planted", FAULTS)
+@pytest.mark.parametrize(("original", "planted"), FAULTS)
 def test_planted_fault_is_caught(generated_root: Path, tmp_path: Path, original: str,
                                  planted: str) -> None:
     root = tmp_path / "root"

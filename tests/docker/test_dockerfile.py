@@ -81,7 +81,7 @@ def test_word_processing() -> None:
         expand("${X#pre}", {"X": "a"})
 
 
-@pytest.mark.parametrize("text, named", [
+@pytest.mark.parametrize(("text", "named"), [
     ("FROM debian:bookworm\nADD x /x\n", "`ADD`"),
     ("FROM debian:bookworm\nHEALTHCHECK CMD true\n", "`HEALTHCHECK`"),
     ("FROM debian:bookworm\nRUN --mount=type=cache,target=/c true\n", "--mount"),

@@ -32,7 +32,7 @@ def test_rows_replace_only_the_marked_text(tmp_path: Path) -> None:
     assert len(lines) == 2 + 2 + len(NOT_INJECTED)
 
 
-@pytest.mark.parametrize("content, readme_text, needle", [
+@pytest.mark.parametrize(("content", "readme_text", "needle"), [
     ("not json", f"{FAULTS_BEGIN}\n{FAULTS_END}\n", "rows.json"),
     (json.dumps([{"source": "x"}]), f"{FAULTS_BEGIN}\n{FAULTS_END}\n", "not a list"),
     (json.dumps([ROW]), "no markers here\n", "markers"),

@@ -692,7 +692,7 @@ def test_terminal_states_absorb() -> None:
             assert machine.state is gen.State[case[0]]
 
 
-@pytest.mark.parametrize("name,steps", PATHS, ids=[p[0] for p in PATHS])
+@pytest.mark.parametrize(("name", "steps"), PATHS, ids=[p[0] for p in PATHS])
 def test_path(name: str, steps: list[int]) -> None:
     guards = Script()
     machine = _machine(guards)

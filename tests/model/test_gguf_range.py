@@ -86,7 +86,7 @@ def test_coalesce_ranges_merges_touching_spans() -> None:
     assert coalesce_ranges([(0, 10), (100_000, 10)]) == [(0, 10), (100_000, 10)]
 
 
-@pytest.mark.parametrize("start,end", [(3, 2), (0, 0), (-1, 2), (0, 5), (4, 9)])
+@pytest.mark.parametrize(("start", "end"), [(3, 2), (0, 0), (-1, 2), (0, 5), (4, 9)])
 def test_wrong_layer_range_is_typed(tiny_llama: Path, start: int, end: int) -> None:
     reader = open_reader(tiny_llama)
     with pytest.raises(WeightsError) as excinfo:

@@ -27,7 +27,7 @@ def q4_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_gguf(tmp_path_factory.mktemp("weights") / "q.gguf", cfg)
 
 
-@pytest.mark.parametrize("weights, quantised", [(None, False), ("dense", False),
+@pytest.mark.parametrize(("weights", "quantised"), [(None, False), ("dense", False),
                                                 ("blocks", True)])
 def test_weights_key_selects_the_decode_weights(
     q4_gguf: Path, weights: str | None, quantised: bool

@@ -52,5 +52,6 @@ def test_frequencies_follow_the_tempered_softmax() -> None:
     "kwargs", [{"temperature": 0.0}, {"top_k": -1}, {"top_p": 0.0}, {"top_p": 1.5}, {"seed": -1}]
 )
 def test_bad_policies_are_rejected(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError):
+    (field,) = kwargs
+    with pytest.raises(ValueError, match=f"^{field} must be"):
         SamplingPolicy.sample(**kwargs)  # type: ignore[arg-type]

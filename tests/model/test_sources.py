@@ -20,7 +20,7 @@ from swactor.model.gguf_range import GgufRangeReader, open_reader
 from swactor.model.source import CachedSource, HttpRangeSource, open_source
 
 
-@pytest.fixture()
+@pytest.fixture
 def server(tiny_mixed: Path) -> Iterator[ArtifactServer]:
     with ArtifactServer(tiny_mixed) as srv:
         yield srv

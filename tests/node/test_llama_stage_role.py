@@ -91,7 +91,7 @@ def u32(ids: list[int] | tuple[int, ...]) -> npt.NDArray[np.uint8]:
     return np.asarray(ids, dtype="<u4").view(np.uint8)
 
 
-@pytest.mark.parametrize("dtype, wire_dtype", [
+@pytest.mark.parametrize(("dtype", "wire_dtype"), [
     (ComputeDtype.f32, "<f4"),
     (ComputeDtype.f16, "<f2"),
 ])
@@ -128,7 +128,7 @@ def test_two_stage_roles_over_ring_bytes_match_one_stage_role(
     assert all(0 <= t < TINY.vocab for t in tokens)
 
 
-@pytest.mark.parametrize("change, phrase", [
+@pytest.mark.parametrize(("change", "phrase"), [
     ({"gguf": None}, "'gguf'"),
     ({"first": 1}, "'first'"),
     ({"dtype": "q4"}, "dtype 'q4'"),

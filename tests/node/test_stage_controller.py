@@ -134,7 +134,7 @@ def test_provision_ready_steps_stop() -> None:
     run_stage(body)
 
 
-@pytest.mark.parametrize("stage, tokens, expected", [
+@pytest.mark.parametrize(("stage", "tokens", "expected"), [
     (0, 5, 5 * HIDDEN * F32),   # token ids in, activation rows out
     (1, 5, 5 * HIDDEN * F32),   # rows in, rows out
     (1, 1, HIDDEN * F32),
@@ -174,7 +174,7 @@ def test_provision_from_another_node_is_rejected_and_reported() -> None:
     run_stage(body)
 
 
-@pytest.mark.parametrize("config_change, phrase", [
+@pytest.mark.parametrize(("config_change", "phrase"), [
     ("active_run", "not this node's active run"),
     ("retired", "already ran on this node"),
 ])

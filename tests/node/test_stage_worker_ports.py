@@ -132,7 +132,7 @@ def test_a_remote_stage_is_downloaded_before_weights_ready(gguf: Path, tmp_path:
         run_ports(gguf, body, cache_dir=tmp_path)
 
 
-@pytest.mark.parametrize("case, reason", [
+@pytest.mark.parametrize(("case", "reason"), [
     ("range", RunFaultReason.WeightLoadFailed),      # the plan has 6 blocks, the file 2
     ("missing", RunFaultReason.WeightDownloadFailed),
 ])

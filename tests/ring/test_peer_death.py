@@ -33,14 +33,19 @@ def test_producer_sees_killed_consumer_through_peer_watch() -> None:
     chunk = bytes(range(256)) * 256  # 64 KiB
     written = 0
     killed = False
+
+    def write_until_fault() -> None:
+        nonlocal written, killed
+        while True:
+            stream.write_all(rig.ring, chunk, rig.readable, rig.writable, timeout=20)
+            written += len(chunk)
+            if not killed and rig.ring.consume >= 8 * MiB:
+                consumer.send_signal(signal.SIGKILL)  # mid-stream
+                killed = True
+
     try:
         with pytest.raises(RingFaulted) as info:
-            while True:
-                stream.write_all(rig.ring, chunk, rig.readable, rig.writable, timeout=20)
-                written += len(chunk)
-                if not killed and rig.ring.consume >= 8 * MiB:
-                    consumer.send_signal(signal.SIGKILL)  # mid-stream
-                    killed = True
+            write_until_fault()
         assert killed
         assert info.value.reason is RingFaultReason.WorkerProcessExited
         assert rig.ring.state is RingState.Faulted
@@ -63,16 +68,21 @@ def test_consumer_sees_killed_producer_through_peer_watch() -> None:
     watcher_ring = Ring.open(rig.arena, rig.layout)
     watch = PeerWatch(producer.pid, [watcher_ring], [rig.writable, rig.readable]).start()
     got = 0
+
+    def read_until_fault() -> None:
+        nonlocal got
+        while True:
+            span = stream.wait_readable(rig.ring, rig.readable, timeout=20)
+            n = len(span)
+            span.release()
+            stream.consume(rig.ring, n, rig.writable)
+            got += n
+            if got >= 4 * MiB and producer.poll() is None:
+                producer.send_signal(signal.SIGKILL)
+
     try:
         with pytest.raises(RingFaulted) as info:
-            while True:
-                span = stream.wait_readable(rig.ring, rig.readable, timeout=20)
-                n = len(span)
-                span.release()
-                stream.consume(rig.ring, n, rig.writable)
-                got += n
-                if got >= 4 * MiB and producer.poll() is None:
-                    producer.send_signal(signal.SIGKILL)
+            read_until_fault()
         assert info.value.reason is RingFaultReason.WorkerProcessExited
         assert got >= 4 * MiB
         assert producer.wait(timeout=10) == -signal.SIGKILL

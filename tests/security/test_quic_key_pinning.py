@@ -12,7 +12,7 @@ does collide); with it, only the key that was pinned gets a link.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from cryptography import x509
@@ -112,7 +112,7 @@ def _key(identity: NodeIdentity) -> bytes:
 
 
 @pytest.fixture
-def collide(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[bytes, int]]:
+def collide(monkeypatch: pytest.MonkeyPatch) -> dict[bytes, int]:
     """Keys listed here derive the given node id in the endpoint's check (a made-up
     64-bit collision); every other key keeps its real id."""
     table: dict[bytes, int] = {}
@@ -122,7 +122,7 @@ def collide(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[bytes, int]]:
         return forced if forced is not None else node_id_from_certificate(certificate)
 
     monkeypatch.setattr(endpoint_module, "node_id_from_certificate", patched)
-    yield table
+    return table
 
 
 async def test_without_a_pin_the_collision_is_admitted(collide: dict[bytes, int]) -> None:

@@ -83,7 +83,7 @@ class Pool:
         self.victim.stop(leave=False)
 
 
-@pytest.fixture()
+@pytest.fixture
 def mallory() -> Iterator[Adversary]:
     adversary = Adversary()
     yield adversary

@@ -53,7 +53,7 @@ def bob() -> NodeIdentity:
     return NodeIdentity.generate()
 
 
-@pytest.fixture()
+@pytest.fixture
 def mallory() -> Adversary:
     adversary = Adversary(clock=clock)
     yield adversary  # type: ignore[misc]

@@ -72,7 +72,7 @@ def test_repr_str_and_arithmetic() -> None:
 
 
 def test_errors_are_value_errors_naming_type_field_rule() -> None:
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ValueError, match="RingId") as info:
         RingId(-5)
     err = info.value
     assert isinstance(err, WireError)
