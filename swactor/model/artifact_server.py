@@ -7,8 +7,9 @@ start), which stage nodes use as the content-address of their local cache. ``GET
 single ``Range: bytes=a-b`` (or ``a-``, or ``-n``) answers ``206`` with exactly that slice,
 streamed with ``pread`` in 1 MiB pieces; an unsatisfiable range answers ``416``; a ``GET``
 without ``Range`` answers ``200`` with the whole file. ``bytes_served`` counts body bytes
-sent, so tests can prove a stage downloaded only its ranges. The orchestrator's
-``--serve-model PATH`` flag wraps this class.
+sent, so tests can prove a stage downloaded only its ranges. A plan whose weight source
+is an ``HttpUrl`` has each node read its ranges from such a server; the orchestrator's
+command line offers the model over QUIC instead (``--offer-model``).
 
 Limits (it listens on a network port, so every request is untrusted): at most
 ``max_connections`` connections are served at once (one thread each; a connection over
