@@ -39,7 +39,8 @@ def docstring(text: str, indent: int) -> list[str]:
     """A triple-quoted docstring for ``text``, wrapped to the limit."""
     pad = " " * indent
     safe = text.strip().replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
-    if safe.endswith('"'):
+    body = safe[:-1]
+    if safe.endswith('"') and (len(body) - len(body.rstrip("\\"))) % 2 == 0:  # unescaped
         safe = safe[:-1] + '\\"'
     lines: list[str] = []
     for raw in safe.splitlines():
