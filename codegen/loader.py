@@ -30,7 +30,19 @@ from typing import Any, NoReturn
 from codegen.errors import TableError
 from codegen.fieldtypes import FieldType, WireNames, parse_type
 from codegen.graph import check_graph
-from codegen.model import Field, Guard, Message, Policy, Row, Scalar, State, Table, Timer
+from codegen.model import (
+    VIOLATION_METHOD,
+    Field,
+    Guard,
+    Message,
+    Policy,
+    Row,
+    Scalar,
+    State,
+    Table,
+    Timer,
+    effect_method,
+)
 from codegen.yamlmarks import MarkedDict, MarkedList, load_marked
 
 _MACHINE = re.compile(r"[a-z][a-z0-9_]*\Z")
@@ -38,8 +50,8 @@ _CAMEL = re.compile(r"[A-Z][A-Za-z0-9]*\Z")
 _SNAKE = re.compile(r"[a-z][a-z0-9_]*\Z")
 _RESERVED_CLASSES = frozenset(
     {"State", "Event", "Effect", "StartTimer", "CancelTimer", "ProtocolViolation",
-     "ProtocolError", "MACHINE", "SPEC", "TIMER_EVENTS", "Any", "Callable", "Final",
-     "Protocol", "TypeAlias", "Never"}
+     "ProtocolError", "MACHINE", "SPEC", "TIMER_EVENTS", "EFFECT_METHODS", "Result", "R",
+     "Any", "Callable", "Final", "Protocol", "TypeAlias", "Never"}
 )
 _RESERVED_CONTEXT = frozenset({"state", "handle", "guards"})
 _TOP_KEYS = frozenset({"machine", "spec", "doc", "unhandled", "fault_state", "ignore",
@@ -116,6 +128,20 @@ class _Reader:
 
     # -- pass 1: declarations -----------------------------------------------------
 
+    def effect_methods(self, effects: dict[str, Message], guards: dict[str, Guard],
+                       policy: Policy) -> None:
+        """Each effect's port method (``effect_method``) is one distinct name that is no
+        guard's: one binding class implements both protocols."""
+        taken: dict[str, str] = {name: f"guard {name}" for name in guards}
+        if policy == "fault":
+            taken[VIOLATION_METHOD] = "the built-in ProtocolViolation"
+        for name, effect in effects.items():
+            method = effect_method(name)
+            if method in taken or keyword.iskeyword(method):
+                self.fail(effect.line, "name", f"effect {name!r}: its port method {method!r} "
+                          f"is taken by {taken.get(method, 'a keyword')}")
+            taken[method] = f"effect {name}"
+
     def declarations(self, raw: Any, sha256: str) -> Table:
         top = self.mapping(raw, 1, "a table")
         self.keys(top, _TOP_KEYS, "the table")
@@ -127,6 +153,9 @@ class _Reader:
             self.fail(top.key_lines["machine"], "name",
                       f"machine {machine!r} must equal the file name {self.path.stem!r}")
         spec = self.text(top, "spec", "the table")
+        if any(char in spec for char in '"\\\n'):
+            self.fail(top.key_lines["spec"], "schema",
+                      "`spec:` is one line of section numbers, without quotes or backslashes")
         doc = self.text(top, "doc", "the table", rule="missing-doc")
         unhandled = top["unhandled"]
         if unhandled not in ("raise", "ignore", "fault"):
@@ -134,7 +163,8 @@ class _Reader:
                       f"unhandled must be raise, ignore or fault, not {unhandled!r}")
         policy: Policy = unhandled
         prefix = "".join(part.capitalize() for part in machine.split("_"))
-        reserved = _RESERVED_CLASSES | {f"{prefix}Machine", f"{prefix}Guards"}
+        reserved = _RESERVED_CLASSES | {
+            f"{prefix}Machine", f"{prefix}Guards", f"{prefix}Effects"}
 
         context = self.fields(top.get("context"), top.key_lines.get("context", 1), "context")
         for item in context:
@@ -159,6 +189,7 @@ class _Reader:
                 guards[name] = Guard(name, self.text(body, "doc", f"guard {name}",
                                                      rule="missing-doc", owner_line=line), line)
 
+        self.effect_methods(effects, guards, policy)
         table = Table(machine=machine, spec=spec, doc=doc, path=str(self.path), sha256=sha256,
                       unhandled=policy, fault_state=None, ignore=(), context=context,
                       states={}, events=events, effects=effects, guards=guards)

@@ -13,6 +13,7 @@ back into the YAML for error messages.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -20,6 +21,16 @@ from codegen.fieldtypes import FieldType
 
 Policy = Literal["raise", "ignore", "fault"]
 Scalar = int | float | str | bool | None
+
+VIOLATION_METHOD = "protocol_violation"
+"""The effects-port method of the built-in ProtocolViolation (``unhandled: fault``)."""
+
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z][a-z0-9]*")
+
+
+def effect_method(effect: str) -> str:
+    """The effects-port method of an effect: ``StopPump`` -> ``stop_pump``."""
+    return "_".join(word.lower() for word in _WORD.findall(effect))
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +145,15 @@ class Table:
     def class_prefix(self) -> str:
         """``arena_manager`` -> ``ArenaManager``."""
         return "".join(part.capitalize() for part in self.machine.split("_"))
+
+    @property
+    def effect_methods(self) -> dict[str, str]:
+        """Effect name -> its ``<Prefix>Effects`` method, ProtocolViolation included
+        under the ``fault`` policy (the binding decides what a violation does)."""
+        methods = {name: effect_method(name) for name in self.effects}
+        if self.unhandled == "fault":
+            methods["ProtocolViolation"] = VIOLATION_METHOD
+        return methods
 
     @property
     def initial(self) -> str:

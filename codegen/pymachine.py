@@ -172,6 +172,30 @@ def _guards(table: Table) -> tuple[list[list[str]], list[list[str]]]:
     return methods, adapters
 
 
+def _effects_port(table: Table) -> tuple[list[list[str]], list[str], list[str]]:
+    """The ``<Name>Effects`` protocol methods, the ``EFFECT_METHODS`` entries and the
+    entries of the dict ``bind(port)`` returns: effect class -> port method call."""
+    methods: list[list[str]] = []
+    names: list[str] = []
+    bound: list[str] = []
+    for name, method in table.effect_methods.items():
+        effect = table.effects.get(name)
+        if effect is None:  # the built-in ProtocolViolation
+            params = [("machine", "str"), ("state", "str"), ("event", "str")]
+            doc = ("An event no row handles arrived (``unhandled: fault``); the machine "
+                   "moved to its fault state. Names only, never the event's payload.")
+        else:
+            params = [(f.name, f.type.python()) for f in effect.fields]
+            doc = effect.doc
+        head = pretty.call(f"def {method}", ["self", *(f"{n}: {t}" for n, t in params)],
+                           " -> Result:", 4)
+        methods.append(head + pretty.docstring(doc, 8) + ["        ..."])
+        names.append(f'    "{name}": "{method}",')
+        bound += pretty.call(f"{name}: lambda e: port.{method}",
+                             [f"e.{n}" for n, _ in params], ",", 8)
+    return methods, names, bound
+
+
 def _table_lines(table: Table, row_builder: list[str]) -> list[str]:
     """The entries of ``_TABLE``, in state then event order."""
     states, events = list(table.states), list(table.events)
@@ -219,6 +243,7 @@ def module_source(table: Table, wire: WireNames) -> str:
     constants = _Constants()
     builders, row_builder = _builders(table, wire, constants)
     guard_methods, guard_adapters = _guards(table)
+    effect_methods, port_names, bound = _effects_port(table)
     timed = {s.name: s.timer for s in table.states.values() if s.timer is not None}
     effect_names = list(table.effects)
     if timed:
@@ -226,7 +251,8 @@ def module_source(table: Table, wire: WireNames) -> str:
     if table.unhandled == "fault":
         effect_names.append("ProtocolViolation")
     messages = [*table.events.values(), *table.effects.values()]
-    runtime_imports = sorted({"ProtocolError"} | set(effect_names) - set(table.effects)
+    runtime_imports = sorted({"ProtocolError", "R", "Result"}
+                             | set(effect_names) - set(table.effects)
                              | ({"slot_setter"} if any(m.fields for m in messages) else set())
                              | ({"blank"} if any(m.fields for m in table.effects.values())
                                 else set()))
@@ -249,6 +275,16 @@ def module_source(table: Table, wire: WireNames) -> str:
         "never": not effect_names,
         "guard_methods": guard_methods,
         "guard_adapters": guard_adapters,
+        "effects_cls": f"{table.class_prefix}Effects",
+        "effect_methods": effect_methods,
+        "port_names": port_names,
+        "bound": bound,
+        "effects_doc": pretty.docstring(
+            f"The effects of {table.machine}: one method per effect the table names, its "
+            "fields as arguments in table order. A binding implements it; ``bind`` maps "
+            "each effect class onto its method and a host of ``swactor.fsm.host`` calls "
+            "them in row order. ``Result`` is ``None`` for a binding carried out at once, an "
+            "awaitable for one whose host awaits each effect.", 4),
         "builders": builders,
         "constants": constants.lines(),
         "table_lines": _table_lines(table, row_builder),
@@ -272,8 +308,9 @@ def module_source(table: Table, wire: WireNames) -> str:
         "slots": pretty.call("__slots__ = ", [f'"{n}"' for n in pretty.natural_sorted(
             [f"_{n}" for n in slot_names])], "", 4),
         "all_names": pretty.all_sorted([
-            f"{table.class_prefix}Machine", f"{table.class_prefix}Guards", "Effect", "Event",
-            "MACHINE", "MODEL", "SPEC", "State", "TIMER_EVENTS", *table.events,
+            f"{table.class_prefix}Machine", f"{table.class_prefix}Guards",
+            f"{table.class_prefix}Effects", "EFFECT_METHODS", "Effect", "Event", "MACHINE",
+            "MODEL", "SPEC", "State", "TIMER_EVENTS", "bind", *table.events,
             *table.effects]),
         "model": _model_lines(table),
     }

@@ -169,8 +169,29 @@ def conformance_source(table: Table, wire: WireNames, fsm_dir: Path, out_root: P
             f'        self.asked.append("{guard}")',
             f'        return "{guard}" in self.true_guards',
         ]
+    effect_values = _Values(500)
+    port: list[str] = []
+    samples: list[str] = []
+    for name, method in table.effect_methods.items():
+        effect = table.effects.get(name)
+        fields = [f.name for f in effect.fields] if effect is not None else [
+            "machine", "state", "event"]
+        quoted = [f'"{f}"' for f in fields]
+        inner = f"({quoted[0]},)" if len(quoted) == 1 else f"({', '.join(quoted)})"
+        one = f'    "{name}": ("{method}", {inner}),'
+        if len(one) <= pretty.LIMIT:
+            port.append(one)
+        else:
+            port += [f'    "{name}": (', f'        "{method}",',
+                     *pretty.call("", quoted, ",", 8), "    ),"]
+        if effect is None:
+            samples.append(f'    "{name}": ProtocolViolation("m", "s", "e"),')
+            continue
+        args = [f"{f.name}={effect_values.expr(f.type, f.name)}" for f in effect.fields]
+        samples += pretty.call(f'"{name}": gen.{name}', args, ",", 4)
     return render(
-        "test_machine.py.j2", table=table, module=f"swactor.fsm.generated.{table.machine}",
+        "test_machine.py.j2", table=table, port=port, samples=samples,
+        effects_cls=f"{table.class_prefix}Effects", module=f"swactor.fsm.generated.{table.machine}",
         machine_cls=f"{table.class_prefix}Machine", events=events, context=context,
         matrix=matrix_lines, paths=path_lines, table_line=_table_line(table_path),
         uses_wire=uses_wire, script=script,

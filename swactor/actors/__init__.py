@@ -12,26 +12,32 @@ escalate); the runtime itself never dies of it. `process.ProcessActor` wraps one
 process: it reports `Started`, `Line` and `Exited` to its owner and leaves no orphan.
 
 The normal shape of an actor is a generated state machine plus a binding: the binding
-translates mail into machine events, feeds them to the pure `machine.handle()`, and
-carries out the effects that come back, timers included::
+translates mail into machine events and implements the table's effects port, one method
+per effect; a host (`swactor.fsm.host`) feeds the pure `machine.handle()` and calls
+those methods, timers included::
 
     from swactor.actors import Actor, Context, Runtime
     from swactor.fsm.generated import arena_manager as am
+    from swactor.fsm.host import MachineHost
 
-    class ArenaManagerActor(Actor[am.Event]):
+    class ArenaManagerActor(Actor[am.Event], am.ArenaManagerEffects[None]):
         async def started(self, ctx: Context[am.Event]) -> None:
-            self.machine = am.ArenaManagerMachine(guards=self, ...)   # self implements
-                                                                      # ArenaManagerGuards
+            self.ctx = ctx
+            machine = am.ArenaManagerMachine(guards=self, ...)   # self implements
+                                                                 # ArenaManagerGuards
+            self.host = MachineHost(machine, am.bind(self), timers=ctx.timers,
+                                    timer_events=am.TIMER_EVENTS)
+
         async def receive(self, ctx: Context[am.Event], message: am.Event) -> None:
-            for effect in self.machine.handle(message):     # pure: no I/O, no clock
-                if ctx.timers.apply(effect, am.TIMER_EVENTS):  # StartTimer / CancelTimer
-                    continue
-                match effect:                                 # the binding's I/O
-                    case am.CreateArena():
-                        ...   # memfd, ftruncate, mmap; then ctx.self_ref.tell(
-                              # am.ArenaConstructed(...)) feeds the result back in
-                    case am.RingLeased():
-                        ctx.reply(effect)
+            self.host.feed(message)        # pure machine; the host calls the effects
+
+        def create_arena(self, ceiling: int) -> None:
+            ...   # memfd, ftruncate, mmap; then self.ctx.self_ref.tell(
+                  # am.ArenaConstructed(...)) feeds the result back in
+
+        def ring_leased(self, request_id, requester, edge_id, direction, ring_spec) -> None:
+            self.ctx.reply(...)
+        ...   # one method per effect: mypy --strict refuses a missing one
 
     async def main() -> None:
         async with Runtime("node") as runtime:

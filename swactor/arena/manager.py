@@ -36,13 +36,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 from swactor import faults
 from swactor.arena.allocator import FreeList, align_up
 from swactor.arena.arena import Arena, ArenaBusyError, ArenaError
 from swactor.arena.proofs import QuiescenceMinter
 from swactor.fsm.generated import arena_manager as fsm
+from swactor.fsm.host import MachineHost
 from swactor.fsm.runtime import CancelTimer, StartTimer
 from swactor.ring.ring import DEFAULT_VERSION, Ring
 from swactor.wire import (
@@ -171,7 +172,21 @@ def lease_geometry(spec: RingSpec) -> tuple[int, int]:
     )
 
 
-class ArenaManager:
+class _TimerOutputs:
+    """The host's timers of an ArenaManager: each start/cancel is an output for the caller,
+    which runs the timer and feeds it back (`ArenaManager.timer_fired`)."""
+
+    def __init__(self, manager: ArenaManager) -> None:
+        self._manager = manager
+
+    def start(self, name: str, seconds: float, message: fsm.Event) -> None:
+        self._manager._out.append(StartTimer(name, seconds))
+
+    def cancel(self, name: str) -> None:
+        self._manager._out.append(CancelTimer(name))
+
+
+class ArenaManager(fsm.ArenaManagerEffects[None]):
     """The node's ArenaManager; see the module docstring."""
 
     def __init__(
@@ -194,24 +209,9 @@ class ArenaManager:
         self._proofs = self._minter
         self._out: list[Output] = []
         self._machine = fsm.ArenaManagerMachine(self, shutdown_grace_s=shutdown_grace_s)
-        self._effects: dict[type[Any], Callable[[Any], None]] = {
-            fsm.CreateArena: self._do_create_arena,
-            fsm.ArenaReady: lambda e: self._out.append(ArenaUp()),
-            fsm.ArenaFailed: lambda e: self._out.append(ArenaDown(e.reason)),
-            fsm.RingLeased: self._do_ring_leased,
-            fsm.QueueLease: self._do_queue_lease,
-            fsm.RingLeaseRejected: self._do_reject,
-            fsm.LeaseCancelled: self._do_cancelled,
-            fsm.RingReleased: self._do_released,
-            fsm.RetryQueuedLeases: self._do_retry,
-            fsm.ReleaseRejected: lambda e: self._out.append(ReleaseRefused(e.ring_id)),
-            fsm.RejectQueuedLeases: self._do_reject_queue,
-            fsm.UnmapArena: self._do_unmap,
-            StartTimer: lambda e: self._out.append(e),
-            CancelTimer: lambda e: self._out.append(e),
-        }
+        self._host = MachineHost(self._machine, fsm.bind(self), timers=_TimerOutputs(self),
+                                 timer_events=fsm.TIMER_EVENTS)
         self._requesters: dict[int, str] = {}
-        self._current: fsm.LeaseRing | None = None
 
     # -- public API ---------------------------------------------------------------------
 
@@ -250,11 +250,9 @@ class ArenaManager:
             ring_spec=spec,
         )
         self._requesters[rid] = requester
-        self._current = event
         try:
             return self._feed(event)
         finally:
-            self._current = None
             if not self._holds(rid):  # rejected, or absorbed by a terminal state
                 self._requesters.pop(rid, None)
 
@@ -316,28 +314,27 @@ class ArenaManager:
     def releases_last_lease(self, event: fsm.ReleaseRing) -> bool:
         return self.proof_valid(event) and len(self._live) == 1
 
-    # -- effects ------------------------------------------------------------------------
+    # -- effects (ArenaManagerEffects) --------------------------------------------------
 
     def _feed(self, event: fsm.Event) -> list[Output]:
         self._out = []
-        self._apply(event)
+        self._host.feed(event)
         out, self._out = self._out, []
         return out
 
-    def _apply(self, event: fsm.Event) -> None:
-        for effect in self._machine.handle(event):
-            handler = self._effects.get(type(effect))
-            if handler is None:  # the table grew an effect this binding does not know
-                raise ArenaManagerError(f"no binding for effect {type(effect).__name__}")
-            handler(effect)
-
-    def _do_create_arena(self, effect: fsm.CreateArena) -> None:
+    def create_arena(self, ceiling: int) -> None:
         try:
-            self.arena = self._create_arena(effect.ceiling)
+            self.arena = self._create_arena(ceiling)
         except ArenaError as exc:
-            self._apply(fsm.ArenaBootFailed(reason=exc.reason))
+            self._host.feed(fsm.ArenaBootFailed(reason=exc.reason))
         else:
-            self._apply(fsm.ArenaConstructed())
+            self._host.feed(fsm.ArenaConstructed())
+
+    def arena_ready(self) -> None:
+        self._out.append(ArenaUp())
+
+    def arena_failed(self, reason: ArenaFailure) -> None:
+        self._out.append(ArenaDown(reason))
 
     def _grant(self, event: fsm.LeaseRing) -> Granted:
         size, align = lease_geometry(event.ring_spec)
@@ -362,21 +359,22 @@ class ArenaManager:
         )
         return Granted(event.request_id, event.requester, event.edge_id, event.direction, layout)
 
-    def _do_ring_leased(self, effect: fsm.RingLeased) -> None:
-        assert self._current is not None and self._current.request_id == effect.request_id
-        self._out.append(self._grant(self._current))
+    def ring_leased(self, request_id: LeaseRequestId, requester: str, edge_id: EdgeId,
+                    direction: RingDirection, ring_spec: RingSpec) -> None:
+        self._out.append(self._grant(
+            fsm.LeaseRing(request_id, requester, edge_id, direction, ring_spec)))
 
-    def _do_queue_lease(self, effect: fsm.QueueLease) -> None:
-        assert self._current is not None and self._current.request_id == effect.request_id
-        self._queue.append(self._current)
-        self._out.append(Queued(effect.request_id, self._current.requester))
+    def queue_lease(self, request_id: LeaseRequestId, requester: str, edge_id: EdgeId,
+                    direction: RingDirection, ring_spec: RingSpec) -> None:
+        self._queue.append(fsm.LeaseRing(request_id, requester, edge_id, direction, ring_spec))
+        self._out.append(Queued(request_id, requester))
 
-    def _do_reject(self, effect: fsm.RingLeaseRejected) -> None:
-        requester = self._requesters.pop(int(effect.request_id), "")
-        self._out.append(Rejected(effect.request_id, requester, effect.reason))
+    def ring_lease_rejected(self, request_id: LeaseRequestId, reason: ArenaFailure) -> None:
+        requester = self._requesters.pop(int(request_id), "")
+        self._out.append(Rejected(request_id, requester, reason))
 
-    def _do_cancelled(self, effect: fsm.LeaseCancelled) -> None:
-        rid = int(effect.request_id)
+    def lease_cancelled(self, request_id: LeaseRequestId) -> None:
+        rid = int(request_id)
         self._queue = [e for e in self._queue if int(e.request_id) != rid]
         granted: RingId | None = None
         for key, lease in self._live.items():
@@ -388,16 +386,16 @@ class ArenaManager:
                 )  # fmt: skip
         if granted is None:
             self._requesters.pop(rid, None)
-        self._out.append(Cancelled(effect.request_id, granted))
+        self._out.append(Cancelled(request_id, granted))
 
-    def _do_released(self, effect: fsm.RingReleased) -> None:
-        lease = self._live.pop(int(effect.ring_id))
+    def ring_released(self, ring_id: RingId, proof: QuiescenceProof) -> None:
+        lease = self._live.pop(int(ring_id))
         self._free.give(lease.layout.arena_offset, lease.layout.total_len)
-        self._proofs.retire(int(effect.ring_id))
+        self._proofs.retire(int(ring_id))
         self._requesters.pop(int(lease.request_id), None)
-        self._out.append(Released(effect.ring_id))
+        self._out.append(Released(ring_id))
 
-    def _do_retry(self, effect: fsm.RetryQueuedLeases) -> None:
+    def retry_queued_leases(self) -> None:
         waiting, self._queue = self._queue, []
         for event in waiting:
             if self.fits_now(event):
@@ -405,13 +403,16 @@ class ArenaManager:
             else:
                 self._queue.append(event)
 
-    def _do_reject_queue(self, effect: fsm.RejectQueuedLeases) -> None:
+    def release_rejected(self, ring_id: RingId) -> None:
+        self._out.append(ReleaseRefused(ring_id))
+
+    def reject_queued_leases(self) -> None:
         for event in self._queue:
             self._requesters.pop(int(event.request_id), None)
             self._out.append(Rejected(event.request_id, event.requester, ArenaFailure.ShuttingDown))
         self._queue = []
 
-    def _do_unmap(self, effect: fsm.UnmapArena) -> None:
+    def unmap_arena(self) -> None:
         abandoned = tuple(lease.ring_id for lease in self.live_leases())
         if self.arena is not None:
             # ArenaBusyError: a handle still views it; the mapping goes with the process

@@ -17,23 +17,36 @@ are the same for every machine live here so that bindings can treat them uniform
 * ``ProtocolViolation`` is the built-in effect of the ``unhandled: fault`` policy: the
   machine moves to its fault state and reports which event arrived in which state.
 
-Effects are frozen slotted dataclasses, compared by value in tests.
+Effects are frozen slotted dataclasses, compared by value in tests. Each generated
+module also declares its effects port, ``<Prefix>Effects``: a Protocol generic in
+``Result`` with one method per table effect (the effect's fields as arguments), which a
+binding implements and ``bind(port)`` maps effect classes onto; ``swactor.fsm.host``
+feeds the machine and calls them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "CancelTimer",
     "ProtocolError",
     "ProtocolViolation",
+    "R",
+    "Result",
     "StartTimer",
     "blank",
     "slot_setter",
 ]
+
+Result = TypeVar("Result", covariant=True)
+"""What an effects port's methods return: ``None`` for a binding whose host calls them
+synchronously, an awaitable for one whose host awaits each (``swactor.fsm.host``)."""
+
+R = TypeVar("R")
+"""``Result`` as a generated ``bind(port)`` passes it through."""
 
 blank: Callable[[type[Any]], Any] = object.__new__
 """An instance of a slotted class with no slot set yet; generated effect builders fill

@@ -11,6 +11,7 @@ YAML and requires the same state and effects after every event.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -964,6 +965,81 @@ def test_path(name: str, steps: list[int]) -> None:
 def test_foreign_object_is_rejected() -> None:
     with pytest.raises(ProtocolError):
         _machine(Script()).handle(object())  # type: ignore[arg-type]
+
+
+# effect -> (its EdgeRecordEffects method, the effect's fields: the method's parameters)
+PORT: dict[str, tuple[str, tuple[str, ...]]] = {
+    "SpawnEdgeActor": ("spawn_edge_actor", ("edge_id", "direction")),
+    "LeaseRing": ("lease_ring", ("request_id", "edge_id", "direction", "ring_spec")),
+    "CancelLease": ("cancel_lease", ("request_id",)),
+    "ReleaseUnusedRing": ("release_unused_ring", ("ring_id",)),
+    "InstallRing": ("install_ring", ("ring_id", "edge_id", "direction", "layout")),
+    "EstablishSend": ("establish_send", ("edge_id", "ring_id")),
+    "EstablishRecv": ("establish_recv", ("edge_id", "ring_id")),
+    "NotifyEdgeReady": ("notify_edge_ready", ("edge_id",)),
+    "NotifyEdgeFailed": ("notify_edge_failed", ("edge_id", "reason")),
+    "NotifyEdgeStopped": ("notify_edge_stopped", ("edge_id", "clean")),
+    "StartEdgeTeardown": ("start_edge_teardown", ("edge_id", "reason")),
+}
+EFFECTS: dict[str, Any] = {
+    "SpawnEdgeActor": gen.SpawnEdgeActor(
+        edge_id=example(wire.EdgeId),
+        direction=example(wire.RingDirection),
+    ),
+    "LeaseRing": gen.LeaseRing(
+        request_id=example(wire.LeaseRequestId),
+        edge_id=example(wire.EdgeId),
+        direction=example(wire.RingDirection),
+        ring_spec=example(wire.RingSpec),
+    ),
+    "CancelLease": gen.CancelLease(request_id=example(wire.LeaseRequestId)),
+    "ReleaseUnusedRing": gen.ReleaseUnusedRing(ring_id=example(wire.RingId)),
+    "InstallRing": gen.InstallRing(
+        ring_id=example(wire.RingId),
+        edge_id=example(wire.EdgeId),
+        direction=example(wire.RingDirection),
+        layout=example(wire.RingLayout),
+    ),
+    "EstablishSend": gen.EstablishSend(edge_id=example(wire.EdgeId), ring_id=example(wire.RingId)),
+    "EstablishRecv": gen.EstablishRecv(edge_id=example(wire.EdgeId), ring_id=example(wire.RingId)),
+    "NotifyEdgeReady": gen.NotifyEdgeReady(edge_id=example(wire.EdgeId)),
+    "NotifyEdgeFailed": gen.NotifyEdgeFailed(
+        edge_id=example(wire.EdgeId),
+        reason=example(wire.RunFaultReason),
+    ),
+    "NotifyEdgeStopped": gen.NotifyEdgeStopped(edge_id=example(wire.EdgeId), clean=True),
+    "StartEdgeTeardown": gen.StartEdgeTeardown(
+        edge_id=example(wire.EdgeId),
+        reason=example(wire.UninstallReason),
+    ),
+}
+
+
+def test_effects_port_lists_exactly_the_table_effects() -> None:
+    declared = {name for name, value in vars(gen.EdgeRecordEffects).items()
+                if callable(value) and not name.startswith("_")}
+    assert declared == {method for method, _ in PORT.values()}
+    for method, fields in PORT.values():
+        params = list(inspect.signature(getattr(gen.EdgeRecordEffects, method)).parameters)
+        assert params == ["self", *fields], method
+    methods = {name: method for name, (method, _) in PORT.items()}
+    assert methods == gen.EFFECT_METHODS
+
+
+def test_bind_calls_each_effect_method_with_the_effect_fields() -> None:
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    class Recorder:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args: calls.append((name, args))
+
+    bound = gen.bind(Recorder())
+    assert set(bound) == {type(effect) for effect in EFFECTS.values()}
+    for name, effect in EFFECTS.items():
+        calls.clear()
+        bound[type(effect)](effect)
+        method, fields = PORT[name]
+        assert calls == [(method, tuple(getattr(effect, f) for f in fields))], name
 
 
 HANDLED: dict[str, list[str]] = {

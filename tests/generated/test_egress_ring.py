@@ -11,6 +11,7 @@ YAML and requires the same state and effects after every event.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -528,6 +529,89 @@ def test_path(name: str, steps: list[int]) -> None:
 def test_foreign_object_is_rejected() -> None:
     with pytest.raises(ProtocolError):
         _machine(Script()).handle(object())  # type: ignore[arg-type]
+
+
+# effect -> (its EgressRingEffects method, the effect's fields: the method's parameters)
+PORT: dict[str, tuple[str, tuple[str, ...]]] = {
+    "EmitRingInstalled": ("emit_ring_installed", ("ring_id", "edge_id", "port_id")),
+    "WriteHeader": ("write_header", ("object_id", "sequence", "extent", "flags")),
+    "ContinueWrite": ("continue_write", ("ring_id",)),
+    "CopyPayload": ("copy_payload", ("ring_id",)),
+    "EmitObjectProduced": (
+        "emit_object_produced",
+        ("ring_id", "edge_id", "port_id", "object_id", "sequence", "extent"),
+    ),
+    "RejectOutput": ("reject_output", ("object_id", "reason")),
+    "FailOutput": ("fail_output", ("reason",)),
+    "EmitRingFault": ("emit_ring_fault", ("ring_id", "edge_id", "port_id", "reason")),
+    "DrainCopies": ("drain_copies", ("ring_id",)),
+    "CloseRing": ("close_ring", ("ring_id",)),
+    "EmitRingQuiesced": ("emit_ring_quiesced", ("ring_id",)),
+}
+EFFECTS: dict[str, Any] = {
+    "EmitRingInstalled": gen.EmitRingInstalled(
+        ring_id=example(wire.RingId),
+        edge_id=example(wire.EdgeId),
+        port_id=example(wire.PortId),
+    ),
+    "WriteHeader": gen.WriteHeader(
+        object_id=example(wire.ObjectId),
+        sequence=example(wire.Sequence),
+        extent=501,
+        flags=502,
+    ),
+    "ContinueWrite": gen.ContinueWrite(ring_id=example(wire.RingId)),
+    "CopyPayload": gen.CopyPayload(ring_id=example(wire.RingId)),
+    "EmitObjectProduced": gen.EmitObjectProduced(
+        ring_id=example(wire.RingId),
+        edge_id=example(wire.EdgeId),
+        port_id=example(wire.PortId),
+        object_id=example(wire.ObjectId),
+        sequence=example(wire.Sequence),
+        extent=503,
+    ),
+    "RejectOutput": gen.RejectOutput(
+        object_id=example(wire.ObjectId),
+        reason=example(wire.StepFailure),
+    ),
+    "FailOutput": gen.FailOutput(reason=example(wire.StepFailure)),
+    "EmitRingFault": gen.EmitRingFault(
+        ring_id=example(wire.RingId),
+        edge_id=example(wire.EdgeId),
+        port_id=example(wire.PortId),
+        reason=example(wire.RingFaultReason),
+    ),
+    "DrainCopies": gen.DrainCopies(ring_id=example(wire.RingId)),
+    "CloseRing": gen.CloseRing(ring_id=example(wire.RingId)),
+    "EmitRingQuiesced": gen.EmitRingQuiesced(ring_id=example(wire.RingId)),
+}
+
+
+def test_effects_port_lists_exactly_the_table_effects() -> None:
+    declared = {name for name, value in vars(gen.EgressRingEffects).items()
+                if callable(value) and not name.startswith("_")}
+    assert declared == {method for method, _ in PORT.values()}
+    for method, fields in PORT.values():
+        params = list(inspect.signature(getattr(gen.EgressRingEffects, method)).parameters)
+        assert params == ["self", *fields], method
+    methods = {name: method for name, (method, _) in PORT.items()}
+    assert methods == gen.EFFECT_METHODS
+
+
+def test_bind_calls_each_effect_method_with_the_effect_fields() -> None:
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    class Recorder:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args: calls.append((name, args))
+
+    bound = gen.bind(Recorder())
+    assert set(bound) == {type(effect) for effect in EFFECTS.values()}
+    for name, effect in EFFECTS.items():
+        calls.clear()
+        bound[type(effect)](effect)
+        method, fields = PORT[name]
+        assert calls == [(method, tuple(getattr(effect, f) for f in fields))], name
 
 
 HANDLED: dict[str, list[str]] = {

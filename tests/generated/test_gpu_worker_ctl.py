@@ -11,6 +11,7 @@ YAML and requires the same state and effects after every event.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -1326,6 +1327,122 @@ def test_path(name: str, steps: list[int]) -> None:
 def test_foreign_object_is_rejected() -> None:
     with pytest.raises(ProtocolError):
         _machine(Script()).handle(object())  # type: ignore[arg-type]
+
+
+# effect -> (its GpuWorkerCtlEffects method, the effect's fields: the method's parameters)
+PORT: dict[str, tuple[str, tuple[str, ...]]] = {
+    "SpawnProcess": ("spawn_process", ()),
+    "ConnectAdapter": ("connect_adapter", ()),
+    "SendInitializeWorker": ("send_initialize_worker", ()),
+    "AnnounceWorkerReady": ("announce_worker_ready", ("worker_generation",)),
+    "ReportWorkerFailed": ("report_worker_failed", ()),
+    "ReportWorkerCrashed": ("report_worker_crashed", ()),
+    "KillProcess": ("kill_process", ()),
+    "SendInstallRing": ("send_install_ring", ("command",)),
+    "SendUninstallRing": ("send_uninstall_ring", ("ring_id", "reason")),
+    "SendRingReadable": ("send_ring_readable", ("ring_id",)),
+    "SendRingWritable": ("send_ring_writable", ("ring_id",)),
+    "SendConfigureRole": ("send_configure_role", ("command",)),
+    "SendExecuteStep": ("send_execute_step", ("command",)),
+    "SendReleaseDeviceObject": ("send_release_device_object", ("device_handle",)),
+    "SendShutdownWorker": ("send_shutdown_worker", ("mode",)),
+    "RouteWakeHints": ("route_wake_hints", ("direction",)),
+    "RouteWorkerEvent": ("route_worker_event", ()),
+    "RejectInstallRing": ("reject_install_ring", ("command", "reason")),
+    "RejectExecuteStep": ("reject_execute_step", ("command", "reason")),
+    "RejectConfigureRole": ("reject_configure_role", ("command", "reason")),
+    "ReportHandleReleased": ("report_handle_released", ("device_handle",)),
+    "ReportRingReaped": ("report_ring_reaped", ("ring_id",)),
+    "ReportRingsReaped": ("report_rings_reaped", ()),
+    "InvalidateGeneration": ("invalidate_generation", ()),
+    "FaultInstalledRings": ("fault_installed_rings", ()),
+    "NoteWorkerFatal": ("note_worker_fatal", ("reason",)),
+    "IncrementGeneration": ("increment_generation", ()),
+    "DeferInstallRing": ("defer_install_ring", ("command",)),
+    "DeferConfigureRole": ("defer_configure_role", ("command",)),
+    "DeferExecuteStep": ("defer_execute_step", ("command",)),
+    "ReplayDeferred": ("replay_deferred", ()),
+    "RejectDeferred": ("reject_deferred", ()),
+}
+EFFECTS: dict[str, Any] = {
+    "SpawnProcess": gen.SpawnProcess(),
+    "ConnectAdapter": gen.ConnectAdapter(),
+    "SendInitializeWorker": gen.SendInitializeWorker(),
+    "AnnounceWorkerReady": gen.AnnounceWorkerReady(
+        worker_generation=example(wire.WorkerGeneration),
+    ),
+    "ReportWorkerFailed": gen.ReportWorkerFailed(),
+    "ReportWorkerCrashed": gen.ReportWorkerCrashed(),
+    "KillProcess": gen.KillProcess(),
+    "SendInstallRing": gen.SendInstallRing(command=example(wire.InstallRing)),
+    "SendUninstallRing": gen.SendUninstallRing(
+        ring_id=example(wire.RingId),
+        reason=example(wire.UninstallReason),
+    ),
+    "SendRingReadable": gen.SendRingReadable(ring_id=example(wire.RingId)),
+    "SendRingWritable": gen.SendRingWritable(ring_id=example(wire.RingId)),
+    "SendConfigureRole": gen.SendConfigureRole(command=example(wire.ConfigureRole)),
+    "SendExecuteStep": gen.SendExecuteStep(command=example(wire.ExecuteStep)),
+    "SendReleaseDeviceObject": gen.SendReleaseDeviceObject(
+        device_handle=example(wire.DeviceObjectHandle),
+    ),
+    "SendShutdownWorker": gen.SendShutdownWorker(mode=example(wire.ShutdownMode)),
+    "RouteWakeHints": gen.RouteWakeHints(direction=example(wire.RingDirection)),
+    "RouteWorkerEvent": gen.RouteWorkerEvent(),
+    "RejectInstallRing": gen.RejectInstallRing(
+        command=example(wire.InstallRing),
+        reason=example(wire.RingFaultReason),
+    ),
+    "RejectExecuteStep": gen.RejectExecuteStep(
+        command=example(wire.ExecuteStep),
+        reason=example(wire.StepFailure),
+    ),
+    "RejectConfigureRole": gen.RejectConfigureRole(
+        command=example(wire.ConfigureRole),
+        reason=example(wire.RoleFailure),
+    ),
+    "ReportHandleReleased": gen.ReportHandleReleased(
+        device_handle=example(wire.DeviceObjectHandle),
+    ),
+    "ReportRingReaped": gen.ReportRingReaped(ring_id=example(wire.RingId)),
+    "ReportRingsReaped": gen.ReportRingsReaped(),
+    "InvalidateGeneration": gen.InvalidateGeneration(),
+    "FaultInstalledRings": gen.FaultInstalledRings(),
+    "NoteWorkerFatal": gen.NoteWorkerFatal(reason=example(wire.WorkerFatalReason)),
+    "IncrementGeneration": gen.IncrementGeneration(),
+    "DeferInstallRing": gen.DeferInstallRing(command=example(wire.InstallRing)),
+    "DeferConfigureRole": gen.DeferConfigureRole(command=example(wire.ConfigureRole)),
+    "DeferExecuteStep": gen.DeferExecuteStep(command=example(wire.ExecuteStep)),
+    "ReplayDeferred": gen.ReplayDeferred(),
+    "RejectDeferred": gen.RejectDeferred(),
+}
+
+
+def test_effects_port_lists_exactly_the_table_effects() -> None:
+    declared = {name for name, value in vars(gen.GpuWorkerCtlEffects).items()
+                if callable(value) and not name.startswith("_")}
+    assert declared == {method for method, _ in PORT.values()}
+    for method, fields in PORT.values():
+        params = list(inspect.signature(getattr(gen.GpuWorkerCtlEffects, method)).parameters)
+        assert params == ["self", *fields], method
+    methods = {name: method for name, (method, _) in PORT.items()}
+    assert methods == gen.EFFECT_METHODS
+
+
+def test_bind_calls_each_effect_method_with_the_effect_fields() -> None:
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    class Recorder:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args: calls.append((name, args))
+
+    bound = gen.bind(Recorder())
+    assert set(bound) == {type(effect) for effect in EFFECTS.values()}
+    for name, effect in EFFECTS.items():
+        calls.clear()
+        bound[type(effect)](effect)
+        method, fields = PORT[name]
+        assert calls == [(method, tuple(getattr(effect, f) for f in fields))], name
 
 
 HANDLED: dict[str, list[str]] = {

@@ -11,6 +11,7 @@ YAML and requires the same state and effects after every event.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -712,6 +713,98 @@ def test_path(name: str, steps: list[int]) -> None:
 def test_foreign_object_is_rejected() -> None:
     with pytest.raises(ProtocolError):
         _machine(Script()).handle(object())  # type: ignore[arg-type]
+
+
+# effect -> (its IngressRingEffects method, the effect's fields: the method's parameters)
+PORT: dict[str, tuple[str, tuple[str, ...]]] = {
+    "EmitRingInstalled": ("emit_ring_installed", ("ring_id", "edge_id", "port_id")),
+    "ParseAvailable": ("parse_available", ("ring_id",)),
+    "AllocateDeviceObject": ("allocate_device_object", ("object_id", "sequence", "extent")),
+    "CopyAvailable": ("copy_available", ("ring_id",)),
+    "AwaitCopyCompletion": ("await_copy_completion", ("ring_id",)),
+    "EmitObjectLoaded": (
+        "emit_object_loaded",
+        ("ring_id", "edge_id", "port_id", "object_id", "sequence", "extent", "device_handle"),
+    ),
+    "EmitObjectFailed": (
+        "emit_object_failed",
+        ("ring_id", "edge_id", "port_id", "object_id", "sequence", "reason"),
+    ),
+    "EmitRingFault": ("emit_ring_fault", ("ring_id", "edge_id", "port_id", "reason")),
+    "FreePartialObject": ("free_partial_object", ("ring_id",)),
+    "DrainCopies": ("drain_copies", ("ring_id",)),
+    "CloseRing": ("close_ring", ("ring_id",)),
+    "EmitRingQuiesced": ("emit_ring_quiesced", ("ring_id",)),
+}
+EFFECTS: dict[str, Any] = {
+    "EmitRingInstalled": gen.EmitRingInstalled(
+        ring_id=example(wire.RingId),
+        edge_id=example(wire.EdgeId),
+        port_id=example(wire.PortId),
+    ),
+    "ParseAvailable": gen.ParseAvailable(ring_id=example(wire.RingId)),
+    "AllocateDeviceObject": gen.AllocateDeviceObject(
+        object_id=example(wire.ObjectId),
+        sequence=example(wire.Sequence),
+        extent=501,
+    ),
+    "CopyAvailable": gen.CopyAvailable(ring_id=example(wire.RingId)),
+    "AwaitCopyCompletion": gen.AwaitCopyCompletion(ring_id=example(wire.RingId)),
+    "EmitObjectLoaded": gen.EmitObjectLoaded(
+        ring_id=example(wire.RingId),
+        edge_id=example(wire.EdgeId),
+        port_id=example(wire.PortId),
+        object_id=example(wire.ObjectId),
+        sequence=example(wire.Sequence),
+        extent=502,
+        device_handle=example(wire.DeviceObjectHandle),
+    ),
+    "EmitObjectFailed": gen.EmitObjectFailed(
+        ring_id=example(wire.RingId),
+        edge_id=example(wire.EdgeId),
+        port_id=example(wire.PortId),
+        object_id=example(wire.ObjectId),
+        sequence=example(wire.Sequence),
+        reason=example(wire.ObjectFailure),
+    ),
+    "EmitRingFault": gen.EmitRingFault(
+        ring_id=example(wire.RingId),
+        edge_id=example(wire.EdgeId),
+        port_id=example(wire.PortId),
+        reason=example(wire.RingFaultReason),
+    ),
+    "FreePartialObject": gen.FreePartialObject(ring_id=example(wire.RingId)),
+    "DrainCopies": gen.DrainCopies(ring_id=example(wire.RingId)),
+    "CloseRing": gen.CloseRing(ring_id=example(wire.RingId)),
+    "EmitRingQuiesced": gen.EmitRingQuiesced(ring_id=example(wire.RingId)),
+}
+
+
+def test_effects_port_lists_exactly_the_table_effects() -> None:
+    declared = {name for name, value in vars(gen.IngressRingEffects).items()
+                if callable(value) and not name.startswith("_")}
+    assert declared == {method for method, _ in PORT.values()}
+    for method, fields in PORT.values():
+        params = list(inspect.signature(getattr(gen.IngressRingEffects, method)).parameters)
+        assert params == ["self", *fields], method
+    methods = {name: method for name, (method, _) in PORT.items()}
+    assert methods == gen.EFFECT_METHODS
+
+
+def test_bind_calls_each_effect_method_with_the_effect_fields() -> None:
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    class Recorder:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args: calls.append((name, args))
+
+    bound = gen.bind(Recorder())
+    assert set(bound) == {type(effect) for effect in EFFECTS.values()}
+    for name, effect in EFFECTS.items():
+        calls.clear()
+        bound[type(effect)](effect)
+        method, fields = PORT[name]
+        assert calls == [(method, tuple(getattr(effect, f) for f in fields))], name
 
 
 HANDLED: dict[str, list[str]] = {

@@ -11,6 +11,7 @@ YAML and requires the same state and effects after every event.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -710,6 +711,75 @@ def test_path(name: str, steps: list[int]) -> None:
 def test_foreign_object_is_rejected() -> None:
     with pytest.raises(ProtocolError):
         _machine(Script()).handle(object())  # type: ignore[arg-type]
+
+
+# effect -> (its NodeBootEffects method, the effect's fields: the method's parameters)
+PORT: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ReportNodeStarted": ("report_node_started", ("node_id",)),
+    "ConstructArena": ("construct_arena", ("ceiling",)),
+    "StartWorker": ("start_worker", ()),
+    "StartTransport": ("start_transport", ("node_id",)),
+    "JoinMembership": ("join_membership", ("node_id",)),
+    "ReportNodeAvailable": ("report_node_available", ("node_id",)),
+    "ReportNodeUnavailable": ("report_node_unavailable", ("node_id", "reason", "component")),
+    "AdmitProvisioning": ("admit_provisioning", ("run_id", "stage_index")),
+    "RejectProvisioning": (
+        "reject_provisioning",
+        ("run_id", "stage_index", "reason", "component"),
+    ),
+    "ShutdownNode": ("shutdown_node", ()),
+}
+EFFECTS: dict[str, Any] = {
+    "ReportNodeStarted": gen.ReportNodeStarted(node_id=example(wire.NodeId)),
+    "ConstructArena": gen.ConstructArena(ceiling=501),
+    "StartWorker": gen.StartWorker(),
+    "StartTransport": gen.StartTransport(node_id=example(wire.NodeId)),
+    "JoinMembership": gen.JoinMembership(node_id=example(wire.NodeId)),
+    "ReportNodeAvailable": gen.ReportNodeAvailable(node_id=example(wire.NodeId)),
+    "ReportNodeUnavailable": gen.ReportNodeUnavailable(
+        node_id=example(wire.NodeId),
+        reason=example(wire.RunFaultReason),
+        component=example(wire.Component),
+    ),
+    "AdmitProvisioning": gen.AdmitProvisioning(
+        run_id=example(wire.RunId),
+        stage_index=example(wire.StageIndex),
+    ),
+    "RejectProvisioning": gen.RejectProvisioning(
+        run_id=example(wire.RunId),
+        stage_index=example(wire.StageIndex),
+        reason=example(wire.RunFaultReason),
+        component=example(wire.Component),
+    ),
+    "ShutdownNode": gen.ShutdownNode(),
+}
+
+
+def test_effects_port_lists_exactly_the_table_effects() -> None:
+    declared = {name for name, value in vars(gen.NodeBootEffects).items()
+                if callable(value) and not name.startswith("_")}
+    assert declared == {method for method, _ in PORT.values()}
+    for method, fields in PORT.values():
+        params = list(inspect.signature(getattr(gen.NodeBootEffects, method)).parameters)
+        assert params == ["self", *fields], method
+    methods = {name: method for name, (method, _) in PORT.items()}
+    assert methods == gen.EFFECT_METHODS
+
+
+def test_bind_calls_each_effect_method_with_the_effect_fields() -> None:
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    class Recorder:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args: calls.append((name, args))
+
+    bound = gen.bind(Recorder())
+    assert set(bound) == {type(effect) for effect in EFFECTS.values()}
+    for name, effect in EFFECTS.items():
+        calls.clear()
+        bound[type(effect)](effect)
+        method, fields = PORT[name]
+        assert calls == [(method, tuple(getattr(effect, f) for f in fields))], name
 
 
 HANDLED: dict[str, list[str]] = {

@@ -11,6 +11,7 @@ YAML and requires the same state and effects after every event.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -877,6 +878,82 @@ def test_path(name: str, steps: list[int]) -> None:
 def test_foreign_object_is_rejected() -> None:
     with pytest.raises(ProtocolError):
         _machine(Script()).handle(object())  # type: ignore[arg-type]
+
+
+# effect -> (its OrchestratorRunEffects method, the effect's fields: the method's parameters)
+PORT: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ProvisionStages": ("provision_stages", ("plan",)),
+    "CreateTokenEndpoints": ("create_token_endpoints", ("plan",)),
+    "InjectPrompt": ("inject_prompt", ()),
+    "AcceptOutput": ("accept_output", ("object_id", "sequence")),
+    "InjectNextInput": ("inject_next_input", ("sequence",)),
+    "FinalizeOutput": ("finalize_output", ()),
+    "RecordRunOutcome": ("record_run_outcome", ("outcome",)),
+    "RecordFaultReason": ("record_fault_reason", ("reason", "component")),
+    "SendStopRun": ("send_stop_run", ()),
+    "StopTokenEndpoints": ("stop_token_endpoints", ()),
+    "HoldFault": ("hold_fault", ("reason", "component")),
+    "CommitHeldFault": ("commit_held_fault", ()),
+    "DemoteHeldFault": ("demote_held_fault", ()),
+    "RecordLateFault": ("record_late_fault", ("reason", "component")),
+    "RecordTeardownOutcome": ("record_teardown_outcome", ("teardown",)),
+}
+EFFECTS: dict[str, Any] = {
+    "ProvisionStages": gen.ProvisionStages(plan=example(wire.RunPlan)),
+    "CreateTokenEndpoints": gen.CreateTokenEndpoints(plan=example(wire.RunPlan)),
+    "InjectPrompt": gen.InjectPrompt(),
+    "AcceptOutput": gen.AcceptOutput(
+        object_id=example(wire.ObjectId),
+        sequence=example(wire.Sequence),
+    ),
+    "InjectNextInput": gen.InjectNextInput(sequence=example(wire.Sequence)),
+    "FinalizeOutput": gen.FinalizeOutput(),
+    "RecordRunOutcome": gen.RecordRunOutcome(outcome=example(wire.RunOutcome)),
+    "RecordFaultReason": gen.RecordFaultReason(
+        reason=example(wire.RunFaultReason),
+        component=example(wire.Component),
+    ),
+    "SendStopRun": gen.SendStopRun(),
+    "StopTokenEndpoints": gen.StopTokenEndpoints(),
+    "HoldFault": gen.HoldFault(
+        reason=example(wire.RunFaultReason),
+        component=example(wire.Component),
+    ),
+    "CommitHeldFault": gen.CommitHeldFault(),
+    "DemoteHeldFault": gen.DemoteHeldFault(),
+    "RecordLateFault": gen.RecordLateFault(
+        reason=example(wire.RunFaultReason),
+        component=example(wire.Component),
+    ),
+    "RecordTeardownOutcome": gen.RecordTeardownOutcome(teardown=example(wire.TeardownOutcome)),
+}
+
+
+def test_effects_port_lists_exactly_the_table_effects() -> None:
+    declared = {name for name, value in vars(gen.OrchestratorRunEffects).items()
+                if callable(value) and not name.startswith("_")}
+    assert declared == {method for method, _ in PORT.values()}
+    for method, fields in PORT.values():
+        params = list(inspect.signature(getattr(gen.OrchestratorRunEffects, method)).parameters)
+        assert params == ["self", *fields], method
+    methods = {name: method for name, (method, _) in PORT.items()}
+    assert methods == gen.EFFECT_METHODS
+
+
+def test_bind_calls_each_effect_method_with_the_effect_fields() -> None:
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    class Recorder:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args: calls.append((name, args))
+
+    bound = gen.bind(Recorder())
+    assert set(bound) == {type(effect) for effect in EFFECTS.values()}
+    for name, effect in EFFECTS.items():
+        calls.clear()
+        bound[type(effect)](effect)
+        method, fields = PORT[name]
+        assert calls == [(method, tuple(getattr(effect, f) for f in fields))], name
 
 
 HANDLED: dict[str, list[str]] = {

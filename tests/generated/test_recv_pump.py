@@ -11,6 +11,7 @@ YAML and requires the same state and effects after every event.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -472,6 +473,61 @@ def test_path(name: str, steps: list[int]) -> None:
 def test_foreign_object_is_rejected() -> None:
     with pytest.raises(ProtocolError):
         _machine(Script()).handle(object())  # type: ignore[arg-type]
+
+
+# effect -> (its RecvPumpEffects method, the effect's fields: the method's parameters)
+PORT: dict[str, tuple[str, tuple[str, ...]]] = {
+    "DriverEdgeReady": ("driver_edge_ready", ("edge_id",)),
+    "StartPump": ("start_pump", ("edge_id",)),
+    "ResumeReading": ("resume_reading", ("edge_id",)),
+    "StopReading": ("stop_reading", ("edge_id",)),
+    "AbortReading": ("abort_reading", ("edge_id",)),
+    "CloseRingProducer": ("close_ring_producer", ("edge_id",)),
+    "StreamClosed": ("stream_closed", ("edge_id",)),
+    "StreamFault": ("stream_fault", ("edge_id", "reason")),
+    "PumpStopped": ("pump_stopped", ("edge_id", "ring_id")),
+}
+EFFECTS: dict[str, Any] = {
+    "DriverEdgeReady": gen.DriverEdgeReady(edge_id=example(wire.EdgeId)),
+    "StartPump": gen.StartPump(edge_id=example(wire.EdgeId)),
+    "ResumeReading": gen.ResumeReading(edge_id=example(wire.EdgeId)),
+    "StopReading": gen.StopReading(edge_id=example(wire.EdgeId)),
+    "AbortReading": gen.AbortReading(edge_id=example(wire.EdgeId)),
+    "CloseRingProducer": gen.CloseRingProducer(edge_id=example(wire.EdgeId)),
+    "StreamClosed": gen.StreamClosed(edge_id=example(wire.EdgeId)),
+    "StreamFault": gen.StreamFault(
+        edge_id=example(wire.EdgeId),
+        reason=example(wire.StreamFaultReason),
+    ),
+    "PumpStopped": gen.PumpStopped(edge_id=example(wire.EdgeId), ring_id=example(wire.RingId)),
+}
+
+
+def test_effects_port_lists_exactly_the_table_effects() -> None:
+    declared = {name for name, value in vars(gen.RecvPumpEffects).items()
+                if callable(value) and not name.startswith("_")}
+    assert declared == {method for method, _ in PORT.values()}
+    for method, fields in PORT.values():
+        params = list(inspect.signature(getattr(gen.RecvPumpEffects, method)).parameters)
+        assert params == ["self", *fields], method
+    methods = {name: method for name, (method, _) in PORT.items()}
+    assert methods == gen.EFFECT_METHODS
+
+
+def test_bind_calls_each_effect_method_with_the_effect_fields() -> None:
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    class Recorder:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args: calls.append((name, args))
+
+    bound = gen.bind(Recorder())
+    assert set(bound) == {type(effect) for effect in EFFECTS.values()}
+    for name, effect in EFFECTS.items():
+        calls.clear()
+        bound[type(effect)](effect)
+        method, fields = PORT[name]
+        assert calls == [(method, tuple(getattr(effect, f) for f in fields))], name
 
 
 HANDLED: dict[str, list[str]] = {

@@ -11,6 +11,7 @@ YAML and requires the same state and effects after every event.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -232,6 +233,56 @@ def test_path(name: str, steps: list[int]) -> None:
 def test_foreign_object_is_rejected() -> None:
     with pytest.raises(ProtocolError):
         _machine(Script()).handle(object())  # type: ignore[arg-type]
+
+
+# effect -> (its RxEdgeEffects method, the effect's fields: the method's parameters)
+PORT: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ReportEdgeReady": ("report_edge_ready", ("edge_id",)),
+    "ReportEdgeFailed": ("report_edge_failed", ("edge_id", "reason")),
+    "ReportStreamFault": ("report_stream_fault", ("edge_id", "reason")),
+    "ForwardStopEdge": ("forward_stop_edge", ("edge_id",)),
+    "ReportEdgeStopped": ("report_edge_stopped", ("edge_id", "clean")),
+}
+EFFECTS: dict[str, Any] = {
+    "ReportEdgeReady": gen.ReportEdgeReady(edge_id=example(wire.EdgeId)),
+    "ReportEdgeFailed": gen.ReportEdgeFailed(
+        edge_id=example(wire.EdgeId),
+        reason=example(wire.RunFaultReason),
+    ),
+    "ReportStreamFault": gen.ReportStreamFault(
+        edge_id=example(wire.EdgeId),
+        reason=example(wire.StreamFaultReason),
+    ),
+    "ForwardStopEdge": gen.ForwardStopEdge(edge_id=example(wire.EdgeId)),
+    "ReportEdgeStopped": gen.ReportEdgeStopped(edge_id=example(wire.EdgeId), clean=True),
+}
+
+
+def test_effects_port_lists_exactly_the_table_effects() -> None:
+    declared = {name for name, value in vars(gen.RxEdgeEffects).items()
+                if callable(value) and not name.startswith("_")}
+    assert declared == {method for method, _ in PORT.values()}
+    for method, fields in PORT.values():
+        params = list(inspect.signature(getattr(gen.RxEdgeEffects, method)).parameters)
+        assert params == ["self", *fields], method
+    methods = {name: method for name, (method, _) in PORT.items()}
+    assert methods == gen.EFFECT_METHODS
+
+
+def test_bind_calls_each_effect_method_with_the_effect_fields() -> None:
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    class Recorder:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args: calls.append((name, args))
+
+    bound = gen.bind(Recorder())
+    assert set(bound) == {type(effect) for effect in EFFECTS.values()}
+    for name, effect in EFFECTS.items():
+        calls.clear()
+        bound[type(effect)](effect)
+        method, fields = PORT[name]
+        assert calls == [(method, tuple(getattr(effect, f) for f in fields))], name
 
 
 HANDLED: dict[str, list[str]] = {

@@ -11,6 +11,7 @@ YAML and requires the same state and effects after every event.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -522,6 +523,68 @@ def test_path(name: str, steps: list[int]) -> None:
 def test_foreign_object_is_rejected() -> None:
     with pytest.raises(ProtocolError):
         _machine(Script()).handle(object())  # type: ignore[arg-type]
+
+
+# effect -> (its SendPumpEffects method, the effect's fields: the method's parameters)
+PORT: dict[str, tuple[str, tuple[str, ...]]] = {
+    "EnsureConnection": ("ensure_connection", ("edge_id", "rx_node_id")),
+    "DriverEdgeReady": ("driver_edge_ready", ("edge_id",)),
+    "CheckRing": ("check_ring", ("ring_id",)),
+    "OpenUniStream": ("open_uni_stream", ("edge_id",)),
+    "DrainRing": ("drain_ring", ("ring_id",)),
+    "FinishStream": ("finish_stream", ("edge_id",)),
+    "ResetStream": ("reset_stream", ("edge_id",)),
+    "StopStream": ("stop_stream", ("edge_id",)),
+    "StreamClosed": ("stream_closed", ("edge_id",)),
+    "StreamFault": ("stream_fault", ("edge_id", "reason")),
+    "PumpStopped": ("pump_stopped", ("edge_id", "ring_id")),
+}
+EFFECTS: dict[str, Any] = {
+    "EnsureConnection": gen.EnsureConnection(
+        edge_id=example(wire.EdgeId),
+        rx_node_id=example(wire.NodeId),
+    ),
+    "DriverEdgeReady": gen.DriverEdgeReady(edge_id=example(wire.EdgeId)),
+    "CheckRing": gen.CheckRing(ring_id=example(wire.RingId)),
+    "OpenUniStream": gen.OpenUniStream(edge_id=example(wire.EdgeId)),
+    "DrainRing": gen.DrainRing(ring_id=example(wire.RingId)),
+    "FinishStream": gen.FinishStream(edge_id=example(wire.EdgeId)),
+    "ResetStream": gen.ResetStream(edge_id=example(wire.EdgeId)),
+    "StopStream": gen.StopStream(edge_id=example(wire.EdgeId)),
+    "StreamClosed": gen.StreamClosed(edge_id=example(wire.EdgeId)),
+    "StreamFault": gen.StreamFault(
+        edge_id=example(wire.EdgeId),
+        reason=example(wire.StreamFaultReason),
+    ),
+    "PumpStopped": gen.PumpStopped(edge_id=example(wire.EdgeId), ring_id=example(wire.RingId)),
+}
+
+
+def test_effects_port_lists_exactly_the_table_effects() -> None:
+    declared = {name for name, value in vars(gen.SendPumpEffects).items()
+                if callable(value) and not name.startswith("_")}
+    assert declared == {method for method, _ in PORT.values()}
+    for method, fields in PORT.values():
+        params = list(inspect.signature(getattr(gen.SendPumpEffects, method)).parameters)
+        assert params == ["self", *fields], method
+    methods = {name: method for name, (method, _) in PORT.items()}
+    assert methods == gen.EFFECT_METHODS
+
+
+def test_bind_calls_each_effect_method_with_the_effect_fields() -> None:
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    class Recorder:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args: calls.append((name, args))
+
+    bound = gen.bind(Recorder())
+    assert set(bound) == {type(effect) for effect in EFFECTS.values()}
+    for name, effect in EFFECTS.items():
+        calls.clear()
+        bound[type(effect)](effect)
+        method, fields = PORT[name]
+        assert calls == [(method, tuple(getattr(effect, f) for f in fields))], name
 
 
 HANDLED: dict[str, list[str]] = {

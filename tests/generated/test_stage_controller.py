@@ -11,6 +11,7 @@ YAML and requires the same state and effects after every event.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -812,6 +813,77 @@ def test_path(name: str, steps: list[int]) -> None:
 def test_foreign_object_is_rejected() -> None:
     with pytest.raises(ProtocolError):
         _machine(Script()).handle(object())  # type: ignore[arg-type]
+
+
+# effect -> (its StageControllerEffects method, the effect's fields: the method's parameters)
+PORT: dict[str, tuple[str, tuple[str, ...]]] = {
+    "RejectProvision": ("reject_provision", ("orchestrator",)),
+    "ConfigureWorkerRole": ("configure_worker_role", ("provision",)),
+    "StartWeightLoad": ("start_weight_load", ("provision",)),
+    "EstablishInboundEdge": ("establish_inbound_edge", ("provision",)),
+    "EstablishOutboundEdge": ("establish_outbound_edge", ("provision",)),
+    "ReportStageReady": ("report_stage_ready", ()),
+    "ExecuteStep": ("execute_step", ()),
+    "StepStarted": ("step_started", ("object_id", "sequence", "device_handle")),
+    "ReleaseStepInputs": ("release_step_inputs", ("step_id",)),
+    "RejectRunWork": ("reject_run_work", ("device_handle",)),
+    "ReportStageFault": ("report_stage_fault", ("reason", "component")),
+    "StopEdges": ("stop_edges", ()),
+    "ReleaseRunObjects": ("release_run_objects", ()),
+    "ResetRole": ("reset_role", ()),
+    "ReportStageStopped": ("report_stage_stopped", ("clean",)),
+}
+EFFECTS: dict[str, Any] = {
+    "RejectProvision": gen.RejectProvision(orchestrator=example(wire.NodeId)),
+    "ConfigureWorkerRole": gen.ConfigureWorkerRole(provision=example(wire.ProvisionStage)),
+    "StartWeightLoad": gen.StartWeightLoad(provision=example(wire.ProvisionStage)),
+    "EstablishInboundEdge": gen.EstablishInboundEdge(provision=example(wire.ProvisionStage)),
+    "EstablishOutboundEdge": gen.EstablishOutboundEdge(provision=example(wire.ProvisionStage)),
+    "ReportStageReady": gen.ReportStageReady(),
+    "ExecuteStep": gen.ExecuteStep(),
+    "StepStarted": gen.StepStarted(
+        object_id=example(wire.ObjectId),
+        sequence=example(wire.Sequence),
+        device_handle=example(wire.DeviceObjectHandle),
+    ),
+    "ReleaseStepInputs": gen.ReleaseStepInputs(step_id=example(wire.StepId)),
+    "RejectRunWork": gen.RejectRunWork(device_handle=example(wire.DeviceObjectHandle)),
+    "ReportStageFault": gen.ReportStageFault(
+        reason=example(wire.RunFaultReason),
+        component=example(wire.Component),
+    ),
+    "StopEdges": gen.StopEdges(),
+    "ReleaseRunObjects": gen.ReleaseRunObjects(),
+    "ResetRole": gen.ResetRole(),
+    "ReportStageStopped": gen.ReportStageStopped(clean=True),
+}
+
+
+def test_effects_port_lists_exactly_the_table_effects() -> None:
+    declared = {name for name, value in vars(gen.StageControllerEffects).items()
+                if callable(value) and not name.startswith("_")}
+    assert declared == {method for method, _ in PORT.values()}
+    for method, fields in PORT.values():
+        params = list(inspect.signature(getattr(gen.StageControllerEffects, method)).parameters)
+        assert params == ["self", *fields], method
+    methods = {name: method for name, (method, _) in PORT.items()}
+    assert methods == gen.EFFECT_METHODS
+
+
+def test_bind_calls_each_effect_method_with_the_effect_fields() -> None:
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    class Recorder:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args: calls.append((name, args))
+
+    bound = gen.bind(Recorder())
+    assert set(bound) == {type(effect) for effect in EFFECTS.values()}
+    for name, effect in EFFECTS.items():
+        calls.clear()
+        bound[type(effect)](effect)
+        method, fields = PORT[name]
+        assert calls == [(method, tuple(getattr(effect, f) for f in fields))], name
 
 
 HANDLED: dict[str, list[str]] = {

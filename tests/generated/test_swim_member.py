@@ -11,6 +11,7 @@ YAML and requires the same state and effects after every event.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -384,6 +385,54 @@ def test_path(name: str, steps: list[int]) -> None:
 def test_foreign_object_is_rejected() -> None:
     with pytest.raises(ProtocolError):
         _machine(Script()).handle(object())  # type: ignore[arg-type]
+
+
+# effect -> (its SwimMemberEffects method, the effect's fields: the method's parameters)
+PORT: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ReportAlive": ("report_alive", ("incarnation",)),
+    "ReportSuspect": ("report_suspect", ("incarnation",)),
+    "ConfirmSuspicion": ("confirm_suspicion", ("incarnation",)),
+    "ReportDead": ("report_dead", ("incarnation",)),
+    "ReportLeft": ("report_left", ("incarnation",)),
+    "ReportRemoved": ("report_removed", ()),
+    "RefuseClaim": ("refuse_claim", ("incarnation",)),
+}
+EFFECTS: dict[str, Any] = {
+    "ReportAlive": gen.ReportAlive(incarnation=501),
+    "ReportSuspect": gen.ReportSuspect(incarnation=502),
+    "ConfirmSuspicion": gen.ConfirmSuspicion(incarnation=503),
+    "ReportDead": gen.ReportDead(incarnation=504),
+    "ReportLeft": gen.ReportLeft(incarnation=505),
+    "ReportRemoved": gen.ReportRemoved(),
+    "RefuseClaim": gen.RefuseClaim(incarnation=506),
+}
+
+
+def test_effects_port_lists_exactly_the_table_effects() -> None:
+    declared = {name for name, value in vars(gen.SwimMemberEffects).items()
+                if callable(value) and not name.startswith("_")}
+    assert declared == {method for method, _ in PORT.values()}
+    for method, fields in PORT.values():
+        params = list(inspect.signature(getattr(gen.SwimMemberEffects, method)).parameters)
+        assert params == ["self", *fields], method
+    methods = {name: method for name, (method, _) in PORT.items()}
+    assert methods == gen.EFFECT_METHODS
+
+
+def test_bind_calls_each_effect_method_with_the_effect_fields() -> None:
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    class Recorder:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args: calls.append((name, args))
+
+    bound = gen.bind(Recorder())
+    assert set(bound) == {type(effect) for effect in EFFECTS.values()}
+    for name, effect in EFFECTS.items():
+        calls.clear()
+        bound[type(effect)](effect)
+        method, fields = PORT[name]
+        assert calls == [(method, tuple(getattr(effect, f) for f in fields))], name
 
 
 HANDLED: dict[str, list[str]] = {

@@ -11,6 +11,7 @@ YAML and requires the same state and effects after every event.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -574,6 +575,95 @@ def test_path(name: str, steps: list[int]) -> None:
 def test_foreign_object_is_rejected() -> None:
     with pytest.raises(ProtocolError):
         _machine(Script()).handle(object())  # type: ignore[arg-type]
+
+
+# effect -> (its WorkerProcessEffects method, the effect's fields: the method's parameters)
+PORT: dict[str, tuple[str, tuple[str, ...]]] = {
+    "InitializeRuntime": (
+        "initialize_runtime",
+        ("worker_generation", "arena_ceiling", "required_ring_helper_abi"),
+    ),
+    "EmitWorkerReady": ("emit_worker_ready", ("pid", "worker_generation", "ring_helper_abi")),
+    "EmitWorkerFatal": ("emit_worker_fatal", ("reason",)),
+    "EmitWorkerStopped": ("emit_worker_stopped", ("reason",)),
+    "ExitProcess": ("exit_process", ("code",)),
+    "CreateRingMachine": ("create_ring_machine", ("command",)),
+    "ForwardUninstall": ("forward_uninstall", ("ring_id", "reason")),
+    "AdvanceRing": ("advance_ring", ("ring_id",)),
+    "ApplyRoleConfig": ("apply_role_config", ("command",)),
+    "StartStep": ("start_step", ("command",)),
+    "ReleaseWhenSafe": ("release_when_safe", ("device_handle",)),
+    "BeginDrain": ("begin_drain", ("mode",)),
+    "RejectStep": ("reject_step", ("command", "reason")),
+    "RejectInstall": ("reject_install", ("command", "reason")),
+    "RejectRoleConfig": ("reject_role_config", ("command", "reason")),
+    "ProtocolViolation": ("protocol_violation", ("machine", "state", "event")),
+}
+EFFECTS: dict[str, Any] = {
+    "InitializeRuntime": gen.InitializeRuntime(
+        worker_generation=example(wire.WorkerGeneration),
+        arena_ceiling=501,
+        required_ring_helper_abi=502,
+    ),
+    "EmitWorkerReady": gen.EmitWorkerReady(
+        pid=503,
+        worker_generation=example(wire.WorkerGeneration),
+        ring_helper_abi=504,
+    ),
+    "EmitWorkerFatal": gen.EmitWorkerFatal(reason=example(wire.WorkerFatalReason)),
+    "EmitWorkerStopped": gen.EmitWorkerStopped(reason=example(wire.WorkerStoppedReason)),
+    "ExitProcess": gen.ExitProcess(code=505),
+    "CreateRingMachine": gen.CreateRingMachine(command=example(wire.InstallRing)),
+    "ForwardUninstall": gen.ForwardUninstall(
+        ring_id=example(wire.RingId),
+        reason=example(wire.UninstallReason),
+    ),
+    "AdvanceRing": gen.AdvanceRing(ring_id=example(wire.RingId)),
+    "ApplyRoleConfig": gen.ApplyRoleConfig(command=example(wire.ConfigureRole)),
+    "StartStep": gen.StartStep(command=example(wire.ExecuteStep)),
+    "ReleaseWhenSafe": gen.ReleaseWhenSafe(device_handle=example(wire.DeviceObjectHandle)),
+    "BeginDrain": gen.BeginDrain(mode=example(wire.ShutdownMode)),
+    "RejectStep": gen.RejectStep(
+        command=example(wire.ExecuteStep),
+        reason=example(wire.StepFailure),
+    ),
+    "RejectInstall": gen.RejectInstall(
+        command=example(wire.InstallRing),
+        reason=example(wire.RingFaultReason),
+    ),
+    "RejectRoleConfig": gen.RejectRoleConfig(
+        command=example(wire.ConfigureRole),
+        reason=example(wire.RoleFailure),
+    ),
+    "ProtocolViolation": ProtocolViolation("m", "s", "e"),
+}
+
+
+def test_effects_port_lists_exactly_the_table_effects() -> None:
+    declared = {name for name, value in vars(gen.WorkerProcessEffects).items()
+                if callable(value) and not name.startswith("_")}
+    assert declared == {method for method, _ in PORT.values()}
+    for method, fields in PORT.values():
+        params = list(inspect.signature(getattr(gen.WorkerProcessEffects, method)).parameters)
+        assert params == ["self", *fields], method
+    methods = {name: method for name, (method, _) in PORT.items()}
+    assert methods == gen.EFFECT_METHODS
+
+
+def test_bind_calls_each_effect_method_with_the_effect_fields() -> None:
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    class Recorder:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args: calls.append((name, args))
+
+    bound = gen.bind(Recorder())
+    assert set(bound) == {type(effect) for effect in EFFECTS.values()}
+    for name, effect in EFFECTS.items():
+        calls.clear()
+        bound[type(effect)](effect)
+        method, fields = PORT[name]
+        assert calls == [(method, tuple(getattr(effect, f) for f in fields))], name
 
 
 HANDLED: dict[str, list[str]] = {

@@ -50,15 +50,25 @@ from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, blank, slot_setter
+from swactor.fsm.runtime import (
+    CancelTimer,
+    ProtocolError,
+    R,
+    Result,
+    StartTimer,
+    blank,
+    slot_setter,
+)
 
 __all__ = [
+    "EFFECT_METHODS",
     "MACHINE",
     "MODEL",
     "SPEC",
     "TIMER_EVENTS",
     "CancelLease",
     "DriverEdgeReady",
+    "EdgeRecordEffects",
     "EdgeRecordGuards",
     "EdgeRecordMachine",
     "EdgeTornDown",
@@ -88,6 +98,7 @@ __all__ = [
     "StopEdge",
     "StreamClosed",
     "StreamFault",
+    "bind",
 ]
 
 MACHINE: Final = "edge_record"
@@ -700,6 +711,114 @@ class EdgeRecordGuards(Protocol):
     def sends(self, event: RingInstalled) -> bool:
         """This record is the producer (Tx, Egress) end of the edge."""
         ...
+
+
+# -- the effects port -------------------------------------------------------------------
+
+
+class EdgeRecordEffects(Protocol[Result]):
+    """The effects of edge_record: one method per effect the table names, its fields as
+    arguments in table order. A binding implements it; ``bind`` maps each effect class onto
+    its method and a host of ``swactor.fsm.host`` calls them in row order. ``Result`` is
+    ``None`` for a binding carried out at once, an awaitable for one whose host awaits each
+    effect.
+    """
+
+    def spawn_edge_actor(self, edge_id: wire.EdgeId, direction: wire.RingDirection) -> Result:
+        """Spawn the local Tx (Egress) or Rx (Ingress) edge actor for this edge."""
+        ...
+
+    def lease_ring(
+        self,
+        request_id: wire.LeaseRequestId,
+        edge_id: wire.EdgeId,
+        direction: wire.RingDirection,
+        ring_spec: wire.RingSpec,
+    ) -> Result:
+        """Send LeaseRing to the ArenaManager (the binding adds its own address as requester)."""
+        ...
+
+    def cancel_lease(self, request_id: wire.LeaseRequestId) -> Result:
+        """Send CancelLease to the ArenaManager."""
+        ...
+
+    def release_unused_ring(self, ring_id: wire.RingId) -> Result:
+        """Send ReleaseRing with a NeverInstalled quiescence proof for a lease granted after
+        cancellation.
+        """
+        ...
+
+    def install_ring(
+        self,
+        ring_id: wire.RingId,
+        edge_id: wire.EdgeId,
+        direction: wire.RingDirection,
+        layout: wire.RingLayout,
+    ) -> Result:
+        """Record the ring id and send InstallRing (layout, object spec, port) to GpuWorkerCtl
+        or the token endpoint.
+        """
+        ...
+
+    def establish_send(self, edge_id: wire.EdgeId, ring_id: wire.RingId) -> Result:
+        """Send EstablishSend (edge, consumer node, ring, layout) to the Driver."""
+        ...
+
+    def establish_recv(self, edge_id: wire.EdgeId, ring_id: wire.RingId) -> Result:
+        """Send EstablishRecv (edge, ring, layout) to the Driver."""
+        ...
+
+    def notify_edge_ready(self, edge_id: wire.EdgeId) -> Result:
+        """Tell the local edge actor the edge is ready (its EdgeReady)."""
+        ...
+
+    def notify_edge_failed(self, edge_id: wire.EdgeId, reason: wire.RunFaultReason) -> Result:
+        """Tell the local edge actor the edge failed (its EdgeFailed)."""
+        ...
+
+    def notify_edge_stopped(self, edge_id: wire.EdgeId, clean: bool) -> Result:
+        """Tell the local edge actor the edge is stopped (its EdgeStopped)."""
+        ...
+
+    def start_edge_teardown(self, edge_id: wire.EdgeId, reason: wire.UninstallReason) -> Result:
+        """Create the edge_teardown machine for this edge (ring id, uninstall reason) and feed
+        it StopEdge.
+        """
+        ...
+
+
+EFFECT_METHODS: Final[dict[str, str]] = {
+    "SpawnEdgeActor": "spawn_edge_actor",
+    "LeaseRing": "lease_ring",
+    "CancelLease": "cancel_lease",
+    "ReleaseUnusedRing": "release_unused_ring",
+    "InstallRing": "install_ring",
+    "EstablishSend": "establish_send",
+    "EstablishRecv": "establish_recv",
+    "NotifyEdgeReady": "notify_edge_ready",
+    "NotifyEdgeFailed": "notify_edge_failed",
+    "NotifyEdgeStopped": "notify_edge_stopped",
+    "StartEdgeTeardown": "start_edge_teardown",
+}
+"""Effect class name -> its ``EdgeRecordEffects`` method."""
+
+
+def bind(port: EdgeRecordEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+    """Effect class -> a call of ``port``'s method for it with the effect's fields; the
+    hosts of ``swactor.fsm.host`` add the timer effects."""
+    return {
+        SpawnEdgeActor: lambda e: port.spawn_edge_actor(e.edge_id, e.direction),
+        LeaseRing: lambda e: port.lease_ring(e.request_id, e.edge_id, e.direction, e.ring_spec),
+        CancelLease: lambda e: port.cancel_lease(e.request_id),
+        ReleaseUnusedRing: lambda e: port.release_unused_ring(e.ring_id),
+        InstallRing: lambda e: port.install_ring(e.ring_id, e.edge_id, e.direction, e.layout),
+        EstablishSend: lambda e: port.establish_send(e.edge_id, e.ring_id),
+        EstablishRecv: lambda e: port.establish_recv(e.edge_id, e.ring_id),
+        NotifyEdgeReady: lambda e: port.notify_edge_ready(e.edge_id),
+        NotifyEdgeFailed: lambda e: port.notify_edge_failed(e.edge_id, e.reason),
+        NotifyEdgeStopped: lambda e: port.notify_edge_stopped(e.edge_id, e.clean),
+        StartEdgeTeardown: lambda e: port.start_edge_teardown(e.edge_id, e.reason),
+    }
 
 
 # -- the protocol as data ---------------------------------------------------------------

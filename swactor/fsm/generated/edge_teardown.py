@@ -37,13 +37,23 @@ from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, blank, slot_setter
+from swactor.fsm.runtime import (
+    CancelTimer,
+    ProtocolError,
+    R,
+    Result,
+    StartTimer,
+    blank,
+    slot_setter,
+)
 
 __all__ = [
+    "EFFECT_METHODS",
     "MACHINE",
     "MODEL",
     "SPEC",
     "TIMER_EVENTS",
+    "EdgeTeardownEffects",
     "EdgeTeardownGuards",
     "EdgeTeardownMachine",
     "EdgeTornDown",
@@ -62,6 +72,7 @@ __all__ = [
     "TeardownStepTimeout",
     "UninstallRing",
     "WorkerReaped",
+    "bind",
 ]
 
 MACHINE: Final = "edge_teardown"
@@ -331,6 +342,54 @@ class EdgeTeardownGuards(Protocol):
     """The guards of edge_teardown: pure predicates the binding answers. Each guard is asked
     only for its row's event, in row order.
     """
+
+
+# -- the effects port -------------------------------------------------------------------
+
+
+class EdgeTeardownEffects(Protocol[Result]):
+    """The effects of edge_teardown: one method per effect the table names, its fields as
+    arguments in table order. A binding implements it; ``bind`` maps each effect class onto
+    its method and a host of ``swactor.fsm.host`` calls them in row order. ``Result`` is
+    ``None`` for a binding carried out at once, an awaitable for one whose host awaits each
+    effect.
+    """
+
+    def stop_pump(self, edge_id: wire.EdgeId) -> Result:
+        """Send StopEdge to the Driver; it stops the recv/send pump and answers PumpStopped."""
+        ...
+
+    def uninstall_ring(self, ring_id: wire.RingId, reason: wire.UninstallReason) -> Result:
+        """Send UninstallRing to GpuWorkerCtl (or the token endpoint)."""
+        ...
+
+    def release_ring(self, ring_id: wire.RingId, worker_reaped: bool) -> Result:
+        """Send ReleaseRing with its QuiescenceProof to the ArenaManager."""
+        ...
+
+    def edge_torn_down(self, edge_id: wire.EdgeId, clean: bool) -> Result:
+        """Tell the edge_record the teardown finished."""
+        ...
+
+
+EFFECT_METHODS: Final[dict[str, str]] = {
+    "StopPump": "stop_pump",
+    "UninstallRing": "uninstall_ring",
+    "ReleaseRing": "release_ring",
+    "EdgeTornDown": "edge_torn_down",
+}
+"""Effect class name -> its ``EdgeTeardownEffects`` method."""
+
+
+def bind(port: EdgeTeardownEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+    """Effect class -> a call of ``port``'s method for it with the effect's fields; the
+    hosts of ``swactor.fsm.host`` add the timer effects."""
+    return {
+        StopPump: lambda e: port.stop_pump(e.edge_id),
+        UninstallRing: lambda e: port.uninstall_ring(e.ring_id, e.reason),
+        ReleaseRing: lambda e: port.release_ring(e.ring_id, e.worker_reaped),
+        EdgeTornDown: lambda e: port.edge_torn_down(e.edge_id, e.clean),
+    }
 
 
 # -- the protocol as data ---------------------------------------------------------------

@@ -35,9 +35,10 @@ from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import ProtocolError, blank, slot_setter
+from swactor.fsm.runtime import ProtocolError, R, Result, blank, slot_setter
 
 __all__ = [
+    "EFFECT_METHODS",
     "MACHINE",
     "MODEL",
     "SPEC",
@@ -49,6 +50,7 @@ __all__ = [
     "CopyPayload",
     "DrainCopies",
     "Effect",
+    "EgressRingEffects",
     "EgressRingGuards",
     "EgressRingMachine",
     "EmitObjectProduced",
@@ -67,6 +69,7 @@ __all__ = [
     "State",
     "UninstallRing",
     "WriteHeader",
+    "bind",
 ]
 
 MACHINE: Final = "egress_ring"
@@ -510,6 +513,132 @@ class EgressRingGuards(Protocol):
         layout).
         """
         ...
+
+
+# -- the effects port -------------------------------------------------------------------
+
+
+class EgressRingEffects(Protocol[Result]):
+    """The effects of egress_ring: one method per effect the table names, its fields as
+    arguments in table order. A binding implements it; ``bind`` maps each effect class onto
+    its method and a host of ``swactor.fsm.host`` calls them in row order. ``Result`` is
+    ``None`` for a binding carried out at once, an awaitable for one whose host awaits each
+    effect.
+    """
+
+    def emit_ring_installed(
+        self,
+        ring_id: wire.RingId,
+        edge_id: wire.EdgeId,
+        port_id: wire.PortId,
+    ) -> Result:
+        """Emit RingInstalled (§30)."""
+        ...
+
+    def write_header(
+        self,
+        object_id: wire.ObjectId,
+        sequence: wire.Sequence,
+        extent: int,
+        flags: int,
+    ) -> Result:
+        """Build the ObjectHeader; when a writable span fits it, write it, advance commit, send
+        RingReadable, and feed HeaderCommitted.
+        """
+        ...
+
+    def continue_write(self, ring_id: wire.RingId) -> Result:
+        """Reload consume and continue the pending header or payload write into the freed span."""
+        ...
+
+    def copy_payload(self, ring_id: wire.RingId) -> Result:
+        """Copy device payload prefixes into writable spans, advance commit after host bytes are
+        valid, coalesce RingReadable; feed PayloadCommitted at the extent.
+        """
+        ...
+
+    def emit_object_produced(
+        self,
+        ring_id: wire.RingId,
+        edge_id: wire.EdgeId,
+        port_id: wire.PortId,
+        object_id: wire.ObjectId,
+        sequence: wire.Sequence,
+        extent: int,
+    ) -> Result:
+        """Emit ObjectProduced (§30)."""
+        ...
+
+    def reject_output(self, object_id: wire.ObjectId, reason: wire.StepFailure) -> Result:
+        """Refuse the output; the step fails with this reason."""
+        ...
+
+    def fail_output(self, reason: wire.StepFailure) -> Result:
+        """The output being written failed; the step fails with this reason."""
+        ...
+
+    def emit_ring_fault(
+        self,
+        ring_id: wire.RingId,
+        edge_id: wire.EdgeId,
+        port_id: wire.PortId,
+        reason: wire.RingFaultReason,
+    ) -> Result:
+        """Emit RingFault (§30)."""
+        ...
+
+    def drain_copies(self, ring_id: wire.RingId) -> Result:
+        """Stop producing; feed CopiesDrained when no copy uses the ring's bytes."""
+        ...
+
+    def close_ring(self, ring_id: wire.RingId) -> Result:
+        """Close the helper handle (ring_close)."""
+        ...
+
+    def emit_ring_quiesced(self, ring_id: wire.RingId) -> Result:
+        """Emit RingQuiesced (§30)."""
+        ...
+
+
+EFFECT_METHODS: Final[dict[str, str]] = {
+    "EmitRingInstalled": "emit_ring_installed",
+    "WriteHeader": "write_header",
+    "ContinueWrite": "continue_write",
+    "CopyPayload": "copy_payload",
+    "EmitObjectProduced": "emit_object_produced",
+    "RejectOutput": "reject_output",
+    "FailOutput": "fail_output",
+    "EmitRingFault": "emit_ring_fault",
+    "DrainCopies": "drain_copies",
+    "CloseRing": "close_ring",
+    "EmitRingQuiesced": "emit_ring_quiesced",
+}
+"""Effect class name -> its ``EgressRingEffects`` method."""
+
+
+def bind(port: EgressRingEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+    """Effect class -> a call of ``port``'s method for it with the effect's fields; the
+    hosts of ``swactor.fsm.host`` add the timer effects."""
+    return {
+        EmitRingInstalled: lambda e: port.emit_ring_installed(e.ring_id, e.edge_id, e.port_id),
+        WriteHeader: lambda e: port.write_header(e.object_id, e.sequence, e.extent, e.flags),
+        ContinueWrite: lambda e: port.continue_write(e.ring_id),
+        CopyPayload: lambda e: port.copy_payload(e.ring_id),
+        EmitObjectProduced: lambda e: port.emit_object_produced(
+            e.ring_id,
+            e.edge_id,
+            e.port_id,
+            e.object_id,
+            e.sequence,
+            e.extent,
+        ),
+        RejectOutput: lambda e: port.reject_output(e.object_id, e.reason),
+        FailOutput: lambda e: port.fail_output(e.reason),
+        EmitRingFault: lambda e: port.emit_ring_fault(e.ring_id, e.edge_id, e.port_id, e.reason),
+        DrainCopies: lambda e: port.drain_copies(e.ring_id),
+        CloseRing: lambda e: port.close_ring(e.ring_id),
+        EmitRingQuiesced: lambda e: port.emit_ring_quiesced(e.ring_id),
+    }
 
 
 # -- the protocol as data ---------------------------------------------------------------

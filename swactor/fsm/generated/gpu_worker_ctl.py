@@ -72,9 +72,18 @@ from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, blank, slot_setter
+from swactor.fsm.runtime import (
+    CancelTimer,
+    ProtocolError,
+    R,
+    Result,
+    StartTimer,
+    blank,
+    slot_setter,
+)
 
 __all__ = [
+    "EFFECT_METHODS",
     "MACHINE",
     "MODEL",
     "SPEC",
@@ -91,6 +100,7 @@ __all__ = [
     "Event",
     "ExecuteStep",
     "FaultInstalledRings",
+    "GpuWorkerCtlEffects",
     "GpuWorkerCtlGuards",
     "GpuWorkerCtlMachine",
     "IncrementGeneration",
@@ -138,6 +148,7 @@ __all__ = [
     "WorkerRang",
     "WorkerReady",
     "WorkerStopped",
+    "bind",
 ]
 
 MACHINE: Final = "gpu_worker_ctl"
@@ -902,6 +913,256 @@ class GpuWorkerCtlGuards(Protocol):
     def rings_remain(self, event: UninstallRing) -> bool:
         """After this ring, rings of the dead generation are still installed."""
         ...
+
+
+# -- the effects port -------------------------------------------------------------------
+
+
+class GpuWorkerCtlEffects(Protocol[Result]):
+    """The effects of gpu_worker_ctl: one method per effect the table names, its fields as
+    arguments in table order. A binding implements it; ``bind`` maps each effect class onto
+    its method and a host of ``swactor.fsm.host`` calls them in row order. ``Result`` is
+    ``None`` for a binding carried out at once, an awaitable for one whose host awaits each
+    effect.
+    """
+
+    def spawn_process(self) -> Result:
+        """Spawn the worker ProcessActor (python -m swactor.worker) with the arena fd inherited
+        and SWACTOR_ARENA_FD / SWACTOR_ARENA_BYTES set.
+        """
+        ...
+
+    def connect_adapter(self) -> Result:
+        """Start the worker I/O adapter on the child's stdin/stdout/stderr."""
+        ...
+
+    def send_initialize_worker(self) -> Result:
+        """Send InitializeWorker (current generation, arena ceiling, required ring helper ABI,
+        backend).
+        """
+        ...
+
+    def announce_worker_ready(self, worker_generation: wire.WorkerGeneration) -> Result:
+        """Tell node_boot the worker is ready (its WorkerReady)."""
+        ...
+
+    def report_worker_failed(self) -> Result:
+        """Tell node_boot the worker cannot run (its WorkerFailed)."""
+        ...
+
+    def report_worker_crashed(self) -> Result:
+        """Tell every StageController of the node the worker crashed (their WorkerCrashed)."""
+        ...
+
+    def kill_process(self) -> Result:
+        """Close and kill the ProcessActor according to policy; its exit is reaped as
+        ProcessExited.
+        """
+        ...
+
+    def send_install_ring(self, command: wire.InstallRing) -> Result:
+        """Write InstallRing to the worker and add the ring to the installed-ring table."""
+        ...
+
+    def send_uninstall_ring(self, ring_id: wire.RingId, reason: wire.UninstallReason) -> Result:
+        """Write UninstallRing to the worker."""
+        ...
+
+    def send_ring_readable(self, ring_id: wire.RingId) -> Result:
+        """Ring the worker's doorbell for this ingress ring (coalesced per ring by its pending
+        bit).
+        """
+        ...
+
+    def send_ring_writable(self, ring_id: wire.RingId) -> Result:
+        """Ring the worker's doorbell for this egress ring (coalesced per ring by its pending
+        bit).
+        """
+        ...
+
+    def send_configure_role(self, command: wire.ConfigureRole) -> Result:
+        """Write ConfigureRole to the worker."""
+        ...
+
+    def send_execute_step(self, command: wire.ExecuteStep) -> Result:
+        """Write ExecuteStep to the worker."""
+        ...
+
+    def send_release_device_object(self, device_handle: wire.DeviceObjectHandle) -> Result:
+        """Write ReleaseDeviceObject to the worker."""
+        ...
+
+    def send_shutdown_worker(self, mode: wire.ShutdownMode) -> Result:
+        """Write ShutdownWorker to the worker."""
+        ...
+
+    def route_wake_hints(self, direction: wire.RingDirection) -> Result:
+        """Send RingReadable (direction Egress) or RingWritable (Ingress) to the Driver for
+        every installed ring of that direction.
+        """
+        ...
+
+    def route_worker_event(self) -> Result:
+        """Route the held worker event by type to the EdgeEstablisher, Driver, Tx/Rx actor or
+        role layer; a RingQuiesced also drops the ring from the table.
+        """
+        ...
+
+    def reject_install_ring(
+        self,
+        command: wire.InstallRing,
+        reason: wire.RingFaultReason,
+    ) -> Result:
+        """Answer the InstallRing with RingFault."""
+        ...
+
+    def reject_execute_step(self, command: wire.ExecuteStep, reason: wire.StepFailure) -> Result:
+        """Answer the ExecuteStep with StepFailed."""
+        ...
+
+    def reject_configure_role(
+        self,
+        command: wire.ConfigureRole,
+        reason: wire.RoleFailure,
+    ) -> Result:
+        """Answer the ConfigureRole with RoleFailed."""
+        ...
+
+    def report_handle_released(self, device_handle: wire.DeviceObjectHandle) -> Result:
+        """Answer DeviceObjectReleased; the object's device memory went with its process."""
+        ...
+
+    def report_ring_reaped(self, ring_id: wire.RingId) -> Result:
+        """Answer WorkerReaped for this ring (its mapping process is gone) and drop it from the
+        table.
+        """
+        ...
+
+    def report_rings_reaped(self) -> Result:
+        """Send WorkerReaped for every ring still in the installed-ring table, then empty it."""
+        ...
+
+    def invalidate_generation(self) -> Result:
+        """Mark every device handle of the current generation invalid and fail its in-flight
+        steps (StepFailed WorkerProcessExited).
+        """
+        ...
+
+    def fault_installed_rings(self) -> Result:
+        """Send RingFault(WorkerProcessExited) for every installed ring and ask the Driver to
+        stop their pumps.
+        """
+        ...
+
+    def note_worker_fatal(self, reason: wire.WorkerFatalReason) -> Result:
+        """Remember that the running worker reported WorkerFatal; its crash report carries the
+        reason.
+        """
+        ...
+
+    def increment_generation(self) -> Result:
+        """Start the next worker generation (the installed-ring table is empty)."""
+        ...
+
+    def defer_install_ring(self, command: wire.InstallRing) -> Result:
+        """Hold the InstallRing for the generation being started."""
+        ...
+
+    def defer_configure_role(self, command: wire.ConfigureRole) -> Result:
+        """Hold the ConfigureRole for the generation being started."""
+        ...
+
+    def defer_execute_step(self, command: wire.ExecuteStep) -> Result:
+        """Hold the ExecuteStep for the generation being started."""
+        ...
+
+    def replay_deferred(self) -> Result:
+        """Write the held commands to the ready worker in arrival order (InstallRing and
+        ExecuteStep bookkeeping as SendInstallRing / SendExecuteStep).
+        """
+        ...
+
+    def reject_deferred(self) -> Result:
+        """Answer every held command as its Reject effect would, reason WorkerProcessExited, and
+        drop them.
+        """
+        ...
+
+
+EFFECT_METHODS: Final[dict[str, str]] = {
+    "SpawnProcess": "spawn_process",
+    "ConnectAdapter": "connect_adapter",
+    "SendInitializeWorker": "send_initialize_worker",
+    "AnnounceWorkerReady": "announce_worker_ready",
+    "ReportWorkerFailed": "report_worker_failed",
+    "ReportWorkerCrashed": "report_worker_crashed",
+    "KillProcess": "kill_process",
+    "SendInstallRing": "send_install_ring",
+    "SendUninstallRing": "send_uninstall_ring",
+    "SendRingReadable": "send_ring_readable",
+    "SendRingWritable": "send_ring_writable",
+    "SendConfigureRole": "send_configure_role",
+    "SendExecuteStep": "send_execute_step",
+    "SendReleaseDeviceObject": "send_release_device_object",
+    "SendShutdownWorker": "send_shutdown_worker",
+    "RouteWakeHints": "route_wake_hints",
+    "RouteWorkerEvent": "route_worker_event",
+    "RejectInstallRing": "reject_install_ring",
+    "RejectExecuteStep": "reject_execute_step",
+    "RejectConfigureRole": "reject_configure_role",
+    "ReportHandleReleased": "report_handle_released",
+    "ReportRingReaped": "report_ring_reaped",
+    "ReportRingsReaped": "report_rings_reaped",
+    "InvalidateGeneration": "invalidate_generation",
+    "FaultInstalledRings": "fault_installed_rings",
+    "NoteWorkerFatal": "note_worker_fatal",
+    "IncrementGeneration": "increment_generation",
+    "DeferInstallRing": "defer_install_ring",
+    "DeferConfigureRole": "defer_configure_role",
+    "DeferExecuteStep": "defer_execute_step",
+    "ReplayDeferred": "replay_deferred",
+    "RejectDeferred": "reject_deferred",
+}
+"""Effect class name -> its ``GpuWorkerCtlEffects`` method."""
+
+
+def bind(port: GpuWorkerCtlEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+    """Effect class -> a call of ``port``'s method for it with the effect's fields; the
+    hosts of ``swactor.fsm.host`` add the timer effects."""
+    return {
+        SpawnProcess: lambda e: port.spawn_process(),
+        ConnectAdapter: lambda e: port.connect_adapter(),
+        SendInitializeWorker: lambda e: port.send_initialize_worker(),
+        AnnounceWorkerReady: lambda e: port.announce_worker_ready(e.worker_generation),
+        ReportWorkerFailed: lambda e: port.report_worker_failed(),
+        ReportWorkerCrashed: lambda e: port.report_worker_crashed(),
+        KillProcess: lambda e: port.kill_process(),
+        SendInstallRing: lambda e: port.send_install_ring(e.command),
+        SendUninstallRing: lambda e: port.send_uninstall_ring(e.ring_id, e.reason),
+        SendRingReadable: lambda e: port.send_ring_readable(e.ring_id),
+        SendRingWritable: lambda e: port.send_ring_writable(e.ring_id),
+        SendConfigureRole: lambda e: port.send_configure_role(e.command),
+        SendExecuteStep: lambda e: port.send_execute_step(e.command),
+        SendReleaseDeviceObject: lambda e: port.send_release_device_object(e.device_handle),
+        SendShutdownWorker: lambda e: port.send_shutdown_worker(e.mode),
+        RouteWakeHints: lambda e: port.route_wake_hints(e.direction),
+        RouteWorkerEvent: lambda e: port.route_worker_event(),
+        RejectInstallRing: lambda e: port.reject_install_ring(e.command, e.reason),
+        RejectExecuteStep: lambda e: port.reject_execute_step(e.command, e.reason),
+        RejectConfigureRole: lambda e: port.reject_configure_role(e.command, e.reason),
+        ReportHandleReleased: lambda e: port.report_handle_released(e.device_handle),
+        ReportRingReaped: lambda e: port.report_ring_reaped(e.ring_id),
+        ReportRingsReaped: lambda e: port.report_rings_reaped(),
+        InvalidateGeneration: lambda e: port.invalidate_generation(),
+        FaultInstalledRings: lambda e: port.fault_installed_rings(),
+        NoteWorkerFatal: lambda e: port.note_worker_fatal(e.reason),
+        IncrementGeneration: lambda e: port.increment_generation(),
+        DeferInstallRing: lambda e: port.defer_install_ring(e.command),
+        DeferConfigureRole: lambda e: port.defer_configure_role(e.command),
+        DeferExecuteStep: lambda e: port.defer_execute_step(e.command),
+        ReplayDeferred: lambda e: port.replay_deferred(),
+        RejectDeferred: lambda e: port.reject_deferred(),
+    }
 
 
 # -- the protocol as data ---------------------------------------------------------------

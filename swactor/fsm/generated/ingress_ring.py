@@ -37,9 +37,10 @@ from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import ProtocolError, blank, slot_setter
+from swactor.fsm.runtime import ProtocolError, R, Result, blank, slot_setter
 
 __all__ = [
+    "EFFECT_METHODS",
     "MACHINE",
     "MODEL",
     "SPEC",
@@ -63,6 +64,7 @@ __all__ = [
     "FreePartialObject",
     "HeaderDecoded",
     "HeaderRejected",
+    "IngressRingEffects",
     "IngressRingGuards",
     "IngressRingMachine",
     "InstallRing",
@@ -73,6 +75,7 @@ __all__ = [
     "RingReadable",
     "State",
     "UninstallRing",
+    "bind",
 ]
 
 MACHINE: Final = "ingress_ring"
@@ -621,6 +624,164 @@ class IngressRingGuards(Protocol):
     def header_partial(self, event: RingClosed) -> bool:
         """Some bytes of a header were consumed or committed when the ring closed."""
         ...
+
+
+# -- the effects port -------------------------------------------------------------------
+
+
+class IngressRingEffects(Protocol[Result]):
+    """The effects of ingress_ring: one method per effect the table names, its fields as
+    arguments in table order. A binding implements it; ``bind`` maps each effect class onto
+    its method and a host of ``swactor.fsm.host`` calls them in row order. ``Result`` is
+    ``None`` for a binding carried out at once, an awaitable for one whose host awaits each
+    effect.
+    """
+
+    def emit_ring_installed(
+        self,
+        ring_id: wire.RingId,
+        edge_id: wire.EdgeId,
+        port_id: wire.PortId,
+    ) -> Result:
+        """Emit RingInstalled (§30)."""
+        ...
+
+    def parse_available(self, ring_id: wire.RingId) -> Result:
+        """Reload commit; when header_len bytes are committed, unpack the header and feed
+        HeaderDecoded or HeaderRejected; feed RingClosed if closed and drained.
+        """
+        ...
+
+    def allocate_device_object(
+        self,
+        object_id: wire.ObjectId,
+        sequence: wire.Sequence,
+        extent: int,
+    ) -> Result:
+        """Consume the header bytes and allocate the device object (feed AllocationFailed on
+        failure).
+        """
+        ...
+
+    def copy_available(self, ring_id: wire.RingId) -> Result:
+        """Copy committed payload prefixes to the device, advance consume once safe, coalesce
+        RingWritable; feed PayloadComplete at the extent.
+        """
+        ...
+
+    def await_copy_completion(self, ring_id: wire.RingId) -> Result:
+        """Wait for the outstanding copy events; feed CopyCompleted (at once for synchronous
+        copies).
+        """
+        ...
+
+    def emit_object_loaded(
+        self,
+        ring_id: wire.RingId,
+        edge_id: wire.EdgeId,
+        port_id: wire.PortId,
+        object_id: wire.ObjectId,
+        sequence: wire.Sequence,
+        extent: int,
+        device_handle: wire.DeviceObjectHandle,
+    ) -> Result:
+        """Create the device handle and emit ObjectLoaded (§30)."""
+        ...
+
+    def emit_object_failed(
+        self,
+        ring_id: wire.RingId,
+        edge_id: wire.EdgeId,
+        port_id: wire.PortId,
+        object_id: wire.ObjectId | None,
+        sequence: wire.Sequence | None,
+        reason: wire.ObjectFailure,
+    ) -> Result:
+        """Emit ObjectFailed (§30); no device object is exposed."""
+        ...
+
+    def emit_ring_fault(
+        self,
+        ring_id: wire.RingId,
+        edge_id: wire.EdgeId,
+        port_id: wire.PortId,
+        reason: wire.RingFaultReason,
+    ) -> Result:
+        """Emit RingFault (§30)."""
+        ...
+
+    def free_partial_object(self, ring_id: wire.RingId) -> Result:
+        """Free the device allocation of the object being loaded, once no copy uses it."""
+        ...
+
+    def drain_copies(self, ring_id: wire.RingId) -> Result:
+        """Stop consuming, free any partial object, and feed CopiesDrained when no copy uses the
+        ring's bytes.
+        """
+        ...
+
+    def close_ring(self, ring_id: wire.RingId) -> Result:
+        """Close the helper handle (ring_close)."""
+        ...
+
+    def emit_ring_quiesced(self, ring_id: wire.RingId) -> Result:
+        """Emit RingQuiesced (§30)."""
+        ...
+
+
+EFFECT_METHODS: Final[dict[str, str]] = {
+    "EmitRingInstalled": "emit_ring_installed",
+    "ParseAvailable": "parse_available",
+    "AllocateDeviceObject": "allocate_device_object",
+    "CopyAvailable": "copy_available",
+    "AwaitCopyCompletion": "await_copy_completion",
+    "EmitObjectLoaded": "emit_object_loaded",
+    "EmitObjectFailed": "emit_object_failed",
+    "EmitRingFault": "emit_ring_fault",
+    "FreePartialObject": "free_partial_object",
+    "DrainCopies": "drain_copies",
+    "CloseRing": "close_ring",
+    "EmitRingQuiesced": "emit_ring_quiesced",
+}
+"""Effect class name -> its ``IngressRingEffects`` method."""
+
+
+def bind(port: IngressRingEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+    """Effect class -> a call of ``port``'s method for it with the effect's fields; the
+    hosts of ``swactor.fsm.host`` add the timer effects."""
+    return {
+        EmitRingInstalled: lambda e: port.emit_ring_installed(e.ring_id, e.edge_id, e.port_id),
+        ParseAvailable: lambda e: port.parse_available(e.ring_id),
+        AllocateDeviceObject: lambda e: port.allocate_device_object(
+            e.object_id,
+            e.sequence,
+            e.extent,
+        ),
+        CopyAvailable: lambda e: port.copy_available(e.ring_id),
+        AwaitCopyCompletion: lambda e: port.await_copy_completion(e.ring_id),
+        EmitObjectLoaded: lambda e: port.emit_object_loaded(
+            e.ring_id,
+            e.edge_id,
+            e.port_id,
+            e.object_id,
+            e.sequence,
+            e.extent,
+            e.device_handle,
+        ),
+        EmitObjectFailed: lambda e: port.emit_object_failed(
+            e.ring_id,
+            e.edge_id,
+            e.port_id,
+            e.object_id,
+            e.sequence,
+            e.reason,
+        ),
+        EmitRingFault: lambda e: port.emit_ring_fault(e.ring_id, e.edge_id, e.port_id, e.reason),
+        FreePartialObject: lambda e: port.free_partial_object(e.ring_id),
+        DrainCopies: lambda e: port.drain_copies(e.ring_id),
+        CloseRing: lambda e: port.close_ring(e.ring_id),
+        EmitRingQuiesced: lambda e: port.emit_ring_quiesced(e.ring_id),
+    }
 
 
 # -- the protocol as data ---------------------------------------------------------------

@@ -41,9 +41,10 @@ from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import ProtocolError, blank, slot_setter
+from swactor.fsm.runtime import ProtocolError, R, Result, blank, slot_setter
 
 __all__ = [
+    "EFFECT_METHODS",
     "MACHINE",
     "MODEL",
     "SPEC",
@@ -58,6 +59,7 @@ __all__ = [
     "MembershipJoinFailed",
     "MembershipJoinStarted",
     "MembershipJoined",
+    "NodeBootEffects",
     "NodeBootGuards",
     "NodeBootMachine",
     "NodeProcessStarted",
@@ -75,6 +77,7 @@ __all__ = [
     "TransportReady",
     "WorkerFailed",
     "WorkerReady",
+    "bind",
 ]
 
 MACHINE: Final = "node_boot"
@@ -401,6 +404,111 @@ class NodeBootGuards(Protocol):
     """The guards of node_boot: pure predicates the binding answers. Each guard is asked only
     for its row's event, in row order.
     """
+
+
+# -- the effects port -------------------------------------------------------------------
+
+
+class NodeBootEffects(Protocol[Result]):
+    """The effects of node_boot: one method per effect the table names, its fields as arguments
+    in table order. A binding implements it; ``bind`` maps each effect class onto its method
+    and a host of ``swactor.fsm.host`` calls them in row order. ``Result`` is ``None`` for a
+    binding carried out at once, an awaitable for one whose host awaits each effect.
+    """
+
+    def report_node_started(self, node_id: wire.NodeId) -> Result:
+        """Emit node_started (§40)."""
+        ...
+
+    def construct_arena(self, ceiling: int) -> Result:
+        """Send ConstructArena to the ArenaManager."""
+        ...
+
+    def start_worker(self) -> Result:
+        """Send StartWorker to GpuWorkerCtl."""
+        ...
+
+    def start_transport(self, node_id: wire.NodeId) -> Result:
+        """Start the QUIC endpoint with the node identity."""
+        ...
+
+    def join_membership(self, node_id: wire.NodeId) -> Result:
+        """Start the SWIM participant and join the intended pool."""
+        ...
+
+    def report_node_available(self, node_id: wire.NodeId) -> Result:
+        """Emit node_available (§40) and report NodeAvailable to the orchestrator."""
+        ...
+
+    def report_node_unavailable(
+        self,
+        node_id: wire.NodeId,
+        reason: wire.RunFaultReason,
+        component: wire.Component,
+    ) -> Result:
+        """Emit node_faulted (§40) with the reason."""
+        ...
+
+    def admit_provisioning(self, run_id: wire.RunId, stage_index: wire.StageIndex) -> Result:
+        """Let the provisioning message through to its StageController."""
+        ...
+
+    def reject_provisioning(
+        self,
+        run_id: wire.RunId,
+        stage_index: wire.StageIndex,
+        reason: wire.RunFaultReason,
+        component: wire.Component,
+    ) -> Result:
+        """Answer the provisioning message with StageFault(reason, component); nothing of the
+        run is kept.
+        """
+        ...
+
+    def shutdown_node(self) -> Result:
+        """Stop the node's components in reverse boot order."""
+        ...
+
+
+EFFECT_METHODS: Final[dict[str, str]] = {
+    "ReportNodeStarted": "report_node_started",
+    "ConstructArena": "construct_arena",
+    "StartWorker": "start_worker",
+    "StartTransport": "start_transport",
+    "JoinMembership": "join_membership",
+    "ReportNodeAvailable": "report_node_available",
+    "ReportNodeUnavailable": "report_node_unavailable",
+    "AdmitProvisioning": "admit_provisioning",
+    "RejectProvisioning": "reject_provisioning",
+    "ShutdownNode": "shutdown_node",
+}
+"""Effect class name -> its ``NodeBootEffects`` method."""
+
+
+def bind(port: NodeBootEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+    """Effect class -> a call of ``port``'s method for it with the effect's fields; the
+    hosts of ``swactor.fsm.host`` add the timer effects."""
+    return {
+        ReportNodeStarted: lambda e: port.report_node_started(e.node_id),
+        ConstructArena: lambda e: port.construct_arena(e.ceiling),
+        StartWorker: lambda e: port.start_worker(),
+        StartTransport: lambda e: port.start_transport(e.node_id),
+        JoinMembership: lambda e: port.join_membership(e.node_id),
+        ReportNodeAvailable: lambda e: port.report_node_available(e.node_id),
+        ReportNodeUnavailable: lambda e: port.report_node_unavailable(
+            e.node_id,
+            e.reason,
+            e.component,
+        ),
+        AdmitProvisioning: lambda e: port.admit_provisioning(e.run_id, e.stage_index),
+        RejectProvisioning: lambda e: port.reject_provisioning(
+            e.run_id,
+            e.stage_index,
+            e.reason,
+            e.component,
+        ),
+        ShutdownNode: lambda e: port.shutdown_node(),
+    }
 
 
 # -- the protocol as data ---------------------------------------------------------------

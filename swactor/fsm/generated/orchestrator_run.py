@@ -65,9 +65,18 @@ from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, blank, slot_setter
+from swactor.fsm.runtime import (
+    CancelTimer,
+    ProtocolError,
+    R,
+    Result,
+    StartTimer,
+    blank,
+    slot_setter,
+)
 
 __all__ = [
+    "EFFECT_METHODS",
     "MACHINE",
     "MODEL",
     "SPEC",
@@ -88,6 +97,7 @@ __all__ = [
     "MembershipLost",
     "ObjectLoaded",
     "OperatorStop",
+    "OrchestratorRunEffects",
     "OrchestratorRunGuards",
     "OrchestratorRunMachine",
     "PlanAvailable",
@@ -106,6 +116,7 @@ __all__ = [
     "StepTimeout",
     "StopTokenEndpoints",
     "TeardownTimeout",
+    "bind",
 ]
 
 MACHINE: Final = "orchestrator_run"
@@ -603,6 +614,134 @@ class OrchestratorRunGuards(Protocol):
         rule a peer's symptom.
         """
         ...
+
+
+# -- the effects port -------------------------------------------------------------------
+
+
+class OrchestratorRunEffects(Protocol[Result]):
+    """The effects of orchestrator_run: one method per effect the table names, its fields as
+    arguments in table order. A binding implements it; ``bind`` maps each effect class onto
+    its method and a host of ``swactor.fsm.host`` calls them in row order. ``Result`` is
+    ``None`` for a binding carried out at once, an awaitable for one whose host awaits each
+    effect.
+    """
+
+    def provision_stages(self, plan: wire.RunPlan) -> Result:
+        """Send ProvisionStage to every stage node in parallel (stage_provision_started)."""
+        ...
+
+    def create_token_endpoints(self, plan: wire.RunPlan) -> Result:
+        """Create the local token-in producer and token-out consumer (their
+        ProvisionTx/ProvisionRx).
+        """
+        ...
+
+    def inject_prompt(self) -> Result:
+        """Write the input object for inference step 0 to the token-in edge
+        (readiness_barrier_passed, prompt_injected).
+        """
+        ...
+
+    def accept_output(self, object_id: wire.ObjectId, sequence: wire.Sequence) -> Result:
+        """Consume the output object (token_received) and release it."""
+        ...
+
+    def inject_next_input(self, sequence: wire.Sequence) -> Result:
+        """Write the input object for inference step `sequence + 1`."""
+        ...
+
+    def finalize_output(self) -> Result:
+        """Finalize the run output defined by the run contract."""
+        ...
+
+    def record_run_outcome(self, outcome: wire.RunOutcome) -> Result:
+        """Record the run's one execution outcome (run_completed / run_faulted)."""
+        ...
+
+    def record_fault_reason(
+        self,
+        reason: wire.RunFaultReason,
+        component: wire.Component,
+    ) -> Result:
+        """Record the first run-level failure reason and the component that detected it."""
+        ...
+
+    def send_stop_run(self) -> Result:
+        """Send StopRun to every provisioned stage (stop_run_sent)."""
+        ...
+
+    def stop_token_endpoints(self) -> Result:
+        """Tear down the local token endpoints (StopEdge on both token edges)."""
+        ...
+
+    def hold_fault(self, reason: wire.RunFaultReason, component: wire.Component) -> Result:
+        """Hold this fault (with the stage, edge and node it came from) as the run's reason
+        unless a root cause follows.
+        """
+        ...
+
+    def commit_held_fault(self) -> Result:
+        """Record the held fault as the first run-level failure reason (as RecordFaultReason
+        would have).
+        """
+        ...
+
+    def demote_held_fault(self) -> Result:
+        """Record the held fault as a late fault, before any recorded since; a root cause took
+        its place.
+        """
+        ...
+
+    def record_late_fault(self, reason: wire.RunFaultReason, component: wire.Component) -> Result:
+        """Record (observability) a fault reported during teardown; neither outcome changes."""
+        ...
+
+    def record_teardown_outcome(self, teardown: wire.TeardownOutcome) -> Result:
+        """Record the teardown outcome (run_torn_down)."""
+        ...
+
+
+EFFECT_METHODS: Final[dict[str, str]] = {
+    "ProvisionStages": "provision_stages",
+    "CreateTokenEndpoints": "create_token_endpoints",
+    "InjectPrompt": "inject_prompt",
+    "AcceptOutput": "accept_output",
+    "InjectNextInput": "inject_next_input",
+    "FinalizeOutput": "finalize_output",
+    "RecordRunOutcome": "record_run_outcome",
+    "RecordFaultReason": "record_fault_reason",
+    "SendStopRun": "send_stop_run",
+    "StopTokenEndpoints": "stop_token_endpoints",
+    "HoldFault": "hold_fault",
+    "CommitHeldFault": "commit_held_fault",
+    "DemoteHeldFault": "demote_held_fault",
+    "RecordLateFault": "record_late_fault",
+    "RecordTeardownOutcome": "record_teardown_outcome",
+}
+"""Effect class name -> its ``OrchestratorRunEffects`` method."""
+
+
+def bind(port: OrchestratorRunEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+    """Effect class -> a call of ``port``'s method for it with the effect's fields; the
+    hosts of ``swactor.fsm.host`` add the timer effects."""
+    return {
+        ProvisionStages: lambda e: port.provision_stages(e.plan),
+        CreateTokenEndpoints: lambda e: port.create_token_endpoints(e.plan),
+        InjectPrompt: lambda e: port.inject_prompt(),
+        AcceptOutput: lambda e: port.accept_output(e.object_id, e.sequence),
+        InjectNextInput: lambda e: port.inject_next_input(e.sequence),
+        FinalizeOutput: lambda e: port.finalize_output(),
+        RecordRunOutcome: lambda e: port.record_run_outcome(e.outcome),
+        RecordFaultReason: lambda e: port.record_fault_reason(e.reason, e.component),
+        SendStopRun: lambda e: port.send_stop_run(),
+        StopTokenEndpoints: lambda e: port.stop_token_endpoints(),
+        HoldFault: lambda e: port.hold_fault(e.reason, e.component),
+        CommitHeldFault: lambda e: port.commit_held_fault(),
+        DemoteHeldFault: lambda e: port.demote_held_fault(),
+        RecordLateFault: lambda e: port.record_late_fault(e.reason, e.component),
+        RecordTeardownOutcome: lambda e: port.record_teardown_outcome(e.teardown),
+    }
 
 
 # -- the protocol as data ---------------------------------------------------------------

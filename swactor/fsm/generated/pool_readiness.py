@@ -35,9 +35,18 @@ from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, blank, slot_setter
+from swactor.fsm.runtime import (
+    CancelTimer,
+    ProtocolError,
+    R,
+    Result,
+    StartTimer,
+    blank,
+    slot_setter,
+)
 
 __all__ = [
+    "EFFECT_METHODS",
     "MACHINE",
     "MODEL",
     "SPEC",
@@ -47,6 +56,7 @@ __all__ = [
     "Effect",
     "Event",
     "MemberChanged",
+    "PoolReadinessEffects",
     "PoolReadinessGuards",
     "PoolReadinessMachine",
     "ReportMembershipLost",
@@ -56,6 +66,7 @@ __all__ = [
     "RunEnded",
     "RunPlanCommitted",
     "State",
+    "bind",
 ]
 
 MACHINE: Final = "pool_readiness"
@@ -211,6 +222,54 @@ class PoolReadinessGuards(Protocol):
         unavailable (suspect is not lost).
         """
         ...
+
+
+# -- the effects port -------------------------------------------------------------------
+
+
+class PoolReadinessEffects(Protocol[Result]):
+    """The effects of pool_readiness: one method per effect the table names, its fields as
+    arguments in table order. A binding implements it; ``bind`` maps each effect class onto
+    its method and a host of ``swactor.fsm.host`` calls them in row order. ``Result`` is
+    ``None`` for a binding carried out at once, an awaitable for one whose host awaits each
+    effect.
+    """
+
+    def report_pool_ready(self) -> Result:
+        """Emit pool_ready (§40); the planner may build the RunPlan."""
+        ...
+
+    def report_pool_readiness_lost(self) -> Result:
+        """Tell the planner the pool is no longer ready; it must not commit a plan."""
+        ...
+
+    def report_membership_lost(self, node_id: wire.NodeId) -> Result:
+        """Send MembershipLost to the orchestrator_run of the committed run."""
+        ...
+
+    def report_pool_aborted(self) -> Result:
+        """Tell the operator planning was aborted before provisioning."""
+        ...
+
+
+EFFECT_METHODS: Final[dict[str, str]] = {
+    "ReportPoolReady": "report_pool_ready",
+    "ReportPoolReadinessLost": "report_pool_readiness_lost",
+    "ReportMembershipLost": "report_membership_lost",
+    "ReportPoolAborted": "report_pool_aborted",
+}
+"""Effect class name -> its ``PoolReadinessEffects`` method."""
+
+
+def bind(port: PoolReadinessEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+    """Effect class -> a call of ``port``'s method for it with the effect's fields; the
+    hosts of ``swactor.fsm.host`` add the timer effects."""
+    return {
+        ReportPoolReady: lambda e: port.report_pool_ready(),
+        ReportPoolReadinessLost: lambda e: port.report_pool_readiness_lost(),
+        ReportMembershipLost: lambda e: port.report_membership_lost(e.node_id),
+        ReportPoolAborted: lambda e: port.report_pool_aborted(),
+    }
 
 
 # -- the protocol as data ---------------------------------------------------------------

@@ -44,9 +44,10 @@ from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import ProtocolError, blank, slot_setter
+from swactor.fsm.runtime import ProtocolError, R, Result, blank, slot_setter
 
 __all__ = [
+    "EFFECT_METHODS",
     "MACHINE",
     "MODEL",
     "SPEC",
@@ -59,6 +60,7 @@ __all__ = [
     "Event",
     "PeerStopped",
     "PumpStopped",
+    "RecvPumpEffects",
     "RecvPumpGuards",
     "RecvPumpMachine",
     "ResumeReading",
@@ -74,6 +76,7 @@ __all__ = [
     "StreamEof",
     "StreamError",
     "StreamFault",
+    "bind",
 ]
 
 MACHINE: Final = "recv_pump"
@@ -392,6 +395,85 @@ class RecvPumpGuards(Protocol):
     """The guards of recv_pump: pure predicates the binding answers. Each guard is asked only
     for its row's event, in row order.
     """
+
+
+# -- the effects port -------------------------------------------------------------------
+
+
+class RecvPumpEffects(Protocol[Result]):
+    """The effects of recv_pump: one method per effect the table names, its fields as arguments
+    in table order. A binding implements it; ``bind`` maps each effect class onto its method
+    and a host of ``swactor.fsm.host`` calls them in row order. ``Result`` is ``None`` for a
+    binding carried out at once, an awaitable for one whose host awaits each effect.
+    """
+
+    def driver_edge_ready(self, edge_id: wire.EdgeId) -> Result:
+        """Report DriverEdgeReady to the EdgeEstablisher (§24)."""
+        ...
+
+    def start_pump(self, edge_id: wire.EdgeId) -> Result:
+        """Start the recv-pump task on the held stream and ring."""
+        ...
+
+    def resume_reading(self, edge_id: wire.EdgeId) -> Result:
+        """Wake the pump; it reloads the cursors and copies into the freed span."""
+        ...
+
+    def stop_reading(self, edge_id: wire.EdgeId) -> Result:
+        """Stop the QUIC stream gracefully (STOP_SENDING with the stopped code) and drop it."""
+        ...
+
+    def abort_reading(self, edge_id: wire.EdgeId) -> Result:
+        """Stop the QUIC stream on a fault (STOP_SENDING with the abort code) and drop it."""
+        ...
+
+    def close_ring_producer(self, edge_id: wire.EdgeId) -> Result:
+        """Mark the ingress ring's producer side closed so the worker parser can classify EOF
+        (§17).
+        """
+        ...
+
+    def stream_closed(self, edge_id: wire.EdgeId) -> Result:
+        """Report StreamClosed to the EdgeEstablisher and edge actor (§24)."""
+        ...
+
+    def stream_fault(self, edge_id: wire.EdgeId, reason: wire.StreamFaultReason) -> Result:
+        """Report StreamFault to the EdgeEstablisher and edge actor (§24)."""
+        ...
+
+    def pump_stopped(self, edge_id: wire.EdgeId, ring_id: wire.RingId | None) -> Result:
+        """Report PumpStopped; the pump never touches the ring again (§24, §38)."""
+        ...
+
+
+EFFECT_METHODS: Final[dict[str, str]] = {
+    "DriverEdgeReady": "driver_edge_ready",
+    "StartPump": "start_pump",
+    "ResumeReading": "resume_reading",
+    "StopReading": "stop_reading",
+    "AbortReading": "abort_reading",
+    "CloseRingProducer": "close_ring_producer",
+    "StreamClosed": "stream_closed",
+    "StreamFault": "stream_fault",
+    "PumpStopped": "pump_stopped",
+}
+"""Effect class name -> its ``RecvPumpEffects`` method."""
+
+
+def bind(port: RecvPumpEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+    """Effect class -> a call of ``port``'s method for it with the effect's fields; the
+    hosts of ``swactor.fsm.host`` add the timer effects."""
+    return {
+        DriverEdgeReady: lambda e: port.driver_edge_ready(e.edge_id),
+        StartPump: lambda e: port.start_pump(e.edge_id),
+        ResumeReading: lambda e: port.resume_reading(e.edge_id),
+        StopReading: lambda e: port.stop_reading(e.edge_id),
+        AbortReading: lambda e: port.abort_reading(e.edge_id),
+        CloseRingProducer: lambda e: port.close_ring_producer(e.edge_id),
+        StreamClosed: lambda e: port.stream_closed(e.edge_id),
+        StreamFault: lambda e: port.stream_fault(e.edge_id, e.reason),
+        PumpStopped: lambda e: port.pump_stopped(e.edge_id, e.ring_id),
+    }
 
 
 # -- the protocol as data ---------------------------------------------------------------

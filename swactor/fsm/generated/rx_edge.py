@@ -28,9 +28,10 @@ from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import ProtocolError, blank, slot_setter
+from swactor.fsm.runtime import ProtocolError, R, Result, blank, slot_setter
 
 __all__ = [
+    "EFFECT_METHODS",
     "MACHINE",
     "MODEL",
     "SPEC",
@@ -45,11 +46,13 @@ __all__ = [
     "ReportEdgeReady",
     "ReportEdgeStopped",
     "ReportStreamFault",
+    "RxEdgeEffects",
     "RxEdgeGuards",
     "RxEdgeMachine",
     "State",
     "StopEdge",
     "StreamFault",
+    "bind",
 ]
 
 MACHINE: Final = "rx_edge"
@@ -262,6 +265,59 @@ class RxEdgeGuards(Protocol):
     """The guards of rx_edge: pure predicates the binding answers. Each guard is asked only for
     its row's event, in row order.
     """
+
+
+# -- the effects port -------------------------------------------------------------------
+
+
+class RxEdgeEffects(Protocol[Result]):
+    """The effects of rx_edge: one method per effect the table names, its fields as arguments in
+    table order. A binding implements it; ``bind`` maps each effect class onto its method and
+    a host of ``swactor.fsm.host`` calls them in row order. ``Result`` is ``None`` for a
+    binding carried out at once, an awaitable for one whose host awaits each effect.
+    """
+
+    def report_edge_ready(self, edge_id: wire.EdgeId) -> Result:
+        """Tell the owner the inbound edge is ready (StageController EdgeReady)."""
+        ...
+
+    def report_edge_failed(self, edge_id: wire.EdgeId, reason: wire.RunFaultReason) -> Result:
+        """Tell the owner the edge faulted (StageController EdgeFault)."""
+        ...
+
+    def report_stream_fault(self, edge_id: wire.EdgeId, reason: wire.StreamFaultReason) -> Result:
+        """Tell the owner the stream failed (StageController EdgeFault, StreamFault)."""
+        ...
+
+    def forward_stop_edge(self, edge_id: wire.EdgeId) -> Result:
+        """Send StopEdge to the EdgeEstablisher record of this edge."""
+        ...
+
+    def report_edge_stopped(self, edge_id: wire.EdgeId, clean: bool) -> Result:
+        """Tell the owner the edge is stopped (StageController EdgeStopped)."""
+        ...
+
+
+EFFECT_METHODS: Final[dict[str, str]] = {
+    "ReportEdgeReady": "report_edge_ready",
+    "ReportEdgeFailed": "report_edge_failed",
+    "ReportStreamFault": "report_stream_fault",
+    "ForwardStopEdge": "forward_stop_edge",
+    "ReportEdgeStopped": "report_edge_stopped",
+}
+"""Effect class name -> its ``RxEdgeEffects`` method."""
+
+
+def bind(port: RxEdgeEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+    """Effect class -> a call of ``port``'s method for it with the effect's fields; the
+    hosts of ``swactor.fsm.host`` add the timer effects."""
+    return {
+        ReportEdgeReady: lambda e: port.report_edge_ready(e.edge_id),
+        ReportEdgeFailed: lambda e: port.report_edge_failed(e.edge_id, e.reason),
+        ReportStreamFault: lambda e: port.report_stream_fault(e.edge_id, e.reason),
+        ForwardStopEdge: lambda e: port.forward_stop_edge(e.edge_id),
+        ReportEdgeStopped: lambda e: port.report_edge_stopped(e.edge_id, e.clean),
+    }
 
 
 # -- the protocol as data ---------------------------------------------------------------

@@ -44,9 +44,10 @@ from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import ProtocolError, blank, slot_setter
+from swactor.fsm.runtime import ProtocolError, R, Result, blank, slot_setter
 
 __all__ = [
+    "EFFECT_METHODS",
     "MACHINE",
     "MODEL",
     "SPEC",
@@ -67,6 +68,7 @@ __all__ = [
     "ResetStream",
     "RingFault",
     "RingReadable",
+    "SendPumpEffects",
     "SendPumpGuards",
     "SendPumpMachine",
     "State",
@@ -78,6 +80,7 @@ __all__ = [
     "TransportFailed",
     "WriteBlocked",
     "WriteProgress",
+    "bind",
 ]
 
 MACHINE: Final = "send_pump"
@@ -439,6 +442,105 @@ class SendPumpGuards(Protocol):
     """The guards of send_pump: pure predicates the binding answers. Each guard is asked only
     for its row's event, in row order.
     """
+
+
+# -- the effects port -------------------------------------------------------------------
+
+
+class SendPumpEffects(Protocol[Result]):
+    """The effects of send_pump: one method per effect the table names, its fields as arguments
+    in table order. A binding implements it; ``bind`` maps each effect class onto its method
+    and a host of ``swactor.fsm.host`` calls them in row order. ``Result`` is ``None`` for a
+    binding carried out at once, an awaitable for one whose host awaits each effect.
+    """
+
+    def ensure_connection(self, edge_id: wire.EdgeId, rx_node_id: wire.NodeId) -> Result:
+        """Get the cached connection to the consumer node for the edge ALPN, opening it if
+        needed.
+        """
+        ...
+
+    def driver_edge_ready(self, edge_id: wire.EdgeId) -> Result:
+        """Report DriverEdgeReady to the EdgeEstablisher (§24)."""
+        ...
+
+    def check_ring(self, ring_id: wire.RingId) -> Result:
+        """Reload the ring cursors; feed RingReadable if committed bytes are already there."""
+        ...
+
+    def open_uni_stream(self, edge_id: wire.EdgeId) -> Result:
+        """Open the edge's uni-stream and write the fixed-width edge_id preamble; feed
+        StreamOpened.
+        """
+        ...
+
+    def drain_ring(self, ring_id: wire.RingId) -> Result:
+        """Write committed egress bytes to QUIC, advance consume after write_all accepts them,
+        coalesce RingWritable.
+        """
+        ...
+
+    def finish_stream(self, edge_id: wire.EdgeId) -> Result:
+        """Send FIN on the stream."""
+        ...
+
+    def reset_stream(self, edge_id: wire.EdgeId) -> Result:
+        """Abort the stream (reset with the abort code); the receiver reports
+        StreamFault(PeerReset).
+        """
+        ...
+
+    def stop_stream(self, edge_id: wire.EdgeId) -> Result:
+        """End the stream on a graceful stop (reset with the stopped code); the receiver reports
+        StreamClosed.
+        """
+        ...
+
+    def stream_closed(self, edge_id: wire.EdgeId) -> Result:
+        """Report StreamClosed (§24)."""
+        ...
+
+    def stream_fault(self, edge_id: wire.EdgeId, reason: wire.StreamFaultReason) -> Result:
+        """Report StreamFault to the EdgeEstablisher and edge actor (§24)."""
+        ...
+
+    def pump_stopped(self, edge_id: wire.EdgeId, ring_id: wire.RingId) -> Result:
+        """Report PumpStopped; the pump never touches the ring again (§24, §38)."""
+        ...
+
+
+EFFECT_METHODS: Final[dict[str, str]] = {
+    "EnsureConnection": "ensure_connection",
+    "DriverEdgeReady": "driver_edge_ready",
+    "CheckRing": "check_ring",
+    "OpenUniStream": "open_uni_stream",
+    "DrainRing": "drain_ring",
+    "FinishStream": "finish_stream",
+    "ResetStream": "reset_stream",
+    "StopStream": "stop_stream",
+    "StreamClosed": "stream_closed",
+    "StreamFault": "stream_fault",
+    "PumpStopped": "pump_stopped",
+}
+"""Effect class name -> its ``SendPumpEffects`` method."""
+
+
+def bind(port: SendPumpEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+    """Effect class -> a call of ``port``'s method for it with the effect's fields; the
+    hosts of ``swactor.fsm.host`` add the timer effects."""
+    return {
+        EnsureConnection: lambda e: port.ensure_connection(e.edge_id, e.rx_node_id),
+        DriverEdgeReady: lambda e: port.driver_edge_ready(e.edge_id),
+        CheckRing: lambda e: port.check_ring(e.ring_id),
+        OpenUniStream: lambda e: port.open_uni_stream(e.edge_id),
+        DrainRing: lambda e: port.drain_ring(e.ring_id),
+        FinishStream: lambda e: port.finish_stream(e.edge_id),
+        ResetStream: lambda e: port.reset_stream(e.edge_id),
+        StopStream: lambda e: port.stop_stream(e.edge_id),
+        StreamClosed: lambda e: port.stream_closed(e.edge_id),
+        StreamFault: lambda e: port.stream_fault(e.edge_id, e.reason),
+        PumpStopped: lambda e: port.pump_stopped(e.edge_id, e.ring_id),
+    }
 
 
 # -- the protocol as data ---------------------------------------------------------------

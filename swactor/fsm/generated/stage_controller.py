@@ -62,9 +62,18 @@ from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer, blank, slot_setter
+from swactor.fsm.runtime import (
+    CancelTimer,
+    ProtocolError,
+    R,
+    Result,
+    StartTimer,
+    blank,
+    slot_setter,
+)
 
 __all__ = [
+    "EFFECT_METHODS",
     "MACHINE",
     "MODEL",
     "SPEC",
@@ -92,6 +101,7 @@ __all__ = [
     "ResetRole",
     "RoleConfigured",
     "RoleFailed",
+    "StageControllerEffects",
     "StageControllerGuards",
     "StageControllerMachine",
     "StartWeightLoad",
@@ -105,6 +115,7 @@ __all__ = [
     "WeightsFailed",
     "WeightsReady",
     "WorkerCrashed",
+    "bind",
 ]
 
 MACHINE: Final = "stage_controller"
@@ -702,6 +713,138 @@ class StageControllerGuards(Protocol):
     def teardown_clean(self, event: EdgeStopped | DeviceObjectReleased) -> bool:
         """Counting this event, every edge stopped clean and no device release failed."""
         ...
+
+
+# -- the effects port -------------------------------------------------------------------
+
+
+class StageControllerEffects(Protocol[Result]):
+    """The effects of stage_controller: one method per effect the table names, its fields as
+    arguments in table order. A binding implements it; ``bind`` maps each effect class onto
+    its method and a host of ``swactor.fsm.host`` calls them in row order. ``Result`` is
+    ``None`` for a binding carried out at once, an awaitable for one whose host awaits each
+    effect.
+    """
+
+    def reject_provision(self, orchestrator: wire.NodeId) -> Result:
+        """Refuse the ProvisionStage; answer the sender with StageFault(ProvisioningRejected)."""
+        ...
+
+    def configure_worker_role(self, provision: wire.ProvisionStage) -> Result:
+        """Configure the worker's role for the stage (ConfigureRole with layer range and model
+        facts).
+        """
+        ...
+
+    def start_weight_load(self, provision: wire.ProvisionStage) -> Result:
+        """Start locating the GGUF, validating the stage against its header and downloading a
+        remote source's stage ranges into the cache (§15); the worker reads and binds them
+        during ConfigureWorkerRole.
+        """
+        ...
+
+    def establish_inbound_edge(self, provision: wire.ProvisionStage) -> Result:
+        """Send ProvisionRx for the inbound edge to the node's EdgeEstablisher."""
+        ...
+
+    def establish_outbound_edge(self, provision: wire.ProvisionStage) -> Result:
+        """Send ProvisionTx for the outbound edge to the node's EdgeEstablisher."""
+        ...
+
+    def report_stage_ready(self) -> Result:
+        """Send StageReady (run id, stage index) to the orchestrator."""
+        ...
+
+    def execute_step(self) -> Result:
+        """Issue, ahead of its object, the ExecuteStep for the next sequence to GpuWorkerCtl
+        (fresh step id; input awaited on the inbound ring; output on the outbound ring with
+        the same sequence, rows as the input's; inputs released by the worker after the
+        step).
+        """
+        ...
+
+    def step_started(
+        self,
+        object_id: wire.ObjectId,
+        sequence: wire.Sequence,
+        device_handle: wire.DeviceObjectHandle,
+    ) -> Result:
+        """Record that the armed step started on this input (its device handle is held until the
+        worker releases it) and emit object_loaded and execute_step_started.
+        """
+        ...
+
+    def release_step_inputs(self, step_id: wire.StepId) -> Result:
+        """Count the step's inputs as being released (the worker frees them after the step,
+        release_inputs_after) until their DeviceObjectReleased.
+        """
+        ...
+
+    def reject_run_work(self, device_handle: wire.DeviceObjectHandle) -> Result:
+        """Do not execute this object; send ReleaseDeviceObject for it."""
+        ...
+
+    def report_stage_fault(self, reason: wire.RunFaultReason, component: wire.Component) -> Result:
+        """Send StageFault (run id, stage index, reason, component) to the orchestrator."""
+        ...
+
+    def stop_edges(self) -> Result:
+        """Send StopEdge to the inbound Rx and outbound Tx actors."""
+        ...
+
+    def release_run_objects(self) -> Result:
+        """Send ReleaseDeviceObject for every per-run device object still held."""
+        ...
+
+    def reset_role(self) -> Result:
+        """Stop or reset the worker role state according to local policy."""
+        ...
+
+    def report_stage_stopped(self, clean: bool) -> Result:
+        """Send StageStopped (run id, stage index, clean) to the orchestrator."""
+        ...
+
+
+EFFECT_METHODS: Final[dict[str, str]] = {
+    "RejectProvision": "reject_provision",
+    "ConfigureWorkerRole": "configure_worker_role",
+    "StartWeightLoad": "start_weight_load",
+    "EstablishInboundEdge": "establish_inbound_edge",
+    "EstablishOutboundEdge": "establish_outbound_edge",
+    "ReportStageReady": "report_stage_ready",
+    "ExecuteStep": "execute_step",
+    "StepStarted": "step_started",
+    "ReleaseStepInputs": "release_step_inputs",
+    "RejectRunWork": "reject_run_work",
+    "ReportStageFault": "report_stage_fault",
+    "StopEdges": "stop_edges",
+    "ReleaseRunObjects": "release_run_objects",
+    "ResetRole": "reset_role",
+    "ReportStageStopped": "report_stage_stopped",
+}
+"""Effect class name -> its ``StageControllerEffects`` method."""
+
+
+def bind(port: StageControllerEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+    """Effect class -> a call of ``port``'s method for it with the effect's fields; the
+    hosts of ``swactor.fsm.host`` add the timer effects."""
+    return {
+        RejectProvision: lambda e: port.reject_provision(e.orchestrator),
+        ConfigureWorkerRole: lambda e: port.configure_worker_role(e.provision),
+        StartWeightLoad: lambda e: port.start_weight_load(e.provision),
+        EstablishInboundEdge: lambda e: port.establish_inbound_edge(e.provision),
+        EstablishOutboundEdge: lambda e: port.establish_outbound_edge(e.provision),
+        ReportStageReady: lambda e: port.report_stage_ready(),
+        ExecuteStep: lambda e: port.execute_step(),
+        StepStarted: lambda e: port.step_started(e.object_id, e.sequence, e.device_handle),
+        ReleaseStepInputs: lambda e: port.release_step_inputs(e.step_id),
+        RejectRunWork: lambda e: port.reject_run_work(e.device_handle),
+        ReportStageFault: lambda e: port.report_stage_fault(e.reason, e.component),
+        StopEdges: lambda e: port.stop_edges(),
+        ReleaseRunObjects: lambda e: port.release_run_objects(),
+        ResetRole: lambda e: port.reset_role(),
+        ReportStageStopped: lambda e: port.report_stage_stopped(e.clean),
+    }
 
 
 # -- the protocol as data ---------------------------------------------------------------

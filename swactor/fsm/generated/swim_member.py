@@ -49,9 +49,10 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import ProtocolError, blank, slot_setter
+from swactor.fsm.runtime import ProtocolError, R, Result, blank, slot_setter
 
 __all__ = [
+    "EFFECT_METHODS",
     "MACHINE",
     "MODEL",
     "SPEC",
@@ -72,8 +73,10 @@ __all__ = [
     "State",
     "SuspectHeard",
     "SuspicionTimeout",
+    "SwimMemberEffects",
     "SwimMemberGuards",
     "SwimMemberMachine",
+    "bind",
 ]
 
 MACHINE: Final = "swim_member"
@@ -299,6 +302,78 @@ class SwimMemberGuards(Protocol):
     def not_older(self, event: SuspectHeard | DeadHeard | LeaveHeard) -> bool:
         """The update's incarnation is at least the member's."""
         ...
+
+
+# -- the effects port -------------------------------------------------------------------
+
+
+class SwimMemberEffects(Protocol[Result]):
+    """The effects of swim_member: one method per effect the table names, its fields as
+    arguments in table order. A binding implements it; ``bind`` maps each effect class onto
+    its method and a host of ``swactor.fsm.host`` calls them in row order. ``Result`` is
+    ``None`` for a binding carried out at once, an awaitable for one whose host awaits each
+    effect.
+    """
+
+    def report_alive(self, incarnation: int) -> Result:
+        """The member is alive at a new incarnation (join, refutation, rejoin or metadata
+        update); gossip it.
+        """
+        ...
+
+    def report_suspect(self, incarnation: int) -> Result:
+        """The member became suspect; start its suspicion timer and gossip the suspicion."""
+        ...
+
+    def confirm_suspicion(self, incarnation: int) -> Result:
+        """Another suspicion of the suspect member; the core counts distinct accusers and
+        shortens the timer.
+        """
+        ...
+
+    def report_dead(self, incarnation: int) -> Result:
+        """The member is dead; cancel its suspicion timer and gossip the death."""
+        ...
+
+    def report_left(self, incarnation: int) -> Result:
+        """The member left; cancel its suspicion timer and gossip the leave."""
+        ...
+
+    def report_removed(self) -> Result:
+        """Drop the member from the view."""
+        ...
+
+    def refuse_claim(self, incarnation: int) -> Result:
+        """The claim is implausibly far ahead of the member's incarnation; the core reports it
+        refused and drops it.
+        """
+        ...
+
+
+EFFECT_METHODS: Final[dict[str, str]] = {
+    "ReportAlive": "report_alive",
+    "ReportSuspect": "report_suspect",
+    "ConfirmSuspicion": "confirm_suspicion",
+    "ReportDead": "report_dead",
+    "ReportLeft": "report_left",
+    "ReportRemoved": "report_removed",
+    "RefuseClaim": "refuse_claim",
+}
+"""Effect class name -> its ``SwimMemberEffects`` method."""
+
+
+def bind(port: SwimMemberEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+    """Effect class -> a call of ``port``'s method for it with the effect's fields; the
+    hosts of ``swactor.fsm.host`` add the timer effects."""
+    return {
+        ReportAlive: lambda e: port.report_alive(e.incarnation),
+        ReportSuspect: lambda e: port.report_suspect(e.incarnation),
+        ConfirmSuspicion: lambda e: port.confirm_suspicion(e.incarnation),
+        ReportDead: lambda e: port.report_dead(e.incarnation),
+        ReportLeft: lambda e: port.report_left(e.incarnation),
+        ReportRemoved: lambda e: port.report_removed(),
+        RefuseClaim: lambda e: port.refuse_claim(e.incarnation),
+    }
 
 
 # -- the protocol as data ---------------------------------------------------------------

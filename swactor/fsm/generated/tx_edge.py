@@ -31,9 +31,10 @@ from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import ProtocolError, blank, slot_setter
+from swactor.fsm.runtime import ProtocolError, R, Result, blank, slot_setter
 
 __all__ = [
+    "EFFECT_METHODS",
     "MACHINE",
     "MODEL",
     "SPEC",
@@ -51,8 +52,10 @@ __all__ = [
     "State",
     "StopEdge",
     "StreamFault",
+    "TxEdgeEffects",
     "TxEdgeGuards",
     "TxEdgeMachine",
+    "bind",
 ]
 
 MACHINE: Final = "tx_edge"
@@ -265,6 +268,59 @@ class TxEdgeGuards(Protocol):
     """The guards of tx_edge: pure predicates the binding answers. Each guard is asked only for
     its row's event, in row order.
     """
+
+
+# -- the effects port -------------------------------------------------------------------
+
+
+class TxEdgeEffects(Protocol[Result]):
+    """The effects of tx_edge: one method per effect the table names, its fields as arguments in
+    table order. A binding implements it; ``bind`` maps each effect class onto its method and
+    a host of ``swactor.fsm.host`` calls them in row order. ``Result`` is ``None`` for a
+    binding carried out at once, an awaitable for one whose host awaits each effect.
+    """
+
+    def report_edge_ready(self, edge_id: wire.EdgeId) -> Result:
+        """Tell the owner the outbound edge is ready (StageController EdgeReady)."""
+        ...
+
+    def report_edge_failed(self, edge_id: wire.EdgeId, reason: wire.RunFaultReason) -> Result:
+        """Tell the owner the edge faulted (StageController EdgeFault)."""
+        ...
+
+    def report_stream_fault(self, edge_id: wire.EdgeId, reason: wire.StreamFaultReason) -> Result:
+        """Tell the owner the stream failed (StageController EdgeFault, StreamFault)."""
+        ...
+
+    def forward_stop_edge(self, edge_id: wire.EdgeId) -> Result:
+        """Send StopEdge to the EdgeEstablisher record of this edge."""
+        ...
+
+    def report_edge_stopped(self, edge_id: wire.EdgeId, clean: bool) -> Result:
+        """Tell the owner the edge is stopped (StageController EdgeStopped)."""
+        ...
+
+
+EFFECT_METHODS: Final[dict[str, str]] = {
+    "ReportEdgeReady": "report_edge_ready",
+    "ReportEdgeFailed": "report_edge_failed",
+    "ReportStreamFault": "report_stream_fault",
+    "ForwardStopEdge": "forward_stop_edge",
+    "ReportEdgeStopped": "report_edge_stopped",
+}
+"""Effect class name -> its ``TxEdgeEffects`` method."""
+
+
+def bind(port: TxEdgeEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+    """Effect class -> a call of ``port``'s method for it with the effect's fields; the
+    hosts of ``swactor.fsm.host`` add the timer effects."""
+    return {
+        ReportEdgeReady: lambda e: port.report_edge_ready(e.edge_id),
+        ReportEdgeFailed: lambda e: port.report_edge_failed(e.edge_id, e.reason),
+        ReportStreamFault: lambda e: port.report_stream_fault(e.edge_id, e.reason),
+        ForwardStopEdge: lambda e: port.forward_stop_edge(e.edge_id),
+        ReportEdgeStopped: lambda e: port.report_edge_stopped(e.edge_id, e.clean),
+    }
 
 
 # -- the protocol as data ---------------------------------------------------------------

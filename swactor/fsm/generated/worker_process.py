@@ -43,9 +43,10 @@ from typing import Any, Final, Protocol, TypeAlias
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import ProtocolError, ProtocolViolation, blank, slot_setter
+from swactor.fsm.runtime import ProtocolError, ProtocolViolation, R, Result, blank, slot_setter
 
 __all__ = [
+    "EFFECT_METHODS",
     "MACHINE",
     "MODEL",
     "SPEC",
@@ -83,8 +84,10 @@ __all__ = [
     "StartStep",
     "State",
     "UninstallRing",
+    "WorkerProcessEffects",
     "WorkerProcessGuards",
     "WorkerProcessMachine",
+    "bind",
 ]
 
 MACHINE: Final = "worker_process"
@@ -645,6 +648,158 @@ class WorkerProcessGuards(Protocol):
     """The guards of worker_process: pure predicates the binding answers. Each guard is asked
     only for its row's event, in row order.
     """
+
+
+# -- the effects port -------------------------------------------------------------------
+
+
+class WorkerProcessEffects(Protocol[Result]):
+    """The effects of worker_process: one method per effect the table names, its fields as
+    arguments in table order. A binding implements it; ``bind`` maps each effect class onto
+    its method and a host of ``swactor.fsm.host`` calls them in row order. ``Result`` is
+    ``None`` for a binding carried out at once, an awaitable for one whose host awaits each
+    effect.
+    """
+
+    def initialize_runtime(
+        self,
+        worker_generation: wire.WorkerGeneration,
+        arena_ceiling: int,
+        required_ring_helper_abi: int,
+    ) -> Result:
+        """Map the arena fd once, load the native ring helper and check its ABI, initialize the
+        backend; feed RuntimeInitialized or InitFailed.
+        """
+        ...
+
+    def emit_worker_ready(
+        self,
+        pid: int,
+        worker_generation: wire.WorkerGeneration,
+        ring_helper_abi: int,
+    ) -> Result:
+        """Write WorkerReady on stdout."""
+        ...
+
+    def emit_worker_fatal(self, reason: wire.WorkerFatalReason) -> Result:
+        """Write WorkerFatal on stdout if the stream still works."""
+        ...
+
+    def emit_worker_stopped(self, reason: wire.WorkerStoppedReason) -> Result:
+        """Write WorkerStopped on stdout."""
+        ...
+
+    def exit_process(self, code: int) -> Result:
+        """Flush stdout and exit with this status."""
+        ...
+
+    def create_ring_machine(self, command: wire.InstallRing) -> Result:
+        """Open the ring with the helper and create its ingress_ring or egress_ring machine (by
+        direction), feeding it InstallRing.
+        """
+        ...
+
+    def forward_uninstall(self, ring_id: wire.RingId, reason: wire.UninstallReason) -> Result:
+        """Feed UninstallRing to the ring's machine."""
+        ...
+
+    def advance_ring(self, ring_id: wire.RingId) -> Result:
+        """Reload the ring's cursors and let its machine progress greedily (parse, copy,
+        produce).
+        """
+        ...
+
+    def apply_role_config(self, command: wire.ConfigureRole) -> Result:
+        """Configure the role; emit RoleConfigured or RoleFailed."""
+        ...
+
+    def start_step(self, command: wire.ExecuteStep) -> Result:
+        """Validate and run the role step (or queue it behind the running one); emit
+        ObjectProduced, StepCompleted or StepFailed.
+        """
+        ...
+
+    def release_when_safe(self, device_handle: wire.DeviceObjectHandle) -> Result:
+        """Free the device object once no compute or copy references it; emit
+        DeviceObjectReleased or ReleaseFailed.
+        """
+        ...
+
+    def begin_drain(self, mode: wire.ShutdownMode) -> Result:
+        """Stop taking work; finish (Graceful) or abort (AbortInFlight) in-flight steps and
+        copies; uninstall every ring.
+        """
+        ...
+
+    def reject_step(self, command: wire.ExecuteStep, reason: wire.StepFailure) -> Result:
+        """Answer StepFailed for a step that will not run."""
+        ...
+
+    def reject_install(self, command: wire.InstallRing, reason: wire.RingFaultReason) -> Result:
+        """Answer RingFault for a ring that will not be installed."""
+        ...
+
+    def reject_role_config(self, command: wire.ConfigureRole, reason: wire.RoleFailure) -> Result:
+        """Answer RoleFailed for a configuration that will not be applied."""
+        ...
+
+    def protocol_violation(self, machine: str, state: str, event: str) -> Result:
+        """An event no row handles arrived (``unhandled: fault``); the machine moved to its
+        fault state. Names only, never the event's payload.
+        """
+        ...
+
+
+EFFECT_METHODS: Final[dict[str, str]] = {
+    "InitializeRuntime": "initialize_runtime",
+    "EmitWorkerReady": "emit_worker_ready",
+    "EmitWorkerFatal": "emit_worker_fatal",
+    "EmitWorkerStopped": "emit_worker_stopped",
+    "ExitProcess": "exit_process",
+    "CreateRingMachine": "create_ring_machine",
+    "ForwardUninstall": "forward_uninstall",
+    "AdvanceRing": "advance_ring",
+    "ApplyRoleConfig": "apply_role_config",
+    "StartStep": "start_step",
+    "ReleaseWhenSafe": "release_when_safe",
+    "BeginDrain": "begin_drain",
+    "RejectStep": "reject_step",
+    "RejectInstall": "reject_install",
+    "RejectRoleConfig": "reject_role_config",
+    "ProtocolViolation": "protocol_violation",
+}
+"""Effect class name -> its ``WorkerProcessEffects`` method."""
+
+
+def bind(port: WorkerProcessEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+    """Effect class -> a call of ``port``'s method for it with the effect's fields; the
+    hosts of ``swactor.fsm.host`` add the timer effects."""
+    return {
+        InitializeRuntime: lambda e: port.initialize_runtime(
+            e.worker_generation,
+            e.arena_ceiling,
+            e.required_ring_helper_abi,
+        ),
+        EmitWorkerReady: lambda e: port.emit_worker_ready(
+            e.pid,
+            e.worker_generation,
+            e.ring_helper_abi,
+        ),
+        EmitWorkerFatal: lambda e: port.emit_worker_fatal(e.reason),
+        EmitWorkerStopped: lambda e: port.emit_worker_stopped(e.reason),
+        ExitProcess: lambda e: port.exit_process(e.code),
+        CreateRingMachine: lambda e: port.create_ring_machine(e.command),
+        ForwardUninstall: lambda e: port.forward_uninstall(e.ring_id, e.reason),
+        AdvanceRing: lambda e: port.advance_ring(e.ring_id),
+        ApplyRoleConfig: lambda e: port.apply_role_config(e.command),
+        StartStep: lambda e: port.start_step(e.command),
+        ReleaseWhenSafe: lambda e: port.release_when_safe(e.device_handle),
+        BeginDrain: lambda e: port.begin_drain(e.mode),
+        RejectStep: lambda e: port.reject_step(e.command, e.reason),
+        RejectInstall: lambda e: port.reject_install(e.command, e.reason),
+        RejectRoleConfig: lambda e: port.reject_role_config(e.command, e.reason),
+        ProtocolViolation: lambda e: port.protocol_violation(e.machine, e.state, e.event),
+    }
 
 
 # -- the protocol as data ---------------------------------------------------------------
