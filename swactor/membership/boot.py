@@ -36,6 +36,7 @@ from typing import Protocol
 
 import swactor.fsm.generated.node_boot as nb
 from swactor.events import Emitter, NodeAvailable, NodeFaulted, NodeStarted, default_emitter
+from swactor.fsm.host import MachineHost
 from swactor.membership.messages import BootHealth, Joined, MembershipEvent
 from swactor.membership.udp import MembershipNode
 from swactor.wire import Component, NodeId, RunFaultReason, RunId, StageIndex
@@ -66,8 +67,8 @@ class HealthPublisher(Protocol):
     def publish_health(self, health: BootHealth) -> None: ...
 
 
-class NodeBoot:
-    """The `node_boot` binding (see the module docstring)."""
+class NodeBoot(nb.NodeBootEffects[None]):
+    """The `node_boot` binding (see the module docstring): one method per effect."""
 
     def __init__(self, node_id: NodeId, ceiling: int, steps: BootSteps, *,
                  health: HealthPublisher | None = None, emitter: Emitter | None = None) -> None:
@@ -76,6 +77,7 @@ class NodeBoot:
         self._health = health
         self._emitter = emitter
         self._machine = nb.NodeBootMachine(_NoGuards(), node_id=node_id, ceiling=ceiling)
+        self._host = MachineHost(self._machine, nb.bind(self))
 
     @property
     def state(self) -> nb.State:
@@ -87,39 +89,49 @@ class NodeBoot:
 
     def handle(self, event: nb.Event) -> None:
         """Feed one milestone (or provisioning request, or shutdown) and act on it."""
-        for effect in self._machine.handle(event):
-            self._carry_out(effect)
+        self._host.feed(event)
 
-    def _carry_out(self, effect: nb.Effect) -> None:
-        emitter = self._emitter or default_emitter()
-        match effect:
-            case nb.ReportNodeStarted(node_id=node):
-                emitter.emit(NodeStarted(node_id=node))
-            case nb.ConstructArena(ceiling=ceiling):
-                self._steps.construct_arena(ceiling)
-            case nb.StartWorker():
-                self._steps.start_worker()
-            case nb.StartTransport():
-                self._steps.start_transport()
-            case nb.JoinMembership():
-                self._steps.join_membership()
-            case nb.ReportNodeAvailable(node_id=node):
-                emitter.emit(NodeAvailable(node_id=node))
-                if self._health is not None:
-                    self._health.publish_health(BootHealth.Available)
-            case nb.ReportNodeUnavailable(node_id=node, reason=reason, component=component):
-                emitter.emit(NodeFaulted(node_id=node, reason=reason, component=component))
-                if self._health is not None:
-                    self._health.publish_health(BootHealth.Unavailable)
-            case nb.AdmitProvisioning(run_id=run, stage_index=stage):
-                self._steps.admit_provisioning(run, stage)
-            case nb.RejectProvisioning(run_id=run, stage_index=stage, reason=reason,
-                                       component=component):
-                self._steps.reject_provisioning(run, stage, reason, component)
-            case nb.ShutdownNode():
-                self._steps.shutdown()
-            case _:
-                pass
+    # -- effects (NodeBootEffects) ------------------------------------------------------
+
+    @property
+    def _emit(self) -> Emitter:
+        return self._emitter or default_emitter()
+
+    def report_node_started(self, node_id: NodeId) -> None:
+        self._emit.emit(NodeStarted(node_id=node_id))
+
+    def construct_arena(self, ceiling: int) -> None:
+        self._steps.construct_arena(ceiling)
+
+    def start_worker(self) -> None:
+        self._steps.start_worker()
+
+    def start_transport(self, node_id: NodeId) -> None:
+        self._steps.start_transport()
+
+    def join_membership(self, node_id: NodeId) -> None:
+        self._steps.join_membership()
+
+    def report_node_available(self, node_id: NodeId) -> None:
+        self._emit.emit(NodeAvailable(node_id=node_id))
+        if self._health is not None:
+            self._health.publish_health(BootHealth.Available)
+
+    def report_node_unavailable(self, node_id: NodeId, reason: RunFaultReason,
+                                component: Component) -> None:
+        self._emit.emit(NodeFaulted(node_id=node_id, reason=reason, component=component))
+        if self._health is not None:
+            self._health.publish_health(BootHealth.Unavailable)
+
+    def admit_provisioning(self, run_id: RunId, stage_index: StageIndex) -> None:
+        self._steps.admit_provisioning(run_id, stage_index)
+
+    def reject_provisioning(self, run_id: RunId, stage_index: StageIndex,
+                            reason: RunFaultReason, component: Component) -> None:
+        self._steps.reject_provisioning(run_id, stage_index, reason, component)
+
+    def shutdown_node(self) -> None:
+        self._steps.shutdown()
 
 
 class _NoGuards:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import swactor.fsm.generated.pool_readiness as pr
 from swactor.events import Emitter, PoolReady, default_emitter
-from swactor.fsm.runtime import CancelTimer, StartTimer
+from swactor.fsm.host import MachineHost
 from swactor.membership.messages import (
     BootHealth,
     MemberChanged,
@@ -102,8 +102,9 @@ class CandidateView:
                 or (self.meta is not None and self.meta.boot_health is BootHealth.Unavailable))
 
 
-class PoolReadiness:
-    """The `pool_readiness` binding (see the module docstring)."""
+class PoolReadiness(pr.PoolReadinessEffects[None]):
+    """The `pool_readiness` binding (see the module docstring): its guards, its effects,
+    and its convergence timer (a deadline the caller's clock passes, `tick`)."""
 
     def __init__(self, candidates: Collection[NodeId], convergence_window_s: float, *,
                  observer: NodeId, emitter: Emitter | None = None) -> None:
@@ -117,7 +118,11 @@ class PoolReadiness:
         self._emitter = emitter
         self.convergence_window_s = convergence_window_s
         self._machine = pr.PoolReadinessMachine(self, convergence_window_s=convergence_window_s)
+        self._host = MachineHost(self._machine, pr.bind(self), timers=self,
+                                 timer_events=pr.TIMER_EVENTS)
         self._deadline = float("inf")
+        self._now = 0.0
+        """The caller's clock at the input being handled (timers and outcomes read it)."""
         self._outcomes: list[Outcome] = []
 
     # ------------------------------------------------------------ inputs
@@ -142,16 +147,16 @@ class PoolReadiness:
         """Fire the convergence window if its deadline passed."""
         if now >= self._deadline:
             self._deadline = float("inf")
-            self._apply(self._machine.handle(pr.ConvergenceWindowElapsed()), now)
+            self._feed(pr.ConvergenceWindowElapsed(), now)
 
     def plan_committed(self, run: RunId, now: float) -> None:
-        self._apply(self._machine.handle(pr.RunPlanCommitted(run_id=run)), now)
+        self._feed(pr.RunPlanCommitted(run_id=run), now)
 
     def run_ended(self, run: RunId, now: float) -> None:
-        self._apply(self._machine.handle(pr.RunEnded(run_id=run)), now)
+        self._feed(pr.RunEnded(run_id=run), now)
 
     def abort(self, now: float) -> None:
-        self._apply(self._machine.handle(pr.AbortWaiting()), now)
+        self._feed(pr.AbortWaiting(), now)
 
     # ------------------------------------------------------------ outputs
 
@@ -178,33 +183,41 @@ class PoolReadiness:
     def candidate_lost(self, event: pr.MemberChanged) -> bool:
         return self.views[event.node_id].lost
 
+    # ------------------------------------------------------------ timers (host's Timers)
+
+    def start(self, name: str, seconds: float, message: pr.Event) -> None:
+        self._deadline = self._now + seconds  # the one timer: ConvergenceWindowElapsed
+
+    def cancel(self, name: str) -> None:
+        self._deadline = float("inf")
+
+    # ------------------------------------------------------------ effects
+
+    def report_pool_ready(self) -> None:
+        emitter = self._emitter or default_emitter()
+        emitter.emit(PoolReady(node_id=self.observer, detail={
+            "candidates": len(self.candidates),
+            "convergence_window_s": self.convergence_window_s,
+            "gate": "pool_readiness"}))
+        self._outcomes.append(PoolReadyReached(self._now))
+
+    def report_pool_readiness_lost(self) -> None:
+        self._outcomes.append(ReadinessLost(self._now))
+
+    def report_membership_lost(self, node_id: NodeId) -> None:
+        self._outcomes.append(MembershipLost(node_id, self._now))
+
+    def report_pool_aborted(self) -> None:
+        self._outcomes.append(WaitingAborted(self._now))
+
     # ------------------------------------------------------------ internals
 
     def _changed(self, node: NodeId, now: float) -> None:
-        self._apply(self._machine.handle(pr.MemberChanged(node_id=node)), now)
+        self._feed(pr.MemberChanged(node_id=node), now)
 
-    def _apply(self, effects: list[pr.Effect], now: float) -> None:
-        for effect in effects:
-            match effect:
-                case StartTimer(seconds=seconds):
-                    self._deadline = now + seconds
-                case CancelTimer():
-                    self._deadline = float("inf")
-                case pr.ReportPoolReady():
-                    emitter = self._emitter or default_emitter()
-                    emitter.emit(PoolReady(node_id=self.observer, detail={
-                        "candidates": len(self.candidates),
-                        "convergence_window_s": self.convergence_window_s,
-                        "gate": "pool_readiness"}))
-                    self._outcomes.append(PoolReadyReached(now))
-                case pr.ReportPoolReadinessLost():
-                    self._outcomes.append(ReadinessLost(now))
-                case pr.ReportMembershipLost(node_id=node):
-                    self._outcomes.append(MembershipLost(node, now))
-                case pr.ReportPoolAborted():
-                    self._outcomes.append(WaitingAborted(now))
-                case _:
-                    pass
+    def _feed(self, event: pr.Event, now: float) -> None:
+        self._now = now
+        self._host.feed(event)
 
 
 async def wait_pool_ready(
