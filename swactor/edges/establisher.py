@@ -111,8 +111,8 @@ from swactor.wire import (
     RingInstalled,
     RingLayout,
     RingQuiesced,
-    RunFaultReason,
     StreamFaultReason,
+    UninstallReason,
 )
 
 log = logging.getLogger("swactor.edges.establisher")
@@ -169,11 +169,6 @@ class _Record:
         self.ring_id: RingId | None = None
         self.layout: RingLayout | None = None
         self.pump_stopped = False
-        self.never_connected = False
-        """The driver's StreamFault said the connection was never made (handshake failed,
-        peer not allowed): the edge fails as EdgeEstablishmentFailed (§36)."""
-        self.pump_failed = False
-        """The driver reported StreamFault(PumpFailed): the edge fails as PumpFailed."""
 
     # -- edge_record guards ----------------------------------------------------------
 
@@ -182,6 +177,12 @@ class _Record:
 
     def sends(self, event: er.RingInstalled) -> bool:
         return self.direction is RingDirection.Egress
+
+    def never_connected(self, event: er.StreamFault) -> bool:
+        return event.reason in NOT_ESTABLISHED
+
+    def pump_failed(self, event: er.StreamFault) -> bool:
+        return event.reason is StreamFaultReason.PumpFailed
 
     @property
     def tearing_down(self) -> bool:
@@ -247,12 +248,7 @@ class EdgeEstablisher(Actor[Any]):
                 if edge is None:
                     log.warning("stream fault before any edge id: %s %s", reason.value, detail)
                     return
-                rec = self.records.get(edge)
-                if rec is not None and reason is StreamFaultReason.PumpFailed:
-                    rec.pump_failed = True  # §36 pump failure, its own run fault reason
-                if rec is not None and reason in NOT_ESTABLISHED:
-                    rec.never_connected = True
-                self._to_record(ctx, rec, er.StreamFault(EdgeId(edge), reason))
+                self._to_record(ctx, self.records.get(edge), er.StreamFault(EdgeId(edge), reason))
             case tm.StreamClosed(edge_id=edge):
                 self._to_record(ctx, self.records.get(edge), er.StreamClosed(EdgeId(edge)))
             case tm.PumpStopped(edge_id=edge):
@@ -415,24 +411,30 @@ class EdgeEstablisher(Actor[Any]):
                     cfg.emit(EdgeReady(node_id=cfg.node_id, run_id=rec.run_id, edge_id=edge,
                                        ring_id=rec.ring_id))
             case er.NotifyEdgeFailed(edge_id=edge, reason=reason):
-                if reason is RunFaultReason.StreamFault and rec.never_connected:
-                    reason = RunFaultReason.EdgeEstablishmentFailed
-                if reason is RunFaultReason.StreamFault and rec.pump_failed:
-                    reason = RunFaultReason.PumpFailed
                 self._tell_actor(rec, EdgeDown(edge, reason))
                 self._drop_held_stream(rec)
             case er.NotifyEdgeStopped(edge_id=edge, clean=clean):
                 self._tell_actor(rec, EdgeGone(edge, clean))
                 self._drop_held_stream(rec)
             case er.StartEdgeTeardown(edge_id=edge, reason=reason):
-                assert rec.ring_id is not None, "teardown starts only after a lease"
-                rec.teardown = et.EdgeTeardownMachine(
-                    rec, edge_id=edge, ring_id=rec.ring_id, reason=reason,
-                    step_timeout_s=cfg.teardown_step_timeout_s,
-                )
-                self._to_teardown(ctx, rec, et.StopEdge(edge))
+                self._start_teardown(ctx, rec, reason, et.StopEdge(edge))
+            case er.StartTeardownOnStreamFault(edge_id=edge, reason=reason, uninstall=why):
+                self._start_teardown(ctx, rec, why, et.StreamFault(edge, reason))
+            case er.StartTeardownOnRingFault(ring_id=ring, edge_id=edge, port_id=port,
+                                             reason=reason, uninstall=why):
+                self._start_teardown(ctx, rec, why, et.RingFault(ring, edge, port, reason))
             case _:
                 raise TypeError(f"edge_record effect with no binding: {type(effect).__name__}")
+
+    def _start_teardown(self, ctx: Context[Any], rec: _Record, reason: UninstallReason,
+                        first: et.Event) -> None:
+        """A new edge_teardown machine, fed the event that stopped the record (§38)."""
+        assert rec.ring_id is not None, "teardown starts only after a lease"
+        rec.teardown = et.EdgeTeardownMachine(
+            rec, edge_id=rec.edge_id, ring_id=rec.ring_id, reason=reason,
+            step_timeout_s=self.config.teardown_step_timeout_s,
+        )
+        self._to_teardown(ctx, rec, first)
 
     def _teardown_effect(self, ctx: Context[Any], rec: _Record, effect: Any) -> None:
         cfg = self.config

@@ -217,3 +217,20 @@ async def node_pair(runtime: Runtime, ceiling: int = 8 << 20
     await b.start(config, (ida.node_id,))
     a.endpoint.address_book[idb.node_id] = b.endpoint.address
     return a, b
+
+
+def teardown_feed(monkeypatch: Any) -> dict[Any, list[Any]]:
+    """Every event each `edge_teardown` machine is fed, in order, keyed by the machine
+    (its `edge_id` says whose), in the order the machines were first fed."""
+    from swactor.fsm.generated import edge_teardown as et
+
+    fed: dict[Any, list[Any]] = {}
+    handle = et.EdgeTeardownMachine.handle
+
+    def recording(machine: et.EdgeTeardownMachine, event: et.Event) -> list[et.Effect]:
+        fed.setdefault(machine, []).append(event)
+        return handle(machine, event)
+
+    monkeypatch.setattr(et.EdgeTeardownMachine, "handle", recording)
+    return fed
+

@@ -12,6 +12,7 @@ from swactor.actors import ActorRef, Runtime
 from swactor.edges import EdgeReleases, StopEdgeRequest
 from swactor.faults import ENV_FILE, arm
 from swactor.fsm.generated import edge_record as er
+from swactor.fsm.generated import edge_teardown as et
 from swactor.wire import (
     Component,
     EdgeId,
@@ -20,7 +21,7 @@ from swactor.wire import (
     RingReadable,
     RunFaultReason,
 )
-from tests.edges.rig import EdgeNode, node_pair, rx, tx
+from tests.edges.rig import EdgeNode, node_pair, rx, teardown_feed, tx
 
 EDGE = EdgeId(11)
 
@@ -41,7 +42,10 @@ async def lose_connection(runtime: Runtime) -> tuple[EdgeNode, EdgeNode, list[Ac
     return a, b, [tx_actor, rx_actor]
 
 
-async def test_connection_loss_fails_both_ends_and_releases_their_leases() -> None:
+async def test_connection_loss_fails_both_ends_and_releases_their_leases(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fed = teardown_feed(monkeypatch)
     async with Runtime("edges") as runtime:
         a, b, actors = await lose_connection(runtime)
         try:
@@ -53,6 +57,9 @@ async def test_connection_loss_fails_both_ends_and_releases_their_leases() -> No
                 releases = await node.establisher.ask(EdgeReleases(), 5.0)
                 assert [kind for _, kind in releases] == [
                     QuiescenceProofKind.PumpStoppedAndRingQuiesced]
+            # both teardowns (one per node) began with the driver's fault (§38)
+            assert [type(events[0]) for events in fed.values()] == [et.StreamFault] * 2, fed
+            assert {int(machine.edge_id) for machine in fed} == {int(EDGE)}
             for node, actor in zip((a, b), actors, strict=True):
                 actor.tell(StopEdgeRequest(EDGE))
                 assert await node.owner.wait("stopped", EDGE) is True

@@ -13,19 +13,33 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
+
 from swactor.actors import Runtime
 from swactor.edges import EdgeReleases, StopEdgeRequest
 from swactor.fsm.generated import edge_record as er
+from swactor.fsm.generated import edge_teardown as et
 from swactor.transport.config import TransportConfig
 from swactor.transport.identity import NodeIdentity
-from swactor.wire import Component, EdgeId, QuiescenceProofKind, RunFaultReason
-from tests.edges.rig import PRODUCER, RING, EdgeNode, rx
+from swactor.wire import (
+    Component,
+    EdgeId,
+    PortId,
+    QuiescenceProofKind,
+    RingFaultReason,
+    RingId,
+    RunFaultReason,
+)
+from tests.edges.rig import PRODUCER, RING, EdgeNode, rx, teardown_feed
 from tests.edges.worker_rig import attach_worker, start_worker
 
 EDGES = (1, 2)
 
 
-async def test_worker_crash_faults_edges_and_teardown_releases_with_worker_reaped() -> None:
+async def test_worker_crash_faults_edges_and_teardown_releases_with_worker_reaped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fed = teardown_feed(monkeypatch)
     async with Runtime("node") as runtime:
         node = EdgeNode(runtime, "n", 1 << 20, NodeIdentity.generate())
         worker = attach_worker(runtime, node)
@@ -47,6 +61,11 @@ async def test_worker_crash_faults_edges_and_teardown_releases_with_worker_reape
             releases = await node.establisher.ask(EdgeReleases(), 5.0)
             assert sorted(releases) == sorted(
                 (ring, QuiescenceProofKind.WorkerReaped) for ring in rings)
+            # each teardown began with the worker's RingFault (§38 "on StopEdge or fault")
+            assert sorted((int(m.edge_id), events[0]) for m, events in fed.items()) == [
+                (edge, et.RingFault(RingId(ring), EdgeId(edge), PortId(edge),
+                                    RingFaultReason.WorkerProcessExited))
+                for edge, ring in zip(EDGES, rings, strict=True)]
             assert routes.edges == {}
 
             for edge, actor in zip(EDGES, actors, strict=True):
