@@ -1,7 +1,8 @@
 """A fresh clone makes sense alone: docs/ covers every table, and no link leaves the repo.
 
 - every table in `fsm/` has its page `docs/protocols/<machine>.md`, which links the table
-  and its diagram;
+  and its diagram, names each of its states and events, and describes what the binding
+  does for exactly the table's effects;
 - every relative link of the repository's Markdown (README, docs/, fsm/, diagrams/,
   docker/) names a file that exists inside the repository, and a `#fragment` names a
   heading of that file;
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 MARKDOWN = ("README.md", "docs", "fsm", "diagrams", "docker")
@@ -83,6 +85,34 @@ def test_every_table_has_a_page_that_links_its_table_and_diagram(machine: str) -
     assert f"../../fsm/{machine}.yaml" in targets
     assert f"../../diagrams/{machine}.svg" in targets
     assert f"index.md#{machine}" in targets
+
+
+def _declared(machine: str) -> dict[str, list[str]]:
+    table = yaml.safe_load((REPO / "fsm" / f"{machine}.yaml").read_text(encoding="utf-8"))
+    return {key: list(table[key]) for key in ("states", "events", "effects")}
+
+
+def effects_described(page: str) -> set[str]:
+    """The effect names in the first column of the page's "What the binding does" table."""
+    _, _, section = page.partition("\n## What the binding")
+    section = section.split("\n## ", 1)[0]
+    names: set[str] = set()
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            names |= set(re.findall(r"`([A-Z]\w*)`", line.split("|")[1]))
+    return names
+
+
+@pytest.mark.parametrize("machine", _tables())
+def test_every_page_names_its_states_and_events_and_describes_each_effect(
+        machine: str) -> None:
+    """A table that gains, loses or renames a state, event or effect needs its page updated."""
+    page = (REPO / "docs" / "protocols" / f"{machine}.md").read_text(encoding="utf-8")
+    declared = _declared(machine)
+    unnamed = [name for name in declared["states"] + declared["events"]
+               if not re.search(rf"\b{name}\b", page)]
+    assert unnamed == [], f"docs/protocols/{machine}.md does not name {unnamed}"
+    assert effects_described(page) == set(declared["effects"])
 
 
 def test_every_page_of_docs_protocols_is_a_table_or_the_index() -> None:
