@@ -1192,6 +1192,14 @@ PORT: dict[str, tuple[str, tuple[str, ...]]] = {
     "NotifyEdgeFailed": ("notify_edge_failed", ("edge_id", "reason")),
     "NotifyEdgeStopped": ("notify_edge_stopped", ("edge_id", "clean")),
     "StartEdgeTeardown": ("start_edge_teardown", ("edge_id", "reason")),
+    "StartTeardownOnStreamFault": (
+        "start_teardown_on_stream_fault",
+        ("edge_id", "reason", "uninstall"),
+    ),
+    "StartTeardownOnRingFault": (
+        "start_teardown_on_ring_fault",
+        ("ring_id", "edge_id", "port_id", "reason", "uninstall"),
+    ),
 }
 EFFECTS: dict[str, Any] = {
     "SpawnEdgeActor": gen.SpawnEdgeActor(
@@ -1223,6 +1231,18 @@ EFFECTS: dict[str, Any] = {
     "StartEdgeTeardown": gen.StartEdgeTeardown(
         edge_id=example(wire.EdgeId),
         reason=example(wire.UninstallReason),
+    ),
+    "StartTeardownOnStreamFault": gen.StartTeardownOnStreamFault(
+        edge_id=example(wire.EdgeId),
+        reason=example(wire.StreamFaultReason),
+        uninstall=example(wire.UninstallReason),
+    ),
+    "StartTeardownOnRingFault": gen.StartTeardownOnRingFault(
+        ring_id=example(wire.RingId),
+        edge_id=example(wire.EdgeId),
+        port_id=example(wire.PortId),
+        reason=example(wire.RingFaultReason),
+        uninstall=example(wire.UninstallReason),
     ),
 }
 

@@ -876,6 +876,30 @@ class EdgeRecordEffects(Protocol[Result]):
         """
         ...
 
+    def start_teardown_on_stream_fault(
+        self,
+        edge_id: wire.EdgeId,
+        reason: wire.StreamFaultReason,
+        uninstall: wire.UninstallReason,
+    ) -> Result:
+        """Create the edge_teardown machine for this edge (ring id, uninstall reason) and feed
+        it StreamFault(edge_id, reason).
+        """
+        ...
+
+    def start_teardown_on_ring_fault(
+        self,
+        ring_id: wire.RingId,
+        edge_id: wire.EdgeId,
+        port_id: wire.PortId,
+        reason: wire.RingFaultReason,
+        uninstall: wire.UninstallReason,
+    ) -> Result:
+        """Create the edge_teardown machine for this edge (ring id, uninstall reason) and feed
+        it RingFault(ring_id, edge_id, port_id, reason).
+        """
+        ...
+
 
 EFFECT_METHODS: Final[dict[str, str]] = {
     "SpawnEdgeActor": "spawn_edge_actor",
@@ -889,6 +913,8 @@ EFFECT_METHODS: Final[dict[str, str]] = {
     "NotifyEdgeFailed": "notify_edge_failed",
     "NotifyEdgeStopped": "notify_edge_stopped",
     "StartEdgeTeardown": "start_edge_teardown",
+    "StartTeardownOnStreamFault": "start_teardown_on_stream_fault",
+    "StartTeardownOnRingFault": "start_teardown_on_ring_fault",
 }
 """Effect class name -> its ``EdgeRecordEffects`` method."""
 
@@ -908,6 +934,18 @@ def bind(port: EdgeRecordEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
         NotifyEdgeFailed: lambda e: port.notify_edge_failed(e.edge_id, e.reason),
         NotifyEdgeStopped: lambda e: port.notify_edge_stopped(e.edge_id, e.clean),
         StartEdgeTeardown: lambda e: port.start_edge_teardown(e.edge_id, e.reason),
+        StartTeardownOnStreamFault: lambda e: port.start_teardown_on_stream_fault(
+            e.edge_id,
+            e.reason,
+            e.uninstall,
+        ),
+        StartTeardownOnRingFault: lambda e: port.start_teardown_on_ring_fault(
+            e.ring_id,
+            e.edge_id,
+            e.port_id,
+            e.reason,
+            e.uninstall,
+        ),
     }
 
 
