@@ -31,28 +31,15 @@ import sys
 from pathlib import Path
 
 from swactor import heap, memtrace
+from swactor.cliargs import byte_count_arg, node_id
 from swactor.events.emitter import add_event_arguments, configure_from_args
 from swactor.membership.admission import Admission
 from swactor.membership.cli import add_admission_arguments, admission_from_args, parse_address
 from swactor.model.paths import model_cache_dir
 from swactor.node.node import DEFAULT_ARENA_CEILING, NodeBootError, NodeConfig, StageNode
 from swactor.node.role_config import DEFAULT_WEIGHT_MODE, WEIGHT_MODES
-from swactor.orchestrator.inventory import parse_bytes
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId
-
-
-def parse_node_id(text: str) -> NodeId:
-    """A node id: decimal, `0x`-prefixed hex, or the 16 hex digits `node-id` prints."""
-    text = text.strip()
-    try:
-        if text.lower().startswith("0x") or (len(text) == 16 and not text.isdigit()):
-            value = int(text, 16)
-        else:
-            value = int(text, 10)
-        return NodeId(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a node id") from None
 
 
 def trusted_orchestrator(given: NodeId | None, admission: Admission | None) -> NodeId:
@@ -70,13 +57,6 @@ def trusted_orchestrator(given: NodeId | None, admission: Admission | None) -> N
     return pinned[0]
 
 
-def _bytes(text: str) -> int:
-    try:
-        return parse_bytes(text, "--arena-ceiling")
-    except Exception as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "node", help="run one stage node (arena, worker, QUIC) until stopped",
@@ -85,14 +65,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--bind", default="127.0.0.1", help="listen host (default 127.0.0.1)")
     parser.add_argument("--quic", type=int, default=0, metavar="PORT",
                         help="UDP port for QUIC (default: any free port)")
-    parser.add_argument("--trust-orchestrator", type=parse_node_id, default=None,
+    parser.add_argument("--trust-orchestrator", type=node_id, default=None,
                         metavar="NODE_ID",
                         help="the only node allowed to provision and stop (required to serve, "
                         "unless --pool names exactly one orchestrator)")
     parser.add_argument("--show-id", action="store_true",
                         help="print the node id derived from --key (creating the key on "
                         "first use) and exit; `swactor node-id` does the same")
-    parser.add_argument("--arena-ceiling", type=_bytes, default=DEFAULT_ARENA_CEILING,
+    parser.add_argument("--arena-ceiling", type=byte_count_arg, default=DEFAULT_ARENA_CEILING,
                         metavar="BYTES", help="shared arena size (e.g. 256MiB)")
     parser.add_argument("--swim", type=parse_address, default=None, metavar="HOST:PORT",
                         help="join SWIM membership on this UDP address (with --seed)")

@@ -26,12 +26,12 @@ Whether a node's memory is zero or too small is the planner's check, not this mo
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from swactor.cliargs import BYTE_COUNT_HELP, byte_count
 from swactor.orchestrator.errors import PlannerError, PlanProblem
 from swactor.wire import NodeId
 from swactor.wire.errors import WireError
@@ -43,14 +43,6 @@ DEFAULT_NODE_MEMORY_BYTES = 8 << 30
 DEFAULT_DEVICE_KIND = "cpu"
 DEFAULT_ORCHESTRATOR_NODE = NodeId(1000)
 SYNTHETIC_FIRST_NODE = 1
-
-_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
-
 
 @dataclass(frozen=True, slots=True)
 class NodeResources:
@@ -75,14 +67,10 @@ def parse_bytes(value: object, where: str) -> int:
         raise PlannerError(PlanProblem.PoolFileInvalid, f"{where}: a byte count, not a boolean")
     if isinstance(value, int):
         return value
-    if isinstance(value, str):
-        match = _SIZE.fullmatch(value)
-        if match and match.group(2).lower() in _UNITS:
-            return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if isinstance(value, str) and (count := byte_count(value)) is not None:
+        return count
     raise PlannerError(
-        PlanProblem.PoolFileInvalid,
-        f"{where}: {value!r} is not a byte count (an integer, or a number with B/KB/MB/GB/"
-        "TB/KiB/MiB/GiB/TiB)",
+        PlanProblem.PoolFileInvalid, f"{where}: {value!r} is not a byte count ({BYTE_COUNT_HELP})"
     )
 
 

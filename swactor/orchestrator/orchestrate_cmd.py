@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from swactor.cliargs import node_id, positive_int
 from swactor.events.emitter import add_event_arguments, configure_from_args
 from swactor.membership.cli import add_admission_arguments, admission_from_args
 
@@ -46,16 +47,6 @@ def _split_arg(text: str) -> tuple[int, ...]:
             f"{text!r} is not a comma-separated list of block counts (e.g. 10,10,10)") from None
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
 def _address(text: str) -> tuple[str, int]:
     from swactor.membership.cli import parse_address
 
@@ -64,14 +55,13 @@ def _address(text: str) -> tuple[str, int]:
 
 def parse_member(text: str) -> PoolMember:
     """`NODE_ID@HOST:PORT` -> PoolMember (node id decimal, 0x-hex or 16 hex digits)."""
-    from swactor.node.cli import parse_node_id
     from swactor.orchestrator.session import PoolMember
 
     node, at, address = text.partition("@")
     host, colon, port = address.rpartition(":")
     if not at or not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"{text!r} is not NODE_ID@HOST:PORT")
-    return PoolMember(parse_node_id(node), host, int(port))
+    return PoolMember(node_id(node), host, int(port))
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,9 +79,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                        "reads the file at the orchestrator's path)")
     group.add_argument("--chat", action="store_true",
                        help="wrap the prompt in the model's chat template (one user turn)")
-    group.add_argument("--max-tokens", type=_positive, default=32, metavar="N",
+    group.add_argument("--max-tokens", type=positive_int, default=32, metavar="N",
                        help="tokens to generate at most (default 32)")
-    group.add_argument("--max-seq-len", type=_positive, default=None, metavar="N",
+    group.add_argument("--max-seq-len", type=positive_int, default=None, metavar="N",
                        help="positions per run, prompt included (default: min(context, 2048))")
     group.add_argument("--split", type=_split_arg, default=None, metavar="B0,B1,...",
                        help="explicit blocks per stage (default: even)")
@@ -119,7 +109,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                       help="a stage node, in stage order (repeat)")
     pool.add_argument("--seed", type=_address, action="append", default=[],
                       metavar="HOST:PORT", help="find the pool by SWIM through this seed")
-    pool.add_argument("--nodes", type=_positive, default=None, metavar="N",
+    pool.add_argument("--nodes", type=positive_int, default=None, metavar="N",
                       help="with --seed: wait for N available nodes (default: every node "
                       "of --pool; 3 with --open-pool)")
     pool.add_argument("--swim", type=_address, default=None, metavar="HOST:PORT",

@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from swactor.cliargs import positive_int
+
 if TYPE_CHECKING:
     from swactor.orchestrator.planner import PlannedRun
     from swactor.wire import EdgeEndpoint
@@ -41,32 +43,22 @@ def _split_arg(text: str) -> tuple[int, ...]:
     return counts
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """The planning flags (shared with the commands that run a plan)."""
     group = parser.add_argument_group("planning")
     group.add_argument("--model", type=Path, default=None,
                        help="GGUF file (default: the embedded SmolLM2 in the model cache)")
     pool = group.add_mutually_exclusive_group()
-    pool.add_argument("--nodes", type=_positive, metavar="N",
+    pool.add_argument("--nodes", type=positive_int, metavar="N",
                       help="N identical local nodes (default: one per --split entry, else 3)")
     pool.add_argument("--pool", type=Path, metavar="FILE.json",
                       help='pool inventory: {"nodes": [{"node_id": 1, "usable_memory_bytes": '
                            '"8 GiB", "device_kind": "cuda"}, ...]}')
     group.add_argument("--split", type=_split_arg, metavar="B0,B1,...",
                        help="explicit blocks per stage (default: proportional to node memory)")
-    group.add_argument("--max-tokens", type=_positive, default=None, metavar="N",
+    group.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
                        help="tokens to generate at most (default 64)")
-    group.add_argument("--max-seq-len", type=_positive, default=None, metavar="N",
+    group.add_argument("--max-seq-len", type=positive_int, default=None, metavar="N",
                        help="positions per run, prompt included (default: min(context, 2048))")
     group.add_argument("--dtype", choices=("f32", "f16"), default="f32",
                        help="activation and compute dtype (default f32)")

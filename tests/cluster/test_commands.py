@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from swactor.cli import main
+from swactor.cliargs import node_id as parse_node_id
 from swactor.fsm.generated import orchestrator_run as orun
-from swactor.node.cli import parse_node_id
-from swactor.node.control_messages import (
+from swactor.orchestrator.orchestrate_cmd import parse_member
+from swactor.transport.run_control import (
     REGISTRY,
     AddressBook,
     PeerAddress,
@@ -20,7 +21,6 @@ from swactor.node.control_messages import (
     report_event,
     report_message,
 )
-from swactor.orchestrator.orchestrate_cmd import parse_member
 from swactor.wire import Component, NodeId, RunFaultReason, RunId, StageIndex
 from swactor.wire.errors import WireError
 

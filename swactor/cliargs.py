@@ -1,0 +1,66 @@
+"""Argument types the command-line tools share (`type=` callables for argparse).
+
+Each turns one command-line string into a typed value or raises
+`argparse.ArgumentTypeError` with a message naming the bad text, which argparse prints
+after the flag's name. The node and orchestrator commands both use them, so this module
+sits below both packages and imports neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from swactor.wire import NodeId
+
+BYTE_UNITS: dict[str, int] = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+}
+"""Suffixes a byte count may carry (case-insensitive), and their multipliers."""
+
+BYTE_COUNT_HELP = "an integer, or a number with B/KB/MB/GB/TB/KiB/MiB/GiB/TiB"
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
+
+
+def byte_count(text: str) -> int | None:
+    """`"8 GiB"`, `"512MB"`, `"4096"` -> bytes; None when `text` is no byte count."""
+    match = _SIZE.fullmatch(text)
+    if match is None or match.group(2).lower() not in BYTE_UNITS:
+        return None
+    return int(float(match.group(1)) * BYTE_UNITS[match.group(2).lower()])
+
+
+def byte_count_arg(text: str) -> int:
+    """argparse type: a byte count (`byte_count`)."""
+    value = byte_count(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a byte count ({BYTE_COUNT_HELP})")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def node_id(text: str) -> NodeId:
+    """argparse type: a node id, decimal, `0x`-prefixed hex, or the 16 hex digits
+    `swactor node-id` prints."""
+    text = text.strip()
+    try:
+        if text.lower().startswith("0x") or (len(text) == 16 and not text.isdigit()):
+            value = int(text, 16)
+        else:
+            value = int(text, 10)
+        return NodeId(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a node id") from None
