@@ -18,7 +18,7 @@ Wiring one node (see `tests/edges/rig.py` for a complete, runnable example)::
 
     manager = ArenaManager(ceiling); manager.construct(); minter = manager.take_minter()
     arena = runtime.spawn(lambda: ArenaActor(manager), "arena")
-    installer = WorkerRingInstaller(worker_ctl_ref, routes)       # or LocalRingInstaller
+    installer = WorkerRingInstaller(worker_ctl_ref, routes.edges)       # or LocalRingInstaller
     driver = runtime.spawn(lambda: DriverActor(endpoint, manager.arena, WakeFanout(installer)))
     establisher = runtime.spawn(lambda: EdgeEstablisher(EstablisherConfig(
         node_id, arena, driver, installer, minter, worker_ctl=worker_ctl_ref)))

@@ -92,7 +92,6 @@ from swactor.events.schema import EdgeReady, LifecycleEvent
 from swactor.fsm.generated import edge_record as er
 from swactor.fsm.generated import edge_teardown as et
 from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer
-from swactor.node.worker_ctl import WorkerReaped
 from swactor.transport import messages as tm
 from swactor.wire import (
     ArenaFailure,
@@ -113,6 +112,7 @@ from swactor.wire import (
     RingQuiesced,
     StreamFaultReason,
     UninstallReason,
+    WorkerReaped,
 )
 
 log = logging.getLogger("swactor.edges.establisher")

@@ -11,8 +11,9 @@ establisher with the §30 events a worker would send: `RingInstalled` after `ins
 hints to its end of the ring (`wake`, True when the ring is one of its own).
 
 - `WorkerRingInstaller` sends GpuWorkerCtl's `InstallRing` / `UninstallRing`; GpuWorkerCtl
-  answers through its `WorkerRoutes` (the establisher and the ring's edge actor, which
-  this installer registers in `routes.edges` so object events reach it). Wake hints
+  answers through its routes (the establisher and the ring's edge actor, which this
+  installer registers in `edge_routes`, GpuWorkerCtl's `WorkerRoutes.edges`, so object
+  events reach it). Wake hints
   become GpuWorkerCtl's `RingReadable` / `RingWritable` commands.
 - `LocalRingInstaller` is the token endpoint's end, in this process: it opens its own
   `Ring` handle on the arena (the header was written by the ArenaManager) and answers
@@ -29,7 +30,6 @@ from typing import Any, Protocol
 from swactor.actors import ActorRef
 from swactor.arena import Arena
 from swactor.fsm.generated import gpu_worker_ctl as gwc
-from swactor.node.worker_ctl import WorkerRoutes
 from swactor.ring import Ring, RingError
 from swactor.transport.messages import RingReadable, WakeHint
 from swactor.wire import (
@@ -69,16 +69,18 @@ class RingInstaller(Protocol):
 class WorkerRingInstaller:
     """Installs rings in the GPU worker through GpuWorkerCtl."""
 
-    def __init__(self, worker_ctl: ActorRef[Any], routes: WorkerRoutes) -> None:
+    def __init__(
+        self, worker_ctl: ActorRef[Any], edge_routes: dict[RingId, ActorRef[Any]]
+    ) -> None:
         self.worker_ctl = worker_ctl
-        self.routes = routes
+        self.edge_routes = edge_routes
         self._rings: set[int] = set()
 
     def install(
         self, command: InstallRing, establisher: ActorRef[Any], edge_actor: ActorRef[Any]
     ) -> None:
         self._rings.add(int(command.ring_id))
-        self.routes.edges[command.ring_id] = edge_actor
+        self.edge_routes[command.ring_id] = edge_actor
         self.worker_ctl.tell(gwc.InstallRing(command))
 
     def uninstall(self, ring_id: RingId, reason: UninstallReason, establisher: ActorRef[Any]
@@ -87,7 +89,7 @@ class WorkerRingInstaller:
 
     def forget(self, ring_id: RingId) -> None:
         self._rings.discard(int(ring_id))
-        self.routes.edges.pop(ring_id, None)
+        self.edge_routes.pop(ring_id, None)
 
     def wake(self, hint: WakeHint) -> bool:
         if hint.ring_id not in self._rings:

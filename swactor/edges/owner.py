@@ -25,8 +25,7 @@ from typing import Any, Protocol
 
 from swactor.actors import ActorRef
 from swactor.fsm.generated import stage_controller as scm
-from swactor.node.stage_ports import EdgeEstablished
-from swactor.wire import Component, EdgeId, RingId, RunFaultReason
+from swactor.wire import Component, EdgeEstablished, EdgeId, RingId, RunFaultReason
 
 
 class EdgeOwner(Protocol):

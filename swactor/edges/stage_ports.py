@@ -11,7 +11,7 @@ against the node's EdgeEstablisher:
   outbound edge (consumer node from the provision) on the output port. The owner of
   both edge actors is a `StageOwner` of `stage` (the StageHost or the controller), so
   EdgeEstablished / EdgeFault / EdgeStopped come back as the controller's mail. A
-  refused provisioning (the edge id already has a live record) raises `StagePortError`
+  refused provisioning (the edge id already has a live record) raises `RunFaultError`
   with EdgeEstablishmentFailed.
 - `stop_edges(inbound, outbound)` sends StopEdgeRequest to each edge's actor; the
   actor's EdgeStopped answers. An edge that was never provisioned (or whose actor is
@@ -29,13 +29,13 @@ from swactor.actors import ActorRef
 from swactor.edges.messages import EdgeProvisioned, ProvisionEdge, StopEdgeRequest
 from swactor.edges.owner import StageOwner
 from swactor.fsm.generated import stage_controller as scm
-from swactor.node.stage_ports import StagePortError
 from swactor.wire import (
     EdgeId,
     PortId,
     ProvisionRx,
     ProvisionStage,
     ProvisionTx,
+    RunFaultError,
     RunFaultReason,
     RunId,
 )
@@ -87,7 +87,7 @@ class EdgeStagePorts:
                 ProvisionEdge(provision, port, StageOwner(self.stage), run_id),
                 self.ask_timeout_s)
             if not isinstance(answer, EdgeProvisioned):
-                raise StagePortError(RunFaultReason.EdgeEstablishmentFailed,
+                raise RunFaultError(RunFaultReason.EdgeEstablishmentFailed,
                                      getattr(answer, "detail", repr(answer)))
             self.edge_actors[edge] = answer.edge_actor
             ports = self._input_edges if isinstance(provision, ProvisionRx) else self._output_edges

@@ -90,19 +90,10 @@ from swactor.fsm.generated import node_boot as nb
 from swactor.fsm.generated import stage_controller as scm
 from swactor.membership.admission import Admission, swim_allow_list
 from swactor.membership.boot import NodeBoot
-from swactor.node.control_messages import (
-    ORCHESTRATOR_ONLY,
-    REGISTRY,
-    AddressBook,
-    StageFaultReport,
-    StopRunMessage,
-    report_message,
-)
 from swactor.node.pool_weights import PoolWeights
 from swactor.node.stage_host import StageHost, StageHostConfig, StageHostState, StopRunRequest
 from swactor.node.stage_ports import StageOutcome, StageReport
 from swactor.node.stage_worker_ports import WorkerStagePorts
-from swactor.node.transports import QuicTransport, Transport
 from swactor.node.worker_ctl import (
     GpuWorkerCtl,
     WorkerCtlConfig,
@@ -116,7 +107,16 @@ from swactor.transport.config import TransportConfig
 from swactor.transport.control import Handler
 from swactor.transport.endpoint import QuicLink
 from swactor.transport.errors import ControlError
+from swactor.transport.factory import QuicTransport, Transport
 from swactor.transport.identity import NodeIdentity
+from swactor.transport.run_control import (
+    ORCHESTRATOR_ONLY,
+    REGISTRY,
+    AddressBook,
+    StageFaultReport,
+    StopRunMessage,
+    report_message,
+)
 from swactor.wire import (
     ArenaFailure,
     Component,
@@ -528,7 +528,7 @@ class StageNode:
         assert routes is not None and ctl is not None and host is not None
         assert arena_ref is not None
         arena = manager.arena
-        installer = WorkerRingInstaller(ctl, routes)
+        installer = WorkerRingInstaller(ctl, routes.edges)
         driver_actor = DriverActor(endpoint, arena, WakeFanout(installer), network.driver)
         self.driver = driver_actor.driver
         driver = self._driver_ref = runtime.spawn(lambda: driver_actor, "driver",

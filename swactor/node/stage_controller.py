@@ -82,23 +82,22 @@ from swactor.fsm.generated import orchestrator_run as orun
 from swactor.fsm.generated import stage_controller as scm
 from swactor.fsm.runtime import ProtocolError
 from swactor.node.stage_ports import (
-    EdgeEstablished,
     StageFaultRecord,
     StageOutcome,
-    StagePortError,
     StagePorts,
     StageReport,
     WeightsFetched,
 )
 from swactor.node.worker_ctl import WorkerCrashed as WorkerCrashedNotice
 from swactor.wire import (
+    OBJECT_FAULTS,
     AwaitedInput,
     Component,
     DeviceObjectHandle,
+    EdgeEstablished,
     EdgeId,
     EdgeKind,
     NodeId,
-    ObjectFailure,
     ObjectId,
     OutputBinding,
     PortId,
@@ -106,6 +105,7 @@ from swactor.wire import (
     ReleaseFailure,
     RingId,
     RoleFailure,
+    RunFaultError,
     RunFaultReason,
     RunId,
     Sequence,
@@ -132,18 +132,6 @@ WorkerMail = (
 )
 StageMail = scm.Event | WorkerMail | EdgeEstablished | WeightsFetched
 """Everything a StageController takes (module doc)."""
-
-OBJECT_FAULTS: dict[ObjectFailure, RunFaultReason] = {
-    ObjectFailure.HeaderMalformed: RunFaultReason.ObjectHeaderMalformed,
-    ObjectFailure.UnsupportedObjectVersion: RunFaultReason.ObjectHeaderMalformed,
-    ObjectFailure.ExtentExceedsMax: RunFaultReason.ObjectHeaderMalformed,
-    ObjectFailure.ExtentAlignmentInvalid: RunFaultReason.ObjectHeaderMalformed,
-    ObjectFailure.SequenceViolation: RunFaultReason.SequenceViolation,
-    ObjectFailure.DeviceAllocationFailed: RunFaultReason.DeviceOutOfMemory,
-    ObjectFailure.DeviceCopyFailed: RunFaultReason.DeviceCopyFailed,
-    ObjectFailure.EofMidObject: RunFaultReason.EofMidObject,
-}
-"""The §36 run-level reason of each §37 object failure on one of the stage's edges."""
 
 WEIGHT_REASONS = frozenset({
     RunFaultReason.WeightDownloadFailed,
@@ -543,7 +531,7 @@ class StageController(Actor[StageMail]):
         ))
 
         def failed(error: BaseException) -> scm.Event:
-            reason = (error.reason if isinstance(error, StagePortError)
+            reason = (error.reason if isinstance(error, RunFaultError)
                       else RunFaultReason.EdgeEstablishmentFailed)
             return scm.EdgeFault(edge, reason, Component.EdgeEstablisher)
 
@@ -570,7 +558,7 @@ class StageController(Actor[StageMail]):
         role = provision.runtime.role_id
         try:
             command = self._command(provision, step_id, sequence)
-        except StagePortError as error:
+        except RunFaultError as error:
             log.warning("stage %s: step %d not issued: %s", self._name, int(step_id), error)
             ctx.self_ref.tell(scm.StepFailed(role, step_id, _step_failure(error)))
             return
@@ -594,7 +582,7 @@ class StageController(Actor[StageMail]):
         inbound = self._rings.get(provision.inbound.edge_id)
         ring = self._rings.get(provision.outbound.edge_id)
         if inbound is None or ring is None:
-            raise StagePortError(RunFaultReason.StepFailed, "edge ring unknown")
+            raise RunFaultError(RunFaultReason.StepFailed, "edge ring unknown")
         runtime = provision.runtime
         return wire.ExecuteStep(
             role_id=runtime.role_id,
@@ -756,24 +744,24 @@ def _handle_key(handle: DeviceObjectHandle) -> tuple[int, int]:
 
 
 def _role_failure(error: BaseException) -> RoleFailure:
-    if isinstance(error, StagePortError) and error.reason in _WORKER_GONE:
+    if isinstance(error, RunFaultError) and error.reason in _WORKER_GONE:
         return RoleFailure.WorkerProcessExited
     return RoleFailure.ConfigInvalid
 
 
 def _weights_reason(error: BaseException) -> RunFaultReason:
-    if isinstance(error, StagePortError) and error.reason in WEIGHT_REASONS:
+    if isinstance(error, RunFaultError) and error.reason in WEIGHT_REASONS:
         return error.reason
     return RunFaultReason.WeightLoadFailed
 
 
 def _step_failure(error: BaseException) -> StepFailure:
-    if isinstance(error, StagePortError) and error.reason in _WORKER_GONE:
+    if isinstance(error, RunFaultError) and error.reason in _WORKER_GONE:
         return StepFailure.WorkerProcessExited
     return StepFailure.RoleUnavailable
 
 
 def _release_failure(error: BaseException) -> ReleaseFailure:
-    if isinstance(error, StagePortError) and error.reason in _WORKER_GONE:
+    if isinstance(error, RunFaultError) and error.reason in _WORKER_GONE:
         return ReleaseFailure.WorkerProcessExited
     return ReleaseFailure.WorkerShuttingDown

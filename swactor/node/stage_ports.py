@@ -33,7 +33,7 @@ entering Preparing). For a role whose configuration reads the weights (the
 that its `load_weights` produces before sending ConfigureRole; so `WeightsReady` means
 the artifact range is local and validated, `RoleConfigured` that the worker bound it.
 
-A port that cannot act raises `StagePortError` with the §36 run-level reason; the
+A port that cannot act raises `RunFaultError` with the §36 run-level reason; the
 controller turns it into the machine event that port's outcome would have been
 (WeightsFailed, RoleFailed, EdgeFault, StepFailed, ReleaseFailed, EdgeStopped(clean
 false)), so a refused command never leaves the stage waiting.
@@ -56,7 +56,6 @@ from swactor.wire import (
     ExecuteStep,
     NodeId,
     ProvisionStage,
-    RingId,
     RoleId,
     RunFaultReason,
     RunId,
@@ -66,15 +65,6 @@ from swactor.wire import (
 
 StageReport: TypeAlias = orun.StageReady | orun.StageFault | orun.StageStopped
 """What a stage tells the orchestrator: the orchestrator_run machine's own events."""
-
-
-class StagePortError(Exception):
-    """A port could not carry out an action; `reason` is the §36 run-level fault source."""
-
-    def __init__(self, reason: RunFaultReason, detail: str) -> None:
-        super().__init__(f"{reason.value}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 class StagePorts(Protocol):
@@ -126,14 +116,6 @@ class StagePorts(Protocol):
 
 
 # -- mail the controller takes besides the machine's events --------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class EdgeEstablished:
-    """An edge actor's end of `edge_id` is ready on ring `ring_id` (becomes EdgeReady)."""
-
-    edge_id: EdgeId
-    ring_id: RingId
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ edge ports (EdgeEstablisher, edge actors), `report` (control channel) and `emit`
   it tell the stage `WeightsFetched` (bytes now on this node: downloaded, or the local
   file's stage bytes) and `WeightsReady` (the range is on this node and validated; the
   worker reads and binds it during role configuration, which `RoleConfigured` reports).
-  A `WeightsError` raises `StagePortError` with WeightDownloadFailed (download, cache,
+  A `WeightsError` raises `RunFaultError` with WeightDownloadFailed (download, cache,
   source problems) or WeightLoadFailed (the file does not hold what the plan says),
   which the controller reports as its StageFault.
 - `configure_role(provision)` waits for that location, then sends ConfigureRole with the
@@ -53,7 +53,7 @@ from swactor.actors import ActorRef
 from swactor.fsm.generated import gpu_worker_ctl as gwc
 from swactor.fsm.generated import stage_controller as scm
 from swactor.node.role_config import RoleConfigProblem, llama_stage_config
-from swactor.node.stage_ports import StagePortError, WeightsFetched
+from swactor.node.stage_ports import WeightsFetched
 from swactor.wire import (
     ConfigureRole,
     DeviceObjectHandle,
@@ -62,6 +62,7 @@ from swactor.wire import (
     JsonObject,
     ProvisionStage,
     RoleId,
+    RunFaultError,
     RunFaultReason,
     RunId,
     WorkerGeneration,
@@ -210,13 +211,13 @@ class WorkerStagePorts:
         try:
             if provision.gguf_source.kind is GgufSourceKind.PoolPeer and not override:
                 if self.fetch is None:
-                    raise StagePortError(RunFaultReason.WeightDownloadFailed,
+                    raise RunFaultError(RunFaultReason.WeightDownloadFailed,
                                          "this node cannot fetch PoolPeer weights")
                 location = await self.fetch(provision)
             spanned, table = await asyncio.to_thread(validate_weights, provision, location,
                                                      self.cache_dir)
         except Exception as error:  # WeightsError, or a reader bug: both fault the stage
-            failure = error if isinstance(error, StagePortError) else StagePortError(
+            failure = error if isinstance(error, RunFaultError) else RunFaultError(
                 _fault_reason(error), str(error))
             if not future.done():
                 future.set_exception(failure)
@@ -233,7 +234,7 @@ class WorkerStagePorts:
             config = llama_stage_config(provision, location, self.cache_dir, self.weights,
                                         table=table)
         except RoleConfigProblem as error:
-            raise StagePortError(RunFaultReason.WeightLoadFailed, str(error)) from None
+            raise RunFaultError(RunFaultReason.WeightLoadFailed, str(error)) from None
         self.worker.tell(gwc.ConfigureRole(ConfigureRole(provision.runtime.role_id, config)))
 
     async def execute_step(self, command: ExecuteStep) -> None:

@@ -117,6 +117,7 @@ from swactor.wire import (
     WorkerFatalReason,
     WorkerGeneration,
     WorkerReady,
+    WorkerReaped,
     WorkerStopped,
     decode_event,
     encode_line,
@@ -155,13 +156,6 @@ class WorkerCrashed:
     exit_code: int
     fatal: WorkerFatalReason | None = None
     """The reason of the WorkerFatal the worker reported before it exited, if it did."""
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerReaped:
-    """`ring_id` is no longer mapped by any worker; its lease may be released."""
-
-    ring_id: RingId
 
 
 Notice = WorkerReadyNotice | WorkerFailedNotice | WorkerCrashed | WorkerReaped
@@ -563,7 +557,6 @@ __all__ = [
     "WorkerCtlConfig",
     "WorkerFailedNotice",
     "WorkerReadyNotice",
-    "WorkerReaped",
     "WorkerRoutes",
     "decode_worker_line",
 ]

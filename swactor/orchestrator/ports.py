@@ -11,7 +11,7 @@ plug in memory fakes.
 Port methods return as soon as the action is started (a message sent, an endpoint
 being built): their outcomes come back as messages to the run actor (`StageReady`,
 `EndpointReady`, `TokenOutput`, `StageStopped`, `EndpointsStopped`, faults). A port that
-cannot act raises `PortError` with the §36 run-level reason; the binding turns it into
+cannot act raises `RunFaultError` with the §36 run-level reason; the binding turns it into
 the machine's fault event for that stage or endpoint (or, during teardown, into an
 unclean stop), so a dead node or a refused send never leaves the run waiting.
 
@@ -43,15 +43,6 @@ from swactor.wire import (
     StageIndex,
     TeardownOutcome,
 )
-
-
-class PortError(Exception):
-    """A port could not carry out an action; `reason` is the §36 run-level fault source."""
-
-    def __init__(self, reason: RunFaultReason, detail: str) -> None:
-        super().__init__(f"{reason.value}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 class RunPorts(Protocol):

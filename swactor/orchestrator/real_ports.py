@@ -9,7 +9,7 @@ memfd arena:
   StageReady / StageFault / StageStopped later as its own requests, which
   `on_request` (the orchestrator's control handler) turns into the machine's events for
   the run handle. A request that fails (timeout, rejection, no connection) raises
-  `PortError(NodeUnavailable / ProvisioningRejected)`.
+  `RunFaultError(NodeUnavailable / ProvisioningRejected)`.
 - `create_token_endpoints`: the token edges are ordinary edge ends of this process,
   established the way a stage node establishes its own (spec §26, §38): an
   `ArenaManager` (behind an `ArenaActor`) leases both rings, a `LocalRingInstaller`
@@ -67,13 +67,12 @@ from swactor.edges import (
 from swactor.events.emitter import Emitter
 from swactor.events.schema import EdgeProvisionStarted, LifecycleEvent
 from swactor.fsm.generated import orchestrator_run as orun
-from swactor.node.control_messages import StopRunMessage, report_event
-from swactor.orchestrator.ports import PortError
 from swactor.orchestrator.run import RunHandle, TokenOutput
 from swactor.orchestrator.token_out import TokenOutReader
 from swactor.orchestrator.tokens import encode_token_ids
 from swactor.transport import ControlChannel
 from swactor.transport.control import ControlRejectedError
+from swactor.transport.run_control import StopRunMessage, report_event
 from swactor.wire import (
     Component,
     EdgeId,
@@ -87,6 +86,7 @@ from swactor.wire import (
     ProvisionStage,
     ProvisionTx,
     RingId,
+    RunFaultError,
     RunFaultReason,
     RunId,
     Sequence,
@@ -144,7 +144,7 @@ class NetworkRunPorts:
         self.manager.construct()
         arena = self.manager.arena
         if arena is None:
-            raise PortError(RunFaultReason.ArenaBootFailed,
+            raise RunFaultError(RunFaultReason.ArenaBootFailed,
                             f"the token arena of {arena_bytes} bytes could not be created")
         self.node_id = node_id
         self.rings = TokenRings(arena)
@@ -183,9 +183,9 @@ class NetworkRunPorts:
         try:
             await self.control.request(int(node), message, timeout=REQUEST_TIMEOUT_S)
         except ControlRejectedError as error:
-            raise PortError(refused, str(error)) from None
+            raise RunFaultError(refused, str(error)) from None
         except Exception as error:
-            raise PortError(RunFaultReason.NodeUnavailable, str(error)) from None
+            raise RunFaultError(RunFaultReason.NodeUnavailable, str(error)) from None
 
     async def provision_stage(self, node_id: NodeId, message: ProvisionStage) -> None:
         await self._request(node_id, message, RunFaultReason.ProvisioningRejected)
@@ -203,7 +203,7 @@ class NetworkRunPorts:
         answer = await self._establisher.ask(
             ProvisionEdge(provision, TOKEN_PORT, self, self.run_id), PROVISION_TIMEOUT_S)
         if not isinstance(answer, EdgeProvisioned):
-            raise PortError(RunFaultReason.EdgeEstablishmentFailed,
+            raise RunFaultError(RunFaultReason.EdgeEstablishmentFailed,
                             f"token edge {edge_id}: {getattr(answer, 'detail', answer)}")
         self._edges[edge_id] = answer.edge_actor
         self._specs[edge_id] = provision.object_spec
@@ -226,7 +226,7 @@ class NetworkRunPorts:
         self, edge_id: EdgeId, object_id: ObjectId, sequence: Sequence, token_ids: tuple[int, ...]
     ) -> None:
         if edge_id != self._token_in:
-            raise PortError(RunFaultReason.EdgeEstablishmentFailed,
+            raise RunFaultError(RunFaultReason.EdgeEstablishmentFailed,
                             f"edge {int(edge_id)} is not the token-in edge")
         ring, ring_id = self.rings.ring(edge_id), int(self.rings.ring_id(edge_id))
         wake = self._wake_event(edge_id)

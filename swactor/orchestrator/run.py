@@ -28,7 +28,7 @@ sends for each output object: the binding keeps its token id and feeds the machi
    (reason, component and where it came from) aside, CommitHeldFault makes it the run's
    fault, DemoteHeldFault the first late fault.
 
-A port that raises `PortError` (or anything else) is turned into the event the machine
+A port that raises `RunFaultError` (or anything else) is turned into the event the machine
 understands: a StageFault for that stage (provisioning; the stage still counts as
 provisioned, so teardown still sends it StopRun, and a node that cannot be reached
 then makes the teardown Faulted rather than silently skipped; a node that answered
@@ -86,7 +86,6 @@ from swactor.fsm.generated import orchestrator_run as orun
 from swactor.fsm.runtime import ProtocolError
 from swactor.orchestrator.planner import stage_runtime_facts
 from swactor.orchestrator.ports import (
-    PortError,
     RunFault,
     RunPorts,
     RunResult,
@@ -99,6 +98,7 @@ from swactor.wire import (
     NodeId,
     ObjectId,
     PromptKind,
+    RunFaultError,
     RunFaultReason,
     RunId,
     RunOutcome,
@@ -400,16 +400,16 @@ class OrchestratorRun(Actor[RunMessage]):
 
     def _provision_failed(self, index: StageIndex) -> Callable[[BaseException], orun.Event]:
         def event(error: BaseException) -> orun.Event:
-            reason = (error.reason if isinstance(error, PortError)
+            reason = (error.reason if isinstance(error, RunFaultError)
                       else RunFaultReason.ProvisioningRejected)
-            if isinstance(error, PortError) and reason is RunFaultReason.ProvisioningRejected:
+            if isinstance(error, RunFaultError) and reason is RunFaultReason.ProvisioningRejected:
                 self._refused.add(index)  # the node answered no: nothing of the run there
             return orun.StageFault(index, reason, Component.Orchestrator)
         return event
 
     def _endpoint_fault_for(self, edge: EdgeId) -> Callable[[BaseException], orun.Event]:
         def event(error: BaseException) -> orun.Event:
-            reason = error.reason if isinstance(error, PortError) else RunFaultReason.RingFault
+            reason = error.reason if isinstance(error, RunFaultError) else RunFaultReason.RingFault
             return orun.EndpointFault(edge, reason, Component.TokenEndpoint)
         return event
 

@@ -43,16 +43,16 @@ from swactor.events.schema import LifecycleEvent, PoolReady, TokenReceived
 from swactor.fsm.generated import orchestrator_run as orun
 from swactor.membership.admission import Admission
 from swactor.model.fetch import OfferedFile
-from swactor.node.control_messages import REGISTRY, AddressBook, PeerAddress
-from swactor.node.transports import QuicTransport, Transport
 from swactor.orchestrator.inventory import DEFAULT_NODE_MEMORY_BYTES, NodeResources, PoolInventory
-from swactor.orchestrator.ports import PortError, RunResult
+from swactor.orchestrator.ports import RunResult
 from swactor.orchestrator.real_ports import NetworkRunPorts
 from swactor.orchestrator.run import RunHandle, RunTimeouts, start_run
 from swactor.transport import ControlAuthority
 from swactor.transport.config import TransportConfig
+from swactor.transport.factory import QuicTransport, Transport
 from swactor.transport.identity import NodeIdentity
-from swactor.wire import GgufSource, NodeId, PromptSource, RunId, SamplingPolicy
+from swactor.transport.run_control import REGISTRY, AddressBook, PeerAddress
+from swactor.wire import GgufSource, NodeId, PromptSource, RunFaultError, RunId, SamplingPolicy
 from swactor.wire.codec import WireStruct
 
 TOKEN_ARENA_BYTES = 16 << 20
@@ -301,7 +301,7 @@ async def run_session(
             try:
                 ports = _StreamingPorts(control, runtime, endpoint, network.driver, emitter,
                                         run_id, me, TOKEN_ARENA_BYTES)
-            except PortError as error:
+            except RunFaultError as error:
                 raise SessionError(f"token endpoints: {error}") from None
             ports.on_token, ports.on_stage = on_token, on_stage
             holder.append(ports)
@@ -374,7 +374,7 @@ class _StreamingPorts(NetworkRunPorts):
             self.on_token(event.token)
 
     async def on_request(self, peer: int, message: WireStruct) -> WireStruct | None:
-        from swactor.node.control_messages import report_event
+        from swactor.transport.run_control import report_event
 
         event = report_event(message)
         if event is not None and self.on_stage is not None:

@@ -36,10 +36,10 @@ from collections.abc import Callable
 
 from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import ingress_ring as ir
-from swactor.node.stage_controller import OBJECT_FAULTS
 from swactor.orchestrator.tokens import TokenObjectError, decode_token_ids
 from swactor.ring import Ring, RingError, RingState
 from swactor.wire import (
+    OBJECT_FAULTS,
     DeviceObjectHandle,
     InstallRing,
     ObjectFailure,

@@ -9,7 +9,7 @@ child processes (`python -m swactor.testing.ring_peer`) import it too.
 - `examples`, `strategies`: a deterministic example and a Hypothesis strategy of valid
   values for every exported wire type (generated conformance tests fill events with them).
 - `worker_rig`: a real worker subprocess with memfd rings, driven from the test.
-- `memory_net`: an in-process stand-in for the QUIC transport (`swactor.node.transports`).
+- `memory_net`: an in-process stand-in for the QUIC transport (`swactor.transport.factory`).
 - `ring_rig`, `ring_stream`, `ring_peer`, `ring_liveness`: ring layouts, blocking
   producer/consumer steps (spec §21 pending-bit protocol), a peer process, a peer watcher.
 - `swim_sim`: a seeded, single-process simulation of a SWIM pool (spec §9).

@@ -3,7 +3,7 @@
 Theory of operation. The in-process test layer runs the whole pipeline in one process
 with the network replaced by in-memory peers (the one place a fake transport is
 allowed). A `StageNode` and an orchestrator session build their transport through a
-`swactor.node.transports.Transport` factory; `MemoryNetwork` is one whose stand-ins have
+`swactor.transport.factory.Transport` factory; `MemoryNetwork` is one whose stand-ins have
 the surface of the real QUIC endpoint, edge driver and control channel and talk through
 this object:
 
@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from swactor.arena import Arena
-from swactor.node.transports import Handler
 from swactor.ring import Ring
 from swactor.transport import ControlAuthority, ControlChannel
 from swactor.transport.config import TransportConfig
 from swactor.transport.control import ControlRejectedError, RejectCode
 from swactor.transport.errors import ConnectionLostError, ControlError
+from swactor.transport.factory import Handler
 from swactor.transport.identity import NodeIdentity, raw_public_key_from_certificate
 from swactor.transport.messages import (
     DriverEdgeReady,

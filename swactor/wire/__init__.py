@@ -14,14 +14,15 @@ strategy for every type.
 Modules: `ids` (identifiers, DeviceObjectHandle), `enums`, `errors`, `codec` (WireStruct
 base, JsonValue), `plan` (§11), `provision` (§12, §26), `objects` (ObjectSpec,
 ObjectHeader, EdgePreamble, SequenceGate), `rings` (RingSpec, RingLayout,
-QuiescenceProof), `worker` (§29 commands), `worker_events` (§30 events), `control`
-(newline-JSON line codec), `examples`.
+QuiescenceProof), `worker` (§29 commands), `worker_events` (§30 events), `messages`
+(in-process messages), `control` (newline-JSON line codec), `examples`.
 """
 
 from swactor.wire.codec import JsonObject, JsonValue, WireStruct
 from swactor.wire.control import MAX_CONTROL_LINE, decode_line, encode_line
 from swactor.wire.enums import (
     DTYPE_WIDTHS,
+    OBJECT_FAULTS,
     ArenaFailure,
     Component,
     DTypeFamily,
@@ -63,7 +64,9 @@ from swactor.wire.errors import (
     ObjectHeaderError,
     PlanError,
     PreambleError,
+    ReasonError,
     RingLayoutError,
+    RunFaultError,
     WireError,
 )
 from swactor.wire.ids import (
@@ -85,6 +88,7 @@ from swactor.wire.ids import (
     StepId,
     WorkerGeneration,
 )
+from swactor.wire.messages import EdgeEstablished, WorkerReaped
 from swactor.wire.objects import (
     OBJECT_HEADER_FORMAT,
     OBJECT_HEADER_LEN,
@@ -176,6 +180,7 @@ __all__ = [
     "DTYPE_WIDTHS",
     "EVENT_TYPES",
     "MAX_CONTROL_LINE",
+    "OBJECT_FAULTS",
     "OBJECT_HEADER_FORMAT",
     "OBJECT_HEADER_LEN",
     "OBJECT_MAGIC",
@@ -199,6 +204,7 @@ __all__ = [
     "DeviceObjectReleased",
     "EdgeEndpoint",
     "EdgeEndpointKind",
+    "EdgeEstablished",
     "EdgeId",
     "EdgeKind",
     "EdgePlan",
@@ -243,6 +249,7 @@ __all__ = [
     "ProvisionTx",
     "QuiescenceProof",
     "QuiescenceProofKind",
+    "ReasonError",
     "ReleaseDeviceObject",
     "ReleaseFailed",
     "ReleaseFailure",
@@ -261,6 +268,7 @@ __all__ = [
     "RoleFailed",
     "RoleFailure",
     "RoleId",
+    "RunFaultError",
     "RunFaultReason",
     "RunId",
     "RunOutcome",
@@ -299,6 +307,7 @@ __all__ = [
     "WorkerFatalReason",
     "WorkerGeneration",
     "WorkerReady",
+    "WorkerReaped",
     "WorkerStopped",
     "WorkerStoppedReason",
     "decode_command",

@@ -347,6 +347,19 @@ class RunFaultReason(enum.Enum):
     ProgressTimeout = "ProgressTimeout"
 
 
+OBJECT_FAULTS: dict[ObjectFailure, RunFaultReason] = {
+    ObjectFailure.HeaderMalformed: RunFaultReason.ObjectHeaderMalformed,
+    ObjectFailure.UnsupportedObjectVersion: RunFaultReason.ObjectHeaderMalformed,
+    ObjectFailure.ExtentExceedsMax: RunFaultReason.ObjectHeaderMalformed,
+    ObjectFailure.ExtentAlignmentInvalid: RunFaultReason.ObjectHeaderMalformed,
+    ObjectFailure.SequenceViolation: RunFaultReason.SequenceViolation,
+    ObjectFailure.DeviceAllocationFailed: RunFaultReason.DeviceOutOfMemory,
+    ObjectFailure.DeviceCopyFailed: RunFaultReason.DeviceCopyFailed,
+    ObjectFailure.EofMidObject: RunFaultReason.EofMidObject,
+}
+"""The §36 run-level reason of each §37 object failure on an edge (stage or token-out)."""
+
+
 class Component(enum.Enum):
     """The component that detected a fault (spec §40); values are snake_case names."""
 

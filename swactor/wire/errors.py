@@ -20,14 +20,36 @@ Classes
   `ObjectFailure` reason.
 - `PreambleError`: a malformed edge preamble; carries a `StreamFaultReason`.
 - `ControlMessageError`: a worker control line that is not a known message.
+- `ReasonError`: base of the errors that carry a typed reason (an enum member) and a
+  one-line detail; `str()` reads `Reason: detail`. `RunFaultError` is the one whose
+  reason is the spec §36 `RunFaultReason` (a stage or run port could not act).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import enum
+from typing import Generic, TypeVar
 
-if TYPE_CHECKING:
-    from swactor.wire.enums import ObjectFailure, StreamFaultReason
+from swactor.wire.enums import ObjectFailure, RunFaultReason, StreamFaultReason
+
+R = TypeVar("R", bound=enum.Enum)
+
+
+class ReasonError(Exception, Generic[R]):
+    """A failure with a typed `reason` (an enum member) and a one-line `detail`."""
+
+    reason: R
+    detail: str
+
+    def __init__(self, reason: R, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class RunFaultError(ReasonError[RunFaultReason]):
+    """A stage or run port could not carry out an action; `reason` is the spec §36
+    run-level fault source."""
 
 
 class WireError(ValueError):

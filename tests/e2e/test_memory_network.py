@@ -23,12 +23,12 @@ from swactor.events.emitter import Emitter
 from swactor.events.sinks import MemorySink
 from swactor.model.gguf_range import open_reader
 from swactor.model.llama_role import StageRole
-from swactor.node.control_messages import StopRunMessage
 from swactor.node.node import NodeConfig, StageNode
 from swactor.orchestrator.session import PoolMember, SessionOptions, run_session
 from swactor.testing.memory_net import MemoryNetwork
 from swactor.transport.control import ControlRejectedError, RejectCode
 from swactor.transport.identity import NodeIdentity
+from swactor.transport.run_control import StopRunMessage
 from swactor.wire import NodeId, RunId, RunOutcome, StageIndex, TeardownOutcome
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
 from tests.trace_check import assert_tables_allow

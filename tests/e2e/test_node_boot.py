@@ -15,12 +15,12 @@ from swactor.events.emitter import Emitter
 from swactor.events.schema import NodeFaulted
 from swactor.events.sinks import MemorySink
 from swactor.fsm.generated import node_boot as nb
-from swactor.node.control_messages import REGISTRY, StageFaultReport
 from swactor.node.node import NodeBootError, NodeConfig, StageNode
 from swactor.testing.examples import example
 from swactor.transport import ControlAuthority, ControlChannel, QuicEndpoint
 from swactor.transport.config import TransportConfig
 from swactor.transport.identity import NodeIdentity
+from swactor.transport.run_control import REGISTRY, StageFaultReport
 from swactor.wire import Component, NodeId, ProvisionStage, RunFaultReason, RunId
 from swactor.wire.codec import WireStruct
 from tests.trace_check import assert_tables_allow

@@ -28,7 +28,6 @@ from swactor.events.schema import Emitted
 from swactor.events.sinks import MemorySink
 from swactor.model.gguf_range import open_reader
 from swactor.model.llama_role import StageRole
-from swactor.node.control_messages import REGISTRY, StopRunMessage
 from swactor.node.node import NodeConfig, StageNode
 from swactor.orchestrator.session import PoolMember, SessionOptions, run_session
 from swactor.transport import ControlAuthority, ControlChannel, QuicEndpoint
@@ -36,6 +35,7 @@ from swactor.transport.config import TransportConfig
 from swactor.transport.control import ControlRejectedError, RejectCode
 from swactor.transport.errors import ConnectionLostError
 from swactor.transport.identity import NodeIdentity
+from swactor.transport.run_control import REGISTRY, StopRunMessage
 from swactor.wire import NodeId, RunId, RunOutcome, StageIndex, TeardownOutcome
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
 from tests.trace_check import assert_tables_allow

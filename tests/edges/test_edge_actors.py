@@ -24,10 +24,10 @@ from swactor.fsm.generated import edge_record as er
 from swactor.fsm.generated import rx_edge as rx
 from swactor.fsm.generated import stage_controller as scm
 from swactor.fsm.generated import tx_edge as tx
-from swactor.node.stage_ports import EdgeEstablished
 from swactor.wire import (
     Component,
     DeviceObjectHandle,
+    EdgeEstablished,
     EdgeId,
     ObjectFailed,
     ObjectFailure,

@@ -12,9 +12,9 @@ import pytest
 from swactor.actors import Runtime
 from swactor.edges import EdgeStagePorts
 from swactor.fsm.generated import stage_controller as scm
-from swactor.node.stage_ports import EdgeEstablished, StagePortError
 from swactor.testing.examples import example
 from swactor.wire import (
+    EdgeEstablished,
     EdgeId,
     ExecuteStep,
     NodeId,
@@ -22,6 +22,7 @@ from swactor.wire import (
     ObjectLoaded,
     ObjectProduced,
     ProvisionStage,
+    RunFaultError,
     RunFaultReason,
     Sequence,
 )
@@ -51,7 +52,7 @@ async def test_stage_edges_are_established_and_stopped_clean() -> None:
             assert all(isinstance(m, EdgeEstablished) for m in ready)
             assert len(await a.live_leases()) == 2
 
-            with pytest.raises(StagePortError) as refused:
+            with pytest.raises(RunFaultError) as refused:
                 await ports.establish_inbound(provision)  # the edge id is taken
             assert refused.value.reason is RunFaultReason.EdgeEstablishmentFailed
 

@@ -25,13 +25,13 @@ from pathlib import Path
 import pytest
 
 from swactor.cluster.launcher import LocalCluster
-from swactor.node.control_messages import REGISTRY, AddressBook, PeerAddress, StopRunMessage
 from swactor.testing.examples import example
 from swactor.transport import ControlAuthority, ControlChannel, QuicEndpoint
 from swactor.transport.config import TransportConfig
 from swactor.transport.control import ControlRejectedError, RejectCode
 from swactor.transport.errors import ConnectionLostError
 from swactor.transport.identity import NodeIdentity
+from swactor.transport.run_control import REGISTRY, AddressBook, PeerAddress, StopRunMessage
 from swactor.wire import NodeId, ProvisionStage, RunId, StageIndex
 from swactor.wire.codec import WireStruct
 

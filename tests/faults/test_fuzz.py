@@ -38,10 +38,10 @@ from swactor.membership.messages import AliveUpdate, BootHealth, MemberMeta, Pin
 from swactor.membership.wire import Codec, Decoded, MembershipWireError, Signer, seal
 from swactor.model.errors import WeightsError, WeightsFault
 from swactor.model.gguf_range import GgufRangeReader
-from swactor.node.control_messages import REGISTRY
 from swactor.node.worker_ctl import decode_worker_line
 from swactor.transport.control import _message, _Reject, decode_frame, encode_frame
 from swactor.transport.identity import NodeIdentity
+from swactor.transport.run_control import REGISTRY
 from swactor.wire import (
     EdgeId,
     EdgePreamble,

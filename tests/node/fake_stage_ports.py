@@ -1,7 +1,7 @@
 """In-memory StagePorts for the StageController's unit tests (the only place a fake is used).
 
 Every port call is recorded in `calls` as a tuple, reports in `reports` as
-`(to, run_id, message)`; `fail` maps a call kind to a StagePortError to raise. Events go
+`(to, run_id, message)`; `fail` maps a call kind to a RunFaultError to raise. Events go
 through a real `Emitter` into a `MemorySink`, and every emitted record is also checked
 against the event schema by round-tripping its JSON line through `validate_line`.
 `until(predicate)` waits (bounded) for the actor to have done something.
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from swactor.events.emitter import Emitter
 from swactor.events.schema import LifecycleEvent, validate_line
 from swactor.events.sinks import MemorySink
-from swactor.node.stage_ports import StagePortError, StageReport
+from swactor.node.stage_ports import StageReport
 from swactor.wire import (
     DeviceObjectHandle,
     EdgeId,
@@ -24,6 +24,7 @@ from swactor.wire import (
     NodeId,
     ProvisionStage,
     RoleId,
+    RunFaultError,
     RunId,
     WorkerGeneration,
 )
@@ -36,7 +37,7 @@ class FakeStagePorts:
     sink: MemorySink = field(default_factory=MemorySink)
     calls: list[Call] = field(default_factory=list)
     reports: list[tuple[int, int, StageReport]] = field(default_factory=list)
-    fail: dict[str, StagePortError] = field(default_factory=dict)
+    fail: dict[str, RunFaultError] = field(default_factory=dict)
     generation: int = 1
     lines: list[str] = field(default_factory=list)
     establish_delay_s: float = 0.0

@@ -21,11 +21,12 @@ from swactor.node.stage_controller import (
     StageControllerConfig,
     StageMail,
 )
-from swactor.node.stage_ports import EdgeEstablished, StageOutcome
+from swactor.node.stage_ports import StageOutcome
 from swactor.orchestrator.inventory import synthetic_pool
 from swactor.orchestrator.planner import PlanRequest, plan_run, stage_runtime_facts
 from swactor.wire import (
     DeviceObjectHandle,
+    EdgeEstablished,
     NodeId,
     ObjectId,
     PromptSource,

@@ -20,7 +20,7 @@ from swactor.fsm.generated import stage_controller as scm
 from swactor.model.gguf_range import open_reader
 from swactor.model.paths import default_model_path
 from swactor.node.pool_weights import PoolWeights
-from swactor.node.stage_ports import StagePortError, WeightsFetched
+from swactor.node.stage_ports import WeightsFetched
 from swactor.node.stage_worker_ports import WorkerStagePorts
 from swactor.orchestrator.inventory import synthetic_pool
 from swactor.orchestrator.model_info import model_info_from_gguf
@@ -36,7 +36,14 @@ from swactor.transport.artifact_stream import (
 from swactor.transport.config import TransportConfig
 from swactor.transport.endpoint import QuicEndpoint
 from swactor.transport.identity import NodeIdentity
-from swactor.wire import GgufSource, PromptSource, ProvisionStage, RunFaultReason, RunId
+from swactor.wire import (
+    GgufSource,
+    PromptSource,
+    ProvisionStage,
+    RunFaultError,
+    RunFaultReason,
+    RunId,
+)
 from swactor.wire import provision_stage as make_provision
 
 pytestmark = pytest.mark.timeout(180)
@@ -211,7 +218,7 @@ def test_a_tampered_range_is_weight_load_failed_naming_the_digest(
                                      models_dir=tmp_path,
                                      fetch=PoolWeights(ArtifactChannel(pool.nodes[0]),
                                                        tmp_path / "cache"))
-            with pytest.raises(StagePortError) as raised:
+            with pytest.raises(RunFaultError) as raised:
                 await ports.load_weights(provision)
             await asyncio.sleep(0.05)
         assert raised.value.reason is RunFaultReason.WeightLoadFailed

@@ -16,12 +16,14 @@ from swactor import wire
 from swactor.fsm.generated import orchestrator_run as orun
 from swactor.fsm.generated import stage_controller as scm
 from swactor.node.stage_controller import StageControllerConfig, output_extent
-from swactor.node.stage_ports import EdgeEstablished, StagePortError, WeightsFetched
+from swactor.node.stage_ports import WeightsFetched
 from swactor.node.worker_ctl import WorkerCrashed
 from swactor.wire import (
     Component,
+    EdgeEstablished,
     NodeId,
     ObjectFailure,
+    RunFaultError,
     RunFaultReason,
     RunId,
     Sequence,
@@ -247,7 +249,7 @@ def test_weights_failure_faults_the_stage_then_stop_is_clean() -> None:
 
 def test_load_weights_port_error_keeps_its_reason() -> None:
     async def body(rig: StageRig) -> None:
-        rig.ports.fail["load_weights"] = StagePortError(
+        rig.ports.fail["load_weights"] = RunFaultError(
             RunFaultReason.WeightBindFailed, "device allocation")
         await rig.provision_stage()
         await rig.ports.until(lambda: bool(faults(rig)))
@@ -258,7 +260,7 @@ def test_load_weights_port_error_keeps_its_reason() -> None:
 
 def test_edge_establishment_failure_is_an_edge_fault() -> None:
     async def body(rig: StageRig) -> None:
-        rig.ports.fail["establish_outbound"] = StagePortError(
+        rig.ports.fail["establish_outbound"] = RunFaultError(
             RunFaultReason.RingRequestOversized, "ring too big")
         await rig.provision_stage()
         await rig.ports.until(lambda: bool(faults(rig)))
@@ -479,8 +481,8 @@ def test_stop_run_before_provisioning_stops_at_once() -> None:
 def test_failing_teardown_ports_make_an_unclean_stop() -> None:
     async def body(rig: StageRig) -> None:
         await rig.make_ready()
-        rig.ports.fail["reset_role"] = StagePortError(RunFaultReason.WorkerCrashed, "gone")
-        rig.ports.fail["stop_edges"] = StagePortError(RunFaultReason.PumpFailed, "driver gone")
+        rig.ports.fail["reset_role"] = RunFaultError(RunFaultReason.WorkerCrashed, "gone")
+        rig.ports.fail["stop_edges"] = RunFaultError(RunFaultReason.PumpFailed, "driver gone")
         rig.ref.tell(scm.StopRun(RUN))
         outcome = await asyncio.wait_for(asyncio.shield(rig.finished), 5)
         assert stopped(rig) == [(1, False)]

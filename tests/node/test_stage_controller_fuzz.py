@@ -28,10 +28,11 @@ from swactor.actors import Runtime
 from swactor.fsm.generated import orchestrator_run as orun
 from swactor.fsm.generated import stage_controller as scm
 from swactor.node.stage_controller import StageController, StageControllerConfig
-from swactor.node.stage_ports import EdgeEstablished, StageOutcome
+from swactor.node.stage_ports import StageOutcome
 from swactor.node.worker_ctl import WorkerCrashed
 from swactor.wire import (
     Component,
+    EdgeEstablished,
     NodeId,
     ObjectFailure,
     RunFaultReason,

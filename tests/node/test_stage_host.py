@@ -20,9 +20,10 @@ from swactor.node.stage_host import (
     StageHostState,
     StopRunRequest,
 )
-from swactor.node.stage_ports import EdgeEstablished, StageOutcome
+from swactor.node.stage_ports import StageOutcome
 from swactor.wire import (
     Component,
+    EdgeEstablished,
     NodeId,
     ObjectId,
     ProvisionStage,

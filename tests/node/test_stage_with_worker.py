@@ -30,7 +30,7 @@ from swactor.fsm.generated import gpu_worker_ctl as gwc
 from swactor.fsm.generated import orchestrator_run as orun
 from swactor.fsm.generated import stage_controller as scm
 from swactor.node.stage_host import StageHost, StageHostConfig, StageHostState, StopRunRequest
-from swactor.node.stage_ports import EdgeEstablished, StageOutcome, StageReport
+from swactor.node.stage_ports import StageOutcome, StageReport
 from swactor.node.stage_worker_ports import WorkerStagePorts
 from swactor.node.worker_ctl import (
     GpuWorkerCtl,
@@ -45,6 +45,7 @@ from swactor.ring import Ring, header_len
 from swactor.wire import (
     OBJECT_HEADER_LEN,
     DeviceObjectHandle,
+    EdgeEstablished,
     EdgeId,
     ExecuteStep,
     InstallRing,

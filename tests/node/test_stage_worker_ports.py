@@ -14,7 +14,7 @@ import pytest
 from swactor.actors import Actor, Context, Runtime
 from swactor.fsm.generated import gpu_worker_ctl as gwc
 from swactor.fsm.generated import stage_controller as scm
-from swactor.node.stage_ports import StagePortError, WeightsFetched
+from swactor.node.stage_ports import WeightsFetched
 from swactor.node.stage_worker_ports import WorkerStagePorts
 from swactor.orchestrator.inventory import synthetic_pool
 from swactor.orchestrator.model_info import model_info_from_gguf
@@ -24,6 +24,7 @@ from swactor.wire import (
     GgufSourceKind,
     PromptSource,
     ProvisionStage,
+    RunFaultError,
     RunFaultReason,
     RunId,
     provision_stage,
@@ -146,10 +147,10 @@ def test_weight_failures_raise_their_reason_and_block_the_role(
                                                           str(gguf.parent / "absent.gguf")))
 
     async def body(ports: WorkerStagePorts, worker: list[Any], stage: list[Any]) -> None:
-        with pytest.raises(StagePortError) as raised:
+        with pytest.raises(RunFaultError) as raised:
             await ports.load_weights(provision)
         assert raised.value.reason is reason
-        with pytest.raises(StagePortError):
+        with pytest.raises(RunFaultError):
             await ports.configure_role(provision)
         await settle()
         assert worker == [] and stage == []

@@ -1,7 +1,7 @@
 """In-memory RunPorts for the run binding's unit tests (the only place a fake is used).
 
 Every call is recorded in `calls` as a tuple; `fail` maps a call kind (and optionally a
-node or stage) to a PortError to raise. Events go through a real `Emitter` into a
+node or stage) to a RunFaultError to raise. Events go through a real `Emitter` into a
 `MemorySink`, and every emitted record is also checked against the event schema by
 round-tripping its JSON line through `validate_line`.
 """
@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from swactor.events.emitter import Emitter
 from swactor.events.schema import LifecycleEvent, validate_line
 from swactor.events.sinks import MemorySink
-from swactor.orchestrator.ports import PortError
 from swactor.wire import (
     EdgeId,
     NodeId,
@@ -23,6 +22,7 @@ from swactor.wire import (
     ProvisionRx,
     ProvisionStage,
     ProvisionTx,
+    RunFaultError,
     RunId,
     Sequence,
     StageIndex,
@@ -35,7 +35,7 @@ Call = tuple[object, ...]
 class FakePorts:
     sink: MemorySink = field(default_factory=MemorySink)
     calls: list[Call] = field(default_factory=list)
-    fail: dict[tuple[str, int | None], PortError] = field(default_factory=dict)
+    fail: dict[tuple[str, int | None], RunFaultError] = field(default_factory=dict)
     provision_delay_s: dict[int, float] = field(default_factory=dict)
     """Per stage index, how long its ProvisionStage takes to be answered."""
 

@@ -18,7 +18,7 @@ from swactor.actors import Runtime
 from swactor.fsm.generated import orchestrator_run as orun
 from swactor.orchestrator.inventory import synthetic_pool
 from swactor.orchestrator.planner import PlanRequest, plan_run
-from swactor.orchestrator.ports import PortError, RunResult, StopCause
+from swactor.orchestrator.ports import RunResult, StopCause
 from swactor.orchestrator.run import RunHandle, RunTimeouts, TokenOutput, start_run
 from swactor.wire import (
     Component,
@@ -26,6 +26,7 @@ from swactor.wire import (
     NodeId,
     ObjectId,
     PromptSource,
+    RunFaultError,
     RunFaultReason,
     RunId,
     RunOutcome,
@@ -230,7 +231,7 @@ def test_stop_run_follows_the_answer_to_a_slow_provisioning() -> None:
     before the ProvisionStage (README known issue: 2 leases left by 'provisioning
     rejected')."""
     async def body(runtime: Runtime, ports: FakePorts) -> None:
-        ports.fail[("provision", 1)] = PortError(RunFaultReason.ProvisioningRejected, "no")
+        ports.fail[("provision", 1)] = RunFaultError(RunFaultReason.ProvisioningRejected, "no")
         ports.provision_delay_s[0] = 0.3
         handle = start_run(runtime, make_plan(), ports, timeouts=SLOW)
         await ports.until(lambda: len(ports.of("stop_run")) == 2
@@ -510,8 +511,8 @@ def test_step_timeout() -> None:
 
 def test_unreachable_node_faults_provisioning_and_teardown() -> None:
     async def body(runtime: Runtime, ports: FakePorts) -> None:
-        ports.fail[("provision", 1)] = PortError(RunFaultReason.NodeUnavailable, "no route")
-        ports.fail[("stop_run", 1)] = PortError(RunFaultReason.NodeUnavailable, "no route")
+        ports.fail[("provision", 1)] = RunFaultError(RunFaultReason.NodeUnavailable, "no route")
+        ports.fail[("stop_run", 1)] = RunFaultError(RunFaultReason.NodeUnavailable, "no route")
         handle = await start(runtime, ports)
         await ports.until(lambda: len(ports.of("stop_run")) == 3)
         handle.tell(orun.StageStopped(StageIndex(0), True))
@@ -530,7 +531,7 @@ def test_unreachable_node_faults_provisioning_and_teardown() -> None:
 
 def test_failed_injection_is_an_endpoint_fault() -> None:
     async def body(runtime: Runtime, ports: FakePorts) -> None:
-        ports.fail[("inject", 0)] = PortError(RunFaultReason.RingFault, "ring closed")
+        ports.fail[("inject", 0)] = RunFaultError(RunFaultReason.RingFault, "ring closed")
         handle = await start(runtime, ports)
         make_ready(handle)
         result = await stop_all(handle, ports)

@@ -18,12 +18,12 @@ import pytest
 from cryptography import x509
 
 from swactor.membership.admission import Admission, PoolEntry, public_key_bytes
-from swactor.node.transports import QuicTransport
 from swactor.testing.memory_net import MemoryNetwork
 from swactor.transport import endpoint as endpoint_module
 from swactor.transport.config import EDGE_ALPN, TransportConfig
 from swactor.transport.endpoint import PeerRefused, QuicEndpoint, QuicLink
 from swactor.transport.errors import ConnectionLostError, PeerRejectedError
+from swactor.transport.factory import QuicTransport
 from swactor.transport.identity import (
     NodeIdentity,
     node_id_from_certificate,

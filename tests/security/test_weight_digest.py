@@ -14,9 +14,8 @@ import pytest
 
 from swactor.model.errors import WeightsError, WeightsFault
 from swactor.model.source import local_sha256, verify_sha256
-from swactor.node.stage_ports import StagePortError
 from swactor.node.stage_worker_ports import WorkerStagePorts
-from swactor.wire import GgufSource, GgufSourceKind, RunFaultReason
+from swactor.wire import GgufSource, GgufSourceKind, RunFaultError, RunFaultReason
 from tests.model.tiny_gguf import write_tiny_gguf
 from tests.node.test_stage_worker_ports import TINY, provision_for, run_ports, settle
 
@@ -38,11 +37,11 @@ def test_a_file_that_is_not_the_plans_is_refused_naming_both_digests(gguf: Path)
                                                       sha256=right))
 
     async def body(ports: WorkerStagePorts, worker: list[Any], stage: list[Any]) -> None:
-        with pytest.raises(StagePortError) as raised:
+        with pytest.raises(RunFaultError) as raised:
             await ports.load_weights(provision)
         assert raised.value.reason is RunFaultReason.WeightLoadFailed
         assert right in str(raised.value) and actual in str(raised.value)
-        with pytest.raises(StagePortError):
+        with pytest.raises(RunFaultError):
             await ports.configure_role(provision)
         await settle()
         assert worker == [] and stage == []  # the worker never loads the file

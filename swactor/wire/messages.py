@@ -1,0 +1,33 @@
+"""In-process messages of the shared vocabulary: facts one actor tells another.
+
+Theory of operation
+-------------------
+A fact that crosses from one component to another is one class, defined once, here or
+in the wire modules beside this one (worker commands and events, plan and provisioning
+types), so that grep finds it and nothing translates between copies. Unlike the other
+wire types these never leave the process: they are plain frozen dataclasses without the
+JSON codec or the construction-time checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from swactor.wire.ids import EdgeId, RingId
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReaped:
+    """The worker process that mapped `ring_id` is gone and reaped (GpuWorkerCtl): no
+    worker maps the ring any more, so its lease may be released (spec §38)."""
+
+    ring_id: RingId
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeEstablished:
+    """An edge actor's end of `edge_id` is ready on ring `ring_id` (to the
+    StageController, whose machine takes it as EdgeReady)."""
+
+    edge_id: EdgeId
+    ring_id: RingId
