@@ -47,6 +47,10 @@ aioquic reports it terminated, so the cache never hands out a link that carries 
 timeout while a consumer is slow) does not lose its connection. Stream events of a
 verified link go to the `LinkHandler` registered for its ALPN (the driver for edges, the
 control channel for control messages).
+
+Outgoing datagrams go straight to the socket unless the endpoint was given an `outbound`
+path (a port, `udp.OutboundPath`): then each batch passes through it first, one entry
+per UDP datagram, and only what it returns is sent (tests model a lossy path with it).
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ from swactor.transport.identity import (
     raw_public_key_from_certificate,
 )
 from swactor.transport.retry import RSCID_LENGTH, RetryTokenError, RetryTokens
-from swactor.transport.udp import UdpSocket
+from swactor.transport.udp import Datagram, DatagramRun, OutboundPath, UdpSocket
 
 Address = tuple[str, int]
 PEER_REJECTED_CODE = 0x5A01
@@ -367,8 +371,10 @@ class QuicEndpoint:
         allowed: Iterable[int] = (),
         on_refused: Callable[[PeerRefused], None] | None = None,
         pinned: Mapping[int, bytes] | None = None,
+        outbound: OutboundPath | None = None,
     ) -> None:
         self.identity = identity
+        self._outbound = outbound
         self.config = config
         self.allowed: set[int] = set(allowed)
         self.pinned: dict[int, bytes] = {}
@@ -605,11 +611,21 @@ class QuicEndpoint:
     def cached(self, peer_node_id: int, alpn: str) -> QuicLink | None:
         return self._cache.get((peer_node_id, alpn))
 
-    def send_datagrams(self, datagrams: Sequence[tuple[bytes, Address]]) -> None:
+    def send_datagrams(self, datagrams: Sequence[Datagram]) -> None:
         """Send datagrams in order (GSO batches where possible); a full buffer or an
-        unreachable peer loses them, which QUIC recovers."""
-        if self._sock is not None:
-            self._sock.send(datagrams)
+        unreachable peer loses them, which QUIC recovers. An `outbound` path sees them
+        first, one entry per UDP datagram (runs cut apart), and passes on what it keeps."""
+        if self._sock is None:
+            return
+        if self._outbound is not None:
+            single: list[Datagram] = []
+            for data, addr in datagrams:
+                if type(data) is DatagramRun:
+                    single.extend((view, addr) for view in data.datagrams())
+                else:
+                    single.append((data, addr))
+            datagrams = self._outbound(single)
+        self._sock.send(datagrams)
 
     def sendto(self, data: bytes, addr: Address) -> None:
         self.send_datagrams([(data, addr)])

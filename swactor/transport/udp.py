@@ -31,7 +31,7 @@ from __future__ import annotations
 import errno
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 try:
@@ -43,6 +43,9 @@ except ImportError:  # pragma: no cover - the package build compiles it
 Address = tuple[str, int]
 Buffer = bytes | memoryview
 Datagram = tuple["Buffer | DatagramRun", Address]
+OutboundPath = Callable[[list[Datagram]], Sequence[Datagram]]
+"""A port between an endpoint and its socket: given one entry per outgoing UDP
+datagram, it returns those to send (a test models a lossy path with one)."""
 
 UDP_SEGMENT = int(getattr(socket, "UDP_SEGMENT", 103))
 UDP_GRO = int(getattr(socket, "UDP_GRO", 104))

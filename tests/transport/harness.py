@@ -23,6 +23,7 @@ from swactor.transport.driver import Driver
 from swactor.transport.endpoint import QuicEndpoint
 from swactor.transport.identity import NodeIdentity
 from swactor.transport.messages import DriverEvent, StreamFault, WakeHint
+from swactor.transport.udp import OutboundPath
 from swactor.wire import RingLayout
 
 T = TypeVar("T")
@@ -92,9 +93,10 @@ async def make_node(
     identity: NodeIdentity | None = None,
     allowed: tuple[int, ...] = (),
     host: str = "127.0.0.1",
+    outbound: OutboundPath | None = None,
 ) -> Node:
     ident = identity or NodeIdentity.generate()
-    endpoint = QuicEndpoint(ident, config, allowed=allowed)
+    endpoint = QuicEndpoint(ident, config, allowed=allowed, outbound=outbound)
     await endpoint.start(host)
     return Node(ident, endpoint, Arena.create(ARENA_BYTES))
 
@@ -103,11 +105,14 @@ def address_of(node: Node) -> tuple[str, int]:
     return node.endpoint.address
 
 
-async def make_pair(config: TransportConfig) -> tuple[Node, Node]:
-    """Sender `a` and receiver `b`, each allowing the other, `a` knowing `b`'s address."""
+async def make_pair(
+    config: TransportConfig, outbound: OutboundPath | None = None
+) -> tuple[Node, Node]:
+    """Sender `a` and receiver `b`, each allowing the other, `a` knowing `b`'s address;
+    both send through `outbound` when given."""
     ida, idb = NodeIdentity.generate(), NodeIdentity.generate()
-    a = await make_node(config, ida, allowed=(idb.node_id,))
-    b = await make_node(config, idb, allowed=(ida.node_id,))
+    a = await make_node(config, ida, allowed=(idb.node_id,), outbound=outbound)
+    b = await make_node(config, idb, allowed=(ida.node_id,), outbound=outbound)
     a.endpoint.address_book[idb.node_id] = address_of(b)
     return a, b
 
