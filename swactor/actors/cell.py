@@ -29,7 +29,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Never, TypeVar
 
 from swactor.actors.actor import Actor
 from swactor.actors.address import Address
@@ -187,7 +187,7 @@ class ActorCell(Generic[M]):
         self.children[name] = child
         return child.ref
 
-    def watch(self, target: ActorRef[Any]) -> None:
+    def watch(self, target: ActorRef[Never]) -> None:
         cell: ActorCell[Any] = target._cell
         if cell is self:
             raise InvalidActorName(f"{self.address}: an actor cannot watch itself")
@@ -197,7 +197,7 @@ class ActorCell(Generic[M]):
         cell._watchers.add(self)
         self._watching.add(cell)
 
-    def unwatch(self, target: ActorRef[Any]) -> None:
+    def unwatch(self, target: ActorRef[Never]) -> None:
         cell: ActorCell[Any] = target._cell
         cell._watchers.discard(self)
         self._watching.discard(cell)

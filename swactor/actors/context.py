@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Never, TypeVar
 
 from swactor.actors.actor import Actor
 from swactor.actors.address import Address
@@ -118,7 +118,7 @@ class Context(Generic[M]):
         """Start a child actor supervised by `strategy` (default: stop on failure)."""
         return self._cell.spawn_child(factory, name, strategy, mailbox_capacity)
 
-    def stop(self, target: ActorRef[Any]) -> None:
+    def stop(self, target: ActorRef[Never]) -> None:
         """Ask `target` to stop after its current message."""
         target.stop()
 
@@ -126,14 +126,14 @@ class Context(Generic[M]):
         """End this actor once the current handler returns."""
         self._cell.request_stop()
 
-    def watch(self, target: ActorRef[Any]) -> None:
+    def watch(self, target: ActorRef[Never]) -> None:
         """Receive `Terminated(target...)` when `target` ends (at once if it already has).
 
         The watching actor's message type must include `Terminated`.
         """
         self._cell.watch(target)
 
-    def unwatch(self, target: ActorRef[Any]) -> None:
+    def unwatch(self, target: ActorRef[Never]) -> None:
         self._cell.unwatch(target)
 
     def spawn_task(self, coro: Coroutine[Any, Any, T], name: str | None = None) -> asyncio.Task[T]:

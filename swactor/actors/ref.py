@@ -2,12 +2,14 @@
 
 A ref is typed by the messages the actor accepts, contravariantly: an
 `ActorRef[A | B | C]` may be passed where an `ActorRef[A | B]` is expected (an owner
-that accepts more than a child reports is a fine owner). `tell` never blocks and never drops a
-message for a live actor (mail for a terminated one is counted as a dead letter and
-`tell` returns False); `await send` is the same but waits while the mailbox is at its
-capacity, which is how bulk producers get backpressure. `ask` sends a message with a
-reply slot and waits for the handler's `ctx.reply(...)`, with a timeout. `stop` asks the
-actor to end after its current message; `join` waits for its `Terminated` record.
+that accepts more than a child reports is a fine owner), and an `ActorRef[Never]` is a
+ref to any actor, one that stops or watches it but tells it nothing. `tell` never
+blocks and never drops a message for a live actor (mail for a terminated one is counted
+as a dead letter and `tell` returns False); `await send` is the same but waits while the
+mailbox is at its capacity, which is how bulk producers get backpressure. `ask` sends a
+message with a reply slot and waits for the handler's `ctx.reply(...)`, with a timeout.
+`stop` asks the actor to end after its current message; `join` waits for its
+`Terminated` record.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from swactor.events.names import EventName
 from swactor.events.schema import FAULT_EVENTS, IDENTITY_TYPES, Emitted
@@ -170,6 +170,6 @@ class MemorySink:
         return [e.name.value for e in self.events]
 
 
-def _resolve(future: asyncio.Future[Any]) -> None:
+def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)

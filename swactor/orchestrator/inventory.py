@@ -29,7 +29,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from swactor.cliargs import BYTE_COUNT_HELP, byte_count
 from swactor.orchestrator.errors import PlannerError, PlanProblem
@@ -106,7 +106,7 @@ def _node(entry: object, where: str) -> NodeResources:
     )
 
 
-def pool_from_json(document: Any, source: str) -> PoolInventory:
+def pool_from_json(document: object, source: str) -> PoolInventory:
     """Parse a pool document (see the module doc); `source` names it in errors."""
     if isinstance(document, list):
         document = {"nodes": document}

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from swactor.actors import Runtime
 from swactor.events.emitter import Emitter
@@ -52,8 +52,19 @@ from swactor.transport.config import TransportConfig
 from swactor.transport.factory import QuicTransport, Transport
 from swactor.transport.identity import NodeIdentity
 from swactor.transport.run_control import REGISTRY, AddressBook, PeerAddress
-from swactor.wire import GgufSource, NodeId, PromptSource, RunFaultError, RunId, SamplingPolicy
+from swactor.wire import (
+    GgufSource,
+    NodeId,
+    PromptSource,
+    RunFaultError,
+    RunId,
+    RunPlan,
+    SamplingPolicy,
+)
 from swactor.wire.codec import WireStruct
+
+if TYPE_CHECKING:
+    from swactor.model.tokenizer import Tokenizer
 
 TOKEN_ARENA_BYTES = 16 << 20
 POOL_TIMEOUT_S = 60.0
@@ -171,7 +182,7 @@ def _fmt(value: float | None, unit: str) -> str:
     return "n/a" if value is None else f"{value:.2f}{unit}"
 
 
-def prompt_ids(options: SessionOptions) -> tuple[tuple[int, ...], Any]:
+def prompt_ids(options: SessionOptions) -> tuple[tuple[int, ...], Tokenizer | None]:
     """(prompt token ids, tokenizer; None for a model without one, given token ids)."""
     from swactor.model.tokenizer import Tokenizer
 
@@ -337,9 +348,9 @@ async def run_session(
 
 async def _run(
     runtime: Runtime,
-    plan: Any,
+    plan: RunPlan,
     ports: NetworkRunPorts,
-    stop_token_ids: Any,
+    stop_token_ids: frozenset[int],
     ids: tuple[int, ...],
     timeouts: RunTimeouts,
     watch: Callable[[RunHandle], Coroutine[Any, Any, None]] | None,
@@ -366,7 +377,7 @@ async def _run(
 class _StreamingPorts(NetworkRunPorts):
     """`NetworkRunPorts` that also tells the session of tokens and stage reports."""
 
-    on_stage: Any = None
+    on_stage: Callable[[orun.Event], None] | None = None
 
     def emit(self, event: LifecycleEvent) -> None:
         super().emit(event)

@@ -42,7 +42,7 @@ check each one exists, so an aioquic upgrade that renames them fails loudly.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from aioquic import tls
 from aioquic.buffer import UINT_VAR_MAX_SIZE
@@ -53,7 +53,7 @@ from aioquic.quic.recovery import QuicPacketPacer
 from cryptography import x509
 
 from swactor.transport import bulk, sendbuf
-from swactor.transport.udp import DatagramRun
+from swactor.transport.udp import Address, Buffer, Datagram, DatagramRun
 
 # (owner, attribute) pairs this module relies on; see tests/transport/test_aioquic_pins.py.
 PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
@@ -260,12 +260,12 @@ class SwactorConnection(QuicConnection):
                 out.append((data, addr))
         return out
 
-    def transmissions(self, now: float) -> list[tuple[Any, Any]]:
+    def transmissions(self, now: float) -> list[Datagram]:
         """What to send now, the bulk path's packets as `DatagramRun`s (one GSO send
         each): what the endpoint's socket takes."""
         self._maybe_update_keys()
-        sent: list[tuple[Any, Any]] = super().datagrams_to_send(now)
-        return sent
+        # aioquic types its list as bytes; the bulk path's runs are in it too.
+        return cast("list[Datagram]", super().datagrams_to_send(now))
 
     def _maybe_update_keys(self) -> None:
         """Start a key update once `key_update_packets` packets went out under the
@@ -296,14 +296,14 @@ class SwactorConnection(QuicConnection):
         self.request_key_update()
         self.key_updates += 1
 
-    def receive_datagram(self, data: Any, addr: Any, now: float) -> None:
+    def receive_datagram(self, data: Buffer, addr: Address, now: float) -> None:
         """aioquic's receive, also for a datagram that is a view (this class's own
         `datagrams_to_send` returns views of the buffers the bulk path sealed into;
         aioquic's parser takes only `bytes`)."""
         super().receive_datagram(data if type(data) is bytes else bytes(data), addr, now)
 
     def receive_bulk(
-        self, buf: memoryview, msgs: Any, nmsgs: int, addr: Any, now: float
+        self, buf: memoryview, msgs: Any, nmsgs: int, addr: Address, now: float
     ) -> list[memoryview] | None:
         """Received messages through the C bulk path (see `bulk.receive_bulk`); None when
         this connection cannot take them now (the caller routes each datagram instead)."""
