@@ -1,4 +1,6 @@
-"""Suite-wide pytest options: `--skip-slow` skips real-model and multi-host tests.
+"""Suite-wide pytest options: `--skip-slow` skips real-model and multi-host tests;
+`--shuffle SEED` runs the selected tests in an order drawn from SEED (tests must pass
+in any selection and order; the seed is printed so that a failing order can be re-run).
 
 The suite keeps its own kernel cache (`SWACTOR_KERNEL_CACHE`, a temporary directory for
 the session, removed at its end) unless one is given: tests start from an empty cache
@@ -9,6 +11,7 @@ its first ones built, as a user's runs do.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import tempfile
 
@@ -38,9 +41,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="skip tests marked slow (real model) or multihost (network namespaces)",
     )
+    parser.addoption(
+        "--shuffle",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="run the selected tests in a random order drawn from SEED",
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    seed = config.getoption("--shuffle")
+    return None if seed is None else f"test order shuffled: --shuffle {seed}"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    seed = config.getoption("--shuffle")
+    if seed is not None:
+        random.Random(seed).shuffle(items)
     if not config.getoption("--skip-slow"):
         return
     skip = pytest.mark.skip(reason="--skip-slow given")
