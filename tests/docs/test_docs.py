@@ -169,9 +169,28 @@ _PATH = re.compile(r"`((?:swactor|codegen|native|tests|bench|fsm|diagrams|docker
                    r"/[\w./-]+\.(?:py|c|h|yaml|md|svg|dot|sh))(?:::\w+)?`")
 
 
+_DIR = re.compile(r"`((?:swactor|codegen|native|tests|bench|fsm|diagrams|docker|scripts)"
+                  r"/(?:\w+/)*)`")
+"""A folder, written with its trailing slash (`swactor/ring/`)."""
+_MODULE = re.compile(r"`(swactor(?:\.\w+)+)`")
+
+
+def module_exists(dotted: str) -> bool:
+    """`swactor.a.b` is a module or package, or a name in module `swactor.a`."""
+    def found(parts: list[str]) -> bool:
+        path = REPO.joinpath(*parts)
+        return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+    parts = dotted.split(".")
+    return found(parts) or found(parts[:-1])
+
+
 def test_files_named_in_docs_exist() -> None:
-    missing = [f"{page.relative_to(REPO)}: {name}"
-               for page in sorted((REPO / "docs").rglob("*.md"))
-               for name in _PATH.findall(page.read_text(encoding="utf-8"))
-               if not (REPO / name).exists()]
+    missing = []
+    for page in sorted((REPO / "docs").rglob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        missing += [f"{page.relative_to(REPO)}: {name}"
+                    for name in _PATH.findall(text) + _DIR.findall(text)
+                    if not (REPO / name).exists()]
+        missing += [f"{page.relative_to(REPO)}: {name}" for name in _MODULE.findall(text)
+                    if not module_exists(name)]
     assert missing == [], "a file moved or was renamed; update docs/:\n" + "\n".join(missing)
