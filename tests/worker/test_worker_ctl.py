@@ -261,3 +261,68 @@ async def restart_window_scenario() -> None:
 
 def test_the_restart_budget_is_a_window_not_a_lifetime() -> None:
     asyncio.run(restart_window_scenario())
+
+
+async def dies_while_draining_scenario() -> None:
+    arena = Arena.create(1 << 22)
+    boot_q: asyncio.Queue[Any] = asyncio.Queue()
+    ring_q: asyncio.Queue[Any] = asyncio.Queue()
+    stage_q: asyncio.Queue[Any] = asyncio.Queue()
+    async with Runtime("node") as runtime:
+        routes = WorkerRoutes(
+            node_boot=runtime.spawn(lambda: Collector(boot_q), "boot"),
+            establisher=runtime.spawn(lambda: Collector(ring_q), "establisher"),
+            stage_controllers=[runtime.spawn(lambda: Collector(stage_q), "stage")],
+        )
+        config = WorkerCtlConfig(arena.fd, arena.size, stop_grace_s=60.0)
+        ctl = runtime.spawn(
+            lambda: GpuWorkerCtl(config, routes, arena), "gpu-worker", mailbox_capacity=1024
+        )
+        ctl.tell(gwc.StartWorker())
+        ready = await take(boot_q, WorkerReadyNotice)
+        ingress_cmd, ingress = install_command(arena, 1, RingDirection.Ingress, RING, 1 << 16)
+        egress_cmd, egress = install_command(arena, 2, RingDirection.Egress, RING, 1 << 17)
+        for command in (ingress_cmd, egress_cmd):
+            ctl.tell(gwc.InstallRing(command))
+            assert (await take(ring_q, RingInstalled)).ring_id == command.ring_id
+        payload = os.urandom(3 * RING)
+        data = record(10, 0, payload)
+        sent = 0
+        while sent < len(data):
+            n, _ = ingress.write_from(memoryview(data)[sent:])
+            sent += n
+            ctl.tell(gwc.RingReadable(RingId(1)))
+            await asyncio.sleep(0.005 if n == 0 else 0)
+        loaded = await take(stage_q, ObjectLoaded)
+        ctl.tell(gwc.ConfigureRole(ConfigureRole(RoleId(1), {"kind": "echo"})))
+        await take(stage_q, RoleConfigured)
+        # A step stuck mid-object (nobody drains the egress ring): a graceful stop waits
+        # for it, so the worker is still draining, with no WorkerStopped, when it dies.
+        ctl.tell(gwc.ExecuteStep(echo_step(1, loaded.device_handle, 2, len(payload))))
+        async with asyncio.timeout(30):
+            while egress.commit < RING:
+                await asyncio.sleep(0.01)
+        ctl.tell(gwc.ShutdownWorker(ShutdownMode.Graceful))
+        async with asyncio.timeout(10):
+            while _state(runtime) is not gwc.State.Stopping:
+                await asyncio.sleep(0.01)
+        os.kill(ready.pid, signal.SIGKILL)
+
+        # §31 waits for WorkerStopped and the exit: an exit alone is a death while
+        # draining, so the step is answered and the rings faulted, then reaped.
+        failed = await take(stage_q, StepFailed, timeout=20)
+        assert (failed.step_id, failed.reason) == (1, StepFailure.WorkerProcessExited)
+        faults = [await take(ring_q, RingFault, timeout=20) for _ in range(2)]
+        assert {(f.ring_id, f.reason) for f in faults} == {
+            (1, RingFaultReason.WorkerProcessExited), (2, RingFaultReason.WorkerProcessExited)}
+        reaped = [await take(ring_q, WorkerReaped, timeout=20) for _ in range(2)]
+        assert {r.ring_id for r in reaped} == {1, 2}
+        assert ingress.fault_reason is egress.fault_reason is RingFaultReason.WorkerProcessExited
+        assert _state(runtime) is gwc.State.Stopped
+        for ring in (ingress, egress):
+            ring.close()
+    arena.close()
+
+
+def test_a_worker_that_dies_while_draining_fails_its_steps_and_rings() -> None:
+    asyncio.run(dies_while_draining_scenario())
