@@ -10,7 +10,9 @@ lie without reading tensor data:
    header ends), and the reader fetches more and parses again. The tensor table becomes
    ``(name, type, shape, offset, n_bytes)`` entries. The prefix therefore covers the header
    and little else (at most an eighth past it, or the estimate's slack), whatever the
-   source (local, HTTP Range, cache).
+   source (local, HTTP Range, cache). A header that would need more than
+   ``MAX_HEADER_BYTES`` is refused before that much is read (the file's header says how
+   long its strings and arrays are, and a remote file's header comes from a server).
 2. Facts. :class:`ModelFacts` gathers the architecture numbers from metadata.
 3. Validation. :meth:`GgufRangeReader.validate_stage` checks a stage plan against the file
    (layer range, layer count, hidden size, dtype family, max sequence length) and that every
@@ -50,6 +52,8 @@ from swactor.model.source import ByteSource
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 COMPUTE_DTYPES: dict[str, type[np.floating[Any]]] = {"f32": np.float32, "f16": np.float16}
 _COALESCE_GAP_BYTES = 4096
+MAX_HEADER_BYTES = 256 << 20
+"""The most a GGUF header may span (real ones: 1-20 MB, mostly the tokenizer)."""
 # the vocabulary stays with the tokenizer; the loader keeps only these tokenizer keys
 _TOKENIZER_KEYS_KEPT = (
     "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.model"
@@ -143,12 +147,10 @@ class GgufRangeReader:
         that parsed this file) instead and read no header bytes."""
         self.source = source
         self.file_size = source.size()
-        self._prefix = b""
         if table is not None:
             self._adopt_table(table)
             return
         header = self._parse_header()
-        self.header_bytes = len(self._prefix)
         self.data_offset = header.data_offset
         self.tensors: dict[str, TensorEntry] = {}
         for info in header.tensors:
@@ -200,26 +202,8 @@ class GgufRangeReader:
     # -- header ---------------------------------------------------------------------------
     def _parse_header(self) -> GgufHeader:
         """Parse the header from a prefix of the source that grows until it holds it."""
-        want = min(self.file_size, FIRST_READ_BYTES)
-        while True:
-            if want > len(self._prefix):
-                self._prefix += self.source.read(len(self._prefix), want - len(self._prefix))
-            if len(self._prefix) < 4:
-                raise WeightsError(WeightsFault.TRUNCATED, f"{self.source.name}: file too short")
-            try:
-                return parse_header(self._prefix)
-            except NeedMoreBytes as more:
-                if more.end > self.file_size:
-                    raise WeightsError(
-                        WeightsFault.TRUNCATED,
-                        f"{self.source.name}: header needs byte {more.end} but the file has "
-                        f"{self.file_size} bytes (truncated or corrupt header)",
-                    ) from None
-                want = grow_to(len(self._prefix), more, self.file_size)
-            except GgufHeaderError as exc:
-                raise WeightsError(
-                    WeightsFault.CORRUPT_HEADER, f"{self.source.name}: {exc}"
-                ) from None
+        header, self.header_bytes = read_header(self.source, self.file_size)
+        return header
 
     # -- facts ----------------------------------------------------------------------------
     def _meta(self, key: str, default: Any = None) -> Any:
@@ -449,6 +433,39 @@ class GgufRangeReader:
             ranges=ranges,
             blocks=kept,
         )
+
+
+def read_header(source: ByteSource, file_size: int) -> tuple[GgufHeader, int]:
+    """Parse the header of `source` from a prefix that grows until it holds it (module
+    doc); (header, bytes read)."""
+    prefix = b""
+    want = min(file_size, FIRST_READ_BYTES)
+    while True:
+        if want > len(prefix):
+            prefix += source.read(len(prefix), want - len(prefix))
+        if len(prefix) < 4:
+            raise WeightsError(WeightsFault.TRUNCATED, f"{source.name}: file too short")
+        try:
+            return parse_header(prefix), len(prefix)
+        except NeedMoreBytes as more:
+            if more.end > file_size:
+                raise WeightsError(
+                    WeightsFault.TRUNCATED,
+                    f"{source.name}: header needs byte {more.end} but the file has "
+                    f"{file_size} bytes (truncated or corrupt header)",
+                ) from None
+            if more.end > MAX_HEADER_BYTES:
+                raise WeightsError(
+                    WeightsFault.CORRUPT_HEADER,
+                    f"{source.name}: header needs byte {more.end}, over the "
+                    f"{MAX_HEADER_BYTES}-byte bound on a GGUF header",
+                ) from None
+            want = min(grow_to(len(prefix), more, file_size),
+                       MAX_HEADER_BYTES)
+        except GgufHeaderError as exc:
+            raise WeightsError(
+                WeightsFault.CORRUPT_HEADER, f"{source.name}: {exc}"
+            ) from None
 
 
 def coalesce_ranges(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

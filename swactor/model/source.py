@@ -8,11 +8,21 @@ store in ``bytes_read``, so a stage can report how much of the file it touched.
 * :class:`LocalFileSource` — ``os.pread`` on a path; a short read is ``Truncated``.
 * :class:`HttpRangeSource` — one ``GET`` with ``Range: bytes=a-b`` per read. A server that
   answers ``200`` (ignoring the range) is refused rather than letting a stage download the
-  whole file; the size and the identity (strong ``ETag``) come from one ``HEAD``.
+  whole file; the size and the identity (strong ``ETag``, ``Last-Modified``) come from one
+  ``HEAD``. What the server sends is bounded before it costs anything: a size over
+  ``MAX_REMOTE_FILE`` is refused, a body is read to at most the requested length plus one
+  byte (more is an error), an error answer's body is never read, and every request times
+  out. Small reads (``SMALL_READ`` bytes or fewer: a header's prefix) are kept per
+  process by URL, validators and range (``SMALL_READS_KEPT`` bytes at most), so a process
+  that opens one URL several times (the orchestrator reads the planning facts and the
+  tokenizer) downloads its header once.
 * :class:`CachedSource` — wraps another source; each range is stored once as
   ``<cache>/<digest>/<offset>-<length>`` (written to a temporary name, then renamed), so a
   second run with the same digest reads nothing from the inner source. The digest is the
-  file's identity: given by the plan, or the artifact server's ``ETag`` (its SHA-256).
+  file's identity: given by the plan, or the server's ``ETag`` when it is a hex digest
+  (our artifact server sends the file's SHA-256); for a server whose ``ETag`` is not one,
+  the key is the SHA-256 of the URL, size, ``ETag`` and ``Last-Modified``
+  (:meth:`HttpRangeSource.cache_key`): the server's own validators, not a content digest.
 
 Digest check (:func:`verify_sha256`): a plan's ``sha256`` names the whole file. A local
 file is streamed once through SHA-256 (1 MiB reads, hashlib releases the GIL: ~0.1-0.3 s
@@ -44,6 +54,26 @@ from typing import Protocol
 from swactor.model.errors import WeightsError, WeightsFault
 
 _DIGEST_RE = re.compile(r"^[0-9a-fA-F]{16,128}$")
+_SHA256_RE = re.compile(r"^[0-9a-fA-F]{64}$")
+MAX_REMOTE_FILE = 1 << 40
+"""The largest file a URL may claim to be (1 TiB)."""
+SMALL_READ = 4 << 20
+SMALL_READS_KEPT = 16 << 20
+
+
+def is_url(location: str | os.PathLike[str]) -> bool:
+    """True for an http:// or https:// location."""
+    return os.fspath(location).startswith(("http://", "https://"))
+
+
+_small_reads: dict[tuple[object, ...], bytes] = {}
+_small_reads_lock = threading.Lock()
+
+
+def forget_small_reads() -> None:
+    """Drop the process's kept small reads (a benchmark measuring each reader's bytes)."""
+    with _small_reads_lock:
+        _small_reads.clear()
 
 
 class ByteSource(Protocol):
@@ -115,6 +145,7 @@ class HttpRangeSource:
         self.timeout_s = timeout_s
         self._size: int | None = None
         self._etag: str | None = None
+        self._modified: str | None = None
 
     def _head(self) -> None:
         request = urllib.request.Request(self.url, method="HEAD")
@@ -122,17 +153,30 @@ class HttpRangeSource:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 length = response.headers.get("Content-Length")
                 etag = response.headers.get("ETag")
+                modified = response.headers.get("Last-Modified")
+        except urllib.error.HTTPError as exc:
+            raise WeightsError(
+                WeightsFault.DOWNLOAD_FAILED,
+                f"HEAD {self.url}: HTTP {exc.code} {str(exc.reason)[:80]}",
+            ) from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise WeightsError(
                 WeightsFault.DOWNLOAD_FAILED, f"HEAD {self.url} failed: {exc}"
             ) from None
-        if length is None or not length.isdigit():
+        if length is None or not length.isdigit() or len(length) > 20:
             raise WeightsError(
                 WeightsFault.DOWNLOAD_FAILED, f"HEAD {self.url}: no usable Content-Length"
             )
+        if int(length) > MAX_REMOTE_FILE:
+            raise WeightsError(
+                WeightsFault.SOURCE_INVALID,
+                f"HEAD {self.url}: Content-Length {length} is over {MAX_REMOTE_FILE} bytes",
+            )
         self._size = int(length)
         if etag is not None:
-            self._etag = etag.strip().removeprefix("W/").strip('"')
+            self._etag = etag.strip().removeprefix("W/").strip('"')[:256]
+        if modified is not None:
+            self._modified = modified.strip()[:256]
 
     def size(self) -> int:
         if self._size is None:
@@ -146,6 +190,20 @@ class HttpRangeSource:
             self._head()
         return self._etag
 
+    def content_sha256(self) -> str | None:
+        """The file's SHA-256 when the server's ``ETag`` is one (64 hex digits), else None."""
+        etag = self.etag()
+        return etag.lower() if etag is not None and _SHA256_RE.match(etag) else None
+
+    def cache_key(self) -> str:
+        """The model cache's key for this file (module doc): the ``ETag`` when it is a hex
+        digest, else the SHA-256 of the URL, size, ``ETag`` and ``Last-Modified``."""
+        etag = self.etag()
+        if etag is not None and _DIGEST_RE.match(etag):
+            return etag.lower()
+        validators = f"{self.url}\n{self.size()}\n{etag}\n{self._modified}"
+        return hashlib.sha256(validators.encode()).hexdigest()
+
     def read(self, offset: int, length: int) -> bytes:
         if length == 0:
             return b""
@@ -155,6 +213,24 @@ class HttpRangeSource:
                 WeightsFault.TRUNCATED,
                 f"{self.url}: range [{offset}, {offset + length}) beyond end ({size} bytes)",
             )
+        small = length <= SMALL_READ
+        key = (self.url, size, self._etag, self._modified, offset, length)
+        if small:
+            with _small_reads_lock:
+                known = _small_reads.get(key)
+            if known is not None:
+                return known
+        data = self._get(offset, length)
+        self.bytes_read += length
+        if small:
+            with _small_reads_lock:
+                while _small_reads and sum(map(len, _small_reads.values())) + length > \
+                        SMALL_READS_KEPT:
+                    del _small_reads[next(iter(_small_reads))]
+                _small_reads[key] = data
+        return data
+
+    def _get(self, offset: int, length: int) -> bytes:
         last = offset + length - 1
         request = urllib.request.Request(self.url, headers={"Range": f"bytes={offset}-{last}"})
         try:
@@ -162,7 +238,9 @@ class HttpRangeSource:
                 if response.status != 206:
                     raise WeightsError(
                         WeightsFault.DOWNLOAD_FAILED,
-                        f"GET {self.url}: server answered {response.status} to a Range request",
+                        f"GET {self.url}: server answered {response.status} to a Range "
+                        "request: it does not serve byte ranges, which swactor needs "
+                        "(each stage reads only its own layers)",
                     )
                 expected = f"bytes {offset}-{last}/"
                 content_range = response.headers.get("Content-Range", "")
@@ -178,7 +256,7 @@ class HttpRangeSource:
         except urllib.error.HTTPError as exc:
             raise WeightsError(
                 WeightsFault.DOWNLOAD_FAILED,
-                f"GET {self.url} bytes {offset}-{last}: HTTP {exc.code}",
+                f"GET {self.url} bytes {offset}-{last}: HTTP {exc.code} {str(exc.reason)[:80]}",
             ) from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise WeightsError(
@@ -189,7 +267,6 @@ class HttpRangeSource:
                 WeightsFault.TRUNCATED,
                 f"GET {self.url}: got {len(data)} bytes for a {length}-byte range",
             )
-        self.bytes_read += length
         return data
 
 
@@ -260,20 +337,16 @@ def open_source(
 ) -> ByteSource:
     """Open a GGUF by path or URL; with ``cache_dir``, put the content-addressed cache in front.
 
-    For a URL without ``digest`` the server's ``ETag`` is the identity (one ``HEAD``, no body).
+    For a URL without ``digest`` the cache key is :meth:`HttpRangeSource.cache_key` (one
+    ``HEAD``, no body).
     """
     text = os.fspath(location)
     inner: ByteSource
-    if text.startswith(("http://", "https://")):
+    if is_url(text):
         http = HttpRangeSource(text)
         inner = http
         if cache_dir is not None and digest is None:
-            digest = http.etag()
-            if digest is None:
-                raise WeightsError(
-                    WeightsFault.SOURCE_INVALID,
-                    f"{text}: no digest given and the server sent no ETag to key the cache",
-                )
+            digest = http.cache_key()
     else:
         inner = LocalFileSource(text)
     if cache_dir is None or digest is None:

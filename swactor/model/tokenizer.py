@@ -115,12 +115,30 @@ class Tokenizer:
         the stream with one), keyed by the file's resolved path, size and modification
         time.
         """
+        from swactor.model.source import is_url
+
+        if is_url(path):
+            return cls.from_url(str(path))
         file = Path(path)
         try:
             stat = file.stat()
         except OSError:
             return cls(read_vocab(file))  # read_vocab raises the typed error
         return _cached_tokenizer(str(file.resolve()), stat.st_size, stat.st_mtime_ns)
+
+    @classmethod
+    def from_url(cls, url: str) -> Tokenizer:
+        """Build from the header of the GGUF at an http(s) URL, read by byte ranges."""
+        from swactor.model.errors import WeightsError
+        from swactor.model.gguf_range import read_header
+        from swactor.model.source import HttpRangeSource
+
+        try:
+            source = HttpRangeSource(url)
+            header, _ = read_header(source, source.size())
+        except WeightsError as error:
+            raise TokenizerError(TokenizerFault.MODEL_UNREADABLE, str(error)) from None
+        return cls.from_metadata(header.metadata, url)
 
     @classmethod
     def from_fields(cls, fields: dict[str, Any], source: str) -> Tokenizer:

@@ -127,3 +127,102 @@ def test_missing_artifact_is_typed(server: ArtifactServer) -> None:
     with pytest.raises(WeightsError) as excinfo:
         open_reader(server.url.rsplit("/", 1)[0] + "/absent.gguf")
     assert excinfo.value.reason is WeightsFault.DOWNLOAD_FAILED
+
+
+class _Prefix:
+    """A ByteSource over a few real bytes of a file that claims to be `size` bytes long."""
+
+    def __init__(self, data: bytes, size: int) -> None:
+        self.data, self._size, self.name, self.bytes_read = data, size, "claimed", 0
+
+    def size(self) -> int:
+        return self._size
+
+    def read(self, offset: int, length: int) -> bytes:
+        self.bytes_read += length
+        return (self.data[offset:offset + length]).ljust(length, b"\0")
+
+
+def test_a_header_claiming_a_huge_string_is_refused_before_it_is_read() -> None:
+    """A (remote) header whose first value claims 1 GiB: refused by the header bound after
+    the first read, not fetched."""
+    import struct
+
+    from swactor.model.gguf_range import MAX_HEADER_BYTES, read_header
+
+    key = b"general.architecture"
+    head = (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+            + struct.pack("<IQ", 8, 1 << 30))
+    source = _Prefix(head, 1 << 40)
+    with pytest.raises(WeightsError) as excinfo:
+        read_header(source, source.size())
+    assert excinfo.value.reason is WeightsFault.CORRUPT_HEADER
+    assert f"{MAX_HEADER_BYTES}-byte bound" in str(excinfo.value)
+    assert source.bytes_read <= 1 << 20
+
+
+class _HugeFile(SimpleHTTPRequestHandler):
+    def do_HEAD(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(1 << 50))
+        self.end_headers()
+
+
+def test_a_url_claiming_a_huge_file_is_refused_by_name() -> None:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _HugeFile)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/huge.gguf"
+        with pytest.raises(WeightsError) as excinfo:
+            HttpRangeSource(url).size()
+        assert excinfo.value.reason is WeightsFault.SOURCE_INVALID
+        assert url in str(excinfo.value) and str(1 << 50) in str(excinfo.value)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_server_without_a_digest_etag_keys_the_cache_by_its_validators(
+    tiny_mixed: Path, tmp_path: Path
+) -> None:
+    """The stdlib server sends no ETag (and ignores ranges): the cache key is still a
+    stable hex key from the URL, size and Last-Modified, and changes with the file."""
+    import os
+
+    copy = tmp_path / "served" / tiny_mixed.name
+    copy.parent.mkdir()
+    copy.write_bytes(tiny_mixed.read_bytes())
+    handler = partial(SimpleHTTPRequestHandler, directory=str(copy.parent))
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/{copy.name}"
+        first = HttpRangeSource(url)
+        assert first.etag() is None and first.content_sha256() is None
+        key = first.cache_key()
+        assert len(key) == 64 and key == HttpRangeSource(url).cache_key()
+        os.utime(copy, (1, 1))  # another Last-Modified: another key
+        assert HttpRangeSource(url).cache_key() != key
+        with pytest.raises(WeightsError) as excinfo:
+            first.read(0, 16)
+        assert url in str(excinfo.value) and "does not serve byte ranges" in str(excinfo.value)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_small_reads_of_one_url_are_fetched_once_per_process(
+    server: ArtifactServer, tiny_mixed: Path
+) -> None:
+    """The orchestrator opens its URL for the plan and for the tokenizer: the header's
+    bytes come from the server once."""
+    from swactor.orchestrator.model_info import model_info_from_gguf
+
+    info = model_info_from_gguf(server.url)  # its reader, then the tokenizer's (stop ids)
+    served = server.bytes_served
+    assert info.path == server.url and info.model_id == tiny_mixed.stem
+    assert served == open_reader(tiny_mixed).header_bytes
+    open_reader(server.url)
+    assert server.bytes_served == served
