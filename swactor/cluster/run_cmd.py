@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "(default: faster CPU decode from the file's blocks) or dense")
     parser.add_argument("--verbose", action="store_true",
                         help="echo the nodes' stderr and the orchestrator's events")
-    add_run_arguments(parser)
+    add_run_arguments(parser, offer_default=False)  # its nodes share this machine's disk
     parser.set_defaults(handler=run)
 
 

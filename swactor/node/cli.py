@@ -82,7 +82,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--advertise", default=None, metavar="HOST",
                         help="QUIC host published to the pool (default: --bind)")
     parser.add_argument("--models-dir", type=Path, default=None,
-                        help="where CacheKey model sources are looked up")
+                        help="the node's model cache (default: $SWACTOR_MODEL_CACHE or "
+                        "~/.cache/swactor/models): CacheKey sources, a *.gguf with the "
+                        "plan's SHA-256 used as it is, ranges fetched from the orchestrator "
+                        "(fetched/<sha256>/) or read from a URL (http/<key>/)")
     parser.add_argument("--weights", choices=WEIGHT_MODES, default=DEFAULT_WEIGHT_MODE,
                         help="how the worker holds quantised matrices: blocks (default: "
                         "decode and prefill compute from the file's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/"

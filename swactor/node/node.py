@@ -93,7 +93,7 @@ from swactor.membership.boot import NodeBoot
 from swactor.node.pool_weights import PoolWeights
 from swactor.node.stage_host import StageHost, StageHostConfig, StageHostState, StopRunRequest
 from swactor.node.stage_ports import StageOutcome, StageReport
-from swactor.node.stage_worker_ports import WorkerStagePorts
+from swactor.node.stage_worker_ports import HTTP_CACHE, WorkerStagePorts
 from swactor.node.worker_ctl import (
     GpuWorkerCtl,
     WorkerCtlConfig,
@@ -483,6 +483,7 @@ class StageNode:
         self._worker_pid = notice.pid
         self.worker_ports = WorkerStagePorts(self._ctl, self._host,
                                              models_dir=self.config.models_dir,
+                                             cache_dir=self.config.models_dir / HTTP_CACHE,
                                              weights=self.config.weights,
                                              generation=notice.generation,
                                              fetch=self.pool_weights)

@@ -6,7 +6,8 @@ edge ports (EdgeEstablisher, edge actors), `report` (control channel) and `emit`
 (event log) beside it.
 
 - `load_weights(provision)` resolves the provision's `GgufSource` to a location this
-  node reads (LocalPath as is; HttpUrl read by byte ranges through `cache_dir`;
+  node reads (LocalPath as is, never copied; HttpUrl read by byte ranges through
+  `cache_dir`, the node's `<models dir>/http`, keyed by the file's digest;
   CacheKey as a file in `models_dir`; PoolPeer fetched by the `fetch` hook, e.g.
   `node.pool_weights.PoolWeights`, into the model cache, chunks verified as they arrive),
   checks a whole file against the plan's `sha256` when it names one
@@ -70,6 +71,8 @@ from swactor.wire import (
 
 _DTYPE_NAMES = {4: "f32", 2: "f16"}
 FIRST_GENERATION = WorkerGeneration(1)
+HTTP_CACHE = "http"
+"""The node's cache of ranges read from HttpUrl sources, in its models folder."""
 
 
 def weights_location(provision: ProvisionStage, models_dir: Path) -> str:
@@ -103,6 +106,7 @@ def validate_weights(provision: ProvisionStage, location: str, cache_dir: Path |
     expected = provision.gguf_source.sha256
     if expected is not None and provision.gguf_source.kind is not GgufSourceKind.PoolPeer:
         verify_sha256(location, expected)  # DigestMismatch: WeightLoadFailed
+    cache_dir = cache_dir if is_remote(location) else None  # a local file is read in place
     reader = header_reader(location, expected, cache_dir)
     entries = reader.validate_stage(
         provision.layer_start,
@@ -231,7 +235,8 @@ class WorkerStagePorts:
     async def configure_role(self, provision: ProvisionStage) -> None:
         location, table = await self._location(provision.run_id)
         try:
-            config = llama_stage_config(provision, location, self.cache_dir, self.weights,
+            cache = self.cache_dir if is_remote(location) else None
+            config = llama_stage_config(provision, location, cache, self.weights,
                                         table=table)
         except RoleConfigProblem as error:
             raise RunFaultError(RunFaultReason.WeightLoadFailed, str(error)) from None

@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlparse
 
 from gguf import GGMLQuantizationType
 
@@ -97,7 +98,8 @@ class ModelInfo:
     """Planning facts of one GGUF model."""
 
     model_id: str
-    path: Path | None
+    path: Path | str | None
+    """The local file, or the http(s) URL (a str) it was read from."""
     architecture: str
     block_count: int
     hidden_dim: int
@@ -116,6 +118,8 @@ class ModelInfo:
     """Every tensor of the file (empty for facts built without a file: then the
     prediction is every parameter at the compute width)."""
     rope_dim: int = 0
+    url_sha256: str | None = None
+    """For a URL: the file's SHA-256 when its server names it (a 64-hex ETag)."""
 
     def stage_params(self, start: int, end: int) -> int:
         """Elements stage `[start, end)` holds: its blocks, plus embedding / head."""
@@ -207,7 +211,7 @@ def _block_of(name: str) -> int:
         return -1
 
 
-def _stop_ids(path: Path, eos: int) -> frozenset[int]:
+def _stop_ids(path: Path | str, eos: int) -> frozenset[int]:
     from swactor.model.tokenizer import Tokenizer
     from swactor.model.tokenizer_errors import TokenizerError
 
@@ -218,7 +222,7 @@ def _stop_ids(path: Path, eos: int) -> frozenset[int]:
     return frozenset({eos, *eog})
 
 
-def _refuse_unsupported(file: Path, reader: GgufRangeReader) -> None:
+def _refuse_unsupported(file: Path | str, reader: GgufRangeReader) -> None:
     """PlannerError for a tensor type or tokenizer model no stage or tokenizer reads."""
     from swactor.model.dequant import SUPPORTED_TYPES
 
@@ -247,8 +251,10 @@ def model_info_from_gguf(path: str | Path, *, with_stop_ids: bool = True) -> Mod
     can run (module doc)."""
     from swactor.model.errors import WeightsError, WeightsFault
     from swactor.model.gguf_range import open_reader
+    from swactor.model.source import is_url
 
-    file = Path(path)
+    file: Path | str = str(path) if is_url(path) else Path(path)
+    file_name = urlparse(file).path.rsplit("/", 1)[-1] if isinstance(file, str) else file.name
     try:
         reader = open_reader(file)
     except WeightsError as error:
@@ -276,7 +282,7 @@ def model_info_from_gguf(path: str | Path, *, with_stop_ids: bool = True) -> Mod
         _elements(norm.shape) if norm is not None else 0
     )
     return ModelInfo(
-        model_id=file.name.removesuffix(".gguf")[:255] or "model",
+        model_id=file_name.removesuffix(".gguf")[:255] or "model",
         path=file,
         architecture=facts.architecture,
         block_count=facts.block_count,
@@ -292,4 +298,12 @@ def model_info_from_gguf(path: str | Path, *, with_stop_ids: bool = True) -> Mod
         tensors=tuple(TensorInfo(t.name, t.type_id, t.shape, t.n_bytes)
                       for t in reader.tensors.values()),
         rope_dim=facts.rope_dim,
+        url_sha256=_url_sha256(reader),
     )
+
+
+def _url_sha256(reader: GgufRangeReader) -> str | None:
+    from swactor.model.source import HttpRangeSource
+
+    source = reader.source
+    return source.content_sha256() if isinstance(source, HttpRangeSource) else None

@@ -8,7 +8,10 @@ the orchestrator's own key must be pinned as `orchestrator`, only the file's `no
 can join its SWIM view or be chosen as stages; `--nodes` defaults to all of them), or
 an explicit `--open-pool`, which warns that any key may join. With `--node`, a `--pool`
 refuses a listed node that the file does not pin. Then the model, the prompt and the
-sampling flags, then runs `session.run_session`: generated text streams to stdout as
+sampling flags, then runs `session.run_session`. A local model is offered to the pool by
+default (`--offer-model`; `--no-offer-model` plans the path instead), since the nodes of
+a pool named here may not hold the file; `--model URL` plans the URL, which each node
+reads by byte ranges. Then: generated text streams to stdout as
 tokens arrive, progress and the summary go to stderr; with `--json` nothing streams and
 stdout gets one JSON object (run id, outcome, prompt and generated token ids, text,
 stage layer ranges, timings). Exit status: 0 for a Completed run, 1 for a run that
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING
 from swactor.cliargs import node_id, positive_int
 from swactor.events.emitter import add_event_arguments, configure_from_args
 from swactor.membership.cli import add_admission_arguments, admission_from_args
+from swactor.model.paths import model_location
 
 if TYPE_CHECKING:
     from swactor.events.emitter import Emitter
@@ -64,19 +68,32 @@ def parse_member(text: str) -> PoolMember:
     return PoolMember(node_id(node), host, int(port))
 
 
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """Model, prompt, sampling and output flags (shared with `swactor run`)."""
+def add_run_arguments(parser: argparse.ArgumentParser, *, offer_default: bool = True
+                      ) -> None:
+    """Model, prompt, sampling and output flags (shared with `swactor run`);
+    `offer_default`: whether the command offers a local model to the pool unless told
+    `--no-offer-model` (`swactor orchestrator`: yes, its nodes may not have the file;
+    `swactor run`: no, its nodes share this machine's disk)."""
+    parser.set_defaults(offer_default=offer_default)
     group = parser.add_argument_group("run")
-    group.add_argument("--model", type=Path, default=None,
-                       help="GGUF file (default: the embedded SmolLM2 in the model cache)")
+    group.add_argument("--model", type=model_location, default=None,
+                       help="GGUF file, or an http(s) URL whose server answers Range "
+                       "requests: each node reads only its own layers' byte ranges there "
+                       "into its model cache (default: the embedded SmolLM2 in the model "
+                       "cache)")
     prompt = group.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", default=None, help="prompt text (default 'hello world')")
     prompt.add_argument("--prompt-file", type=Path, default=None, help="read the prompt here")
-    group.add_argument("--offer-model", action="store_true",
-                       help="serve the model to the pool over its QUIC links: each node "
-                       "fetches only its own layers' byte ranges, verified chunk by chunk, "
-                       "into its model cache and reuses them next run (default: every node "
-                       "reads the file at the orchestrator's path)")
+    group.add_argument("--offer-model", action=argparse.BooleanOptionalAction,
+                       default=None,
+                       help="serve a local --model file to the pool over its QUIC links: "
+                       "each node fetches only its own layers' byte ranges, verified chunk "
+                       "by chunk against the plan's digests, into its model cache, and "
+                       "reuses them next run; a node whose models folder already holds a "
+                       "file with the same SHA-256 fetches nothing (default: on for "
+                       "`swactor orchestrator`, whose nodes may not have the file; off for "
+                       "`swactor run`, whose nodes share this machine's disk; "
+                       "--no-offer-model: every node reads the file at this path)")
     group.add_argument("--chat", action="store_true",
                        help="wrap the prompt in the model's chat template (one user turn)")
     group.add_argument("--max-tokens", type=positive_int, default=32, metavar="N",
@@ -126,8 +143,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def session_options(
     args: argparse.Namespace, identity: NodeIdentity, nodes: tuple[PoolMember, ...]
 ) -> SessionOptions:
-    """SessionOptions from parsed `add_run_arguments` flags; ValueError names a bad flag."""
+    """SessionOptions from parsed `add_run_arguments` flags; ValueError names a bad flag.
+    A local model is offered to the pool when `--offer-model` is given, or when neither
+    it nor `--no-offer-model` is and the command's `offer_default` (`add_run_arguments`)
+    is set; a URL never is."""
     from swactor.model.paths import default_model_path
+    from swactor.model.source import is_url
     from swactor.orchestrator.errors import PlannerError
     from swactor.orchestrator.model_info import model_info_from_gguf
     from swactor.orchestrator.session import SessionOptions
@@ -149,18 +170,26 @@ def session_options(
         except Exception as error:
             raise ValueError(f"sampling flags: {error}") from None
     model = args.model or default_model_path()
-    if not Path(model).is_file():
+    url = is_url(model)
+    if not url and not Path(model).is_file():
         raise ValueError(f"model {model} not found (run scripts/setup.sh, or pass --model)")
+    offer = args.offer_model
+    if offer and url:
+        raise ValueError(f"--offer-model serves a local file; with --model {model} each "
+                         "node reads its own byte ranges from that URL")
+    if offer is None:
+        offer = bool(getattr(args, "offer_default", True)) and not url
     try:  # an architecture, tensor type or tokenizer no stage runs: refused before any node
         model_info_from_gguf(model, with_stop_ids=False)
     except PlannerError as error:
         raise ValueError(str(error)) from None
     return SessionOptions(
-        identity=identity, nodes=nodes, model=Path(model), prompt=prompt, chat=args.chat,
+        identity=identity, nodes=nodes, model=model if url else Path(model), prompt=prompt,
+        chat=args.chat,
         sampling=sampling, max_tokens=args.max_tokens, max_seq_len=args.max_seq_len,
         split=args.split, bind_host=getattr(args, "bind", "127.0.0.1"),
         advertise_host=getattr(args, "advertise", None), run_id=args.run_id,
-        stream=not args.json, offer_model=args.offer_model)
+        stream=not args.json, offer_model=offer)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from swactor.cliargs import positive_int
+from swactor.model.paths import model_location
 
 if TYPE_CHECKING:
     from swactor.orchestrator.planner import PlannedRun
@@ -46,8 +47,9 @@ def _split_arg(text: str) -> tuple[int, ...]:
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """The planning flags (shared with the commands that run a plan)."""
     group = parser.add_argument_group("planning")
-    group.add_argument("--model", type=Path, default=None,
-                       help="GGUF file (default: the embedded SmolLM2 in the model cache)")
+    group.add_argument("--model", type=model_location, default=None,
+                       help="GGUF file or http(s) URL (default: the embedded SmolLM2 in "
+                       "the model cache)")
     pool = group.add_mutually_exclusive_group()
     pool.add_argument("--nodes", type=positive_int, metavar="N",
                       help="N identical local nodes (default: one per --split entry, else 3)")

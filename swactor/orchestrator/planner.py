@@ -370,7 +370,10 @@ def _build(
     if source is None:
         if model.path is None:
             raise PlannerError(PlanProblem.ModelUnreadable, "no GGUF source and no model path")
-        source = GgufSource.local_path(str(model.path.resolve()))
+        if isinstance(model.path, str):  # an http(s) URL: each node reads its ranges there
+            source = GgufSource.http_url(model.path, sha256=model.url_sha256)
+        else:
+            source = GgufSource.local_path(str(model.path.resolve()))
     model_plan = GgufModelPlan(
         model_id=model.model_id,
         gguf_source=source,

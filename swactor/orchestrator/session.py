@@ -87,7 +87,8 @@ class PoolMember:
 class SessionOptions:
     identity: NodeIdentity
     nodes: tuple[PoolMember, ...]
-    model: Path
+    model: Path | str
+    """A local GGUF, or an http(s) URL (a str) that each node reads by byte ranges."""
     prompt: str | None = None
     prompt_token_ids: tuple[int, ...] | None = None
     chat: bool = False
@@ -106,9 +107,10 @@ class SessionOptions:
     """How to build the endpoint, driver and control channel (None: real QUIC)."""
     timeouts: RunTimeouts = field(default_factory=RunTimeouts)
     offer_model: bool = False
-    """Offer the model to the pool over QUIC (`orchestrator.offer`): the plan names this
-    orchestrator and the file's digests, not a path, and each node fetches its own byte
-    ranges into its model cache (False: every node reads the file at the same path)."""
+    """Offer the local model to the pool over QUIC (`orchestrator.offer`): the plan names
+    this orchestrator and the file's digests, not a path, and each node fetches its own
+    byte ranges into its model cache (False: every node reads the file at the same path).
+    `swactor orchestrator` turns it on unless told `--no-offer-model`."""
     pool_gated: bool = False
     """The pool came from SWIM discovery, whose `pool_readiness` machine already emitted
     pool_ready: the session does not emit it again (False: a fixed `--node` list, whose
@@ -231,7 +233,11 @@ async def run_session(
     offered: OfferedFile | None = None
     try:
         model = model_info_from_gguf(options.model, with_stop_ids=tokenizer is not None)
-        if options.offer_model:  # nodes fetch their ranges from us (orchestrator.offer)
+        if isinstance(options.model, str):  # a URL: each node reads its ranges there
+            if options.offer_model:
+                raise SessionError(f"model {options.model}: only a local file is offered")
+            source = GgufSource.http_url(options.model, sha256=model.url_sha256)
+        elif options.offer_model:  # nodes fetch their ranges from us (orchestrator.offer)
             source, offered = offered_source(options.model, int(me))
         else:
             source = GgufSource.local_path(str(options.model.resolve()),
@@ -247,6 +253,8 @@ async def run_session(
             prompt_token_count=len(ids)))
     except PlannerError as error:
         raise SessionError(f"plan: {error}") from None
+    except SessionError:
+        raise
     except Exception as error:  # the model file: unreadable, not a GGUF, bad header
         raise SessionError(f"model {options.model}: {error}") from None
     plan = planned.plan
