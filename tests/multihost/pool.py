@@ -8,8 +8,9 @@ stage hosts), as an operator would copy it to each machine. Each node trusts the
 orchestrator key in `keys/orchestrator.key` and writes its events to
 `events/<host>.jsonl`; orchestrator run R writes `events/orchestrator-R.jsonl`.
 Each node's model cache is an empty folder of its own (`models/<host>`) and the
-orchestrator offers its model (`--offer-model`), so a node's weights arrive only as the
-byte ranges it fetches from the orchestrator over QUIC, once per node.
+orchestrator offers its model (`swactor orchestrator`'s default: no `--offer-model` flag
+is given), so a node's weights arrive only as the byte ranges it fetches from the
+orchestrator over QUIC, once per node.
 `assert_run_allowed(events, R)` replays every process's events of run R through the
 protocol tables (`swactor check`); each test calls it once a run has ended everywhere.
 """
@@ -93,7 +94,7 @@ def start_orchestrator(hosts: NetnsTopology, run: int, keys: Path, events: Path,
         "orchestrator", "--key", str(keys / "orchestrator.key"), "--bind", host.address,
         "--seed", seed(hosts), "--nodes", str(len(STAGES)), "--pool", str(pool_file(keys)),
         "--prompt", PROMPT, "--max-tokens", str(tokens), "--max-seq-len", str(max_seq),
-        "--split", "10,10,10", "--json", "--run-id", str(run), "--offer-model",
+        "--split", "10,10,10", "--json", "--run-id", str(run),
         "--event-verbosity", "-1", "--events-file", str(events / f"orchestrator-{run}.jsonl")])
 
 
