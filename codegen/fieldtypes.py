@@ -14,6 +14,7 @@ types ``wire.Name``, so that an event may share a name with a wire type.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import importlib
 import re
@@ -112,6 +113,17 @@ class WireNames:
 
     def exports(self, name: str) -> bool:
         return name in self._load()
+
+    def message_fields(self, name: str) -> list[tuple[str, str]] | None:
+        """``(field, annotation text)`` of the dataclass ``name``, in order, when
+        ``swactor.wire`` exports one by that name; else None."""
+        value = self._load().get(name)
+        if not (isinstance(value, type) and dataclasses.is_dataclass(value)):
+            return None
+        return [
+            (f.name, f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "?"))
+            for f in dataclasses.fields(value)
+        ]
 
     def enum_members(self, name: str) -> frozenset[str] | None:
         """Member names when ``name`` is an ``enum.Enum`` subclass, else None."""

@@ -250,13 +250,37 @@ class _Reader:
             if name in reserved:
                 self.fail(msg_line, "name", f"{kind} {name!r} clashes with a generated name")
             body = self.mapping(body, msg_line, f"{kind} {name}")
-            self.keys(body, frozenset({"doc", "fields"}), f"{kind} {name}")
+            self.keys(body, frozenset({"doc", "fields", "wire"}), f"{kind} {name}")
             doc = self.text(body, "doc", f"{kind} {name}", rule="missing-doc",
                             owner_line=msg_line)
+            if body.get("wire", False) is not False:
+                out[name] = self.wire_message(name, doc, msg_line, body, kind)
+                continue
             fields = self.fields(body.get("fields"), body.key_lines.get("fields", msg_line),
                                  name)
             out[name] = Message(name, doc, msg_line, fields)
         return out
+
+    def wire_message(self, name: str, doc: str, line: int, body: MarkedDict,
+                     kind: str) -> Message:
+        """A ``wire: true`` event or effect: the class ``swactor.wire.<name>`` itself,
+        its fields read from the dataclass (a table does not repeat them)."""
+        wire_line = body.key_lines["wire"]
+        if body["wire"] is not True:
+            self.fail(wire_line, "schema", f"{kind} {name}: `wire:` is `true` or absent")
+        if "fields" in body:
+            self.fail(body.key_lines["fields"], "schema",
+                      f"{kind} {name} is the wire class: its fields come from swactor.wire")
+        found = self.wire.message_fields(name)
+        if found is None:
+            self.fail(wire_line, "unknown-type",
+                      f"{kind} {name}: swactor.wire exports no dataclass {name!r}")
+        fields = tuple(
+            Field(field_name, self.field_type(annotation, wire_line),
+                  f"See swactor.wire.{name}.", wire_line)
+            for field_name, annotation in found
+        )
+        return Message(name, doc, line, fields, wire=True)
 
     def known_events(self, raw: Any, line: int, table: Table, what: str) -> list[str]:
         found = []

@@ -75,6 +75,9 @@ class Message:
     doc: str
     line: int
     fields: tuple[Field, ...] = ()
+    wire: bool = False
+    """The class is ``swactor.wire.<name>`` (``wire: true``), shared with every table and
+    component that names the same fact; ``fields`` are read from it."""
 
     def field(self, name: str) -> Field | None:
         for candidate in self.fields:

@@ -27,7 +27,17 @@ from codegen.model import Message, Row, Table
 from codegen.templating import render
 
 
-def _message_class(msg: Message) -> list[str]:
+def _message_class(msg: Message, effect: bool = False) -> list[str]:
+    if msg.wire:
+        # the shared class itself; an effect's builder stores through its slot setters
+        lines = [f"{msg.name} = wire.{msg.name}"]
+        lines += pretty.docstring(f"{msg.doc} The class is ``swactor.wire.{msg.name}``.", 0)
+        if effect and msg.fields:
+            lines.append("")
+            for f in msg.fields:
+                lines += pretty.call(f"_set_{msg.name}_{f.name} = slot_setter",
+                                     [msg.name, f'"{f.name}"'], "", 0)
+        return lines
     lines = ["@dataclass(frozen=True, slots=True)", f"class {msg.name}:"]
     lines += pretty.docstring(msg.doc, 4)
     if msg.fields:
@@ -251,13 +261,15 @@ def module_source(table: Table, wire: WireNames) -> str:
     if table.unhandled == "fault":
         effect_names.append("ProtocolViolation")
     messages = [*table.events.values(), *table.effects.values()]
+    setters = [m for m in table.events.values() if not m.wire] + list(table.effects.values())
     runtime_imports = sorted({"ProtocolError", "R", "Result"}
                              | set(effect_names) - set(table.effects)
-                             | ({"slot_setter"} if any(m.fields for m in messages) else set())
+                             | ({"slot_setter"} if any(m.fields for m in setters) else set())
                              | ({"blank"} if any(m.fields for m in table.effects.values())
                                 else set()))
-    uses_wire = any(f.type.names() for m in messages for f in m.fields) or any(
-        f.type.names() for f in table.context)
+    uses_wire = (any(m.wire for m in messages)
+                 or any(f.type.names() for m in messages for f in m.fields)
+                 or any(f.type.names() for f in table.context))
     slot_names = ["guards", "state", "events", *(f.name for f in table.context)]
     context: dict[str, Any] = {
         "table": table,
@@ -268,7 +280,7 @@ def module_source(table: Table, wire: WireNames) -> str:
         "runtime_import": pretty.import_from("swactor.fsm.runtime", runtime_imports),
         "states": [(s.name, pretty.docstring(s.doc, 4)) for s in table.states.values()],
         "events": [_message_class(m) for m in table.events.values()],
-        "effects": [_message_class(m) for m in table.effects.values()],
+        "effects": [_message_class(m, effect=True) for m in table.effects.values()],
         "event_union": pretty.union(list(table.events), 0, "Event: TypeAlias = "),
         "effect_union": (pretty.union(effect_names, 0, "Effect: TypeAlias = ")
                          if effect_names else ["Effect: TypeAlias = Never"]),

@@ -7,13 +7,17 @@ and the line the error must point at carries the comment ``# <- here``.
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
+from codegen.__main__ import main
 from codegen.errors import RULES, TableError
 from codegen.loader import load_table
+from swactor import wire
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BROKEN = sorted((FIXTURES / "broken").glob("*.yaml"))
@@ -68,6 +72,26 @@ def test_wildcard_and_list_rows_expand_and_explicit_rows_win() -> None:
     assert table.outcome("Booting", "Wake") == "ignore"  # the global ignore list
     assert table.outcome("Booting", "Lease") == "fault"  # the declared policy
     assert table.outcome("Closed", "Crash") == "absorb"  # terminal
+
+
+def test_a_wire_message_is_the_wire_class_with_its_fields(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = load_table(FIXTURES / "good" / "wire_mix.yaml")
+    event, effect = table.events["RingQuiesced"], table.effects["WorkerReaped"]
+    assert event.wire and effect.wire and not table.events["Object"].wire
+    assert [(f.name, str(f.type)) for f in event.fields] == [("ring_id", "RingId")]
+    assert [(f.name, str(f.type)) for f in effect.fields] == [("ring_id", "RingId")]
+    assert main(["--fsm-dir", str(FIXTURES / "good"), "--out-root", str(tmp_path)]) == 0
+    path = tmp_path / "swactor" / "fsm" / "generated" / "wire_mix.py"
+    spec = importlib.util.spec_from_file_location("wire_mix_fixture", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "wire_mix_fixture", module)  # dataclasses look it up
+    spec.loader.exec_module(module)
+    assert module.RingQuiesced is wire.RingQuiesced  # one class, no generated copy
+    assert module.WorkerReaped is wire.WorkerReaped
+    assert "class RingQuiesced" not in path.read_text(encoding="utf-8")
 
 
 def test_explicit_row_wins_over_wildcard(tmp_path: Path) -> None:
