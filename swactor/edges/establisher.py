@@ -236,12 +236,10 @@ class EdgeEstablisher(Actor[Any]):
                 self._release_answer(ctx, ring, et.ReleaseRejected(ring), er.ReleaseRejected(ring))
             case RingInstalled(ring_id=ring, edge_id=edge, port_id=port):
                 self._to_record(ctx, self._ring(ring), er.RingInstalled(ring, edge, port))
-            case RingFault(ring_id=ring, edge_id=edge, port_id=port, reason=reason):
-                self._to_record(ctx, self._ring(ring), er.RingFault(ring, edge, port, reason))
-            case RingQuiesced(ring_id=ring):
-                self._to_teardown(ctx, self._ring(ring), et.RingQuiesced(ring))
-            case WorkerReaped(ring_id=ring):
-                self._to_teardown(ctx, self._ring(ring), et.WorkerReaped(ring))
+            case RingFault(ring_id=ring):
+                self._to_record(ctx, self._ring(ring), message)
+            case RingQuiesced(ring_id=ring) | WorkerReaped(ring_id=ring):
+                self._to_teardown(ctx, self._ring(ring), message)
             case tm.DriverEdgeReady(edge_id=edge):
                 self._to_record(ctx, self.records.get(edge), er.DriverEdgeReady(EdgeId(edge)))
             case tm.StreamFault(edge_id=edge, reason=reason, detail=detail):

@@ -14,7 +14,8 @@ hints to its end of the ring (`wake`, True when the ring is one of its own).
   answers through its routes (the establisher and the ring's edge actor, which this
   installer registers in `edge_routes`, GpuWorkerCtl's `WorkerRoutes.edges`, so object
   events reach it). Wake hints
-  become GpuWorkerCtl's `RingReadable` / `RingWritable` commands.
+  go to GpuWorkerCtl as they are (its table takes the same
+  `RingReadable` / `RingWritable` classes).
 - `LocalRingInstaller` is the token endpoint's end, in this process: it opens its own
   `Ring` handle on the arena (the header was written by the ArenaManager) and answers
   at once. `ring(edge_id)` gives the endpoint its handle; `wake_event(ring_id)` is set by
@@ -31,7 +32,7 @@ from swactor.actors import ActorRef
 from swactor.arena import Arena
 from swactor.fsm.generated import gpu_worker_ctl as gwc
 from swactor.ring import Ring, RingError
-from swactor.transport.messages import RingReadable, WakeHint
+from swactor.transport.messages import WakeHint
 from swactor.wire import (
     EdgeId,
     InstallRing,
@@ -40,6 +41,7 @@ from swactor.wire import (
     RingInstalled,
     RingQuiesced,
     UninstallReason,
+    UninstallRing,
 )
 
 
@@ -85,7 +87,7 @@ class WorkerRingInstaller:
 
     def uninstall(self, ring_id: RingId, reason: UninstallReason, establisher: ActorRef[Any]
                   ) -> None:
-        self.worker_ctl.tell(gwc.UninstallRing(ring_id, reason))
+        self.worker_ctl.tell(UninstallRing(ring_id, reason))
 
     def forget(self, ring_id: RingId) -> None:
         self._rings.discard(int(ring_id))
@@ -94,11 +96,7 @@ class WorkerRingInstaller:
     def wake(self, hint: WakeHint) -> bool:
         if hint.ring_id not in self._rings:
             return False
-        ring = RingId(hint.ring_id)
-        if isinstance(hint, RingReadable):
-            self.worker_ctl.tell(gwc.RingReadable(ring))
-        else:
-            self.worker_ctl.tell(gwc.RingWritable(ring))
+        self.worker_ctl.tell(hint)
         return True
 
 

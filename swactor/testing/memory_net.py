@@ -46,10 +46,9 @@ from swactor.transport.messages import (
     EstablishRecv,
     EstablishSend,
     PumpStopped,
-    RingReadable,
-    RingWritable,
     StopEdge,
 )
+from swactor.wire import RingId, RingReadable, RingWritable
 from swactor.wire.codec import WireStruct
 
 POLL_S = 0.02
@@ -231,13 +230,13 @@ class MemoryDriver:
                 count, _ = edge.ring.read_into(buffer)
                 if count:
                     pending = memoryview(bytes(buffer[:count]))
-                    self._wake(RingWritable(edge.ring_id))
+                    self._wake(RingWritable(RingId(edge.ring_id)))
             if pending:
                 target.ring.clear_writable_pending()
                 written, _ = target.ring.write_from(pending)
                 if written:
                     pending = pending[written:]
-                    receiver._wake(RingReadable(target.ring_id))
+                    receiver._wake(RingReadable(RingId(target.ring_id)))
                     continue
                 waiter = target.wake
             else:

@@ -21,7 +21,8 @@ import asyncio
 
 from swactor.ring import Doorbell
 from swactor.transport.driver import Driver
-from swactor.transport.messages import RingReadable, RingWritable, WakeHint
+from swactor.transport.messages import WakeHint
+from swactor.wire import RingReadable, RingWritable
 
 
 class DoorbellRouter:

@@ -3,7 +3,8 @@
 Inbound: `EstablishSend`, `EstablishRecv`, `StopEdge` (and `StreamArrived`, which the
 driver's own demux produces when an edge stream's preamble has been read). Outbound:
 `DriverEdgeReady`, `StreamClosed`, `StreamFault`, `PumpStopped`, plus wake hints
-`RingReadable` / `RingWritable` for the process on the other side of a ring.
+`RingReadable` / `RingWritable` for the process on the other side of a ring (the
+`swactor.wire` classes the worker's command lines and the tables use too).
 
 As in the spec, `EstablishSend`/`EstablishRecv` carry the ring's `RingLayout`: the
 driver opens its own handle on the node's arena (the ring header was written by whoever
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from swactor.wire import RingLayout, StreamFaultReason
+from swactor.wire import RingLayout, RingReadable, RingWritable, StreamFaultReason
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,20 +91,6 @@ class PumpStopped:
 
     edge_id: int
     ring_id: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class RingReadable:
-    """Wake hint: `ring_id` may have bytes to read (reload cursors)."""
-
-    ring_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class RingWritable:
-    """Wake hint: `ring_id` may have free space (reload cursors)."""
-
-    ring_id: int
 
 
 DriverMessage = EstablishSend | EstablishRecv | StopEdge

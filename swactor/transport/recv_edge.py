@@ -42,12 +42,18 @@ from swactor.transport.inbound import InboundStream
 from swactor.transport.messages import (
     DriverEdgeReady,
     PumpStopped,
-    RingReadable,
     StreamClosed,
     StreamFault,
 )
 from swactor.transport.sinks import EmitEvent, EmitWake
-from swactor.wire import EdgeId, RingFaultReason, RingId, RingLayout, StreamFaultReason
+from swactor.wire import (
+    EdgeId,
+    RingFaultReason,
+    RingId,
+    RingLayout,
+    RingReadable,
+    StreamFaultReason,
+)
 
 _TERMINAL = frozenset({fsm.State.Closed, fsm.State.Faulted})
 
@@ -132,7 +138,7 @@ class RecvEdge:
             assert self.ring is not None and self.ring_id is not None
             self.ring.close_producer()
             if self.ring.mark_readable_pending():
-                self._wake(RingReadable(self.ring_id))
+                self._wake(RingReadable(RingId(self.ring_id)))
         elif isinstance(effect, fsm.StreamClosed):
             self._emit(StreamClosed(self.edge_id, self.offset))
         elif isinstance(effect, fsm.StreamFault):
@@ -180,7 +186,7 @@ class RecvEdge:
                         await writable.wait()
                         continue
                     if ring.commit_and_mark(moved):
-                        self._wake(RingReadable(ring_id))
+                        self._wake(RingReadable(RingId(ring_id)))
                     self.offset += moved
                     link.consume(stream_id, moved)
                 elif inbound.eof:

@@ -52,12 +52,19 @@ from swactor.transport.inbound import lost_reason
 from swactor.transport.messages import (
     DriverEdgeReady,
     PumpStopped,
-    RingWritable,
     StreamClosed,
     StreamFault,
 )
 from swactor.transport.sinks import EmitEvent, EmitWake
-from swactor.wire import EdgeId, EdgePreamble, NodeId, RingFaultReason, RingId, StreamFaultReason
+from swactor.wire import (
+    EdgeId,
+    EdgePreamble,
+    NodeId,
+    RingFaultReason,
+    RingId,
+    RingWritable,
+    StreamFaultReason,
+)
 
 _TERMINAL = frozenset({fsm.State.Closed, fsm.State.Faulted})
 
@@ -319,7 +326,7 @@ class SendEdge:
         if moved:
             self.offset += moved
             if ring.consume_and_mark(moved):
-                self._wake(RingWritable(self.ring_id))
+                self._wake(RingWritable(RingId(self.ring_id)))
             return _Step.Moved
         state = ring.state
         if state is RingState.Open:

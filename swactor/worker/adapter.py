@@ -78,18 +78,14 @@ def parse_command(line: bytes) -> Parsed:
             return wp.ConfigureRole(command), None
         case InstallRing():
             return wp.InstallRing(command), None
-        case UninstallRing():
-            return wp.UninstallRing(command.ring_id, command.reason), None
+        case UninstallRing() | RingReadable() | RingWritable():
+            return command, None  # the table's own events
         case ExecuteStep():
             return wp.ExecuteStep(command), None
         case ShutdownWorker():
             return wp.ShutdownWorker(command.mode), None
     if isinstance(command, ReleaseDeviceObject):
         return wp.ReleaseDeviceObject(command.device_handle), None
-    if isinstance(command, RingReadable):
-        return wp.RingReadable(command.ring_id), None
-    if isinstance(command, RingWritable):
-        return wp.RingWritable(command.ring_id), None
     return wp.MalformedCommand(), None
 
 
