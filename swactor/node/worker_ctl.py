@@ -58,7 +58,7 @@ import asyncio
 import logging
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -253,9 +253,15 @@ class GpuWorkerCtl(Actor[Mail]):
     """Owns one worker process per generation; see the module docstring."""
 
     def __init__(
-        self, config: WorkerCtlConfig, routes: WorkerRoutes, arena: Arena | None = None
+        self,
+        config: WorkerCtlConfig,
+        routes: WorkerRoutes,
+        arena: Arena | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock` (seconds, monotonic) times the restart budget's window."""
         self.config = config
+        self.clock = clock
         self.routes = routes
         self.arena = arena
         self.generation = WorkerGeneration(1)
@@ -299,7 +305,7 @@ class GpuWorkerCtl(Actor[Mail]):
     def may_restart(
         self, event: gwc.ProcessExited | gwc.UninstallRing | gwc.CrashTeardownTimeout
     ) -> bool:
-        return self.budget.would_allow(time.monotonic())
+        return self.budget.would_allow(self.clock())
 
     def rings_remain(self, event: gwc.UninstallRing) -> bool:
         return bool(set(self.installed) - {event.ring_id})
@@ -499,7 +505,7 @@ class GpuWorkerCtl(Actor[Mail]):
             case gwc.IncrementGeneration():
                 self.generation = WorkerGeneration(self.generation + 1)
                 self.restarts += 1
-                self.budget.record(time.monotonic())
+                self.budget.record(self.clock())
                 self.fatal = None
                 self.installed.clear()
                 self.process = None

@@ -233,22 +233,24 @@ def test_init_timeout_kills_the_silent_worker_and_reports_failed() -> None:
 async def restart_window_scenario() -> None:
     arena = Arena.create(1 << 20)
     boot_q: asyncio.Queue[Any] = asyncio.Queue()
+    now = [0.0]  # the restart budget's clock: the test moves it, not the machine's load
     async with Runtime("node") as runtime:
         routes = WorkerRoutes(node_boot=runtime.spawn(lambda: Collector(boot_q), "boot"))
         # One restart per 1.5 s window: a crash after the window restarts again (a node
         # that lives for weeks survives a crash now and then); two inside it fail.
         config = WorkerCtlConfig(arena.fd, arena.size, restart_backoff_s=0.05,
                                  max_restarts=1, restart_window_s=1.5)
-        ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena), "gpu-worker",
-                            mailbox_capacity=64)  # fmt: skip
+        ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena, clock=lambda: now[0]),
+                            "gpu-worker", mailbox_capacity=64)  # fmt: skip
         ctl.tell(gwc.StartWorker())
         ready = await take(boot_q, WorkerReadyNotice)
         for generation in (2, 3):
-            await asyncio.sleep(1.6)  # the previous restart has left the window
+            now[0] += 1.6  # the previous restart has left the window
             os.kill(ready.pid, signal.SIGKILL)
             ready = await take(boot_q, WorkerReadyNotice)
             assert ready.generation == generation
-        os.kill(ready.pid, signal.SIGKILL)  # at once: the window still holds generation 3
+        now[0] += 1.4  # the window still holds generation 3's restart
+        os.kill(ready.pid, signal.SIGKILL)
         failed = await take(boot_q, WorkerFailedNotice)
         assert failed.generation == 3
         assert _state(runtime) is gwc.State.Failed
