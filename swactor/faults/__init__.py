@@ -6,6 +6,14 @@ JSON file named by the `SWACTOR_FAULT_INJECT` environment variable, re-read when
 modification time changes, so a test can arm and disarm faults on a running cluster
 between runs. Without the variable every `hit` is None after one `os.environ` lookup.
 
+The data path does not call `hit` itself: its hook points are the methods of a `Faults`
+port, which the send pump (through `Driver` and `QuicTransport`), the worker's rings,
+step runner, device bridge and command loop take as a parameter. Its default,
+`NO_FAULTS`, answers "no fault" at the cost of one method call; a node, an orchestrator
+session and a worker process pass `from_env()`, which is `FileFaults` (answers from the
+file through `hit`) when the variable is set; a unit test passes a `Faults` of its own.
+The control-path points (`node.*`, `artifact.range`, `arena.pressure`) call `hit`.
+
 The file holds `{"faults": [ENTRY, ...]}`. An ENTRY names its `point`, optionally the
 `node` (decimal node id) it applies to, and any facts the hook passes (e.g. `sequence`);
 an entry matches when every such key equals the hook's fact. Other keys are parameters
@@ -38,14 +46,17 @@ Hook points:
   (default: the node's), after which the edge fails with ArenaPressureTimeout.
 - `worker.ring_fault` (worker ring consumer, per `direction` ingress/egress): the
   worker faults the shared ring (WorkerInternal) before its next read or write.
-- `worker.copy` (DeviceBridge copies, per `direction` host_to_device/device_to_host):
-  the device copy fails (DeviceCopyFailed).
+- `worker.copy` (DeviceBridge copies, per `direction` host_to_device/device_to_host
+  and `object_id`): the device copy fails (DeviceCopyFailed).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,56 +113,118 @@ def arm(path: Path, *entries: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def worker_step(sequence: int) -> None:
-    """`worker.step` hook, called just before a role runs step `sequence`."""
-    entry = hit("worker.step", sequence=sequence)
-    if entry is None:
-        return
-    mode = entry.get("mode")
-    if mode == "kill":
-        import signal
+class Faults:
+    """The fault port of the data path: one question per hook point, each answered "no
+    fault" here. Components on the hot path (send pump, worker rings, steps, device
+    copies, command loop) take one as a parameter whose default is `NO_FAULTS`; a
+    process entry passes `from_env()`, a unit test a subclass of its own."""
 
-        os.kill(os.getpid(), signal.SIGKILL)
-    elif mode == "delay":
-        import time
+    def connect_fails(self, edge: int) -> bool:
+        """`driver.connect`: the send pump's connection attempt fails (HandshakeFailed)."""
+        return False
 
-        time.sleep(float(entry.get("delay_s", 0.2)))
-    elif mode == "raise":
-        raise RuntimeError(f"injected step failure at sequence {sequence}")
+    def pump_fails(self, edge: int) -> bool:
+        """`driver.pump`: the send pump of `edge` fails now (its ring read raises)."""
+        return False
 
-
-def alloc_refused(extent: int) -> bool:
-    """`worker.alloc_cap` hook: True when an allocation of `extent` bytes must fail."""
-    entry = hit("worker.alloc_cap")
-    return entry is not None and extent > int(entry.get("bytes", 0))
-
-
-def header_bytes(packed: bytes, sequence: int, repack: Any) -> bytes:
-    """`worker.egress_header` hook: the header bytes the producer writes for `sequence`
-    (`repack(sequence)` packs the same header with another sequence)."""
-    entry = hit("worker.egress_header", sequence=sequence)
-    if entry is None:
-        return packed
-    if entry.get("mode") == "sequence":
-        return bytes(repack(sequence + 5))
-    return b"\xa5" * len(packed)
-
-
-_finished_edges: set[int] = set()
-
-
-def stream_cut(edge: int, sent_before: int, moved: int) -> str | None:
-    """`driver.send` hook: "reset" or "fin" once `after_bytes` have been sent on `edge`;
-    "hold" (write nothing more) on an edge already ended with an injected FIN."""
-    entry = hit("driver.send", edge=edge)
-    if entry is None or sent_before + moved < int(entry.get("after_bytes", 0)):
+    def stream_cut(self, edge: int, sent_before: int, moved: int) -> str | None:
+        """`driver.send`: "reset" or "fin" to cut the stream of `edge` after this span,
+        "hold" to write nothing more, None to go on."""
         return None
-    mode = str(entry.get("mode", "reset"))
-    if mode == "fin":
-        if edge in _finished_edges:
-            return "hold"
-        _finished_edges.add(edge)
-    return mode
+
+    def ring_faults(self, direction: str) -> bool:
+        """`worker.ring_fault`: the worker faults its `direction` ring now."""
+        return False
+
+    def header_bytes(
+        self, packed: bytes, sequence: int, repack: Callable[[int], bytes]
+    ) -> bytes:
+        """`worker.egress_header`: the header bytes the producer writes for `sequence`
+        (`repack(s)` packs the same header with sequence `s`)."""
+        return packed
+
+    def worker_step(self, sequence: int) -> None:
+        """`worker.step`: called just before a role runs step `sequence`."""
+
+    def alloc_refused(self, extent: int) -> bool:
+        """`worker.alloc_cap`: an allocation of `extent` bytes fails as device OOM."""
+        return False
+
+    def copy_fails(self, direction: str, object_id: int) -> bool:
+        """`worker.copy`: a `direction` copy of object `object_id` fails."""
+        return False
+
+    def worker_fatal(self, command: str) -> bool:
+        """`worker.fatal`: handling a `command` event raises in worker code."""
+        return False
+
+
+NO_FAULTS = Faults()
+
+
+class FileFaults(Faults):
+    """Answers from the entries armed in the `SWACTOR_FAULT_INJECT` file (`hit`)."""
+
+    def __init__(self) -> None:
+        self._finished_edges: set[int] = set()
+
+    def connect_fails(self, edge: int) -> bool:
+        return hit("driver.connect", edge=edge) is not None
+
+    def pump_fails(self, edge: int) -> bool:
+        return hit("driver.pump", edge=edge) is not None
+
+    def stream_cut(self, edge: int, sent_before: int, moved: int) -> str | None:
+        entry = hit("driver.send", edge=edge)
+        if entry is None or sent_before + moved < int(entry.get("after_bytes", 0)):
+            return None
+        mode = str(entry.get("mode", "reset"))
+        if mode == "fin":
+            if edge in self._finished_edges:
+                return "hold"
+            self._finished_edges.add(edge)
+        return mode
+
+    def ring_faults(self, direction: str) -> bool:
+        return hit("worker.ring_fault", direction=direction) is not None
+
+    def header_bytes(
+        self, packed: bytes, sequence: int, repack: Callable[[int], bytes]
+    ) -> bytes:
+        entry = hit("worker.egress_header", sequence=sequence)
+        if entry is None:
+            return packed
+        if entry.get("mode") == "sequence":
+            return bytes(repack(sequence + 5))
+        return b"\xa5" * len(packed)
+
+    def worker_step(self, sequence: int) -> None:
+        entry = hit("worker.step", sequence=sequence)
+        if entry is None:
+            return
+        mode = entry.get("mode")
+        if mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif mode == "delay":
+            time.sleep(float(entry.get("delay_s", 0.2)))
+        elif mode == "raise":
+            raise RuntimeError(f"injected step failure at sequence {sequence}")
+
+    def alloc_refused(self, extent: int) -> bool:
+        entry = hit("worker.alloc_cap")
+        return entry is not None and extent > int(entry.get("bytes", 0))
+
+    def copy_fails(self, direction: str, object_id: int) -> bool:
+        return hit("worker.copy", direction=direction, object_id=object_id) is not None
+
+    def worker_fatal(self, command: str) -> bool:
+        return hit("worker.fatal", command=command) is not None
+
+
+def from_env() -> Faults:
+    """The fault port of this process: `FileFaults` when `SWACTOR_FAULT_INJECT` names a
+    file, else `NO_FAULTS`."""
+    return FileFaults() if os.environ.get(ENV_FILE) else NO_FAULTS
 
 
 def arena_pressure() -> bool:
@@ -163,18 +236,3 @@ def lease_timeout_s(default: float) -> float:
     """`arena.pressure` hook: the lease timer of a new edge record (`lease_timeout_s`)."""
     entry = hit("arena.pressure")
     return default if entry is None else float(entry.get("lease_timeout_s", default))
-
-
-def pump_fails(edge: int) -> bool:
-    """`driver.pump` hook: True when the send pump of `edge` must fail now."""
-    return hit("driver.pump", edge=edge) is not None
-
-
-def ring_faults(direction: str) -> bool:
-    """`worker.ring_fault` hook: True when the worker must fault its `direction` ring."""
-    return hit("worker.ring_fault", direction=direction) is not None
-
-
-def copy_fails(direction: str) -> bool:
-    """`worker.copy` hook: True when a `direction` device copy must fail."""
-    return hit("worker.copy", direction=direction) is not None

@@ -498,7 +498,7 @@ class StageNode:
     async def start_transport(self) -> None:
         """The QUIC endpoint, edge driver and control channel; TransportReady / Failed."""
         config = self.config
-        network = config.network or QuicTransport()
+        network = config.network or QuicTransport(faults.from_env())
         endpoint = network.endpoint(config.identity, config.transport,
                                     {int(config.orchestrator)},
                                     None if config.admission is None

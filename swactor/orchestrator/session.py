@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from swactor import faults
 from swactor.actors import Runtime
 from swactor.events.emitter import Emitter
 from swactor.events.schema import LifecycleEvent, PoolReady, TokenReceived
@@ -259,7 +260,7 @@ async def run_session(
         raise SessionError(f"model {options.model}: {error}") from None
     plan = planned.plan
 
-    network = options.network or QuicTransport()
+    network = options.network or QuicTransport(faults.from_env())
     endpoint = network.endpoint(options.identity, options.transport,
                                 {int(m.node_id) for m in options.nodes},
                                 None if options.admission is None

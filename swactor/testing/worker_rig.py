@@ -81,6 +81,8 @@ class WorkerRig:
     arena_bytes: int = 1 << 22
     backend: JsonValue = None
     doorbells: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment of the worker (e.g. `SWACTOR_FAULT_INJECT`, `swactor.faults`)."""
     bells: WorkerDoorbells | None = field(init=False, default=None)
     arena: Arena = field(init=False)
     proc: subprocess.Popen[bytes] = field(init=False)
@@ -99,7 +101,7 @@ class WorkerRig:
         self.spawn()
 
     def spawn(self) -> None:
-        env = {**os.environ, **self.arena.child_env()}
+        env = {**os.environ, **self.env, **self.arena.child_env()}
         fds = [self.arena.fd]
         if self.doorbells:
             self.bells = WorkerDoorbells.create()

@@ -49,6 +49,7 @@ import asyncio
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 
+from swactor.faults import NO_FAULTS, Faults
 from swactor.fsm.generated.recv_pump import State
 from swactor.ring import Ring, RingError
 from swactor.ring.ring import ArenaLike
@@ -84,10 +85,17 @@ class Driver:
     """Edge driver bound to one endpoint and one arena (see the module docstring)."""
 
     def __init__(
-        self, endpoint: QuicEndpoint, arena: ArenaLike, emit: EmitEvent, wake: EmitWake
+        self,
+        endpoint: QuicEndpoint,
+        arena: ArenaLike,
+        emit: EmitEvent,
+        wake: EmitWake,
+        faults: Faults = NO_FAULTS,
     ) -> None:
         self.endpoint = endpoint
         self.arena = arena
+        self.faults = faults
+        """The fault port every send pump of this driver consults (`swactor.faults`)."""
         self.recv_edges: dict[int, RecvEdge] = {}
         self.send_edges: dict[int, SendEdge] = {}
         self.arrivals: deque[StreamArrived] = deque(maxlen=ARRIVALS_KEPT)
@@ -216,6 +224,7 @@ class Driver:
             ring,
             self._emit,
             self._wake,
+            self.faults,
         )
         self.send_edges[msg.edge_id] = edge
         self._by_ring_send[msg.ring_id] = edge

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from swactor.arena import Arena
+from swactor.faults import NO_FAULTS, Faults
 from swactor.transport import ControlAuthority, ControlChannel, Driver, QuicEndpoint
 from swactor.transport.config import TransportConfig
 from swactor.transport.identity import NodeIdentity
@@ -40,7 +41,11 @@ class Transport(Protocol):
 
 
 class QuicTransport:
-    """The real transport: aioquic endpoint, edge `Driver`, `ControlChannel`."""
+    """The real transport: aioquic endpoint, edge `Driver`, `ControlChannel`; its drivers'
+    send pumps consult `faults` (`swactor.faults`; default: none)."""
+
+    def __init__(self, faults: Faults = NO_FAULTS) -> None:
+        self.faults = faults
 
     def endpoint(self, identity: NodeIdentity, config: TransportConfig,
                  allowed: Iterable[int], pinned: Mapping[int, bytes] | None = None
@@ -49,7 +54,7 @@ class QuicTransport:
 
     def driver(self, endpoint: Any, arena: Arena, emit: Callable[[object], None],
                wake: Callable[[object], None]) -> Driver:
-        return Driver(endpoint, arena, emit=emit, wake=wake)
+        return Driver(endpoint, arena, emit=emit, wake=wake, faults=self.faults)
 
     def control(self, endpoint: Any, registry: Iterable[type[WireStruct]], handler: Handler,
                 authority: ControlAuthority, cls: type[ControlChannel] = ControlChannel

@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import enum
 
-from swactor import faults
+from swactor.faults import NO_FAULTS, Faults
 from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import send_pump as fsm
 from swactor.ring import Ring, RingError, RingState
@@ -94,8 +94,10 @@ class SendEdge:
         ring: Ring,
         emit: EmitEvent,
         wake: EmitWake,
+        faults: Faults = NO_FAULTS,
     ) -> None:
         self.endpoint = endpoint
+        self.faults = faults
         self.edge_id = edge_id
         self.rx_node_id = rx_node_id
         self.ring_id = ring_id
@@ -262,7 +264,7 @@ class SendEdge:
     # -- tasks ----------------------------------------------------------------------
 
     async def _connect(self) -> None:
-        if faults.hit("driver.connect", edge=int(self.edge_id)):  # SWACTOR_FAULT_INJECT
+        if self.faults.connect_fails(int(self.edge_id)):
             self._fail(StreamFaultReason.HandshakeFailed, "injected handshake failure")
             return
         try:
@@ -313,7 +315,7 @@ class SendEdge:
         stream, or observe why none moved.  Events that may stop the pump are fed only
         after `_send_span` has released its views."""
         ring = self.ring
-        if faults.pump_fails(int(self.edge_id)):  # SWACTOR_FAULT_INJECT driver.pump
+        if self.faults.pump_fails(int(self.edge_id)):
             raise RingError("injected pump failure", self.ring_id)
         try:
             moved = self._send_span(link)
@@ -357,8 +359,8 @@ class SendEdge:
                 return None
             moved = min(len(span), room)
             with span[:moved] as chunk:
-                # SWACTOR_FAULT_INJECT driver.send (swactor/faults): FIN mid-object or reset
-                cut = faults.stream_cut(int(self.edge_id), self.offset, moved)
+                # fault port (driver.send): FIN mid-object or reset
+                cut = self.faults.stream_cut(int(self.edge_id), self.offset, moved)
                 if cut == "hold":
                     return None  # after the injected FIN: write nothing more
                 if cut == "fin":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from swactor import heap, memtrace
+from swactor import faults, heap, memtrace
 from swactor.ring import WorkerDoorbells
 from swactor.worker.adapter import EventWriter
 from swactor.worker.process import WorkerProcess
@@ -25,7 +25,7 @@ def main() -> int:
     except (ValueError, OSError) as exc:  # the node's hints would go unheard: refuse
         logging.getLogger("swactor.worker").error("doorbells: %s", exc)
         return 1
-    worker = WorkerProcess(EventWriter(sys.stdout.buffer), doorbells)
+    worker = WorkerProcess(EventWriter(sys.stdout.buffer), doorbells, faults.from_env())
     heap.settle()  # imports done: later per-run collections skip them (swactor.heap)
     return worker.run(sys.stdin.buffer)
 

@@ -18,14 +18,14 @@ worker generation; `lookup()` refuses a handle of another generation or an unkno
 with `InvalidHandle` (the step runner's `InvalidInputHandle`). `wrap()` gives the role a
 tinygrad tensor view of dtype and shape over the allocation (no copy).
 
-`FaultPlan` is a test hook, enabled only by the `fault_injection` key of
-InitializeWorker.backend: it makes the copy of one named object fail, so the
+Allocations and copies consult the worker's fault port (`swactor.faults.Faults`,
+`worker.alloc_cap` and `worker.copy`; default: none), so the DeviceOutOfMemory and
 DeviceCopyFailed paths run in a real worker.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tinygrad.device import Buffer, Device
@@ -33,7 +33,7 @@ from tinygrad.dtype import DType, dtypes
 from tinygrad.tensor import Tensor
 from tinygrad.uop import Ops
 
-from swactor import faults
+from swactor.faults import NO_FAULTS, Faults
 from swactor.wire import DeviceObjectHandle, WorkerGeneration
 
 SYNC_EVERY_BYTES = 64 << 20
@@ -80,24 +80,6 @@ class CopyEvent:
     complete: bool = True
 
 
-@dataclass(slots=True)
-class FaultPlan:
-    """Test hook: fail the host-device copies of these object ids."""
-
-    fail_copy_objects: set[int] = field(default_factory=set)
-
-    @classmethod
-    def from_backend(cls, backend: object) -> FaultPlan:
-        plan = cls()
-        if isinstance(backend, dict):
-            spec = backend.get("fault_injection")
-            if isinstance(spec, dict):
-                ids = spec.get("fail_copy_objects", [])
-                if isinstance(ids, list):
-                    plan.fail_copy_objects = {i for i in ids if isinstance(i, int)}
-        return plan
-
-
 def choose_device(backend: object) -> str:
     """The tinygrad device named by InitializeWorker.backend (`swactor node --device`),
     else tinygrad's best available (`Device.DEFAULT`: the first of its GPU backends that
@@ -113,11 +95,11 @@ class DeviceBridge:
     """Allocations, range copies and handles of one worker generation on one device."""
 
     def __init__(
-        self, device: str, generation: WorkerGeneration, faults: FaultPlan | None = None
+        self, device: str, generation: WorkerGeneration, faults: Faults = NO_FAULTS
     ) -> None:
         self.device = Device.canonicalize(device)
         self.generation = generation
-        self.faults = faults or FaultPlan()
+        self.faults = faults
         self._allocator = Device[self.device].allocator
         self._handles: dict[int, DeviceAllocation] = {}
         self._next_id = 1
@@ -133,7 +115,7 @@ class DeviceBridge:
 
     def alloc(self, extent: int, object_id: int = -1) -> DeviceAllocation:
         """Allocate `extent` bytes of device memory (raises DeviceError)."""
-        if faults.alloc_refused(extent):  # SWACTOR_FAULT_INJECT worker.alloc_cap
+        if self.faults.alloc_refused(extent):
             raise DeviceError(f"allocating {extent} bytes: over the injected cap", oom=True)
         try:
             tensor = Tensor.empty(max(extent, 1), dtype=dtypes.uint8, device=self.device)
@@ -174,8 +156,7 @@ class DeviceBridge:
         self, src: memoryview, allocation: DeviceAllocation, device_offset: int
     ) -> CopyEvent:
         """Copy host bytes `src` into the allocation at `device_offset`."""
-        if allocation.object_id in self.faults.fail_copy_objects or faults.copy_fails(
-                "host_to_device"):  # SWACTOR_FAULT_INJECT worker.copy
+        if self.faults.copy_fails("host_to_device", allocation.object_id):
             raise DeviceError("host-to-device copy failed (fault injection)")
         if len(src) == 0:
             return CopyEvent(0)
@@ -192,8 +173,7 @@ class DeviceBridge:
         self, allocation: DeviceAllocation, device_offset: int, dst: memoryview
     ) -> CopyEvent:
         """Copy `len(dst)` bytes of the allocation from `device_offset` into host `dst`."""
-        if allocation.object_id in self.faults.fail_copy_objects or faults.copy_fails(
-                "device_to_host"):  # SWACTOR_FAULT_INJECT worker.copy
+        if self.faults.copy_fails("device_to_host", allocation.object_id):
             raise DeviceError("device-to-host copy failed (fault injection)")
         if len(dst) == 0:
             return CopyEvent(0)

@@ -34,8 +34,8 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from swactor import faults
 from swactor.arena import Arena
+from swactor.faults import NO_FAULTS, Faults
 from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import egress_ring as er
 from swactor.ring import Ring
@@ -81,8 +81,9 @@ class EgressRing(RingRecord):
         arena: Arena,
         bridge: DeviceBridge,
         emit: Callable[[WorkerEvent], None],
+        faults: Faults = NO_FAULTS,
     ) -> None:
-        super().__init__(command, arena, bridge, emit)
+        super().__init__(command, arena, bridge, emit, faults)
         self.machine = er.EgressRingMachine(
             self, ring_id=command.ring_id, edge_id=command.edge_id, port_id=command.port_id
         )
@@ -143,9 +144,13 @@ class EgressRing(RingRecord):
                 header = ObjectHeader(
                     effect.object_id, effect.sequence, effect.extent, effect.flags
                 )
-                packed = faults.header_bytes(  # SWACTOR_FAULT_INJECT worker.egress_header
-                    header.pack(), int(effect.sequence),
-                    lambda s: ObjectHeader(effect.object_id, s, effect.extent, effect.flags).pack())
+                packed = self.faults.header_bytes(
+                    header.pack(),
+                    int(effect.sequence),
+                    lambda s: ObjectHeader(
+                        effect.object_id, Sequence(s), effect.extent, effect.flags
+                    ).pack(),
+                )
                 self._header, self._header_written, self._produced = packed, 0, 0
                 self._pending = (effect.object_id, effect.sequence, effect.extent)
                 self._phase = "header"
@@ -199,7 +204,7 @@ class EgressRing(RingRecord):
     def _live_ring(self) -> Ring | None:
         ring = self.ring
         assert ring is not None
-        if faults.ring_faults("egress"):  # SWACTOR_FAULT_INJECT worker.ring_fault
+        if self.faults.ring_faults("egress"):
             ring.fault(RingFaultReason.WorkerInternal)
         reason = self.fault_reason(ring)
         if reason is not None:

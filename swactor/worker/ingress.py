@@ -30,8 +30,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from swactor import faults
 from swactor.arena import Arena
+from swactor.faults import NO_FAULTS, Faults
 from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import ingress_ring as ir
 from swactor.ring import Ring, RingState
@@ -67,8 +67,9 @@ class IngressRing(RingRecord):
         arena: Arena,
         bridge: DeviceBridge,
         emit: Callable[[WorkerEvent], None],
+        faults: Faults = NO_FAULTS,
     ) -> None:
-        super().__init__(command, arena, bridge, emit)
+        super().__init__(command, arena, bridge, emit, faults)
         self.machine = ir.IngressRingMachine(
             self, ring_id=command.ring_id, edge_id=command.edge_id, port_id=command.port_id
         )
@@ -152,7 +153,7 @@ class IngressRing(RingRecord):
         """The ring, or None after feeding RingError for a faulted shared state."""
         ring = self.ring
         assert ring is not None
-        if faults.ring_faults("ingress"):  # SWACTOR_FAULT_INJECT worker.ring_fault
+        if self.faults.ring_faults("ingress"):
             ring.fault(RingFaultReason.WorkerInternal)
         reason = self.fault_reason(ring)
         if reason is not None:

@@ -48,8 +48,9 @@ import select
 import traceback
 from typing import BinaryIO
 
-from swactor import faults, heap
+from swactor import heap
 from swactor.arena import Arena, ArenaError
+from swactor.faults import NO_FAULTS, Faults
 from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import egress_ring as er
 from swactor.fsm.generated import ingress_ring as ir
@@ -88,7 +89,7 @@ from swactor.wire import (
 )
 from swactor.wire import WorkerEvent as WireWorkerEvent
 from swactor.worker.adapter import EventWriter, LineReader, parse_command, read_command_line
-from swactor.worker.bridge import DeviceBridge, FaultPlan, InvalidHandle, choose_device
+from swactor.worker.bridge import DeviceBridge, InvalidHandle, choose_device
 from swactor.worker.egress import EgressRing
 from swactor.worker.ingress import IngressRing
 from swactor.worker.roles import Role, RoleConfigError, build_role
@@ -107,8 +108,15 @@ def ring_helper_abi() -> int:
 class WorkerProcess:
     """One worker process's state (implements the empty WorkerProcessGuards)."""
 
-    def __init__(self, emit: EventWriter, doorbells: WorkerDoorbells | None = None) -> None:
+    def __init__(
+        self,
+        emit: EventWriter,
+        doorbells: WorkerDoorbells | None = None,
+        faults: Faults = NO_FAULTS,
+    ) -> None:
         self.emit = emit
+        self.faults = faults
+        """The fault port its rings, steps, device bridge and command loop consult."""
         self.doorbells = doorbells
         if doorbells is not None:
             emit.buffered = True  # flushed before each wait and each compute (module doc)
@@ -198,7 +206,7 @@ class WorkerProcess:
             event, init = parse_command(line)
             if init is not None:
                 self.backend = init.backend
-            if faults.hit("worker.fatal", command=type(event).__name__):  # SWACTOR_FAULT_INJECT
+            if self.faults.worker_fatal(type(event).__name__):
                 raise RuntimeError("injected exception in worker code")
             self.feed(event)
             if self.exit_code is None:
@@ -286,16 +294,16 @@ class WorkerProcess:
             return
         self.generation = effect.worker_generation
         try:
-            bridge = DeviceBridge(
-                choose_device(self.backend), self.generation, FaultPlan.from_backend(self.backend)
-            )
+            bridge = DeviceBridge(choose_device(self.backend), self.generation, self.faults)
             bridge.probe()
         except Exception as exc:  # any backend failure is BackendInitFailed
             log.error("backend: %s: %s", type(exc).__name__, exc)
             self.feed(wp.InitFailed(WorkerFatalReason.BackendInitFailed))
             return
         self.bridge = bridge
-        self.steps = StepRunner(bridge, self.roles, self.rings, self.emit, self.emit.flush)
+        self.steps = StepRunner(
+            bridge, self.roles, self.rings, self.emit, self.emit.flush, self.faults
+        )
         self.feed(wp.RuntimeInitialized(os.getpid(), self.generation, abi))
 
     def _configure_role(self, command: ConfigureRole) -> None:
@@ -331,7 +339,7 @@ class WorkerProcess:
             )  # fmt: skip
             return
         kind = IngressRing if command.direction is RingDirection.Ingress else EgressRing
-        ring = kind(command, self.arena, self.bridge, self._ring_emit)
+        ring = kind(command, self.arena, self.bridge, self._ring_emit, self.faults)
         self.rings[command.ring_id] = ring
         if isinstance(ring, IngressRing):
             ring.feed(ir.InstallRing(command))

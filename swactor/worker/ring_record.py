@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable
 
 from swactor.arena import Arena
+from swactor.faults import NO_FAULTS, Faults
 from swactor.ring import Ring, RingError, RingState
 from swactor.wire import InstallRing, RingFaultReason, WorkerEvent
 from swactor.worker.bridge import DeviceBridge
@@ -33,8 +34,10 @@ class RingRecord:
         arena: Arena,
         bridge: DeviceBridge,
         emit: Callable[[WorkerEvent], None],
+        faults: Faults = NO_FAULTS,
     ) -> None:
         self.command = command
+        self.faults = faults
         self.spec = command.object_spec
         self._arena = arena
         self._bridge = bridge

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 
 from tinygrad.tensor import Tensor
 
-from swactor import faults
+from swactor.faults import NO_FAULTS, Faults
 from swactor.wire import (
     DeviceObjectHandle,
     DeviceObjectReleased,
@@ -106,8 +106,10 @@ class StepRunner:
         rings: Mapping[RingId, IngressRing | EgressRing],
         emit: Callable[[WorkerEvent], None],
         flush: Callable[[], None] = lambda: None,
+        faults: Faults = NO_FAULTS,
     ) -> None:
         self._bridge = bridge
+        self._faults = faults
         self._flush = flush
         self._roles = roles
         self._rings = rings
@@ -265,8 +267,8 @@ class StepRunner:
             if ring.refusal(out.extent) is not None:
                 raise StepRefused(StepFailure.OutputExtentInvalid, f"ring {int(out.ring_id)}")
         try:
-            if command.outputs:  # SWACTOR_FAULT_INJECT worker.step (swactor/faults)
-                faults.worker_step(int(command.outputs[0].sequence))
+            if command.outputs:
+                self._faults.worker_step(int(command.outputs[0].sequence))
             self._flush()  # the node hears what happened so far before the compute
             produced = role.run(views, command.outputs, command.runtime)
             declared = {int(b.port_id) for b in command.outputs}

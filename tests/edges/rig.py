@@ -28,8 +28,10 @@ from swactor.edges import (
     WakeFanout,
 )
 from swactor.events.schema import LifecycleEvent
+from swactor.faults import NO_FAULTS, Faults
 from swactor.fsm.generated import edge_record as er
 from swactor.testing.worker_rig import float_spec
+from swactor.transport import Driver
 from swactor.transport.config import TransportConfig
 from swactor.transport.endpoint import QuicEndpoint
 from swactor.transport.identity import NodeIdentity
@@ -132,9 +134,10 @@ class EdgeNode:
 
     def __init__(self, runtime: Runtime, name: str, ceiling: int,
                  identity: NodeIdentity, installer: RingInstaller | None = None,
-                 lease_timeout_s: float = 10.0, worker_ctl: ActorRef[Any] | None = None
-                 ) -> None:
+                 lease_timeout_s: float = 10.0, worker_ctl: ActorRef[Any] | None = None,
+                 faults: Faults = NO_FAULTS) -> None:
         self.runtime, self.name, self.identity = runtime, name, identity
+        self.faults = faults
         self.manager = ArenaManager(ceiling)
         self.manager.construct()
         assert self.manager.arena is not None
@@ -153,7 +156,10 @@ class EdgeNode:
         await self.endpoint.start("127.0.0.1")
         rt, name = self.runtime, self.name
         self.arena_ref = rt.spawn(lambda: ArenaActor(self.manager), f"{name}-arena")
-        self.driver_actor = DriverActor(self.endpoint, self.arena, WakeFanout(self.installer))
+        self.driver_actor = DriverActor(
+            self.endpoint, self.arena, WakeFanout(self.installer),
+            lambda endpoint, arena, emit, wake: Driver(endpoint, arena, emit, wake, self.faults),
+        )
         self.driver = rt.spawn(lambda: self.driver_actor, f"{name}-driver")
         self.arena_front: ActorRef[Any] = (rt.spawn(lambda: Gate(self.arena_ref), f"{name}-gate")
                             if gate_arena else self.arena_ref)
@@ -206,11 +212,12 @@ class EdgeNode:
             self.arena.close()
 
 
-async def node_pair(runtime: Runtime, ceiling: int = 8 << 20
+async def node_pair(runtime: Runtime, ceiling: int = 8 << 20, faults: Faults = NO_FAULTS
                     ) -> tuple[EdgeNode, EdgeNode]:
-    """Sender `a` and receiver `b` on loopback QUIC, each allowing the other."""
+    """Sender `a` and receiver `b` on loopback QUIC, each allowing the other; `a`'s send
+    pumps consult `faults`."""
     ida, idb = NodeIdentity.generate(), NodeIdentity.generate()
-    a = EdgeNode(runtime, "a", ceiling, ida)
+    a = EdgeNode(runtime, "a", ceiling, ida, faults=faults)
     b = EdgeNode(runtime, "b", ceiling, idb)
     config = TransportConfig()
     await a.start(config, (idb.node_id,))

@@ -3,14 +3,13 @@ their teardowns still release every lease (real QUIC, rings, arenas, establisher
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from swactor.actors import ActorRef, Runtime
 from swactor.edges import EdgeReleases, StopEdgeRequest
-from swactor.faults import ENV_FILE, arm
+from swactor.faults import Faults
 from swactor.fsm.generated import edge_record as er
 from swactor.fsm.generated import edge_teardown as et
 from swactor.wire import (
@@ -79,16 +78,16 @@ async def test_connection_loss_leaves_no_view_into_the_senders_arena() -> None:
             await a.close()
 
 
-async def test_handshake_failure_is_an_edge_establishment_failure(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_handshake_failure_is_an_edge_establishment_failure() -> None:
     """A send pump whose QUIC handshake fails (StreamFault HandshakeFailed) fails its
     edge with the §36 edge establishment reason, not StreamFault, and leaks no lease."""
-    fault_file = tmp_path / "faults.json"
-    arm(fault_file, {"point": "driver.connect", "edge": int(EDGE)})
-    monkeypatch.setenv(ENV_FILE, str(fault_file))
+
+    class ConnectFails(Faults):
+        def connect_fails(self, edge: int) -> bool:
+            return edge == int(EDGE)
+
     async with Runtime("edges") as runtime:
-        a, b = await node_pair(runtime)
+        a, b = await node_pair(runtime, faults=ConnectFails())
         try:
             await b.provision(rx(EDGE, a.identity.node_id))
             await a.provision(tx(EDGE, b.identity.node_id))

@@ -1,8 +1,8 @@
 """Each spec §37 ObjectFailure, provoked by a crafted record in a real worker.
 
-One worker serves the whole module (with the test-only copy fault injector aimed at
-object 666). Every case installs a fresh ingress ring for the bad record and a fresh
-healthy ring beside it: the failure must surface as ObjectFailed naming the bad ring,
+One worker serves the whole module (its fault file, `swactor.faults`, fails the device
+copies of object 666). Every case installs a fresh ingress ring for the bad record and a
+fresh healthy ring beside it: the failure must surface as ObjectFailed naming the bad ring,
 its edge and its port, and the worker must still load an object from the healthy ring.
 """
 
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from swactor.faults import ENV_FILE, arm
 from swactor.ring import Ring
 from swactor.testing.worker_rig import WorkerRig, float_spec, record, write_all
 from swactor.wire import (
@@ -33,8 +34,10 @@ _ring_ids = itertools.count(1)
 
 
 @pytest.fixture(scope="module")
-def worker() -> Iterator[WorkerRig]:
-    rig = WorkerRig(arena_bytes=1 << 23, backend={"fault_injection": {"fail_copy_objects": [666]}})
+def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerRig]:
+    fault_file = tmp_path_factory.mktemp("faults") / "faults.json"
+    arm(fault_file, {"point": "worker.copy", "object_id": 666})
+    rig = WorkerRig(arena_bytes=1 << 23, env={ENV_FILE: str(fault_file)})
     rig.initialize()
     try:
         yield rig
