@@ -341,6 +341,7 @@ class WorkerProcess:
         kind = IngressRing if command.direction is RingDirection.Ingress else EgressRing
         ring = kind(command, self.arena, self.bridge, self._ring_emit, self.faults)
         self.rings[command.ring_id] = ring
+        ring.open_ring()  # the step whose outcome the InstallRing guard reads
         if isinstance(ring, IngressRing):
             ring.feed(ir.InstallRing(command))
         else:

@@ -5,9 +5,11 @@ Theory of operation
 Both bindings (`IngressRing`, `EgressRing`) are built from one `InstallRing` command and
 hold the same things: the command and its ObjectSpec, the arena the ring lives in, the
 device bridge, the event sink to the node, and the ring handle.  The handle is opened by
-the machines' shared guard `layout_valid` (a layout the helper refuses is a failed
-install, logged with the helper's reason), and `fault_reason` reads a Faulted shared
-state for either machine's `RingError` event.  Each subclass adds its own machine,
+`open_ring`, the step the worker takes before it feeds the machine its InstallRing (a
+layout the helper refuses is logged with the helper's reason); the machines' shared
+guard `layout_valid` only reads whether that worked, so a refused layout is a failed
+install. `fault_reason` reads a Faulted shared state for either machine's `RingError`
+event.  Each subclass adds its own machine,
 feeder and byte work.
 """
 
@@ -44,14 +46,19 @@ class RingRecord:
         self._emit = emit
         self.ring: Ring | None = None
 
-    def layout_valid(self, event: object) -> bool:
-        """Guard of both machines' InstallRing: open the handle on the planned layout."""
+    def open_ring(self) -> None:
+        """Open the handle on the planned layout, before the machine is fed InstallRing;
+        a layout the helper refuses leaves no handle (and is logged)."""
+        if self.ring is not None:
+            return
         try:
             self.ring = Ring.open(self._arena, self.command.layout)
         except RingError as exc:
             log.warning("ring %s: open refused: %s", int(self.command.ring_id), exc)
-            return False
-        return True
+
+    def layout_valid(self, event: object) -> bool:
+        """Guard of both machines' InstallRing: `open_ring` opened the handle."""
+        return self.ring is not None
 
     @staticmethod
     def fault_reason(ring: Ring) -> RingFaultReason | None:
