@@ -192,7 +192,9 @@ class StageController(Actor[StageMail]):
         self._finished = finished
         self._provision: ProvisionStage | None = None
         self._claim: ProvisionStage | None = None
-        self._current: scm.Event | None = None
+        self._provision_problem: str | None = None
+        """What is wrong with the ProvisionStage being fed (`provision_problem`), worked out
+        before the machine sees it; None when it is valid."""
         self._role_ok = False
         self._weights_ok = False
         self._weights_fetched = False
@@ -219,7 +221,6 @@ class StageController(Actor[StageMail]):
         if event is None:
             return
         self._note(event)
-        self._current = event
         try:
             effects = self.machine.handle(event)
         except ProtocolError as error:
@@ -364,8 +365,10 @@ class StageController(Actor[StageMail]):
 
     def _note(self, event: scm.Event) -> None:
         match event:
-            case scm.ProvisionStage(provision=provision) if self._claim is None:
-                self._claim = provision
+            case scm.ProvisionStage(orchestrator=sender, provision=provision):
+                self._provision_problem = provision_problem(self.config, sender, provision)
+                if self._claim is None:
+                    self._claim = provision
             case scm.RoleConfigured():
                 self._role_ok = True
                 self._maybe_weights_loaded()
@@ -420,11 +423,7 @@ class StageController(Actor[StageMail]):
     # -- guards (StageControllerGuards) --------------------------------------------------
 
     def provision_valid(self, event: scm.ProvisionStage) -> bool:
-        problem = provision_problem(self.config, event.orchestrator, event.provision)
-        if problem is not None:
-            self.outcome.rejected_provisions.append(problem)
-            log.warning("stage: ProvisionStage rejected: %s", problem)
-        return problem is None
+        return self._provision_problem is None
 
     def setup_complete(
         self, event: scm.RoleConfigured | scm.WeightsReady | scm.EdgeReady
@@ -450,8 +449,9 @@ class StageController(Actor[StageMail]):
 
     async def _carry_out(self, ctx: Context[StageMail], effect: scm.Effect) -> None:
         match effect:
-            case scm.RejectProvision(orchestrator=sender):
-                await self._reject(sender)
+            case scm.RejectProvision(orchestrator=sender, provision=provision,
+                                     already_provisioned=already):
+                await self._reject(sender, provision, already)
             case scm.ConfigureWorkerRole(provision=provision):
                 self._accept(provision)
                 role = provision.runtime.role_id
@@ -509,15 +509,12 @@ class StageController(Actor[StageMail]):
         log.info("stage %s: provisioned (layers %d..%d)", self._name, provision.layer_start,
                  provision.layer_end_exclusive)
 
-    async def _reject(self, sender: NodeId) -> None:
-        event = self._current
-        assert isinstance(event, scm.ProvisionStage)
-        provision = event.provision
-        if self.machine.state is not scm.State.Unprovisioned:  # the "*" row, not the guard
-            self.outcome.rejected_provisions.append(
-                f"run {int(provision.run_id)} stage {int(provision.stage_index)}: "
-                "this controller is already provisioned"
-            )
+    async def _reject(self, sender: NodeId, provision: ProvisionStage, already: bool) -> None:
+        problem = (f"run {int(provision.run_id)} stage {int(provision.stage_index)}: "
+                   "this controller is already provisioned") if already else self._provision_problem
+        if problem is not None:
+            self.outcome.rejected_provisions.append(problem)
+            log.warning("stage: ProvisionStage rejected: %s", problem)
         fault = orun.StageFault(
             provision.stage_index, RunFaultReason.ProvisioningRejected, Component.StageController
         )

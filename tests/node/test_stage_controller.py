@@ -176,6 +176,29 @@ def test_provision_from_another_node_is_rejected_and_reported() -> None:
     run_stage(body)
 
 
+def test_provision_valid_only_reads_what_the_binding_found() -> None:
+    """The guard is a pure read of the ledger: what is wrong with a ProvisionStage is
+    worked out before it is fed and recorded by RejectProvision, once, however often
+    the guard is asked."""
+    async def body(rig: StageRig) -> None:
+        await rig.provision_stage(sender=NodeId(666))
+        await rig.ports.until(lambda: bool(rig.ports.reports))
+        rejected = rig.controller.outcome.rejected_provisions
+        assert len(rejected) == 1 and "not the trusted orchestrator" in rejected[0]
+        event = scm.ProvisionStage(NodeId(666), rig.provision)
+        assert rig.controller.provision_valid(event) is False
+        assert rig.controller.provision_valid(event) is False
+        assert len(rejected) == 1, rejected
+        # a second ProvisionStage is refused by the table's "*" row, which says why
+        await rig.provision_stage()
+        await rig.ports.until(lambda: len(rig.ports.calls) == 4)
+        await rig.provision_stage()
+        await rig.ports.until(lambda: len(rig.ports.reports) == 2)
+        assert len(rejected) == 2 and "already provisioned" in rejected[1], rejected
+
+    run_stage(body)
+
+
 @pytest.mark.parametrize(("config_change", "phrase"), [
     ("active_run", "not this node's active run"),
     ("retired", "already ran on this node"),
