@@ -24,7 +24,7 @@ Wiring one node (see `tests/edges/rig.py` for a complete, runnable example)::
         node_id, arena, driver, installer, minter, worker_ctl=worker_ctl_ref)))
     routes.establisher = establisher; routes.driver = driver      # GpuWorkerCtl's routes
     answer = await establisher.ask(ProvisionEdge(provision_tx(edge), port, owner), 5.0)
-    answer.edge_actor.tell(StopEdgeRequest(edge_id))               # owner stops the edge
+    answer.edge_actor.tell(StopEdge(edge_id))               # owner stops the edge
 """
 
 from swactor.edges.arena_actor import (
@@ -53,10 +53,10 @@ from swactor.edges.messages import (
     EdgeStates,
     EdgeUp,
     ProvisionEdge,
-    StopEdgeRequest,
 )
 from swactor.edges.owner import EdgeOwner, StageOwner
 from swactor.edges.stage_ports import EdgeStagePorts
+from swactor.wire import StopEdge
 
 __all__ = [
     "ArenaActor",
@@ -84,7 +84,7 @@ __all__ = [
     "RouteDriverEvents",
     "RxEdgeActor",
     "StageOwner",
-    "StopEdgeRequest",
+    "StopEdge",
     "TxEdgeActor",
     "WakeFanout",
     "WorkerRingInstaller",

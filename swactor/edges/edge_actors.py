@@ -8,7 +8,7 @@ translates its mail into machine events and carries out the effects:
 
 - from the establisher: `EdgeUp` -> EdgeReady, `EdgeDown` -> EdgeFailed, `EdgeGone` ->
   EdgeStopped;
-- from its owner: `StopEdgeRequest` -> StopEdge (and the machine's own StopEdge);
+- from its owner: `StopEdge` (the machine's own event);
 - from the driver: a StreamFault for this edge.
 
 Objects do not pass through these actors: GpuWorkerCtl routes the worker's object
@@ -28,14 +28,13 @@ import logging
 from typing import Any
 
 from swactor.actors import Actor, ActorRef, Context
-from swactor.edges.messages import EdgeDown, EdgeGone, EdgeUp, StopEdgeRequest
+from swactor.edges.messages import EdgeDown, EdgeGone, EdgeUp
 from swactor.edges.owner import EdgeOwner
-from swactor.fsm.generated import edge_record as er
 from swactor.fsm.generated import rx_edge as rx
 from swactor.fsm.generated import tx_edge as tx
 from swactor.fsm.runtime import ProtocolError
 from swactor.transport import messages as tm
-from swactor.wire import Component, EdgeId, RingId, RunFaultReason, StreamFaultReason
+from swactor.wire import Component, EdgeId, RingId, RunFaultReason, StopEdge, StreamFaultReason
 
 log = logging.getLogger("swactor.edges.edge_actors")
 
@@ -138,12 +137,10 @@ class TxEdgeActor(_EdgeActor):
                 return tx.EdgeFailed(self.edge_id, reason)
             case EdgeGone(clean=clean):
                 return tx.EdgeStopped(self.edge_id, clean)
-            case StopEdgeRequest():
-                return tx.StopEdge(self.edge_id)
+            case StopEdge():
+                return message
             case tm.StreamFault(reason=reason):
                 return tx.StreamFault(self.edge_id, reason)
-            case tx.StopEdge():
-                return message
         return None
 
     def _effect(self, effect: Any) -> None:
@@ -156,7 +153,7 @@ class TxEdgeActor(_EdgeActor):
             case tx.ReportStreamFault(reason=reason):
                 self._stream_fault(reason)
             case tx.ForwardStopEdge():
-                self.establisher.tell(er.StopEdge(self.edge_id))
+                self.establisher.tell(StopEdge(self.edge_id))
             case tx.ReportEdgeStopped(clean=clean):
                 self.owner.edge_stopped(self.edge_id, clean)
 
@@ -186,12 +183,10 @@ class RxEdgeActor(_EdgeActor):
                 return rx.EdgeFailed(self.edge_id, reason)
             case EdgeGone(clean=clean):
                 return rx.EdgeStopped(self.edge_id, clean)
-            case StopEdgeRequest():
-                return rx.StopEdge(self.edge_id)
+            case StopEdge():
+                return message
             case tm.StreamFault(reason=reason):
                 return rx.StreamFault(self.edge_id, reason)
-            case rx.StopEdge():
-                return message
         return None
 
     def _effect(self, effect: Any) -> None:
@@ -204,6 +199,6 @@ class RxEdgeActor(_EdgeActor):
             case rx.ReportStreamFault(reason=reason):
                 self._stream_fault(reason)
             case rx.ForwardStopEdge():
-                self.establisher.tell(er.StopEdge(self.edge_id))
+                self.establisher.tell(StopEdge(self.edge_id))
             case rx.ReportEdgeStopped(clean=clean):
                 self.owner.edge_stopped(self.edge_id, clean)

@@ -95,6 +95,7 @@ from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer
 from swactor.transport import messages as tm
 from swactor.wire import (
     ArenaFailure,
+    DriverEdgeReady,
     EdgeId,
     InstallRing,
     LeaseRequestId,
@@ -110,6 +111,7 @@ from swactor.wire import (
     RingInstalled,
     RingLayout,
     RingQuiesced,
+    StopEdge,
     StreamFaultReason,
     UninstallReason,
     WorkerReaped,
@@ -219,7 +221,7 @@ class EdgeEstablisher(Actor[Any]):
                 ctx.reply(states)
             case EdgeReleases():
                 ctx.reply(list(self.releases))
-            case er.StopEdge(edge_id=edge):
+            case StopEdge(edge_id=edge):
                 self._to_record(ctx, self.records.get(int(edge)), message)
             case Granted(request_id=request, layout=layout):
                 self._to_record(ctx, self._request(request),
@@ -240,8 +242,8 @@ class EdgeEstablisher(Actor[Any]):
                 self._to_record(ctx, self._ring(ring), message)
             case RingQuiesced(ring_id=ring) | WorkerReaped(ring_id=ring):
                 self._to_teardown(ctx, self._ring(ring), message)
-            case tm.DriverEdgeReady(edge_id=edge):
-                self._to_record(ctx, self.records.get(edge), er.DriverEdgeReady(EdgeId(edge)))
+            case DriverEdgeReady(edge_id=edge):
+                self._to_record(ctx, self.records.get(edge), message)
             case tm.StreamFault(edge_id=edge, reason=reason, detail=detail):
                 if edge is None:
                     log.warning("stream fault before any edge id: %s %s", reason.value, detail)
@@ -444,7 +446,7 @@ class EdgeEstablisher(Actor[Any]):
                 if rec.pump_stopped:  # ended by itself; the driver answers no second time
                     me.tell(tm.PumpStopped(int(edge), None))
                 else:
-                    cfg.driver.tell(tm.StopEdge(int(edge)))
+                    cfg.driver.tell(StopEdge(edge))
             case et.UninstallRing(ring_id=ring, reason=reason):
                 cfg.installer.uninstall(ring, reason, me)
             case et.ReleaseRing(ring_id=ring, worker_reaped=reaped):
@@ -464,7 +466,7 @@ class EdgeEstablisher(Actor[Any]):
         never sent EstablishRecv, but the driver may hold its early stream (ExpectRecv):
         have the driver stop it. Its PumpStopped finds no teardown and changes nothing."""
         if rec.direction is RingDirection.Ingress and rec.ring_id is None:
-            self.config.driver.tell(tm.StopEdge(int(rec.edge_id)))
+            self.config.driver.tell(StopEdge(rec.edge_id))
 
     def _release(self, ctx: Context[Any], ring: RingId, proof: QuiescenceProof) -> None:
         self.releases.append((int(ring), proof.kind))

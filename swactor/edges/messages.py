@@ -7,14 +7,13 @@ To the EdgeEstablisher (besides the arena's, worker's and driver's answers):
   `owner` the `EdgeOwner` the edge actor reports to. The answer (ask) is
   `EdgeProvisioned(edge_id, edge_actor)`, or `EdgeRefused(edge_id, detail)` when the
   edge id already has a record on this node.
-- `edge_record.StopEdge(edge_id)`: stop the edge (the edge actor forwards its owner's).
+- `StopEdge(edge_id)`: stop the edge (the edge actor forwards its owner's).
 - `EdgeStates()` (ask): `dict[int, edge_record.State]`, every record's state now.
 - `EdgeReleases()` (ask): `list[tuple[int, QuiescenceProofKind]]`, every ring this
   establisher released so far and the kind of proof it carried (teardown audit).
 
 From the EdgeEstablisher to an edge actor: `EdgeUp`, `EdgeDown`, `EdgeGone`.
-To an edge actor from its owner: `StopEdgeRequest` (or the generated machine's own
-`StopEdge`).
+To an edge actor from its owner: `swactor.wire.StopEdge`, the event its table takes.
 """
 
 from __future__ import annotations
@@ -76,13 +75,6 @@ class EdgeGone:
 
     edge_id: EdgeId
     clean: bool
-
-
-@dataclass(frozen=True, slots=True)
-class StopEdgeRequest:
-    """The owner stops the edge (the edge actor's StopEdge)."""
-
-    edge_id: EdgeId
 
 
 @dataclass(frozen=True, slots=True)

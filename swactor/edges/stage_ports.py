@@ -13,7 +13,7 @@ against the node's EdgeEstablisher:
   EdgeEstablished / EdgeFault / EdgeStopped come back as the controller's mail. A
   refused provisioning (the edge id already has a live record) raises `RunFaultError`
   with EdgeEstablishmentFailed.
-- `stop_edges(inbound, outbound)` sends StopEdgeRequest to each edge's actor; the
+- `stop_edges(inbound, outbound)` sends StopEdge to each edge's actor; the
   actor's EdgeStopped answers. An edge that was never provisioned (or whose actor is
   already gone) is answered `EdgeStopped(clean=True)` at once, as the port contract
   requires. A provisioning still in flight is awaited first, so a stop can never
@@ -26,7 +26,7 @@ import asyncio
 from typing import Any
 
 from swactor.actors import ActorRef
-from swactor.edges.messages import EdgeProvisioned, ProvisionEdge, StopEdgeRequest
+from swactor.edges.messages import EdgeProvisioned, ProvisionEdge
 from swactor.edges.owner import StageOwner
 from swactor.fsm.generated import stage_controller as scm
 from swactor.wire import (
@@ -38,6 +38,7 @@ from swactor.wire import (
     RunFaultError,
     RunFaultReason,
     RunId,
+    StopEdge,
 )
 
 
@@ -74,7 +75,7 @@ class EdgeStagePorts:
             if pending is not None:
                 await asyncio.shield(pending)
             actor = self.edge_actors.pop(edge, None)
-            if actor is None or not actor.tell(StopEdgeRequest(edge)):
+            if actor is None or not actor.tell(StopEdge(edge)):
                 self.stage.tell(scm.EdgeStopped(edge, True))
 
     async def _provision(self, provision: ProvisionRx | ProvisionTx, port: PortId,

@@ -35,7 +35,7 @@ Each inbound edge accepts its stream only from the producer node its ProvisionSt
 names (the driver refuses any other peer's stream with PeerNotAllowed). ProvisionStage
 goes to the `StageHost`, which runs one fresh `StageController` per run on `NodeStagePorts`: the
 worker and weight ports of `WorkerStagePorts`, the edge ports of `EdgeStagePorts`
-(ProvisionRx / ProvisionTx to the EdgeEstablisher, StopEdgeRequest to the edge actors;
+(ProvisionRx / ProvisionTx to the EdgeEstablisher, StopEdge to the edge actors;
 the StageHost owns both edge actors through a `StageOwner`), reports as
 control requests back to the orchestrator, events through the node's emitter. While a
 run is active the authority accepts only messages of that run; when its controller

@@ -32,7 +32,7 @@ memfd arena:
 - lifecycle events of the token edges: `edge_provision_started` when each edge's
   ProvisionTx/ProvisionRx goes to the establisher, `edge_ready` from the establisher
   when its edge_record machine reaches Ready (spec §40).
-- `stop_token_endpoints`: StopEdgeRequest to both edge actors; each edge stops in the
+- `stop_token_endpoints`: StopEdge to both edge actors; each edge stops in the
   §38 teardown order (pump stopped -> ring uninstalled -> lease released with its
   quiescence proof) and answers EdgeStopped; when both have, the run gets
   `EndpointsStopped(clean)`. `live_leases()` asks the ArenaManager what is still
@@ -61,7 +61,7 @@ from swactor.edges import (
     ExpectRecv,
     LocalRingInstaller,
     ProvisionEdge,
-    StopEdgeRequest,
+    StopEdge,
     WakeFanout,
 )
 from swactor.events.emitter import Emitter
@@ -284,7 +284,7 @@ class NetworkRunPorts:
             self._tell(orun.EndpointsStopped(True))
             return
         for edge_id, edge_actor in self._edges.items():
-            edge_actor.tell(StopEdgeRequest(EdgeId(edge_id)))
+            edge_actor.tell(StopEdge(EdgeId(edge_id)))
 
     async def live_leases(self) -> list[LiveLease]:
         """What the token arena still has leased (nothing once the endpoints stopped)."""

@@ -48,7 +48,7 @@ from swactor.transport.messages import (
     PumpStopped,
     StopEdge,
 )
-from swactor.wire import RingId, RingReadable, RingWritable
+from swactor.wire import EdgeId, RingId, RingReadable, RingWritable
 from swactor.wire.codec import WireStruct
 
 POLL_S = 0.02
@@ -166,14 +166,14 @@ class MemoryDriver:
                 self.recv[message.edge_id] = _Edge(message.edge_id, message.ring_id, ring,
                                                    asyncio.Event())
                 self._arrival(message.edge_id).set()
-                self._emit(DriverEdgeReady(message.edge_id))
+                self._emit(DriverEdgeReady(EdgeId(message.edge_id)))
             case EstablishSend():
                 ring = Ring.open(self.arena, message.ring_layout)
                 edge = _Edge(message.edge_id, message.ring_id, ring, asyncio.Event())
                 self.send[message.edge_id] = edge
                 edge.task = asyncio.get_running_loop().create_task(
                     self._pump(edge, message.rx_node_id))
-                self._emit(DriverEdgeReady(message.edge_id))
+                self._emit(DriverEdgeReady(EdgeId(message.edge_id)))
             case StopEdge():
                 self.stop_edge(message.edge_id)
 

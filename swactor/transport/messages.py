@@ -3,8 +3,9 @@
 Inbound: `EstablishSend`, `EstablishRecv`, `StopEdge` (and `StreamArrived`, which the
 driver's own demux produces when an edge stream's preamble has been read). Outbound:
 `DriverEdgeReady`, `StreamClosed`, `StreamFault`, `PumpStopped`, plus wake hints
-`RingReadable` / `RingWritable` for the process on the other side of a ring (the
-`swactor.wire` classes the worker's command lines and the tables use too).
+`RingReadable` / `RingWritable` for the process on the other side of a ring.
+`StopEdge`, `DriverEdgeReady` and the wake hints are the `swactor.wire`
+classes the edge and pump tables take and make (`wire: true`), so no layer converts them.
 
 As in the spec, `EstablishSend`/`EstablishRecv` carry the ring's `RingLayout`: the
 driver opens its own handle on the node's arena (the ring header was written by whoever
@@ -15,7 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from swactor.wire import RingLayout, RingReadable, RingWritable, StreamFaultReason
+from swactor.wire import (
+    DriverEdgeReady,
+    RingLayout,
+    RingReadable,
+    RingWritable,
+    StopEdge,
+    StreamFaultReason,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,13 +50,6 @@ class EstablishRecv:
 
 
 @dataclass(frozen=True, slots=True)
-class StopEdge:
-    """Stop the pump of `edge_id` (teardown); `PumpStopped` follows."""
-
-    edge_id: int
-
-
-@dataclass(frozen=True, slots=True)
 class StreamArrived:
     """A peer stream whose preamble named `edge_id` (produced by the demux itself)."""
 
@@ -58,11 +59,12 @@ class StreamArrived:
 
 
 @dataclass(frozen=True, slots=True)
-class DriverEdgeReady:
-    """Send side: a verified connection to the consumer exists. Receive side: the
-    receive spec is registered, so the stream will be paired whenever it arrives."""
+class PumpStopped:
+    """The pump of `edge_id` will never touch `ring_id` again (a quiescence proof).
+    `ring_id` is None for an edge stopped before its ring was named."""
 
     edge_id: int
+    ring_id: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,15 +86,22 @@ class StreamFault:
     detail: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class PumpStopped:
-    """The pump of `edge_id` will never touch `ring_id` again (a quiescence proof).
-    `ring_id` is None for an edge stopped before its ring was named."""
-
-    edge_id: int
-    ring_id: int | None
-
-
 DriverMessage = EstablishSend | EstablishRecv | StopEdge
 DriverEvent = DriverEdgeReady | StreamClosed | StreamFault | PumpStopped
 WakeHint = RingReadable | RingWritable
+
+__all__ = [
+    "DriverEdgeReady",
+    "DriverEvent",
+    "DriverMessage",
+    "EstablishRecv",
+    "EstablishSend",
+    "PumpStopped",
+    "RingReadable",
+    "RingWritable",
+    "StopEdge",
+    "StreamArrived",
+    "StreamClosed",
+    "StreamFault",
+    "WakeHint",
+]

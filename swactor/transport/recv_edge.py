@@ -121,8 +121,8 @@ class RecvEdge:
     # -- effects --------------------------------------------------------------------
 
     def _carry_out(self, effect: fsm.Effect) -> None:
-        if isinstance(effect, fsm.DriverEdgeReady):
-            self._emit(DriverEdgeReady(self.edge_id))
+        if isinstance(effect, DriverEdgeReady):
+            self._emit(effect)  # the driver event itself (swactor.wire)
         elif isinstance(effect, fsm.StartPump):
             self.task = asyncio.get_running_loop().create_task(
                 self._pump(), name=f"recv-pump-{self.edge_id}"

@@ -171,8 +171,8 @@ class SendEdge:
     def _carry_out(self, effect: fsm.Effect) -> None:
         if isinstance(effect, fsm.EnsureConnection):
             self._spawn(self._connect(), "connect")
-        elif isinstance(effect, fsm.DriverEdgeReady):
-            self._emit(DriverEdgeReady(self.edge_id))
+        elif isinstance(effect, DriverEdgeReady):
+            self._emit(effect)  # the driver event itself (swactor.wire)
         elif isinstance(effect, fsm.CheckRing):
             self._check_ring()
         elif isinstance(effect, fsm.OpenUniStream):

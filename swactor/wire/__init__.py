@@ -88,7 +88,12 @@ from swactor.wire.ids import (
     StepId,
     WorkerGeneration,
 )
-from swactor.wire.messages import EdgeEstablished, WorkerReaped
+from swactor.wire.messages import (
+    DriverEdgeReady,
+    EdgeEstablished,
+    StopEdge,
+    WorkerReaped,
+)
 from swactor.wire.objects import (
     OBJECT_HEADER_FORMAT,
     OBJECT_HEADER_LEN,
@@ -202,6 +207,7 @@ __all__ = [
     "DTypeFamily",
     "DeviceObjectHandle",
     "DeviceObjectReleased",
+    "DriverEdgeReady",
     "EdgeEndpoint",
     "EdgeEndpointKind",
     "EdgeEstablished",
@@ -290,6 +296,7 @@ __all__ = [
     "StepFailed",
     "StepFailure",
     "StepId",
+    "StopEdge",
     "StreamFaultReason",
     "TeardownOutcome",
     "TokenOutputMode",

@@ -31,3 +31,19 @@ class EdgeEstablished:
 
     edge_id: EdgeId
     ring_id: RingId
+
+
+@dataclass(frozen=True, slots=True)
+class StopEdge:
+    """Stop `edge_id` (spec §38): to its edge actor, record, teardown and pump."""
+
+    edge_id: EdgeId
+
+
+@dataclass(frozen=True, slots=True)
+class DriverEdgeReady:
+    """The Driver's end of `edge_id` is up (spec §24). Send side: a verified connection
+    to the consumer exists. Receive side: the receive spec is registered, so the stream
+    will be paired whenever it arrives."""
+
+    edge_id: EdgeId

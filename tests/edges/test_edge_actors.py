@@ -17,7 +17,7 @@ from swactor.edges import (
     EdgeUp,
     RxEdgeActor,
     StageOwner,
-    StopEdgeRequest,
+    StopEdge,
     TxEdgeActor,
 )
 from swactor.fsm.generated import edge_record as er
@@ -77,7 +77,7 @@ async def test_edge_actors_let_objects_pass_them_by() -> None:
                          ObjectFailed(RING, EDGE, PortId(1), None, None,
                                       ObjectFailure.EofMidObject)):
                 actor.tell(mail)
-            actor.tell(StopEdgeRequest(EDGE))
+            actor.tell(StopEdge(EDGE))
             assert await asyncio.wait_for(inbox.get(), 5) == er.StopEdge(EDGE)
             actor.tell(EdgeGone(EDGE, True))
             await asyncio.wait_for(actor.join(), 5)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from swactor.actors import ActorRef, Runtime
-from swactor.edges import LocalRingInstaller, StopEdgeRequest
+from swactor.edges import LocalRingInstaller, StopEdge
 from swactor.fsm.generated import edge_record as er
 from swactor.transport.config import TransportConfig
 from swactor.transport.identity import NodeIdentity
@@ -98,7 +98,7 @@ async def test_lease_never_fits_fails_the_edge() -> None:
             assert (reason, component) == (RunFaultReason.RingRequestOversized,
                                            Component.ArenaManager)
             assert await node.state(1) is er.State.Failed
-            actor.tell(StopEdgeRequest(EdgeId(1)))
+            actor.tell(StopEdge(EdgeId(1)))
             assert await node.owner.wait("stopped", 1) is True
             assert await node.state(1) is er.State.Stopped
             assert holder(node).installs == [] and await node.live_leases() == []
@@ -117,7 +117,7 @@ async def test_arena_pressure_waits_then_is_served_after_a_release() -> None:
             assert await node.state(2) is er.State.WaitingForLease
             assert len(await node.live_leases()) == 1
 
-            first.tell(StopEdgeRequest(EdgeId(1)))
+            first.tell(StopEdge(EdgeId(1)))
             assert await node.owner.wait("stopped", 1) is True
             ring = await node.owner.wait("ready", 2)
             assert [int(lease.ring_id) for lease in await node.live_leases()] == [ring]
@@ -138,7 +138,7 @@ async def test_arena_pressure_timeout_fails_the_edge_and_cancels_its_lease() -> 
             await node.wait_state(2, er.State.Failed)
             assert node.manager.queued_requests() == []
             for edge, actor in ((1, first), (2, second)):
-                actor.tell(StopEdgeRequest(EdgeId(edge)))
+                actor.tell(StopEdge(EdgeId(edge)))
                 assert await node.owner.wait("stopped", edge) is True
             assert await node.live_leases() == []
             assert holder(node).installs == [1]
@@ -178,7 +178,7 @@ async def test_stop_edge_in_each_state_leaves_no_live_lease(state: str) -> None:
                                                 RingFaultReason.RingStateInvalid))
             await node.wait_state(edge, er.State[state])
 
-            actor.tell(StopEdgeRequest(EdgeId(edge)))
+            actor.tell(StopEdge(EdgeId(edge)))
             if state in ("WaitingForWorkerRing", "StoppingAfterFault"):
                 await asyncio.sleep(0.05)
                 assert await node.state(edge) is er.State.Stopping
@@ -202,7 +202,7 @@ async def test_grant_crossing_its_cancellation_is_released_unused() -> None:
             # LeaseRing and then CancelLease reach the ArenaManager back to back, so it
             # grants the lease before it sees the cancellation.
             actor = await node.provision(rx(3, PRODUCER))
-            actor.tell(StopEdgeRequest(EdgeId(3)))
+            actor.tell(StopEdge(EdgeId(3)))
             await node.wait_state(3, er.State.CancellingLease)
             node.arena_front.tell(OpenGate())
             assert await node.owner.wait("stopped", 3) is True

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from swactor.actors import Runtime
-from swactor.edges import StopEdgeRequest
+from swactor.edges import StopEdge
 from swactor.events.emitter import Emitter
 from swactor.events.schema import EdgeReady, validate_line
 from swactor.fsm.generated import edge_record as er
@@ -93,8 +93,8 @@ async def test_edge_ready_in_either_order_and_bytes_arrive(rx_first: bool) -> No
                                           write_all(a, egress, ring_a, data))
             assert hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
 
-            tx_actor.tell(StopEdgeRequest(EDGE))
-            rx_actor.tell(StopEdgeRequest(EDGE))
+            tx_actor.tell(StopEdge(EDGE))
+            rx_actor.tell(StopEdge(EDGE))
             assert await a.owner.wait("stopped", EDGE) is True
             assert await b.owner.wait("stopped", EDGE) is True
             assert await a.live_leases() == [] and await b.live_leases() == []

@@ -16,7 +16,7 @@ import pytest
 
 from swactor.actors import Runtime
 from swactor.actors.cell import ActorCell
-from swactor.edges import EdgeReleases, EdgeStates, StopEdgeRequest, establisher
+from swactor.edges import EdgeReleases, EdgeStates, StopEdge, establisher
 from swactor.edges.establisher import _Record
 from swactor.fsm.generated import edge_record as er
 from swactor.transport.config import TransportConfig
@@ -36,7 +36,7 @@ async def one_edge(node: EdgeNode, edge: int) -> None:
     """Provision an Rx edge, see it ready, stop it, see it stopped."""
     actor = await node.provision(rx(edge, PRODUCER))
     await node.owner.wait("ready", edge)
-    actor.tell(StopEdgeRequest(EdgeId(edge)))
+    actor.tell(StopEdge(EdgeId(edge)))
     assert await node.owner.wait("stopped", edge) is True
     await actor.join()
 

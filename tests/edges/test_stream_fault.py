@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from swactor.actors import ActorRef, Runtime
-from swactor.edges import EdgeReleases, StopEdgeRequest
+from swactor.edges import EdgeReleases, StopEdge
 from swactor.faults import Faults
 from swactor.fsm.generated import edge_record as er
 from swactor.fsm.generated import edge_teardown as et
@@ -60,7 +60,7 @@ async def test_connection_loss_fails_both_ends_and_releases_their_leases(
             assert [type(events[0]) for events in fed.values()] == [et.StreamFault] * 2, fed
             assert {int(machine.edge_id) for machine in fed} == {int(EDGE)}
             for node, actor in zip((a, b), actors, strict=True):
-                actor.tell(StopEdgeRequest(EDGE))
+                actor.tell(StopEdge(EDGE))
                 assert await node.owner.wait("stopped", EDGE) is True
         finally:
             await a.close()

@@ -16,7 +16,7 @@ import signal
 import pytest
 
 from swactor.actors import Runtime
-from swactor.edges import EdgeReleases, StopEdgeRequest
+from swactor.edges import EdgeReleases, StopEdge
 from swactor.fsm.generated import edge_record as er
 from swactor.fsm.generated import edge_teardown as et
 from swactor.transport.config import TransportConfig
@@ -69,7 +69,7 @@ async def test_worker_crash_faults_edges_and_teardown_releases_with_worker_reape
             assert routes.edges == {}
 
             for edge, actor in zip(EDGES, actors, strict=True):
-                actor.tell(StopEdgeRequest(EdgeId(edge)))
+                actor.tell(StopEdge(EdgeId(edge)))
                 assert await node.owner.wait("stopped", edge) is True
                 assert await node.state(edge) is er.State.Stopped
         finally:
@@ -85,7 +85,7 @@ async def test_stop_with_a_live_worker_releases_after_ring_quiesced() -> None:
             await start_worker(node, worker)
             actor = await node.provision(rx(1, PRODUCER, RING), port=1)
             ring = await node.owner.wait("ready", 1, timeout=30)
-            actor.tell(StopEdgeRequest(EdgeId(1)))
+            actor.tell(StopEdge(EdgeId(1)))
             assert await node.owner.wait("stopped", 1, timeout=30) is True
             assert await node.live_leases() == []
             assert await node.establisher.ask(EdgeReleases(), 5.0) == [

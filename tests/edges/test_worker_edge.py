@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from swactor.actors import Runtime
-from swactor.edges import StopEdgeRequest
+from swactor.edges import StopEdge
 from swactor.testing.worker_rig import record
 from swactor.transport.config import TransportConfig
 from swactor.transport.identity import NodeIdentity
@@ -62,8 +62,8 @@ async def test_objects_cross_quic_into_a_real_worker_and_reach_the_stage_control
                 a.driver.tell(RingReadable(RingId(ring_a)))
             await a.wait_sent(EDGE)
 
-            tx_actor.tell(StopEdgeRequest(EDGE))
-            rx_actor.tell(StopEdgeRequest(EDGE))
+            tx_actor.tell(StopEdge(EDGE))
+            rx_actor.tell(StopEdge(EDGE))
             assert await a.owner.wait("stopped", EDGE) is True
             assert await b.owner.wait("stopped", EDGE, timeout=30) is True
             assert await a.live_leases() == [] and await b.live_leases() == []
