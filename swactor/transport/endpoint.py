@@ -800,12 +800,25 @@ class QuicEndpoint:
             link.deadline = None
 
     def status(self) -> dict[str, object]:
-        """Connection counts for a leak check: open links, half-open handshakes, cached
-        verified links, and the admission counters."""
+        """Connection counts for a leak check: `links`, every connection the endpoint
+        still tracks; `closing`, those of them already closed (no stream moves) whose
+        closing or draining period has not ended yet, so they are forgotten within three
+        probe timeouts; `half_open`, server-side handshakes; `verified`, cached verified
+        links; `peers`, how many open verified links go to each peer (16 hex digits);
+        and the admission counters.
+
+        A peer's session that ended a moment ago may still show here as open (its
+        CONNECTION_CLOSE not read yet) or closing: a leak check waits for it to go."""
+        peers: Counter[str] = Counter()
+        for link in self._links:
+            if link.peer_node_id is not None and not link.closed:
+                peers[f"{link.peer_node_id:016x}"] += 1
         return {
             "links": len(self._links),
+            "closing": sum(1 for link in self._links if link.closed),
             "half_open": len(self._half_open),
             "verified": len(self._cache),
+            "peers": dict(sorted(peers.items())),
             "admission": dict(self.admission),
         }
 

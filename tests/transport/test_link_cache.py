@@ -112,3 +112,36 @@ async def test_a_handshake_to_a_gone_address_is_not_joined_once_the_peer_moved()
     finally:
         for endpoint in (second, node):
             await endpoint.close()
+
+
+async def test_status_tells_a_closing_link_from_an_open_one_until_it_is_forgotten() -> None:
+    """The leak check (`QuicEndpoint.status`): a link is counted under its peer while
+    open, under `closing` from the peer's CONNECTION_CLOSE on, and not at all once its
+    draining period ends."""
+    orchestrator, node_identity = NodeIdentity.generate(), NodeIdentity.generate()
+    node = QuicEndpoint(node_identity, CONFIG, allowed={orchestrator.node_id})
+    await node.start()
+    session = QuicEndpoint(orchestrator, CONFIG, allowed={node_identity.node_id})
+    try:
+        await session.start()
+        link = await node.connect(orchestrator.node_id, EDGE_ALPN, session.address)
+        peer = f"{orchestrator.node_id:016x}"
+        status = node.status()
+        assert (status["links"], status["closing"], status["peers"]) == (1, 0, {peer: 1})
+
+        await session.close()
+        async with asyncio.timeout(10):
+            while not link.closed:
+                await asyncio.sleep(0.001)
+        status = node.status()
+        if status["links"]:  # still draining (three probe timeouts)
+            assert (status["links"], status["closing"]) == (1, 1), status
+        assert status["peers"] == {}, status
+        async with asyncio.timeout(10):
+            while node.status()["links"]:
+                await asyncio.sleep(0.01)
+        status = node.status()
+        assert (status["closing"], status["peers"], status["verified"]) == (0, {}, 0), status
+    finally:
+        for endpoint in (session, node):
+            await endpoint.close()
