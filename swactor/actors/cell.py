@@ -188,7 +188,7 @@ class ActorCell(Generic[M]):
         return child.ref
 
     def watch(self, target: ActorRef[Never]) -> None:
-        cell: ActorCell[Any] = target._cell
+        cell = target._cell
         if cell is self:
             raise InvalidActorName(f"{self.address}: an actor cannot watch itself")
         if cell.terminated.done():
@@ -198,7 +198,7 @@ class ActorCell(Generic[M]):
         self._watching.add(cell)
 
     def unwatch(self, target: ActorRef[Never]) -> None:
-        cell: ActorCell[Any] = target._cell
+        cell = target._cell
         cell._watchers.discard(self)
         self._watching.discard(cell)
 

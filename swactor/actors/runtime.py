@@ -19,7 +19,7 @@ import itertools
 import logging
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Never, TypeVar
 
 from swactor.actors.actor import Actor
 from swactor.actors.address import Address
@@ -86,7 +86,7 @@ class Runtime:
         return cell.ref
 
     @property
-    def actors(self) -> list[ActorRef[Any]]:
+    def actors(self) -> list[ActorRef[Never]]:
         """The live top-level actors."""
         return [cell.ref for cell in self._roots.values()]
 
