@@ -36,9 +36,13 @@ clang renders ``__fp16`` conversions as scalar code).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from gguf import GGMLQuantizationType as Q
-from tinygrad.dtype import dtypes
+from tinygrad.device import Buffer, Device
+from tinygrad.dtype import _from_np_dtype, dtypes
 from tinygrad.tensor import Tensor
 
 from swactor.model.dequant import QuantMatrix, block_fields
@@ -83,12 +87,37 @@ class DeviceQuant:
         return DeviceQuant(self.type_id, (count, self.shape[1]), fields)
 
 
+def upload(array: npt.NDArray[Any], device: str) -> Tensor:
+    """A realised tensor on ``device`` holding ``array``'s values.
+
+    The buffer is allocated and the bytes copied in through the device's allocator, as
+    the worker's bridge copies ring objects: no schedule. ``Tensor(array).realize()``
+    would plan and run a copy kernel per tensor (~10 ms of Python each on a small CPU,
+    hundreds of tensors per stage). The tensor is the same kind of buffer tensor either
+    way. Host-to-device copies return with the source no longer needed
+    (tinygrad stages host memory itself on GPUs); the caller synchronises once at the end
+    of a load (:func:`synchronize`).
+    """
+    array = np.require(array, requirements=("C", "W"))  # tinygrad's copy wants writable memory
+    if array.size == 0 or array.ndim == 0:
+        return Tensor(array, device=device).realize()
+    tensor = Tensor.empty(*array.shape, dtype=_from_np_dtype(array.dtype), device=device)
+    buffer = tensor.uop.buffer
+    assert isinstance(buffer, Buffer)
+    buffer.ensure_allocated()
+    Device[device].allocator._copyin(buffer._buf, array.reshape(-1).view(np.uint8).data)
+    return tensor
+
+
+def synchronize(device: str) -> None:
+    """Wait until every copy :func:`upload` queued on ``device`` is done."""
+    Device[device].synchronize()  # type: ignore[no-untyped-call]
+
+
 def to_device(matrix: QuantMatrix, device: str) -> DeviceQuant:
-    """Move ``matrix``'s block arrays to ``device`` (realised; host copies are dropped)."""
-    fields = {
-        name: Tensor(array, device=device).realize()
-        for name, array in block_fields(matrix).items()
-    }
+    """Move ``matrix``'s block arrays to ``device`` (:func:`upload`; host copies are
+    dropped)."""
+    fields = {name: upload(array, device) for name, array in block_fields(matrix).items()}
     return DeviceQuant(matrix.type_id, matrix.shape, fields)
 
 

@@ -4,7 +4,9 @@ Theory of operation. A :class:`StageRole` owns blocks ``[layer_start, layer_end)
 llama (or qwen2) model, plus the token embedding when it is the first stage and the final
 norm, output projection and sampler when it is the last. Weights arrive dequantised once at
 load (:class:`~swactor.model.gguf_range.StageWeights`) and are moved to the tinygrad device
-once. Each block keeps a KV cache of ``max_seq_len`` positions in the compute dtype.
+once, each copied straight into its device buffer
+(:func:`~swactor.model.block_kernels.upload`: no schedule per tensor). Each block keeps a
+KV cache of ``max_seq_len`` positions in the compute dtype.
 
 Object convention (agreed with the worker; spec §17):
 
@@ -89,7 +91,9 @@ from swactor.model.block_kernels import (
     DeviceQuant,
     block_matmul,
     dequant_expr,
+    synchronize,
     to_device,
+    upload,
     widen_f16,
 )
 from swactor.model.cpu_graph import use_cpu_graph
@@ -237,6 +241,7 @@ class StageRole:
         self._cpu = self.device.startswith("CPU")
         self._f16_bits = self._tg_dtype == dtypes.float16 and self._cpu
         self._load(weights.tensors, weights.blocks if quantised else {})
+        synchronize(self.device)  # every weight copied in before the host copies go
         # the role holds what it needs now: drop the loader's host arrays, so what the
         # process holds from here is the role's (and RSS at ready measures that)
         weights.tensors.clear()
@@ -280,12 +285,12 @@ class StageRole:
         return self._to_device(self._checked(tensors, name, shape))
 
     def _to_device(self, array: npt.NDArray[Any]) -> Tensor:
-        return Tensor(np.ascontiguousarray(array), device=self.device).realize()
+        return upload(array, self.device)
 
     def _kv_cache(self) -> Tensor:
         f = self.facts
         shape = (f.head_count_kv, self.max_seq_len, f.head_dim)
-        return Tensor.zeros(*shape, dtype=self._tg_dtype, device=self.device).contiguous().realize()
+        return upload(np.zeros(shape, dtype=self.np_dtype), self.device)
 
     def _matrix(
         self,
@@ -614,7 +619,7 @@ class StageRole:
             if padded > tokens:
                 pad = np.zeros((padded - tokens, array.shape[1]), dtype=array.dtype)
                 array = np.concatenate([array, pad])
-            data = Tensor(array, device=self.device).realize()
+            data = upload(array, self.device)
             # one JIT per bucket: from the third prefill of a bucket its kernels replay
             # without scheduling (and through CpuGraph on CPU). No BEAM here: searching
             # prefill-sized kernels takes minutes on a small CPU.
@@ -642,17 +647,14 @@ class StageRole:
         if self._decode.cnt == 0:
             self._adopt(self._decode, "decode")
         if not self._cpu:
-            data = Tensor(array, device=self.device).realize()
+            data = upload(array, self.device)
             with Context(BEAM=self.beam):  # type: ignore[no-untyped-call]
                 result = self._decode(data, position).numpy()
             self._offer(self._decode, "decode")
             return result
         if self._decode_input is None:
-            self._decode_input = (
-                Tensor.zeros(*array.shape, dtype=self._tg_dtype, device=self.device)
-                .contiguous()
-                .realize()
-            )
+            self._decode_input = upload(np.zeros(array.shape, dtype=self.np_dtype),
+                                        self.device)
             self._decode_input_view = _host_view(self._decode_input)
         self._decode_input_view[...] = array
         use_cpu_graph(self.cpu_graph)
@@ -720,8 +722,8 @@ class StageRole:
             prefill = self._prefill_jit(padded)
             if self._cpu:
                 use_cpu_graph(self.cpu_graph)
-            rows = Tensor(np.zeros((padded, self.facts.hidden_dim), dtype=self.np_dtype),
-                          device=self.device).realize()
+            rows = upload(np.zeros((padded, self.facts.hidden_dim), dtype=self.np_dtype),
+                          self.device)
             prefill(rows, self._last_var.bind(0))
             self._keep_prefill(prefill, padded, rows, 0)  # built here: capture and keep
         self._position = 0

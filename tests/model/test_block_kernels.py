@@ -7,8 +7,9 @@ import numpy.typing as npt
 import pytest
 from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as Q
+from tinygrad.helpers import GlobalCounters
 
-from swactor.model.block_kernels import block_matmul, dequant_expr, to_device
+from swactor.model.block_kernels import block_matmul, dequant_expr, to_device, upload
 from swactor.model.dequant import (
     BLOCK_TYPES,
     QuantMatrix,
@@ -33,6 +34,20 @@ def _random_blocks(qtype: Q, rows: int, cols: int, seed: int) -> npt.NDArray[np.
         scale[::7] = np.float16(3e-6)  # a subnormal f16
         blocks[:, offset : offset + 2] = scale.view(np.uint8).reshape(-1, 2)
     return blocks
+
+
+@pytest.mark.parametrize("dtype", ["<f4", "<f2", "u1", "<i4"])
+def test_upload_holds_the_values_and_runs_no_kernel(dtype: str) -> None:
+    """Weights go to the device as a buffer tensor with their exact bytes, copied in
+    without scheduling anything (read-only arrays too, like a file's mapped bytes)."""
+    array = (np.arange(24) * 7 % 251).astype(dtype).reshape(2, 3, 4)
+    array.flags.writeable = False
+    kernels = GlobalCounters.kernel_count
+    tensor = upload(array, "CPU")
+    assert GlobalCounters.kernel_count == kernels
+    assert tensor.uop.has_buffer_identity()
+    assert tensor.shape == array.shape and tensor.numpy().dtype == array.dtype
+    assert tensor.numpy().tobytes() == array.tobytes()
 
 
 def test_block_types_are_the_issue_list() -> None:
