@@ -40,6 +40,7 @@ what the tests compare it with.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from aioquic import tls
@@ -436,6 +437,20 @@ def datagram_views(
             count -= 1
         m, index = m + 1, 0
     return found
+
+
+def message_records(buf: memoryview, datagrams: Sequence[memoryview]) -> Any:
+    """`qf_msg` records for `datagrams`, slices of `buf` (as `datagram_views` and
+    `receive_bulk` return them): one record per datagram, no GRO segment size, so that
+    what one connection left of a receive can be offered to another without a copy."""
+    base = int(ffi.cast("uintptr_t", ffi.from_buffer(buf)))
+    msgs = ffi.new("qf_msg[]", max(1, len(datagrams)))
+    for k, datagram in enumerate(datagrams):
+        record = msgs[k]
+        record.len = len(datagram)
+        if record.len:  # an empty view's address is not necessarily inside `buf`
+            record.at = int(ffi.cast("uintptr_t", ffi.from_buffer(datagram))) - base
+    return msgs
 
 
 def _record_packets(conn: SwactorConnection, space: Any, start: int, stop: int, now: float) -> None:

@@ -638,10 +638,10 @@ class QuicEndpoint:
         `flow.py`) per batch instead of per datagram.
 
         With GRO and the native helper, one `recvmmsg` brings up to 16 GRO buffers;
-        consecutive ones from one source whose first datagram is a 1-RTT packet of a
-        link in its steady state go to that link together
-        (`SwactorConnection.receive_bulk`: opened in C). Whatever a link does not take,
-        and everything else, is routed here one datagram at a time."""
+        consecutive ones from one source are offered together to each link in its
+        steady state whose 1-RTT packets they hold, one link after another
+        (`_receive_natively`, `SwactorConnection.receive_bulk`: opened in C). Whatever
+        no link takes, and everything else, is routed here one datagram at a time."""
         sock = self._sock
         if sock is None:
             return
@@ -662,17 +662,12 @@ class QuicEndpoint:
                 j = i + 1
                 while j < count and sock.source(msgs[j]) == addr:
                     j += 1
-                rest: Sequence[bytes | memoryview] | None = None
+                link = None
                 at = first.at
                 if first.len > _CID_LENGTH and not buf[at] & 0x80:
                     link = self._routes.get(bytes(buf[at + 1 : at + 1 + _CID_LENGTH]))
-                    if link is not None:
-                        rest = link.receive_bulk(buf, msgs + i, j - i, addr)
-                        if rest is not None:
-                            touched[link] = None
-                if rest is None:
-                    rest = bulk.datagram_views(buf, msgs + i, j - i, (0, 0), -1)
-                for datagram in rest:
+                group = self._receive_natively(link, buf, msgs + i, j - i, addr, touched)
+                for datagram in group:
                     routed = self._route(bytes(datagram), addr)
                     if routed is not None:
                         touched[routed] = None
@@ -683,6 +678,52 @@ class QuicEndpoint:
                             for m in range(count))
         for link in touched:
             link.after_receive()
+
+    def _receive_natively(
+        self, link: QuicLink | None, buf: memoryview, msgs: object, count: int,
+        addr: Address, touched: dict[QuicLink, None],
+    ) -> Sequence[memoryview]:
+        """Let each link with short-header packets among these `count` messages from one
+        source take its own through the native path, one link after another, starting
+        with `link` (the first datagram's, if it is a short-header packet of a known
+        connection); returns the datagrams no link took, in arrival order, for `_route`.
+
+        Two links to one peer (an edge each way, each dialled by its sender) share the
+        peer's address, so one receive holds both interleaved: one link's data and the
+        other's ACKs. The first datagram's link is offered the messages as received (in
+        the steady state of one edge it takes everything); each further link is offered
+        what is left, as records over the same buffer (no copy). A link never gets a
+        second turn, so the loop ends after at most one call per link in the receive."""
+        tried: set[QuicLink] = set()
+        rest: Sequence[memoryview] | None = None
+        if link is not None:
+            tried.add(link)
+            rest = link.receive_bulk(buf, msgs, count, addr)
+            if rest is not None:
+                touched[link] = None
+        if rest is None:
+            rest = bulk.datagram_views(buf, msgs, count, (0, 0), -1)
+        while rest:
+            other = self._next_bulk_link(rest, tried)
+            if other is None:
+                break
+            tried.add(other)
+            taken = other.receive_bulk(buf, bulk.message_records(buf, rest), len(rest), addr)
+            if taken is not None:
+                touched[other] = None
+                rest = taken
+        return rest
+
+    def _next_bulk_link(
+        self, datagrams: Sequence[memoryview], tried: set[QuicLink]
+    ) -> QuicLink | None:
+        """The link of the first short-header datagram whose link has not had its turn."""
+        for datagram in datagrams:
+            if len(datagram) > _CID_LENGTH and not datagram[0] & 0x80:
+                link = self._routes.get(bytes(datagram[1 : 1 + _CID_LENGTH]))
+                if link is not None and link not in tried:
+                    return link
+        return None
 
     def _read_plain(self, sock: UdpSocket, touched: dict[QuicLink, None]) -> bool:
         """One plain receive call (no native batch); False when nothing was waiting."""
