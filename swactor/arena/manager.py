@@ -47,6 +47,7 @@ from swactor.fsm.host import MachineHost
 from swactor.fsm.runtime import CancelTimer, StartTimer
 from swactor.ring.ring import DEFAULT_VERSION, Ring
 from swactor.wire import (
+    RING_HEADER_PAGE,
     ArenaFailure,
     EdgeId,
     LeaseRequestId,
@@ -57,7 +58,7 @@ from swactor.wire import (
     RingSpec,
 )
 
-HEADER_PAGE = 4096
+HEADER_PAGE = RING_HEADER_PAGE
 
 # -- outputs ------------------------------------------------------------------------------
 
@@ -343,15 +344,8 @@ class ArenaManager(fsm.ArenaManagerEffects[None]):
         self._free.take(start, size)
         ring_id = RingId(self._next_ring_id)
         self._next_ring_id += 1
-        layout = RingLayout(
-            ring_id=ring_id,
-            arena_offset=start,
-            total_len=size,
-            header_offset=start,
-            data_offset=start + HEADER_PAGE,
-            data_capacity=event.ring_spec.data_capacity,
-            alignment=event.ring_spec.alignment,
-        )
+        layout = RingLayout.at(ring_id, start, event.ring_spec.data_capacity,
+                               alignment=event.ring_spec.alignment, total_len=size)
         assert self.arena is not None
         Ring.init(self.arena, layout, self._ring_version).close()
         self._live[int(ring_id)] = LiveLease(

@@ -21,7 +21,7 @@ from typing import Any
 from swactor.arena import Arena
 from swactor.ring.ring import DEFAULT_VERSION, Ring, header_len
 from swactor.ring.wake import READABLE_EVENT, WRITABLE_EVENT, Doorbell, JsonLineWake, Wake
-from swactor.wire import RingId, RingLayout
+from swactor.wire import RingLayout
 
 
 def make_layout(
@@ -29,16 +29,7 @@ def make_layout(
 ) -> RingLayout:
     """A layout at `offset`: header first, data at the next 4 KiB boundary."""
     hdr = version_header if version_header is not None else header_len()
-    data = offset + max(4096, (hdr + 4095) // 4096 * 4096)
-    return RingLayout(
-        ring_id=RingId(ring_id),
-        arena_offset=offset,
-        total_len=data - offset + capacity,
-        header_offset=offset,
-        data_offset=data,
-        data_capacity=capacity,
-        alignment=64,
-    )
+    return RingLayout.at(ring_id, offset, capacity, header_bytes=hdr)
 
 
 @dataclass

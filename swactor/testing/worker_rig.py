@@ -191,16 +191,7 @@ class WorkerRig:
     ) -> Ring:
         """Lay out, initialise and install a ring; return the node side's handle."""
         offset = self._next_offset
-        data = offset + max(4096, (header_len() + 4095) // 4096 * 4096)
-        layout = RingLayout(
-            ring_id=RingId(ring_id),
-            arena_offset=offset,
-            total_len=data - offset + capacity,
-            header_offset=offset,
-            data_offset=data,
-            data_capacity=capacity,
-            alignment=64,
-        )
+        layout = RingLayout.at(ring_id, offset, capacity, header_bytes=header_len())
         self._next_offset = (layout.end_offset + 4095) // 4096 * 4096
         ring = Ring.init(self.arena, layout)
         self.rings[ring_id] = ring

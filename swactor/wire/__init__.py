@@ -136,6 +136,7 @@ from swactor.wire.provision import (
 from swactor.wire.rings import (
     RING_HEADER_ALIGN,
     RING_HEADER_BYTES,
+    RING_HEADER_PAGE,
     QuiescenceProof,
     RingLayout,
     RingSpec,
@@ -196,6 +197,7 @@ __all__ = [
     "PREAMBLE_VERSION",
     "RING_HEADER_ALIGN",
     "RING_HEADER_BYTES",
+    "RING_HEADER_PAGE",
     "U16_MAX",
     "U32_MAX",
     "U64_MAX",

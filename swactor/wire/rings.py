@@ -21,6 +21,9 @@ Layout rules (each violation raises `RingLayoutError` naming the field):
   `alignment`;
 - the data region ends within `arena_offset + total_len`, which fits in a u64.
 
+`RingLayout.at` builds the one layout every lease uses: the header at the lease's start,
+the data region at the next `RING_HEADER_PAGE` boundary after the header's bytes.
+
 `QuiescenceProof` is the token ReleaseRing needs: which ring, and why it is quiet. Who
 may mint one is the arena's business; this module only defines the value.
 """
@@ -36,6 +39,8 @@ from swactor.wire.ids import U64_MAX, RingId
 
 RING_HEADER_ALIGN = 64
 RING_HEADER_BYTES = 64
+RING_HEADER_PAGE = 4096
+"""A lease's data region starts this many bytes (or whole multiples) after its header."""
 MIN_RING_ALIGNMENT = 64
 MAX_RING_ALIGNMENT = 1 << 21
 
@@ -119,6 +124,27 @@ class RingLayout(WireStruct):
 
     def _bad(self, field: str, rule: str) -> None:
         raise RingLayoutError("RingLayout", field, rule)
+
+    @classmethod
+    def at(
+        cls,
+        ring_id: RingId | int,
+        offset: int,
+        data_capacity: int,
+        *,
+        alignment: int = RING_HEADER_ALIGN,
+        header_bytes: int = RING_HEADER_BYTES,
+        total_len: int | None = None,
+    ) -> RingLayout:
+        """The layout of a lease at arena `offset`: the ring header there, the data region
+        at the next `RING_HEADER_PAGE` boundary past its `header_bytes` (at least one
+        page), the lease `total_len` bytes long (default: up to the data's end)."""
+        pages = max(1, -(-header_bytes // RING_HEADER_PAGE))
+        data_offset = offset + pages * RING_HEADER_PAGE
+        if total_len is None:
+            total_len = data_offset - offset + data_capacity
+        return cls(RingId(ring_id), offset, total_len, offset, data_offset, data_capacity,
+                   alignment)
 
     @property
     def end_offset(self) -> int:

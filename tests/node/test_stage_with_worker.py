@@ -159,11 +159,8 @@ class NodePorts:
         ring_id = RingId(self._next_ring)
         self._next_ring += 1
         offset = self._offset
-        data = offset + max(4096, (header_len() + 4095) // 4096 * 4096)
-        layout = RingLayout(ring_id=ring_id, arena_offset=offset,
-                            total_len=data - offset + RING_BYTES, header_offset=offset,
-                            data_offset=data, data_capacity=RING_BYTES, alignment=64)
-        self._offset = data + RING_BYTES
+        layout = RingLayout.at(ring_id, offset, RING_BYTES, header_bytes=header_len())
+        self._offset = layout.end_offset
         self.rings[edge] = Ring.init(self.arena, layout)
         self.ring_ids[edge] = ring_id
         self.edges[ring_id] = edge

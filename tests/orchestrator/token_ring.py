@@ -29,10 +29,7 @@ OFFSET = 1 << 16
 
 
 def layout(capacity: int) -> RingLayout:
-    data = OFFSET + max(4096, (header_len() + 4095) // 4096 * 4096)
-    return RingLayout(ring_id=RingId(RING_ID), arena_offset=OFFSET,
-                      total_len=data - OFFSET + capacity, header_offset=OFFSET,
-                      data_offset=data, data_capacity=capacity, alignment=64)
+    return RingLayout.at(RING_ID, OFFSET, capacity, header_bytes=header_len())
 
 
 @dataclass

@@ -30,6 +30,16 @@ GOOD = RingLayout(
 )
 
 
+def test_at_lays_the_data_out_a_page_past_the_header() -> None:
+    layout = RingLayout.at(3, 8192, 1 << 16)
+    assert layout == RingLayout(RingId(3), 8192, 4096 + (1 << 16), 8192, 12288, 1 << 16, 64)
+    assert RingLayout.at(1, 0, 4096, header_bytes=4097).data_offset == 8192  # two pages
+    granted = RingLayout.at(2, 4096, 8192 * 8, alignment=8192, total_len=4096 * 17)
+    assert (granted.data_offset, granted.end_offset, granted.alignment) == (8192, 4096 * 18, 8192)
+    with pytest.raises(RingLayoutError, match="data_capacity"):
+        RingLayout.at(1, 0, 4096, total_len=4096)  # the data would end past the lease
+
+
 def test_good_layout_and_helpers() -> None:
     assert GOOD.end_offset == 12288
     other = dataclasses.replace(GOOD, arena_offset=12288, header_offset=12288, data_offset=12544)

@@ -47,16 +47,7 @@ async def take(inbox: asyncio.Queue[Any], kind: type[T], timeout: float = 60.0) 
 def install_command(
     arena: Arena, ring_id: int, direction: RingDirection, capacity: int, offset: int
 ) -> tuple[InstallRing, Ring]:
-    data = offset + max(4096, (header_len() + 4095) // 4096 * 4096)
-    layout = RingLayout(
-        ring_id=RingId(ring_id),
-        arena_offset=offset,
-        total_len=data - offset + capacity,
-        header_offset=offset,
-        data_offset=data,
-        data_capacity=capacity,
-        alignment=64,
-    )
+    layout = RingLayout.at(ring_id, offset, capacity, header_bytes=header_len())
     ring = Ring.init(arena, layout)
     command = InstallRing(
         RingId(ring_id), EdgeId(100 + ring_id), PortId(ring_id), direction, layout, float_spec()
