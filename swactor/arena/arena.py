@@ -28,7 +28,7 @@ import mmap
 import os
 from collections.abc import Mapping
 
-from swactor.wire import ArenaFailure
+from swactor.wire import ArenaFailure, ReasonError
 
 ENV_ARENA_FD = "SWACTOR_ARENA_FD"
 ENV_ARENA_BYTES = "SWACTOR_ARENA_BYTES"
@@ -37,13 +37,8 @@ ENV_ARENA_BYTES = "SWACTOR_ARENA_BYTES"
 REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
-class ArenaError(Exception):
+class ArenaError(ReasonError[ArenaFailure]):
     """An arena could not be created or mapped; `reason` is the ArenaFailure."""
-
-    def __init__(self, reason: ArenaFailure, detail: str) -> None:
-        self.reason = reason
-        self.detail = detail
-        super().__init__(f"{reason.value}: {detail}")
 
 
 class ArenaBusyError(RuntimeError):

@@ -82,7 +82,7 @@ def render_chat(
         compiled = env.from_string(template)
     except jinja2.TemplateSyntaxError as exc:
         raise TokenizerError(
-            TokenizerFault.CHAT_TEMPLATE_INVALID,
+            TokenizerFault.ChatTemplateInvalid,
             f"chat template does not parse (line {exc.lineno}: {exc.message})",
         ) from exc
     deadline = time.monotonic() + MAX_RENDER_S
@@ -95,16 +95,16 @@ def render_chat(
         ), deadline)
     except _TooLong:
         raise TokenizerError(
-            TokenizerFault.CHAT_TEMPLATE_INVALID,
+            TokenizerFault.ChatTemplateInvalid,
             f"chat template ran longer than {MAX_RENDER_S} s",
         ) from None
     except _TemplateRaised as exc:
         raise TokenizerError(
-            TokenizerFault.CHAT_TEMPLATE_INVALID, f"chat template refused the messages: {exc}"
+            TokenizerFault.ChatTemplateInvalid, f"chat template refused the messages: {exc}"
         ) from exc
     except jinja2.TemplateError as exc:
         raise TokenizerError(
-            TokenizerFault.CHAT_TEMPLATE_INVALID,
+            TokenizerFault.ChatTemplateInvalid,
             f"chat template failed ({exc.__class__.__name__}: {exc.message})",
         ) from exc
 
@@ -126,7 +126,7 @@ def _bounded(pieces: Iterator[str], deadline: float) -> str:
             total += len(piece)
             if total > MAX_OUTPUT_CHARS:
                 raise TokenizerError(
-                    TokenizerFault.CHAT_TEMPLATE_INVALID,
+                    TokenizerFault.ChatTemplateInvalid,
                     f"chat template output exceeds {MAX_OUTPUT_CHARS} characters",
                 )
             out.append(piece)

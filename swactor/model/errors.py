@@ -11,27 +11,24 @@ from __future__ import annotations
 
 import enum
 
+from swactor.wire.errors import ReasonError
+
 
 class WeightsFault(enum.Enum):
     """Why a stage could not obtain, parse or bind its assigned weights."""
 
-    LAYER_RANGE_INVALID = "LayerRangeInvalid"
-    TRUNCATED = "Truncated"
-    CORRUPT_HEADER = "CorruptHeader"
-    UNSUPPORTED_TENSOR_TYPE = "UnsupportedTensorType"
-    UNSUPPORTED_ARCHITECTURE = "UnsupportedArchitecture"
-    MISSING_TENSOR = "MissingTensor"
-    PLAN_MISMATCH = "PlanMismatch"
-    DOWNLOAD_FAILED = "DownloadFailed"
-    CACHE_CORRUPT = "CacheCorrupt"
-    SOURCE_INVALID = "SourceInvalid"
-    DIGEST_MISMATCH = "DigestMismatch"
+    LayerRangeInvalid = "LayerRangeInvalid"
+    Truncated = "Truncated"
+    CorruptHeader = "CorruptHeader"
+    UnsupportedTensorType = "UnsupportedTensorType"
+    UnsupportedArchitecture = "UnsupportedArchitecture"
+    MissingTensor = "MissingTensor"
+    PlanMismatch = "PlanMismatch"
+    DownloadFailed = "DownloadFailed"
+    CacheCorrupt = "CacheCorrupt"
+    SourceInvalid = "SourceInvalid"
+    DigestMismatch = "DigestMismatch"
 
 
-class WeightsError(Exception):
+class WeightsError(ReasonError[WeightsFault]):
     """A weight download/parse/validate/bind failure with a typed reason."""
-
-    def __init__(self, reason: WeightsFault, detail: str) -> None:
-        super().__init__(f"{reason.value}: {detail}")
-        self.reason = reason
-        self.detail = detail

@@ -106,18 +106,18 @@ class Manifest:
         """Check `data` against the plan's digest, then its structure."""
         actual = hashlib.sha256(data).hexdigest()
         if actual != expected_sha256:
-            raise WeightsError(WeightsFault.DIGEST_MISMATCH,
+            raise WeightsError(WeightsFault.DigestMismatch,
                                f"manifest sha256 {actual} does not match the plan's "
                                f"{expected_sha256}")
         if len(data) < MANIFEST_HEAD.size:
-            raise WeightsError(WeightsFault.SOURCE_INVALID, "manifest shorter than its head")
+            raise WeightsError(WeightsFault.SourceInvalid, "manifest shorter than its head")
         magic, size, chunk = MANIFEST_HEAD.unpack_from(data)
         if (magic != MANIFEST_MAGIC or not 0 < size <= MAX_FILE
                 or not MIN_CHUNK <= chunk <= MAX_CHUNK or chunk & (chunk - 1)):
-            raise WeightsError(WeightsFault.SOURCE_INVALID, "manifest head is not valid")
+            raise WeightsError(WeightsFault.SourceInvalid, "manifest head is not valid")
         count = -(-size // chunk)
         if count > MAX_CHUNKS or len(data) != MANIFEST_HEAD.size + 32 * count:
-            raise WeightsError(WeightsFault.SOURCE_INVALID,
+            raise WeightsError(WeightsFault.SourceInvalid,
                                f"manifest holds {len(data)} bytes for {count} chunks")
         body = data[MANIFEST_HEAD.size:]
         digests = tuple(body[i * 32:(i + 1) * 32] for i in range(count))
@@ -146,7 +146,7 @@ def offer_file(path: str | os.PathLike[str]) -> OfferedFile:
     try:
         fd = os.open(text, os.O_RDONLY)
     except OSError as exc:
-        raise WeightsError(WeightsFault.SOURCE_INVALID,
+        raise WeightsError(WeightsFault.SourceInvalid,
                            f"cannot open {text}: {exc.strerror}") from None
     try:
         info = os.fstat(fd)
@@ -156,7 +156,7 @@ def offer_file(path: str | os.PathLike[str]) -> OfferedFile:
             return known
         size = info.st_size
         if not 0 < size <= MAX_FILE:
-            raise WeightsError(WeightsFault.SOURCE_INVALID, f"{text}: {size} bytes")
+            raise WeightsError(WeightsFault.SourceInvalid, f"{text}: {size} bytes")
         chunk = chunk_size_for(size)
         whole = hashlib.sha256()
         digests = bytearray()
@@ -167,7 +167,7 @@ def offer_file(path: str | os.PathLike[str]) -> OfferedFile:
             while offset < end:
                 data = os.pread(fd, min(_READ, end - offset), offset)
                 if not data:
-                    raise WeightsError(WeightsFault.TRUNCATED, f"{text}: ended at {offset}")
+                    raise WeightsError(WeightsFault.Truncated, f"{text}: ended at {offset}")
                 part.update(data)
                 whole.update(data)
                 offset += len(data)
@@ -200,7 +200,7 @@ class ChunkStore:
             if os.fstat(self._have).st_size != manifest.count:
                 os.ftruncate(self._have, manifest.count)
         except OSError as exc:
-            raise WeightsError(WeightsFault.CACHE_CORRUPT,
+            raise WeightsError(WeightsFault.CacheCorrupt,
                                f"model cache {self.root}: {exc.strerror}") from None
         self._checked: set[int] = set()
 
@@ -240,7 +240,7 @@ class ChunkStore:
             actual = hashlib.sha256(piece).hexdigest()
             if actual != manifest.digests[index].hex():
                 raise WeightsError(
-                    WeightsFault.DIGEST_MISMATCH,
+                    WeightsFault.DigestMismatch,
                     f"file sha256 {self.file_sha256}: bytes [{start}, {start + length}) "
                     f"(chunk {index}) have sha256 {actual}, the manifest "
                     f"{manifest.sha256} says {manifest.digests[index].hex()}")
@@ -251,7 +251,7 @@ class ChunkStore:
             os.pwrite(self._data, data, start)
             os.pwrite(self._have, b"\x01" * (index - first), first)
         except OSError as exc:
-            raise WeightsError(WeightsFault.CACHE_CORRUPT,
+            raise WeightsError(WeightsFault.CacheCorrupt,
                                f"model cache {self.root}: {exc.strerror}") from None
         self._checked.update(range(first, index))
 
@@ -285,7 +285,7 @@ class ChunkSource:
 
     def read(self, offset: int, length: int) -> bytes:
         if offset < 0 or length < 0 or offset + length > self.size():
-            raise WeightsError(WeightsFault.TRUNCATED,
+            raise WeightsError(WeightsFault.Truncated,
                                f"{self.name}: range [{offset}, {offset + length}) beyond "
                                f"{self.size()} bytes")
         self.ensure([(offset, length)])

@@ -181,7 +181,7 @@ class GgufRangeReader:
         try:
             if int(table["file_size"]) != self.file_size:
                 raise WeightsError(
-                    WeightsFault.SOURCE_INVALID,
+                    WeightsFault.SourceInvalid,
                     f"{problem} is for a {table['file_size']}-byte file, this one has "
                     f"{self.file_size} bytes (the file changed)",
                 )
@@ -192,7 +192,7 @@ class GgufRangeReader:
                                     int(offset), int(n_bytes))
                 self.tensors[entry.name] = entry
         except (KeyError, TypeError, ValueError) as error:
-            raise WeightsError(WeightsFault.CORRUPT_HEADER,
+            raise WeightsError(WeightsFault.CorruptHeader,
                                f"{problem} unreadable ({error!r})") from None
         self.header_bytes = 0
         self.data_offset = min((e.offset for e in self.tensors.values()), default=0)
@@ -210,7 +210,7 @@ class GgufRangeReader:
         value = self.metadata.get(key, default)
         if value is None:
             raise WeightsError(
-                WeightsFault.CORRUPT_HEADER, f"{self.source.name}: metadata {key!r} missing"
+                WeightsFault.CorruptHeader, f"{self.source.name}: metadata {key!r} missing"
             )
         return value
 
@@ -218,20 +218,20 @@ class GgufRangeReader:
         arch = str(self._meta("general.architecture"))
         if arch not in SUPPORTED_ARCHITECTURES:
             raise WeightsError(
-                WeightsFault.UNSUPPORTED_ARCHITECTURE,
+                WeightsFault.UnsupportedArchitecture,
                 f"{self.source.name}: architecture {arch!r} (supported: "
                 f"{', '.join(SUPPORTED_ARCHITECTURES)})",
             )
         if "rope_freqs.weight" in self.tensors:
             raise WeightsError(
-                WeightsFault.UNSUPPORTED_ARCHITECTURE,
+                WeightsFault.UnsupportedArchitecture,
                 f"{self.source.name}: rope frequency factors (rope_freqs.weight) not supported",
             )
         try:
             return self._checked_facts(arch)
         except (TypeError, ValueError, OverflowError) as exc:  # a count that is no number
             raise WeightsError(
-                WeightsFault.CORRUPT_HEADER,
+                WeightsFault.CorruptHeader,
                 f"{self.source.name}: {arch} metadata holds a value of the wrong type "
                 f"({type(exc).__name__})",
             ) from None
@@ -242,7 +242,7 @@ class GgufRangeReader:
         kv_heads = int(self.metadata.get(f"{arch}.attention.head_count_kv", heads))
         if heads <= 0 or kv_heads <= 0:
             raise WeightsError(
-                WeightsFault.CORRUPT_HEADER,
+                WeightsFault.CorruptHeader,
                 f"{self.source.name}: attention head counts must be positive "
                 f"(head_count {heads}, head_count_kv {kv_heads})",
             )
@@ -272,7 +272,7 @@ class GgufRangeReader:
         )
         if facts.head_count % facts.head_count_kv or facts.rope_dim > facts.head_dim:
             raise WeightsError(
-                WeightsFault.CORRUPT_HEADER,
+                WeightsFault.CorruptHeader,
                 f"{self.source.name}: inconsistent head counts/rope dim in metadata",
             )
         return facts
@@ -292,7 +292,7 @@ class GgufRangeReader:
             for part in required:
                 if f"{prefix}{part}.weight" not in present:
                     raise WeightsError(
-                        WeightsFault.MISSING_TENSOR,
+                        WeightsFault.MissingTensor,
                         f"{self.source.name}: tensor {prefix}{part}.weight missing",
                     )
             names += present
@@ -304,7 +304,7 @@ class GgufRangeReader:
         for name in names:
             if name not in self.tensors:
                 raise WeightsError(
-                    WeightsFault.MISSING_TENSOR, f"{self.source.name}: tensor {name} missing"
+                    WeightsFault.MissingTensor, f"{self.source.name}: tensor {name} missing"
                 )
         return sorted(set(names), key=lambda n: self.tensors[n].offset)
 
@@ -312,7 +312,7 @@ class GgufRangeReader:
         blocks = self.facts.block_count
         if not 0 <= layer_start < layer_end <= blocks:
             raise WeightsError(
-                WeightsFault.LAYER_RANGE_INVALID,
+                WeightsFault.LayerRangeInvalid,
                 f"layer range [{layer_start}, {layer_end}) is not a non-empty part of the "
                 f"file's {blocks} blocks",
             )
@@ -333,22 +333,22 @@ class GgufRangeReader:
         facts = self.facts
         if num_layers is not None and num_layers != facts.block_count:
             raise WeightsError(
-                WeightsFault.PLAN_MISMATCH,
+                WeightsFault.PlanMismatch,
                 f"plan says {num_layers} layers, file has {facts.block_count}",
             )
         if hidden_dim is not None and hidden_dim != facts.hidden_dim:
             raise WeightsError(
-                WeightsFault.PLAN_MISMATCH,
+                WeightsFault.PlanMismatch,
                 f"plan says hidden size {hidden_dim}, file has {facts.hidden_dim}",
             )
         if dtype_family is not None and dtype_family not in COMPUTE_DTYPES:
             raise WeightsError(
-                WeightsFault.PLAN_MISMATCH,
+                WeightsFault.PlanMismatch,
                 f"plan dtype family {dtype_family!r} (supported: {', '.join(COMPUTE_DTYPES)})",
             )
         if max_seq_len is not None and not 0 < max_seq_len <= facts.context_length:
             raise WeightsError(
-                WeightsFault.PLAN_MISMATCH,
+                WeightsFault.PlanMismatch,
                 f"plan max_seq_len {max_seq_len} outside the file's context length "
                 f"{facts.context_length}",
             )
@@ -359,12 +359,12 @@ class GgufRangeReader:
             entry = self.tensors[name]
             if entry.n_bytes < 0 or entry.type_id not in SUPPORTED_TYPES:
                 raise WeightsError(
-                    WeightsFault.UNSUPPORTED_TENSOR_TYPE,
+                    WeightsFault.UnsupportedTensorType,
                     f"tensor {name} has type {entry.type_name}",
                 )
             if entry.offset + entry.n_bytes > self.file_size:
                 raise WeightsError(
-                    WeightsFault.TRUNCATED,
+                    WeightsFault.Truncated,
                     f"{self.source.name}: tensor {name} ends at byte "
                     f"{entry.offset + entry.n_bytes}, file has {self.file_size}",
                 )
@@ -444,19 +444,19 @@ def read_header(source: ByteSource, file_size: int) -> tuple[GgufHeader, int]:
         if want > len(prefix):
             prefix += source.read(len(prefix), want - len(prefix))
         if len(prefix) < 4:
-            raise WeightsError(WeightsFault.TRUNCATED, f"{source.name}: file too short")
+            raise WeightsError(WeightsFault.Truncated, f"{source.name}: file too short")
         try:
             return parse_header(prefix), len(prefix)
         except NeedMoreBytes as more:
             if more.end > file_size:
                 raise WeightsError(
-                    WeightsFault.TRUNCATED,
+                    WeightsFault.Truncated,
                     f"{source.name}: header needs byte {more.end} but the file has "
                     f"{file_size} bytes (truncated or corrupt header)",
                 ) from None
             if more.end > MAX_HEADER_BYTES:
                 raise WeightsError(
-                    WeightsFault.CORRUPT_HEADER,
+                    WeightsFault.CorruptHeader,
                     f"{source.name}: header needs byte {more.end}, over the "
                     f"{MAX_HEADER_BYTES}-byte bound on a GGUF header",
                 ) from None
@@ -464,7 +464,7 @@ def read_header(source: ByteSource, file_size: int) -> tuple[GgufHeader, int]:
                        MAX_HEADER_BYTES)
         except GgufHeaderError as exc:
             raise WeightsError(
-                WeightsFault.CORRUPT_HEADER, f"{source.name}: {exc}"
+                WeightsFault.CorruptHeader, f"{source.name}: {exc}"
             ) from None
 
 

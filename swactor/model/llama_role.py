@@ -217,7 +217,7 @@ class StageRole:
         facts = weights.facts
         if not 0 < max_seq_len <= facts.context_length:
             raise WeightsError(
-                WeightsFault.PLAN_MISMATCH,
+                WeightsFault.PlanMismatch,
                 f"max_seq_len {max_seq_len} outside (0, {facts.context_length}]",
             )
         self.facts: ModelFacts = facts
@@ -274,7 +274,7 @@ class StageRole:
         array = tensors[name]
         if tuple(array.shape) != shape:
             raise WeightsError(
-                WeightsFault.CORRUPT_HEADER,
+                WeightsFault.CorruptHeader,
                 f"tensor {name} has shape {tuple(array.shape)}, model needs {shape}",
             )
         return array
@@ -313,7 +313,7 @@ class StageRole:
             if quant is not None:
                 if quant.shape != shape:
                     raise WeightsError(
-                        WeightsFault.CORRUPT_HEADER,
+                        WeightsFault.CorruptHeader,
                         f"tensor {name} has shape {quant.shape}, model needs {shape}",
                     )
                 found = quant if order is None else quant.permute_rows(order)
@@ -403,7 +403,7 @@ class StageRole:
                 tensors["token_embd.weight"]
             if tuple(embd.shape) != (vocab, dim):
                 raise WeightsError(
-                    WeightsFault.CORRUPT_HEADER,
+                    WeightsFault.CorruptHeader,
                     f"tensor token_embd.weight has shape {tuple(embd.shape)}, model needs "
                     f"{(vocab, dim)}",
                 )

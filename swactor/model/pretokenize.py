@@ -88,14 +88,14 @@ def preset_for(pre: str | None, source: str) -> PreTokenizerPreset:
     """The preset named by ``tokenizer.ggml.pre``; a missing or unknown name is an error."""
     if pre is None:
         raise TokenizerError(
-            TokenizerFault.UNSUPPORTED_PRE_TOKENIZER,
+            TokenizerFault.UnsupportedPreTokenizer,
             f"{source}: gpt2 tokenizer without tokenizer.ggml.pre; supported: "
             + ", ".join(sorted(PRESETS)),
         )
     preset = PRESETS.get(pre)
     if preset is None:
         raise TokenizerError(
-            TokenizerFault.UNSUPPORTED_PRE_TOKENIZER,
+            TokenizerFault.UnsupportedPreTokenizer,
             f"{source}: pre-tokenizer {pre!r} is not supported; supported: "
             + ", ".join(sorted(PRESETS)),
         )

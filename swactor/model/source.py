@@ -98,7 +98,7 @@ class LocalFileSource:
             self._fd = os.open(self.path, os.O_RDONLY)
         except OSError as exc:
             raise WeightsError(
-                WeightsFault.SOURCE_INVALID, f"cannot open {self.name}: {exc.strerror}"
+                WeightsFault.SourceInvalid, f"cannot open {self.name}: {exc.strerror}"
             ) from None
         self._size = os.fstat(self._fd).st_size
 
@@ -108,7 +108,7 @@ class LocalFileSource:
     def read(self, offset: int, length: int) -> bytes:
         if offset < 0 or length < 0 or offset + length > self._size:
             raise WeightsError(
-                WeightsFault.TRUNCATED,
+                WeightsFault.Truncated,
                 f"{self.name}: range [{offset}, {offset + length}) beyond end of file "
                 f"({self._size} bytes)",
             )
@@ -118,7 +118,7 @@ class LocalFileSource:
             chunk = os.pread(self._fd, min(length - done, 1 << 26), offset + done)
             if not chunk:
                 raise WeightsError(
-                    WeightsFault.TRUNCATED, f"{self.name}: file ended at {offset + done}"
+                    WeightsFault.Truncated, f"{self.name}: file ended at {offset + done}"
                 )
             chunks.append(chunk)
             done += len(chunk)
@@ -138,7 +138,7 @@ class HttpRangeSource:
 
     def __init__(self, url: str, *, timeout_s: float = 60.0) -> None:
         if not url.startswith(("http://", "https://")):
-            raise WeightsError(WeightsFault.SOURCE_INVALID, f"not an http(s) URL: {url!r}")
+            raise WeightsError(WeightsFault.SourceInvalid, f"not an http(s) URL: {url!r}")
         self.url = url
         self.name = url
         self.bytes_read = 0
@@ -156,20 +156,20 @@ class HttpRangeSource:
                 modified = response.headers.get("Last-Modified")
         except urllib.error.HTTPError as exc:
             raise WeightsError(
-                WeightsFault.DOWNLOAD_FAILED,
+                WeightsFault.DownloadFailed,
                 f"HEAD {self.url}: HTTP {exc.code} {str(exc.reason)[:80]}",
             ) from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise WeightsError(
-                WeightsFault.DOWNLOAD_FAILED, f"HEAD {self.url} failed: {exc}"
+                WeightsFault.DownloadFailed, f"HEAD {self.url} failed: {exc}"
             ) from None
         if length is None or not length.isdigit() or len(length) > 20:
             raise WeightsError(
-                WeightsFault.DOWNLOAD_FAILED, f"HEAD {self.url}: no usable Content-Length"
+                WeightsFault.DownloadFailed, f"HEAD {self.url}: no usable Content-Length"
             )
         if int(length) > MAX_REMOTE_FILE:
             raise WeightsError(
-                WeightsFault.SOURCE_INVALID,
+                WeightsFault.SourceInvalid,
                 f"HEAD {self.url}: Content-Length {length} is over {MAX_REMOTE_FILE} bytes",
             )
         self._size = int(length)
@@ -210,7 +210,7 @@ class HttpRangeSource:
         size = self.size()
         if offset < 0 or offset + length > size:
             raise WeightsError(
-                WeightsFault.TRUNCATED,
+                WeightsFault.Truncated,
                 f"{self.url}: range [{offset}, {offset + length}) beyond end ({size} bytes)",
             )
         small = length <= SMALL_READ
@@ -237,7 +237,7 @@ class HttpRangeSource:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 if response.status != 206:
                     raise WeightsError(
-                        WeightsFault.DOWNLOAD_FAILED,
+                        WeightsFault.DownloadFailed,
                         f"GET {self.url}: server answered {response.status} to a Range "
                         "request: it does not serve byte ranges, which swactor needs "
                         "(each stage reads only its own layers)",
@@ -246,7 +246,7 @@ class HttpRangeSource:
                 content_range = response.headers.get("Content-Range", "")
                 if not content_range.startswith(expected):
                     raise WeightsError(
-                        WeightsFault.DOWNLOAD_FAILED,
+                        WeightsFault.DownloadFailed,
                         f"GET {self.url}: Content-Range {content_range!r} does not match "
                         f"the requested range {offset}-{last}",
                     )
@@ -255,16 +255,16 @@ class HttpRangeSource:
             raise
         except urllib.error.HTTPError as exc:
             raise WeightsError(
-                WeightsFault.DOWNLOAD_FAILED,
+                WeightsFault.DownloadFailed,
                 f"GET {self.url} bytes {offset}-{last}: HTTP {exc.code} {str(exc.reason)[:80]}",
             ) from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise WeightsError(
-                WeightsFault.DOWNLOAD_FAILED, f"GET {self.url} bytes {offset}-{last}: {exc}"
+                WeightsFault.DownloadFailed, f"GET {self.url} bytes {offset}-{last}: {exc}"
             ) from None
         if len(data) != length:
             raise WeightsError(
-                WeightsFault.TRUNCATED,
+                WeightsFault.Truncated,
                 f"GET {self.url}: got {len(data)} bytes for a {length}-byte range",
             )
         return data
@@ -276,7 +276,7 @@ class CachedSource:
     def __init__(self, inner: ByteSource, cache_dir: str | os.PathLike[str], digest: str) -> None:
         if not _DIGEST_RE.match(digest):
             raise WeightsError(
-                WeightsFault.SOURCE_INVALID, f"file digest {digest!r} is not a hex string"
+                WeightsFault.SourceInvalid, f"file digest {digest!r} is not a hex string"
             )
         self.inner = inner
         self.name = f"cache:{digest[:16]}:{inner.name}"
@@ -305,7 +305,7 @@ class CachedSource:
         if data is not None:
             if len(data) != length:
                 raise WeightsError(
-                    WeightsFault.CACHE_CORRUPT,
+                    WeightsFault.CacheCorrupt,
                     f"cache blob {blob} holds {len(data)} bytes, expected {length}",
                 )
             self.cache_hit_bytes += length
@@ -325,7 +325,7 @@ class CachedSource:
             os.replace(tmp, path)
         except OSError as exc:
             raise WeightsError(
-                WeightsFault.CACHE_CORRUPT, f"cannot write cache entry {path}: {exc.strerror}"
+                WeightsFault.CacheCorrupt, f"cannot write cache entry {path}: {exc.strerror}"
             ) from None
 
 
@@ -382,7 +382,7 @@ def local_sha256(path: str | os.PathLike[str]) -> str:
         fd = os.open(text, os.O_RDONLY)
     except OSError as exc:
         raise WeightsError(
-            WeightsFault.SOURCE_INVALID, f"cannot open {text}: {exc.strerror}"
+            WeightsFault.SourceInvalid, f"cannot open {text}: {exc.strerror}"
         ) from None
     try:
         info = os.fstat(fd)
@@ -395,7 +395,7 @@ def local_sha256(path: str | os.PathLike[str]) -> str:
             actual = file_digest(fd)
         except OSError as exc:
             raise WeightsError(
-                WeightsFault.TRUNCATED, f"{text}: read failed: {exc.strerror}"
+                WeightsFault.Truncated, f"{text}: read failed: {exc.strerror}"
             ) from None
         with _verified_lock:
             if len(_verified) >= _VERIFIED_KEPT:
@@ -415,7 +415,7 @@ def verify_sha256(location: str | os.PathLike[str], expected: str) -> None:
         etag = HttpRangeSource(text).etag()
         if etag is not None and etag.lower() != expected:
             raise WeightsError(
-                WeightsFault.DIGEST_MISMATCH,
+                WeightsFault.DigestMismatch,
                 f"{text}: the server's file has sha256 {etag.lower()}, the plan expects "
                 f"{expected}",
             )
@@ -423,6 +423,6 @@ def verify_sha256(location: str | os.PathLike[str], expected: str) -> None:
     actual = local_sha256(text)
     if actual != expected:
         raise WeightsError(
-            WeightsFault.DIGEST_MISMATCH,
+            WeightsFault.DigestMismatch,
             f"{text}: sha256 {actual} does not match the plan's {expected}",
         )

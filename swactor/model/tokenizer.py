@@ -85,7 +85,7 @@ class Tokenizer:
             self._hf = _build_sentencepiece_bpe(vocab)
         else:
             raise TokenizerError(
-                TokenizerFault.UNSUPPORTED_MODEL,
+                TokenizerFault.UnsupportedTokenizerModel,
                 f"{vocab.source}: tokenizer model {vocab.model!r} is not supported "
                 "(supported: gpt2, llama)",
             )
@@ -137,7 +137,7 @@ class Tokenizer:
             source = HttpRangeSource(url)
             header, _ = read_header(source, source.size())
         except WeightsError as error:
-            raise TokenizerError(TokenizerFault.MODEL_UNREADABLE, str(error)) from None
+            raise TokenizerError(TokenizerFault.ModelUnreadable, str(error)) from None
         return cls.from_metadata(header.metadata, url)
 
     @classmethod
@@ -246,7 +246,7 @@ class Tokenizer:
             encoding = self._hf.encode(fragment, add_special_tokens=False)
         except (UnicodeEncodeError, TypeError) as exc:
             raise TokenizerError(
-                TokenizerFault.TEXT_INVALID,
+                TokenizerFault.TextInvalid,
                 f"text cannot be encoded as UTF-8 ({exc.__class__.__name__})",
             ) from exc
         return list(encoding.ids)
@@ -316,7 +316,7 @@ class Tokenizer:
         """Render the file's ``tokenizer.chat_template`` for ``messages``."""
         if self.chat_template is None:
             raise TokenizerError(
-                TokenizerFault.CHAT_TEMPLATE_MISSING,
+                TokenizerFault.ChatTemplateMissing,
                 f"{self._vocab.source}: no tokenizer.chat_template in metadata",
             )
         from swactor.model.chat import render_chat  # jinja2: loaded only for templates
@@ -342,7 +342,7 @@ class Tokenizer:
     def _required(self, token_id: int | None, what: str) -> int:
         if token_id is None:
             raise TokenizerError(
-                TokenizerFault.METADATA_MISSING,
+                TokenizerFault.MetadataMissing,
                 f"{self._vocab.source}: a {what} token is required but the file names none",
             )
         return token_id
@@ -350,7 +350,7 @@ class Tokenizer:
     def _check_id(self, token_id: int) -> None:
         if not 0 <= token_id < self._vocab.size:
             raise TokenizerError(
-                TokenizerFault.TOKEN_ID_OUT_OF_RANGE,
+                TokenizerFault.TokenIdOutOfRange,
                 f"token id {token_id} is outside the {self._vocab.size}-token vocabulary",
             )
 
@@ -416,7 +416,7 @@ def _build_byte_level_bpe(vocab: GgufVocab) -> HfTokenizer:
     preset = preset_for(vocab.pre, vocab.source)
     if not vocab.merges:
         raise TokenizerError(
-            TokenizerFault.METADATA_MISSING, f"{vocab.source}: gpt2 tokenizer without merges"
+            TokenizerFault.MetadataMissing, f"{vocab.source}: gpt2 tokenizer without merges"
         )
     token_ids = _vocab_map(vocab)
     merges: list[tuple[str, str]] = []
@@ -424,7 +424,7 @@ def _build_byte_level_bpe(vocab: GgufVocab) -> HfTokenizer:
         cut = line.find(" ", 1)
         if cut < 0:
             raise TokenizerError(
-                TokenizerFault.METADATA_INVALID,
+                TokenizerFault.MetadataInvalid,
                 f"{vocab.source}: merge #{len(merges)} has no separating space",
             )
         left, right = line[:cut], line[cut + 1 :]
@@ -439,7 +439,7 @@ def _build_byte_level_bpe(vocab: GgufVocab) -> HfTokenizer:
 def _build_sentencepiece_bpe(vocab: GgufVocab) -> HfTokenizer:
     if vocab.scores is None:
         raise TokenizerError(
-            TokenizerFault.METADATA_MISSING,
+            TokenizerFault.MetadataMissing,
             f"{vocab.source}: llama (SentencePiece) tokenizer without tokenizer.ggml.scores",
         )
     token_ids = _vocab_map(vocab)

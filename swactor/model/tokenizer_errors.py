@@ -10,25 +10,22 @@ from __future__ import annotations
 
 import enum
 
+from swactor.wire.errors import ReasonError
+
 
 class TokenizerFault(enum.Enum):
     """Why a tokenizer could not be built or could not do what was asked."""
 
-    MODEL_UNREADABLE = "ModelUnreadable"
-    METADATA_MISSING = "MetadataMissing"
-    METADATA_INVALID = "MetadataInvalid"
-    UNSUPPORTED_MODEL = "UnsupportedTokenizerModel"
-    UNSUPPORTED_PRE_TOKENIZER = "UnsupportedPreTokenizer"
-    TOKEN_ID_OUT_OF_RANGE = "TokenIdOutOfRange"
-    TEXT_INVALID = "TextInvalid"
-    CHAT_TEMPLATE_MISSING = "ChatTemplateMissing"
-    CHAT_TEMPLATE_INVALID = "ChatTemplateInvalid"
+    ModelUnreadable = "ModelUnreadable"
+    MetadataMissing = "MetadataMissing"
+    MetadataInvalid = "MetadataInvalid"
+    UnsupportedTokenizerModel = "UnsupportedTokenizerModel"
+    UnsupportedPreTokenizer = "UnsupportedPreTokenizer"
+    TokenIdOutOfRange = "TokenIdOutOfRange"
+    TextInvalid = "TextInvalid"
+    ChatTemplateMissing = "ChatTemplateMissing"
+    ChatTemplateInvalid = "ChatTemplateInvalid"
 
 
-class TokenizerError(Exception):
+class TokenizerError(ReasonError[TokenizerFault]):
     """A tokenizer failure with a typed reason and a one-line detail."""
-
-    def __init__(self, reason: TokenizerFault, detail: str) -> None:
-        super().__init__(f"{reason.value}: {detail}")
-        self.reason = reason
-        self.detail = detail

@@ -101,18 +101,18 @@ def read_vocab(path: str | Path) -> GgufVocab:
 
 def _read_metadata(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        raise TokenizerError(TokenizerFault.MODEL_UNREADABLE, f"{path}: no such model file")
+        raise TokenizerError(TokenizerFault.ModelUnreadable, f"{path}: no such model file")
     try:
         header, _ = read_local_header(path)
     except OSError as exc:
         raise TokenizerError(
-            TokenizerFault.MODEL_UNREADABLE, f"{path}: cannot read ({exc.strerror or exc})"
+            TokenizerFault.ModelUnreadable, f"{path}: cannot read ({exc.strerror or exc})"
         ) from exc
     except (NeedMoreBytes, GgufHeaderError) as exc:
         size = path.stat().st_size
         detail = "ends inside its header" if isinstance(exc, NeedMoreBytes) else str(exc)
         raise TokenizerError(
-            TokenizerFault.METADATA_INVALID,
+            TokenizerFault.MetadataInvalid,
             f"{path}: not a readable GGUF file, truncated or corrupt ({size} bytes; {detail})",
         ) from None
     return header.metadata
@@ -126,7 +126,7 @@ def vocab_from_fields(fields: Mapping[str, Any], source: str) -> GgufVocab:
             metadata[key] = field.contents()
         except (ValueError, IndexError, TypeError, UnicodeDecodeError) as exc:
             raise TokenizerError(
-                TokenizerFault.METADATA_INVALID, f"{source}: {key} unreadable ({exc})"
+                TokenizerFault.MetadataInvalid, f"{source}: {key} unreadable ({exc})"
             ) from exc
     return vocab_from_metadata(metadata, source)
 
@@ -139,19 +139,19 @@ def vocab_from_metadata(metadata: Mapping[str, Any], source: str) -> GgufVocab:
     tokens = tuple(reading.string_list(KEY_TOKENS, required=True) or ())
     n = len(tokens)
     if n == 0:
-        raise TokenizerError(TokenizerFault.METADATA_INVALID, f"{source}: {KEY_TOKENS} is empty")
+        raise TokenizerError(TokenizerFault.MetadataInvalid, f"{source}: {KEY_TOKENS} is empty")
     types = reading.int_list(KEY_TOKEN_TYPE)
     token_types = tuple(types) if types is not None else (int(TokenType.NORMAL),) * n
     if len(token_types) != n:
         raise TokenizerError(
-            TokenizerFault.METADATA_INVALID,
+            TokenizerFault.MetadataInvalid,
             f"{source}: {KEY_TOKEN_TYPE} has {len(token_types)} entries for {n} tokens",
         )
     scores_list = reading.float_list(KEY_SCORES)
     scores = tuple(scores_list) if scores_list is not None else None
     if scores is not None and len(scores) != n:
         raise TokenizerError(
-            TokenizerFault.METADATA_INVALID,
+            TokenizerFault.MetadataInvalid,
             f"{source}: {KEY_SCORES} has {len(scores)} entries for {n} tokens",
         )
     merges = tuple(reading.string_list(KEY_MERGES) or ())
@@ -195,13 +195,13 @@ class _FieldReader:
         value = self._metadata.get(key)
         if value is None and required:
             raise TokenizerError(
-                TokenizerFault.METADATA_MISSING, f"{self._source}: no {key} in metadata"
+                TokenizerFault.MetadataMissing, f"{self._source}: no {key} in metadata"
             )
         return value
 
     def _bad(self, key: str, want: str) -> TokenizerError:
         return TokenizerError(
-            TokenizerFault.METADATA_INVALID, f"{self._source}: {key} is not {want}"
+            TokenizerFault.MetadataInvalid, f"{self._source}: {key} is not {want}"
         )
 
     def string(self, key: str, required: bool = False) -> str | None:
@@ -252,7 +252,7 @@ class _FieldReader:
             raise self._bad(key, "an integer")
         if not 0 <= value < n_tokens:
             raise TokenizerError(
-                TokenizerFault.METADATA_INVALID,
+                TokenizerFault.MetadataInvalid,
                 f"{self._source}: {key} = {value} is outside the {n_tokens}-token vocabulary",
             )
         return value

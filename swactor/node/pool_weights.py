@@ -49,13 +49,13 @@ class PoolWeights:
             try:
                 return await channel.fetch_manifest(peer, file_sha256)
             except (ArtifactError, TransportError) as error:
-                raise WeightsError(WeightsFault.DOWNLOAD_FAILED, str(error)) from None
+                raise WeightsError(WeightsFault.DownloadFailed, str(error)) from None
 
         async def fetch(offset: int, length: int) -> bytes:
             try:
                 return await channel.fetch_range(peer, file_sha256, offset, length)
             except (ArtifactError, TransportError) as error:
-                raise WeightsError(WeightsFault.DOWNLOAD_FAILED, str(error)) from None
+                raise WeightsError(WeightsFault.DownloadFailed, str(error)) from None
 
         result = await asyncio.to_thread(
             fetch_stage, location=source.location, file_sha256=file_sha256,

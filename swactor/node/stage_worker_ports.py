@@ -87,8 +87,8 @@ def _fault_reason(error: Exception) -> RunFaultReason:
     from swactor.model.errors import WeightsFault
 
     reason = getattr(error, "reason", None)
-    if reason in (WeightsFault.DOWNLOAD_FAILED, WeightsFault.CACHE_CORRUPT,
-                  WeightsFault.SOURCE_INVALID):
+    if reason in (WeightsFault.DownloadFailed, WeightsFault.CacheCorrupt,
+                  WeightsFault.SourceInvalid):
         return RunFaultReason.WeightDownloadFailed
     return RunFaultReason.WeightLoadFailed
 

@@ -2,14 +2,16 @@
 
 Theory of operation. Planning happens before the run machine exists (spec §13: "plan
 validation failures are planner errors and are not FSM states"). Every rule the planner
-checks raises `PlannerError(problem, message)`: `problem` is a stable `PlanProblem`
-member a caller or test can match, the message is one human line. Nothing here carries
+checks raises `PlannerError(reason, detail)`: `reason` is a stable `PlanProblem`
+member a caller or test can match, `detail` is one human line. Nothing here carries
 payload bytes.
 """
 
 from __future__ import annotations
 
 import enum
+
+from swactor.wire.errors import ReasonError
 
 
 class PlanProblem(enum.Enum):
@@ -36,10 +38,5 @@ class PlanProblem(enum.Enum):
     PlanRejected = "PlanRejected"
 
 
-class PlannerError(ValueError):
-    """A run plan cannot be built; `problem` says which rule, `str()` says why."""
-
-    def __init__(self, problem: PlanProblem, message: str) -> None:
-        super().__init__(f"{problem.value}: {message}")
-        self.problem = problem
-        self.message = message
+class PlannerError(ReasonError[PlanProblem], ValueError):
+    """A run plan cannot be built; `reason` says which rule, `detail` (and `str()`) why."""

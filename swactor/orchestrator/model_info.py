@@ -258,7 +258,7 @@ def model_info_from_gguf(path: str | Path, *, with_stop_ids: bool = True) -> Mod
     try:
         reader = open_reader(file)
     except WeightsError as error:
-        if error.reason is WeightsFault.UNSUPPORTED_ARCHITECTURE:
+        if error.reason is WeightsFault.UnsupportedArchitecture:
             raise PlannerError(PlanProblem.UnsupportedArchitecture, error.detail) from None
         raise PlannerError(PlanProblem.ModelUnreadable, str(error)) from None
     _refuse_unsupported(file, reader)

@@ -181,7 +181,7 @@ class _Bytes:
 
     def read(self, offset: int, length: int) -> bytes:
         if offset < 0 or length < 0 or offset + length > len(self.data):
-            raise WeightsError(WeightsFault.TRUNCATED,
+            raise WeightsError(WeightsFault.Truncated,
                                f"read {offset}+{length} past {len(self.data)} bytes")
         self.bytes_read += length
         return self.data[offset:offset + length]
@@ -225,7 +225,7 @@ def test_gguf_reader_refuses_zero_heads(key: str) -> None:
     """Found by `just fuzz` (atheris): a head count of 0 was a ZeroDivisionError."""
     with pytest.raises(WeightsError) as refused:
         GgufRangeReader(_Bytes(_with_u32(GGUF, key, 0)))
-    assert refused.value.reason is WeightsFault.CORRUPT_HEADER
+    assert refused.value.reason is WeightsFault.CorruptHeader
 
 
 # -- YAML table loader --------------------------------------------------------------------------

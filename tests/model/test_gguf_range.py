@@ -91,7 +91,7 @@ def test_wrong_layer_range_is_typed(tiny_llama: Path, start: int, end: int) -> N
     reader = open_reader(tiny_llama)
     with pytest.raises(WeightsError) as excinfo:
         reader.load_stage(start, end, is_first=False, is_last=False)
-    assert _reason(excinfo) is WeightsFault.LAYER_RANGE_INVALID
+    assert _reason(excinfo) is WeightsFault.LayerRangeInvalid
 
 
 @pytest.mark.parametrize(
@@ -108,7 +108,7 @@ def test_plan_mismatch_is_typed(tiny_llama: Path, kwargs: dict[str, object]) -> 
     reader = open_reader(tiny_llama)
     with pytest.raises(WeightsError) as excinfo:
         reader.load_stage(0, 2, is_first=True, is_last=False, **kwargs)  # type: ignore[arg-type]
-    assert _reason(excinfo) is WeightsFault.PLAN_MISMATCH
+    assert _reason(excinfo) is WeightsFault.PlanMismatch
 
 
 def test_truncated_file_is_typed(tiny_llama: Path, tmp_path: Path) -> None:
@@ -119,12 +119,12 @@ def test_truncated_file_is_typed(tiny_llama: Path, tmp_path: Path) -> None:
     reader.load_stage(0, 1, is_first=True, is_last=False)  # early blocks are still there
     with pytest.raises(WeightsError) as excinfo:
         reader.load_stage(3, 4, is_first=False, is_last=True)
-    assert _reason(excinfo) is WeightsFault.TRUNCATED
+    assert _reason(excinfo) is WeightsFault.Truncated
     head_only = tmp_path / "head.gguf"
     head_only.write_bytes(data[:200])
     with pytest.raises(WeightsError) as excinfo:
         open_reader(head_only)
-    assert _reason(excinfo) is WeightsFault.TRUNCATED
+    assert _reason(excinfo) is WeightsFault.Truncated
 
 
 def test_corrupt_header_is_typed(tiny_llama: Path, tmp_path: Path) -> None:
@@ -134,19 +134,19 @@ def test_corrupt_header_is_typed(tiny_llama: Path, tmp_path: Path) -> None:
     bad.write_bytes(bytes(data))
     with pytest.raises(WeightsError) as excinfo:
         open_reader(bad)
-    assert _reason(excinfo) is WeightsFault.CORRUPT_HEADER
+    assert _reason(excinfo) is WeightsFault.CorruptHeader
     version = tmp_path / "version.gguf"
     data[0:8] = b"GGUF" + (99).to_bytes(4, "little")
     version.write_bytes(bytes(data))
     with pytest.raises(WeightsError) as excinfo:
         open_reader(version)
-    assert _reason(excinfo) is WeightsFault.CORRUPT_HEADER
+    assert _reason(excinfo) is WeightsFault.CorruptHeader
 
 
 def test_missing_file_is_typed(tmp_path: Path) -> None:
     with pytest.raises(WeightsError) as excinfo:
         open_reader(tmp_path / "absent.gguf")
-    assert _reason(excinfo) is WeightsFault.SOURCE_INVALID
+    assert _reason(excinfo) is WeightsFault.SourceInvalid
 
 
 def test_unsupported_quantisation_is_typed(tmp_path: Path) -> None:
@@ -163,7 +163,7 @@ def test_unsupported_quantisation_is_typed(tmp_path: Path) -> None:
     patched.load_stage(0, 1, is_first=True, is_last=False)  # other stages are unaffected
     with pytest.raises(WeightsError) as excinfo:
         patched.load_stage(1, 2, is_first=False, is_last=True)
-    assert _reason(excinfo) is WeightsFault.UNSUPPORTED_TENSOR_TYPE
+    assert _reason(excinfo) is WeightsFault.UnsupportedTensorType
     assert "blk.1.ffn_up.weight" in str(excinfo.value)
 
 
@@ -174,7 +174,7 @@ def test_unsupported_architecture_is_typed(tiny_llama: Path, tmp_path: Path) -> 
     other.write_bytes(data)
     with pytest.raises(WeightsError) as excinfo:
         open_reader(other)
-    assert _reason(excinfo) is WeightsFault.UNSUPPORTED_ARCHITECTURE
+    assert _reason(excinfo) is WeightsFault.UnsupportedArchitecture
 
 
 def test_a_stage_table_spares_the_second_reader_the_header(tiny_mixed: Path) -> None:
@@ -194,7 +194,7 @@ def test_a_stage_table_spares_the_second_reader_the_header(tiny_mixed: Path) -> 
         np.testing.assert_array_equal(loaded.tensors[name], array)
     with pytest.raises(WeightsError) as outside:  # a range the table does not cover
         worker.load_stage(0, 2, is_first=True, is_last=False)
-    assert _reason(outside) is WeightsFault.MISSING_TENSOR
+    assert _reason(outside) is WeightsFault.MissingTensor
 
 
 def test_a_stale_or_mangled_stage_table_is_typed(tiny_llama: Path) -> None:
@@ -203,14 +203,14 @@ def test_a_stale_or_mangled_stage_table_is_typed(tiny_llama: Path) -> None:
     table = node.stage_table(node.validate_stage(0, 4, is_first=True, is_last=True))
     with pytest.raises(WeightsError) as stale:
         GgufRangeReader(LocalFileSource(tiny_llama), {**table, "file_size": 12})
-    assert _reason(stale) is WeightsFault.SOURCE_INVALID
+    assert _reason(stale) is WeightsFault.SourceInvalid
     for mangled in ({**table, "tensors": [["x", 0]]}, {**table, "facts": {"a": 1}},
                     {"file_size": table["file_size"]}):
         with pytest.raises(WeightsError) as bad:
             GgufRangeReader(LocalFileSource(tiny_llama), mangled)
-        assert _reason(bad) is WeightsFault.CORRUPT_HEADER
+        assert _reason(bad) is WeightsFault.CorruptHeader
     past_end = [[*entry[:3], node.file_size, entry[4]] for entry in table["tensors"]]
     worker = GgufRangeReader(LocalFileSource(tiny_llama), {**table, "tensors": past_end})
     with pytest.raises(WeightsError) as truncated:
         worker.load_stage(0, 4, is_first=True, is_last=True)
-    assert _reason(truncated) is WeightsFault.TRUNCATED
+    assert _reason(truncated) is WeightsFault.Truncated

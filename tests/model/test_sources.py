@@ -78,7 +78,7 @@ def test_cache_detects_a_damaged_entry(
     blob.write_bytes(blob.read_bytes()[:-1])
     with pytest.raises(WeightsError) as excinfo:
         open_reader(server.url, digest=digest, cache_dir=tmp_path)
-    assert excinfo.value.reason is WeightsFault.CACHE_CORRUPT
+    assert excinfo.value.reason is WeightsFault.CacheCorrupt
 
 
 def test_artifact_server_range_semantics(server: ArtifactServer, tiny_mixed: Path) -> None:
@@ -111,7 +111,7 @@ def test_server_ignoring_ranges_is_refused(tiny_mixed: Path) -> None:
         url = f"http://127.0.0.1:{httpd.server_address[1]}/{tiny_mixed.name}"
         with pytest.raises(WeightsError) as excinfo:
             open_reader(url)
-        assert excinfo.value.reason is WeightsFault.DOWNLOAD_FAILED
+        assert excinfo.value.reason is WeightsFault.DownloadFailed
     finally:
         httpd.shutdown()
         httpd.server_close()
@@ -120,13 +120,13 @@ def test_server_ignoring_ranges_is_refused(tiny_mixed: Path) -> None:
 def test_unreachable_url_is_typed() -> None:
     with pytest.raises(WeightsError) as excinfo:
         HttpRangeSource("http://127.0.0.1:9/model.gguf", timeout_s=2).size()
-    assert excinfo.value.reason is WeightsFault.DOWNLOAD_FAILED
+    assert excinfo.value.reason is WeightsFault.DownloadFailed
 
 
 def test_missing_artifact_is_typed(server: ArtifactServer) -> None:
     with pytest.raises(WeightsError) as excinfo:
         open_reader(server.url.rsplit("/", 1)[0] + "/absent.gguf")
-    assert excinfo.value.reason is WeightsFault.DOWNLOAD_FAILED
+    assert excinfo.value.reason is WeightsFault.DownloadFailed
 
 
 class _Prefix:
@@ -156,7 +156,7 @@ def test_a_header_claiming_a_huge_string_is_refused_before_it_is_read() -> None:
     source = _Prefix(head, 1 << 40)
     with pytest.raises(WeightsError) as excinfo:
         read_header(source, source.size())
-    assert excinfo.value.reason is WeightsFault.CORRUPT_HEADER
+    assert excinfo.value.reason is WeightsFault.CorruptHeader
     assert f"{MAX_HEADER_BYTES}-byte bound" in str(excinfo.value)
     assert source.bytes_read <= 1 << 20
 
@@ -176,7 +176,7 @@ def test_a_url_claiming_a_huge_file_is_refused_by_name() -> None:
         url = f"http://127.0.0.1:{httpd.server_address[1]}/huge.gguf"
         with pytest.raises(WeightsError) as excinfo:
             HttpRangeSource(url).size()
-        assert excinfo.value.reason is WeightsFault.SOURCE_INVALID
+        assert excinfo.value.reason is WeightsFault.SourceInvalid
         assert url in str(excinfo.value) and str(1 << 50) in str(excinfo.value)
     finally:
         httpd.shutdown()

@@ -60,4 +60,4 @@ def test_plan_checked_before_loading(tiny_llama: Path) -> None:
             tiny_llama, layer_start=0, layer_end=2, is_first=True, is_last=False,
             dtype="f32", max_seq_len=8, num_layers=30,
         )
-    assert excinfo.value.reason is WeightsFault.PLAN_MISMATCH
+    assert excinfo.value.reason is WeightsFault.PlanMismatch

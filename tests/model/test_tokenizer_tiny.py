@@ -241,7 +241,7 @@ def test_unsupported_tokenizer_model(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "bert.gguf", model="bert", tokens=["[PAD]", "a"])
     with pytest.raises(TokenizerError) as caught:
         Tokenizer.from_gguf(path)
-    assert caught.value.reason is TokenizerFault.UNSUPPORTED_MODEL
+    assert caught.value.reason is TokenizerFault.UnsupportedTokenizerModel
     assert "'bert'" in str(caught.value)
 
 
@@ -250,7 +250,7 @@ def test_unsupported_pre_tokenizer(tmp_path: Path) -> None:
                       merges=["a b"])
     with pytest.raises(TokenizerError) as caught:
         Tokenizer.from_gguf(path)
-    assert caught.value.reason is TokenizerFault.UNSUPPORTED_PRE_TOKENIZER
+    assert caught.value.reason is TokenizerFault.UnsupportedPreTokenizer
     assert "'falcon'" in str(caught.value)
 
 
@@ -258,19 +258,19 @@ def test_missing_vocabulary(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "novocab.gguf", model="gpt2", pre="qwen2")
     with pytest.raises(TokenizerError) as caught:
         Tokenizer.from_gguf(path)
-    assert caught.value.reason is TokenizerFault.METADATA_MISSING
+    assert caught.value.reason is TokenizerFault.MetadataMissing
     assert "tokenizer.ggml.tokens" in str(caught.value)
 
 
 def test_missing_and_garbage_files(tmp_path: Path) -> None:
     with pytest.raises(TokenizerError) as missing:
         Tokenizer.from_gguf(tmp_path / "absent.gguf")
-    assert missing.value.reason is TokenizerFault.MODEL_UNREADABLE
+    assert missing.value.reason is TokenizerFault.ModelUnreadable
     garbage = tmp_path / "garbage.gguf"
     garbage.write_bytes(b"this is not a gguf file at all" * 4)
     with pytest.raises(TokenizerError) as bad:
         Tokenizer.from_gguf(garbage)
-    assert bad.value.reason is TokenizerFault.METADATA_INVALID
+    assert bad.value.reason is TokenizerFault.MetadataInvalid
 
 
 def test_truncated_file(spm_path: Path, tmp_path: Path) -> None:
@@ -280,14 +280,14 @@ def test_truncated_file(spm_path: Path, tmp_path: Path) -> None:
         cut.write_bytes(data[:keep])
         with pytest.raises(TokenizerError) as caught:
             Tokenizer.from_gguf(cut)
-        assert caught.value.reason is TokenizerFault.METADATA_INVALID
+        assert caught.value.reason is TokenizerFault.MetadataInvalid
         assert str(cut) in str(caught.value)
 
 
 def test_token_id_out_of_range(spm: Tokenizer) -> None:
     with pytest.raises(TokenizerError) as caught:
         spm.decode([len(SPM_VOCAB)])
-    assert caught.value.reason is TokenizerFault.TOKEN_ID_OUT_OF_RANGE
+    assert caught.value.reason is TokenizerFault.TokenIdOutOfRange
 
 
 def test_chat_template_renders(spm: Tokenizer) -> None:
@@ -300,7 +300,7 @@ def test_chat_template_missing_and_broken(tmp_path: Path) -> None:
     bare = Tokenizer.from_gguf(_bpe_file(tmp_path, "qwen2"))
     with pytest.raises(TokenizerError) as missing:
         bare.apply_chat_template([{"role": "user", "content": "hi"}])
-    assert missing.value.reason is TokenizerFault.CHAT_TEMPLATE_MISSING
+    assert missing.value.reason is TokenizerFault.ChatTemplateMissing
     path = write_gguf(
         tmp_path / "t.gguf", model="llama", tokens=[t for t, _, _ in SPM_VOCAB],
         types=[k for _, k, _ in SPM_VOCAB], scores=[s for _, _, s in SPM_VOCAB],
@@ -309,7 +309,7 @@ def test_chat_template_missing_and_broken(tmp_path: Path) -> None:
     sandboxed = Tokenizer.from_gguf(path)
     with pytest.raises(TokenizerError) as unsafe:
         sandboxed.apply_chat_template([{"role": "user", "content": "hi"}])
-    assert unsafe.value.reason is TokenizerFault.CHAT_TEMPLATE_INVALID
+    assert unsafe.value.reason is TokenizerFault.ChatTemplateInvalid
 
 
 # --------------------------------------------------------------------------- CLI
@@ -383,5 +383,5 @@ def test_from_parsed_fields_and_template_globals(tmp_path: Path) -> None:
     two = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
     with pytest.raises(TokenizerError) as refused:
         tok.apply_chat_template(two)
-    assert refused.value.reason is TokenizerFault.CHAT_TEMPLATE_INVALID
+    assert refused.value.reason is TokenizerFault.ChatTemplateInvalid
     assert "one message only" in str(refused.value)

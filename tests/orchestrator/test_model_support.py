@@ -47,7 +47,7 @@ def test_unsupported_input_is_refused_by_name(
     path = _write(tmp_path, "bad", **fields)
     with pytest.raises(PlannerError) as info:
         model_info_from_gguf(path)
-    assert info.value.problem is problem
+    assert info.value.reason is problem
     for word in words:
         assert word in str(info.value)
 
@@ -146,7 +146,7 @@ def test_planner_resizes_ranges_by_the_prediction(tmp_path: Path) -> None:
     with pytest.raises(PlannerError) as error:
         plan_run(PoolInventory(tuple(NodeResources(NodeId(1 + i), memory // 3)
                                      for i in range(3))), info, request)
-    assert error.value.problem is PlanProblem.NodeMemoryTooSmall
+    assert error.value.reason is PlanProblem.NodeMemoryTooSmall
     assert "KV cache" in str(error.value)
 
 

@@ -176,7 +176,7 @@ def test_bad_requests_are_planner_errors(
 ) -> None:
     with pytest.raises(PlannerError) as info:
         plan_run(the_pool, synthetic_model(), request(**overrides))
-    assert info.value.problem is problem
+    assert info.value.reason is problem
     assert words in str(info.value)
 
 
@@ -202,12 +202,12 @@ def test_model_info_from_a_tiny_gguf(tiny_gguf: Path) -> None:
 def test_unreadable_model_is_a_planner_error(tmp_path: Path) -> None:
     with pytest.raises(PlannerError) as info:
         model_info_from_gguf(tmp_path / "missing.gguf")
-    assert info.value.problem is PlanProblem.ModelUnreadable
+    assert info.value.reason is PlanProblem.ModelUnreadable
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 7)
     with pytest.raises(PlannerError) as info:
         model_info_from_gguf(broken)
-    assert info.value.problem is PlanProblem.ModelUnreadable
+    assert info.value.reason is PlanProblem.ModelUnreadable
 
 
 def test_inventory_from_a_membership_view() -> None:

@@ -29,14 +29,14 @@ def test_tiny_node_still_gets_one_block() -> None:
 def test_more_stages_than_blocks_is_rejected() -> None:
     with pytest.raises(PlannerError) as info:
         proportional_split([1] * 7, 6)
-    assert info.value.problem is PlanProblem.TooManyStages
+    assert info.value.reason is PlanProblem.TooManyStages
     assert "7 stages" in str(info.value) and "6 blocks" in str(info.value)
 
 
 def test_zero_weight_is_rejected() -> None:
     with pytest.raises(PlannerError) as info:
         proportional_split([4, 0], 6)
-    assert info.value.problem is PlanProblem.ZeroMemoryNode
+    assert info.value.reason is PlanProblem.ZeroMemoryNode
 
 
 @given(
@@ -83,5 +83,5 @@ def test_explicit_split_rejected(
 ) -> None:
     with pytest.raises(PlannerError) as info:
         explicit_split(counts, 30, nodes)
-    assert info.value.problem is problem
+    assert info.value.reason is problem
     assert words in str(info.value)

@@ -92,7 +92,7 @@ def test_chat_template_output_is_bounded() -> None:
     template = "{% for i in range(100000) %}{{ 'x' * 100 }}{% endfor %}"
     with pytest.raises(TokenizerError) as raised:
         render_chat(template, MESSAGES)
-    assert raised.value.reason is TokenizerFault.CHAT_TEMPLATE_INVALID
+    assert raised.value.reason is TokenizerFault.ChatTemplateInvalid
     assert f"exceeds {chat.MAX_OUTPUT_CHARS} characters" in str(raised.value)
 
 

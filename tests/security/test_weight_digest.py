@@ -74,7 +74,7 @@ def test_a_changed_file_is_hashed_again(gguf: Path) -> None:
     os.utime(gguf, ns=(1, 1))
     with pytest.raises(WeightsError) as raised:
         verify_sha256(gguf, first)
-    assert raised.value.reason is WeightsFault.DIGEST_MISMATCH
+    assert raised.value.reason is WeightsFault.DigestMismatch
     assert first in str(raised.value)
     assert hashlib.sha256(bytes(data)).hexdigest() in str(raised.value)
 
