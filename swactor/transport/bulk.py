@@ -439,7 +439,7 @@ def datagram_views(
     return found
 
 
-def message_records(buf: memoryview, datagrams: Sequence[memoryview]) -> Any:
+def message_records(buf: memoryview, datagrams: Sequence[memoryview]) -> object:
     """`qf_msg` records for `datagrams`, slices of `buf` (as `datagram_views` and
     `receive_bulk` return them): one record per datagram, no GRO segment size, so that
     what one connection left of a receive can be offered to another without a copy."""
