@@ -36,7 +36,6 @@ clang renders ``__fp16`` conversions as scalar code).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -87,7 +86,7 @@ class DeviceQuant:
         return DeviceQuant(self.type_id, (count, self.shape[1]), fields)
 
 
-def upload(array: npt.NDArray[Any], device: str) -> Tensor:
+def upload(array: npt.NDArray[np.generic], device: str) -> Tensor:
     """A realised tensor on ``device`` holding ``array``'s values.
 
     The buffer is allocated and the bytes copied in through the device's allocator, as
