@@ -42,7 +42,6 @@ from swactor.wire import (
     OBJECT_FAULTS,
     DeviceObjectHandle,
     InstallRing,
-    ObjectFailure,
     ObjectHeader,
     ObjectHeaderError,
     ObjectId,
@@ -53,6 +52,7 @@ from swactor.wire import (
     UninstallReason,
     WorkerGeneration,
 )
+from swactor.worker.ingress_guards import IngressGuards
 
 log = logging.getLogger("swactor.orchestrator.token_out")
 
@@ -63,7 +63,7 @@ Loaded = Callable[[ObjectId, Sequence, tuple[int, ...]], None]
 Failed = Callable[[RunFaultReason, str], None]
 
 
-class TokenOutReader:
+class TokenOutReader(IngressGuards):
     """Consumer of the token-out ring (implements IngressRingGuards; module doc)."""
 
     def __init__(
@@ -123,18 +123,6 @@ class TokenOutReader:
 
     def layout_valid(self, event: ir.InstallRing) -> bool:
         return not self.ring.closed  # the installer opened the handle on this layout
-
-    def extent_exceeds_max(self, event: ir.HeaderDecoded) -> bool:
-        return self.spec.extent_failure(event.extent) is ObjectFailure.ExtentExceedsMax
-
-    def extent_misaligned(self, event: ir.HeaderDecoded) -> bool:
-        return self.spec.extent_failure(event.extent) is ObjectFailure.ExtentAlignmentInvalid
-
-    def sequence_out_of_order(self, event: ir.HeaderDecoded) -> bool:
-        return not self._gate.admits(event.sequence)
-
-    def header_partial(self, event: ir.RingClosed) -> bool:
-        return len(self._header) > 0
 
     # -- effects ----------------------------------------------------------------------
 

@@ -38,7 +38,6 @@ from swactor.ring import Ring, RingState
 from swactor.wire import (
     InstallRing,
     ObjectFailed,
-    ObjectFailure,
     ObjectHeader,
     ObjectHeaderError,
     ObjectLoaded,
@@ -51,6 +50,7 @@ from swactor.wire import (
     WorkerEvent,
 )
 from swactor.worker.bridge import DeviceAllocation, DeviceBridge, DeviceError
+from swactor.worker.ingress_guards import IngressGuards
 from swactor.worker.ring_record import RingRecord
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 HEADER_LEN = ObjectHeader.LEN
 
 
-class IngressRing(RingRecord):
+class IngressRing(IngressGuards, RingRecord):
     """Parser and device loader of one ingress ring (implements IngressRingGuards)."""
 
     def __init__(
@@ -85,20 +85,6 @@ class IngressRing(RingRecord):
     @property
     def done(self) -> bool:
         return self.machine.state is ir.State.Quiesced
-
-    # -- guards -----------------------------------------------------------------------
-
-    def extent_exceeds_max(self, event: ir.HeaderDecoded) -> bool:
-        return self.spec.extent_failure(event.extent) is ObjectFailure.ExtentExceedsMax
-
-    def extent_misaligned(self, event: ir.HeaderDecoded) -> bool:
-        return self.spec.extent_failure(event.extent) is ObjectFailure.ExtentAlignmentInvalid
-
-    def sequence_out_of_order(self, event: ir.HeaderDecoded) -> bool:
-        return not self._gate.admits(event.sequence)
-
-    def header_partial(self, event: ir.RingClosed) -> bool:
-        return len(self._header) > 0
 
     # -- feeding ----------------------------------------------------------------------
 
