@@ -34,17 +34,14 @@ from __future__ import annotations
 
 import asyncio
 
-from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import recv_pump as fsm
 from swactor.ring import Ring, RingError, RingState
 from swactor.transport.endpoint import ABORTED_CODE, STOPPED_CODE
 from swactor.transport.inbound import InboundStream
 from swactor.transport.messages import (
     DriverEdgeReady,
-    PumpStopped,
-    StreamClosed,
-    StreamFault,
 )
+from swactor.transport.pump import EdgePump, NoGuards
 from swactor.transport.sinks import EmitEvent, EmitWake
 from swactor.wire import (
     EdgeId,
@@ -58,32 +55,18 @@ from swactor.wire import (
 _TERMINAL = frozenset({fsm.State.Closed, fsm.State.Faulted})
 
 
-class _NoGuards:
-    """recv_pump declares no guards."""
-
-
-class RecvEdge:
+class RecvEdge(EdgePump[fsm.Event, fsm.Effect]):
     """One edge's receive side: machine, ring handle, inbound stream, pump task."""
 
+    terminal = _TERMINAL
+
     def __init__(self, edge_id: int, emit: EmitEvent, wake: EmitWake) -> None:
-        self.edge_id = edge_id
-        self.machine = fsm.RecvPumpMachine(_NoGuards(), edge_id=EdgeId(edge_id), ring_id=None)
+        self.machine = fsm.RecvPumpMachine(NoGuards(), edge_id=EdgeId(edge_id), ring_id=None)
+        self._start(edge_id, None, self.machine.handle, emit, wake)
         self.ring: Ring | None = None
-        self.ring_id: int | None = None
         self.inbound: InboundStream | None = None
         self.task: asyncio.Task[None] | None = None
-        self.offset = 0
-        self._emit = emit
-        self._wake = wake
         self._writable = asyncio.Event()
-        self._detail = ""
-        self._feeder: EventFeeder[fsm.Event, fsm.Effect] = EventFeeder(
-            self.machine.handle, self._carry_out
-        )
-
-    @property
-    def finished(self) -> bool:
-        return self.machine.state in _TERMINAL
 
     # -- events in ------------------------------------------------------------------
 
@@ -111,13 +94,6 @@ class RecvEdge:
         """The sender ended the stream with the "stopped" code (its graceful StopEdge)."""
         self.feed(fsm.PeerStopped())
 
-    def stop(self) -> None:
-        self.feed(fsm.StopEdge(EdgeId(self.edge_id)))
-
-    def feed(self, event: fsm.Event) -> None:
-        """Apply `event`; effects may feed more events, which queue behind it."""
-        self._feeder.feed(event)
-
     # -- effects --------------------------------------------------------------------
 
     def _carry_out(self, effect: fsm.Effect) -> None:
@@ -140,13 +116,12 @@ class RecvEdge:
             if self.ring.mark_readable_pending():
                 self._wake(RingReadable(RingId(self.ring_id)))
         elif isinstance(effect, fsm.StreamClosed):
-            self._emit(StreamClosed(self.edge_id, self.offset))
+            self._stream_closed()
         elif isinstance(effect, fsm.StreamFault):
-            self._emit(StreamFault(self.edge_id, effect.reason, self._detail))
+            self._stream_fault(effect.reason)
         elif isinstance(effect, fsm.PumpStopped):
             self._cancel_task()
-            self._emit(PumpStopped(self.edge_id, self.ring_id))
-            self._release_ring()
+            self._pump_stopped()
         else:
             raise AssertionError(f"recv_pump effect without a binding: {effect!r}")
 

@@ -42,7 +42,6 @@ import asyncio
 import enum
 
 from swactor.faults import NO_FAULTS, Faults
-from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import send_pump as fsm
 from swactor.ring import Ring, RingError, RingState
 from swactor.transport.config import EDGE_ALPN
@@ -51,10 +50,8 @@ from swactor.transport.errors import ConnectionLostError, PeerRejectedError, Tra
 from swactor.transport.inbound import lost_reason
 from swactor.transport.messages import (
     DriverEdgeReady,
-    PumpStopped,
-    StreamClosed,
-    StreamFault,
 )
+from swactor.transport.pump import EdgePump, NoGuards
 from swactor.transport.sinks import EmitEvent, EmitWake
 from swactor.wire import (
     EdgeId,
@@ -78,12 +75,11 @@ class _Step(enum.Enum):
     Ended = enum.auto()  # a fault was fed: the task ends
 
 
-class _NoGuards:
-    """send_pump declares no guards."""
-
-
-class SendEdge:
+class SendEdge(EdgePump[fsm.Event, fsm.Effect]):
     """One edge's send side: machine, ring handle, link, stream, drain task."""
+
+    terminal = _TERMINAL
+    ring_id: int
 
     def __init__(
         self,
@@ -96,32 +92,20 @@ class SendEdge:
         wake: EmitWake,
         faults: Faults = NO_FAULTS,
     ) -> None:
+        self.machine = fsm.SendPumpMachine(
+            NoGuards(), edge_id=EdgeId(edge_id), ring_id=RingId(ring_id)
+        )
+        self._start(edge_id, ring_id, self.machine.handle, emit, wake)
         self.endpoint = endpoint
         self.faults = faults
-        self.edge_id = edge_id
         self.rx_node_id = rx_node_id
-        self.ring_id = ring_id
         self.ring = ring
-        self.machine = fsm.SendPumpMachine(
-            _NoGuards(), edge_id=EdgeId(edge_id), ring_id=RingId(ring_id)
-        )
         self.link: QuicLink | None = None
         self.stream_id: int | None = None
-        self.offset = 0
-        self._emit = emit
-        self._wake = wake
         self._high_water = endpoint.config.send_high_water
         self._kick = asyncio.Event()
         self._draining = False
         self._tasks: list[asyncio.Task[None]] = []
-        self._detail = ""
-        self._feeder: EventFeeder[fsm.Event, fsm.Effect] = EventFeeder(
-            self.machine.handle, self._carry_out
-        )
-
-    @property
-    def finished(self) -> bool:
-        return self.machine.state in _TERMINAL
 
     @property
     def tasks(self) -> list[asyncio.Task[None]]:
@@ -155,13 +139,6 @@ class SendEdge:
             self._fail(StreamFaultReason.PeerReset,
                        f"peer stopped the stream, code {error_code:#x}")
 
-    def stop(self) -> None:
-        self.feed(fsm.StopEdge(EdgeId(self.edge_id)))
-
-    def feed(self, event: fsm.Event) -> None:
-        """Apply `event`; effects may feed more events, which queue behind it."""
-        self._feeder.feed(event)
-
     def _fail(self, reason: StreamFaultReason, detail: str) -> None:
         self._detail = detail
         self.feed(fsm.TransportFailed(reason))
@@ -192,16 +169,15 @@ class SendEdge:
             if self.link is not None and self.stream_id is not None:
                 self.link.reset_stream(self.stream_id, STOPPED_CODE)
         elif isinstance(effect, fsm.StreamClosed):
-            self._emit(StreamClosed(self.edge_id, self.offset))
+            self._stream_closed()
         elif isinstance(effect, fsm.StreamFault):
-            self._emit(StreamFault(self.edge_id, effect.reason, self._detail))
+            self._stream_fault(effect.reason)
         elif isinstance(effect, fsm.PumpStopped):
             current = asyncio.current_task()
             for task in self._tasks:
                 if task is not current:
                     task.cancel()
-            self._emit(PumpStopped(self.edge_id, self.ring_id))
-            self._release_ring()
+            self._pump_stopped()
         else:
             raise AssertionError(f"send_pump effect without a binding: {effect!r}")
 

@@ -1,0 +1,83 @@
+"""What a send pump and a receive pump share (spec §24): the skeleton of both bindings.
+
+`SendEdge` (send_pump table) and `RecvEdge` (recv_pump table) each bind one edge's
+machine. Around their different byte work they hold the same things: the edge id, the
+ring id, the payload offset, the driver's event and wake sinks, the detail of the last
+transport failure, and an `EventFeeder` that queues the events effects feed back. They
+end the same way, in Closed or Faulted; both take the wire `StopEdge`; and the three
+driver events their tables end with become the same `swactor.transport.messages`:
+`StreamClosed(edge, offset)`, `StreamFault(edge, reason, detail)`, and, once the
+subclass has stopped its tasks, `PumpStopped(edge, ring)` before the ring is let go.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable
+from typing import Generic, Protocol, TypeVar, cast
+
+from swactor.fsm.feeding import EventFeeder
+from swactor.transport.messages import PumpStopped, StreamClosed, StreamFault
+from swactor.transport.sinks import EmitEvent, EmitWake
+from swactor.wire import EdgeId, StopEdge, StreamFaultReason
+
+E = TypeVar("E")
+F = TypeVar("F")
+
+
+class NoGuards:
+    """The guards of send_pump and recv_pump: neither table declares any."""
+
+
+class _Stateful(Protocol):
+    @property
+    def state(self) -> enum.Enum: ...
+
+
+class EdgePump(Generic[E, F]):
+    """The shared skeleton (module doc); a subclass sets `machine` before `_start`."""
+
+    machine: _Stateful
+    terminal: frozenset[enum.Enum]
+    """The table's end states (Closed, Faulted)."""
+
+    def _start(self, edge_id: int, ring_id: int | None, handle: Callable[[E], Iterable[F]],
+               emit: EmitEvent, wake: EmitWake) -> None:
+        self.edge_id = edge_id
+        self.ring_id = ring_id
+        self.offset = 0
+        self._emit = emit
+        self._wake = wake
+        self._detail = ""
+        self._feeder: EventFeeder[E, F] = EventFeeder(handle, self._carry_out)
+
+    @property
+    def finished(self) -> bool:
+        return self.machine.state in self.terminal
+
+    def stop(self) -> None:
+        """Teardown's StopEdge for this edge (spec §38)."""
+        self.feed(cast(E, StopEdge(EdgeId(self.edge_id))))  # both tables take StopEdge
+
+    def feed(self, event: E) -> None:
+        """Apply `event`; effects may feed more events, which queue behind it."""
+        self._feeder.feed(event)
+
+    def _carry_out(self, effect: F) -> None:
+        raise NotImplementedError
+
+    # -- the driver events both tables end with ----------------------------------------
+
+    def _stream_closed(self) -> None:
+        self._emit(StreamClosed(self.edge_id, self.offset))
+
+    def _stream_fault(self, reason: StreamFaultReason) -> None:
+        self._emit(StreamFault(self.edge_id, reason, self._detail))
+
+    def _pump_stopped(self) -> None:
+        """After the subclass stopped its tasks: report, then let the ring go."""
+        self._emit(PumpStopped(self.edge_id, self.ring_id))
+        self._release_ring()
+
+    def _release_ring(self) -> None:
+        raise NotImplementedError
