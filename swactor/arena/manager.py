@@ -38,10 +38,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from swactor import faults
 from swactor.arena.allocator import FreeList, align_up
 from swactor.arena.arena import Arena, ArenaBusyError, ArenaError
 from swactor.arena.proofs import QuiescenceMinter
+from swactor.faults import NO_FAULTS, Faults
 from swactor.fsm.generated import arena_manager as fsm
 from swactor.fsm.host import MachineHost
 from swactor.fsm.runtime import CancelTimer, StartTimer
@@ -197,8 +197,13 @@ class ArenaManager(fsm.ArenaManagerEffects[None]):
         shutdown_grace_s: float = 5.0,
         ring_version: int = DEFAULT_VERSION,
         create_arena: Callable[[int], Arena] = Arena.create,
+        faults: Faults = NO_FAULTS,
     ) -> None:
         self.ceiling = ceiling
+        self._faults = faults
+        # ledger fact for `fits_now`: the fault port's arena.pressure, asked once before
+        # each event is fed (a guard reads, it never asks outside)
+        self._pressure = False
         self.arena: Arena | None = None
         self._ring_version = ring_version
         self._create_arena = create_arena
@@ -292,7 +297,7 @@ class ArenaManager(fsm.ArenaManagerEffects[None]):
     # -- guards (pure) ------------------------------------------------------------------
 
     def fits_now(self, event: fsm.LeaseRing) -> bool:
-        if faults.arena_pressure():  # SWACTOR_FAULT_INJECT arena.pressure (swactor/faults)
+        if self._pressure:  # arena.pressure, read from the Faults port before the event
             return False
         size, align = lease_geometry(event.ring_spec)
         return self._free.find(size, align, HEADER_PAGE) is not None
@@ -319,6 +324,7 @@ class ArenaManager(fsm.ArenaManagerEffects[None]):
 
     def _feed(self, event: fsm.Event) -> list[Output]:
         self._out = []
+        self._pressure = self._faults.lease_pressure()
         self._host.feed(event)
         out, self._out = self._out, []
         return out

@@ -12,7 +12,10 @@ step runner, device bridge and command loop take as a parameter. Its default,
 `NO_FAULTS`, answers "no fault" at the cost of one method call; a node, an orchestrator
 session and a worker process pass `from_env()`, which is `FileFaults` (answers from the
 file through `hit`) when the variable is set; a unit test passes a `Faults` of its own.
-The control-path points (`node.*`, `artifact.range`, `arena.pressure`) call `hit`.
+A node's `ArenaManager` takes the port too, and asks it (`lease_pressure`) before it
+feeds each event, so its `fits_now` guard reads only its own ledger. The remaining
+control-path points (`node.*`, `artifact.range`, the edge lease timer of
+`arena.pressure`) call `hit`.
 
 The file holds `{"faults": [ENTRY, ...]}`. An ENTRY names its `point`, optionally the
 `node` (decimal node id) it applies to, and any facts the hook passes (e.g. `sequence`);
@@ -41,9 +44,10 @@ Hook points:
   (RESET_STREAM) or fin (half the span, then FIN: EOF mid-object).
 - `driver.pump` (send pump drain loop, per `edge`): the pump fails (its ring read
   raises), so the pump stops with StreamFault(PumpFailed).
-- `arena.pressure` (ArenaManager guard `fits_now`, EdgeEstablisher lease timer): no
-  lease fits now, so every request is queued; the edge's lease timer is `lease_timeout_s`
-  (default: the node's), after which the edge fails with ArenaPressureTimeout.
+- `arena.pressure` (a node's ArenaManager, through `Faults.lease_pressure` before each
+  event, and the EdgeEstablisher lease timer): no lease fits now, so every request is
+  queued; the edge's lease timer is `lease_timeout_s` (default: the node's), after
+  which the edge fails with ArenaPressureTimeout.
 - `worker.ring_fault` (worker ring consumer, per `direction` ingress/egress): the
   worker faults the shared ring (WorkerInternal) before its next read or write.
 - `worker.copy` (DeviceBridge copies, per `direction` host_to_device/device_to_host
@@ -158,6 +162,10 @@ class Faults:
         """`worker.fatal`: handling a `command` event raises in worker code."""
         return False
 
+    def lease_pressure(self) -> bool:
+        """`arena.pressure`: no new ring lease fits now (a request is queued)."""
+        return False
+
 
 NO_FAULTS = Faults()
 
@@ -220,16 +228,14 @@ class FileFaults(Faults):
     def worker_fatal(self, command: str) -> bool:
         return hit("worker.fatal", command=command) is not None
 
+    def lease_pressure(self) -> bool:
+        return hit("arena.pressure") is not None
+
 
 def from_env() -> Faults:
     """The fault port of this process: `FileFaults` when `SWACTOR_FAULT_INJECT` names a
     file, else `NO_FAULTS`."""
     return FileFaults() if os.environ.get(ENV_FILE) else NO_FAULTS
-
-
-def arena_pressure() -> bool:
-    """`arena.pressure` hook: True while no new ring lease may fit (it is queued)."""
-    return hit("arena.pressure") is not None
 
 
 def lease_timeout_s(default: float) -> float:

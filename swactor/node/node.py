@@ -317,7 +317,7 @@ class _BootSteps:
         task.add_done_callback(self._tasks.discard)
 
     def construct_arena(self, ceiling: int) -> None:
-        manager = ArenaManager(ceiling)
+        manager = ArenaManager(ceiling, faults=faults.from_env())
         try:
             outputs = manager.construct()
         except Exception as error:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from swactor import faults
 from swactor.arena import (
     Arena,
     ArenaDown,
@@ -34,7 +36,8 @@ from swactor.arena import (
     Released,
     ReleaseRefused,
 )
-from swactor.fsm.generated.arena_manager import State
+from swactor.faults import Faults
+from swactor.fsm.generated.arena_manager import LeaseRing, State
 from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer
 from swactor.ring import Ring
 from swactor.wire import (
@@ -124,6 +127,51 @@ def test_queue_is_served_in_order_when_space_comes_back() -> None:
     assert len(grants) == len(out) - 1 == 2
     assert [g.request_id for g in grants] == [2, 3]  # in queue order
     assert m.queued_requests() == []
+
+
+class _Pressure(Faults):
+    """A Faults port whose arena.pressure is switched by the test; counts its asks."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.asks = 0
+
+    def lease_pressure(self) -> bool:
+        self.asks += 1
+        return self.on
+
+
+def test_arena_pressure_comes_from_the_faults_port_before_the_event() -> None:
+    port = _Pressure()
+    m = ArenaManager(CEILING, faults=port)
+    assert m.construct() == [ArenaUp()]
+    minter = m.take_minter()
+    a = granted(lease(m, 1, 4 * KiB))
+    port.on = True
+    assert lease(m, 2, 4 * KiB) == [Queued(LeaseRequestId(2), "rec2")]
+    asks = port.asks
+    event = LeaseRing(LeaseRequestId(3), "rec3", EdgeId(3), RingDirection.Ingress,
+                      spec(4 * KiB))
+    assert m.fits_now(event) is False and m.can_ever_fit(event) is True
+    assert port.asks == asks  # the guards read the ledger, they never ask the port
+    port.on = False
+    out = m.release(a.layout.ring_id, minter.never_installed(a.layout.ring_id))
+    assert out[0] == Released(a.layout.ring_id)
+    assert granted(out[1:]).request_id == 2  # the release retried the queue
+
+
+def test_fits_now_reads_no_fault_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    armed = tmp_path / "faults.json"
+    faults.arm(armed, {"point": "arena.pressure"})
+    monkeypatch.setenv(faults.ENV_FILE, str(armed))
+    m = ready()  # the default port, NO_FAULTS: no pressure whatever the file says
+    event = LeaseRing(LeaseRequestId(1), "rec1", EdgeId(1), RingDirection.Ingress,
+                      spec(4 * KiB))
+    assert m.fits_now(event) is True
+    granted(lease(m, 1, 4 * KiB))
+    file_port = ArenaManager(CEILING, faults=faults.from_env())  # what a node passes
+    file_port.construct()
+    assert lease(file_port, 1, 4 * KiB) == [Queued(LeaseRequestId(1), "rec1")]
 
 
 def test_never_fits_is_rejected_and_ring_ids_are_not_reused() -> None:
