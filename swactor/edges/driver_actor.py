@@ -47,7 +47,7 @@ from swactor.transport.messages import (
     StreamFault,
     WakeHint,
 )
-from swactor.wire import RingFault, RingReadable, RingWritable, StreamFaultReason
+from swactor.wire import EdgeId, RingFault, RingReadable, RingWritable, StreamFaultReason
 
 log = logging.getLogger("swactor.edges.driver")
 
@@ -103,8 +103,8 @@ class DriverActor(Actor[DriverMail]):
                     self.driver.handle(message)
                 except TransportError as exc:
                     log.warning("driver refused %s: %s", type(message).__name__, exc)
-                    self._emit(StreamFault(message.edge_id, StreamFaultReason.PumpFailed,
-                                           str(exc)))
+                    self._emit(StreamFault(EdgeId(message.edge_id),
+                                           StreamFaultReason.PumpFailed))
                     self._emit(PumpStopped(message.edge_id, None))
             case ExpectRecv(edges):
                 self.driver.expect_recv(edges)

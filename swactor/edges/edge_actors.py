@@ -33,8 +33,15 @@ from swactor.edges.owner import EdgeOwner
 from swactor.fsm.generated import rx_edge as rx
 from swactor.fsm.generated import tx_edge as tx
 from swactor.fsm.runtime import ProtocolError
-from swactor.transport import messages as tm
-from swactor.wire import Component, EdgeId, RingId, RunFaultReason, StopEdge, StreamFaultReason
+from swactor.wire import (
+    Component,
+    EdgeId,
+    RingId,
+    RunFaultReason,
+    StopEdge,
+    StreamFault,
+    StreamFaultReason,
+)
 
 log = logging.getLogger("swactor.edges.edge_actors")
 
@@ -139,8 +146,8 @@ class TxEdgeActor(_EdgeActor):
                 return tx.EdgeStopped(self.edge_id, clean)
             case StopEdge():
                 return message
-            case tm.StreamFault(reason=reason):
-                return tx.StreamFault(self.edge_id, reason)
+            case StreamFault():
+                return message
         return None
 
     def _effect(self, effect: Any) -> None:
@@ -185,8 +192,8 @@ class RxEdgeActor(_EdgeActor):
                 return rx.EdgeStopped(self.edge_id, clean)
             case StopEdge():
                 return message
-            case tm.StreamFault(reason=reason):
-                return rx.StreamFault(self.edge_id, reason)
+            case StreamFault():
+                return message
         return None
 
     def _effect(self, effect: Any) -> None:

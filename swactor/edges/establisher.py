@@ -112,6 +112,7 @@ from swactor.wire import (
     RingLayout,
     RingQuiesced,
     StopEdge,
+    StreamFault,
     StreamFaultReason,
     UninstallReason,
     WorkerReaped,
@@ -244,11 +245,10 @@ class EdgeEstablisher(Actor[Any]):
                 self._to_teardown(ctx, self._ring(ring), message)
             case DriverEdgeReady(edge_id=edge):
                 self._to_record(ctx, self.records.get(edge), message)
-            case tm.StreamFault(edge_id=edge, reason=reason, detail=detail):
-                if edge is None:
-                    log.warning("stream fault before any edge id: %s %s", reason.value, detail)
-                    return
-                self._to_record(ctx, self.records.get(edge), er.StreamFault(EdgeId(edge), reason))
+            case StreamFault(edge_id=edge):
+                self._to_record(ctx, self.records.get(edge), message)
+            case tm.StreamRefused(edge_id=edge, reason=reason, detail=detail):
+                log.warning("stream refused (edge %s): %s %s", edge, reason.value, detail)
             case tm.StreamClosed(edge_id=edge):
                 self._to_record(ctx, self.records.get(edge), er.StreamClosed(EdgeId(edge)))
             case tm.PumpStopped(edge_id=edge):
@@ -419,7 +419,7 @@ class EdgeEstablisher(Actor[Any]):
             case er.StartEdgeTeardown(edge_id=edge, reason=reason):
                 self._start_teardown(ctx, rec, reason, et.StopEdge(edge))
             case er.StartTeardownOnStreamFault(edge_id=edge, reason=reason, uninstall=why):
-                self._start_teardown(ctx, rec, why, et.StreamFault(edge, reason))
+                self._start_teardown(ctx, rec, why, StreamFault(edge, reason))
             case er.StartTeardownOnRingFault(ring_id=ring, edge_id=edge, port_id=port,
                                              reason=reason, uninstall=why):
                 self._start_teardown(ctx, rec, why, et.RingFault(ring, edge, port, reason))

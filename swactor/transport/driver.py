@@ -11,13 +11,13 @@ Receive side. A peer opens one uni-stream per edge and starts it with the 16-byt
 `EdgePreamble`. The demux buffers a new stream's first bytes until the preamble is
 complete, then:
 
-* FIN inside the preamble, or a garbage preamble -> `StreamFault(None, reason)` and
+* FIN inside the preamble, or a garbage preamble -> `StreamRefused(None, reason)` and
   STOP_SENDING; a bidirectional stream is refused the same way (`PreambleGarbage`);
 * an edge id that the active plan does not name (neither `expect_recv` nor
-  `EstablishRecv`) -> `StreamFault(edge_id, UnknownEdge)`, stream stopped; a stream for
-  an edge that already finished -> `StreamFault(edge_id, DuplicateStream)`;
+  `EstablishRecv`) -> `StreamRefused(edge_id, UnknownEdge)`, stream stopped; a stream for
+  an edge that already finished -> `StreamRefused(edge_id, DuplicateStream)`;
 * a stream from a peer that is not the edge's producer (each expected edge is bound to
-  the node id its plan names, spec §4) -> `StreamFault(None, PeerNotAllowed)` naming
+  the node id its plan names, spec §4) -> `StreamRefused(None, PeerNotAllowed)` naming
   the edge and both nodes, stream stopped; the edge is not touched, so its real
   producer's stream, before or after, is served as if nothing happened;
 * otherwise `StreamArrived` goes to the edge's machine. Whether the receive spec is
@@ -46,6 +46,7 @@ stream for one is still refused as `DuplicateStream`.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 
@@ -65,14 +66,17 @@ from swactor.transport.messages import (
     StopEdge,
     StreamArrived,
     StreamFault,
+    StreamRefused,
 )
 from swactor.transport.recv_edge import RecvEdge
 from swactor.transport.send_edge import SendEdge
 from swactor.transport.sinks import EmitEvent, EmitWake
-from swactor.wire import EdgePreamble, PreambleError, StreamFaultReason
+from swactor.wire import EdgeId, EdgePreamble, PreambleError, StreamFaultReason
 from swactor.wire.objects import PREAMBLE_LEN
 
 StreamKey = tuple[QuicLink, int]
+
+log = logging.getLogger("swactor.transport.driver")
 
 ENDED_IDS_KEPT = 4096
 """How many forgotten edge ids the driver remembers for `DuplicateStream` refusals."""
@@ -183,7 +187,8 @@ class Driver:
                 return Ring.open(self.arena, msg.ring_layout)
             except RingError as exc:
                 detail = str(exc)
-        self._emit(StreamFault(edge_id, StreamFaultReason.PumpFailed, detail))
+        log.warning("edge %d: pump failed: %s", edge_id, detail)
+        self._emit(StreamFault(EdgeId(edge_id), StreamFaultReason.PumpFailed))
         self._emit(PumpStopped(edge_id, msg.ring_id))
         return None
 
@@ -382,4 +387,4 @@ class Driver:
         link, stream_id = key
         self._refused.add(key)
         link.stop_stream(stream_id, ABORTED_CODE)  # a refusal: the sender faults
-        self._emit(StreamFault(edge_id, reason, detail))
+        self._emit(StreamRefused(edge_id, reason, detail))

@@ -2,9 +2,9 @@
 
 Inbound: `EstablishSend`, `EstablishRecv`, `StopEdge` (and `StreamArrived`, which the
 driver's own demux produces when an edge stream's preamble has been read). Outbound:
-`DriverEdgeReady`, `StreamClosed`, `StreamFault`, `PumpStopped`, plus wake hints
-`RingReadable` / `RingWritable` for the process on the other side of a ring.
-`StopEdge`, `DriverEdgeReady` and the wake hints are the `swactor.wire`
+`DriverEdgeReady`, `StreamClosed`, `StreamFault`, `StreamRefused`, `PumpStopped`, plus
+wake hints `RingReadable` / `RingWritable` for the process on the other side of a ring.
+`StopEdge`, `DriverEdgeReady`, `StreamFault` and the wake hints are the `swactor.wire`
 classes the edge and pump tables take and make (`wire: true`), so no layer converts them.
 
 As in the spec, `EstablishSend`/`EstablishRecv` carry the ring's `RingLayout`: the
@@ -22,6 +22,7 @@ from swactor.wire import (
     RingReadable,
     RingWritable,
     StopEdge,
+    StreamFault,
     StreamFaultReason,
 )
 
@@ -76,18 +77,19 @@ class StreamClosed:
 
 
 @dataclass(frozen=True, slots=True)
-class StreamFault:
-    """An edge stream failed. `edge_id` is None when the stream is none of this node's
-    edges: its preamble never named one, or it named an edge whose producer is another
-    node (`PeerNotAllowed`: the stream is refused, the edge itself is unaffected)."""
+class StreamRefused:
+    """A stream that is none of this node's edges was refused and stopped. `edge_id` is
+    None when its preamble never named one; otherwise it named an edge this node does not
+    run (UnknownEdge), one that already ended (DuplicateStream), or one whose producer is
+    another node (PeerNotAllowed). No edge is affected: this is for the log."""
 
     edge_id: int | None
     reason: StreamFaultReason
-    detail: str = ""
+    detail: str
 
 
 DriverMessage = EstablishSend | EstablishRecv | StopEdge
-DriverEvent = DriverEdgeReady | StreamClosed | StreamFault | PumpStopped
+DriverEvent = DriverEdgeReady | StreamClosed | StreamFault | StreamRefused | PumpStopped
 WakeHint = RingReadable | RingWritable
 
 __all__ = [
@@ -103,5 +105,6 @@ __all__ = [
     "StreamArrived",
     "StreamClosed",
     "StreamFault",
+    "StreamRefused",
     "WakeHint",
 ]

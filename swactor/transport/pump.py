@@ -5,21 +5,24 @@ machine. Around their different byte work they hold the same things: the edge id
 ring id, the payload offset, the driver's event and wake sinks, the detail of the last
 transport failure, and an `EventFeeder` that queues the events effects feed back. They
 end the same way, in Closed or Faulted; both take the wire `StopEdge`; and the three
-driver events their tables end with become the same `swactor.transport.messages`:
-`StreamClosed(edge, offset)`, `StreamFault(edge, reason, detail)`, and, once the
-subclass has stopped its tasks, `PumpStopped(edge, ring)` before the ring is let go.
+driver events their tables end with are sent the same way: `StreamClosed(edge, offset)`,
+the table's `StreamFault(edge, reason)` (the failure's detail is logged here), and, once
+the subclass has stopped its tasks, `PumpStopped(edge, ring)` before the ring goes.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Callable, Iterable
 from typing import Generic, Protocol, TypeVar, cast
 
 from swactor.fsm.feeding import EventFeeder
-from swactor.transport.messages import PumpStopped, StreamClosed, StreamFault
+from swactor.transport.messages import PumpStopped, StreamClosed
 from swactor.transport.sinks import EmitEvent, EmitWake
-from swactor.wire import EdgeId, StopEdge, StreamFaultReason
+from swactor.wire import EdgeId, StopEdge, StreamFault, StreamFaultReason
+
+log = logging.getLogger("swactor.transport.pump")
 
 E = TypeVar("E")
 F = TypeVar("F")
@@ -72,7 +75,8 @@ class EdgePump(Generic[E, F]):
         self._emit(StreamClosed(self.edge_id, self.offset))
 
     def _stream_fault(self, reason: StreamFaultReason) -> None:
-        self._emit(StreamFault(self.edge_id, reason, self._detail))
+        log.warning("edge %d: stream fault %s: %s", self.edge_id, reason.value, self._detail)
+        self._emit(StreamFault(EdgeId(self.edge_id), reason))
 
     def _pump_stopped(self) -> None:
         """After the subclass stopped its tasks: report, then let the ring go."""

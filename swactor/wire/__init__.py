@@ -92,6 +92,7 @@ from swactor.wire.messages import (
     DriverEdgeReady,
     EdgeEstablished,
     StopEdge,
+    StreamFault,
     WorkerReaped,
 )
 from swactor.wire.objects import (
@@ -299,6 +300,7 @@ __all__ = [
     "StepFailure",
     "StepId",
     "StopEdge",
+    "StreamFault",
     "StreamFaultReason",
     "TeardownOutcome",
     "TokenOutputMode",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from swactor.wire.enums import StreamFaultReason
 from swactor.wire.ids import EdgeId, RingId
 
 
@@ -47,3 +48,14 @@ class DriverEdgeReady:
     will be paired whenever it arrives."""
 
     edge_id: EdgeId
+
+
+@dataclass(frozen=True, slots=True)
+class StreamFault:
+    """The stream of `edge_id` failed (spec §24, §37): its pump's fault, which the
+    edge's record, teardown and edge actor all take. The transport logs the detail
+    where the fault arises; a stream that is none of this node's edges is refused
+    instead (`swactor.transport.messages.StreamRefused`)."""
+
+    edge_id: EdgeId
+    reason: StreamFaultReason

@@ -8,7 +8,7 @@
   the key), before anything binds.
 
 Covered elsewhere, referenced by the README table: edge data for an edge that is not in
-the active plan is refused with StreamFault(UnknownEdge) (tests/transport/test_edges.py),
+the active plan is refused with StreamRefused(UnknownEdge) (tests/transport/test_edges.py),
 a control message naming an unknown edge is refused UnknownEdge
 (tests/transport/test_control.py).
 """

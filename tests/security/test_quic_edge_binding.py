@@ -1,7 +1,7 @@
 """Edge streams are bound to their producer (spec §4: a node rejects edge data that does
 not match its plan): a pool peer the consumer admits, but that is not the edge's
 producer, opens a stream naming the edge. It is refused with a typed
-`StreamFault(None, PeerNotAllowed)`, no byte of it reaches the ring, and the real
+`StreamRefused(None, PeerNotAllowed)`, no byte of it reaches the ring, and the real
 producer's stream, before or after it, is delivered whole with no fault on the edge.
 Peers dropped from the allow-list lose their links and are refused when they return.
 
@@ -17,7 +17,13 @@ import pytest
 from swactor.transport.config import EDGE_ALPN, TransportConfig
 from swactor.transport.errors import PeerRejectedError
 from swactor.transport.identity import NodeIdentity
-from swactor.transport.messages import EstablishRecv, EstablishSend, StreamClosed, StreamFault
+from swactor.transport.messages import (
+    EstablishRecv,
+    EstablishSend,
+    StreamClosed,
+    StreamFault,
+    StreamRefused,
+)
 from swactor.wire import EdgeId, EdgePreamble
 from swactor.wire.enums import StreamFaultReason
 from tests.transport.harness import Consumer, Node, make_node, payload_chunks, produce
@@ -47,10 +53,10 @@ async def _intrude(c: Node, b: Node) -> None:
     link.send(stream, preamble + b"forged activations" * 1000)
 
 
-async def _refusal(b: Node) -> StreamFault:
+async def _refusal(b: Node) -> StreamRefused:
     async with asyncio.timeout(10):
         while True:
-            faults = [e for e in b.of_type(StreamFault) if isinstance(e, StreamFault)
+            faults = [e for e in b.of_type(StreamRefused) if isinstance(e, StreamRefused)
                       and e.reason is StreamFaultReason.PeerNotAllowed]
             if faults:
                 return faults[0]
@@ -87,7 +93,7 @@ async def test_a_stream_from_a_peer_that_is_not_the_producer_is_refused(
         assert refusal.edge_id is None
         assert f"edge {EDGE} stream from node {c.identity.node_id:#018x}" in refusal.detail
         assert f"producer is node {a.identity.node_id:#018x}" in refusal.detail
-        assert [e for e in b.of_type(StreamFault) if e != refusal] == []
+        assert b.of_type(StreamFault) == [] and b.of_type(StreamRefused) == [refusal]
         assert b.driver.wrong_producer == 1
     finally:
         for node in (a, b, c):

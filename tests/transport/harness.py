@@ -22,7 +22,7 @@ from swactor.transport.config import TransportConfig
 from swactor.transport.driver import Driver
 from swactor.transport.endpoint import QuicEndpoint
 from swactor.transport.identity import NodeIdentity
-from swactor.transport.messages import DriverEvent, StreamFault, WakeHint
+from swactor.transport.messages import DriverEvent, StreamFault, StreamRefused, WakeHint
 from swactor.transport.udp import OutboundPath
 from swactor.wire import RingLayout
 
@@ -123,7 +123,7 @@ async def fail_on_fault(nodes: tuple[Node, ...], work: Awaitable[T], timeout: fl
     async def first_fault() -> None:
         while True:
             for node in nodes:
-                faults = node.of_type(StreamFault)
+                faults = [*node.of_type(StreamFault), *node.of_type(StreamRefused)]
                 if faults:
                     raise AssertionError(f"stream fault on {node.identity.node_id:#x}: {faults}")
             await asyncio.sleep(0.02)

@@ -64,7 +64,6 @@ async def test_wrong_server_id_is_refused_by_the_client() -> None:
         await _send_from(a, b, impostor_id)
         fault = a.of_type(StreamFault)[0]
         assert isinstance(fault, StreamFault) and fault.reason == StreamFaultReason.PeerNotAllowed
-        assert f"expected {impostor_id:#018x}" in fault.detail
         assert list(a.endpoint.refused) == [
             PeerRefused(
                 b.identity.node_id,
