@@ -63,6 +63,9 @@ HISTORY_KEPT = 256
 status lists them as `runs_served`): enough for any test or operator looking back, and a
 bound, since a node serves runs for as long as it lives. `retired_runs` is not bounded:
 it is the authority record that no run id is served twice (one int per run)."""
+REFUSED_KEPT = 256
+"""How many of the latest refusal lines `StageHostState.refused` keeps; older ones are
+only counted (`refused_dropped`), since any peer may send refusable messages forever."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +95,17 @@ class StageHostState:
     history: deque[StageOutcome] = field(
         default_factory=lambda: deque(maxlen=HISTORY_KEPT))
     """The last `HISTORY_KEPT` outcomes, oldest first."""
-    refused: list[str] = field(default_factory=list)
-    """Provisioning and StopRun messages the host itself refused, one line each."""
+    refused: deque[str] = field(default_factory=lambda: deque(maxlen=REFUSED_KEPT))
+    """The last `REFUSED_KEPT` provisioning and StopRun messages the host itself
+    refused, one line each, oldest first."""
+    refused_dropped: int = 0
+    """How many older refusals fell out of `refused` (counted, not kept)."""
+
+    def refuse(self, line: str) -> None:
+        """Record one refusal: keep its line, count the one it pushes out."""
+        if len(self.refused) == self.refused.maxlen:
+            self.refused_dropped += 1
+        self.refused.append(line)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +179,7 @@ class StageHost(Actor[HostMail]):
 
     async def _refuse(self, message: scm.ProvisionStage, problem: str) -> None:
         provision = message.provision
-        self.state.refused.append(f"ProvisionStage run {int(provision.run_id)}: {problem}")
+        self.state.refuse(f"ProvisionStage run {int(provision.run_id)}: {problem}")
         log.warning("stage host: %s", self.state.refused[-1])
         await self._answer(message.orchestrator, provision.run_id, orun.StageFault(
             provision.stage_index, RunFaultReason.ProvisioningRejected, Component.StageController,
@@ -196,7 +208,7 @@ class StageHost(Actor[HostMail]):
 
     async def _stop_run(self, request: StopRunRequest) -> None:
         if request.sender != self.config.orchestrator:
-            self.state.refused.append(
+            self.state.refuse(
                 f"StopRun run {int(request.run_id)} from node {int(request.sender)}: "
                 "not the trusted orchestrator"
             )

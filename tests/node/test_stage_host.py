@@ -14,6 +14,7 @@ from swactor.actors import ActorRef, Runtime
 from swactor.fsm.generated import orchestrator_run as orun
 from swactor.fsm.generated import stage_controller as scm
 from swactor.node.stage_host import (
+    REFUSED_KEPT,
     HostMail,
     StageHost,
     StageHostConfig,
@@ -170,5 +171,22 @@ def test_stop_run_authority_and_unknown_runs() -> None:
         await host.ports.until(lambda: bool(host.ports.reported(orun.StageStopped)))
         assert host.ports.reports[-1] == (1000, 12, orun.StageStopped(StageIndex(1), True))
         assert host.ports.of("stop_edges") == [] and host.state.active_run == RunId(7)
+
+    run_host(body)
+
+
+def test_refusals_keep_the_last_lines_and_count_the_rest() -> None:
+    many = REFUSED_KEPT * 4 + 3
+
+    async def body(host: Host) -> None:
+        for run in range(many):
+            host.ref.tell(StopRunRequest(NodeId(666), RunId(run), StageIndex(1)))
+        await host.ports.until(lambda: host.state.refused_dropped + len(host.state.refused)
+                               == many)
+        assert len(host.state.refused) == REFUSED_KEPT
+        assert host.state.refused_dropped == many - REFUSED_KEPT
+        assert f"StopRun run {many - REFUSED_KEPT} " in host.state.refused[0]
+        assert f"StopRun run {many - 1} " in host.state.refused[-1]
+        assert host.ports.reports == [] and host.ports.of("stop_edges") == []
 
     run_host(body)
