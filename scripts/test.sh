@@ -18,7 +18,7 @@ done
 main="tests/generated tests/codegen tests/wire tests/events tests/actors tests/bench"
 main+=" tests/arena tests/ring tests/worker tests/transport tests/edges tests/membership"
 main+=" tests/model tests/node tests/orchestrator tests/e2e tests/cluster tests/security"
-main+=" tests/check tests/docker tests/docs tests/hygiene"
+main+=" tests/check tests/docker tests/docs tests/hygiene tests/serve"
 groups=("$main" "tests/faults" "tests/multihost")
 # A test folder missing from the groups would silently never run: refuse that.
 for dir in tests/*/; do
