@@ -107,7 +107,7 @@ class TokenOutReader(IngressGuards):
     # -- what the endpoint calls ------------------------------------------------------
 
     def install(self) -> None:
-        self.feed(ir.InstallRing(self.command))
+        self.feed(self.command)  # the table takes the command itself
 
     def readable(self) -> None:
         """A wake hint (or a poll): parse or copy what the producer committed."""

@@ -342,10 +342,7 @@ class WorkerProcess:
         ring = kind(command, self.arena, self.bridge, self._ring_emit, self.faults)
         self.rings[command.ring_id] = ring
         ring.open_ring()  # the step whose outcome the InstallRing guard reads
-        if isinstance(ring, IngressRing):
-            ring.feed(ir.InstallRing(command))
-        else:
-            ring.feed(er.InstallRing(command))
+        ring.feed(command)  # both ring tables take the InstallRing command itself
         self._forget_if_done(command.ring_id)
 
     def _uninstall(self, ring_id: RingId, reason: UninstallReason) -> None:
