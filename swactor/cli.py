@@ -4,11 +4,17 @@ Each subcommand lives in the module that owns the job and registers itself here 
 `register(subparsers)` function, so this file stays a short index. A command line that
 names a subcommand imports only that subcommand's module (`swactor tokenize` does not
 load the QUIC stack); `swactor --help`, or anything else, imports them all.
+
+A command whose reader goes away (`swactor events ... | head`) exits quietly with status
+141, what a shell reports for a Unix tool that SIGPIPE ended, instead of a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import select
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -52,6 +58,29 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_READER_GONE = 128 + int(signal.SIGPIPE)
+"""141: the status of a command whose stdout reader went away (as if SIGPIPE ended it)."""
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe or socket whose reading end is closed."""
+    poller = select.poll()
+    try:
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+    except (AttributeError, OSError, ValueError):  # no file descriptor (e.g. captured)
+        return False
+    return any(mask & (select.POLLERR | select.POLLHUP) for _, mask in poller.poll(0))
+
+
+def _quiet_after_reader_gone() -> int:
+    """Point stdout at /dev/null, so the interpreter's last flush of what the reader
+    never took raises nothing either; the exit status of a closed pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_READER_GONE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(words[0] if words else None)
@@ -62,6 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         result: int = handler(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+    except BrokenPipeError:
+        if not _stdout_reader_gone():  # a broken socket or pipe of the command's own
+            raise
+        return _quiet_after_reader_gone()
     except Exception as exc:
         # only a command that loaded the transport can raise its config error
         errors = sys.modules.get("swactor.transport.errors")
