@@ -13,7 +13,10 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from swactor.model.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -175,3 +178,10 @@ class Engine(Protocol):
     def cancel(self, sequence_id: int) -> None:
         """End a sequence now and free its slot; idempotent, never blocks, never raises."""
         ...
+
+
+if TYPE_CHECKING:
+
+    def _tokenizer_fits(tokenizer: Tokenizer) -> TextCodec:
+        """mypy proves the model's tokenizer is a :class:`TextCodec` (never called)."""
+        return tokenizer

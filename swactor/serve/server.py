@@ -256,6 +256,13 @@ class ServeFront:
             raise bad("the prompt is empty", "messages" if parsed.chat else "prompt")
         return ids
 
+    def _refuse_when_full(self) -> None:
+        if self._slots.locked() and self._queued >= self.config.max_queue:
+            raise ApiError(
+                429, f"the admission queue is full ({self.config.max_queue} waiting)",
+                kind="rate_limit_error", code="queue_full",
+            )
+
     def _too_long(self, count: int, param: str) -> ApiError:
         return bad(
             f"This model's maximum context length is {self.engine.context_length} tokens; "
@@ -271,6 +278,7 @@ class ServeFront:
             raise ApiError(503, f"the server is not serving ({health.state.value}"
                            f"{': ' + health.detail if health.detail else ''})",
                            kind="server_error", code="unavailable")
+        self._refuse_when_full()  # before tokenizing: a flood costs no CPU past the bound
         prompt = await self._prompt(parsed)
         room = self.engine.context_length - len(prompt)
         if room < 1:
@@ -285,11 +293,7 @@ class ServeFront:
             seed=parsed.options.seed if parsed.options.seed is not None else secrets.randbits(63),
             stop=parsed.options.stop,
         )
-        if self._slots.locked() and self._queued >= self.config.max_queue:
-            raise ApiError(
-                429, f"the admission queue is full ({self.config.max_queue} waiting)",
-                kind="rate_limit_error", code="queue_full",
-            )
+        self._refuse_when_full()
         self._queued += 1
         try:
             await self._slots.acquire()

@@ -24,6 +24,7 @@ from swactor.serve.engine import (
     HealthState,
     SamplingParams,
     SequenceEvent,
+    TextCodec,
     Tokens,
 )
 from swactor.serve.server import ServeConfig, ServeFront
@@ -115,6 +116,10 @@ class FakeEngine:
     cancelled: list[int] = field(default_factory=list)
     cancel_seen: threading.Event = field(default_factory=threading.Event)
     submitted: list[Submitted] = field(default_factory=list)
+    real_tokenizer: TextCodec | None = None
+    """Use this tokenizer (the model's own) instead of the fake one ..."""
+    reply_ids: list[int] | None = None
+    """... and play these ids instead of ``reply``."""
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     codec: FakeCodec = field(init=False)
 
@@ -122,8 +127,8 @@ class FakeEngine:
         self.codec = FakeCodec([p for p in self.reply if len(p) > 1])
 
     @property
-    def tokenizer(self) -> FakeCodec:
-        return self.codec
+    def tokenizer(self) -> TextCodec:
+        return self.real_tokenizer or self.codec
 
     def health(self) -> Health:
         return Health(self.state, "fake", self.restarts)
@@ -152,7 +157,7 @@ class _FakeSequence:
 
     async def _events(self) -> AsyncIterator[SequenceEvent]:
         engine = self._engine
-        ids = [engine.codec.id_of(p) for p in engine.reply]
+        ids = engine.reply_ids or [engine.codec.id_of(p) for p in engine.reply]
         sent = 0
         while sent < len(ids):
             if engine.fail_after is not None and sent >= engine.fail_after:
