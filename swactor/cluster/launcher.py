@@ -2,7 +2,11 @@
 
 Theory of operation. The launcher owns a directory of node keys (created on first use),
 an orchestrator identity every node is told to trust, and the node processes
-(`python -m swactor.cli node ...`, each in its own process group). `start()` spawns them
+(`python -m swactor.cli node ...`, each in its own process group, so a Ctrl-C at the
+launcher's terminal reaches the launcher alone and `stop()` decides). Each node dies
+with the launcher: it is spawned with `PR_SET_PDEATHSIG` SIGKILL (`die_with_parent`),
+so a launcher that is killed (a test run killed mid-way) leaves no node behind, and
+each node's worker dies with its node the same way. `start()` spawns them
 all at once and reads each one's first stdout line, `{"kind": "available", "node_id",
 "quic"}`, to learn its id and bound address (a node that exits or stays silent past the
 boot timeout fails the start with its stderr tail). Later stdout lines (`stage_finished`
@@ -32,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swactor.actors.deathsig import die_with_parent
 from swactor.membership.admission import Admission, PoolEntry, public_key_bytes
 from swactor.orchestrator.session import PoolMember
 from swactor.transport.identity import NodeIdentity
@@ -125,10 +130,11 @@ class LocalCluster:
     async def start(self) -> tuple[PoolMember, ...]:
         env = {**os.environ, **self.extra_env}
         for index in range(self.count):
+            # spawned from the event-loop thread: the death signal follows that thread
             process = await asyncio.create_subprocess_exec(
                 *self._argv(index), stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                env=env, start_new_session=True)
+                env=env, start_new_session=True, preexec_fn=die_with_parent(os.getpid()))
             self.nodes.append(NodeProcess(index, process))
         try:
             async with asyncio.timeout(BOOT_TIMEOUT_S):
