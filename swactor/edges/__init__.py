@@ -45,13 +45,10 @@ from swactor.edges.installer import (
     WorkerRingInstaller,
 )
 from swactor.edges.messages import (
-    EdgeDown,
-    EdgeGone,
     EdgeProvisioned,
     EdgeRefused,
     EdgeReleases,
     EdgeStates,
-    EdgeUp,
     ProvisionEdge,
 )
 from swactor.edges.owner import EdgeOwner, StageOwner
@@ -66,16 +63,13 @@ __all__ = [
     "ArenaRelease",
     "ArenaShutdown",
     "DriverActor",
-    "EdgeDown",
     "EdgeEstablisher",
-    "EdgeGone",
     "EdgeOwner",
     "EdgeProvisioned",
     "EdgeRefused",
     "EdgeReleases",
     "EdgeStagePorts",
     "EdgeStates",
-    "EdgeUp",
     "EstablisherConfig",
     "ExpectRecv",
     "LocalRingInstaller",

@@ -3,13 +3,13 @@
 Theory of operation
 -------------------
 The EdgeEstablisher spawns one per provisioned edge end: `TxEdgeActor` (generated
-`tx_edge` machine) for ProvisionTx, `RxEdgeActor` (`rx_edge`) for ProvisionRx. Each
-translates its mail into machine events and carries out the effects:
+`tx_edge` machine) for ProvisionTx, `RxEdgeActor` (`rx_edge`) for ProvisionRx. Both
+tables take the same `swactor.wire` events, which the actor feeds as they come, and
+name the same effects, which it carries out (one actor class binds either table):
 
-- from the establisher: `EdgeUp` -> EdgeReady, `EdgeDown` -> EdgeFailed, `EdgeGone` ->
-  EdgeStopped;
-- from its owner: `StopEdge` (the machine's own event);
-- from the driver: a StreamFault for this edge.
+- from the establisher: `EdgeReady`, `EdgeFailed`, `EdgeStopped`;
+- from its owner: `StopEdge`;
+- from the driver: a `StreamFault` for this edge.
 
 Objects do not pass through these actors: GpuWorkerCtl routes the worker's object
 events to the StageController (fsm/rx_edge.yaml and tx_edge.yaml say why); the ring
@@ -28,15 +28,16 @@ import logging
 from typing import Any
 
 from swactor.actors import Actor, ActorRef, Context
-from swactor.edges.messages import EdgeDown, EdgeGone, EdgeUp
 from swactor.edges.owner import EdgeOwner
 from swactor.fsm.generated import rx_edge as rx
 from swactor.fsm.generated import tx_edge as tx
 from swactor.fsm.runtime import ProtocolError
 from swactor.wire import (
     Component,
+    EdgeFailed,
     EdgeId,
-    RingId,
+    EdgeReady,
+    EdgeStopped,
     RunFaultReason,
     StopEdge,
     StreamFault,
@@ -67,9 +68,12 @@ def _component(reason: RunFaultReason, own: Component) -> Component:
 
 
 class _EdgeActor(Actor[Any]):
-    """What the Tx and Rx actors share: mail translation and the common effects."""
+    """The Tx or Rx gate: both tables take the same events and name the same effects,
+    so one actor binds either; a subclass names its table (`gen`) and its component."""
 
     component: Component
+    gen: Any
+    """The generated module, `tx_edge` or `rx_edge`."""
 
     def __init__(
         self,
@@ -82,33 +86,37 @@ class _EdgeActor(Actor[Any]):
         self.owner = owner
         self.establisher = establisher
         self.worker_ctl = worker_ctl
-        self.ring_id: RingId | None = None
+        self.machine = self._machine()
 
-    def _translate(self, message: Any) -> Any:
-        raise NotImplementedError
-
-    def _stopped(self) -> bool:
-        raise NotImplementedError
-
-    def _effect(self, effect: Any) -> None:
+    def _machine(self) -> Any:
         raise NotImplementedError
 
     async def receive(self, ctx: Context[Any], message: Any) -> None:
-        event = self._translate(message)
-        if event is None:
-            return
+        if not isinstance(message, _EVENTS):
+            return  # the ring events GpuWorkerCtl routes here (module doc)
         try:
-            effects = self._handle(event)
+            effects = list(self.machine.handle(message))
         except ProtocolError as exc:
             log.warning("edge %d: %s", int(self.edge_id), exc)
             return
         for effect in effects:
             self._effect(effect)
-        if self._stopped():
+        if self.machine.state is self.gen.State.Stopped:
             ctx.stop_self()
 
-    def _handle(self, event: Any) -> list[Any]:
-        raise NotImplementedError
+    def _effect(self, effect: Any) -> None:
+        gen = self.gen
+        match effect:
+            case gen.ReportEdgeReady(ring_id=ring_id):
+                self.owner.edge_ready(self.edge_id, ring_id)
+            case gen.ReportEdgeFailed(reason=reason):
+                self._fault(reason)
+            case gen.ReportStreamFault(reason=reason):
+                self._stream_fault(reason)
+            case gen.ForwardStopEdge():
+                self.establisher.tell(StopEdge(self.edge_id))
+            case gen.ReportEdgeStopped(clean=clean):
+                self.owner.edge_stopped(self.edge_id, clean)
 
     def _fault(self, reason: RunFaultReason) -> None:
         self.owner.edge_failed(self.edge_id, reason, _component(reason, self.component))
@@ -119,93 +127,25 @@ class _EdgeActor(Actor[Any]):
         self.owner.edge_failed(self.edge_id, run_reason, Component.Driver)
 
 
+_EVENTS = (EdgeReady, EdgeFailed, EdgeStopped, StopEdge, StreamFault)
+"""The mail both tables take as it is (all `swactor.wire` classes)."""
+
+
 class TxEdgeActor(_EdgeActor):
     """The producer end's gate (generated `tx_edge` machine)."""
 
     component = Component.TxEdge
+    gen = tx
 
-    def __init__(self, edge_id: EdgeId, owner: EdgeOwner, establisher: ActorRef[Any],
-                 worker_ctl: ActorRef[Any] | None = None) -> None:
-        super().__init__(edge_id, owner, establisher, worker_ctl)
-        self.machine = tx.TxEdgeMachine(self)
-
-    def _stopped(self) -> bool:
-        return self.machine.state is tx.State.Stopped
-
-    def _handle(self, event: Any) -> list[Any]:
-        return list(self.machine.handle(event))
-
-    def _translate(self, message: Any) -> tx.Event | None:
-        match message:
-            case EdgeUp(ring_id=ring_id):
-                self.ring_id = ring_id
-                return tx.EdgeReady(self.edge_id)
-            case EdgeDown(reason=reason):
-                return tx.EdgeFailed(self.edge_id, reason)
-            case EdgeGone(clean=clean):
-                return tx.EdgeStopped(self.edge_id, clean)
-            case StopEdge():
-                return message
-            case StreamFault():
-                return message
-        return None
-
-    def _effect(self, effect: Any) -> None:
-        match effect:
-            case tx.ReportEdgeReady():
-                assert self.ring_id is not None
-                self.owner.edge_ready(self.edge_id, self.ring_id)
-            case tx.ReportEdgeFailed(reason=reason):
-                self._fault(reason)
-            case tx.ReportStreamFault(reason=reason):
-                self._stream_fault(reason)
-            case tx.ForwardStopEdge():
-                self.establisher.tell(StopEdge(self.edge_id))
-            case tx.ReportEdgeStopped(clean=clean):
-                self.owner.edge_stopped(self.edge_id, clean)
+    def _machine(self) -> tx.TxEdgeMachine:
+        return tx.TxEdgeMachine(self)
 
 
 class RxEdgeActor(_EdgeActor):
     """The consumer end's gate (generated `rx_edge` machine)."""
 
     component = Component.RxEdge
+    gen = rx
 
-    def __init__(self, edge_id: EdgeId, owner: EdgeOwner, establisher: ActorRef[Any],
-                 worker_ctl: ActorRef[Any] | None = None) -> None:
-        super().__init__(edge_id, owner, establisher, worker_ctl)
-        self.machine = rx.RxEdgeMachine(self)
-
-    def _stopped(self) -> bool:
-        return self.machine.state is rx.State.Stopped
-
-    def _handle(self, event: Any) -> list[Any]:
-        return list(self.machine.handle(event))
-
-    def _translate(self, message: Any) -> rx.Event | None:
-        match message:
-            case EdgeUp(ring_id=ring_id):
-                self.ring_id = ring_id
-                return rx.EdgeReady(self.edge_id)
-            case EdgeDown(reason=reason):
-                return rx.EdgeFailed(self.edge_id, reason)
-            case EdgeGone(clean=clean):
-                return rx.EdgeStopped(self.edge_id, clean)
-            case StopEdge():
-                return message
-            case StreamFault():
-                return message
-        return None
-
-    def _effect(self, effect: Any) -> None:
-        match effect:
-            case rx.ReportEdgeReady():
-                assert self.ring_id is not None
-                self.owner.edge_ready(self.edge_id, self.ring_id)
-            case rx.ReportEdgeFailed(reason=reason):
-                self._fault(reason)
-            case rx.ReportStreamFault(reason=reason):
-                self._stream_fault(reason)
-            case rx.ForwardStopEdge():
-                self.establisher.tell(StopEdge(self.edge_id))
-            case rx.ReportEdgeStopped(clean=clean):
-                self.owner.edge_stopped(self.edge_id, clean)
+    def _machine(self) -> rx.RxEdgeMachine:
+        return rx.RxEdgeMachine(self)

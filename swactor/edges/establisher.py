@@ -7,12 +7,12 @@ One actor per node. Each provisioned edge end gets a record bound to the generat
 
     ProvisionEdge -> spawn the Tx/Rx edge actor (child) -> ArenaLease -> Granted
     -> RingInstaller.install -> RingInstalled -> EstablishSend/EstablishRecv (driver)
-    -> DriverEdgeReady -> Ready (EdgeUp to the edge actor, which tells its owner)
+    -> DriverEdgeReady -> Ready (EdgeReady to the edge actor, which tells its owner)
 
 and, on StopEdge or a fault, starts an `edge_teardown` machine that stops in the §38
 order: StopEdge to the driver -> PumpStopped -> installer.uninstall -> RingQuiesced (or
 GpuWorkerCtl's WorkerReaped after a crash) -> ArenaRelease with the proof minted here
--> Released -> the record's EdgeTornDown -> EdgeGone to the edge actor (answering its
+-> Released -> the record's EdgeTornDown -> EdgeStopped to the edge actor (answering its
 StopEdge). The tables decide; this binding routes mail to the right record and carries
 out effects:
 
@@ -52,7 +52,7 @@ Mail in: `ProvisionEdge` (ask: `EdgeProvisioned` / `EdgeRefused`), `edge_record.
 `WorkerReaped`, the driver's `DriverEdgeReady`/`StreamFault`/`StreamClosed`/`PumpStopped`.
 Mail out: `ArenaLease`/`ArenaCancel`/`ArenaRelease` to the ArenaActor, `ExpectRecv`/
 `EstablishSend`/`EstablishRecv`/`StopEdge` to the DriverActor, installer calls,
-`EdgeUp`/`EdgeDown`/`EdgeGone` to edge actors, and the `edge_ready` lifecycle event.
+`EdgeReady`/`EdgeFailed`/`EdgeStopped` to edge actors, and the `edge_ready` lifecycle event.
 """
 
 from __future__ import annotations
@@ -79,16 +79,14 @@ from swactor.edges.driver_actor import ExpectRecv, RouteDriverEvents
 from swactor.edges.edge_actors import NOT_ESTABLISHED, RxEdgeActor, TxEdgeActor
 from swactor.edges.installer import RingInstaller
 from swactor.edges.messages import (
-    EdgeDown,
-    EdgeGone,
     EdgeProvisioned,
     EdgeRefused,
     EdgeReleases,
     EdgeStates,
-    EdgeUp,
     ProvisionEdge,
 )
-from swactor.events.schema import EdgeReady, LifecycleEvent
+from swactor.events import schema
+from swactor.events.schema import LifecycleEvent
 from swactor.fsm.generated import edge_record as er
 from swactor.fsm.generated import edge_teardown as et
 from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer
@@ -96,7 +94,10 @@ from swactor.transport import messages as tm
 from swactor.wire import (
     ArenaFailure,
     DriverEdgeReady,
+    EdgeFailed,
     EdgeId,
+    EdgeReady,
+    EdgeStopped,
     InstallRing,
     LeaseRequestId,
     NodeId,
@@ -406,15 +407,15 @@ class EdgeEstablisher(Actor[Any]):
                                                  int(ring), rec.layout))
             case er.NotifyEdgeReady(edge_id=edge):
                 assert rec.ring_id is not None
-                self._tell_actor(rec, EdgeUp(edge, rec.ring_id))
+                self._tell_actor(rec, EdgeReady(edge, rec.ring_id))
                 if cfg.emit is not None and rec.run_id is not None:
-                    cfg.emit(EdgeReady(node_id=cfg.node_id, run_id=rec.run_id, edge_id=edge,
-                                       ring_id=rec.ring_id))
+                    cfg.emit(schema.EdgeReady(node_id=cfg.node_id, run_id=rec.run_id,
+                                              edge_id=edge, ring_id=rec.ring_id))
             case er.NotifyEdgeFailed(edge_id=edge, reason=reason):
-                self._tell_actor(rec, EdgeDown(edge, reason))
+                self._tell_actor(rec, EdgeFailed(edge, reason))
                 self._drop_held_stream(rec)
             case er.NotifyEdgeStopped(edge_id=edge, clean=clean):
-                self._tell_actor(rec, EdgeGone(edge, clean))
+                self._tell_actor(rec, EdgeStopped(edge, clean))
                 self._drop_held_stream(rec)
             case er.StartEdgeTeardown(edge_id=edge, reason=reason):
                 self._start_teardown(ctx, rec, reason, et.StopEdge(edge))

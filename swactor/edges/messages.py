@@ -12,7 +12,8 @@ To the EdgeEstablisher (besides the arena's, worker's and driver's answers):
 - `EdgeReleases()` (ask): `list[tuple[int, QuiescenceProofKind]]`, every ring this
   establisher released so far and the kind of proof it carried (teardown audit).
 
-From the EdgeEstablisher to an edge actor: `EdgeUp`, `EdgeDown`, `EdgeGone`.
+From the EdgeEstablisher to an edge actor: `swactor.wire` `EdgeReady`, `EdgeFailed`,
+`EdgeStopped`, the events its table takes.
 To an edge actor from its owner: `swactor.wire.StopEdge`, the event its table takes.
 """
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from swactor.actors import ActorRef
-from swactor.wire import EdgeId, PortId, ProvisionRx, ProvisionTx, RingId, RunFaultReason, RunId
+from swactor.wire import EdgeId, PortId, ProvisionRx, ProvisionTx, RunId
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,30 +52,6 @@ class EdgeRefused:
 
     edge_id: EdgeId
     detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class EdgeUp:
-    """The edge record is Ready on `ring_id` (the edge actor's EdgeReady)."""
-
-    edge_id: EdgeId
-    ring_id: RingId
-
-
-@dataclass(frozen=True, slots=True)
-class EdgeDown:
-    """The edge record failed (the edge actor's EdgeFailed)."""
-
-    edge_id: EdgeId
-    reason: RunFaultReason
-
-
-@dataclass(frozen=True, slots=True)
-class EdgeGone:
-    """The edge record answered StopEdge (the edge actor's EdgeStopped)."""
-
-    edge_id: EdgeId
-    clean: bool
 
 
 @dataclass(frozen=True, slots=True)

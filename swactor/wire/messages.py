@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from swactor.wire.enums import StreamFaultReason
+from swactor.wire.enums import RunFaultReason, StreamFaultReason
 from swactor.wire.ids import EdgeId, RingId
 
 
@@ -59,3 +59,30 @@ class StreamFault:
 
     edge_id: EdgeId
     reason: StreamFaultReason
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeReady:
+    """The edge record of `edge_id` reached Ready on ring `ring_id` (spec §27): the
+    EdgeEstablisher tells the edge's Tx or Rx actor."""
+
+    edge_id: EdgeId
+    ring_id: RingId
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeFailed:
+    """The edge record of `edge_id` failed (lease rejected or timed out, ring or stream
+    fault); `reason` is the spec §36 run-level source (EdgeEstablisher to edge actor)."""
+
+    edge_id: EdgeId
+    reason: RunFaultReason
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeStopped:
+    """The edge record of `edge_id` answered StopEdge (spec §38); `clean` says whether its
+    teardown released everything (EdgeEstablisher to edge actor)."""
+
+    edge_id: EdgeId
+    clean: bool

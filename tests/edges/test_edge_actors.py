@@ -12,9 +12,6 @@ from typing import Any
 
 from swactor.actors import Runtime
 from swactor.edges import (
-    EdgeDown,
-    EdgeGone,
-    EdgeUp,
     RxEdgeActor,
     StageOwner,
     StopEdge,
@@ -28,7 +25,10 @@ from swactor.wire import (
     Component,
     DeviceObjectHandle,
     EdgeEstablished,
+    EdgeFailed,
     EdgeId,
+    EdgeReady,
+    EdgeStopped,
     ObjectFailed,
     ObjectFailure,
     ObjectId,
@@ -72,14 +72,14 @@ async def test_edge_actors_let_objects_pass_them_by() -> None:
         actors = {"tx": runtime.spawn(lambda: TxEdgeActor(EDGE, owners["tx"], establisher)),
                   "rx": runtime.spawn(lambda: RxEdgeActor(EDGE, owners["rx"], establisher))}
         for name, actor in actors.items():
-            actor.tell(EdgeUp(EDGE, RING))
+            actor.tell(EdgeReady(EDGE, RING))
             for mail in (loaded(1, 100), produced(1), loaded(2, 101), loaded(3, 102),
                          ObjectFailed(RING, EDGE, PortId(1), None, None,
                                       ObjectFailure.EofMidObject)):
                 actor.tell(mail)
             actor.tell(StopEdge(EDGE))
             assert await asyncio.wait_for(inbox.get(), 5) == er.StopEdge(EDGE)
-            actor.tell(EdgeGone(EDGE, True))
+            actor.tell(EdgeStopped(EDGE, True))
             await asyncio.wait_for(actor.join(), 5)
             assert owners[name].reports == [("ready", 4, 9), ("stopped", 4, True)], name
     assert rx.State.__members__.keys() == {"Provisioning", "Ready", "Faulted", "Stopping",
@@ -92,8 +92,8 @@ async def test_edge_failure_reaches_the_owner_with_its_component() -> None:
     async with Runtime("edges") as runtime:
         establisher = runtime.spawn(lambda: Collector(asyncio.Queue()), "establisher")
         actor = runtime.spawn(lambda: RxEdgeActor(EDGE, owner, establisher))
-        actor.tell(EdgeDown(EDGE, RunFaultReason.ArenaPressureTimeout))
-        actor.tell(EdgeUp(EDGE, RING))  # late: ignored in Faulted
+        actor.tell(EdgeFailed(EDGE, RunFaultReason.ArenaPressureTimeout))
+        actor.tell(EdgeReady(EDGE, RING))  # late: ignored in Faulted
         await settle(owner, 1)
         await asyncio.sleep(0.05)
         assert owner.reports == [

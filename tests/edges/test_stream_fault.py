@@ -93,7 +93,7 @@ async def test_handshake_failure_is_an_edge_establishment_failure() -> None:
             await a.provision(tx(EDGE, b.identity.node_id))
             reason, component = await a.owner.wait("failed", EDGE)
             assert reason is RunFaultReason.EdgeEstablishmentFailed
-            # the establisher's EdgeDown or the driver's own StreamFault, whichever is first
+            # the establisher's EdgeFailed or the driver's own StreamFault, whichever is first
             assert component in (Component.EdgeEstablisher, Component.Driver)
             await a.wait_state(EDGE, er.State.Failed)
             assert await a.live_leases() == []
