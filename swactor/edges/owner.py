@@ -12,7 +12,7 @@ edge actors do not depend on any one owner's message types:
 - `edge_stopped(edge_id, clean)`: the edge is torn down (EdgeStopped), always sent in
   answer to a StopEdge.
 
-`StageOwner` maps them onto the StageController's mail: `EdgeEstablished`,
+`StageOwner` maps them onto the StageController's mail: `EdgeReady`,
 `scm.EdgeFault`, `scm.EdgeStopped`. Objects are no owner's business here: GpuWorkerCtl
 routes the worker's ObjectLoaded / ObjectProduced / ObjectFailed to the StageController
 directly (fsm/rx_edge.yaml and tx_edge.yaml say why), and the orchestrator's token
@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from swactor.actors import ActorRef
 from swactor.fsm.generated import stage_controller as scm
-from swactor.wire import Component, EdgeEstablished, EdgeId, RingId, RunFaultReason
+from swactor.wire import Component, EdgeId, EdgeReady, RingId, RunFaultReason
 
 
 class EdgeOwner(Protocol):
@@ -46,7 +46,7 @@ class StageOwner:
         self.controller = controller
 
     def edge_ready(self, edge_id: EdgeId, ring_id: RingId) -> None:
-        self.controller.tell(EdgeEstablished(edge_id, ring_id))
+        self.controller.tell(EdgeReady(edge_id, ring_id))
 
     def edge_failed(self, edge_id: EdgeId, reason: RunFaultReason, component: Component
                     ) -> None:

@@ -10,7 +10,7 @@ against the node's EdgeEstablisher:
   edge bound to the role's input port, `establish_outbound` for a ProvisionTx of the
   outbound edge (consumer node from the provision) on the output port. The owner of
   both edge actors is a `StageOwner` of `stage` (the StageHost or the controller), so
-  EdgeEstablished / EdgeFault / EdgeStopped come back as the controller's mail. A
+  EdgeReady / EdgeFault / EdgeStopped come back as the controller's mail. A
   refused provisioning (the edge id already has a live record) raises `RunFaultError`
   with EdgeEstablishmentFailed.
 - `stop_edges(inbound, outbound)` sends StopEdge to each edge's actor; the

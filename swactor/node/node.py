@@ -534,7 +534,7 @@ class StageNode:
         self.driver = driver_actor.driver
         driver = self._driver_ref = runtime.spawn(lambda: driver_actor, "driver",
                                                   mailbox_capacity=4096)
-        # edge_ready is the StageController's event (on EdgeEstablished): no emit here
+        # edge_ready is the StageController's event (on EdgeReady): no emit here
         est_config = EstablisherConfig(self.node_id, arena_ref, driver, installer,
                                        manager.take_minter(), worker_ctl=ctl)
         establisher = self._establisher = runtime.spawn(

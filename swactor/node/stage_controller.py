@@ -12,7 +12,7 @@ actors, StoppingTimeout from its own timer) plus what other node actors send as 
 are: GpuWorkerCtl's §30 worker events (`wire.ObjectLoaded`, `wire.ObjectProduced`,
 `wire.ObjectFailed`, `wire.RoleConfigured`, `wire.RoleFailed`, `wire.StepCompleted`,
 `wire.StepFailed`, `wire.DeviceObjectReleased`, `wire.ReleaseFailed`) and its
-`WorkerCrashed` notice, the edge actors' `EdgeEstablished(edge_id, ring_id)` and the
+`WorkerCrashed` notice, the edge actors' `EdgeReady(edge_id, ring_id)` and the
 loader's `WeightsFetched` progress. For every message the binding
 
 1. translates it into the machine event it stands for, keeping what the machine does
@@ -65,9 +65,9 @@ from dataclasses import dataclass, field
 
 from swactor import wire
 from swactor.actors import Actor, Context
+from swactor.events import schema
 from swactor.events.schema import (
     EdgeProvisionStarted,
-    EdgeReady,
     ExecuteStepStarted,
     ObjectLoaded,
     ObjectProduced,
@@ -94,7 +94,6 @@ from swactor.wire import (
     AwaitedInput,
     Component,
     DeviceObjectHandle,
-    EdgeEstablished,
     EdgeId,
     EdgeKind,
     NodeId,
@@ -130,7 +129,7 @@ WorkerMail = (
     | wire.ReleaseFailed
     | WorkerCrashedNotice
 )
-StageMail = scm.Event | WorkerMail | EdgeEstablished | WeightsFetched
+StageMail = scm.Event | WorkerMail | WeightsFetched
 """Everything a StageController takes (module doc)."""
 
 WEIGHT_REASONS = frozenset({
@@ -252,8 +251,8 @@ class StageController(Actor[StageMail]):
 
     def _translate(self, message: StageMail) -> scm.Event | None:
         """The machine event `message` stands for; None when it is not for this stage."""
-        if isinstance(message, EdgeEstablished):
-            return self._edge_established(message.edge_id, message.ring_id)
+        if isinstance(message, wire.EdgeReady):
+            return self._edge_ready(message)
         if isinstance(message, WeightsFetched):
             if self.machine.state is scm.State.Preparing:
                 self._emit_downloaded()
@@ -322,17 +321,18 @@ class StageController(Actor[StageMail]):
             return ()
         return (provision.inbound.edge_id, provision.outbound.edge_id)
 
-    def _edge_established(self, edge: EdgeId, ring: RingId) -> scm.Event | None:
+    def _edge_ready(self, message: wire.EdgeReady) -> scm.Event | None:
+        edge, ring = message.edge_id, message.ring_id
         provision = self._provision
         if provision is None or edge not in self._edges:
-            return self._drop(EdgeEstablished(edge, ring), f"edge {int(edge)} is not ours")
+            return self._drop(message, f"edge {int(edge)} is not ours")
         if edge not in self._rings:
             self._rings[edge] = ring
-            self.ports.emit(EdgeReady(
+            self.ports.emit(schema.EdgeReady(
                 node_id=self.config.node_id, run_id=provision.run_id, edge_id=edge,
                 ring_id=ring,
             ))
-        return scm.EdgeReady(edge)
+        return message  # the table's EdgeReady (swactor.wire)
 
     def _object_loaded(self, message: wire.ObjectLoaded) -> scm.Event:
         provision = self._provision

@@ -19,7 +19,7 @@ most one *active* `StageController` child and forwards to it:
   controller's StopRun. For a run this node is not serving (never provisioned here, or
   refused) the host answers StageStopped(clean) at once: there is nothing to stop.
 - everything else (GpuWorkerCtl's worker events and WorkerCrashed, the edge actors'
-  EdgeEstablished/EdgeFault/EdgeStopped, the weight loader's reports): forwarded to the
+  EdgeReady/EdgeFault/EdgeStopped, the weight loader's reports): forwarded to the
   active controller, dropped when there is none.
 
 When the active controller reaches Stopped its `StageOutcome` is appended to

@@ -17,7 +17,7 @@ port                   what comes back (mail to the controller)
 configure_role         `wire.RoleConfigured` / `wire.RoleFailed` (from GpuWorkerCtl)
 load_weights           `WeightsFetched` (optional progress), then `WeightsReady` /
                        `WeightsFailed` (machine events)
-establish_inbound/     `EdgeEstablished(edge_id, ring_id)` or `EdgeFault` per edge
+establish_inbound/     `EdgeReady(edge_id, ring_id)` or `EdgeFault` per edge
 establish_outbound
 execute_step           `wire.ObjectProduced`, then `wire.StepCompleted` / `wire.StepFailed`
 release_input          `wire.DeviceObjectReleased` / `wire.ReleaseFailed`

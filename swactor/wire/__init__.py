@@ -90,7 +90,6 @@ from swactor.wire.ids import (
 )
 from swactor.wire.messages import (
     DriverEdgeReady,
-    EdgeEstablished,
     EdgeFailed,
     EdgeReady,
     EdgeStopped,
@@ -216,7 +215,6 @@ __all__ = [
     "DriverEdgeReady",
     "EdgeEndpoint",
     "EdgeEndpointKind",
-    "EdgeEstablished",
     "EdgeFailed",
     "EdgeId",
     "EdgeKind",

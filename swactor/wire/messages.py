@@ -26,15 +26,6 @@ class WorkerReaped:
 
 
 @dataclass(frozen=True, slots=True)
-class EdgeEstablished:
-    """An edge actor's end of `edge_id` is ready on ring `ring_id` (to the
-    StageController, whose machine takes it as EdgeReady)."""
-
-    edge_id: EdgeId
-    ring_id: RingId
-
-
-@dataclass(frozen=True, slots=True)
 class StopEdge:
     """Stop `edge_id` (spec §38): to its edge actor, record, teardown and pump."""
 

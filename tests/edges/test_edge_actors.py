@@ -24,7 +24,6 @@ from swactor.fsm.generated import tx_edge as tx
 from swactor.wire import (
     Component,
     DeviceObjectHandle,
-    EdgeEstablished,
     EdgeFailed,
     EdgeId,
     EdgeReady,
@@ -108,7 +107,7 @@ async def test_stage_owner_speaks_the_stage_controllers_mail() -> None:
         owner.edge_failed(EDGE, RunFaultReason.RingFault, Component.Worker)
         owner.edge_stopped(EDGE, True)
         got = [await asyncio.wait_for(inbox.get(), 5) for _ in range(3)]
-        assert got == [EdgeEstablished(EDGE, RING),
+        assert got == [EdgeReady(EDGE, RING),
                        scm.EdgeFault(EDGE, RunFaultReason.RingFault, Component.Worker),
                        scm.EdgeStopped(EDGE, True)]
         assert inbox.empty()

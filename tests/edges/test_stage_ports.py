@@ -14,8 +14,8 @@ from swactor.edges import EdgeStagePorts
 from swactor.fsm.generated import stage_controller as scm
 from swactor.testing.examples import example
 from swactor.wire import (
-    EdgeEstablished,
     EdgeId,
+    EdgeReady,
     ExecuteStep,
     NodeId,
     ObjectId,
@@ -49,7 +49,7 @@ async def test_stage_edges_are_established_and_stopped_clean() -> None:
             inbound, outbound = provision.inbound.edge_id, provision.outbound.edge_id
             ready = await next_of(inbox, 2)
             assert sorted(int(m.edge_id) for m in ready) == sorted([inbound, outbound])
-            assert all(isinstance(m, EdgeEstablished) for m in ready)
+            assert all(isinstance(m, EdgeReady) for m in ready)
             assert len(await a.live_leases()) == 2
 
             with pytest.raises(RunFaultError) as refused:

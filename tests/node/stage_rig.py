@@ -1,7 +1,7 @@
 """A StageController under test: a real actor runtime, a real 3-stage plan, fake ports.
 
 `StageRig` spawns one controller and offers one method per thing its peers say to it
-(the orchestrator's ProvisionStage/StopRun, the edge actors' EdgeEstablished/EdgeStopped,
+(the orchestrator's ProvisionStage/StopRun, the edge actors' EdgeReady/EdgeStopped,
 the loader's WeightsReady, GpuWorkerCtl's wire events), each returning once the actor
 has acted on it (a port call or report the test names, or `settle()`).
 """
@@ -26,7 +26,7 @@ from swactor.orchestrator.inventory import synthetic_pool
 from swactor.orchestrator.planner import PlanRequest, plan_run, stage_runtime_facts
 from swactor.wire import (
     DeviceObjectHandle,
-    EdgeEstablished,
+    EdgeReady,
     NodeId,
     ObjectId,
     PromptSource,
@@ -103,8 +103,8 @@ class StageRig:
         await self.provision_stage()
         await self.ports.until(lambda: len(self.ports.of("establish_outbound")) == 1
                                and len(self.ports.of("load_weights")) == 1)
-        self.ref.tell(EdgeEstablished(self.inbound, IN_RING))
-        self.ref.tell(EdgeEstablished(self.outbound, OUT_RING))
+        self.ref.tell(EdgeReady(self.inbound, IN_RING))
+        self.ref.tell(EdgeReady(self.outbound, OUT_RING))
         self.ref.tell(scm.WeightsReady())
         self.ref.tell(wire.RoleConfigured(self.provision.runtime.role_id))
         await self.ports.until(lambda: bool(self.ports.reported(orun.StageReady)))

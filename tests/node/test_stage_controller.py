@@ -20,7 +20,7 @@ from swactor.node.stage_ports import WeightsFetched
 from swactor.node.worker_ctl import WorkerCrashed
 from swactor.wire import (
     Component,
-    EdgeEstablished,
+    EdgeReady,
     NodeId,
     ObjectFailure,
     RunFaultError,
@@ -88,8 +88,8 @@ def test_provision_ready_steps_stop() -> None:
         ]
         assert rig.ports.of("establish_inbound") == [("establish_inbound", int(rig.inbound))]
         assert rig.ports.of("load_weights") == [("load_weights", 2, 4)]  # stage 1 of 6 blocks
-        rig.ref.tell(EdgeEstablished(rig.inbound, IN_RING))
-        rig.ref.tell(EdgeEstablished(rig.outbound, OUT_RING))
+        rig.ref.tell(EdgeReady(rig.inbound, IN_RING))
+        rig.ref.tell(EdgeReady(rig.outbound, OUT_RING))
         rig.ref.tell(WeightsFetched(1234))
         rig.ref.tell(scm.WeightsReady())
         await rig.settle()
@@ -246,14 +246,14 @@ def test_last_stage_must_send_tokens_to_the_orchestrator() -> None:
 def test_weights_failure_faults_the_stage_then_stop_is_clean() -> None:
     async def body(rig: StageRig) -> None:
         await rig.provision_stage()
-        rig.ref.tell(EdgeEstablished(rig.inbound, IN_RING))
+        rig.ref.tell(EdgeReady(rig.inbound, IN_RING))
         rig.ref.tell(scm.WeightsFailed(RunFaultReason.WeightDownloadFailed))
         await rig.ports.until(lambda: bool(faults(rig)))
         assert faults(rig) == [(1, RunFaultReason.WeightDownloadFailed, Component.ModelLoader)]
         assert rig.state() is scm.State.Faulted
         # late setup news changes nothing; the stage never reports ready
         rig.ref.tell(wire.RoleConfigured(rig.provision.runtime.role_id))
-        rig.ref.tell(EdgeEstablished(rig.outbound, OUT_RING))
+        rig.ref.tell(EdgeReady(rig.outbound, OUT_RING))
         rig.ref.tell(scm.WeightsReady())
         await rig.settle()
         assert rig.state() is scm.State.Faulted
@@ -451,7 +451,7 @@ def test_stop_run_right_after_provisioning_waits_for_the_edge_establishments() -
 def test_stop_run_while_preparing() -> None:
     async def body(rig: StageRig) -> None:
         await rig.provision_stage()
-        rig.ref.tell(EdgeEstablished(rig.inbound, IN_RING))
+        rig.ref.tell(EdgeReady(rig.inbound, IN_RING))
         await rig.stop_run()
         assert rig.state() is scm.State.Stopping
         rig.ref.tell(scm.WeightsReady())  # late: ignored while stopping
@@ -534,8 +534,8 @@ def test_stage_ready_only_when_role_weights_and_both_edges_are(withheld: str) ->
         news: dict[str, object] = {
             "role": wire.RoleConfigured(rig.provision.runtime.role_id),
             "weights": scm.WeightsReady(),
-            "inbound": EdgeEstablished(rig.inbound, IN_RING),
-            "outbound": EdgeEstablished(rig.outbound, OUT_RING),
+            "inbound": EdgeReady(rig.inbound, IN_RING),
+            "outbound": EdgeReady(rig.outbound, OUT_RING),
         }
         for name, message in news.items():
             if name != withheld:

@@ -32,7 +32,7 @@ from swactor.node.stage_ports import StageOutcome
 from swactor.node.worker_ctl import WorkerCrashed
 from swactor.wire import (
     Component,
-    EdgeEstablished,
+    EdgeReady,
     NodeId,
     ObjectFailure,
     RunFaultReason,
@@ -67,16 +67,16 @@ def message_for(move: str, ports: FakeStagePorts, provision: wire.ProvisionStage
     match move:
         case "setup_all":
             return [scm.ProvisionStage(orchestrator, provision),
-                    EdgeEstablished(inbound, IN_RING), EdgeEstablished(outbound, OUT_RING),
+                    EdgeReady(inbound, IN_RING), EdgeReady(outbound, OUT_RING),
                     scm.WeightsReady(), wire.RoleConfigured(role)]
         case "provision":
             return scm.ProvisionStage(orchestrator, provision)
         case "provision_stranger":
             return scm.ProvisionStage(NodeId(4242), provision)
         case "edge_in":
-            return EdgeEstablished(inbound, IN_RING)
+            return EdgeReady(inbound, IN_RING)
         case "edge_out":
-            return EdgeEstablished(outbound, OUT_RING)
+            return EdgeReady(outbound, OUT_RING)
         case "weights":
             return scm.WeightsReady()
         case "weights_failed":

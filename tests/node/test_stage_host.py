@@ -24,7 +24,7 @@ from swactor.node.stage_host import (
 from swactor.node.stage_ports import StageOutcome
 from swactor.wire import (
     Component,
-    EdgeEstablished,
+    EdgeReady,
     NodeId,
     ObjectId,
     ProvisionStage,
@@ -55,8 +55,8 @@ class Host:
         ready_before = len(ports.reported(orun.StageReady))
         ref.tell(scm.ProvisionStage(ORCHESTRATOR, provision))
         await ports.until(lambda: self.state.active_run == provision.run_id)
-        ref.tell(EdgeEstablished(provision.inbound.edge_id, IN_RING))
-        ref.tell(EdgeEstablished(provision.outbound.edge_id, OUT_RING))
+        ref.tell(EdgeReady(provision.inbound.edge_id, IN_RING))
+        ref.tell(EdgeReady(provision.outbound.edge_id, OUT_RING))
         ref.tell(scm.WeightsReady())
         ref.tell(wire.RoleConfigured(provision.runtime.role_id))
         await ports.until(lambda: len(ports.reported(orun.StageReady)) == ready_before + 1)

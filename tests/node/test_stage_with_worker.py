@@ -3,7 +3,7 @@
 Real: the memfd arena, the rings, `python -m swactor.worker` with the llama_stage role on
 a tiny GGUF, GpuWorkerCtl, the StageHost and its controllers, `WorkerStagePorts`. Played
 by the test: the edge ends (an `EdgePlayer` actor installs and uninstalls the rings
-through GpuWorkerCtl in the EdgeEstablisher's place and reports EdgeEstablished /
+through GpuWorkerCtl in the EdgeEstablisher's place and reports EdgeReady /
 EdgeStopped), the orchestrator (it writes token objects into the ingress ring and reads
 the sampled token from the egress ring), and the control channel (reports are kept).
 
@@ -45,8 +45,8 @@ from swactor.ring import Ring, header_len
 from swactor.wire import (
     OBJECT_HEADER_LEN,
     DeviceObjectHandle,
-    EdgeEstablished,
     EdgeId,
+    EdgeReady,
     ExecuteStep,
     InstallRing,
     NodeId,
@@ -98,7 +98,7 @@ def reference_tokens(gguf: Path) -> list[int]:
 
 
 class EdgePlayer(Actor[Any]):
-    """Stands in for the EdgeEstablisher: ring installed -> EdgeEstablished, quiesced ->
+    """Stands in for the EdgeEstablisher: ring installed -> EdgeReady, quiesced ->
     EdgeStopped, both to the StageHost."""
 
     def __init__(self, host: ActorRef[Any], edges: dict[RingId, EdgeId],
@@ -108,7 +108,7 @@ class EdgePlayer(Actor[Any]):
     async def receive(self, ctx: Context[Any], message: Any) -> None:
         match message:
             case RingInstalled(ring_id=ring):
-                self.host.tell(EdgeEstablished(self.edges[ring], ring))
+                self.host.tell(EdgeReady(self.edges[ring], ring))
             case RingQuiesced(ring_id=ring):
                 self.host.tell(scm.EdgeStopped(self.edges[ring], True))
             case WorkerReadyNotice():
