@@ -33,7 +33,7 @@ from swactor.events.sinks import MemorySink
 from swactor.fsm.generated import orchestrator_run as orun
 from swactor.fsm.generated import stage_controller as scm
 from swactor.node.stage_controller import StageController, StageControllerConfig
-from swactor.node.stage_ports import EdgeEstablished, StageOutcome, StageReport
+from swactor.node.stage_ports import StageOutcome, StageReport
 from swactor.testing.examples import example
 from swactor.wire import (
     DeviceObjectHandle,
@@ -77,11 +77,11 @@ class AnsweringPorts:
 
     async def establish_inbound(self, provision: ProvisionStage) -> None:
         assert self.stage is not None
-        self.stage.tell(EdgeEstablished(provision.inbound.edge_id, RingId(1)))
+        self.stage.tell(wire.EdgeReady(provision.inbound.edge_id, RingId(1)))
 
     async def establish_outbound(self, provision: ProvisionStage) -> None:
         assert self.stage is not None
-        self.stage.tell(EdgeEstablished(provision.outbound.edge_id, RingId(2)))
+        self.stage.tell(wire.EdgeReady(provision.outbound.edge_id, RingId(2)))
 
     async def execute_step(self, command: ExecuteStep) -> None:
         assert self.stage is not None
@@ -172,7 +172,8 @@ def machine_steps(steps: int) -> float:
     machine.handle(scm.WeightsReady())
     role = provision.runtime.role_id
     events = [
-        (scm.ObjectLoaded(provision.inbound.edge_id, ObjectId(k + 1), Sequence(k),
+        (scm.ObjectLoaded(wire.RingId(1), provision.inbound.edge_id,
+                          provision.runtime.input_port, ObjectId(k + 1), Sequence(k), 64,
                           DeviceObjectHandle(WorkerGeneration(1), k)),
          scm.StepCompleted(role, wire.StepId(k + 1)))
         for k in range(steps)
