@@ -265,9 +265,9 @@ class StageController(Actor[StageMail]):
             return scm.WorkerCrashed(message.generation, reason)
         if isinstance(message, scm.StopRun) and not self._for_this_run(message.run_id):
             return self._drop(message, f"StopRun for run {int(message.run_id)}")
-        if isinstance(message, scm.Event):
+        if isinstance(message, scm.Event) and not isinstance(message, wire.ObjectLoaded):
             return message
-        return self._worker_event(message)
+        return self._worker_event(message)  # ObjectLoaded too: its edge and handle first
 
     def _worker_event(self, message: WorkerMail) -> scm.Event | None:
         provision = self._provision
@@ -346,7 +346,7 @@ class StageController(Actor[StageMail]):
             ring_id=message.ring_id, object_id=message.object_id, sequence=message.sequence,
             worker_generation=handle.worker_generation, detail={"extent": message.extent},
         ))
-        return scm.ObjectLoaded(message.edge_id, message.object_id, message.sequence, handle)
+        return message  # the table's ObjectLoaded (swactor.wire)
 
     def _object_produced(self, message: wire.ObjectProduced) -> None:
         provision, step = self._provision, self._step
