@@ -34,12 +34,21 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Mapping
 from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
-from tinygrad.device import Buffer, Compiled, Device, TinyELF
-from tinygrad.engine.jit import GraphRunner
+from tinygrad.device import Buffer, Compiled, DepsTracker, Device, TinyELF
+from tinygrad.engine.jit import CapturedJit, GraphRunner
+from tinygrad.engine.realize import (
+    get_call_arg_uops,
+    get_graph_runtime,
+    get_runtime,
+    resolve_params,
+    unwrap_multi,
+)
+from tinygrad.renderer import Estimates
 from tinygrad.runtime.ops_cpu import CPUDevice, CPUProgram
 from tinygrad.runtime.support.compiler_cpu import ClangCompiler
 from tinygrad.uop import Ops
@@ -89,7 +98,7 @@ class CpuGraph(GraphRunner):
     """Replay a batch of CPU kernels from one C loop (see the module docstring)."""
 
     def __init__(self, linear: UOp, input_uops: tuple[UOp, ...] = ()) -> None:
-        super().__init__(linear, input_uops)
+        self._runner_state(linear, input_uops)
         rows: list[list[int]] = []
         input_cells: dict[int, list[int]] = {}  # input slot -> flat table cells
         var_cells: dict[str, list[int]] = {}  # variable name -> flat table cells
@@ -139,6 +148,35 @@ class CpuGraph(GraphRunner):
         self.kernel_rows = len(rows)
         self._program, self._replay = _replay_loop(self.width)
 
+    def _runner_state(self, linear: UOp, input_uops: tuple[UOp, ...]) -> None:
+        """What ``GraphRunner.__init__`` (tinygrad 0.14) sets up, less what this runner
+        never reads: launch-dimension and variable replacement tables, and the batch's
+        symbolic cost estimates, whose simplification is about a tenth of a warm stage's
+        warm-up (the estimates feed only tinygrad's statistics counters)."""
+        self.linear = linear.src[0]
+        self.calls: list[tuple[int, UOp, list[Buffer], dict[str, int]]] = []
+        self.runtimes: list[Any | None] = []
+        self.uop_replace: list[list[tuple[int, int]]] = []
+        for call in self.linear.src:
+            replace = [(p, b.arg.slot) for p, b in enumerate(get_call_arg_uops(call))
+                       if b.op is Ops.PARAM]
+            for index, (bufs, device_vars) in enumerate(
+                    unwrap_multi(call, resolve_params(call, input_uops))):
+                self.calls.append((index, call.src[0], [b.ensure_allocated() for b in bufs],
+                                   device_vars))
+                program = call.src[0]
+                self.runtimes.append(get_runtime(bufs[0].device, program)
+                                     if program.op is Ops.PROGRAM else None)
+                self.uop_replace.append(replace)
+        self.vars: list[str] = []
+        self.symbolic_dims: list[tuple[Any, ...]] = []
+        self.var_vals_replace: dict[int, list[tuple[int, int]]] = {}
+        self.launch_dims_replace: dict[int, tuple[int | None, int | None]] = {}
+        self.launch_dims_base: dict[int, tuple[tuple[Any, ...], tuple[int, ...]]] = {}
+        self.deps = DepsTracker()  # type: ignore[no-untyped-call]
+        self.device = self.calls[0][2][0].device.split(":")[0]
+        self.estimates = Estimates()
+
     @staticmethod
     def supports_uop(batch_devs: list[Compiled], new_call: UOp) -> bool:
         return _is_clang_program(new_call) and GraphRunner.supports_uop(batch_devs, new_call)
@@ -146,13 +184,63 @@ class CpuGraph(GraphRunner):
     def __call__(
         self, input_uops: tuple[UOp, ...], var_vals: dict[str, int], wait: bool = False
     ) -> float | None:
+        self.bind_inputs(input_uops)
+        self.replay(var_vals)
+        return None
+
+    def bind_inputs(self, input_uops: tuple[UOp, ...]) -> None:
+        """Write the input buffers' addresses into the table."""
         for slot, cells in self.input_cells.items():
             buffer = cast(Buffer, input_uops[slot].buffer).ensure_allocated()
             self.flat[cells] = buffer.get_buf(buffer.device).va_addr
+
+    def replay(self, var_vals: Mapping[str, int]) -> None:
+        """Run every kernel with the variables ``var_vals`` and the inputs bound last."""
         for name, cells in self.var_cells.items():
             self.flat[cells] = var_vals[name]
         self._replay(self.table.ctypes.data, self.kernel_rows)
-        return None
+
+
+class DirectReplay:
+    """A captured JIT replayed straight through its :class:`CpuGraph` batches.
+
+    A TinyJit replay costs about a millisecond of Python per call besides the kernels
+    (input checks, the executor's pattern matching per call, statistics with symbolic
+    cost estimates). A JIT whose every call is a ``CpuGraph`` batch and whose inputs are
+    fixed buffers it never writes (a decode step's kept input) is the same computation
+    as: bind those inputs once, then per replay write the variables and run each batch's
+    C loop. :meth:`of` says None for any other JIT (the caller keeps TinyJit's path).
+    """
+
+    def __init__(self, graphs: list[CpuGraph]) -> None:
+        self.graphs = graphs
+
+    @classmethod
+    def of(cls, captured: CapturedJit[Any], inputs: tuple[UOp, ...],
+           variables: frozenset[str]) -> DirectReplay | None:
+        """The direct replay of ``captured`` (already run once, so its batches are built)
+        over the fixed ``inputs`` with ``variables`` bound per replay; None when a call is
+        not a CpuGraph batch, a batch has other variables, or the JIT writes an input."""
+        if any(u in captured._written_uops for u in inputs):
+            return None
+        graphs: list[CpuGraph] = []
+        for call in captured.linear.src:
+            ast = call.src[0]
+            if ast.op is not Ops.CUSTOM_FUNCTION or ast.arg != "graph":
+                return None
+            runner = get_graph_runtime(ast)
+            if not isinstance(runner, CpuGraph) or not set(runner.var_cells) <= variables:
+                return None
+            graphs.append(runner)
+        if not graphs:
+            return None
+        for graph in graphs:
+            graph.bind_inputs(inputs)
+        return cls(graphs)
+
+    def replay(self, var_vals: Mapping[str, int]) -> None:
+        for graph in self.graphs:
+            graph.replay(var_vals)
 
 
 def use_cpu_graph(enabled: bool) -> bool:

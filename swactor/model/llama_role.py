@@ -54,7 +54,9 @@ And on CPU the decode JIT is replayed through
 :class:`~swactor.model.cpu_graph.CpuGraph` (one C loop over the ~730 kernels instead of
 ~15 us of Python each: 33 -> 17 ms/token), and the step's input and output go through
 numpy views of a kept input buffer and the JIT's output buffer (a fresh Tensor and
-``numpy()`` cost a schedule each).
+``numpy()`` cost a schedule each). Once the decode JIT has replayed, its batches run
+straight from :class:`~swactor.model.cpu_graph.DirectReplay` (the position written into
+the kernel table, then the C loop), without TinyJit's ~1 ms of Python per call.
 
 Weights in blocks (``quantised``, weights loaded with ``keep_blocks``): every Q4_0/Q4_1/
 Q8_0/Q4_K/Q5_K/Q6_K matrix stays in the file's blocks on the device and nothing dense is
@@ -96,7 +98,7 @@ from swactor.model.block_kernels import (
     upload,
     widen_f16,
 )
-from swactor.model.cpu_graph import use_cpu_graph
+from swactor.model.cpu_graph import DirectReplay, use_cpu_graph
 from swactor.model.dequant import QuantMatrix
 from swactor.model.errors import WeightsError, WeightsFault
 from swactor.model.gguf_range import ModelFacts, StageWeights
@@ -263,9 +265,12 @@ class StageRole:
         self._prefill: dict[int, _TinyJit[Tensor]] = {}
         self._decode_input: Tensor | None = None
         self._decode_input_view: npt.NDArray[Any] = np.zeros(0)
+        self._decode_output_view: npt.NDArray[Any] = np.zeros(0)
+        self._decode_replay: DirectReplay | None = None
         self._kernels = KernelCache.for_role(
             self, self._structure(),
-            skip=("_decode", "_prefill", "_decode_input", "_kernels", "sampling", "last_logits"))
+            skip=("_decode", "_prefill", "_decode_input", "_kernels", "sampling", "last_logits",
+                  "_decode_replay"))
 
     # -- loading --------------------------------------------------------------------------
     def _checked(
@@ -657,11 +662,19 @@ class StageRole:
                                         self.device)
             self._decode_input_view = _host_view(self._decode_input)
         self._decode_input_view[...] = array
+        if self._decode_replay is not None:
+            self._decode_replay.replay({self._pos_var.expr: self._position})
+            return self._decode_output_view.copy()
         use_cpu_graph(self.cpu_graph)
         with Context(BEAM=self.beam):  # type: ignore[no-untyped-call]
             out = self._decode(self._decode_input, position)
         self._offer(self._decode, "decode")
-        return _host_view(out).copy()
+        self._decode_output_view = _host_view(out)
+        captured = self._decode.captured
+        if captured is not None and self._decode.cnt >= 2:  # replayed once: batches built
+            self._decode_replay = DirectReplay.of(captured, (self._decode_input.uop.base,),
+                                                  frozenset({self._pos_var.expr}))
+        return self._decode_output_view.copy()
 
     # -- kernel cache (swactor.model.jit_cache) ----------------------------------------------
     def _structure(self) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from tinygrad.engine.realize import graph_cache
 from tinygrad.tensor import Tensor
 from tinygrad.uop.ops import UOp
 
-from swactor.model.cpu_graph import CpuGraph, use_cpu_graph
+from swactor.model.cpu_graph import CpuGraph, DirectReplay, use_cpu_graph
 
 ROWS, COLS, CACHE = 96, 4096, 24
 
@@ -81,3 +81,34 @@ def test_disabled_graph_leaves_the_jit_on_tinygrads_path() -> None:
         out = step(Tensor(x).realize(), pos_var.bind(pos)).numpy()
     np.testing.assert_allclose(out, _reference(weight, history, x, 4), rtol=1e-4, atol=1e-3)
     assert not [k for k in graph_cache if k not in before]
+
+
+@pytest.mark.skipif(not Device.DEFAULT.startswith("CPU"), reason="a CPU-device graph")
+def test_direct_replay_computes_what_the_jit_does() -> None:
+    """Once the JIT replayed, DirectReplay over its kept input buffer gives what the JIT
+    gives, for new input values and positions written between replays."""
+    weight, history = _case(4)
+    step = TinyJit(_step_fn(Tensor(weight).realize(), Tensor(history).realize()))
+    pos_var = UOp.variable("pos", 0, CACHE - 1)
+    kept = Tensor.zeros(COLS).contiguous().realize()
+    view = np.frombuffer(kept.uop.buffer.as_memoryview(force_zero_copy=True), np.float32)
+    rng = np.random.default_rng(5)
+    assert use_cpu_graph(True)
+    try:
+        for pos in [0, 1, 2]:  # run, capture, replay
+            out = step(kept, pos_var.bind(pos))
+        assert step.captured is not None
+        direct = DirectReplay.of(step.captured, (kept.uop.base,), frozenset({"pos"}))
+        assert direct is not None
+        # a variable the graph does not know is refused (the caller keeps TinyJit's path)
+        assert DirectReplay.of(step.captured, (kept.uop.base,), frozenset()) is None
+        for pos in [7, 3, 23, 0]:
+            x = rng.standard_normal(COLS).astype(np.float32)
+            view[:] = x
+            direct.replay({"pos": pos})
+            got = out.numpy().copy()
+            np.testing.assert_allclose(got, _reference(weight, history, x, pos), rtol=1e-4,
+                                       atol=1e-3)
+            assert np.array_equal(got, step(kept, pos_var.bind(pos)).numpy())
+    finally:
+        use_cpu_graph(False)
