@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from tinygrad.device import Buffer, Device
 from tinygrad.dtype import DType, dtypes
 from tinygrad.tensor import Tensor
@@ -104,6 +106,8 @@ class DeviceBridge:
         self._handles: dict[int, DeviceAllocation] = {}
         self._next_id = 1
         self._unsynced = 0
+        self._freed = Tensor.empty(1, dtype=dtypes.uint8, device=self.device)  # what a freed
+        # allocation holds instead of its memory (one for all)
 
     def probe(self) -> None:
         """Run one tiny kernel, so a broken backend fails at InitializeWorker."""
@@ -124,13 +128,17 @@ class DeviceBridge:
             raise DeviceError(f"allocating {extent} bytes: {exc}", oom=True) from None
         return DeviceAllocation(extent, tensor, object_id)
 
-    def adopt(self, tensor: Tensor) -> DeviceAllocation:
-        """A realised role output as an allocation (its bytes, flattened).
+    def adopt(self, output: Tensor | npt.NDArray[Any]) -> DeviceAllocation:
+        """A role output as an allocation (its bytes, flattened).
 
-        A tensor made from a host array (`Tensor(ndarray)`: a COPY of a host buffer, what a
-        role computing on the host returns) is allocated and its bytes copied in directly,
-        without scheduling tinygrad's copy kernel (about a millisecond of Python per step)."""
-        host = _host_bytes(tensor)
+        A host array (what a role computing on the host returns), or a tensor made from
+        one (`Tensor(ndarray)`: a COPY of a host buffer), is allocated and its bytes
+        copied in directly, without scheduling tinygrad's copy kernel (about a
+        millisecond of Python per step)."""
+        if isinstance(output, np.ndarray):
+            host: memoryview | None = np.ascontiguousarray(output).reshape(-1).view(np.uint8).data
+        else:
+            host = _host_bytes(output)
         if host is not None:
             allocation = self.alloc(len(host))
             if len(host):
@@ -139,13 +147,14 @@ class DeviceBridge:
                 except (RuntimeError, OSError, ValueError, AssertionError) as exc:
                     raise DeviceError(f"output copy: {exc}") from None
             return allocation
-        flat = tensor.contiguous().realize()
+        assert isinstance(output, Tensor)
+        flat = output.contiguous().realize()
         buffer = flat.uop.buffer.ensure_allocated()  # type: ignore[union-attr]
         return DeviceAllocation(int(buffer.nbytes), flat)
 
     def free(self, allocation: DeviceAllocation) -> None:
         """Drop the allocation; tinygrad frees the memory with its last reference."""
-        allocation.tensor = Tensor.empty(1, dtype=dtypes.uint8, device=self.device)
+        allocation.tensor = self._freed
 
     # -- copies ---------------------------------------------------------------------
 
@@ -227,6 +236,24 @@ class DeviceBridge:
         if dtype != dtypes.uint8:
             view = view.bitcast(dtype)
         return view.reshape(shape) if shape is not None else view
+
+
+def host_array(tensor: Tensor) -> npt.NDArray[np.uint8]:
+    """The bytes of a flat uint8 tensor (a role's input view) as a host array.
+
+    A tensor that is a whole realised buffer is read through the buffer's memory view:
+    on a device whose memory the host can address (CPU) a view with no copy, else one
+    copy out. Anything else goes through `Tensor.numpy()`, which schedules a copy kernel
+    (about a millisecond of Python per step). The array is read-only and valid while the
+    tensor's allocation is held."""
+    uop = tensor.uop
+    if tensor.dtype == dtypes.uint8 and uop.has_buffer_identity():  # type: ignore[no-untyped-call]
+        buffer = uop.base.buffer
+        if isinstance(buffer, Buffer) and buffer.nbytes == tensor.nbytes():
+            memory = buffer.as_memoryview(allow_zero_copy=True)
+            return np.frombuffer(memory, dtype=np.uint8)
+    array: npt.NDArray[np.uint8] = tensor.numpy()
+    return array
 
 
 def _host_bytes(tensor: Tensor) -> memoryview | None:

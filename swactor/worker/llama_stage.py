@@ -46,8 +46,9 @@ Bytes the role cannot read as such an object (a length that is not a whole numbe
 rows, an id >= 2**31), and model step errors (out-of-order step, context overflow),
 raise `RoleRunError`, which the step runner answers StepFailed OutputExtentInvalid.
 
-The input crosses to the host once (`Tensor.numpy()`) because the model role's API takes
-arrays; its output is handed back as a uint8 tensor on the same device.
+The input crosses to the host once (`bridge.host_array`: on CPU a view of the object's
+memory) because the model role's API takes arrays; its output is handed back as a host
+array of bytes, which the worker copies into a device allocation of its own.
 
 A node serves run after run with the same stage, so a ConfigureRole for a role id whose
 role already serves the same stage of the same file re-arms that role (`reconfigure`,
@@ -68,11 +69,11 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from tinygrad.dtype import dtypes
 from tinygrad.tensor import Tensor
 
 from swactor.wire import JsonValue, OutputBinding, SamplingMode, WireError
 from swactor.wire import SamplingPolicy as WireSamplingPolicy
+from swactor.worker.bridge import host_array
 from swactor.worker.roles import Role, RoleConfigError, RoleRunError, register_role_kind
 
 KIND = "llama_stage"
@@ -191,20 +192,19 @@ class LlamaStageRole:
 
     def run(
         self, inputs: Mapping[int, Tensor], outputs: Sequence[OutputBinding], runtime: JsonValue
-    ) -> dict[int, Tensor]:
+    ) -> dict[int, Tensor | npt.NDArray[Any]]:
         from swactor.model.llama_role import StepError
 
         if len(inputs) != 1 or len(outputs) != 1:
             raise RoleRunError("llama_stage takes one input and one output per step")
         (source,) = inputs.values()
         (binding,) = outputs
-        array = self.decode_input(source.numpy())
+        array = self.decode_input(host_array(source))
         try:
             result = self.stage.step(int(binding.sequence), array)
         except StepError as error:
             raise RoleRunError(f"llama_stage step {int(binding.sequence)}: {error}") from None
-        data = self.encode_output(result)
-        return {int(binding.port_id): Tensor(data, device=source.device, dtype=dtypes.uint8)}
+        return {int(binding.port_id): self.encode_output(result)}
 
     def decode_input(self, raw: npt.NDArray[np.uint8]) -> npt.NDArray[Any]:
         """The model role's input array for one input object's bytes."""

@@ -6,9 +6,9 @@ Theory of operation
 builds a `Role` from the rest of the config (`RoleConfigError` -> RoleFailed
 ConfigInvalid). A role's `run(inputs, outputs, runtime)` gets each bound input as a
 flat uint8 tinygrad tensor (a view of its device object, keyed by input port id) and
-returns one tensor per declared output port; the step runner checks the ports and the
-byte sizes against the bindings and writes the bytes to the egress rings. Roles never
-see rings, handles or payload bytes on the host.
+returns one tensor (or a host array of bytes, as a role computing on the host does) per
+declared output port; the step runner checks the ports and the byte sizes against the
+bindings and writes the bytes to the egress rings. Roles never see rings or handles.
 
 Shipped kinds (tests and smoke runs; the model stage roles register later through
 `register_role_kind`):
@@ -25,8 +25,9 @@ answers RoleFailed TinygradError.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
+import numpy.typing as npt
 from tinygrad.dtype import dtypes
 from tinygrad.tensor import Tensor
 
@@ -50,8 +51,9 @@ class Role(Protocol):
 
     def run(
         self, inputs: Mapping[int, Tensor], outputs: Sequence[OutputBinding], runtime: JsonValue
-    ) -> dict[int, Tensor]:
-        """Output tensors by output port id (any dtype; their bytes are written)."""
+    ) -> Mapping[int, Tensor | npt.NDArray[Any]]:
+        """Outputs by output port id: tensors (any dtype) or host arrays; their bytes are
+        written."""
         ...
 
 

@@ -82,7 +82,9 @@ def run_step(role: Role, provision: ProvisionStage, sequence: int,
     inputs = {int(runtime.input_port): Tensor(data, device=Device.DEFAULT)}
     out = role.run(inputs, [binding], {"sequence": sequence})
     assert set(out) == {int(runtime.output_port)}
-    raw: npt.NDArray[np.uint8] = out[int(runtime.output_port)].numpy().view(np.uint8).reshape(-1)
+    value = out[int(runtime.output_port)]  # a host array or a tensor: the worker takes both
+    array = value if isinstance(value, np.ndarray) else value.numpy()
+    raw: npt.NDArray[np.uint8] = array.view(np.uint8).reshape(-1)
     assert raw.size == binding.extent, "the controller's extent is what the role writes"
     return raw
 
