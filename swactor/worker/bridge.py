@@ -43,6 +43,12 @@ SYNC_EVERY_BYTES = 64 << 20
 copy stages host bytes in pinned buffers that are freed only at a synchronize."""
 
 
+SPARE_MAX_BYTES = 1 << 20
+"""Freed allocations up to this size are kept for reuse (`DeviceBridge.free`)."""
+SPARE_COUNT = 16
+"""Freed allocations kept for reuse at most, all sizes together."""
+
+
 class DeviceError(Exception):
     """A device allocation or copy failed; `oom` tells an out-of-memory failure apart."""
 
@@ -68,6 +74,7 @@ class DeviceAllocation:
     extent: int
     tensor: Tensor
     object_id: int = -1
+    reusable: bool = False  # made by `alloc`: its memory may serve a later `alloc`
 
     @property
     def buffer(self) -> Any:
@@ -108,6 +115,7 @@ class DeviceBridge:
         self._unsynced = 0
         self._freed = Tensor.empty(1, dtype=dtypes.uint8, device=self.device)  # what a freed
         # allocation holds instead of its memory (one for all)
+        self._spares: dict[int, list[Tensor]] = {}  # freed small allocations by size
 
     def probe(self) -> None:
         """Run one tiny kernel, so a broken backend fails at InitializeWorker."""
@@ -121,12 +129,15 @@ class DeviceBridge:
         """Allocate `extent` bytes of device memory (raises DeviceError)."""
         if self.faults.alloc_refused(extent):
             raise DeviceError(f"allocating {extent} bytes: over the injected cap", oom=True)
+        spares = self._spares.get(max(extent, 1))
+        if spares:
+            return DeviceAllocation(extent, spares.pop(), object_id, reusable=True)
         try:
             tensor = Tensor.empty(max(extent, 1), dtype=dtypes.uint8, device=self.device)
             tensor.uop.buffer.ensure_allocated()  # type: ignore[union-attr]
         except (MemoryError, OSError, RuntimeError) as exc:
             raise DeviceError(f"allocating {extent} bytes: {exc}", oom=True) from None
-        return DeviceAllocation(extent, tensor, object_id)
+        return DeviceAllocation(extent, tensor, object_id, reusable=True)
 
     def adopt(self, output: Tensor | npt.NDArray[Any]) -> DeviceAllocation:
         """A role output as an allocation (its bytes, flattened).
@@ -136,7 +147,8 @@ class DeviceBridge:
         copied in directly, without scheduling tinygrad's copy kernel (about a
         millisecond of Python per step)."""
         if isinstance(output, np.ndarray):
-            host: memoryview | None = np.ascontiguousarray(output).reshape(-1).view(np.uint8).data
+            array = np.require(output, requirements=("C", "W"))  # copyin wants writable memory
+            host: memoryview | None = array.reshape(-1).view(np.uint8).data
         else:
             host = _host_bytes(output)
         if host is not None:
@@ -153,8 +165,21 @@ class DeviceBridge:
         return DeviceAllocation(int(buffer.nbytes), flat)
 
     def free(self, allocation: DeviceAllocation) -> None:
-        """Drop the allocation; tinygrad frees the memory with its last reference."""
-        allocation.tensor = self._freed
+        """Drop the allocation; tinygrad frees the memory with its last reference.
+
+        An allocation `alloc` made of at most SPARE_MAX_BYTES is kept instead (at most
+        SPARE_COUNT in all) and serves the next `alloc` of its size: a decode step's
+        objects are all one size, and a fresh tensor costs tinygrad its UOps and buffer
+        each time. An object is only freed after the step that read it completed:
+        its outputs were copied out to the egress rings, which waits for the device work
+        before them."""
+        tensor, allocation.tensor = allocation.tensor, self._freed
+        if not allocation.reusable or tensor is self._freed:
+            return
+        allocation.reusable = False
+        size = int(tensor.shape[0])
+        if size <= SPARE_MAX_BYTES and sum(map(len, self._spares.values())) < SPARE_COUNT:
+            self._spares.setdefault(size, []).append(tensor)
 
     # -- copies ---------------------------------------------------------------------
 
