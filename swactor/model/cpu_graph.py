@@ -28,6 +28,11 @@ slot, which is how ``CPUProgram`` already passes ``ctypes.c_uint64`` values.
 
 Batches with symbolic launch sizes, or programs from a renderer other than clang, are left
 to tinygrad's per-kernel path (:meth:`CpuGraph.supports_uop` says no).
+
+A JIT replayed through tinygrad still pays its own Python per call around the batches.
+:class:`DirectReplay` skips that for a JIT made only of ``CpuGraph`` batches over fixed
+input buffers (a role's decode step): inputs bound once, then per call the variables
+written and each batch's loop run.
 """
 
 from __future__ import annotations
