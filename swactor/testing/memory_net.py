@@ -14,8 +14,9 @@ this object:
   peer's control channel that the link closed (`on_lost`).
 - `MemoryControl`: `request(peer, message)` round-trips the message through its JSON
   form (`to_json` / `from_json` against the registry), applies the receiver's
-  `ControlAuthority` (a refusal raises `ControlRejectedError` with its code), and awaits
-  the receiver's handler; an unknown or not-admitted peer raises `ConnectionLostError`.
+  `ControlAuthority` (a refusal raises `ControlRejectedError`, its RejectCode as
+  `reason`), and awaits the receiver's handler; an unknown or not-admitted peer raises
+  `ConnectionLostError`.
 - `MemoryDriver`: per edge, the send side pumps bytes from its own egress ring (its
   arena) straight into the receiver's ingress ring for the same edge id (the receiver's
   arena), byte-blind, only as far as the ingress ring has room: the rings' own space is
@@ -37,7 +38,7 @@ from swactor.arena import Arena
 from swactor.ring import Ring
 from swactor.transport import ControlAuthority, ControlChannel
 from swactor.transport.config import TransportConfig
-from swactor.transport.control import ControlRejectedError, RejectCode
+from swactor.transport.control import ControlRejectedError, RejectCode, _Reject
 from swactor.transport.errors import ConnectionLostError, ControlError
 from swactor.transport.factory import Handler
 from swactor.transport.identity import NodeIdentity, raw_public_key_from_certificate
@@ -122,9 +123,10 @@ class MemoryControl:
         received = control.registry[name].from_json(message.to_json())
         try:
             control.authority.check(me, received)
-        except Exception as refusal:  # the channel's _Reject: code and reason
-            code = getattr(refusal, "code", RejectCode.BadMessage)
-            raise ControlRejectedError(code, str(refusal)) from None
+        except _Reject as refusal:  # the channel's own refusal: its code and words
+            raise ControlRejectedError(refusal.reason, refusal.detail) from None
+        except Exception as refusal:
+            raise ControlRejectedError(RejectCode.BadMessage, str(refusal)) from None
         try:
             reply = await asyncio.wait_for(control.handler(me, received), timeout)
         except TimeoutError:

@@ -45,7 +45,7 @@ from swactor.transport.config import CONTROL_ALPN
 from swactor.transport.endpoint import QuicEndpoint, QuicLink
 from swactor.transport.errors import ConnectionLostError, ControlError
 from swactor.wire.codec import WireStruct
-from swactor.wire.errors import WireError
+from swactor.wire.errors import ReasonError, WireError
 
 MAX_FRAME = 1 << 20
 REJECTED_KEPT = 256
@@ -64,24 +64,19 @@ class RejectCode(enum.Enum):
     HandlerFailed = "HandlerFailed"
 
 
-class ControlRejectedError(ControlError):
-    """The peer refused a request; `code` says why."""
+class ControlRejectedError(ReasonError[RejectCode], ControlError):
+    """The peer refused a request; `reason` is its RejectCode, `detail` its words."""
 
-    def __init__(self, code: RejectCode, reason: str) -> None:
-        super().__init__(f"control request rejected ({code.value}): {reason}")
-        self.code = code
-        self.reason = reason
+    def __str__(self) -> str:
+        return f"control request rejected ({self.reason.value}): {self.detail}"
 
 
 class ControlTimeoutError(ControlError):
     """No answer arrived within the request's timeout."""
 
 
-class _Reject(Exception):
-    def __init__(self, code: RejectCode, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
+class _Reject(ReasonError[RejectCode]):
+    """A request this side refuses: the RejectCode and the words sent back."""
 
 
 @dataclass
@@ -282,7 +277,8 @@ class ControlChannel:
             message = _message(document, self.registry)
             self.authority.check(peer, message)
         except _Reject as rejection:
-            self._answer(link, stream_id, self._reject_doc(link, rejection.code, rejection.reason))
+            doc = self._reject_doc(link, rejection.reason, rejection.detail)
+            self._answer(link, stream_id, doc)
             return
         try:
             reply = await self._handler(peer, message)

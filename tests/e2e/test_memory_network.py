@@ -89,7 +89,7 @@ async def scenario(gguf: Path) -> None:
         assert peer is not None
         with pytest.raises(ControlRejectedError) as refused:
             await peer.request(int(nodes[0].node_id), StopRunMessage(RunId(4), StageIndex(0)))
-        assert refused.value.code is RejectCode.Unauthorized
+        assert refused.value.reason is RejectCode.Unauthorized
     finally:
         for node in nodes:
             await node.stop()

@@ -113,7 +113,7 @@ async def scenario(gguf: Path) -> None:
         with pytest.raises(ControlRejectedError) as refused:
             await peer_channel.request(int(nodes[0].node_id),
                                        StopRunMessage(RunId(8), StageIndex(0)), timeout=10)
-        assert refused.value.code is RejectCode.Unauthorized
+        assert refused.value.reason is RejectCode.Unauthorized
         # a node outside the pool does not even get a connection
         stranger = QuicEndpoint(NodeIdentity.generate(), TransportConfig(),
                                 allowed={int(nodes[0].node_id)})

@@ -90,7 +90,7 @@ async def _peer_is_refused(cluster: LocalCluster) -> None:
         for message in (example(ProvisionStage), StopRunMessage(RunId(7), StageIndex(1))):
             with pytest.raises(ControlRejectedError) as refused:
                 await peer.request(int(second.node_id), message, timeout=20)
-            assert refused.value.code is RejectCode.Unauthorized, refused.value
+            assert refused.value.reason is RejectCode.Unauthorized, refused.value
     # the node still serves its orchestrator
     async with Speaker(cluster.orchestrator, target) as orchestrator:
         await orchestrator.request(int(second.node_id), book, timeout=20)

@@ -143,7 +143,7 @@ def test_control_message_decoder(frame: bytes) -> None:
         document = decode_frame(frame)
         message = _message(document, REGISTRY_BY_NAME)
     except _Reject as rejection:
-        assert rejection.code is not None
+        assert rejection.reason is not None
         return
     assert type(message).__name__ in REGISTRY_BY_NAME
     assert type(message).from_json(message.to_json()) == message

@@ -113,8 +113,8 @@ async def test_provisioning_from_another_node_is_unauthorized() -> None:
     try:
         with pytest.raises(ControlRejectedError) as info:
             await pair.other_ctl.request(pair.node.node_id, example(ProvisionStage), timeout=5)
-        assert info.value.code is RejectCode.Unauthorized
-        assert f"{pair.other.node_id:#018x}" in info.value.reason
+        assert info.value.reason is RejectCode.Unauthorized
+        assert f"{pair.other.node_id:#018x}" in info.value.detail
         assert pair.handled == []
     finally:
         await pair.close()
@@ -127,12 +127,12 @@ async def test_wrong_run_and_unknown_edge_are_rejected() -> None:
         pair.node_ctl.authority.active_run_id = int(stage.run_id) + 1
         with pytest.raises(ControlRejectedError) as info:
             await pair.orch_ctl.request(pair.node.node_id, stage, timeout=5)
-        assert info.value.code is RejectCode.RunMismatch
+        assert info.value.reason is RejectCode.RunMismatch
         pair.node_ctl.authority.active_edges = {12345}
         rx = replace(example(ProvisionRx), edge_id=777)
         with pytest.raises(ControlRejectedError) as info:
             await pair.orch_ctl.request(pair.node.node_id, rx, timeout=5)
-        assert info.value.code is RejectCode.UnknownEdge
+        assert info.value.reason is RejectCode.UnknownEdge
         assert pair.handled == []
     finally:
         await pair.close()

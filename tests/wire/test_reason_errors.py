@@ -16,6 +16,8 @@ from swactor.arena import ArenaError
 from swactor.model.errors import WeightsError, WeightsFault
 from swactor.model.tokenizer_errors import TokenizerError, TokenizerFault
 from swactor.orchestrator.errors import PlannerError, PlanProblem
+from swactor.transport.control import ControlRejectedError, RejectCode
+from swactor.transport.errors import ControlError
 from swactor.wire import ArenaFailure, ReasonError, RunFaultError, RunFaultReason
 
 CASES: list[tuple[type[ReasonError[Any]], type[enum.Enum]]] = [
@@ -41,3 +43,11 @@ def test_one_base_one_spelling(error: type[ReasonError[Any]],
 def test_a_planner_error_is_still_a_value_error() -> None:
     with pytest.raises(ValueError, match="EmptyPool: no nodes"):
         raise PlannerError(PlanProblem.EmptyPool, "no nodes")
+
+
+def test_a_control_refusal_has_the_same_reason_and_detail() -> None:
+    refused = ControlRejectedError(RejectCode.Unauthorized, "not the orchestrator")
+    assert isinstance(refused, ReasonError) and isinstance(refused, ControlError)
+    assert (refused.reason, refused.detail) == (RejectCode.Unauthorized, "not the orchestrator")
+    assert str(refused) == "control request rejected (Unauthorized): not the orchestrator"
+    assert [m.name for m in RejectCode] == [m.value for m in RejectCode]
