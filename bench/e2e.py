@@ -144,6 +144,7 @@ def _read_available(process: subprocess.Popen[str], name: str) -> dict[str, Any]
 def run_netns(tokens: int, workdir: Path) -> Run | str:
     """The 3-stage run with orchestrator and nodes each in a network namespace; or why not."""
     from swactor.cluster import netns
+    from swactor.membership.admission import add_member
     from swactor.transport.identity import NodeIdentity
 
     reason = netns.available()
@@ -156,7 +157,12 @@ def run_netns(tokens: int, workdir: Path) -> Run | str:
     keys, events = workdir / "keys", workdir / "events"
     keys.mkdir(parents=True, mode=0o700)
     events.mkdir(parents=True)
-    orchestrator = NodeIdentity.load_or_create(keys / "orchestrator.key").node_id
+    orchestrator_key = NodeIdentity.load_or_create(keys / "orchestrator.key")
+    orchestrator = orchestrator_key.node_id
+    pool = keys / "pool.txt"  # every process pins the others' full public keys
+    add_member(pool, orchestrator_key, "orchestrator", "orch")
+    for name in names:
+        add_member(pool, NodeIdentity.load_or_create(keys / f"{name}.key"), "node", name)
     nodes: list[subprocess.Popen[str]] = []
     with netns.NetnsTopology(["orch", *names], subnet) as hosts:
         try:
@@ -165,8 +171,8 @@ def run_netns(tokens: int, workdir: Path) -> Run | str:
                 nodes.append(subprocess.Popen(
                     host.argv(_swactor(
                         "node", "--key", str(keys / f"{name}.key"), "--bind", host.address,
-                        "--trust-orchestrator", str(orchestrator), "--arena-ceiling", "256MiB",
-                        "--event-verbosity", "-1", "--events-file",
+                        "--trust-orchestrator", str(orchestrator), "--pool", str(pool),
+                        "--arena-ceiling", "256MiB", "--event-verbosity", "-1", "--events-file",
                         str(events / f"{name}.jsonl"))),
                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
             members = []
@@ -179,9 +185,9 @@ def run_netns(tokens: int, workdir: Path) -> Run | str:
             process = subprocess.Popen(
                 orch.argv(_swactor(
                     "orchestrator", "--key", str(keys / "orchestrator.key"), "--bind",
-                    orch.address, *members, "--prompt", PROMPT, "--max-tokens", str(tokens),
-                    "--json", "--event-verbosity", "-1", "--events-file",
-                    str(events / "orchestrator.jsonl"))),
+                    orch.address, *members, "--pool", str(pool), "--prompt", PROMPT,
+                    "--max-tokens", str(tokens), "--json", "--event-verbosity", "-1",
+                    "--events-file", str(events / "orchestrator.jsonl"))),
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             return _finish("netns 3-stage", 3, process, events, started)
         finally:

@@ -15,13 +15,16 @@ sends SIGTERM, waits, and kills what is left; it is idempotent.
 
 With `events_dir`, node i writes its lifecycle events to `events_dir/node-<i>.jsonl`.
 
-With `swim`, the cluster is a pinned SWIM pool on loopback, as on several machines:
-`write_pool()` creates every node's key and writes `keys_dir/pool.txt` (the
-orchestrator's and the nodes' public keys), and each node is started with `--swim
-127.0.0.1:0 --seed SEED --pool pool.txt`, where `seed` is the orchestrator's SWIM
-address (its `PoolDiscovery` binds before the nodes start). A node prints its
-`available` line only once its SWIM join was acknowledged. Without `swim` the nodes
-run without membership and the orchestrator is handed their addresses.
+The pool is always pinned: `write_pool()` (called by `start()` when nobody did)
+creates every node's key and writes `keys_dir/pool.txt` (the orchestrator's and the
+nodes' public keys), `admission` is its `Admission`, and each node is started with
+`--pool pool.txt`, so its QUIC endpoint pins the orchestrator's and its peers' full
+keys, not their 64-bit ids. With `swim`, the cluster is a pinned SWIM pool on loopback,
+as on several machines: each node also gets `--swim 127.0.0.1:0 --seed SEED`, where
+`seed` is the orchestrator's SWIM address (its `PoolDiscovery` binds before the nodes
+start), and prints its `available` line only once its SWIM join was acknowledged.
+Without `swim` the nodes run without membership and the orchestrator is handed their
+addresses (pass it `admission` so that it pins the nodes' keys too).
 """
 
 from __future__ import annotations
@@ -92,6 +95,8 @@ class LocalCluster:
         keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.orchestrator = NodeIdentity.load_or_create(keys_dir / "orchestrator.key")
         self.pool_file = keys_dir / "pool.txt"
+        self.admission: Admission | None = None
+        """The pinned pool `write_pool()` wrote (None until then)."""
         self.nodes: list[NodeProcess] = []
         self._readers: list[asyncio.Task[None]] = []
 
@@ -108,6 +113,7 @@ class LocalCluster:
             entries.append(PoolEntry("node", public_key_bytes(identity), f"node-{index}"))
         admission = Admission.of(entries, str(self.pool_file))
         self.pool_file.write_text("".join(entry.line() + "\n" for entry in entries))
+        self.admission = admission
         return admission
 
     def _argv(self, index: int) -> list[str]:
@@ -115,7 +121,8 @@ class LocalCluster:
                 "--key", str(self.keys_dir / f"node-{index}.key"),
                 "--trust-orchestrator", str(self.orchestrator.node_id),
                 "--arena-ceiling", self.arena_ceiling, "--log-level", self.log_level,
-                "--event-verbosity", "-1", "--weights", self.weights]
+                "--event-verbosity", "-1", "--weights", self.weights,
+                "--pool", str(self.pool_file)]
         if self.events_dir is not None:
             argv += ["--events-file", str(self.events_dir / f"node-{index}.jsonl")]
         if self.models_dirs is not None:
@@ -123,12 +130,13 @@ class LocalCluster:
         if self.swim:
             if self.seed is None:
                 raise ClusterError("a SWIM cluster needs its seed address before it starts")
-            argv += ["--swim", "127.0.0.1:0", "--seed", f"{self.seed[0]}:{self.seed[1]}",
-                     "--pool", str(self.pool_file)]
+            argv += ["--swim", "127.0.0.1:0", "--seed", f"{self.seed[0]}:{self.seed[1]}"]
         return argv
 
     async def start(self) -> tuple[PoolMember, ...]:
         env = {**os.environ, **self.extra_env}
+        if self.admission is None:
+            self.write_pool()
         for index in range(self.count):
             # spawned from the event-loop thread: the death signal follows that thread
             process = await asyncio.create_subprocess_exec(

@@ -31,9 +31,19 @@ inside a pool a node id names exactly one pinned key.
 The file is bounded before it is parsed (`MAX_POOL_FILE_BYTES`, `MAX_POOL_MEMBERS`) and
 every refusal is a `PoolFileError` naming the file, the line and the problem.
 
+Without SWIM the pool is named on the command line (`swactor orchestrator --node
+ID@HOST:PORT`, `swactor node --trust-orchestrator ID`) and the pool file is required
+there too: a node id is only the first 64 bits of sha256 of a key. It names a key but
+does not prove one, since a key whose hash starts with a given id can be ground (about
+2^64 tries: costly, but within reach of a well-funded attacker), and without a pin the
+QUIC handshake checks nothing more than that id (the AddressBook a node receives names
+its peers by id only). So `--node` and `--trust-orchestrator` without `--pool` are refused
+(`ID_ONLY_REFUSAL`).
+
 An operator who really wants an open pool (any key that reaches SWIM may join and be
-chosen as a stage) passes `--open-pool` instead of `--pool`: the commands then warn
-(`OPEN_POOL_WARNING`) and pass no admission.
+chosen as a stage; without SWIM, peers admitted by their node id alone) passes
+`--open-pool` instead of `--pool`: the commands then warn (`OPEN_POOL_WARNING`,
+`OPEN_IDS_WARNING`) and pass no admission.
 """
 
 from __future__ import annotations
@@ -56,6 +66,14 @@ MAX_POOL_MEMBERS = 4096
 OPEN_POOL_WARNING = ("--open-pool: this pool admits any key that can reach its SWIM port; "
                      "a stranger can join and be chosen as a stage (it would see prompts "
                      "and could forge output). Pin the pool with --pool FILE instead.")
+OPEN_IDS_WARNING = ("--open-pool: peers are admitted by their 64-bit node id alone, a hash "
+                    "prefix of their key and not proof of it: a key ground to match a "
+                    "member's id would be taken for that member. Pin the pool with --pool "
+                    "FILE instead.")
+ID_ONLY_REFUSAL = ("admits peers by their 64-bit node id alone, which names a key but does "
+                   "not prove it (a key whose sha256 starts with that id can be ground); "
+                   "pin the pool's full public keys with --pool FILE (`swactor pool add`), "
+                   "or pass --open-pool to accept the risk")
 _HEX_KEY = re.compile(r"[0-9a-fA-F]{64}")
 _NAME = re.compile(r"[A-Za-z0-9._@:/-]{1,64}")
 

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from swactor.membership.admission import (
+    ID_ONLY_REFUSAL,
+    OPEN_IDS_WARNING,
     OPEN_POOL_WARNING,
     ROLES,
     Admission,
@@ -100,24 +102,29 @@ def add_admission_arguments(parser: argparse.ArgumentParser | argparse._Argument
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--pool", type=Path, default=None, metavar="FILE",
                        help="pool file pinning the members' full public keys (swactor pool "
-                       "add); required with SWIM unless --open-pool")
+                       "add); required unless --open-pool, with SWIM or without (a node "
+                       "id is a 64-bit hash of a key, not proof of it)")
     group.add_argument("--open-pool", action="store_true",
-                       help="admit any key that reaches SWIM (unsafe; prints a warning)")
+                       help="admit any key that reaches SWIM, or without SWIM any peer by "
+                       "its node id alone (unsafe; prints a warning)")
 
 
 def admission_from_args(args: argparse.Namespace, identity: NodeIdentity, role: str,
                         prog: str, swim: bool) -> Admission | None:
     """The pool admission the flags ask for (None: an open pool, after a warning on
-    stderr); ValueError names a missing, unreadable or mismatched pool file."""
+    stderr); ValueError names a missing, unreadable or mismatched pool file, or no pool
+    file at all: without one, SWIM admits any key and the fixed `--node` /
+    `--trust-orchestrator` ids are checked by their 64 bits alone (admission module)."""
     if args.open_pool:
-        if swim:
-            print(f"{prog}: warning: {OPEN_POOL_WARNING}", file=sys.stderr, flush=True)
+        warning = OPEN_POOL_WARNING if swim else OPEN_IDS_WARNING
+        print(f"{prog}: warning: {warning}", file=sys.stderr, flush=True)
         return None
     if args.pool is None:
         if swim:
             raise ValueError("SWIM needs --pool FILE (the pool's pinned public keys; "
                              "`swactor pool add`), or --open-pool to admit any key")
-        return None
+        named = "--node ID@HOST:PORT" if role == "orchestrator" else "--trust-orchestrator ID"
+        raise ValueError(f"{named} without --pool {ID_ONLY_REFUSAL}")
     admission = load_pool(args.pool)
     admission.require(identity, role)
     return admission

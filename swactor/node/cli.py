@@ -10,12 +10,15 @@ run, live ring leases, worker pid, runs served); SIGUSR1 prints the same check a
 orchestrator, named by `--trust-orchestrator` (a node id, decimal or hex); control
 messages from any other node are refused. With `--swim HOST:PORT` (and `--seed`s) the
 node also joins SWIM and publishes its QUIC address there, so an orchestrator can find
-it by membership instead of being told its address. SWIM needs the pinned pool,
+it by membership instead of being told its address. Serving needs the pinned pool,
 `--pool FILE` (`swactor.membership.admission`: the node's own key must be pinned as a
-`node`; only the file's keys are admitted to its SWIM view and its AddressBooks; a file
-with exactly one orchestrator stands in for `--trust-orchestrator`), or an explicit
-`--open-pool`, which warns that any key may join. SIGINT/SIGTERM stop the node cleanly (exit 0);
-a boot failure exits 1 with one line naming the step, bad arguments exit 2.
+`node`; only the file's keys are admitted to its SWIM view and its AddressBooks, and its
+QUIC endpoint pins their full public keys; a file with exactly one orchestrator stands
+in for `--trust-orchestrator`), with SWIM or without: a node id is a 64-bit hash of a
+key, not proof of it. An explicit `--open-pool` warns and admits any key to SWIM, and
+without SWIM the orchestrator and the AddressBook's peers by their ids alone.
+SIGINT/SIGTERM stop the node cleanly (exit 0); a boot failure exits 1 with one line
+naming the step, bad arguments exit 2.
 `--show-id` only loads (or creates) the key, prints `HEX  (DECIMAL)` as `swactor node-id`
 does, and exits 0.
 """
@@ -68,7 +71,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--trust-orchestrator", type=node_id, default=None,
                         metavar="NODE_ID",
                         help="the only node allowed to provision and stop (required to serve, "
-                        "unless --pool names exactly one orchestrator)")
+                        "unless --pool names exactly one orchestrator); its full key is "
+                        "pinned by --pool (--open-pool: checked by this 64-bit id alone)")
     parser.add_argument("--show-id", action="store_true",
                         help="print the node id derived from --key (creating the key on "
                         "first use) and exit; `swactor node-id` does the same")

@@ -6,17 +6,19 @@ finds it by SWIM (`--seed HOST:PORT --nodes N`: the first N available nodes by i
 `discovery`). SWIM needs the pinned pool, `--pool FILE` (`swactor.membership.admission`:
 the orchestrator's own key must be pinned as `orchestrator`, only the file's `node` keys
 can join its SWIM view or be chosen as stages; `--nodes` defaults to all of them), or
-an explicit `--open-pool`, which warns that any key may join. With `--node`, a `--pool`
-refuses a listed node that the file does not pin. Then the model, the prompt and the
-sampling flags, then runs `session.run_session`. A local model is offered to the pool by
-default (`--offer-model`; `--no-offer-model` plans the path instead), since the nodes of
-a pool named here may not hold the file; `--model URL` plans the URL, which each node
-reads by byte ranges. Then: generated text streams to stdout as
-tokens arrive, progress and the summary go to stderr; with `--json` nothing streams and
-stdout gets one JSON object (run id, outcome, prompt and generated token ids, text,
-stage layer ranges, timings). Exit status: 0 for a Completed run, 1 for a run that
-faulted or was stopped, 2 for bad arguments or a session that could not start (one
-line on stderr naming the problem).
+an explicit `--open-pool`, which warns that any key may join. `--node` needs `--pool`
+too, and each listed node must be one of its `node` keys (the endpoint then pins each
+node's full public key): a node id is a 64-bit hash of a key, not proof of it, so
+without a pool file only `--open-pool`, with a warning, dials nodes by their ids alone.
+Then the model, the prompt and the sampling flags, then runs `session.run_session`. A
+local model is offered to the pool by default (`--offer-model`; `--no-offer-model`
+plans the path instead), since the nodes of a pool named here may not hold the file;
+`--model URL` plans the URL, which each node reads by byte ranges. Then: generated
+text streams to stdout as tokens arrive, progress and the summary go to stderr; with
+`--json` nothing streams and stdout gets one JSON object (run id, outcome, prompt and
+generated token ids, text, stage layer ranges, timings). Exit status: 0 for a Completed
+run, 1 for a run that faulted or was stopped, 2 for bad arguments or a session that
+could not start (one line on stderr naming the problem).
 
 `add_run_arguments` is shared with `swactor run`, which adds its own pool.
 """
@@ -123,7 +125,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     pool = parser.add_argument_group("pool (either --node ... or --seed ... --nodes N)")
     pool.add_argument("--node", type=parse_member, action="append", default=[],
                       metavar="ID@HOST:PORT", dest="members",
-                      help="a stage node, in stage order (repeat)")
+                      help="a stage node, in stage order (repeat); a node of --pool, which "
+                      "pins its full key (--open-pool: checked by this 64-bit id alone)")
     pool.add_argument("--seed", type=_address, action="append", default=[],
                       metavar="HOST:PORT", help="find the pool by SWIM through this seed")
     pool.add_argument("--nodes", type=positive_int, default=None, metavar="N",

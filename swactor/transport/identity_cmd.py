@@ -25,7 +25,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "node-id",
         help="print this node's id (creates its Ed25519 key, mode 0600, on first use)",
         description="Load or create the node key and print the node id derived from it: "
-        "the first 8 bytes of sha256(raw Ed25519 public key), little endian.",
+        "the first 8 bytes of sha256(raw Ed25519 public key), little endian. The id names "
+        "the key but does not prove it (64 bits can be ground): peers pin the full key "
+        "with a pool file (`swactor pool add`).",
     )
     parser.add_argument(
         "--key", type=Path, default=DEFAULT_KEY, help=f"key file (default: {DEFAULT_KEY})"

@@ -94,7 +94,7 @@ def test_a_wildcard_bind_needs_an_advertised_host(
 
 def test_missing_model_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["orchestrator", "--key", str(tmp_path / "o.key"), "--node", "1@127.0.0.1:9",
-                 "--model", str(tmp_path / "absent.gguf")])
+                 "--open-pool", "--model", str(tmp_path / "absent.gguf")])
     err = capsys.readouterr().err
     assert code == 2 and "absent.gguf not found" in err and "Traceback" not in err
 

@@ -14,7 +14,8 @@ def test_device_flag_reaches_the_worker(tmp_path: Path) -> None:
     (the default would have booted on the CPU)."""
     result = subprocess.run(
         [sys.executable, "-m", "swactor.cli", "node", "--key", str(tmp_path / "n.key"),
-         "--trust-orchestrator", "1", "--device", "nosuchdev", "--log-level", "INFO"],
+         "--trust-orchestrator", "1", "--open-pool", "--device", "nosuchdev",
+         "--log-level", "INFO"],
         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert result.returncode != 0
     assert "ops_nosuchdev" in result.stderr  # the worker tried to open NOSUCHDEV

@@ -5,6 +5,9 @@ refused (exit 2, naming `--pool` and `--open-pool`) before anything binds; a poo
 that does not pin the process's own key, or pins it in the other role, is refused
 naming the key; a pool file that pins only a 64-bit node id is refused; `--open-pool` is
 accepted with a warning on stderr; `swactor pool add` / `show` write and read the file.
+Without SWIM the same holds: `--node ID@HOST:PORT` and `--trust-orchestrator ID` name a
+peer by 64 bits of its key's hash, so without `--pool` (which pins the full keys) they
+are refused, and `--open-pool` accepts them only with a warning.
 """
 
 from __future__ import annotations
@@ -140,3 +143,50 @@ def test_a_pinned_swim_member_refuses_a_stranger_process(tmp_path: Path) -> None
             if process is not None:
                 process.terminate()
                 process.wait(timeout=30)
+
+
+def test_fixed_ids_without_a_pool_file_are_refused(tmp_path: Path) -> None:
+    node = swactor("node", "--key", str(tmp_path / "n.key"), "--trust-orchestrator", "1")
+    assert node.returncode == 2 and node.stdout == "", node.stderr
+    assert "--trust-orchestrator ID without --pool admits peers by their 64-bit node id " \
+           "alone" in node.stderr and "--open-pool" in node.stderr
+    orch = swactor("orchestrator", "--key", str(tmp_path / "o.key"),
+                   "--node", "1@127.0.0.1:9", "--model", str(tmp_path / "absent.gguf"))
+    assert orch.returncode == 2 and orch.stdout == "", orch.stderr
+    assert "--node ID@HOST:PORT without --pool admits peers by their 64-bit node id " \
+           "alone" in orch.stderr and "absent.gguf" not in orch.stderr
+    assert "Traceback" not in node.stderr + orch.stderr
+
+
+def test_fixed_ids_with_a_pool_file_pin_the_full_keys(tmp_path: Path) -> None:
+    from swactor.cli import build_parser
+    from swactor.membership.admission import public_key_bytes
+    from swactor.membership.cli import admission_from_args
+
+    pool = pinned(tmp_path)
+    orch_key, node_key = (NodeIdentity.load(tmp_path / f"{n}.key") for n in ("orch", "node"))
+    args = build_parser("node").parse_args(
+        ["node", "--key", str(tmp_path / "node.key"), "--pool", str(pool)])
+    admission = admission_from_args(args, node_key, "node", "swactor node", swim=False)
+    assert admission is not None  # what the node's QUIC endpoint pins (NodeConfig.admission)
+    assert admission.pinned_keys[orch_key.node_id] == public_key_bytes(orch_key)
+    # the pool file stands in for --trust-orchestrator; the node then boots (and fails
+    # its boot on purpose: the arena), so the pool was accepted without SWIM
+    node = swactor("node", "--key", str(tmp_path / "node.key"), "--pool", str(pool),
+                   "--arena-ceiling", str(1 << 62))
+    assert node.returncode == 1 and "boot failed: arena" in node.stderr, node.stderr
+    listed = f"{node_key.node_id}@127.0.0.1:9"
+    orch = swactor("orchestrator", "--key", str(tmp_path / "orch.key"), "--node", listed,
+                   "--pool", str(pool), "--model", str(tmp_path / "absent.gguf"))
+    assert orch.returncode == 2 and "absent.gguf not found" in orch.stderr, orch.stderr
+    stranger = swactor("orchestrator", "--key", str(tmp_path / "orch.key"), "--node",
+                       f"{orch_key.node_id}@127.0.0.1:9", "--pool", str(pool))
+    assert stranger.returncode == 2 and "is not a node of the pool file" in stranger.stderr
+
+
+def test_fixed_ids_with_an_open_pool_are_warned(tmp_path: Path) -> None:
+    node = swactor("node", "--key", str(tmp_path / "n.key"), "--trust-orchestrator", "1",
+                   "--open-pool", "--arena-ceiling", str(1 << 62))
+    assert "warning: --open-pool: peers are admitted by their 64-bit node id alone" \
+        in node.stderr
+    assert node.returncode == 1 and "boot failed: arena" in node.stderr

@@ -196,5 +196,6 @@ def test_a_bad_native_path_switch_is_a_clean_command_line_error(
     with pytest.raises(TransportConfigError, match="SWACTOR_NATIVE_QUIC='yes'"):
         TransportConfig()
     key = tmp_path / "node.key"
-    assert cli.main(["node", "--key", str(key), "--trust-orchestrator", "0x1234"]) == 2
+    assert cli.main(["node", "--key", str(key), "--trust-orchestrator", "0x1234",
+                     "--open-pool"]) == 2
     assert "SWACTOR_NATIVE_QUIC='yes': expected 0 or 1" in capsys.readouterr().err
