@@ -21,7 +21,7 @@ Wiring one node (see `tests/edges/rig.py` for a complete, runnable example)::
     installer = WorkerRingInstaller(worker_ctl_ref, routes.edges)       # or LocalRingInstaller
     driver = runtime.spawn(lambda: DriverActor(endpoint, manager.arena, WakeFanout(installer)))
     establisher = runtime.spawn(lambda: EdgeEstablisher(EstablisherConfig(
-        node_id, arena, driver, installer, minter, worker_ctl=worker_ctl_ref)))
+        node_id, arena, driver, installer, minter)))
     routes.establisher = establisher; routes.driver = driver      # GpuWorkerCtl's routes
     answer = await establisher.ask(ProvisionEdge(provision_tx(edge), port, owner), 5.0)
     answer.edge_actor.tell(StopEdge(edge_id))               # owner stops the edge

@@ -8,8 +8,11 @@ tables take the same `swactor.wire` events, which the actor feeds as they come, 
 name the same effects, which it carries out (one actor class binds either table):
 
 - from the establisher: `EdgeReady`, `EdgeFailed`, `EdgeStopped`;
-- from its owner: `StopEdge`;
-- from the driver: a `StreamFault` for this edge.
+- from its owner: `StopEdge`.
+
+A driver's `StreamFault` does not come here: it goes to the edge's record, whose table
+(`edge_record`: `never_connected`, `pump_failed`) decides the run-level reason and
+sends it as `EdgeFailed`; the actor maps no reason itself.
 
 Objects do not pass through these actors: GpuWorkerCtl routes the worker's object
 events to the StageController (fsm/rx_edge.yaml and tx_edge.yaml say why); the ring
@@ -40,8 +43,6 @@ from swactor.wire import (
     EdgeStopped,
     RunFaultReason,
     StopEdge,
-    StreamFault,
-    StreamFaultReason,
 )
 
 log = logging.getLogger("swactor.edges.edge_actors")
@@ -53,12 +54,6 @@ _COMPONENTS: dict[RunFaultReason, Component] = {
     RunFaultReason.ArenaPressureTimeout: Component.ArenaManager,
     RunFaultReason.RingRequestOversized: Component.ArenaManager,
 }
-
-
-NOT_ESTABLISHED = frozenset({StreamFaultReason.HandshakeFailed,
-                             StreamFaultReason.PeerNotAllowed})
-"""Stream faults that mean the edge's connection was never made (spec §36 edge
-establishment failure), not that an established stream broke (StreamFault)."""
 
 
 def _component(reason: RunFaultReason, own: Component) -> Component:
@@ -80,12 +75,10 @@ class _EdgeActor(Actor[Any]):
         edge_id: EdgeId,
         owner: EdgeOwner,
         establisher: ActorRef[Any],
-        worker_ctl: ActorRef[Any] | None = None,
     ) -> None:
         self.edge_id = edge_id
         self.owner = owner
         self.establisher = establisher
-        self.worker_ctl = worker_ctl
         self.machine = self._machine()
 
     def _machine(self) -> Any:
@@ -111,8 +104,6 @@ class _EdgeActor(Actor[Any]):
                 self.owner.edge_ready(self.edge_id, ring_id)
             case gen.ReportEdgeFailed(reason=reason):
                 self._fault(reason)
-            case gen.ReportStreamFault(reason=reason):
-                self._stream_fault(reason)
             case gen.ForwardStopEdge():
                 self.establisher.tell(StopEdge(self.edge_id))
             case gen.ReportEdgeStopped(clean=clean):
@@ -121,13 +112,8 @@ class _EdgeActor(Actor[Any]):
     def _fault(self, reason: RunFaultReason) -> None:
         self.owner.edge_failed(self.edge_id, reason, _component(reason, self.component))
 
-    def _stream_fault(self, reason: StreamFaultReason) -> None:
-        run_reason = (RunFaultReason.EdgeEstablishmentFailed if reason in NOT_ESTABLISHED
-                      else RunFaultReason.StreamFault)
-        self.owner.edge_failed(self.edge_id, run_reason, Component.Driver)
 
-
-_EVENTS = (EdgeReady, EdgeFailed, EdgeStopped, StopEdge, StreamFault)
+_EVENTS = (EdgeReady, EdgeFailed, EdgeStopped, StopEdge)
 """The mail both tables take as it is (all `swactor.wire` classes)."""
 
 

@@ -76,7 +76,7 @@ from swactor.arena import (
 )
 from swactor.edges.arena_actor import ArenaCancel, ArenaLease, ArenaRelease
 from swactor.edges.driver_actor import ExpectRecv, RouteDriverEvents
-from swactor.edges.edge_actors import NOT_ESTABLISHED, RxEdgeActor, TxEdgeActor
+from swactor.edges.edge_actors import RxEdgeActor, TxEdgeActor
 from swactor.edges.installer import RingInstaller
 from swactor.edges.messages import (
     EdgeProvisioned,
@@ -121,6 +121,12 @@ from swactor.wire import (
 
 log = logging.getLogger("swactor.edges.establisher")
 
+NOT_ESTABLISHED = frozenset({StreamFaultReason.HandshakeFailed,
+                             StreamFaultReason.PeerNotAllowed})
+"""Stream faults that mean the edge's connection was never made (spec §36 edge
+establishment failure; the `never_connected` guard), not that an established stream
+broke (StreamFault)."""
+
 RETIRED_KEPT = 256
 """Retired edge ids (and releases) remembered for `EdgeStates` / `EdgeReleases`: a test or
 operator asks about the edges of the last few runs (two per run on a stage node);
@@ -136,8 +142,6 @@ class EstablisherConfig:
     driver: ActorRef[Any]
     installer: RingInstaller
     minter: QuiescenceMinter
-    worker_ctl: ActorRef[Any] | None = None
-    """Given to Rx edge actors, which release undeliverable device objects through it."""
     lease_timeout_s: float = 30.0
     teardown_step_timeout_s: float = 10.0
     emit: Callable[[LifecycleEvent], None] | None = None
@@ -373,11 +377,11 @@ class EdgeEstablisher(Actor[Any]):
                 self._spawned += 1
                 if direction is RingDirection.Egress:
                     rec.edge_actor = ctx.spawn(
-                        lambda: TxEdgeActor(edge, rec.owner, me, cfg.worker_ctl),
+                        lambda: TxEdgeActor(edge, rec.owner, me),
                         f"tx-edge-{int(edge)}-{self._spawned}")
                 else:
                     rec.edge_actor = ctx.spawn(
-                        lambda: RxEdgeActor(edge, rec.owner, me, cfg.worker_ctl),
+                        lambda: RxEdgeActor(edge, rec.owner, me),
                         f"rx-edge-{int(edge)}-{self._spawned}")
                     assert isinstance(rec.provision, ProvisionRx)
                     producer = int(rec.provision.tx_node_id)

@@ -536,7 +536,7 @@ class StageNode:
                                                   mailbox_capacity=4096)
         # edge_ready is the StageController's event (on EdgeReady): no emit here
         est_config = EstablisherConfig(self.node_id, arena_ref, driver, installer,
-                                       manager.take_minter(), worker_ctl=ctl)
+                                       manager.take_minter())
         establisher = self._establisher = runtime.spawn(
             lambda: EdgeEstablisher(est_config), "edge-establisher", mailbox_capacity=4096)
         routes.establisher, routes.driver = establisher, driver

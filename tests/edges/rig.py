@@ -134,7 +134,7 @@ class EdgeNode:
 
     def __init__(self, runtime: Runtime, name: str, ceiling: int,
                  identity: NodeIdentity, installer: RingInstaller | None = None,
-                 lease_timeout_s: float = 10.0, worker_ctl: ActorRef[Any] | None = None,
+                 lease_timeout_s: float = 10.0,
                  faults: Faults = NO_FAULTS) -> None:
         self.runtime, self.name, self.identity = runtime, name, identity
         self.faults = faults
@@ -145,7 +145,6 @@ class EdgeNode:
         self.minter = self.manager.take_minter()
         self.installer: RingInstaller = installer or LocalRingInstaller(self.arena)
         self.lease_timeout_s = lease_timeout_s
-        self.worker_ctl = worker_ctl
         self.owner = RecordingOwner()
         self.events: list[LifecycleEvent] = []
 
@@ -164,8 +163,7 @@ class EdgeNode:
         self.arena_front: ActorRef[Any] = (rt.spawn(lambda: Gate(self.arena_ref), f"{name}-gate")
                             if gate_arena else self.arena_ref)
         cfg = EstablisherConfig(NodeId(self.identity.node_id), self.arena_front, self.driver,
-                                self.installer, self.minter, worker_ctl=self.worker_ctl,
-                                lease_timeout_s=self.lease_timeout_s,
+                                self.installer, self.minter, lease_timeout_s=self.lease_timeout_s,
                                 teardown_step_timeout_s=5.0, emit=self.events.append)
         self.establisher = rt.spawn(lambda: EdgeEstablisher(cfg), f"{name}-establisher")
 

@@ -8,7 +8,9 @@ StageController's mail.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, get_args
+
+import pytest
 
 from swactor.actors import Runtime
 from swactor.edges import (
@@ -37,6 +39,8 @@ from swactor.wire import (
     RingId,
     RunFaultReason,
     Sequence,
+    StreamFault,
+    StreamFaultReason,
     WorkerGeneration,
 )
 from tests.edges.rig import RecordingOwner
@@ -97,6 +101,27 @@ async def test_edge_failure_reaches_the_owner_with_its_component() -> None:
         await asyncio.sleep(0.05)
         assert owner.reports == [
             ("failed", 4, (RunFaultReason.ArenaPressureTimeout, Component.ArenaManager))]
+
+
+@pytest.mark.parametrize("actor_class", [TxEdgeActor, RxEdgeActor])
+async def test_the_edge_record_not_the_actor_decides_a_stream_faults_reason(
+    actor_class: type[TxEdgeActor] | type[RxEdgeActor],
+) -> None:
+    """A driver StreamFault is the edge record's event (its table picks PumpFailed,
+    EdgeEstablishmentFailed or StreamFault): the actor maps none itself, and reports
+    the reason of the record's EdgeFailed."""
+    owner = RecordingOwner()
+    async with Runtime("edges") as runtime:
+        establisher = runtime.spawn(lambda: Collector(asyncio.Queue()), "establisher")
+        actor = runtime.spawn(lambda: actor_class(EDGE, owner, establisher))
+        actor.tell(EdgeReady(EDGE, RING))
+        actor.tell(StreamFault(EDGE, StreamFaultReason.PumpFailed))  # not the actor's mail
+        actor.tell(EdgeFailed(EDGE, RunFaultReason.PumpFailed))  # what the record decided
+        await settle(owner, 2)
+        await asyncio.sleep(0.05)
+        assert owner.reports == [
+            ("ready", 4, 9), ("failed", 4, (RunFaultReason.PumpFailed, Component.Driver))]
+    assert StreamFault not in (*get_args(tx.Event), *get_args(rx.Event))
 
 
 async def test_stage_owner_speaks_the_stage_controllers_mail() -> None:

@@ -36,7 +36,7 @@ def attach_worker(runtime: Runtime, node: EdgeNode) -> NodeWorker:
     config = WorkerCtlConfig(arena.fd, arena.size, max_restarts=0)
     ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena), "gpu-worker",
                         mailbox_capacity=1024)
-    node.installer, node.worker_ctl = WorkerRingInstaller(ctl, routes.edges), ctl
+    node.installer = WorkerRingInstaller(ctl, routes.edges)
     return NodeWorker(ctl, routes, boot)
 
 
