@@ -3,6 +3,7 @@ their teardowns still release every lease (real QUIC, rings, arenas, establisher
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -19,10 +20,12 @@ from swactor.wire import (
     RingId,
     RingReadable,
     RunFaultReason,
+    StreamFaultReason,
 )
 from tests.edges.rig import EdgeNode, node_pair, rx, teardown_feed, tx
 
 EDGE = EdgeId(11)
+PAYLOAD = (b"SECRETPAYLOAD-" * 8)[:100]
 
 
 async def lose_connection(runtime: Runtime) -> tuple[EdgeNode, EdgeNode, list[ActorRef[Any]]]:
@@ -33,7 +36,7 @@ async def lose_connection(runtime: Runtime) -> tuple[EdgeNode, EdgeNode, list[Ac
     ring_a = await a.owner.wait("ready", EDGE)
     await b.owner.wait("ready", EDGE)
     # First bytes open the stream, so the receiver has a live pump to lose.
-    n, must_wake = a.local.ring(EDGE).write_from(b"x" * 100)
+    n, must_wake = a.local.ring(EDGE).write_from(PAYLOAD)
     assert n == 100 and must_wake
     a.driver.tell(RingReadable(RingId(ring_a)))
     await b.wait_state(EDGE, er.State.Ready)
@@ -65,6 +68,31 @@ async def test_connection_loss_fails_both_ends_and_releases_their_leases(
         finally:
             await a.close()
             await b.close()
+
+
+async def test_each_nodes_log_names_the_faulted_edge_and_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An operator reading a node's log (WARNING, the nodes' default level) sees which
+    edge faulted, the reason and its detail, on both ends, and no payload byte."""
+    caplog.set_level(logging.WARNING)
+    async with Runtime("edges") as runtime:
+        a, b, _ = await lose_connection(runtime)
+        try:
+            for node in (a, b):
+                await node.wait_state(EDGE, er.State.Failed)
+        finally:
+            await a.close()
+            await b.close()
+    faults = [record.getMessage() for record in caplog.records
+              if record.levelno == logging.WARNING and record.name == "swactor.transport.pump"]
+    reasons = {reason.value for reason in StreamFaultReason}
+    lines = [line for line in faults if line.startswith(f"edge {int(EDGE)}: stream fault ")]
+    assert len(lines) >= 2, faults  # the sender's pump and the receiver's
+    for line in lines:
+        reason, _, detail = line.removeprefix(f"edge {int(EDGE)}: stream fault ").partition(": ")
+        assert reason in reasons and detail.strip(), line
+    assert "SECRETPAYLOAD" not in caplog.text
 
 
 async def test_connection_loss_leaves_no_view_into_the_senders_arena() -> None:
