@@ -16,8 +16,9 @@ planned schedule's allocators would stay alive for the life of the worker.
 Outputs are then written one after another through their egress rings. A ring without
 space leaves the step waiting (`pump` returns); the RingWritable that frees space lets
 the ring continue, its `output_done` marks the output finished, and the next `pump`
-moves on. After the last ObjectProduced comes StepCompleted (and, with
-`release_inputs_after`, the inputs are released: DeviceObjectReleased). A failure
+moves on. After the last ObjectProduced comes StepCompleted; the outputs' device memory goes
+back to the bridge (which keeps small allocations for reuse) and, with
+`release_inputs_after`, the inputs are released: DeviceObjectReleased. A failure
 anywhere emits StepFailed with its reason and the next step starts.
 
 `pump()` is a loop driven by the worker after every command or wake hint; the egress
@@ -231,6 +232,8 @@ class StepRunner:
     def _complete(self, step: ActiveStep) -> None:
         command = step.command
         self._emit(StepCompleted(command.role_id, command.step_id))
+        for output in step.outputs:  # written to their rings: the bridge may reuse them
+            self._bridge.free(output)
         if command.release_inputs_after:
             for binding in command.inputs:
                 try:

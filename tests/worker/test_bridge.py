@@ -40,12 +40,19 @@ def test_spares_are_bounded_in_size_and_count() -> None:
     assert sum(any(a.tensor is t for t in originals) for a in reused) == SPARE_COUNT
 
 
-def test_adopted_outputs_are_never_reused() -> None:
+def test_adopted_device_outputs_are_never_reused_host_ones_are() -> None:
+    """A role's device tensor may be another allocation's memory (an echo role returns its
+    input): never kept. A host array's bytes were copied into an allocation of the
+    bridge's own: kept once freed."""
     bridge = DeviceBridge("CPU", WorkerGeneration(1))
     output = bridge.adopt(Tensor([1, 2, 3], dtype=dtypes.uint8).realize())
     kept = output.tensor
     bridge.free(output)
     assert bridge.alloc(3).tensor is not kept
+    copied = bridge.adopt(np.array([1, 2, 3, 4], dtype=np.uint8))
+    kept = copied.tensor
+    bridge.free(copied)
+    assert bridge.alloc(4).tensor is kept
 
 
 def test_host_array_reads_a_whole_allocation_and_adopt_takes_host_arrays() -> None:
