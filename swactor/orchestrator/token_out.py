@@ -34,18 +34,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import ingress_ring as ir
+from swactor.fsm.host import MachineHost
 from swactor.orchestrator.tokens import TokenObjectError, decode_token_ids
 from swactor.ring import Ring, RingError, RingState
 from swactor.wire import (
     OBJECT_FAULTS,
     DeviceObjectHandle,
+    EdgeId,
     InstallRing,
+    ObjectFailure,
     ObjectHeader,
     ObjectHeaderError,
     ObjectId,
+    PortId,
     RingFaultReason,
+    RingId,
     RunFaultReason,
     Sequence,
     SequenceGate,
@@ -63,8 +67,8 @@ Loaded = Callable[[ObjectId, Sequence, tuple[int, ...]], None]
 Failed = Callable[[RunFaultReason, str], None]
 
 
-class TokenOutReader(IngressGuards):
-    """Consumer of the token-out ring (implements IngressRingGuards; module doc)."""
+class TokenOutReader(IngressGuards, ir.IngressRingEffects[None]):
+    """Consumer of the token-out ring: its IngressRingGuards and Effects (module doc)."""
 
     def __init__(
         self,
@@ -84,9 +88,7 @@ class TokenOutReader(IngressGuards):
         self.machine = ir.IngressRingMachine(
             self, ring_id=command.ring_id, edge_id=command.edge_id, port_id=command.port_id
         )
-        self._feeder: EventFeeder[ir.Event, ir.Effect] = EventFeeder(
-            self.machine.handle, self._apply
-        )
+        self._host = MachineHost(self.machine, ir.bind(self))
         self._header = bytearray()
         self._gate = SequenceGate(self.spec.sequence_policy)
         self._decoded: ObjectHeader | None = None
@@ -117,47 +119,67 @@ class TokenOutReader(IngressGuards):
         self.feed(ir.UninstallRing(self.command.ring_id, UninstallReason.EdgeStopped))
 
     def feed(self, event: ir.Event) -> None:
-        self._feeder.feed(event)
+        self._host.feed(event)
 
     # -- guards -----------------------------------------------------------------------
 
     def layout_valid(self, event: ir.InstallRing) -> bool:
         return not self.ring.closed  # the installer opened the handle on this layout
 
-    # -- effects ----------------------------------------------------------------------
+    # -- effects (IngressRingEffects) -------------------------------------------------
+    # The installer answered the establisher and owns the ring handle: installing,
+    # closing and quiescing have nothing to do here.
 
-    def _apply(self, effect: ir.Effect) -> None:
-        match effect:
-            case ir.ParseAvailable():
-                self._parse()
-            case ir.AllocateDeviceObject(extent=extent):
-                assert self._decoded is not None
-                self._gate.admit(self._decoded)
-                self._payload = bytearray(extent)  # the extent guards passed: bounded
-                self._copied = 0
-            case ir.CopyAvailable():
-                self._copy()
-            case ir.AwaitCopyCompletion():
-                decoded = self._decoded
-                assert decoded is not None
-                self._objects += 1
-                handle = DeviceObjectHandle(WorkerGeneration(0), self._objects)
-                self.feed(ir.CopyCompleted(decoded.object_id, decoded.sequence,
-                                           decoded.extent, handle))
-            case ir.EmitObjectLoaded(object_id=object_id, sequence=sequence):
-                self._deliver(object_id, sequence)
-            case ir.EmitObjectFailed(reason=reason):
-                self._payload = None
-                self._failed(OBJECT_FAULTS[reason], f"token-out record: {reason.value}")
-            case ir.EmitRingFault(reason=reason):
-                self._failed(RunFaultReason.RingFault, f"token-out ring: {reason.value}")
-            case ir.FreePartialObject():
-                self._payload = None
-            case ir.DrainCopies():
-                self._payload = None
-                self.feed(ir.CopiesDrained())
-            case ir.EmitRingInstalled() | ir.CloseRing() | ir.EmitRingQuiesced():
-                pass  # the installer answered the establisher and owns the handle
+    def emit_ring_installed(self, ring_id: RingId, edge_id: EdgeId, port_id: PortId) -> None:
+        pass
+
+    def parse_available(self, ring_id: RingId) -> None:
+        self._parse()
+
+    def allocate_device_object(self, object_id: ObjectId, sequence: Sequence,
+                               extent: int) -> None:
+        assert self._decoded is not None
+        self._gate.admit(self._decoded)
+        self._payload = bytearray(extent)  # the extent guards passed: bounded
+        self._copied = 0
+
+    def copy_available(self, ring_id: RingId) -> None:
+        self._copy()
+
+    def await_copy_completion(self, ring_id: RingId) -> None:
+        decoded = self._decoded
+        assert decoded is not None
+        self._objects += 1
+        handle = DeviceObjectHandle(WorkerGeneration(0), self._objects)
+        self.feed(ir.CopyCompleted(decoded.object_id, decoded.sequence, decoded.extent, handle))
+
+    def emit_object_loaded(self, ring_id: RingId, edge_id: EdgeId, port_id: PortId,
+                           object_id: ObjectId, sequence: Sequence, extent: int,
+                           device_handle: DeviceObjectHandle) -> None:
+        self._deliver(object_id, sequence)
+
+    def emit_object_failed(self, ring_id: RingId, edge_id: EdgeId, port_id: PortId,
+                           object_id: ObjectId | None, sequence: Sequence | None,
+                           reason: ObjectFailure) -> None:
+        self._payload = None
+        self._failed(OBJECT_FAULTS[reason], f"token-out record: {reason.value}")
+
+    def emit_ring_fault(self, ring_id: RingId, edge_id: EdgeId, port_id: PortId,
+                        reason: RingFaultReason) -> None:
+        self._failed(RunFaultReason.RingFault, f"token-out ring: {reason.value}")
+
+    def free_partial_object(self, ring_id: RingId) -> None:
+        self._payload = None
+
+    def drain_copies(self, ring_id: RingId) -> None:
+        self._payload = None
+        self.feed(ir.CopiesDrained())
+
+    def close_ring(self, ring_id: RingId) -> None:
+        pass
+
+    def emit_ring_quiesced(self, ring_id: RingId) -> None:
+        pass
 
     def _deliver(self, object_id: ObjectId, sequence: Sequence) -> None:
         payload, self._payload = self._payload, None

@@ -3,7 +3,7 @@
 `SendEdge` (send_pump table) and `RecvEdge` (recv_pump table) each bind one edge's
 machine. Around their different byte work they hold the same things: the edge id, the
 ring id, the payload offset, the driver's event and wake sinks, the detail of the last
-transport failure, and an `EventFeeder` that queues the events effects feed back. They
+transport failure, and the `MachineHost` that feeds their machine and calls their effects. They
 end the same way, in Closed or Faulted; both take the wire `StopEdge`; and the three
 driver events their tables end with are sent the same way: `StreamClosed(edge, offset)`,
 the table's `StreamFault(edge, reason)` (the failure's detail is logged here), and, once
@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Iterable
 from typing import Generic, Protocol, TypeVar, cast
 
-from swactor.fsm.feeding import EventFeeder
+from swactor.fsm.host import MachineHost
 from swactor.transport.messages import PumpStopped, StreamClosed
 from swactor.transport.sinks import EmitEvent, EmitWake
 from swactor.wire import EdgeId, StopEdge, StreamFault, StreamFaultReason
@@ -25,7 +24,6 @@ from swactor.wire import EdgeId, StopEdge, StreamFault, StreamFaultReason
 log = logging.getLogger("swactor.transport.pump")
 
 E = TypeVar("E")
-F = TypeVar("F")
 
 
 class NoGuards:
@@ -37,14 +35,15 @@ class _Stateful(Protocol):
     def state(self) -> enum.Enum: ...
 
 
-class EdgePump(Generic[E, F]):
-    """The shared skeleton (module doc); a subclass sets `machine` before `_start`."""
+class EdgePump(Generic[E]):
+    """The shared skeleton (module doc); a subclass sets `machine` before `_start` and
+    implements its table's Effects, which `host` calls."""
 
     machine: _Stateful
     terminal: frozenset[enum.Enum]
     """The table's end states (Closed, Faulted)."""
 
-    def _start(self, edge_id: int, ring_id: int | None, handle: Callable[[E], Iterable[F]],
+    def _start(self, edge_id: int, ring_id: int | None, host: MachineHost[E],
                emit: EmitEvent, wake: EmitWake) -> None:
         self.edge_id = edge_id
         self.ring_id = ring_id
@@ -52,7 +51,7 @@ class EdgePump(Generic[E, F]):
         self._emit = emit
         self._wake = wake
         self._detail = ""
-        self._feeder: EventFeeder[E, F] = EventFeeder(handle, self._carry_out)
+        self._host = host
 
     @property
     def finished(self) -> bool:
@@ -64,10 +63,7 @@ class EdgePump(Generic[E, F]):
 
     def feed(self, event: E) -> None:
         """Apply `event`; effects may feed more events, which queue behind it."""
-        self._feeder.feed(event)
-
-    def _carry_out(self, effect: F) -> None:
-        raise NotImplementedError
+        self._host.feed(event)
 
     # -- the driver events both tables end with ----------------------------------------
 

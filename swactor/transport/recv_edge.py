@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 
 from swactor.fsm.generated import recv_pump as fsm
+from swactor.fsm.host import MachineHost
 from swactor.ring import Ring, RingError, RingState
 from swactor.transport.endpoint import ABORTED_CODE, STOPPED_CODE
 from swactor.transport.inbound import InboundStream
@@ -55,14 +56,15 @@ from swactor.wire import (
 _TERMINAL = frozenset({fsm.State.Closed, fsm.State.Faulted})
 
 
-class RecvEdge(EdgePump[fsm.Event, fsm.Effect]):
-    """One edge's receive side: machine, ring handle, inbound stream, pump task."""
+class RecvEdge(EdgePump[fsm.Event], fsm.RecvPumpEffects[None]):
+    """One edge's receive side: machine, ring handle, inbound stream, pump task; the
+    recv_pump effects."""
 
     terminal = _TERMINAL
 
     def __init__(self, edge_id: int, emit: EmitEvent, wake: EmitWake) -> None:
         self.machine = fsm.RecvPumpMachine(NoGuards(), edge_id=EdgeId(edge_id), ring_id=None)
-        self._start(edge_id, None, self.machine.handle, emit, wake)
+        self._start(edge_id, None, MachineHost(self.machine, fsm.bind(self)), emit, wake)
         self.ring: Ring | None = None
         self.inbound: InboundStream | None = None
         self.task: asyncio.Task[None] | None = None
@@ -94,36 +96,44 @@ class RecvEdge(EdgePump[fsm.Event, fsm.Effect]):
         """The sender ended the stream with the "stopped" code (its graceful StopEdge)."""
         self.feed(fsm.PeerStopped())
 
-    # -- effects --------------------------------------------------------------------
+    # -- effects (RecvPumpEffects) ----------------------------------------------------
 
-    def _carry_out(self, effect: fsm.Effect) -> None:
-        if isinstance(effect, DriverEdgeReady):
-            self._emit(effect)  # the driver event itself (swactor.wire)
-        elif isinstance(effect, fsm.StartPump):
-            self.task = asyncio.get_running_loop().create_task(
-                self._pump(), name=f"recv-pump-{self.edge_id}"
-            )
-        elif isinstance(effect, fsm.ResumeReading):
-            self._writable.set()
-        elif isinstance(effect, (fsm.StopReading, fsm.AbortReading)):
-            if self.inbound is not None:
-                graceful = isinstance(effect, fsm.StopReading)
-                self.inbound.stop(STOPPED_CODE if graceful else ABORTED_CODE)
-            self._cancel_task()
-        elif isinstance(effect, fsm.CloseRingProducer):
-            assert self.ring is not None and self.ring_id is not None
-            self.ring.close_producer()
-            if self.ring.mark_readable_pending():
-                self._wake(RingReadable(RingId(self.ring_id)))
-        elif isinstance(effect, fsm.StreamClosed):
-            self._stream_closed()
-        elif isinstance(effect, fsm.StreamFault):
-            self._stream_fault(effect.reason)
-        elif isinstance(effect, fsm.PumpStopped):
-            self._cancel_task()
-            self._pump_stopped()
-        else:
-            raise AssertionError(f"recv_pump effect without a binding: {effect!r}")
+    def driver_edge_ready(self, edge_id: EdgeId) -> None:
+        self._emit(DriverEdgeReady(edge_id))
+
+    def start_pump(self, edge_id: EdgeId) -> None:
+        self.task = asyncio.get_running_loop().create_task(
+            self._pump(), name=f"recv-pump-{self.edge_id}"
+        )
+
+    def resume_reading(self, edge_id: EdgeId) -> None:
+        self._writable.set()
+
+    def stop_reading(self, edge_id: EdgeId) -> None:
+        if self.inbound is not None:
+            self.inbound.stop(STOPPED_CODE)
+        self._cancel_task()
+
+    def abort_reading(self, edge_id: EdgeId) -> None:
+        if self.inbound is not None:
+            self.inbound.stop(ABORTED_CODE)
+        self._cancel_task()
+
+    def close_ring_producer(self, edge_id: EdgeId) -> None:
+        assert self.ring is not None and self.ring_id is not None
+        self.ring.close_producer()
+        if self.ring.mark_readable_pending():
+            self._wake(RingReadable(RingId(self.ring_id)))
+
+    def stream_closed(self, edge_id: EdgeId) -> None:
+        self._stream_closed()
+
+    def stream_fault(self, edge_id: EdgeId, reason: StreamFaultReason) -> None:
+        self._stream_fault(reason)
+
+    def pump_stopped(self, edge_id: EdgeId, ring_id: RingId | None) -> None:
+        self._cancel_task()
+        self._pump_stopped()
 
     def _cancel_task(self) -> None:
         task = self.task

@@ -43,6 +43,7 @@ import enum
 
 from swactor.faults import NO_FAULTS, Faults
 from swactor.fsm.generated import send_pump as fsm
+from swactor.fsm.host import MachineHost
 from swactor.ring import Ring, RingError, RingState
 from swactor.transport.config import EDGE_ALPN
 from swactor.transport.endpoint import ABORTED_CODE, STOPPED_CODE, QuicEndpoint, QuicLink
@@ -75,8 +76,9 @@ class _Step(enum.Enum):
     Ended = enum.auto()  # a fault was fed: the task ends
 
 
-class SendEdge(EdgePump[fsm.Event, fsm.Effect]):
-    """One edge's send side: machine, ring handle, link, stream, drain task."""
+class SendEdge(EdgePump[fsm.Event], fsm.SendPumpEffects[None]):
+    """One edge's send side: machine, ring handle, link, stream, drain task; the send_pump
+    effects."""
 
     terminal = _TERMINAL
     ring_id: int
@@ -95,7 +97,7 @@ class SendEdge(EdgePump[fsm.Event, fsm.Effect]):
         self.machine = fsm.SendPumpMachine(
             NoGuards(), edge_id=EdgeId(edge_id), ring_id=RingId(ring_id)
         )
-        self._start(edge_id, ring_id, self.machine.handle, emit, wake)
+        self._start(edge_id, ring_id, MachineHost(self.machine, fsm.bind(self)), emit, wake)
         self.endpoint = endpoint
         self.faults = faults
         self.rx_node_id = rx_node_id
@@ -143,43 +145,50 @@ class SendEdge(EdgePump[fsm.Event, fsm.Effect]):
         self._detail = detail
         self.feed(fsm.TransportFailed(reason))
 
-    # -- effects --------------------------------------------------------------------
+    # -- effects (SendPumpEffects) ----------------------------------------------------
 
-    def _carry_out(self, effect: fsm.Effect) -> None:
-        if isinstance(effect, fsm.EnsureConnection):
-            self._spawn(self._connect(), "connect")
-        elif isinstance(effect, DriverEdgeReady):
-            self._emit(effect)  # the driver event itself (swactor.wire)
-        elif isinstance(effect, fsm.CheckRing):
-            self._check_ring()
-        elif isinstance(effect, fsm.OpenUniStream):
-            self._open_stream()
-        elif isinstance(effect, fsm.DrainRing):
-            self._kick.set()
-            if not self._draining:
-                self._draining = True
-                self._spawn(self._drain(), "drain")
-        elif isinstance(effect, fsm.FinishStream):
-            if self.link is not None and self.stream_id is not None:
-                self.link.send(self.stream_id, b"", end=True)
-        elif isinstance(effect, fsm.ResetStream):
-            if self.link is not None and self.stream_id is not None:
-                self.link.reset_stream(self.stream_id, ABORTED_CODE)
-        elif isinstance(effect, fsm.StopStream):
-            if self.link is not None and self.stream_id is not None:
-                self.link.reset_stream(self.stream_id, STOPPED_CODE)
-        elif isinstance(effect, fsm.StreamClosed):
-            self._stream_closed()
-        elif isinstance(effect, fsm.StreamFault):
-            self._stream_fault(effect.reason)
-        elif isinstance(effect, fsm.PumpStopped):
-            current = asyncio.current_task()
-            for task in self._tasks:
-                if task is not current:
-                    task.cancel()
-            self._pump_stopped()
-        else:
-            raise AssertionError(f"send_pump effect without a binding: {effect!r}")
+    def ensure_connection(self, edge_id: EdgeId, rx_node_id: NodeId) -> None:
+        self._spawn(self._connect(), "connect")
+
+    def driver_edge_ready(self, edge_id: EdgeId) -> None:
+        self._emit(DriverEdgeReady(edge_id))
+
+    def check_ring(self, ring_id: RingId) -> None:
+        self._check_ring()
+
+    def open_uni_stream(self, edge_id: EdgeId) -> None:
+        self._open_stream()
+
+    def drain_ring(self, ring_id: RingId) -> None:
+        self._kick.set()
+        if not self._draining:
+            self._draining = True
+            self._spawn(self._drain(), "drain")
+
+    def finish_stream(self, edge_id: EdgeId) -> None:
+        if self.link is not None and self.stream_id is not None:
+            self.link.send(self.stream_id, b"", end=True)
+
+    def reset_stream(self, edge_id: EdgeId) -> None:
+        if self.link is not None and self.stream_id is not None:
+            self.link.reset_stream(self.stream_id, ABORTED_CODE)
+
+    def stop_stream(self, edge_id: EdgeId) -> None:
+        if self.link is not None and self.stream_id is not None:
+            self.link.reset_stream(self.stream_id, STOPPED_CODE)
+
+    def stream_closed(self, edge_id: EdgeId) -> None:
+        self._stream_closed()
+
+    def stream_fault(self, edge_id: EdgeId, reason: StreamFaultReason) -> None:
+        self._stream_fault(reason)
+
+    def pump_stopped(self, edge_id: EdgeId, ring_id: RingId) -> None:
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+        self._pump_stopped()
 
     def _spawn(self, coro: object, what: str) -> None:
         assert asyncio.iscoroutine(coro)

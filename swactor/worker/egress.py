@@ -36,18 +36,21 @@ from typing import Protocol
 
 from swactor.arena import Arena
 from swactor.faults import NO_FAULTS, Faults
-from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import egress_ring as er
+from swactor.fsm.host import MachineHost
 from swactor.ring import Ring
 from swactor.wire import (
+    EdgeId,
     InstallRing,
     ObjectFailure,
     ObjectHeader,
     ObjectId,
     ObjectProduced,
     OutputBinding,
+    PortId,
     RingFault,
     RingFaultReason,
+    RingId,
     RingInstalled,
     RingQuiesced,
     RingReadable,
@@ -72,8 +75,8 @@ class OutputListener(Protocol):
     def output_failed(self, reason: StepFailure) -> None: ...
 
 
-class EgressRing(RingRecord):
-    """Producer of one egress ring (implements EgressRingGuards)."""
+class EgressRing(RingRecord, er.EgressRingEffects[None]):
+    """Producer of one egress ring: its EgressRingGuards and EgressRingEffects."""
 
     def __init__(
         self,
@@ -87,9 +90,7 @@ class EgressRing(RingRecord):
         self.machine = er.EgressRingMachine(
             self, ring_id=command.ring_id, edge_id=command.edge_id, port_id=command.port_id
         )
-        self._feeder: EventFeeder[er.Event, er.Effect] = EventFeeder(
-            self.machine.handle, self._apply
-        )
+        self._host = MachineHost(self.machine, er.bind(self))
         self._source: DeviceAllocation | None = None
         self._listener: OutputListener | None = None
         self._header = b""
@@ -133,62 +134,65 @@ class EgressRing(RingRecord):
     # -- feeding ----------------------------------------------------------------------
 
     def feed(self, event: er.Event) -> None:
-        self._feeder.feed(event)
+        self._host.feed(event)
 
-    def _apply(self, effect: er.Effect) -> None:
-        cmd = self.command
-        match effect:
-            case er.EmitRingInstalled():
-                self._emit(RingInstalled(cmd.ring_id, cmd.edge_id, cmd.port_id))
-            case er.WriteHeader():
-                header = ObjectHeader(
-                    effect.object_id, effect.sequence, effect.extent, effect.flags
-                )
-                packed = self.faults.header_bytes(
-                    header.pack(),
-                    int(effect.sequence),
-                    lambda s: ObjectHeader(
-                        effect.object_id, Sequence(s), effect.extent, effect.flags
-                    ).pack(),
-                )
-                self._header, self._header_written, self._produced = packed, 0, 0
-                self._pending = (effect.object_id, effect.sequence, effect.extent)
-                self._phase = "header"
-                self._write_header()
-            case er.ContinueWrite():
-                if self.ring is not None:
-                    self.ring.clear_writable_pending()
-                if self._phase == "header":
-                    self._write_header()
-                elif self._phase == "payload":
-                    self._copy_payload()
-            case er.CopyPayload():
-                self._phase = "payload"
-                self._copy_payload()
-            case er.EmitObjectProduced():
-                self._phase = ""
-                self._emit(
-                    ObjectProduced(
-                        effect.ring_id, effect.edge_id, effect.port_id, effect.object_id,
-                        effect.sequence, effect.extent,
-                    )
-                )  # fmt: skip
-                self._finish(None)
-            case er.RejectOutput(reason=reason):
-                self._finish(reason)
-            case er.FailOutput(reason=reason):
-                self._phase = ""
-                self._finish(reason)
-            case er.EmitRingFault():
-                self._emit(RingFault(effect.ring_id, effect.edge_id, effect.port_id, effect.reason))
-            case er.DrainCopies():
-                self._bridge.synchronize()
-                self.feed(er.CopiesDrained())
-            case er.CloseRing():
-                if self.ring is not None:
-                    self.ring.close()
-            case er.EmitRingQuiesced():
-                self._emit(RingQuiesced(effect.ring_id))
+    # -- effects (EgressRingEffects) ----------------------------------------------------
+
+    def emit_ring_installed(self, ring_id: RingId, edge_id: EdgeId, port_id: PortId) -> None:
+        self._emit(RingInstalled(ring_id, edge_id, port_id))
+
+    def write_header(self, object_id: ObjectId, sequence: Sequence, extent: int,
+                     flags: int) -> None:
+        header = ObjectHeader(object_id, sequence, extent, flags)
+        packed = self.faults.header_bytes(
+            header.pack(),
+            int(sequence),
+            lambda s: ObjectHeader(object_id, Sequence(s), extent, flags).pack(),
+        )
+        self._header, self._header_written, self._produced = packed, 0, 0
+        self._pending = (object_id, sequence, extent)
+        self._phase = "header"
+        self._write_header()
+
+    def continue_write(self, ring_id: RingId) -> None:
+        if self.ring is not None:
+            self.ring.clear_writable_pending()
+        if self._phase == "header":
+            self._write_header()
+        elif self._phase == "payload":
+            self._copy_payload()
+
+    def copy_payload(self, ring_id: RingId) -> None:
+        self._phase = "payload"
+        self._copy_payload()
+
+    def emit_object_produced(self, ring_id: RingId, edge_id: EdgeId, port_id: PortId,
+                             object_id: ObjectId, sequence: Sequence, extent: int) -> None:
+        self._phase = ""
+        self._emit(ObjectProduced(ring_id, edge_id, port_id, object_id, sequence, extent))
+        self._finish(None)
+
+    def reject_output(self, object_id: ObjectId, reason: StepFailure) -> None:
+        self._finish(reason)
+
+    def fail_output(self, reason: StepFailure) -> None:
+        self._phase = ""
+        self._finish(reason)
+
+    def emit_ring_fault(self, ring_id: RingId, edge_id: EdgeId, port_id: PortId,
+                        reason: RingFaultReason) -> None:
+        self._emit(RingFault(ring_id, edge_id, port_id, reason))
+
+    def drain_copies(self, ring_id: RingId) -> None:
+        self._bridge.synchronize()
+        self.feed(er.CopiesDrained())
+
+    def close_ring(self, ring_id: RingId) -> None:
+        if self.ring is not None:
+            self.ring.close()
+
+    def emit_ring_quiesced(self, ring_id: RingId) -> None:
+        self._emit(RingQuiesced(ring_id))
 
     def _finish(self, reason: StepFailure | None) -> None:
         listener, self._listener, self._source = self._listener, None, None

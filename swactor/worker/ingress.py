@@ -32,20 +32,27 @@ from collections.abc import Callable
 
 from swactor.arena import Arena
 from swactor.faults import NO_FAULTS, Faults
-from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import ingress_ring as ir
+from swactor.fsm.host import MachineHost
 from swactor.ring import Ring, RingState
 from swactor.wire import (
+    DeviceObjectHandle,
+    EdgeId,
     InstallRing,
     ObjectFailed,
+    ObjectFailure,
     ObjectHeader,
     ObjectHeaderError,
+    ObjectId,
     ObjectLoaded,
+    PortId,
     RingFault,
     RingFaultReason,
+    RingId,
     RingInstalled,
     RingQuiesced,
     RingWritable,
+    Sequence,
     SequenceGate,
     WorkerEvent,
 )
@@ -58,8 +65,8 @@ log = logging.getLogger(__name__)
 HEADER_LEN = ObjectHeader.LEN
 
 
-class IngressRing(IngressGuards, RingRecord):
-    """Parser and device loader of one ingress ring (implements IngressRingGuards)."""
+class IngressRing(IngressGuards, RingRecord, ir.IngressRingEffects[None]):
+    """Parser and device loader of one ingress ring: its IngressRingGuards and Effects."""
 
     def __init__(
         self,
@@ -73,9 +80,7 @@ class IngressRing(IngressGuards, RingRecord):
         self.machine = ir.IngressRingMachine(
             self, ring_id=command.ring_id, edge_id=command.edge_id, port_id=command.port_id
         )
-        self._feeder: EventFeeder[ir.Event, ir.Effect] = EventFeeder(
-            self.machine.handle, self._apply
-        )
+        self._host = MachineHost(self.machine, ir.bind(self))
         self._header = bytearray()
         self._gate = SequenceGate(self.spec.sequence_policy)
         self._object: DeviceAllocation | None = None
@@ -90,48 +95,55 @@ class IngressRing(IngressGuards, RingRecord):
 
     def feed(self, event: ir.Event) -> None:
         """Hand one event to the machine and carry out its effects (and theirs)."""
-        self._feeder.feed(event)
+        self._host.feed(event)
 
-    def _apply(self, effect: ir.Effect) -> None:
-        cmd = self.command
-        match effect:
-            case ir.EmitRingInstalled():
-                self._emit(RingInstalled(cmd.ring_id, cmd.edge_id, cmd.port_id))
-            case ir.ParseAvailable():
-                self._parse()
-            case ir.AllocateDeviceObject(object_id=object_id, sequence=sequence, extent=extent):
-                self._allocate(object_id, sequence, extent)
-            case ir.CopyAvailable():
-                self._copy()
-            case ir.AwaitCopyCompletion():
-                self._complete()
-            case ir.EmitObjectLoaded():
-                self._emit(
-                    ObjectLoaded(
-                        effect.ring_id, effect.edge_id, effect.port_id, effect.object_id,
-                        effect.sequence, effect.extent, effect.device_handle,
-                    )
-                )  # fmt: skip
-            case ir.EmitObjectFailed():
-                self._emit(
-                    ObjectFailed(
-                        effect.ring_id, effect.edge_id, effect.port_id, effect.object_id,
-                        effect.sequence, effect.reason,
-                    )
-                )  # fmt: skip
-            case ir.EmitRingFault():
-                self._emit(RingFault(effect.ring_id, effect.edge_id, effect.port_id, effect.reason))
-            case ir.FreePartialObject():
-                self._free_partial()
-            case ir.DrainCopies():
-                self._bridge.synchronize()
-                self._free_partial()
-                self.feed(ir.CopiesDrained())
-            case ir.CloseRing():
-                if self.ring is not None:
-                    self.ring.close()
-            case ir.EmitRingQuiesced():
-                self._emit(RingQuiesced(effect.ring_id))
+    # -- effects (IngressRingEffects) ---------------------------------------------------
+
+    def emit_ring_installed(self, ring_id: RingId, edge_id: EdgeId, port_id: PortId) -> None:
+        self._emit(RingInstalled(ring_id, edge_id, port_id))
+
+    def parse_available(self, ring_id: RingId) -> None:
+        self._parse()
+
+    def allocate_device_object(self, object_id: ObjectId, sequence: Sequence,
+                               extent: int) -> None:
+        self._allocate(object_id, sequence, extent)
+
+    def copy_available(self, ring_id: RingId) -> None:
+        self._copy()
+
+    def await_copy_completion(self, ring_id: RingId) -> None:
+        self._complete()
+
+    def emit_object_loaded(self, ring_id: RingId, edge_id: EdgeId, port_id: PortId,
+                           object_id: ObjectId, sequence: Sequence, extent: int,
+                           device_handle: DeviceObjectHandle) -> None:
+        self._emit(ObjectLoaded(ring_id, edge_id, port_id, object_id, sequence, extent,
+                                device_handle))
+
+    def emit_object_failed(self, ring_id: RingId, edge_id: EdgeId, port_id: PortId,
+                           object_id: ObjectId | None, sequence: Sequence | None,
+                           reason: ObjectFailure) -> None:
+        self._emit(ObjectFailed(ring_id, edge_id, port_id, object_id, sequence, reason))
+
+    def emit_ring_fault(self, ring_id: RingId, edge_id: EdgeId, port_id: PortId,
+                        reason: RingFaultReason) -> None:
+        self._emit(RingFault(ring_id, edge_id, port_id, reason))
+
+    def free_partial_object(self, ring_id: RingId) -> None:
+        self._free_partial()
+
+    def drain_copies(self, ring_id: RingId) -> None:
+        self._bridge.synchronize()
+        self._free_partial()
+        self.feed(ir.CopiesDrained())
+
+    def close_ring(self, ring_id: RingId) -> None:
+        if self.ring is not None:
+            self.ring.close()
+
+    def emit_ring_quiesced(self, ring_id: RingId) -> None:
+        self._emit(RingQuiesced(ring_id))
 
     # -- byte work ----------------------------------------------------------------------
 

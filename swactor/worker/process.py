@@ -51,17 +51,17 @@ from typing import BinaryIO
 from swactor import heap
 from swactor.arena import Arena, ArenaError
 from swactor.faults import NO_FAULTS, Faults
-from swactor.fsm.feeding import EventFeeder
 from swactor.fsm.generated import egress_ring as er
 from swactor.fsm.generated import ingress_ring as ir
 from swactor.fsm.generated import worker_process as wp
-from swactor.fsm.runtime import ProtocolViolation
+from swactor.fsm.host import MachineHost
 from swactor.ring import WorkerDoorbells
 from swactor.ring._ring_cffi import lib as ring_lib
 from swactor.wire import (
     ConfigureRole,
     DeviceObjectHandle,
     DeviceObjectReleased,
+    ExecuteStep,
     InstallRing,
     ObjectLoaded,
     ReleaseFailed,
@@ -105,8 +105,8 @@ def ring_helper_abi() -> int:
     return int(ring_lib.ring_abi_version())
 
 
-class WorkerProcess:
-    """One worker process's state (implements the empty WorkerProcessGuards)."""
+class WorkerProcess(wp.WorkerProcessEffects[None]):
+    """One worker process's state and effects (its WorkerProcessGuards are empty)."""
 
     def __init__(
         self,
@@ -129,9 +129,7 @@ class WorkerProcess:
         self.rings: dict[RingId, IngressRing | EgressRing] = {}
         self.roles: dict[RoleId, Role] = {}
         self.steps: StepRunner | None = None
-        self._feeder: EventFeeder[wp.Event, wp.Effect] = EventFeeder(
-            self.machine.handle, self._apply
-        )
+        self._host = MachineHost(self.machine, wp.bind(self))
         self._drain_mode: ShutdownMode | None = None
 
     # -- the loop -------------------------------------------------------------------------
@@ -216,7 +214,7 @@ class WorkerProcess:
             self.feed(wp.InternalError())
 
     def feed(self, event: wp.Event) -> None:
-        self._feeder.feed(event)
+        self._host.feed(event)
 
     def _progress(self) -> None:
         if self.steps is not None:
@@ -224,75 +222,30 @@ class WorkerProcess:
         if self._drain_mode is not None and self.machine.state is wp.State.Draining:
             self._continue_drain()
 
-    # -- effects --------------------------------------------------------------------------
+    # -- effects (WorkerProcessEffects) -------------------------------------------------
 
-    def _apply(self, effect: wp.Effect | ProtocolViolation) -> None:
-        match effect:
-            case wp.InitializeRuntime():
-                self._initialize(effect)
-            case wp.EmitWorkerReady():
-                assert self.bridge is not None
-                self.emit(
-                    WorkerReady(
-                        effect.pid, effect.worker_generation, effect.ring_helper_abi,
-                        {"device": self.bridge.device},
-                    )
-                )  # fmt: skip
-            case wp.EmitWorkerFatal(reason=reason):
-                self.emit(WorkerFatal(reason))
-            case ProtocolViolation():
-                log.error("command %s not allowed in state %s", effect.event, effect.state)
-                self.emit(WorkerFatal(WorkerFatalReason.MalformedControlMessage))
-                self.exit_code = 1
-            case wp.EmitWorkerStopped(reason=reason):
-                self.emit(WorkerStopped(reason))
-            case wp.ExitProcess(code=code):
-                self.exit_code = code
-            case wp.CreateRingMachine(command=command):
-                self._install(command)
-            case wp.ForwardUninstall(ring_id=ring_id, reason=reason):
-                self._uninstall(ring_id, reason)
-            case wp.AdvanceRing(ring_id=ring_id):
-                self._advance(ring_id)
-            case wp.ApplyRoleConfig(command=command):
-                self._configure_role(command)
-            case wp.StartStep(command=command):
-                assert self.steps is not None
-                self.steps.submit(command)
-            case wp.ReleaseWhenSafe(device_handle=handle):
-                self._release(handle)
-            case wp.BeginDrain(mode=mode):
-                self._drain_mode = mode
-                if mode is ShutdownMode.AbortInFlight and self.steps is not None:
-                    self.steps.abort(StepFailure.WorkerShuttingDown)
-            case wp.RejectStep(command=command, reason=reason):
-                self.emit(StepFailed(command.role_id, command.step_id, reason))
-            case wp.RejectInstall(command=command, reason=reason):
-                self.emit(RingFault(command.ring_id, command.edge_id, command.port_id, reason))
-            case wp.RejectRoleConfig(command=command, reason=reason):
-                self.emit(RoleFailed(command.role_id, reason))
-
-    def _initialize(self, effect: wp.InitializeRuntime) -> None:
+    def initialize_runtime(self, worker_generation: WorkerGeneration, arena_ceiling: int,
+                           required_ring_helper_abi: int) -> None:
         try:
             arena = Arena.from_env()
         except ArenaError as exc:
             log.error("arena: %s", exc)
             self.feed(wp.InitFailed(WorkerFatalReason.ArenaMapFailed))
             return
-        if arena.size != effect.arena_ceiling:
+        if arena.size != arena_ceiling:
             log.error("arena holds %d bytes, InitializeWorker says %d", arena.size,
-                      effect.arena_ceiling)  # fmt: skip
+                      arena_ceiling)  # fmt: skip
             arena.close()
             self.feed(wp.InitFailed(WorkerFatalReason.ArenaMapFailed))
             return
         self.arena = arena
         abi = ring_helper_abi()
-        if abi != effect.required_ring_helper_abi:
+        if abi != required_ring_helper_abi:
             log.error("ring helper ABI %d, node requires %d", abi,
-                      effect.required_ring_helper_abi)  # fmt: skip
+                      required_ring_helper_abi)  # fmt: skip
             self.feed(wp.InitFailed(WorkerFatalReason.RingHelperAbiMismatch))
             return
-        self.generation = effect.worker_generation
+        self.generation = worker_generation
         try:
             bridge = DeviceBridge(choose_device(self.backend), self.generation, self.faults)
             bridge.probe()
@@ -305,6 +258,59 @@ class WorkerProcess:
             bridge, self.roles, self.rings, self.emit, self.emit.flush, self.faults
         )
         self.feed(wp.RuntimeInitialized(os.getpid(), self.generation, abi))
+
+    def emit_worker_ready(self, pid: int, worker_generation: WorkerGeneration,
+                          ring_helper_abi: int) -> None:
+        assert self.bridge is not None
+        self.emit(WorkerReady(pid, worker_generation, ring_helper_abi,
+                              {"device": self.bridge.device}))
+
+    def emit_worker_fatal(self, reason: WorkerFatalReason) -> None:
+        self.emit(WorkerFatal(reason))
+
+    def protocol_violation(self, machine: str, state: str, event: str) -> None:
+        log.error("command %s not allowed in state %s", event, state)
+        self.emit(WorkerFatal(WorkerFatalReason.MalformedControlMessage))
+        self.exit_code = 1
+
+    def emit_worker_stopped(self, reason: WorkerStoppedReason) -> None:
+        self.emit(WorkerStopped(reason))
+
+    def exit_process(self, code: int) -> None:
+        self.exit_code = code
+
+    def create_ring_machine(self, command: InstallRing) -> None:
+        self._install(command)
+
+    def forward_uninstall(self, ring_id: RingId, reason: UninstallReason) -> None:
+        self._uninstall(ring_id, reason)
+
+    def advance_ring(self, ring_id: RingId) -> None:
+        self._advance(ring_id)
+
+    def apply_role_config(self, command: ConfigureRole) -> None:
+        self._configure_role(command)
+
+    def start_step(self, command: ExecuteStep) -> None:
+        assert self.steps is not None
+        self.steps.submit(command)
+
+    def release_when_safe(self, device_handle: DeviceObjectHandle) -> None:
+        self._release(device_handle)
+
+    def begin_drain(self, mode: ShutdownMode) -> None:
+        self._drain_mode = mode
+        if mode is ShutdownMode.AbortInFlight and self.steps is not None:
+            self.steps.abort(StepFailure.WorkerShuttingDown)
+
+    def reject_step(self, command: ExecuteStep, reason: StepFailure) -> None:
+        self.emit(StepFailed(command.role_id, command.step_id, reason))
+
+    def reject_install(self, command: InstallRing, reason: RingFaultReason) -> None:
+        self.emit(RingFault(command.ring_id, command.edge_id, command.port_id, reason))
+
+    def reject_role_config(self, command: ConfigureRole, reason: RoleFailure) -> None:
+        self.emit(RoleFailed(command.role_id, reason))
 
     def _configure_role(self, command: ConfigureRole) -> None:
         assert self.bridge is not None

@@ -29,7 +29,7 @@ def test_unhandled_exception_is_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
     def explode(*_: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(worker, "_initialize", explode)
+    monkeypatch.setattr(worker, "initialize_runtime", explode)
     line = encode_command(InitializeWorker(WorkerGeneration(1), 4096, ring_helper_abi(), None))
     worker.handle_line(line.encode())
     assert worker.exit_code == 1
