@@ -71,11 +71,13 @@ class _Constants:
     def __init__(self) -> None:
         self.names: dict[str, str] = {}  # constructor call text -> constant name
         self.members: dict[str, str] = {}  # ``wire.Enum.Member`` -> constant name
+        self.args: dict[str, list[str]] = {}  # constructor call text -> its arguments
 
     def name_for(self, cls: str, args: list[str]) -> str | None:
         if any("event." in arg or "m._" in arg for arg in args):
             return None
         call = f"{cls}({', '.join(args)})"
+        self.args.setdefault(call, list(args))
         return self.names.setdefault(call, f"_EFFECT_{len(self.names)}")
 
     def literal(self, arg: str) -> str:
@@ -89,13 +91,8 @@ class _Constants:
         out = [f"{name}: Final = {value}" for value, name in self.members.items()]
         for call, name in self.names.items():
             out += pretty.call(f"{name}: Final = {call.split('(', 1)[0]}",
-                               _split_args(call), "", 0)
+                               self.args[call], "", 0)
         return out
-
-
-def _split_args(call: str) -> list[str]:
-    inner = call.split("(", 1)[1][:-1]
-    return [inner] if inner else []
 
 
 def _effect_lines(table: Table, items: list[tuple[str, list[str]]],
