@@ -66,8 +66,10 @@ def effect_args(table: Table, row: Row, effect: str, spell: Spelling,
             args.append(f"{fld.name}={literal(fld.type, value, wire)}")
         elif event.field(fld.name) is not None:
             args.append(f"{fld.name}={spell.event}.{fld.name}")
-        else:
+        elif table.context_field(fld.name) is not None:
             args.append(f"{fld.name}={context_value(fld.name, row, spell)}")
+        else:  # an optional field with no source (the loader checked)
+            args.append(f"{fld.name}=None")
     return args
 
 

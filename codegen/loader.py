@@ -510,6 +510,8 @@ class _Reader:
             if any(e == effect.name and f == fld.name for e, f, _ in with_values):
                 continue
             source = table.events[event].field(fld.name) or table.context_field(fld.name)
+            if source is None and fld.type.kind == "optional":
+                continue  # nothing to fill it from: None
             if source is None:
                 self.fail(line, "no-source",
                           f"effect {effect.name}.{fld.name} has no source: no with:, no field "

@@ -133,8 +133,8 @@ class ReferenceMachine:
                     fields[fld.name] = _literal(fld.type, value)
                 elif self.table.events[row.event].field(fld.name) is not None:
                     fields[fld.name] = getattr(event, fld.name)
-                else:
-                    fields[fld.name] = self._ctx[fld.name]
+                else:  # the context's field, or None for an optional one with no source
+                    fields[fld.name] = self._ctx.get(fld.name)
             self._effects.append(getattr(self._module, effect_name)(**fields))
 
     def _start(self, state: str, event_data: Any) -> None:

@@ -16,17 +16,19 @@ sends for each output object: the binding keeps its token id and feeds the machi
    back would need a position past `max_seq_len - 1`), `teardown_pending` / `teardown_failed` (every
    provisioned stage and the endpoints stopped / any of them unclean), `symptomatic_fault`
    (the fault's reason is StreamFault);
-2. calls `machine.handle(event)` and carries out the effects in order: timers through
-   `ctx.timers.apply`; ProvisionStages as a parallel fan-out (one task per stage,
-   each `ports.provision_stage(node, provision_stage(plan, i, facts))`);
+2. feeds the event to its `AsyncMachineHost` (`swactor.fsm.host`), which runs the
+   machine's timers on `ctx.timers` and awaits the binding's method for each effect,
+   in order (the class implements `OrchestratorRunEffects`): ProvisionStages as a
+   parallel fan-out (one task per stage, each
+   `ports.provision_stage(node, provision_stage(plan, i, facts))`);
    CreateTokenEndpoints / StopTokenEndpoints / SendStopRun as tasks too, so the actor
    never blocks on the network and its timers stay live (a stage's StopRun is sent only
    after its ProvisionStage was answered, so the two can never reach the node
    reversed); InjectPrompt writes step 0 (the prompt ids), InjectNextInput writes step
    k + 1 (the token of step k), in mailbox order; AcceptOutput appends the token and
-   releases the object; the Record* effects fill `RunResult`; HoldFault keeps the fault
-   (reason, component and where it came from) aside, CommitHeldFault makes it the run's
-   fault, DemoteHeldFault the first late fault.
+   releases the object; the Record* effects fill `RunResult` (each fault effect carries
+   the stage, edge or node its event named); HoldFault keeps the fault aside,
+   CommitHeldFault makes it the run's fault, DemoteHeldFault the first late fault.
 
 A port that raises `RunFaultError` (or anything else) is turned into the event the machine
 understands: a StageFault for that stage (provisioning; the stage still counts as
@@ -83,6 +85,7 @@ from swactor.events.schema import (
     TokenReceived,
 )
 from swactor.fsm.generated import orchestrator_run as orun
+from swactor.fsm.host import AsyncMachineHost
 from swactor.fsm.runtime import ProtocolError
 from swactor.orchestrator.planner import stage_runtime_facts
 from swactor.orchestrator.ports import (
@@ -147,7 +150,7 @@ class RunTimeouts:
     """How long a first StreamFault waits in Settling for a root-cause fault report."""
 
 
-class OrchestratorRun(Actor[RunMessage]):
+class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[None]]):
     """One run: the orchestrator_run machine, its guards and its effects (module doc)."""
 
     def __init__(
@@ -191,16 +194,18 @@ class OrchestratorRun(Actor[RunMessage]):
         self._expected_sequence = 0
         self._pending_token: int | None = None
         self._candidate_stop: StopCause | None = None
-        self._current: RunMessage | None = None
         self._fault_pending = False
         self._held_fault: RunFault | None = None
         """The fault HoldFault set aside while the machine is Settling."""
         self._ctx: Context[RunMessage] | None = None
+        self._host = AsyncMachineHost(self.machine, orun.bind(self),
+                                      timer_events=orun.TIMER_EVENTS, rejected=self._rejected_event)
 
     # -- actor -----------------------------------------------------------------------------
 
     async def started(self, ctx: Context[RunMessage]) -> None:
         self._ctx = ctx
+        self._host.timers = ctx.timers
 
     async def receive(self, ctx: Context[RunMessage], message: RunMessage) -> None:
         """Feed one message to the machine and carry out its effects (module doc)."""
@@ -213,20 +218,19 @@ class OrchestratorRun(Actor[RunMessage]):
         else:
             event = message
         self._note(event)
-        self._current = event
-        try:
-            effects = self.machine.handle(event)
-        except ProtocolError as error:
-            log.warning("run %s: %s", self.plan.run_id, error)
-            self.result.rejected_events.append(f"{error.state}: {error.event}")
-            return
-        for effect in effects:
-            if ctx.timers.apply(effect, orun.TIMER_EVENTS):
-                continue
-            await self._carry_out(ctx, effect)
+        await self._host.feed(event)
         self._flush_outcome()
         if self._done():
             self._finish(ctx)
+
+    def _rejected_event(self, event: orun.Event, error: ProtocolError) -> None:
+        log.warning("run %s: %s", self.plan.run_id, error)
+        self.result.rejected_events.append(f"{error.state}: {error.event}")
+
+    @property
+    def _context(self) -> Context[RunMessage]:
+        assert self._ctx is not None, "effects run only once the actor started"
+        return self._ctx
 
     def _done(self) -> bool:
         return self.machine.state is orun.State.Done
@@ -310,60 +314,78 @@ class OrchestratorRun(Actor[RunMessage]):
 
     # -- effects ---------------------------------------------------------------------------
 
-    async def _carry_out(self, ctx: Context[RunMessage], effect: orun.Effect) -> None:
-        run_id = self.plan.run_id
-        match effect:
-            case orun.ProvisionStages():
-                self._provision_all(ctx)
-            case orun.CreateTokenEndpoints():
-                self._spawn(ctx, self.ports.create_token_endpoints(
-                    provision_tx(self._token_in), provision_rx(self._token_out)
-                ), self._endpoint_fault_for(self._token_in.edge_id))
-            case orun.InjectPrompt():
-                self.result.timings.ready = time.monotonic()
-                self.ports.emit(ReadinessBarrierPassed(node_id=self._node, run_id=run_id))
-                await self._inject(Sequence(0), self.result.prompt_token_ids)
-            case orun.AcceptOutput(object_id=object_id, sequence=sequence):
-                await self._accept(object_id, sequence)
-            case orun.InjectNextInput(sequence=sequence):
-                await self._inject(Sequence(sequence + 1), (self.result.generated_token_ids[-1],))
-            case orun.FinalizeOutput():
-                self.result.timings.finished = time.monotonic()
-            case orun.RecordRunOutcome(outcome=outcome):
-                self.result.outcome = outcome
-                if outcome is RunOutcome.Completed:
-                    self.result.stop_cause = self._candidate_stop
-                self._fault_pending = outcome is RunOutcome.Faulted
-                if self.result.timings.finished is None:
-                    self.result.timings.finished = time.monotonic()
-                if outcome is RunOutcome.Completed:
-                    self.ports.emit(RunCompleted(node_id=self._node, run_id=run_id))
-            case orun.RecordFaultReason(reason=reason, component=component):
-                self.result.fault = self._fault(reason, component)
-            case orun.SendStopRun():
-                self._flush_outcome()
-                self._stop_all(ctx)
-            case orun.StopTokenEndpoints():
-                self._spawn(ctx, self.ports.stop_token_endpoints(),
-                            lambda _error: orun.EndpointsStopped(clean=False))
-            case orun.HoldFault(reason=reason, component=component):
-                self._held_fault = self._fault(reason, component)
-                log.info("run %s: %s from %s held for its root cause", run_id, reason.value,
-                         component.value)
-            case orun.CommitHeldFault():
-                self.result.fault = self._take_held_fault()
-            case orun.DemoteHeldFault():
-                self.result.late_faults.insert(0, self._take_held_fault())
-            case orun.RecordLateFault(reason=reason, component=component):
-                self.result.late_faults.append(self._fault(reason, component))
-            case orun.RecordTeardownOutcome(teardown=teardown):
-                self._record_teardown(teardown)
+    # One coroutine per effect (the host awaits each in turn); those that only book
+    # or spawn a task return at once.
 
-    def _fault(self, reason: RunFaultReason, component: Component) -> RunFault:
-        event = self._current
-        stage = getattr(event, "stage_index", None)
-        edge = getattr(event, "edge_id", None)
-        node = getattr(event, "node_id", None)
+    async def provision_stages(self, plan: RunPlan) -> None:
+        self._provision_all(self._context)
+
+    async def create_token_endpoints(self, plan: RunPlan) -> None:
+        self._spawn(self._context, self.ports.create_token_endpoints(
+            provision_tx(self._token_in), provision_rx(self._token_out)
+        ), self._endpoint_fault_for(self._token_in.edge_id))
+
+    async def inject_prompt(self) -> None:
+        self.result.timings.ready = time.monotonic()
+        self.ports.emit(ReadinessBarrierPassed(node_id=self._node, run_id=self.plan.run_id))
+        await self._inject(Sequence(0), self.result.prompt_token_ids)
+
+    async def accept_output(self, object_id: ObjectId, sequence: Sequence) -> None:
+        await self._accept(object_id, sequence)
+
+    async def inject_next_input(self, sequence: Sequence) -> None:
+        await self._inject(Sequence(sequence + 1), (self.result.generated_token_ids[-1],))
+
+    async def finalize_output(self) -> None:
+        self.result.timings.finished = time.monotonic()
+
+    async def record_run_outcome(self, outcome: RunOutcome) -> None:
+        self.result.outcome = outcome
+        if outcome is RunOutcome.Completed:
+            self.result.stop_cause = self._candidate_stop
+        self._fault_pending = outcome is RunOutcome.Faulted
+        if self.result.timings.finished is None:
+            self.result.timings.finished = time.monotonic()
+        if outcome is RunOutcome.Completed:
+            self.ports.emit(RunCompleted(node_id=self._node, run_id=self.plan.run_id))
+
+    async def record_fault_reason(self, reason: RunFaultReason, component: Component,
+                                  stage_index: StageIndex | None, edge_id: EdgeId | None,
+                                  node_id: NodeId | None) -> None:
+        self.result.fault = self._fault(reason, component, stage_index, edge_id, node_id)
+
+    async def send_stop_run(self) -> None:
+        self._flush_outcome()
+        self._stop_all(self._context)
+
+    async def stop_token_endpoints(self) -> None:
+        self._spawn(self._context, self.ports.stop_token_endpoints(),
+                    lambda _error: orun.EndpointsStopped(clean=False))
+
+    async def hold_fault(self, reason: RunFaultReason, component: Component,
+                         stage_index: StageIndex | None, edge_id: EdgeId | None,
+                         node_id: NodeId | None) -> None:
+        self._held_fault = self._fault(reason, component, stage_index, edge_id, node_id)
+        log.info("run %s: %s from %s held for its root cause", self.plan.run_id, reason.value,
+                 component.value)
+
+    async def commit_held_fault(self) -> None:
+        self.result.fault = self._take_held_fault()
+
+    async def demote_held_fault(self) -> None:
+        self.result.late_faults.insert(0, self._take_held_fault())
+
+    async def record_late_fault(self, reason: RunFaultReason, component: Component,
+                                stage_index: StageIndex | None, edge_id: EdgeId | None,
+                                node_id: NodeId | None) -> None:
+        self.result.late_faults.append(
+            self._fault(reason, component, stage_index, edge_id, node_id))
+
+    async def record_teardown_outcome(self, teardown: TeardownOutcome) -> None:
+        self._record_teardown(teardown)
+
+    def _fault(self, reason: RunFaultReason, component: Component, stage: StageIndex | None,
+               edge: EdgeId | None, node: NodeId | None) -> RunFault:
         if node is None and stage is not None and stage < self._stage_count:
             node = self.plan.stages[stage].node_id
         return RunFault(reason, component, stage, edge, node)
