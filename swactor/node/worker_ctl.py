@@ -14,7 +14,7 @@ Mail it takes:
 - what its ProcessActor reports (`Started`, `SpawnFailed`, `Line`, `Exited`): the
   worker I/O adapter is `decode_worker_line`, which turns a stdout line into a machine
   event: WorkerReady / WorkerFatal / WorkerStopped, any other §30 event as
-  `gwc.WorkerEvent` (the event itself is held for RouteWorkerEvent), and anything
+  `gwc.WorkerEvent` carrying it (RouteWorkerEvent hands it on), and anything
   malformed (not JSON, unknown shape, bad body, truncated) as `gwc.AdapterFailed`. It is
   total, so no worker output can raise inside the node. Mail from the process actor of
   an older generation is ignored.
@@ -79,11 +79,13 @@ from swactor.actors.process import (
 from swactor.actors.supervision import RestartBudget
 from swactor.arena import Arena
 from swactor.fsm.generated import gpu_worker_ctl as gwc
+from swactor.fsm.host import MachineHost
 from swactor.fsm.runtime import ProtocolError
 from swactor.ring import Ring, RingError, WorkerDoorbells
 from swactor.ring._ring_cffi import lib as _ring_lib
 from swactor.wire import (
     ConfigureRole,
+    DeviceObjectHandle,
     DeviceObjectReleased,
     ExecuteStep,
     InitializeWorker,
@@ -104,11 +106,13 @@ from swactor.wire import (
     RoleFailed,
     RoleFailure,
     RoleId,
+    ShutdownMode,
     ShutdownWorker,
     StepCompleted,
     StepFailed,
     StepFailure,
     StepId,
+    UninstallReason,
     UninstallRing,
     WireError,
     WireStruct,
@@ -217,27 +221,25 @@ class WorkerCtlConfig:
 # -- the adapter ------------------------------------------------------------------------
 
 
-AdapterOutput = tuple[gwc.Event, WorkerEvent | None]
-
-
-def decode_worker_line(text: str, truncated: bool = False) -> AdapterOutput:
-    """The machine event for one worker stdout line, and the event to hold for routing.
+def decode_worker_line(text: str, truncated: bool = False) -> gwc.Event:
+    """The machine event for one worker stdout line, carrying what the worker sent.
 
     Total: anything that is not one well-formed §30 event is AdapterFailed."""
     if truncated:
-        return gwc.AdapterFailed(), None
+        return gwc.AdapterFailed()
     try:
         event = decode_event(text)
     except (WireError, ValueError, TypeError, RecursionError):
-        return gwc.AdapterFailed(), None
+        return gwc.AdapterFailed()
     match event:
         case WorkerReady():
-            return gwc.WorkerReady(event.pid, event.worker_generation, event.ring_helper_abi), event
+            return gwc.WorkerReady(event.pid, event.worker_generation, event.ring_helper_abi,
+                                   event.backend)
         case WorkerFatal():
-            return gwc.WorkerFatal(event.reason), event
+            return gwc.WorkerFatal(event.reason)
         case WorkerStopped():
-            return gwc.WorkerStopped(event.reason), event
-    return gwc.WorkerEvent(), event
+            return gwc.WorkerStopped(event.reason)
+    return gwc.WorkerEvent(event)
 
 
 # -- the actor --------------------------------------------------------------------------
@@ -249,7 +251,7 @@ Deferred = InstallRing | ConfigureRole | ExecuteStep
 _FROM_WORKER = (gwc.WorkerReady, gwc.WorkerFatal, gwc.WorkerStopped, gwc.WorkerEvent)
 
 
-class GpuWorkerCtl(Actor[Mail]):
+class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
     """Owns one worker process per generation; see the module docstring."""
 
     def __init__(
@@ -276,7 +278,6 @@ class GpuWorkerCtl(Actor[Mail]):
         self.fatal: WorkerFatalReason | None = None
         """The current generation's WorkerFatal reason (NoteWorkerFatal), if any."""
         self.process: ActorRef[ProcessCommand] | None = None
-        self._held: WorkerEvent | None = None
         self._ctx: Context[Mail] | None = None
         self.doorbells = WorkerDoorbells.create() if config.doorbells else None
         self.machine = gwc.GpuWorkerCtlMachine(
@@ -286,6 +287,8 @@ class GpuWorkerCtl(Actor[Mail]):
             crash_teardown_timeout_s=config.crash_teardown_timeout_s,
             restart_backoff_s=config.restart_backoff_s,
         )
+        self._host = MachineHost(self.machine, gwc.bind(self), timer_events=gwc.TIMER_EVENTS,
+                                 rejected=self._refused)
 
     @property
     def state(self) -> gwc.State:
@@ -314,6 +317,7 @@ class GpuWorkerCtl(Actor[Mail]):
 
     async def started(self, ctx: Context[Mail]) -> None:
         self._ctx = ctx
+        self._host.timers = ctx.timers
         bells = self.doorbells
         if bells is not None:
             loop = asyncio.get_running_loop()
@@ -337,28 +341,19 @@ class GpuWorkerCtl(Actor[Mail]):
             return
         bell = bells.readable if direction is RingDirection.Egress else bells.writable
         if bell.drain():
-            self._handle(ctx, gwc.WorkerRang(direction))
+            self._host.feed(gwc.WorkerRang(direction))
 
     async def receive(self, ctx: Context[Mail], message: Mail) -> None:
         event = self._translate(message)
-        if event is None:
-            return
-        self._handle(ctx, event)
+        if event is not None:
+            self._host.feed(event)
 
-    def _handle(self, ctx: Context[Mail], event: gwc.Event) -> None:
-        try:
-            effects = self.machine.handle(event)
-        except ProtocolError as exc:
-            log.warning("GpuWorkerCtl: %s", exc)
-            if not isinstance(event, _FROM_WORKER):
-                return
+    def _refused(self, event: gwc.Event, error: ProtocolError) -> None:
+        log.warning("GpuWorkerCtl: %s", error)
+        if isinstance(event, _FROM_WORKER):
             # A worker event out of protocol (a second WorkerReady, WorkerStopped while
             # running) is an adapter fault, like an unknown event shape (spec §28).
-            effects = self.machine.handle(gwc.AdapterFailed())
-        for effect in effects:
-            if ctx.timers.apply(effect, gwc.TIMER_EVENTS):
-                continue
-            self._apply(ctx, effect)
+            self._host.feed(gwc.AdapterFailed())
 
     def _translate(self, message: Mail) -> gwc.Event | None:
         match message:
@@ -378,7 +373,7 @@ class GpuWorkerCtl(Actor[Mail]):
                 log.info("worker g%d: %s", int(self.generation), text)
                 return None
             case Line(text=text, truncated=truncated):
-                event, self._held = decode_worker_line(text, truncated)
+                event = decode_worker_line(text, truncated)
                 if isinstance(event, gwc.AdapterFailed):
                     log.error("worker g%d wrote a malformed control line (%d chars)",
                               int(self.generation), len(text))  # fmt: skip
@@ -405,110 +400,156 @@ class GpuWorkerCtl(Actor[Mail]):
         for target in self.routes.targets(event):
             target.tell(event)
 
-    def _apply(self, ctx: Context[Mail], effect: gwc.Effect) -> None:
+    @property
+    def _context(self) -> Context[Mail]:
+        assert self._ctx is not None, "effects run only once the actor started"
+        return self._ctx
+
+    # -- effects (GpuWorkerCtlEffects) ---------------------------------------------------
+
+    def spawn_process(self) -> None:
         cfg = self.config
-        match effect:
-            case gwc.SpawnProcess():
-                env = {
-                    "SWACTOR_ARENA_FD": str(cfg.arena_fd),
-                    "SWACTOR_ARENA_BYTES": str(cfg.arena_bytes),
-                }
-                fds: tuple[int, ...] = (cfg.arena_fd,)
-                if self.doorbells is not None:
-                    env.update(self.doorbells.env())
-                    fds += self.doorbells.fds()
-                spec = ProcessSpec(cfg.argv, pass_fds=fds, extra_env=env,
-                                   grace_s=cfg.kill_grace_s)
-                owner = cast(ActorRef[ProcessEvent], ctx.self_ref)
-                name = f"worker-g{int(self.generation)}"
-                self.process = spawn_process(ctx, spec, owner, name)
-            case gwc.ConnectAdapter():
-                pass  # the adapter is decode_worker_line over the process actor's Lines
-            case gwc.SendInitializeWorker():
-                self._write(
-                    InitializeWorker(
-                        self.generation, cfg.arena_bytes, cfg.required_ring_helper_abi,
-                        cfg.backend,
-                    )
-                )  # fmt: skip
-            case gwc.AnnounceWorkerReady(worker_generation=generation):
-                held = self._held
-                backend = held.backend if isinstance(held, WorkerReady) else None
-                self._route(WorkerReadyNotice(generation, self.pid or 0, backend))
-            case gwc.ReportWorkerFailed():
-                self._route(WorkerFailedNotice(self.generation))
-            case gwc.ReportWorkerCrashed():
-                self._route(WorkerCrashed(self.generation, self.exit_code, self.fatal))
-            case gwc.NoteWorkerFatal(reason=reason):
-                self.fatal = reason
-            case gwc.KillProcess():
-                if self.process is not None:
-                    self.process.tell(StopProcess(cfg.kill_grace_s))
-            case gwc.SendInstallRing(command=command):
-                self._send_command(command)
-            case gwc.SendUninstallRing(ring_id=ring_id, reason=reason):
-                self._write(UninstallRing(ring_id, reason))
-            case gwc.SendRingReadable(ring_id=ring_id):
-                self._wake_worker(RingReadable(ring_id))
-            case gwc.SendRingWritable(ring_id=ring_id):
-                self._wake_worker(RingWritable(ring_id))
-            case gwc.SendConfigureRole(command=command):
-                self._send_command(command)
-            case gwc.SendExecuteStep(command=command):
-                self._send_command(command)
-            case gwc.DeferInstallRing(command=command) | gwc.DeferConfigureRole(
-                command=command
-            ) | gwc.DeferExecuteStep(command=command):
-                self.deferred.append(command)
-            case gwc.ReplayDeferred():
-                pending, self.deferred = self.deferred, []
-                for command in pending:
-                    self._send_command(command)
-            case gwc.RejectDeferred():
-                pending, self.deferred = self.deferred, []
-                for command in pending:
-                    self._reject_command(command)
-            case gwc.SendReleaseDeviceObject(device_handle=handle):
-                self._write(ReleaseDeviceObject(handle))
-            case gwc.SendShutdownWorker(mode=mode):
-                self._write(ShutdownWorker(mode))
-            case gwc.RouteWorkerEvent():
-                self._route_held()
-            case gwc.RouteWakeHints(direction=direction):
-                hint = RingReadable if direction is RingDirection.Egress else RingWritable
-                for ring_id, command in self.installed.items():
-                    if command.direction is direction:
-                        self._route(hint(ring_id))
-            case gwc.RejectInstallRing(command=command, reason=reason):
-                self._route(RingFault(command.ring_id, command.edge_id, command.port_id, reason))
-            case gwc.RejectExecuteStep(command=command, reason=reason):
-                self._route(StepFailed(command.role_id, command.step_id, reason))
-            case gwc.RejectConfigureRole(command=command, reason=reason):
-                self._route(RoleFailed(command.role_id, reason))
-            case gwc.ReportHandleReleased(device_handle=handle):
-                self._route(DeviceObjectReleased(handle))
-            case gwc.ReportRingReaped(ring_id=ring_id):
+        env = {
+            "SWACTOR_ARENA_FD": str(cfg.arena_fd),
+            "SWACTOR_ARENA_BYTES": str(cfg.arena_bytes),
+        }
+        fds: tuple[int, ...] = (cfg.arena_fd,)
+        if self.doorbells is not None:
+            env.update(self.doorbells.env())
+            fds += self.doorbells.fds()
+        spec = ProcessSpec(cfg.argv, pass_fds=fds, extra_env=env, grace_s=cfg.kill_grace_s)
+        ctx = self._context
+        owner = cast(ActorRef[ProcessEvent], ctx.self_ref)
+        self.process = spawn_process(ctx, spec, owner, f"worker-g{int(self.generation)}")
+
+    def connect_adapter(self) -> None:
+        pass  # the adapter is decode_worker_line over the process actor's Lines
+
+    def send_initialize_worker(self) -> None:
+        cfg = self.config
+        self._write(InitializeWorker(self.generation, cfg.arena_bytes,
+                                     cfg.required_ring_helper_abi, cfg.backend))
+
+    def announce_worker_ready(self, worker_generation: WorkerGeneration, pid: int,
+                              backend: JsonValue) -> None:
+        self._route(WorkerReadyNotice(worker_generation, pid, backend))
+
+    def report_worker_failed(self) -> None:
+        self._route(WorkerFailedNotice(self.generation))
+
+    def report_worker_crashed(self) -> None:
+        self._route(WorkerCrashed(self.generation, self.exit_code, self.fatal))
+
+    def note_worker_fatal(self, reason: WorkerFatalReason) -> None:
+        self.fatal = reason
+
+    def kill_process(self) -> None:
+        if self.process is not None:
+            self.process.tell(StopProcess(self.config.kill_grace_s))
+
+    def send_install_ring(self, command: InstallRing) -> None:
+        self._send_command(command)
+
+    def send_uninstall_ring(self, ring_id: RingId, reason: UninstallReason) -> None:
+        self._write(UninstallRing(ring_id, reason))
+
+    def send_ring_readable(self, ring_id: RingId) -> None:
+        self._wake_worker(RingReadable(ring_id))
+
+    def send_ring_writable(self, ring_id: RingId) -> None:
+        self._wake_worker(RingWritable(ring_id))
+
+    def send_configure_role(self, command: ConfigureRole) -> None:
+        self._send_command(command)
+
+    def send_execute_step(self, command: ExecuteStep) -> None:
+        self._send_command(command)
+
+    def defer_install_ring(self, command: InstallRing) -> None:
+        self.deferred.append(command)
+
+    def defer_configure_role(self, command: ConfigureRole) -> None:
+        self.deferred.append(command)
+
+    def defer_execute_step(self, command: ExecuteStep) -> None:
+        self.deferred.append(command)
+
+    def replay_deferred(self) -> None:
+        pending, self.deferred = self.deferred, []
+        for command in pending:
+            self._send_command(command)
+
+    def reject_deferred(self) -> None:
+        pending, self.deferred = self.deferred, []
+        for command in pending:
+            self._reject_command(command)
+
+    def send_release_device_object(self, device_handle: DeviceObjectHandle) -> None:
+        self._write(ReleaseDeviceObject(device_handle))
+
+    def send_shutdown_worker(self, mode: ShutdownMode) -> None:
+        self._write(ShutdownWorker(mode))
+
+    def route_worker_event(self, event: WorkerEvent) -> None:
+        match event:
+            case RingQuiesced(ring_id=ring_id):
                 self.installed.pop(ring_id, None)
-                self.deferred = [c for c in self.deferred
-                                 if not (isinstance(c, InstallRing) and c.ring_id == ring_id)]
-                self._route(WorkerReaped(ring_id))
-            case gwc.ReportRingsReaped():
-                for ring_id in list(self.installed):
-                    self._route(WorkerReaped(ring_id))
-                self.installed.clear()
-            case gwc.InvalidateGeneration():
-                for role_id, step_id in list(self.in_flight):
-                    self._route(StepFailed(role_id, step_id, StepFailure.WorkerProcessExited))
-                self.in_flight.clear()
-            case gwc.FaultInstalledRings():
-                self._fault_installed_rings()
-            case gwc.IncrementGeneration():
-                self.generation = WorkerGeneration(self.generation + 1)
-                self.restarts += 1
-                self.budget.record(self.clock())
-                self.fatal = None
-                self.installed.clear()
-                self.process = None
+            case StepCompleted() | StepFailed():
+                self.in_flight.pop((event.role_id, event.step_id), None)
+        self._route(event)
+
+    def route_wake_hints(self, direction: RingDirection) -> None:
+        hint = RingReadable if direction is RingDirection.Egress else RingWritable
+        for ring_id, command in self.installed.items():
+            if command.direction is direction:
+                self._route(hint(ring_id))
+
+    def reject_install_ring(self, command: InstallRing, reason: RingFaultReason) -> None:
+        self._route(RingFault(command.ring_id, command.edge_id, command.port_id, reason))
+
+    def reject_execute_step(self, command: ExecuteStep, reason: StepFailure) -> None:
+        self._route(StepFailed(command.role_id, command.step_id, reason))
+
+    def reject_configure_role(self, command: ConfigureRole, reason: RoleFailure) -> None:
+        self._route(RoleFailed(command.role_id, reason))
+
+    def report_handle_released(self, device_handle: DeviceObjectHandle) -> None:
+        self._route(DeviceObjectReleased(device_handle))
+
+    def report_ring_reaped(self, ring_id: RingId) -> None:
+        self.installed.pop(ring_id, None)
+        self.deferred = [c for c in self.deferred
+                         if not (isinstance(c, InstallRing) and c.ring_id == ring_id)]
+        self._route(WorkerReaped(ring_id))
+
+    def report_rings_reaped(self) -> None:
+        for ring_id in list(self.installed):
+            self._route(WorkerReaped(ring_id))
+        self.installed.clear()
+
+    def invalidate_generation(self) -> None:
+        for role_id, step_id in list(self.in_flight):
+            self._route(StepFailed(role_id, step_id, StepFailure.WorkerProcessExited))
+        self.in_flight.clear()
+
+    def fault_installed_rings(self) -> None:
+        reason = RingFaultReason.WorkerProcessExited
+        for command in self.installed.values():
+            if self.arena is not None:
+                try:
+                    with Ring.open(self.arena, command.layout) as ring:
+                        ring.fault(reason)
+                except RingError as exc:
+                    log.warning("ring %d: cannot fault: %s", int(command.ring_id), exc)
+            self._route(RingFault(command.ring_id, command.edge_id, command.port_id, reason))
+
+    def increment_generation(self) -> None:
+        self.generation = WorkerGeneration(self.generation + 1)
+        self.restarts += 1
+        self.budget.record(self.clock())
+        self.fatal = None
+        self.installed.clear()
+        self.process = None
 
     def _send_command(self, command: Deferred) -> None:
         """Write a command to the running worker, with its bookkeeping."""
@@ -532,28 +573,6 @@ class GpuWorkerCtl(Actor[Mail]):
                                        StepFailure.WorkerProcessExited))
             case _:
                 self._route(RoleFailed(command.role_id, RoleFailure.WorkerProcessExited))
-
-    def _route_held(self) -> None:
-        event, self._held = self._held, None
-        if event is None:
-            return
-        match event:
-            case RingQuiesced(ring_id=ring_id):
-                self.installed.pop(ring_id, None)
-            case StepCompleted() | StepFailed():
-                self.in_flight.pop((event.role_id, event.step_id), None)
-        self._route(event)
-
-    def _fault_installed_rings(self) -> None:
-        reason = RingFaultReason.WorkerProcessExited
-        for command in self.installed.values():
-            if self.arena is not None:
-                try:
-                    with Ring.open(self.arena, command.layout) as ring:
-                        ring.fault(reason)
-                except RingError as exc:
-                    log.warning("ring %d: cannot fault: %s", int(command.ring_id), exc)
-            self._route(RingFault(command.ring_id, command.edge_id, command.port_id, reason))
 
 
 __all__ = [

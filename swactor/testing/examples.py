@@ -307,6 +307,12 @@ _EXAMPLES: dict[type, Callable[[], object]] = {
     wire.ReleaseFailed: lambda: wire.ReleaseFailed(_handle(), wire.ReleaseFailure.UnknownHandle),
 }
 
+_ALIASES: dict[object, Callable[[], object]] = {
+    wire.WorkerEvent: _EXAMPLES[wire.RingQuiesced],
+    wire.JsonValue: lambda: {"device": "CPU"},
+}
+"""Examples of the exported type aliases a table field may name (unions, not classes)."""
+
 _ID_EXAMPLES: dict[type, int] = {
     wire.RunId: 7,
     wire.NodeId: 101,
@@ -328,7 +334,7 @@ def example(tp: type[T]) -> T:
         return cast(T, tp(_ID_EXAMPLES.get(tp, 1)))
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return cast(T, next(iter(tp)))
-    make = _EXAMPLES.get(tp)
+    make = _EXAMPLES.get(tp) or _ALIASES.get(tp)
     if make is None:
         raise KeyError(f"no wire example for {tp!r}")
     return cast(T, make())

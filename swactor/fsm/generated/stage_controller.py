@@ -832,13 +832,16 @@ _EFFECT_0: Final = ReportStageStopped(clean=True)
 _EFFECT_1: Final = ReportStageReady()
 _EFFECT_2: Final = ExecuteStep()
 _EFFECT_3: Final = ReportStageFault(
-    reason=wire.RunFaultReason.WeightLoadFailed, component=wire.Component.Worker,
+    reason=wire.RunFaultReason.WeightLoadFailed,
+    component=wire.Component.Worker,
 )
 _EFFECT_4: Final = ReportStageFault(
-    reason=wire.RunFaultReason.SequenceViolation, component=wire.Component.StageController,
+    reason=wire.RunFaultReason.SequenceViolation,
+    component=wire.Component.StageController,
 )
 _EFFECT_5: Final = ReportStageFault(
-    reason=wire.RunFaultReason.StepFailed, component=wire.Component.Worker,
+    reason=wire.RunFaultReason.StepFailed,
+    component=wire.Component.Worker,
 )
 _EFFECT_6: Final = StopEdges()
 _EFFECT_7: Final = ReleaseRunObjects()
