@@ -34,6 +34,7 @@ from swactor.actors import Actor, ActorRef, Context
 from swactor.edges.owner import EdgeOwner
 from swactor.fsm.generated import rx_edge as rx
 from swactor.fsm.generated import tx_edge as tx
+from swactor.fsm.host import MachineHost
 from swactor.fsm.runtime import ProtocolError
 from swactor.wire import (
     Component,
@@ -41,6 +42,7 @@ from swactor.wire import (
     EdgeId,
     EdgeReady,
     EdgeStopped,
+    RingId,
     RunFaultReason,
     StopEdge,
 )
@@ -64,11 +66,10 @@ def _component(reason: RunFaultReason, own: Component) -> Component:
 
 class _EdgeActor(Actor[Any]):
     """The Tx or Rx gate: both tables take the same events and name the same effects,
-    so one actor binds either; a subclass names its table (`gen`) and its component."""
+    so one class implements the effects of either; a subclass builds its table's machine
+    and host (`_bind`) and names its component."""
 
     component: Component
-    gen: Any
-    """The generated module, `tx_edge` or `rx_edge`."""
 
     def __init__(
         self,
@@ -79,59 +80,76 @@ class _EdgeActor(Actor[Any]):
         self.edge_id = edge_id
         self.owner = owner
         self.establisher = establisher
-        self.machine = self._machine()
+        self._bind()
 
-    def _machine(self) -> Any:
+    def _bind(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def is_stopped(self) -> bool:
+        raise NotImplementedError
+
+    def _feed(self, event: Any) -> None:
         raise NotImplementedError
 
     async def receive(self, ctx: Context[Any], message: Any) -> None:
         if not isinstance(message, _EVENTS):
             return  # the ring events GpuWorkerCtl routes here (module doc)
-        try:
-            effects = list(self.machine.handle(message))
-        except ProtocolError as exc:
-            log.warning("edge %d: %s", int(self.edge_id), exc)
-            return
-        for effect in effects:
-            self._effect(effect)
-        if self.machine.state is self.gen.State.Stopped:
+        self._feed(message)
+        if self.is_stopped:
             ctx.stop_self()
 
-    def _effect(self, effect: Any) -> None:
-        gen = self.gen
-        match effect:
-            case gen.ReportEdgeReady(ring_id=ring_id):
-                self.owner.edge_ready(self.edge_id, ring_id)
-            case gen.ReportEdgeFailed(reason=reason):
-                self._fault(reason)
-            case gen.ForwardStopEdge():
-                self.establisher.tell(StopEdge(self.edge_id))
-            case gen.ReportEdgeStopped(clean=clean):
-                self.owner.edge_stopped(self.edge_id, clean)
+    def _rejected(self, event: object, error: ProtocolError) -> None:
+        log.warning("edge %d: %s", int(self.edge_id), error)
 
-    def _fault(self, reason: RunFaultReason) -> None:
-        self.owner.edge_failed(self.edge_id, reason, _component(reason, self.component))
+    # -- effects (TxEdgeEffects and RxEdgeEffects) ---------------------------------------
+
+    def report_edge_ready(self, edge_id: EdgeId, ring_id: RingId) -> None:
+        self.owner.edge_ready(edge_id, ring_id)
+
+    def report_edge_failed(self, edge_id: EdgeId, reason: RunFaultReason) -> None:
+        self.owner.edge_failed(edge_id, reason, _component(reason, self.component))
+
+    def forward_stop_edge(self, edge_id: EdgeId) -> None:
+        self.establisher.tell(StopEdge(edge_id))
+
+    def report_edge_stopped(self, edge_id: EdgeId, clean: bool) -> None:
+        self.owner.edge_stopped(edge_id, clean)
 
 
 _EVENTS = (EdgeReady, EdgeFailed, EdgeStopped, StopEdge)
 """The mail both tables take as it is (all `swactor.wire` classes)."""
 
 
-class TxEdgeActor(_EdgeActor):
+class TxEdgeActor(_EdgeActor, tx.TxEdgeEffects[None]):
     """The producer end's gate (generated `tx_edge` machine)."""
 
     component = Component.TxEdge
-    gen = tx
 
-    def _machine(self) -> tx.TxEdgeMachine:
-        return tx.TxEdgeMachine(self)
+    def _bind(self) -> None:
+        self.machine = tx.TxEdgeMachine(self)
+        self._host = MachineHost(self.machine, tx.bind(self), rejected=self._rejected)
+
+    @property
+    def is_stopped(self) -> bool:
+        return self.machine.state is tx.State.Stopped
+
+    def _feed(self, event: tx.Event) -> None:
+        self._host.feed(event)
 
 
-class RxEdgeActor(_EdgeActor):
+class RxEdgeActor(_EdgeActor, rx.RxEdgeEffects[None]):
     """The consumer end's gate (generated `rx_edge` machine)."""
 
     component = Component.RxEdge
-    gen = rx
 
-    def _machine(self) -> rx.RxEdgeMachine:
-        return rx.RxEdgeMachine(self)
+    def _bind(self) -> None:
+        self.machine = rx.RxEdgeMachine(self)
+        self._host = MachineHost(self.machine, rx.bind(self), rejected=self._rejected)
+
+    @property
+    def is_stopped(self) -> bool:
+        return self.machine.state is rx.State.Stopped
+
+    def _feed(self, event: rx.Event) -> None:
+        self._host.feed(event)
