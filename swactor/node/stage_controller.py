@@ -26,7 +26,9 @@ loader's `WeightsFetched` progress. For every message the binding
    edge, and the sequence of the armed step: 0, then previous + 1),
    `teardown_pending` / `teardown_clean` (both edges stopped, no requested device
    release unanswered / no edge stopped unclean, no release or port failed);
-3. calls `machine.handle(event)` and carries out the effects in order. The four setup
+3. feeds the event to its `AsyncMachineHost` (`swactor.fsm.host`), which runs the
+   machine's timer on `ctx.timers` and awaits the binding's method for each effect in
+   order (the class implements `StageControllerEffects`). The four setup
    effects of Preparing start port tasks (they may take long: a download), so the actor
    stays responsive to StopRun; the others are awaited inline and must only queue a
    command. ExecuteStep arms the next step ahead of its object (the table's doc says
@@ -80,6 +82,7 @@ from swactor.events.schema import (
 )
 from swactor.fsm.generated import orchestrator_run as orun
 from swactor.fsm.generated import stage_controller as scm
+from swactor.fsm.host import AsyncMachineHost
 from swactor.fsm.runtime import ProtocolError
 from swactor.node.stage_ports import (
     StageFaultRecord,
@@ -175,7 +178,7 @@ class _Teardown:
     unclean: list[str] = field(default_factory=list)
 
 
-class StageController(Actor[StageMail]):
+class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[None]]):
     """One stage of one run: the stage_controller machine, its guards and effects."""
 
     def __init__(
@@ -212,26 +215,33 @@ class StageController(Actor[StageMail]):
         self._next_step = config.first_step_id
         self._step: _Step | None = None
         self._teardown = _Teardown()
+        self._ctx: Context[StageMail] | None = None
+        self._host = AsyncMachineHost(self.machine, scm.bind(self),
+                                      timer_events=scm.TIMER_EVENTS, rejected=self._rejected)
 
     # -- actor -------------------------------------------------------------------------
+
+    async def started(self, ctx: Context[StageMail]) -> None:
+        self._ctx = ctx
+        self._host.timers = ctx.timers
 
     async def receive(self, ctx: Context[StageMail], message: StageMail) -> None:
         event = self._translate(message)
         if event is None:
             return
         self._note(event)
-        try:
-            effects = self.machine.handle(event)
-        except ProtocolError as error:
-            log.warning("stage %s: %s", self._name, error)
-            self.outcome.rejected_events.append(f"{error.state}: {error.event}")
-            return
-        for effect in effects:
-            if ctx.timers.apply(effect, scm.TIMER_EVENTS):
-                continue
-            await self._carry_out(ctx, effect)
+        await self._host.feed(event)
         if self.machine.state is scm.State.Stopped:
             self._finish(ctx)
+
+    def _rejected(self, event: scm.Event, error: ProtocolError) -> None:
+        log.warning("stage %s: %s", self._name, error)
+        self.outcome.rejected_events.append(f"{error.state}: {error.event}")
+
+    @property
+    def _context(self) -> Context[StageMail]:
+        assert self._ctx is not None, "effects run only once the actor started"
+        return self._ctx
 
     async def stopped(self, ctx: Context[StageMail]) -> None:
         if not self._finished.done():
@@ -447,53 +457,78 @@ class StageController(Actor[StageMail]):
 
     # -- effects -------------------------------------------------------------------------
 
-    async def _carry_out(self, ctx: Context[StageMail], effect: scm.Effect) -> None:
-        match effect:
-            case scm.RejectProvision(orchestrator=sender, provision=provision,
-                                     already_provisioned=already):
-                await self._reject(sender, provision, already)
-            case scm.ConfigureWorkerRole(provision=provision):
-                self._accept(provision)
-                role = provision.runtime.role_id
-                self._start(ctx, self.ports.configure_role(provision),
-                            lambda e: scm.RoleFailed(role, _role_failure(e)))
-            case scm.StartWeightLoad(provision=provision):
-                self.ports.emit(WeightsDownloadStarted(
-                    node_id=self.config.node_id, run_id=provision.run_id,
-                    stage_index=provision.stage_index,
-                ))
-                self._start(ctx, self.ports.load_weights(provision),
-                            lambda e: scm.WeightsFailed(_weights_reason(e)))
-            case scm.EstablishInboundEdge(provision=provision):
-                self._establish(ctx, provision.inbound.edge_id,
-                                self.ports.establish_inbound(provision))
-            case scm.EstablishOutboundEdge(provision=provision):
-                self._establish(ctx, provision.outbound.edge_id,
-                                self.ports.establish_outbound(provision))
-            case scm.ReportStageReady():
-                self._stage_ready()
-                await self._report(orun.StageReady(self._stage_index))
-            case scm.ExecuteStep():
-                await self._arm(ctx)
-            case scm.StepStarted(object_id=object_id, sequence=sequence, device_handle=handle):
-                self._step_started(object_id, sequence, handle)
-            case scm.ReleaseStepInputs(step_id=step_id):
-                await self._step_completed(ctx, step_id)
-            case scm.RejectRunWork(device_handle=handle):
-                await self._release(ctx, handle)
-            case scm.ReportStageFault(reason=reason, component=component):
-                if self.outcome.fault is None:
-                    self.outcome.fault = StageFaultRecord(reason, component)
-                await self._report(orun.StageFault(self._stage_index, reason, component))
-            case scm.StopEdges():
-                await self._stop_edges(ctx)
-            case scm.ReleaseRunObjects():
-                for handle in sorted(self._held - self._releasing, key=_handle_key):
-                    await self._release(ctx, handle)
-            case scm.ResetRole():
-                await self._reset_role()
-            case scm.ReportStageStopped(clean=clean):
-                await self._stage_stopped(clean)
+    # One coroutine per effect, awaited in turn: the four setup effects of Preparing
+    # start port tasks; the others must only queue a command.
+
+    async def reject_provision(self, orchestrator: NodeId, provision: ProvisionStage,
+                               already_provisioned: bool) -> None:
+        problem = (f"run {int(provision.run_id)} stage {int(provision.stage_index)}: "
+                   "this controller is already provisioned") if already_provisioned else (
+                       self._provision_problem)
+        if problem is not None:
+            self.outcome.rejected_provisions.append(problem)
+            log.warning("stage: ProvisionStage rejected: %s", problem)
+        fault = orun.StageFault(
+            provision.stage_index, RunFaultReason.ProvisioningRejected, Component.StageController
+        )
+        await self._send(orchestrator, provision.run_id, fault)
+
+    async def configure_worker_role(self, provision: ProvisionStage) -> None:
+        self._accept(provision)
+        role = provision.runtime.role_id
+        self._start(self._context, self.ports.configure_role(provision),
+                    lambda e: scm.RoleFailed(role, _role_failure(e)))
+
+    async def start_weight_load(self, provision: ProvisionStage) -> None:
+        self.ports.emit(WeightsDownloadStarted(
+            node_id=self.config.node_id, run_id=provision.run_id,
+            stage_index=provision.stage_index,
+        ))
+        self._start(self._context, self.ports.load_weights(provision),
+                    lambda e: scm.WeightsFailed(_weights_reason(e)))
+
+    async def establish_inbound_edge(self, provision: ProvisionStage) -> None:
+        self._establish(self._context, provision.inbound.edge_id,
+                        self.ports.establish_inbound(provision))
+
+    async def establish_outbound_edge(self, provision: ProvisionStage) -> None:
+        self._establish(self._context, provision.outbound.edge_id,
+                        self.ports.establish_outbound(provision))
+
+    async def report_stage_ready(self) -> None:
+        self._stage_ready()
+        await self._report(orun.StageReady(self._stage_index))
+
+    async def execute_step(self) -> None:
+        await self._arm(self._context)
+
+    async def step_started(self, object_id: ObjectId, sequence: Sequence,
+                           device_handle: DeviceObjectHandle) -> None:
+        self._step_started(object_id, sequence, device_handle)
+
+    async def release_step_inputs(self, step_id: StepId) -> None:
+        await self._step_completed(self._context, step_id)
+
+    async def reject_run_work(self, device_handle: DeviceObjectHandle) -> None:
+        await self._release(self._context, device_handle)
+
+    async def report_stage_fault(self, reason: RunFaultReason, component: Component) -> None:
+        if self.outcome.fault is None:
+            self.outcome.fault = StageFaultRecord(reason, component)
+        await self._report(orun.StageFault(self._stage_index, reason, component))
+
+    async def stop_edges(self) -> None:
+        await self._stop_edges(self._context)
+
+    async def release_run_objects(self) -> None:
+        for handle in sorted(self._held - self._releasing, key=_handle_key):
+            await self._release(self._context, handle)
+
+    async def reset_role(self) -> None:
+        await self._reset_role()
+
+    async def report_stage_stopped(self, clean: bool) -> None:
+        await self._stage_stopped(clean)
 
     @property
     def _stage_index(self) -> StageIndex:
@@ -508,17 +543,6 @@ class StageController(Actor[StageMail]):
         self.outcome.provisioned = True
         log.info("stage %s: provisioned (layers %d..%d)", self._name, provision.layer_start,
                  provision.layer_end_exclusive)
-
-    async def _reject(self, sender: NodeId, provision: ProvisionStage, already: bool) -> None:
-        problem = (f"run {int(provision.run_id)} stage {int(provision.stage_index)}: "
-                   "this controller is already provisioned") if already else self._provision_problem
-        if problem is not None:
-            self.outcome.rejected_provisions.append(problem)
-            log.warning("stage: ProvisionStage rejected: %s", problem)
-        fault = orun.StageFault(
-            provision.stage_index, RunFaultReason.ProvisioningRejected, Component.StageController
-        )
-        await self._send(sender, provision.run_id, fault)
 
     def _establish(self, ctx: Context[StageMail], edge: EdgeId, action: Awaitable[None]) -> None:
         provision = self._provision
