@@ -79,6 +79,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import swactor.fsm.generated.swim_member as sm
+from swactor.fsm.host import MachineHost
 from swactor.membership import config as cfg
 from swactor.membership.broadcasts import BroadcastQueue
 from swactor.membership.messages import (
@@ -121,25 +122,38 @@ _NACK_FRACTION = 0.8
 """An intermediary answers Nack when the target is silent for this part of the timeout."""
 
 
-class _Member:
-    """One remote member: its machine, metadata and suspicion; answers the guards."""
+class _Member(sm.SwimMemberEffects[None]):
+    """One remote member: its machine, metadata and suspicion; answers the guards and
+    carries out its machine's effects on the core.
+
+    `feed` applies one claim about the member: the update heard (None for its own
+    timers), who sent it and when. The effects read them (the table's events carry
+    only the incarnation; the update holds the metadata and the accuser)."""
 
     __slots__ = (
         "accusers",
         "changed_at",
         "confirmed",
+        "core",
+        "host",
         "last_update",
         "machine",
         "meta",
         "node_id",
+        "now",
+        "refused",
+        "sender",
         "suspected_at",
         "suspicion_deadline",
+        "update",
     )
 
-    def __init__(self, update: AliveUpdate, now: float) -> None:
+    def __init__(self, core: SwimCore, update: AliveUpdate, now: float) -> None:
+        self.core = core
         self.node_id = update.node_id
         self.meta = update.meta
         self.machine = sm.SwimMemberMachine(self, incarnation=update.incarnation)
+        self.host = MachineHost(self.machine, sm.bind(self))
         self.last_update: Update = update
         self.changed_at = now
         self.accusers: set[NodeId] | None = None
@@ -147,6 +161,79 @@ class _Member:
         self.suspicion_deadline = 0.0
         self.confirmed = False
         """It answered one of our probes at its published address (a reconnect target)."""
+        self.update: Update | None = None
+        self.sender: NodeId | None = None
+        self.now = now
+        self.refused = False
+
+    def feed(self, event: sm.Event, update: Update | None, sender: NodeId | None,
+             now: float) -> bool:
+        """Apply `event` for `update` heard from `sender` at `now`; False if refused."""
+        self.update, self.sender, self.now, self.refused = update, sender, now, False
+        self.host.feed(event)
+        return not self.refused
+
+    # -- effects (SwimMemberEffects) ----------------------------------------------------
+
+    def report_alive(self, incarnation: int) -> None:
+        update, core = self.update, self.core
+        assert isinstance(update, AliveUpdate)
+        self.meta = update.meta
+        self.accusers = None
+        core._add_live(self.node_id)
+        core._recent_dead.pop(self.node_id, None)
+        core._failed.pop(self.node_id, None)
+        core._record(self, update, self.now)
+
+    def report_suspect(self, incarnation: int) -> None:
+        update = self.update
+        assert isinstance(update, SuspectUpdate)
+        self.accusers = {update.accuser}
+        self.suspected_at = self.now
+        self.core._rearm_suspicion(self, self.now)
+        self.core._record(self, update, self.now)
+
+    def confirm_suspicion(self, incarnation: int) -> None:
+        update = self.update
+        assert isinstance(update, SuspectUpdate)
+        if self.accusers is None:
+            self.accusers = set()
+        if update.accuser not in self.accusers:
+            self.accusers.add(update.accuser)
+            self.core._rearm_suspicion(self, self.now)
+            self.core._queue.push(update)
+
+    def report_dead(self, incarnation: int) -> None:
+        core = self.core
+        dead = self.update if self.update is not None else DeadUpdate(
+            self.node_id, self.machine.incarnation, core.node_id)
+        if self.confirmed:
+            core._failed.pop(self.node_id, None)
+            core._failed[self.node_id] = (self.meta.swim_address, self.now)
+            while len(core._failed) > core.config.max_members:
+                del core._failed[next(iter(core._failed))]
+        core._ended(self, dead, self.now)
+
+    def report_left(self, incarnation: int) -> None:
+        assert self.update is not None
+        self.core._failed.pop(self.node_id, None)
+        self.core._ended(self, self.update, self.now)
+
+    def report_removed(self) -> None:
+        core = self.core
+        del core._members[self.node_id]
+        core._recent_dead.pop(self.node_id, None)
+        core._events.append(MemberChanged(self.node_id, MemberState.Removed,
+                                          self.machine.incarnation, None, self.now))
+
+    def refuse_claim(self, incarnation: int) -> None:
+        update = self.update
+        assert update is not None
+        self.refused = True
+        self.core._refuse(self.sender or update.author, self.node_id,
+                          RefusalReason.ClaimTooFarAhead, self.now)
+
+    # -- guards (SwimMemberGuards) ------------------------------------------------------
 
     def far_ahead(self, event: sm.SuspectHeard | sm.DeadHeard | sm.LeaveHeard) -> bool:
         return event.incarnation > self.machine.incarnation + MAX_CLAIM_AHEAD
@@ -356,7 +443,7 @@ class SwimCore:
         """
         if (update.node_id != self.node_id and update.node_id not in self._members
                 and len(self._members) < self.config.max_members):
-            member = _Member(update, now)
+            member = _Member(self, update, now)
             member.confirmed = True  # known by configuration, not by hearsay
             self._members[update.node_id] = member
             self._add_live(update.node_id)
@@ -407,77 +494,26 @@ class SwimCore:
                     self._refuse(sender or update.node_id, update.node_id,
                                  RefusalReason.TableFull, now)
                     return
-                member = _Member(update, now)
+                member = _Member(self, update, now)
                 self._members[update.node_id] = member
                 self._add_live(update.node_id)
                 self._queue.push(update)
                 self._changed(member, now)
                 return
-            effects = member.machine.handle(sm.AliveHeard(incarnation=update.incarnation))
+            event: sm.Event = sm.AliveHeard(incarnation=update.incarnation)
         elif member is None:
             if isinstance(update, DeadUpdate) and update.is_leave:
                 self._failed.pop(update.node_id, None)  # it left: never a reconnect target
             return  # memberlist: suspicion or death of an unknown member is ignored
         elif isinstance(update, SuspectUpdate):
-            effects = member.machine.handle(sm.SuspectHeard(incarnation=update.incarnation))
+            event = sm.SuspectHeard(incarnation=update.incarnation)
         elif update.is_leave:
-            effects = member.machine.handle(sm.LeaveHeard(incarnation=update.incarnation))
+            event = sm.LeaveHeard(incarnation=update.incarnation)
         else:
-            effects = member.machine.handle(sm.DeadHeard(incarnation=update.incarnation))
-        if any(isinstance(effect, sm.RefuseClaim) for effect in effects):
-            self._refuse(sender or update.author, update.node_id,
-                         RefusalReason.ClaimTooFarAhead, now)
-            return
-        if isinstance(update, DeadUpdate) and update.is_leave:
+            event = sm.DeadHeard(incarnation=update.incarnation)
+        if (member.feed(event, update, sender, now) and isinstance(update, DeadUpdate)
+                and update.is_leave):
             self._failed.pop(update.node_id, None)  # it left: never a reconnect target
-        self._carry_out(member, effects, update, now)
-
-    def _carry_out(self, member: _Member, effects: list[sm.Effect], update: Update | None,
-                   now: float) -> None:
-        for effect in effects:
-            match effect:
-                case sm.ReportAlive():
-                    assert isinstance(update, AliveUpdate)
-                    member.meta = update.meta
-                    member.accusers = None
-                    self._add_live(member.node_id)
-                    self._recent_dead.pop(member.node_id, None)
-                    self._failed.pop(member.node_id, None)
-                    self._record(member, update, now)
-                case sm.ReportSuspect():
-                    assert isinstance(update, SuspectUpdate)
-                    member.accusers = {update.accuser}
-                    member.suspected_at = now
-                    self._rearm_suspicion(member, now)
-                    self._record(member, update, now)
-                case sm.ConfirmSuspicion():
-                    assert isinstance(update, SuspectUpdate)
-                    if member.accusers is None:
-                        member.accusers = set()
-                    if update.accuser not in member.accusers:
-                        member.accusers.add(update.accuser)
-                        self._rearm_suspicion(member, now)
-                        self._queue.push(update)
-                case sm.ReportDead():
-                    dead = update if update is not None else DeadUpdate(
-                        member.node_id, member.machine.incarnation, self.node_id)
-                    if member.confirmed:
-                        self._failed.pop(member.node_id, None)
-                        self._failed[member.node_id] = (member.meta.swim_address, now)
-                        while len(self._failed) > self.config.max_members:
-                            del self._failed[next(iter(self._failed))]
-                    self._ended(member, dead, now)
-                case sm.ReportLeft():
-                    assert update is not None
-                    self._failed.pop(member.node_id, None)
-                    self._ended(member, update, now)
-                case sm.ReportRemoved():
-                    del self._members[member.node_id]
-                    self._recent_dead.pop(member.node_id, None)
-                    self._events.append(MemberChanged(member.node_id, MemberState.Removed,
-                                                      member.machine.incarnation, None, now))
-                case _:
-                    pass
 
     def _ended(self, member: _Member, update: Update, now: float) -> None:
         member.accusers = None
@@ -659,7 +695,7 @@ class SwimCore:
             member = self._members.get(NodeId(key))
             if (member is not None and member.machine.state is sm.State.Suspect
                     and member.suspicion_deadline <= now):
-                self._carry_out(member, member.machine.handle(sm.SuspicionTimeout()), None, now)
+                member.feed(sm.SuspicionTimeout(), None, None, now)
         elif kind == "relay_nack":
             relay = self._relays.get(key)
             if relay is not None and not relay.done and relay.nack:
@@ -673,7 +709,7 @@ class SwimCore:
             member = self._members.get(NodeId(key))
             if (member is not None and not member.live
                     and member.changed_at + self.config.dead_retention_s <= now):
-                self._carry_out(member, member.machine.handle(sm.Forget()), None, now)
+                member.feed(sm.Forget(), None, None, now)
         elif kind == "join":
             if not self.joined:
                 out.extend(self._join_messages())

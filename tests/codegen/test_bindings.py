@@ -36,18 +36,7 @@ def _prefix(module: ModuleType) -> str:
 
 
 PENDING: frozenset[str] = frozenset({
-    "swactor.edges.edge_actors",
     "swactor.edges.establisher",
-    "swactor.membership.core",
-    "swactor.node.stage_controller",
-    "swactor.node.worker_ctl",
-    "swactor.orchestrator.run",
-    "swactor.orchestrator.token_out",
-    "swactor.transport.recv_edge",
-    "swactor.transport.send_edge",
-    "swactor.worker.egress",
-    "swactor.worker.ingress",
-    "swactor.worker.process",
 })
 """Bindings not yet converted to their Effects protocol."""
 
