@@ -31,6 +31,8 @@ out effects:
   record finds none and is dropped as the Stopped machine would have absorbed it; the
   last `RETIRED_KEPT` retired edge ids are remembered so `EdgeStates` still answers
   Stopped for them, and `EdgeReleases` keeps the last `RETIRED_KEPT` releases.
+- Bindings: each record is the binding of both its machines (`EdgeRecordEffects` and
+  `EdgeTeardownEffects`, one method per effect), each hosted by a `MachineHost`.
 - Stale events: a machine's ProtocolError is logged and dropped, never a crash. A lease
   granted after cancellation reaches the record in CancellingLease / AbandoningLease,
   which releases it unused (`NeverInstalled` proof) without installing anything.
@@ -89,7 +91,8 @@ from swactor.events import schema
 from swactor.events.schema import LifecycleEvent
 from swactor.fsm.generated import edge_record as er
 from swactor.fsm.generated import edge_teardown as et
-from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer
+from swactor.fsm.host import MachineHost
+from swactor.fsm.runtime import ProtocolError
 from swactor.transport import messages as tm
 from swactor.wire import (
     ArenaFailure,
@@ -108,10 +111,13 @@ from swactor.wire import (
     QuiescenceProofKind,
     RingDirection,
     RingFault,
+    RingFaultReason,
     RingId,
     RingInstalled,
     RingLayout,
     RingQuiesced,
+    RingSpec,
+    RunFaultReason,
     StopEdge,
     StreamFault,
     StreamFaultReason,
@@ -154,12 +160,31 @@ class _Timer:
     name: str
 
 
-class _Record:
-    """One edge end: its machines and what their effects need; also their guards."""
+class _RecordTimers:
+    """One machine's timers as actor timers named per edge (the module doc's Timers)."""
+
+    def __init__(self, ctx: Context[Any], edge: int, teardown: bool) -> None:
+        self._ctx = ctx
+        self._edge = edge
+        self._teardown = teardown
+
+    def start(self, name: str, seconds: float, message: object) -> None:
+        self._ctx.timers.start(f"{self._edge}:{self._teardown}:{name}", seconds,
+                               _Timer(self._edge, self._teardown, name))
+
+    def cancel(self, name: str) -> None:
+        self._ctx.timers.cancel(f"{self._edge}:{self._teardown}:{name}")
+
+
+class _Record(er.EdgeRecordEffects[None], et.EdgeTeardownEffects[None]):
+    """One edge end: its two machines, the guards they ask and the effects they name."""
 
     def __init__(self, request: ProvisionEdge, request_id: LeaseRequestId,
-                 lease_timeout_s: float) -> None:
+                 lease_timeout_s: float, *, establisher: EdgeEstablisher,
+                 ctx: Context[Any]) -> None:
         provision = request.provision
+        self.est = establisher
+        self.ctx = ctx
         self.edge_id = provision.edge_id
         self.provision = provision
         self.port_id: PortId = request.port_id
@@ -172,11 +197,18 @@ class _Record:
             self, edge_id=self.edge_id, request_id=request_id, direction=self.direction,
             lease_timeout_s=lease_timeout_s, clean=True,
         )
+        self.host = MachineHost(
+            self.machine, er.bind(self), timers=_RecordTimers(ctx, int(self.edge_id), False),
+            timer_events=er.TIMER_EVENTS, rejected=self._rejected)
         self.teardown: et.EdgeTeardownMachine | None = None
+        self.teardown_host: MachineHost[et.Event] | None = None
         self.edge_actor: ActorRef[Any] | None = None
         self.ring_id: RingId | None = None
         self.layout: RingLayout | None = None
         self.pump_stopped = False
+
+    def _rejected(self, event: object, error: ProtocolError) -> None:
+        log.warning("edge %d: %s", int(self.edge_id), error)
 
     # -- edge_record guards ----------------------------------------------------------
 
@@ -197,6 +229,130 @@ class _Record:
         return self.teardown is not None and self.teardown.state in (
             et.State.StoppingPump, et.State.StoppingWorkerRing, et.State.ReleasingArena)
 
+    # -- edge_record effects (EdgeRecordEffects) -------------------------------------
+
+    def spawn_edge_actor(self, edge_id: EdgeId, direction: RingDirection) -> None:
+        cfg, ctx, est = self.est.config, self.ctx, self.est
+        me = ctx.self_ref
+        est._spawned += 1
+        if direction is RingDirection.Egress:
+            self.edge_actor = ctx.spawn(
+                lambda: TxEdgeActor(edge_id, self.owner, me),
+                f"tx-edge-{int(edge_id)}-{est._spawned}")
+        else:
+            self.edge_actor = ctx.spawn(
+                lambda: RxEdgeActor(edge_id, self.owner, me),
+                f"rx-edge-{int(edge_id)}-{est._spawned}")
+            assert isinstance(self.provision, ProvisionRx)
+            producer = int(self.provision.tx_node_id)
+            cfg.driver.tell(ExpectRecv(((int(edge_id), producer),)))
+
+    def lease_ring(self, request_id: LeaseRequestId, edge_id: EdgeId,
+                   direction: RingDirection, ring_spec: RingSpec) -> None:
+        self.est.config.arena.tell(
+            ArenaLease(request_id, edge_id, direction, ring_spec, self.ctx.self_ref))
+
+    def cancel_lease(self, request_id: LeaseRequestId) -> None:
+        self.est.config.arena.tell(ArenaCancel(request_id, self.ctx.self_ref))
+
+    def release_unused_ring(self, ring_id: RingId) -> None:
+        self.est._by_ring[int(ring_id)] = self
+        self.est._release(ring_id, self.est.config.minter.never_installed(int(ring_id)))
+
+    def install_ring(self, ring_id: RingId, edge_id: EdgeId, direction: RingDirection,
+                     layout: RingLayout) -> None:
+        self.ring_id, self.layout = ring_id, layout
+        self.est._by_ring[int(ring_id)] = self
+        assert self.edge_actor is not None
+        command = InstallRing(ring_id, edge_id, self.port_id, direction, layout,
+                              self.provision.object_spec)
+        self.est.config.installer.install(command, self.ctx.self_ref, self.edge_actor)
+
+    def establish_send(self, edge_id: EdgeId, ring_id: RingId) -> None:
+        assert self.layout is not None and isinstance(self.provision, ProvisionTx)
+        self.est.config.driver.tell(tm.EstablishSend(
+            int(edge_id), int(self.provision.rx_node_id), int(ring_id), self.layout))
+
+    def establish_recv(self, edge_id: EdgeId, ring_id: RingId) -> None:
+        assert self.layout is not None and isinstance(self.provision, ProvisionRx)
+        self.est.config.driver.tell(tm.EstablishRecv(
+            int(edge_id), int(self.provision.tx_node_id), int(ring_id), self.layout))
+
+    def notify_edge_ready(self, edge_id: EdgeId) -> None:
+        cfg = self.est.config
+        assert self.ring_id is not None
+        self._tell_actor(EdgeReady(edge_id, self.ring_id))
+        if cfg.emit is not None and self.run_id is not None:
+            cfg.emit(schema.EdgeReady(node_id=cfg.node_id, run_id=self.run_id,
+                                      edge_id=edge_id, ring_id=self.ring_id))
+
+    def notify_edge_failed(self, edge_id: EdgeId, reason: RunFaultReason) -> None:
+        self._tell_actor(EdgeFailed(edge_id, reason))
+        self._drop_held_stream()
+
+    def notify_edge_stopped(self, edge_id: EdgeId, clean: bool) -> None:
+        self._tell_actor(EdgeStopped(edge_id, clean))
+        self._drop_held_stream()
+
+    def start_edge_teardown(self, edge_id: EdgeId, reason: UninstallReason) -> None:
+        self._start_teardown(reason, et.StopEdge(edge_id))
+
+    def start_teardown_on_stream_fault(self, edge_id: EdgeId, reason: StreamFaultReason,
+                                       uninstall: UninstallReason) -> None:
+        self._start_teardown(uninstall, StreamFault(edge_id, reason))
+
+    def start_teardown_on_ring_fault(self, ring_id: RingId, edge_id: EdgeId, port_id: PortId,
+                                     reason: RingFaultReason,
+                                     uninstall: UninstallReason) -> None:
+        self._start_teardown(uninstall, et.RingFault(ring_id, edge_id, port_id, reason))
+
+    def _start_teardown(self, reason: UninstallReason, first: et.Event) -> None:
+        """A new edge_teardown machine, fed the event that stopped the record (§38)."""
+        assert self.ring_id is not None, "teardown starts only after a lease"
+        self.teardown = et.EdgeTeardownMachine(
+            self, edge_id=self.edge_id, ring_id=self.ring_id, reason=reason,
+            step_timeout_s=self.est.config.teardown_step_timeout_s,
+        )
+        self.teardown_host = MachineHost(
+            self.teardown, et.bind(self), timers=_RecordTimers(self.ctx, int(self.edge_id), True),
+            timer_events=et.TIMER_EVENTS, rejected=self._rejected)
+        self.teardown_host.feed(first)
+
+    # -- edge_teardown effects (EdgeTeardownEffects) ---------------------------------
+
+    def stop_pump(self, edge_id: EdgeId) -> None:
+        if self.pump_stopped:  # ended by itself; the driver answers no second time
+            self.ctx.self_ref.tell(tm.PumpStopped(int(edge_id), None))
+        else:
+            self.est.config.driver.tell(StopEdge(edge_id))
+
+    def uninstall_ring(self, ring_id: RingId, reason: UninstallReason) -> None:
+        self.est.config.installer.uninstall(ring_id, reason, self.ctx.self_ref)
+
+    def release_ring(self, ring_id: RingId, worker_reaped: bool) -> None:
+        minter = self.est.config.minter
+        proof = (minter.worker_reaped(int(ring_id), -1) if worker_reaped else
+                 minter.after_teardown(int(ring_id), pump_stopped=True, ring_quiesced=True))
+        self.est._release(ring_id, proof)
+
+    def edge_torn_down(self, edge_id: EdgeId, clean: bool) -> None:
+        if self.ring_id is not None:
+            self.est.config.installer.forget(self.ring_id)
+        self.est._to_record(self, er.EdgeTornDown(edge_id, clean))
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _drop_held_stream(self) -> None:
+        """An Rx record that ends before any ring was installed (no teardown will run)
+        never sent EstablishRecv, but the driver may hold its early stream (ExpectRecv):
+        have the driver stop it. Its PumpStopped finds no teardown and changes nothing."""
+        if self.direction is RingDirection.Ingress and self.ring_id is None:
+            self.est.config.driver.tell(StopEdge(self.edge_id))
+
+    def _tell_actor(self, message: object) -> None:
+        if self.edge_actor is not None:
+            self.edge_actor.tell(message)
+
 
 class EdgeEstablisher(Actor[Any]):
     """The node's EdgeEstablisher (module docstring)."""
@@ -211,8 +367,10 @@ class EdgeEstablisher(Actor[Any]):
         self.releases: deque[tuple[int, QuiescenceProofKind]] = deque(maxlen=RETIRED_KEPT)
         self._retired: OrderedDict[int, None] = OrderedDict()
         """Edge ids whose record reached Stopped and was dropped (module doc)."""
+        self._ctx: Context[Any] | None = None
 
     async def started(self, ctx: Context[Any]) -> None:
+        self._ctx = ctx
         self.config.driver.tell(RouteDriverEvents(ctx.self_ref))
 
     # -- mail -----------------------------------------------------------------------
@@ -228,45 +386,45 @@ class EdgeEstablisher(Actor[Any]):
             case EdgeReleases():
                 ctx.reply(list(self.releases))
             case StopEdge(edge_id=edge):
-                self._to_record(ctx, self.records.get(int(edge)), message)
+                self._to_record(self.records.get(int(edge)), message)
             case Granted(request_id=request, layout=layout):
-                self._to_record(ctx, self._request(request),
+                self._to_record(self._request(request),
                                 er.RingLeased(request, layout.ring_id, layout))
             case Rejected(request_id=request, reason=reason):
-                self._to_record(ctx, self._request(request), er.RingLeaseRejected(request, reason))
+                self._to_record(self._request(request), er.RingLeaseRejected(request, reason))
             case Cancelled(request_id=request):
-                self._to_record(ctx, self._request(request), er.LeaseCancelled(request))
+                self._to_record(self._request(request), er.LeaseCancelled(request))
             case Queued():
                 pass  # WaitingForLease's timer already runs (§35 arena pressure)
             case Released(ring_id=ring):
-                self._release_answer(ctx, ring, et.RingReleased(ring), er.RingReleased(ring))
+                self._release_answer(ring, et.RingReleased(ring), er.RingReleased(ring))
             case ReleaseRefused(ring_id=ring):
-                self._release_answer(ctx, ring, et.ReleaseRejected(ring), er.ReleaseRejected(ring))
+                self._release_answer(ring, et.ReleaseRejected(ring), er.ReleaseRejected(ring))
             case RingInstalled(ring_id=ring, edge_id=edge, port_id=port):
-                self._to_record(ctx, self._ring(ring), er.RingInstalled(ring, edge, port))
+                self._to_record(self._ring(ring), er.RingInstalled(ring, edge, port))
             case RingFault(ring_id=ring):
-                self._to_record(ctx, self._ring(ring), message)
+                self._to_record(self._ring(ring), message)
             case RingQuiesced(ring_id=ring) | WorkerReaped(ring_id=ring):
-                self._to_teardown(ctx, self._ring(ring), message)
+                self._to_teardown(self._ring(ring), message)
             case DriverEdgeReady(edge_id=edge):
-                self._to_record(ctx, self.records.get(edge), message)
+                self._to_record(self.records.get(edge), message)
             case StreamFault(edge_id=edge):
-                self._to_record(ctx, self.records.get(edge), message)
+                self._to_record(self.records.get(edge), message)
             case tm.StreamRefused(edge_id=edge, reason=reason, detail=detail):
                 log.warning("stream refused (edge %s): %s %s", edge, reason.value, detail)
             case tm.StreamClosed(edge_id=edge):
-                self._to_record(ctx, self.records.get(edge), er.StreamClosed(EdgeId(edge)))
+                self._to_record(self.records.get(edge), er.StreamClosed(EdgeId(edge)))
             case tm.PumpStopped(edge_id=edge):
                 rec = self.records.get(edge)
                 if rec is not None:
                     rec.pump_stopped = True
-                    self._to_teardown(ctx, rec, et.PumpStopped(EdgeId(edge)))
+                    self._to_teardown(rec, et.PumpStopped(EdgeId(edge)))
             case _Timer(edge_id=edge, teardown=teardown, name=name):
                 rec = self.records.get(edge)
                 if teardown:
-                    self._to_teardown(ctx, rec, et.TIMER_EVENTS[name]())
+                    self._to_teardown(rec, et.TIMER_EVENTS[name]())
                 else:
-                    self._to_record(ctx, rec, er.TIMER_EVENTS[name]())
+                    self._to_record(rec, er.TIMER_EVENTS[name]())
             case _:
                 log.debug("establisher: ignoring %s", type(message).__name__)
 
@@ -276,13 +434,13 @@ class EdgeEstablisher(Actor[Any]):
     def _ring(self, ring_id: RingId) -> _Record | None:
         return self._by_ring.get(int(ring_id))
 
-    def _release_answer(self, ctx: Context[Any], ring: RingId, teardown_event: Any,
+    def _release_answer(self, ring: RingId, teardown_event: Any,
                         record_event: Any) -> None:
         rec = self._ring(ring)
         if rec is not None and rec.tearing_down and rec.ring_id == ring:
-            self._to_teardown(ctx, rec, teardown_event)
+            self._to_teardown(rec, teardown_event)
         else:
-            self._to_record(ctx, rec, record_event)
+            self._to_record(rec, record_event)
 
     # -- provisioning ---------------------------------------------------------------
 
@@ -301,7 +459,8 @@ class EdgeEstablisher(Actor[Any]):
         request_id = LeaseRequestId(self._next_request)
         self._next_request += 1
         # SWACTOR_FAULT_INJECT arena.pressure may shorten the lease timer (swactor/faults)
-        rec = _Record(request, request_id, faults.lease_timeout_s(self.config.lease_timeout_s))
+        rec = _Record(request, request_id, faults.lease_timeout_s(self.config.lease_timeout_s),
+                      establisher=self, ctx=ctx)
         self.records[edge] = rec
         self._retired.pop(edge, None)
         self._by_request[int(request_id)] = rec
@@ -313,23 +472,17 @@ class EdgeEstablisher(Actor[Any]):
             assert isinstance(provision, ProvisionRx)
             event = er.ProvisionRx(provision.edge_id, provision.tx_node_id,
                                    provision.object_spec, provision.ring_spec)
-        self._to_record(ctx, rec, event)
+        self._to_record(rec, event)
         assert rec.edge_actor is not None
         return EdgeProvisioned(provision.edge_id, rec.edge_actor)
 
     # -- machines -------------------------------------------------------------------
 
-    def _to_record(self, ctx: Context[Any], rec: _Record | None, event: er.Event) -> None:
+    def _to_record(self, rec: _Record | None, event: er.Event) -> None:
         if rec is None:
             log.info("establisher: %s for an edge with no record; dropped", type(event).__name__)
             return
-        try:
-            effects = rec.machine.handle(event)
-        except ProtocolError as exc:
-            log.warning("edge %d record: %s", int(rec.edge_id), exc)
-            return
-        for effect in effects:
-            self._record_effect(ctx, rec, effect)
+        rec.host.feed(event)
         if rec.machine.state is er.State.Stopped:
             self._retire(rec)
 
@@ -344,139 +497,12 @@ class EdgeEstablisher(Actor[Any]):
         self._by_request = {k: r for k, r in self._by_request.items() if r is not rec}
         self._by_ring = {k: r for k, r in self._by_ring.items() if r is not rec}
 
-    def _to_teardown(self, ctx: Context[Any], rec: _Record | None, event: et.Event) -> None:
-        if rec is None or rec.teardown is None:
+    def _to_teardown(self, rec: _Record | None, event: et.Event) -> None:
+        if rec is None or rec.teardown_host is None:
             return  # no teardown running: quiescence and pump reports change nothing
-        try:
-            effects = rec.teardown.handle(event)
-        except ProtocolError as exc:
-            log.warning("edge %d teardown: %s", int(rec.edge_id), exc)
-            return
-        for effect in effects:
-            self._teardown_effect(ctx, rec, effect)
+        rec.teardown_host.feed(event)
 
-    def _timer(self, ctx: Context[Any], rec: _Record, effect: object, teardown: bool) -> bool:
-        edge = int(rec.edge_id)
-        match effect:
-            case StartTimer(name=name, seconds=seconds):
-                ctx.timers.start(f"{edge}:{teardown}:{name}", seconds,
-                                 _Timer(edge, teardown, name))
-                return True
-            case CancelTimer(name=name):
-                ctx.timers.cancel(f"{edge}:{teardown}:{name}")
-                return True
-        return False
-
-    def _record_effect(self, ctx: Context[Any], rec: _Record, effect: Any) -> None:
-        cfg = self.config
-        me = ctx.self_ref
-        if self._timer(ctx, rec, effect, teardown=False):
-            return
-        match effect:
-            case er.SpawnEdgeActor(edge_id=edge, direction=direction):
-                self._spawned += 1
-                if direction is RingDirection.Egress:
-                    rec.edge_actor = ctx.spawn(
-                        lambda: TxEdgeActor(edge, rec.owner, me),
-                        f"tx-edge-{int(edge)}-{self._spawned}")
-                else:
-                    rec.edge_actor = ctx.spawn(
-                        lambda: RxEdgeActor(edge, rec.owner, me),
-                        f"rx-edge-{int(edge)}-{self._spawned}")
-                    assert isinstance(rec.provision, ProvisionRx)
-                    producer = int(rec.provision.tx_node_id)
-                    cfg.driver.tell(ExpectRecv(((int(edge), producer),)))
-            case er.LeaseRing(request_id=request, edge_id=edge, direction=direction,
-                              ring_spec=spec):
-                cfg.arena.tell(ArenaLease(request, edge, direction, spec, me))
-            case er.CancelLease(request_id=request):
-                cfg.arena.tell(ArenaCancel(request, me))
-            case er.ReleaseUnusedRing(ring_id=ring):
-                self._by_ring[int(ring)] = rec
-                self._release(ctx, ring, cfg.minter.never_installed(int(ring)))
-            case er.InstallRing(ring_id=ring, edge_id=edge, direction=direction, layout=layout):
-                rec.ring_id, rec.layout = ring, layout
-                self._by_ring[int(ring)] = rec
-                assert rec.edge_actor is not None
-                command = InstallRing(ring, edge, rec.port_id, direction, layout,
-                                      rec.provision.object_spec)
-                cfg.installer.install(command, me, rec.edge_actor)
-            case er.EstablishSend(edge_id=edge, ring_id=ring):
-                assert rec.layout is not None and isinstance(rec.provision, ProvisionTx)
-                cfg.driver.tell(tm.EstablishSend(int(edge), int(rec.provision.rx_node_id),
-                                                 int(ring), rec.layout))
-            case er.EstablishRecv(edge_id=edge, ring_id=ring):
-                assert rec.layout is not None and isinstance(rec.provision, ProvisionRx)
-                cfg.driver.tell(tm.EstablishRecv(int(edge), int(rec.provision.tx_node_id),
-                                                 int(ring), rec.layout))
-            case er.NotifyEdgeReady(edge_id=edge):
-                assert rec.ring_id is not None
-                self._tell_actor(rec, EdgeReady(edge, rec.ring_id))
-                if cfg.emit is not None and rec.run_id is not None:
-                    cfg.emit(schema.EdgeReady(node_id=cfg.node_id, run_id=rec.run_id,
-                                              edge_id=edge, ring_id=rec.ring_id))
-            case er.NotifyEdgeFailed(edge_id=edge, reason=reason):
-                self._tell_actor(rec, EdgeFailed(edge, reason))
-                self._drop_held_stream(rec)
-            case er.NotifyEdgeStopped(edge_id=edge, clean=clean):
-                self._tell_actor(rec, EdgeStopped(edge, clean))
-                self._drop_held_stream(rec)
-            case er.StartEdgeTeardown(edge_id=edge, reason=reason):
-                self._start_teardown(ctx, rec, reason, et.StopEdge(edge))
-            case er.StartTeardownOnStreamFault(edge_id=edge, reason=reason, uninstall=why):
-                self._start_teardown(ctx, rec, why, StreamFault(edge, reason))
-            case er.StartTeardownOnRingFault(ring_id=ring, edge_id=edge, port_id=port,
-                                             reason=reason, uninstall=why):
-                self._start_teardown(ctx, rec, why, et.RingFault(ring, edge, port, reason))
-            case _:
-                raise TypeError(f"edge_record effect with no binding: {type(effect).__name__}")
-
-    def _start_teardown(self, ctx: Context[Any], rec: _Record, reason: UninstallReason,
-                        first: et.Event) -> None:
-        """A new edge_teardown machine, fed the event that stopped the record (§38)."""
-        assert rec.ring_id is not None, "teardown starts only after a lease"
-        rec.teardown = et.EdgeTeardownMachine(
-            rec, edge_id=rec.edge_id, ring_id=rec.ring_id, reason=reason,
-            step_timeout_s=self.config.teardown_step_timeout_s,
-        )
-        self._to_teardown(ctx, rec, first)
-
-    def _teardown_effect(self, ctx: Context[Any], rec: _Record, effect: Any) -> None:
-        cfg = self.config
-        me = ctx.self_ref
-        if self._timer(ctx, rec, effect, teardown=True):
-            return
-        match effect:
-            case et.StopPump(edge_id=edge):
-                if rec.pump_stopped:  # ended by itself; the driver answers no second time
-                    me.tell(tm.PumpStopped(int(edge), None))
-                else:
-                    cfg.driver.tell(StopEdge(edge))
-            case et.UninstallRing(ring_id=ring, reason=reason):
-                cfg.installer.uninstall(ring, reason, me)
-            case et.ReleaseRing(ring_id=ring, worker_reaped=reaped):
-                proof = (cfg.minter.worker_reaped(int(ring), -1) if reaped else
-                         cfg.minter.after_teardown(int(ring), pump_stopped=True,
-                                                   ring_quiesced=True))
-                self._release(ctx, ring, proof)
-            case et.EdgeTornDown(edge_id=edge, clean=clean):
-                if rec.ring_id is not None:
-                    cfg.installer.forget(rec.ring_id)
-                self._to_record(ctx, rec, er.EdgeTornDown(edge, clean))
-            case _:
-                raise TypeError(f"edge_teardown effect with no binding: {type(effect).__name__}")
-
-    def _drop_held_stream(self, rec: _Record) -> None:
-        """An Rx record that ends before any ring was installed (no teardown will run)
-        never sent EstablishRecv, but the driver may hold its early stream (ExpectRecv):
-        have the driver stop it. Its PumpStopped finds no teardown and changes nothing."""
-        if rec.direction is RingDirection.Ingress and rec.ring_id is None:
-            self.config.driver.tell(StopEdge(rec.edge_id))
-
-    def _release(self, ctx: Context[Any], ring: RingId, proof: QuiescenceProof) -> None:
+    def _release(self, ring: RingId, proof: QuiescenceProof) -> None:
         self.releases.append((int(ring), proof.kind))
-        self.config.arena.tell(ArenaRelease(ring, proof, ctx.self_ref))
-
-    def _tell_actor(self, rec: _Record, message: object) -> None:
-        if rec.edge_actor is not None:
-            rec.edge_actor.tell(message)
+        assert self._ctx is not None
+        self.config.arena.tell(ArenaRelease(ring, proof, self._ctx.self_ref))

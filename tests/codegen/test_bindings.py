@@ -35,12 +35,6 @@ def _prefix(module: ModuleType) -> str:
     return "".join(part.capitalize() for part in module.MACHINE.split("_"))
 
 
-PENDING: frozenset[str] = frozenset({
-    "swactor.edges.establisher",
-})
-"""Bindings not yet converted to their Effects protocol."""
-
-
 def construction_sites() -> dict[str, set[str]]:
     """Module name -> the tables whose machine it constructs (a ``<Prefix>Machine(...)``
     call in its code, docstrings aside)."""
@@ -87,7 +81,7 @@ def test_every_table_has_a_binding() -> None:
     assert bound == set(TABLES)
 
 
-@pytest.mark.parametrize("module_name", sorted(set(SITES) - PENDING))
+@pytest.mark.parametrize("module_name", sorted(SITES))
 def test_binding_implements_every_effect_of_its_table(module_name: str) -> None:
     module = importlib.import_module(module_name)
     for machine in sorted(SITES[module_name]):
@@ -98,10 +92,6 @@ def test_binding_implements_every_effect_of_its_table(module_name: str) -> None:
         assert bindings, f"{module_name} runs {machine} but no class implements {protocol}"
         for cls in bindings:
             assert missing_effects(cls, table) == [], cls
-
-
-def test_pending_bindings_still_construct_machines() -> None:
-    assert PENDING.issubset(SITES)
 
 
 class _Complete(et.EdgeTeardownEffects[None]):

@@ -29,8 +29,10 @@ PORT = PortId(1)
 
 
 def ready_record(state: str) -> tuple[_Record, er.EdgeRecordMachine]:
-    """The establisher's record for a Tx edge end, driven to `state`."""
-    rec = _Record(ProvisionEdge(tx(int(EDGE), 2), PORT, owner=None), LeaseRequestId(1), 30.0)
+    """The establisher's record for a Tx edge end, driven to `state` (its machine and
+    guards only: no effect is carried out, so it needs no establisher or actor)."""
+    rec = _Record(ProvisionEdge(tx(int(EDGE), 2), PORT, owner=None), LeaseRequestId(1), 30.0,
+                  establisher=None, ctx=None)  # type: ignore[arg-type]
     machine = rec.machine
     machine.handle(er.ProvisionTx(EDGE, rec.provision.rx_node_id, rec.provision.object_spec,
                                   rec.provision.ring_spec))
