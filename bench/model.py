@@ -60,7 +60,8 @@ DEFAULT_VARIANTS = "f16:dense:nograph,f16:dense,f16:blocks,f32:dense,f32:blocks"
 _LLAMA_CPP_SCRIPT = r"""
 import sys, time, llama_cpp, numpy as np
 path, threads, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_threads=threads, verbose=False)
+llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_threads=threads, verbose=False,
+                      logits_all=True)  # else llm.scores stays zero (0.3.x): token 0 fed back
 ids = llm.tokenize(b"hello world", add_bos=False)
 llm.eval(ids)
 times = []

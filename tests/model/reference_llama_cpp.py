@@ -31,7 +31,8 @@ import json, sys
 import numpy as np
 import llama_cpp
 path, tokens, prompts = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
-llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_threads=2, verbose=False)
+llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_threads=2, verbose=False,
+                      logits_all=True)  # else llm.scores stays zero (0.3.x)
 out = []
 for text in prompts:
     ids = llm.tokenize(text.encode(), add_bos=False, special=True)
