@@ -102,8 +102,9 @@ test-native: setup
     native/build/quicfast_fuzz
 
 # Not part of `just test`. First run builds llama-cpp-python in its own venv (~15 min on 2 cores;
-# AMX off, as a native build dies with SIGILL here); prints where the two first differ.
-# Compare our tokenizer ids and greedy SmolLM2 tokens with llama.cpp's.
+# AMX off, as a native build dies with SIGILL here); prints where the two first differ. Then
+# `just quants` and tests/model/test_llama_cpp_quants.py, which CI (no venv) skips.
+# Compare tokenizer ids and greedy tokens with llama.cpp's: SmolLM2 and its llama.cpp quants.
 reference: setup
     #!/usr/bin/env bash
     set -euo pipefail
@@ -114,4 +115,14 @@ reference: setup
       CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
         "$venv/bin/pip" install --no-cache-dir llama-cpp-python numpy
     fi
-    {{py}} -m tests.model.reference_llama_cpp --python "$venv/bin/python"
+    status=0
+    {{py}} -m tests.model.reference_llama_cpp --python "$venv/bin/python" || status=1
+    SWACTOR_REFERENCE_VENV="$venv" {{py}} -m tests.model.llama_cpp_quants
+    SWACTOR_REFERENCE_VENV="$venv" SWACTOR_REQUIRE_REFERENCE=1 \
+      {{py}} -m pytest -q -s -p no:cacheprovider tests/model/test_llama_cpp_quants.py || status=1
+    exit $status
+
+# Needs the venv `just reference` builds (tests/model/llama_cpp_quants.py); files made once.
+# SmolLM2 requantised by llama.cpp's quantiser (Q4_K_M Q5_K_M Q6_K Q8_0 Q4_0) in the model cache.
+quants: setup
+    {{py}} -m tests.model.llama_cpp_quants
