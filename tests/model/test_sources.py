@@ -17,11 +17,19 @@ from gguf import GGUFReader
 from swactor.model.artifact_server import ArtifactServer, file_sha256
 from swactor.model.errors import WeightsError, WeightsFault
 from swactor.model.gguf_range import GgufRangeReader, open_reader
-from swactor.model.source import CachedSource, HttpRangeSource, open_source
+from swactor.model.source import (
+    CachedSource,
+    HttpRangeSource,
+    forget_small_reads,
+    open_source,
+)
 
 
 @pytest.fixture
 def server(tiny_mixed: Path) -> Iterator[ArtifactServer]:
+    # a fresh process's view: small reads kept from an earlier test's server on the same
+    # port (same URL, file and validators) would spare this one its header requests
+    forget_small_reads()
     with ArtifactServer(tiny_mixed) as srv:
         yield srv
 
