@@ -43,10 +43,6 @@ from swactor.wire import (
     encode_event,
 )
 
-#: What `parse_command` gives for one line: the machine event and, for
-#: InitializeWorker, the command itself (its `backend` is not a machine field).
-Parsed = tuple[wp.Event, InitializeWorker | None]
-
 
 def read_command_line(stream: BinaryIO) -> bytes | None:
     """One line without its newline; None at end of input; b"\\xff" marks an overlong one."""
@@ -62,31 +58,30 @@ def read_command_line(stream: BinaryIO) -> bytes | None:
     return line[:-1]
 
 
-def parse_command(line: bytes) -> Parsed:
-    """The machine event for one stdin line (total: MalformedCommand for bad input)."""
+def parse_command(line: bytes) -> wp.Event:
+    """The machine event for one stdin line, carrying all the command says (total:
+    MalformedCommand for bad input)."""
     try:
         command = decode_command(line)
     except (WireError, ValueError, TypeError, RecursionError):
-        return wp.MalformedCommand(), None
+        return wp.MalformedCommand()
     match command:
         case InitializeWorker():
-            event: wp.Event = wp.InitializeWorker(
-                command.worker_generation, command.arena_ceiling, command.required_ring_helper_abi
-            )
-            return event, command
+            return wp.InitializeWorker(command.worker_generation, command.arena_ceiling,
+                                       command.required_ring_helper_abi, command.backend)
         case ConfigureRole():
-            return wp.ConfigureRole(command), None
+            return wp.ConfigureRole(command)
         case InstallRing():
-            return wp.InstallRing(command), None
+            return wp.InstallRing(command)
         case UninstallRing() | RingReadable() | RingWritable():
-            return command, None  # the table's own events
+            return command  # the table's own events
         case ExecuteStep():
-            return wp.ExecuteStep(command), None
+            return wp.ExecuteStep(command)
         case ShutdownWorker():
-            return wp.ShutdownWorker(command.mode), None
+            return wp.ShutdownWorker(command.mode)
     if isinstance(command, ReleaseDeviceObject):
-        return wp.ReleaseDeviceObject(command.device_handle), None
-    return wp.MalformedCommand(), None
+        return wp.ReleaseDeviceObject(command.device_handle)
+    return wp.MalformedCommand()
 
 
 class LineReader:

@@ -63,6 +63,7 @@ from swactor.wire import (
     DeviceObjectReleased,
     ExecuteStep,
     InstallRing,
+    JsonValue,
     ObjectLoaded,
     ReleaseFailed,
     ReleaseFailure,
@@ -201,9 +202,7 @@ class WorkerProcess(wp.WorkerProcessEffects[None]):
     def handle_line(self, line: bytes) -> None:
         """One stdin line: parse, feed, then let steps and the drain progress."""
         try:
-            event, init = parse_command(line)
-            if init is not None:
-                self.backend = init.backend
+            event = parse_command(line)
             if self.faults.worker_fatal(type(event).__name__):
                 raise RuntimeError("injected exception in worker code")
             self.feed(event)
@@ -225,7 +224,8 @@ class WorkerProcess(wp.WorkerProcessEffects[None]):
     # -- effects (WorkerProcessEffects) -------------------------------------------------
 
     def initialize_runtime(self, worker_generation: WorkerGeneration, arena_ceiling: int,
-                           required_ring_helper_abi: int) -> None:
+                           required_ring_helper_abi: int, backend: JsonValue) -> None:
+        self.backend = backend
         try:
             arena = Arena.from_env()
         except ArenaError as exc:
