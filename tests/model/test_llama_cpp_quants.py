@@ -1,6 +1,6 @@
-"""SmolLM2 quantised by llama.cpp's own quantiser (Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q4_0):
-our greedy tokens, on 1 stage and on 3 stages, equal llama.cpp's on the same file as far
-as an independent reference agrees (slow).
+"""SmolLM2 quantised by llama.cpp's own quantiser (Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q4_0),
+and the shipped Q4_1 file: our greedy tokens, on 1 stage and on 3 stages, equal
+llama.cpp's on the same file as far as an independent reference agrees (slow).
 
 Gating, said plainly: these tests need llama.cpp's Python binding in the reference venv
 (`tests/model/llama_cpp_quants.py`), which `just reference` builds in about 15
@@ -36,6 +36,7 @@ from gguf import GGUFReader
 
 from swactor.model.gguf_range import open_reader
 from swactor.model.llama_role import StageRole
+from swactor.model.paths import default_model_path
 from swactor.model.tokenizer import Tokenizer
 from tests.model.llama_cpp_quants import (
     QUANT_KINDS,
@@ -64,8 +65,8 @@ NEAR_TIE = 0.5
 (SmolLM2's top logits are ~15-25)."""
 # what llama.cpp writes for each type on SmolLM2 (576 wide: rows not a multiple of 256
 # fall back from K-quants to Q5_0/Q8_0 in the _M mixes)
-MUST_HOLD = {"Q4_K_M": {"Q4_K", "Q6_K"}, "Q5_K_M": {"Q5_K", "Q6_K"}, "Q6_K": {"Q6_K"},
-             "Q8_0": {"Q8_0"}, "Q4_0": {"Q4_0"}}
+MUST_HOLD = {"Q4_1": {"Q4_1"}, "Q4_K_M": {"Q4_K", "Q6_K"}, "Q5_K_M": {"Q5_K", "Q6_K"},
+             "Q6_K": {"Q6_K"}, "Q8_0": {"Q8_0"}, "Q4_0": {"Q4_0"}}
 
 
 def _roles(path: Path, split: tuple[tuple[int, int], ...]) -> list[StageRole]:
@@ -88,9 +89,9 @@ def _greedy(roles: list[StageRole], prompt: list[int]) -> list[int]:
     return tokens
 
 
-@pytest.mark.parametrize("kind", QUANT_KINDS)
+@pytest.mark.parametrize("kind", ["Q4_1", *QUANT_KINDS])
 def test_greedy_tokens_equal_llama_cpp(kind: str) -> None:
-    path = ensure_quant(kind)
+    path = default_model_path() if kind == "Q4_1" else ensure_quant(kind)
     types = Counter(t.tensor_type.name for t in GGUFReader(str(path)).tensors)
     assert MUST_HOLD[kind] <= set(types), f"{path.name} holds {dict(types)}"
     tokenizer = Tokenizer.from_gguf(path)
