@@ -76,7 +76,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -149,7 +149,7 @@ def _matvec_chunk(out_features: int, limit: int = 1024) -> int:
     return out_features
 
 
-def _host_view(tensor: Tensor) -> npt.NDArray[Any]:
+def _host_view(tensor: Tensor) -> npt.NDArray[np.generic]:
     """A numpy view of a realized CPU tensor's memory (no copy; valid while it lives)."""
     buffer = cast(Buffer, tensor.uop.buffer)
     memory = buffer.as_memoryview(force_zero_copy=True)
@@ -157,13 +157,16 @@ def _host_view(tensor: Tensor) -> npt.NDArray[Any]:
     return np.frombuffer(memory, dtype=np_dtype).reshape(tensor.shape)
 
 
+_Scalar = TypeVar("_Scalar", bound=np.generic)
+
+
 class StepError(Exception):
     """A step input the role cannot accept (spec §37 ``StepFailure.InvalidInputHandle``)."""
 
 
 def _unpermute_rope_rows(
-    weight: npt.NDArray[Any], heads: int, head_dim: int, rope_dim: int
-) -> npt.NDArray[Any]:
+    weight: npt.NDArray[_Scalar], heads: int, head_dim: int, rope_dim: int
+) -> npt.NDArray[_Scalar]:
     """Rows of each head from llama.cpp's adjacent-pair order to half-split order."""
     rows = weight.reshape(heads, head_dim, *weight.shape[1:])
     rot = rows[:, :rope_dim].reshape(heads, rope_dim // 2, 2, *weight.shape[1:])
@@ -264,8 +267,8 @@ class StageRole:
         self._last_var = UOp.variable("last_row", 0, max_seq_len - 1)
         self._prefill: dict[int, _TinyJit[Tensor]] = {}
         self._decode_input: Tensor | None = None
-        self._decode_input_view: npt.NDArray[Any] = np.zeros(0)
-        self._decode_output_view: npt.NDArray[Any] = np.zeros(0)
+        self._decode_input_view: npt.NDArray[np.generic] = np.zeros(0)
+        self._decode_output_view: npt.NDArray[np.generic] = np.zeros(0)
         self._decode_replay: DirectReplay | None = None
         self._kernels = KernelCache.for_role(
             self, self._structure(),
@@ -274,8 +277,8 @@ class StageRole:
 
     # -- loading --------------------------------------------------------------------------
     def _checked(
-        self, tensors: dict[str, npt.NDArray[Any]], name: str, shape: tuple[int, ...]
-    ) -> npt.NDArray[Any]:
+        self, tensors: dict[str, npt.NDArray[np.generic]], name: str, shape: tuple[int, ...]
+    ) -> npt.NDArray[np.generic]:
         array = tensors[name]
         if tuple(array.shape) != shape:
             raise WeightsError(
@@ -285,11 +288,11 @@ class StageRole:
         return array
 
     def _tensor(
-        self, tensors: dict[str, npt.NDArray[Any]], name: str, shape: tuple[int, ...]
+        self, tensors: dict[str, npt.NDArray[np.generic]], name: str, shape: tuple[int, ...]
     ) -> Tensor:
         return self._to_device(self._checked(tensors, name, shape))
 
-    def _to_device(self, array: npt.NDArray[Any]) -> Tensor:
+    def _to_device(self, array: npt.NDArray[np.generic]) -> Tensor:
         return upload(array, self.device)
 
     def _kv_cache(self) -> Tensor:
@@ -299,7 +302,7 @@ class StageRole:
 
     def _matrix(
         self,
-        tensors: dict[str, npt.NDArray[Any]],
+        tensors: dict[str, npt.NDArray[np.generic]],
         blocks: dict[str, QuantMatrix],
         parts: list[tuple[str, tuple[int, int], npt.NDArray[np.intp] | None]],
     ) -> _Matrix:
@@ -310,11 +313,11 @@ class StageRole:
         file that mixes types per tensor, like the ``_M`` variants, gives two or three
         products where a uniform file gives one).
         """
-        groups: list[list[QuantMatrix | npt.NDArray[Any]]] = []
+        groups: list[list[QuantMatrix | npt.NDArray[np.generic]]] = []
         kinds: list[int | None] = []  # a group's block type, None for dense
         for name, shape, order in parts:
             quant = blocks.get(name)
-            found: QuantMatrix | npt.NDArray[Any]
+            found: QuantMatrix | npt.NDArray[np.generic]
             if quant is not None:
                 if quant.shape != shape:
                     raise WeightsError(
@@ -344,7 +347,7 @@ class StageRole:
         return _Matrix(out)
 
     def _load(
-        self, tensors: dict[str, npt.NDArray[Any]], blocks: dict[str, QuantMatrix]
+        self, tensors: dict[str, npt.NDArray[np.generic]], blocks: dict[str, QuantMatrix]
     ) -> None:
         f = self.facts
         dim, hd, heads, kv = f.hidden_dim, f.head_dim, f.head_count, f.head_count_kv
@@ -402,9 +405,9 @@ class StageRole:
         vocab = f.vocab_size
         # the embedding lookup is a row gather: done on the host, it reads only the rows
         # used (from the file's blocks when kept in blocks)
-        self.token_embd: npt.NDArray[Any] | QuantMatrix | None = None
+        self.token_embd: npt.NDArray[np.generic] | QuantMatrix | None = None
         if self.is_first:
-            embd: npt.NDArray[Any] | QuantMatrix = blocks.get("token_embd.weight") or \
+            embd: npt.NDArray[np.generic] | QuantMatrix = blocks.get("token_embd.weight") or \
                 tensors["token_embd.weight"]
             if tuple(embd.shape) != (vocab, dim):
                 raise WeightsError(
@@ -428,7 +431,7 @@ class StageRole:
             self.rope_cos = self._to_device(np.cos(angles).astype(np.float32))
             self.rope_sin = self._to_device(np.sin(angles).astype(np.float32))
 
-    def _embed(self, ids: npt.NDArray[np.int32]) -> npt.NDArray[Any]:
+    def _embed(self, ids: npt.NDArray[np.int32]) -> npt.NDArray[np.generic]:
         assert self.token_embd is not None
         if isinstance(self.token_embd, QuantMatrix):
             return self.token_embd.dense_rows(ids, self.np_dtype)
@@ -594,7 +597,7 @@ class StageRole:
     def input_shape(self, tokens: int) -> tuple[int, ...]:
         return (tokens,) if self.is_first else (tokens, self.facts.hidden_dim)
 
-    def step(self, sequence: int, payload: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    def step(self, sequence: int, payload: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
         """Run inference step ``sequence`` on one input object; return the output object."""
         if sequence != 0 and sequence != self._next_sequence:
             raise StepError(f"inference step {sequence} out of order (expected "
@@ -611,7 +614,7 @@ class StageRole:
                 f"exceed max_seq_len {self.max_seq_len}"
             )
         if self.token_embd is not None:
-            array = self._embed(array)
+            array = self._embed(cast("npt.NDArray[np.int32]", array))  # checked int32
         if tokens == 1 and sequence > 0:
             result = self._decode_step(array)
         else:
@@ -641,7 +644,7 @@ class StageRole:
         token = sample_token(self.last_logits, self.sampling, sequence)
         return np.array([token], dtype=np.int32)
 
-    def _decode_step(self, array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    def _decode_step(self, array: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
         """One position through the decode JIT; returns its output as a numpy array.
 
         On CPU the JIT's input is one buffer kept for the role's life and both directions
@@ -756,7 +759,7 @@ class StageRole:
             count += len(ast.src[0].src) if graph else 1
         return count
 
-    def _check_input(self, payload: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    def _check_input(self, payload: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
         array = np.asarray(payload)
         if self.is_first:
             if array.dtype != np.int32 or array.ndim != 1 or array.shape[0] == 0:
