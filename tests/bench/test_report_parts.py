@@ -21,7 +21,7 @@ from bench._lifecycle import (
     stage_breakdown,
     token_periods_ms,
 )
-from bench._profile import summarise
+from bench._profile import _REPO, summarise
 from bench.report import coldstart_goals, model_figures, verdict
 
 MS = 1_000_000
@@ -118,9 +118,9 @@ def test_split_inbound() -> None:
 
 
 def test_profile_folds_self_and_inclusive() -> None:
-    raw = ("main (/a/site-packages/x.py:1);step (/work/main/swactor/m.py:5);"
+    raw = (f"main (/a/site-packages/x.py:1);step ({_REPO}swactor/m.py:5);"
            "matmul (/a/site-packages/tinygrad/t.py:9) 6\n"
-           "main (/a/site-packages/x.py:1);step (/work/main/swactor/m.py:7) 3\n"
+           f"main (/a/site-packages/x.py:1);step ({_REPO}swactor/m.py:7) 3\n"
            "main (/a/site-packages/x.py:2);read (/a/lib/python3.11/json.py:3) 1\n")
     out = summarise(raw)
     assert out["samples"] == 10
