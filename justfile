@@ -105,6 +105,7 @@ test-native: setup
 # AMX off, as a native build dies with SIGILL here); prints where the two first differ. Then
 # `just quants` and tests/model/test_llama_cpp_quants.py, which CI (no venv) skips.
 # Compare tokenizer ids and greedy tokens with llama.cpp's: SmolLM2 and its llama.cpp quants.
+# The server extra also installs llama.cpp's OpenAI-compatible server (llama_cpp.server).
 reference: setup
     #!/usr/bin/env bash
     set -euo pipefail
@@ -113,7 +114,7 @@ reference: setup
       python3 -m venv "$venv"
       "$venv/bin/pip" install -q --upgrade pip
       CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
-        "$venv/bin/pip" install --no-cache-dir llama-cpp-python numpy
+        "$venv/bin/pip" install --no-cache-dir "llama-cpp-python[server]" numpy
     fi
     status=0
     {{py}} -m tests.model.reference_llama_cpp --python "$venv/bin/python" || status=1

@@ -5,7 +5,13 @@ binding lives in its own virtual environment (``~/.cache/swactor/venv-reference`
 by the recipe). This script runs in ours and asks that interpreter, in a subprocess, for
 llama.cpp's token ids and greedy continuation (argmax of the last logits row); then it runs
 our tokenizer and one :class:`StageRole` on the same file and prints, per prompt, where the
-two first differ. Exit status 1 when any prompt differs.
+two first differ. Exit status 1 when any prompt's tokenizer ids differ.
+
+Greedy tokens are printed, not judged here: two correct implementations part at a near-tie
+(two logits closer than their rounding differences), so the verdict on greedy equality is
+`tests/model/test_llama_cpp_quants.py`'s, which `just reference` runs next: equal up to the
+first difference, and there llama.cpp's own logit for our token within `NEAR_TIE` of its
+top and an independent float64 pass picking ours.
 """
 
 from __future__ import annotations
@@ -108,9 +114,8 @@ def main(argv: list[str]) -> int:
         if where is None:
             print(f"  greedy: {args.tokens} tokens identical: {tokenizer.decode(greedy)!r}")
         else:
-            status = 1
-            print(f"  greedy differs at token {where}: ours {greedy[where:where + 5]} "
-                  f"llama.cpp {ref['greedy'][where:where + 5]}")
+            print(f"  greedy differs at token {where} (judged by test_llama_cpp_quants): "
+                  f"ours {greedy[where:where + 5]} llama.cpp {ref['greedy'][where:where + 5]}")
             print(f"    ours      {tokenizer.decode(greedy)!r}")
             print(f"    llama.cpp {tokenizer.decode(ref['greedy'])!r}")
     return status
