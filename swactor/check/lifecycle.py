@@ -133,5 +133,10 @@ ANCHORS: tuple[Anchor, ...] = (
 UNCHECKED: dict[EventName, str] = {
     _E.pool_ready: "names no run, and one orchestrator process may wait for many pools "
                    "(one pool_readiness machine per session)",
+    **dict.fromkeys(
+        (_E.serve_started, _E.serve_recovery_started, _E.serve_recovery_completed,
+         _E.serve_stopped, _E.serve_failed),
+        "a serving session's events (serve_session, an extension beyond spec §40) frame "
+        "many runs; each run's own events are checked"),
 }
 """Lifecycle events no table position is claimed for, and why."""

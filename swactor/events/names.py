@@ -1,4 +1,4 @@
-"""The names of the 24 lifecycle events of spec §40.
+"""The names of the 24 lifecycle events of spec §40, and of the extensions beyond it.
 
 Kept apart from `schema` (which needs `swactor.wire`) so that the command line can list
 them without importing the whole event machinery.
@@ -10,7 +10,8 @@ import enum
 
 
 class EventName(enum.Enum):
-    """The 24 required lifecycle events of spec §40, in lifecycle order."""
+    """The 24 required lifecycle events of spec §40, in lifecycle order, then the
+    extensions beyond §40 (each block says what it is for)."""
 
     node_started = "node_started"
     node_available = "node_available"
@@ -36,3 +37,10 @@ class EventName(enum.Enum):
     stop_run_sent = "stop_run_sent"
     stage_stopped = "stage_stopped"
     run_torn_down = "run_torn_down"
+    # Extensions beyond spec §40: the serving session (fsm/serve_session.yaml), one
+    # session over many fail-stop runs (`swactor serve`).
+    serve_started = "serve_started"
+    serve_recovery_started = "serve_recovery_started"
+    serve_recovery_completed = "serve_recovery_completed"
+    serve_stopped = "serve_stopped"
+    serve_failed = "serve_failed"

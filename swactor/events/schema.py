@@ -110,6 +110,12 @@ REQUIRED_IDENTITIES: Mapping[EventName, frozenset[str]] = {
         _E.stop_run_sent: _STAGE,
         _E.stage_stopped: _STAGE,
         _E.run_torn_down: _RUN,
+        # extensions beyond spec §40: the serving session (the orchestrator's node id)
+        _E.serve_started: ("node_id",),
+        _E.serve_recovery_started: ("node_id",),
+        _E.serve_recovery_completed: ("node_id",),
+        _E.serve_stopped: ("node_id",),
+        _E.serve_failed: ("node_id",),
     }.items()
 }
 """Which identities each event must carry (the contract `validate_line` enforces)."""
@@ -394,6 +400,46 @@ class RunTornDown(_RunEvent):
     teardown: TeardownOutcome
 
 
+# Extensions beyond spec §40: the serving session (fsm/serve_session.yaml). Each names the
+# orchestrator (node_id) and, where there is one, the run it is about (run_id); `detail`
+# carries the words (`reason`) and counts (`restarts`).
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServeStarted(_NodeEvent):
+    """The session's first run serves (detail: slots)."""
+
+    NAME = EventName.serve_started
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServeRecoveryStarted(_NodeEvent):
+    """The current run faulted; the session tears it down and provisions a new one."""
+
+    NAME = EventName.serve_recovery_started
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServeRecoveryCompleted(_NodeEvent):
+    """A new run serves after a fault (detail: restarts)."""
+
+    NAME = EventName.serve_recovery_completed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServeStopped(_NodeEvent):
+    """The operator stopped the session; nothing runs."""
+
+    NAME = EventName.serve_stopped
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServeFailed(_NodeEvent):
+    """The session gave up (detail: reason); nothing runs."""
+
+    NAME = EventName.serve_failed
+
+
 EVENT_CLASSES: Mapping[EventName, type[LifecycleEvent]] = {
     cls.NAME: cls
     for cls in (
@@ -402,6 +448,7 @@ EVENT_CLASSES: Mapping[EventName, type[LifecycleEvent]] = {
         EdgeProvisionStarted, EdgeReady, StageReady, ReadinessBarrierPassed,
         PromptInjected, ObjectLoaded, ExecuteStepStarted, ObjectProduced, StepCompleted,
         TokenReceived, RunCompleted, RunFaulted, StopRunSent, StageStopped, RunTornDown,
+        ServeStarted, ServeRecoveryStarted, ServeRecoveryCompleted, ServeStopped, ServeFailed,
     )
 }
 
