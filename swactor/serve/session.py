@@ -1,0 +1,469 @@
+"""``ServeSession``: the serving session, an :class:`~swactor.serve.engine.Engine` over a
+sequence of fail-stop runs (binding of ``fsm/serve_session.yaml``).
+
+Theory of operation. The HTTP front talks to one engine for the server's whole life; a
+run does not live that long: spec §36 makes every run fail-stop. The session is the
+engine the front holds. It forwards each sequence to the current run (a
+:class:`RunEngine`: an engine over one warm run, with a ``failed`` event, its ``fault``
+in words and ``stop()``), and when that run faults it tears it down and provisions a
+new one through ``starter``, the command's coroutine that re-plans on the pool's live
+nodes each time it is called. Which of these happens when is the ``serve_session``
+table's decision; this module is its binding: a ledger (the current run, the
+provisioning task, the held sequences, the attempts of this recovery, the restarts) and
+one method per effect, hosted by :class:`~swactor.fsm.host.MachineHost` (every effect
+returns at once; slow work, provisioning and stopping, runs in a task that feeds the
+table its outcome).
+
+Sequences. ``submit`` gives each sequence a session id (a run's own ids restart with
+each run) and feeds ``Submitted``: the table forwards it to the run (Serving), holds it
+(while a run is being provisioned or recovered: the front admits at most ``slots``
+sequences at once, so at most that many wait here), or refuses it (stopping). A held
+sequence is forwarded when a run becomes ready, in arrival order, or ended with
+``Finished(ERROR, reason)`` when the session stops or fails. A forwarded sequence's
+events are the run's, relayed as they come: a run that faults ends them with its
+fault (the RunEngine guarantees it), so no stream hangs across a recovery. ``cancel``
+is synchronous: a held sequence ends ``CANCELLED`` at once, a forwarded one is
+cancelled on the run that has it.
+
+Lifetime. ``start()`` begins provisioning the first run (the table's initial state is
+Provisioning) and returns the session's health once it serves or has ended; the engine
+properties (``model_id``, ``context_length``, ``slots``, ``tokenizer``) are the first
+run's and stay the session's. ``request_stop()`` (a signal handler may call it) feeds
+OperatorStop; ``wait()`` returns the final health once the session is Stopped or
+Failed. ``health()`` maps the table's state onto the front's
+:class:`~swactor.serve.engine.HealthState`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from typing import Protocol
+
+from swactor.events.emitter import Emitter
+from swactor.events.schema import (
+    ServeFailed,
+    ServeRecoveryCompleted,
+    ServeRecoveryStarted,
+    ServeStarted,
+    ServeStopped,
+)
+from swactor.fsm.generated import serve_session as ss
+from swactor.fsm.host import MachineHost
+from swactor.serve.engine import (
+    Engine,
+    Finished,
+    FinishReason,
+    Health,
+    HealthState,
+    SamplingParams,
+    SequenceEvent,
+    SequenceStream,
+    TextCodec,
+)
+from swactor.wire import NodeId, RunId
+
+log = logging.getLogger("swactor.serve.session")
+
+DEFAULT_RESTART_LIMIT = 3
+DEFAULT_RETRY_DELAY_S = 2.0
+
+HEALTH: dict[ss.State, HealthState] = {
+    ss.State.Provisioning: HealthState.PROVISIONING,
+    ss.State.Serving: HealthState.SERVING,
+    ss.State.Recovering: HealthState.RECOVERING,
+    ss.State.Reprovisioning: HealthState.RECOVERING,
+    ss.State.RetryWait: HealthState.RECOVERING,
+    ss.State.Stopping: HealthState.STOPPING,
+    ss.State.Stopped: HealthState.STOPPING,
+    ss.State.Failed: HealthState.FAILED,
+}
+"""What ``GET /health`` says in each state of the table."""
+
+
+class RunEngine(Engine, Protocol):
+    """An engine over one warm run (``swactor.serve.pipeline.RunEngine`` fits it)."""
+
+    @property
+    def failed(self) -> asyncio.Event:
+        """Set once the run faulted; its in-flight streams have then ended with the fault."""
+        ...
+
+    @property
+    def fault(self) -> str | None:
+        """The run's fault in words (None while it has none)."""
+        ...
+
+    async def stop(self) -> object:
+        """Stop the run and tear it down (idempotent); in-flight streams end with an error."""
+        ...
+
+
+RunStarter = Callable[[], Awaitable[RunEngine]]
+"""Plans a run on the pool's live nodes and provisions it; raises naming why it could not."""
+
+
+def _words(error: BaseException) -> str:
+    """An exception as a reason a client may read: its message, else its class."""
+    text = str(error).strip()
+    return text if text else error.__class__.__name__
+
+
+def _run_id(engine: object) -> RunId | None:
+    value = getattr(engine, "run_id", None)
+    return RunId(value) if isinstance(value, int) else None
+
+
+class _SessionStream:
+    """One sequence as the front sees it: held, then forwarded to a run or ended here."""
+
+    def __init__(self, sequence_id: int, prompt: tuple[int, ...], params: SamplingParams,
+                 done: Callable[[int], None]) -> None:
+        self._id = sequence_id
+        self.prompt = prompt
+        self.params = params
+        self.run: RunEngine | None = None
+        self._inner: SequenceStream | None = None
+        self._end: Finished | None = None
+        self._placed = asyncio.Event()
+        self._done = done
+
+    @property
+    def sequence_id(self) -> int:
+        return self._id
+
+    @property
+    def placed(self) -> bool:
+        return self._placed.is_set()
+
+    def forward(self, run: RunEngine) -> None:
+        if not self.placed:
+            self.run = run
+            self._inner = run.submit(self.prompt, self.params)
+            self._placed.set()
+
+    def end(self, finished: Finished) -> None:
+        if not self.placed:
+            self._end = finished
+            self._placed.set()
+
+    def cancel(self) -> None:
+        if self.run is not None and self._inner is not None:
+            self.run.cancel(self._inner.sequence_id)
+        else:
+            self.end(Finished(FinishReason.CANCELLED))
+
+    def __aiter__(self) -> AsyncIterator[SequenceEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[SequenceEvent]:
+        try:
+            await self._placed.wait()
+            if self._inner is None:
+                assert self._end is not None
+                yield self._end
+                return
+            async for event in self._inner:
+                yield event
+                if isinstance(event, Finished):
+                    return
+            yield Finished(FinishReason.ERROR, "the run ended the sequence without a reason")
+        finally:
+            self._done(self._id)
+
+
+class _LoopTimers:
+    """The table's timers on the running event loop: a fired timer feeds its event."""
+
+    def __init__(self, feed: Callable[[ss.Event], None]) -> None:
+        self._feed = feed
+        self._handles: dict[str, asyncio.TimerHandle] = {}
+
+    def start(self, name: str, seconds: float, message: ss.Event) -> None:
+        self.cancel(name)
+        self._handles[name] = asyncio.get_running_loop().call_later(
+            seconds, self._fire, name, message)
+
+    def cancel(self, name: str) -> None:
+        handle = self._handles.pop(name, None)
+        if handle is not None:
+            handle.cancel()
+
+    def _fire(self, name: str, message: ss.Event) -> None:
+        self._handles.pop(name, None)
+        self._feed(message)
+
+
+class ServeSession:
+    """The serving session (module doc): an Engine over a sequence of fail-stop runs."""
+
+    def __init__(
+        self,
+        starter: RunStarter,
+        *,
+        node_id: int,
+        emitter: Emitter | None = None,
+        restart_limit: int = DEFAULT_RESTART_LIMIT,
+        retry_delay_s: float = DEFAULT_RETRY_DELAY_S,
+        notify: Callable[[str], None] | None = None,
+    ) -> None:
+        if restart_limit < 1:
+            raise ValueError(f"restart_limit must be >= 1, got {restart_limit}")
+        if retry_delay_s < 0:
+            raise ValueError(f"retry_delay_s must be >= 0, got {retry_delay_s}")
+        self._starter = starter
+        self._node_id = NodeId(node_id)
+        self._emitter = emitter
+        self._notify = notify or (lambda text: log.info("%s", text))
+        self._machine = ss.ServeSessionMachine(
+            self, restart_limit=restart_limit, retry_delay_s=retry_delay_s)
+        self._host = MachineHost(self._machine, ss.bind(self), timers=_LoopTimers(self._feed),
+                                 timer_events=ss.TIMER_EVENTS)
+        # the ledger
+        self._run: RunEngine | None = None
+        self._first: RunEngine | None = None
+        self._provisioning: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._streams: dict[int, _SessionStream] = {}
+        self._held: deque[int] = deque()
+        self._ids = itertools.count(1)
+        self._attempts = 0
+        self._restarts = 0
+        self._detail = ""
+        self._changed = asyncio.Event()
+
+    # ----------------------------------------------------------------- lifetime
+
+    @property
+    def state(self) -> ss.State:
+        return self._machine.state
+
+    async def start(self) -> Health:
+        """Provision the first run; the health once it serves, or once the session ended
+        (Failed with the reason, or Stopped by ``request_stop``)."""
+        if self._provisioning is None and self._first is None:
+            self._provisioning = self._spawn(self._provision())
+        while self.state in (ss.State.Provisioning, ss.State.Stopping):
+            await self._wait_change()
+        return self.health()
+
+    def request_stop(self) -> None:
+        """The operator stops the session (Ctrl-C, SIGTERM); idempotent."""
+        if not self._terminal():
+            self._host.feed(ss.OperatorStop())
+
+    async def wait(self) -> Health:
+        """The final health, once the session is Stopped or Failed."""
+        while not self._terminal():
+            await self._wait_change()
+        for task in list(self._tasks):
+            await asyncio.gather(task, return_exceptions=True)
+        return self.health()
+
+    async def stop(self) -> Health:
+        """``request_stop()`` then ``wait()``."""
+        self.request_stop()
+        return await self.wait()
+
+    def _terminal(self) -> bool:
+        return self.state in (ss.State.Stopped, ss.State.Failed)
+
+    async def _wait_change(self) -> None:
+        self._changed.clear()
+        await self._changed.wait()
+
+    def _feed(self, event: ss.Event) -> None:
+        self._host.feed(event)
+        self._changed.set()
+
+    def _spawn(self, work: Coroutine[object, object, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ------------------------------------------------------------ Engine protocol
+
+    def _warm(self) -> RunEngine:
+        if self._first is None:
+            raise RuntimeError("the serving session has no run yet (await start() first)")
+        return self._first
+
+    @property
+    def model_id(self) -> str:
+        return self._warm().model_id
+
+    @property
+    def context_length(self) -> int:
+        return self._warm().context_length
+
+    @property
+    def slots(self) -> int:
+        return self._warm().slots
+
+    @property
+    def tokenizer(self) -> TextCodec:
+        return self._warm().tokenizer
+
+    @property
+    def restarts(self) -> int:
+        return self._restarts
+
+    def health(self) -> Health:
+        state = HEALTH[self.state]
+        detail = "" if state is HealthState.SERVING else self._detail
+        return Health(state, detail, self._restarts)
+
+    def submit(self, prompt: Sequence[int], params: SamplingParams) -> SequenceStream:
+        sequence_id = next(self._ids)
+        stream = _SessionStream(sequence_id, tuple(prompt), params, self._forget)
+        self._streams[sequence_id] = stream
+        run = self._run
+        if run is not None and run.failed.is_set():
+            # the run faulted and its watcher has not run yet: it takes nothing more
+            self._feed(ss.RunFaulted(reason=run.fault or "the run faulted"))
+        self._feed(ss.Submitted(sequence_id=sequence_id))
+        if not stream.placed and sequence_id not in self._held:  # Stopped or Failed
+            stream.end(Finished(FinishReason.ERROR, self._detail or "the server is stopped"))
+        return stream
+
+    def cancel(self, sequence_id: int) -> None:
+        stream = self._streams.pop(sequence_id, None)
+        if stream is None:
+            return
+        if sequence_id in self._held:
+            self._held.remove(sequence_id)
+        stream.cancel()
+
+    def _forget(self, sequence_id: int) -> None:
+        self._streams.pop(sequence_id, None)
+
+    # ------------------------------------------------------------------ guards
+
+    def attempts_left(self, event: ss.ProvisionFailed) -> bool:
+        return self._attempts < self._machine.restart_limit
+
+    # ----------------------------------------------------------- effect methods
+
+    def start_run(self) -> None:
+        self._attempts += 1
+        self._provisioning = self._spawn(self._provision())
+
+    def cancel_provision(self) -> None:
+        task = self._provisioning
+        self._spawn(self._cancel_provision(task))
+
+    def stop_run(self) -> None:
+        run, self._run = self._run, None
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
+        self._spawn(self._stop(run))
+
+    def forward_sequence(self, sequence_id: int) -> None:
+        stream = self._streams.get(sequence_id)
+        if stream is not None and self._run is not None:
+            stream.forward(self._run)
+
+    def hold_sequence(self, sequence_id: int) -> None:
+        self._held.append(sequence_id)
+
+    def refuse_sequence(self, sequence_id: int, reason: str) -> None:
+        stream = self._streams.get(sequence_id)
+        if stream is not None:
+            stream.end(Finished(FinishReason.ERROR, reason))
+
+    def forward_held(self) -> None:
+        while self._held:
+            self.forward_sequence(self._held.popleft())
+
+    def end_held(self, reason: str) -> None:
+        while self._held:
+            self.refuse_sequence(self._held.popleft(), reason)
+
+    def report_serving(self) -> None:
+        self._detail = ""
+        self._emit(ServeStarted(node_id=self._node_id, run_id=_run_id(self._run),
+                                detail={"slots": self.slots}))
+
+    def report_recovery_started(self, reason: str) -> None:
+        self._attempts = 0
+        self._detail = f"the run faulted ({reason}); provisioning a new run"
+        self._notify(f"run faulted: {reason}; provisioning a new run on the live nodes")
+        self._emit(ServeRecoveryStarted(node_id=self._node_id, run_id=_run_id(self._run),
+                                        detail={"reason": reason}))
+
+    def report_attempt_failed(self, reason: str) -> None:
+        self._detail = (f"provisioning attempt {self._attempts} of "
+                        f"{self._machine.restart_limit} failed ({reason}); retrying")
+        self._notify(self._detail)
+
+    def report_recovered(self) -> None:
+        self._restarts += 1
+        self._attempts = 0
+        self._detail = ""
+        self._notify(f"serving again (restart {self._restarts})")
+        self._emit(ServeRecoveryCompleted(node_id=self._node_id, run_id=_run_id(self._run),
+                                          detail={"restarts": self._restarts}))
+
+    def report_stopped(self) -> None:
+        self._detail = "the server stopped"
+        self._emit(ServeStopped(node_id=self._node_id, detail={"restarts": self._restarts}))
+
+    def report_failed(self, reason: str) -> None:
+        self._detail = reason
+        self._notify(f"giving up: {reason}")
+        self._emit(ServeFailed(node_id=self._node_id,
+                               detail={"reason": reason, "restarts": self._restarts}))
+
+    # ------------------------------------------------------------- slow work
+
+    async def _provision(self) -> None:
+        try:
+            run = await self._starter()
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            self._feed(ss.ProvisionFailed(reason=_words(error)))
+            return
+        self._run = run
+        if self._first is None:
+            self._first = run
+        self._watcher = self._spawn(self._watch(run))
+        self._feed(ss.RunReady())
+
+    async def _watch(self, run: RunEngine) -> None:
+        await run.failed.wait()
+        if run is self._run:
+            self._feed(ss.RunFaulted(reason=run.fault or "the run faulted"))
+
+    async def _cancel_provision(self, task: asyncio.Task[None] | None) -> None:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        run, self._run = self._run, None  # a provisioning that finished regardless
+        if self._watcher is not None:
+            self._watcher.cancel()
+        if run is not None:
+            await self._stop_quietly(run)
+        self._feed(ss.RunStopped())
+
+    async def _stop(self, run: RunEngine | None) -> None:
+        if run is not None:
+            await self._stop_quietly(run)
+        self._feed(ss.RunStopped())
+
+    async def _stop_quietly(self, run: RunEngine) -> None:
+        try:
+            await run.stop()
+        except Exception:
+            log.exception("serve session: stopping the run failed")
+
+    def _emit(self, event: ServeStarted | ServeRecoveryStarted | ServeRecoveryCompleted
+              | ServeStopped | ServeFailed) -> None:
+        if self._emitter is not None:
+            self._emitter.emit(event)

@@ -1,0 +1,397 @@
+"""ServeSession, the serve_session table's binding, against a FAKE RunEngine.
+
+A component-level test: ``FakeRun`` stands in for one warm run (``swactor.serve.pipeline``'s
+RunEngine) and ``Starter`` for the command's re-planning provisioner, each scripted by the
+test, so every path of the table (hold, forward, fault, recovery, restart limit, operator
+stop at each point) is driven deterministically. The end-to-end tests with real nodes are
+``tests/serve/test_e2e_*.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+
+import pytest
+
+from swactor.events.emitter import Emitter
+from swactor.events.names import EventName
+from swactor.events.sinks import MemorySink
+from swactor.fsm.generated import serve_session as ss
+from swactor.serve.engine import (
+    Finished,
+    FinishReason,
+    Health,
+    HealthState,
+    SamplingParams,
+    SequenceEvent,
+    TextCodec,
+    Tokens,
+)
+from swactor.serve.session import RunEngine, ServeSession
+
+from .fake_engine import FakeCodec
+
+PARAMS = SamplingParams(max_tokens=4)
+
+
+def in_loop(test: Callable[[], Coroutine[object, object, None]]) -> Callable[[], None]:
+    """Run an async test body in a fresh event loop."""
+
+    @functools.wraps(test)
+    def run() -> None:
+        asyncio.run(test())
+
+    return run
+
+
+class FakeRunStream:
+    def __init__(self, sequence_id: int) -> None:
+        self._id = sequence_id
+        self.queue: asyncio.Queue[SequenceEvent] = asyncio.Queue()
+        self.ended = False
+
+    @property
+    def sequence_id(self) -> int:
+        return self._id
+
+    def put(self, event: SequenceEvent) -> None:
+        if not self.ended:
+            self.ended = isinstance(event, Finished)
+            self.queue.put_nowait(event)
+
+    def __aiter__(self) -> AsyncIterator[SequenceEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[SequenceEvent]:
+        while True:
+            event = await self.queue.get()
+            yield event
+            if isinstance(event, Finished):
+                return
+
+
+@dataclass
+class FakeRun:
+    """One warm run: the test plays its tokens, faults it, and sees what it was asked."""
+
+    name: str
+    run_id: int = 7
+    submitted: list[tuple[tuple[int, ...], FakeRunStream]] = field(default_factory=list)
+    cancelled: list[int] = field(default_factory=list)
+    stopped: int = 0
+    _failed: asyncio.Event = field(default_factory=asyncio.Event)
+    _fault: str | None = None
+    _codec: FakeCodec = field(default_factory=FakeCodec)
+
+    model_id = "fake-model"
+    context_length = 64
+    slots = 2
+
+    @property
+    def tokenizer(self) -> TextCodec:
+        return self._codec
+
+    def health(self) -> Health:
+        return Health(HealthState.SERVING)
+
+    def submit(self, prompt: Sequence[int], params: SamplingParams) -> FakeRunStream:
+        stream = FakeRunStream(len(self.submitted) + 100)
+        self.submitted.append((tuple(prompt), stream))
+        return stream
+
+    def cancel(self, sequence_id: int) -> None:
+        self.cancelled.append(sequence_id)
+        for _, stream in self.submitted:
+            if stream.sequence_id == sequence_id:
+                stream.put(Finished(FinishReason.CANCELLED))
+
+    @property
+    def failed(self) -> asyncio.Event:
+        return self._failed
+
+    @property
+    def fault(self) -> str | None:
+        return self._fault
+
+    def fail(self, reason: str) -> None:
+        """Fail-stop, as the RunEngine does it: in-flight streams end with the fault."""
+        self._fault = reason
+        for _, stream in self.submitted:
+            stream.put(Finished(FinishReason.ERROR, reason))
+        self._failed.set()
+
+    async def stop(self) -> None:
+        self.stopped += 1
+        for _, stream in self.submitted:
+            stream.put(Finished(FinishReason.ERROR, "the run was stopped"))
+
+
+class Starter:
+    """The command's provisioner: each call takes the next scripted outcome; a Future
+    outcome keeps the call waiting until the test resolves it."""
+
+    def __init__(self, *outcomes: FakeRun | Exception | asyncio.Future[FakeRun]) -> None:
+        self.outcomes = list(outcomes)
+        self.calls = 0
+        self.cancelled = 0
+
+    async def __call__(self) -> RunEngine:
+        self.calls += 1
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        if isinstance(outcome, asyncio.Future):
+            try:
+                return await outcome
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        return outcome
+
+
+def session(starter: Starter, **kwargs: object) -> tuple[ServeSession, MemorySink]:
+    sink = MemorySink()
+    options: dict[str, object] = {"restart_limit": 2, "retry_delay_s": 0.0, **kwargs}
+    return ServeSession(starter, node_id=5, emitter=Emitter("orchestrator", [sink]),
+                        **options), sink  # type: ignore[arg-type]
+
+
+async def until(predicate: Callable[[], bool], what: str) -> None:
+    """Yield to the loop until `predicate()` holds (bounded, so a broken path fails)."""
+    for _ in range(2000):
+        if predicate():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"never happened: {what}")
+
+
+async def collect(stream: AsyncIterable[SequenceEvent]) -> list[SequenceEvent]:
+    events: list[SequenceEvent] = []
+    async with asyncio.timeout(5):
+        async for event in stream:
+            events.append(event)
+    return events
+
+
+def names(sink: MemorySink) -> list[str]:
+    return [e.name.value for e in sink.events]
+
+
+@in_loop
+async def test_serves_through_the_first_run_and_relays_its_events() -> None:
+    run = FakeRun("a")
+    serve, sink = session(Starter(run))
+    health = await serve.start()
+    assert health == Health(HealthState.SERVING, "", 0)
+    assert (serve.model_id, serve.context_length, serve.slots) == ("fake-model", 64, 2)
+    stream = serve.submit([1, 2, 3], PARAMS)
+    assert run.submitted[0][0] == (1, 2, 3)
+    inner = run.submitted[0][1]
+    inner.put(Tokens((9,)))
+    inner.put(Finished(FinishReason.LENGTH))
+    assert await collect(stream) == [Tokens((9,)), Finished(FinishReason.LENGTH)]
+    assert names(sink) == [EventName.serve_started.value]
+    assert sink.events[0].event.run_id == 7
+    await serve.stop()
+
+
+@in_loop
+async def test_a_fault_ends_in_flight_streams_then_a_new_run_serves_held_requests() -> None:
+    first, second = FakeRun("a"), FakeRun("b", run_id=8)
+    provisioning: asyncio.Future[FakeRun] = asyncio.get_running_loop().create_future()
+    serve, sink = session(Starter(first, provisioning))
+    await serve.start()
+    in_flight = serve.submit([1], PARAMS)
+    first.fail("worker crashed (stage 1)")
+    events = await collect(in_flight)
+    assert events == [Finished(FinishReason.ERROR, "worker crashed (stage 1)")]
+    await until(lambda: serve.state is ss.State.Reprovisioning, "the faulted run stopped")
+    assert first.stopped == 1
+    health = serve.health()
+    assert health.state is HealthState.RECOVERING and "worker crashed" in health.detail
+    held = [serve.submit([n], PARAMS) for n in (2, 3)]
+    assert second.submitted == []
+    provisioning.set_result(second)
+    await until(lambda: serve.state is ss.State.Serving, "serving again")
+    assert [prompt for prompt, _ in second.submitted] == [(2,), (3,)]  # arrival order
+    assert serve.health() == Health(HealthState.SERVING, "", 1)
+    for _, inner in second.submitted:
+        inner.put(Finished(FinishReason.STOP))
+    for stream in held:
+        assert await collect(stream) == [Finished(FinishReason.STOP)]
+    assert names(sink) == ["serve_started", "serve_recovery_started",
+                           "serve_recovery_completed"]
+    assert sink.events[1].event.detail["reason"] == "worker crashed (stage 1)"
+    assert sink.events[2].event.run_id == 8
+    await serve.stop()
+
+
+@in_loop
+async def test_a_submit_after_the_fault_but_before_its_watcher_ran_is_held() -> None:
+    first, second = FakeRun("a"), FakeRun("b")
+    serve, _ = session(Starter(first, second))
+    await serve.start()
+    first.fail("stream fault")
+    stream = serve.submit([4], PARAMS)  # the watcher task has not run yet
+    assert first.submitted == []
+    await until(lambda: serve.state is ss.State.Serving and serve.restarts == 1, "recovered")
+    assert [prompt for prompt, _ in second.submitted] == [(4,)]
+    second.submitted[0][1].put(Finished(FinishReason.STOP))
+    assert await collect(stream) == [Finished(FinishReason.STOP)]
+    await serve.stop()
+
+
+@in_loop
+async def test_cancel_frees_a_held_sequence_at_once_and_a_forwarded_one_on_its_run() -> None:
+    first = FakeRun("a")
+    provisioning: asyncio.Future[FakeRun] = asyncio.get_running_loop().create_future()
+    serve, _ = session(Starter(first, provisioning))
+    await serve.start()
+    forwarded = serve.submit([1], PARAMS)
+    serve.cancel(forwarded.sequence_id)
+    assert first.cancelled == [first.submitted[0][1].sequence_id]
+    assert await collect(forwarded) == [Finished(FinishReason.CANCELLED)]
+    first.fail("boom")
+    await until(lambda: serve.state is ss.State.Reprovisioning, "reprovisioning")
+    held = serve.submit([2], PARAMS)
+    serve.cancel(held.sequence_id)
+    serve.cancel(held.sequence_id)  # idempotent
+    serve.cancel(12345)  # unknown
+    assert await collect(held) == [Finished(FinishReason.CANCELLED)]
+    second = FakeRun("b")
+    provisioning.set_result(second)
+    await until(lambda: serve.state is ss.State.Serving, "serving again")
+    assert second.submitted == []  # the cancelled sequence was not forwarded
+    await serve.stop()
+
+
+@in_loop
+async def test_the_first_provisioning_failing_fails_the_session_with_its_reason() -> None:
+    starter = Starter(RuntimeError("plan: 2 nodes but the model has 1 block"))
+    serve, sink = session(starter)
+    health = await serve.start()
+    assert health.state is HealthState.FAILED
+    assert health.detail == "plan: 2 nodes but the model has 1 block"
+    assert starter.calls == 1  # no retry at start
+    late = serve.submit([1], PARAMS)
+    assert await collect(late) == [Finished(FinishReason.ERROR, health.detail)]
+    assert names(sink) == ["serve_failed"]
+    assert (await serve.wait()).state is HealthState.FAILED
+
+
+@in_loop
+async def test_a_recovery_gives_up_after_the_restart_limit() -> None:
+    first = FakeRun("a")
+    starter = Starter(first, OSError("node 1 did not answer"), OSError("node 1 did not answer"),
+                      FakeRun("never"))
+    serve, sink = session(starter, restart_limit=2)
+    await serve.start()
+    first.fail("membership lost")
+    held = serve.submit([3], PARAMS)
+    health = await serve.wait()
+    assert starter.calls == 3  # the first run, then restart_limit attempts
+    assert health.state is HealthState.FAILED
+    assert health.detail == "node 1 did not answer" and health.restarts == 0
+    assert await collect(held) == [Finished(FinishReason.ERROR, "node 1 did not answer")]
+    assert names(sink) == ["serve_started", "serve_recovery_started", "serve_failed"]
+
+
+@in_loop
+async def test_a_failed_attempt_is_retried_after_the_delay() -> None:
+    first, second = FakeRun("a"), FakeRun("b")
+    starter = Starter(first, OSError("node 2 is gone"), second)
+    serve, _ = session(starter, restart_limit=3, retry_delay_s=0.05)
+    await serve.start()
+    first.fail("membership lost")
+    await until(lambda: serve.state is ss.State.RetryWait, "waiting to retry")
+    health = serve.health()
+    assert health.state is HealthState.RECOVERING
+    assert "attempt 1 of 3 failed (node 2 is gone)" in health.detail
+    async with asyncio.timeout(5):
+        while serve.state is not ss.State.Serving:
+            await asyncio.sleep(0.01)
+    assert starter.calls == 3 and serve.restarts == 1
+    await serve.stop()
+
+
+@in_loop
+async def test_operator_stop_while_serving_stops_the_run_and_refuses_new_work() -> None:
+    run = FakeRun("a")
+    serve, sink = session(Starter(run))
+    await serve.start()
+    in_flight = serve.submit([1], PARAMS)
+    serve.request_stop()
+    assert serve.health().state is HealthState.STOPPING
+    refused = serve.submit([2], PARAMS)
+    assert await collect(refused) == [Finished(FinishReason.ERROR, "the server is stopping")]
+    health = await serve.wait()
+    assert run.stopped == 1
+    assert await collect(in_flight) == [Finished(FinishReason.ERROR, "the run was stopped")]
+    assert health.state is HealthState.STOPPING and serve.state is ss.State.Stopped
+    late = serve.submit([3], PARAMS)
+    assert (await collect(late))[-1].reason is FinishReason.ERROR  # type: ignore[union-attr]
+    assert names(sink)[-1] == "serve_stopped"
+    serve.request_stop()  # idempotent
+
+
+@in_loop
+async def test_operator_stop_while_provisioning_cancels_it() -> None:
+    provisioning: asyncio.Future[FakeRun] = asyncio.get_running_loop().create_future()
+    starter = Starter(provisioning)
+    serve, _ = session(starter)
+    starting = asyncio.create_task(serve.start())
+    await until(lambda: starter.calls == 1, "provisioning started")
+    held = serve.submit([1], PARAMS)
+    serve.request_stop()
+    health = await starting
+    assert serve.state is ss.State.Stopped and health.state is HealthState.STOPPING
+    assert starter.cancelled == 1
+    assert await collect(held) == [Finished(FinishReason.ERROR, "the server is stopping")]
+
+
+@in_loop
+async def test_operator_stop_while_waiting_to_retry_stops_at_once() -> None:
+    first = FakeRun("a")
+    starter = Starter(first, OSError("no nodes"))
+    serve, _ = session(starter, retry_delay_s=60.0)
+    await serve.start()
+    first.fail("boom")
+    await until(lambda: serve.state is ss.State.RetryWait, "waiting to retry")
+    held = serve.submit([1], PARAMS)
+    health = await serve.stop()
+    assert serve.state is ss.State.Stopped and health.state is HealthState.STOPPING
+    assert starter.calls == 2  # the 60 s timer was cancelled, no third attempt
+    assert await collect(held) == [Finished(FinishReason.ERROR, "the server is stopping")]
+
+
+@in_loop
+async def test_operator_stop_during_the_faulted_runs_teardown_lets_it_finish() -> None:
+    gate = asyncio.Event()
+
+    class SlowStop(FakeRun):
+        async def stop(self) -> None:
+            await gate.wait()
+            await super().stop()
+
+    first = SlowStop("a")
+    starter = Starter(first, FakeRun("never"))
+    serve, _ = session(starter)
+    await serve.start()
+    first.fail("boom")
+    await until(lambda: serve.state is ss.State.Recovering, "recovering")
+    serve.request_stop()
+    assert serve.health().state is HealthState.STOPPING
+    gate.set()
+    await serve.wait()
+    assert serve.state is ss.State.Stopped and first.stopped == 1
+    assert starter.calls == 1  # no new run was provisioned
+
+
+def test_restart_limit_and_retry_delay_are_checked() -> None:
+    with pytest.raises(ValueError, match="restart_limit"):
+        ServeSession(Starter(), node_id=1, restart_limit=0)
+    with pytest.raises(ValueError, match="retry_delay_s"):
+        ServeSession(Starter(), node_id=1, retry_delay_s=-1.0)
