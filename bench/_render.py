@@ -331,6 +331,13 @@ def _profile_limits(prof: dict[str, Any] | None) -> list[str]:
             "BEAM-searched kernels, while llama.cpp runs quantised matrix-vector kernels."]
 
 
+def _serve(report: dict[str, Any]) -> list[str]:
+    from bench.serve import markdown
+
+    figures = report.get("serve_goal")
+    return markdown(figures) if figures else []
+
+
 def _modules(report: dict[str, Any]) -> list[str]:
     lines = ["## Every benchmark's own output", ""]
     for module in report["modules"]:
@@ -345,5 +352,6 @@ def render(report: dict[str, Any]) -> str:
     """The whole Markdown report."""
     e2e = report.get("e2e") or {}
     parts = (_machine(report) + _goals(report) + _limits(report) + _e2e(e2e)
-             + _time_split(e2e) + _bring_up(e2e) + _profile(e2e) + _modules(report))
+             + _time_split(e2e) + _bring_up(e2e) + _profile(e2e) + _serve(report)
+             + _modules(report))
     return "\n".join(parts).rstrip() + "\n"

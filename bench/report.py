@@ -49,7 +49,9 @@ MODULE_ARGS: dict[str, list[str]] = {
     "worker": ["--quick"],
     "coldstart": ["--weights", "dense,blocks"],
     "hotpath": ["--repeat", "2", "--profile"],
+    "serve": ["--rounds", "2", "--max-tokens", "32"],
 }
+JSON_MODULES = ("quic", "coldstart", "hotpath", "serve")  # each run with --json
 NOT_TEXT = {"report", "e2e"}  # e2e is measured in process, report is this module
 RING_TOTAL_MIB = 512
 MODULE_TIMEOUT_S = 900
@@ -221,6 +223,16 @@ def hotpath_goals(figures: dict[str, Any] | None) -> list[dict[str, Any]]:
             for row in figures.get("goals", [])]
 
 
+def serve_goals(figures: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Serving goal rows from `bench serve --json`: each figure a ratio of two measured in
+    that run (rows with no target, like the TTFT ratio, stay in the serving section)."""
+    if not figures:
+        return [goal("serving (bench serve)", None, 0, False, "bench serve")]
+    return [goal(row["goal"], _one(row["measured"]), row["target"], row["at_least"],
+                 "bench serve --json, servers side by side")
+            for row in figures.get("goals", []) if row["target"] is not None]
+
+
 def _reference_llama_version() -> str | None:
     from bench.model import reference_venv
 
@@ -274,6 +286,7 @@ def main(argv: list[str]) -> int:
     quic = None
     coldstart: dict[str, Any] | None = None
     hotpath: dict[str, Any] | None = None
+    serve: dict[str, Any] | None = None
     model: dict[str, Any] = {"ours_tokens_per_s": {}, "llama_cpp_tokens_per_s": None}
     for name in available():
         if name in NOT_TEXT or name in skip:
@@ -281,7 +294,7 @@ def main(argv: list[str]) -> int:
         print(f"== {name} ==", flush=True)
         extra = list(MODULE_ARGS.get(name, []))
         with tempfile.TemporaryDirectory() as tmp:
-            if name in ("quic", "coldstart", "hotpath"):
+            if name in JSON_MODULES:
                 extra += ["--json", f"{tmp}/{name}.json"]
             result = run_module(name, extra)
             if name == "quic" and Path(f"{tmp}/quic.json").exists():
@@ -290,9 +303,11 @@ def main(argv: list[str]) -> int:
                 coldstart = json.loads(Path(f"{tmp}/coldstart.json").read_text())
             if name == "hotpath" and Path(f"{tmp}/hotpath.json").exists():
                 hotpath = json.loads(Path(f"{tmp}/hotpath.json").read_text())
+            if name == "serve" and Path(f"{tmp}/serve.json").exists():
+                serve = json.loads(Path(f"{tmp}/serve.json").read_text())
         if name == "model":
             model = model_figures(result["output"])
-        if name in ("quic", "coldstart", "hotpath"):
+        if name in JSON_MODULES:
             result["args"] = result["args"][:-2]  # the temporary --json path
         report["modules"].append(result)
         status |= int(result["rc"] != 0)
@@ -300,8 +315,9 @@ def main(argv: list[str]) -> int:
     report["model_goal"] = model
     report["coldstart_goal"] = coldstart
     report["hotpath_goal"] = hotpath
+    report["serve_goal"] = serve
     report["goals"] = (goals(e2e, ring_fig, quic, model) + coldstart_goals(coldstart)
-                       + hotpath_goals(hotpath))
+                       + hotpath_goals(hotpath) + serve_goals(serve))
     report["machine"]["load_average_end"] = os.getloadavg()
     report["seconds"] = time.monotonic() - started
 
