@@ -44,3 +44,9 @@ class EventName(enum.Enum):
     serve_recovery_completed = "serve_recovery_completed"
     serve_stopped = "serve_stopped"
     serve_failed = "serve_failed"
+    # Extensions beyond spec §40: the sequences of a serving run (fsm/sequence.yaml); the
+    # spec's run carries one sequence, a serving run many (detail: sequence id, slot).
+    sequence_started = "sequence_started"
+    sequence_first_token = "sequence_first_token"
+    sequence_finished = "sequence_finished"
+    sequence_failed = "sequence_failed"

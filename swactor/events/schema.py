@@ -116,6 +116,11 @@ REQUIRED_IDENTITIES: Mapping[EventName, frozenset[str]] = {
         _E.serve_recovery_completed: ("node_id",),
         _E.serve_stopped: ("node_id",),
         _E.serve_failed: ("node_id",),
+        # extensions beyond spec §40: the sequences of a serving run
+        _E.sequence_started: _RUN,
+        _E.sequence_first_token: _RUN,
+        _E.sequence_finished: _RUN,
+        _E.sequence_failed: _RUN,
     }.items()
 }
 """Which identities each event must carry (the contract `validate_line` enforces)."""
@@ -440,6 +445,39 @@ class ServeFailed(_NodeEvent):
     NAME = EventName.serve_failed
 
 
+# Extensions beyond spec §40: the sequences of a serving run (fsm/sequence.yaml). Each names
+# the orchestrator and the run; `detail` carries the serving sequence id and the rest.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SequenceStarted(_RunEvent):
+    """A serving sequence was bound a KV slot (detail: sequence_id, slot, prompt_tokens)."""
+
+    NAME = EventName.sequence_started
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SequenceFirstToken(_RunEvent):
+    """A serving sequence's first token was accepted (detail: sequence_id, ttft_s)."""
+
+    NAME = EventName.sequence_first_token
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SequenceFinished(_RunEvent):
+    """A serving sequence ended (detail: sequence_id, reason stop / length / cancelled,
+    tokens)."""
+
+    NAME = EventName.sequence_finished
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SequenceFailed(_RunEvent):
+    """A serving sequence ended with an error (detail: sequence_id, error, tokens)."""
+
+    NAME = EventName.sequence_failed
+
+
 EVENT_CLASSES: Mapping[EventName, type[LifecycleEvent]] = {
     cls.NAME: cls
     for cls in (
@@ -449,6 +487,7 @@ EVENT_CLASSES: Mapping[EventName, type[LifecycleEvent]] = {
         PromptInjected, ObjectLoaded, ExecuteStepStarted, ObjectProduced, StepCompleted,
         TokenReceived, RunCompleted, RunFaulted, StopRunSent, StageStopped, RunTornDown,
         ServeStarted, ServeRecoveryStarted, ServeRecoveryCompleted, ServeStopped, ServeFailed,
+        SequenceStarted, SequenceFirstToken, SequenceFinished, SequenceFailed,
     )
 }
 
