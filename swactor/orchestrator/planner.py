@@ -84,6 +84,7 @@ from swactor.wire import (
 )
 from swactor.wire.errors import WireError
 from swactor.wire.ids import U64_MAX
+from swactor.wire.tags import CANDIDATES_K
 
 DEFAULT_MAX_SEQ_LEN = 2048
 DEFAULT_MAX_TOKENS = 64
@@ -133,6 +134,9 @@ class PlanRequest:
     weights: str = "blocks"
     """The nodes' weight mode (`swactor node --weights`, default blocks), for the memory
     prediction."""
+    serving: bool = False
+    """A serving run (many tagged sequences): its token-out objects may be a sampled
+    step's candidates, `2 * CANDIDATES_K` u32s (swactor/wire/tags.py), not one id."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,7 +402,7 @@ def _build(
     orchestrator = EdgeEndpoint.orchestrator(pool.orchestrator_node_id)
     endpoints = [EdgeEndpoint.stage(pool.nodes[i].node_id, i) for i in range(count)]
     token_in_spec = token_object_spec(max_seq_len)
-    token_out_spec = token_object_spec(1)
+    token_out_spec = token_object_spec(2 * CANDIDATES_K if request.serving else 1)
     activation_spec = activation_object_spec(model_plan)
     edges = [
         EdgePlan(run_id, token_in_id, EdgeKind.TokenIn, orchestrator, endpoints[0],

@@ -57,9 +57,11 @@ class RunPorts(Protocol):
         ...
 
     async def inject(
-        self, edge_id: EdgeId, object_id: ObjectId, sequence: Sequence, token_ids: tuple[int, ...]
+        self, edge_id: EdgeId, object_id: ObjectId, sequence: Sequence,
+        token_ids: tuple[int, ...], flags: int = 0,
     ) -> None:
-        """Write one token object (u32 ids) for inference step `sequence` to token-in."""
+        """Write one token object (u32 ids) for inference step `sequence` to token-in;
+        `flags` is its header's flags word (a serving run's sequence tag, else 0)."""
         ...
 
     async def release_output(self, edge_id: EdgeId, object_id: ObjectId) -> None:

@@ -223,7 +223,8 @@ class NetworkRunPorts:
             await asyncio.wait_for(wake.wait(), POLL_S)
 
     async def inject(
-        self, edge_id: EdgeId, object_id: ObjectId, sequence: Sequence, token_ids: tuple[int, ...]
+        self, edge_id: EdgeId, object_id: ObjectId, sequence: Sequence,
+        token_ids: tuple[int, ...], flags: int = 0,
     ) -> None:
         if edge_id != self._token_in:
             raise RunFaultError(RunFaultReason.EdgeEstablishmentFailed,
@@ -231,7 +232,7 @@ class NetworkRunPorts:
         ring, ring_id = self.rings.ring(edge_id), int(self.rings.ring_id(edge_id))
         wake = self._wake_event(edge_id)
         payload = encode_token_ids(token_ids, self._specs[int(edge_id)])
-        record = ObjectHeader(object_id, sequence, len(payload)).pack() + payload
+        record = ObjectHeader(object_id, sequence, len(payload), flags).pack() + payload
         view, sent = memoryview(record), 0
         while sent < len(record):
             ring.clear_writable_pending()
@@ -252,8 +253,9 @@ class NetworkRunPorts:
         ring, ring_id = self.rings.ring(edge_id), int(self.rings.ring_id(edge_id))
         wake = self._wake_event(edge_id)
 
-        def loaded(object_id: ObjectId, sequence: Sequence, ids: tuple[int, ...]) -> None:
-            self._tell(TokenOutput(edge_id, object_id, sequence, ids))
+        def loaded(object_id: ObjectId, sequence: Sequence, ids: tuple[int, ...],
+                   flags: int) -> None:
+            self._tell(TokenOutput(edge_id, object_id, sequence, ids, flags))
 
         def failed(reason: RunFaultReason, detail: str) -> None:
             log.error("token-out edge %d: %s", int(edge_id), detail)

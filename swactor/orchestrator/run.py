@@ -65,8 +65,10 @@ a `RunHandle` (`await handle.result()`, `handle.stop()` for an operator stop).
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeAlias
@@ -74,6 +76,7 @@ from typing import TypeAlias
 from swactor.actors import Actor, Context, Runtime
 from swactor.actors.ref import ActorRef
 from swactor.events.schema import (
+    LifecycleEvent,
     PromptInjected,
     ReadinessBarrierPassed,
     RunCompleted,
@@ -85,6 +88,7 @@ from swactor.events.schema import (
     TokenReceived,
 )
 from swactor.fsm.generated import orchestrator_run as orun
+from swactor.fsm.generated import sequence as sq
 from swactor.fsm.host import AsyncMachineHost
 from swactor.fsm.runtime import ProtocolError
 from swactor.orchestrator.planner import stage_runtime_facts
@@ -94,6 +98,7 @@ from swactor.orchestrator.ports import (
     RunResult,
     StopCause,
 )
+from swactor.orchestrator.serving import LiveSequence, SequenceRequest, SequenceSink
 from swactor.wire import (
     Component,
     EdgeId,
@@ -113,6 +118,7 @@ from swactor.wire import (
     provision_stage,
     provision_tx,
 )
+from swactor.wire.tags import CANDIDATES_K, SequenceTag, TagError
 
 log = logging.getLogger("swactor.orchestrator.run")
 
@@ -134,9 +140,42 @@ class TokenOutput:
     object_id: ObjectId
     sequence: Sequence
     token_ids: tuple[int, ...]
+    flags: int = 0
+    """The output object's header flags: its sequence tag on a serving run, else 0."""
 
 
-RunMessage: TypeAlias = orun.Event | TokenOutput
+@dataclass(frozen=True, slots=True)
+class SubmitSequence:
+    """Run `request` as serving sequence `sequence_id`; its results go to `sink`."""
+
+    sequence_id: int
+    request: SequenceRequest
+    sink: SequenceSink
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """What makes a run a serving run: its KV slots, and whom to tell it is serving."""
+
+    slots: int
+    on_serving: Callable[[], None] = lambda: None
+    """Called once the readiness barrier passed (OpenServing)."""
+
+    def __post_init__(self) -> None:
+        if self.slots < 1:
+            raise ValueError(f"a serving run needs at least one slot, got {self.slots}")
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """An object injected and not yet answered: its edge step, sequence and flags."""
+
+    step: int
+    sequence_id: int | None
+    flags: int
+
+
+RunMessage: TypeAlias = orun.Event | TokenOutput | SubmitSequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +200,9 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         stop_token_ids: frozenset[int],
         result: asyncio.Future[RunResult],
         timeouts: RunTimeouts = RunTimeouts(),
+        serving: Serving | None = None,
     ) -> None:
-        if not prompt_token_ids:
+        if not prompt_token_ids and serving is None:
             raise ValueError("a run needs at least one prompt token id")
         self.plan = plan
         self.ports = ports
@@ -191,8 +231,15 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         self._unclean: set[int] = set()
         self._endpoints_stopped = False
         self._endpoints_unclean = False
-        self._expected_sequence = 0
+        self._in_flight: deque[InFlight] = deque()
+        """Objects injected and not yet answered, in edge step order (the edge is FIFO)."""
+        self._next_step = 0
         self._pending_token: int | None = None
+        self._pending_flags = 0
+        self._serving = serving
+        self._free_slots: list[int] = list(range(serving.slots if serving else 0))
+        self._sequences: dict[int, LiveSequence] = {}
+        self.node_id, self.run_id = plan.orchestrator_node, plan.run_id
         self._candidate_stop: StopCause | None = None
         self._fault_pending = False
         self._held_fault: RunFault | None = None
@@ -215,6 +262,8 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
             event: orun.Event | None = self._token_event(message)
             if event is None:
                 return
+        elif isinstance(message, SubmitSequence):
+            event = self._submitted(message)
         else:
             event = message
         self._note(event)
@@ -244,13 +293,39 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
     # -- bookkeeping ---------------------------------------------------------------------
 
     def _token_event(self, message: TokenOutput) -> orun.Event | None:
-        if len(message.token_ids) != 1:
-            self._pending_token = None
+        """ObjectLoaded for a well-formed output (its token kept aside), else a fault:
+        a tagged candidates output holds 2 * CANDIDATES_K u32s, any other one id."""
+        self._pending_token = None
+        self._pending_flags = message.flags
+        try:
+            tag = SequenceTag.unpack(message.flags)
+        except TagError:
+            tag = None
+            ids: tuple[int, ...] = ()
+        else:
+            ids = message.token_ids
+        want = 2 * CANDIDATES_K if tag is not None and tag.candidates else 1
+        if len(ids) != want:
             return orun.EndpointFault(
                 message.edge_id, RunFaultReason.ObjectHeaderMalformed, Component.TokenEndpoint
             )
-        self._pending_token = message.token_ids[0]
+        live = self._owner(self._in_flight[0]) if self._in_flight else None
+        self._pending_token = live.pick(ids) if live is not None else ids[0]
         return orun.ObjectLoaded(message.edge_id, message.object_id, message.sequence)
+
+    def _owner(self, in_flight: InFlight) -> LiveSequence | None:
+        """The live sequence an object in flight was injected for (None: a spec run's
+        step, or a sequence that ended since)."""
+        if in_flight.sequence_id is None:
+            return None
+        return self._sequences.get(in_flight.sequence_id)
+
+    def _submitted(self, message: SubmitSequence) -> orun.Event:
+        """Keep the sequence's ledger; the table decides whether it runs."""
+        self._sequences[message.sequence_id] = LiveSequence(
+            message.sequence_id, message.request, message.sink, self,
+            self.stop_token_ids, self.plan.model.max_seq_len)
+        return orun.SequenceSubmitted(message.sequence_id)
 
     def _note(self, event: orun.Event) -> None:
         match event:
@@ -280,10 +355,22 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
     def all_ready(self, event: orun.StageReady | orun.EndpointReady) -> bool:
         return len(self._ready_stages) == self._stage_count and len(self._ready_endpoints) == 2
 
+    def serving_ready(self, event: orun.StageReady | orun.EndpointReady) -> bool:
+        return self._serving is not None and self.all_ready(event)
+
+    def slot_free(self, event: orun.SequenceSubmitted) -> bool:
+        return bool(self._free_slots)
+
+    def last_in_flight(self, event: orun.ObjectLoaded) -> bool:
+        return len(self._in_flight) == 1
+
     def output_out_of_order(self, event: orun.ObjectLoaded) -> bool:
+        oldest = self._in_flight[0] if self._in_flight else None
         return (
             event.edge_id != self._token_out.edge_id
-            or event.sequence != self._expected_sequence
+            or oldest is None
+            or event.sequence != oldest.step
+            or self._pending_flags != oldest.flags
             or self._pending_token is None
         )
 
@@ -317,6 +404,59 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
     # One coroutine per effect (the host awaits each in turn); those that only book
     # or spawn a task return at once.
 
+    async def open_serving(self) -> None:
+        self.result.timings.ready = time.monotonic()
+        self.ports.emit(ReadinessBarrierPassed(node_id=self._node, run_id=self.plan.run_id))
+        assert self._serving is not None, "serving_ready guards OpenServing"
+        self._serving.on_serving()
+
+    async def bind_slot(self, sequence_id: int) -> None:
+        await self._sequences[sequence_id].feed(sq.SlotBound(heapq.heappop(self._free_slots)))
+
+    async def reject_sequence(self, sequence_id: int, detail: str) -> None:
+        fault = self.result.fault or self._held_fault
+        words = detail if fault is None else f"{detail}: {describe_fault(fault)}"
+        await self._sequences[sequence_id].feed(sq.Refused(words))
+
+    async def inject_input(self, sequence_id: int) -> None:
+        live = self._sequences[sequence_id]
+        ids, position = live.next_input
+        assert live.slot is not None, "a sequence asks for input only while it holds a slot"
+        flags = SequenceTag(live.slot, position, live.request.candidates).pack()
+        await self._inject(Sequence(self._next_step), ids, sequence_id, flags)
+
+    async def accept_sequence_output(self, object_id: ObjectId, sequence: Sequence) -> None:
+        live = self._owner(self._in_flight[0])
+        token = await self._accept(object_id, sequence)
+        if live is not None:  # None: the sequence ended meanwhile; its output is dropped
+            await live.feed(sq.TokenAccepted(token))
+
+    async def cancel_sequence(self, sequence_id: int) -> None:
+        live = self._sequences.get(sequence_id)
+        if live is not None:  # None: ended already, or never submitted
+            await live.feed(sq.Cancel())
+
+    async def fail_sequences(self) -> None:
+        fault = self.result.fault
+        detail = ("the run was stopped" if fault is None
+                  else describe_fault(fault))
+        for live in list(self._sequences.values()):
+            await live.feed(sq.RunFaulted(detail))
+
+    # RunSide: what a sequence asks of its run
+
+    def emit(self, event: LifecycleEvent) -> None:
+        self.ports.emit(event)
+
+    async def input_ready(self, sequence_id: int) -> None:
+        await self._host.feed(orun.InputReady(sequence_id))  # queued behind the current event
+
+    def free_slot(self, slot: int) -> None:
+        heapq.heappush(self._free_slots, slot)
+
+    def forget(self, sequence_id: int) -> None:
+        self._sequences.pop(sequence_id, None)
+
     async def provision_stages(self, plan: RunPlan) -> None:
         self._provision_all(self._context)
 
@@ -331,7 +471,7 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         await self._inject(Sequence(0), self.result.prompt_token_ids)
 
     async def accept_output(self, object_id: ObjectId, sequence: Sequence) -> None:
-        await self._accept(object_id, sequence)
+        self.result.generated_token_ids.append(await self._accept(object_id, sequence))
 
     async def inject_next_input(self, sequence: Sequence) -> None:
         await self._inject(Sequence(sequence + 1), (self.result.generated_token_ids[-1],))
@@ -476,28 +616,31 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
 
         return ctx.spawn_task(run())
 
-    async def _inject(self, sequence: Sequence, token_ids: tuple[int, ...]) -> None:
+    async def _inject(self, sequence: Sequence, token_ids: tuple[int, ...],
+                      sequence_id: int | None = None, flags: int = 0) -> None:
         edge = self._token_in.edge_id
         object_id = ObjectId(sequence + 1)
-        self._expected_sequence = sequence
+        self._in_flight.append(InFlight(sequence, sequence_id, flags))
+        self._next_step = sequence + 1
         try:
-            await self.ports.inject(edge, object_id, sequence, token_ids)
+            await self.ports.inject(edge, object_id, sequence, token_ids, flags)
         except Exception as error:
             log.warning("run %s: inject step %d failed: %s", self.plan.run_id, sequence, error)
             assert self._ctx is not None
             self._ctx.self_ref.tell(self._endpoint_fault_for(edge)(error))
             return
-        if sequence == 0:
+        if sequence == 0 and sequence_id is None:
             self.ports.emit(PromptInjected(
                 node_id=self._node, run_id=self.plan.run_id, edge_id=edge,
                 object_id=object_id, sequence=sequence,
             ))
 
-    async def _accept(self, object_id: ObjectId, sequence: Sequence) -> None:
+    async def _accept(self, object_id: ObjectId, sequence: Sequence) -> int:
+        """Consume the oldest object in flight's output (token_received); its token."""
         token = self._pending_token
         assert token is not None, "output_out_of_order guards a missing token"
         self._pending_token = None
-        self.result.generated_token_ids.append(token)
+        self._in_flight.popleft()
         if self.result.timings.first_token is None:
             self.result.timings.first_token = time.monotonic()
         edge = self._token_out.edge_id
@@ -512,6 +655,7 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
                         error)
             assert self._ctx is not None
             self._ctx.self_ref.tell(self._endpoint_fault_for(edge)(error))
+        return token
 
     def _record_teardown(self, teardown: TeardownOutcome) -> None:
         result = self.result
@@ -530,6 +674,15 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         if not self._future.done():
             self._future.set_result(self.result)
         ctx.stop_self()
+
+
+def describe_fault(fault: RunFault) -> str:
+    """A run fault in words a client may read: reason, who saw it, where."""
+    where = [f"stage {int(fault.stage_index)}"] if fault.stage_index is not None else []
+    if fault.node_id is not None:
+        where.append(f"node {int(fault.node_id):016x}")
+    return (f"the run faulted: {fault.reason.value} reported by {fault.component.value}"
+            + (f" ({', '.join(where)})" if where else ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -552,6 +705,14 @@ class RunHandle:
         """Deliver a port's report (StageReady, TokenOutput, StageStopped, ...)."""
         self.ref.tell(message)
 
+    def submit(self, sequence_id: int, request: SequenceRequest, sink: SequenceSink) -> None:
+        """Serving run: run `request` as sequence `sequence_id` (results go to `sink`)."""
+        self.ref.tell(SubmitSequence(sequence_id, request, sink))
+
+    def cancel(self, sequence_id: int) -> None:
+        """Serving run: end sequence `sequence_id` now and free its slot."""
+        self.ref.tell(orun.SequenceCancelled(sequence_id))
+
 
 def prompt_ids_of(plan: RunPlan, prompt_token_ids: tuple[int, ...] | None) -> tuple[int, ...]:
     """The prompt ids to inject: given ones, or the plan's own TokenIds prompt."""
@@ -572,15 +733,17 @@ def start_run(
     prompt_token_ids: tuple[int, ...] | None = None,
     timeouts: RunTimeouts = RunTimeouts(),
     name: str | None = None,
+    serving: Serving | None = None,
 ) -> RunHandle:
-    """Spawn the run actor for a valid `plan`, emit run_planned and feed PlanAvailable."""
+    """Spawn the run actor for a valid `plan`, emit run_planned and feed PlanAvailable.
+    With `serving`, the run serves sequences (`SubmitSequence`) instead of one prompt."""
     future: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
-    prompt = prompt_ids_of(plan, prompt_token_ids)
+    prompt = () if serving is not None else prompt_ids_of(plan, prompt_token_ids)
     stops = stop_token_ids if stop_token_ids is not None else frozenset({
         plan.model.eos_token_id
     })
     ref = runtime.spawn(
-        lambda: OrchestratorRun(plan, ports, prompt, stops, future, timeouts),
+        lambda: OrchestratorRun(plan, ports, prompt, stops, future, timeouts, serving),
         name or f"run-{plan.run_id}",
     )
     ports.emit(RunPlanned(node_id=plan.orchestrator_node, run_id=plan.run_id))

@@ -17,8 +17,9 @@ RingFault. The binding only does the byte work:
   effect only after the extent guards passed). CopyAvailable: copy committed payload
   prefixes into it and advance `consume`; PayloadComplete at the extent.
   AwaitCopyCompletion: host copies are complete at once (CopyCompleted).
-- EmitObjectLoaded: decode the u32 token ids and hand them to `loaded`; the payload
-  bytes go no further. EmitObjectFailed / EmitRingFault: `failed` with the §36 reason
+- EmitObjectLoaded: decode the u32 token ids and hand them, with the header's flags
+  (a serving run's sequence tag), to `loaded`; the payload bytes go no further.
+  EmitObjectFailed / EmitRingFault: `failed` with the §36 reason
   (the same §37 -> §36 map a stage uses for its ingress edge).
 - UninstallRing (endpoint stop): drop any partial buffer; the ring handle itself is the
   installer's and is closed by its uninstall, so CloseRing does nothing here.
@@ -63,7 +64,9 @@ log = logging.getLogger("swactor.orchestrator.token_out")
 HEADER_LEN = ObjectHeader.LEN
 _CONSUMING = frozenset({ir.State.NeedHeader, ir.State.NeedPayload})
 
-Loaded = Callable[[ObjectId, Sequence, tuple[int, ...]], None]
+Loaded = Callable[[ObjectId, Sequence, tuple[int, ...], int], None]
+"""(object id, sequence, token ids, header flags): the run checks the flags (a serving
+run's sequence tag) against what it injected for that step."""
 Failed = Callable[[RunFaultReason, str], None]
 
 
@@ -183,14 +186,15 @@ class TokenOutReader(IngressGuards, ir.IngressRingEffects[None]):
 
     def _deliver(self, object_id: ObjectId, sequence: Sequence) -> None:
         payload, self._payload = self._payload, None
-        assert payload is not None
+        decoded = self._decoded
+        assert payload is not None and decoded is not None
         try:
             ids = decode_token_ids(payload, self.spec)
         except TokenObjectError as error:
             log.error("token-out: %s", error)
             self._failed(RunFaultReason.ObjectHeaderMalformed, str(error))
             return
-        self._loaded(object_id, sequence, ids)
+        self._loaded(object_id, sequence, ids, decoded.flags)
 
     # -- byte work --------------------------------------------------------------------
 

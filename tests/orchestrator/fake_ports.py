@@ -38,6 +38,8 @@ class FakePorts:
     fail: dict[tuple[str, int | None], RunFaultError] = field(default_factory=dict)
     provision_delay_s: dict[int, float] = field(default_factory=dict)
     """Per stage index, how long its ProvisionStage takes to be answered."""
+    flags: dict[int, int] = field(default_factory=dict)
+    """Per injected edge step, the header flags it was written with."""
 
     def __post_init__(self) -> None:
         self.emitter = Emitter("orchestrator-test", [self.sink])
@@ -57,9 +59,11 @@ class FakePorts:
         self._maybe_fail("endpoints")
 
     async def inject(
-        self, edge_id: EdgeId, object_id: ObjectId, sequence: Sequence, token_ids: tuple[int, ...]
+        self, edge_id: EdgeId, object_id: ObjectId, sequence: Sequence,
+        token_ids: tuple[int, ...], flags: int = 0,
     ) -> None:
         self.calls.append(("inject", int(edge_id), int(sequence), tuple(token_ids)))
+        self.flags[int(sequence)] = flags
         self._maybe_fail("inject", int(sequence))
 
     async def release_output(self, edge_id: EdgeId, object_id: ObjectId) -> None:

@@ -40,6 +40,8 @@ class TokenRing:
     spec: ObjectSpec = field(default_factory=lambda: token_object_spec(1))
     loaded: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)
     failed: list[RunFaultReason] = field(default_factory=list)
+    flags: list[int] = field(default_factory=list)
+    """The header flags of each loaded object, in order."""
     writable: int = 0
 
     def __post_init__(self) -> None:
@@ -56,8 +58,10 @@ class TokenRing:
     def _writable(self) -> None:
         self.writable += 1
 
-    def _loaded(self, object_id: ObjectId, sequence: Sequence, ids: tuple[int, ...]) -> None:
+    def _loaded(self, object_id: ObjectId, sequence: Sequence, ids: tuple[int, ...],
+                flags: int) -> None:
         self.loaded.append((int(object_id), int(sequence), ids))
+        self.flags.append(flags)
 
     def _failed(self, reason: RunFaultReason, detail: str) -> None:
         self.failed.append(reason)

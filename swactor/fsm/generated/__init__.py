@@ -20,6 +20,7 @@ MACHINES: tuple[str, ...] = (
     "recv_pump",
     "rx_edge",
     "send_pump",
+    "sequence",
     "serve_session",
     "stage_controller",
     "swim_member",

@@ -1,0 +1,354 @@
+"""A serving run carries many sequences (fsm/orchestrator_run.yaml Serving states and
+fsm/sequence.yaml), driven through fake ports like tests/orchestrator/test_run.py.
+
+Every scenario's events must be an order the tables allow (`run_test` checks them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from dataclasses import dataclass, field
+
+from swactor.actors import Runtime
+from swactor.fsm.generated import orchestrator_run as orun
+from swactor.model.sampling import SamplingPolicy
+from swactor.orchestrator.run import RunHandle, RunTimeouts, Serving, TokenOutput, start_run
+from swactor.orchestrator.serving import SequenceRequest, pick_candidate
+from swactor.wire import (
+    Component,
+    ObjectId,
+    RunFaultReason,
+    RunOutcome,
+    Sequence,
+    StageIndex,
+    TeardownOutcome,
+)
+from swactor.wire.tags import CANDIDATES_K, SequenceTag
+from tests.orchestrator.fake_ports import FakePorts
+from tests.orchestrator.test_run import (
+    EOS,
+    SLOW,
+    TOKEN_IN,
+    TOKEN_OUT,
+    make_plan,
+    make_ready,
+    run_test,
+    stop_all,
+)
+
+GREEDY = SamplingPolicy.greedy()
+
+
+@dataclass
+class Sink:
+    """What one sequence's stream received."""
+
+    started: int = 0
+    ids: list[int] = field(default_factory=list)
+    end: tuple[str, str] | None = None
+
+    def started_(self) -> None:
+        self.started += 1
+
+    def tokens(self, ids: tuple[int, ...]) -> None:
+        assert self.end is None, "no tokens after the end"
+        self.ids.extend(ids)
+
+    def finished(self, reason: str, detail: str) -> None:
+        assert self.end is None, "one end only"
+        self.end = (reason, detail)
+
+
+class _SinkPort:
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+
+    def started(self) -> None:
+        self.sink.started_()
+
+    def tokens(self, ids: tuple[int, ...]) -> None:
+        self.sink.tokens(ids)
+
+    def finished(self, reason: str, detail: str) -> None:
+        self.sink.finished(reason, detail)
+
+
+async def serving(runtime: Runtime, ports: FakePorts, slots: int = 2,
+                  timeouts: RunTimeouts = SLOW, max_seq_len: int = 64) -> RunHandle:
+    opened = asyncio.Event()
+    handle = start_run(runtime, make_plan(max_seq_len=max_seq_len), ports,
+                       stop_token_ids=frozenset({EOS, 0}), timeouts=timeouts,
+                       serving=Serving(slots, opened.set))
+    await ports.until(lambda: len(ports.of("provision")) == 3)
+    make_ready(handle)
+    await asyncio.wait_for(opened.wait(), 5)
+    return handle
+
+
+def submit(handle: RunHandle, sequence_id: int, prompt: tuple[int, ...], max_tokens: int = 8,
+           sampling: SamplingPolicy = GREEDY) -> Sink:
+    sink = Sink()
+    handle.submit(sequence_id, SequenceRequest(prompt, max_tokens, sampling), _SinkPort(sink))
+    return sink
+
+
+def out(step: int, flags: int, *ids: int) -> TokenOutput:
+    return TokenOutput(TOKEN_OUT, ObjectId(step + 1), Sequence(step), ids, flags)
+
+
+def tag(slot: int, position: int, candidates: bool = False) -> int:
+    return SequenceTag(slot, position, candidates).pack()
+
+
+def injected(ports: FakePorts) -> list[tuple[int, tuple[int, ...], int]]:
+    """(edge step, ids, flags) of every injection so far."""
+    return [(int(c[2]), c[3], ports.flags[int(c[2])])  # type: ignore[misc,arg-type]
+            for c in ports.of("inject")]
+
+
+def test_two_sequences_interleave_each_routed_by_edge_step() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports)
+        await asyncio.sleep(0.01)
+        assert ports.of("inject") == [], "a serving run injects nothing at the barrier"
+        a = submit(handle, 10, (1, 5, 6), max_tokens=8)
+        b = submit(handle, 11, (1, 7), max_tokens=2)
+        await ports.until(lambda: len(ports.of("inject")) == 2)
+        assert injected(ports) == [(0, (1, 5, 6), tag(0, 0)), (1, (1, 7), tag(1, 0))]
+        assert (a.started, b.started) == (1, 1)
+        handle.tell(out(0, tag(0, 0), 40))  # a's first token
+        await ports.until(lambda: len(ports.of("inject")) == 3)
+        assert injected(ports)[2] == (2, (40,), tag(0, 3))
+        handle.tell(out(1, tag(1, 0), 50))  # b's first token
+        await ports.until(lambda: len(ports.of("inject")) == 4)
+        assert injected(ports)[3] == (3, (50,), tag(1, 2))
+        handle.tell(out(2, tag(0, 3), 41))
+        handle.tell(out(3, tag(1, 2), 51))  # b's second = max_tokens: length
+        await ports.until(lambda: b.end is not None and len(ports.of("inject")) == 5)
+        assert b.ids == [50, 51] and b.end == ("length", "")
+        assert injected(ports)[4] == (4, (41,), tag(0, 4))
+        handle.tell(out(4, tag(0, 4), EOS))  # a ends: stop, EOS not yielded
+        await ports.until(lambda: a.end is not None)
+        assert a.ids == [40, 41] and a.end == ("stop", "")
+        c = submit(handle, 12, (1, 9), max_tokens=1)  # a slot is free again
+        await ports.until(lambda: len(ports.of("inject")) == 6)
+        assert injected(ports)[5] == (5, (1, 9), tag(0, 0)), "the lowest free slot"
+        handle.tell(out(5, tag(0, 0), 60))
+        await ports.until(lambda: c.end is not None)
+        assert c.ids == [60] and c.end == ("length", "")
+        handle.stop()
+        result = await stop_all(handle, ports)
+        assert (result.outcome, result.teardown) == (RunOutcome.OperatorStopped,
+                                                     TeardownOutcome.Clean)
+        names = ports.event_names()
+        assert names.count("sequence_started") == 3
+        assert names.count("sequence_first_token") == 3
+        assert names.count("sequence_finished") == 3
+        assert "sequence_failed" not in names and "prompt_injected" not in names
+
+    run_test(body)
+
+
+def test_an_output_out_of_edge_order_faults_every_live_sequence() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports)
+        a = submit(handle, 1, (1, 5))
+        b = submit(handle, 2, (1, 6))
+        await ports.until(lambda: len(ports.of("inject")) == 2)
+        handle.tell(out(1, tag(1, 0), 40))  # step 0 is awaited
+        result = await stop_all(handle, ports)
+        assert result.outcome is RunOutcome.Faulted
+        assert result.fault is not None
+        assert result.fault.reason is RunFaultReason.SequenceViolation
+        for sink in (a, b):
+            assert sink.end is not None and sink.end[0] == "error"
+            assert "SequenceViolation" in sink.end[1]
+
+    run_test(body)
+
+
+def test_an_output_whose_tag_is_not_the_injected_one_is_a_sequence_violation() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports)
+        a = submit(handle, 1, (1, 5))
+        await ports.until(lambda: len(ports.of("inject")) == 1)
+        handle.tell(out(0, tag(1, 0), 40))  # right step, another slot
+        result = await stop_all(handle, ports)
+        assert result.fault is not None
+        assert result.fault.reason is RunFaultReason.SequenceViolation
+        assert a.end is not None and a.end[0] == "error" and a.ids == []
+
+    run_test(body)
+
+
+def test_cancel_frees_the_slot_at_once_and_the_late_output_is_dropped() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports, slots=1)
+        a = submit(handle, 1, (1, 5))
+        await ports.until(lambda: len(ports.of("inject")) == 1)
+        handle.cancel(1)
+        b = submit(handle, 2, (1, 6), max_tokens=1)  # the one slot, freed by the cancel
+        await ports.until(lambda: len(ports.of("inject")) == 2)
+        assert a.end == ("cancelled", "")
+        assert injected(ports)[1] == (1, (1, 6), tag(0, 0))
+        handle.tell(out(0, tag(0, 0), 40))  # a's late output: dropped
+        handle.tell(out(1, tag(0, 0), 41))
+        await ports.until(lambda: b.end is not None)
+        assert a.ids == [] and b.ids == [41] and b.end == ("length", "")
+        handle.cancel(1)  # ended already: nothing happens
+        handle.cancel(99)  # never submitted: nothing happens
+        handle.stop()
+        result = await stop_all(handle, ports)
+        assert result.fault is None and result.teardown is TeardownOutcome.Clean
+        assert len(ports.of("inject")) == 2
+
+    run_test(body)
+
+
+def test_a_sequence_past_the_free_slots_is_refused() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports, slots=1)
+        a = submit(handle, 1, (1, 5))
+        b = submit(handle, 2, (1, 6))
+        await ports.until(lambda: b.end is not None)
+        assert b.end is not None and b.end[0] == "error" and "slot" in b.end[1]
+        assert a.end is None and len(ports.of("inject")) == 1
+        handle.stop()
+        await stop_all(handle, ports)
+        assert a.end == ("error", "the run was stopped")
+
+    run_test(body)
+
+
+def test_a_stage_fault_ends_every_live_sequence_naming_it() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports)
+        a = submit(handle, 1, (1, 5))
+        await ports.until(lambda: len(ports.of("inject")) == 1)
+        handle.tell(orun.StageFault(StageIndex(1), RunFaultReason.WorkerCrashed,
+                                    Component.WorkerCtl))
+        result = await stop_all(handle, ports)
+        assert result.fault is not None and result.fault.stage_index == 1
+        assert a.end is not None and a.end[0] == "error"
+        assert "WorkerCrashed" in a.end[1] and "stage 1" in a.end[1]
+        late = submit(handle, 2, (1, 6))  # the actor is gone: nobody answers
+        await asyncio.sleep(0.01)
+        assert late.end is None
+
+    run_test(body)
+
+
+def test_a_held_stream_fault_ends_sequences_with_the_root_cause() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports, timeouts=RunTimeouts(30, 30, 30, 30))
+        a = submit(handle, 1, (1, 5))
+        await ports.until(lambda: len(ports.of("inject")) == 1)
+        handle.tell(orun.StageFault(StageIndex(2), RunFaultReason.StreamFault,
+                                    Component.RecvPump))
+        refused = submit(handle, 2, (1, 6))  # Settling: the run is not serving
+        await ports.until(lambda: refused.end is not None)
+        assert a.end is None, "the reason is not known yet"
+        handle.tell(orun.StageFault(StageIndex(1), RunFaultReason.DeviceOutOfMemory,
+                                    Component.Worker))
+        await stop_all(handle, ports)
+        assert a.end is not None and "DeviceOutOfMemory" in a.end[1]
+        assert refused.end is not None and "not serving" in refused.end[1]
+
+    run_test(body)
+
+
+def test_the_progress_timer_runs_only_while_objects_are_in_flight() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        quick = RunTimeouts(readiness_s=30, step_s=0.05, teardown_s=30)
+        handle = await serving(runtime, ports, timeouts=quick)
+        await asyncio.sleep(0.3)  # idle: six step timeouts long, nothing in flight
+        a = submit(handle, 1, (1, 5), max_tokens=1)
+        await ports.until(lambda: len(ports.of("inject")) == 1)
+        handle.tell(out(0, tag(0, 0), 40))
+        await ports.until(lambda: a.end is not None)
+        assert a.end == ("length", "")
+        await asyncio.sleep(0.3)  # idle again
+        b = submit(handle, 2, (1, 6))  # in flight, never answered
+        result = await stop_all(handle, ports)
+        assert result.fault is not None
+        assert result.fault.reason is RunFaultReason.ProgressTimeout
+        assert b.end is not None and "ProgressTimeout" in b.end[1]
+
+    run_test(body)
+
+
+def test_a_sampled_sequence_asks_for_candidates_and_samples_them() -> None:
+    ids = tuple(range(100, 100 + CANDIDATES_K))
+    logits = [float(CANDIDATES_K - i) / 8 for i in range(CANDIDATES_K)]
+    bits = struct.unpack(f"<{CANDIDATES_K}I", struct.pack(f"<{CANDIDATES_K}f", *logits))
+    policy = SamplingPolicy.sample(temperature=0.9, top_p=0.95, seed=7)
+
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports)
+        a = submit(handle, 1, (1, 5), max_tokens=2, sampling=policy)
+        await ports.until(lambda: len(ports.of("inject")) == 1)
+        assert injected(ports)[0][2] == tag(0, 0, candidates=True)
+        handle.tell(out(0, tag(0, 0, True), *ids, *bits))
+        await ports.until(lambda: len(ports.of("inject")) == 2)
+        handle.tell(out(1, tag(0, 2, True), *ids, *bits))
+        await ports.until(lambda: a.end is not None)
+        expected = [pick_candidate((*ids, *bits), policy, step) for step in (0, 1)]
+        assert a.ids == expected and all(t in ids for t in a.ids)
+        assert injected(ports)[1][1] == (expected[0],)
+        b = submit(handle, 2, (1, 6), sampling=policy)
+        await ports.until(lambda: len(ports.of("inject")) == 3)
+        handle.tell(out(2, tag(0, 0, True), 42))  # one id where candidates were asked
+        result = await stop_all(handle, ports)
+        assert result.fault is not None
+        assert result.fault.reason is RunFaultReason.ObjectHeaderMalformed
+        assert b.end is not None and b.end[0] == "error"
+
+    run_test(body)
+
+
+def test_pick_candidate_is_seeded_by_seed_and_step() -> None:
+    ids = tuple(range(CANDIDATES_K))
+    bits = struct.unpack(f"<{CANDIDATES_K}I", struct.pack(
+        f"<{CANDIDATES_K}f", *([1.0] * CANDIDATES_K)))
+    flat = (*ids, *bits)
+    policy = SamplingPolicy.sample(temperature=1.0, seed=3)
+    draws = [pick_candidate(flat, policy, step) for step in range(20)]
+    assert draws == [pick_candidate(flat, policy, step) for step in range(20)]
+    assert len(set(draws)) > 1, "equal logits: the step changes the draw"
+    assert all(d < 40 for d in draws), "top_k 40 (llama.cpp's default) of the 64"
+
+
+def test_a_single_prompt_run_refuses_sequences() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = start_run(runtime, make_plan(), ports, stop_token_ids=frozenset({EOS}),
+                           timeouts=SLOW)
+        await ports.until(lambda: len(ports.of("provision")) == 3)
+        make_ready(handle)
+        await ports.until(lambda: len(ports.of("inject")) == 1)
+        s = submit(handle, 1, (1, 5))
+        await ports.until(lambda: s.end is not None)
+        assert s.end is not None and "not serving" in s.end[1]
+        assert ports.flags == {0: 0}, "a spec run's objects are untagged"
+        handle.stop()
+        await stop_all(handle, ports)
+        _ = TOKEN_IN
+
+    run_test(body)
+
+
+def test_a_serving_plan_lets_token_out_carry_candidates() -> None:
+    from swactor.orchestrator.inventory import synthetic_pool
+    from swactor.orchestrator.planner import PlanRequest, plan_run
+    from swactor.wire import EdgeKind, PromptSource, RunId
+    from tests.orchestrator.conftest import synthetic_model
+
+    def token_out_extent(serving: bool) -> int:
+        request = PlanRequest(run_id=RunId(5), prompt=PromptSource.from_token_ids((1,)),
+                              serving=serving)
+        plan = plan_run(synthetic_pool(2), synthetic_model(blocks=6), request).plan
+        edge = next(e for e in plan.edges if e.kind is EdgeKind.TokenOut)
+        return edge.object_spec.max_extent
+
+    assert token_out_extent(False) == 4
+    assert token_out_extent(True) == 2 * CANDIDATES_K * 4
