@@ -173,6 +173,14 @@ class Admission:
                 f"KEYFILE --role {role}`")
 
 
+def pool_of(orchestrator: NodeIdentity, nodes: Iterable[NodeIdentity],
+            source: str = "<pool>") -> Admission:
+    """The pool of one orchestrator and these stage nodes, each pinned by its full public
+    key: what `swactor pool add` writes for them (in-process pools and tests)."""
+    return Admission.of((PoolEntry("orchestrator", public_key_bytes(orchestrator)),
+                         *(PoolEntry("node", public_key_bytes(n)) for n in nodes)), source)
+
+
 def parse_pool(text: str, source: str = "<pool>") -> Admission:
     """Parse pool-file text (module doc); PoolFileError names the line and problem."""
     entries: list[PoolEntry] = []

@@ -176,7 +176,7 @@ class NodeConfig:
     admission: Admission | None = None
     """The pinned pool (`--pool`): SWIM admits only its keys, AddressBook entries
     outside it are ignored and the QUIC endpoint pins its members' full public keys
-    (None: an open pool, `--open-pool`, or no SWIM: ids only)."""
+    (None: an open pool, `--open-pool`: SWIM admits any key, QUIC checks ids only)."""
     network: Transport | None = None
     """How to build the endpoint, driver and control channel (None: real QUIC)."""
 

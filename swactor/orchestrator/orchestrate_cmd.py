@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"--node {int(strangers[0].node_id):016x} is not a node of "
                                  f"the pool file {admission.source}")
         options = replace(session_options(args, identity, tuple(args.members)),
-                          admission=admission)
+                          admission=admission, open_pool=admission is None)
     except Exception as error:
         print(f"swactor orchestrator: {error}", file=sys.stderr)
         return 2

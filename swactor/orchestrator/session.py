@@ -42,7 +42,7 @@ from swactor.actors import Runtime
 from swactor.events.emitter import Emitter
 from swactor.events.schema import LifecycleEvent, PoolReady, TokenReceived
 from swactor.fsm.generated import orchestrator_run as orun
-from swactor.membership.admission import Admission
+from swactor.membership.admission import ID_ONLY_REFUSAL, Admission
 from swactor.model.fetch import OfferedFile
 from swactor.orchestrator.inventory import DEFAULT_NODE_MEMORY_BYTES, NodeResources, PoolInventory
 from swactor.orchestrator.ports import RunResult
@@ -118,8 +118,12 @@ class SessionOptions:
     pool_ready is emitted once every node acknowledged its AddressBook)."""
     admission: Admission | None = None
     """The pool file (`--pool`): the orchestrator's QUIC endpoint pins its members' full
-    public keys, so a node is admitted by its key, not by the 64-bit id it hashes to
-    (None: ids only)."""
+    public keys, so a node is admitted by its key, not by the 64-bit id it hashes to.
+    Every node of `nodes` must be one of its `node` entries. None is refused unless
+    `open_pool` is set (`check_admission`)."""
+    open_pool: bool = False
+    """Run without a pool file (`--open-pool`): nodes are admitted by their 64-bit id
+    alone, which names a key but does not prove it (`admission.ID_ONLY_REFUSAL`)."""
 
 
 @dataclass
@@ -211,6 +215,21 @@ def prompt_ids(options: SessionOptions) -> tuple[tuple[int, ...], Tokenizer | No
     return tuple(ids), tokenizer
 
 
+def check_admission(options: SessionOptions) -> None:
+    """SessionError unless every node is pinned by its full key: `admission` names each
+    node of `nodes` with role `node`, or the caller opened the pool (`open_pool`)."""
+    if options.admission is None:
+        if not options.open_pool:
+            raise SessionError(f"no pool file: the session {ID_ONLY_REFUSAL} "
+                               "(SessionOptions.admission, or open_pool)")
+        return
+    stages = options.admission.stage_ids
+    strangers = [m for m in options.nodes if m.node_id not in stages]
+    if strangers:
+        raise SessionError(f"node {int(strangers[0].node_id):016x} is not a node of the "
+                           f"pool file {options.admission.source}")
+
+
 async def run_session(
     options: SessionOptions,
     emitter: Emitter,
@@ -228,6 +247,7 @@ async def run_session(
 
     if not options.nodes:
         raise SessionError("the pool is empty: name at least one node")
+    check_admission(options)
     ids, tokenizer = prompt_ids(options)
     me = NodeId(options.identity.node_id)
     run_id = RunId(options.run_id if options.run_id is not None else secrets.randbits(62) + 1)

@@ -18,8 +18,8 @@ proof of a key: where the endpoint pins that id's full public key (`pinned`, nod
 raw 32-byte Ed25519 key, from the pool file a node or orchestrator was started with), the
 certificate's raw key must equal the pinned one, in both directions, or the peer is
 refused ("presented a key that does not match its pinned key"); an id with no pin is
-checked by id only (no pool file: `--open-pool`, a fixed `--node` list). A peer that
-fails is refused:
+checked by id only (no pool file: only with `--open-pool`, or a caller that opened
+the pool on purpose, `SessionOptions.open_pool`). A peer that fails is refused:
 the connection is closed with `PEER_REJECTED_CODE` and a reason naming the rejected id,
 the endpoint's `on_refused` callback receives a `PeerRefused` event, and no stream byte
 of that connection ever reaches a handler (stream events are dispatched only once a link

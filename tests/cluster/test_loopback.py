@@ -49,6 +49,7 @@ async def scenario(tmp: Path) -> None:
     try:
         members = await cluster.start()
         base = SessionOptions(identity=cluster.orchestrator, nodes=members, model=model,
+                              admission=cluster.admission,  # pins the nodes' full keys
                               prompt=PROMPT, max_tokens=TOKENS, max_seq_len=MAX_SEQ)
         prompt = tuple(Tokenizer.from_gguf(model).encode(PROMPT))
         expected = reference_tokens(model, prompt)

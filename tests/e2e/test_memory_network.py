@@ -21,6 +21,7 @@ import pytest
 
 from swactor.events.emitter import Emitter
 from swactor.events.sinks import MemorySink
+from swactor.membership.admission import pool_of
 from swactor.model.gguf_range import open_reader
 from swactor.model.llama_role import StageRole
 from swactor.node.node import NodeConfig, StageNode
@@ -57,7 +58,9 @@ async def scenario(gguf: Path) -> None:
     network = MemoryNetwork()
     orchestrator = NodeIdentity.generate()
     sink = MemorySink()
-    nodes = [StageNode(NodeConfig(identity=NodeIdentity.generate(),
+    identities = [NodeIdentity.generate() for _ in range(3)]
+    pool = pool_of(orchestrator, identities)  # both ends pin every full key
+    nodes = [StageNode(NodeConfig(identity=identities[i], admission=pool,
                                   orchestrator=NodeId(orchestrator.node_id),
                                   arena_ceiling=16 << 20, models_dir=gguf.parent,
                                   network=network),
@@ -67,6 +70,7 @@ async def scenario(gguf: Path) -> None:
         members = tuple(PoolMember(node.node_id, host, port)
                         for node, (host, port) in zip(nodes, addresses, strict=True))
         options = SessionOptions(identity=orchestrator, nodes=members, model=gguf,
+                                 admission=pool,
                                  prompt_token_ids=PROMPT, decode=False, max_tokens=TOKENS,
                                  max_seq_len=MAX_SEQ, network=network)
         expected = reference(gguf)

@@ -15,6 +15,7 @@ import pytest
 
 from swactor.events.emitter import Emitter
 from swactor.events.sinks import MemorySink
+from swactor.membership.admission import pool_of
 from swactor.node.node import NodeConfig, StageNode
 from swactor.orchestrator.session import PoolMember, SessionOptions, run_session
 from swactor.testing.memory_net import MemoryNetwork
@@ -31,7 +32,9 @@ async def scenario(gguf: Path) -> None:
     network = MemoryNetwork()
     orchestrator = NodeIdentity.generate()
     sink = MemorySink()
-    nodes = [StageNode(NodeConfig(identity=NodeIdentity.generate(),
+    identities = [NodeIdentity.generate() for _ in range(3)]
+    pool = pool_of(orchestrator, identities)  # both ends pin every full key
+    nodes = [StageNode(NodeConfig(identity=identities[i], admission=pool,
                                   orchestrator=NodeId(orchestrator.node_id),
                                   arena_ceiling=16 << 20, models_dir=gguf.parent,
                                   network=network),
@@ -41,6 +44,7 @@ async def scenario(gguf: Path) -> None:
         members = tuple(PoolMember(node.node_id, host, port)
                         for node, (host, port) in zip(nodes, addresses, strict=True))
         options = SessionOptions(identity=orchestrator, nodes=members, model=gguf,
+                                 admission=pool,
                                  prompt_token_ids=PROMPT, decode=False, max_tokens=TOKENS,
                                  max_seq_len=MAX_SEQ, network=network, run_id=7)
         report = await run_session(options, Emitter("orchestrator", [sink]), io.StringIO(),

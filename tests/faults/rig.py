@@ -196,6 +196,7 @@ class FaultRig:
 
     def options(self, **changes: Any) -> SessionOptions:
         base = SessionOptions(identity=self.cluster.orchestrator, nodes=self.members,
+                              admission=self.cluster.admission,  # pins the nodes' keys
                               model=self.gguf, prompt_token_ids=PROMPT, decode=False,
                               max_tokens=TOKENS, max_seq_len=MAX_SEQ, timeouts=TIMEOUTS,
                               run_id=self.new_run_id())

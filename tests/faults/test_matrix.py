@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,7 +25,9 @@ from typing import Any
 
 import pytest
 
+from swactor.membership.admission import Admission, PoolEntry, public_key_bytes
 from swactor.orchestrator.session import PoolMember
+from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId
 from tests.faults.rig import WARM_UP, FaultRig, FaultRow, Observed, reference_tokens
 
@@ -178,8 +179,12 @@ def test_fault(rig: FaultRig, case: Case) -> None:
 
 def test_node_unavailable_before_the_run(rig: FaultRig) -> None:
     """A pool member that is not running: the session stops before planning."""
-    ghost = PoolMember(NodeId(secrets.randbits(63) + 1), "127.0.0.1", 9)
-    seen = rig.session(rig.options(nodes=(*rig.members[:2], ghost)))
+    key = NodeIdentity.generate()  # pinned in the pool file, but no process has it
+    ghost = PoolMember(NodeId(key.node_id), "127.0.0.1", 9)
+    assert rig.cluster.admission is not None
+    pool = Admission.of((*rig.cluster.admission.entries,
+                         PoolEntry("node", public_key_bytes(key), "ghost")))
+    seen = rig.session(rig.options(nodes=(*rig.members[:2], ghost), admission=pool))
     row = rig.row("node unavailable before the run", "a pool member with no process", seen)
     ROWS.append(row)
     assert seen.report is None and seen.error is not None and "pool" in seen.error

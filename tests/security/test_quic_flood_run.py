@@ -177,6 +177,7 @@ async def scenario(tmp: Path) -> None:
     try:
         members = await cluster.start()
         base = SessionOptions(identity=cluster.orchestrator, nodes=members, model=model,
+                              admission=cluster.admission,  # pins the nodes' full keys
                               prompt=PROMPT, max_tokens=TOKENS, max_seq_len=MAX_SEQ)
         reports: dict[int, SessionReport] = {}
         walls: dict[int, float] = {}
