@@ -17,6 +17,9 @@ What each type computes (float32 results bit-identical to ``gguf.quants.dequanti
 * ``Q8_0`` (32 weights per block): ``w = q * d``, ``q`` int8.
 * ``Q4_0`` / ``Q4_1``: 16 bytes hold 32 codes, weight ``j`` in the low nibble of byte
   ``j``, weight ``j + 16`` in its high nibble; ``w = d * (q - 8)`` / ``w = d * q + m``.
+* ``Q5_0`` / ``Q5_1``: the Q4_0/Q4_1 nibbles plus a fifth bit: bit ``j`` of the block's
+  little-endian 32-bit ``qh`` (bit ``j % 8`` of byte ``j // 8``) is the high bit of
+  weight ``j`` (``q + 16 * bit``); ``w = d * (q - 16)`` / ``w = d * q + m``.
 * ``Q4_K`` (256 weights per super-block, 8 sub-blocks of 32): ``qs`` is 4 chunks of 32
   bytes; chunk ``c`` holds sub-block ``2c`` in its low nibbles and ``2c + 1`` in its high
   nibbles; ``w = d * (sc * q) - dmin * mn`` per sub-block (gguf-py computes
@@ -159,6 +162,19 @@ def scaled_codes(matrix: DeviceQuant, cpu: bool) -> tuple[Tensor, Tensor | None,
             w = d.unsqueeze(-1) * (q - 8.0)
         else:
             w = d.unsqueeze(-1) * q
+            offset = widen_f16(f["m"], cpu)
+    elif qtype in (Q.Q5_0, Q.Q5_1):
+        codes = f["codes"]
+        low = _nibbles(codes[..., 4:], -2).reshape(rows, -1, 32)
+        # bit j of the little-endian qh is the fifth bit of weight j
+        qh = codes[..., :4].reshape(rows, -1, 4, 1)
+        high = ((qh >> _ramp(8, 1, matrix.device)) & 1).reshape(rows, -1, 32)
+        q = (low + (high << 4)).float()
+        d = widen_f16(f["d"], cpu).unsqueeze(-1)
+        if qtype == Q.Q5_0:
+            w = d * (q - 16.0)
+        else:
+            w = d * q
             offset = widen_f16(f["m"], cpu)
     elif qtype in (Q.Q4_K, Q.Q5_K):
         codes, scales = f["codes"], f["scales"]

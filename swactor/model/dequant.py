@@ -62,7 +62,7 @@ def dequantize(
 
 
 BLOCK_TYPES: frozenset[int] = frozenset(
-    int(t) for t in (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+    int(t) for t in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 )
 """Types a stage can keep in the file's blocks and compute from (``--weights blocks``)."""
 
@@ -149,7 +149,9 @@ def block_fields(matrix: QuantMatrix) -> dict[str, npt.NDArray[Any]]:
     """The arrays a block kernel reads, each ``[rows, blocks, ...]`` and C-contiguous.
 
     Bytes are the file's, cut apart. Q4_0/Q4_1/Q8_0: ``d``/``m`` f16 scales and ``qs``
-    codes. K-quants: ``codes`` (the block's packed codes as in the file) and ``scales``
+    codes. Q5_0/Q5_1: ``d``/``m`` and ``codes``, the block's 4 bytes of fifth bits then
+    its 16 bytes of nibbles, as in the file (one array, so a product reads the codes and
+    ``d`` only). K-quants: ``codes`` (the block's packed codes as in the file) and ``scales``
     (the f16 super-block scales as bytes, then the sub-block scales: Q4_K/Q5_K's eight
     6-bit scales and eight mins unpacked to one byte each, 16 bytes instead of 12 per
     256 weights; Q6_K's sixteen int8), two arrays so that a kernel reads two buffers
@@ -166,6 +168,10 @@ def block_fields(matrix: QuantMatrix) -> dict[str, npt.NDArray[Any]]:
         return {"d": _f16(b, 0), "qs": b[..., 2:].copy()}
     if qtype == Q.Q4_1:
         return {"d": _f16(b, 0), "m": _f16(b, 2), "qs": b[..., 4:].copy()}
+    if qtype == Q.Q5_0:
+        return {"d": _f16(b, 0), "codes": b[..., 2:].copy()}  # qh (4 bytes) then qs (16)
+    if qtype == Q.Q5_1:
+        return {"d": _f16(b, 0), "m": _f16(b, 2), "codes": b[..., 4:].copy()}
     if qtype in (Q.Q4_K, Q.Q5_K):
         sc, mins = _k_scale_min(b[..., 4:16])
         # d, dmin (f16 bytes), 8 scales, 8 mins: one array, so a kernel reads two buffers
@@ -183,8 +189,8 @@ def block_fields(matrix: QuantMatrix) -> dict[str, npt.NDArray[Any]]:
 
 # bytes per block of the arrays block_fields makes (Q4_K/Q5_K: 12 packed scale bytes
 # become 16, one per 6-bit scale or min)
-_HELD_BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q8_0: 34, Q.Q4_K: 148, Q.Q5_K: 180,
-                     Q.Q6_K: 210}
+_HELD_BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q5_0: 22, Q.Q5_1: 24, Q.Q8_0: 34,
+                     Q.Q4_K: 148, Q.Q5_K: 180, Q.Q6_K: 210}
 
 
 def block_bytes(type_id: int, shape: tuple[int, ...]) -> int:

@@ -59,14 +59,14 @@ straight from :class:`~swactor.model.cpu_graph.DirectReplay` (the position writt
 the kernel table, then the C loop), without TinyJit's ~1 ms of Python per call.
 
 Weights in blocks (``quantised``, weights loaded with ``keep_blocks``): every Q4_0/Q4_1/
-Q8_0/Q4_K/Q5_K/Q6_K matrix stays in the file's blocks on the device and nothing dense is
+Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K matrix stays in the file's blocks on the device and nothing dense is
 kept; both decode and prefill products widen the codes inside their kernels
 (:mod:`swactor.model.block_kernels`), so a stage holds about its file bytes (SmolLM2
 Q4_1: 97 MB of weights instead of 538 MB at f32; decode reads those 97 MB per token,
 about 3x less CPU per token than f32 dense). A matrix is a list of row-stacked parts
 (:class:`_Matrix`): a file that mixes types inside a block (llama.cpp's ``_M`` variants)
-gives one product per run of one type, outputs joined. Other types (Q5_0, Q2_K, ...,
-F16) are dequantised to dense at load. The embedding lookup dequantises only the rows it
+gives one product per run of one type, outputs joined. Other types (Q2_K, Q3_K,
+F16, ...) are dequantised to dense at load. The embedding lookup dequantises only the rows it
 gathers. Block decode products are cut below 800 rows: tinygrad split a 960-row block
 product into two thread slices that ran at a sixth of the speed of one 480-row kernel.
 """

@@ -19,8 +19,8 @@ from swactor.model.dequant import (
 )
 
 # byte offsets of each type's f16 scale fields inside one block
-_F16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2),
-               Q.Q6_K: (208,)}
+_F16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,),
+               Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
 
 
 def _random_blocks(qtype: Q, rows: int, cols: int, seed: int) -> npt.NDArray[np.uint8]:
@@ -51,7 +51,8 @@ def test_upload_holds_the_values_and_runs_no_kernel(dtype: str) -> None:
 
 
 def test_block_types_are_the_issue_list() -> None:
-    assert {Q(t).name for t in BLOCK_TYPES} == {"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
+    assert {Q(t).name for t in BLOCK_TYPES} == {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K",
+                                                "Q5_K", "Q6_K"}
 
 
 @pytest.mark.parametrize("cpu_bits", [True, False], ids=["f16-bit-moves", "f16-cast"])
@@ -100,7 +101,8 @@ def test_device_bytes_stay_near_the_file_bytes(qtype: Q) -> None:
 def test_other_types_and_shapes_have_no_block_form() -> None:
     raw = np.zeros(4 * 256 * 2, dtype=np.uint8)
     assert quant_matrix(raw, int(Q.F16), (4, 256)) is None
-    assert quant_matrix(np.zeros(8 * 22, np.uint8), int(Q.Q5_0), (8, 32)) is None
+    assert quant_matrix(np.zeros(8 * 84, np.uint8), int(Q.Q2_K), (8, 256)) is None
+    assert quant_matrix(np.zeros(8 * 22, np.uint8), int(Q.Q5_0), (8, 48)) is None
     assert quant_matrix(np.zeros(144, np.uint8), int(Q.Q4_K), (256,)) is None
     assert quant_matrix(np.zeros(100, np.uint8), int(Q.Q4_K), (1, 256)) is None
 
@@ -127,7 +129,7 @@ def test_prefill_product_keeps_no_dense_matrix(qtype: Q) -> None:
     device = to_device(matrix, "CPU")
     x = Tensor(np.random.default_rng(7).standard_normal((tokens, cols)).astype(np.float32))
     x = x.realize()
-    with_offset = qtype in (Q.Q4_1, Q.Q4_K, Q.Q5_K)
+    with_offset = qtype in (Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q5_K)
     # schedule_linear() takes the kernels out of the graph: count on a twin of it
     kernels = block_matmul(x, device, cpu=True).schedule_linear().src
     assert len(kernels) == (2 if with_offset else 1)

@@ -196,10 +196,18 @@ _Q4_K_M = {"attn_v": Q.Q6_K, "ffn_down": Q.Q6_K}  # the matrices llama.cpp's _M 
         # q, k, gate, up Q4_K; v and down Q6_K; one block Q8_0; the output Q6_K
         TinyConfig(blocks=2, seed=18, matrix_type=Q.Q4_K, embd_type=Q.Q4_K, tied=False,
                    types_by_layer={1: Q.Q8_0}, types_by_matrix=_Q4_K_M),
+        TinyConfig(blocks=2, seed=21, matrix_type=Q.Q5_0, embd_type=Q.Q5_0),
+        TinyConfig(blocks=2, seed=22, arch="qwen2", matrix_type=Q.Q5_1, embd_type=Q.Q5_1,
+                   tied=False),
+        # llama.cpp's Q5_K_M of a model whose width is no multiple of 256 (SmolLM2):
+        # Q5_1 matrices, attn_v Q8_0 in one block, ffn_down Q5_K/Q6_K, Q8_0 embedding
+        TinyConfig(blocks=2, seed=23, matrix_type=Q.Q5_1, embd_type=Q.Q8_0,
+                   types_by_layer={1: Q.Q8_0},
+                   types_by_matrix={"attn_v": Q.Q5_1, "ffn_down": Q.Q5_K}),
     ],
     ids=["q4_1-tied-q8_0", "q4_0-output-q4_1", "qwen2-q8_0", "q4_1-split-wide-products",
          "q4_k-tied", "q5_k-output-q6_k", "q6_k-output-q5_k", "qwen2-q5_k",
-         "q4_k_m-mixed"],
+         "q4_k_m-mixed", "q5_0-tied", "qwen2-q5_1", "q5_k_m-narrow-mixed"],
 )
 def test_block_decode_matches_reference_and_every_split(tmp_path: Path, cfg: TinyConfig) -> None:
     """Prefill and decode from the file's blocks: the numpy float64 reference (weights by
