@@ -160,6 +160,9 @@ class Serving:
     slots: int
     on_serving: Callable[[], None] = lambda: None
     """Called once the readiness barrier passed (OpenServing)."""
+    on_ended: Callable[[str | None], None] = lambda fault: None
+    """Called once every live sequence ended (FailSequences): the run's fault in words,
+    or None for an operator stop."""
 
     def __post_init__(self) -> None:
         if self.slots < 1:
@@ -437,11 +440,11 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
             await live.feed(sq.Cancel())
 
     async def fail_sequences(self) -> None:
-        fault = self.result.fault
-        detail = ("the run was stopped" if fault is None
-                  else describe_fault(fault))
+        fault = None if self.result.fault is None else describe_fault(self.result.fault)
         for live in list(self._sequences.values()):
-            await live.feed(sq.RunFaulted(detail))
+            await live.feed(sq.RunFaulted(fault or "the run was stopped"))
+        if self._serving is not None:
+            self._serving.on_ended(fault)
 
     # RunSide: what a sequence asks of its run
 

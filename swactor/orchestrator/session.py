@@ -48,8 +48,10 @@ from swactor.orchestrator.inventory import DEFAULT_NODE_MEMORY_BYTES, NodeResour
 from swactor.orchestrator.ports import RunResult
 from swactor.orchestrator.real_ports import NetworkRunPorts
 from swactor.orchestrator.run import RunHandle, RunTimeouts, start_run
-from swactor.transport import ControlAuthority
+from swactor.transport import ControlAuthority, ControlChannel
+from swactor.transport.artifact_stream import ArtifactChannel, FileOffer
 from swactor.transport.config import TransportConfig
+from swactor.transport.endpoint import QuicEndpoint
 from swactor.transport.factory import QuicTransport, Transport
 from swactor.transport.identity import NodeIdentity
 from swactor.transport.run_control import REGISTRY, AddressBook, PeerAddress
@@ -66,6 +68,7 @@ from swactor.wire.codec import WireStruct
 
 if TYPE_CHECKING:
     from swactor.model.tokenizer import Tokenizer
+    from swactor.orchestrator.planner import PlannedRun
 
 TOKEN_ARENA_BYTES = 16 << 20
 POOL_TIMEOUT_S = 60.0
@@ -239,64 +242,16 @@ async def run_session(
 ) -> SessionReport:
     """Run one prompt through the pool (module doc); `watch(handle)` runs beside the run
     (membership: it tells the run MembershipLost) and is cancelled when it ends."""
-    from swactor.model.source import local_sha256
-    from swactor.orchestrator.errors import PlannerError
-    from swactor.orchestrator.model_info import model_info_from_gguf
-    from swactor.orchestrator.offer import offered_source, serve_offer
-    from swactor.orchestrator.planner import PlanRequest, plan_run
-
     if not options.nodes:
         raise SessionError("the pool is empty: name at least one node")
     check_admission(options)
     ids, tokenizer = prompt_ids(options)
-    me = NodeId(options.identity.node_id)
     run_id = RunId(options.run_id if options.run_id is not None else secrets.randbits(62) + 1)
-    offered: OfferedFile | None = None
-    try:
-        model = model_info_from_gguf(options.model, with_stop_ids=tokenizer is not None)
-        if isinstance(options.model, str):  # a URL: each node reads its ranges there
-            if options.offer_model:
-                raise SessionError(f"model {options.model}: only a local file is offered")
-            source = GgufSource.http_url(options.model, sha256=model.url_sha256)
-        elif options.offer_model:  # nodes fetch their ranges from us (orchestrator.offer)
-            source, offered = offered_source(options.model, int(me))
-        else:
-            source = GgufSource.local_path(str(options.model.resolve()),
-                                           sha256=local_sha256(options.model))
-        pool = PoolInventory(
-            tuple(NodeResources(m.node_id, DEFAULT_NODE_MEMORY_BYTES) for m in options.nodes),
-            orchestrator_node_id=me)
-        planned = plan_run(pool, model, PlanRequest(
-            run_id=run_id, prompt=PromptSource.from_token_ids(ids),
-            max_tokens=options.max_tokens, max_seq_len=options.max_seq_len,
-            split=options.split, sampling=options.sampling,
-            gguf_source=source,
-            prompt_token_count=len(ids)))
-    except PlannerError as error:
-        raise SessionError(f"plan: {error}") from None
-    except SessionError:
-        raise
-    except Exception as error:  # the model file: unreadable, not a GGUF, bad header
-        raise SessionError(f"model {options.model}: {error}") from None
+    planned, offered = plan_for(options, run_id, ids, with_stop_ids=tokenizer is not None)
     plan = planned.plan
-
-    network = options.network or QuicTransport(faults.from_env())
-    endpoint = network.endpoint(options.identity, options.transport,
-                                {int(m.node_id) for m in options.nodes},
-                                None if options.admission is None
-                                else options.admission.pinned_keys)
-    address = await endpoint.start(options.bind_host, 0)
-    for member in options.nodes:
-        endpoint.address_book[int(member.node_id)] = (member.host, member.port)
-    offer = None if offered is None else serve_offer(endpoint, offered)
-    holder: list[NetworkRunPorts] = []
-
-    async def handler(peer: int, message: WireStruct) -> WireStruct | None:
-        return await holder[0].on_request(peer, message) if holder else None
-
-    control = network.control(endpoint, REGISTRY, handler,
-                              ControlAuthority(orchestrator_id=int(me),
-                                               active_run_id=int(run_id)))
+    me = NodeId(options.identity.node_id)
+    pool = await Pool.open(options, run_id, offered)
+    endpoint, control, offer, holder = pool.endpoint, pool.control, pool.offer, pool.holder
     stages = plan.stages
     decoder = tokenizer.stream(skip_special=True) if tokenizer is not None else None
     pieces: list[str] = []
@@ -322,24 +277,15 @@ async def run_session(
                       f"{event.reason.value} ({event.component.value})\n")
         err.flush()
 
-    host = options.advertise_host or address[0]
-    book = AddressBook((*(PeerAddress(m.node_id, m.host, m.port) for m in options.nodes),
-                        PeerAddress(me, host, address[1])))
     started = time.monotonic()
     try:
-        try:
-            await asyncio.gather(*(control.request(int(m.node_id), book, timeout=POOL_TIMEOUT_S)
-                                   for m in options.nodes))
-        except Exception as error:
-            raise SessionError(f"pool: a node did not answer: {error}") from None
-        if not options.pool_gated:
-            emitter.emit(PoolReady(node_id=me))
+        await pool.greet(emitter)
         err.write(f"[swactor] pool ready: {len(options.nodes)} nodes; loading "
                   f"{len(stages)} stages\n")
         err.flush()
         async with Runtime(f"orchestrator-{int(me):x}") as runtime:
             try:
-                ports = _StreamingPorts(control, runtime, endpoint, network.driver, emitter,
+                ports = _StreamingPorts(control, runtime, endpoint, pool.network.driver, emitter,
                                         run_id, me, TOKEN_ARENA_BYTES)
             except RunFaultError as error:
                 raise SessionError(f"token endpoints: {error}") from None
@@ -357,9 +303,7 @@ async def run_session(
             out.write(tail + "\n")
             out.flush()
     finally:
-        await endpoint.close()
-        if offer is not None:
-            offer[1].close()
+        await pool.close()
     t = result.timings
     load = None if t.ready is None else t.ready - started
     return SessionReport(
@@ -373,6 +317,110 @@ async def run_session(
                  "tokens_per_s": t.tokens_per_second(len(result.generated_token_ids)),
                  "total_s": time.monotonic() - started},
     )
+
+
+def plan_for(
+    options: SessionOptions, run_id: RunId, ids: tuple[int, ...], *, with_stop_ids: bool,
+    serving: bool = False,
+) -> tuple[PlannedRun, OfferedFile | None]:
+    """Plan a run of `options` over its pool (`serving`: a serving run, `ids` a
+    placeholder); the model's source as `options` say (a URL, offered, or a path)."""
+    from swactor.model.source import local_sha256
+    from swactor.orchestrator.errors import PlannerError
+    from swactor.orchestrator.model_info import model_info_from_gguf
+    from swactor.orchestrator.offer import offered_source
+    from swactor.orchestrator.planner import PlanRequest, plan_run
+
+    me = NodeId(options.identity.node_id)
+    offered: OfferedFile | None = None
+    try:
+        model = model_info_from_gguf(options.model, with_stop_ids=with_stop_ids)
+        if isinstance(options.model, str):  # a URL: each node reads its ranges there
+            if options.offer_model:
+                raise SessionError(f"model {options.model}: only a local file is offered")
+            source = GgufSource.http_url(options.model, sha256=model.url_sha256)
+        elif options.offer_model:  # nodes fetch their ranges from us (orchestrator.offer)
+            source, offered = offered_source(options.model, int(me))
+        else:
+            source = GgufSource.local_path(str(options.model.resolve()),
+                                           sha256=local_sha256(options.model))
+        pool = PoolInventory(
+            tuple(NodeResources(m.node_id, DEFAULT_NODE_MEMORY_BYTES) for m in options.nodes),
+            orchestrator_node_id=me)
+        planned = plan_run(pool, model, PlanRequest(
+            run_id=run_id, prompt=PromptSource.from_token_ids(ids),
+            max_tokens=options.max_tokens, max_seq_len=options.max_seq_len,
+            split=options.split, sampling=options.sampling,
+            gguf_source=source,
+            prompt_token_count=None if serving else len(ids), serving=serving))
+    except PlannerError as error:
+        raise SessionError(f"plan: {error}") from None
+    except SessionError:
+        raise
+    except Exception as error:  # the model file: unreadable, not a GGUF, bad header
+        raise SessionError(f"model {options.model}: {error}") from None
+    return planned, offered
+
+
+@dataclass
+class Pool:
+    """The orchestrator's side of one run's pool: its QUIC endpoint (admitting the pool's
+    nodes only), the control channel whose requests go to `holder[0]` (the run's ports,
+    once made), and the model offer if any."""
+
+    options: SessionOptions
+    network: Transport
+    endpoint: QuicEndpoint
+    control: ControlChannel
+    holder: list[NetworkRunPorts]
+    address: tuple[str, int]
+    offer: tuple[ArtifactChannel, FileOffer] | None
+
+    @classmethod
+    async def open(cls, options: SessionOptions, run_id: RunId,
+                   offered: OfferedFile | None) -> Pool:
+        from swactor.orchestrator.offer import serve_offer
+
+        me = NodeId(options.identity.node_id)
+        network = options.network or QuicTransport(faults.from_env())
+        endpoint = network.endpoint(options.identity, options.transport,
+                                    {int(m.node_id) for m in options.nodes},
+                                    None if options.admission is None
+                                    else options.admission.pinned_keys)
+        address = await endpoint.start(options.bind_host, 0)
+        for member in options.nodes:
+            endpoint.address_book[int(member.node_id)] = (member.host, member.port)
+        offer = None if offered is None else serve_offer(endpoint, offered)
+        holder: list[NetworkRunPorts] = []
+
+        async def handler(peer: int, message: WireStruct) -> WireStruct | None:
+            return await holder[0].on_request(peer, message) if holder else None
+
+        control = network.control(endpoint, REGISTRY, handler,
+                                  ControlAuthority(orchestrator_id=int(me),
+                                                   active_run_id=int(run_id)))
+        return cls(options, network, endpoint, control, holder, address, offer)
+
+    async def greet(self, emitter: Emitter) -> None:
+        """Send every node the AddressBook; pool_ready once all answered (a fixed pool)."""
+        options = self.options
+        me = NodeId(options.identity.node_id)
+        host = options.advertise_host or self.address[0]
+        book = AddressBook((*(PeerAddress(m.node_id, m.host, m.port) for m in options.nodes),
+                            PeerAddress(me, host, self.address[1])))
+        try:
+            await asyncio.gather(*(self.control.request(int(m.node_id), book,
+                                                        timeout=POOL_TIMEOUT_S)
+                                   for m in options.nodes))
+        except Exception as error:
+            raise SessionError(f"pool: a node did not answer: {error}") from None
+        if not options.pool_gated:
+            emitter.emit(PoolReady(node_id=me))
+
+    async def close(self) -> None:
+        await self.endpoint.close()
+        if self.offer is not None:
+            self.offer[1].close()
 
 
 async def _run(

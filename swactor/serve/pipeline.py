@@ -1,0 +1,396 @@
+"""``RunEngine``: an :class:`~swactor.serve.engine.Engine` over ONE warm serving run.
+
+Theory of operation. ``RunEngine.start(options, slots=K)`` does what ``swactor run``'s
+orchestrator does up to its first token, once: it plans a serving run over
+``options.nodes`` (``plan_for(serving=True)``: the token-out edge may carry a sampled
+step's candidates), sends the pool its AddressBook, makes the run's token endpoints
+(``NetworkRunPorts``) and starts the orchestrator_run actor with ``Serving(K)``. The
+run provisions every stage and passes the readiness barrier into ServingIdle
+(fsm/orchestrator_run.yaml) instead of injecting a prompt; ``start`` returns then. If
+the run ends before it serves (a stage refused, a node did not answer, the readiness
+timer), ``start`` waits for its teardown, releases what it made and raises
+``SessionError`` naming the fault.
+
+Sequences. ``submit`` gives each sequence an id, makes its stream (a queue of
+``SequenceEvent``) and tells the run actor ``SubmitSequence``; from then on the run's
+tables decide (fsm/sequence.yaml): a free KV slot is bound (``Started``), the prompt
+and then each accepted token are injected as tagged objects, tokens arrive as
+``Tokens((id,))``, and the stream ends with exactly one ``Finished`` (stop, length, or
+error naming why). ``submit`` never blocks or raises: a request the engine cannot run
+(a run that faulted or stopped, a prompt the request type refuses) gets
+``Finished(ERROR, detail)`` at once, and one the run cannot take (no free slot) gets it
+from the run. ``cancel`` ends the stream ``Finished(CANCELLED)`` at once and tells the
+run, whose mailbox handles it before any later ``submit``, so the slot is free for the
+next sequence; unknown and finished ids are fine.
+
+Sampling: ``temperature == 0`` is greedy (the last stage's argmax, bit-exact with a
+single-prompt run); otherwise the run asks for candidates and samples them with
+``sample_token`` (top_k 40, llama.cpp's default; ``top_p``, ``temperature``; seeded by
+(``seed``, step)).
+
+Faults. Runs are fail-stop (spec §36): when the run faults its table ends every live
+sequence with the fault in words (FailSequences); the engine then records ``fault``
+and sets ``failed``, after which new submissions end at once with that error.
+``stop()`` (idempotent) is the operator stop: live sequences end with an error, the run
+tears down, and the engine releases its endpoints, actor runtime and QUIC endpoint;
+it returns the run's ``RunResult`` (teardown Clean when everything was released).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, TextIO
+
+from swactor.actors import Runtime
+from swactor.events.emitter import Emitter
+from swactor.fsm.generated import orchestrator_run as orun
+from swactor.model.sampling import SamplingPolicy
+from swactor.orchestrator.ports import RunResult
+from swactor.orchestrator.real_ports import NetworkRunPorts
+from swactor.orchestrator.run import RunHandle, Serving, describe_fault, start_run
+from swactor.orchestrator.serving import SAMPLED_TOP_K, SequenceRequest
+from swactor.orchestrator.session import (
+    TOKEN_ARENA_BYTES,
+    Pool,
+    SessionError,
+    SessionOptions,
+    plan_for,
+)
+from swactor.serve.engine import (
+    Finished,
+    FinishReason,
+    Health,
+    HealthState,
+    SamplingParams,
+    SequenceEvent,
+    Started,
+    Tokens,
+)
+from swactor.transport.run_control import report_event
+from swactor.wire import NodeId, RunFaultError, RunId, RunPlan
+from swactor.wire.codec import WireStruct
+
+if TYPE_CHECKING:
+    from swactor.model.tokenizer import Tokenizer
+
+log = logging.getLogger("swactor.serve.pipeline")
+
+DEFAULT_SLOTS = 4
+"""KV slots of a serving run (`--slots`): sequences in flight at once."""
+
+Watch = Callable[[RunHandle], Awaitable[None]]
+"""Runs beside the run until it ends (membership: it tells the run MembershipLost)."""
+
+
+class RunStream:
+    """One submitted sequence's events (a :class:`~swactor.serve.engine.SequenceStream`)
+    and the run's sink for them (a :class:`~swactor.orchestrator.serving.SequenceSink`):
+    every event is queued; the first ``Finished`` is the last."""
+
+    def __init__(self, sequence_id: int, on_end: Callable[[int], None]) -> None:
+        self._id = sequence_id
+        self._queue: asyncio.Queue[SequenceEvent] = asyncio.Queue()
+        self._on_end = on_end
+        self.ended = False
+
+    @property
+    def sequence_id(self) -> int:
+        return self._id
+
+    # -- the run's side (SequenceSink) ----------------------------------------------
+
+    def started(self) -> None:
+        if not self.ended:
+            self._queue.put_nowait(Started())
+
+    def tokens(self, ids: tuple[int, ...]) -> None:
+        if not self.ended:
+            self._queue.put_nowait(Tokens(ids))
+
+    def finished(self, reason: str, detail: str) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self._queue.put_nowait(Finished(FinishReason(reason), detail))
+        self._on_end(self._id)
+
+    # -- the front's side (SequenceStream) --------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[SequenceEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[SequenceEvent]:
+        while True:
+            event = await self._queue.get()
+            yield event
+            if isinstance(event, Finished):
+                return
+
+
+def sampling_policy(params: SamplingParams) -> SamplingPolicy:
+    """The run's policy for `params`: greedy at temperature 0, else sampled from the
+    candidates with top_k 40 (llama.cpp's default)."""
+    if params.temperature == 0.0:
+        return SamplingPolicy.greedy()
+    return SamplingPolicy.sample(temperature=params.temperature, top_k=SAMPLED_TOP_K,
+                                 top_p=params.top_p, seed=params.seed)
+
+
+class _ServingPorts(NetworkRunPorts):
+    """`NetworkRunPorts` that also prints the stages' progress while the run starts."""
+
+    progress: TextIO | None = None
+    stage_count = 0
+    _ready = 0
+
+    async def on_request(self, peer: int, message: WireStruct) -> WireStruct | None:
+        event = report_event(message)
+        out = self.progress
+        if out is not None and isinstance(event, orun.StageReady):
+            self._ready += 1
+            out.write(f"[swactor] stage {int(event.stage_index)} ready "
+                      f"({self._ready}/{self.stage_count})\n")
+            out.flush()
+        elif out is not None and isinstance(event, orun.StageFault):
+            out.write(f"[swactor] stage {int(event.stage_index)} fault: "
+                      f"{event.reason.value} ({event.component.value})\n")
+            out.flush()
+        return await super().on_request(peer, message)
+
+
+class RunEngine:
+    """An engine over one warm serving run (module doc)."""
+
+    def __init__(self, plan: RunPlan, slots: int, tokenizer: Tokenizer, pool: Pool,
+                 runtime: Runtime, ports: NetworkRunPorts) -> None:
+        self.plan = plan
+        self._slots = slots
+        self._tokenizer = tokenizer
+        self._pool = pool
+        self._runtime = runtime
+        self._ports = ports
+        self._handle: RunHandle | None = None
+        self._streams: dict[int, RunStream] = {}
+        self._ids = itertools.count(1)
+        self._failed = asyncio.Event()
+        self._fault: str | None = None
+        self._stopping = False
+        self._stop_task: asyncio.Task[RunResult] | None = None
+        self._watchers: list[asyncio.Future[None]] = []
+
+    # -- starting ---------------------------------------------------------------------
+
+    @classmethod
+    async def start(
+        cls,
+        options: SessionOptions,
+        *,
+        slots: int = DEFAULT_SLOTS,
+        emitter: Emitter | None = None,
+        progress: TextIO | None = None,
+        watch: Watch | None = None,
+    ) -> RunEngine:
+        """Provision a serving run over `options.nodes` and return once it serves
+        (module doc); `watch(handle)` runs beside the run (membership: it tells the run
+        MembershipLost) until it ends. Raises `SessionError` naming why it cannot;
+        cancelled, it tears down what it provisioned and re-raises."""
+        from swactor.model.tokenizer import Tokenizer
+
+        if not options.nodes:
+            raise SessionError("the pool is empty: name at least one node")
+        try:
+            tokenizer = Tokenizer.from_gguf(options.model)
+        except Exception as error:
+            raise SessionError(f"tokenizer of {options.model}: {error}") from None
+        emitter = emitter or Emitter("orchestrator", [])
+        run_id = RunId(options.run_id if options.run_id is not None
+                       else secrets.randbits(62) + 1)
+        placeholder = (tokenizer.bos_id or 0,)  # a serving plan's prompt: never injected
+        planned, offered = plan_for(replace(options, max_tokens=1), run_id, placeholder,
+                                    with_stop_ids=True, serving=True)
+        plan = planned.plan
+        pool = await Pool.open(options, run_id, offered)
+        runtime: Runtime | None = None
+        ports: _ServingPorts | None = None
+        try:
+            await pool.greet(emitter)
+            if progress is not None:
+                progress.write(f"[swactor] pool ready: {len(options.nodes)} nodes; loading "
+                               f"{len(plan.stages)} stages ({slots} slots)\n")
+                progress.flush()
+            me = NodeId(options.identity.node_id)
+            runtime = Runtime(f"orchestrator-{int(me):x}")
+            try:
+                ports = _ServingPorts(pool.control, runtime, pool.endpoint,
+                                      pool.network.driver, emitter, run_id, me,
+                                      TOKEN_ARENA_BYTES)
+            except RunFaultError as error:
+                raise SessionError(f"token endpoints: {error}") from None
+            ports.progress, ports.stage_count = progress, len(plan.stages)
+            pool.holder.append(ports)
+            engine = cls(plan, slots, tokenizer, pool, runtime, ports)
+        except BaseException:
+            if ports is not None:
+                await ports.close()
+            if runtime is not None:
+                await runtime.shutdown()
+            await pool.close()
+            raise
+        await engine._open(planned.stop_token_ids, options, watch)  # releases if it fails
+        return engine
+
+    async def _open(self, stop_token_ids: frozenset[int], options: SessionOptions,
+                    watch: Watch | None) -> None:
+        serving = asyncio.get_running_loop().create_future()
+
+        def opened() -> None:
+            if not serving.done():
+                serving.set_result(None)
+
+        handle = start_run(self._runtime, self.plan, self._ports,
+                           stop_token_ids=stop_token_ids, timeouts=options.timeouts,
+                           serving=Serving(self._slots, opened, self._ended))
+        self._handle = self._ports.handle = handle
+        if watch is not None:
+            self._watchers.append(asyncio.ensure_future(watch(handle)))
+        self._watchers.append(asyncio.create_task(self._watch_result(handle)))
+        try:
+            await asyncio.wait((serving, handle.future), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled while provisioning: tear down what was made
+            self._stopping = True
+            handle.stop()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(handle.future),
+                                       options.timeouts.teardown_s + 5)
+            await self._release()
+            raise
+        if not serving.done():
+            result = await handle.result()
+            await self._release()
+            fault = describe_fault(result.fault) if result.fault is not None else (
+                f"the run ended {result.outcome.value if result.outcome else 'early'}")
+            raise SessionError(f"the serving run did not start: {fault}")
+
+    # -- the Engine protocol ----------------------------------------------------------
+
+    @property
+    def model_id(self) -> str:
+        return self.plan.model.model_id
+
+    @property
+    def context_length(self) -> int:
+        return self.plan.model.max_seq_len
+
+    @property
+    def slots(self) -> int:
+        return self._slots
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
+    @property
+    def run_id(self) -> int:
+        return int(self.plan.run_id)
+
+    @property
+    def failed(self) -> asyncio.Event:
+        """Set once the run faulted: every in-flight stream has then ended with the fault."""
+        return self._failed
+
+    @property
+    def fault(self) -> str | None:
+        """The run's fault in words (None while it has none)."""
+        return self._fault
+
+    def health(self) -> Health:
+        if self._fault is not None:
+            return Health(HealthState.FAILED, self._fault)
+        if self._stopping:
+            return Health(HealthState.STOPPING, "the run is stopping")
+        return Health(HealthState.SERVING, f"{len(self._streams)}/{self._slots} slots busy")
+
+    def submit(self, prompt: Sequence[int], params: SamplingParams) -> RunStream:
+        stream = RunStream(next(self._ids), self._forget)
+        handle = self._handle
+        if handle is None or handle.future.done() or self._fault is not None or self._stopping:
+            stream.finished("error", self._fault or "the run is not serving")
+            return stream
+        try:
+            request = SequenceRequest(tuple(int(t) for t in prompt), params.max_tokens,
+                                      sampling_policy(params))
+        except (ValueError, TypeError) as error:
+            stream.finished("error", f"bad request: {error}")
+            return stream
+        self._streams[stream.sequence_id] = stream
+        handle.submit(stream.sequence_id, request, stream)
+        return stream
+
+    def cancel(self, sequence_id: int) -> None:
+        stream = self._streams.get(sequence_id)
+        if stream is None or self._handle is None:
+            return
+        stream.finished("cancelled", "")
+        self._handle.cancel(sequence_id)
+
+    # -- ending -----------------------------------------------------------------------
+
+    async def stop(self) -> RunResult:
+        """Operator stop and clean teardown (idempotent): the run's result."""
+        if self._stop_task is None:
+            self._stop_task = asyncio.create_task(self._stop())
+        return await asyncio.shield(self._stop_task)
+
+    async def _stop(self) -> RunResult:
+        self._stopping = True
+        handle = self._handle
+        assert handle is not None, "a started engine has its run"
+        if not handle.future.done():
+            handle.stop()
+        try:
+            result = await handle.result()
+        finally:
+            self._end_all("the run was stopped")
+            await self._release()
+        return result
+
+    async def _release(self) -> None:
+        for task in self._watchers:
+            if task is not asyncio.current_task():
+                task.cancel()
+        await asyncio.gather(*(t for t in self._watchers if t is not asyncio.current_task()),
+                             return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._ports.close()
+        await self._runtime.shutdown()
+        await self._pool.close()
+
+    def _ended(self, fault: str | None) -> None:
+        """The run's FailSequences: every live sequence ended (fault None: a stop)."""
+        if fault is not None and self._fault is None:
+            self._fault = fault
+            self._failed.set()
+
+    async def _watch_result(self, handle: RunHandle) -> None:
+        """Safety net: however the run ends, no stream outlives it."""
+        try:
+            result = await handle.result()
+            reason = describe_fault(result.fault) if result.fault is not None else None
+        except Exception as error:  # the actor stopped without a result
+            log.error("serving run %d: %s", int(handle.run_id), error)
+            reason = f"the run stopped unexpectedly: {error}"
+        self._ended(reason)
+        self._end_all(reason or "the run ended")
+
+    def _end_all(self, detail: str) -> None:
+        for stream in list(self._streams.values()):
+            stream.finished("error", detail)
+
+    def _forget(self, sequence_id: int) -> None:
+        self._streams.pop(sequence_id, None)
