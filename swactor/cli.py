@@ -39,8 +39,9 @@ SUBCOMMANDS: dict[str, str] = {
     "node-id": "swactor.transport.identity_cmd",
     "swim": "swactor.membership.cli",
     "node": "swactor.node.cli",
-    "orchestrator": "swactor.orchestrator.orchestrate_cmd",
+    "orchestrator": "swactor.serve.orchestrator_cmd",
     "run": "swactor.cluster.run_cmd",
+    "serve": "swactor.serve.serve_cmd",
 }
 SUBCOMMAND_MODULES: list[str] = list(dict.fromkeys(SUBCOMMANDS.values()))
 

@@ -20,7 +20,9 @@ generated token ids, text, stage layer ranges, timings). Exit status: 0 for a Co
 run, 1 for a run that faulted or was stopped, 2 for bad arguments or a session that
 could not start (one line on stderr naming the problem).
 
-`add_run_arguments` is shared with `swactor run`, which adds its own pool.
+`add_run_arguments` is shared with `swactor run`, which adds its own pool; `swactor
+orchestrator --serve HOST:PORT` (`swactor.serve.orchestrator_cmd`, which registers this
+command with its serving flags added) finds the pool with `pool_from_args` and serves.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
     from swactor.transport.identity import NodeIdentity
 
 
-def _split_arg(text: str) -> tuple[int, ...]:
+def split_arg(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
@@ -102,7 +104,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, offer_default: bool = 
                        help="tokens to generate at most (default 32)")
     group.add_argument("--max-seq-len", type=positive_int, default=None, metavar="N",
                        help="positions per run, prompt included (default: min(context, 2048))")
-    group.add_argument("--split", type=_split_arg, default=None, metavar="B0,B1,...",
+    group.add_argument("--split", type=split_arg, default=None, metavar="B0,B1,...",
                        help="explicit blocks per stage (default: even)")
     group.add_argument("--temperature", type=float, default=None,
                        help="sample at this temperature (default: greedy)")
@@ -195,37 +197,46 @@ def session_options(
         stream=not args.json, offer_model=offer)
 
 
+def pool_from_args(args: argparse.Namespace
+                   ) -> tuple[NodeIdentity, Admission | None, Discovery | None]:
+    """The orchestrator's identity, the pinned pool (`--pool`) and, with `--seed`, how to
+    discover the pool by SWIM (None: the `--node` list); ValueError names a bad flag.
+    Shared with `swactor orchestrator --serve` (`swactor.serve.orchestrator_cmd`)."""
+    from swactor.transport.identity import NodeIdentity
+
+    args.key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    identity = NodeIdentity.load_or_create(args.key)
+    if args.bind in ("0.0.0.0", "") and not args.advertise:
+        raise ValueError("--bind 0.0.0.0 needs --advertise HOST (the address the nodes "
+                         "reach this orchestrator at)")
+    if bool(args.members) == bool(args.seed):
+        raise ValueError("name the pool with --node ID@HOST:PORT ... or find it with "
+                         "--seed HOST:PORT (and --nodes N), not both")
+    admission = admission_from_args(args, identity, "orchestrator",
+                                    "swactor orchestrator", swim=bool(args.seed))
+    if admission is not None:
+        strangers = [m for m in args.members if m.node_id not in admission.stage_ids]
+        if strangers:
+            raise ValueError(f"--node {int(strangers[0].node_id):016x} is not a node of "
+                             f"the pool file {admission.source}")
+    swim = args.swim or (args.bind, 0)
+    count = args.nodes or (len(admission.stage_ids) if admission is not None else 3)
+    discovery = (swim, tuple(args.seed), count, admission) if args.seed else None
+    return identity, admission, discovery
+
+
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from swactor.transport.identity import NodeIdentity
-
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
     try:
-        args.key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        identity = NodeIdentity.load_or_create(args.key)
-        if args.bind in ("0.0.0.0", "") and not args.advertise:
-            raise ValueError("--bind 0.0.0.0 needs --advertise HOST (the address the nodes "
-                             "reach this orchestrator at)")
-        if bool(args.members) == bool(args.seed):
-            raise ValueError("name the pool with --node ID@HOST:PORT ... or find it with "
-                             "--seed HOST:PORT (and --nodes N), not both")
-        admission = admission_from_args(args, identity, "orchestrator",
-                                        "swactor orchestrator", swim=bool(args.seed))
-        if admission is not None:
-            strangers = [m for m in args.members if m.node_id not in admission.stage_ids]
-            if strangers:
-                raise ValueError(f"--node {int(strangers[0].node_id):016x} is not a node of "
-                                 f"the pool file {admission.source}")
+        identity, admission, discovery = pool_from_args(args)
         options = replace(session_options(args, identity, tuple(args.members)),
                           admission=admission, open_pool=admission is None)
     except Exception as error:
         print(f"swactor orchestrator: {error}", file=sys.stderr)
         return 2
     emitter = configure_from_args(args, f"orchestrator-{identity.node_id:016x}")
-    swim = args.swim or (args.bind, 0)
-    count = args.nodes or (len(admission.stage_ids) if admission is not None else 3)
-    discovery = (swim, tuple(args.seed), count, admission) if args.seed else None
     try:
         return execute(options, emitter, args.json, discovery)
     finally:

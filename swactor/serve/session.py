@@ -392,8 +392,8 @@ class ServeSession:
 
     def report_recovery_started(self, reason: str) -> None:
         self._attempts = 0
-        self._detail = f"the run faulted ({reason}); provisioning a new run"
-        self._notify(f"run faulted: {reason}; provisioning a new run on the live nodes")
+        self._detail = f"provisioning a new run after a fault ({reason})"
+        self._notify(f"fault ({reason}); provisioning a new run on the live nodes")
         self._emit(ServeRecoveryStarted(node_id=self._node_id, run_id=_run_id(self._run),
                                         detail={"reason": reason}))
 

@@ -1,0 +1,417 @@
+"""`swactor serve`: N local nodes and an OpenAI-compatible HTTP server over them.
+
+Theory of operation. `swactor serve --nodes N` walks the same path as `swactor run`
+(`swactor.cluster.run_cmd`): a pinned pool of N local `swactor node` processes that
+join SWIM through the orchestrator's participant, the `pool_readiness` gate, then the
+serving session instead of one prompt. `swactor orchestrator --serve HOST:PORT` does the
+same over a pool of running nodes (`--node` list or SWIM `--seed`) and calls
+`serve_pool` here.
+
+`serve_pool` is the serving half of both:
+
+1. `LiveNodes` follows the pool: the discovery's SWIM events keep the set of usable
+   nodes (alive, available, with an endpoint, pinned by the pool file), so every
+   provisioning plans on the nodes that are there *now* (a fixed `--node` list is
+   taken as it is);
+2. a `ServeSession` (`swactor.serve.session`, the `serve_session` table) provisions the
+   first run (`RunEngine.start` over the live nodes with `--slots` KV slots per stage)
+   and, after a run's fault, tears it down and provisions the next one, at most
+   `--max-restarts` attempts per recovery, `--retry-delay` seconds apart;
+3. once the first run serves, the HTTP front (`swactor.serve.server.ServeFront`,
+   aiohttp) listens on `--host:--port`, and the URL, a `curl` line and the model are
+   printed: the URL line on stdout (`serving on http://HOST:PORT`), the rest on stderr;
+4. Ctrl-C or SIGTERM is the operator's stop: the session stops its run (in-flight
+   streams end with an error naming it), the front closes, the nodes are stopped.
+
+The port is checked before anything starts, so a port already in use fails at once
+(exit 2) instead of after the pipeline has loaded. Exit status: 0 after an operator
+stop, 1 when the session gave up (its first provisioning failed, or a recovery ran out
+of attempts; one line names why), 2 for bad flags or a pool that could not start, 130
+for Ctrl-C before the pool was found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import errno
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from swactor.cliargs import positive_int
+from swactor.model.paths import model_location
+
+if TYPE_CHECKING:
+    from swactor.events.emitter import Emitter
+    from swactor.membership import MemberChanged
+    from swactor.orchestrator.discovery import Pool
+    from swactor.orchestrator.session import PoolMember, SessionOptions
+    from swactor.serve.session import RunEngine
+    from swactor.transport.identity import NodeIdentity
+    from swactor.wire import NodeId
+
+log = logging.getLogger("swactor.serve")
+
+DEFAULT_PORT = 8000
+DEFAULT_SLOTS = 4
+EXIT_STOPPED, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value < 65536:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (0..65535)")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0.0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number >= 0")
+    return value
+
+
+def http_address(text: str) -> tuple[str, int]:
+    """argparse type: `HOST:PORT` (`[::1]:8000` for IPv6) for the HTTP server."""
+    host, colon, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not colon or not host:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:8000)")
+    return host, _port(port)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The serving flags `swactor serve` and `swactor orchestrator --serve` share."""
+    group = parser.add_argument_group("serving")
+    group.add_argument("--slots", type=positive_int, default=DEFAULT_SLOTS, metavar="K",
+                       help=f"sequences served at once: each stage keeps K KV caches "
+                       f"(default {DEFAULT_SLOTS}); more requests wait in the queue")
+    group.add_argument("--max-queue", type=int, default=64, metavar="N",
+                       help="requests that may wait for a slot; one more is answered 429 "
+                       "(default 64)")
+    group.add_argument("--max-restarts", type=positive_int, default=3, metavar="N",
+                       help="after a run faults, provisioning attempts before the server "
+                       "gives up (default 3; a run that comes up resets the count)")
+    group.add_argument("--retry-delay", type=_non_negative_float, default=2.0, metavar="S",
+                       help="seconds between failed provisioning attempts (default 2)")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from swactor.node.role_config import DEFAULT_WEIGHT_MODE, WEIGHT_MODES
+    from swactor.orchestrator.orchestrate_cmd import split_arg
+
+    parser = subparsers.add_parser(
+        "serve", help="start N local nodes and serve an OpenAI-compatible API over them",
+        description="Start N local node processes, provision one warm pipeline over them "
+        "and answer OpenAI-style HTTP requests (POST /v1/completions, POST "
+        "/v1/chat/completions, both with stream=true; GET /v1/models, /health, /metrics) "
+        "until Ctrl-C. A stage fault ends the requests in flight with an error naming it; "
+        "the server then provisions a new pipeline on the live nodes and goes on serving.",
+        epilog="example: swactor serve --nodes 3 --port 8000, then "
+        "curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' "
+        "-d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 16}'")
+    parser.add_argument("--nodes", type=positive_int, default=1, metavar="N",
+                        help="stage nodes to start; the model's layers are split across "
+                        "them (default 1)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="HTTP listen address (default 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=DEFAULT_PORT,
+                        help=f"HTTP port (default {DEFAULT_PORT}; 0 picks a free one)")
+    parser.add_argument("--model", type=model_location, default=None,
+                        help="GGUF file or http(s) URL (default: the embedded SmolLM2 in "
+                        "the model cache)")
+    parser.add_argument("--max-seq-len", type=positive_int, default=None, metavar="N",
+                        help="positions per sequence, prompt included (default: "
+                        "min(context, 2048))")
+    parser.add_argument("--split", type=split_arg, default=None, metavar="B0,B1,...",
+                        help="explicit blocks per stage (default: even)")
+    add_serve_arguments(parser)
+    parser.add_argument("--events-dir", type=Path, default=None, metavar="DIR",
+                        help="every process writes its JSON Lines event log here")
+    parser.add_argument("--keys-dir", type=Path, default=None, metavar="DIR",
+                        help="node and orchestrator keys (default: a temporary directory)")
+    parser.add_argument("--arena-ceiling", default="256MiB", help="each node's arena size")
+    parser.add_argument("--weights", choices=WEIGHT_MODES, default=DEFAULT_WEIGHT_MODE,
+                        help="each node's weight mode (swactor node --weights)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="echo the nodes' stderr and the orchestrator's events")
+    parser.add_argument("--log-level", default="WARNING")
+    parser.set_defaults(handler=run)
+
+
+def serve_options(identity: NodeIdentity, nodes: tuple[PoolMember, ...], model: str | None,
+                  *, max_seq_len: int | None, split: tuple[int, ...] | None,
+                  offer_model: bool, bind_host: str = "127.0.0.1",
+                  advertise_host: str | None = None) -> SessionOptions:
+    """The run options of a serving session; ValueError names a bad model or flag."""
+    from swactor.model.paths import default_model_path
+    from swactor.model.source import is_url
+    from swactor.orchestrator.errors import PlannerError
+    from swactor.orchestrator.model_info import model_info_from_gguf
+    from swactor.orchestrator.session import SessionOptions
+
+    location = model or default_model_path()
+    url = is_url(location)
+    if not url and not Path(location).is_file():
+        raise ValueError(f"model {location} not found (run scripts/setup.sh, or pass --model)")
+    try:  # an architecture, tensor type or tokenizer no stage runs: refused before any node
+        info = model_info_from_gguf(location, with_stop_ids=False)
+    except PlannerError as error:
+        raise ValueError(str(error)) from None
+    if max_seq_len is not None and max_seq_len > info.context_length:
+        raise ValueError(f"--max-seq-len {max_seq_len} exceeds the model's context "
+                         f"({info.context_length})")
+    return SessionOptions(
+        identity=identity, nodes=nodes, model=location if url else Path(location),
+        max_seq_len=max_seq_len, split=split, bind_host=bind_host,
+        advertise_host=advertise_host, offer_model=offer_model and not url, stream=False)
+
+
+def check_port(host: str, port: int) -> None:
+    """ValueError naming the problem when `host:port` cannot be listened on now."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise ValueError(f"--host {host}: {error.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            why = ("is already in use" if error.errno == errno.EADDRINUSE
+                   else f"cannot be bound: {error.strerror}")
+            raise ValueError(f"{host}:{port} {why} (pick another --port)") from None
+
+
+# ------------------------------------------------------------------ the live pool
+
+
+class LiveNodes:
+    """The pool's usable stage nodes now, for the next plan (module doc, step 1)."""
+
+    def __init__(self, members: tuple[PoolMember, ...], *, pool: Pool | None = None,
+                 admitted: frozenset[NodeId] | None = None, count: int | None = None,
+                 alive: Callable[[NodeId], bool] | None = None) -> None:
+        self._members = {m.node_id: m for m in members}
+        self._pool = pool
+        self._admitted = admitted
+        self._count = count or len(members)
+        self._alive = alive
+        self._task: asyncio.Task[None] | None = None
+
+    def members(self) -> tuple[PoolMember, ...]:
+        """The usable nodes, in node-id order (the stage order), at most `count`."""
+        chosen = sorted(m for m in self._members if self._alive is None or self._alive(m))
+        return tuple(self._members[n] for n in chosen[:self._count])
+
+    def observe(self, change: MemberChanged) -> None:
+        """One SWIM change: a usable node (re)joins the set; a dead, left or unavailable
+        one leaves it; a suspect stays (SWIM refutes it or declares it dead)."""
+        from swactor.membership import BootHealth, MemberState
+        from swactor.orchestrator.session import PoolMember
+
+        node, meta = change.node_id, change.meta
+        if self._admitted is not None and node not in self._admitted:
+            return
+        if change.state in (MemberState.Dead, MemberState.Left, MemberState.Removed) or (
+                meta is not None and meta.boot_health is not BootHealth.Available):
+            self._members.pop(node, None)
+        elif (change.state is MemberState.Alive and meta is not None and meta.role == "node"
+              and meta.has_endpoint):
+            self._members[node] = PoolMember(node, meta.quic_host, meta.quic_port)
+
+    def follow(self) -> None:
+        """Start reading the pool's SWIM events (a discovered pool; no-op otherwise)."""
+        if self._pool is not None and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._read(self._pool))
+
+    async def _read(self, pool: Pool) -> None:
+        from swactor.membership import MemberChanged
+
+        while True:
+            event = await pool.events.get()
+            if isinstance(event, MemberChanged):
+                self.observe(event)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+
+# ----------------------------------------------------------------------- serving
+
+
+def _say(err: TextIO, text: str) -> None:
+    print(f"[swactor] {text}", file=err, flush=True)
+
+
+async def serve_pool(
+    options: SessionOptions,
+    live: LiveNodes,
+    emitter: Emitter,
+    *,
+    host: str,
+    port: int,
+    slots: int,
+    max_queue: int,
+    restart_limit: int,
+    retry_delay_s: float,
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    """Serve until the operator stops (module doc, steps 2-4); the exit status."""
+    from swactor.orchestrator.session import SessionError
+    from swactor.serve.engine import HealthState
+    from swactor.serve.server import ServeConfig, ServeFront
+    from swactor.serve.session import ServeSession
+
+    async def starter() -> RunEngine:
+        from swactor.serve.pipeline import RunEngine as PipelineEngine
+
+        nodes = live.members()
+        if not nodes:
+            raise SessionError("no live node left in the pool")
+        _say(err, f"provisioning a run on {len(nodes)} node(s), {slots} slots ...")
+        return await PipelineEngine.start(replace(options, nodes=nodes), slots=slots,
+                                          emitter=emitter, progress=err)
+
+    session = ServeSession(starter, node_id=options.identity.node_id, emitter=emitter,
+                           restart_limit=restart_limit, retry_delay_s=retry_delay_s,
+                           notify=lambda text: _say(err, text))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, session.request_stop)
+    live.follow()
+    front: ServeFront | None = None
+    try:
+        health = await session.start()
+        if health.state is HealthState.SERVING:
+            front = ServeFront(session, ServeConfig(max_queue=max_queue))
+            try:
+                url = await front.start(host, port)
+            except OSError as error:
+                _say(err, f"cannot listen on {host}:{port}: {error.strerror}")
+                await session.stop()
+                return EXIT_USAGE
+            print(f"serving on {url}", file=out, flush=True)
+            _say(err, f"model {session.model_id}, {session.slots} slots, context "
+                 f"{session.context_length}; Ctrl-C stops")
+            _say(err, f"try: curl {url}/v1/completions -H 'Content-Type: application/json' "
+                 "-d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 16}'")
+        health = await session.wait()
+    finally:
+        if front is not None:
+            await front.close()
+        await live.close()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+    if health.state is HealthState.FAILED:
+        print(f"swactor serve: {health.detail}", file=err, flush=True)
+        return EXIT_FAILED
+    _say(err, f"stopped ({session.restarts} restart(s))")
+    return EXIT_STOPPED
+
+
+# --------------------------------------------------------------- swactor serve
+
+
+def run(args: argparse.Namespace) -> int:
+    import tempfile
+
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
+    if args.max_queue < 0:
+        print(f"swactor serve: --max-queue must be >= 0, got {args.max_queue}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.split is not None and len(args.split) != args.nodes:
+        print(f"swactor serve: --split names {len(args.split)} stages but --nodes is "
+              f"{args.nodes}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        check_port(args.host, args.port)
+    except ValueError as error:
+        print(f"swactor serve: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    with contextlib.ExitStack() as stack:
+        keys = args.keys_dir or Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="swactor-serve-")))
+        try:
+            return asyncio.run(_serve_local(args, keys))
+        except KeyboardInterrupt:  # Ctrl-C before the pool was found; the nodes are stopped
+            print("swactor serve: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+    return EXIT_USAGE  # pragma: no cover - ExitStack does not swallow
+
+
+async def _serve_local(args: argparse.Namespace, keys: Path) -> int:
+    import os
+
+    from swactor.cluster.launcher import ClusterError, LocalCluster
+    from swactor.cluster.run_cmd import LOCAL_CONVERGENCE_WINDOW_S, POOL_TIMEOUT_S
+    from swactor.events.emitter import configure
+    from swactor.orchestrator.discovery import DiscoveryError, PoolDiscovery
+
+    if args.verbose:
+        os.environ["SWACTOR_CLUSTER_ECHO"] = "1"
+    cluster = LocalCluster(args.nodes, keys, args.events_dir, args.arena_ceiling,
+                           args.log_level, weights=args.weights, swim=True)
+    try:
+        options = serve_options(cluster.orchestrator, (), args.model,
+                                max_seq_len=args.max_seq_len, split=args.split,
+                                offer_model=False)  # the nodes share this machine's disk
+    except ValueError as error:
+        print(f"swactor serve: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    events = str(args.events_dir / "orchestrator.jsonl") if args.events_dir else None
+    emitter = configure(f"orchestrator-{cluster.orchestrator.node_id:016x}", events,
+                        verbosity=1 if args.verbose else None)
+    _say(sys.stderr, f"starting {args.nodes} node(s) ...")
+    admission = cluster.write_pool()
+    options = replace(options, admission=admission)
+    discovery = PoolDiscovery(
+        cluster.orchestrator, ("127.0.0.1", 0), (), args.nodes, admission=admission,
+        settle_s=LOCAL_CONVERGENCE_WINDOW_S, emitter=emitter,
+        warn=lambda text: _say(sys.stderr, f"warning: {text}"))
+    cluster.seed = discovery.address
+    pool: Pool | None = None
+    try:  # whatever happens (Ctrl-C while booting included), the nodes are stopped
+        try:
+            discovery.start()
+            await cluster.start()
+            pool = await discovery.wait(POOL_TIMEOUT_S)
+        except (ClusterError, DiscoveryError) as error:
+            print(f"swactor serve: {error}", file=sys.stderr)
+            return EXIT_USAGE
+        processes = {n.member.node_id: n.process for n in cluster.nodes if n.member}
+        live = LiveNodes(pool.members, pool=pool, admitted=admission.stage_ids,
+                         count=args.nodes,
+                         alive=lambda node: node in processes
+                         and processes[node].returncode is None)
+        return await serve_pool(
+            replace(options, pool_gated=True), live, emitter, host=args.host,
+            port=args.port, slots=args.slots, max_queue=args.max_queue,
+            restart_limit=args.max_restarts, retry_delay_s=args.retry_delay,
+            out=sys.stdout, err=sys.stderr)
+    finally:
+        await (pool.stop() if pool is not None else discovery.close())
+        await cluster.stop()
+        emitter.close()

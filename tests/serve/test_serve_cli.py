@@ -1,0 +1,113 @@
+"""`swactor serve` / `swactor orchestrator --serve`: help, bad flags (refused before any node
+starts, exit 2 with one line naming the problem), and the live-node view that re-plans."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from swactor.membership import BootHealth, MemberChanged, MemberMeta, MemberState
+from swactor.orchestrator.session import PoolMember
+from swactor.serve.serve_cmd import LiveNodes, http_address
+from swactor.wire import NodeId
+
+
+def swactor(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "swactor.cli", *argv], capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+def test_serve_help_explains_the_api_and_the_stop() -> None:
+    done = swactor("serve", "--help")
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())
+    for words in ("/v1/chat/completions", "stream=true", "Ctrl-C", "--slots K",
+                  "--max-restarts N", "curl http://127.0.0.1:8000"):
+        assert words in text
+
+
+def test_orchestrator_help_offers_serve() -> None:
+    done = swactor("orchestrator", "--help")
+    assert done.returncode == 0 and "--serve HOST:PORT" in done.stdout
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--nodes", "0"], "--nodes: 0 must be at least 1"),
+    (["--port", "70000"], "70000 is not a port number"),
+    (["--slots", "x"], "'x' is not an integer"),
+    (["--nodes", "3", "--split", "15,15"], "--split names 2 stages but --nodes is 3"),
+    (["--max-queue", "-1"], "--max-queue must be >= 0"),
+    (["--retry-delay", "nan"], "must be a finite number >= 0"),
+    (["--model", "/nonexistent/model.gguf", "--port", "0"], "not found"),
+])
+def test_serve_refuses_bad_flags_with_exit_2(argv: list[str], words: str) -> None:
+    done = swactor("serve", *argv)
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_serve_refuses_a_port_in_use_before_starting_nodes() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = swactor("serve", "--port", str(port))
+    assert done.returncode == 2
+    assert f"127.0.0.1:{port} is already in use" in done.stderr
+    assert "starting" not in done.stderr  # no node was started
+
+
+def test_orchestrator_serve_refuses_prompt_flags(tmp_path: Path) -> None:
+    done = swactor("orchestrator", "--key", str(tmp_path / "o.key"), "--open-pool",
+                   "--node", "1@127.0.0.1:7400", "--serve", "127.0.0.1:0", "--prompt", "hi")
+    assert done.returncode == 2
+    assert "--prompt shapes one prompt; with --serve each request brings its own" in done.stderr
+
+
+def test_orchestrator_serve_refuses_a_bad_address() -> None:
+    done = swactor("orchestrator", "--key", "k", "--serve", "nowhere")
+    assert done.returncode == 2 and "'nowhere' is not HOST:PORT" in done.stderr
+
+
+def test_http_address_reads_ipv4_ipv6_and_names() -> None:
+    assert http_address("127.0.0.1:8000") == ("127.0.0.1", 8000)
+    assert http_address("[::1]:0") == ("::1", 0)
+    assert http_address("localhost:80") == ("localhost", 80)
+
+
+def _change(node: int, state: MemberState, *, health: BootHealth = BootHealth.Available,
+            port: int = 7400, meta: bool = True) -> MemberChanged:
+    return MemberChanged(NodeId(node), state, 1,
+                         MemberMeta(swim_host="127.0.0.1", swim_port=7946, quic_host="127.0.0.1",
+                                    quic_port=port, boot_health=health,
+                                    role="node") if meta else None, 0.0)
+
+
+def test_live_nodes_follow_swim_changes_for_the_next_plan() -> None:
+    members = tuple(PoolMember(NodeId(n), "127.0.0.1", 7400 + n) for n in (3, 1, 2))
+    live = LiveNodes(members, admitted=frozenset({NodeId(1), NodeId(2), NodeId(3)}), count=3)
+    assert [int(m.node_id) for m in live.members()] == [1, 2, 3]  # node-id (stage) order
+    live.observe(_change(2, MemberState.Suspect, meta=False))
+    assert len(live.members()) == 3  # a suspicion is not a loss
+    live.observe(_change(2, MemberState.Dead))
+    assert [int(m.node_id) for m in live.members()] == [1, 3]
+    live.observe(_change(3, MemberState.Alive, health=BootHealth.Unavailable))
+    assert [int(m.node_id) for m in live.members()] == [1]
+    live.observe(_change(9, MemberState.Alive))  # not pinned by the pool file
+    assert [int(m.node_id) for m in live.members()] == [1]
+    live.observe(_change(2, MemberState.Alive, port=7502))  # back, at a new port
+    assert [(int(m.node_id), m.port) for m in live.members()] == [(1, 7401), (2, 7502)]
+
+
+def test_live_nodes_skip_dead_processes_and_keep_at_most_count() -> None:
+    members = tuple(PoolMember(NodeId(n), "127.0.0.1", 7400 + n) for n in (1, 2, 3))
+    gone = {NodeId(1)}
+    live = LiveNodes(members, count=2, alive=lambda node: node not in gone)
+    assert [int(m.node_id) for m in live.members()] == [2, 3]
+    gone.clear()
+    assert [int(m.node_id) for m in live.members()] == [1, 2]
