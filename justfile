@@ -42,6 +42,11 @@ demo *ARGS: setup
     @echo "events: swactor events ${SWACTOR_DEMO_EVENTS:-/tmp/swactor-demo-events}/*.jsonl"
     @echo "check:  swactor check ${SWACTOR_DEMO_EVENTS:-/tmp/swactor-demo-events}/*.jsonl"
 
+# Serve SmolLM2 over an OpenAI-compatible HTTP API (`swactor serve`): local nodes (default
+# 1, `just serve --nodes 3`), port 8000; Ctrl-C stops and tears down.
+serve *ARGS: setup
+    {{py}} -m swactor.cli serve {{ARGS}}
+
 # Prove docker/ without a Docker engine (root): replay docker/Dockerfile on a bare Debian
 # bookworm root (debootstrap, cached in ~/.cache/swactor/imagecheck), start compose.yaml's
 # services from it in network namespaces, compare their hello-world run with `swactor run`.
