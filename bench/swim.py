@@ -1,8 +1,9 @@
 """SWIM failure detection in simulation, next to the SWIM paper's expectations.
 
 Theory of operation: for each pool size N (10, 100, 1000) and a few seeds, a
-`swactor.testing.swim_sim.Simulation` runs memberlist's LAN defaults (1 s probe period,
-500 ms probe timeout, 3 indirect probes, gossip 200 ms x 3, Lifeguard suspicion) on a
+`swactor.testing.swim_sim.Simulation` runs the default configuration (0.5 s probe
+period, 250 ms probe timeout, 3 indirect probes, gossip 200 ms x 3, Lifeguard
+suspicion; `--memberlist`: memberlist's LAN values, 1 s / 500 ms) on a
 loss-free simulated network in simulated time, so every figure is in real seconds of
 protocol time, independent of this machine's speed. After a warm-up one member is
 crashed; the run records when the first member suspects it, when the first and the last
@@ -31,6 +32,7 @@ import time
 import timeit
 
 from swactor.membership.config import (
+    MEMBERLIST_LAN,
     SwimConfig,
     detection_bound_s,
     suspicion_max_s,
@@ -80,10 +82,13 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench swim")
     parser.add_argument("--sizes", type=int, nargs="*", default=[10, 100, 1000])
     parser.add_argument("--trials", type=int, default=0, help="seeds per size (0: 9/5/3)")
+    parser.add_argument("--memberlist", action="store_true",
+                        help="memberlist's LAN values instead of the defaults")
     args = parser.parse_args(argv)
-    config = SwimConfig()
+    config = MEMBERLIST_LAN if args.memberlist else SwimConfig()
     period = config.probe_interval_s
-    print(f"memberlist LAN defaults: probe {period}s / timeout {config.probe_timeout_s}s, "
+    name = "memberlist LAN values" if args.memberlist else "defaults"
+    print(f"{name}: probe {period}s / timeout {config.probe_timeout_s}s, "
           f"{config.indirect_checks} indirect, gossip {config.gossip_interval_s}s x "
           f"{config.gossip_nodes}; no message loss; times in protocol seconds (medians)")
     header = (f"{'N':>5} {'trials':>6} | {'1st probe':>9} {'paper':>6} {'1st suspect':>11} | "

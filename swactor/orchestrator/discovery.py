@@ -35,9 +35,12 @@ and again once the pool is found (for the whole view) and passes the error's tex
 `warn` (the command prints it): the run is still fail-stop, only a cut-off node may be
 recorded as its peers' StreamFault instead of MembershipLost, so a large pool is warned,
 not refused. The nodes are assumed to run the orchestrator's transport idle timeout
-(both default to `TransportConfig.idle_timeout`). With the defaults the bound is 28.3 s
-(29.1 s at 10 members, over 30 s from 11) against 30 s; a StreamFault that still comes
-first waits out the run's settle window (`RunTimeouts.fault_settle_s`), one more second.
+(both default to `TransportConfig.idle_timeout`). With the defaults (tuned for small
+pools, `swactor.membership.config`) the bound is 6.55 s up to 9 members, 7.35 s at 10
+and about 17 s at the member table's limit (1024), against 30 s; with memberlist's LAN
+values (`MEMBERLIST_LAN`) it is 28.3 s and passes 30 s from 11 members. A StreamFault
+that still comes first waits out the run's settle window (`RunTimeouts.fault_settle_s`),
+one more second.
 """
 
 from __future__ import annotations

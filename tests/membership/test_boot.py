@@ -9,7 +9,7 @@ import time
 import swactor.fsm.generated.node_boot as nb
 from swactor.events import Emitter, MemorySink, NodeFaulted
 from swactor.membership.boot import NodeBoot, SwimJoin
-from swactor.membership.config import SwimConfig
+from swactor.membership.config import MEMBERLIST_LAN
 from swactor.membership.messages import BootHealth, MemberMeta
 from swactor.membership.udp import MembershipNode
 from swactor.transport.identity import NodeIdentity
@@ -23,7 +23,7 @@ from swactor.wire import (
     WorkerGeneration,
 )
 
-CONFIG = SwimConfig().scaled(0.1)
+CONFIG = MEMBERLIST_LAN.scaled(0.1)
 
 
 class Steps:

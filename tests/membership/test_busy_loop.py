@@ -27,7 +27,7 @@ from swactor.membership.messages import BootHealth, MemberMeta
 from swactor.membership.udp import MembershipNode
 from swactor.transport.identity import NodeIdentity
 
-SCALE = 0.5
+SCALE = 1.0
 
 
 @pytest.fixture

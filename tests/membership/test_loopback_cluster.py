@@ -1,8 +1,9 @@
 """Five SWIM members in separate processes on loopback: one view, kill -9 seen, forgery reported.
 
-Each member is `python -m swactor.membership` with memberlist's timings scaled by
-`SCALE`; the test reads their JSON event lines. Event times are CLOCK_MONOTONIC,
-which all processes of the machine share, so they compare with the test's own clock.
+Each member is `python -m swactor.membership` with the default timings scaled by
+`SCALE` (1: the defaults a node runs); the test reads their JSON event lines. Event
+times are CLOCK_MONOTONIC, which all processes of the machine share, so they compare
+with the test's own clock.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from swactor.membership.wire import Signer, seal
 from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId
 
-SCALE = 0.5
+SCALE = 1.0
 MEMBERS = 5
 
 

@@ -10,7 +10,7 @@ import pytest
 
 import swactor.fsm.generated.pool_readiness as pr
 from swactor.events import Emitter, MemorySink
-from swactor.membership.config import SwimConfig
+from swactor.membership.config import MEMBERLIST_LAN
 from swactor.membership.messages import (
     BootHealth,
     MemberChanged,
@@ -163,7 +163,7 @@ def test_events_about_non_candidates_change_nothing() -> None:
 
 
 def test_wait_pool_ready_over_real_udp_members() -> None:
-    config = SwimConfig().scaled(0.1)
+    config = MEMBERLIST_LAN.scaled(0.1)
     window = 0.5
 
     async def scenario() -> float:

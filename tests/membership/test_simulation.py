@@ -1,14 +1,15 @@
 """SWIM core under the seeded simulator: detection, Lifeguard's false-positive guard, refutation.
 
-The simulator runs memberlist's LAN defaults (1 s probes, 500 ms timeout, 3 indirect
-probes, gossip 200 ms x 3) in simulated time, so the figures are in real seconds.
+The simulator runs the defaults (0.5 s probes, 250 ms timeout, 3 indirect probes,
+gossip 200 ms x 3, suspicion 4x..8x the probe interval) unless a test names another
+configuration, in simulated time, so the figures are in real seconds.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from swactor.membership.config import SwimConfig, detection_bound_s
+from swactor.membership.config import MEMBERLIST_LAN, SwimConfig, detection_bound_s
 from swactor.membership.messages import MemberChanged, MemberState, Refuted
 from swactor.testing.swim_sim import Simulation, sim_node_id
 
@@ -64,12 +65,17 @@ def test_crashed_member_detected_without_any_message_loss_beats_no_suspicion() -
     assert first_suspect - crashed_at < min(delays)
 
 
-@pytest.mark.parametrize(("members", "seed"), [(5, 11), (50, 12), (50, 13)])
+@pytest.mark.parametrize(("members", "seed", "lan"),
+                         [(4, 10, False), (5, 11, False), (10, 14, False),
+                          (50, 12, True), (50, 13, True)])
 @pytest.mark.parametrize("pause_s", [3.0, 20.0])
 def test_loss_and_a_paused_member_kill_no_healthy_member(
-    members: int, seed: int, pause_s: float
+    members: int, seed: int, lan: bool, pause_s: float
 ) -> None:
-    sim = Simulation(members, seed=seed, loss=0.10)
+    # The defaults are tuned for small pools (swactor.membership.config): at 50 members
+    # under 10% loss their 2 s minimum suspicion can expire before a refutation gets
+    # through, so the large pools run memberlist's LAN margins.
+    sim = Simulation(members, seed=seed, loss=0.10, config=MEMBERLIST_LAN if lan else None)
     sim.run_until(WARMUP_S)
     paused = 1
     sim.pause(paused, pause_s)
@@ -157,3 +163,53 @@ def test_simulation_is_deterministic_for_a_seed() -> None:
 
     assert run(5) == run(5)
     assert run(5) != run(6)
+
+
+SMALL_POOLS = [4, 5]
+"""`swactor run --nodes 3` (3 nodes + orchestrator) and a 4-node serving pool."""
+
+
+@pytest.mark.parametrize("members", SMALL_POOLS)
+def test_a_silent_member_of_a_small_pool_is_dead_everywhere_within_the_bound(
+    members: int,
+) -> None:
+    # The default configuration's stated bound (`detection_bound_s`, 6.55 s here) holds
+    # for every seed and every victim, the orchestrator's view (member 0) included.
+    worst = 0.0
+    for seed in range(20):
+        sim = Simulation(members, seed=1000 + seed)
+        victim = 1 + seed % (members - 1)
+        _, bound, delays = _detect(sim, victim)
+        assert len(delays) == members - 1, f"seed {seed}: not every member declared it dead"
+        assert max(delays) <= bound, (seed, delays, bound)
+        worst = max(worst, *delays)
+    print(f"\nN={members}: worst detection {worst:.2f}s over 20 seeds, bound {bound:.2f}s")
+
+
+@pytest.mark.parametrize("members", SMALL_POOLS)
+def test_a_short_stall_in_a_small_pool_is_not_declared_dead(members: int) -> None:
+    # A member stalled for 1.5 s (a GC pause, a starved thread) under 5% message loss:
+    # suspected perhaps, never declared dead, by anyone, for any seed.
+    for seed in range(20):
+        sim = Simulation(members, seed=2000 + seed, loss=0.05)
+        sim.run_until(WARMUP_S)
+        sim.pause(1, 1.5)
+        sim.run_until(WARMUP_S + 30.0)
+        dead = [(t, i, e.node_id) for t, i, e in sim.events
+                if isinstance(e, MemberChanged) and e.state is MemberState.Dead]
+        assert dead == [], (seed, dead)
+
+
+def test_control_a_long_stall_in_a_small_pool_is_declared_dead() -> None:
+    # The same scenario with a 5 s stall, past the suspicion timeout: the stalled member
+    # is declared dead (so the test above can fail), and refutes once it resumes.
+    sim = Simulation(4, seed=2000, loss=0.05)
+    sim.run_until(WARMUP_S)
+    sim.pause(1, 5.0)
+    sim.run_until(WARMUP_S + 30.0)
+    dead = {e.node_id for _, _, e in sim.events
+            if isinstance(e, MemberChanged) and e.state is MemberState.Dead}
+    assert dead == {sim_node_id(1)}
+    sim.loss = 0.0
+    sim.run_until(sim.now + 40.0)
+    assert set(sim.states_of(sim_node_id(1)).values()) == {MemberState.Alive}

@@ -30,9 +30,9 @@ from swactor.membership import (
     MemberMeta,
     MembershipEvent,
     MembershipNode,
-    SwimConfig,
 )
 from swactor.membership.admission import Admission, PoolEntry, public_key_bytes
+from swactor.membership.config import MEMBERLIST_LAN
 from swactor.membership.messages import AliveUpdate, Sync
 from swactor.membership.wire import Codec, Signer
 from swactor.orchestrator.discovery import Pool, PoolDiscovery
@@ -41,7 +41,7 @@ from swactor.wire import NodeId
 
 pytestmark = pytest.mark.timeout(120)
 
-CONFIG = SwimConfig().scaled(0.2)
+CONFIG = MEMBERLIST_LAN.scaled(0.2)
 SETTLE_S = 0.3
 ATTACKER_QUIC = 6666
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from swactor.membership.config import SwimConfig
+from swactor.membership.config import MEMBERLIST_LAN, SwimConfig
 from swactor.membership.messages import (
     AliveUpdate,
     DeadUpdate,
@@ -36,7 +37,7 @@ from swactor.transport.identity import NodeIdentity
 from swactor.wire import NodeId
 from tests.security.swim_adversary import Adversary, key_of, members
 
-CONFIG = SwimConfig().scaled(0.3)
+CONFIG = MEMBERLIST_LAN.scaled(0.3)
 
 
 def _wait(what: str, check: Callable[[], bool], timeout_s: float = 10.0) -> None:
@@ -271,7 +272,7 @@ def test_a_stranger_gets_nothing_from_a_pinned_pool(mallory: Adversary) -> None:
 
 @pytest.mark.parametrize("pinned", [False, True])
 def test_a_member_table_flood_is_bounded(mallory: Adversary, pinned: bool) -> None:
-    config = SwimConfig(max_members=16).scaled(0.3)
+    config = replace(MEMBERLIST_LAN, max_members=16).scaled(0.3)
     pool = Pool(pinned=pinned, config=config)
     try:
         victim = pool.victim
