@@ -57,6 +57,26 @@ cause reported over another connection the time to arrive and take over the reas
 (fsm/orchestrator_run.yaml, doc). The binding only answers `symptomatic_fault`, runs the
 timer like any other and records the held fault where the effects say.
 
+Serving runs (`start_run(..., serving=Serving(slots))`; the table's ServingIdle /
+ServingBusy, an extension beyond spec §13). `SubmitSequence` carries a sequence's
+request and sink: the binding keeps a `LiveSequence` (swactor/orchestrator/serving.py,
+the sequence table's binding) and feeds the machine `SequenceSubmitted`; `RunHandle.cancel`
+feeds `SequenceCancelled`. The ledger adds the free KV slots (a heap: the lowest is
+bound first), the live sequences by id, and one queue of objects in flight, (edge step,
+sequence id, header flags), which a single-prompt run uses too (its one object, flags
+0). Guards: `serving_ready` (a serving run, all ready), `slot_free`, `last_in_flight`,
+and `output_out_of_order` also compares the output's flags with those injected for the
+oldest step. `TokenOutput.flags` tells how to read an output: a tagged CANDIDATES
+object must hold `2 * CANDIDATES_K` u32s and its token is sampled by its sequence
+(`LiveSequence.pick`), any other object one id (else an EndpointFault,
+ObjectHeaderMalformed). Effects: BindSlot / RejectSequence / CancelSequence /
+FailSequences feed the sequence's machine SlotBound / Refused / Cancel / RunFaulted
+(with the recorded fault in words, `describe_fault`); InjectInput writes the sequence's
+next input tagged `SequenceTag(slot, position, candidates)`; AcceptSequenceOutput pops
+the oldest object in flight and feeds its sequence TokenAccepted (dropped if it ended).
+A sequence's own effects feed the run `InputReady`, which the host queues behind the
+current event. OpenServing and FailSequences call `Serving.on_serving` / `on_ended`.
+
 When the machine reaches Done the result future resolves and the actor stops itself.
 `start_run(runtime, plan, ports, ...)` spawns the actor, feeds PlanAvailable and returns
 a `RunHandle` (`await handle.result()`, `handle.stop()` for an operator stop).
