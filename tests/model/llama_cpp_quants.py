@@ -126,7 +126,11 @@ def llama_cpp_greedy(path: Path, prompts: list[list[int]], tokens: int, threads:
 
 
 def main() -> int:
-    """`just quants`: make every file (module doc) that is missing; print each one."""
+    """`just quants`: make every file (module doc) that is missing; print each one. Also
+    llama.cpp's tokenizer test files (`tests/model/llama_cpp_vocab.py`)."""
+    from tests.model.llama_cpp_vocab import fetch_vocabs
+
+    print(f"vocab   {fetch_vocabs()} (llama.cpp's tokenizer tests)")
     why_not = reference_ready()
     if why_not is not None:
         print(f"just quants: {why_not}")
