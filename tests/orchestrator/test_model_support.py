@@ -184,3 +184,28 @@ def test_plan_prints_predicted_memory(tmp_path: Path, capsys: pytest.CaptureFixt
     assert ratios == [round(r, 2) for r in want]
     assert "--weights blocks" in out
     assert np.all(np.array(ratios) < 1.25)
+
+
+def test_the_stage_logs_its_memory_at_ready(tmp_path: Path,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """What the worker says when its stage is built (the node relays the worker's log):
+    the weights held and their ratio to the file bytes, the KV cache apart, the RSS; the
+    figures are the planner's prediction for the stage."""
+    path = write_tiny_gguf(tmp_path / "r.gguf", MEMORY_CASES["q5_k_m-narrow"])
+    loaded = open_reader(path).load_stage(1, 3, is_first=False, is_last=True,
+                                          keep_blocks=True)
+    with caplog.at_level("INFO", logger="swactor.model.llama_role"):
+        StageRole(loaded, max_seq_len=24, quantised=True)
+    (line,) = [r.getMessage() for r in caplog.records if "ready on" in r.getMessage()]
+    found = re.search(r"blocks 1\.\.3 ready .*\(blocks weights\): weights ([\d.]+) MiB = "
+                      r"([\d.]+)x its ([\d.]+) MiB in the file, KV cache ([\d.]+) MiB for "
+                      r"max_seq_len 24, process RSS ([\d.]+) MiB", line)
+    assert found, line
+    want = model_info_from_gguf(path, with_stop_ids=False).stage_memory(1, 3, 4, 24, "blocks")
+    mib = 1 << 20
+    weights, ratio, file_mib, kv, rss = (float(g) for g in found.groups())
+    assert (weights, file_mib, kv) == (round(want.weights / mib, 1),
+                                       round(want.file_bytes / mib, 1),
+                                       round(want.kv_cache / mib, 1))
+    assert ratio == round(want.weights / want.file_bytes, 2) and ratio <= 1.25
+    assert rss > 0
