@@ -410,23 +410,30 @@ class Server:
             models = await reply.json()
         self.model = str(models["data"][0]["id"])
 
-    def stop(self) -> None:
+    def stop(self) -> str:
         """SIGINT (Ctrl-C: swactor serve tears its run down), then SIGTERM, then SIGKILL to
-        the process group this server was started in."""
+        the process group this server was started in; how it ended, in words."""
         process = self.process
-        if process is None or process.poll() is not None:
-            return
+        if process is None:
+            return "never started"
+        if process.poll() is not None:
+            return f"had exited with {process.returncode}"
+        started = time.monotonic()
+        how = "still running after SIGKILL"
         for sig, wait_s in ((signal.SIGINT, 60.0), (signal.SIGTERM, 10.0),
                             (signal.SIGKILL, 10.0)):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, sig)
             try:
                 process.wait(timeout=wait_s)
-                break
             except subprocess.TimeoutExpired:
                 continue
+            how = (f"exited with {process.returncode} {time.monotonic() - started:.1f} s "
+                   f"after {sig.name}")
+            break
         with contextlib.suppress(ProcessLookupError):  # stragglers of the group
             os.killpg(process.pid, signal.SIGKILL)
+        return how
 
 
 def swactor_serve_available() -> str | None:
@@ -504,7 +511,7 @@ async def measure(targets: Sequence[Target], levels: Sequence[int], rounds: int,
                 except RuntimeError as error:
                     figures["notes"].append(f"{server.target.name}: not measured: {error}")
                     print(f"  {server.target.name}: not measured: {error}", flush=True)
-                    server.stop()
+                    print(f"  {server.target.name}: {server.stop()}", flush=True)
                     continue
                 ready.append(server)
                 figures["servers"][server.target.name] = {
@@ -527,7 +534,10 @@ async def measure(targets: Sequence[Target], levels: Sequence[int], rounds: int,
                           flush=True)
         finally:
             for server in servers:
-                server.stop()
+                if server.process is not None and server.process.poll() is None:
+                    how = server.stop()
+                    figures["servers"].setdefault(server.target.name, {})["stop"] = how
+                    print(f"  {server.target.name}: {how}", flush=True)
     return figures
 
 
@@ -648,8 +658,11 @@ def markdown(figures: dict[str, Any]) -> list[str]:
     lines.append("")
     lines += [f"- {note}" for note in figures.get("notes", [])]
     servers = figures.get("servers", {})
-    lines += [f"- {name}: ready {info['ready_s']:.0f} s after start" for name, info in
-              servers.items()]
+    lines += [f"- {name}: "
+              + "; ".join(part for part in (
+                  f"ready {info['ready_s']:.0f} s after start" if "ready_s" in info else "",
+                  f"stop: {info['stop']}" if "stop" in info else "") if part)
+              for name, info in servers.items()]
     return [*lines, ""]
 
 
