@@ -31,6 +31,7 @@ from swactor.serve.serve_cmd import (
     http_address,
     serve_options,
     serve_pool,
+    terminate_as_interrupt,
 )
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     emitter = configure_from_args(args, f"orchestrator-{identity.node_id:016x}")
     try:
+        terminate_as_interrupt()
         return asyncio.run(_serve(args, options, emitter, discovery))
     except KeyboardInterrupt:  # Ctrl-C before the pool was found (later: operator stop)
         print("swactor orchestrator: interrupted", file=sys.stderr)

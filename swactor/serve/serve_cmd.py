@@ -335,6 +335,16 @@ async def serve_pool(
 # --------------------------------------------------------------- swactor serve
 
 
+def terminate_as_interrupt() -> None:
+    """SIGTERM before serving begins acts as Ctrl-C (KeyboardInterrupt: the nodes are
+    stopped and the keys removed); once serving, both are the session's operator stop."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def run(args: argparse.Namespace) -> int:
     import tempfile
 
@@ -355,6 +365,7 @@ def run(args: argparse.Namespace) -> int:
         keys = args.keys_dir or Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="swactor-serve-")))
         try:
+            terminate_as_interrupt()
             return asyncio.run(_serve_local(args, keys))
         except KeyboardInterrupt:  # Ctrl-C before the pool was found; the nodes are stopped
             print("swactor serve: interrupted", file=sys.stderr)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from swactor.membership import BootHealth, MemberChanged, MemberMeta, MemberStat
 from swactor.orchestrator.session import PoolMember
 from swactor.serve.serve_cmd import LiveNodes, http_address
 from swactor.wire import NodeId
+from tests.serve.serve_process import ServeProcess, cmdline, descendants
 
 
 def swactor(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -111,3 +113,16 @@ def test_live_nodes_skip_dead_processes_and_keep_at_most_count() -> None:
     assert [int(m.node_id) for m in live.members()] == [2, 3]
     gone.clear()
     assert [int(m.node_id) for m in live.members()] == [1, 2]
+
+
+def test_sigterm_while_the_nodes_boot_stops_them_and_exits_130() -> None:
+    serve = ServeProcess(["serve", "--nodes", "1", "--port", "0"])
+    deadline = time.monotonic() + 60
+    while not (nodes := [pid for pid in descendants(serve.process.pid)
+                         if "swactor.cli node" in cmdline(pid)]):
+        assert time.monotonic() < deadline and serve.process.poll() is None, serve.describe()
+        time.sleep(0.05)
+    code = serve.stop(60)
+    assert code == 130, serve.describe()
+    assert "swactor serve: interrupted" in serve.stderr
+    assert [pid for pid in nodes if cmdline(pid)] == []  # every node it started is gone
