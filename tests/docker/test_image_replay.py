@@ -14,13 +14,14 @@ import io
 import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from swactor.imagecheck.dockerfile import parse
-from swactor.imagecheck.replay import Replayer, StepFailed
-from swactor.imagecheck.rootfs import default_cache, mounted_under
+from swactor.imagecheck.replay import Replayer, StepFailed, launcher
+from swactor.imagecheck.rootfs import Mounts, default_cache, mounted_under, remove_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -57,6 +58,19 @@ def test_the_dockerfile_builds_on_bare_bookworm(tmp_path: Path) -> None:
         assert image.entrypoint == ("swactor",)
         assert not (upper / "run/swactor-host").exists()  # the host's pip setup stays out
         print(f"replayed in {image.seconds:.0f}s")
+        # A node runs as the image's USER and keeps the ranges it fetches in its model
+        # cache: that user must be able to create folders there.
+        probe = tmp_path / "probe"
+        with Mounts() as mounts:
+            mounts.overlay(image.layers, probe / "upper", probe / "work", probe / "root")
+            done = subprocess.run(launcher({
+                "root": str(probe / "root"), "workdir": image.workdir, "user": image.user,
+                "env": image.env, "argv": ["sh", "-c", 'test "$(id -u)" != 0 && '
+                                           'mkdir "$SWACTOR_MODEL_CACHE/fetched-by-a-node"']}),
+                capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert (probe / "upper/models/fetched-by-a-node").is_dir()
+        remove_tree(probe)
     finally:
         assert mounted_under(tmp_path) == []
         image.remove()
