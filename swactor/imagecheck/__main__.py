@@ -10,7 +10,10 @@ run flags from the compose file (`--prompt`, `--max-tokens`, `--split`, ...: eve
 flag `swactor run` shares with `swactor orchestrator`, except the identity, address
 and event-file flags, which belong to a pool member) and reads the model file from
 the replayed image, so the two runs differ only in where the code and its
-dependencies were installed and how the processes are spread.
+dependencies were installed and how the processes are spread. The orchestrator offers
+its model to the pool (its default), and every node's image holds the same file in its
+model cache (`$SWACTOR_MODEL_CACHE`): no container may write there, so a node that
+fetched weights instead of finding the file fails the check.
 
 Both need root (chroot, mounts, network namespaces). Exit status: 0 when everything
 held, 1 when a step, a service or the comparison failed (the first line after
@@ -39,6 +42,7 @@ from swactor.imagecheck.rootfs import (
     remove_tree,
     sweep_stale_runs,
 )
+from swactor.model.paths import MODEL_CACHE_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 # Flags of `swactor orchestrator` that make it a pool member, not part of the run.
@@ -155,8 +159,13 @@ def check(args: argparse.Namespace, image: Image, work: Path) -> int:
         raise ComposeError(f"no service {args.service!r} in {args.compose}")
     host_argv = host_run_argv(target.argv, image)
     say(f"compose topology: {', '.join(compose.services)} on {compose.subnet}")
+    cache = image.env.get(MODEL_CACHE_ENV)
+    fetched: dict[str, list[str]] = {}
     try:
         outcome = topology.run(args.service, args.timeout)
+        if cache:  # every container has the image's model: none fetches weights
+            fetched = {name: found for name in compose.services
+                       if (found := topology.written(name, cache))}
     finally:
         if not args.keep:
             topology.remove()
@@ -166,6 +175,12 @@ def check(args: argparse.Namespace, image: Image, work: Path) -> int:
     if outcome.code != 0:
         tail = "\n  | ".join(outcome.stderr.splitlines()[-15:])
         return fail(f"service {args.service} exited {outcome.code}:\n  | {tail}")
+    if fetched:
+        return fail(f"services wrote to the model cache {cache} instead of using the image's "
+                    f"model file: {fetched}")
+    if cache:
+        say(f"no container wrote to the model cache {cache}: the nodes read the image's "
+            "model file, the orchestrator's offer fetched nothing")
     say(f"host: swactor {shlex.join(host_argv)}")
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "swactor.cli", *host_argv],

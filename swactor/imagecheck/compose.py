@@ -359,6 +359,12 @@ class Topology:
                 exits[name] = None
         return exits
 
+    def written(self, name: str, path: str) -> list[str]:
+        """What service `name`'s container wrote under `path` (absolute, inside the
+        container) into its own layer, as paths relative to `path`; a volume mounted
+        there is not looked at. Call before `remove`."""
+        return written_under(self.work / "containers" / name / "upper", path)
+
     def remove(self) -> None:
         remove_tree(self.work / "containers")
         if (self.work / "volumes").exists():
@@ -372,3 +378,12 @@ def _copy_owners(source: Path, target: Path) -> None:
             src = Path(dirpath) / name
             info = src.lstat()
             os.lchown(target / src.relative_to(source), info.st_uid, info.st_gid)
+
+
+def written_under(upper: Path, path: str) -> list[str]:
+    """Entries (files, links, directories, whiteouts) that an overlay's upper layer
+    `upper` holds under `path` (absolute inside the root), relative to it, sorted."""
+    top = inside_root(upper, path)
+    if not top.is_dir():
+        return []
+    return sorted(str(entry.relative_to(top)) for entry in top.rglob("*"))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from swactor.imagecheck.__main__ import host_run_argv
-from swactor.imagecheck.compose import ComposeError, load, start_order
+from swactor.imagecheck.compose import ComposeError, load, start_order, written_under
 from swactor.imagecheck.context import ContextError, IgnoreRules, context_files, ignore_file_for
 from swactor.imagecheck.dockerfile import (
     DEFAULT_PATH,
@@ -190,3 +190,18 @@ def test_compose_must_build_the_replayed_dockerfile(tmp_path: Path) -> None:
     other.write_text("FROM debian:bookworm\n")
     with pytest.raises(ComposeError, match="not the replayed"):
         load(COMPOSE, fake_image(tmp_path), other)
+
+
+def test_what_a_container_wrote_under_a_path_is_listed_from_its_layer(tmp_path: Path) -> None:
+    upper = tmp_path / "upper"
+    assert written_under(upper, "/models") == []  # an empty layer
+    (upper / "models").mkdir(parents=True)
+    assert written_under(upper, "/models") == []  # copied up, nothing written inside
+    (upper / "events").mkdir()
+    (upper / "events" / "node1.jsonl").write_text("{}\n")
+    assert written_under(upper, "/models") == []  # elsewhere does not count
+    chunk = upper / "models" / "ab12" / "data"
+    chunk.parent.mkdir()
+    chunk.write_bytes(b"x")
+    assert written_under(upper, "/models") == ["ab12", "ab12/data"]
+    assert written_under(upper, "models/") == ["ab12", "ab12/data"]
