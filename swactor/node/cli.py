@@ -137,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
                         models_dir=args.models_dir or model_cache_dir(),
                         weights=args.weights, device=args.device,
                         swim_bind=args.swim, seeds=tuple(args.seed),
-                        advertise_host=args.advertise, admission=admission)
+                        advertise_host=args.advertise, admission=admission,
+                        open_pool=admission is None)
     try:
         return asyncio.run(_serve(StageNode(config, emitter)))
     finally:

@@ -88,7 +88,7 @@ from swactor.events.schema import LifecycleEvent
 from swactor.fsm.generated import gpu_worker_ctl as gwc
 from swactor.fsm.generated import node_boot as nb
 from swactor.fsm.generated import stage_controller as scm
-from swactor.membership.admission import Admission, swim_allow_list
+from swactor.membership.admission import ID_ONLY_REFUSAL, Admission, swim_allow_list
 from swactor.membership.boot import NodeBoot
 from swactor.node.pool_weights import PoolWeights
 from swactor.node.stage_host import StageHost, StageHostConfig, StageHostState, StopRunRequest
@@ -175,8 +175,11 @@ class NodeConfig:
     """The QUIC host published in SWIM metadata (default: `bind_host`)."""
     admission: Admission | None = None
     """The pinned pool (`--pool`): SWIM admits only its keys, AddressBook entries
-    outside it are ignored and the QUIC endpoint pins its members' full public keys
-    (None: an open pool, `--open-pool`: SWIM admits any key, QUIC checks ids only)."""
+    outside it are ignored and the QUIC endpoint pins its members' full public keys.
+    None is refused unless `open_pool` is set."""
+    open_pool: bool = False
+    """Run without a pool file (`--open-pool`): SWIM admits any key and QUIC checks its
+    peers by their 64-bit ids alone (`admission.ID_ONLY_REFUSAL`)."""
     network: Transport | None = None
     """How to build the endpoint, driver and control channel (None: real QUIC)."""
 
@@ -363,6 +366,9 @@ class StageNode:
     """One node: boot, serve stages, stop (module doc)."""
 
     def __init__(self, config: NodeConfig, emitter: Emitter) -> None:
+        if config.admission is None and not config.open_pool:
+            raise ValueError(f"no pool file: the node {ID_ONLY_REFUSAL} "
+                             "(NodeConfig.admission, or open_pool)")
         self.config = config
         self.emitter = emitter
         self.node_id = NodeId(config.identity.node_id)

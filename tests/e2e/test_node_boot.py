@@ -15,6 +15,7 @@ from swactor.events.emitter import Emitter
 from swactor.events.schema import NodeFaulted
 from swactor.events.sinks import MemorySink
 from swactor.fsm.generated import node_boot as nb
+from swactor.membership.admission import pool_of
 from swactor.node.node import NodeBootError, NodeConfig, StageNode
 from swactor.testing.examples import example
 from swactor.transport import ControlAuthority, ControlChannel, QuicEndpoint
@@ -45,7 +46,7 @@ def fault_of(sink: MemorySink) -> NodeFaulted:
 
 def test_an_arena_that_cannot_be_created_fails_the_boot(tmp_path: Path) -> None:
     config = NodeConfig(identity=NodeIdentity.generate(), orchestrator=NodeId(1),
-                        arena_ceiling=1 << 62, models_dir=tmp_path)
+                        arena_ceiling=1 << 62, models_dir=tmp_path, open_pool=True)
     message, names, node, sink = asyncio.run(boot(config))
     assert message.startswith(f"arena of {1 << 62} bytes")
     assert names == ["node_started", "node_faulted"]
@@ -58,7 +59,8 @@ def test_an_arena_that_cannot_be_created_fails_the_boot(tmp_path: Path) -> None:
 
 def test_a_transport_that_cannot_bind_fails_the_boot(tmp_path: Path) -> None:
     config = NodeConfig(identity=NodeIdentity.generate(), orchestrator=NodeId(1),
-                        bind_host="203.0.113.7", arena_ceiling=8 << 20, models_dir=tmp_path)
+                        bind_host="203.0.113.7", arena_ceiling=8 << 20, models_dir=tmp_path,
+                        open_pool=True)
     message, names, node, sink = asyncio.run(boot(config))
     assert message.startswith("transport: cannot bind UDP 203.0.113.7")
     assert names == ["node_started", "node_faulted"]
@@ -74,8 +76,8 @@ async def _provision_while_joining(tmp_path: Path) -> tuple[StageNode, list[Wire
     MembershipJoining with QUIC up; its orchestrator provisions it then."""
     silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     silent.bind(("127.0.0.1", 0))
-    orchestrator = NodeIdentity.generate()
-    config = NodeConfig(identity=NodeIdentity.generate(),
+    orchestrator, identity = NodeIdentity.generate(), NodeIdentity.generate()
+    config = NodeConfig(identity=identity, admission=pool_of(orchestrator, [identity]),
                         orchestrator=NodeId(orchestrator.node_id), arena_ceiling=8 << 20,
                         models_dir=tmp_path, swim_bind=("127.0.0.1", 0),
                         seeds=(silent.getsockname(),))

@@ -1,23 +1,28 @@
-"""The orchestrator session pins its nodes' full keys, or is told the pool is open.
+"""The orchestrator session and a node pin their peers' full keys, or are told the pool
+is open.
 
 `run_session` is what `swactor orchestrator`, `swactor run` and every test rig call. A
 session without a pool file would admit each node by its 64-bit id alone (a hash prefix
 of its key, which a ground key can match), so it is refused before anything binds
 unless the caller opened the pool on purpose (`open_pool`, `--open-pool`); a node the
 pool file does not pin as a `node` is refused too. The command passes `--pool` and
-`--open-pool` through to the session.
+`--open-pool` through to the session. A `StageNode` is held to the same rule: without
+a pool file its SWIM participant would admit any key and its QUIC endpoint would take
+the orchestrator and its peers by their ids alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from swactor.events.emitter import Emitter
 from swactor.membership.admission import pool_of
+from swactor.node.node import NodeConfig, StageNode
 from swactor.orchestrator import orchestrate_cmd
 from swactor.orchestrator.session import (
     PoolMember,
@@ -100,3 +105,12 @@ def test_the_command_hands_its_pool_flags_to_the_session(
         assert options.admission is not None and not options.open_pool
         assert options.admission.pinned_keys[node.node_id] == pool_of(
             orchestrator, [node]).pinned_keys[node.node_id]
+
+
+def test_a_node_without_a_pool_file_is_refused() -> None:
+    orchestrator, identity = NodeIdentity.generate(), NodeIdentity.generate()
+    config = NodeConfig(identity=identity, orchestrator=NodeId(orchestrator.node_id))
+    with pytest.raises(ValueError, match="64-bit node id alone"):
+        StageNode(config, Emitter("node", []))
+    for changes in ({"admission": pool_of(orchestrator, [identity])}, {"open_pool": True}):
+        StageNode(replace(config, **changes), Emitter("node", []))  # type: ignore[arg-type]
