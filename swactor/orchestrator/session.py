@@ -381,6 +381,7 @@ class Pool:
                    offered: OfferedFile | None) -> Pool:
         from swactor.orchestrator.offer import serve_offer
 
+        check_admission(options)  # every endpoint pins its nodes' keys (or was opened)
         me = NodeId(options.identity.node_id)
         network = options.network or QuicTransport(faults.from_env())
         endpoint = network.endpoint(options.identity, options.transport,

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
                                         max_seq_len=args.max_seq_len, split=args.split,
                                         offer_model=offer, bind_host=args.bind,
                                         advertise_host=args.advertise),
-                          admission=admission)
+                          admission=admission, open_pool=admission is None)
     except Exception as error:
         print(f"swactor orchestrator: {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -25,13 +25,14 @@ from swactor.membership.admission import pool_of
 from swactor.node.node import NodeConfig, StageNode
 from swactor.orchestrator import orchestrate_cmd
 from swactor.orchestrator.session import (
+    Pool,
     PoolMember,
     SessionError,
     SessionOptions,
     run_session,
 )
 from swactor.transport.identity import NodeIdentity
-from swactor.wire import NodeId
+from swactor.wire import NodeId, RunId
 
 
 def _member(identity: NodeIdentity) -> PoolMember:
@@ -74,13 +75,22 @@ async def test_a_pinned_or_explicitly_open_session_gets_past_admission(tmp_path:
         assert error.startswith("plan: ModelUnreadable") and "absent.gguf" in error, error
 
 
+async def test_a_serving_pool_is_held_to_the_same_rule(tmp_path: Path) -> None:
+    """`Pool.open` builds the orchestrator's endpoint for one prompt and for `--serve`."""
+    orchestrator, node = NodeIdentity.generate(), NodeIdentity.generate()
+    with pytest.raises(SessionError, match="64-bit node id alone"):
+        await Pool.open(_options(tmp_path, orchestrator, node), RunId(1), None)
+
+
+@pytest.mark.parametrize("serve", [False, True], ids=["prompt", "serve"])
 @pytest.mark.parametrize("flags", [["--pool", "POOL"], ["--open-pool"]])
 def test_the_command_hands_its_pool_flags_to_the_session(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], serve: bool
 ) -> None:
     from swactor.cli import build_parser
     from swactor.membership.admission import add_member
     from swactor.model.paths import default_model_path
+    from swactor.serve import orchestrator_cmd as serve_cmd
 
     orchestrator = NodeIdentity.load_or_create(tmp_path / "orch.key")
     node = NodeIdentity.generate()
@@ -91,13 +101,20 @@ def test_the_command_hands_its_pool_flags_to_the_session(
     if not model.is_file():
         pytest.fail(f"{model} missing: run scripts/setup.sh")
     seen: list[SessionOptions] = []
+
+    async def serving(args: object, options: SessionOptions, *_: object) -> int:
+        seen.append(options)
+        return 0
+
     monkeypatch.setattr(orchestrate_cmd, "execute",
                         lambda options, *_: seen.append(options) or 0)
+    monkeypatch.setattr(serve_cmd, "_serve", serving)
     args: argparse.Namespace = build_parser("orchestrator").parse_args(
         ["orchestrator", "--key", str(tmp_path / "orch.key"), "--model", str(model),
          "--node", f"{node.node_id}@127.0.0.1:9",
+         *(["--serve", "127.0.0.1:0"] if serve else []),
          *(str(pool) if flag == "POOL" else flag for flag in flags)])
-    assert orchestrate_cmd.run(args) == 0
+    assert args.handler(args) == 0
     (options,) = seen
     if "--open-pool" in flags:
         assert options.admission is None and options.open_pool
