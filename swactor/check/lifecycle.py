@@ -139,6 +139,7 @@ ANCHORS: tuple[Anchor, ...] = (
     Anchor(_E.step_completed, "stage_controller", on_effect="ReleaseStepInputs"),
     Anchor(_E.stage_stopped, "stage_controller", on_effect="ReportStageStopped"),
     # a node's boot (swactor.membership.boot)
+    Anchor(_E.execute_step_started, "stage_controller", on_effect="StartLoadedAhead"),
     Anchor(_E.node_started, "node_boot", on_effect="ReportNodeStarted"),
     Anchor(_E.node_available, "node_boot", on_effect="ReportNodeAvailable"),
     Anchor(_E.node_faulted, "node_boot", on_effect="ReportNodeUnavailable"),

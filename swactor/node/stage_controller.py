@@ -23,7 +23,9 @@ loader's `WeightsFetched` progress. For every message the binding
    is the trusted orchestrator, the run is the node's active run and not one it already
    ran, and the last stage's tokens go back to that orchestrator), `setup_complete`
    (role configured, weights ready, both edges ready), `is_next_sequence` (the inbound
-   edge, and the sequence of the armed step: 0, then previous + 1),
+   edge, and the sequence of the armed step: 0, then previous + 1), `loads_ahead` /
+   `next_loaded_ahead` (an input that follows the armed step and those already held /
+   one is held: a serving run's objects loaded while a step runs),
    `teardown_pending` / `teardown_clean` (both edges stopped, no requested device
    release unanswered / no edge stopped unclean, no release or port failed);
 3. feeds the event to its `AsyncMachineHost` (`swactor.fsm.host`), which runs the
@@ -38,9 +40,11 @@ loader's `WeightsFetched` progress. For every message the binding
    * width` out; one token id out of the last stage), inputs released by the worker
    after the step (`release_inputs_after`: ReleaseStepInputs only counts them as being
    released until DeviceObjectReleased). StepStarted records the input the worker
-   reported loaded and started on. The device handles this stage holds are tracked;
-   ReleaseRunObjects releases those still held; a worker crash drops its generation's
-   handles (they died with the process).
+   reported loaded and started on; HoldLoadedAhead keeps an input loaded while the
+   armed step ran, and StartLoadedAhead records the oldest held one as the started
+   input of the step just armed (the worker binds it at once). The device handles this
+   stage holds are tracked; ReleaseRunObjects releases those still held; a worker
+   crash drops its generation's handles (they died with the process).
 
 A port that raises is turned into the event its outcome would have been (module doc of
 `stage_ports`), posted to the actor's own mailbox, never fed re-entrantly. Events the
@@ -62,6 +66,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -209,6 +214,8 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
         self._extents: dict[DeviceObjectHandle, int] = {}
         """Bytes of each loaded input (the machine's ObjectLoaded does not carry them)."""
         self._held: set[DeviceObjectHandle] = set()
+        self._ahead: deque[tuple[ObjectId, Sequence, DeviceObjectHandle]] = deque()
+        """Inputs loaded while the armed step ran, oldest first (HoldLoadedAhead)."""
         self._releasing: set[DeviceObjectHandle] = set()
         self._next_sequence = Sequence(0)
         """The sequence the next ExecuteStep is armed for (0, then previous + 1)."""
@@ -446,6 +453,15 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
         return (provision is not None and event.edge_id == provision.inbound.edge_id
                 and step is not None and not step.inputs and event.sequence == step.sequence)
 
+    def loads_ahead(self, event: scm.ObjectLoaded) -> bool:
+        provision, step = self._provision, self._step
+        return (provision is not None and event.edge_id == provision.inbound.edge_id
+                and step is not None
+                and event.sequence == step.sequence + 1 + len(self._ahead))
+
+    def next_loaded_ahead(self, event: scm.StepCompleted) -> bool:
+        return bool(self._ahead)
+
     def teardown_pending(
         self, event: scm.EdgeStopped | scm.DeviceObjectReleased | scm.ReleaseFailed
     ) -> bool:
@@ -505,6 +521,13 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
     async def step_started(self, object_id: ObjectId, sequence: Sequence,
                            device_handle: DeviceObjectHandle) -> None:
         self._step_started(object_id, sequence, device_handle)
+
+    async def hold_loaded_ahead(self, object_id: ObjectId, sequence: Sequence,
+                                device_handle: DeviceObjectHandle) -> None:
+        self._ahead.append((object_id, sequence, device_handle))
+
+    async def start_loaded_ahead(self) -> None:
+        self._step_started(*self._ahead.popleft())
 
     async def release_step_inputs(self, step_id: StepId) -> None:
         await self._step_completed(self._context, step_id)

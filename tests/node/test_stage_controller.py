@@ -332,14 +332,41 @@ def test_skipped_sequence_after_a_step_is_a_violation() -> None:
     run_stage(body)
 
 
-def test_second_object_while_executing_is_a_violation() -> None:
+def test_an_object_that_skips_a_sequence_while_executing_is_a_violation() -> None:
     async def body(rig: StageRig) -> None:
         await rig.make_ready()
         await rig.execute(0, len(PROMPT))
-        rig.ref.tell(rig.loaded(1))
+        rig.ref.tell(rig.loaded(2))  # 1 is the one that may load ahead
         await rig.ports.until(lambda: bool(faults(rig)))
         assert faults(rig) == [(1, RunFaultReason.SequenceViolation, Component.StageController)]
         assert len(rig.ports.of("execute_step")) == 1, "one ExecuteStep at a time"
+
+    run_stage(body)
+
+
+def test_objects_loaded_ahead_start_one_at_a_time_in_order() -> None:
+    """A serving run keeps many objects in flight: the worker loads the next ones while
+    a step runs; each starts when the step before it completed."""
+    async def body(rig: StageRig) -> None:
+        await rig.make_ready()
+        first = await rig.execute(0, len(PROMPT))
+        rig.ref.tell(rig.loaded(1))
+        rig.ref.tell(rig.loaded(2))
+        await rig.settle()
+        assert rig.state() is scm.State.Executing and not faults(rig)
+        assert len(rig.ports.of("execute_step")) == 1, "one ExecuteStep at a time"
+        await rig.complete(first)
+        second = rig.armed()
+        assert second.awaits[0].sequence == 1
+        assert rig.state() is scm.State.Executing, "its object was loaded: it started"
+        await rig.complete(second)
+        third = rig.armed()
+        assert third.awaits[0].sequence == 2 and rig.state() is scm.State.Executing
+        await rig.complete(third)
+        assert rig.armed().awaits[0].sequence == 3
+        assert rig.state() is scm.State.Ready, "nothing held: wait for sequence 3"
+        assert rig.ports.event_names().count("execute_step_started") == 3
+        assert not faults(rig)
 
     run_stage(body)
 
