@@ -166,7 +166,7 @@ class LiveSequence(sq.SequenceEffects[Awaitable[None]]):
         generated = len(self.generated) + 1
         # Feeding token g back takes position prompt + g - 1; the last is max_seq_len - 1.
         return (generated >= self.request.max_tokens
-                or len(self.request.prompt) + generated > self.max_seq_len - 1)
+                or len(self.request.prompt) + generated > self.max_seq_len)
 
     # -- effects (SequenceEffects) -----------------------------------------------------
 

@@ -77,7 +77,7 @@ class _SinkPort:
 async def serving(runtime: Runtime, ports: FakePorts, slots: int = 2,
                   timeouts: RunTimeouts = SLOW, max_seq_len: int = 64) -> RunHandle:
     opened = asyncio.Event()
-    handle = start_run(runtime, make_plan(max_seq_len=max_seq_len), ports,
+    handle = start_run(runtime, make_plan(max_tokens=1, max_seq_len=max_seq_len), ports,
                        stop_token_ids=frozenset({EOS, 0}), timeouts=timeouts,
                        serving=Serving(slots, opened.set))
     await ports.until(lambda: len(ports.of("provision")) == 3)
@@ -352,3 +352,18 @@ def test_a_serving_plan_lets_token_out_carry_candidates() -> None:
 
     assert token_out_extent(False) == 4
     assert token_out_extent(True) == 2 * CANDIDATES_K * 4
+
+
+def test_a_sequence_ends_when_its_next_position_would_pass_the_context() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports, max_seq_len=8)
+        a = submit(handle, 1, (1, 5, 6, 7, 8), max_tokens=100)  # positions 0..4
+        for step, position in enumerate((0, 5, 6, 7)):
+            await ports.until(lambda step=step: len(ports.of("inject")) == step + 1)
+            assert injected(ports)[step][2] == tag(0, position)
+            handle.tell(out(step, tag(0, position), 40 + step))
+        await ports.until(lambda: a.end is not None)
+        assert a.ids == [40, 41, 42, 43] and a.end == ("length", "")
+        assert len(ports.of("inject")) == 4, "position 8 is past max_seq_len 8"
+
+    run_test(body)
