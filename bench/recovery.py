@@ -1,0 +1,392 @@
+"""Recovery: per fault kind, how soon the orchestrator knows a stage is lost.
+
+Theory of operation
+-------------------
+Each trial boots three real `swactor node` processes on SmolLM2 (loopback
+`LocalCluster` joined to SWIM through this process's `PoolDiscovery`, as `swactor run`
+does; or, for the link, three network namespaces as `tests/multihost`), starts a long
+greedy run, waits for a few tokens, injects one fault on stage 1 (the middle stage)
+and times, on one wall clock (every process of the machine shares it), the interval
+from the fault to the orchestrator's `run_faulted` event, which carries the run's
+reason. Fault kinds:
+
+* node kill: SIGKILL of stage 1's node process. Nothing is sent by a killed process,
+  so only SWIM notices (MembershipLost), within its detection bound
+  (`swactor.membership.detection_bound_s` for the 4 members of the view);
+* worker kill: SIGKILL of stage 1's worker process; its node sees the exit at once
+  (WorkerCrashed over the control connection);
+* worker kill past budget: the worker killed `max_restarts + 1` times, each once its
+  next generation is up; the first kill faults the run (WorkerCrashed, as above), the
+  last leaves the node's worker Failed and the node unavailable, which reaches the
+  orchestrator through SWIM metadata. Its column is the time from the last kill to the
+  orchestrator's SWIM view showing the node not Available (the node a re-plan must
+  leave out);
+* stream reset: stage 0's send pump resets its stream to stage 1 (fault injection,
+  `driver.send` reset, armed while the run decodes: it fires on the next activation,
+  so the figure includes up to one token period); the receiving stage reports
+  StreamFault, which the orchestrator holds for its settle window
+  (`RunTimeouts.fault_settle_s`, 1 s) in case a root cause follows;
+* link down: stage 1's host cut off by its bridge port going down (network
+  namespaces; needs root): only SWIM notices (MembershipLost).
+
+The "to new run ready", "to next token" and tokens lost / duplicated columns belong to
+a serving session that re-plans on the survivors and migrates its sequences; until
+`swactor serve` exists they print "n/a: needs swactor serve".
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import json
+import os
+import signal
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from swactor.events.schema import RunFaulted, TokenReceived
+from swactor.faults import arm
+from swactor.membership import (
+    BootHealth,
+    MemberChanged,
+    MembershipEvent,
+    SwimConfig,
+    detection_bound_s,
+)
+from swactor.model.paths import default_model_path
+from swactor.node.worker_ctl import WorkerCtlConfig
+from swactor.orchestrator.run import RunTimeouts
+from swactor.testing.swim_pool import SwimPool
+
+KINDS = ("node_kill", "worker_kill", "worker_budget", "stream_reset", "link_down")
+LABELS = {
+    "node_kill": "node kill (SIGKILL stage 1's node)",
+    "worker_kill": "worker kill (SIGKILL stage 1's worker)",
+    "worker_budget": "worker kill past its restart budget",
+    "stream_reset": "QUIC stream reset (stage 0 -> 1)",
+    "link_down": "host cut off (netns link down)",
+}
+PROMPT = "hello world"
+TOKENS = 300
+MAX_SEQ = 512
+TOKENS_BEFORE_FAULT = 3
+STAGES = 3
+MEMBERS = STAGES + 1
+"""The SWIM view: the stage nodes and the orchestrator."""
+PENDING = "n/a: needs swactor serve"
+BOOT_S = 300.0
+FAULT_WAIT_S = 120.0
+STAYS_DOWN_S = 10.0
+"""How long a node whose worker budget is spent is watched for coming back (it must not)."""
+GENERATION_UP_S = 3.0
+"""How long a restarted worker is given to come up before the next kill."""
+
+
+@dataclass
+class Trial:
+    kind: str
+    reason: str
+    component: str
+    detect_s: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Failed(Exception):
+    """A trial did not produce its figure; the message says why."""
+
+
+# -- the loopback pool ------------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as listing:
+            found += [int(word) for word in listing.read().split()]
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Not gone and not a zombie waiting for its reaper."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _worker_pid(node_pid: int, other_than: int | None = None,
+                timeout_s: float = 120.0) -> int:
+    """The node's running worker process other than `other_than`, once there is one."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = [pid for pid in _children(node_pid) if pid != other_than and _running(pid)]
+        if found:
+            return found[0]
+        time.sleep(0.02)
+    raise Failed(f"node {node_pid}: no worker process after {timeout_s:.0f}s")
+
+
+async def _run(pool: SwimPool, inject: Callable[[], Awaitable[int]]) -> int:
+    """A long run over the pool; `inject()` once TOKENS_BEFORE_FAULT tokens arrived (it
+    returns the fault's wall time in ns, which this returns once the run ended)."""
+    options = replace(pool.options(default_model_path()), prompt=PROMPT, max_tokens=TOKENS,
+                      max_seq_len=MAX_SEQ, timeouts=RunTimeouts(
+                          readiness_s=BOOT_S, step_s=FAULT_WAIT_S, teardown_s=30.0))
+    session = pool.session(options)
+    deadline = time.monotonic() + BOOT_S
+    while sum(isinstance(e.event, TokenReceived) for e in pool.events.events) \
+            < TOKENS_BEFORE_FAULT:
+        if session.done():
+            raise Failed(f"the run ended before the fault: {session.result().result.outcome}")
+        if time.monotonic() > deadline:
+            session.cancel()
+            raise Failed(f"no {TOKENS_BEFORE_FAULT} tokens in {BOOT_S:.0f}s")
+        await asyncio.sleep(0.02)
+    fault_ns = await inject()
+    await asyncio.wait_for(session, FAULT_WAIT_S)
+    return fault_ns
+
+
+def _faulted(pool: SwimPool, kind: str, fault_ns: int) -> Trial:
+    found = [e for e in pool.events.events if isinstance(e.event, RunFaulted)]
+    if len(found) != 1:
+        raise Failed(f"{len(found)} run_faulted events, expected one")
+    event = found[0].event
+    assert isinstance(event, RunFaulted)
+    return Trial(kind, event.reason.value, event.component.value,
+                 (found[0].wall - fault_ns) / 1e9)
+
+
+async def _loopback_trial(kind: str, root: Path) -> Trial:
+    async with SwimPool(root, STAGES) as pool:
+        node = pool.node_pid(1)
+        killed: list[int] = []
+
+        async def inject() -> int:
+            now = time.time_ns()
+            if kind == "node_kill":
+                os.kill(node, signal.SIGKILL)
+            elif kind in ("worker_kill", "worker_budget"):
+                killed.append(_worker_pid(node))
+                now = time.time_ns()
+                os.kill(killed[-1], signal.SIGKILL)
+            else:  # stream_reset: stage 0's node resets its stream on its next send
+                arm(pool.fault_file, {"point": "driver.send", "mode": "reset",
+                                      "node": int(pool.members[0].node_id)})
+            return now
+
+        fault_ns = await _run(pool, inject)
+        arm(pool.fault_file)
+        trial = _faulted(pool, kind, fault_ns)
+        if kind == "worker_budget":
+            trial.extra["unavailable_s"] = await _exhaust_budget(pool, node, killed[0])
+        return trial
+
+
+async def _exhaust_budget(pool: SwimPool, node: int, first: int) -> float:
+    """Kill the node's worker until its restart budget is spent (`first`, killed in the
+    run, was the first); seconds from the last kill to the orchestrator's SWIM view
+    showing the node not Available."""
+    assert pool.pool is not None
+    events = pool.pool.events
+    target = int(pool.members[1].node_id)
+    budget = WorkerCtlConfig(arena_fd=-1, arena_bytes=0).max_restarts
+    last = first
+    for _ in range(budget):  # each restarted generation, once it had time to come up
+        last = await asyncio.to_thread(_worker_pid, node, last)
+        await asyncio.sleep(GENERATION_UP_S)
+        while not events.empty():  # what SWIM said before this kill
+            events.get_nowait()
+        at = time.monotonic()
+        os.kill(last, signal.SIGKILL)
+    seen = await _health_change(events, target, at + FAULT_WAIT_S, available=False)
+    if seen is None:
+        raise Failed(f"the node was still Available {FAULT_WAIT_S:.0f}s after its last kill")
+    # a spent budget is for good: the node must not come back (a restart would)
+    back = await _health_change(events, target, time.monotonic() + STAYS_DOWN_S,
+                                available=True)
+    if back is not None:
+        raise Failed("the node came back Available: its restart budget was not spent")
+    return seen - at
+
+
+async def _health_change(events: asyncio.Queue[MembershipEvent], target: int,
+                         deadline: float, available: bool) -> float | None:
+    """When the orchestrator's view first shows `target` (not) Available, by `deadline`."""
+    while time.monotonic() < deadline:
+        with contextlib.suppress(TimeoutError):
+            event = await asyncio.wait_for(events.get(), deadline - time.monotonic())
+            if (isinstance(event, MemberChanged) and int(event.node_id) == target
+                    and event.meta is not None
+                    and (event.meta.boot_health is BootHealth.Available) is available):
+                return time.monotonic()
+    return None
+
+
+# -- the link (network namespaces) ------------------------------------------------------
+
+
+def _link_trial(root: Path) -> Trial | str:
+    """Stage 1's host cut off mid-run, as `tests/multihost/test_link_down.py`; or why not."""
+    from swactor.cluster import netns
+    from swactor.cluster.netns import NetnsTopology
+    from swactor.transport.identity import NodeIdentity
+    from tests.multihost.pool import (
+        STAGES as HOSTS,
+    )
+    from tests.multihost.pool import (
+        final_report,
+        start_node,
+        start_orchestrator,
+        wait_available,
+    )
+
+    reason = netns.available()
+    if reason is not None:
+        return f"not run: {reason}"
+    netns.sweep_stale()
+    pid = os.getpid()
+    subnet = ipaddress.IPv4Network(f"10.{100 + pid % 50}.{(pid + 2) % 250}.0/24")
+    keys, events = root / "keys", root / "events"
+    keys.mkdir(mode=0o700, parents=True)
+    events.mkdir()
+    orchestrator_id = NodeIdentity.load_or_create(keys / "orchestrator.key").node_id
+    with NetnsTopology(["orch", *HOSTS], subnet) as hosts:
+        nodes = {name: start_node(hosts, name, keys, events, orchestrator_id)
+                 for name in HOSTS}
+        try:
+            wait_available(list(nodes.values()))
+            orchestrator = start_orchestrator(hosts, 1, keys, events, TOKENS, MAX_SEQ)
+            log = events / "orchestrator-1.jsonl"
+            deadline = time.monotonic() + BOOT_S
+            while _count(log, "token_received") < TOKENS_BEFORE_FAULT:
+                if orchestrator.process.poll() is not None or time.monotonic() > deadline:
+                    raise Failed(f"no tokens before the cut: {orchestrator.describe()}")
+                time.sleep(0.05)
+            hosts.set_link(HOSTS[1], up=False)
+            cut_ns = time.time_ns()
+            final_report(orchestrator, FAULT_WAIT_S)
+            faulted = [r for r in _records(log) if r["event"] == "run_faulted"]
+            if len(faulted) != 1:
+                raise Failed(f"{len(faulted)} run_faulted events, expected one")
+            return Trial("link_down", faulted[0]["reason"], faulted[0]["component"],
+                         (faulted[0]["wall"] - cut_ns) / 1e9)
+        finally:
+            for node in nodes.values():
+                node.stop(30)
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _count(path: Path, event: str) -> int:
+    return sum(1 for record in _records(path) if record["event"] == event)
+
+
+# -- the table ---------------------------------------------------------------------------
+
+
+def _bound(kind: str, settle_s: float) -> str:
+    swim = detection_bound_s(SwimConfig(), MEMBERS)
+    if kind in ("node_kill", "link_down"):
+        return f"SWIM bound {swim:.2f}s"
+    if kind == "stream_reset":
+        return f"settle {settle_s:g}s + 1 token"
+    if kind == "worker_budget":
+        return "run: as worker kill; unavailable: gossip"
+    return "control round trip"
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.2f}s"
+    return (f"{statistics.median(values):.2f}s "
+            f"({min(values):.2f}..{max(values):.2f}, n={len(values)})")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench recovery", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help=f"comma-separated fault kinds (default all: {','.join(KINDS)})")
+    parser.add_argument("--repeat", type=int, default=2,
+                        help="trials per loopback fault kind (default 2; the link: 1)")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
+                        help="also write every trial as JSON to PATH")
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                        help="keep each trial's keys and event logs in DIR/KIND-N "
+                        "(default: a temporary directory, removed)")
+    args = parser.parse_args(argv)
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        parser.error(f"unknown fault kind(s) {', '.join(unknown)}; have {', '.join(KINDS)}")
+    if not default_model_path().is_file():
+        print(f"recovery: {default_model_path()} missing: run scripts/setup.sh")
+        return 1
+    settle_s = RunTimeouts().fault_settle_s
+    print(f"SmolLM2, {STAGES} stages on real node processes; fault on stage 1 after "
+          f"{TOKENS_BEFORE_FAULT} tokens; SWIM defaults, bound "
+          f"{detection_bound_s(SwimConfig(), MEMBERS):.2f}s for {MEMBERS} members",
+          flush=True)
+    trials: dict[str, list[Trial]] = {kind: [] for kind in kinds}
+    notes: dict[str, str] = {}
+    status = 0
+    for kind in kinds:
+        for attempt in range(1 if kind == "link_down" else args.repeat):
+            with contextlib.ExitStack() as stack:
+                if args.keep is not None:
+                    root = args.keep / f"{kind}-{attempt + 1}"
+                    root.mkdir(parents=True)
+                else:
+                    root = Path(stack.enter_context(tempfile.TemporaryDirectory(
+                        prefix=f"swactor-recovery-{kind}-")))
+                try:
+                    outcome = (_link_trial(root) if kind == "link_down"
+                               else asyncio.run(_loopback_trial(kind, root)))
+                except Exception as error:
+                    notes[kind] = f"failed: {type(error).__name__}: {error}"
+                    status = 1
+                    break
+            if isinstance(outcome, str):
+                notes[kind] = outcome
+                break
+            trials[kind].append(outcome)
+            extra = "".join(f", {k} {v:.2f}s" for k, v in outcome.extra.items())
+            print(f"  {kind} #{attempt + 1}: {outcome.reason} ({outcome.component}) "
+                  f"{outcome.detect_s:.3f}s after the fault{extra}", flush=True)
+    header = ("| fault | run_faulted reason (component) | fault -> detection | bound | "
+              "-> new run ready | -> next token | tokens lost | tokens duplicated |")
+    print()
+    print(header)
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for kind in kinds:
+        found = trials[kind]
+        reasons = sorted({f"{t.reason} ({t.component})" for t in found})
+        detect = _spread([t.detect_s for t in found])
+        for key in sorted({k for t in found for k in t.extra}):
+            detect += f"; node not Available {_spread([t.extra[key] for t in found])}"
+        if kind in notes:
+            detect = notes[kind] if not found else f"{detect}; {notes[kind]}"
+        print(f"| {LABELS[kind]} | {', '.join(reasons) or '-'} | {detect} | "
+              f"{_bound(kind, settle_s)} | {PENDING} | {PENDING} | {PENDING} | {PENDING} |")
+    print("detection: fault injected -> the orchestrator's run_faulted event (one wall "
+          "clock); median (min..max, trials).")
+    if args.json is not None:
+        args.json.write_text(json.dumps(
+            {kind: [asdict(t) for t in found] for kind, found in trials.items()}
+            | {"notes": notes}, indent=1))
+    return status
