@@ -40,7 +40,7 @@ pools, `swactor.membership.config`) the bound is 6.55 s up to 9 members, 7.35 s 
 and about 17 s at the member table's limit (1024), against 30 s; with memberlist's LAN
 values (`MEMBERLIST_LAN`) it is 28.3 s and passes 30 s from 11 members. A StreamFault
 that still comes first waits out the run's settle window (`RunTimeouts.fault_settle_s`),
-one more second.
+a quarter of a second more.
 """
 
 from __future__ import annotations

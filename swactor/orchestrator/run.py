@@ -145,7 +145,11 @@ log = logging.getLogger("swactor.orchestrator.run")
 DEFAULT_READINESS_TIMEOUT_S = 600.0
 DEFAULT_STEP_TIMEOUT_S = 120.0
 DEFAULT_TEARDOWN_TIMEOUT_S = 30.0
-DEFAULT_FAULT_SETTLE_S = 1.0
+DEFAULT_FAULT_SETTLE_S = 0.25
+"""A stage's own fault report and its peer's StreamFault take one control hop each (the
+peer's after the reset crossed the edge): measured on loopback under load, a worker kill
+reaches run_faulted in under 0.1 s, so a quarter of a second leaves the root cause a
+margin while a stream reset is still known in well under a second."""
 
 
 @dataclass(frozen=True, slots=True)
