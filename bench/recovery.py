@@ -25,13 +25,13 @@ reason. Fault kinds:
   `driver.send` reset, armed while the run decodes: it fires on the next activation,
   so the figure includes up to one token period); the receiving stage reports
   StreamFault, which the orchestrator holds for its settle window
-  (`RunTimeouts.fault_settle_s`, 1 s) in case a root cause follows;
+  (`RunTimeouts.fault_settle_s`, 0.25 s) in case a root cause follows;
 * link down: stage 1's host cut off by its bridge port going down (network
   namespaces; needs root): only SWIM notices (MembershipLost).
 
 The "to new run ready", "to next token" and tokens lost / duplicated columns belong to
 a serving session that re-plans on the survivors and migrates its sequences; until
-`swactor serve` exists they print "n/a: needs swactor serve".
+`swactor serve` does, they print "n/a: needs swactor serve to re-plan".
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ TOKENS_BEFORE_FAULT = 3
 STAGES = 3
 MEMBERS = STAGES + 1
 """The SWIM view: the stage nodes and the orchestrator."""
-PENDING = "n/a: needs swactor serve"
+PENDING = "n/a: needs swactor serve to re-plan"
 BOOT_S = 300.0
 FAULT_WAIT_S = 120.0
 STAYS_DOWN_S = 10.0

@@ -50,6 +50,7 @@ MODULE_ARGS: dict[str, list[str]] = {
     "coldstart": ["--weights", "dense,blocks"],
     "hotpath": ["--repeat", "2", "--profile"],
     "serve": ["--rounds", "2", "--max-tokens", "32"],
+    "recovery": ["--repeat", "1"],
 }
 JSON_MODULES = ("quic", "coldstart", "hotpath", "serve")  # each run with --json
 NOT_TEXT = {"report", "e2e"}  # e2e is measured in process, report is this module
