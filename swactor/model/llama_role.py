@@ -6,7 +6,8 @@ norm, output projection and sampler when it is the last. Weights arrive dequanti
 load (:class:`~swactor.model.gguf_range.StageWeights`) and are moved to the tinygrad device
 once, each copied straight into its device buffer
 (:func:`~swactor.model.block_kernels.upload`: no schedule per tensor). Each block keeps a
-KV cache of ``max_seq_len`` positions in the compute dtype.
+KV cache ``[slots, kv_heads, max_seq_len, head_dim]`` in the compute dtype: one slot per
+sequence in flight (``slots``, default 1).
 
 Object convention (agreed with the worker; spec §17):
 
@@ -16,9 +17,17 @@ Object convention (agreed with the worker; spec §17):
   shape ``[tokens, hidden]``, C order, little endian;
   ``extent = tokens * hidden * dtype_width_bytes``.
 
-``step(sequence, payload)``: ``sequence`` is the inference step. Step 0 is the prefill
-(every prompt position at once, positions ``0..T-1``) and resets the position counter;
-step ``k > 0`` carries one position. Steps must arrive in order (``k`` then ``k + 1``).
+``step(sequence, payload)``: ``sequence`` is the inference step of the one sequence
+(slot 0). Step 0 is the prefill (every prompt position at once, positions ``0..T-1``)
+and resets the position counter; step ``k > 0`` carries one position. Steps must arrive
+in order (``k`` then ``k + 1``).
+
+``run_tagged(tag, payload)``: an object tagged with a
+:class:`~swactor.wire.tags.SequenceTag` (a serving run's many sequences): position 0 is
+a prompt in slot ``tag.slot`` (resetting it), position ``p > 0`` one decode row that
+must be the slot's next position. The last stage answers one greedy id, or with
+``tag.candidates`` the top ``CANDIDATES_K`` ids and their logits (:func:`candidates`);
+sampling is then the orchestrator's, so a stage keeps no per-sequence sampling state.
 
 Math (llama.cpp semantics): ``x += Wo·attn(rope(Wq·n(x)), rope(Wk·n(x)), Wv·n(x))`` then
 ``x += Wd·(silu(Wg·n(x)) * Wu·n(x))`` with ``n`` the RMSNorm (``eps`` from the file) times
@@ -30,13 +39,16 @@ qwen2 files are already half-split (NEOX) and carry Q/K/V biases. Sums run in fl
 residual stream is rounded to the plan dtype at every block boundary, so a model split at
 any block boundary computes the same numbers as the whole.
 
-Decode (one position) runs through one :class:`TinyJit` per role: the start position is a
-bound symbolic variable, the KV cache is written with ``assign`` into
-``cache[:, pos:pos+1]`` and attention reads ``cache[:, 0:pos+1]``, so kernels are built on
-the first decode steps and replayed afterwards (``beam > 0`` lets tinygrad's BEAM search
+Decode (one position) runs through one :class:`TinyJit` per role: the start position and
+(with more than one slot) the slot are bound symbolic variables, the KV cache is written
+with ``assign`` into ``cache[slot, :, pos:pos+1]`` and attention reads
+``cache[slot, :, 0:pos+1]``, so kernels are built on the first decode steps and replayed
+afterwards for every position and slot (``beam > 0`` lets tinygrad's BEAM search
 pick those kernels once; its results are cached on disk). Prefill pads the prompt to a
 multiple of ``PREFILL_BUCKET`` rows and runs through one TinyJit per padded length (the
-last real row, whose logits are sampled, is a bound variable).
+last real row, whose logits are sampled, and the slot are bound variables). With one
+slot the slot is the constant 0: a single-sequence role's graphs are what they were
+before slots existed (measured: the same decode ms/token with 1 and 4 slots).
 
 Decode is a chain of matrix-vector products over every weight, so its speed is the rate at
 which kernels stream weights. Two measured choices (SmolLM2, 2 CPU cores): products are
@@ -55,8 +67,8 @@ And on CPU the decode JIT is replayed through
 ~15 us of Python each: 33 -> 17 ms/token), and the step's input and output go through
 numpy views of a kept input buffer and the JIT's output buffer (a fresh Tensor and
 ``numpy()`` cost a schedule each). Once the decode JIT has replayed, its batches run
-straight from :class:`~swactor.model.cpu_graph.DirectReplay` (the position written into
-the kernel table, then the C loop), without TinyJit's ~1 ms of Python per call.
+straight from :class:`~swactor.model.cpu_graph.DirectReplay` (the position and slot
+written into the kernel table, then the C loop), without TinyJit's ~1 ms of Python per call.
 
 Weights in blocks (``quantised``, weights loaded with ``keep_blocks``): every Q4_0/Q4_1/
 Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K matrix stays in the file's blocks on the device and nothing dense is
@@ -104,6 +116,7 @@ from swactor.model.errors import WeightsError, WeightsFault
 from swactor.model.gguf_range import ModelFacts, StageWeights
 from swactor.model.jit_cache import KernelCache
 from swactor.model.sampling import SamplingPolicy, sample_token
+from swactor.wire.tags import CANDIDATES_K, MAX_SLOTS, SequenceTag
 
 _TG_DTYPES = {"f32": dtypes.float32, "f16": dtypes.float16}
 NP_DTYPES: dict[str, type[np.floating[Any]]] = {"f32": np.float32, "f16": np.float16}
@@ -164,6 +177,20 @@ class StepError(Exception):
     """A step input the role cannot accept (spec §37 ``StepFailure.InvalidInputHandle``)."""
 
 
+def candidates(logits: npt.NDArray[np.float32], k: int = CANDIDATES_K) -> npt.NDArray[np.int32]:
+    """The top ``k`` ids of ``logits`` (most likely first, lowest id first on ties, as
+    :func:`~swactor.model.sampling.sample_token` orders them) then their float32 logits'
+    bit patterns: one int32 array of ``2 * k`` (the wire's candidates object)."""
+    k = min(k, logits.shape[0])
+    # the k-th largest value; every larger one is in, then the lowest ids equal to it
+    kth = logits[np.argpartition(-logits, k - 1)[k - 1]]
+    above = np.flatnonzero(logits > kth)
+    top = np.concatenate([above, np.flatnonzero(logits == kth)[: k - above.size]])
+    top = top[np.lexsort((top, -logits[top]))]
+    values = np.ascontiguousarray(logits[top], dtype=np.float32)
+    return np.concatenate([top.astype(np.int32), values.view(np.int32)])
+
+
 def _unpermute_rope_rows(
     weight: npt.NDArray[_Scalar], heads: int, head_dim: int, rope_dim: int
 ) -> npt.NDArray[_Scalar]:
@@ -218,6 +245,7 @@ class StageRole:
         beam: int = 0,
         cpu_graph: bool = True,
         quantised: bool = False,
+        slots: int = 1,
     ) -> None:
         facts = weights.facts
         if not 0 < max_seq_len <= facts.context_length:
@@ -225,6 +253,9 @@ class StageRole:
                 WeightsFault.PlanMismatch,
                 f"max_seq_len {max_seq_len} outside (0, {facts.context_length}]",
             )
+        if not 1 <= slots <= MAX_SLOTS:
+            raise WeightsError(WeightsFault.PlanMismatch,
+                               f"slots {slots} outside 1..{MAX_SLOTS}")
         self.facts: ModelFacts = facts
         self.layer_start = weights.layer_start
         self.layer_end = weights.layer_end
@@ -238,9 +269,10 @@ class StageRole:
         self.beam = beam
         self.cpu_graph = cpu_graph
         self.quantised = quantised
+        self.slots = slots
         self.last_logits: npt.NDArray[np.float32] | None = None
         self._next_sequence = 0
-        self._position = 0
+        self._positions = [0] * slots  # each slot's next position
         self._tg_dtype = _TG_DTYPES[weights.dtype]
         # clang renders f16->f32 as scalar converts; integer bit moves vectorise (about 2x)
         self._cpu = self.device.startswith("CPU")
@@ -257,12 +289,14 @@ class StageRole:
         self.rss_at_ready = process_rss_bytes()
         log.info(
             "stage blocks %d..%d ready on %s (%s weights): weights %.1f MiB = %.2fx its "
-            "%.1f MiB in the file, KV cache %.1f MiB for max_seq_len %d, process RSS "
-            "%.1f MiB", self.layer_start, self.layer_end, self.device,
+            "%.1f MiB in the file, KV cache %.1f MiB for %d slot(s) of max_seq_len %d, "
+            "process RSS %.1f MiB", self.layer_start, self.layer_end, self.device,
             "blocks" if quantised else "dense", self.weight_bytes / MIB,
             self.weight_bytes / max(1, self.file_bytes), self.file_bytes / MIB,
-            self.kv_cache_bytes / MIB, max_seq_len, self.rss_at_ready / MIB)
+            self.kv_cache_bytes / MIB, slots, max_seq_len, self.rss_at_ready / MIB)
         self._pos_var = UOp.variable("start_pos", 0, max_seq_len - 1)
+        # one slot: the slot is the constant 0 (the graphs of a single-sequence role)
+        self._slot_var = UOp.variable("slot", 0, slots - 1) if slots > 1 else None
         self._decode = TinyJit(self._forward_decode)
         self._last_var = UOp.variable("last_row", 0, max_seq_len - 1)
         self._prefill: dict[int, _TinyJit[Tensor]] = {}
@@ -297,7 +331,7 @@ class StageRole:
 
     def _kv_cache(self) -> Tensor:
         f = self.facts
-        shape = (f.head_count_kv, self.max_seq_len, f.head_dim)
+        shape = (self.slots, f.head_count_kv, self.max_seq_len, f.head_dim)
         return upload(np.zeros(shape, dtype=self.np_dtype), self.device)
 
     def _matrix(
@@ -439,7 +473,7 @@ class StageRole:
 
     def memory_bytes(self) -> tuple[int, int]:
         """``(weights, kv_cache)``: bytes this role holds in weights (device tensors and the
-        host embedding) and in its KV cache of ``max_seq_len`` positions."""
+        host embedding) and in its KV caches (``slots`` of ``max_seq_len`` positions)."""
         weights = 0
         tensors: list[Tensor | _Matrix | None] = [self.output_norm, self.output,
                                                   self.rope_cos, self.rope_sin]
@@ -535,7 +569,8 @@ class StageRole:
             return rotated
         return rotated.cat(x[..., rope_dim:], dim=-1)
 
-    def _attention(self, block: _Block, x: Tensor, start: UOp | int, tokens: int) -> Tensor:
+    def _attention(self, block: _Block, x: Tensor, start: UOp | int, tokens: int,
+                   slot: UOp | int) -> Tensor:
         f = self.facts
         hd, heads, kv = f.head_dim, f.head_count, f.head_count_kv
         qkv = self._linear(x, block.w_qkv)
@@ -547,10 +582,14 @@ class StageRole:
         q = self._rope(q.reshape(tokens, heads, hd).transpose(0, 1), start, tokens)
         k = self._rope(k.reshape(tokens, kv, hd).transpose(0, 1), start, tokens)
         v = v.reshape(tokens, kv, hd).transpose(0, 1)
-        block.cache_k[:, start : start + tokens, :].assign(k.cast(self._tg_dtype))
-        block.cache_v[:, start : start + tokens, :].assign(v.cast(self._tg_dtype))
-        keys = block.cache_k[:, 0 : start + tokens, :].float()
-        values = block.cache_v[:, 0 : start + tokens, :].float()
+        # the slot's cache is [kv, max_seq_len, hd]: slot `slot` of the block's caches
+        end = start + tokens
+        block.cache_k[slot : slot + 1, :, start:end, :].assign(
+            k.cast(self._tg_dtype).reshape(1, kv, tokens, hd))
+        block.cache_v[slot : slot + 1, :, start:end, :].assign(
+            v.cast(self._tg_dtype).reshape(1, kv, tokens, hd))
+        keys = block.cache_k[slot : slot + 1, :, 0:end, :].reshape(kv, end, hd).float()
+        values = block.cache_v[slot : slot + 1, :, 0:end, :].reshape(kv, end, hd).float()
         group = heads // kv
         q = q.reshape(kv, group * tokens, hd)
         scores = q.matmul(keys.transpose(1, 2)) * (1.0 / math.sqrt(hd))
@@ -564,8 +603,9 @@ class StageRole:
         out = out.reshape(heads, tokens, hd).transpose(0, 1).reshape(tokens, heads * hd)
         return self._linear(out, block.wo)
 
-    def _block(self, block: _Block, x: Tensor, start: UOp | int, tokens: int) -> Tensor:
-        h = x + self._attention(block, self._rms_norm(x, block.attn_norm), start, tokens)
+    def _block(self, block: _Block, x: Tensor, start: UOp | int, tokens: int,
+               slot: UOp | int) -> Tensor:
+        h = x + self._attention(block, self._rms_norm(x, block.attn_norm), start, tokens, slot)
         n = self._rms_norm(h, block.ffn_norm)
         gate_up = self._linear(n, block.w_gate_up)
         ffn = self.facts.ffn_dim
@@ -576,10 +616,11 @@ class StageRole:
         return (h + mlp).cast(self._tg_dtype)
 
     def _forward(
-        self, x: Tensor, start: UOp | int, tokens: int, last: UOp | int | None = None
+        self, x: Tensor, start: UOp | int, tokens: int, last: UOp | int | None = None,
+        slot: UOp | int = 0,
     ) -> Tensor:
         for block in self.blocks:
-            x = self._block(block, x.float(), start, tokens)
+            x = self._block(block, x.float(), start, tokens, slot)
         if not self.is_last:
             return x.contiguous()
         assert self.output_norm is not None and self.output is not None
@@ -587,77 +628,140 @@ class StageRole:
         last_row = self._rms_norm(x[row : row + 1].float(), self.output_norm)
         return self._linear(last_row, self.output).reshape(-1).contiguous()
 
-    def _forward_decode(self, payload: Tensor, start: UOp) -> Tensor:
-        return self._forward(payload, start, 1).realize()
+    def _forward_decode(self, payload: Tensor, start: UOp, slot: UOp | None = None) -> Tensor:
+        return self._forward(payload, start, 1, slot=0 if slot is None else slot).realize()
 
-    def _forward_prefill(self, payload: Tensor, last: UOp) -> Tensor:
-        return self._forward(payload, 0, int(payload.shape[0]), last).realize()
+    def _forward_prefill(self, payload: Tensor, last: UOp, slot: UOp | None = None) -> Tensor:
+        return self._forward(payload, 0, int(payload.shape[0]), last,
+                             0 if slot is None else slot).realize()
 
     # -- the step API ---------------------------------------------------------------------
     def input_shape(self, tokens: int) -> tuple[int, ...]:
         return (tokens,) if self.is_first else (tokens, self.facts.hidden_dim)
 
     def step(self, sequence: int, payload: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
-        """Run inference step ``sequence`` on one input object; return the output object."""
+        """Run inference step ``sequence`` on one input object; return the output object.
+
+        The single-sequence API: slot 0, the last stage samples with ``sampling``."""
         if sequence != 0 and sequence != self._next_sequence:
             raise StepError(f"inference step {sequence} out of order (expected "
                             f"{self._next_sequence})")
         array = self._check_input(payload)
         tokens = array.shape[0]
-        if sequence == 0:
-            self._position = 0
-        elif tokens != 1:
+        if sequence > 0 and tokens != 1:
             raise StepError(f"decode step {sequence} carries {tokens} positions, expected 1")
-        if self._position + tokens > self.max_seq_len:
+        start = 0 if sequence == 0 else self._positions[0]
+        if start + tokens > self.max_seq_len:
             raise StepError(
-                f"step {sequence}: positions {self._position}..{self._position + tokens - 1} "
+                f"step {sequence}: positions {start}..{start + tokens - 1} "
                 f"exceed max_seq_len {self.max_seq_len}"
             )
-        if self.token_embd is not None:
-            array = self._embed(cast("npt.NDArray[np.int32]", array))  # checked int32
-        if tokens == 1 and sequence > 0:
-            result = self._decode_step(array)
-        else:
-            # pad the prompt to a multiple of PREFILL_BUCKET rows: kernels (and BEAM results)
-            # are shared by every prompt length in a bucket. Padding rows come after the
-            # real ones, so no real row attends to them, and their KV entries are rewritten
-            # by decode before any step reads them.
-            padded = min(self.max_seq_len, -(-tokens // PREFILL_BUCKET) * PREFILL_BUCKET)
-            padded = max(padded, tokens)
-            if padded > tokens:
-                pad = np.zeros((padded - tokens, array.shape[1]), dtype=array.dtype)
-                array = np.concatenate([array, pad])
-            data = upload(array, self.device)
-            # one JIT per bucket: from the third prefill of a bucket its kernels replay
-            # without scheduling (and through CpuGraph on CPU). No BEAM here: searching
-            # prefill-sized kernels takes minutes on a small CPU.
-            prefill = self._prefill_jit(padded)
-            if self._cpu:
-                use_cpu_graph(self.cpu_graph)
-            result = prefill(data, self._last_var.bind(tokens - 1)).numpy()
-            self._keep_prefill(prefill, padded, data, tokens - 1)
-        self._position += tokens
+        result = self._compute(array, 0, start, prefill=sequence == 0)
         self._next_sequence = sequence + 1
         if not self.is_last:
-            return np.ascontiguousarray(result[:tokens], dtype=self.np_dtype)
+            return result
         self.last_logits = result.astype(np.float32)
         token = sample_token(self.last_logits, self.sampling, sequence)
         return np.array([token], dtype=np.int32)
 
-    def _decode_step(self, array: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
-        """One position through the decode JIT; returns its output as a numpy array.
+    def run_tagged(self, tag: SequenceTag, payload: npt.NDArray[np.generic]
+                   ) -> npt.NDArray[np.generic]:
+        """Run one tagged object (``swactor.wire.tags``) in KV slot ``tag.slot``.
+
+        Position 0 is a prompt: its rows (one or more) take positions ``0..T-1`` of the
+        slot, whatever the slot held before. A position ``p > 0`` is one decode row that
+        must be the slot's next position (``p`` = the rows it has seen so far). A
+        non-last stage returns its activation rows; the last stage returns one greedy id
+        (argmax, lowest id on ties), or with ``tag.candidates`` the top
+        ``CANDIDATES_K`` ids, most likely first (ties: lowest id first), followed by
+        their float32 logits' bit patterns, all as one int32 array of ``2 *
+        CANDIDATES_K``. ``sampling`` and the untagged step order are not used.
+        """
+        slot, start = tag.slot, tag.position
+        if slot >= self.slots:
+            raise StepError(f"slot {slot} outside this stage's slots 0..{self.slots - 1}")
+        array = self._check_input(payload)
+        tokens = array.shape[0]
+        if start > 0:
+            if tokens != 1:
+                raise StepError(f"slot {slot}: a decode step at position {start} carries "
+                                f"{tokens} rows, expected 1 (a prompt starts at 0)")
+            if start != self._positions[slot]:
+                raise StepError(f"slot {slot}: position {start} is not the slot's next "
+                                f"position {self._positions[slot]}")
+        if start + tokens > self.max_seq_len:
+            raise StepError(f"slot {slot}: positions {start}..{start + tokens - 1} exceed "
+                            f"max_seq_len {self.max_seq_len}")
+        result = self._compute(array, slot, start, prefill=start == 0)
+        if not self.is_last:
+            return result
+        logits = self.last_logits = result.astype(np.float32)
+        if not tag.candidates:
+            return np.array([int(np.argmax(logits))], dtype=np.int32)
+        return candidates(logits)
+
+    def _compute(self, array: npt.NDArray[np.generic], slot: int, start: int,
+                 prefill: bool) -> npt.NDArray[np.generic]:
+        """Rows ``array`` (checked) at positions ``start..`` of KV slot ``slot``: a prefill
+        (``start`` 0, any rows) or one decode row; the activation rows (plan dtype) or,
+        on the last stage, the last row's logits."""
+        tokens = array.shape[0]
+        if self.token_embd is not None:
+            array = self._embed(cast("npt.NDArray[np.int32]", array))  # checked int32
+        if not prefill:
+            result = self._decode_step(array, slot, start)
+        else:
+            result = self._prefill_step(array, slot)
+        self._positions[slot] = start + tokens
+        if not self.is_last:
+            return np.ascontiguousarray(result[:tokens], dtype=self.np_dtype)
+        return result
+
+    def _slot_args(self, slot: int) -> tuple[UOp, ...]:
+        """The JITs' trailing slot argument: none with one slot (the constant 0)."""
+        return () if self._slot_var is None else (self._slot_var.bind(slot),)
+
+    def _prefill_step(self, array: npt.NDArray[np.generic], slot: int
+                      ) -> npt.NDArray[np.generic]:
+        """A prompt's rows at positions ``0..T-1`` of ``slot`` through its bucket's JIT."""
+        tokens = array.shape[0]
+        # pad the prompt to a multiple of PREFILL_BUCKET rows: kernels (and BEAM results)
+        # are shared by every prompt length in a bucket. Padding rows come after the
+        # real ones, so no real row attends to them, and their KV entries are rewritten
+        # by decode before any step reads them.
+        padded = min(self.max_seq_len, -(-tokens // PREFILL_BUCKET) * PREFILL_BUCKET)
+        padded = max(padded, tokens)
+        if padded > tokens:
+            pad = np.zeros((padded - tokens, array.shape[1]), dtype=array.dtype)
+            array = np.concatenate([array, pad])
+        data = upload(array, self.device)
+        # one JIT per bucket: from the third prefill of a bucket its kernels replay
+        # without scheduling (and through CpuGraph on CPU). No BEAM here: searching
+        # prefill-sized kernels takes minutes on a small CPU.
+        prefill = self._prefill_jit(padded)
+        if self._cpu:
+            use_cpu_graph(self.cpu_graph)
+        result: npt.NDArray[np.generic] = prefill(
+            data, self._last_var.bind(tokens - 1), *self._slot_args(slot)).numpy()
+        self._keep_prefill(prefill, padded, data, tokens - 1, slot)
+        return result
+
+    def _decode_step(self, array: npt.NDArray[np.generic], slot: int, start: int
+                     ) -> npt.NDArray[np.generic]:
+        """One row at position ``start`` of ``slot`` through the decode JIT; returns its
+        output as a numpy array.
 
         On CPU the JIT's input is one buffer kept for the role's life and both directions
         go through numpy views of device memory: a fresh input Tensor and ``numpy()`` each
         cost a schedule and a copy kernel (about 1 ms of Python per token).
         """
-        position = self._pos_var.bind(self._position)
+        args = (self._pos_var.bind(start), *self._slot_args(slot))
         if self._decode.cnt == 0:
             self._adopt(self._decode, "decode")
         if not self._cpu:
             data = upload(array, self.device)
             with Context(BEAM=self.beam):  # type: ignore[no-untyped-call]
-                result = self._decode(data, position).numpy()
+                result: npt.NDArray[np.generic] = self._decode(data, *args).numpy()
             self._offer(self._decode, "decode")
             return result
         if self._decode_input is None:
@@ -666,17 +770,23 @@ class StageRole:
             self._decode_input_view = _host_view(self._decode_input)
         self._decode_input_view[...] = array
         if self._decode_replay is not None:
-            self._decode_replay.replay({self._pos_var.expr: self._position})
+            values = {self._pos_var.expr: start}
+            if self._slot_var is not None:
+                values[self._slot_var.expr] = slot
+            self._decode_replay.replay(values)
             return self._decode_output_view.copy()
         use_cpu_graph(self.cpu_graph)
         with Context(BEAM=self.beam):  # type: ignore[no-untyped-call]
-            out = self._decode(self._decode_input, position)
+            out = self._decode(self._decode_input, *args)
         self._offer(self._decode, "decode")
         self._decode_output_view = _host_view(out)
         captured = self._decode.captured
         if captured is not None and self._decode.cnt >= 2:  # replayed once: batches built
+            variables = {self._pos_var.expr}
+            if self._slot_var is not None:
+                variables.add(self._slot_var.expr)
             self._decode_replay = DirectReplay.of(captured, (self._decode_input.uop.base,),
-                                                  frozenset({self._pos_var.expr}))
+                                                  frozenset(variables))
         return self._decode_output_view.copy()
 
     # -- kernel cache (swactor.model.jit_cache) ----------------------------------------------
@@ -685,7 +795,7 @@ class StageRole:
         return {"facts": self.facts.__dict__, "layers": [self.layer_start, self.layer_end],
                 "first": self.is_first, "last": self.is_last, "dtype": self.dtype,
                 "max_seq_len": self.max_seq_len, "device": self.device, "beam": self.beam,
-                "cpu_graph": self.cpu_graph, "quantised": self.quantised}
+                "cpu_graph": self.cpu_graph, "quantised": self.quantised, "slots": self.slots}
 
     def _adopt(self, jit: _TinyJit[Tensor], kind: str) -> None:
         """Give a JIT that never ran the captured graph the cache holds for `kind`."""
@@ -706,13 +816,13 @@ class StageRole:
         return prefill
 
     def _keep_prefill(self, prefill: _TinyJit[Tensor], padded: int, data: Tensor,
-                      last: int) -> None:
+                      last: int, slot: int) -> None:
         """After a bucket's first prefill, with the cache on: run it once more to capture
-        its graph (same input, same positions: the KV cache gets the same values) and
-        keep it, so later workers replay the bucket instead of building it."""
+        its graph (same input, same positions and slot: the KV cache gets the same
+        values) and keep it, so later workers replay the bucket instead of building it."""
         if self._kernels is None or prefill.captured is not None or prefill.cnt != 1:
             return
-        prefill(data, self._last_var.bind(last))
+        prefill(data, self._last_var.bind(last), *self._slot_args(slot))
         self._offer(prefill, f"prefill-{padded}")
 
     def warm_up(self) -> None:
@@ -720,12 +830,12 @@ class StageRole:
         bucket the cache holds for this role (none yet: build the first bucket, prompts of
         up to ``PREFILL_BUCKET`` tokens), and run each once, so the first real steps
         replay kernels instead of building them. Leaves the role as if new: its positions
-        restart at step 0, and the KV entries warming wrote are rewritten by the prefill
-        before any step reads them."""
+        restart at step 0, and the KV entries warming wrote (in slot 0; the slot is a
+        variable of every graph, so one warm-up serves them all) are rewritten by the
+        prefill before any step reads them."""
         row = np.zeros((1, self.facts.hidden_dim), dtype=self.np_dtype)
         for position in range(min(3, self.max_seq_len)):  # a JIT captures on its 2nd call
-            self._position = position
-            self._decode_step(row)
+            self._decode_step(row, 0, position)
             if self._decode.captured is not None:
                 break
         buckets = self._kernels.kinds("prefill-") if self._kernels is not None else []
@@ -740,9 +850,9 @@ class StageRole:
                 use_cpu_graph(self.cpu_graph)
             rows = upload(np.zeros((padded, self.facts.hidden_dim), dtype=self.np_dtype),
                           self.device)
-            prefill(rows, self._last_var.bind(0))
-            self._keep_prefill(prefill, padded, rows, 0)  # built here: capture and keep
-        self._position = 0
+            prefill(rows, self._last_var.bind(0), *self._slot_args(0))
+            self._keep_prefill(prefill, padded, rows, 0, 0)  # built here: capture and keep
+        self._positions = [0] * self.slots
         self._next_sequence = 0
         self.last_logits = None
 

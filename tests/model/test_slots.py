@@ -1,0 +1,188 @@
+"""KV slots: a role with K slots runs K tagged sequences interleaved, each as if alone.
+
+The tiny random GGUF checks the mechanics (interleaving, candidates, bad tags) fast;
+the SmolLM2 tests (slow) check greedy tokens of real prompts, one stage and a split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from swactor.model.gguf_range import open_reader
+from swactor.model.llama_role import StageRole, StepError
+from swactor.wire.tags import CANDIDATES_K, SequenceTag
+
+MAX_SEQ = 16
+TINY_PROMPTS = [[5, 17, 42, 99, 7, 250], [3, 1, 4], [250, 8, 8, 9, 1, 2, 3, 4, 5, 6], [11]]
+
+
+def _roles(path: Path, split: Sequence[tuple[int, int]], slots: int, max_seq_len: int,
+           blocks: bool = False) -> list[StageRole]:
+    reader = open_reader(path)
+    return [
+        StageRole(reader.load_stage(a, b, is_first=i == 0, is_last=i == len(split) - 1,
+                                    dtype="f32", keep_blocks=blocks),
+                  max_seq_len=max_seq_len, quantised=blocks, slots=slots)
+        for i, (a, b) in enumerate(split)
+    ]
+
+
+def _alone(roles: list[StageRole], prompt: list[int], steps: int,
+           logits: list[npt.NDArray[np.float32]] | None = None) -> list[int]:
+    """Greedy tokens of ``prompt`` through the untagged single-sequence API (each
+    step's logits appended to ``logits``)."""
+    tokens: list[int] = []
+    payload: npt.NDArray[Any] = np.array(prompt, dtype=np.int32)
+    for sequence in range(steps):
+        for role in roles:
+            payload = role.step(sequence, payload)
+        tokens.append(int(payload[0]))
+        if logits is not None:
+            assert roles[-1].last_logits is not None
+            logits.append(roles[-1].last_logits.copy())
+    return tokens
+
+
+def _tagged(roles: list[StageRole], tag: SequenceTag, payload: npt.NDArray[Any]
+            ) -> npt.NDArray[Any]:
+    for role in roles:
+        payload = role.run_tagged(tag, payload)
+    return payload
+
+
+def _interleaved(roles: list[StageRole], prompts: list[list[int]], steps: int,
+                 candidates_every: int = 0,
+                 logits: list[list[npt.NDArray[np.float32]]] | None = None
+                 ) -> list[list[int]]:
+    """Every prompt in its own slot, steps interleaved: the prefills in reverse order,
+    then decode rounds visiting the slots in a rotating order. With ``candidates_every``
+    every n-th step asks for candidates (and checks them against the greedy id)."""
+    tokens: list[list[int]] = [[] for _ in prompts]
+    count = 0
+
+    def run(slot: int, position: int, payload: npt.NDArray[Any]) -> None:
+        nonlocal count
+        count += 1
+        ask = bool(candidates_every) and count % candidates_every == 0
+        out = _tagged(roles, SequenceTag(slot, position, ask), payload)
+        if logits is not None:
+            assert roles[-1].last_logits is not None
+            logits[slot].append(roles[-1].last_logits.copy())
+        if ask:
+            assert out.dtype == np.int32 and out.shape == (2 * CANDIDATES_K,)
+            ids, values = out[:CANDIDATES_K], out[CANDIDATES_K:].view(np.float32)
+            greedy = _tagged_greedy_of(roles[-1])
+            assert int(ids[0]) == greedy
+            assert np.all(np.diff(values) <= 0)
+            assert len(set(ids.tolist())) == CANDIDATES_K
+            last = roles[-1].last_logits
+            assert last is not None
+            np.testing.assert_array_equal(values, last[ids])
+            tokens[slot].append(int(ids[0]))
+        else:
+            assert out.dtype == np.int32 and out.shape == (1,)
+            tokens[slot].append(int(out[0]))
+
+    for slot in reversed(range(len(prompts))):
+        run(slot, 0, np.array(prompts[slot], dtype=np.int32))
+    for step in range(1, steps):
+        order = list(range(len(prompts)))
+        order = order[step % len(order):] + order[: step % len(order)]
+        for slot in order:
+            run(slot, len(prompts[slot]) + step - 1, np.array([tokens[slot][-1]], np.int32))
+    return tokens
+
+
+def _tagged_greedy_of(role: StageRole) -> int:
+    assert role.last_logits is not None
+    return int(np.argmax(role.last_logits))
+
+
+def test_interleaved_slots_match_each_prompt_alone(tiny_llama: Path) -> None:
+    """Tokens equal, and logits too (a random model's tokens barely depend on the
+    context, its logits do)."""
+    steps = 5
+    want: list[list[npt.NDArray[np.float32]]] = [[] for _ in TINY_PROMPTS]
+    alone = [_alone(_roles(tiny_llama, [(0, 4)], 1, MAX_SEQ), p, steps, want[i])
+             for i, p in enumerate(TINY_PROMPTS)]
+    (role,) = _roles(tiny_llama, [(0, 4)], len(TINY_PROMPTS), MAX_SEQ)
+    assert role.kv_cache_bytes == 4 * _roles(tiny_llama, [(0, 4)], 1, MAX_SEQ)[0].kv_cache_bytes
+    got: list[list[npt.NDArray[np.float32]]] = [[] for _ in TINY_PROMPTS]
+    assert _interleaved([role], TINY_PROMPTS, steps, candidates_every=3, logits=got) == alone
+    for slot_got, slot_want in zip(got, want, strict=True):
+        for step_got, step_want in zip(slot_got, slot_want, strict=True):
+            np.testing.assert_allclose(step_got, step_want, rtol=1e-5, atol=1e-5)
+    split = _roles(tiny_llama, [(0, 1), (1, 4)], len(TINY_PROMPTS), MAX_SEQ)
+    assert _interleaved(split, TINY_PROMPTS, steps) == alone
+    # the untagged API is slot 0 of a many-slot role
+    assert _alone([role], TINY_PROMPTS[2], steps) == alone[2]
+
+
+def test_a_slot_restarts_at_position_zero_and_warm_up_keeps_every_slot(tiny_llama: Path
+                                                                       ) -> None:
+    fresh = _roles(tiny_llama, [(0, 4)], 1, MAX_SEQ)
+    want_new = _alone(fresh, TINY_PROMPTS[1], 3)
+    want_old = _alone(fresh, TINY_PROMPTS[0], 6)
+    (role,) = _roles(tiny_llama, [(0, 4)], 3, MAX_SEQ)
+    role.warm_up()
+    first = _interleaved([role], [TINY_PROMPTS[0], TINY_PROMPTS[3], TINY_PROMPTS[2]], 4)
+    assert first[0] == want_old[:4]
+    # slot 2 takes a new sequence while slot 0 goes on with its own
+    new: list[int] = []
+    old = first[0]
+    for step in range(3):
+        ids = TINY_PROMPTS[1] if step == 0 else [new[-1]]
+        new.append(int(role.run_tagged(SequenceTag(2, 0 if step == 0 else
+                                                    len(TINY_PROMPTS[1]) + step - 1),
+                                       np.array(ids, dtype=np.int32))[0]))
+        if step < 2:
+            position = len(TINY_PROMPTS[0]) + len(old) - 1
+            old.append(int(role.run_tagged(SequenceTag(0, position),
+                                           np.array([old[-1]], dtype=np.int32))[0]))
+    assert new == want_new
+    assert old == want_old
+
+
+def test_bad_tags_are_step_errors(tiny_llama: Path) -> None:
+    (role,) = _roles(tiny_llama, [(0, 4)], 2, MAX_SEQ)
+    one = np.array([5], dtype=np.int32)
+    with pytest.raises(StepError, match="slot 2 outside"):
+        role.run_tagged(SequenceTag(2, 0), one)
+    with pytest.raises(StepError, match="not the slot's next position 0"):
+        role.run_tagged(SequenceTag(0, 3), one)
+    role.run_tagged(SequenceTag(1, 0), np.array([5, 6, 7], dtype=np.int32))
+    with pytest.raises(StepError, match="carries 2 rows"):
+        role.run_tagged(SequenceTag(1, 3), np.array([5, 6], dtype=np.int32))
+    with pytest.raises(StepError, match="not the slot's next position 3"):
+        role.run_tagged(SequenceTag(1, 4), one)
+    with pytest.raises(StepError, match="exceed max_seq_len"):
+        role.run_tagged(SequenceTag(0, 0), np.arange(MAX_SEQ + 1, dtype=np.int32))
+    role.run_tagged(SequenceTag(1, 3), one)  # the failed steps changed nothing
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split", [[(0, 30)], [(0, 13), (13, 30)]], ids=["1-stage", "2-stage"])
+def test_smollm2_four_slots_give_each_prompt_its_greedy_tokens(
+        split: list[tuple[int, int]]) -> None:
+    from swactor.model.paths import default_model_path
+    from swactor.model.tokenizer import Tokenizer
+
+    path = default_model_path()
+    if not path.is_file():
+        pytest.fail(f"{path} missing: run scripts/setup.sh")
+    tokenizer = Tokenizer.from_gguf(path)
+    texts = ["hello world", "The capital of France is", "1, 2, 3, 4,",
+             "Once upon a time there was a little"]
+    prompts = [list(tokenizer.encode(t)) for t in texts]
+    steps = 12
+    alone_roles = _roles(path, split, 1, 64, blocks=True)
+    alone = [_alone(alone_roles, p, steps) for p in prompts]
+    assert len({tuple(a) for a in alone}) == len(prompts)  # four different continuations
+    roles = _roles(path, split, len(prompts), 64, blocks=True)
+    assert _interleaved(roles, prompts, steps, candidates_every=5) == alone
