@@ -75,6 +75,7 @@ class DeviceAllocation:
     tensor: Tensor
     object_id: int = -1
     reusable: bool = False  # made by `alloc`: its memory may serve a later `alloc`
+    flags: int = 0  # an ingress object's header flags (its sequence tag, if any)
 
     @property
     def buffer(self) -> Any:

@@ -243,6 +243,7 @@ class IngressRing(IngressGuards, RingRecord, ir.IngressRingEffects[None]):
             log.warning("ring %s: copy completion: %s", int(self.command.ring_id), exc)
             self.feed(ir.CopyFailed(decoded.object_id, decoded.sequence))
             return
+        target.flags = decoded.flags  # the step that reads it copies them onward
         handle = self._bridge.register(target)
         self._object = None
         self.feed(ir.CopyCompleted(decoded.object_id, decoded.sequence, decoded.extent, handle))

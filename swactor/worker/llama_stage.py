@@ -11,7 +11,17 @@ Theory of operation
      "num_layers": 30, "hidden_dim": 576,                      # optional plan checks
      "sha256": null, "cache_dir": null,                        # optional source options
      "weights": "blocks",                                      # optional, or "dense"
+     "slots": 4,                                               # optional, default 1
      "table": {...}}                                           # optional stage table
+
+`slots` is how many sequences the stage holds KV caches for (1..MAX_STAGE_SLOTS): a
+serving run's tagged objects (`swactor.wire.tags`, extension beyond spec §17) name
+their slot and position in the object header's `flags`, which the step runner hands
+the role on the output binding (the output carries the input's flags on). A tagged
+step runs `StageRole.run_tagged`; the last stage answers one greedy id, or with
+CANDIDATES the `CANDIDATES_K` ids then their f32 logits' bit patterns, as u32s. An
+untagged object (flags 0) is the inference step `sequence` of the run's one sequence,
+as below; it uses slot 0.
 
 `weights` "blocks" keeps the file's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K matrices in their
 blocks and computes decode and prefill from them, with no dense copy (about the file's
@@ -43,8 +53,10 @@ converts between ring object bytes and the model role's arrays (spec §17 layout
   little endian), C order; `extent = tokens * hidden * width`.
 
 Bytes the role cannot read as such an object (a length that is not a whole number of
-rows, an id >= 2**31), and model step errors (out-of-order step, context overflow),
-raise `RoleRunError`, which the step runner answers StepFailed OutputExtentInvalid.
+rows, an id >= 2**31), flags that are not a sequence tag, and model step errors
+(out-of-order step, context overflow, a slot the stage does not have, a decode position
+that is not the slot's next), raise `RoleRunError`, which the step runner answers
+StepFailed OutputExtentInvalid.
 
 The input crosses to the host once (`bridge.host_array`: on CPU a view of the object's
 memory) because the model role's API takes arrays; its output is handed back as a host
@@ -73,12 +85,15 @@ from tinygrad.tensor import Tensor
 
 from swactor.wire import JsonValue, OutputBinding, SamplingMode, WireError
 from swactor.wire import SamplingPolicy as WireSamplingPolicy
+from swactor.wire.tags import MAX_SLOTS, SequenceTag, TagError
 from swactor.worker.bridge import host_array
 from swactor.worker.roles import Role, RoleConfigError, RoleRunError, register_role_kind
 
 KIND = "llama_stage"
 ACTIVATION_DTYPES: dict[str, np.dtype[Any]] = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}
 TOKEN_DTYPE: np.dtype[Any] = np.dtype("<u4")
+MAX_STAGE_SLOTS = 64
+"""The most KV slots one stage takes (each is a KV cache of `max_seq_len` positions)."""
 
 
 def _field(config: Mapping[str, JsonValue], name: str, kind: type, required: bool = True
@@ -161,6 +176,11 @@ class LlamaStageRole:
                 f"llama_stage weights {weights_mode!r} (supported: dense, blocks)"
             )
         sampling = _sampling(config)
+        slots = _field(config, "slots", int, required=False)
+        slots = 1 if slots is None else slots
+        if not 1 <= slots <= min(MAX_STAGE_SLOTS, MAX_SLOTS):
+            raise RoleConfigError(f"llama_stage slots {slots} is outside "
+                                  f"1..{min(MAX_STAGE_SLOTS, MAX_SLOTS)}")
         table = _field(config, "table", dict, required=False)
         try:
             reader = open_reader(
@@ -174,7 +194,8 @@ class LlamaStageRole:
                 keep_blocks=weights_mode == "blocks",
             )
             stage = StageRole(weights, max_seq_len=max_seq_len, sampling=sampling,
-                              device=device, quantised=weights_mode == "blocks")
+                              device=device, quantised=weights_mode == "blocks",
+                              slots=slots)
             del weights  # the host copies: the role holds its own on the device
             stage.warm_up()
         except WeightsError as error:
@@ -199,9 +220,16 @@ class LlamaStageRole:
             raise RoleRunError("llama_stage takes one input and one output per step")
         (source,) = inputs.values()
         (binding,) = outputs
+        try:
+            tag = SequenceTag.unpack(binding.flags)
+        except TagError as error:
+            raise RoleRunError(f"llama_stage step {int(binding.sequence)}: {error}") from None
         array = self.decode_input(host_array(source))
         try:
-            result = self.stage.step(int(binding.sequence), array)
+            if tag is None:
+                result = self.stage.step(int(binding.sequence), array)
+            else:
+                result = self.stage.run_tagged(tag, array)
         except StepError as error:
             raise RoleRunError(f"llama_stage step {int(binding.sequence)}: {error}") from None
         return {int(binding.port_id): self.encode_output(result)}
@@ -225,8 +253,10 @@ class LlamaStageRole:
 
     def encode_output(self, result: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
         """The output object's bytes for the model role's output array."""
-        wire_dtype = TOKEN_DTYPE if self.stage.is_last else self.activation
-        out: npt.NDArray[Any] = np.ascontiguousarray(result).astype(wire_dtype)
+        if self.stage.is_last:  # int32 ids (and a candidates object's logit bits) as u32
+            out: npt.NDArray[Any] = np.ascontiguousarray(result, np.int32).view(TOKEN_DTYPE)
+        else:
+            out = np.ascontiguousarray(result).astype(self.activation)
         data: npt.NDArray[np.uint8] = out.view(np.uint8).reshape(-1)
         return data
 

@@ -33,6 +33,16 @@ input has. The loaded object of another sequence on an awaited ring fails the st
 A ring uninstalled under a waiting step fails it (WorkerShuttingDown), and so does a
 drain (`abort_waiting`): its object can no longer come. Loaded objects no step took stay
 listed until a step takes them or they are released (`forget`) or their ring goes.
+
+Sequence tags (`swactor.wire.tags`, an extension beyond spec §17): the ingress ring keeps
+each object's header `flags` with its device allocation, and a step's outputs carry the
+flags of its inputs (every input of a step must carry the same), so a tag travels
+through every stage to the token-out edge. The role reads them on its output bindings
+(`OutputBinding.flags`: set to the input's when the node left them 0). An output to a
+TokenIds ring of a step whose tag asks for CANDIDATES is `2 * CANDIDATES_K * 4` bytes
+(the candidates object) instead of its binding's one id. Flags that are neither 0 nor a
+valid tag fail the step (OutputExtentInvalid, as a role's bad input does). Untagged
+objects (flags 0) run exactly as the spec says.
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ from swactor.wire import (
     DeviceObjectReleased,
     ExecuteStep,
     InputBinding,
+    ObjectKind,
     ObjectLoaded,
     OutputBinding,
     RingId,
@@ -60,6 +71,7 @@ from swactor.wire import (
     StepFailure,
     WorkerEvent,
 )
+from swactor.wire.tags import CANDIDATES_K, SequenceTag, TagError
 from swactor.worker.bridge import DeviceAllocation, DeviceBridge, DeviceError, InvalidHandle
 from swactor.worker.egress import EgressRing
 from swactor.worker.ingress import IngressRing
@@ -245,24 +257,33 @@ class StepRunner:
     def _start(self, command: ExecuteStep) -> ActiveStep | None:
         """Run the step's role (steps with awaited inputs come here bound)."""
         try:
-            outputs = self._run(command)
+            command, outputs = self._run(command)
         except StepRefused as refused:
-            log.info("step %s refused: %s", int(command.step_id), refused)
+            log.warning("step %s refused: %s", int(command.step_id), refused)
             self._fail(command, refused.reason)
             return None
         return ActiveStep(command, outputs)
 
-    def _run(self, command: ExecuteStep) -> list[DeviceAllocation]:
+    def _run(self, command: ExecuteStep) -> tuple[ExecuteStep, list[DeviceAllocation]]:
+        """Run the step's role; the command as run (outputs tagged) and its outputs."""
         role = self._roles.get(command.role_id)
         if role is None:
             raise StepRefused(StepFailure.RoleUnavailable, f"role {int(command.role_id)}")
         views: dict[int, Tensor] = {}
+        flags: set[int] = set()
         for binding in command.inputs:
             try:
                 allocation = self._bridge.lookup(binding.device_handle)
             except InvalidHandle as exc:
                 raise StepRefused(StepFailure.InvalidInputHandle, str(exc)) from None
             views[int(binding.port_id)] = self._bridge.wrap(allocation)
+            flags.add(allocation.flags)
+        if len(flags) > 1:
+            raise StepRefused(StepFailure.OutputExtentInvalid,
+                              "the step's inputs carry different sequence tags")
+        if flags and flags != {0}:
+            command = replace(command, outputs=tuple(
+                self._tagged(binding, *flags) for binding in command.outputs))
         for out in command.outputs:
             ring = self._rings.get(out.ring_id)
             if not isinstance(ring, EgressRing) or not ring.idle:
@@ -295,7 +316,21 @@ class StepRunner:
                     f"port {int(out.port_id)}: {allocation.extent} bytes, "
                     f"binding says {out.extent}",
                 )
-        return allocations
+        return command, allocations
+
+    def _tagged(self, binding: OutputBinding, flags: int) -> OutputBinding:
+        """`binding` carrying the input's `flags`; a candidates object's extent on a
+        TokenIds ring (module doc)."""
+        try:
+            tag = SequenceTag.unpack(flags)
+        except TagError as error:
+            raise StepRefused(StepFailure.OutputExtentInvalid, str(error)) from None
+        tagged = binding if binding.flags else replace(binding, flags=flags)
+        ring = self._rings.get(binding.ring_id)
+        if (tag is not None and tag.candidates and isinstance(ring, EgressRing)
+                and ring.spec.kind is ObjectKind.TokenIds):
+            tagged = replace(tagged, extent=2 * CANDIDATES_K * 4)
+        return tagged
 
 
 def _per_rows(binding: OutputBinding, rows: int) -> OutputBinding:

@@ -1,0 +1,172 @@
+"""Sequence tags through one real worker: the input header's flags reach the role and
+the output header (`swactor.wire.tags`); a candidates step writes the candidates object."""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from swactor.model.gguf_range import open_reader
+from swactor.model.llama_role import StageRole, candidates
+from swactor.testing.worker_rig import WorkerRig, read_all, record, write_all
+from swactor.wire import (
+    ConfigureRole,
+    DTypeFamily,
+    ExecuteStep,
+    InputBinding,
+    LayoutRule,
+    ObjectHeader,
+    ObjectId,
+    ObjectKind,
+    ObjectLoaded,
+    ObjectProduced,
+    ObjectSpec,
+    OutputBinding,
+    PortId,
+    RingDirection,
+    RingId,
+    RoleConfigured,
+    RoleFailed,
+    RoleFailure,
+    RoleId,
+    SequencePolicy,
+    ShapeRule,
+    StepCompleted,
+    StepFailed,
+    StepFailure,
+    StepId,
+)
+from swactor.wire.tags import CANDIDATES_K, SequenceTag
+from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
+
+TINY = TinyConfig(blocks=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=96, context=32,
+                  seed=7)
+MAX_SEQ = 16
+
+
+def _token_spec() -> ObjectSpec:
+    return ObjectSpec(kind=ObjectKind.TokenIds, max_extent=4 * MAX_SEQ * 8,
+                      dtype_family=DTypeFamily.UInt, dtype_width_bytes=4,
+                      shape=ShapeRule.Vector, layout=LayoutRule.RowMajor, alignment=4,
+                      sequence_policy=SequencePolicy.Contiguous)
+
+
+def _step(rig: WorkerRig, role: int, step: int, loaded: ObjectLoaded, extent: int,
+          flags: int = 0) -> None:
+    rig.send(ExecuteStep(
+        RoleId(role), StepId(step),
+        (InputBinding(PortId(1), loaded.object_id, loaded.sequence, loaded.device_handle),),
+        (OutputBinding(PortId(1), RingId(2), ObjectId(step + 100), loaded.sequence, extent,
+                       flags),),
+        None, True,
+    ))
+
+
+def _ids(ids: list[int]) -> bytes:
+    return struct.pack(f"<{len(ids)}I", *ids)
+
+
+def test_echo_output_carries_the_input_flags_and_a_bad_tag_fails(rig: WorkerRig) -> None:
+    ingress = rig.add_ring(1, RingDirection.Ingress, 4096)
+    egress = rig.add_ring(2, RingDirection.Egress, 4096)
+    rig.send(ConfigureRole(RoleId(5), {"kind": "echo"}))
+    rig.expect(RoleConfigured)
+    payload = struct.pack("<4f", 1.0, 2.0, 3.0, 4.0)
+    tag = SequenceTag(3, 7).pack()
+    write_all(rig, ingress, record(11, 0, payload, flags=tag))
+    _step(rig, 5, 1, rig.expect(ObjectLoaded), len(payload))
+    data = read_all(rig, egress, ObjectHeader.LEN + len(payload))
+    header = ObjectHeader.unpack(data)
+    assert (header.object_id, header.extent, header.flags) == (101, len(payload), tag)
+    assert data[ObjectHeader.LEN:] == payload
+    rig.expect(ObjectProduced)
+    assert rig.expect(StepCompleted).step_id == 1
+    rig.next_event()  # DeviceObjectReleased
+
+    write_all(rig, ingress, record(12, 1, payload, flags=0x5))  # set, but not TAGGED
+    _step(rig, 5, 2, rig.expect(ObjectLoaded), len(payload))
+    failed = rig.expect(StepFailed)
+    assert (failed.step_id, failed.reason) == (2, StepFailure.OutputExtentInvalid)
+
+
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("tagged") / "tiny.gguf", TINY)
+
+
+@pytest.fixture
+def llama_rig(gguf: Path) -> Iterator[WorkerRig]:
+    worker = WorkerRig(env={"SWACTOR_KERNEL_CACHE": "off"})
+    worker.initialize()
+    try:
+        yield worker
+    finally:
+        worker.close()
+
+
+def _config(gguf: Path, slots: object) -> dict[str, object]:
+    return {"kind": "llama_stage", "gguf": str(gguf), "layer_start": 0, "layer_end": 2,
+            "first": True, "last": True, "dtype": "f32", "max_seq_len": MAX_SEQ,
+            "slots": slots}
+
+
+def test_llama_stage_runs_tagged_steps_in_slots(llama_rig: WorkerRig, gguf: Path) -> None:
+    rig = llama_rig
+    ingress = rig.add_ring(1, RingDirection.Ingress, 4096, _token_spec())
+    egress = rig.add_ring(2, RingDirection.Egress, 4096, _token_spec())
+    for bad in (0, 65, "2"):
+        rig.send(ConfigureRole(RoleId(4), _config(gguf, bad)))
+        assert rig.expect(RoleFailed, timeout=120).reason is RoleFailure.ConfigInvalid
+        _logged(rig, "slots")
+    rig.send(ConfigureRole(RoleId(4), _config(gguf, 2)))
+    rig.expect(RoleConfigured, timeout=300)
+    reference = StageRole(open_reader(gguf).load_stage(0, 2, is_first=True, is_last=True,
+                                                       dtype="f32"), max_seq_len=MAX_SEQ)
+    prompt = [5, 17, 42, 9]
+    want = [int(reference.step(0, np.array(prompt, np.int32))[0])]
+    want.append(int(reference.step(1, np.array(want[-1:], np.int32))[0]))
+    assert reference.last_logits is not None
+    want_candidates = candidates(reference.last_logits)
+
+    steps = [  # (tag, ids in, candidates out); slot 0 gets an unrelated prompt between
+        (SequenceTag(1, 0), prompt, False),
+        (SequenceTag(0, 0), [60, 61, 62], False),
+        (SequenceTag(1, len(prompt), candidates=True), want[:1], True),
+    ]
+    got: list[bytes] = []
+    for index, (tag, ids, ask) in enumerate(steps, start=1):
+        write_all(rig, ingress, record(10 + index, index - 1, _ids(ids), flags=tag.pack()))
+        _step(rig, 4, index, rig.expect(ObjectLoaded), 4)
+        extent = 2 * CANDIDATES_K * 4 if ask else 4
+        data = read_all(rig, egress, ObjectHeader.LEN + extent, timeout=120)
+        header = ObjectHeader.unpack(data)
+        assert (header.flags, header.extent) == (tag.pack(), extent)
+        assert rig.expect(ObjectProduced).extent == extent
+        assert rig.expect(StepCompleted).step_id == index
+        rig.next_event()  # DeviceObjectReleased
+        got.append(data[ObjectHeader.LEN:])
+    assert struct.unpack("<I", got[0]) == (want[0],)
+    assert got[2] == want_candidates.astype("<i4").tobytes()
+    assert struct.unpack("<I", got[2][:4]) == (want[1],)
+
+    # slot 2 is not the stage's; a decode position that is not the slot's next
+    for index, tag in ((4, SequenceTag(2, 0)), (5, SequenceTag(1, 9))):
+        write_all(rig, ingress, record(10 + index, index - 1, _ids([1]), flags=tag.pack()))
+        _step(rig, 4, index, rig.expect(ObjectLoaded), 4)
+        failed = rig.expect(StepFailed, timeout=60)
+        assert (failed.step_id, failed.reason) == (index, StepFailure.OutputExtentInvalid)
+    _logged(rig, "slot 2 outside this stage's slots 0..1")
+    _logged(rig, "position 9 is not the slot's next position 5")
+
+
+def _logged(rig: WorkerRig, text: str) -> None:
+    """The worker's stderr says `text` (read by the rig's thread: allow it a moment)."""
+    deadline = time.monotonic() + 10
+    while not any(text in line for line in rig.stderr):
+        assert time.monotonic() < deadline, f"{text!r} not in {rig.stderr[-5:]}"
+        time.sleep(0.05)
