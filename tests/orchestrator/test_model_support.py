@@ -128,9 +128,11 @@ def test_predicted_stage_memory_is_what_the_role_holds(tmp_path: Path, name: str
                 loaded = reader.load_stage(start, end, is_first=start == 0, is_last=end == 3,
                                            dtype=dtype, keep_blocks=weights == "blocks")
                 file_bytes = loaded.tensor_bytes
-                role = StageRole(loaded, max_seq_len=24, quantised=weights == "blocks")
-                want = info.stage_memory(start, end, width, 24, weights)
-                where = (weights, dtype, start, end)
+                slots = 1 + start  # 1, 1, 2, 3 KV slots
+                role = StageRole(loaded, max_seq_len=24, quantised=weights == "blocks",
+                                 slots=slots)
+                want = info.stage_memory(start, end, width, 24, weights, slots)
+                where = (weights, dtype, start, end, slots)
                 assert (role.weight_bytes, role.kv_cache_bytes) == (want.weights,
                                                                     want.kv_cache), where
                 assert want.file_bytes == file_bytes == role.file_bytes, where
@@ -199,7 +201,7 @@ def test_the_stage_logs_its_memory_at_ready(tmp_path: Path,
     (line,) = [r.getMessage() for r in caplog.records if "ready on" in r.getMessage()]
     found = re.search(r"blocks 1\.\.3 ready .*\(blocks weights\): weights ([\d.]+) MiB = "
                       r"([\d.]+)x its ([\d.]+) MiB in the file, KV cache ([\d.]+) MiB for "
-                      r"max_seq_len 24, process RSS ([\d.]+) MiB", line)
+                      r"1 slot\(s\) of max_seq_len 24, process RSS ([\d.]+) MiB", line)
     assert found, line
     want = model_info_from_gguf(path, with_stop_ids=False).stage_memory(1, 3, 4, 24, "blocks")
     mib = 1 << 20
