@@ -2,7 +2,8 @@
 
 Theory of operation. The orchestrator's ProvisionStage says which layers a stage runs,
 whether it is first or last (stage index against stage count), the compute dtype
-(family and width), `max_seq_len` and, for the last stage only, the sampling policy.
+(family and width), `max_seq_len`, the KV slots (`slots`: sequences a serving run
+carries at once) and, for the last stage only, the sampling policy.
 The worker role (`swactor.worker.llama_stage`) needs the same facts plus where to read
 the GGUF on this node (a local path, or the URL with the node's range cache), which
 the node's weight loader resolves from the provision's `GgufSource`.
@@ -67,6 +68,7 @@ def llama_stage_config(
         "last": provision.stage_index == provision.stage_count - 1,
         "dtype": dtype,
         "max_seq_len": model.max_seq_len,
+        "slots": model.slots,
         "hidden_dim": model.hidden_dim,
         "sampling": None if sampling is None else sampling.to_json(),
         "sha256": provision.gguf_source.sha256,

@@ -9,14 +9,15 @@ package's range reader (header, metadata and tensor table only) and keeps:
   a file without a tokenizer vocabulary stops on EOS alone;
 - every tensor's name, type, element count and file bytes (`TensorInfo`), from which
   `stage_memory` predicts what one stage holds, exactly as the stage role computes it
-  (`StageRole.memory_bytes`): weights, apart from the KV cache of `max_seq_len`
-  positions. With weights in blocks (`--weights blocks`) a Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K
-  matrix costs its file bytes (Q4_K/Q5_K: plus 4 bytes per 256 weights, their 6-bit
-  scales unpacked), every other tensor its elements at the compute width; dense, every
-  tensor costs its elements at the compute width. The stage's first-stage embedding
-  lives on the host, the last stage's output projection on the device: a single stage of
-  a model with tied embeddings holds the embedding twice. The estimate leaves out rings
-  and the runtime itself (Python and tinygrad, ~0.3-0.5 GiB per worker).
+  (`StageRole.memory_bytes`): weights, apart from the KV caches (one per slot) of
+  `max_seq_len` positions. With weights in blocks (`--weights blocks`) a
+  Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K matrix costs its file bytes (Q4_K/Q5_K: plus 4 bytes per
+  256 weights, their 6-bit scales unpacked), every other tensor its elements at the
+  compute width; dense, every tensor costs its elements at the compute width. The
+  stage's first-stage embedding lives on the host, the last stage's output projection on
+  the device: a single stage of a model with tied embeddings holds the embedding twice.
+  The estimate leaves out rings and the runtime itself (Python and tinygrad, ~0.3-0.5
+  GiB per worker).
 
 Unsupported input is refused here, before any node loads anything (`PlannerError`
 naming the exact value and the supported list): an architecture other than llama and
@@ -131,14 +132,14 @@ class ModelInfo:
         return params
 
     def stage_memory_bytes(self, start: int, end: int, width: int, max_seq_len: int,
-                           weights: str = "dense") -> int:
-        """Estimated bytes stage `[start, end)` holds: tensors plus KV cache, at `width`."""
-        return self.stage_memory(start, end, width, max_seq_len, weights).total
+                           weights: str = "dense", slots: int = 1) -> int:
+        """Estimated bytes stage `[start, end)` holds: tensors plus KV caches, at `width`."""
+        return self.stage_memory(start, end, width, max_seq_len, weights, slots).total
 
     def stage_memory(self, start: int, end: int, width: int, max_seq_len: int,
-                     weights: str = "dense") -> StageMemory:
+                     weights: str = "dense", slots: int = 1) -> StageMemory:
         """What stage `[start, end)` holds (module doc) and its tensors' file bytes."""
-        return self.memory_costs(width, weights).stage(start, end, max_seq_len)
+        return self.memory_costs(width, weights).stage(start, end, max_seq_len, slots)
 
     def memory_costs(self, width: int, weights: str = "dense") -> MemoryCosts:
         """Per-block, embedding and head bytes (held and in the file), for many ranges."""
@@ -183,7 +184,9 @@ class MemoryCosts:
     rope_per_position: int
     tied: bool = False
 
-    def stage(self, start: int, end: int, max_seq_len: int) -> StageMemory:
+    def stage(self, start: int, end: int, max_seq_len: int, slots: int = 1) -> StageMemory:
+        """Stage `[start, end)`: weights, rope tables and `slots` KV caches of
+        `max_seq_len` positions."""
         held = sum(b[0] for b in self.blocks[start:end])
         in_file = sum(b[1] for b in self.blocks[start:end])
         first, last = start == 0, end == self.block_count
@@ -196,7 +199,7 @@ class MemoryCosts:
             if first and self.tied:  # one tensor in the file, held twice
                 in_file -= self.embedding[1]
         held += self.rope_per_position * max_seq_len
-        kv_cache = self.kv_per_position_block * max_seq_len * (end - start)
+        kv_cache = self.kv_per_position_block * max_seq_len * (end - start) * slots
         return StageMemory(held, kv_cache, in_file)
 
 

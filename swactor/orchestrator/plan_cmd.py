@@ -86,6 +86,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--weights", choices=("dense", "blocks"), default="blocks",
                         help="the nodes' weight mode (swactor node --weights) the memory "
                         "prediction assumes (default blocks, as the node's)")
+    parser.add_argument("--slots", type=positive_int, default=1, metavar="K",
+                        help="KV slots per stage, one per sequence a serving run carries "
+                        "at once (swactor serve --slots); the memory prediction counts K "
+                        "KV caches (default 1, a single-prompt run)")
     parser.add_argument("--json", action="store_true", help="print the RunPlan as JSON")
     parser.set_defaults(handler=run)
 
@@ -128,6 +132,7 @@ def build_planned_run(args: argparse.Namespace) -> PlannedRun:
         dtype=ComputeDtype[args.dtype],
         first_edge_id=args.first_edge_id,
         weights=getattr(args, "weights", "blocks"),
+        slots=getattr(args, "slots", 1),
     )
     return plan_run(pool, model, request)
 
@@ -184,8 +189,8 @@ def render_plan(planned: PlannedRun) -> str:
         f"run {plan.run_id}: model {model.model_id} ({model.num_layers} blocks, hidden "
         f"{model.hidden_dim}, {dtype}), {len(plan.stages)} stages",
         f"source {model.gguf_source.kind.value} {model.gguf_source.location}",
-        f"max_seq_len {model.max_seq_len}, max_tokens {plan.max_tokens}, sampling "
-        f"{sampling_text}, eos {model.eos_token_id}, stop ids {stops}",
+        f"max_seq_len {model.max_seq_len}, slots {model.slots}, max_tokens "
+        f"{plan.max_tokens}, sampling {sampling_text}, eos {model.eos_token_id}, stop ids {stops}",
         "",
     ]
     stage_rows = []
@@ -204,8 +209,8 @@ def render_plan(planned: PlannedRun) -> str:
                      "x file", "kv cache", "est. memory", "node memory", "in edge",
                      "out edge"], stage_rows)
     lines.append(f"memory predicted for --weights {planned.weights}: weights as the stage "
-                 "holds them, KV cache for max_seq_len; Python and tinygrad add ~0.3-0.5 "
-                 "GiB per node")
+                 "holds them, KV cache for slots x max_seq_len; Python and tinygrad add "
+                 "~0.3-0.5 GiB per node")
     lines.append("")
     edge_rows = []
     for edge in plan.edges:

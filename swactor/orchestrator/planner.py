@@ -10,8 +10,8 @@ drawing a random edge-id base when none is given):
    each at least 1, summing to the block count), else in proportion to each node's
    usable memory (`split.proportional_split`). Stage `i` runs on the pool's `i`-th node.
 3. Check memory: each stage's predicted footprint (`ModelInfo.memory_costs`: its
-   weights as the stage role holds them in the request's weight mode, plus the KV cache
-   of `max_seq_len` positions) must fit its node's usable memory. When the proportional
+   weights as the stage role holds them in the request's weight mode, plus `slots` KV
+   caches of `max_seq_len` positions) must fit its node's usable memory. When the proportional
    split leaves a stage over its node, the blocks are re-split by the prediction
    (`fitted_split`: the contiguous split with the smallest worst bytes/memory ratio,
    which accounts for the embedding on the first stage and the output head on the last);
@@ -84,6 +84,7 @@ from swactor.wire import (
 )
 from swactor.wire.errors import WireError
 from swactor.wire.ids import U64_MAX
+from swactor.wire.plan import MAX_STAGE_SLOTS
 from swactor.wire.tags import CANDIDATES_K
 
 DEFAULT_MAX_SEQ_LEN = 2048
@@ -137,6 +138,9 @@ class PlanRequest:
     serving: bool = False
     """A serving run (many tagged sequences): its token-out objects may be a sampled
     step's candidates, `2 * CANDIDATES_K` u32s (swactor/wire/tags.py), not one id."""
+    slots: int = 1
+    """KV slots per stage, 1..MAX_STAGE_SLOTS: sequences a serving run carries at once
+    (each stage holds one KV cache of `max_seq_len` positions per slot)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,14 +293,19 @@ def plan_run(pool: PoolInventory, model: ModelInfo, request: PlanRequest) -> Pla
     """Build and validate one RunPlan; a broken rule raises `PlannerError`."""
     _check_pool(pool)
     max_seq_len = _max_seq_len(model, request)
+    slots = request.slots
+    if not 1 <= slots <= MAX_STAGE_SLOTS:
+        raise PlannerError(PlanProblem.PlanRejected,
+                           f"slots {slots} is outside 1..{MAX_STAGE_SLOTS}")
     counts = _split(pool, model, request)
     costs = model.memory_costs(request.dtype.width, request.weights)
-    memory = _memory(costs, ranges(counts), max_seq_len)
+    memory = _memory(costs, ranges(counts), max_seq_len, slots)
     if request.split is None and _overflow(pool, memory) is not None:
         # the memory-proportional split leaves a stage over its node: size the ranges by
         # the predicted bytes instead (the embedding and output head weigh on the ends)
-        counts = fitted_split(costs, [n.usable_memory_bytes for n in pool.nodes], max_seq_len)
-        memory = _memory(costs, ranges(counts), max_seq_len)
+        counts = fitted_split(costs, [n.usable_memory_bytes for n in pool.nodes],
+                              max_seq_len, slots)
+        memory = _memory(costs, ranges(counts), max_seq_len, slots)
     layer_ranges = ranges(counts)
     over = _overflow(pool, memory)
     if over is not None:
@@ -318,9 +327,10 @@ def plan_run(pool: PoolInventory, model: ModelInfo, request: PlanRequest) -> Pla
 
 
 def _memory(
-    costs: MemoryCosts, layer_ranges: tuple[tuple[int, int], ...], max_seq_len: int
+    costs: MemoryCosts, layer_ranges: tuple[tuple[int, int], ...], max_seq_len: int,
+    slots: int,
 ) -> tuple[StageMemory, ...]:
-    return tuple(costs.stage(start, end, max_seq_len) for start, end in layer_ranges)
+    return tuple(costs.stage(start, end, max_seq_len, slots) for start, end in layer_ranges)
 
 
 def _overflow(pool: PoolInventory, memory: tuple[StageMemory, ...]) -> int | None:
@@ -331,7 +341,8 @@ def _overflow(pool: PoolInventory, memory: tuple[StageMemory, ...]) -> int | Non
     return None
 
 
-def fitted_split(costs: MemoryCosts, memory: list[int], max_seq_len: int) -> tuple[int, ...]:
+def fitted_split(costs: MemoryCosts, memory: list[int], max_seq_len: int, slots: int = 1
+                 ) -> tuple[int, ...]:
     """Block counts (each >= 1) that minimise the largest predicted-bytes / node-memory
     ratio over the stages; ties keep the earlier cut (a deterministic result)."""
     blocks, stages = costs.block_count, len(memory)
@@ -348,7 +359,7 @@ def fitted_split(costs: MemoryCosts, memory: list[int], max_seq_len: int) -> tup
             for a in range(k - 1, b):
                 if best[k - 1][a] == inf:
                     continue
-                ratio = costs.stage(a, b, max_seq_len).total / memory[k - 1]
+                ratio = costs.stage(a, b, max_seq_len, slots).total / memory[k - 1]
                 worst = max(best[k - 1][a], ratio)
                 if worst < best[k][b]:
                     best[k][b], cut[k][b] = worst, a
@@ -388,6 +399,7 @@ def _build(
         max_seq_len=max_seq_len,
         eos_token_id=model.eos_token_id,
         tokenizer=TokenizerSource(TokenizerSourceKind.GgufEmbedded),
+        slots=request.slots,
     )
     mode = TokenOutputMode.Stream if request.stream_tokens else TokenOutputMode.Collect
     runtime = RuntimePlan(

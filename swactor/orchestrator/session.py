@@ -100,6 +100,8 @@ class SessionOptions:
     max_tokens: int = 64
     max_seq_len: int | None = None
     split: tuple[int, ...] | None = None
+    slots: int = 1
+    """KV slots per stage (`PlanRequest.slots`): a serving run's sequences at once."""
     bind_host: str = "127.0.0.1"
     advertise_host: str | None = None
     run_id: int | None = None
@@ -352,7 +354,8 @@ def plan_for(
             max_tokens=options.max_tokens, max_seq_len=options.max_seq_len,
             split=options.split, sampling=options.sampling,
             gguf_source=source,
-            prompt_token_count=None if serving else len(ids), serving=serving))
+            prompt_token_count=None if serving else len(ids), serving=serving,
+            slots=options.slots))
     except PlannerError as error:
         raise SessionError(f"plan: {error}") from None
     except SessionError:

@@ -212,7 +212,8 @@ class RunEngine:
         run_id = RunId(options.run_id if options.run_id is not None
                        else secrets.randbits(62) + 1)
         placeholder = (tokenizer.bos_id or 0,)  # a serving plan's prompt: never injected
-        planned, offered = plan_for(replace(options, max_tokens=1), run_id, placeholder,
+        planned, offered = plan_for(replace(options, max_tokens=1, slots=slots), run_id,
+                                    placeholder,
                                     with_stop_ids=True, serving=True)
         plan = planned.plan
         pool = await Pool.open(options, run_id, offered)

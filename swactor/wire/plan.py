@@ -21,6 +21,10 @@ field and the rule):
   `max_seq_len * hidden_dim * dtype_width_bytes` (spec §17);
 - `max_tokens` is 1..u32 and at most `model.max_seq_len`.
 
+`GgufModelPlan.slots` (extension beyond spec §11, default 1: the spec's one sequence) is
+how many KV slots each stage holds, one per sequence a serving run carries at once
+(sequence tags, `swactor.wire.tags`); 1..`MAX_STAGE_SLOTS`.
+
 Variant types (`GgufSource`, `TokenizerSource`, `SamplingPolicy`, `PromptSource`,
 `EdgeEndpoint`) are one dataclass with a `kind`/`mode` enum and the fields that kind
 uses; fields another kind uses must be None. Constructors such as
@@ -50,6 +54,9 @@ from swactor.wire.errors import PlanError
 from swactor.wire.ids import U32_MAX, EdgeId, NodeId, RunId, StageIndex
 from swactor.wire.objects import ObjectSpec
 from swactor.wire.rings import RingSpec
+
+MAX_STAGE_SLOTS = 64
+"""The most KV slots a stage holds (each a KV cache of `max_seq_len` positions)."""
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _CACHE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,254}")
@@ -136,12 +143,15 @@ class GgufModelPlan(WireStruct):
     max_seq_len: int
     eos_token_id: int
     tokenizer: TokenizerSource
+    slots: int = 1
+    """KV slots per stage (module doc; extension beyond spec §11)."""
 
     def _validate(self) -> None:
         if not self.model_id or len(self.model_id) > 255:
             self._fail("model_id", "must be 1..255 characters")
         for name in ("num_layers", "hidden_dim", "max_seq_len"):
             self._check_range(name, 1, U32_MAX)
+        self._check_range("slots", 1, MAX_STAGE_SLOTS)
         self._check_u32("dtype_width_bytes")
         self._check_u32("eos_token_id")
         if self.dtype_width_bytes not in DTYPE_WIDTHS[self.dtype_family]:

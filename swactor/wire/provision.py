@@ -25,7 +25,7 @@ from swactor.wire.enums import DTYPE_WIDTHS, DTypeFamily, EdgeKind, RingDirectio
 from swactor.wire.errors import PlanError
 from swactor.wire.ids import U32_MAX, EdgeId, NodeId, PortId, RoleId, RunId, StageIndex
 from swactor.wire.objects import ObjectSpec
-from swactor.wire.plan import EdgePlan, GgufSource, RunPlan, SamplingPolicy
+from swactor.wire.plan import MAX_STAGE_SLOTS, EdgePlan, GgufSource, RunPlan, SamplingPolicy
 from swactor.wire.rings import RingSpec
 
 
@@ -62,12 +62,15 @@ class StageModelFacts(WireStruct):
     dtype_family: DTypeFamily
     dtype_width_bytes: int
     max_seq_len: int
+    slots: int = 1
+    """KV slots the stage holds (the plan's `model.slots`; extension beyond spec §12)."""
 
     def _validate(self) -> None:
         if not self.model_id or len(self.model_id) > 255:
             self._fail("model_id", "must be 1..255 characters")
         self._check_range("hidden_dim", 1, U32_MAX)
         self._check_range("max_seq_len", 1, U32_MAX)
+        self._check_range("slots", 1, MAX_STAGE_SLOTS)
         if self.dtype_width_bytes not in DTYPE_WIDTHS[self.dtype_family]:
             self._fail("dtype_width_bytes", f"not a {self.dtype_family.value} width")
 
@@ -204,6 +207,7 @@ def provision_stage(plan: RunPlan, stage_index: int, runtime: StageRuntimeFacts)
             model.dtype_family,
             model.dtype_width_bytes,
             model.max_seq_len,
+            model.slots,
         ),
         runtime=runtime,
     )

@@ -85,6 +85,7 @@ from tinygrad.tensor import Tensor
 
 from swactor.wire import JsonValue, OutputBinding, SamplingMode, WireError
 from swactor.wire import SamplingPolicy as WireSamplingPolicy
+from swactor.wire.plan import MAX_STAGE_SLOTS
 from swactor.wire.tags import MAX_SLOTS, SequenceTag, TagError
 from swactor.worker.bridge import host_array
 from swactor.worker.roles import Role, RoleConfigError, RoleRunError, register_role_kind
@@ -92,8 +93,6 @@ from swactor.worker.roles import Role, RoleConfigError, RoleRunError, register_r
 KIND = "llama_stage"
 ACTIVATION_DTYPES: dict[str, np.dtype[Any]] = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}
 TOKEN_DTYPE: np.dtype[Any] = np.dtype("<u4")
-MAX_STAGE_SLOTS = 64
-"""The most KV slots one stage takes (each is a KV cache of `max_seq_len` positions)."""
 
 
 def _field(config: Mapping[str, JsonValue], name: str, kind: type, required: bool = True

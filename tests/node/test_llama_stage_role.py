@@ -138,6 +138,8 @@ def test_two_stage_roles_over_ring_bytes_match_one_stage_role(
     ({"hidden_dim": 65}, "PlanMismatch"),
     ({"gguf": "/nonexistent/model.gguf"}, "llama_stage weights"),
     ({"sampling": {"mode": "Sometimes"}}, "sampling"),
+    ({"slots": 0}, "slots 0 is outside 1..64"),
+    ({"slots": True}, "'slots'"),
 ])
 def test_bad_configs_are_role_config_errors_naming_the_problem(
     gguf: Path, provisions: list[ProvisionStage], change: JsonObject, phrase: str
@@ -207,3 +209,18 @@ def test_the_nodes_weight_mode_reaches_the_role(gguf: Path,
     assert isinstance(dense, LlamaStageRole) and not dense.stage.quantised
     with pytest.raises(RoleConfigProblem, match="weights 'int4'"):
         llama_stage_config(provisions[0], gguf, weights="int4")
+
+
+def test_the_plans_slots_reach_the_role(gguf: Path) -> None:
+    """`PlanRequest.slots` -> the plan's model -> each ProvisionStage -> the ConfigureRole
+    config -> the StageRole's KV slots (a run that asks for none gets one)."""
+    request = PlanRequest(run_id=RunId(4), prompt=PromptSource.from_token_ids(PROMPT),
+                          max_tokens=DECODE + 1, max_seq_len=MAX_SEQ, split=(2, 2), slots=3)
+    plan = plan_run(synthetic_pool(2), model_info_from_gguf(gguf, with_stop_ids=False),
+                    request).plan
+    provision = provision_stage(plan, 1, stage_runtime_facts(plan, 1))
+    config = llama_stage_config(provision, gguf)
+    assert config["slots"] == 3
+    role = build_role(config, Device.DEFAULT)
+    assert isinstance(role, LlamaStageRole) and role.stage.slots == 3
+    assert llama_stage_config(planned(gguf)[0], gguf)["slots"] == 1

@@ -149,6 +149,19 @@ def test_stop_ids_and_memory_estimates_are_reported() -> None:
     )
 
 
+def test_slots_reach_every_stage_and_multiply_the_kv_cache() -> None:
+    model = synthetic_model(blocks=4, block_params=1000)
+    one = plan_run(synthetic_pool(2), model, request(max_seq_len=10, max_tokens=4))
+    four = plan_run(synthetic_pool(2), model, request(max_seq_len=10, max_tokens=4, slots=4))
+    assert (one.plan.model.slots, four.plan.model.slots) == (1, 4)
+    for a, b in zip(one.stage_memory, four.stage_memory, strict=True):
+        assert (b.weights, b.kv_cache) == (a.weights, 4 * a.kv_cache)
+    assert RunPlan.from_json(four.plan.to_json()) == four.plan
+    provisions = [provision_stage(four.plan, i, stage_runtime_facts(four.plan, i))
+                  for i in range(2)]
+    assert [p.model.slots for p in provisions] == [4, 4]
+
+
 @pytest.mark.parametrize(
     ("the_pool", "overrides", "problem", "words"),
     [
@@ -169,6 +182,8 @@ def test_stop_ids_and_memory_estimates_are_reported() -> None:
          PlanProblem.PromptTooLong, "needs 65 positions, max_seq_len is 64"),
         (pool(1 << 30, 1000), {}, PlanProblem.NodeMemoryTooSmall, "node 11 has 1000 usable"),
         (synthetic_pool(2), {"first_edge_id": (1 << 64) - 2}, PlanProblem.EdgeIdRange, "u64"),
+        (synthetic_pool(2), {"slots": 0}, PlanProblem.PlanRejected, "slots 0 is outside 1..64"),
+        (synthetic_pool(2), {"slots": 65}, PlanProblem.PlanRejected, "slots 65 is outside"),
     ],
 )
 def test_bad_requests_are_planner_errors(
