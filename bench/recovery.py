@@ -29,9 +29,11 @@ reason. Fault kinds:
 * link down: stage 1's host cut off by its bridge port going down (network
   namespaces; needs root): only SWIM notices (MembershipLost).
 
-The "to new run ready", "to next token" and tokens lost / duplicated columns belong to
-a serving session that re-plans on the survivors and migrates its sequences; until
-`swactor serve` does, they print "n/a: needs swactor serve to re-plan".
+Each row also gives run_faulted -> run_torn_down: the teardown a serving session waits
+for before it provisions again. The "to new run ready", "to next token" and tokens
+lost / duplicated columns belong to a serving session that re-plans on the survivors
+and migrates its sequences; until `swactor serve` does, they print "n/a: needs swactor
+serve to re-plan".
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from swactor.events.schema import RunFaulted, TokenReceived
+from swactor.cliargs import positive_int
+from swactor.events.schema import RunFaulted, RunTornDown, TokenReceived
 from swactor.faults import arm
 from swactor.membership import (
     BootHealth,
@@ -157,12 +160,14 @@ async def _run(pool: SwimPool, inject: Callable[[], Awaitable[int]]) -> int:
 
 def _faulted(pool: SwimPool, kind: str, fault_ns: int) -> Trial:
     found = [e for e in pool.events.events if isinstance(e.event, RunFaulted)]
-    if len(found) != 1:
-        raise Failed(f"{len(found)} run_faulted events, expected one")
+    torn = [e.wall for e in pool.events.events if isinstance(e.event, RunTornDown)]
+    if len(found) != 1 or len(torn) != 1:
+        raise Failed(f"{len(found)} run_faulted and {len(torn)} run_torn_down events, "
+                     "expected one each")
     event = found[0].event
     assert isinstance(event, RunFaulted)
     return Trial(kind, event.reason.value, event.component.value,
-                 (found[0].wall - fault_ns) / 1e9)
+                 (found[0].wall - fault_ns) / 1e9, {"teardown_s": (torn[0] - found[0].wall) / 1e9})
 
 
 async def _loopback_trial(kind: str, root: Path) -> Trial:
@@ -275,10 +280,13 @@ def _link_trial(root: Path) -> Trial | str:
             cut_ns = time.time_ns()
             final_report(orchestrator, FAULT_WAIT_S)
             faulted = [r for r in _records(log) if r["event"] == "run_faulted"]
-            if len(faulted) != 1:
-                raise Failed(f"{len(faulted)} run_faulted events, expected one")
+            torn = [r["wall"] for r in _records(log) if r["event"] == "run_torn_down"]
+            if len(faulted) != 1 or len(torn) != 1:
+                raise Failed(f"{len(faulted)} run_faulted and {len(torn)} run_torn_down "
+                             "events, expected one each")
             return Trial("link_down", faulted[0]["reason"], faulted[0]["component"],
-                         (faulted[0]["wall"] - cut_ns) / 1e9)
+                         (faulted[0]["wall"] - cut_ns) / 1e9,
+                         {"teardown_s": (torn[0] - faulted[0]["wall"]) / 1e9})
         finally:
             for node in nodes.values():
                 node.stop(30)
@@ -322,7 +330,7 @@ def main(argv: list[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kinds", default=",".join(KINDS),
                         help=f"comma-separated fault kinds (default all: {','.join(KINDS)})")
-    parser.add_argument("--repeat", type=int, default=2,
+    parser.add_argument("--repeat", type=positive_int, default=2,
                         help="trials per loopback fault kind (default 2; the link: 1)")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH",
                         help="also write every trial as JSON to PATH")
@@ -369,20 +377,24 @@ def main(argv: list[str]) -> int:
             print(f"  {kind} #{attempt + 1}: {outcome.reason} ({outcome.component}) "
                   f"{outcome.detect_s:.3f}s after the fault{extra}", flush=True)
     header = ("| fault | run_faulted reason (component) | fault -> detection | bound | "
-              "-> new run ready | -> next token | tokens lost | tokens duplicated |")
+              "run_faulted -> run_torn_down | -> new run ready | -> next token | "
+              "tokens lost | tokens duplicated |")
     print()
     print(header)
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for kind in kinds:
         found = trials[kind]
         reasons = sorted({f"{t.reason} ({t.component})" for t in found})
         detect = _spread([t.detect_s for t in found])
-        for key in sorted({k for t in found for k in t.extra}):
-            detect += f"; node not Available {_spread([t.extra[key] for t in found])}"
+        if any("unavailable_s" in t.extra for t in found):
+            detect += ("; node not Available "
+                       f"{_spread([t.extra['unavailable_s'] for t in found])}")
         if kind in notes:
             detect = notes[kind] if not found else f"{detect}; {notes[kind]}"
         print(f"| {LABELS[kind]} | {', '.join(reasons) or '-'} | {detect} | "
-              f"{_bound(kind, settle_s)} | {PENDING} | {PENDING} | {PENDING} | {PENDING} |")
+              f"{_bound(kind, settle_s)} | "
+              f"{_spread([t.extra['teardown_s'] for t in found if 'teardown_s' in t.extra])}"
+              f" | {PENDING} | {PENDING} | {PENDING} | {PENDING} |")
     print("detection: fault injected -> the orchestrator's run_faulted event (one wall "
           "clock); median (min..max, trials).")
     if args.json is not None:

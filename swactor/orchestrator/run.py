@@ -38,7 +38,12 @@ with a refusal, ProvisioningRejected, holds nothing of the run, so its StopRun i
 sent and the stage counts as stopped clean), an EndpointFault for a
 token edge, a StageStopped(clean=False) for a stage that cannot be sent StopRun, an
 EndpointsStopped(clean=False) for endpoints that cannot be stopped. Such an event is
-posted to the actor's own mailbox, never fed re-entrantly.
+posted to the actor's own mailbox, never fed re-entrantly. A stage whose node the run
+was told is lost (MembershipLost: SWIM declared it dead or unavailable) counts as
+stopped, not clean, as soon as its StopRun is sent: a killed node or a cut-off host
+never answers, and waiting for its control connection's idle timeout would hold the
+teardown (and a serving session's recovery) for 30 s. The StopRun still goes, so a
+node declared dead by mistake stops its stage.
 
 Events the machine refuses in its state (its table's `unhandled: raise`, e.g. a
 duplicate StageReady after the barrier) come from peers, so they are logged and listed
@@ -256,6 +261,8 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         """Each stage's ProvisionStage task; its StopRun waits for it (_stop_after_provisioned)."""
         self._stopped: set[int] = set()
         self._unclean: set[int] = set()
+        self._lost: set[int] = set()
+        """Nodes the run was told are lost (MembershipLost): their stops are not awaited."""
         self._endpoints_stopped = False
         self._endpoints_unclean = False
         self._in_flight: deque[InFlight] = deque()
@@ -520,6 +527,11 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
                                   stage_index: StageIndex | None, edge_id: EdgeId | None,
                                   node_id: NodeId | None) -> None:
         self.result.fault = self._fault(reason, component, stage_index, edge_id, node_id)
+        self._note_lost(reason, node_id)
+
+    def _note_lost(self, reason: RunFaultReason, node_id: NodeId | None) -> None:
+        if reason is RunFaultReason.MembershipLost and node_id is not None:
+            self._lost.add(int(node_id))
 
     async def send_stop_run(self) -> None:
         self._flush_outcome()
@@ -547,6 +559,7 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
                                 node_id: NodeId | None) -> None:
         self.result.late_faults.append(
             self._fault(reason, component, stage_index, edge_id, node_id))
+        self._note_lost(reason, node_id)
 
     async def record_teardown_outcome(self, teardown: TeardownOutcome) -> None:
         self._record_teardown(teardown)
@@ -626,6 +639,9 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
             return
         self.ports.emit(StopRunSent(node_id=self._node, run_id=self.plan.run_id,
                                     stage_index=index))
+        if int(node) in self._lost:  # no answer is coming: do not wait for it (module doc)
+            assert self._ctx is not None
+            self._ctx.self_ref.tell(orun.StageStopped(index, clean=False))
         await self.ports.send_stop_run(node, self.plan.run_id, index)
 
     def _spawn(

@@ -559,6 +559,28 @@ def test_membership_loss() -> None:
     run_test(body)
 
 
+def test_teardown_does_not_wait_for_a_lost_nodes_stop() -> None:
+    # Stage 2's node is declared lost: a killed node never answers its StopRun, so its
+    # stage counts as stopped (not clean) once the StopRun is sent; the survivors'
+    # stops alone end the teardown, long before its timer (SLOW: 30 s).
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await start(runtime, ports)
+        make_ready(handle)
+        await ports.until(lambda: bool(ports.of("inject")))
+        handle.tell(orun.MembershipLost(NodeId(3)))
+        await ports.until(lambda: len(ports.of("stop_run")) == 3
+                          and bool(ports.of("stop_endpoints")))
+        assert ("stop_run", 3, 2) in ports.of("stop_run"), "the lost node is still told"
+        for i in range(2):
+            handle.tell(orun.StageStopped(StageIndex(i), True))
+        handle.tell(orun.EndpointsStopped(True))
+        result = await handle.result(5)
+        assert result.teardown is TeardownOutcome.Faulted
+        assert (result.unclean_stages, result.unstopped_stages) == ((StageIndex(2),), ())
+
+    run_test(body)
+
+
 def test_peer_events_the_machine_refuses_are_recorded_not_fatal() -> None:
     async def body(runtime: Runtime, ports: FakePorts) -> None:
         handle = await start(runtime, ports, make_plan(max_tokens=2))
