@@ -44,6 +44,9 @@ class EventName(enum.Enum):
     serve_recovery_completed = "serve_recovery_completed"
     serve_stopped = "serve_stopped"
     serve_failed = "serve_failed"
+    # ... and the session's migration of a faulted run's sequences to the next run.
+    sequence_migrated = "sequence_migrated"
+    sequence_lost = "sequence_lost"
     # Extensions beyond spec §40: the sequences of a serving run (fsm/sequence.yaml); the
     # spec's run carries one sequence, a serving run many (detail: sequence id, slot).
     sequence_started = "sequence_started"

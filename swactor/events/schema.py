@@ -116,6 +116,8 @@ REQUIRED_IDENTITIES: Mapping[EventName, frozenset[str]] = {
         _E.serve_recovery_completed: ("node_id",),
         _E.serve_stopped: ("node_id",),
         _E.serve_failed: ("node_id",),
+        _E.sequence_migrated: ("node_id",),
+        _E.sequence_lost: ("node_id",),
         # extensions beyond spec §40: the sequences of a serving run
         _E.sequence_started: _RUN,
         _E.sequence_first_token: _RUN,
@@ -445,6 +447,23 @@ class ServeFailed(_NodeEvent):
     NAME = EventName.serve_failed
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SequenceMigrated(_NodeEvent):
+    """A sequence the faulted run ended was handed to the new run (run_id) as a
+    continuation (detail: sequence_id, from_run, prompt_tokens, streamed_tokens,
+    migrations)."""
+
+    NAME = EventName.sequence_migrated
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SequenceLost(_NodeEvent):
+    """A sequence the faulted run ended could not be migrated (detail: sequence_id, reason:
+    the fault, why: why it did not move, streamed_tokens)."""
+
+    NAME = EventName.sequence_lost
+
+
 # Extensions beyond spec §40: the sequences of a serving run (fsm/sequence.yaml). Each names
 # the orchestrator and the run; `detail` carries the serving sequence id and the rest.
 
@@ -487,6 +506,7 @@ EVENT_CLASSES: Mapping[EventName, type[LifecycleEvent]] = {
         PromptInjected, ObjectLoaded, ExecuteStepStarted, ObjectProduced, StepCompleted,
         TokenReceived, RunCompleted, RunFaulted, StopRunSent, StageStopped, RunTornDown,
         ServeStarted, ServeRecoveryStarted, ServeRecoveryCompleted, ServeStopped, ServeFailed,
+        SequenceMigrated, SequenceLost,
         SequenceStarted, SequenceFirstToken, SequenceFinished, SequenceFailed,
     )
 }

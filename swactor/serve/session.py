@@ -25,6 +25,16 @@ fault (the RunEngine guarantees it), so no stream hangs across a recovery. ``can
 is synchronous: a held sequence ends ``CANCELLED`` at once, a forwarded one is
 cancelled on the run that has it.
 
+Migration. A stream keeps the tokens it relayed. When its run ends it with an error
+and that run has faulted (``failed`` is set), the stream does not pass the error on: it
+reports the loss (``SequenceLost``) and waits to be placed again. The table decides
+(guards ``context_full``, ``migrations_exhausted``): HoldLost keeps it ahead of the
+sequences that arrived later, and ForwardHeld submits it to the next run as prompt +
+streamed tokens with ``max_tokens`` reduced by the streamed count (``sequence_migrated``),
+so its next tokens follow the last one the client got; FailLost ends it with the fault
+and why it did not move (``sequence_lost``). A second ``Started`` from the new run is
+not relayed.
+
 Lifetime. ``start()`` begins provisioning the first run (the table's initial state is
 Provisioning) and returns the session's health once it serves or has ended; the engine
 properties (``model_id``, ``context_length``, ``slots``, ``tokenizer``) are the first
@@ -41,10 +51,13 @@ import itertools
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from swactor.events.emitter import Emitter
 from swactor.events.schema import (
+    SequenceLost,
+    SequenceMigrated,
     ServeFailed,
     ServeRecoveryCompleted,
     ServeRecoveryStarted,
@@ -62,7 +75,9 @@ from swactor.serve.engine import (
     SamplingParams,
     SequenceEvent,
     SequenceStream,
+    Started,
     TextCodec,
+    Tokens,
 )
 from swactor.wire import NodeId, RunId
 
@@ -118,18 +133,26 @@ def _run_id(engine: object) -> RunId | None:
 
 
 class _SessionStream:
-    """One sequence as the front sees it: held, then forwarded to a run or ended here."""
+    """One sequence as the front sees it: held, then forwarded to a run or ended here;
+    lost with a faulted run, held and forwarded again as a continuation (module doc)."""
 
     def __init__(self, sequence_id: int, prompt: tuple[int, ...], params: SamplingParams,
-                 done: Callable[[int], None]) -> None:
+                 done: Callable[[int], None], lost: Callable[[int, str], None]) -> None:
         self._id = sequence_id
         self.prompt = prompt
         self.params = params
         self.run: RunEngine | None = None
+        self.streamed: list[int] = []
+        """Token ids relayed to the front so far (on every run)."""
+        self.migrations = 0
+        self.lost_from: RunEngine | None = None
+        """The faulted run that lost the sequence, until it is placed again."""
         self._inner: SequenceStream | None = None
         self._end: Finished | None = None
+        self._started = False
         self._placed = asyncio.Event()
         self._done = done
+        self._lost = lost
 
     @property
     def sequence_id(self) -> int:
@@ -140,10 +163,19 @@ class _SessionStream:
         return self._placed.is_set()
 
     def forward(self, run: RunEngine) -> None:
-        if not self.placed:
-            self.run = run
+        if self.placed:
+            return
+        self.run = run
+        if self.streamed:  # a continuation: prompt + streamed, the rest of max_tokens
+            self._inner = run.submit(
+                self.prompt + tuple(self.streamed),
+                replace(self.params, max_tokens=self.params.max_tokens - len(self.streamed)))
+        else:
             self._inner = run.submit(self.prompt, self.params)
-            self._placed.set()
+        if self.lost_from is not None:
+            self.migrations += 1
+            self.lost_from = None
+        self._placed.set()
 
     def end(self, finished: Finished) -> None:
         if not self.placed:
@@ -156,21 +188,42 @@ class _SessionStream:
         else:
             self.end(Finished(FinishReason.CANCELLED))
 
+    def _lose(self, run: RunEngine, reason: str) -> None:
+        """The faulted `run` ended the sequence: unplace it and let the session decide."""
+        self.run, self._inner, self.lost_from = None, None, run
+        self._placed.clear()
+        self._lost(self._id, reason)
+
     def __aiter__(self) -> AsyncIterator[SequenceEvent]:
         return self._events()
 
     async def _events(self) -> AsyncIterator[SequenceEvent]:
         try:
-            await self._placed.wait()
-            if self._inner is None:
-                assert self._end is not None
-                yield self._end
-                return
-            async for event in self._inner:
-                yield event
-                if isinstance(event, Finished):
+            while True:
+                await self._placed.wait()
+                if self._inner is None:
+                    assert self._end is not None
+                    yield self._end
                     return
-            yield Finished(FinishReason.ERROR, "the run ended the sequence without a reason")
+                run = self.run
+                async for event in self._inner:
+                    if isinstance(event, Tokens):
+                        self.streamed.extend(event.ids)
+                    elif isinstance(event, Started):
+                        if self._started:
+                            continue
+                        self._started = True
+                    elif (event.reason is FinishReason.ERROR and run is not None
+                          and run.failed.is_set()):
+                        self._lose(run, event.detail)
+                        break
+                    yield event
+                    if isinstance(event, Finished):
+                        return
+                else:
+                    yield Finished(FinishReason.ERROR,
+                                   "the run ended the sequence without a reason")
+                    return
         finally:
             self._done(self._id)
 
@@ -320,7 +373,8 @@ class ServeSession:
 
     def submit(self, prompt: Sequence[int], params: SamplingParams) -> SequenceStream:
         sequence_id = next(self._ids)
-        stream = _SessionStream(sequence_id, tuple(prompt), params, self._forget)
+        stream = _SessionStream(sequence_id, tuple(prompt), params, self._forget,
+                                self._sequence_lost)
         self._streams[sequence_id] = stream
         run = self._run
         if run is not None and run.failed.is_set():
@@ -342,10 +396,32 @@ class ServeSession:
     def _forget(self, sequence_id: int) -> None:
         self._streams.pop(sequence_id, None)
 
+    def _sequence_lost(self, sequence_id: int, reason: str) -> None:
+        """A stream's faulted run ended it (module doc: Migration)."""
+        stream = self._streams.get(sequence_id)
+        if stream is None:
+            return
+        run = self._run
+        if run is not None and run is stream.lost_from:
+            # the run faulted and its watcher has not run yet: the fault comes first
+            self._feed(ss.RunFaulted(reason=run.fault or reason))
+        self._feed(ss.SequenceLost(sequence_id=sequence_id, reason=reason))
+        if not stream.placed and sequence_id not in self._held:  # Stopped or Failed
+            self._end_lost(stream, reason, self._detail or "the server stopped")
+
     # ------------------------------------------------------------------ guards
 
     def attempts_left(self, event: ss.ProvisionFailed) -> bool:
         return self._attempts < self._machine.restart_limit
+
+    def context_full(self, event: ss.SequenceLost) -> bool:
+        stream = self._streams.get(event.sequence_id)
+        return stream is not None and (
+            len(stream.prompt) + len(stream.streamed) >= self.context_length)
+
+    def migrations_exhausted(self, event: ss.SequenceLost) -> bool:
+        stream = self._streams.get(event.sequence_id)
+        return stream is not None and stream.migrations >= self._machine.restart_limit
 
     # ----------------------------------------------------------- effect methods
 
@@ -366,8 +442,19 @@ class ServeSession:
 
     def forward_sequence(self, sequence_id: int) -> None:
         stream = self._streams.get(sequence_id)
-        if stream is not None and self._run is not None:
-            stream.forward(self._run)
+        if stream is None or self._run is None:
+            return
+        lost_from = stream.lost_from
+        stream.forward(self._run)
+        if lost_from is not None:
+            self._notify(f"sequence {sequence_id} continues on the new run after "
+                         f"{len(stream.streamed)} streamed tokens")
+            self._emit(SequenceMigrated(
+                node_id=self._node_id, run_id=_run_id(self._run),
+                detail={"sequence_id": sequence_id, "from_run": _run_id(lost_from),
+                        "prompt_tokens": len(stream.prompt),
+                        "streamed_tokens": len(stream.streamed),
+                        "migrations": stream.migrations}))
 
     def hold_sequence(self, sequence_id: int) -> None:
         self._held.append(sequence_id)
@@ -376,6 +463,23 @@ class ServeSession:
         stream = self._streams.get(sequence_id)
         if stream is not None:
             stream.end(Finished(FinishReason.ERROR, reason))
+
+    def hold_lost(self, sequence_id: int) -> None:
+        # ahead of later arrivals: session ids follow arrival order
+        self._held = deque(sorted((*self._held, sequence_id)))
+
+    def fail_lost(self, sequence_id: int, reason: str, why: str) -> None:
+        stream = self._streams.get(sequence_id)
+        if stream is not None:
+            self._end_lost(stream, reason, why)
+
+    def _end_lost(self, stream: _SessionStream, reason: str, why: str) -> None:
+        why = why.replace("restart_limit", str(self._machine.restart_limit))
+        self._emit(SequenceLost(
+            node_id=self._node_id, run_id=_run_id(stream.lost_from),
+            detail={"sequence_id": stream.sequence_id, "reason": reason, "why": why,
+                    "streamed_tokens": len(stream.streamed)}))
+        stream.end(Finished(FinishReason.ERROR, f"{reason}; not migrated: {why}"))
 
     def forward_held(self) -> None:
         while self._held:
@@ -464,6 +568,6 @@ class ServeSession:
             log.exception("serve session: stopping the run failed")
 
     def _emit(self, event: ServeStarted | ServeRecoveryStarted | ServeRecoveryCompleted
-              | ServeStopped | ServeFailed) -> None:
+              | ServeStopped | ServeFailed | SequenceMigrated | SequenceLost) -> None:
         if self._emitter is not None:
             self._emitter.emit(event)

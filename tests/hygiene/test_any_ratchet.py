@@ -17,7 +17,7 @@ from tests.hygiene import any_count
 BOUNDARY_LIMIT = 165
 #: Uses everywhere else; these are to go (typed refs, messages and ports instead). Each
 #: generated machine (swactor/fsm/generated) brings its template's own (dispatch, guards).
-ELSEWHERE_LIMIT = 410
+ELSEWHERE_LIMIT = 412
 
 
 @cache

@@ -27,6 +27,7 @@ from swactor.serve.engine import (
     HealthState,
     SamplingParams,
     SequenceEvent,
+    Started,
     TextCodec,
     Tokens,
 )
@@ -80,6 +81,7 @@ class FakeRun:
     name: str
     run_id: int = 7
     submitted: list[tuple[tuple[int, ...], FakeRunStream]] = field(default_factory=list)
+    params: list[SamplingParams] = field(default_factory=list)
     cancelled: list[int] = field(default_factory=list)
     stopped: int = 0
     _failed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -100,6 +102,7 @@ class FakeRun:
     def submit(self, prompt: Sequence[int], params: SamplingParams) -> FakeRunStream:
         stream = FakeRunStream(len(self.submitted) + 100)
         self.submitted.append((tuple(prompt), stream))
+        self.params.append(params)
         return stream
 
     def cancel(self, sequence_id: int) -> None:
@@ -176,6 +179,13 @@ async def collect(stream: AsyncIterable[SequenceEvent]) -> list[SequenceEvent]:
     return events
 
 
+async def collect_into(stream: AsyncIterable[SequenceEvent],
+                       events: list[SequenceEvent]) -> None:
+    async with asyncio.timeout(5):
+        async for event in stream:
+            events.append(event)
+
+
 def names(sink: MemorySink) -> list[str]:
     return [e.name.value for e in sink.events]
 
@@ -199,16 +209,18 @@ async def test_serves_through_the_first_run_and_relays_its_events() -> None:
 
 
 @in_loop
-async def test_a_fault_ends_in_flight_streams_then_a_new_run_serves_held_requests() -> None:
+async def test_a_fault_migrates_in_flight_streams_then_a_new_run_serves_held_requests() -> None:
     first, second = FakeRun("a"), FakeRun("b", run_id=8)
     provisioning: asyncio.Future[FakeRun] = asyncio.get_running_loop().create_future()
     serve, sink = session(Starter(first, provisioning))
     await serve.start()
     in_flight = serve.submit([1], PARAMS)
+    events: list[SequenceEvent] = []
+    reader = asyncio.create_task(collect_into(in_flight, events))
+    first.submitted[0][1].put(Tokens((9,)))
     first.fail("worker crashed (stage 1)")
-    events = await collect(in_flight)
-    assert events == [Finished(FinishReason.ERROR, "worker crashed (stage 1)")]
     await until(lambda: serve.state is ss.State.Reprovisioning, "the faulted run stopped")
+    assert events == [Tokens((9,))]  # the fault is not passed on: the sequence is held
     assert first.stopped == 1
     health = serve.health()
     assert health.state is HealthState.RECOVERING and "worker crashed" in health.detail
@@ -216,16 +228,24 @@ async def test_a_fault_ends_in_flight_streams_then_a_new_run_serves_held_request
     assert second.submitted == []
     provisioning.set_result(second)
     await until(lambda: serve.state is ss.State.Serving, "serving again")
-    assert [prompt for prompt, _ in second.submitted] == [(2,), (3,)]  # arrival order
+    # the migrated continuation first, then the held ones in arrival order
+    assert [prompt for prompt, _ in second.submitted] == [(1, 9), (2,), (3,)]
+    assert [p.max_tokens for p in second.params] == [PARAMS.max_tokens - 1, 4, 4]
     assert serve.health() == Health(HealthState.SERVING, "", 1)
     for _, inner in second.submitted:
         inner.put(Finished(FinishReason.STOP))
     for stream in held:
         assert await collect(stream) == [Finished(FinishReason.STOP)]
+    await reader
+    assert events == [Tokens((9,)), Finished(FinishReason.STOP)]
     assert names(sink) == ["serve_started", "serve_recovery_started",
-                           "serve_recovery_completed"]
+                           "serve_recovery_completed", "sequence_migrated"]
     assert sink.events[1].event.detail["reason"] == "worker crashed (stage 1)"
     assert sink.events[2].event.run_id == 8
+    migrated = sink.events[3].event
+    assert migrated.run_id == 8 and migrated.detail == {
+        "sequence_id": in_flight.sequence_id, "from_run": 7, "prompt_tokens": 1,
+        "streamed_tokens": 1, "migrations": 1}
     await serve.stop()
 
 
@@ -395,3 +415,85 @@ def test_restart_limit_and_retry_delay_are_checked() -> None:
         ServeSession(Starter(), node_id=1, restart_limit=0)
     with pytest.raises(ValueError, match="retry_delay_s"):
         ServeSession(Starter(), node_id=1, retry_delay_s=-1.0)
+
+
+@in_loop
+async def test_a_migrated_stream_relays_every_token_once_and_one_started() -> None:
+    first, second = FakeRun("a"), FakeRun("b", run_id=8)
+    serve, _ = session(Starter(first, second))
+    await serve.start()
+    stream = serve.submit([1, 2], SamplingParams(max_tokens=5))
+    events: list[SequenceEvent] = []
+    reader = asyncio.create_task(collect_into(stream, events))
+    inner = first.submitted[0][1]
+    for event in (Started(), Tokens((10,)), Tokens((11,))):
+        inner.put(event)
+    await until(lambda: len(events) == 3, "tokens relayed")
+    first.fail("stream reset on edge 2")
+    await until(lambda: len(second.submitted) == 1, "continued on the new run")
+    assert second.submitted[0][0] == (1, 2, 10, 11)
+    assert second.params[0] == SamplingParams(max_tokens=3)
+    again = second.submitted[0][1]
+    for event in (Started(), Tokens((12,)), Tokens((13,)), Finished(FinishReason.STOP)):
+        again.put(event)
+    await reader
+    assert events == [Started(), Tokens((10,)), Tokens((11,)), Tokens((12,)), Tokens((13,)),
+                      Finished(FinishReason.STOP)]
+    await serve.stop()
+
+
+@in_loop
+async def test_a_lost_sequence_that_fills_the_context_ends_naming_why() -> None:
+    first, second = FakeRun("a"), FakeRun("b")
+    serve, sink = session(Starter(first, second))
+    await serve.start()
+    prompt = list(range(1, FakeRun.context_length))  # one position left
+    stream = serve.submit(prompt, SamplingParams(max_tokens=1))
+    events: list[SequenceEvent] = []
+    reader = asyncio.create_task(collect_into(stream, events))
+    first.submitted[0][1].put(Tokens((7,)))
+    first.fail("node 3 lost")
+    await reader
+    assert events == [Tokens((7,)), Finished(
+        FinishReason.ERROR, "node 3 lost; not migrated: its prompt and the tokens already "
+        "streamed fill the context")]
+    await until(lambda: serve.state is ss.State.Serving and serve.restarts == 1, "recovered")
+    assert second.submitted == []
+    lost = [e.event for e in sink.events if e.name is EventName.sequence_lost]
+    assert len(lost) == 1 and lost[0].detail["streamed_tokens"] == 1
+    assert lost[0].run_id == 7
+    await serve.stop()
+
+
+@in_loop
+async def test_a_sequence_migrated_restart_limit_times_ends_on_the_next_fault() -> None:
+    runs = [FakeRun(name, run_id=10 + n) for n, name in enumerate("abc")]
+    serve, _ = session(Starter(*runs), restart_limit=2)
+    await serve.start()
+    stream = serve.submit([1], SamplingParams(max_tokens=9))
+    events: list[SequenceEvent] = []
+    reader = asyncio.create_task(collect_into(stream, events))
+    for n, run in enumerate(runs):
+        await until(lambda run=run: len(run.submitted) == 1, f"placed on run {run.name}")
+        assert run.submitted[0][0] == (1, *range(20, 20 + n))
+        run.submitted[0][1].put(Tokens((20 + n,)))
+        run.fail(f"fault {n}")
+    await reader
+    assert events[-1] == Finished(
+        FinishReason.ERROR, "fault 2; not migrated: it was already migrated 2 times")
+    assert events[:-1] == [Tokens((20,)), Tokens((21,)), Tokens((22,))]
+    await serve.stop()
+
+
+@in_loop
+async def test_a_sequence_lost_while_the_session_stops_ends_with_the_stop() -> None:
+    first = FakeRun("a")
+    serve, _ = session(Starter(first, FakeRun("b")))
+    await serve.start()
+    stream = serve.submit([1], PARAMS)
+    serve.request_stop()
+    first.fail("node 2 lost")  # its streams end before the stop reached them
+    events = await collect(stream)
+    assert events == [Finished(FinishReason.ERROR,
+                               "node 2 lost; not migrated: the server is stopping")]
+    assert (await serve.wait()).state is HealthState.STOPPING
