@@ -20,7 +20,8 @@ machine's load falls on every server alike), the harness sends one warm-up reque
 prompt-length bucket (one after another, ``--warmup-tokens`` tokens, not measured), then
 runs the level: each of C clients sends ``--rounds`` streaming completions one after
 another (closed loop), client i's round r taking prompt ``(i + r * C) mod P`` of the fixed
-prompt set, greedy (``temperature 0``, ``seed 0``), ``--max-tokens`` tokens each.
+prompt set, greedy (``temperature 0``, ``seed 0``), ``--max-tokens`` tokens each. A server
+whose warm-ups and requests of a level all fail is left out of the further levels.
 
 The client is aiohttp reading the server-sent events itself, not the ``openai`` package:
 a request's times are taken as each ``data:`` event's bytes arrive, with no per-chunk
@@ -519,9 +520,12 @@ async def measure(targets: Sequence[Target], levels: Sequence[int], rounds: int,
                     "model": server.model}
                 print(f"  {server.target.name} ready in {server.ready_s:.0f} s "
                       f"(model {server.model})", flush=True)
+            failing: set[str] = set()
             for clients in levels:
                 for server in ready:
                     name = server.target.name
+                    if name in failing:
+                        continue
                     errors = await warm_up(session, server.target.base_url, server.model,
                                            warmup_tokens)
                     level = await run_level(session, server.target.base_url, server.model,
@@ -532,6 +536,11 @@ async def measure(targets: Sequence[Target], levels: Sequence[int], rounds: int,
                     figures["levels"].setdefault(name, {})[str(clients)] = asdict(level)
                     print(f"  {name:10s} {clients} client(s): " + _level_line(level),
                           flush=True)
+                    if level.errors == level.requests and len(errors) == len(PROMPTS):
+                        failing.add(name)  # every request failed: the rest would too
+                        figures["notes"].append(
+                            f"{name}: every request of {clients} client(s) and every warm-up "
+                            "failed; its further levels are not run")
         finally:
             for server in servers:
                 if server.process is not None and server.process.poll() is None:
