@@ -638,10 +638,19 @@ def markdown(figures: dict[str, Any]) -> list[str]:
              "(three prompt-length buckets) and model file for every server; one warm-up "
              "request per bucket before each level; levels run server after server. Threads: "
              f"llama.cpp {settings.get('threads')}, swactor one per stage (tinygrad's CPU "
-             "device runs a process's kernels on one thread).", "",
+             "device runs a process's kernels on one thread).", ""]
+    when = figures.get("measured")
+    if when:
+        lines += [f"Measured {when['date_utc']} UTC at commit {when['commit']} in "
+                  f"{when['minutes']:.1f} min; load average (1 min) "
+                  f"{when['load_average_start']:.1f} at the start, "
+                  f"{when['load_average_end']:.1f} at the end (a shared "
+                  "2-core machine: the ratios pair figures of this one run).", ""]
+    lines += [
              "| clients | server | TTFT p50 ms | TTFT p95 ms | decode tok/s per request "
              "(median) | aggregate tok/s | aggregate / 1 client | TTFT p50 / llama.cpp | "
-             "aggregate / llama.cpp | errors |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "aggregate / llama.cpp | requests, tokens (finish reasons) | errors |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     reference = figures["levels"].get("llama.cpp", {})
     for clients in settings.get("levels", LEVELS):
         for name, rows in figures["levels"].items():
@@ -657,7 +666,9 @@ def markdown(figures: dict[str, Any]) -> list[str]:
                 f"{_fmt(ratio(level['aggregate_tokens_per_s'], one), 2)} | "
                 f"{_fmt(ratio(level['ttft_p50_ms'], ref.get('ttft_p50_ms')), 2)} | "
                 f"{_fmt(ratio(level['aggregate_tokens_per_s'], ref.get('aggregate_tokens_per_s')), 2)} | "  # noqa: E501
-                f"{level['errors']} |")
+                f"{level['requests']}, {level['tokens']} ("
+                + ", ".join(f"{k} {v}" for k, v in sorted(level.get("finish_reasons", {}).items()))
+                + f") | {level['errors']} |")
     lines += ["", "| goal | measured | target | verdict |", "|---|---|---|---|"]
     for row in figures.get("goals", []):
         target = (f"{'>=' if row['at_least'] else '<'} {row['target']:g}"
@@ -727,6 +738,9 @@ def main(argv: list[str]) -> int:
     if not targets:
         print("bench serve: nothing to measure")
         return 0
+    from bench._machine import machine
+
+    measured = machine()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="swactor-bench-serve-") as log_dir:
         figures = asyncio.run(measure(targets, levels, args.rounds, args.max_tokens,
@@ -737,8 +751,12 @@ def main(argv: list[str]) -> int:
                            "threads": args.threads, "model": str(model),
                            "prompts": {b: len(p) for b, p in PROMPTS.items()}}
     figures["goals"] = goal_rows(figures)
-    figures["load_average_end"] = os.getloadavg()
     figures["seconds"] = time.monotonic() - started
+    figures["measured"] = {"date_utc": measured["date_utc"],
+                           "commit": measured["swactor_commit"],
+                           "load_average_start": measured["load_average"][0],
+                           "load_average_end": os.getloadavg()[0],
+                           "minutes": figures["seconds"] / 60}
     print()
     for line in table(figures, levels):
         print(line)

@@ -147,7 +147,8 @@ def test_level_figures_leave_failed_requests_out() -> None:
 
 def _level(ttft: float, aggregate: float) -> dict[str, Any]:
     return {"ttft_p50_ms": ttft, "ttft_p95_ms": ttft, "decode_p50_tokens_per_s": 1.0,
-            "aggregate_tokens_per_s": aggregate, "errors": 0}
+            "aggregate_tokens_per_s": aggregate, "errors": 0, "requests": 4, "tokens": 64,
+            "finish_reasons": {"stop": 1, "length": 3}}
 
 
 def test_goal_ratios_pair_figures_of_the_run() -> None:
@@ -175,7 +176,8 @@ def test_goal_ratios_pair_figures_of_the_run() -> None:
                            "prompts": {"a": 2}}
     figures["goals"] = goal_rows(figures)
     section = markdown(figures)
-    assert "| 4 | swactor-3 | 700 | 700 | 1.0 | 16.0 | 2.00 | 2.00 | 0.40 | 0 |" in section
+    assert ("| 4 | swactor-3 | 700 | 700 | 1.0 | 16.0 | 2.00 | 2.00 | 0.40 | 4, 64 "
+            "(length 3, stop 1) | 0 |") in section
     assert ("| swactor-3 aggregate at 4 clients / llama.cpp server's at 4 | 0.40 | >= 0.5 "
             "| missed |") in section
     report_rows = serve_goals(figures)
