@@ -187,6 +187,49 @@ def block_fields(matrix: QuantMatrix) -> dict[str, npt.NDArray[Any]]:
     raise ValueError(f"{qtype.name} has no block form")
 
 
+def _k_pack(sc: npt.NDArray[np.uint8], mins: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """The 12 packed bytes of Q4_K/Q5_K's eight 6-bit scales and mins (last axis)."""
+    d = sc[..., 0:4] | ((sc[..., 4:8] & 0x30) << 2)
+    m = mins[..., 0:4] | ((mins[..., 4:8] & 0x30) << 2)
+    m_d = (sc[..., 4:8] & 0x0F) | ((mins[..., 4:8] & 0x0F) << 4)
+    return np.concatenate([d, m, m_d], axis=-1)
+
+
+def raw_from_fields(type_id: int, fields: dict[str, npt.NDArray[np.generic]]
+                    ) -> npt.NDArray[np.uint8]:
+    """The file's block bytes, ``uint8 [rows, row_bytes]``, from :func:`block_fields`'s
+    arrays (of every row or of chosen rows): its inverse."""
+    qtype = Q(type_id)
+
+    def raw(name: str) -> npt.NDArray[np.uint8]:
+        array = np.ascontiguousarray(fields[name])
+        if array.dtype != np.uint8:  # f16 scales, int8 codes: their bytes
+            array = array.view(np.uint8).reshape(*array.shape[:-1], -1)
+        return array
+
+    if qtype in (Q.Q8_0, Q.Q4_0):
+        parts = [raw("d").reshape(*fields["d"].shape, 2), raw("qs")]
+    elif qtype == Q.Q4_1:
+        parts = [raw("d").reshape(*fields["d"].shape, 2), raw("m").reshape(
+            *fields["m"].shape, 2), raw("qs")]
+    elif qtype == Q.Q5_0:
+        parts = [raw("d").reshape(*fields["d"].shape, 2), raw("codes")]
+    elif qtype == Q.Q5_1:
+        parts = [raw("d").reshape(*fields["d"].shape, 2), raw("m").reshape(
+            *fields["m"].shape, 2), raw("codes")]
+    elif qtype in (Q.Q4_K, Q.Q5_K):
+        scales = raw("scales")
+        parts = [scales[..., 0:4], _k_pack(scales[..., 4:12], scales[..., 12:20]),
+                 raw("codes")]
+    elif qtype == Q.Q6_K:
+        scales = raw("scales")
+        parts = [raw("codes"), scales[..., 2:18], scales[..., 0:2]]
+    else:
+        raise ValueError(f"{qtype.name} has no block form")
+    blocks = np.concatenate(parts, axis=-1)
+    return np.ascontiguousarray(blocks.reshape(blocks.shape[0], -1))
+
+
 # bytes per block of the arrays block_fields makes (Q4_K/Q5_K: 12 packed scale bytes
 # become 16, one per 6-bit scale or min)
 _HELD_BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q5_0: 22, Q.Q5_1: 24, Q.Q8_0: 34,

@@ -71,16 +71,19 @@ straight from :class:`~swactor.model.cpu_graph.DirectReplay` (the position and s
 written into the kernel table, then the C loop), without TinyJit's ~1 ms of Python per call.
 
 Weights in blocks (``quantised``, weights loaded with ``keep_blocks``): every Q4_0/Q4_1/
-Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K matrix stays in the file's blocks on the device and nothing dense is
-kept; both decode and prefill products widen the codes inside their kernels
-(:mod:`swactor.model.block_kernels`), so a stage holds about its file bytes (SmolLM2
-Q4_1: 97 MB of weights instead of 538 MB at f32; decode reads those 97 MB per token,
-about 3x less CPU per token than f32 dense). A matrix is a list of row-stacked parts
-(:class:`_Matrix`): a file that mixes types inside a block (llama.cpp's ``_M`` variants)
-gives one product per run of one type, outputs joined. Other types (Q2_K, Q3_K,
-F16, ...) are dequantised to dense at load. The embedding lookup dequantises only the rows it
-gathers. Block decode products are cut below 800 rows: tinygrad split a 960-row block
-product into two thread slices that ran at a sixth of the speed of one 480-row kernel.
+Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K matrix stays in the file's blocks on the device and
+nothing dense is kept; both decode and prefill products widen the codes inside their
+kernels (:mod:`swactor.model.block_kernels`), so a stage holds about its file bytes
+(SmolLM2 Q4_1: 97 MB of weights instead of 538 MB at f32; decode reads those 97 MB per
+token, about 3x less CPU per token than f32 dense). A matrix is a list of row-stacked
+parts (:class:`_Matrix`): a file that mixes types inside a block (llama.cpp's ``_M``
+variants) gives one product per run of one type, outputs joined. Other types (Q2_K,
+Q3_K, F16, ...) are dequantised to dense at load. The embedding lookup dequantises only
+the rows it gathers; a stage that is first and last of a model with tied embeddings
+reads them from the output projection's buffers on a CPU device
+(:class:`SharedEmbedding`), so it holds the embedding once. Block decode products are
+cut below 800 rows: tinygrad split a 960-row block product into two thread slices that
+ran at a sixth of the speed of one 480-row kernel.
 """
 
 from __future__ import annotations
@@ -92,8 +95,10 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
 from tinygrad.device import Buffer, Device
-from tinygrad.dtype import dtypes
+from tinygrad.dtype import DType, dtypes
 from tinygrad.engine.jit import TinyJit, _TinyJit
 from tinygrad.helpers import Context
 from tinygrad.tensor import Tensor
@@ -111,7 +116,7 @@ from swactor.model.block_kernels import (
     widen_f16,
 )
 from swactor.model.cpu_graph import DirectReplay, use_cpu_graph
-from swactor.model.dequant import QuantMatrix
+from swactor.model.dequant import QuantMatrix, raw_from_fields
 from swactor.model.errors import WeightsError, WeightsFault
 from swactor.model.gguf_range import ModelFacts, StageWeights
 from swactor.model.jit_cache import KernelCache
@@ -217,6 +222,61 @@ class _Matrix:
     @property
     def quantised(self) -> bool:
         return any(isinstance(p, DeviceQuant) for p in self.parts)
+
+
+_NP_OF_FIELD: dict[DType, type[np.generic]] = {
+    **_NP_OF_TG, dtypes.uint8: np.uint8, dtypes.int8: np.int8}
+
+
+@dataclass
+class SharedEmbedding:
+    """The embedding table read from a tied output matrix's device buffers (CPU devices:
+    host memory), so a stage that is first and last holds the embedding once: ``views``
+    are numpy views of the buffers (no copy), the block arrays of
+    :func:`~swactor.model.dequant.block_fields` (``type_id`` set) or the dense matrix in
+    the compute dtype (``type_id`` None, view ``w``)."""
+
+    type_id: int | None
+    cols: int
+    views: dict[str, npt.NDArray[np.generic]]
+
+    nbytes = 0  # the output matrix holds the bytes
+
+    @staticmethod
+    def of(matrix: _Matrix) -> SharedEmbedding | None:
+        """Views of ``matrix``'s buffers when it is one part that is host memory."""
+        if len(matrix.parts) != 1:
+            return None
+        part = matrix.parts[0]
+        tensors = part.fields if isinstance(part, DeviceQuant) else {"w": part}
+        views: dict[str, npt.NDArray[np.generic]] = {}
+        for name, tensor in tensors.items():
+            buffer = tensor.uop.buffer
+            if not isinstance(buffer, Buffer) or tensor.dtype not in _NP_OF_FIELD:
+                return None
+            try:
+                memory = buffer.as_memoryview(force_zero_copy=True)
+            except (AssertionError, RuntimeError, NotImplementedError):
+                return None
+            views[name] = np.frombuffer(memory, dtype=_NP_OF_FIELD[tensor.dtype]).reshape(
+                tensor.shape)
+        type_id = part.type_id if isinstance(part, DeviceQuant) else None
+        return SharedEmbedding(type_id, _cols(part), views)
+
+    def dense_rows(self, ids: npt.NDArray[np.int32], target: type[np.generic]
+                   ) -> npt.NDArray[np.generic]:
+        """Rows ``ids`` as ``[len(ids), cols]`` of ``target``, as the file's would be."""
+        picked = {name: view[np.asarray(ids, dtype=np.intp)] for name, view in
+                  self.views.items()}
+        if self.type_id is None:
+            return np.ascontiguousarray(picked["w"], dtype=target)
+        raw = raw_from_fields(self.type_id, picked)
+        values = quants.dequantize(raw, Q(self.type_id))
+        return np.ascontiguousarray(values.reshape(len(raw), self.cols), dtype=target)
+
+
+def _cols(part: Tensor | DeviceQuant) -> int:
+    return part.shape[1] if isinstance(part, DeviceQuant) else int(part.shape[1])
 
 
 @dataclass
@@ -439,7 +499,7 @@ class StageRole:
         vocab = f.vocab_size
         # the embedding lookup is a row gather: done on the host, it reads only the rows
         # used (from the file's blocks when kept in blocks)
-        self.token_embd: npt.NDArray[np.generic] | QuantMatrix | None = None
+        self.token_embd: npt.NDArray[np.generic] | QuantMatrix | SharedEmbedding | None = None
         if self.is_first:
             embd: npt.NDArray[np.generic] | QuantMatrix = blocks.get("token_embd.weight") or \
                 tensors["token_embd.weight"]
@@ -456,6 +516,10 @@ class StageRole:
             self.output_norm = self._tensor(tensors, "output_norm.weight", (dim,))
             out_name = "token_embd.weight" if f.tied_embeddings else "output.weight"
             self.output = self._matrix(tensors, blocks, [(out_name, (vocab, dim), None)])
+            if self.is_first and f.tied_embeddings and self._cpu:
+                # one stage of a tied model: the lookup reads the output matrix's own
+                # buffers (host memory on CPU), so the embedding is held once
+                self.token_embd = SharedEmbedding.of(self.output) or self.token_embd
         half = f.rope_dim // 2
         self.rope_cos: Tensor | None = None
         self.rope_sin: Tensor | None = None
@@ -467,7 +531,7 @@ class StageRole:
 
     def _embed(self, ids: npt.NDArray[np.int32]) -> npt.NDArray[np.generic]:
         assert self.token_embd is not None
-        if isinstance(self.token_embd, QuantMatrix):
+        if isinstance(self.token_embd, (QuantMatrix, SharedEmbedding)):
             return self.token_embd.dense_rows(ids, self.np_dtype)
         return np.ascontiguousarray(self.token_embd[ids], dtype=self.np_dtype)
 
@@ -487,8 +551,8 @@ class StageRole:
                 weights += item.nbytes
             elif item is not None:
                 weights += item.nbytes()
-        if isinstance(self.token_embd, QuantMatrix):
-            weights += self.token_embd.nbytes
+        if isinstance(self.token_embd, (QuantMatrix, SharedEmbedding)):
+            weights += self.token_embd.nbytes  # shared rows: 0, counted in the output
         elif self.token_embd is not None:
             weights += int(self.token_embd.nbytes)
         return weights, kv

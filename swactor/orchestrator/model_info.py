@@ -11,13 +11,14 @@ package's range reader (header, metadata and tensor table only) and keeps:
   `stage_memory` predicts what one stage holds, exactly as the stage role computes it
   (`StageRole.memory_bytes`): weights, apart from the KV caches (one per slot) of
   `max_seq_len` positions. With weights in blocks (`--weights blocks`) a
-  Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K matrix costs its file bytes (Q4_K/Q5_K: plus 4 bytes per
-  256 weights, their 6-bit scales unpacked), every other tensor its elements at the
-  compute width; dense, every tensor costs its elements at the compute width. The
+  Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K matrix costs its file bytes (Q4_K/Q5_K: plus 4
+  bytes per 256 weights, their 6-bit scales unpacked), every other tensor its elements at
+  the compute width; dense, every tensor costs its elements at the compute width. The
   stage's first-stage embedding lives on the host, the last stage's output projection on
-  the device: a single stage of a model with tied embeddings holds the embedding twice.
-  The estimate leaves out rings and the runtime itself (Python and tinygrad, ~0.3-0.5
-  GiB per worker).
+  the device; a single stage of a model with tied embeddings holds the embedding once,
+  the lookup reading the output matrix's buffers (on a CPU device; on another device the
+  role also keeps the embedding in host memory, beside the device's). The estimate leaves
+  out rings and the runtime itself (Python and tinygrad, ~0.3-0.5 GiB per worker).
 
 Unsupported input is refused here, before any node loads anything (`PlannerError`
 naming the exact value and the supported list): an architecture other than llama and
@@ -196,8 +197,9 @@ class MemoryCosts:
         if last:
             held += self.head[0]
             in_file += self.head[1]
-            if first and self.tied:  # one tensor in the file, held twice
-                in_file -= self.embedding[1]
+            if first and self.tied:  # one tensor in the file, held once: the lookup
+                in_file -= self.embedding[1]  # reads the output matrix (CPU devices)
+                held -= self.embedding[0]
         held += self.rope_per_position * max_seq_len
         kv_cache = self.kv_per_position_block * max_seq_len * (end - start) * slots
         return StageMemory(held, kv_cache, in_file)

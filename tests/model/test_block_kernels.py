@@ -16,6 +16,7 @@ from swactor.model.dequant import (
     block_bytes,
     block_fields,
     quant_matrix,
+    raw_from_fields,
 )
 
 # byte offsets of each type's f16 scale fields inside one block
@@ -105,6 +106,20 @@ def test_other_types_and_shapes_have_no_block_form() -> None:
     assert quant_matrix(np.zeros(8 * 22, np.uint8), int(Q.Q5_0), (8, 48)) is None
     assert quant_matrix(np.zeros(144, np.uint8), int(Q.Q4_K), (256,)) is None
     assert quant_matrix(np.zeros(100, np.uint8), int(Q.Q4_K), (1, 256)) is None
+
+
+@pytest.mark.parametrize("qtype", sorted(_F16_FIELDS, key=int), ids=lambda q: q.name)
+def test_the_fields_give_back_the_files_blocks(qtype: Q) -> None:
+    """raw_from_fields inverts block_fields, for every row or chosen rows (the tied
+    embedding lookup of a single stage reads the output matrix's fields)."""
+    blocks = _random_blocks(qtype, 7, 512, 8)
+    matrix = quant_matrix(blocks.reshape(-1), int(qtype), (7, 512))
+    assert matrix is not None
+    fields = block_fields(matrix)
+    np.testing.assert_array_equal(raw_from_fields(int(qtype), fields), matrix.raw)
+    rows = np.array([6, 0, 6, 3])
+    picked = raw_from_fields(int(qtype), {k: v[rows] for k, v in fields.items()})
+    np.testing.assert_array_equal(picked, blocks.reshape(7, -1)[rows])
 
 
 @pytest.mark.parametrize("qtype", sorted(_F16_FIELDS, key=int), ids=lambda q: q.name)
