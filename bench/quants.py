@@ -8,7 +8,11 @@ another in this process: our single stage over all 30 blocks as a node holds it
 then ``--tokens`` greedy decode steps, the median step after the first three), then
 llama.cpp's decode on the same file (`bench.model.llama_cpp_decode`, a subprocess in
 the reference venv) on 1 thread (tinygrad's CPU backend runs a step's kernels one after
-another on one core) and on every CPU, and the ratios. The tensor types the file holds
+another on one core) and on every CPU, and the ratios. Wall-clock rates on a shared
+machine move with its load between one measurement and the next, so the CPU time per
+decode token is printed too, ours and llama.cpp's on 1 thread (each process's own CPU
+time over the decode steps after the first three), with their ratio: llama.cpp's CPU
+per token over ours, the speed ratio an idle core would show. The tensor types the file holds
 are printed beside it (llama.cpp's `_M` mixes fall back to Q5_0/Q8_0 for SmolLM2's
 576-wide rows, which are not a multiple of 256).
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -28,6 +33,31 @@ from gguf import GGUFReader
 
 from bench.model import llama_cpp_decode, single_stage
 from swactor.model.paths import default_model_path
+
+_LLAMA_CPP_CPU = r"""
+import sys, time, llama_cpp, numpy as np
+path, n = sys.argv[1], int(sys.argv[2])
+llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_threads=1, verbose=False,
+                      logits_all=True)
+llm.eval(llm.tokenize(b"hello world", add_bos=False))
+for i in range(n):
+    if i == 3:
+        start = time.process_time()
+    llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+print((time.process_time() - start) / (n - 3) * 1e3)
+"""
+
+
+def llama_cpp_cpu_ms(path: Path, tokens: int) -> float | None:
+    """llama.cpp's CPU milliseconds per decode token on 1 thread (reference venv)."""
+    from tests.model.llama_cpp_quants import reference_python
+
+    done = subprocess.run([str(reference_python()), "-c", _LLAMA_CPP_CPU, str(path),
+                           str(max(tokens, 8))], capture_output=True, text=True, timeout=600,
+                          check=False)
+    if done.returncode != 0:
+        return None
+    return float(done.stdout.strip().splitlines()[-1])
 
 
 def _types(path: Path) -> str:
@@ -55,18 +85,21 @@ def main(argv: list[str]) -> int:
     print(f"device {Device.DEFAULT}, {threads} CPUs, load average {os.getloadavg()[0]:.1f}; "
           f"ours: 1 stage, blocks, f32, median decode step of {args.tokens}")
     print(f"{'file':8s} {'MiB':>5s}  {'ours tok/s':>10s}  {'llama.cpp 1 thr':>15s}  "
-          f"{'ratio':>5s}  {f'llama.cpp {threads} thr':>15s}  {'ratio':>5s}  tensor types")
+          f"{'ratio':>5s}  {f'llama.cpp {threads} thr':>15s}  {'ratio':>5s}  "
+          f"{'CPU ms/tok ours':>15s}  {'llama.cpp 1 thr':>15s}  {'ratio':>5s}  tensor types")
     files = [("Q4_1", default_model_path())]
     files += [(kind, ensure_quant(kind)) for kind in args.kinds.split(",")]
     for kind, path in files:
-        ours = 1.0 / single_stage(path, "f32:blocks", args.tokens, args.prompt_len, 0).decode_s
+        run = single_stage(path, "f32:blocks", args.tokens, args.prompt_len, 0)
+        ours = 1.0 / run.decode_s
         one = llama_cpp_decode(path, 1, args.tokens)
         many = llama_cpp_decode(path, threads, args.tokens) if threads > 1 else one
-        if one is None or many is None:
+        cpu = llama_cpp_cpu_ms(path, args.tokens)
+        if one is None or many is None or cpu is None:
             print(f"{kind:8s} llama.cpp failed on {path}")
             return 1
         print(f"{kind:8s} {path.stat().st_size / (1 << 20):5.0f}  {ours:10.1f}  {one:15.1f}  "
-              f"{ours / one:5.2f}  {many:15.1f}  {ours / many:5.2f}  {_types(path)}",
-              flush=True)
+              f"{ours / one:5.2f}  {many:15.1f}  {ours / many:5.2f}  {run.cpu_ms:15.1f}  "
+              f"{cpu:15.1f}  {cpu / run.cpu_ms:5.2f}  {_types(path)}", flush=True)
     print(f"load average now {os.getloadavg()[0]:.1f}")
     return 0
