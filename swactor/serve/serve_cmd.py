@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from swactor.events.emitter import Emitter
     from swactor.membership import MemberChanged
     from swactor.orchestrator.discovery import Pool
+    from swactor.orchestrator.run import RunHandle
     from swactor.orchestrator.session import PoolMember, SessionOptions
     from swactor.serve.session import RunEngine
     from swactor.transport.identity import NodeIdentity
@@ -118,8 +119,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Start N local node processes, provision one warm pipeline over them "
         "and answer OpenAI-style HTTP requests (POST /v1/completions, POST "
         "/v1/chat/completions, both with stream=true; GET /v1/models, /health, /metrics) "
-        "until Ctrl-C. A stage fault ends the requests in flight with an error naming it; "
-        "the server then provisions a new pipeline on the live nodes and goes on serving.",
+        "until Ctrl-C. After a stage fault the server provisions a new pipeline on the "
+        "live nodes (spares included) and continues the requests in flight on it: each "
+        "stream pauses, then goes on with no token lost or repeated.",
         epilog="example: swactor serve --nodes 3 --port 8000, then "
         "curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' "
         "-d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 16}'")
@@ -136,6 +138,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--max-seq-len", type=positive_int, default=None, metavar="N",
                         help="positions per sequence, prompt included (default: "
                         "min(context, 2048))")
+    parser.add_argument("--stages", type=positive_int, default=None, metavar="S",
+                        help="stages of each run (default: --nodes); the other nodes are "
+                        "spares a run re-planned after a fault may use")
     parser.add_argument("--split", type=split_arg, default=None, metavar="B0,B1,...",
                         help="explicit blocks per stage (default: even)")
     add_serve_arguments(parser)
@@ -214,6 +219,7 @@ class LiveNodes:
         self._count = count or len(members)
         self._alive = alive
         self._task: asyncio.Task[None] | None = None
+        self._runs: list[tuple[RunHandle, frozenset[NodeId]]] = []
 
     def members(self) -> tuple[PoolMember, ...]:
         """The usable nodes, in node-id order (the stage order), at most `count`."""
@@ -232,9 +238,33 @@ class LiveNodes:
         if change.state in (MemberState.Dead, MemberState.Left, MemberState.Removed) or (
                 meta is not None and meta.boot_health is not BootHealth.Available):
             self._members.pop(node, None)
+            self._lost(node)
         elif (change.state is MemberState.Alive and meta is not None and meta.role == "node"
               and meta.has_endpoint):
             self._members[node] = PoolMember(node, meta.quic_host, meta.quic_port)
+
+    async def watch(self, handle: RunHandle, nodes: frozenset[NodeId]) -> None:
+        """Beside a run on `nodes` until it ends: each of them that leaves the usable set
+        (dead, left or unavailable in SWIM's view; a suspicion is not a loss) is told to
+        the run as MembershipLost, so a killed node faults the run within SWIM's
+        detection bound instead of its peers' QUIC idle timeout."""
+        from swactor.fsm.generated import orchestrator_run as orun
+
+        watched = (handle, nodes)
+        self._runs.append(watched)
+        try:
+            for node in nodes - set(self._members):  # lost before the run began
+                handle.tell(orun.MembershipLost(node))
+            await asyncio.shield(handle.future)
+        finally:
+            self._runs.remove(watched)
+
+    def _lost(self, node: NodeId) -> None:
+        from swactor.fsm.generated import orchestrator_run as orun
+
+        for handle, nodes in self._runs:
+            if node in nodes:
+                handle.tell(orun.MembershipLost(node))
 
     def follow(self) -> None:
         """Start reading the pool's SWIM events (a discovered pool; no-op otherwise)."""
@@ -290,8 +320,10 @@ async def serve_pool(
         if not nodes:
             raise SessionError("no live node left in the pool")
         _say(err, f"provisioning a run on {len(nodes)} node(s), {slots} slots ...")
+        chosen = frozenset(m.node_id for m in nodes)
         return await PipelineEngine.start(replace(options, nodes=nodes), slots=slots,
-                                          emitter=emitter, progress=err)
+                                          emitter=emitter, progress=err,
+                                          watch=lambda handle: live.watch(handle, chosen))
 
     session = ServeSession(starter, node_id=options.identity.node_id, emitter=emitter,
                            restart_limit=restart_limit, retry_delay_s=retry_delay_s,
@@ -352,9 +384,15 @@ def run(args: argparse.Namespace) -> int:
     if args.max_queue < 0:
         print(f"swactor serve: --max-queue must be >= 0, got {args.max_queue}", file=sys.stderr)
         return EXIT_USAGE
-    if args.split is not None and len(args.split) != args.nodes:
-        print(f"swactor serve: --split names {len(args.split)} stages but --nodes is "
+    stages = args.nodes if args.stages is None else args.stages
+    if stages > args.nodes:
+        print(f"swactor serve: --stages {stages} needs at least as many --nodes, got "
               f"{args.nodes}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.split is not None and len(args.split) != stages:
+        print(f"swactor serve: --split names {len(args.split)} stages but "
+              f"{'--stages' if args.stages is not None else '--nodes'} is {stages}",
+              file=sys.stderr)
         return EXIT_USAGE
     try:
         check_port(args.host, args.port)
@@ -414,7 +452,7 @@ async def _serve_local(args: argparse.Namespace, keys: Path) -> int:
             return EXIT_USAGE
         processes = {n.member.node_id: n.process for n in cluster.nodes if n.member}
         live = LiveNodes(pool.members, pool=pool, admitted=admission.stage_ids,
-                         count=args.nodes,
+                         count=args.nodes if args.stages is None else args.stages,
                          alive=lambda node: node in processes
                          and processes[node].returncode is None)
         return await serve_pool(

@@ -3,6 +3,7 @@ starts, exit 2 with one line naming the problem), and the live-node view that re
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from swactor.fsm.generated import orchestrator_run as orun
 from swactor.membership import BootHealth, MemberChanged, MemberMeta, MemberState
 from swactor.orchestrator.session import PoolMember
 from swactor.serve.serve_cmd import LiveNodes, http_address
@@ -42,6 +44,9 @@ def test_orchestrator_help_offers_serve() -> None:
     (["--port", "70000"], "70000 is not a port number"),
     (["--slots", "x"], "'x' is not an integer"),
     (["--nodes", "3", "--split", "15,15"], "--split names 2 stages but --nodes is 3"),
+    (["--nodes", "2", "--stages", "3"], "--stages 3 needs at least as many --nodes, got 2"),
+    (["--nodes", "4", "--stages", "3", "--split", "15,15"],
+     "--split names 2 stages but --stages is 3"),
     (["--max-queue", "-1"], "--max-queue must be >= 0"),
     (["--retry-delay", "nan"], "must be a finite number >= 0"),
     (["--model", "/nonexistent/model.gguf", "--port", "0"], "not found"),
@@ -126,3 +131,45 @@ def test_sigterm_while_the_nodes_boot_stops_them_and_exits_130() -> None:
     assert code == 130, serve.describe()
     assert "swactor serve: interrupted" in serve.stderr
     assert [pid for pid in nodes if cmdline(pid)] == []  # every node it started is gone
+
+
+class _Handle:
+    """A run handle that records what it is told; `end()` ends the run."""
+
+    def __init__(self) -> None:
+        self.told: list[object] = []
+        self.future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+
+    def tell(self, message: object) -> None:
+        self.told.append(message)
+
+    def end(self) -> None:
+        self.future.set_result(None)
+
+
+def test_live_nodes_tell_a_watched_run_each_of_its_nodes_lost() -> None:
+    async def scenario() -> None:
+        members = tuple(PoolMember(NodeId(n), "127.0.0.1", 7400 + n) for n in (1, 2, 3, 4))
+        live = LiveNodes(members, count=3)
+        handle = _Handle()
+        watch = asyncio.create_task(
+            live.watch(handle, frozenset({NodeId(1), NodeId(2), NodeId(3)})))  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        live.observe(_change(2, MemberState.Suspect, meta=False))
+        live.observe(_change(4, MemberState.Dead))  # the spare: not the run's
+        assert handle.told == []
+        live.observe(_change(2, MemberState.Dead))
+        assert handle.told == [orun.MembershipLost(NodeId(2))]
+        handle.end()
+        await watch
+        live.observe(_change(3, MemberState.Dead))  # the run ended: nothing more told
+        assert handle.told == [orun.MembershipLost(NodeId(2))]
+        late = _Handle()  # a run started on a node already gone is told at once
+        late_watch = asyncio.create_task(
+            live.watch(late, frozenset({NodeId(1), NodeId(3)})))  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        assert late.told == [orun.MembershipLost(NodeId(3))]
+        late.end()
+        await late_watch
+
+    asyncio.run(scenario())

@@ -1,0 +1,151 @@
+"""A stage node killed mid-stream: every in-flight stream continues on a re-planned run.
+
+End to end with real parts: `swactor serve --nodes 4 --stages 3` (four real node
+processes with tinygrad workers on the real SmolLM2, real QUIC edges, one spare node)
+and the official `openai` client streaming concurrent greedy completions. The same
+requests are first answered by the healthy server; then, while they stream again, the
+node of stage 1 is killed with SIGKILL (the orchestrator is not touched). Every stream
+must complete with exactly the healthy chunks (no duplicated, no missing token: one
+chunk per token), and the orchestrator's event log must show the fault, the recovery on
+the three survivors (the spare included, the dead node not) and each stream's
+migration. The pause each stream saw (kill to its next chunk) is printed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from .serve_process import ServeProcess, cmdline, descendants
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ("The capital of France is", "Once upon a time, in a small village,",
+           "The three primary colors are")
+MAX_TOKENS = 28
+KILL_AFTER = 4
+"""Chunks every stream has received before the stage node is killed."""
+
+
+def events(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class Stream(threading.Thread):
+    """One streaming completion: its chunks' texts and when each arrived."""
+
+    def __init__(self, client: openai.OpenAI, prompt: str) -> None:
+        super().__init__(daemon=True)
+        self.client, self.prompt = client, prompt
+        self.chunks: list[str] = []
+        self.times: list[float] = []
+        self.finish: str | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for chunk in self.client.completions.create(
+                    model="swactor", prompt=self.prompt, max_tokens=MAX_TOKENS,
+                    temperature=0.0, stream=True):
+                choice = chunk.choices[0]
+                if choice.text:
+                    self.chunks.append(choice.text)
+                    self.times.append(time.monotonic())
+                if choice.finish_reason:
+                    self.finish = choice.finish_reason
+        except BaseException as error:  # reported by the test
+            self.error = error
+
+
+def stream_all(client: openai.OpenAI) -> list[Stream]:
+    streams = [Stream(client, prompt) for prompt in PROMPTS]
+    for stream in streams:
+        stream.start()
+    return streams
+
+
+def join(streams: list[Stream], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for stream in streams:
+        stream.join(max(0.0, deadline - time.monotonic()))
+        assert not stream.is_alive(), f"stream {stream.prompt!r} did not end"
+        assert stream.error is None, f"stream {stream.prompt!r}: {stream.error!r}"
+
+
+def stage_node_pid(events_dir: Path, stage: int, run_id: int) -> tuple[int, int]:
+    """(pid, node id) of the node process that holds `stage` of run `run_id`."""
+    for path in sorted(events_dir.glob("node-*.jsonl")):
+        for event in events(path):
+            if event.get("run_id") == run_id and event.get("stage_index") == stage:
+                return int(event["pid"]), int(event["node_id"])
+    raise AssertionError(f"no node file names stage {stage} of run {run_id}")
+
+
+def test_killing_a_stage_node_mid_stream_migrates_every_stream(tmp_path: Path) -> None:
+    events_dir = tmp_path / "events"
+    serve = ServeProcess(["serve", "--nodes", "4", "--stages", "3", "--port", "0",
+                          "--slots", "4", "--retry-delay", "0.5",
+                          "--events-dir", str(events_dir)])
+    try:
+        url = serve.wait_url(600)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
+                               timeout=600)
+        healthy = stream_all(client)
+        join(healthy, 600)
+        assert all(len(s.chunks) == MAX_TOKENS for s in healthy), [s.chunks for s in healthy]
+
+        log = events_dir / "orchestrator.jsonl"
+        started = [e for e in events(log) if e["event"] == "serve_started"]
+        first_run = int(started[0]["run_id"])
+        pid, killed = stage_node_pid(events_dir, 1, first_run)
+        assert "swactor.cli node" in cmdline(pid) and pid in descendants(serve.process.pid)
+
+        faulted = stream_all(client)
+        deadline = time.monotonic() + 600
+        while min(len(s.chunks) for s in faulted) < KILL_AFTER:
+            assert time.monotonic() < deadline, "the streams did not start"
+            assert all(s.error is None for s in faulted), [s.error for s in faulted]
+            time.sleep(0.01)
+        assert max(len(s.chunks) for s in faulted) < MAX_TOKENS, "killed too late"
+        streamed = [len(s.chunks) for s in faulted]
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        join(faulted, 600)
+
+        for before, after in zip(healthy, faulted, strict=True):
+            assert after.chunks == before.chunks, (after.prompt, before.chunks, after.chunks)
+            assert after.finish == before.finish == "length"
+        # the longest wait after the kill: the recovery's pause (earlier chunks may have
+        # been on their way already)
+        pauses = [max(t - max(prev, killed_at) for prev, t in itertools.pairwise(s.times)
+                      if t > killed_at) for s in faulted]
+        print(f"\nkilled stage 1 after {streamed} chunks; fault -> next chunk per stream: "
+              + ", ".join(f"{p:.2f} s" for p in pauses))
+
+        seen = events(log)
+        names = [e["event"] for e in seen]
+        assert "serve_recovery_started" in names and "serve_recovery_completed" in names
+        recovered = next(e for e in seen if e["event"] == "serve_recovery_completed")
+        new_run = int(recovered["run_id"])
+        assert new_run != first_run
+        survivors = {int(e["node_id"]) for path in events_dir.glob("node-*.jsonl")
+                     for e in events(path) if e.get("run_id") == new_run
+                     and e.get("stage_index") is not None}
+        assert len(survivors) == 3 and killed not in survivors
+        migrated = [e for e in seen if e["event"] == "sequence_migrated"]
+        in_flight = [n for n in streamed if n < MAX_TOKENS]
+        assert len(migrated) == len(in_flight) == len(PROMPTS)
+        assert {int(e["run_id"]) for e in migrated} == {new_run}
+        assert all(e["detail"]["from_run"] == first_run for e in migrated)
+        assert "sequence_lost" not in names
+    finally:
+        assert serve.stop() == 0, serve.describe()
