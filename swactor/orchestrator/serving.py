@@ -65,12 +65,18 @@ class SequenceRequest:
     prompt: tuple[int, ...]
     max_tokens: int
     sampling: SamplingPolicy = field(default_factory=SamplingPolicy.greedy)
+    first_step: int = 0
+    """Sampling step of the first token to generate: 0, or for a continuation of a
+    sequence (its prompt carries the tokens it generated before) their count, so its
+    draws go on where they stopped."""
 
     def __post_init__(self) -> None:
         if not self.prompt:
             raise ValueError("a sequence needs at least one prompt token id")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.first_step < 0:
+            raise ValueError(f"first_step must be >= 0, got {self.first_step}")
 
     @property
     def candidates(self) -> bool:
@@ -148,8 +154,9 @@ class LiveSequence(sq.SequenceEffects[Awaitable[None]]):
 
     @property
     def step(self) -> int:
-        """The sampling step of the output in flight: tokens generated before it."""
-        return len(self.generated)
+        """The sampling step of the output in flight: tokens generated before it (by
+        this run, after `first_step` generated before)."""
+        return self.request.first_step + len(self.generated)
 
     def pick(self, ids: tuple[int, ...]) -> int:
         """The token of an output: a candidates answer sampled, else its one id."""

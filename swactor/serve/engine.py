@@ -36,6 +36,10 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int = 0
     stop: tuple[str, ...] = ()
+    first_step: int = 0
+    """Sampling step of the first token: 0, or for a sequence continued on a new run the
+    tokens it already generated (they end its prompt), so a sampled continuation draws
+    what the undisturbed sequence would have."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -46,6 +50,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.first_step < 0:
+            raise ValueError(f"first_step must be >= 0, got {self.first_step}")
 
 
 class FinishReason(enum.Enum):

@@ -325,7 +325,7 @@ class RunEngine:
             return stream
         try:
             request = SequenceRequest(tuple(int(t) for t in prompt), params.max_tokens,
-                                      sampling_policy(params))
+                                      sampling_policy(params), params.first_step)
         except (ValueError, TypeError) as error:
             stream.finished("error", f"bad request: {error}")
             return stream

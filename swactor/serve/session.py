@@ -169,7 +169,8 @@ class _SessionStream:
         if self.streamed:  # a continuation: prompt + streamed, the rest of max_tokens
             self._inner = run.submit(
                 self.prompt + tuple(self.streamed),
-                replace(self.params, max_tokens=self.params.max_tokens - len(self.streamed)))
+                replace(self.params, max_tokens=self.params.max_tokens - len(self.streamed),
+                        first_step=self.params.first_step + len(self.streamed)))
         else:
             self._inner = run.submit(self.prompt, self.params)
         if self.lost_from is not None:

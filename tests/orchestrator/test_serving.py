@@ -87,9 +87,10 @@ async def serving(runtime: Runtime, ports: FakePorts, slots: int = 2,
 
 
 def submit(handle: RunHandle, sequence_id: int, prompt: tuple[int, ...], max_tokens: int = 8,
-           sampling: SamplingPolicy = GREEDY) -> Sink:
+           sampling: SamplingPolicy = GREEDY, first_step: int = 0) -> Sink:
     sink = Sink()
-    handle.submit(sequence_id, SequenceRequest(prompt, max_tokens, sampling), _SinkPort(sink))
+    handle.submit(sequence_id, SequenceRequest(prompt, max_tokens, sampling, first_step),
+                  _SinkPort(sink))
     return sink
 
 
@@ -303,6 +304,33 @@ def test_a_sampled_sequence_asks_for_candidates_and_samples_them() -> None:
         assert result.fault is not None
         assert result.fault.reason is RunFaultReason.ObjectHeaderMalformed
         assert b.end is not None and b.end[0] == "error"
+
+    run_test(body)
+
+
+def test_a_continuation_samples_from_its_first_step_on() -> None:
+    ids = tuple(range(100, 100 + CANDIDATES_K))
+    bits = struct.unpack(f"<{CANDIDATES_K}I", struct.pack(
+        f"<{CANDIDATES_K}f", *([1.0] * CANDIDATES_K)))
+    policy = SamplingPolicy.sample(temperature=1.0, seed=11)
+    flat = (*ids, *bits)
+    steps = (5, 6)
+    assert [pick_candidate(flat, policy, s) for s in steps] != [
+        pick_candidate(flat, policy, s) for s in (0, 1)], "the offset changes the draws"
+
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports)
+        # a sequence that generated 5 tokens on a run that faulted: they end its prompt
+        a = submit(handle, 1, (1, 5, 9, 9, 9, 9, 9), max_tokens=2, sampling=policy,
+                   first_step=5)
+        await ports.until(lambda: len(ports.of("inject")) == 1)
+        handle.tell(out(0, tag(0, 0, True), *flat))
+        await ports.until(lambda: len(ports.of("inject")) == 2)
+        handle.tell(out(1, tag(0, 7, True), *flat))
+        await ports.until(lambda: a.end is not None)
+        assert a.ids == [pick_candidate(flat, policy, s) for s in steps]
+        handle.stop()
+        await stop_all(handle, ports)
 
     run_test(body)
 

@@ -432,7 +432,7 @@ async def test_a_migrated_stream_relays_every_token_once_and_one_started() -> No
     first.fail("stream reset on edge 2")
     await until(lambda: len(second.submitted) == 1, "continued on the new run")
     assert second.submitted[0][0] == (1, 2, 10, 11)
-    assert second.params[0] == SamplingParams(max_tokens=3)
+    assert second.params[0] == SamplingParams(max_tokens=3, first_step=2)
     again = second.submitted[0][1]
     for event in (Started(), Tokens((12,)), Tokens((13,)), Finished(FinishReason.STOP)):
         again.put(event)
