@@ -180,3 +180,30 @@ def test_sampling_params_map_onto_the_runs_policy() -> None:
     sampled = sampling_policy(SamplingParams(max_tokens=4, temperature=0.7, top_p=0.9, seed=3))
     assert (sampled.kind.value, sampled.temperature, sampled.top_k, sampled.top_p,
             sampled.seed) == ("sample", 0.7, 40, 0.9, 3)
+
+
+def test_start_cancelled_while_provisioning_tears_down_what_it_made() -> None:
+    ports = FakePorts()
+
+    async def main() -> None:
+        runtime = Runtime("orchestrator")
+        pool = _Pool()
+        engine = RunEngine(make_plan(), 2, None, pool, runtime, ports)  # type: ignore[arg-type]
+        options = types.SimpleNamespace(timeouts=SLOW)
+        opening = asyncio.create_task(engine._open(frozenset({EOS}), options, None))  # type: ignore[arg-type]
+        await ports.until(lambda: len(ports.of("provision")) == 3)
+        opening.cancel()  # Ctrl-C before the barrier
+        assert engine._handle is not None
+        result = await stop_all(engine._handle, ports)  # the stages answer StopRun
+        try:
+            await opening
+        except asyncio.CancelledError:
+            pass
+        else:
+            raise AssertionError("start() must re-raise its cancellation")
+        assert (result.outcome, result.teardown) == (RunOutcome.OperatorStopped,
+                                                     TeardownOutcome.Clean)
+        assert pool.closed == 1 and len(ports.of("stop_run")) == 3
+
+    asyncio.run(asyncio.wait_for(main(), timeout=20))
+    assert_tables_allow(ports.sink.events, complete=False)
