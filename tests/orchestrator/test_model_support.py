@@ -55,7 +55,7 @@ def test_unsupported_input_is_refused_by_name(
 
 @pytest.mark.parametrize(("fields", "problem", "words"), UNSUPPORTED,
                          ids=["architecture", "tensor-type", "tokenizer"])
-def test_plan_run_and_orchestrator_refuse_before_any_node_starts(
+def test_plan_run_serve_and_orchestrator_refuse_before_any_node_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
     fields: dict[str, object], problem: PlanProblem, words: list[str],
 ) -> None:
@@ -80,6 +80,12 @@ def test_plan_run_and_orchestrator_refuse_before_any_node_starts(
 
     def no_session(*_: object) -> int:
         raise AssertionError("a session was started for a model the plan refuses")
+
+    assert main(["serve", "--model", str(path), "--nodes", "2", "--port", "0",
+                 "--keys-dir", str(tmp_path / "serve-keys")]) == 2
+    err = capsys.readouterr().err
+    assert f"swactor serve: {problem.value}: " in err and words[0] in err
+    assert words[-1] in err
 
     monkeypatch.setattr(orchestrate_cmd, "execute", no_session)
     assert main(["orchestrator", "--key", str(tmp_path / "orchestrator.key"), "--open-pool",
