@@ -29,11 +29,18 @@ reason. Fault kinds:
 * link down: stage 1's host cut off by its bridge port going down (network
   namespaces; needs root): only SWIM notices (MembershipLost).
 
+* serve node kill: `swactor serve --nodes 4 --stages 3` (one spare node) and
+  SERVE_STREAMS concurrent greedy streams through the `openai` client, first on the
+  healthy server (the reference), then again with stage 1's node SIGKILLed once every
+  stream has TOKENS_BEFORE_FAULT chunks. The serving session re-plans on the three
+  survivors and migrates every stream; the row also gives the kill -> the new run
+  ready (`serve_recovery_completed`), the kill -> each stream's next chunk (the
+  slowest), and the tokens lost and duplicated against the reference (both must be 0).
+
 Each row also gives run_faulted -> run_torn_down: the teardown a serving session waits
 for before it provisions again. The "to new run ready", "to next token" and tokens
-lost / duplicated columns belong to a serving session that re-plans on the survivors
-and migrates its sequences; until `swactor serve` does, they print "n/a: needs swactor
-serve to re-plan".
+lost / duplicated columns are measured by the serving row; the single-run rows print
+"n/a" there (a `swactor run` has no next run).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import argparse
 import asyncio
 import contextlib
 import ipaddress
+import itertools
 import json
 import os
 import signal
@@ -68,13 +76,15 @@ from swactor.node.worker_ctl import WorkerCtlConfig
 from swactor.orchestrator.run import RunTimeouts
 from swactor.testing.swim_pool import SwimPool
 
-KINDS = ("node_kill", "worker_kill", "worker_budget", "stream_reset", "link_down")
+KINDS = ("node_kill", "worker_kill", "worker_budget", "stream_reset", "link_down",
+         "serve_node_kill")
 LABELS = {
     "node_kill": "node kill (SIGKILL stage 1's node)",
     "worker_kill": "worker kill (SIGKILL stage 1's worker)",
     "worker_budget": "worker kill past its restart budget",
     "stream_reset": "QUIC stream reset (stage 0 -> 1)",
     "link_down": "host cut off (netns link down)",
+    "serve_node_kill": "swactor serve: node kill, 3 streams migrated",
 }
 PROMPT = "hello world"
 TOKENS = 300
@@ -83,7 +93,11 @@ TOKENS_BEFORE_FAULT = 3
 STAGES = 3
 MEMBERS = STAGES + 1
 """The SWIM view: the stage nodes and the orchestrator."""
-PENDING = "n/a: needs swactor serve to re-plan"
+PENDING = "n/a (single run)"
+SERVE_STREAMS = 3
+SERVE_TOKENS = 24
+SERVE_PROMPTS = ("The capital of France is", "Once upon a time, in a small village,",
+                 "The three primary colors are")
 BOOT_S = 300.0
 FAULT_WAIT_S = 120.0
 STAYS_DOWN_S = 10.0
@@ -302,6 +316,120 @@ def _count(path: Path, event: str) -> int:
     return sum(1 for record in _records(path) if record["event"] == event)
 
 
+# -- swactor serve ----------------------------------------------------------------------
+
+
+def _stream_all(url: str) -> list[tuple[list[str], list[float], list[BaseException]]]:
+    """SERVE_STREAMS streaming completions started at once, each filled by its thread
+    (chunk texts, arrival times, errors); the threads are returned running."""
+    import threading
+
+    import openai
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
+                           timeout=BOOT_S)
+    results: list[tuple[list[str], list[float], list[BaseException]]] = []
+
+    def read(prompt: str, chunks: list[str], times: list[float],
+             errors: list[BaseException]) -> None:
+        try:
+            for chunk in client.completions.create(model="swactor", prompt=prompt,
+                                                   max_tokens=SERVE_TOKENS, temperature=0.0,
+                                                   stream=True):
+                if chunk.choices[0].text:
+                    chunks.append(chunk.choices[0].text)
+                    times.append(time.monotonic())
+        except Exception as error:
+            errors.append(error)
+
+    for prompt in SERVE_PROMPTS[:SERVE_STREAMS]:
+        result: tuple[list[str], list[float], list[BaseException]] = ([], [], [])
+        results.append(result)
+        threading.Thread(target=read, args=(prompt, *result), daemon=True).start()
+    return results
+
+
+def _wait(results: list[tuple[list[str], list[float], list[BaseException]]],
+          done: Callable[[list[str]], bool]) -> None:
+    deadline = time.monotonic() + BOOT_S
+    while not all(done(chunks) or errors for chunks, _, errors in results):
+        if time.monotonic() > deadline:
+            raise Failed(f"streams stuck at {[len(c) for c, _, _ in results]} chunks")
+        time.sleep(0.01)
+    errors = [e for _, _, errs in results for e in errs]
+    if errors:
+        raise Failed(f"a stream failed: {errors[0]!r}")
+
+
+def _serve_trial(root: Path) -> Trial:
+    import difflib
+    import subprocess
+    import sys
+
+    events_dir = root / "events"
+    out, err = root / "serve.out", root / "serve.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "swactor.cli", "serve", "--nodes", str(STAGES + 1),
+             "--stages", str(STAGES), "--port", "0", "--retry-delay", "0.5",
+             "--keys-dir", str(root / "keys"), "--events-dir", str(events_dir)],
+            stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+            start_new_session=True)
+    try:
+        deadline = time.monotonic() + BOOT_S
+        while not (url := next((line.split()[-1] for line in out.read_text().splitlines()
+                                if line.startswith("serving on ")), "")):
+            if serve.poll() is not None or time.monotonic() > deadline:
+                raise Failed(f"swactor serve did not serve: {err.read_text()[-400:]}")
+            time.sleep(0.1)
+        reference = _stream_all(url)
+        _wait(reference, lambda chunks: len(chunks) == SERVE_TOKENS)
+        log = events_dir / "orchestrator.jsonl"
+        first = next(r for r in _records(log) if r["event"] == "serve_started")["run_id"]
+        pid = next(r["pid"] for path in sorted(events_dir.glob("node-*.jsonl"))
+                   for r in _records(path)
+                   if r.get("run_id") == first and r.get("stage_index") == 1)
+        faulted = _stream_all(url)
+        _wait(faulted, lambda chunks: len(chunks) >= TOKENS_BEFORE_FAULT)
+        os.kill(pid, signal.SIGKILL)
+        killed, killed_ns = time.monotonic(), time.time_ns()
+        _wait(faulted, lambda chunks: len(chunks) == SERVE_TOKENS)
+        time.sleep(0.5)  # a duplicated token would arrive after the last expected one
+        records = [r for r in _records(log) if r["wall"] > killed_ns]
+
+        def after(name: str) -> dict[str, Any]:
+            found = next((r for r in records if r["event"] == name), None)
+            if found is None:
+                raise Failed(f"no {name} after the kill")
+            return found
+
+        fault = after("run_faulted")
+        lost = duplicated = 0
+        for (want, _, _), (got, _, _) in zip(reference, faulted, strict=True):
+            for op, a0, a1, b0, b1 in difflib.SequenceMatcher(a=want, b=got).get_opcodes():
+                lost += (a1 - a0) if op in ("delete", "replace") else 0
+                duplicated += (b1 - b0) if op in ("insert", "replace") else 0
+        next_s = max(max(t - max(prev, killed) for prev, t in itertools.pairwise(times)
+                         if t > killed) for _, times, _ in faulted)
+        return Trial("serve_node_kill", fault["reason"], fault["component"],
+                     (fault["wall"] - killed_ns) / 1e9, {
+                         "teardown_s": (after("run_torn_down")["wall"] - fault["wall"]) / 1e9,
+                         "ready_s": (after("serve_recovery_completed")["wall"] - killed_ns)
+                         / 1e9,
+                         "next_token_s": next_s,
+                         "lost": float(lost), "duplicated": float(duplicated),
+                         "migrated": float(sum(r["event"] == "sequence_migrated"
+                                               for r in records))})
+    finally:
+        if serve.poll() is None:
+            serve.send_signal(signal.SIGTERM)
+        try:
+            serve.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(serve.pid, signal.SIGKILL)
+            serve.wait()
+
+
 # -- the table ---------------------------------------------------------------------------
 
 
@@ -309,11 +437,23 @@ def _bound(kind: str, settle_s: float) -> str:
     swim = detection_bound_s(SwimConfig(), MEMBERS)
     if kind in ("node_kill", "link_down"):
         return f"SWIM bound {swim:.2f}s"
+    if kind == "serve_node_kill":
+        return f"SWIM bound {detection_bound_s(SwimConfig(), MEMBERS + 1):.2f}s"
     if kind == "stream_reset":
         return f"settle {settle_s:g}s + 1 token"
     if kind == "worker_budget":
         return "run: as worker kill; unavailable: gossip"
     return "control round trip"
+
+
+def _serving(found: list[Trial]) -> str:
+    """The serving columns: new run ready, next token, tokens lost, duplicated."""
+    if not found or "ready_s" not in found[0].extra:
+        return " | ".join([PENDING] * 4)
+    return " | ".join([_spread([t.extra["ready_s"] for t in found]),
+                       _spread([t.extra["next_token_s"] for t in found]),
+                       str(sum(int(t.extra["lost"]) for t in found)),
+                       str(sum(int(t.extra["duplicated"]) for t in found))])
 
 
 def _spread(values: list[float]) -> str:
@@ -364,6 +504,7 @@ def main(argv: list[str]) -> int:
                         prefix=f"swactor-recovery-{kind}-")))
                 try:
                     outcome = (_link_trial(root) if kind == "link_down"
+                               else _serve_trial(root) if kind == "serve_node_kill"
                                else asyncio.run(_loopback_trial(kind, root)))
                 except Exception as error:
                     notes[kind] = f"failed: {type(error).__name__}: {error}"
@@ -373,7 +514,8 @@ def main(argv: list[str]) -> int:
                 notes[kind] = outcome
                 break
             trials[kind].append(outcome)
-            extra = "".join(f", {k} {v:.2f}s" for k, v in outcome.extra.items())
+            extra = "".join(f", {k} {v:.2f}s" if k.endswith("_s") else f", {k} {v:g}"
+                            for k, v in outcome.extra.items())
             print(f"  {kind} #{attempt + 1}: {outcome.reason} ({outcome.component}) "
                   f"{outcome.detect_s:.3f}s after the fault{extra}", flush=True)
     header = ("| fault | run_faulted reason (component) | fault -> detection | bound | "
@@ -394,7 +536,7 @@ def main(argv: list[str]) -> int:
         print(f"| {LABELS[kind]} | {', '.join(reasons) or '-'} | {detect} | "
               f"{_bound(kind, settle_s)} | "
               f"{_spread([t.extra['teardown_s'] for t in found if 'teardown_s' in t.extra])}"
-              f" | {PENDING} | {PENDING} | {PENDING} | {PENDING} |")
+              f" | {_serving(found)} |")
     print("detection: fault injected -> the orchestrator's run_faulted event (one wall "
           "clock); median (min..max, trials).")
     if args.json is not None:

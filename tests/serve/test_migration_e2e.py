@@ -118,7 +118,7 @@ def test_killing_a_stage_node_mid_stream_migrates_every_stream(tmp_path: Path) -
         assert max(len(s.chunks) for s in faulted) < MAX_TOKENS, "killed too late"
         streamed = [len(s.chunks) for s in faulted]
         os.kill(pid, signal.SIGKILL)
-        killed_at = time.monotonic()
+        killed_at, killed_wall = time.monotonic(), time.time_ns()
         join(faulted, 600)
 
         for before, after in zip(healthy, faulted, strict=True):
@@ -128,11 +128,20 @@ def test_killing_a_stage_node_mid_stream_migrates_every_stream(tmp_path: Path) -
         # been on their way already)
         pauses = [max(t - max(prev, killed_at) for prev, t in itertools.pairwise(s.times)
                       if t > killed_at) for s in faulted]
-        print(f"\nkilled stage 1 after {streamed} chunks; fault -> next chunk per stream: "
-              + ", ".join(f"{p:.2f} s" for p in pauses))
-
         seen = events(log)
         names = [e["event"] for e in seen]
+
+        def after_kill(name: str) -> tuple[float, dict[str, Any]]:
+            event = next(e for e in seen if e["event"] == name and e["wall"] > killed_wall)
+            return float(event["wall"] - killed_wall) / 1e9, event
+
+        detected, fault = after_kill("run_faulted")
+        print(f"\nkilled stage 1 after {streamed} chunks; from the kill: run_faulted "
+              f"{detected:.2f} s ({fault.get('reason')}), run_torn_down "
+              f"{after_kill('run_torn_down')[0]:.2f} s, new run ready "
+              f"{after_kill('serve_recovery_completed')[0]:.2f} s, next chunk per stream "
+              + ", ".join(f"{p:.2f} s" for p in pauses))
+        assert fault["reason"] == "MembershipLost"  # SWIM told the run, not an idle timeout
         assert "serve_recovery_started" in names and "serve_recovery_completed" in names
         recovered = next(e for e in seen if e["event"] == "serve_recovery_completed")
         new_run = int(recovered["run_id"])
