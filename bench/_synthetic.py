@@ -25,8 +25,8 @@ from swactor.model.paths import model_cache_dir
 
 # byte offsets of the f16 scale fields inside one block
 _SCALE_FIELDS: dict[Q, tuple[int, ...]] = {
-    Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2),
-    Q.Q6_K: (208,),
+    Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,),
+    Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,),
 }
 
 

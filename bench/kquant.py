@@ -6,8 +6,8 @@ Every figure comes from a fresh process per stage (:mod:`bench._stage_probe`), r
 after another, on synthetic llama files with random weights (:mod:`bench._synthetic`,
 generated once into the model cache):
 
-1. **Memory per type.** A 4-block, 2048-wide file per block type (Q4_0, Q4_1, Q8_0,
-   Q4_K, Q5_K, Q6_K, and Q4_K_M's mix), split in two stages, weights in blocks (and the
+1. **Memory per type.** A 4-block, 2048-wide file per block type (Q4_0, Q4_1, Q5_0,
+   Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, and Q4_K_M's mix), split in two stages, weights in blocks (and the
    Q4_K_M file also dense). Per stage: the stage's tensors in the file, the resident
    memory the stage added to its process at ready (RSS at ready minus RSS after
    starting tinygrad) less its KV cache, the ratio of the two (the goal: at most 1.25x),
@@ -50,7 +50,7 @@ def _type_shapes() -> list[Shape]:
                      types_by_matrix=mix or {})
 
     shapes = [shape(f"mem-{t.name.lower()}", t, t)
-              for t in (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)]
+              for t in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)]
     shapes.append(shape("mem-q4_k_m", Q.Q4_K, Q.Q6_K, _MIX))
     return shapes
 
