@@ -199,34 +199,38 @@ class _SessionStream:
         return self._events()
 
     async def _events(self) -> AsyncIterator[SequenceEvent]:
-        try:
-            while True:
-                await self._placed.wait()
-                if self._inner is None:
-                    assert self._end is not None
-                    yield self._end
+        # The session forgets the sequence once its Finished is read. A reader that stops
+        # early (the front's handler cancelled: its client went away) must not make it
+        # forget: the front then calls cancel(), which has to reach the run, or the
+        # sequence would keep its KV slot until it ends by itself.
+        while True:
+            await self._placed.wait()
+            if self._inner is None:
+                assert self._end is not None
+                self._done(self._id)
+                yield self._end
+                return
+            run = self.run
+            async for event in self._inner:
+                if isinstance(event, Tokens):
+                    self.streamed.extend(event.ids)
+                elif isinstance(event, Started):
+                    if self._started:
+                        continue
+                    self._started = True
+                elif (event.reason is FinishReason.ERROR and run is not None
+                      and run.failed.is_set()):
+                    self._lose(run, event.detail)
+                    break
+                if isinstance(event, Finished):
+                    self._done(self._id)
+                yield event
+                if isinstance(event, Finished):
                     return
-                run = self.run
-                async for event in self._inner:
-                    if isinstance(event, Tokens):
-                        self.streamed.extend(event.ids)
-                    elif isinstance(event, Started):
-                        if self._started:
-                            continue
-                        self._started = True
-                    elif (event.reason is FinishReason.ERROR and run is not None
-                          and run.failed.is_set()):
-                        self._lose(run, event.detail)
-                        break
-                    yield event
-                    if isinstance(event, Finished):
-                        return
-                else:
-                    yield Finished(FinishReason.ERROR,
-                                   "the run ended the sequence without a reason")
-                    return
-        finally:
-            self._done(self._id)
+            else:
+                self._done(self._id)
+                yield Finished(FinishReason.ERROR, "the run ended the sequence without a reason")
+                return
 
 
 class _LoopTimers:

@@ -289,6 +289,31 @@ async def test_cancel_frees_a_held_sequence_at_once_and_a_forwarded_one_on_its_r
 
 
 @in_loop
+async def test_a_reader_that_stops_early_still_cancels_on_the_run() -> None:
+    """The front's handler is cancelled mid-stream (its client left), then it calls
+    cancel(): the run must hear of it, or the sequence keeps its KV slot."""
+    run = FakeRun("a")
+    serve, _ = session(Starter(run))
+    await serve.start()
+    stream = serve.submit([1], PARAMS)
+    inner = run.submitted[0][1]
+    inner.put(Tokens((5,)))
+    first = asyncio.Event()
+
+    async def read() -> None:
+        async for _ in stream:
+            first.set()
+
+    reader = asyncio.create_task(read())
+    await first.wait()
+    reader.cancel()
+    await asyncio.gather(reader, return_exceptions=True)
+    serve.cancel(stream.sequence_id)
+    assert run.cancelled == [inner.sequence_id]
+    await serve.stop()
+
+
+@in_loop
 async def test_the_first_provisioning_failing_fails_the_session_with_its_reason() -> None:
     starter = Starter(RuntimeError("plan: 2 nodes but the model has 1 block"))
     serve, sink = session(starter)
