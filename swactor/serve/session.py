@@ -147,6 +147,8 @@ class _SessionStream:
         self.migrations = 0
         self.lost_from: RunEngine | None = None
         """The faulted run that lost the sequence, until it is placed again."""
+        self.fault = ""
+        """That run's fault, in words."""
         self._inner: SequenceStream | None = None
         self._end: Finished | None = None
         self._started = False
@@ -191,7 +193,7 @@ class _SessionStream:
 
     def _lose(self, run: RunEngine, reason: str) -> None:
         """The faulted `run` ended the sequence: unplace it and let the session decide."""
-        self.run, self._inner, self.lost_from = None, None, run
+        self.run, self._inner, self.lost_from, self.fault = None, None, run, reason
         self._placed.clear()
         self._lost(self._id, reason)
 
@@ -492,7 +494,12 @@ class ServeSession:
 
     def end_held(self, reason: str) -> None:
         while self._held:
-            self.refuse_sequence(self._held.popleft(), reason)
+            sequence_id = self._held.popleft()
+            stream = self._streams.get(sequence_id)
+            if stream is not None and stream.lost_from is not None:  # a lost one says so
+                self._end_lost(stream, stream.fault, reason)
+            else:
+                self.refuse_sequence(sequence_id, reason)
 
     def report_serving(self) -> None:
         self._detail = ""

@@ -522,3 +522,32 @@ async def test_a_sequence_lost_while_the_session_stops_ends_with_the_stop() -> N
     assert events == [Finished(FinishReason.ERROR,
                                "node 2 lost; not migrated: the server is stopping")]
     assert (await serve.wait()).state is HealthState.STOPPING
+
+
+@in_loop
+async def test_a_lost_sequence_waits_out_failed_attempts_or_ends_with_the_last() -> None:
+    first, third = FakeRun("a"), FakeRun("c", run_id=9)
+    starter = Starter(first, OSError("node 2 is gone"), third)
+    serve, _ = session(starter, restart_limit=2)
+    await serve.start()
+    kept = serve.submit([1], PARAMS)
+    events: list[SequenceEvent] = []
+    reader = asyncio.create_task(collect_into(kept, events))
+    first.submitted[0][1].put(Tokens((5,)))
+    first.fail("membership lost")  # the first attempt fails, the second serves
+    await until(lambda: len(third.submitted) == 1, "continued after a failed attempt")
+    assert third.submitted[0][0] == (1, 5)
+    third.submitted[0][1].put(Finished(FinishReason.LENGTH))
+    await reader
+    assert events == [Tokens((5,)), Finished(FinishReason.LENGTH)]
+
+    lost = serve.submit([2], PARAMS)
+    events = []
+    reader = asyncio.create_task(collect_into(lost, events))
+    third.submitted[1][1].put(Tokens((6,)))
+    starter.outcomes = [OSError("node 3 is gone"), OSError("node 3 is gone")]
+    third.fail("membership lost again")  # no attempt serves: the session gives up
+    await reader
+    assert events == [Tokens((6,)), Finished(
+        FinishReason.ERROR, "membership lost again; not migrated: node 3 is gone")]
+    assert (await serve.wait()).state is HealthState.FAILED
