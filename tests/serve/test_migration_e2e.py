@@ -8,7 +8,8 @@ node of stage 1 is killed with SIGKILL (the orchestrator is not touched). Every 
 must complete with exactly the healthy chunks (no duplicated, no missing token: one
 chunk per token), and the orchestrator's event log must show the fault, the recovery on
 the three survivors (the spare included, the dead node not) and each stream's
-migration. The pause each stream saw (kill to its next chunk) is printed.
+migration, and `swactor check` must accept every process's trace. The pause each
+stream saw (kill to its next chunk) is printed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import itertools
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -156,5 +159,12 @@ def test_killing_a_stage_node_mid_stream_migrates_every_stream(tmp_path: Path) -
         assert {int(e["run_id"]) for e in migrated} == {new_run}
         assert all(e["detail"]["from_run"] == first_run for e in migrated)
         assert "sequence_lost" not in names
+
+        assert serve.stop() == 0, serve.describe()
+        check = subprocess.run(  # every process's trace is one its tables allow
+            [sys.executable, "-m", "swactor.cli", "check",
+             *map(str, sorted(events_dir.glob("*.jsonl")))],
+            capture_output=True, text=True, timeout=300, check=False)
+        assert check.returncode == 0 and " 0 violations" in check.stdout, check.stdout[-2000:]
     finally:
         assert serve.stop() == 0, serve.describe()
