@@ -47,6 +47,7 @@ from swactor.wire import (
     RoleId,
     RunId,
     Sequence,
+    StageFootprint,
     WorkerGeneration,
 )
 
@@ -104,7 +105,8 @@ class AnsweringPorts:
     async def reset_role(self, role_id: RoleId) -> None:
         pass
 
-    async def report(self, orchestrator: NodeId, run_id: RunId, message: StageReport) -> None:
+    async def report(self, orchestrator: NodeId, run_id: RunId, message: StageReport,
+                     footprint: StageFootprint | None = None) -> None:
         if isinstance(message, orun.StageReady) and not self.ready.done():
             self.ready.set_result(None)
 

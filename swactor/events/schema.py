@@ -134,6 +134,9 @@ REQUIRED_FIELDS: Mapping[EventName, frozenset[str]] = {
 }
 """Non-identity fields an event must carry: a fault's reason and component, outcomes."""
 
+BYTE_COUNT_FIELDS = frozenset({"weights_bytes", "kv_cache_bytes", "rss_bytes", "file_bytes"})
+"""Size fields (non-negative ints; extension beyond spec §40: stage_ready's footprint)."""
+
 FAULT_EVENTS = frozenset({_E.node_faulted, _E.run_faulted})
 
 CAUSE_ENUMS: Mapping[str, type[enum.Enum]] = {
@@ -329,8 +332,16 @@ class EdgeReady(_RunEvent):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageReady(_StageEvent):
+    """The stage passed its setup barrier. The byte counts are an extension beyond spec
+    §40, present when the worker's role holds a model: weights and KV cache as held, the
+    worker's resident set at ready, and its layer range's tensor bytes in the file."""
+
     NAME = EventName.stage_ready
     worker_generation: WorkerGeneration
+    weights_bytes: int | None = None
+    kv_cache_bytes: int | None = None
+    rss_bytes: int | None = None
+    file_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -661,10 +672,10 @@ def _coerce(event: str, key: str, value: object) -> object:
         ):
             raise _bad(event, key, f"must be a member of one of {sorted(CAUSE_ENUMS)}")
         return value
-    if key == "token":
+    if key == "token" or key in BYTE_COUNT_FIELDS:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise _bad(event, key, "must be a non-negative int")
-        return value
+        return int(value)
     if key == "detail":
         return _check_detail(event, value)
     raise _bad(event, key, "no codec for this field")  # a record field without a rule

@@ -129,6 +129,7 @@ from swactor.wire import (
     RunFaultReason,
     RunId,
     ShutdownMode,
+    StageFootprint,
     StageIndex,
     WorkerGeneration,
 )
@@ -258,9 +259,10 @@ class NodeStagePorts:
         return dataclasses.replace(
             provision, outbound=dataclasses.replace(edge_out, ring_spec=spec))
 
-    async def report(self, orchestrator: NodeId, run_id: RunId, message: StageReport) -> None:
+    async def report(self, orchestrator: NodeId, run_id: RunId, message: StageReport,
+                     footprint: StageFootprint | None = None) -> None:
         task = asyncio.get_running_loop().create_task(
-            self.node.send_report(orchestrator, report_message(run_id, message)))
+            self.node.send_report(orchestrator, report_message(run_id, message, footprint)))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -203,6 +203,8 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
         """What is wrong with the ProvisionStage being fed (`provision_problem`), worked out
         before the machine sees it; None when it is valid."""
         self._role_ok = False
+        self._footprint: wire.StageFootprint | None = None
+        """What the worker's role holds, from its RoleConfigured (StageReady carries it)."""
         self._weights_ok = False
         self._weights_fetched = False
         self._weights_loaded_emitted = False
@@ -302,6 +304,7 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
                              else Component.EgressProducer)
                 return scm.EdgeFault(edge, OBJECT_FAULTS[reason], component)
             case wire.RoleConfigured(role_id=r) if r == role:
+                self._footprint = message.footprint
                 return scm.RoleConfigured(r)
             case wire.RoleFailed(role_id=r, reason=reason) if r == role:
                 log.warning("stage %s: role %d failed: %s", self._name, int(r), reason.value)
@@ -513,7 +516,7 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
 
     async def report_stage_ready(self) -> None:
         self._stage_ready()
-        await self._report(orun.StageReady(self._stage_index))
+        await self._report(orun.StageReady(self._stage_index), self._footprint)
 
     async def execute_step(self) -> None:
         await self._arm(self._context)
@@ -584,10 +587,15 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
     def _stage_ready(self) -> None:
         provision = self._provision
         assert provision is not None
+        fp = self._footprint
         self.ports.emit(StageReady(
             node_id=self.config.node_id, run_id=provision.run_id,
             stage_index=provision.stage_index,
             worker_generation=self.ports.worker_generation(),
+            weights_bytes=None if fp is None else fp.weights_bytes,
+            kv_cache_bytes=None if fp is None else fp.kv_cache_bytes,
+            rss_bytes=None if fp is None else fp.rss_bytes,
+            file_bytes=None if fp is None else fp.file_bytes,
         ))
 
     async def _arm(self, ctx: Context[StageMail]) -> None:
@@ -697,14 +705,16 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
         ))
         await self._report(orun.StageStopped(claim.stage_index, clean))
 
-    async def _report(self, message: StageReport) -> None:
+    async def _report(self, message: StageReport,
+                      footprint: wire.StageFootprint | None = None) -> None:
         claim = self._provision or self._claim
         assert claim is not None
-        await self._send(self.config.orchestrator, claim.run_id, message)
+        await self._send(self.config.orchestrator, claim.run_id, message, footprint)
 
-    async def _send(self, to: NodeId, run: RunId, message: StageReport) -> None:
+    async def _send(self, to: NodeId, run: RunId, message: StageReport,
+                    footprint: wire.StageFootprint | None = None) -> None:
         try:
-            await self.ports.report(to, run, message)
+            await self.ports.report(to, run, message, footprint)
         except Exception as error:  # the orchestrator's own timers cover a lost report
             log.warning("stage %s: report %s failed: %s", self._name,
                         type(message).__name__, error)

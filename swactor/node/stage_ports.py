@@ -59,6 +59,7 @@ from swactor.wire import (
     RoleId,
     RunFaultReason,
     RunId,
+    StageFootprint,
     StageIndex,
     WorkerGeneration,
 )
@@ -106,8 +107,10 @@ class StagePorts(Protocol):
         """Drop the role's per-run state in the worker (KV cache, weights: local policy)."""
         ...
 
-    async def report(self, orchestrator: NodeId, run_id: RunId, message: StageReport) -> None:
-        """Queue one message for the orchestrator node's run `run_id`."""
+    async def report(self, orchestrator: NodeId, run_id: RunId, message: StageReport,
+                     footprint: StageFootprint | None = None) -> None:
+        """Queue one message for the orchestrator node's run `run_id`; a StageReady
+        carries the worker's measured `footprint` (extension) when it reported one."""
         ...
 
     def emit(self, event: LifecycleEvent) -> None:

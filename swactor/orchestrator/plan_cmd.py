@@ -26,8 +26,9 @@ from swactor.cliargs import positive_int
 from swactor.model.paths import model_location
 
 if TYPE_CHECKING:
+    from swactor.orchestrator.model_info import StageMemory
     from swactor.orchestrator.planner import PlannedRun
-    from swactor.wire import EdgeEndpoint
+    from swactor.wire import EdgeEndpoint, StageFootprint
 
 EXIT_PLAN_ERROR = 2
 DEFAULT_NODES = 3
@@ -160,6 +161,22 @@ def human_bytes(count: int) -> str:
             return f"{count} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def footprint_text(actual: StageFootprint | None, predicted: StageMemory | None) -> str:
+    """A stage's memory at ready as its worker measured it, beside the plan's prediction
+    ("" when the worker reported none): what `swactor run` prints per stage."""
+    if actual is None:
+        return ""
+    ratio = actual.weights_bytes / actual.file_bytes if actual.file_bytes else 0.0
+    weights = (f"{human_bytes(actual.weights_bytes)} = {ratio:.2f}x its "
+               f"{human_bytes(actual.file_bytes)} in the file")
+    kv_cache = human_bytes(actual.kv_cache_bytes)
+    if predicted is not None:
+        weights += f" (predicted {human_bytes(predicted.weights)})"
+        kv_cache += f" (predicted {human_bytes(predicted.kv_cache)})"
+    return (f"weights {weights}, KV cache {kv_cache}, "
+            f"worker RSS {human_bytes(actual.rss_bytes)}")
 
 
 def _endpoint(endpoint: EdgeEndpoint) -> str:

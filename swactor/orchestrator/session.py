@@ -45,6 +45,7 @@ from swactor.fsm.generated import orchestrator_run as orun
 from swactor.membership.admission import ID_ONLY_REFUSAL, Admission
 from swactor.model.fetch import OfferedFile
 from swactor.orchestrator.inventory import DEFAULT_NODE_MEMORY_BYTES, NodeResources, PoolInventory
+from swactor.orchestrator.plan_cmd import footprint_text
 from swactor.orchestrator.ports import RunResult
 from swactor.orchestrator.real_ports import NetworkRunPorts
 from swactor.orchestrator.run import RunHandle, RunTimeouts, start_run
@@ -63,6 +64,7 @@ from swactor.wire import (
     RunId,
     RunPlan,
     SamplingPolicy,
+    StageFootprint,
 )
 from swactor.wire.codec import WireStruct
 
@@ -269,11 +271,15 @@ async def run_session(
 
     ready_count = [0]
 
-    def on_stage(event: orun.Event) -> None:
+    def on_stage(event: orun.Event, footprint: StageFootprint | None) -> None:
         if isinstance(event, orun.StageReady):
             ready_count[0] += 1
-            err.write(f"[swactor] stage {int(event.stage_index)} ready "
-                      f"({ready_count[0]}/{len(stages)})\n")
+            index = int(event.stage_index)
+            predicted = (planned.stage_memory[index]
+                         if index < len(planned.stage_memory) else None)
+            memory = footprint_text(footprint, predicted)
+            err.write(f"[swactor] stage {index} ready ({ready_count[0]}/{len(stages)})"
+                      f"{': ' + memory if memory else ''}\n")
         elif isinstance(event, orun.StageFault):
             err.write(f"[swactor] stage {int(event.stage_index)} fault: "
                       f"{event.reason.value} ({event.component.value})\n")
@@ -458,7 +464,8 @@ async def _run(
 class _StreamingPorts(NetworkRunPorts):
     """`NetworkRunPorts` that also tells the session of tokens and stage reports."""
 
-    on_stage: Callable[[orun.Event], None] | None = None
+    on_stage: Callable[[orun.Event, StageFootprint | None], None] | None = None
+    """Told each stage report, with a StageReady's measured footprint (None otherwise)."""
 
     def emit(self, event: LifecycleEvent) -> None:
         super().emit(event)
@@ -466,11 +473,12 @@ class _StreamingPorts(NetworkRunPorts):
             self.on_token(event.token)
 
     async def on_request(self, peer: int, message: WireStruct) -> WireStruct | None:
-        from swactor.transport.run_control import report_event
+        from swactor.transport.run_control import StageReadyReport, report_event
 
         event = report_event(message)
         if event is not None and self.on_stage is not None:
-            self.on_stage(event)
+            self.on_stage(event, message.footprint if isinstance(message, StageReadyReport)
+                          else None)
         return await super().on_request(peer, message)
 
 

@@ -272,7 +272,10 @@ _EXAMPLES: dict[type, Callable[[], object]] = {
     ),
     wire.WorkerFatal: lambda: wire.WorkerFatal(wire.WorkerFatalReason.ArenaMapFailed),
     wire.WorkerStopped: lambda: wire.WorkerStopped(wire.WorkerStoppedReason.Graceful),
-    wire.RoleConfigured: lambda: wire.RoleConfigured(wire.RoleId(1)),
+    wire.StageFootprint: lambda: wire.StageFootprint(81 << 20, 10 << 20, 400 << 20, 80 << 20),
+    wire.RoleConfigured: lambda: wire.RoleConfigured(
+        wire.RoleId(1), wire.StageFootprint(81 << 20, 10 << 20, 400 << 20, 80 << 20)
+    ),
     wire.RoleFailed: lambda: wire.RoleFailed(wire.RoleId(1), wire.RoleFailure.ConfigInvalid),
     wire.RingInstalled: lambda: wire.RingInstalled(wire.RingId(11), wire.EdgeId(2), wire.PortId(0)),
     wire.RingFault: lambda: wire.RingFault(

@@ -332,6 +332,11 @@ def stage_runtime_facts(draw: st.DrawFn, sampling: bool | None = None) -> wire.S
     return wire.StageRuntimeFacts(draw(ident(wire.RoleId)), ports[0], ports[1], policy)
 
 
+def footprints() -> st.SearchStrategy[wire.StageFootprint]:
+    u64 = st.integers(0, (1 << 64) - 1)
+    return st.builds(wire.StageFootprint, u64, u64, u64, u64)
+
+
 @st.composite
 def provision_stages(draw: st.DrawFn) -> wire.ProvisionStage:
     count = draw(st.integers(1, 16))
@@ -531,7 +536,10 @@ def _builders() -> dict[type, Callable[[], st.SearchStrategy[Any]]]:
         wire.WorkerStopped: lambda: st.builds(
             wire.WorkerStopped, st.sampled_from(wire.WorkerStoppedReason)
         ),
-        wire.RoleConfigured: lambda: st.builds(wire.RoleConfigured, ident(wire.RoleId)),
+        wire.StageFootprint: footprints,
+        wire.RoleConfigured: lambda: st.builds(
+            wire.RoleConfigured, ident(wire.RoleId), st.none() | footprints()
+        ),
         wire.RoleFailed: lambda: st.builds(
             wire.RoleFailed, ident(wire.RoleId), st.sampled_from(wire.RoleFailure)
         ),

@@ -19,7 +19,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from swactor.fsm.generated import orchestrator_run as orun
-from swactor.wire import Component, NodeId, ProvisionStage, RunFaultReason, RunId, StageIndex
+from swactor.wire import (
+    Component,
+    NodeId,
+    ProvisionStage,
+    RunFaultReason,
+    RunId,
+    StageFootprint,
+    StageIndex,
+)
 from swactor.wire.codec import WireStruct
 
 
@@ -57,10 +65,13 @@ class StopRunMessage(WireStruct):
 
 @dataclass(frozen=True, slots=True)
 class StageReadyReport(WireStruct):
-    """Node -> orchestrator: the stage passed its setup barrier (spec §14)."""
+    """Node -> orchestrator: the stage passed its setup barrier (spec §14). `footprint`
+    (extension): what the stage's worker holds at ready, as measured there; None when
+    its role holds no model."""
 
     run_id: RunId
     stage_index: StageIndex
+    footprint: StageFootprint | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,11 +103,13 @@ REGISTRY: tuple[type[WireStruct], ...] = (
 ORCHESTRATOR_ONLY = frozenset({"AddressBook", "ProvisionStage", "StopRunMessage"})
 
 
-def report_message(run_id: RunId, event: StageEvent) -> Report:
-    """The wire report for one orchestrator_run stage event."""
+def report_message(run_id: RunId, event: StageEvent,
+                   footprint: StageFootprint | None = None) -> Report:
+    """The wire report for one orchestrator_run stage event (a StageReady's with the
+    stage's `footprint`)."""
     match event:
         case orun.StageReady():
-            return StageReadyReport(run_id, event.stage_index)
+            return StageReadyReport(run_id, event.stage_index, footprint)
         case orun.StageFault():
             return StageFaultReport(run_id, event.stage_index, event.reason, event.component)
         case orun.StageStopped():

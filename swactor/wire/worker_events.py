@@ -74,10 +74,31 @@ class WorkerStopped(WireStruct):
 
 
 @dataclass(frozen=True, slots=True)
+class StageFootprint(WireStruct):
+    """What a configured model stage holds, measured at ready (extension beyond spec §30).
+
+    `weights_bytes` and `kv_cache_bytes` are the role's device buffers (weights as held,
+    KV cache for its slots x max_seq_len), `rss_bytes` the worker's resident set once the
+    loader's host copies are freed, `file_bytes` its layer range's tensor bytes in the
+    GGUF. Sizes only, never payload."""
+
+    weights_bytes: int
+    kv_cache_bytes: int
+    rss_bytes: int
+    file_bytes: int
+
+    def _validate(self) -> None:
+        for name in ("weights_bytes", "kv_cache_bytes", "rss_bytes", "file_bytes"):
+            self._check_u64(name)
+
+
+@dataclass(frozen=True, slots=True)
 class RoleConfigured(WireStruct):
-    """ConfigureRole succeeded (spec §30)."""
+    """ConfigureRole succeeded (spec §30). `footprint` (extension): what a model stage
+    role holds at ready; None for roles that hold no model."""
 
     role_id: RoleId
+    footprint: StageFootprint | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,7 +83,7 @@ import numpy as np
 import numpy.typing as npt
 from tinygrad.tensor import Tensor
 
-from swactor.wire import JsonValue, OutputBinding, SamplingMode, WireError
+from swactor.wire import JsonValue, OutputBinding, SamplingMode, StageFootprint, WireError
 from swactor.wire import SamplingPolicy as WireSamplingPolicy
 from swactor.wire.plan import MAX_STAGE_SLOTS
 from swactor.wire.tags import MAX_SLOTS, SequenceTag, TagError
@@ -200,6 +200,12 @@ class LlamaStageRole:
         except WeightsError as error:
             raise RoleConfigError(f"llama_stage weights: {error}") from None
         return cls(stage, _reuse_key(config, device))
+
+    def footprint(self) -> StageFootprint:
+        """What the stage holds, measured once its weights were placed (StageRole)."""
+        stage = self.stage
+        return StageFootprint(int(stage.weight_bytes), int(stage.kv_cache_bytes),
+                              int(stage.rss_at_ready), int(stage.file_bytes))
 
     def reconfigure(self, config: Mapping[str, JsonValue], device: str) -> bool:
         """Serve `config` as it is (True) when it names this role's stage of the unchanged

@@ -93,7 +93,7 @@ from swactor.worker.adapter import EventWriter, LineReader, parse_command, read_
 from swactor.worker.bridge import DeviceBridge, InvalidHandle, choose_device
 from swactor.worker.egress import EgressRing
 from swactor.worker.ingress import IngressRing
-from swactor.worker.roles import Role, RoleConfigError, build_role
+from swactor.worker.roles import Role, RoleConfigError, build_role, footprint_of
 from swactor.worker.steps import StepRunner
 
 log = logging.getLogger("swactor.worker")
@@ -319,7 +319,7 @@ class WorkerProcess(wp.WorkerProcessEffects[None]):
         if reconfigure is not None and isinstance(command.config, dict):
             try:
                 if reconfigure(command.config, self.bridge.device):  # same stage, same file
-                    self.emit(RoleConfigured(command.role_id))
+                    self.emit(RoleConfigured(command.role_id, footprint_of(kept)))
                     return
             except RoleConfigError:
                 pass  # the fresh build below reports what is wrong with the config
@@ -334,7 +334,8 @@ class WorkerProcess(wp.WorkerProcessEffects[None]):
             log.warning("role %s: %s: %s", int(command.role_id), type(exc).__name__, exc)
             self.emit(RoleFailed(command.role_id, RoleFailure.TinygradError))
         else:
-            self.emit(RoleConfigured(command.role_id))
+            self.emit(RoleConfigured(command.role_id,
+                                     footprint_of(self.roles[command.role_id])))
 
     def _install(self, command: InstallRing) -> None:
         assert self.arena is not None and self.bridge is not None

@@ -31,7 +31,7 @@ import numpy.typing as npt
 from tinygrad.dtype import dtypes
 from tinygrad.tensor import Tensor
 
-from swactor.wire import JsonValue, OutputBinding
+from swactor.wire import JsonValue, OutputBinding, StageFootprint
 
 
 class RoleConfigError(ValueError):
@@ -47,7 +47,9 @@ class Role(Protocol):
 
     A role may also offer `reconfigure(config, device) -> bool`: the worker asks the role
     already configured under a role id first, and a True answer means it serves the new
-    ConfigureRole as it is (no rebuild; `llama_stage` uses it to skip reloading weights)."""
+    ConfigureRole as it is (no rebuild; `llama_stage` uses it to skip reloading weights).
+    A role that holds a model may offer `footprint() -> StageFootprint`: what it holds at
+    ready, which RoleConfigured carries to the node (`footprint_of`)."""
 
     def run(
         self, inputs: Mapping[int, Tensor], outputs: Sequence[OutputBinding], runtime: JsonValue
@@ -70,6 +72,15 @@ def register_role_kind(name: str, factory: RoleFactory) -> None:
 
 def role_kinds() -> tuple[str, ...]:
     return tuple(sorted(_KINDS))
+
+
+def footprint_of(role: object) -> StageFootprint | None:
+    """The role's `footprint()` when it offers one (a model stage), else None."""
+    footprint = getattr(role, "footprint", None)
+    if footprint is None:
+        return None
+    measured = footprint()
+    return measured if isinstance(measured, StageFootprint) else None
 
 
 def build_role(config: JsonValue, device: str) -> Role:

@@ -17,11 +17,12 @@ from swactor.transport.run_control import (
     AddressBook,
     PeerAddress,
     StageFaultReport,
+    StageReadyReport,
     StopRunMessage,
     report_event,
     report_message,
 )
-from swactor.wire import Component, NodeId, RunFaultReason, RunId, StageIndex
+from swactor.wire import Component, NodeId, RunFaultReason, RunId, StageFootprint, StageIndex
 from swactor.wire.errors import WireError
 
 
@@ -56,6 +57,10 @@ def test_stage_reports_round_trip_through_json() -> None:
         decoded = registry[type(message).__name__].from_json(message.to_json())
         assert report_event(decoded) == event
     assert report_event(StopRunMessage(run, StageIndex(0))) is None
+    footprint = StageFootprint(weights_bytes=5, kv_cache_bytes=6, rss_bytes=7, file_bytes=4)
+    ready = report_message(run, orun.StageReady(StageIndex(1)), footprint)
+    assert StageReadyReport.from_json(ready.to_json()) == StageReadyReport(
+        run, StageIndex(1), footprint)
 
 
 def test_control_messages_reject_bad_fields() -> None:

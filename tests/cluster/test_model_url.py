@@ -7,13 +7,16 @@ The end-to-end case (slow) serves the shipped SmolLM2 from a loopback artifact s
 --model URL` twice as a user would, in a subprocess whose model cache is an empty folder:
 the greedy tokens equal the single-stage reference; run 1's node fetches at most 1.05x
 its share (header + tensors) and run 2's fetches nothing (the orchestrator reads the
-header once per run).
+header once per run). Each run prints the stage's memory at ready as its worker measured
+it, beside the plan's prediction: weights within 1.25x the range's file bytes, the KV
+cache as predicted.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -35,6 +38,10 @@ from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
 TOKENS = 6
 MAX_SEQ = 64
 PROMPT = "hello world"
+READY = re.compile(
+    r"\[swactor\] stage 0 ready \(1/1\): weights ([\d.]+) MiB = ([\d.]+)x its ([\d.]+) MiB "
+    r"in the file \(predicted ([\d.]+) MiB\), KV cache ([\d.]+) MiB \(predicted ([\d.]+) "
+    r"MiB\), worker RSS ([\d.]+) MiB")
 
 
 @pytest.fixture
@@ -130,6 +137,11 @@ def test_run_from_a_url_reads_the_stage_once_into_the_cache(tmp_path: Path) -> N
             assert done.returncode == 0, done.stderr[-3000:]
             report = json.loads(done.stdout.strip().splitlines()[-1])
             assert report["generated_token_ids"] == expected, f"run {run}"
+            (ready,) = [m for m in map(READY.fullmatch, done.stderr.splitlines()) if m]
+            print(ready.group(0))
+            weights, ratio, in_file, _, kv_cache, kv_predicted, rss = map(float, ready.groups())
+            assert in_file > 0 and ratio <= 1.25 and abs(weights / in_file - ratio) < 0.01
+            assert kv_cache == kv_predicted > 0 and rss > weights
             node = server.bytes_served - before - reader.header_bytes  # less the orchestrator's
             print(f"run {run}: the node fetched {node} bytes from the URL for a {share}-byte "
                   f"share ({node / share:.3f})")

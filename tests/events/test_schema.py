@@ -25,6 +25,7 @@ from swactor.events import (
     RunFaulted,
     RunTornDown,
     SchemaProblem,
+    StageReady,
     TokenReceived,
     validate_line,
 )
@@ -238,6 +239,22 @@ def test_payload_bytes_never_enter_an_event() -> None:
     with pytest.raises(EventSchemaError) as as_identity:
         sample(ObjectLoaded, run_id=b"\x01")
     assert as_identity.value.problem is SchemaProblem.PayloadBytes
+
+
+def test_stage_ready_footprint_round_trips_and_is_checked() -> None:
+    ready = sample(StageReady, weights_bytes=97_000_000, kv_cache_bytes=2_949_120,
+                   rss_bytes=175_000_000, file_bytes=96_600_000)
+    data = json.loads(stamp(ready).to_line())
+    assert (data["weights_bytes"], data["file_bytes"]) == (97_000_000, 96_600_000)
+    assert validate_line(json.dumps(data)).event == ready
+    assert "weights_bytes" not in stamp(sample(StageReady)).to_json()
+    for bad in (-1, "1", 1.5, True):
+        with pytest.raises(EventSchemaError) as rejected:
+            validate_line(json.dumps({**data, "rss_bytes": bad}))
+        assert rejected.value.field == "rss_bytes"
+    with pytest.raises(EventSchemaError) as as_bytes:
+        sample(StageReady, weights_bytes=b"\x01")
+    assert as_bytes.value.problem is SchemaProblem.PayloadBytes
 
 
 def test_records_check_their_values_at_construction() -> None:

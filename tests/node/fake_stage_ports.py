@@ -26,6 +26,7 @@ from swactor.wire import (
     RoleId,
     RunFaultError,
     RunId,
+    StageFootprint,
     WorkerGeneration,
 )
 
@@ -37,6 +38,8 @@ class FakeStagePorts:
     sink: MemorySink = field(default_factory=MemorySink)
     calls: list[Call] = field(default_factory=list)
     reports: list[tuple[int, int, StageReport]] = field(default_factory=list)
+    footprints: list[StageFootprint | None] = field(default_factory=list)
+    """The footprint each report carried, in report order."""
     fail: dict[str, RunFaultError] = field(default_factory=dict)
     generation: int = 1
     lines: list[str] = field(default_factory=list)
@@ -82,8 +85,10 @@ class FakeStagePorts:
     async def reset_role(self, role_id: RoleId) -> None:
         self._record("reset_role", int(role_id))
 
-    async def report(self, orchestrator: NodeId, run_id: RunId, message: StageReport) -> None:
+    async def report(self, orchestrator: NodeId, run_id: RunId, message: StageReport,
+                     footprint: StageFootprint | None = None) -> None:
         self.reports.append((int(orchestrator), int(run_id), message))
+        self.footprints.append(footprint)
 
     def emit(self, event: LifecycleEvent) -> None:
         line = self.emitter.emit(event).to_line()

@@ -8,6 +8,7 @@ events) into the controller; the fake ports record what it did and what it repor
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 import pytest
@@ -132,6 +133,34 @@ def test_provision_ready_steps_stop() -> None:
         assert outcome.stopped and outcome.clean and outcome.steps_completed == 4
         assert outcome.run_id == RUN and outcome.provisioned
         assert_legal_order(rig.ports.event_names(), steps=4)
+
+    run_stage(body)
+
+
+def test_stage_ready_carries_the_workers_footprint() -> None:
+    """The footprint the worker's RoleConfigured measured reaches the StageReady report
+    (for the orchestrator to print) and the stage_ready event's byte-count fields."""
+    footprint = wire.StageFootprint(weights_bytes=81 << 20, kv_cache_bytes=3 << 20,
+                                    rss_bytes=400 << 20, file_bytes=80 << 20)
+
+    async def body(rig: StageRig) -> None:
+        await rig.provision_stage()
+        await rig.ports.until(lambda: len(rig.ports.calls) == 4)
+        rig.ref.tell(EdgeReady(rig.inbound, IN_RING))
+        rig.ref.tell(EdgeReady(rig.outbound, OUT_RING))
+        rig.ref.tell(scm.WeightsReady())
+        rig.ref.tell(wire.RoleConfigured(rig.provision.runtime.role_id, footprint))
+        await rig.ports.until(lambda: bool(rig.ports.reported(orun.StageReady)))
+        ready = [i for i, (_, _, m) in enumerate(rig.ports.reports)
+                 if isinstance(m, orun.StageReady)]
+        assert [rig.ports.footprints[i] for i in ready] == [footprint]
+        (line,) = [json.loads(x) for x in rig.ports.lines if '"stage_ready"' in x]
+        assert {k: line[k] for k in ("weights_bytes", "kv_cache_bytes", "rss_bytes",
+                                     "file_bytes")} == {
+            "weights_bytes": 81 << 20, "kv_cache_bytes": 3 << 20, "rss_bytes": 400 << 20,
+            "file_bytes": 80 << 20}
+        await rig.stop_run()
+        await rig.edges_stopped()
 
     run_stage(body)
 

@@ -25,6 +25,7 @@ from swactor.actors import Actor, ActorRef, Context, Runtime
 from swactor.arena import Arena
 from swactor.events.emitter import Emitter
 from swactor.events.schema import LifecycleEvent, validate_line
+from swactor.events.schema import StageReady as StageReadyEvent
 from swactor.events.sinks import MemorySink
 from swactor.fsm.generated import gpu_worker_ctl as gwc
 from swactor.fsm.generated import orchestrator_run as orun
@@ -63,6 +64,7 @@ from swactor.wire import (
     RunId,
     Sequence,
     ShutdownMode,
+    StageFootprint,
     StageIndex,
     UninstallReason,
     WorkerGeneration,
@@ -126,6 +128,7 @@ class NodePorts:
         self.worker_ports: WorkerStagePorts | None = None
         self.ctl: ActorRef[Any] | None = None
         self.reports: list[StageReport] = []
+        self.footprints: list[StageFootprint | None] = []
         self.sink = MemorySink()
         self.emitter = Emitter("node-test", [self.sink])
         self._next_ring = 1
@@ -182,9 +185,11 @@ class NodePorts:
         for edge in (inbound, outbound):
             self.ctl.tell(gwc.UninstallRing(self.ring_ids[edge], UninstallReason.EdgeStopped))
 
-    async def report(self, orchestrator: NodeId, run_id: RunId, message: StageReport) -> None:
+    async def report(self, orchestrator: NodeId, run_id: RunId, message: StageReport,
+                     footprint: StageFootprint | None = None) -> None:
         assert orchestrator == ORCHESTRATOR
         self.reports.append(message)
+        self.footprints.append(footprint)
 
     def emit(self, event: LifecycleEvent) -> None:
         validate_line(self.emitter.emit(event).to_line())
@@ -273,6 +278,20 @@ async def scenario(gguf: Path) -> None:
         assert [r for r in ports.reports if isinstance(r, orun.StageStopped)] == [
             orun.StageStopped(StageIndex(0), True)] * 2
         assert [o.run_id for o in state.history] == [21, 22]
+        # the worker's measured footprint reaches both StageReady reports (the second run
+        # re-arms the same role) and both stage_ready events
+        footprints = [f for r, f in zip(ports.reports, ports.footprints, strict=True)
+                      if isinstance(r, orun.StageReady)]
+        assert len(footprints) == 2 and footprints[0] is not None
+        assert footprints[1] == footprints[0]
+        fp = footprints[0]
+        assert fp.file_bytes > 0 and fp.weights_bytes > 0 and fp.kv_cache_bytes > 0
+        assert fp.rss_bytes > fp.weights_bytes  # the worker process holds more than that
+        ready_events = [e for e in (validate_line(x.to_line()).event for x in ports.sink.events)
+                        if isinstance(e, StageReadyEvent)]  # as `swactor check` reads them
+        assert [(e.weights_bytes, e.kv_cache_bytes, e.rss_bytes, e.file_bytes)
+                for e in ready_events] == [(fp.weights_bytes, fp.kv_cache_bytes,
+                                            fp.rss_bytes, fp.file_bytes)] * 2
         names = [e.name.value for e in ports.sink.events]
         assert names.count("stage_ready") == 2 and names.count("object_produced") == 2 * STEPS
         assert names.count("step_completed") == sum(o.steps_completed for o in state.history)

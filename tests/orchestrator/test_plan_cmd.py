@@ -111,3 +111,19 @@ def test_smollm2_three_nodes(capsys: pytest.CaptureFixture[str]) -> None:
     activation = next(e for e in plan.edges if e.kind is EdgeKind.Activation)
     assert activation.object_spec.max_extent == 2048 * 576 * 4
     assert plan.model.eos_token_id == 2
+
+
+def test_ready_footprint_is_printed_beside_the_prediction() -> None:
+    from swactor.orchestrator.model_info import StageMemory
+    from swactor.orchestrator.plan_cmd import footprint_text
+    from swactor.wire import StageFootprint
+
+    mib = 1 << 20
+    actual = StageFootprint(weights_bytes=101 * mib, kv_cache_bytes=30 * mib,
+                            rss_bytes=190 * mib, file_bytes=100 * mib)
+    predicted = StageMemory(weights=101 * mib, kv_cache=30 * mib, file_bytes=100 * mib)
+    assert footprint_text(actual, predicted) == (
+        "weights 101.0 MiB = 1.01x its 100.0 MiB in the file (predicted 101.0 MiB), "
+        "KV cache 30.0 MiB (predicted 30.0 MiB), worker RSS 190.0 MiB")
+    assert footprint_text(actual, None).startswith("weights 101.0 MiB = 1.01x its 100.0 MiB")
+    assert footprint_text(None, predicted) == ""  # a role that holds no model
