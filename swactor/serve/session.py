@@ -257,7 +257,7 @@ class _LoopTimers:
         self._feed(message)
 
 
-class ServeSession:
+class ServeSession(ss.ServeSessionEffects[None]):
     """The serving session (module doc): an Engine over a sequence of fail-stop runs."""
 
     def __init__(
