@@ -97,6 +97,11 @@ fuzz *TARGETS: setup
 soak RUNS="50" *ARGS: setup
     {{py}} -m tests.faults.soak {{RUNS}} {{ARGS}}
 
+# Long end-to-end checks kept out of `just test` for its time budget (pytest marker `soak`):
+# RunEngine serving 4 sequences on 1 and 3 real stages; SmolLM2 in 4 KV slots, 1 stage and a split.
+soak-tests *ARGS: setup
+    {{py}} -m pytest -m soak {{ARGS}} tests
+
 # Native helpers: the ring's two-thread C stress test under ThreadSanitizer, and the QUIC
 # bulk path's qf_open on mangled datagrams under AddressSanitizer + UBSan.
 test-native: setup

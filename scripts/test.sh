@@ -8,6 +8,8 @@
 #   behind by those tests shifts its timing: its own process keeps its verdicts about
 #   the faults, not about the load before it.
 # - tests/multihost: network namespaces (root), its own marker; isolated on purpose.
+# Tests marked `soak` (long end-to-end checks whose ground the groups cover more cheaply)
+# are deselected here and run by `just soak-tests`.
 # ARGS that name paths run as one pytest call, as usual.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +31,7 @@ failed=0
 for group in "${groups[@]}"; do
   echo "== pytest $group"
   # shellcheck disable=SC2086
-  "$py" -m pytest "$@" $group
+  "$py" -m pytest -m "not soak" "$@" $group
   rc=$?
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then failed=1; echo "== FAILED ($rc): $group"; fi
 done

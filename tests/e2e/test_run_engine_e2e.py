@@ -33,7 +33,7 @@ from swactor.serve.pipeline import RunEngine, RunStream
 from swactor.wire import RunOutcome, TeardownOutcome
 from tests.trace_check import assert_tables_allow, read_events
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.soak, pytest.mark.timeout(1500)]
 
 MAX_SEQ = 64
 TOKENS = 8

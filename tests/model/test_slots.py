@@ -167,6 +167,7 @@ def test_bad_tags_are_step_errors(tiny_llama: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.parametrize("split", [[(0, 30)], [(0, 13), (13, 30)]], ids=["1-stage", "2-stage"])
 def test_smollm2_four_slots_give_each_prompt_its_greedy_tokens(
         split: list[tuple[int, int]]) -> None:
