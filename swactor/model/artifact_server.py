@@ -7,9 +7,10 @@ start), which stage nodes use as the content-address of their local cache. ``GET
 single ``Range: bytes=a-b`` (or ``a-``, or ``-n``) answers ``206`` with exactly that slice,
 streamed with ``pread`` in 1 MiB pieces; an unsatisfiable range answers ``416``; a ``GET``
 without ``Range`` answers ``200`` with the whole file. ``bytes_served`` counts body bytes
-sent, so tests can prove a stage downloaded only its ranges. A plan whose weight source
-is an ``HttpUrl`` has each node read its ranges from such a server; the orchestrator's
-command line offers the model over QUIC instead (``--offer-model``).
+handed to the connection, each piece before it is written (a client that has read a
+body finds it counted), so tests can prove a stage downloaded only its ranges. A plan
+whose weight source is an ``HttpUrl`` has each node read its ranges from such a server;
+the orchestrator's command line offers the model over QUIC instead (``--offer-model``).
 
 Limits (it listens on a network port, so every request is untrusted): at most
 ``max_connections`` connections are served at once (one thread each; a connection over
@@ -142,6 +143,10 @@ class ArtifactServer:
             self.requests.append((method, kept))
             self.bytes_served += sent
 
+    def _add_sent(self, sent: int) -> None:
+        with self._lock:
+            self.bytes_served += sent
+
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self
 
@@ -195,17 +200,20 @@ class ArtifactServer:
                 if status == 206:
                     self.send_header("Content-Range", f"bytes {start}-{end}/{server.size}")
                 self.end_headers()
+                server._count("GET", range_header, 0)
                 sent = 0
                 try:
                     while sent < length:
                         chunk = os.pread(server._fd, min(_CHUNK, length - sent), start + sent)
                         if not chunk:
                             break
+                        # counted before the write: a client that has read these bytes
+                        # finds them in bytes_served
+                        server._add_sent(len(chunk))
                         self.wfile.write(chunk)
                         sent += len(chunk)
                 except (TimeoutError, BrokenPipeError, ConnectionResetError):
                     self.close_connection = True
-                server._count("GET", range_header, sent)
 
         return Handler
 
