@@ -52,6 +52,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def slot_count(text: str) -> int:
+    """argparse type: KV slots per stage, 1..MAX_STAGE_SLOTS (refused before any node starts)."""
+    from swactor.wire.plan import MAX_STAGE_SLOTS
+
+    value = positive_int(text)
+    if value > MAX_STAGE_SLOTS:
+        raise argparse.ArgumentTypeError(f"{value} is more than {MAX_STAGE_SLOTS} slots per stage")
+    return value
+
+
 def node_id(text: str) -> NodeId:
     """argparse type: a node id, decimal, `0x`-prefixed hex, or the 16 hex digits
     `swactor node-id` prints."""

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swactor.cliargs import positive_int
+from swactor.cliargs import positive_int, slot_count
 from swactor.model.paths import model_location
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--weights", choices=("dense", "blocks"), default="blocks",
                         help="the nodes' weight mode (swactor node --weights) the memory "
                         "prediction assumes (default blocks, as the node's)")
-    parser.add_argument("--slots", type=positive_int, default=1, metavar="K",
+    parser.add_argument("--slots", type=slot_count, default=1, metavar="K",
                         help="KV slots per stage, one per sequence a serving run carries "
                         "at once (swactor serve --slots); the memory prediction counts K "
                         "KV caches (default 1, a single-prompt run)")

@@ -45,7 +45,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from swactor.cliargs import positive_int
+from swactor.cliargs import positive_int, slot_count
 from swactor.model.paths import model_location
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def http_address(text: str) -> tuple[str, int]:
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """The serving flags `swactor serve` and `swactor orchestrator --serve` share."""
     group = parser.add_argument_group("serving")
-    group.add_argument("--slots", type=positive_int, default=DEFAULT_SLOTS, metavar="K",
+    group.add_argument("--slots", type=slot_count, default=DEFAULT_SLOTS, metavar="K",
                        help=f"sequences served at once: each stage keeps K KV caches "
                        f"(default {DEFAULT_SLOTS}); more requests wait in the queue")
     group.add_argument("--max-queue", type=int, default=64, metavar="N",

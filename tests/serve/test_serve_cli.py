@@ -43,6 +43,7 @@ def test_orchestrator_help_offers_serve() -> None:
     (["--nodes", "0"], "--nodes: 0 must be at least 1"),
     (["--port", "70000"], "70000 is not a port number"),
     (["--slots", "x"], "'x' is not an integer"),
+    (["--slots", "65"], "65 is more than 64 slots per stage"),
     (["--nodes", "3", "--split", "15,15"], "--split names 2 stages but --nodes is 3"),
     (["--nodes", "2", "--stages", "3"], "--stages 3 needs at least as many --nodes, got 2"),
     (["--nodes", "4", "--stages", "3", "--split", "15,15"],
