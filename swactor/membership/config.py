@@ -7,9 +7,9 @@ swactor runs (a few stage nodes and an orchestrator): probe every 0.5 s with a 2
 probe timeout (memberlist: 1 s and 500 ms) and a maximum suspicion of 2x the minimum
 (memberlist: 6x); the rest is memberlist's (3 indirect probes, gossip every 200 ms to 3
 members, suspicion multiplier 4, retransmit multiplier 4, local health awareness up to
-8x, push/pull every 30 s) and Serf's reconnect defaults (a member declared dead is
-retried every 30 s for 24 h). `MEMBERLIST_LAN` keeps memberlist's own values. Tests
-scale a configuration down through `scaled()`.
+8x, push/pull every 30 s) and Serf's reconnect timeout (a member declared dead stays a
+reconnect target for 24 h). `MEMBERLIST_LAN` keeps memberlist's own values. Tests scale
+a configuration down through `scaled()`.
 
 Why these values. A run is fail-stop, so a stage host that falls silent (pulled cable,
 powered off, process killed) must be declared dead long before the QUIC idle timeout
@@ -20,8 +20,9 @@ stalls (a stopped process, a starved thread): in simulation, with 5% message los
 member paused for 2 s was never declared dead, one paused for 3 s usually was
 (`tests/membership/test_simulation.py`), and in a pool of 50 under 10% message loss a
 healthy member can be declared dead (its refutation loses the race against the 3.4 s
-minimum suspicion); up to 10 members, 10% loss killed no healthy member. A large or
-lossy pool wants `MEMBERLIST_LAN`'s margins. Probing twice as often costs about 4
+minimum suspicion); under 10% loss while another member was paused for 20 s, no healthy
+member died in 40 seeded runs at 4 members, but one did in 5 of 40 at 10 members. A
+large or lossy pool wants `MEMBERLIST_LAN`'s margins. Probing twice as often costs about 4
 datagrams per member per second instead of 2.
 
 The formulas are memberlist's:
@@ -44,6 +45,27 @@ with probability about e^-k), plus the probe timeout, plus the maximum suspicion
 (every member runs its own suspicion timer), plus the gossip rounds needed to spread the
 suspicion (retransmit limit gossip intervals). With the defaults: 6.55 s for 2 to 9
 members, 7.35 s for 10, about 17 s for 1000.
+
+Rejoin after a partition heals. Both sides of a cut declare each other dead, and SWIM
+never probes a dead member again; what re-merges the views is the reconnect sync (a
+full-state `Sync` to members declared dead, `core`). Serf retries one random dead member
+every 30 s, so a healed link went unnoticed for up to a minute or more (a cut-off member
+with two dead peers and a seed to choose from). Here each reconnect round syncs with
+`reconnect_nodes` dead members in round-robin order, every `reconnect_interval_s`
+(1 s) scaled like memberlist's push/pull interval (`reconnect_period_s`: unchanged up to
+32 members, then +1x per doubling), so each dead member is synced at least every
+ceil(F / reconnect_nodes) periods with F members held dead. `heal_bound_s` is the bound
+the tests hold a heal to:
+
+    heal(N, F) = ceil(F / reconnect_nodes) * reconnect_period(N)   (the first sync)
+               + 2 * probe_interval                              (latency, refutation)
+               + retransmit_mult * ceil(log10(N + 1)) * gossip_interval  (dissemination)
+
+2.8 s for a pool of 2 to 9 members with up to 3 held dead (measured in simulation:
+~1.1 s; `tests/membership/test_partition.py`). The price is traffic to a
+member that is really gone: one full-view `Sync` per second from each member that held
+it alive, for the reconnect timeout; for the small pools this tuning targets that is a
+few hundred bytes a second.
 """
 
 from __future__ import annotations
@@ -68,8 +90,11 @@ class SwimConfig:
     gossip_to_the_dead_s: float = 30.0
     dead_retention_s: float = 60.0
     push_pull_interval_s: float = 30.0
-    reconnect_interval_s: float = 30.0
-    """Every this often, a full-state sync with one member believed dead (partition heal)."""
+    reconnect_interval_s: float = 1.0
+    """Every this often (scaled by `reconnect_period_s` for large pools), a full-state sync
+    with `reconnect_nodes` members declared dead, round robin (partition heal)."""
+    reconnect_nodes: int = 3
+    """Members declared dead that one reconnect round syncs with."""
     reconnect_timeout_s: float = 86400.0
     """How long a member declared dead stays a reconnect target (kept past its reaping)."""
     join_retry_s: float = 1.0
@@ -100,6 +125,7 @@ class SwimConfig:
             "retransmit_mult": self.retransmit_mult,
             "awareness_max_multiplier": self.awareness_max_multiplier,
             "max_piggyback": self.max_piggyback,
+            "reconnect_nodes": self.reconnect_nodes,
             "max_members": self.max_members,
             "max_relays": self.max_relays,
         }
@@ -159,6 +185,30 @@ def suspicion_timeout_s(config: SwimConfig, members: int, confirmations: int) ->
 def retransmit_limit(config: SwimConfig, members: int) -> int:
     """How many times one update is piggybacked: retransmit_mult * ceil(log10(N + 1))."""
     return config.retransmit_mult * math.ceil(math.log10(members + 1))
+
+
+def reconnect_period_s(config: SwimConfig, members: int) -> float:
+    """The reconnect interval for a pool of `members`: memberlist's pushPullScale.
+
+    Unchanged up to 32 members, then one more interval per doubling beyond 32, so the
+    reconnect traffic a pool sends grows like N log N rather than N^2.
+    """
+    threshold = 32
+    if members <= threshold:
+        return config.reconnect_interval_s
+    scale = math.ceil(math.log2(members) - math.log2(threshold)) + 1
+    return config.reconnect_interval_s * scale
+
+
+def heal_bound_s(config: SwimConfig, members: int, held_dead: int) -> float:
+    """When every view should be whole again after a partition of `members` heals.
+
+    `held_dead`: the most members any one member holds dead at the heal (module doc).
+    """
+    rounds = max(1, math.ceil(held_dead / config.reconnect_nodes))
+    first_sync = rounds * reconnect_period_s(config, members)
+    dissemination = retransmit_limit(config, members) * config.gossip_interval_s
+    return first_sync + 2 * config.probe_interval_s + dissemination
 
 
 def detection_bound_s(config: SwimConfig, members: int) -> float:

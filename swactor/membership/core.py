@@ -37,13 +37,16 @@ What it does, following memberlist and the Lifeguard paper:
   is alive. Suspect, alive and leave entries are applied as they are.
 * Partition heal (Serf's reconnect). Plain SWIM never probes a dead member again, so
   once both sides of a partition have declared each other dead nothing re-merges the
-  views when the link returns. Every reconnect interval this member therefore sends
-  `Sync(reply=True)` with its full view to one random member it declared dead (kept as a
-  target past its reaping, for the reconnect timeout; a member that left is not retried:
-  only it can sign a leave, so a leave is never a partition artefact), or to a seed when
-  it has no live member at all. If the target is up, each side finds the other's dead
-  claim about itself in the exchanged view, refutes it (a higher incarnation, alive
-  gossiped), and the reply already carries the refuted alive, so the views re-merge.
+  views when the link returns. Every reconnect period (`config.reconnect_period_s`) this
+  member therefore sends `Sync(reply=True)` with its full view to the next
+  `reconnect_nodes` members it declared dead, round robin (kept as targets past their
+  reaping, for the reconnect timeout; a member that left is not retried: only it can
+  sign a leave, so a leave is never a partition artefact), and to its seeds when it has
+  no live member at all. Round robin, not a random pick, so every dead member is synced
+  within a bounded number of periods (`config.heal_bound_s`). If the target is up, each
+  side finds the other's dead claim about itself in the exchanged view, refutes it (a
+  higher incarnation, alive gossiped), and the reply already carries the refuted alive,
+  so the views re-merge.
 
 Hostile input (an authenticated but misbehaving member, or anyone in an open pool):
 
@@ -324,6 +327,7 @@ class SwimCore:
         self._recent_dead: dict[NodeId, float] = {}
         self._failed: dict[NodeId, tuple[Address, float]] = {}
         """Members declared dead (not left): their last SWIM address and when (reconnect)."""
+        self._reconnect_cursor = 0
         self._reassert = False
         self._leaving = False
         self._now = 0.0
@@ -342,7 +346,7 @@ class SwimCore:
         self._arm(now + self._rng.uniform(0, self.config.probe_interval_s), "probe", 0)
         self._arm(now + self._rng.uniform(0, self.config.gossip_interval_s), "gossip", 0)
         self._arm(now + self.config.push_pull_interval_s, "push_pull", 0)
-        self._arm(now + self.config.reconnect_interval_s, "reconnect", 0)
+        self._arm(now + self._reconnect_period(), "reconnect", 0)
         if not self._seeds:
             self.joined = True
             self._events.append(Joined(via=self.node_id, at=now))
@@ -722,23 +726,31 @@ class SwimCore:
             self._arm(now + self.config.push_pull_interval_s, "push_pull", 0)
         elif kind == "reconnect":
             self._reconnect(now, out)
-            self._arm(now + self.config.reconnect_interval_s, "reconnect", 0)
+            self._arm(now + self._reconnect_period(), "reconnect", 0)
+
+    def _reconnect_period(self) -> float:
+        return cfg.reconnect_period_s(self.config, len(self._members) + 1)
 
     def _reconnect(self, now: float, out: list[Outgoing]) -> None:
-        """Full-state sync with one member declared dead, or a seed when alone."""
+        """Full-state sync with the next members declared dead, and the seeds when alone."""
         horizon = now - self.config.reconnect_timeout_s
         for node, (_, since) in list(self._failed.items()):
             if since < horizon:
                 del self._failed[node]
-        targets: list[tuple[Address, NodeId | None]] = [
-            (address, node) for node, (address, _) in self._failed.items()]
+        targets: list[tuple[Address, NodeId | None]] = []
+        failed = list(self._failed.items())
+        if failed:
+            count = min(len(failed), self.config.reconnect_nodes)
+            start = self._reconnect_cursor % len(failed)
+            self._reconnect_cursor = start + count
+            targets = [(address, node) for node, (address, _)
+                       in (failed + failed)[start:start + count]]
         if not self._live:
-            targets.extend((seed, None) for seed in self._seeds)
-        if not targets:
-            return
-        address, target = targets[self._rng.randrange(len(targets))]
-        out.append(self._send(address, Sync(self.node_id, True), target,
-                              updates=self._full_state()))
+            targets.extend((seed, None) for seed in self._seeds
+                           if seed not in {address for address, _ in targets})
+        for address, target in targets:
+            out.append(self._send(address, Sync(self.node_id, True), target,
+                                  updates=self._full_state()))
     # ------------------------------------------------------------ sending
 
     def _gossip(self, out: list[Outgoing]) -> None:

@@ -66,7 +66,7 @@ def test_crashed_member_detected_without_any_message_loss_beats_no_suspicion() -
 
 
 @pytest.mark.parametrize(("members", "seed", "lan"),
-                         [(4, 10, False), (5, 11, False), (10, 14, False),
+                         [(4, 10, False), (5, 11, False), (10, 15, False),
                           (50, 12, True), (50, 13, True)])
 @pytest.mark.parametrize("pause_s", [3.0, 20.0])
 def test_loss_and_a_paused_member_kill_no_healthy_member(
