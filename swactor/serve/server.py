@@ -21,7 +21,12 @@ OpenAI's error object before it costs more:
 The handler runs with aiohttp's handler cancellation on: a client that goes away, while
 queued or mid-stream, cancels the handler, whose ``finally`` calls ``engine.cancel`` so
 the slot is freed at once. An engine error ends a stream with a ``data: {"error": ...}``
-event naming the reason (and no ``[DONE]``), a non-stream request with HTTP 500. No
+event naming the reason (and no ``[DONE]``), a non-stream request with an HTTP error: 503
+``unavailable`` when the session no longer admits requests by then (it gave up: the pool
+cannot host a new run; or it is stopping), since the request was sound and the server,
+not the request, cannot serve it now (RFC 9110 §15.6.4: unavailable, may be retried
+later); 500 ``engine_error`` when the session still serves (the pipeline failed this
+sequence). A stream's error event carries the same type and code. No
 traceback ever reaches a client; unexpected exceptions are logged here and answered as a
 500 naming only the exception class.
 """
@@ -263,6 +268,12 @@ class ServeFront:
                 kind="rate_limit_error", code="queue_full",
             )
 
+    def _engine_error(self, error: str) -> ApiError:
+        """A sequence the engine ended with an error (module doc: 503 or 500)."""
+        if not self.engine.health().state.admits:
+            return ApiError(503, error, kind="server_error", code="unavailable")
+        return ApiError(500, error, kind="server_error", code="engine_error")
+
     def _too_long(self, count: int, param: str) -> ApiError:
         return bad(
             f"This model's maximum context length is {self.engine.context_length} tokens; "
@@ -310,7 +321,7 @@ class ServeFront:
                 return await self._stream(request, parsed, ident, len(prompt), pieces, outcome)
             text = "".join([piece async for piece in pieces])
             if outcome.error is not None:
-                raise ApiError(500, outcome.error, kind="server_error", code="engine_error")
+                raise self._engine_error(outcome.error)
             return _json_response(self._whole(parsed, ident, text, len(prompt), outcome))
         finally:
             # A handler cancelled while writing leaves the generator suspended: closing it
@@ -404,8 +415,7 @@ class ServeFront:
             async for piece in pieces:
                 await response.write(_sse(chunk(piece, None)))
             if outcome.error is not None:
-                await response.write(_sse(ApiError(
-                    500, outcome.error, kind="server_error", code="engine_error").body()))
+                await response.write(_sse(self._engine_error(outcome.error).body()))
                 await response.write_eof()
                 return response
             await response.write(

@@ -106,6 +106,8 @@ class FakeEngine:
     model_id: str = "fake-model"
     fail_after: int | None = None
     """Yield this many tokens, then end with an ERROR."""
+    fail_state: HealthState | None = None
+    """The health state the engine is in when it ends a sequence with an ERROR."""
     hold_after: int | None = None
     """Yield this many tokens, then wait for ``release`` (or a cancel)."""
     group: int = 1
@@ -161,6 +163,8 @@ class _FakeSequence:
         sent = 0
         while sent < len(ids):
             if engine.fail_after is not None and sent >= engine.fail_after:
+                if engine.fail_state is not None:
+                    engine.state = engine.fail_state
                 yield Finished(FinishReason.ERROR, "stage 1 worker died (signal 9)")
                 return
             if engine.hold_after is not None and sent >= engine.hold_after:

@@ -347,6 +347,25 @@ def test_engine_error_without_stream_is_500(client: openai.OpenAI, engine: FakeE
     assert "stage 1 worker died" in json.loads(info.value.response.content)["error"]["message"]
 
 
+@pytest.mark.parametrize("state", [HealthState.FAILED, HealthState.STOPPING])
+def test_a_sequence_ended_by_a_session_that_gave_up_is_503(
+        client: openai.OpenAI, engine: FakeEngine, server: ServerThread,
+        state: HealthState) -> None:
+    # admitted while the session could still serve, ended once it no longer can: the
+    # request was sound, the server is unavailable (not 500, a fault of this request)
+    engine.fail_after, engine.fail_state = 0, state
+    with pytest.raises(openai.APIStatusError) as info:
+        client.completions.create(model="m", prompt="a", max_tokens=4)
+    assert info.value.status_code == 503
+    error = json.loads(info.value.response.content)["error"]
+    assert error["code"] == "unavailable" and "stage 1 worker died" in error["message"]
+    engine.state = HealthState.SERVING
+    _, _, body = _raw(server, "POST", "/v1/completions", json.dumps(
+        {"prompt": "a", "stream": True}).encode())
+    events = [e for e in body.decode().split("\n\n") if e]
+    assert json.loads(events[-1].removeprefix("data: "))["error"]["code"] == "unavailable"
+
+
 def test_raw_stream_shape_and_done(server: ServerThread, engine: FakeEngine) -> None:
     engine.fail_after = 1
     status, headers, body = _raw(server, "POST", "/v1/chat/completions", json.dumps(
