@@ -29,6 +29,11 @@ must be the slot's next position. The last stage answers one greedy id, or with
 ``tag.candidates`` the top ``CANDIDATES_K`` ids and their logits (:func:`candidates`);
 sampling is then the orchestrator's, so a stage keeps no per-sequence sampling state.
 
+``run_batch(tags, payload)``: one decode row each of several slots (a batch object,
+``swactor.wire.tags``), checked whole before any row runs; each row's result equals
+its ``run_tagged`` alone, in table order. Today the rows run one after another through
+the one-row decode JIT: the batch saves the per-object cost outside the model.
+
 Math (llama.cpp semantics): ``x += Wo·attn(rope(Wq·n(x)), rope(Wk·n(x)), Wv·n(x))`` then
 ``x += Wd·(silu(Wg·n(x)) * Wu·n(x))`` with ``n`` the RMSNorm (``eps`` from the file) times
 its weight; grouped-query attention shares each KV head among ``heads / kv_heads`` query
@@ -90,6 +95,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -763,6 +769,41 @@ class StageRole:
         if not tag.candidates:
             return np.array([int(np.argmax(logits))], dtype=np.int32)
         return candidates(logits)
+
+    def run_batch(self, tags: Sequence[SequenceTag], payload: npt.NDArray[np.generic]
+                  ) -> npt.NDArray[np.generic]:
+        """Run one batch object (``swactor.wire.tags``): row ``i`` of ``payload`` is one
+        decode row of KV slot ``tags[i].slot`` at position ``tags[i].position``.
+
+        Every row is a decode row (position > 0, the slot's next position), no two rows
+        share a slot, and ``payload`` has exactly ``len(tags)`` rows; all of it is
+        checked before any row runs (a bad batch is a ``StepError`` that leaves every
+        slot as it was). Each row's result is what :meth:`run_tagged` gives for it
+        alone (greedy ids bit-identical), in table order: a non-last stage returns the
+        ``len(tags)`` activation rows, the last stage each row's answer concatenated
+        (one int32 id, or ``2 * CANDIDATES_K`` with ``tag.candidates``).
+        """
+        array = self._check_input(payload)
+        if not tags or array.shape[0] != len(tags):
+            raise StepError(f"a batch of {len(tags)} tags carries {array.shape[0]} rows")
+        seen: set[int] = set()
+        for tag in tags:
+            slot, start = tag.slot, tag.position
+            if slot >= self.slots:
+                raise StepError(f"slot {slot} outside this stage's slots 0..{self.slots - 1}")
+            if slot in seen:
+                raise StepError(f"slot {slot} appears twice in one batch")
+            seen.add(slot)
+            if start == 0 or start != self._positions[slot]:
+                raise StepError(f"slot {slot}: batch row at position {start} is not the "
+                                f"slot's next position {self._positions[slot]}")
+            if start + 1 > self.max_seq_len:
+                raise StepError(f"slot {slot}: position {start} exceeds max_seq_len "
+                                f"{self.max_seq_len}")
+        # One row after another through the decode JIT (each row as run_tagged would).
+        results = [self.run_tagged(tag, array[index:index + 1])
+                   for index, tag in enumerate(tags)]
+        return np.concatenate(results)
 
     def _compute(self, array: npt.NDArray[np.generic], slot: int, start: int,
                  prefill: bool) -> npt.NDArray[np.generic]:

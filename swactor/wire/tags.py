@@ -33,10 +33,38 @@ A candidates object on the token-out edge holds ``CANDIDATES_K`` u32 token ids,
 most likely first, followed by their ``CANDIDATES_K`` logits as little-endian f32 bit
 patterns (``2 * CANDIDATES_K * 4`` bytes, a whole number of u32s, so the edge's
 TokenIds spec still applies).
+
+Batch objects: one decode step for several sequences
+----------------------------------------------------
+Every object pays a fixed cost on its way through a stage (rings, the edge's stream,
+the worker's step), several times a one-row decode's compute on a small model. A
+*batch* object carries one decode row each of ``B`` different sequences, so that
+cost is paid once for ``B`` rows. The header has one ``flags`` word, so a batch object
+says only that it is one and how many rows it has; the rows' tags travel in the
+payload::
+
+    flags:  bit 31 = 0 (not a single tag), bit 29 BATCH = 1, bits 0..10 = B
+            (1 .. MAX_SLOTS); every other bit 0
+    payload: B u32 (little endian) packed SequenceTags, the *tag table*, then the
+            object's B rows in table order (B token ids on token-in, B activation
+            rows between stages, B answers on token-out)
+
+Each table entry is a full single-object tag (TAGGED set, its own CANDIDATES bit),
+a decode row: position > 0, and no two rows name the same slot. ``B`` must not exceed
+the stage's slots. Every stage checks the table before it computes anything
+(:func:`batch_table`: bounds first, then each entry, a bad table is a
+:class:`TagError`, never a partial step), copies ``flags`` and the table onto its
+output, and writes its ``B`` result rows after it. The last stage's rows are
+per-row answers encoded as for a single object, concatenated in table order: one id,
+or ``2 * CANDIDATES_K`` u32s where the row's tag asks for candidates
+(:func:`answer_words`), so the orchestrator finds each row's answer from the table
+alone and routes it to its sequence. Prompts (position 0, any rows) are never
+batched: they travel as single-tag objects, as do batches of one row.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from swactor.wire.errors import WireError
@@ -50,6 +78,11 @@ POSITION_BITS = 20
 MAX_POSITION = (1 << POSITION_BITS) - 1
 CANDIDATES_K = 64
 """Candidates the last stage returns for a sampled step (llama.cpp's default top_k is 40)."""
+BATCH = 1 << 29
+"""With TAGGED clear: a batch object of ``flags & BATCH_ROWS_MASK`` decode rows."""
+BATCH_ROWS_MASK = (1 << 11) - 1
+TAG_WIDTH = 4
+"""Bytes of one tag table entry (a little-endian u32)."""
 
 
 class TagError(WireError):
@@ -88,3 +121,66 @@ class SequenceTag:
             raise TagError("flags", f"{flags:#x} is neither 0 nor a sequence tag")
         return cls((flags >> SLOT_SHIFT) & (MAX_SLOTS - 1), flags & MAX_POSITION,
                    bool(flags & CANDIDATES))
+
+
+def batch_flags(rows: int) -> int:
+    """The header ``flags`` of a batch object of ``rows`` decode rows."""
+    if not 1 <= rows <= MAX_SLOTS:
+        raise TagError("rows", f"{rows} is outside 1..{MAX_SLOTS}")
+    return BATCH | rows
+
+
+def batch_rows(flags: int) -> int | None:
+    """The row count of a batch object's ``flags``; None when ``flags`` is not the
+    batch form (0 or a single tag). A word that has the BATCH bit but is not a valid
+    batch form is a :class:`TagError`."""
+    if flags & TAGGED or not flags & BATCH:
+        return None
+    rows = flags & BATCH_ROWS_MASK
+    if flags >> 32 or flags & ~(BATCH | BATCH_ROWS_MASK) or not 1 <= rows <= MAX_SLOTS:
+        raise TagError("flags", f"{flags:#x} is not a batch of 1..{MAX_SLOTS} rows")
+    return rows
+
+
+def batch_table(flags: int, words: Sequence[int], slots: int) -> tuple[SequenceTag, ...]:
+    """The checked tag table of a batch object (module doc).
+
+    ``words`` are the u32s at the head of its payload (at least the table; more is
+    fine, they are the rows). Raises :class:`TagError` when ``flags`` is not a batch,
+    its row count exceeds ``slots``, the payload is shorter than the table, or an entry
+    is not a decode row's tag of a slot below ``slots``, or repeats a slot."""
+    rows = batch_rows(flags)
+    if rows is None:
+        raise TagError("flags", f"{flags:#x} is not a batch object")
+    if rows > slots:
+        raise TagError("rows", f"{rows} rows exceed the {slots} slots")
+    if len(words) < rows:
+        raise TagError("table", f"{len(words)} words hold no table of {rows} tags")
+    tags: list[SequenceTag] = []
+    seen: set[int] = set()
+    for index in range(rows):
+        word = int(words[index])
+        if not word & TAGGED or word >> 32:
+            raise TagError("table", f"entry {index} ({word:#x}) is not a sequence tag")
+        tag = SequenceTag.unpack(word)
+        assert tag is not None
+        if tag.position == 0:
+            raise TagError("table", f"entry {index}: position 0 (a prompt) in a batch")
+        if tag.slot >= slots:
+            raise TagError("table", f"entry {index}: slot {tag.slot} outside 0..{slots - 1}")
+        if tag.slot in seen:
+            raise TagError("table", f"entry {index}: slot {tag.slot} appears twice")
+        seen.add(tag.slot)
+        tags.append(tag)
+    return tuple(tags)
+
+
+def answer_words(tag: SequenceTag) -> int:
+    """u32s of the last stage's answer to one row: ``2 * CANDIDATES_K`` or one id."""
+    return 2 * CANDIDATES_K if tag.candidates else 1
+
+
+def max_batch_answer_words(slots: int) -> int:
+    """u32s of the largest token-out object a serving run of ``slots`` can produce: a
+    batch of ``slots`` rows, all asking for candidates, after its table."""
+    return slots * (1 + 2 * CANDIDATES_K)

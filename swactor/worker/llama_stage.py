@@ -21,7 +21,10 @@ the role on the output binding (the output carries the input's flags on). A tagg
 step runs `StageRole.run_tagged`; the last stage answers one greedy id, or with
 CANDIDATES the `CANDIDATES_K` ids then their f32 logits' bit patterns, as u32s. An
 untagged object (flags 0) is the inference step `sequence` of the run's one sequence,
-as below; it uses slot 0.
+as below; it uses slot 0. A batch object (flags BATCH, `swactor.wire.tags`) starts with
+its tag table: the role checks it against its slots, runs `StageRole.run_batch` on the
+rows after it, and writes the table and then the result rows (activation rows, or on
+the last stage each row's id or candidates).
 
 `weights` "blocks" keeps the file's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K matrices in their
 blocks and computes decode and prefill from them, with no dense copy (about the file's
@@ -86,7 +89,14 @@ from tinygrad.tensor import Tensor
 from swactor.wire import JsonValue, OutputBinding, SamplingMode, StageFootprint, WireError
 from swactor.wire import SamplingPolicy as WireSamplingPolicy
 from swactor.wire.plan import MAX_STAGE_SLOTS
-from swactor.wire.tags import MAX_SLOTS, SequenceTag, TagError
+from swactor.wire.tags import (
+    MAX_SLOTS,
+    TAG_WIDTH,
+    SequenceTag,
+    TagError,
+    batch_rows,
+    batch_table,
+)
 from swactor.worker.bridge import host_array
 from swactor.worker.roles import Role, RoleConfigError, RoleRunError, register_role_kind
 
@@ -226,6 +236,8 @@ class LlamaStageRole:
         (source,) = inputs.values()
         (binding,) = outputs
         try:
+            if batch_rows(binding.flags) is not None:
+                return {int(binding.port_id): self.run_batch(binding, host_array(source))}
             tag = SequenceTag.unpack(binding.flags)
         except TagError as error:
             raise RoleRunError(f"llama_stage step {int(binding.sequence)}: {error}") from None
@@ -238,6 +250,28 @@ class LlamaStageRole:
         except StepError as error:
             raise RoleRunError(f"llama_stage step {int(binding.sequence)}: {error}") from None
         return {int(binding.port_id): self.encode_output(result)}
+
+    def run_batch(self, binding: OutputBinding, source: npt.NDArray[np.uint8]
+                  ) -> npt.NDArray[np.uint8]:
+        """A batch object's output bytes: its tag table (checked against this stage's
+        slots), then `StageRole.run_batch`'s rows (module doc)."""
+        from swactor.model.llama_role import StepError
+
+        raw = np.ascontiguousarray(source, dtype=np.uint8).reshape(-1)
+        rows = batch_rows(binding.flags) or 0
+        width = rows * TAG_WIDTH
+        if raw.size < width:
+            raise TagError("table", f"a batch of {rows} rows in {raw.size} bytes")
+        table = raw[:width]
+        words = [int(word) for word in table.view(TOKEN_DTYPE)]
+        tags = batch_table(binding.flags, words, self.stage.slots)
+        array = self.decode_input(raw[width:])
+        try:
+            result = self.stage.run_batch(tags, array)
+        except StepError as error:
+            raise RoleRunError(f"llama_stage batch step {int(binding.sequence)}: "
+                               f"{error}") from None
+        return np.concatenate([table, self.encode_output(result)])
 
     def decode_input(self, raw: npt.NDArray[np.uint8]) -> npt.NDArray[Any]:
         """The model role's input array for one input object's bytes."""

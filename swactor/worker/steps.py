@@ -42,12 +42,16 @@ through every stage to the token-out edge. The role reads them on its output bin
 TokenIds ring of a step whose tag asks for CANDIDATES is `2 * CANDIDATES_K * 4` bytes
 (the candidates object) instead of its binding's one id. Flags that are neither 0 nor a
 valid tag fail the step (OutputExtentInvalid, as a role's bad input does). Untagged
-objects (flags 0) run exactly as the spec says.
+objects (flags 0) run exactly as the spec says. A batch object (flags BATCH) has `B`
+rows after its tag table: its outputs get `B` rows per_input_row plus the table, or on
+a TokenIds ring the table plus each row's answer (one id, or a candidates object where
+the row's tag asks for it); a table the runner cannot read fails the step the same way.
 """
 
 from __future__ import annotations
 
 import logging
+import struct
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -71,7 +75,16 @@ from swactor.wire import (
     StepFailure,
     WorkerEvent,
 )
-from swactor.wire.tags import CANDIDATES_K, SequenceTag, TagError
+from swactor.wire.tags import (
+    CANDIDATES_K,
+    MAX_SLOTS,
+    TAG_WIDTH,
+    SequenceTag,
+    TagError,
+    answer_words,
+    batch_rows,
+    batch_table,
+)
 from swactor.worker.bridge import DeviceAllocation, DeviceBridge, DeviceError, InvalidHandle
 from swactor.worker.egress import EgressRing
 from swactor.worker.ingress import IngressRing
@@ -225,9 +238,10 @@ class StepRunner:
                                 int(awaited.ring_id))
                     return StepFailure.InvalidInputHandle
                 return None
-            if loaded.extent % awaited.row_bytes:
+            rows = self._rows(loaded, awaited.row_bytes)
+            if rows is None:
                 return StepFailure.OutputExtentInvalid
-            found.append((loaded, loaded.extent // awaited.row_bytes))
+            found.append((loaded, rows))
         for awaited in command.awaits:
             del self._loaded[(awaited.ring_id, awaited.sequence)]
         inputs = command.inputs + tuple(
@@ -237,6 +251,20 @@ class StepRunner:
         rows = found[0][1]
         outputs = tuple(_per_rows(binding, rows) for binding in command.outputs)
         return replace(command, inputs=inputs, outputs=outputs, awaits=())
+
+    def _rows(self, loaded: ObjectLoaded, row_bytes: int) -> int | None:
+        """Rows of a loaded object (a batch's after its tag table); None when its
+        extent is not whole rows."""
+        try:
+            batch = batch_rows(self._bridge.lookup(loaded.device_handle).flags)
+        except (InvalidHandle, TagError):
+            batch = None  # the step fails when it runs, naming why
+        body = loaded.extent - (batch or 0) * TAG_WIDTH
+        if body < 0 or body % row_bytes:
+            return None
+        if batch is not None and body // row_bytes != batch:
+            return None
+        return body // row_bytes
 
     def _fail(self, command: ExecuteStep, reason: StepFailure) -> None:
         self._emit(StepFailed(command.role_id, command.step_id, reason))
@@ -282,8 +310,10 @@ class StepRunner:
             raise StepRefused(StepFailure.OutputExtentInvalid,
                               "the step's inputs carry different sequence tags")
         if flags and flags != {0}:
+            (word,) = flags
+            table = self._table(word, command)
             command = replace(command, outputs=tuple(
-                self._tagged(binding, *flags) for binding in command.outputs))
+                self._tagged(binding, word, table) for binding in command.outputs))
         for out in command.outputs:
             ring = self._rings.get(out.ring_id)
             if not isinstance(ring, EgressRing) or not ring.idle:
@@ -318,17 +348,42 @@ class StepRunner:
                 )
         return command, allocations
 
-    def _tagged(self, binding: OutputBinding, flags: int) -> OutputBinding:
-        """`binding` carrying the input's `flags`; a candidates object's extent on a
-        TokenIds ring (module doc)."""
+    def _table(self, flags: int, command: ExecuteStep) -> tuple[SequenceTag, ...] | None:
+        """A batch input's tag table, read from the head of its object (None when the
+        input is no batch); checked against the wire's bounds (the role checks it
+        against its slots)."""
         try:
-            tag = SequenceTag.unpack(flags)
+            rows = batch_rows(flags)
+            if rows is None:
+                return None
+            allocation = self._bridge.lookup(command.inputs[0].device_handle)
+            if allocation.extent < rows * TAG_WIDTH:
+                raise TagError("table", f"a batch of {rows} rows in {allocation.extent} bytes")
+            head = bytearray(rows * TAG_WIDTH)
+            self._bridge.device_to_host(allocation, 0, memoryview(head))
+            words = struct.unpack(f"<{rows}I", head)
+            return batch_table(flags, words, MAX_SLOTS)
+        except (TagError, InvalidHandle, DeviceError) as error:
+            raise StepRefused(StepFailure.OutputExtentInvalid, str(error)) from None
+
+    def _tagged(self, binding: OutputBinding, flags: int,
+                table: tuple[SequenceTag, ...] | None) -> OutputBinding:
+        """`binding` carrying the input's `flags`; a candidates object's extent on a
+        TokenIds ring; a batch's outputs carry its table (module doc)."""
+        try:
+            tag = None if table is not None else SequenceTag.unpack(flags)
         except TagError as error:
             raise StepRefused(StepFailure.OutputExtentInvalid, str(error)) from None
         tagged = binding if binding.flags else replace(binding, flags=flags)
         ring = self._rings.get(binding.ring_id)
-        if (tag is not None and tag.candidates and isinstance(ring, EgressRing)
-                and ring.spec.kind is ObjectKind.TokenIds):
+        tokens = isinstance(ring, EgressRing) and ring.spec.kind is ObjectKind.TokenIds
+        if table is not None:
+            head = len(table) * TAG_WIDTH
+            if tokens:
+                words = sum(answer_words(row) for row in table)
+                return replace(tagged, extent=head + words * TAG_WIDTH)
+            return replace(tagged, extent=head + tagged.extent)
+        if tag is not None and tag.candidates and tokens:
             tagged = replace(tagged, extent=2 * CANDIDATES_K * 4)
         return tagged
 

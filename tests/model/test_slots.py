@@ -166,6 +166,89 @@ def test_bad_tags_are_step_errors(tiny_llama: Path) -> None:
     role.run_tagged(SequenceTag(1, 3), one)  # the failed steps changed nothing
 
 
+def _batched(roles: list[StageRole], prompts: list[list[int]], steps: int,
+             candidates: frozenset[int] = frozenset()) -> list[list[int]]:
+    """Every prompt prefilled in its own slot (single-tag objects), then each decode
+    round as ONE batch of every slot's row, rows in a rotating order; the slots in
+    ``candidates`` ask for candidates (their greedy id is the first candidate)."""
+    tokens: list[list[int]] = []
+    for slot, prompt in enumerate(prompts):
+        out = _tagged(roles, SequenceTag(slot, 0), np.array(prompt, dtype=np.int32))
+        tokens.append([int(out[0])])
+    for step in range(1, steps):
+        order = list(range(len(prompts)))
+        order = order[step % len(order):] + order[: step % len(order)]
+        tags = [SequenceTag(slot, len(prompts[slot]) + step - 1, slot in candidates)
+                for slot in order]
+        payload: npt.NDArray[Any] = np.array([tokens[slot][-1] for slot in order], np.int32)
+        for role in roles:
+            payload = role.run_batch(tags, payload)
+            if role is not roles[-1]:
+                assert payload.shape == (len(tags), role.facts.hidden_dim)
+        offset = 0
+        for tag in tags:
+            width = 2 * CANDIDATES_K if tag.candidates else 1
+            tokens[tag.slot].append(int(payload[offset]))
+            offset += width
+        assert offset == payload.shape[0]
+    return tokens
+
+
+def test_a_batch_of_decode_rows_equals_each_row_alone(tiny_llama: Path) -> None:
+    steps = 5
+    alone = [_alone(_roles(tiny_llama, [(0, 4)], 1, MAX_SEQ), p, steps) for p in TINY_PROMPTS]
+    (role,) = _roles(tiny_llama, [(0, 4)], len(TINY_PROMPTS), MAX_SEQ)
+    assert _batched([role], TINY_PROMPTS, steps, frozenset({1, 3})) == alone
+    split = _roles(tiny_llama, [(0, 1), (1, 4)], len(TINY_PROMPTS), MAX_SEQ)
+    assert _batched(split, TINY_PROMPTS, steps) == alone
+
+
+def test_a_bad_batch_is_a_step_error_that_changes_no_slot(tiny_llama: Path) -> None:
+    (role,) = _roles(tiny_llama, [(0, 4)], 3, MAX_SEQ)
+    for slot in range(3):
+        role.run_tagged(SequenceTag(slot, 0), np.array([5, 6], dtype=np.int32))
+    two = np.array([7, 8], dtype=np.int32)
+    bad = [
+        ([SequenceTag(0, 2), SequenceTag(0, 2)], two, "appears twice"),
+        ([SequenceTag(0, 2), SequenceTag(3, 2)], two, "slot 3 outside"),
+        ([SequenceTag(0, 2), SequenceTag(1, 0)], two, "not the slot's next position"),
+        ([SequenceTag(0, 2), SequenceTag(1, 3)], two, "not the slot's next position 2"),
+        ([SequenceTag(0, 2)], two, "1 tags carries 2 rows"),
+        ([], np.array([7], dtype=np.int32), "0 tags carries 1 rows"),
+    ]
+    for tags, payload, rule in bad:
+        with pytest.raises(StepError, match=rule):
+            role.run_batch(tags, payload)
+    # nothing moved: every slot still takes position 2, in one batch
+    out = role.run_batch([SequenceTag(2, 2), SequenceTag(0, 2), SequenceTag(1, 2)],
+                         np.array([7, 8, 9], dtype=np.int32))
+    assert out.shape == (3,)
+
+
+@pytest.mark.slow
+@pytest.mark.soak
+def test_smollm2_batched_decode_equals_each_prompt_alone() -> None:
+    """The real model, split in two stages: four prompts decoded as one batch per step
+    (two of them sampled, so their rows answer candidates) give each its greedy tokens."""
+    from swactor.model.paths import default_model_path
+    from swactor.model.tokenizer import Tokenizer
+
+    path = default_model_path()
+    if not path.is_file():
+        pytest.fail(f"{path} missing: run scripts/setup.sh")
+    tokenizer = Tokenizer.from_gguf(path)
+    texts = ["hello world", "The capital of France is", "1, 2, 3, 4,",
+             "Once upon a time there was a little"]
+    prompts = [list(tokenizer.encode(t)) for t in texts]
+    split = [(0, 13), (13, 30)]
+    steps = 6
+    alone_roles = _roles(path, split, 1, 64, blocks=True)
+    alone = [_alone(alone_roles, p, steps) for p in prompts]
+    assert len({tuple(a) for a in alone}) == len(prompts)
+    roles = _roles(path, split, len(prompts), 64, blocks=True)
+    assert _batched(roles, prompts, steps, frozenset({0, 2})) == alone
+
+
 @pytest.mark.slow
 @pytest.mark.soak
 @pytest.mark.parametrize("split", [[(0, 30)], [(0, 13), (13, 30)]], ids=["1-stage", "2-stage"])

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from swactor.wire.tags import MAX_POSITION, MAX_SLOTS, SequenceTag, TagError
+from swactor.wire.tags import (
+    BATCH,
+    CANDIDATES_K,
+    MAX_POSITION,
+    MAX_SLOTS,
+    SequenceTag,
+    TagError,
+    answer_words,
+    batch_flags,
+    batch_rows,
+    batch_table,
+    max_batch_answer_words,
+)
 
 
 @pytest.mark.parametrize("tag", [
@@ -37,3 +49,59 @@ def test_fields_out_of_range_are_refused(slot: int, position: int) -> None:
 def test_slot_and_position_do_not_overlap() -> None:
     assert SequenceTag(1, 0).pack() != SequenceTag(0, 1 << 19).pack()
     assert SequenceTag.unpack(SequenceTag(5, MAX_POSITION).pack()) == SequenceTag(5, MAX_POSITION)
+
+
+# -- batch objects: flags + a tag table at the head of the payload ----------------------
+
+def _table(*tags: SequenceTag) -> list[int]:
+    return [tag.pack() for tag in tags]
+
+
+def test_a_batch_table_round_trips() -> None:
+    tags = (SequenceTag(2, 9), SequenceTag(0, 5, candidates=True), SequenceTag(3, 1))
+    flags = batch_flags(len(tags))
+    assert batch_rows(flags) == 3
+    assert SequenceTag.unpack(0) is None and batch_rows(0) is None
+    assert batch_rows(SequenceTag(1, 4).pack()) is None  # a single tag is no batch
+    # the rows after the table are not the table's business
+    assert batch_table(flags, [*_table(*tags), 7, 8, 9], slots=4) == tags
+    assert [answer_words(t) for t in tags] == [1, 2 * CANDIDATES_K, 1]
+
+
+def test_a_batch_is_neither_untagged_nor_a_single_tag() -> None:
+    with pytest.raises(TagError):  # readers that know no batches refuse it
+        SequenceTag.unpack(batch_flags(2))
+
+
+@pytest.mark.parametrize("flags", [BATCH, BATCH | 1 << 12, BATCH | 1 << 30 | 2,
+                                   BATCH | (MAX_SLOTS + 1), 1 << 32 | BATCH | 1])
+def test_malformed_batch_flags_are_refused(flags: int) -> None:
+    with pytest.raises(TagError, match="batch"):
+        batch_rows(flags)
+
+
+@pytest.mark.parametrize("rows", [0, MAX_SLOTS + 1])
+def test_a_batch_of_no_rows_or_too_many_cannot_be_made(rows: int) -> None:
+    with pytest.raises(TagError):
+        batch_flags(rows)
+
+
+@pytest.mark.parametrize(("flags", "words", "rule"), [
+    (batch_flags(5), _table(*(SequenceTag(i, 1) for i in range(5))), "exceed the 4 slots"),
+    (batch_flags(3), _table(SequenceTag(0, 1), SequenceTag(1, 1)), "hold no table"),
+    (batch_flags(2), [SequenceTag(0, 1).pack(), 12], "not a sequence tag"),
+    (batch_flags(2), [SequenceTag(0, 1).pack(), batch_flags(1)], "not a sequence tag"),
+    (batch_flags(2), [SequenceTag(0, 1).pack(), 1 << 33 | 1 << 31], "not a sequence tag"),
+    (batch_flags(2), _table(SequenceTag(0, 1), SequenceTag(1, 0)), "position 0"),
+    (batch_flags(2), _table(SequenceTag(0, 1), SequenceTag(4, 3)), "slot 4 outside"),
+    (batch_flags(2), _table(SequenceTag(2, 1), SequenceTag(2, 3)), "appears twice"),
+    (SequenceTag(0, 1).pack(), _table(SequenceTag(0, 1)), "not a batch object"),
+    (0, [], "not a batch object"),
+])
+def test_a_malformed_table_is_a_typed_error(flags: int, words: list[int], rule: str) -> None:
+    with pytest.raises(TagError, match=rule):
+        batch_table(flags, words, slots=4)
+
+
+def test_the_largest_answer_fits_a_full_batch_of_candidates() -> None:
+    assert max_batch_answer_words(4) == 4 + 4 * 2 * CANDIDATES_K

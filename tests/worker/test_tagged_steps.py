@@ -41,7 +41,7 @@ from swactor.wire import (
     StepFailure,
     StepId,
 )
-from swactor.wire.tags import CANDIDATES_K, SequenceTag
+from swactor.wire.tags import CANDIDATES_K, SequenceTag, batch_flags
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
 
 TINY = TinyConfig(blocks=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=96, context=32,
@@ -50,7 +50,7 @@ MAX_SEQ = 16
 
 
 def _token_spec() -> ObjectSpec:
-    return ObjectSpec(kind=ObjectKind.TokenIds, max_extent=4 * MAX_SEQ * 8,
+    return ObjectSpec(kind=ObjectKind.TokenIds, max_extent=4 * MAX_SEQ * 16,
                       dtype_family=DTypeFamily.UInt, dtype_width_bytes=4,
                       shape=ShapeRule.Vector, layout=LayoutRule.RowMajor, alignment=4,
                       sequence_policy=SequencePolicy.Contiguous)
@@ -162,6 +162,35 @@ def test_llama_stage_runs_tagged_steps_in_slots(llama_rig: WorkerRig, gguf: Path
         assert (failed.step_id, failed.reason) == (index, StepFailure.OutputExtentInvalid)
     _logged(rig, "slot 2 outside this stage's slots 0..1")
     _logged(rig, "position 9 is not the slot's next position 5")
+
+    # a batch object: slot 0's and slot 1's next decode rows in one step; its output is
+    # the table, then each row's answer as run_tagged alone gives it
+    twin = StageRole(open_reader(gguf).load_stage(0, 2, is_first=True, is_last=True,
+                                                  dtype="f32"), max_seq_len=MAX_SEQ, slots=2)
+    for tag, ids, _ask in steps:
+        twin.run_tagged(tag, np.array(ids, np.int32))
+    rows = [(SequenceTag(1, len(prompt) + 1, candidates=True), 33), (SequenceTag(0, 3), 34)]
+    answers = b"".join(twin.run_tagged(tag, np.array([token], np.int32)).astype("<i4").tobytes()
+                       for tag, token in rows)
+    table = _ids([tag.pack() for tag, _ in rows])
+    write_all(rig, ingress, record(16, 5, table + _ids([t for _, t in rows]),
+                                   flags=batch_flags(2)))
+    _step(rig, 4, 6, rig.expect(ObjectLoaded), 4)
+    extent = len(table) + len(answers)
+    data = read_all(rig, egress, ObjectHeader.LEN + extent, timeout=120)
+    header = ObjectHeader.unpack(data)
+    assert (header.flags, header.extent) == (batch_flags(2), extent)
+    assert data[ObjectHeader.LEN:] == table + answers
+    rig.expect(ObjectProduced)
+    assert rig.expect(StepCompleted).step_id == 6
+    rig.next_event()  # DeviceObjectReleased
+    # a malformed table (one slot twice) fails the step; the worker keeps serving
+    twice = _ids([SequenceTag(0, 4).pack()] * 2)
+    write_all(rig, ingress, record(17, 6, twice + _ids([1, 2]), flags=batch_flags(2)))
+    _step(rig, 4, 7, rig.expect(ObjectLoaded), 4)
+    failed = rig.expect(StepFailed, timeout=60)
+    assert (failed.step_id, failed.reason) == (7, StepFailure.OutputExtentInvalid)
+    _logged(rig, "slot 0 appears twice")
 
 
 def _logged(rig: WorkerRig, text: str) -> None:
