@@ -47,6 +47,9 @@ class EventName(enum.Enum):
     # ... and the session's migration of a faulted run's sequences to the next run.
     sequence_migrated = "sequence_migrated"
     sequence_lost = "sequence_lost"
+    # ... and its warm spares (`--spares`): a stage role preloaded on an idle node, or not.
+    spare_preloaded = "spare_preloaded"
+    spare_preload_failed = "spare_preload_failed"
     # Extensions beyond spec §40: the sequences of a serving run (fsm/sequence.yaml); the
     # spec's run carries one sequence, a serving run many (detail: sequence id, slot).
     sequence_started = "sequence_started"

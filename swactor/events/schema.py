@@ -118,6 +118,8 @@ REQUIRED_IDENTITIES: Mapping[EventName, frozenset[str]] = {
         _E.serve_failed: ("node_id",),
         _E.sequence_migrated: ("node_id",),
         _E.sequence_lost: ("node_id",),
+        _E.spare_preloaded: ("node_id",),
+        _E.spare_preload_failed: ("node_id",),
         # extensions beyond spec §40: the sequences of a serving run
         _E.sequence_started: _RUN,
         _E.sequence_first_token: _RUN,
@@ -136,6 +138,9 @@ REQUIRED_FIELDS: Mapping[EventName, frozenset[str]] = {
 
 BYTE_COUNT_FIELDS = frozenset({"weights_bytes", "kv_cache_bytes", "rss_bytes", "file_bytes"})
 """Size fields (non-negative ints; extension beyond spec §40: stage_ready's footprint)."""
+
+FLAG_FIELDS = frozenset({"role_reused"})
+"""Yes/no fields (extension beyond spec §40: stage_ready's role_reused)."""
 
 FAULT_EVENTS = frozenset({_E.node_faulted, _E.run_faulted})
 
@@ -334,7 +339,10 @@ class EdgeReady(_RunEvent):
 class StageReady(_StageEvent):
     """The stage passed its setup barrier. The byte counts are an extension beyond spec
     §40, present when the worker's role holds a model: weights and KV cache as held, the
-    worker's resident set at ready, and its layer range's tensor bytes in the file."""
+    worker's resident set at ready, and its layer range's tensor bytes in the file.
+    `role_reused` (extension too): the worker served the stage with the role it already
+    held for the same range of the same file (kept from the node's previous run, or
+    preloaded on a warm spare), so nothing was loaded."""
 
     NAME = EventName.stage_ready
     worker_generation: WorkerGeneration
@@ -342,6 +350,7 @@ class StageReady(_StageEvent):
     kv_cache_bytes: int | None = None
     rss_bytes: int | None = None
     file_bytes: int | None = None
+    role_reused: bool | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -475,6 +484,22 @@ class SequenceLost(_NodeEvent):
     NAME = EventName.sequence_lost
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SparePreloaded(_NodeEvent):
+    """A spare node holds a stage role of the current run's plan, preloaded (detail:
+    spare, stage_index, layers, seconds, reused: it held the role already)."""
+
+    NAME = EventName.spare_preloaded
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SparePreloadFailed(_NodeEvent):
+    """A spare node could not preload a stage role (detail: spare, stage_index, layers,
+    why); it stays cold for that range."""
+
+    NAME = EventName.spare_preload_failed
+
+
 # Extensions beyond spec §40: the sequences of a serving run (fsm/sequence.yaml). Each names
 # the orchestrator and the run; `detail` carries the serving sequence id and the rest.
 
@@ -517,7 +542,7 @@ EVENT_CLASSES: Mapping[EventName, type[LifecycleEvent]] = {
         PromptInjected, ObjectLoaded, ExecuteStepStarted, ObjectProduced, StepCompleted,
         TokenReceived, RunCompleted, RunFaulted, StopRunSent, StageStopped, RunTornDown,
         ServeStarted, ServeRecoveryStarted, ServeRecoveryCompleted, ServeStopped, ServeFailed,
-        SequenceMigrated, SequenceLost,
+        SequenceMigrated, SequenceLost, SparePreloaded, SparePreloadFailed,
         SequenceStarted, SequenceFirstToken, SequenceFinished, SequenceFailed,
     )
 }
@@ -676,6 +701,10 @@ def _coerce(event: str, key: str, value: object) -> object:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise _bad(event, key, "must be a non-negative int")
         return int(value)
+    if key in FLAG_FIELDS:
+        if not isinstance(value, bool):
+            raise _bad(event, key, "must be a bool")
+        return value
     if key == "detail":
         return _check_detail(event, value)
     raise _bad(event, key, "no codec for this field")  # a record field without a rule

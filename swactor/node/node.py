@@ -26,8 +26,9 @@ always fed on the event loop (`deliver`), never re-entrantly:
    StageHost, RejectProvisioning (any other state) drops it and reports StageFault with
    the row's reason and component (ProvisioningRejected, node_boot).
 
-Serving. The control channel accepts `AddressBook`, `ProvisionStage` and
-`StopRunMessage` only from the orchestrator the node trusts (`--trust-orchestrator`;
+Serving. The control channel accepts `AddressBook`, `ProvisionStage`, `StopRunMessage`
+and `PreloadStage` (a warm spare's preload, extension beyond the spec: the StageHost's
+module doc) only from the orchestrator the node trusts (`--trust-orchestrator`;
 the channel's `ControlAuthority` answers anyone else `Unauthorized`). AddressBook admits
 the run's peers to the endpoint and records their addresses; between runs it replaces
 the allow-list, so a past session's peers lose their links and are refused (spec §4).
@@ -91,7 +92,14 @@ from swactor.fsm.generated import stage_controller as scm
 from swactor.membership.admission import ID_ONLY_REFUSAL, Admission, swim_allow_list
 from swactor.membership.boot import NodeBoot
 from swactor.node.pool_weights import PoolWeights
-from swactor.node.stage_host import StageHost, StageHostConfig, StageHostState, StopRunRequest
+from swactor.node.stage_host import (
+    PreloadOutcome,
+    PreloadRequest,
+    StageHost,
+    StageHostConfig,
+    StageHostState,
+    StopRunRequest,
+)
 from swactor.node.stage_ports import StageOutcome, StageReport
 from swactor.node.stage_worker_ports import HTTP_CACHE, WorkerStagePorts
 from swactor.node.worker_ctl import (
@@ -113,7 +121,9 @@ from swactor.transport.run_control import (
     ORCHESTRATOR_ONLY,
     REGISTRY,
     AddressBook,
+    PreloadStage,
     StageFaultReport,
+    StagePreloaded,
     StopRunMessage,
     report_message,
 )
@@ -621,7 +631,21 @@ class StageNode:
             case StopRunMessage():
                 self._host.tell(StopRunRequest(NodeId(peer), message.run_id,
                                                message.stage_index))
+            case PreloadStage():
+                return await self._preload(peer, message)
         return None
+
+    async def _preload(self, peer: int, message: PreloadStage) -> StagePreloaded:
+        """A warm spare's preload (StageHost module doc): answered once the worker
+        configured the role, or refused naming why."""
+        assert self._host is not None and self.boot is not None
+        role = message.provision.runtime.role_id
+        if self.boot.state is not nb.State.NodeAvailable:
+            return StagePreloaded(role, False, f"the node is {self.boot.state.value}")
+        answer: asyncio.Future[PreloadOutcome] = asyncio.get_running_loop().create_future()
+        self._host.tell(PreloadRequest(NodeId(peer), message.provision, answer))
+        outcome = await answer
+        return StagePreloaded(role, outcome.ok, outcome.detail, outcome.footprint)
 
     def admit(self, run: RunId, stage: StageIndex) -> None:
         """AdmitProvisioning: the held ProvisionStage goes to the StageHost."""

@@ -596,6 +596,7 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
             kv_cache_bytes=None if fp is None else fp.kv_cache_bytes,
             rss_bytes=None if fp is None else fp.rss_bytes,
             file_bytes=None if fp is None else fp.file_bytes,
+            role_reused=None if fp is None else fp.reused,
         ))
 
     async def _arm(self, ctx: Context[StageMail]) -> None:

@@ -22,6 +22,19 @@ most one *active* `StageController` child and forwards to it:
   EdgeReady/EdgeFault/EdgeStopped, the weight loader's reports): forwarded to the
   active controller, dropped when there is none.
 
+Preloading (extension beyond the spec, for warm spares). `PreloadRequest(sender,
+provision, answer)` (the control channel's `PreloadStage`) configures the worker role of
+`provision`'s stage while the node is idle, outside any run: the weight port's
+`load_weights` and `configure_role`, exactly as a controller's setup does, with no edge,
+no controller and no run opened. The worker's RoleConfigured or RoleFailed for that role
+(or its crash) resolves `answer` with a `PreloadOutcome`; the location is then dropped
+(`reset_role`), while the worker keeps the role, so a later run that provisions this
+node with the same stage of the same file re-arms it without loading (the worker's
+`reconfigure`). Only the trusted orchestrator may preload; a node serving a run, or
+already preloading, refuses (answer not ok, naming why). A ProvisionStage that arrives
+while a preload is under way waits for it, then is handled as usual (a run never
+races a preload for the worker).
+
 When the active controller reaches Stopped its `StageOutcome` is appended to
 `StageHostState.history` (the last `HISTORY_KEPT`), its run id is retired, and the
 host is idle again: the next ProvisionStage gets a new controller with fresh
@@ -52,7 +65,19 @@ from swactor.node.stage_controller import (
     provision_problem,
 )
 from swactor.node.stage_ports import StageOutcome, StagePorts, StageReport
-from swactor.wire import Component, NodeId, RunFaultReason, RunId, StageIndex
+from swactor.node.worker_ctl import WorkerCrashed as WorkerCrashedNotice
+from swactor.wire import (
+    Component,
+    NodeId,
+    ProvisionStage,
+    RoleConfigured,
+    RoleFailed,
+    RoleId,
+    RunFaultReason,
+    RunId,
+    StageFootprint,
+    StageIndex,
+)
 
 log = logging.getLogger("swactor.node.stage_host")
 
@@ -83,7 +108,31 @@ class _ControllerDone:
     outcome: StageOutcome | None
 
 
-HostMail = StageMail | StopRunRequest | _ControllerDone
+@dataclass(frozen=True, slots=True)
+class PreloadOutcome:
+    """How a preload ended: `ok` with the role's measured footprint, or why not."""
+
+    ok: bool
+    detail: str = ""
+    footprint: StageFootprint | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PreloadRequest:
+    """Configure `provision`'s stage role now, outside any run (module doc)."""
+
+    sender: NodeId
+    provision: ProvisionStage
+    answer: asyncio.Future[PreloadOutcome]
+
+
+@dataclass(frozen=True, slots=True)
+class _PreloadFailed:
+    role_id: RoleId
+    detail: str
+
+
+HostMail = StageMail | StopRunRequest | _ControllerDone | PreloadRequest | _PreloadFailed
 
 
 @dataclass(slots=True)
@@ -133,20 +182,85 @@ class StageHost(Actor[HostMail]):
         self._on_finished = on_finished
         self._active: ActorRef[StageMail] | None = None
         self._serial = 0
+        self._preload: tuple[RoleId, asyncio.Future[PreloadOutcome]] | None = None
+        self._deferred: list[scm.ProvisionStage] = []
+        self.preloads = 0
+        """Preloads this host completed (ok), for the node's status."""
 
     async def receive(self, ctx: Context[HostMail], message: HostMail) -> None:
         match message:
+            case scm.ProvisionStage() if self._preload is not None:
+                self._deferred.append(message)  # after the preload (module doc)
             case scm.ProvisionStage():
                 await self._provision(ctx, message)
             case StopRunRequest():
+                self._deferred = [d for d in self._deferred
+                                  if d.provision.run_id != message.run_id]
                 await self._stop_run(message)
             case _ControllerDone():
                 self._done(message)
+            case PreloadRequest():
+                self._start_preload(ctx, message)
+            case _PreloadFailed():
+                self._preloaded(ctx, message.role_id, PreloadOutcome(False, message.detail))
+            case RoleConfigured() if self._preloading(message.role_id):
+                self._preloaded(ctx, message.role_id, PreloadOutcome(True, "", message.footprint))
+            case RoleFailed() if self._preloading(message.role_id):
+                self._preloaded(ctx, message.role_id, PreloadOutcome(
+                    False, f"the worker could not configure the role ({message.reason.value})"))
+            case WorkerCrashedNotice() if self._preload is not None:
+                self._preloaded(ctx, self._preload[0],
+                                PreloadOutcome(False, "the worker crashed while preloading"))
             case _:
                 if self._active is not None:
                     self._active.tell(message)
                 else:
                     log.info("stage host: no active stage for %s", type(message).__name__)
+
+    # -- preloading (module doc) --------------------------------------------------------
+
+    def _preloading(self, role: RoleId) -> bool:
+        return self._active is None and self._preload is not None and self._preload[0] == role
+
+    def _start_preload(self, ctx: Context[HostMail], request: PreloadRequest) -> None:
+        busy = ("not the trusted orchestrator" if request.sender != self.config.orchestrator
+                else f"node busy with run {int(self.state.active_run or 0)}"
+                if self._active is not None
+                else "another preload is under way" if self._preload is not None else None)
+        if busy is not None:
+            if not request.answer.done():
+                request.answer.set_result(PreloadOutcome(False, busy))
+            return
+        role = request.provision.runtime.role_id
+        self._preload = (role, request.answer)
+        ctx.spawn_task(self._load(ctx, request.provision))
+
+    async def _load(self, ctx: Context[HostMail], provision: ProvisionStage) -> None:
+        try:
+            await self.ports.load_weights(provision)
+            await self.ports.configure_role(provision)  # the worker answers the host
+        except Exception as error:
+            text = str(error).strip() or type(error).__name__
+            ctx.self_ref.tell(_PreloadFailed(provision.runtime.role_id, text))
+
+    def _preloaded(self, ctx: Context[HostMail], role: RoleId, outcome: PreloadOutcome) -> None:
+        if self._preload is None or self._preload[0] != role:
+            return
+        _, answer = self._preload
+        self._preload = None
+        self.preloads += outcome.ok
+        if not answer.done():
+            answer.set_result(outcome)
+        ctx.spawn_task(self._drop_location(role))
+        deferred, self._deferred = self._deferred, []
+        for message in deferred:
+            ctx.self_ref.tell(message)
+
+    async def _drop_location(self, role: RoleId) -> None:
+        try:
+            await self.ports.reset_role(role)
+        except Exception as error:
+            log.warning("stage host: dropping the preload's location failed: %s", error)
 
     async def _provision(self, ctx: Context[HostMail], message: scm.ProvisionStage) -> None:
         run = message.provision.run_id

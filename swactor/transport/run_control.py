@@ -3,11 +3,12 @@
 Theory of operation. The orchestrator sends a node `AddressBook` (the run's peers),
 `ProvisionStage` (a wire type of its own) and `StopRunMessage`; the node answers each
 stage milestone with one report request back to the orchestrator: `StageReadyReport`,
-`StageFaultReport`, `StageStoppedReport`. They are `WireStruct`s, so the control channel
-checks every field strictly on arrival, and they carry the run id, so its authority
-check refuses reports for a run the orchestrator is not running. `report_message` /
-`report_event` convert between these and the orchestrator_run machine's own event
-classes.
+`StageFaultReport`, `StageStoppedReport`. Outside runs, `PreloadStage` (answered
+`StagePreloaded`) warms a spare node's role (extension beyond the spec, see its doc).
+They are `WireStruct`s, so the control channel checks every field strictly on arrival,
+and the reports carry the run id, so its authority check refuses reports for a run the
+orchestrator is not running. `report_message` / `report_event` convert between these
+and the orchestrator_run machine's own event classes.
 
 `REGISTRY` lists all of them: nodes and orchestrators build their channels with it
 (a requester needs the type in its registry too); `ORCHESTRATOR_ONLY` names the ones a
@@ -23,6 +24,7 @@ from swactor.wire import (
     Component,
     NodeId,
     ProvisionStage,
+    RoleId,
     RunFaultReason,
     RunId,
     StageFootprint,
@@ -93,14 +95,41 @@ class StageStoppedReport(WireStruct):
     clean: bool
 
 
+@dataclass(frozen=True, slots=True)
+class PreloadStage(WireStruct):
+    """Orchestrator -> idle node (extension beyond spec §12 for warm spares): configure
+    the worker role of `provision`'s stage now, outside any run, so that a later run
+    that provisions this node with the same stage finds the role loaded and its kernels
+    built (the worker re-arms a role it holds for the same stage of the same file). Only
+    the provision's stage facts are used (source, layer range, role, model facts); its
+    run id and edges are not: nothing is opened, no run is started. Answered with
+    `StagePreloaded` once the worker configured the role or refused it."""
+
+    provision: ProvisionStage
+
+
+@dataclass(frozen=True, slots=True)
+class StagePreloaded(WireStruct):
+    """Node -> orchestrator, the answer to `PreloadStage`: `ok` with the role's measured
+    `footprint`, or not ok with `detail` in words (node busy with a run, weights or role
+    failed)."""
+
+    role_id: RoleId
+    ok: bool
+    detail: str = ""
+    footprint: StageFootprint | None = None
+
+
 Report = StageReadyReport | StageFaultReport | StageStoppedReport
 StageEvent = orun.StageReady | orun.StageFault | orun.StageStopped
 
 REGISTRY: tuple[type[WireStruct], ...] = (
     AddressBook, ProvisionStage, StopRunMessage,
     StageReadyReport, StageFaultReport, StageStoppedReport,
+    PreloadStage, StagePreloaded,
 )
-ORCHESTRATOR_ONLY = frozenset({"AddressBook", "ProvisionStage", "StopRunMessage"})
+ORCHESTRATOR_ONLY = frozenset({"AddressBook", "ProvisionStage", "StopRunMessage",
+                               "PreloadStage"})
 
 
 def report_message(run_id: RunId, event: StageEvent,

@@ -80,12 +80,15 @@ class StageFootprint(WireStruct):
     `weights_bytes` and `kv_cache_bytes` are the role's device buffers (weights as held,
     KV cache for its slots x max_seq_len), `rss_bytes` the worker's resident set once the
     loader's host copies are freed, `file_bytes` its layer range's tensor bytes in the
-    GGUF. Sizes only, never payload."""
+    GGUF. Sizes only, never payload. `reused`: the worker served this ConfigureRole with
+    the role it already held for the same stage of the same file (a node that keeps its
+    stage across runs, or a warm spare): nothing was loaded or built."""
 
     weights_bytes: int
     kv_cache_bytes: int
     rss_bytes: int
     file_bytes: int
+    reused: bool = False
 
     def _validate(self) -> None:
         for name in ("weights_bytes", "kv_cache_bytes", "rss_bytes", "file_bytes"):

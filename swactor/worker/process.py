@@ -42,6 +42,7 @@ compute (`adapter.EventWriter`, buffered).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import select
@@ -319,7 +320,10 @@ class WorkerProcess(wp.WorkerProcessEffects[None]):
         if reconfigure is not None and isinstance(command.config, dict):
             try:
                 if reconfigure(command.config, self.bridge.device):  # same stage, same file
-                    self.emit(RoleConfigured(command.role_id, footprint_of(kept)))
+                    footprint = footprint_of(kept)
+                    if footprint is not None:
+                        footprint = dataclasses.replace(footprint, reused=True)
+                    self.emit(RoleConfigured(command.role_id, footprint))
                     return
             except RoleConfigError:
                 pass  # the fresh build below reports what is wrong with the config
