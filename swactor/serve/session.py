@@ -35,6 +35,14 @@ so its next tokens follow the last one the client got; FailLost ends it with the
 and why it did not move (``sequence_lost``). A second ``Started`` from the new run is
 not relayed.
 
+Warm spares. With a ``warmer`` (``swactor.serve.spares``), each run that becomes ready
+has its stage roles preloaded on the pool's idle spares (WarmSpares, in a task that
+feeds SparesWarmed; CancelWarming stops waiting when the run faults or the session
+stops). The warmer and the command's starter share what is warm where: the next plan
+puts a warm spare in the lost stage's place (the table's doc). ``report_recovered``
+adds the starter's placement words (``placement`` on the new run, when it has them) to
+serve_recovery_completed.
+
 Lifetime. ``start()`` begins provisioning the first run (the table's initial state is
 Provisioning) and returns the session's health once it serves or has ended; the engine
 properties (``model_id``, ``context_length``, ``slots``, ``tokenizer``) are the first
@@ -119,6 +127,10 @@ class RunEngine(Engine, Protocol):
 
 RunStarter = Callable[[], Awaitable[RunEngine]]
 """Plans a run on the pool's live nodes and provisions it; raises naming why it could not."""
+
+SpareWarmer = Callable[[RunEngine], Awaitable[tuple[int, int]]]
+"""Preloads `run`'s stage roles on the pool's idle spare nodes; (ready, wanted) roles.
+Never raises for a spare that failed (it names it in its own event)."""
 
 
 def _words(error: BaseException) -> str:
@@ -269,12 +281,15 @@ class ServeSession(ss.ServeSessionEffects[None]):
         restart_limit: int = DEFAULT_RESTART_LIMIT,
         retry_delay_s: float = DEFAULT_RETRY_DELAY_S,
         notify: Callable[[str], None] | None = None,
+        warmer: SpareWarmer | None = None,
     ) -> None:
         if restart_limit < 1:
             raise ValueError(f"restart_limit must be >= 1, got {restart_limit}")
         if retry_delay_s < 0:
             raise ValueError(f"retry_delay_s must be >= 0, got {retry_delay_s}")
         self._starter = starter
+        self._warmer = warmer
+        self._warming: asyncio.Task[None] | None = None
         self._node_id = NodeId(node_id)
         self._emitter = emitter
         self._notify = notify or (lambda text: log.info("%s", text))
@@ -463,6 +478,19 @@ class ServeSession(ss.ServeSessionEffects[None]):
                         "streamed_tokens": len(stream.streamed),
                         "migrations": stream.migrations}))
 
+    def warm_spares(self) -> None:
+        run = self._run
+        if self._warmer is not None and run is not None:
+            self._warming = self._spawn(self._preload_spares(self._warmer, run))
+
+    def cancel_warming(self) -> None:
+        task, self._warming = self._warming, None
+        if task is not None:
+            task.cancel()
+
+    def report_spares_warmed(self, ready: int, wanted: int) -> None:
+        self._notify(f"{ready} of {wanted} stage role(s) preloaded on spare node(s)")
+
     def hold_sequence(self, sequence_id: int) -> None:
         self._held.append(sequence_id)
 
@@ -522,9 +550,13 @@ class ServeSession(ss.ServeSessionEffects[None]):
         self._restarts += 1
         self._attempts = 0
         self._detail = ""
-        self._notify(f"serving again (restart {self._restarts})")
+        placement = getattr(self._run, "placement", None)
+        words = placement if isinstance(placement, str) else ""
+        self._notify(f"serving again (restart {self._restarts})"
+                     + (f": {words}" if words else ""))
         self._emit(ServeRecoveryCompleted(node_id=self._node_id, run_id=_run_id(self._run),
-                                          detail={"restarts": self._restarts}))
+                                          detail={"restarts": self._restarts}
+                                          | ({"placement": words} if words else {})))
 
     def report_stopped(self) -> None:
         self._detail = "the server stopped"
@@ -551,6 +583,17 @@ class ServeSession(ss.ServeSessionEffects[None]):
             self._first = run
         self._watcher = self._spawn(self._watch(run))
         self._feed(ss.RunReady())
+
+    async def _preload_spares(self, warmer: SpareWarmer, run: RunEngine) -> None:
+        try:
+            ready, wanted = await warmer(run)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("serve session: warming the spares failed")
+            return
+        if run is self._run and wanted:
+            self._feed(ss.SparesWarmed(ready=ready, wanted=wanted))
 
     async def _watch(self, run: RunEngine) -> None:
         await run.failed.wait()
