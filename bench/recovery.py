@@ -36,6 +36,13 @@ reason. Fault kinds:
   survivors and migrates every stream; the row also gives the kill -> the new run
   ready (`serve_recovery_completed`), the kill -> each stream's next chunk (the
   slowest), and the tokens lost and duplicated against the reference (both must be 0).
+* serve spare kill: the same with `--spares 1`: the fourth node is a warm spare that
+  preloads every stage's role (weights and kernels) while the run serves; the fault is
+  injected once it answered (`spare_preloaded` for every stage), so the new run finds
+  the spare and the survivors holding their roles and loads nothing. The two serve rows
+  run one after the other in one invocation (`--kinds serve_node_kill,serve_spare_kill`),
+  so their figures are side by side under the same load; `detect -> next token` is
+  the part a spare can shorten (the detection is SWIM's either way).
 
 Each row also gives run_faulted -> run_torn_down: the teardown a serving session waits
 for before it provisions again. The "to new run ready", "to next token" and tokens
@@ -77,14 +84,15 @@ from swactor.orchestrator.run import RunTimeouts
 from swactor.testing.swim_pool import SwimPool
 
 KINDS = ("node_kill", "worker_kill", "worker_budget", "stream_reset", "link_down",
-         "serve_node_kill")
+         "serve_node_kill", "serve_spare_kill")
 LABELS = {
     "node_kill": "node kill (SIGKILL stage 1's node)",
     "worker_kill": "worker kill (SIGKILL stage 1's worker)",
     "worker_budget": "worker kill past its restart budget",
     "stream_reset": "QUIC stream reset (stage 0 -> 1)",
     "link_down": "host cut off (netns link down)",
-    "serve_node_kill": "swactor serve: node kill, 3 streams migrated",
+    "serve_node_kill": "swactor serve: node kill, 3 streams migrated (cold spare)",
+    "serve_spare_kill": "swactor serve --spares 1: node kill, 3 streams migrated (warm spare)",
 }
 PROMPT = "hello world"
 TOKENS = 300
@@ -361,7 +369,7 @@ def _wait(results: list[tuple[list[str], list[float], list[BaseException]]],
         raise Failed(f"a stream failed: {errors[0]!r}")
 
 
-def _serve_trial(root: Path) -> Trial:
+def _serve_trial(root: Path, spares: int = 0) -> Trial:
     import difflib
     import subprocess
     import sys
@@ -371,7 +379,8 @@ def _serve_trial(root: Path) -> Trial:
     with out.open("w") as stdout, err.open("w") as stderr:
         serve = subprocess.Popen(
             [sys.executable, "-m", "swactor.cli", "serve", "--nodes", str(STAGES + 1),
-             "--stages", str(STAGES), "--port", "0", "--retry-delay", "0.5",
+             "--stages", str(STAGES), "--spares", str(spares), "--port", "0",
+             "--retry-delay", "0.5",
              "--keys-dir", str(root / "keys"), "--events-dir", str(events_dir)],
             stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
             start_new_session=True)
@@ -385,6 +394,11 @@ def _serve_trial(root: Path) -> Trial:
         reference = _stream_all(url)
         _wait(reference, lambda chunks: len(chunks) == SERVE_TOKENS)
         log = events_dir / "orchestrator.jsonl"
+        deadline = time.monotonic() + BOOT_S
+        while spares and _count(log, "spare_preloaded") < STAGES:
+            if _count(log, "spare_preload_failed") or time.monotonic() > deadline:
+                raise Failed(f"the spare did not preload every stage: {_records(log)[-3:]}")
+            time.sleep(0.1)
         first = next(r for r in _records(log) if r["event"] == "serve_started")["run_id"]
         pid = next(r["pid"] for path in sorted(events_dir.glob("node-*.jsonl"))
                    for r in _records(path)
@@ -404,6 +418,11 @@ def _serve_trial(root: Path) -> Trial:
             return found
 
         fault = after("run_faulted")
+        new_run = after("serve_recovery_completed")["run_id"]
+        reused = sum(1 for path in sorted(events_dir.glob("node-*.jsonl"))
+                     for r in _records(path)
+                     if r["event"] == "stage_ready" and r.get("run_id") == new_run
+                     and r.get("role_reused"))
         lost = duplicated = 0
         for (want, _, _), (got, _, _) in zip(reference, faulted, strict=True):
             for op, a0, a1, b0, b1 in difflib.SequenceMatcher(a=want, b=got).get_opcodes():
@@ -411,12 +430,14 @@ def _serve_trial(root: Path) -> Trial:
                 duplicated += (b1 - b0) if op in ("insert", "replace") else 0
         next_s = max(max(t - max(prev, killed) for prev, t in itertools.pairwise(times)
                          if t > killed) for _, times, _ in faulted)
-        return Trial("serve_node_kill", fault["reason"], fault["component"],
-                     (fault["wall"] - killed_ns) / 1e9, {
+        return Trial("serve_spare_kill" if spares else "serve_node_kill", fault["reason"],
+                     fault["component"], (fault["wall"] - killed_ns) / 1e9, {
                          "teardown_s": (after("run_torn_down")["wall"] - fault["wall"]) / 1e9,
                          "ready_s": (after("serve_recovery_completed")["wall"] - killed_ns)
                          / 1e9,
                          "next_token_s": next_s,
+                         "detect_to_next_s": next_s - (fault["wall"] - killed_ns) / 1e9,
+                         "stages_reused": float(reused),
                          "lost": float(lost), "duplicated": float(duplicated),
                          "migrated": float(sum(r["event"] == "sequence_migrated"
                                                for r in records))})
@@ -437,7 +458,7 @@ def _bound(kind: str, settle_s: float) -> str:
     swim = detection_bound_s(SwimConfig(), MEMBERS)
     if kind in ("node_kill", "link_down"):
         return f"SWIM bound {swim:.2f}s"
-    if kind == "serve_node_kill":
+    if kind in ("serve_node_kill", "serve_spare_kill"):
         return f"SWIM bound {detection_bound_s(SwimConfig(), MEMBERS + 1):.2f}s"
     if kind == "stream_reset":
         return f"settle {settle_s:g}s + 1 token"
@@ -447,11 +468,15 @@ def _bound(kind: str, settle_s: float) -> str:
 
 
 def _serving(found: list[Trial]) -> str:
-    """The serving columns: new run ready, next token, tokens lost, duplicated."""
+    """The serving columns: new run ready, next token, detection -> next token, stages
+    reused, tokens lost, duplicated."""
     if not found or "ready_s" not in found[0].extra:
-        return " | ".join([PENDING] * 4)
+        return " | ".join([PENDING] * 6)
     return " | ".join([_spread([t.extra["ready_s"] for t in found]),
                        _spread([t.extra["next_token_s"] for t in found]),
+                       _spread([t.extra["detect_to_next_s"] for t in found]),
+                       "/".join(str(int(t.extra["stages_reused"])) for t in found)
+                       + f" of {STAGES}",
                        str(sum(int(t.extra["lost"]) for t in found)),
                        str(sum(int(t.extra["duplicated"]) for t in found))])
 
@@ -505,6 +530,7 @@ def main(argv: list[str]) -> int:
                 try:
                     outcome = (_link_trial(root) if kind == "link_down"
                                else _serve_trial(root) if kind == "serve_node_kill"
+                               else _serve_trial(root, spares=1) if kind == "serve_spare_kill"
                                else asyncio.run(_loopback_trial(kind, root)))
                 except Exception as error:
                     notes[kind] = f"failed: {type(error).__name__}: {error}"
@@ -520,10 +546,10 @@ def main(argv: list[str]) -> int:
                   f"{outcome.detect_s:.3f}s after the fault{extra}", flush=True)
     header = ("| fault | run_faulted reason (component) | fault -> detection | bound | "
               "run_faulted -> run_torn_down | -> new run ready | -> next token | "
-              "tokens lost | tokens duplicated |")
+              "detection -> next token | stages reused | tokens lost | tokens duplicated |")
     print()
     print(header)
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for kind in kinds:
         found = trials[kind]
         reasons = sorted({f"{t.reason} ({t.component})" for t in found})

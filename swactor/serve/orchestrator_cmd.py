@@ -107,10 +107,15 @@ async def _serve(args: argparse.Namespace, options: SessionOptions, emitter: Emi
                                 slots=args.slots, max_queue=args.max_queue,
                                 restart_limit=args.max_restarts,
                                 retry_delay_s=args.retry_delay, out=sys.stdout,
-                                err=sys.stderr)
+                                err=sys.stderr, spares=args.spares)
 
     if discovery is None:
-        return await serve(options, LiveNodes(options.nodes))
+        if args.spares >= len(options.nodes):
+            print(f"swactor orchestrator: --spares {args.spares} leaves no node of the "
+                  f"{len(options.nodes)} for the run's stages", file=sys.stderr)
+            return EXIT_USAGE
+        return await serve(options, LiveNodes(options.nodes,
+                                              count=len(options.nodes) - args.spares))
     swim, seeds, count, admission = discovery
     print(f"[swactor] waiting for {count} nodes via SWIM ...", file=sys.stderr, flush=True)
     try:
@@ -123,7 +128,11 @@ async def _serve(args: argparse.Namespace, options: SessionOptions, emitter: Emi
         print(f"swactor orchestrator: {error}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        live = LiveNodes(pool.members, pool=pool, count=count,
+        if args.spares >= count:
+            print(f"swactor orchestrator: --spares {args.spares} leaves no node of the "
+                  f"{count} for the run's stages", file=sys.stderr)
+            return EXIT_USAGE
+        live = LiveNodes(pool.members, pool=pool, count=count - args.spares,
                          admitted=None if admission is None else admission.stage_ids)
         return await serve(replace(options, nodes=pool.members, pool_gated=True), live)
     finally:

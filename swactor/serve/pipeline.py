@@ -72,7 +72,7 @@ from swactor.serve.engine import (
     Started,
     Tokens,
 )
-from swactor.transport.run_control import report_event
+from swactor.transport.run_control import StageReadyReport, report_event
 from swactor.wire import NodeId, RunFaultError, RunId, RunPlan
 from swactor.wire.codec import WireStruct
 
@@ -148,9 +148,16 @@ class _ServingPorts(NetworkRunPorts):
     progress: TextIO | None = None
     stage_count = 0
     _ready = 0
+    reused: dict[int, bool] | None = None
+    """Per stage index, whether its node served the stage with a role it already held
+    (the StageReady footprint's `reused`: kept from its last run, or preloaded)."""
 
     async def on_request(self, peer: int, message: WireStruct) -> WireStruct | None:
         event = report_event(message)
+        if isinstance(message, StageReadyReport) and message.footprint is not None:
+            if self.reused is None:
+                self.reused = {}
+            self.reused[int(message.stage_index)] = message.footprint.reused
         out = self.progress
         if out is not None and isinstance(event, orun.StageReady):
             self._ready += 1
@@ -183,6 +190,8 @@ class RunEngine:
         self._stopping = False
         self._stop_task: asyncio.Task[RunResult] | None = None
         self._watchers: list[asyncio.Future[None]] = []
+        self.placement = ""
+        """How the command placed this run's stages, in words (set by its starter)."""
 
     # -- starting ---------------------------------------------------------------------
 
@@ -295,6 +304,17 @@ class RunEngine:
     @property
     def tokenizer(self) -> Tokenizer:
         return self._tokenizer
+
+    @property
+    def stage_nodes(self) -> tuple[NodeId, ...]:
+        """The node of each stage, in stage order."""
+        return tuple(NodeId(stage.node_id) for stage in self.plan.stages)
+
+    @property
+    def reused_stages(self) -> frozenset[int]:
+        """Stages whose node held the role already (no weight load, no kernel build)."""
+        reused: dict[int, bool] = getattr(self._ports, "reused", None) or {}
+        return frozenset(i for i, hit in reused.items() if hit)
 
     @property
     def run_id(self) -> int:

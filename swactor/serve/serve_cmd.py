@@ -40,13 +40,14 @@ import logging
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from swactor.cliargs import positive_int, slot_count
 from swactor.model.paths import model_location
+from swactor.serve.spares import WarmKey, place
 
 if TYPE_CHECKING:
     from swactor.events.emitter import Emitter
@@ -85,6 +86,16 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
 def http_address(text: str) -> tuple[str, int]:
     """argparse type: `HOST:PORT` (`[::1]:8000` for IPv6) for the HTTP server."""
     host, colon, port = text.rpartition(":")
@@ -108,6 +119,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                        "gives up (default 3; a run that comes up resets the count)")
     group.add_argument("--retry-delay", type=_non_negative_float, default=2.0, metavar="S",
                        help="seconds between failed provisioning attempts (default 2)")
+    group.add_argument("--spares", type=_non_negative_int, default=0, metavar="N",
+                       help="keep N of the pool's nodes out of the run as warm spares: "
+                       "each preloads a stage's weights and kernels while the run "
+                       "serves, so the run after a stage node's loss starts without "
+                       "loading (default 0)")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -139,8 +155,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="positions per sequence, prompt included (default: "
                         "min(context, 2048))")
     parser.add_argument("--stages", type=positive_int, default=None, metavar="S",
-                        help="stages of each run (default: --nodes); the other nodes are "
-                        "spares a run re-planned after a fault may use")
+                        help="stages of each run (default: --nodes minus --spares); the "
+                        "other nodes are spares a run re-planned after a fault may use")
     parser.add_argument("--split", type=split_arg, default=None, metavar="B0,B1,...",
                         help="explicit blocks per stage (default: even)")
     add_serve_arguments(parser)
@@ -220,11 +236,26 @@ class LiveNodes:
         self._alive = alive
         self._task: asyncio.Task[None] | None = None
         self._runs: list[tuple[RunHandle, frozenset[NodeId]]] = []
+        self.previous: tuple[NodeId, ...] = ()
+        """The last run's node of each stage, in stage order."""
+
+    def _usable(self) -> list[NodeId]:
+        return sorted(m for m in self._members if self._alive is None or self._alive(m))
 
     def members(self) -> tuple[PoolMember, ...]:
         """The usable nodes, in node-id order (the stage order), at most `count`."""
-        chosen = sorted(m for m in self._members if self._alive is None or self._alive(m))
-        return tuple(self._members[n] for n in chosen[:self._count])
+        return tuple(self._members[n] for n in self._usable()[:self._count])
+
+    def place(self, warm: Mapping[NodeId, frozenset[WarmKey]]
+              ) -> tuple[tuple[PoolMember, ...], list[str]]:
+        """The next run's nodes in stage order: the last run's survivors at their stages,
+        a spare (warm for the stage when one is) for each lost one (`spares.place`)."""
+        nodes, words = place(self.previous, self._usable(), warm, self._count)
+        return tuple(self._members[n] for n in nodes), words
+
+    def idle(self, in_run: frozenset[NodeId]) -> tuple[PoolMember, ...]:
+        """The usable nodes outside the run, in node-id order (the spares)."""
+        return tuple(self._members[n] for n in self._usable() if n not in in_run)
 
     def observe(self, change: MemberChanged) -> None:
         """One SWIM change: a usable node (re)joins the set; a dead, left or unavailable
@@ -306,28 +337,44 @@ async def serve_pool(
     retry_delay_s: float,
     out: TextIO,
     err: TextIO,
+    spares: int = 0,
 ) -> int:
     """Serve until the operator stops (module doc, steps 2-4); the exit status."""
     from swactor.orchestrator.session import SessionError
     from swactor.serve.engine import HealthState
     from swactor.serve.server import ServeConfig, ServeFront
     from swactor.serve.session import ServeSession
+    from swactor.serve.spares import SpareWarmer
+
+    warmer = SpareWarmer(spares, options, live.idle, emitter) if spares > 0 else None
 
     async def starter() -> RunEngine:
         from swactor.serve.pipeline import RunEngine as PipelineEngine
 
-        nodes = live.members()
+        nodes, words = live.place(warmer.warm if warmer is not None else {})
         if not nodes:
             raise SessionError("no live node left in the pool")
         _say(err, f"provisioning a run on {len(nodes)} node(s), {slots} slots ...")
         chosen = frozenset(m.node_id for m in nodes)
-        return await PipelineEngine.start(replace(options, nodes=nodes), slots=slots,
-                                          emitter=emitter, progress=err,
-                                          watch=lambda handle: live.watch(handle, chosen))
+        engine = await PipelineEngine.start(replace(options, nodes=nodes), slots=slots,
+                                            emitter=emitter, progress=err,
+                                            watch=lambda handle: live.watch(handle, chosen))
+        live.previous = engine.stage_nodes
+        reused = len(engine.reused_stages)
+        engine.placement = "; ".join([*words, f"{reused} of {len(nodes)} stage(s) served "
+                                      "by a role already loaded"])
+        return engine
+
+    async def warm(run: RunEngine) -> tuple[int, int]:
+        from swactor.serve.pipeline import RunEngine as PipelineEngine
+
+        assert warmer is not None and isinstance(run, PipelineEngine)
+        return await warmer(run)
 
     session = ServeSession(starter, node_id=options.identity.node_id, emitter=emitter,
                            restart_limit=restart_limit, retry_delay_s=retry_delay_s,
-                           notify=lambda text: _say(err, text))
+                           notify=lambda text: _say(err, text),
+                           warmer=warm if warmer is not None else None)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -384,10 +431,10 @@ def run(args: argparse.Namespace) -> int:
     if args.max_queue < 0:
         print(f"swactor serve: --max-queue must be >= 0, got {args.max_queue}", file=sys.stderr)
         return EXIT_USAGE
-    stages = args.nodes if args.stages is None else args.stages
-    if stages > args.nodes:
-        print(f"swactor serve: --stages {stages} needs at least as many --nodes, got "
-              f"{args.nodes}", file=sys.stderr)
+    stages = args.nodes - args.spares if args.stages is None else args.stages
+    if stages < 1 or stages + args.spares > args.nodes:
+        print(f"swactor serve: {stages} stage(s) and --spares {args.spares} need "
+              f"{max(stages, 1) + args.spares} --nodes, got {args.nodes}", file=sys.stderr)
         return EXIT_USAGE
     if args.split is not None and len(args.split) != stages:
         print(f"swactor serve: --split names {len(args.split)} stages but "
@@ -452,14 +499,15 @@ async def _serve_local(args: argparse.Namespace, keys: Path) -> int:
             return EXIT_USAGE
         processes = {n.member.node_id: n.process for n in cluster.nodes if n.member}
         live = LiveNodes(pool.members, pool=pool, admitted=admission.stage_ids,
-                         count=args.nodes if args.stages is None else args.stages,
+                         count=args.nodes - args.spares if args.stages is None
+                         else args.stages,
                          alive=lambda node: node in processes
                          and processes[node].returncode is None)
         return await serve_pool(
             replace(options, pool_gated=True), live, emitter, host=args.host,
             port=args.port, slots=args.slots, max_queue=args.max_queue,
             restart_limit=args.max_restarts, retry_delay_s=args.retry_delay,
-            out=sys.stdout, err=sys.stderr)
+            out=sys.stdout, err=sys.stderr, spares=args.spares)
     finally:
         await (pool.stop() if pool is not None else discovery.close())
         await cluster.stop()

@@ -1,0 +1,173 @@
+"""Warm spares for a serving session (`--spares N`): which roles a spare preloads, how
+the next plan uses it, and the preloading itself.
+
+Theory of operation. Recovery after a stage node's loss is mostly the new run's
+loading: every node that gets a stage it does not hold reads its layer range and builds
+its kernels. Two things make that load unnecessary:
+
+1. Stable placement (`place`): the next plan keeps each surviving node at the stage it
+   had, so its worker re-arms the role it holds (same stage of the same file: the
+   worker's `reconfigure`), and only the lost stage needs a node;
+2. warm spares (`SpareWarmer`): idle nodes that already hold the lost stage's role,
+   preloaded while the run serves (`PreloadStage`, answered once the spare's worker
+   configured the role, kernels included). `place` puts a spare warm for the lost
+   stage in its place; a spare warm for another range, or a cold one, still takes it,
+   and loads as before (the fallback; `placement` words say which happened).
+
+Which stage a spare preloads: any stage's node may fail, so the spares cover distinct
+ranges (`spare_assignment`): stages ordered largest layer range first (the slowest to
+load), stage k of that order to spare k mod N. With as many spares as stages each
+spare holds one range; fewer spares hold several ranges each (one worker role per
+range, so memory must allow it: a spare that cannot hold one reports the failure and
+stays cold for it); more spares than stages double up on the largest ranges. The warm
+map is what the spares answered, for a plan of the current stage count; a run that
+changes the stage count (a pool too small for it) gets a normal load.
+
+Each preload goes over a control channel of its own (`Pool.open` on the spares, the
+orchestrator's identity, the run's admission), so the serving run's channel never
+carries it; events `spare_preloaded` and `spare_preload_failed` (extensions beyond
+spec §40) name the spare, the stage and the time or the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from swactor.events.schema import SparePreloaded, SparePreloadFailed
+from swactor.wire import NodeId
+
+if TYPE_CHECKING:
+    from swactor.events.emitter import Emitter
+    from swactor.orchestrator.session import PoolMember, SessionOptions
+    from swactor.serve.pipeline import RunEngine
+
+log = logging.getLogger("swactor.serve.spares")
+
+PRELOAD_TIMEOUT_S = 600.0
+"""Bound on one spare's preload of one role (weights read, kernels built)."""
+
+WarmKey = tuple[int, int]
+"""(stage index, stage count): a role preloaded for that stage of a plan that size."""
+
+
+def spare_assignment(stage_sizes: Sequence[int], spares: int) -> list[list[int]]:
+    """The stage indices each of `spares` spares preloads (module doc)."""
+    order = sorted(range(len(stage_sizes)), key=lambda i: (-stage_sizes[i], i))
+    if spares <= 0 or not order:
+        return []
+    if spares >= len(order):
+        return [[order[j % len(order)]] for j in range(spares)]
+    return [[stage for k, stage in enumerate(order) if k % spares == j] for j in range(spares)]
+
+
+def place(previous: Sequence[NodeId], usable: Sequence[NodeId],
+          warm: Mapping[NodeId, frozenset[WarmKey]], count: int
+          ) -> tuple[tuple[NodeId, ...], list[str]]:
+    """The next plan's nodes in stage order, and words for each stage given a new node.
+
+    Survivors of `previous` keep their stage; each lost stage gets a usable node warm
+    for it when there is one, else any free one (lowest id first). When fewer usable
+    nodes than `previous` stages are left (or there is no previous run), the first
+    `count` usable nodes by id: a new shape, loaded as usual."""
+    ordered = sorted(usable)
+    stages = len(previous)
+    if not previous or len(ordered) < stages:
+        return tuple(ordered[:count]), []
+    chosen: list[NodeId | None] = [n if n in ordered else None for n in previous]
+    free = [n for n in ordered if n not in chosen]
+    words: list[str] = []
+    for index, node in enumerate(chosen):
+        if node is not None:
+            continue
+        ready = [n for n in free if (index, stages) in warm.get(n, frozenset())]
+        pick = (ready or free)[0]
+        free.remove(pick)
+        chosen[index] = pick
+        words.append(f"stage {index} on spare {int(pick):#x}, "
+                     + ("preloaded" if ready else "not preloaded for its range: loaded"))
+    return tuple(n for n in chosen if n is not None), words
+
+
+class SpareWarmer:
+    """Preloads a run's stage roles on the pool's idle nodes and remembers what is warm
+    where (module doc); the serving session's warmer."""
+
+    def __init__(self, spares: int, options: SessionOptions,
+                 idle: Callable[[frozenset[NodeId]], tuple[PoolMember, ...]],
+                 emitter: Emitter | None = None) -> None:
+        self.spares = spares
+        self._options = options
+        self._idle = idle
+        self._emitter = emitter
+        self.warm: dict[NodeId, frozenset[WarmKey]] = {}
+        """Roles each spare answered it holds (stage index, stage count)."""
+
+    async def __call__(self, run: RunEngine) -> tuple[int, int]:
+        """Preload `run`'s roles on up to `spares` idle nodes; (ready, wanted)."""
+        from swactor.orchestrator.planner import stage_runtime_facts
+        from swactor.orchestrator.session import Pool
+        from swactor.transport.run_control import PreloadStage, StagePreloaded
+        from swactor.wire.provision import provision_stage
+
+        plan = run.plan
+        in_run = frozenset(run.stage_nodes)
+        for node in in_run:
+            self.warm.pop(node, None)  # a node in the run holds its own stage
+        spares = self._idle(in_run)[:self.spares]
+        sizes = [s.layer_end_exclusive - s.layer_start for s in plan.stages]
+        assignment = spare_assignment(sizes, len(spares))
+        wanted = sum(len(stages) for stages in assignment)
+        if not wanted:
+            return 0, 0
+        pool = await Pool.open(replace(self._options, nodes=spares), plan.run_id, None)
+        count = len(plan.stages)
+        me = NodeId(self._options.identity.node_id)
+
+        async def preload(member: PoolMember, stages: list[int]) -> int:
+            done = 0
+            for index in stages:
+                provision = provision_stage(plan, index, stage_runtime_facts(plan, index))
+                stage = plan.stages[index]
+                layers = f"{stage.layer_start}-{stage.layer_end_exclusive - 1}"
+                started = time.monotonic()
+                try:
+                    answer = await pool.control.request(
+                        int(member.node_id), PreloadStage(provision), timeout=PRELOAD_TIMEOUT_S)
+                    if not isinstance(answer, StagePreloaded):
+                        raise RuntimeError(f"answered {type(answer).__name__}")
+                    if not answer.ok:
+                        raise RuntimeError(answer.detail or "refused")
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:
+                    why = str(error).strip() or type(error).__name__
+                    log.warning("spare %#x: stage %d not preloaded: %s",
+                                int(member.node_id), index, why)
+                    self._emit(SparePreloadFailed(node_id=me, detail={
+                        "spare": int(member.node_id), "stage_index": index,
+                        "layers": layers, "why": why}))
+                    continue
+                done += 1
+                self.warm[member.node_id] = self.warm.get(
+                    member.node_id, frozenset()) | {(index, count)}
+                self._emit(SparePreloaded(node_id=me, run_id=plan.run_id, detail={
+                    "spare": int(member.node_id), "stage_index": index, "layers": layers,
+                    "seconds": round(time.monotonic() - started, 3),
+                    "reused": bool(answer.footprint is not None and answer.footprint.reused)}))
+            return done
+
+        try:
+            done = await asyncio.gather(*(preload(m, stages)
+                                          for m, stages in zip(spares, assignment, strict=False)))
+        finally:
+            await pool.close()
+        return sum(done), wanted
+
+    def _emit(self, event: SparePreloaded | SparePreloadFailed) -> None:
+        if self._emitter is not None:
+            self._emitter.emit(event)
