@@ -150,7 +150,8 @@ UNCHECKED: dict[EventName, str] = {
                    "(one pool_readiness machine per session)",
     **dict.fromkeys(
         (_E.serve_started, _E.serve_recovery_started, _E.serve_recovery_completed,
-         _E.serve_stopped, _E.serve_failed, _E.sequence_migrated, _E.sequence_lost),
+         _E.serve_stopped, _E.serve_failed, _E.sequence_migrated, _E.sequence_lost,
+         _E.spare_preloaded, _E.spare_preload_failed),
         "a serving session's events (serve_session, an extension beyond spec §40) frame "
         "many runs; each run's own events are checked"),
 }
