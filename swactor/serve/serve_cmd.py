@@ -432,9 +432,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"swactor serve: --max-queue must be >= 0, got {args.max_queue}", file=sys.stderr)
         return EXIT_USAGE
     stages = args.nodes - args.spares if args.stages is None else args.stages
-    if stages < 1 or stages + args.spares > args.nodes:
-        print(f"swactor serve: {stages} stage(s) and --spares {args.spares} need "
-              f"{max(stages, 1) + args.spares} --nodes, got {args.nodes}", file=sys.stderr)
+    if stages < 1:
+        print(f"swactor serve: --spares {args.spares} leaves no node of the {args.nodes} "
+              "for the run's stages", file=sys.stderr)
+        return EXIT_USAGE
+    if stages + args.spares > args.nodes:
+        need = (f"--stages {stages} needs at least as many --nodes" if not args.spares else
+                f"--stages {stages} and --spares {args.spares} need "
+                f"{stages + args.spares} --nodes")
+        print(f"swactor serve: {need}, got {args.nodes}", file=sys.stderr)
         return EXIT_USAGE
     if args.split is not None and len(args.split) != stages:
         print(f"swactor serve: --split names {len(args.split)} stages but "

@@ -16,6 +16,8 @@ from swactor.fsm.generated import stage_controller as scm
 from swactor.node.stage_host import (
     REFUSED_KEPT,
     HostMail,
+    PreloadOutcome,
+    PreloadRequest,
     StageHost,
     StageHostConfig,
     StageHostState,
@@ -188,5 +190,72 @@ def test_refusals_keep_the_last_lines_and_count_the_rest() -> None:
         assert f"StopRun run {many - REFUSED_KEPT} " in host.state.refused[0]
         assert f"StopRun run {many - 1} " in host.state.refused[-1]
         assert host.ports.reports == [] and host.ports.of("stop_edges") == []
+
+    run_host(body)
+
+
+def _preload(host: Host, provision: ProvisionStage,
+             sender: NodeId = ORCHESTRATOR) -> asyncio.Future[PreloadOutcome]:
+    answer: asyncio.Future[PreloadOutcome] = asyncio.get_running_loop().create_future()
+    host.ref.tell(PreloadRequest(sender, provision, answer))
+    return answer
+
+
+def test_a_preload_configures_the_role_outside_any_run_and_answers_with_its_footprint() -> None:
+    provision = provision_of(make_plan(RunId(7)), 1)
+    role = provision.runtime.role_id
+    footprint = wire.StageFootprint(10, 20, 30, 40)
+
+    async def body(host: Host) -> None:
+        answer = _preload(host, provision)
+        await host.ports.until(lambda: bool(host.ports.of("configure_role")))
+        assert host.ports.kinds() == ["load_weights", "configure_role"]
+        assert host.state.active_run is None  # no run opened, no edge asked for
+        assert not answer.done()
+        host.ref.tell(wire.RoleConfigured(role, footprint))
+        assert await asyncio.wait_for(answer, 5) == PreloadOutcome(True, "", footprint)
+        await host.ports.until(lambda: bool(host.ports.of("reset_role")))  # location dropped
+        assert host.ports.reports == []  # nothing reported as a run's stage
+
+    run_host(body)
+
+
+def test_a_failed_preload_says_why_and_busy_or_untrusted_ones_are_refused() -> None:
+    provision = provision_of(make_plan(RunId(7)), 1)
+    role = provision.runtime.role_id
+
+    async def body(host: Host) -> None:
+        stranger = await asyncio.wait_for(_preload(host, provision, NodeId(77)), 5)
+        assert stranger == PreloadOutcome(False, "not the trusted orchestrator")
+        first = _preload(host, provision)
+        second = await asyncio.wait_for(_preload(host, provision), 5)
+        assert second == PreloadOutcome(False, "another preload is under way")
+        await host.ports.until(lambda: bool(host.ports.of("configure_role")))
+        host.ref.tell(wire.RoleFailed(role, wire.RoleFailure.DeviceOutOfMemory))
+        failed = await asyncio.wait_for(first, 5)
+        assert not failed.ok and "DeviceOutOfMemory" in failed.detail
+        # a node serving a run does not preload
+        run = provision_of(make_plan(RunId(8)), 1)
+        host.ref.tell(scm.ProvisionStage(ORCHESTRATOR, run))
+        await host.ports.until(lambda: host.state.active_run == RunId(8))
+        busy = await asyncio.wait_for(_preload(host, provision), 5)
+        assert busy == PreloadOutcome(False, "node busy with run 8")
+
+    run_host(body)
+
+
+def test_a_run_provisioned_during_a_preload_waits_for_it() -> None:
+    spare = provision_of(make_plan(RunId(7)), 1)
+    run = provision_of(make_plan(RunId(8)), 1)
+
+    async def body(host: Host) -> None:
+        answer = _preload(host, spare)
+        await host.ports.until(lambda: bool(host.ports.of("configure_role")))
+        host.ref.tell(scm.ProvisionStage(ORCHESTRATOR, run))
+        await host.settle()
+        assert host.state.active_run is None  # held: the worker is the preload's
+        host.ref.tell(wire.RoleConfigured(spare.runtime.role_id))
+        assert (await asyncio.wait_for(answer, 5)).ok
+        await host.ports.until(lambda: host.state.active_run == RunId(8))
 
     run_host(body)

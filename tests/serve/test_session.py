@@ -551,3 +551,77 @@ async def test_a_lost_sequence_waits_out_failed_attempts_or_ends_with_the_last()
     assert events == [Tokens((6,)), Finished(
         FinishReason.ERROR, "membership lost again; not migrated: node 3 is gone")]
     assert (await serve.wait()).state is HealthState.FAILED
+
+
+class Warmer:
+    """The spare warmer: records each run it was asked to warm; each call waits for the
+    test's (ready, wanted) answer."""
+
+    def __init__(self) -> None:
+        self.runs: list[RunEngine] = []
+        self.answers: list[asyncio.Future[tuple[int, int]]] = []
+        self.cancelled = 0
+
+    async def __call__(self, run: RunEngine) -> tuple[int, int]:
+        self.runs.append(run)
+        answer: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+        self.answers.append(answer)
+        try:
+            return await answer
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+
+@in_loop
+async def test_each_ready_run_has_its_spares_warmed_and_the_outcome_reported() -> None:
+    first, second = FakeRun("a"), FakeRun("b", run_id=8)
+    second.placement = "stage 1 on spare 0x9, preloaded"  # type: ignore[attr-defined]
+    warmer = Warmer()
+    notes: list[str] = []
+    serve, sink = session(Starter(first, second), warmer=warmer, notify=notes.append)
+    await serve.start()
+    await until(lambda: warmer.runs == [first], "the first run's spares warmed")
+    warmer.answers[0].set_result((3, 3))
+    await until(lambda: any("3 of 3 stage role(s)" in n for n in notes), "reported")
+    first.fail("MembershipLost")
+    await until(lambda: serve.state is ss.State.Serving and serve.restarts == 1, "recovered")
+    await until(lambda: warmer.runs == [first, second], "the new run's spares warmed")
+    recovered = next(e.event for e in sink.events
+                     if e.name is EventName.serve_recovery_completed)
+    assert recovered.detail == {"restarts": 1, "placement": "stage 1 on spare 0x9, preloaded"}
+    async with asyncio.timeout(5):
+        await serve.stop()
+    assert warmer.cancelled == 1  # the stop cancelled the second warming
+
+
+@in_loop
+async def test_a_fault_cancels_the_warming_and_a_stale_result_is_ignored() -> None:
+    first = FakeRun("a")
+    provisioning: asyncio.Future[FakeRun] = asyncio.get_running_loop().create_future()
+    warmer = Warmer()
+    notes: list[str] = []
+    serve, _ = session(Starter(first, provisioning), warmer=warmer, notify=notes.append)
+    await serve.start()
+    await until(lambda: len(warmer.answers) == 1, "warming began")
+    first.fail("MembershipLost")
+    await until(lambda: warmer.cancelled == 1, "the fault cancelled the warming")
+    await until(lambda: serve.state is ss.State.Reprovisioning, "reprovisioning")
+    serve._feed(ss.SparesWarmed(ready=1, wanted=1))  # a late answer: ignored here
+    assert serve.state is ss.State.Reprovisioning
+    assert not any("stage role(s) preloaded" in n for n in notes)
+    async with asyncio.timeout(5):
+        await serve.stop()
+
+
+@in_loop
+async def test_without_a_warmer_no_spare_is_warmed_and_nothing_reported() -> None:
+    run = FakeRun("a")
+    notes: list[str] = []
+    serve, sink = session(Starter(run), notify=notes.append)
+    await serve.start()
+    await asyncio.sleep(0)
+    assert names(sink) == ["serve_started"]
+    assert not any("preloaded" in n for n in notes)
+    async with asyncio.timeout(5):
+        await serve.stop()
