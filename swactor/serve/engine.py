@@ -108,6 +108,7 @@ class HealthState(enum.Enum):
     SERVING = "Serving"
     RECOVERING = "Recovering"
     STOPPING = "Stopping"
+    STOPPED = "Stopped"
     FAILED = "Failed"
 
     @property

@@ -101,7 +101,7 @@ HEALTH: dict[ss.State, HealthState] = {
     ss.State.Reprovisioning: HealthState.RECOVERING,
     ss.State.RetryWait: HealthState.RECOVERING,
     ss.State.Stopping: HealthState.STOPPING,
-    ss.State.Stopped: HealthState.STOPPING,
+    ss.State.Stopped: HealthState.STOPPED,
     ss.State.Failed: HealthState.FAILED,
 }
 """What ``GET /health`` says in each state of the table."""

@@ -31,7 +31,7 @@ from swactor.serve.engine import (
     TextCodec,
     Tokens,
 )
-from swactor.serve.session import RunEngine, ServeSession
+from swactor.serve.session import HEALTH, RunEngine, ServeSession
 
 from .fake_engine import FakeCodec
 
@@ -362,6 +362,15 @@ async def test_a_failed_attempt_is_retried_after_the_delay() -> None:
     await serve.stop()
 
 
+@pytest.mark.parametrize("state", list(ss.State), ids=lambda state: state.name)
+def test_health_names_each_state_of_the_table(state: ss.State) -> None:
+    """/health reports the table's state by its own name, except the three states of a
+    recovery, which a client sees as one (Recovering)."""
+    recovery = {ss.State.Recovering, ss.State.Reprovisioning, ss.State.RetryWait}
+    expected = "Recovering" if state in recovery else state.name
+    assert HEALTH[state].value == expected
+
+
 @in_loop
 async def test_operator_stop_while_serving_stops_the_run_and_refuses_new_work() -> None:
     run = FakeRun("a")
@@ -375,7 +384,7 @@ async def test_operator_stop_while_serving_stops_the_run_and_refuses_new_work() 
     health = await serve.wait()
     assert run.stopped == 1
     assert await collect(in_flight) == [Finished(FinishReason.ERROR, "the run was stopped")]
-    assert health.state is HealthState.STOPPING and serve.state is ss.State.Stopped
+    assert health.state is HealthState.STOPPED and serve.state is ss.State.Stopped
     late = serve.submit([3], PARAMS)
     assert (await collect(late))[-1].reason is FinishReason.ERROR  # type: ignore[union-attr]
     assert names(sink)[-1] == "serve_stopped"
@@ -392,7 +401,7 @@ async def test_operator_stop_while_provisioning_cancels_it() -> None:
     held = serve.submit([1], PARAMS)
     serve.request_stop()
     health = await starting
-    assert serve.state is ss.State.Stopped and health.state is HealthState.STOPPING
+    assert serve.state is ss.State.Stopped and health.state is HealthState.STOPPED
     assert starter.cancelled == 1
     assert await collect(held) == [Finished(FinishReason.ERROR, "the server is stopping")]
 
@@ -407,7 +416,7 @@ async def test_operator_stop_while_waiting_to_retry_stops_at_once() -> None:
     await until(lambda: serve.state is ss.State.RetryWait, "waiting to retry")
     held = serve.submit([1], PARAMS)
     health = await serve.stop()
-    assert serve.state is ss.State.Stopped and health.state is HealthState.STOPPING
+    assert serve.state is ss.State.Stopped and health.state is HealthState.STOPPED
     assert starter.calls == 2  # the 60 s timer was cancelled, no third attempt
     assert await collect(held) == [Finished(FinishReason.ERROR, "the server is stopping")]
 
@@ -521,7 +530,7 @@ async def test_a_sequence_lost_while_the_session_stops_ends_with_the_stop() -> N
     events = await collect(stream)
     assert events == [Finished(FinishReason.ERROR,
                                "node 2 lost; not migrated: the server is stopping")]
-    assert (await serve.wait()).state is HealthState.STOPPING
+    assert (await serve.wait()).state is HealthState.STOPPED
 
 
 @in_loop
