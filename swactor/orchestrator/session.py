@@ -32,7 +32,7 @@ import json
 import secrets
 import signal
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -45,6 +45,7 @@ from swactor.fsm.generated import orchestrator_run as orun
 from swactor.membership.admission import ID_ONLY_REFUSAL, Admission
 from swactor.model.fetch import OfferedFile
 from swactor.orchestrator.inventory import DEFAULT_NODE_MEMORY_BYTES, NodeResources, PoolInventory
+from swactor.orchestrator.model_info import StageMemory
 from swactor.orchestrator.plan_cmd import footprint_text
 from swactor.orchestrator.ports import RunResult
 from swactor.orchestrator.real_ports import NetworkRunPorts
@@ -269,22 +270,6 @@ async def run_session(
             out.write(piece)
             out.flush()
 
-    ready_count = [0]
-
-    def on_stage(event: orun.Event, footprint: StageFootprint | None) -> None:
-        if isinstance(event, orun.StageReady):
-            ready_count[0] += 1
-            index = int(event.stage_index)
-            predicted = (planned.stage_memory[index]
-                         if index < len(planned.stage_memory) else None)
-            memory = footprint_text(footprint, predicted)
-            err.write(f"[swactor] stage {index} ready ({ready_count[0]}/{len(stages)})"
-                      f"{': ' + memory if memory else ''}\n")
-        elif isinstance(event, orun.StageFault):
-            err.write(f"[swactor] stage {int(event.stage_index)} fault: "
-                      f"{event.reason.value} ({event.component.value})\n")
-        err.flush()
-
     started = time.monotonic()
     try:
         await pool.greet(emitter)
@@ -293,11 +278,12 @@ async def run_session(
         err.flush()
         async with Runtime(f"orchestrator-{int(me):x}") as runtime:
             try:
-                ports = _StreamingPorts(control, runtime, endpoint, pool.network.driver, emitter,
+                ports = StreamingPorts(control, runtime, endpoint, pool.network.driver, emitter,
                                         run_id, me, TOKEN_ARENA_BYTES)
             except RunFaultError as error:
                 raise SessionError(f"token endpoints: {error}") from None
-            ports.on_token, ports.on_stage = on_token, on_stage
+            ports.on_token = on_token
+            ports.on_stage = StageProgress(err, planned.stage_memory, len(stages))
             holder.append(ports)
             try:
                 result = await _run(runtime, plan, ports, planned.stop_token_ids, ids,
@@ -461,7 +447,35 @@ async def _run(
             loop.remove_signal_handler(signal.SIGINT)
 
 
-class _StreamingPorts(NetworkRunPorts):
+class StageProgress:
+    """Prints each stage's report while a run starts, as `swactor run` and `swactor serve`
+    show it: "[swactor] stage i ready (n/N): " with the memory the stage's worker measured
+    beside the plan's prediction (`footprint_text`), or the stage's fault."""
+
+    def __init__(self, out: TextIO, stage_memory: Sequence[StageMemory],
+                 stage_count: int) -> None:
+        self.out = out
+        self.stage_memory = stage_memory
+        self.stage_count = stage_count
+        self.ready = 0
+
+    def __call__(self, event: orun.Event, footprint: StageFootprint | None) -> None:
+        if isinstance(event, orun.StageReady):
+            self.ready += 1
+            index = int(event.stage_index)
+            predicted = self.stage_memory[index] if index < len(self.stage_memory) else None
+            memory = footprint_text(footprint, predicted)
+            self.out.write(f"[swactor] stage {index} ready ({self.ready}/{self.stage_count})"
+                           f"{': ' + memory if memory else ''}\n")
+        elif isinstance(event, orun.StageFault):
+            self.out.write(f"[swactor] stage {int(event.stage_index)} fault: "
+                           f"{event.reason.value} ({event.component.value})\n")
+        else:
+            return
+        self.out.flush()
+
+
+class StreamingPorts(NetworkRunPorts):
     """`NetworkRunPorts` that also tells the session of tokens and stage reports."""
 
     on_stage: Callable[[orun.Event, StageFootprint | None], None] | None = None

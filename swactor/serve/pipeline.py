@@ -49,7 +49,6 @@ from typing import TYPE_CHECKING, TextIO
 
 from swactor.actors import Runtime
 from swactor.events.emitter import Emitter
-from swactor.fsm.generated import orchestrator_run as orun
 from swactor.model.sampling import SamplingPolicy
 from swactor.orchestrator.ports import RunResult
 from swactor.orchestrator.real_ports import NetworkRunPorts
@@ -60,6 +59,8 @@ from swactor.orchestrator.session import (
     Pool,
     SessionError,
     SessionOptions,
+    StageProgress,
+    StreamingPorts,
     plan_for,
 )
 from swactor.serve.engine import (
@@ -72,7 +73,7 @@ from swactor.serve.engine import (
     Started,
     Tokens,
 )
-from swactor.transport.run_control import StageReadyReport, report_event
+from swactor.transport.run_control import StageReadyReport
 from swactor.wire import NodeId, RunFaultError, RunId, RunPlan
 from swactor.wire.codec import WireStruct
 
@@ -142,32 +143,18 @@ def sampling_policy(params: SamplingParams) -> SamplingPolicy:
                                  top_p=params.top_p, seed=params.seed)
 
 
-class _ServingPorts(NetworkRunPorts):
-    """`NetworkRunPorts` that also prints the stages' progress while the run starts."""
+class _ServingPorts(StreamingPorts):
+    """`StreamingPorts` that also keep what each stage's ready report says of its role."""
 
-    progress: TextIO | None = None
-    stage_count = 0
-    _ready = 0
     reused: dict[int, bool] | None = None
     """Per stage index, whether its node served the stage with a role it already held
     (the StageReady footprint's `reused`: kept from its last run, or preloaded)."""
 
     async def on_request(self, peer: int, message: WireStruct) -> WireStruct | None:
-        event = report_event(message)
         if isinstance(message, StageReadyReport) and message.footprint is not None:
             if self.reused is None:
                 self.reused = {}
             self.reused[int(message.stage_index)] = message.footprint.reused
-        out = self.progress
-        if out is not None and isinstance(event, orun.StageReady):
-            self._ready += 1
-            out.write(f"[swactor] stage {int(event.stage_index)} ready "
-                      f"({self._ready}/{self.stage_count})\n")
-            out.flush()
-        elif out is not None and isinstance(event, orun.StageFault):
-            out.write(f"[swactor] stage {int(event.stage_index)} fault: "
-                      f"{event.reason.value} ({event.component.value})\n")
-            out.flush()
         return await super().on_request(peer, message)
 
 
@@ -242,7 +229,8 @@ class RunEngine:
                                       TOKEN_ARENA_BYTES)
             except RunFaultError as error:
                 raise SessionError(f"token endpoints: {error}") from None
-            ports.progress, ports.stage_count = progress, len(plan.stages)
+            if progress is not None:
+                ports.on_stage = StageProgress(progress, planned.stage_memory, len(plan.stages))
             pool.holder.append(ports)
             engine = cls(plan, slots, tokenizer, pool, runtime, ports)
         except BaseException:

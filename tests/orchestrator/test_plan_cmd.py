@@ -127,3 +127,30 @@ def test_ready_footprint_is_printed_beside_the_prediction() -> None:
         "KV cache 30.0 MiB (predicted 30.0 MiB), worker RSS 190.0 MiB")
     assert footprint_text(actual, None).startswith("weights 101.0 MiB = 1.01x its 100.0 MiB")
     assert footprint_text(None, predicted) == ""  # a role that holds no model
+
+
+def test_stage_progress_prints_ready_lines_with_memory_and_faults() -> None:
+    """`swactor run` and `swactor serve` print their stage lines through StageProgress."""
+    import io
+
+    from swactor.fsm.generated import orchestrator_run as orun
+    from swactor.orchestrator.model_info import StageMemory
+    from swactor.orchestrator.session import StageProgress
+    from swactor.wire import Component, RunFaultReason, StageFootprint, StageIndex
+
+    mib = 1 << 20
+    out = io.StringIO()
+    progress = StageProgress(out, [StageMemory(weights=50 * mib, kv_cache=8 * mib,
+                                               file_bytes=50 * mib)] * 2, 2)
+    progress(orun.StageReady(StageIndex(1)),
+             StageFootprint(weights_bytes=50 * mib, kv_cache_bytes=8 * mib,
+                            rss_bytes=120 * mib, file_bytes=50 * mib))
+    progress(orun.StageFault(StageIndex(0), RunFaultReason.WorkerCrashed, Component.Worker),
+             None)
+    progress(orun.StageReady(StageIndex(0)), None)  # a role that reported no footprint
+    assert out.getvalue().splitlines() == [
+        "[swactor] stage 1 ready (1/2): weights 50.0 MiB = 1.00x its 50.0 MiB in the file "
+        "(predicted 50.0 MiB), KV cache 8.0 MiB (predicted 8.0 MiB), worker RSS 120.0 MiB",
+        "[swactor] stage 0 fault: WorkerCrashed (worker)",
+        "[swactor] stage 0 ready (2/2)",
+    ]

@@ -82,6 +82,9 @@ def test_models_and_health_name_the_warm_pipeline(server: ServeProcess) -> None:
     status, health = api_checks.get_json(server.url, "/health")
     assert status == 200 and health["state"] == "Serving" and health["restarts"] == 0
     assert health["slots"] == 4
+    ready = [line for line in server.stderr if line.startswith("[swactor] stage 0 ready")]
+    assert ready and "weights " in ready[0] and "KV cache" in ready[0], server.describe()
+    assert "worker RSS" in ready[0] and "in the file" in ready[0]
 
 
 def test_completion_and_chat_answer_in_openai_shapes(
