@@ -52,6 +52,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 0")
+    return value
+
+
 def slot_count(text: str) -> int:
     """argparse type: KV slots per stage, 1..MAX_STAGE_SLOTS (refused before any node starts)."""
     from swactor.wire.plan import MAX_STAGE_SLOTS

@@ -930,10 +930,11 @@ class StageRole:
         prefill(data, self._last_var.bind(last), *self._slot_args(slot))
         self._offer(prefill, f"prefill-{padded}")
 
-    def warm_up(self) -> None:
+    def warm_up(self, prompt_tokens: int = 0) -> None:
         """Build the decode JIT (or load it from the kernel cache), load every prefill
         bucket the cache holds for this role (none yet: build the first bucket, prompts of
-        up to ``PREFILL_BUCKET`` tokens), and run each once, so the first real steps
+        up to ``PREFILL_BUCKET`` tokens), build or load the bucket of every prompt length
+        up to ``prompt_tokens``, and run each once, so the first real steps
         replay kernels instead of building them. Leaves the role as if new: its positions
         restart at step 0, and the KV entries warming wrote (in slot 0; the slot is a
         variable of every graph, so one warm-up serves them all) are rewritten by the
@@ -946,6 +947,11 @@ class StageRole:
         buckets = self._kernels.kinds("prefill-") if self._kernels is not None else []
         if self._kernels is not None and not buckets:
             buckets = [f"prefill-{min(PREFILL_BUCKET, self.max_seq_len)}"]
+        longest = min(prompt_tokens, self.max_seq_len)  # padded as _prefill_step pads
+        wanted = {min(self.max_seq_len, size)
+                  for size in range(PREFILL_BUCKET, longest + PREFILL_BUCKET, PREFILL_BUCKET)}
+        buckets += [f"prefill-{size}" for size in sorted(wanted)
+                    if f"prefill-{size}" not in buckets]
         for kind in buckets:
             padded = int(kind.removeprefix("prefill-"))
             if not 0 < padded <= self.max_seq_len:

@@ -69,6 +69,7 @@ def llama_stage_config(
         "dtype": dtype,
         "max_seq_len": model.max_seq_len,
         "slots": model.slots,
+        "warm_prompt_tokens": model.warm_prompt_tokens,
         "hidden_dim": model.hidden_dim,
         "sampling": None if sampling is None else sampling.to_json(),
         "sha256": provision.gguf_source.sha256,

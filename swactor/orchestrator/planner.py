@@ -141,6 +141,9 @@ class PlanRequest:
     slots: int = 1
     """KV slots per stage, 1..MAX_STAGE_SLOTS: sequences a serving run carries at once
     (each stage holds one KV cache of `max_seq_len` positions per slot)."""
+    warm_prompt_tokens: int = 0
+    """Each stage builds the prefill kernels of every prompt length up to this many
+    tokens before it is ready (a serving run's warm prompt lengths); at most max_seq_len."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,6 +403,7 @@ def _build(
         eos_token_id=model.eos_token_id,
         tokenizer=TokenizerSource(TokenizerSourceKind.GgufEmbedded),
         slots=request.slots,
+        warm_prompt_tokens=min(request.warm_prompt_tokens, max_seq_len),
     )
     mode = TokenOutputMode.Stream if request.stream_tokens else TokenOutputMode.Collect
     runtime = RuntimePlan(

@@ -105,6 +105,9 @@ class SessionOptions:
     split: tuple[int, ...] | None = None
     slots: int = 1
     """KV slots per stage (`PlanRequest.slots`): a serving run's sequences at once."""
+    warm_prompt_tokens: int = 0
+    """Prompt lengths each stage builds prefill kernels for before it is ready
+    (`PlanRequest.warm_prompt_tokens`)."""
     bind_host: str = "127.0.0.1"
     advertise_host: str | None = None
     run_id: int | None = None
@@ -347,7 +350,7 @@ def plan_for(
             split=options.split, sampling=options.sampling,
             gguf_source=source,
             prompt_token_count=None if serving else len(ids), serving=serving,
-            slots=options.slots))
+            slots=options.slots, warm_prompt_tokens=options.warm_prompt_tokens))
     except PlannerError as error:
         raise SessionError(f"plan: {error}") from None
     except SessionError:

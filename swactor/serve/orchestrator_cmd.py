@@ -103,6 +103,7 @@ async def _serve(args: argparse.Namespace, options: SessionOptions, emitter: Emi
 
     async def serve(options: SessionOptions, live: LiveNodes) -> int:
         host, port = args.serve
+        options = replace(options, warm_prompt_tokens=args.warm_prompt_tokens)
         return await serve_pool(options, live, emitter, host=host, port=port,
                                 slots=args.slots, max_queue=args.max_queue,
                                 restart_limit=args.max_restarts,

@@ -45,7 +45,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from swactor.cliargs import positive_int, slot_count
+from swactor.cliargs import non_negative_int, positive_int, slot_count
 from swactor.model.paths import model_location
 from swactor.serve.spares import WarmKey, place
 
@@ -63,6 +63,8 @@ log = logging.getLogger("swactor.serve")
 
 DEFAULT_PORT = 8000
 DEFAULT_SLOTS = 4
+DEFAULT_WARM_PROMPT_TOKENS = 64
+"""Prompt lengths a serving run's stages build prefill kernels for while they load."""
 EXIT_STOPPED, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -111,6 +113,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--slots", type=slot_count, default=DEFAULT_SLOTS, metavar="K",
                        help=f"sequences served at once: each stage keeps K KV caches "
                        f"(default {DEFAULT_SLOTS}); more requests wait in the queue")
+    group.add_argument("--warm-prompt-tokens", type=non_negative_int,
+                       default=DEFAULT_WARM_PROMPT_TOKENS, metavar="N",
+                       help="each stage builds the prefill kernels of every prompt length up "
+                       "to N tokens while it loads, so no request waits for a kernel build "
+                       f"(default {DEFAULT_WARM_PROMPT_TOKENS}; longer prompts build theirs "
+                       "on first use, kept in the kernel cache for later runs; 0: only "
+                       "what the cache holds)")
     group.add_argument("--max-queue", type=int, default=64, metavar="N",
                        help="requests that may wait for a slot; one more is answered 429 "
                        "(default 64)")
@@ -510,7 +519,8 @@ async def _serve_local(args: argparse.Namespace, keys: Path) -> int:
                          alive=lambda node: node in processes
                          and processes[node].returncode is None)
         return await serve_pool(
-            replace(options, pool_gated=True), live, emitter, host=args.host,
+            replace(options, pool_gated=True, warm_prompt_tokens=args.warm_prompt_tokens),
+            live, emitter, host=args.host,
             port=args.port, slots=args.slots, max_queue=args.max_queue,
             restart_limit=args.max_restarts, retry_delay_s=args.retry_delay,
             out=sys.stdout, err=sys.stderr, spares=args.spares)

@@ -23,7 +23,10 @@ field and the rule):
 
 `GgufModelPlan.slots` (extension beyond spec §11, default 1: the spec's one sequence) is
 how many KV slots each stage holds, one per sequence a serving run carries at once
-(sequence tags, `swactor.wire.tags`); 1..`MAX_STAGE_SLOTS`.
+(sequence tags, `swactor.wire.tags`); 1..`MAX_STAGE_SLOTS`. `GgufModelPlan.warm_prompt_tokens`
+(extension beyond spec §11, default 0) asks each stage to build, before it reports ready,
+the prefill kernels of every prompt length up to that many tokens, so that a serving
+run's first prompt of each length is not held up by a kernel build; 0..`max_seq_len`.
 
 Variant types (`GgufSource`, `TokenizerSource`, `SamplingPolicy`, `PromptSource`,
 `EdgeEndpoint`) are one dataclass with a `kind`/`mode` enum and the fields that kind
@@ -145,6 +148,9 @@ class GgufModelPlan(WireStruct):
     tokenizer: TokenizerSource
     slots: int = 1
     """KV slots per stage (module doc; extension beyond spec §11)."""
+    warm_prompt_tokens: int = 0
+    """Prompt lengths whose prefill kernels each stage builds before it is ready (module
+    doc; extension beyond spec §11)."""
 
     def _validate(self) -> None:
         if not self.model_id or len(self.model_id) > 255:
@@ -152,6 +158,7 @@ class GgufModelPlan(WireStruct):
         for name in ("num_layers", "hidden_dim", "max_seq_len"):
             self._check_range(name, 1, U32_MAX)
         self._check_range("slots", 1, MAX_STAGE_SLOTS)
+        self._check_range("warm_prompt_tokens", 0, self.max_seq_len)
         self._check_u32("dtype_width_bytes")
         self._check_u32("eos_token_id")
         if self.dtype_width_bytes not in DTYPE_WIDTHS[self.dtype_family]:

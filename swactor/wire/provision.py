@@ -64,6 +64,9 @@ class StageModelFacts(WireStruct):
     max_seq_len: int
     slots: int = 1
     """KV slots the stage holds (the plan's `model.slots`; extension beyond spec §12)."""
+    warm_prompt_tokens: int = 0
+    """Prompt lengths whose prefill kernels the stage builds before it is ready (the plan's
+    `model.warm_prompt_tokens`; extension beyond spec §12)."""
 
     def _validate(self) -> None:
         if not self.model_id or len(self.model_id) > 255:
@@ -71,6 +74,7 @@ class StageModelFacts(WireStruct):
         self._check_range("hidden_dim", 1, U32_MAX)
         self._check_range("max_seq_len", 1, U32_MAX)
         self._check_range("slots", 1, MAX_STAGE_SLOTS)
+        self._check_range("warm_prompt_tokens", 0, self.max_seq_len)
         if self.dtype_width_bytes not in DTYPE_WIDTHS[self.dtype_family]:
             self._fail("dtype_width_bytes", f"not a {self.dtype_family.value} width")
 
@@ -208,6 +212,7 @@ def provision_stage(plan: RunPlan, stage_index: int, runtime: StageRuntimeFacts)
             model.dtype_width_bytes,
             model.max_seq_len,
             model.slots,
+            model.warm_prompt_tokens,
         ),
         runtime=runtime,
     )

@@ -12,6 +12,7 @@ Theory of operation
      "sha256": null, "cache_dir": null,                        # optional source options
      "weights": "blocks",                                      # optional, or "dense"
      "slots": 4,                                               # optional, default 1
+     "warm_prompt_tokens": 64,                                 # optional, default 0
      "table": {...}}                                           # optional stage table
 
 `slots` is how many sequences the stage holds KV caches for (1..MAX_STAGE_SLOTS): a
@@ -40,7 +41,8 @@ tensor bytes, checked against the table (layer range, plan facts, bounds, file s
 The factory reads the range once (`GgufRangeReader.load_stage`, which
 validates it against the file and the optional plan facts), places weights and KV
 cache on the worker's tinygrad device and warms the role up (`StageRole.warm_up`: its
-decode and cached prefill kernels built or loaded from the kernel cache), so the
+decode and cached prefill kernels, and the prefill kernels of every prompt length up to
+`warm_prompt_tokens`, built or loaded from the kernel cache), so the
 configuration's time includes the kernel build and the first steps replay. A config it
 cannot use, or weights that fail (`WeightsError`: missing file, bad range, plan
 mismatch), raise `RoleConfigError`, which the worker answers RoleFailed ConfigInvalid;
@@ -190,6 +192,10 @@ class LlamaStageRole:
         if not 1 <= slots <= min(MAX_STAGE_SLOTS, MAX_SLOTS):
             raise RoleConfigError(f"llama_stage slots {slots} is outside "
                                   f"1..{min(MAX_STAGE_SLOTS, MAX_SLOTS)}")
+        warm = _field(config, "warm_prompt_tokens", int, required=False) or 0
+        if not 0 <= warm <= max_seq_len:
+            raise RoleConfigError(f"llama_stage warm_prompt_tokens {warm} is outside "
+                                  f"0..max_seq_len {max_seq_len}")
         table = _field(config, "table", dict, required=False)
         try:
             reader = open_reader(
@@ -206,7 +212,7 @@ class LlamaStageRole:
                               device=device, quantised=weights_mode == "blocks",
                               slots=slots)
             del weights  # the host copies: the role holds its own on the device
-            stage.warm_up()
+            stage.warm_up(prompt_tokens=warm)
         except WeightsError as error:
             raise RoleConfigError(f"llama_stage weights: {error}") from None
         return cls(stage, _reuse_key(config, device))

@@ -49,7 +49,7 @@ def test_the_api_across_four_namespaces(topology: NetnsTopology, tmp_path: Path)
             "orchestrator", "--key", str(keys / "orchestrator.key"), "--bind", orch.address,
             "--seed", seed(topology), "--nodes", str(len(STAGES)),
             "--pool", str(pool_file(keys)), "--split", "10,10,10", "--max-seq-len", "256",
-            "--serve", f"{orch.address}:{HTTP_PORT}", "--slots", "4",
+            "--serve", f"{orch.address}:{HTTP_PORT}", "--slots", "4", "--warm-prompt-tokens", "0",
             "--event-verbosity", "-1", "--events-file", str(events / "orchestrator.jsonl")],
             prefix=orch.argv([]))
         url = serve.wait_url(BOOT_S)

@@ -139,6 +139,7 @@ def test_two_stage_roles_over_ring_bytes_match_one_stage_role(
     ({"gguf": "/nonexistent/model.gguf"}, "llama_stage weights"),
     ({"sampling": {"mode": "Sometimes"}}, "sampling"),
     ({"slots": 0}, "slots 0 is outside 1..64"),
+    ({"warm_prompt_tokens": 10_000}, "warm_prompt_tokens 10000 is outside 0..max_seq_len"),
     ({"slots": True}, "'slots'"),
 ])
 def test_bad_configs_are_role_config_errors_naming_the_problem(
@@ -224,3 +225,4 @@ def test_the_plans_slots_reach_the_role(gguf: Path) -> None:
     role = build_role(config, Device.DEFAULT)
     assert isinstance(role, LlamaStageRole) and role.stage.slots == 3
     assert llama_stage_config(planned(gguf)[0], gguf)["slots"] == 1
+    assert config["warm_prompt_tokens"] == 0  # a run that asks for none: the cache's

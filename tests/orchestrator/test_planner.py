@@ -160,6 +160,12 @@ def test_slots_reach_every_stage_and_multiply_the_kv_cache() -> None:
     provisions = [provision_stage(four.plan, i, stage_runtime_facts(four.plan, i))
                   for i in range(2)]
     assert [p.model.slots for p in provisions] == [4, 4]
+    assert [p.model.warm_prompt_tokens for p in provisions] == [0, 0]
+    warm = plan_run(synthetic_pool(2), model,
+                    request(max_seq_len=10, max_tokens=4, warm_prompt_tokens=64)).plan
+    assert warm.model.warm_prompt_tokens == 10  # at most max_seq_len
+    assert RunPlan.from_json(warm.to_json()) == warm
+    assert provision_stage(warm, 1, stage_runtime_facts(warm, 1)).model.warm_prompt_tokens == 10
 
 
 @pytest.mark.parametrize(

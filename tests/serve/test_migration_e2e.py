@@ -96,7 +96,7 @@ def stage_node_pid(events_dir: Path, stage: int, run_id: int) -> tuple[int, int]
 def test_killing_a_stage_node_mid_stream_migrates_every_stream(tmp_path: Path) -> None:
     events_dir = tmp_path / "events"
     serve = ServeProcess(["serve", "--nodes", "4", "--stages", "3", "--port", "0",
-                          "--slots", "4", "--retry-delay", "0.5",
+                          "--slots", "4", "--retry-delay", "0.5", "--warm-prompt-tokens", "0",
                           "--events-dir", str(events_dir)])
     try:
         url = serve.wait_url(600)
