@@ -2,7 +2,9 @@
 root (debootstrap, cached under ~/.cache/swactor/imagecheck), every RUN and COPY run,
 so the image cannot silently stop building. And a planted break — the Dockerfile with
 the OpenSSL headers removed from its apt-get line — must fail at the step that needs
-them, named with its line. The compose topology run is `just docker-check`.
+them, named with its line (a second whole replay, minutes: marked `soak`, run by `just
+soak-tests`; `just test` keeps the replay of the real Dockerfile). The compose topology
+run is `just docker-check`.
 
 Not root is a failure here, not a skip: CI runs as root, and a green run that never
 built the image would prove nothing (`--skip-slow` skips these, as every slow test).
@@ -76,6 +78,7 @@ def test_the_dockerfile_builds_on_bare_bookworm(tmp_path: Path) -> None:
         image.remove()
 
 
+@pytest.mark.soak
 def test_a_removed_package_fails_at_the_step_that_needs_it(tmp_path: Path) -> None:
     need_root()
     text = DOCKERFILE.read_text()
