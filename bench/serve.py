@@ -35,7 +35,10 @@ the server's streamed ``usage.completion_tokens`` when it sends one (``stream_op
 include_usage``; swactor does) and otherwise the count of events carrying text
 (llama.cpp's server sends one event per token). Per level: TTFT p50 and p95 (linear
 interpolation between order statistics), the median per-request decode rate, and the
-aggregate rate (every request's tokens / the level's wall time, first send -> last end).
+aggregate rate (every request's tokens / the level's wall time, first send -> last end),
+and for a server whose ``/health`` counts run restarts (swactor's), how many happened
+during the level: a run that faults moves its sequences to a new run, which the figures
+alone show only as lost time.
 
 Threads: tinygrad's CPU device runs every kernel of a process on one queue thread, so
 each swactor stage computes on one thread (1 stage: 1 thread; 3 stages: 3, one per
@@ -181,6 +184,11 @@ class LevelFigures:
     aggregate_tokens_per_s: float | None
     finish_reasons: dict[str, int] = field(default_factory=dict)
     error_examples: list[str] = field(default_factory=list)
+    restarts: int | None = None
+    """Runs the server provisioned again during the level's warm-ups and requests (its
+    ``/health`` ``restarts`` before and after; None where it reports none): a run that
+    faulted mid-level moves its sequences to a new run, which shows in the figures only
+    as lost time."""
 
     @classmethod
     def of(cls, clients: int, timings: Sequence[RequestTiming], wall_s: float
@@ -326,6 +334,22 @@ async def run_level(session: aiohttp.ClientSession, base_url: str, model: str,
     started = clock()
     await asyncio.gather(*(client(i) for i in range(clients)))
     return LevelFigures.of(clients, timings, clock() - started)
+
+
+def restarts_of(health: object) -> int | None:
+    """The ``restarts`` count of a ``/health`` answer (swactor serve's), else None."""
+    value = health.get("restarts") if isinstance(health, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+async def server_restarts(session: aiohttp.ClientSession, base_url: str) -> int | None:
+    """The server's ``/health`` restarts count now; None if it reports none."""
+    try:
+        async with session.get(f"{base_url}/health",
+                               timeout=aiohttp.ClientTimeout(total=10)) as reply:
+            return restarts_of(await reply.json(content_type=None))
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
 
 
 async def warm_up(session: aiohttp.ClientSession, base_url: str, model: str,
@@ -526,10 +550,19 @@ async def measure(targets: Sequence[Target], levels: Sequence[int], rounds: int,
                     name = server.target.name
                     if name in failing:
                         continue
+                    before = await server_restarts(session, server.target.base_url)
                     errors = await warm_up(session, server.target.base_url, server.model,
                                            warmup_tokens)
                     level = await run_level(session, server.target.base_url, server.model,
                                             prompts, clients, rounds, max_tokens)
+                    after = await server_restarts(session, server.target.base_url)
+                    if before is not None and after is not None:
+                        level.restarts = after - before
+                        if level.restarts:
+                            figures["notes"].append(
+                                f"{name}: {level.restarts} run restart(s) during the "
+                                f"{clients}-client level (a run faulted; its sequences "
+                                "continued on a new run)")
                     if errors:
                         level.error_examples = [f"warm-up: {e}" for e in errors[:2]
                                                 ] + level.error_examples
@@ -557,7 +590,8 @@ def _level_line(level: LevelFigures) -> str:
             f"{_fmt(level.aggregate_tokens_per_s)} tok/s ({level.requests} requests, "
             f"{level.tokens} tokens, {level.wall_s:.1f} s; finish "
             f"{', '.join(f'{k} {v}' for k, v in sorted(level.finish_reasons.items()))})"
-            f"{errors}")
+            f"{errors}"
+            + (f", {level.restarts} run restart(s)" if level.restarts else ""))
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:

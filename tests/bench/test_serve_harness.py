@@ -27,6 +27,7 @@ from bench.serve import (
     goal_rows,
     markdown,
     percentile,
+    restarts_of,
     prompt_set,
     run_level,
     stream_completion,
@@ -285,3 +286,10 @@ def test_each_bucket_holds_prompts_of_its_padded_length() -> None:
         counts = [len(tokenizer.encode(prompt)) for prompt in prompts]
         assert all(low <= n <= high for n in counts), (bucket, counts)
     assert sorted(prompt_set()) == sorted(p for ps in PROMPTS.values() for p in ps)
+
+
+def test_restarts_are_read_from_swactors_health_only() -> None:
+    assert restarts_of({"state": "Serving", "restarts": 2, "slots": 4}) == 2
+    assert restarts_of({"status": "ok"}) is None  # a server that counts none
+    assert restarts_of({"restarts": True}) is None
+    assert restarts_of(["restarts"]) is None
