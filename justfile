@@ -113,7 +113,8 @@ test-native: setup
 
 # Not part of `just test`. First run builds llama-cpp-python in its own venv (~15 min on 2 cores;
 # AMX off, as a native build dies with SIGILL here); prints where the two first differ. Then
-# `just quants` and tests/model/test_llama_cpp_quants.py, which CI (no venv) skips.
+# `just quants` and every file of tests/model/test_llama_cpp_quants.py (skipped without the venv;
+# where it exists `just test` checks one file and `just soak-tests` the rest).
 # Compare tokenizer ids and greedy tokens with llama.cpp's: SmolLM2 and its llama.cpp quants.
 # The server extra also installs llama.cpp's OpenAI-compatible server (llama_cpp.server).
 reference: setup
