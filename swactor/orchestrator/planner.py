@@ -85,7 +85,7 @@ from swactor.wire import (
 from swactor.wire.errors import WireError
 from swactor.wire.ids import U64_MAX
 from swactor.wire.plan import MAX_STAGE_SLOTS
-from swactor.wire.tags import CANDIDATES_K
+from swactor.wire.tags import max_batch_answer_words
 
 DEFAULT_MAX_SEQ_LEN = 2048
 DEFAULT_MAX_TOKENS = 64
@@ -137,7 +137,8 @@ class PlanRequest:
     prediction."""
     serving: bool = False
     """A serving run (many tagged sequences): its token-out objects may be a sampled
-    step's candidates, `2 * CANDIDATES_K` u32s (swactor/wire/tags.py), not one id."""
+    step's candidates, `2 * CANDIDATES_K` u32s (swactor/wire/tags.py), not one id, or
+    a batch of up to `slots` rows: its tag table and each row's answer."""
     slots: int = 1
     """KV slots per stage, 1..MAX_STAGE_SLOTS: sequences a serving run carries at once
     (each stage holds one KV cache of `max_seq_len` positions per slot)."""
@@ -418,7 +419,8 @@ def _build(
     orchestrator = EdgeEndpoint.orchestrator(pool.orchestrator_node_id)
     endpoints = [EdgeEndpoint.stage(pool.nodes[i].node_id, i) for i in range(count)]
     token_in_spec = token_object_spec(max_seq_len)
-    token_out_spec = token_object_spec(2 * CANDIDATES_K if request.serving else 1)
+    token_out_spec = token_object_spec(
+        max_batch_answer_words(max(request.slots, 1)) if request.serving else 1)
     activation_spec = activation_object_spec(model_plan)
     edges = [
         EdgePlan(run_id, token_in_id, EdgeKind.TokenIn, orchestrator, endpoints[0],

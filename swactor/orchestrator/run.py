@@ -82,6 +82,19 @@ the oldest object in flight and feeds its sequence TokenAccepted (dropped if it 
 A sequence's own effects feed the run `InputReady`, which the host queues behind the
 current event. OpenServing and FailSequences call `Serving.on_serving` / `on_ended`.
 
+Batched decode (the table's BatchDue): a decode InputReady (guard `decode_input`: the
+sequence's next input is at a position > 0) only queues the sequence (QueueInput).
+AcceptSequenceOutput feeds the host `BatchDue` after routing, so it is handled after
+the InputReady its sequences raised; `batch_ready` (rows queued, fewer than
+`Serving.max_in_flight` objects in flight, default the plan's stages) lets InjectBatch
+write up to `min(Serving.max_batch, slots, max_seq_len // 2)` queued rows as one object
+(`swactor.wire.tags`: flags BATCH, the tag table, then one id per row; one row alone
+is a plain tagged object) and remember its rows' sequences and table. A batch output
+(the table repeated, then each row's answer: one id, or candidates where the row's tag
+asked) must repeat the injected table (else output_out_of_order: SequenceViolation)
+and hold whole answers (else an EndpointFault, ObjectHeaderMalformed); each row's token
+is picked by its sequence and routed to it. A sequence that ends leaves the queue.
+
 When the machine reaches Done the result future resolves and the actor stops itself.
 `start_run(runtime, plan, ports, ...)` spawns the actor, feeds PlanAvailable and returns
 a `RunHandle` (`await handle.result()`, `handle.stop()` for an operator stop).
@@ -143,7 +156,16 @@ from swactor.wire import (
     provision_stage,
     provision_tx,
 )
-from swactor.wire.tags import CANDIDATES_K, SequenceTag, TagError
+from swactor.wire.tags import (
+    CANDIDATES_K,
+    MAX_SLOTS,
+    SequenceTag,
+    TagError,
+    answer_words,
+    batch_flags,
+    batch_rows,
+    batch_table,
+)
 
 log = logging.getLogger("swactor.orchestrator.run")
 
@@ -192,19 +214,32 @@ class Serving:
     on_ended: Callable[[str | None], None] = lambda fault: None
     """Called once every live sequence ended (FailSequences): the run's fault in words,
     or None for an operator stop."""
+    max_in_flight: int | None = None
+    """Objects in flight before queued decode rows wait for the next batch (BatchDue);
+    None: the plan's stage count."""
+    max_batch: int | None = None
+    """Decode rows per batch object (None: the slots). 1 turns batching off: every
+    decode row is its own object, written at once, as many in flight as sequences."""
 
     def __post_init__(self) -> None:
         if self.slots < 1:
             raise ValueError(f"a serving run needs at least one slot, got {self.slots}")
+        if self.max_in_flight is not None and self.max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
+        if self.max_batch is not None and self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
 
 
 @dataclass(frozen=True, slots=True)
 class InFlight:
-    """An object injected and not yet answered: its edge step, sequence and flags."""
+    """An object injected and not yet answered: its edge step, sequence and flags; a
+    batch object's row sequences and tag table (the words its output must repeat)."""
 
     step: int
     sequence_id: int | None
     flags: int
+    rows: tuple[int, ...] = ()
+    table: tuple[int, ...] = ()
 
 
 RunMessage: TypeAlias = orun.Event | TokenOutput | SubmitSequence
@@ -270,9 +305,23 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         self._next_step = 0
         self._pending_token: int | None = None
         self._pending_flags = 0
+        self._pending_table: tuple[int, ...] = ()
+        self._pending_rows: tuple[int, ...] = ()
+        """A batch output's token per row (table order)."""
         self._serving = serving
         self._free_slots: list[int] = list(range(serving.slots if serving else 0))
         self._sequences: dict[int, LiveSequence] = {}
+        self._queued: list[int] = []
+        """Sequences whose decode row waits for the next batch object (QueueInput)."""
+        slots = serving.slots if serving else 1
+        self._max_batch = max(1, min(serving.max_batch or slots if serving else 1, slots,
+                                     plan.model.max_seq_len // 2, MAX_SLOTS))
+        self._max_in_flight = max(1, (serving.max_in_flight if serving and
+                                      serving.max_in_flight else len(plan.stages)))
+        if serving is not None and serving.max_batch == 1:
+            self._max_in_flight = max(self._max_in_flight, slots)  # batching off
+        """Rows per batch object: the slots, and what the token-in and activation edges'
+        max_extent (max_seq_len rows) hold with the table."""
         self.node_id, self.run_id = plan.orchestrator_node, plan.run_id
         self._candidate_stop: StopCause | None = None
         self._fault_pending = False
@@ -328,23 +377,49 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
 
     def _token_event(self, message: TokenOutput) -> orun.Event | None:
         """ObjectLoaded for a well-formed output (its token kept aside), else a fault:
-        a tagged candidates output holds 2 * CANDIDATES_K u32s, any other one id."""
+        a tagged candidates output holds 2 * CANDIDATES_K u32s, a batch its table and
+        each row's answer, any other one id."""
         self._pending_token = None
         self._pending_flags = message.flags
+        self._pending_table = self._pending_rows = ()
+        malformed = orun.EndpointFault(
+            message.edge_id, RunFaultReason.ObjectHeaderMalformed, Component.TokenEndpoint)
         try:
+            if batch_rows(message.flags) is not None:
+                return self._batch_event(message) or malformed
             tag = SequenceTag.unpack(message.flags)
         except TagError:
-            tag = None
-            ids: tuple[int, ...] = ()
-        else:
-            ids = message.token_ids
-        want = 2 * CANDIDATES_K if tag is not None and tag.candidates else 1
-        if len(ids) != want:
-            return orun.EndpointFault(
-                message.edge_id, RunFaultReason.ObjectHeaderMalformed, Component.TokenEndpoint
-            )
+            return malformed
+        ids = message.token_ids
+        if len(ids) != (2 * CANDIDATES_K if tag is not None and tag.candidates else 1):
+            return malformed
         live = self._owner(self._in_flight[0]) if self._in_flight else None
         self._pending_token = live.pick(ids) if live is not None else ids[0]
+        return orun.ObjectLoaded(message.edge_id, message.object_id, message.sequence)
+
+    def _batch_event(self, message: TokenOutput) -> orun.Event | None:
+        """ObjectLoaded for a batch output whose table and answers are whole (each row's
+        token kept aside, sampled by its sequence), else None. Whether the table is the
+        one injected is output_out_of_order's to say."""
+        ids = message.token_ids
+        table = batch_table(message.flags, ids, MAX_SLOTS)
+        self._pending_table = ids[:len(table)]
+        oldest = self._in_flight[0] if self._in_flight else None
+        owners = (oldest.rows if oldest is not None and oldest.table == self._pending_table
+                  else (None,) * len(table))
+        tokens: list[int] = []
+        offset = len(table)
+        for tag, owner in zip(table, owners, strict=True):
+            answer = ids[offset:offset + answer_words(tag)]
+            offset += len(answer)
+            if not answer:
+                return None
+            live = self._sequences.get(owner) if owner is not None else None
+            tokens.append(live.pick(answer) if live is not None else answer[0])
+        if offset != len(ids):
+            return None
+        self._pending_rows = tuple(tokens)
+        self._pending_token = tokens[0]
         return orun.ObjectLoaded(message.edge_id, message.object_id, message.sequence)
 
     def _owner(self, in_flight: InFlight) -> LiveSequence | None:
@@ -398,6 +473,13 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
     def last_in_flight(self, event: orun.ObjectLoaded) -> bool:
         return len(self._in_flight) == 1
 
+    def decode_input(self, event: orun.InputReady) -> bool:
+        live = self._sequences.get(event.sequence_id)
+        return live is not None and live.next_input[1] > 0
+
+    def batch_ready(self, event: orun.BatchDue) -> bool:
+        return bool(self._queued) and len(self._in_flight) < self._max_in_flight
+
     def output_out_of_order(self, event: orun.ObjectLoaded) -> bool:
         oldest = self._in_flight[0] if self._in_flight else None
         return (
@@ -405,6 +487,7 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
             or oldest is None
             or event.sequence != oldest.step
             or self._pending_flags != oldest.flags
+            or self._pending_table != oldest.table
             or self._pending_token is None
         )
 
@@ -459,11 +542,42 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         flags = SequenceTag(live.slot, position, live.request.candidates).pack()
         await self._inject(Sequence(self._next_step), ids, sequence_id, flags)
 
+    async def queue_input(self, sequence_id: int) -> None:
+        self._queued.append(sequence_id)
+
+    async def inject_batch(self) -> None:
+        rows = [i for i in self._queued[:self._max_batch] if i in self._sequences]
+        del self._queued[:self._max_batch]
+        if len(rows) == 1:
+            await self.inject_input(rows[0])
+            return
+        tags: list[int] = []
+        ids: list[int] = []
+        for sequence_id in rows:
+            live = self._sequences[sequence_id]
+            (token,), position = live.next_input
+            assert live.slot is not None, "a queued sequence holds its slot"
+            tags.append(SequenceTag(live.slot, position, live.request.candidates).pack())
+            ids.append(token)
+        if not rows:
+            return
+        await self._inject(Sequence(self._next_step), (*tags, *ids), None,
+                           batch_flags(len(rows)), tuple(rows), tuple(tags))
+
     async def accept_sequence_output(self, object_id: ObjectId, sequence: Sequence) -> None:
-        live = self._owner(self._in_flight[0])
-        token = await self._accept(object_id, sequence)
-        if live is not None:  # None: the sequence ended meanwhile; its output is dropped
-            await live.feed(sq.TokenAccepted(token))
+        oldest = self._in_flight[0]
+        if oldest.rows:
+            routes = list(zip(oldest.rows, self._pending_rows, strict=True))
+            await self._accept(object_id, sequence)
+        else:
+            live = self._owner(oldest)
+            token = await self._accept(object_id, sequence)
+            routes = [] if live is None else [(live.sequence_id, token)]
+        for sequence_id, row_token in routes:
+            row = self._sequences.get(sequence_id)
+            if row is not None:  # None: the sequence ended meanwhile; its output is dropped
+                await row.feed(sq.TokenAccepted(row_token))
+        await self._host.feed(orun.BatchDue())  # behind the InputReady the routes raised
 
     async def cancel_sequence(self, sequence_id: int) -> None:
         live = self._sequences.get(sequence_id)
@@ -490,6 +604,8 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
 
     def forget(self, sequence_id: int) -> None:
         self._sequences.pop(sequence_id, None)
+        if sequence_id in self._queued:
+            self._queued.remove(sequence_id)
 
     async def provision_stages(self, plan: RunPlan) -> None:
         self._provision_all(self._context)
@@ -660,10 +776,11 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         return ctx.spawn_task(run())
 
     async def _inject(self, sequence: Sequence, token_ids: tuple[int, ...],
-                      sequence_id: int | None = None, flags: int = 0) -> None:
+                      sequence_id: int | None = None, flags: int = 0,
+                      rows: tuple[int, ...] = (), table: tuple[int, ...] = ()) -> None:
         edge = self._token_in.edge_id
         object_id = ObjectId(sequence + 1)
-        self._in_flight.append(InFlight(sequence, sequence_id, flags))
+        self._in_flight.append(InFlight(sequence, sequence_id, flags, rows, table))
         self._next_step = sequence + 1
         try:
             await self.ports.inject(edge, object_id, sequence, token_ids, flags)

@@ -32,7 +32,7 @@ import json
 import secrets
 import signal
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -246,7 +246,7 @@ async def run_session(
     emitter: Emitter,
     out: TextIO,
     err: TextIO,
-    watch: Callable[[RunHandle], Coroutine[Any, Any, None]] | None = None,
+    watch: Callable[[RunHandle], Awaitable[None]] | None = None,
 ) -> SessionReport:
     """Run one prompt through the pool (module doc); `watch(handle)` runs beside the run
     (membership: it tells the run MembershipLost) and is cancelled when it ends."""
@@ -429,14 +429,14 @@ async def _run(
     stop_token_ids: frozenset[int],
     ids: tuple[int, ...],
     timeouts: RunTimeouts,
-    watch: Callable[[RunHandle], Coroutine[Any, Any, None]] | None,
+    watch: Callable[[RunHandle], Awaitable[None]] | None,
 ) -> RunResult:
     """Start the run on `ports` and wait for its result; Ctrl-C is an operator stop and
     `watch(handle)` runs beside it until it ends."""
     handle = start_run(runtime, plan, ports, stop_token_ids=stop_token_ids,
                        prompt_token_ids=ids, timeouts=timeouts)
     ports.handle = handle
-    watcher = asyncio.create_task(watch(handle)) if watch is not None else None
+    watcher = asyncio.ensure_future(watch(handle)) if watch is not None else None
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, handle.stop)

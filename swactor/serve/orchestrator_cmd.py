@@ -106,6 +106,7 @@ async def _serve(args: argparse.Namespace, options: SessionOptions, emitter: Emi
         options = replace(options, warm_prompt_tokens=args.warm_prompt_tokens)
         return await serve_pool(options, live, emitter, host=host, port=port,
                                 slots=args.slots, max_queue=args.max_queue,
+                                batch_rows=args.batch_rows,
                                 restart_limit=args.max_restarts,
                                 retry_delay_s=args.retry_delay, out=sys.stdout,
                                 err=sys.stderr, spares=args.spares)

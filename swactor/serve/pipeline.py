@@ -165,6 +165,8 @@ class RunEngine:
                  runtime: Runtime, ports: NetworkRunPorts) -> None:
         self.plan = plan
         self._slots = slots
+        self._batch_rows: int | None = None
+        """Decode rows per object (`--batch-rows`; None: the slots)."""
         self._tokenizer = tokenizer
         self._pool = pool
         self._runtime = runtime
@@ -188,6 +190,7 @@ class RunEngine:
         options: SessionOptions,
         *,
         slots: int = DEFAULT_SLOTS,
+        batch_rows: int | None = None,
         emitter: Emitter | None = None,
         progress: TextIO | None = None,
         watch: Watch | None = None,
@@ -233,6 +236,7 @@ class RunEngine:
                 ports.on_stage = StageProgress(progress, planned.stage_memory, len(plan.stages))
             pool.holder.append(ports)
             engine = cls(plan, slots, tokenizer, pool, runtime, ports)
+            engine._batch_rows = batch_rows
         except BaseException:
             if ports is not None:
                 await ports.close()
@@ -253,7 +257,8 @@ class RunEngine:
 
         handle = start_run(self._runtime, self.plan, self._ports,
                            stop_token_ids=stop_token_ids, timeouts=options.timeouts,
-                           serving=Serving(self._slots, opened, self._ended))
+                           serving=Serving(self._slots, opened, self._ended,
+                                           max_batch=self._batch_rows))
         self._handle = self._ports.handle = handle
         if watch is not None:
             self._watchers.append(asyncio.ensure_future(watch(handle)))

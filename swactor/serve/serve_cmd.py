@@ -120,6 +120,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                        f"(default {DEFAULT_WARM_PROMPT_TOKENS}; longer prompts build theirs "
                        "on first use, kept in the kernel cache for later runs; 0: only "
                        "what the cache holds)")
+    group.add_argument("--batch-rows", type=positive_int, default=None, metavar="B",
+                       help="decode steps of up to B sequences travel through the "
+                       "pipeline as one object, paying its per-object cost once "
+                       "(default: --slots; 1: every step its own object)")
     group.add_argument("--max-queue", type=int, default=64, metavar="N",
                        help="requests that may wait for a slot; one more is answered 429 "
                        "(default 64)")
@@ -342,6 +346,7 @@ async def serve_pool(
     port: int,
     slots: int,
     max_queue: int,
+    batch_rows: int | None = None,
     restart_limit: int,
     retry_delay_s: float,
     out: TextIO,
@@ -366,7 +371,8 @@ async def serve_pool(
         _say(err, f"provisioning a run on {len(nodes)} node(s), {slots} slots ...")
         chosen = frozenset(m.node_id for m in nodes)
         engine = await PipelineEngine.start(replace(options, nodes=nodes), slots=slots,
-                                            emitter=emitter, progress=err,
+                                            batch_rows=batch_rows, emitter=emitter,
+                                            progress=err,
                                             watch=lambda handle: live.watch(handle, chosen))
         live.previous = engine.stage_nodes
         reused = len(engine.reused_stages)
@@ -522,6 +528,7 @@ async def _serve_local(args: argparse.Namespace, keys: Path) -> int:
             replace(options, pool_gated=True, warm_prompt_tokens=args.warm_prompt_tokens),
             live, emitter, host=args.host,
             port=args.port, slots=args.slots, max_queue=args.max_queue,
+            batch_rows=args.batch_rows,
             restart_limit=args.max_restarts, retry_delay_s=args.retry_delay,
             out=sys.stdout, err=sys.stderr, spares=args.spares)
     finally:

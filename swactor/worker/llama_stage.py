@@ -103,8 +103,9 @@ from swactor.worker.bridge import host_array
 from swactor.worker.roles import Role, RoleConfigError, RoleRunError, register_role_kind
 
 KIND = "llama_stage"
-ACTIVATION_DTYPES: dict[str, np.dtype[Any]] = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}
-TOKEN_DTYPE: np.dtype[Any] = np.dtype("<u4")
+ACTIVATION_DTYPES: dict[str, np.dtype[np.generic]] = {"f32": np.dtype("<f4"),
+                                                      "f16": np.dtype("<f2")}
+TOKEN_DTYPE: np.dtype[np.generic] = np.dtype("<u4")
 
 
 def _field(config: Mapping[str, JsonValue], name: str, kind: type, required: bool = True
@@ -164,7 +165,7 @@ class LlamaStageRole:
         self.stage = stage  # swactor.model.llama_role.StageRole
         self.reuse_key = reuse_key
         self.hidden: int = stage.facts.hidden_dim
-        self.activation: np.dtype[Any] = ACTIVATION_DTYPES[stage.dtype]
+        self.activation: np.dtype[np.generic] = ACTIVATION_DTYPES[stage.dtype]
 
     @classmethod
     def from_config(cls, config: Mapping[str, JsonValue], device: str) -> LlamaStageRole:
@@ -296,10 +297,10 @@ class LlamaStageRole:
         values: npt.NDArray[Any] = raw.view(self.activation).reshape(-1, self.hidden)
         return values.astype(self.stage.np_dtype)  # the model role's native-order dtype
 
-    def encode_output(self, result: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
+    def encode_output(self, result: npt.NDArray[np.generic]) -> npt.NDArray[np.uint8]:
         """The output object's bytes for the model role's output array."""
         if self.stage.is_last:  # int32 ids (and a candidates object's logit bits) as u32
-            out: npt.NDArray[Any] = np.ascontiguousarray(result, np.int32).view(TOKEN_DTYPE)
+            out: npt.NDArray[np.generic] = np.ascontiguousarray(result, np.int32).view(TOKEN_DTYPE)
         else:
             out = np.ascontiguousarray(result).astype(self.activation)
         data: npt.NDArray[np.uint8] = out.view(np.uint8).reshape(-1)

@@ -24,7 +24,7 @@ from swactor.wire import (
     StageIndex,
     TeardownOutcome,
 )
-from swactor.wire.tags import CANDIDATES_K, SequenceTag
+from swactor.wire.tags import CANDIDATES_K, SequenceTag, batch_flags
 from tests.orchestrator.fake_ports import FakePorts
 from tests.orchestrator.test_run import (
     EOS,
@@ -75,11 +75,14 @@ class _SinkPort:
 
 
 async def serving(runtime: Runtime, ports: FakePorts, slots: int = 2,
-                  timeouts: RunTimeouts = SLOW, max_seq_len: int = 64) -> RunHandle:
+                  timeouts: RunTimeouts = SLOW, max_seq_len: int = 64,
+                  max_in_flight: int | None = None, max_batch: int | None = None
+                  ) -> RunHandle:
     opened = asyncio.Event()
     handle = start_run(runtime, make_plan(max_tokens=1, max_seq_len=max_seq_len), ports,
                        stop_token_ids=frozenset({EOS, 0}), timeouts=timeouts,
-                       serving=Serving(slots, opened.set))
+                       serving=Serving(slots, opened.set, max_in_flight=max_in_flight,
+                                       max_batch=max_batch))
     await ports.until(lambda: len(ports.of("provision")) == 3)
     make_ready(handle)
     await asyncio.wait_for(opened.wait(), 5)
@@ -371,15 +374,17 @@ def test_a_serving_plan_lets_token_out_carry_candidates() -> None:
     from swactor.wire import EdgeKind, PromptSource, RunId
     from tests.orchestrator.conftest import synthetic_model
 
-    def token_out_extent(serving: bool) -> int:
+    def token_out_extent(serving: bool, slots: int = 1) -> int:
         request = PlanRequest(run_id=RunId(5), prompt=PromptSource.from_token_ids((1,)),
-                              serving=serving)
+                              serving=serving, slots=slots)
         plan = plan_run(synthetic_pool(2), synthetic_model(blocks=6), request).plan
         edge = next(e for e in plan.edges if e.kind is EdgeKind.TokenOut)
         return edge.object_spec.max_extent
 
     assert token_out_extent(False) == 4
-    assert token_out_extent(True) == 2 * CANDIDATES_K * 4
+    # a batch of every slot's row, each asking for candidates, after its table
+    assert token_out_extent(True, slots=1) == (1 + 2 * CANDIDATES_K) * 4
+    assert token_out_extent(True, slots=4) == 4 * (1 + 2 * CANDIDATES_K) * 4
 
 
 def test_a_sequence_ends_when_its_next_position_would_pass_the_context() -> None:
@@ -393,5 +398,145 @@ def test_a_sequence_ends_when_its_next_position_would_pass_the_context() -> None
         await ports.until(lambda: a.end is not None)
         assert a.ids == [40, 41, 42, 43] and a.end == ("length", "")
         assert len(ports.of("inject")) == 4, "position 8 is past max_seq_len 8"
+
+    run_test(body)
+
+
+# -- batched decode: ready decode rows travel as one object ----------------------------
+
+def test_ready_decode_rows_go_as_one_batch_and_each_row_is_routed() -> None:
+    ids = tuple(range(100, 100 + CANDIDATES_K))
+    bits = struct.unpack(f"<{CANDIDATES_K}I", struct.pack(
+        f"<{CANDIDATES_K}f", *(float(CANDIDATES_K - i) for i in range(CANDIDATES_K))))
+    policy = SamplingPolicy.sample(temperature=0.8, seed=5)
+
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports, slots=3, max_in_flight=1)
+        a = submit(handle, 1, (1, 5), max_tokens=3)
+        b = submit(handle, 2, (1, 6, 7), max_tokens=2)
+        c = submit(handle, 3, (1, 8), max_tokens=3, sampling=policy)
+        await ports.until(lambda: len(ports.of("inject")) == 3)  # prompts go at once
+        assert [f for _, _, f in injected(ports)] == [tag(0, 0), tag(1, 0), tag(2, 0, True)]
+        handle.tell(out(0, tag(0, 0), 40))
+        handle.tell(out(1, tag(1, 0), 50))
+        await ports.until(lambda: b.ids == [50])
+        assert len(ports.of("inject")) == 3, "rows wait while an object is in flight"
+        handle.tell(out(2, tag(2, 0, True), *ids, *bits))
+        await ports.until(lambda: len(ports.of("inject")) == 4)
+        c0 = pick_candidate((*ids, *bits), policy, 0)
+        table = (tag(0, 2), tag(1, 3), tag(2, 2, True))
+        assert injected(ports)[3] == (3, (*table, 40, 50, c0), batch_flags(3))
+        # the last stage answers the table, then each row's answer in table order
+        handle.tell(out(3, batch_flags(3), *table, 41, 51, *ids, *bits))
+        await ports.until(lambda: len(ports.of("inject")) == 5)
+        c1 = pick_candidate((*ids, *bits), policy, 1)
+        assert (a.ids, b.ids, c.ids) == ([40, 41], [50, 51], [c0, c1])
+        assert b.end == ("length", "")
+        table = (tag(0, 3), tag(2, 3, True))  # b ended: two rows left
+        assert injected(ports)[4] == (4, (*table, 41, c1), batch_flags(2))
+        handle.tell(out(4, batch_flags(2), *table, EOS, *ids, *bits))
+        await ports.until(lambda: a.end is not None and c.end is not None)
+        assert a.ids == [40, 41] and a.end == ("stop", "")
+        assert c.ids == [c0, c1, pick_candidate((*ids, *bits), policy, 2)]
+        assert len(ports.of("inject")) == 5
+        d = submit(handle, 4, (1, 9), max_tokens=2)  # alone: plain tagged objects
+        await ports.until(lambda: len(ports.of("inject")) == 6)
+        handle.tell(out(5, tag(0, 0), 60))
+        await ports.until(lambda: len(ports.of("inject")) == 7)
+        assert injected(ports)[6] == (6, (60,), tag(0, 2))
+        handle.tell(out(6, tag(0, 2), 61))
+        await ports.until(lambda: d.end is not None)
+        handle.stop()
+        result = await stop_all(handle, ports)
+        assert result.fault is None and result.teardown is TeardownOutcome.Clean
+
+    run_test(body)
+
+
+def test_a_cancelled_row_leaves_the_batch_and_its_late_answer_is_dropped() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports, slots=3, max_in_flight=1)
+        sinks = [submit(handle, i, (1, 5 + i), max_tokens=5) for i in range(3)]
+        await ports.until(lambda: len(ports.of("inject")) == 3)
+        for step in range(3):
+            handle.tell(out(step, tag(step, 0), 40 + step))
+        await ports.until(lambda: len(ports.of("inject")) == 4)
+        table = (tag(0, 2), tag(1, 2), tag(2, 2))
+        assert injected(ports)[3] == (3, (*table, 40, 41, 42), batch_flags(3))
+        handle.cancel(1)  # its row is in flight
+        await ports.until(lambda: sinks[1].end is not None)
+        handle.tell(out(3, batch_flags(3), *table, 50, 51, 52))
+        await ports.until(lambda: len(ports.of("inject")) == 5)
+        assert sinks[1].ids == [41], "the cancelled row's answer is dropped"
+        assert injected(ports)[4][2] == batch_flags(2)
+        handle.cancel(0)  # its row is in flight in the batch of two: dropped too
+        handle.tell(out(4, batch_flags(2), tag(0, 3), tag(2, 3), 60, 62))
+        await ports.until(lambda: len(ports.of("inject")) == 6)
+        assert injected(ports)[5] == (5, (62,), tag(2, 4)), "one row left: a plain object"
+        assert sinks[0].ids == [40, 50] and sinks[2].ids == [42, 52, 62]
+        handle.stop()
+        await stop_all(handle, ports)
+
+    run_test(body)
+
+
+def test_at_most_max_in_flight_objects_and_prompts_go_at_once() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports, slots=4, max_in_flight=2)
+        for i in range(3):
+            submit(handle, i, (1, 5 + i), max_tokens=9)
+        await ports.until(lambda: len(ports.of("inject")) == 3)
+        handle.tell(out(0, tag(0, 0), 40))  # 2 prompts still in flight: a's row waits
+        await asyncio.sleep(0.02)
+        assert len(ports.of("inject")) == 3
+        handle.tell(out(1, tag(1, 0), 41))  # one in flight: the two rows go as one
+        await ports.until(lambda: len(ports.of("inject")) == 4)
+        assert injected(ports)[3][2] == batch_flags(2)
+        submit(handle, 3, (1, 9), max_tokens=9)  # a prompt goes though two are in flight
+        await ports.until(lambda: len(ports.of("inject")) == 5)
+        assert injected(ports)[4] == (4, (1, 9), tag(3, 0))
+        handle.stop()
+        await stop_all(handle, ports)
+
+    run_test(body)
+
+
+def test_a_batch_answer_with_another_table_or_a_short_row_faults_the_run() -> None:
+    async def body(runtime: Runtime, ports: FakePorts, answer: tuple[int, ...],
+                   reason: RunFaultReason) -> None:
+        handle = await serving(runtime, ports, slots=2, max_in_flight=1)
+        sinks = [submit(handle, i, (1, 5 + i)) for i in range(2)]
+        await ports.until(lambda: len(ports.of("inject")) == 2)
+        handle.tell(out(0, tag(0, 0), 40))
+        handle.tell(out(1, tag(1, 0), 41))
+        await ports.until(lambda: len(ports.of("inject")) == 3)
+        handle.tell(out(2, batch_flags(2), *answer))
+        result = await stop_all(handle, ports)
+        assert result.fault is not None and result.fault.reason is reason
+        assert all(s.end is not None and s.end[0] == "error" for s in sinks)
+
+    cases = [
+        ((tag(1, 2), tag(0, 2), 50, 51), RunFaultReason.SequenceViolation),  # rows swapped
+        ((tag(0, 2), tag(1, 2), 50), RunFaultReason.ObjectHeaderMalformed),  # one short
+        ((tag(0, 2), tag(1, 2), 50, 51, 52), RunFaultReason.ObjectHeaderMalformed),
+        ((tag(0, 2), tag(0, 2), 50, 51), RunFaultReason.ObjectHeaderMalformed),  # bad table
+    ]
+    for answer, reason in cases:
+        run_test(lambda runtime, ports, answer=answer, reason=reason:  # type: ignore[misc]
+                 body(runtime, ports, answer, reason))
+
+
+def test_batch_rows_1_writes_every_decode_step_at_once() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports, slots=4, max_batch=1)  # 3 stages
+        for i in range(4):
+            submit(handle, i, (1, 5 + i), max_tokens=9)
+        await ports.until(lambda: len(ports.of("inject")) == 4)
+        for step in range(4):  # 4 objects in flight: each row goes alone, at once
+            handle.tell(out(step, tag(step, 0), 40 + step))
+            await ports.until(lambda step=step: len(ports.of("inject")) == 5 + step)
+        assert [f for _, _, f in injected(ports)[4:]] == [tag(i, 2) for i in range(4)]
+        handle.stop()
+        await stop_all(handle, ports)
 
     run_test(body)
