@@ -13,9 +13,12 @@ hints to its end of the ring (`wake`, True when the ring is one of its own).
 - `WorkerRingInstaller` sends GpuWorkerCtl's `InstallRing` / `UninstallRing`; GpuWorkerCtl
   answers through its routes (the establisher and the ring's edge actor, which this
   installer registers in `edge_routes`, GpuWorkerCtl's `WorkerRoutes.edges`, so object
-  events reach it). Wake hints
-  go to GpuWorkerCtl as they are (its table takes the same
-  `RingReadable` / `RingWritable` classes).
+  events reach it). Given the worker's `WorkerDoorbells` (the node does), its `route`
+  (`swactor.transport.WorkerWakeRoute`) carries the wake hints both ways on the event
+  loop: the driver's ring the worker's `to_worker` doorbell and the worker's call the
+  driver for the rings this installer gave it (`route.bind(driver)` once the driver
+  exists). Without doorbells the hints go to GpuWorkerCtl as they are (its table takes
+  the same `RingReadable` / `RingWritable` classes) and travel as JSON lines.
 - `LocalRingInstaller` is the token endpoint's end, in this process: it opens its own
   `Ring` handle on the arena (the header was written by the ArenaManager) and answers
   at once. `ring(edge_id)` gives the endpoint its handle; `wake_event(ring_id)` is set by
@@ -31,7 +34,8 @@ from typing import Any, Protocol
 from swactor.actors import ActorRef
 from swactor.arena import Arena
 from swactor.fsm.generated import gpu_worker_ctl as gwc
-from swactor.ring import Ring, RingError
+from swactor.ring import Ring, RingError, WorkerDoorbells
+from swactor.transport.doorbells import WorkerWakeRoute
 from swactor.transport.messages import WakeHint
 from swactor.wire import (
     EdgeId,
@@ -72,11 +76,14 @@ class WorkerRingInstaller:
     """Installs rings in the GPU worker through GpuWorkerCtl."""
 
     def __init__(
-        self, worker_ctl: ActorRef[Any], edge_routes: dict[RingId, ActorRef[Any]]
+        self, worker_ctl: ActorRef[Any], edge_routes: dict[RingId, ActorRef[Any]],
+        bells: WorkerDoorbells | None = None,
     ) -> None:
+        """`bells`: the doorbells GpuWorkerCtl hands its worker (module docstring)."""
         self.worker_ctl = worker_ctl
         self.edge_routes = edge_routes
         self._rings: set[int] = set()
+        self.route = WorkerWakeRoute(bells, self._rings) if bells is not None else None
 
     def install(
         self, command: InstallRing, establisher: ActorRef[Any], edge_actor: ActorRef[Any]
@@ -96,7 +103,10 @@ class WorkerRingInstaller:
     def wake(self, hint: WakeHint) -> bool:
         if hint.ring_id not in self._rings:
             return False
-        self.worker_ctl.tell(hint)
+        if self.route is not None:
+            self.route.wake(hint)
+        else:
+            self.worker_ctl.tell(hint)
         return True
 
 

@@ -109,6 +109,7 @@ from swactor.node.worker_ctl import (
     WorkerReadyNotice,
     WorkerRoutes,
 )
+from swactor.ring import WorkerDoorbells
 from swactor.transport import ControlAuthority, ControlChannel, QuicEndpoint
 from swactor.transport.artifact_stream import ArtifactChannel
 from swactor.transport.config import TransportConfig
@@ -405,8 +406,12 @@ class StageNode:
         self._driver_ref: ActorRef[Any] | None = None
         self._establisher: ActorRef[Any] | None = None
         self._routes: WorkerRoutes | None = None
+        self._installer: WorkerRingInstaller | None = None
         self._host: ActorRef[Any] | None = None
         self._ctl: ActorRef[Any] | None = None
+        self._bells: WorkerDoorbells | None = None
+        """The worker's wake doorbells (GpuWorkerCtl hands them to every generation; the
+        ring installer's `WorkerWakeRoute` reads and rings them, and closes them)."""
         self._worker_pid: int | None = None
         self.membership: Any = None
         self.swim_join: Any = None
@@ -486,8 +491,10 @@ class StageNode:
                                      backend=None if config.device is None
                                      else {"device": config.device},
                                      init_timeout_s=config.worker_init_timeout_s)
-        self._ctl = runtime.spawn(lambda: GpuWorkerCtl(ctl_config, routes, arena), "gpu-worker",
-                                  mailbox_capacity=4096)
+        bells = self._bells = WorkerDoorbells.create()
+        self._ctl = runtime.spawn(lambda: GpuWorkerCtl(ctl_config, routes, arena,
+                                                       doorbells=bells),
+                                  "gpu-worker", mailbox_capacity=4096)
 
     async def await_worker(self) -> None:
         """Start the worker; WorkerReady / WorkerFailed to the boot machine."""
@@ -547,9 +554,11 @@ class StageNode:
         assert routes is not None and ctl is not None and host is not None
         assert arena_ref is not None
         arena = manager.arena
-        installer = WorkerRingInstaller(ctl, routes.edges)
+        installer = self._installer = WorkerRingInstaller(ctl, routes.edges, self._bells)
         driver_actor = DriverActor(endpoint, arena, WakeFanout(installer), network.driver)
         self.driver = driver_actor.driver
+        if installer.route is not None:  # the worker's wake hints reach the driver directly
+            installer.route.bind(driver_actor.driver)
         driver = self._driver_ref = runtime.spawn(lambda: driver_actor, "driver",
                                                   mailbox_capacity=4096)
         # edge_ready is the StageController's event (on EdgeReady): no emit here
@@ -728,6 +737,12 @@ class StageNode:
                 async with asyncio.timeout(15):
                     while self._ctl.alive and self._worker_alive():
                         await asyncio.sleep(0.05)
+        if self._installer is not None and self._installer.route is not None:
+            self._installer.route.close()  # no wake hint reaches the driver from now on
+            self._bells = None
+        elif self._bells is not None:
+            self._bells.close()
+            self._bells = None
         if self._driver_ref is not None:
             await self._driver_ref.stop_and_join()  # DriverActor.stopped closes the driver
         if self.endpoint is not None:

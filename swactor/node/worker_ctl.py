@@ -38,12 +38,11 @@ and the commands held while the next generation starts (`deferred`: written in a
 order when it is ready, answered as refused if it never is, an InstallRing dropped when
 its ring is uninstalled first).
 Wake hints (spec §21) between node and worker go through the `WorkerDoorbells` the actor
-creates once and hands to every worker generation (`WorkerCtlConfig.doorbells`, on by
-default): SendRingReadable / SendRingWritable ring `to_worker`, and the worker's
-`readable` / `writable` rings are read by the actor's event loop and become, for each
-installed egress / ingress ring, a RingReadable / RingWritable to the Driver (the
-machine's WorkerRang and RouteWakeHints). Without doorbells the hints
-are JSON lines both ways.
+is given (`doorbells`, the node's) and hands to every worker generation; they do not pass
+this actor: the node's `WorkerRingInstaller` reads and rings them on the event loop
+(`swactor.transport.WorkerWakeRoute`). A RingReadable / RingWritable still mailed here
+rings `to_worker` (SendRingReadable / SendRingWritable). Without doorbells the hints
+are JSON lines both ways (the worker's reach the Driver as routed worker events).
 
 On a crash the StageControllers hear `WorkerCrashed` first (with the WorkerFatal reason
 when the worker reported one before it exited), then every in-flight step is failed and
@@ -54,7 +53,6 @@ blocked on it wakes with RingFaulted instead of waiting for a dead peer.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 import time
@@ -95,7 +93,6 @@ from swactor.wire import (
     ObjectLoaded,
     ObjectProduced,
     ReleaseDeviceObject,
-    RingDirection,
     RingFault,
     RingFaultReason,
     RingId,
@@ -214,8 +211,6 @@ class WorkerCtlConfig:
     restart_window_s: float = 60.0
     kill_grace_s: float = 0.5
     required_ring_helper_abi: int = RING_HELPER_ABI
-    doorbells: bool = True
-    """Wake hints through eventfd doorbells (module doc); False: as JSON lines."""
 
 
 # -- the adapter ------------------------------------------------------------------------
@@ -260,8 +255,11 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
         routes: WorkerRoutes,
         arena: Arena | None = None,
         clock: Callable[[], float] = time.monotonic,
+        doorbells: WorkerDoorbells | None = None,
     ) -> None:
-        """`clock` (seconds, monotonic) times the restart budget's window."""
+        """`clock` (seconds, monotonic) times the restart budget's window; `doorbells`
+        (its owner closes them) go to every worker generation, None: wake hints as JSON
+        lines (module doc)."""
         self.config = config
         self.clock = clock
         self.routes = routes
@@ -279,7 +277,7 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
         """The current generation's WorkerFatal reason (NoteWorkerFatal), if any."""
         self.process: ActorRef[ProcessCommand] | None = None
         self._ctx: Context[Mail] | None = None
-        self.doorbells = WorkerDoorbells.create() if config.doorbells else None
+        self.doorbells = doorbells
         self.machine = gwc.GpuWorkerCtlMachine(
             self,
             init_timeout_s=config.init_timeout_s,
@@ -318,30 +316,6 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
     async def started(self, ctx: Context[Mail]) -> None:
         self._ctx = ctx
         self._host.timers = ctx.timers
-        bells = self.doorbells
-        if bells is not None:
-            loop = asyncio.get_running_loop()
-            loop.add_reader(bells.readable.fd, self._worker_rang, ctx, RingDirection.Egress)
-            loop.add_reader(bells.writable.fd, self._worker_rang, ctx, RingDirection.Ingress)
-
-    async def stopped(self, ctx: Context[Mail]) -> None:
-        bells, self.doorbells = self.doorbells, None
-        if bells is not None:
-            loop = asyncio.get_running_loop()
-            loop.remove_reader(bells.readable.fd)
-            loop.remove_reader(bells.writable.fd)
-            bells.close()
-
-    def _worker_rang(self, ctx: Context[Mail], direction: RingDirection) -> None:
-        """A worker doorbell is readable: the machine's WorkerRang, once per wake-up.
-
-        Runs on the actor's event loop between two messages (`receive` never awaits)."""
-        bells = self.doorbells
-        if bells is None:
-            return
-        bell = bells.readable if direction is RingDirection.Egress else bells.writable
-        if bell.drain():
-            self._host.feed(gwc.WorkerRang(direction))
 
     async def receive(self, ctx: Context[Mail], message: Mail) -> None:
         event = self._translate(message)
@@ -497,12 +471,6 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
             case StepCompleted() | StepFailed():
                 self.in_flight.pop((event.role_id, event.step_id), None)
         self._route(event)
-
-    def route_wake_hints(self, direction: RingDirection) -> None:
-        hint = RingReadable if direction is RingDirection.Egress else RingWritable
-        for ring_id, command in self.installed.items():
-            if command.direction is direction:
-                self._route(hint(ring_id))
 
     def reject_install_ring(self, command: InstallRing, reason: RingFaultReason) -> None:
         self._route(RingFault(command.ring_id, command.edge_id, command.port_id, reason))

@@ -21,7 +21,7 @@ Modules, each with its theory of operation at the top:
 
 from swactor.transport.config import CONTROL_ALPN, EDGE_ALPN, TransportConfig
 from swactor.transport.control import ControlAuthority, ControlChannel, RejectCode
-from swactor.transport.doorbells import DoorbellRouter
+from swactor.transport.doorbells import DoorbellRouter, WorkerWakeRoute
 from swactor.transport.driver import Driver
 from swactor.transport.endpoint import PeerRefused, QuicEndpoint, QuicLink
 from swactor.transport.errors import (
@@ -77,5 +77,6 @@ __all__ = [
     "TransportConfigError",
     "TransportError",
     "WakeHint",
+    "WorkerWakeRoute",
     "node_id_from_public_key",
 ]

@@ -13,16 +13,23 @@ doorbells only after the event loop reported them readable, so it never blocks a
 changes the fds' blocking mode (which the worker shares).
 
 Build it before the driver (`Driver(..., wake=router.wake)`), then `bind(driver)`.
+
+`WorkerWakeRoute` is the same wiring for a worker process's `WorkerDoorbells` (one set
+for every ring of the worker, hints naming no ring): the node's path for every token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from typing import Protocol
 
-from swactor.ring import Doorbell
+from swactor.ring import Doorbell, WorkerDoorbells
 from swactor.transport.driver import Driver
 from swactor.transport.messages import WakeHint
 from swactor.wire import RingReadable, RingWritable
+
+log = logging.getLogger(__name__)
 
 
 class DoorbellRouter:
@@ -72,3 +79,71 @@ class DoorbellRouter:
 
         self._watched[ring_id] = bell
         asyncio.get_running_loop().add_reader(bell.fileno(), ready)
+
+
+class WakeTarget(Protocol):
+    """What a `WorkerWakeRoute` hints: the edge driver's wake entry points."""
+
+    def ring_readable(self, ring_id: int) -> None: ...
+
+    def ring_writable(self, ring_id: int) -> None: ...
+
+
+class WorkerWakeRoute:
+    """Wake hints between the edge driver and one worker process's `WorkerDoorbells`,
+    on the event loop, with no actor between them.
+
+    The node's hot path (spec §21 leaves the channel open): a token's object makes the
+    driver's recv pump hint its ingress ring and the worker hint its egress ring once
+    each, and a hint that went through GpuWorkerCtl's mailbox, its machine and the
+    DriverActor's mailbox cost two actor hops and two table lookups per token for a
+    decision nobody takes (a hint is only ever "look again"). Here:
+
+    - `wake(hint)` (the driver's wake callback, through the node's `WorkerRingInstaller`)
+      rings the worker's `to_worker` doorbell;
+    - when the worker rings `readable` (`writable`), the loop calls
+      `driver.ring_readable` (`ring_writable`) for every ring in `rings` (the rings the
+      installer gave this worker); the driver ignores an id that is not one of its send
+      (recv) rings, and the ring's pending bits keep a spurious look cheap.
+
+    A hint outside a worker's life is harmless both ways: the worker of the next
+    generation inherits the doorbells and takes a left-over count as a spurious look,
+    and a count read while no driver is bound hints nobody. `bind(driver)` (on the
+    running loop) starts reading the worker's doorbells; `close()` stops reading them
+    and closes this process's fds.
+    """
+
+    def __init__(self, bells: WorkerDoorbells, rings: set[int]) -> None:
+        self.bells = bells
+        self.rings = rings
+        self._driver: WakeTarget | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, driver: WakeTarget) -> None:
+        self._driver = driver
+        if self._loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+            loop.add_reader(self.bells.readable.fd, self._rang, True)
+            loop.add_reader(self.bells.writable.fd, self._rang, False)
+
+    def wake(self, hint: WakeHint) -> None:
+        self.bells.to_worker.notify()
+
+    def _rang(self, egress: bool) -> None:
+        bell = self.bells.readable if egress else self.bells.writable
+        driver = self._driver
+        if not bell.drain() or driver is None:
+            return
+        hint = driver.ring_readable if egress else driver.ring_writable
+        for ring_id in tuple(self.rings):
+            try:
+                hint(ring_id)
+            except Exception:  # the loop must keep serving the other rings' hints
+                log.exception("wake hint for ring %d failed", ring_id)
+
+    def close(self) -> None:
+        loop, self._loop, self._driver = self._loop, None, None
+        if loop is not None and not loop.is_closed():
+            loop.remove_reader(self.bells.readable.fd)
+            loop.remove_reader(self.bells.writable.fd)
+        self.bells.close()
