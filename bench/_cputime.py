@@ -10,6 +10,10 @@ root (the `swactor run` process, which hosts the orchestrator, its node processe
 their workers); when ``stop`` tokens have arrived it reads them again. CPU ms per token
 = the difference over the number of tokens received between the two reads. Each node
 and worker is named by its stage (the node's ``stage_ready`` event carries its pid).
+Beside each process's figure, its main thread's (``/proc/PID/task/PID/schedstat``, in
+nanoseconds): a node's token path runs there, on its event loop, while its SWIM
+membership thread probes the pool on a timer, so its share of a token grows with the
+token's period rather than with the work of the token.
 """
 
 from __future__ import annotations
@@ -48,6 +52,15 @@ def cpu_s(pid: int) -> float | None:
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) * TICK_S  # utime, stime (fields 14, 15)
+
+
+def main_thread_s(pid: int) -> float | None:
+    """CPU seconds `pid`'s main thread ran (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/schedstat") as handle:
+            return int(handle.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _tokens(events_dir: Path) -> int:
@@ -103,8 +116,10 @@ class CpuSampler:
     def __call__(self, events_dir: Path, root: int) -> None:
         first = self._wait(events_dir, self.start, root)
         before = {pid: cpu_s(pid) for pid in tree(root)}
+        main_before = {pid: main_thread_s(pid) for pid in before}
         last = self._wait(events_dir, self.stop, root)
         after = {pid: cpu_s(pid) for pid in before}
+        main_after = {pid: main_thread_s(pid) for pid in before}
         tokens = last - first
         if tokens <= 0:
             return
@@ -122,8 +137,12 @@ class CpuSampler:
                 role, stage = "worker", stages[_parent(pid) or 0]
             else:
                 continue
+            main_begin, main_end = main_before.get(pid), main_after.get(pid)
+            main = (None if main_begin is None or main_end is None
+                    else (main_end - main_begin) * 1e3 / tokens)
             rows.append({"role": role, "stage": stage, "pid": pid,
-                         "cpu_ms_per_token": (end - begin) * 1e3 / tokens})
+                         "cpu_ms_per_token": (end - begin) * 1e3 / tokens,
+                         "main_thread_cpu_ms_per_token": main})
         rows.sort(key=lambda r: (r["stage"] if r["stage"] is not None else -1, r["role"]))
         self.result = {"tokens": tokens, "from_token": first, "processes": rows,
                        "total_cpu_ms_per_token": sum(r["cpu_ms_per_token"] for r in rows)}

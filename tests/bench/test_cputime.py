@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from bench._cputime import CpuSampler, cpu_s, tree
+from bench._cputime import CpuSampler, cpu_s, main_thread_s, tree
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
 
@@ -24,6 +25,27 @@ def test_tree_and_cpu_seconds_of_a_real_child() -> None:
     assert child.pid not in tree(os.getpid())
     own = cpu_s(os.getpid())
     assert own is not None and own > 0
+
+
+def test_main_thread_seconds_leave_out_a_busy_helper_thread() -> None:
+    import threading
+
+    before_main, before_all = main_thread_s(os.getpid()), cpu_s(os.getpid())
+    assert before_main is not None and before_all is not None
+
+    def burn() -> None:
+        started = time.thread_time()
+        while time.thread_time() - started < 0.3:
+            pass
+
+    helper = threading.Thread(target=burn)
+    helper.start()
+    helper.join()
+    after_main, after_all = main_thread_s(os.getpid()), cpu_s(os.getpid())
+    assert after_main is not None and after_all is not None
+    assert after_all - before_all >= 0.25  # the process counts the helper's 0.3 s
+    assert after_main - before_main < 0.1  # its main thread only waited for it
+    assert main_thread_s(2**22 + 12345) is None  # no such process
 
 
 CHILD = """

@@ -173,7 +173,7 @@ def test_hotpath_ratios_and_fixed_costs() -> None:
     one = {"stages": 1, "period_ms": 32.0, "compute_ms": 31.0, "cpu_ms_per_token": 32.0,
            "node_cpu_ms": 0.8}
     three = {"stages": 3, "period_ms": 34.0, "compute_ms": 31.6, "cpu_ms_per_token": 35.0,
-             "node_cpu_ms": 1.1}
+             "node_cpu_ms": 1.1, "node_main_cpu_ms": 0.7}
     got = round_figures(model, one, three)
     assert got["e2e_over_model"] == 30.0 / 32.0
     assert got["e2e_over_model_cpu"] == 29.0 / 32.0
@@ -183,3 +183,4 @@ def test_hotpath_ratios_and_fixed_costs() -> None:
     assert abs(got["fixed_ms_per_stage_3"] - 0.8) < 1e-9  # (34 - 31.6) / 3
     assert got["fixed_cpu_ms_per_stage_3"] == 2.0  # (35 - 29) / 3
     assert got["node_cpu_ms_per_token"] == 1.1
+    assert got["node_main_cpu_ms_per_token"] == 0.7  # the 1-stage run did not measure it
