@@ -81,6 +81,13 @@ def test_orchestrator_serve_refuses_prompt_flags(tmp_path: Path) -> None:
     assert "--prompt shapes one prompt; with --serve each request brings its own" in done.stderr
 
 
+def test_orchestrator_serve_refuses_spares_that_leave_no_stage(tmp_path: Path) -> None:
+    done = swactor("orchestrator", "--key", str(tmp_path / "o.key"), "--open-pool",
+                   "--node", "1@127.0.0.1:7400", "--serve", "127.0.0.1:0", "--spares", "1")
+    assert done.returncode == 2
+    assert "--spares 1 leaves no node of the 1 for the run's stages" in done.stderr
+
+
 def test_orchestrator_serve_refuses_a_bad_address() -> None:
     done = swactor("orchestrator", "--key", "k", "--serve", "nowhere")
     assert done.returncode == 2 and "'nowhere' is not HOST:PORT" in done.stderr
@@ -123,6 +130,20 @@ def test_live_nodes_skip_dead_processes_and_keep_at_most_count() -> None:
     assert [int(m.node_id) for m in live.members()] == [2, 3]
     gone.clear()
     assert [int(m.node_id) for m in live.members()] == [1, 2]
+
+
+def test_live_nodes_place_survivors_at_their_stage_and_a_warm_spare_in_the_gap() -> None:
+    members = tuple(PoolMember(NodeId(n), "127.0.0.1", 7400 + n) for n in (1, 2, 3, 4, 5))
+    gone: set[NodeId] = set()
+    live = LiveNodes(members, count=3, alive=lambda node: node not in gone)
+    first, _ = live.place({})
+    assert [int(m.node_id) for m in first] == [1, 2, 3]
+    live.previous = tuple(m.node_id for m in first)
+    assert [int(m.node_id) for m in live.idle(frozenset(live.previous))] == [4, 5]
+    gone.add(NodeId(2))
+    nodes, words = live.place({NodeId(5): frozenset({(1, 3)})})
+    assert [int(m.node_id) for m in nodes] == [1, 5, 3]  # not [1, 3, 4]: nobody moves
+    assert words == ["stage 1 on spare 0x5, preloaded"]
 
 
 def test_sigterm_while_the_nodes_boot_stops_them_and_exits_130() -> None:
