@@ -45,23 +45,24 @@ def seed(hosts: NetnsTopology) -> str:
     return f"{hosts[STAGES[0]].address}:{SWIM_PORT}"
 
 
-def pool_file(keys: Path) -> Path:
+def pool_file(keys: Path, stages: tuple[str, ...] = STAGES) -> Path:
     """`keys/pool.txt`, pinning the orchestrator's and every stage host's key (written once;
     the keys are made on first use, as `swactor pool add` would)."""
     path = keys / "pool.txt"
     if not path.exists():
         add_member(path, NodeIdentity.load_or_create(keys / "orchestrator.key"),
                    "orchestrator", "orch")
-        for name in STAGES:
+        for name in stages:
             add_member(path, NodeIdentity.load_or_create(keys / f"{name}.key"), "node", name)
     return path
 
 
 def start_node(hosts: NetnsTopology, name: str, keys: Path, events: Path,
-               orchestrator: int) -> HostProcess:
+               orchestrator: int, stages: tuple[str, ...] = STAGES) -> HostProcess:
+    """Stage host `name`'s node; `stages`: every stage host of the pool (the pool file)."""
     host = hosts[name]
     args = ["node", "--key", str(keys / f"{name}.key"), "--bind", host.address,
-            "--swim", f"{host.address}:{SWIM_PORT}", "--pool", str(pool_file(keys)),
+            "--swim", f"{host.address}:{SWIM_PORT}", "--pool", str(pool_file(keys, stages)),
             "--trust-orchestrator", str(orchestrator), "--arena-ceiling", "256MiB",
             "--event-verbosity", "-1", "--events-file", str(events / f"{name}.jsonl"),
             "--models-dir", str(models_dir(events, name))]

@@ -15,12 +15,10 @@ stream saw (kill to its next chunk) is printed.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ import openai
 import pytest
 
 from .serve_process import ServeProcess, cmdline, descendants
+from .streams import events, join, stage_node_pid, stream_all, wait_chunks
 
 pytestmark = pytest.mark.slow
 
@@ -37,60 +36,6 @@ PROMPTS = ("The capital of France is", "Once upon a time, in a small village,",
 MAX_TOKENS = 28
 KILL_AFTER = 4
 """Chunks every stream has received before the stage node is killed."""
-
-
-def events(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-class Stream(threading.Thread):
-    """One streaming completion: its chunks' texts and when each arrived."""
-
-    def __init__(self, client: openai.OpenAI, prompt: str) -> None:
-        super().__init__(daemon=True)
-        self.client, self.prompt = client, prompt
-        self.chunks: list[str] = []
-        self.times: list[float] = []
-        self.finish: str | None = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            for chunk in self.client.completions.create(
-                    model="swactor", prompt=self.prompt, max_tokens=MAX_TOKENS,
-                    temperature=0.0, stream=True):
-                choice = chunk.choices[0]
-                if choice.text:
-                    self.chunks.append(choice.text)
-                    self.times.append(time.monotonic())
-                if choice.finish_reason:
-                    self.finish = choice.finish_reason
-        except BaseException as error:  # reported by the test
-            self.error = error
-
-
-def stream_all(client: openai.OpenAI) -> list[Stream]:
-    streams = [Stream(client, prompt) for prompt in PROMPTS]
-    for stream in streams:
-        stream.start()
-    return streams
-
-
-def join(streams: list[Stream], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    for stream in streams:
-        stream.join(max(0.0, deadline - time.monotonic()))
-        assert not stream.is_alive(), f"stream {stream.prompt!r} did not end"
-        assert stream.error is None, f"stream {stream.prompt!r}: {stream.error!r}"
-
-
-def stage_node_pid(events_dir: Path, stage: int, run_id: int) -> tuple[int, int]:
-    """(pid, node id) of the node process that holds `stage` of run `run_id`."""
-    for path in sorted(events_dir.glob("node-*.jsonl")):
-        for event in events(path):
-            if event.get("run_id") == run_id and event.get("stage_index") == stage:
-                return int(event["pid"]), int(event["node_id"])
-    raise AssertionError(f"no node file names stage {stage} of run {run_id}")
 
 
 def test_killing_a_stage_node_mid_stream_migrates_every_stream(tmp_path: Path) -> None:
@@ -102,24 +47,21 @@ def test_killing_a_stage_node_mid_stream_migrates_every_stream(tmp_path: Path) -
         url = serve.wait_url(600)
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
                                timeout=600)
-        healthy = stream_all(client)
+        healthy = stream_all(client, PROMPTS, MAX_TOKENS)
         join(healthy, 600)
         assert all(len(s.chunks) == MAX_TOKENS for s in healthy), [s.chunks for s in healthy]
 
         log = events_dir / "orchestrator.jsonl"
         started = [e for e in events(log) if e["event"] == "serve_started"]
         first_run = int(started[0]["run_id"])
-        pid, killed = stage_node_pid(events_dir, 1, first_run)
+        found = stage_node_pid(events_dir, 1, first_run)
+        assert found is not None
+        pid, killed = found
         assert "swactor.cli node" in cmdline(pid) and pid in descendants(serve.process.pid)
 
-        faulted = stream_all(client)
-        deadline = time.monotonic() + 600
-        while min(len(s.chunks) for s in faulted) < KILL_AFTER:
-            assert time.monotonic() < deadline, "the streams did not start"
-            assert all(s.error is None for s in faulted), [s.error for s in faulted]
-            time.sleep(0.01)
-        assert max(len(s.chunks) for s in faulted) < MAX_TOKENS, "killed too late"
-        streamed = [len(s.chunks) for s in faulted]
+        faulted = stream_all(client, PROMPTS, MAX_TOKENS)
+        streamed = wait_chunks(faulted, KILL_AFTER, 600)
+        assert max(streamed) < MAX_TOKENS, "killed too late"
         os.kill(pid, signal.SIGKILL)
         killed_at, killed_wall = time.monotonic(), time.time_ns()
         join(faulted, 600)
