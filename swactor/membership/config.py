@@ -62,10 +62,10 @@ the tests hold a heal to:
                + retransmit_mult * ceil(log10(N + 1)) * gossip_interval  (dissemination)
 
 2.8 s for a pool of 2 to 9 members with up to 3 held dead (measured in simulation:
-~1.1 s; `tests/membership/test_partition.py`). The price is traffic to a
-member that is really gone: one full-view `Sync` per second from each member that held
-it alive, for the reconnect timeout; for the small pools this tuning targets that is a
-few hundred bytes a second.
+~1.1 s; `tests/membership/test_partition.py`). The price is traffic to members that
+are really gone: each member sends at most `reconnect_nodes` full-view `Sync`s per
+reconnect period, however many members it holds dead, for the reconnect timeout; for
+the small pools this tuning targets that is a few hundred bytes a second.
 """
 
 from __future__ import annotations
