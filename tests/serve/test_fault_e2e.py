@@ -94,7 +94,7 @@ def test_a_second_fault_during_recovery_still_migrates_every_stream(tmp_path: Pa
     max_tokens = 24
     serve = ServeProcess(["serve", "--nodes", "4", "--stages", "2", "--port", "0",
                           "--slots", "4", "--retry-delay", "0.5", "--max-restarts", "3",
-                          "--events-dir", str(events_dir)])
+                          "--warm-prompt-tokens", "0", "--events-dir", str(events_dir)])
     try:
         url = serve.wait_url(600)
         client = _client(url)
@@ -168,7 +168,7 @@ def test_a_pool_too_small_to_re_plan_ends_every_stream_with_the_reason(
     max_tokens = 200
     serve = ServeProcess(["serve", "--nodes", "2", "--split", "15,15", "--port", "0",
                           "--slots", "4", "--retry-delay", "2", "--max-restarts", "2",
-                          "--events-dir", str(events_dir)])
+                          "--warm-prompt-tokens", "0", "--events-dir", str(events_dir)])
     try:
         url = serve.wait_url(600)
         client = _client(url)
