@@ -32,6 +32,14 @@ What each type computes (float32 results bit-identical to ``gguf.quants.dequanti
   bits ``2t..2t+1`` of ``qh[h][p % 32]`` with ``t = 2 s + p // 32``; ``w = d * (sc *
   (q - 32))``.
 
+* ``Q2_K`` (16 sub-blocks of 16, 4-bit scales and mins packed in one byte each): ``qs``
+  is 2 halves of 32 bytes; in half ``h`` weight ``32 j + p`` is bits ``2j..2j+1`` of
+  ``qs[h][p]``; ``w = d * (sc * q) - dmin * mn`` per sub-block.
+* ``Q3_K`` (16 sub-blocks of 16, 6-bit scales unpacked at load to int8 ``sc - 32``): the
+  low two bits as Q2_K's, the third from ``hmask`` (bit ``i`` of ``hmask[p]`` for weight
+  ``32 i + p``); ``w = d * (sc * (q - 4))`` with ``q`` the three bits.
+* ``F16`` / ``BF16``: blocks of one weight, widened (BF16: its bits shifted 16 up).
+
 f16 scales widen to f32 with integer bit moves (exact for every finite f16; on CPU
 clang renders ``__fp16`` conversions as scalar code).
 """
@@ -153,7 +161,11 @@ def scaled_codes(matrix: DeviceQuant, cpu: bool) -> tuple[Tensor, Tensor | None,
     rows, cols = matrix.shape
     qtype = Q(matrix.type_id)
     offset: Tensor | None = None
-    if qtype == Q.Q8_0:
+    if qtype == Q.F16:
+        w = widen_f16(f["w"], cpu)
+    elif qtype == Q.BF16:
+        w = (f["w"].cast(dtypes.uint32) << 16).bitcast(dtypes.float32)
+    elif qtype == Q.Q8_0:
         w = f["qs"].float() * widen_f16(f["d"], cpu).unsqueeze(-1)
     elif qtype in (Q.Q4_0, Q.Q4_1):
         d = widen_f16(f["d"], cpu)
@@ -176,6 +188,25 @@ def scaled_codes(matrix: DeviceQuant, cpu: bool) -> tuple[Tensor, Tensor | None,
         else:
             w = d * q
             offset = widen_f16(f["m"], cpu)
+    elif qtype == Q.Q2_K:
+        codes, scales = f["codes"], f["scales"]
+        qs = codes.reshape(rows, -1, 2, 1, 32)
+        q = ((qs >> _ramp(4, 2, matrix.device).reshape(4, 1)) & 3).reshape(rows, -1, 16, 16)
+        packed = scales[..., 4:20]
+        # d * (sc * q): exact products, the one rounding gguf-py's (d * sc) * q has
+        w = _f16_at(scales, 0).reshape(rows, -1, 1, 1) * (
+            (packed & 15).float().unsqueeze(-1) * q.float())
+        offset = -(_f16_at(scales, 2).unsqueeze(-1) * (packed >> 4).float())
+    elif qtype == Q.Q3_K:
+        codes, scales = f["codes"], f["scales"]
+        qs = codes[..., 32:].reshape(rows, -1, 2, 1, 32)
+        low = ((qs >> _ramp(4, 2, matrix.device).reshape(4, 1)) & 3).reshape(rows, -1, 8, 32)
+        # bit i of hmask[p] is the third bit of weight 32 i + p (set: no -4 offset)
+        hmask = codes[..., :32].reshape(rows, -1, 1, 32)
+        high = (hmask >> _ramp(8, 1, matrix.device).reshape(8, 1)) & 1
+        values = (low + (high << 2)).reshape(rows, -1, 16, 16).float() - 4.0
+        sc = scales[..., 2:18].bitcast(dtypes.int8).float()
+        w = _f16_at(scales, 0).reshape(rows, -1, 1, 1) * (sc.unsqueeze(-1) * values)
     elif qtype in (Q.Q4_K, Q.Q5_K):
         codes, scales = f["codes"], f["scales"]
         qs = codes[..., -128:].reshape(rows, -1, 4, 32)

@@ -62,9 +62,12 @@ def dequantize(
 
 
 BLOCK_TYPES: frozenset[int] = frozenset(
-    int(t) for t in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+    int(t) for t in (Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K,
+                     Q.Q4_K, Q.Q5_K, Q.Q6_K)
 )
-"""Types a stage can keep in the file's blocks and compute from (``--weights blocks``)."""
+"""Types a stage can keep in the file's blocks and compute from (``--weights blocks``).
+F16 and BF16 count as blocks of one weight: kept as the file's 16-bit values and widened
+in the product's kernel, a stage holds their file bytes whatever its compute dtype."""
 
 
 @dataclass(frozen=True)
@@ -145,16 +148,39 @@ def _k_scale_min(
     return np.ascontiguousarray(sc), np.ascontiguousarray(mins)
 
 
+def _q3_k_scales(packed: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """Q3_K's sixteen 6-bit scales (0..63, stored ``scale + 32``) from their 12 packed
+    bytes (last axis): scale ``k``'s low 4 bits are nibble ``k // 8`` of byte ``k % 8``,
+    its high 2 bits bits ``2 (k // 4)`` of byte ``8 + k % 4``."""
+    low = np.concatenate([packed[..., 0:8] & 0x0F, packed[..., 0:8] >> 4], axis=-1)
+    high = np.concatenate([(packed[..., 8:12] >> shift) & 3 for shift in (0, 2, 4, 6)],
+                          axis=-1)
+    return np.ascontiguousarray(low | (high << 4))
+
+
+def _q3_k_pack(scales: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """The 12 packed bytes of Q3_K's sixteen 6-bit scales (last axis): the inverse of
+    :func:`_q3_k_scales`."""
+    low = (scales[..., 0:8] & 0x0F) | ((scales[..., 8:16] & 0x0F) << 4)
+    high = scales >> 4
+    packed = high[..., 0:4] | (high[..., 4:8] << 2) | (high[..., 8:12] << 4) | (
+        high[..., 12:16] << 6)
+    return np.concatenate([low, packed], axis=-1).astype(np.uint8)
+
+
 def block_fields(matrix: QuantMatrix) -> dict[str, npt.NDArray[Any]]:
     """The arrays a block kernel reads, each ``[rows, blocks, ...]`` and C-contiguous.
 
-    Bytes are the file's, cut apart. Q4_0/Q4_1/Q8_0: ``d``/``m`` f16 scales and ``qs``
+    Bytes are the file's, cut apart. F16/BF16: ``w``, the values (BF16 as ``uint16``
+    bits). Q4_0/Q4_1/Q8_0: ``d``/``m`` f16 scales and ``qs``
     codes. Q5_0/Q5_1: ``d``/``m`` and ``codes``, the block's 4 bytes of fifth bits then
     its 16 bytes of nibbles, as in the file (one array, so a product reads the codes and
     ``d`` only). K-quants: ``codes`` (the block's packed codes as in the file) and ``scales``
     (the f16 super-block scales as bytes, then the sub-block scales: Q4_K/Q5_K's eight
     6-bit scales and eight mins unpacked to one byte each, 16 bytes instead of 12 per
-    256 weights; Q6_K's sixteen int8), two arrays so that a kernel reads two buffers
+    256 weights; Q6_K's sixteen int8; Q2_K's sixteen bytes of packed 4-bit scales and
+    mins as they are; Q3_K's sixteen 6-bit scales unpacked to int8 ``scale - 32``, 16
+    bytes instead of 12), two arrays so that a kernel reads two buffers
     (tinygrad would not fuse a widened matrix of four into a matrix product).
     :mod:`swactor.model.block_kernels` documents what each type computes.
     """
@@ -172,6 +198,18 @@ def block_fields(matrix: QuantMatrix) -> dict[str, npt.NDArray[Any]]:
         return {"d": _f16(b, 0), "codes": b[..., 2:].copy()}  # qh (4 bytes) then qs (16)
     if qtype == Q.Q5_1:
         return {"d": _f16(b, 0), "m": _f16(b, 2), "codes": b[..., 4:].copy()}
+    if qtype in (Q.F16, Q.BF16):
+        return {"w": b.copy().view(np.float16 if qtype == Q.F16 else np.uint16)[..., 0]}
+    if qtype == Q.Q2_K:
+        # d, dmin (f16 bytes), then the 16 bytes of 4-bit scale (low) and min (high)
+        return {"scales": np.ascontiguousarray(np.concatenate([b[..., 80:84], b[..., 0:16]],
+                                                              axis=-1)),
+                "codes": b[..., 16:80].copy()}  # qs (64 bytes)
+    if qtype == Q.Q3_K:
+        scales = (_q3_k_scales(b[..., 96:108]) - 32).astype(np.int8).view(np.uint8)
+        return {"scales": np.ascontiguousarray(np.concatenate([b[..., 108:110], scales],
+                                                              axis=-1)),  # d (f16), 16 int8
+                "codes": b[..., 0:96].copy()}  # hmask (32 bytes) then qs (64)
     if qtype in (Q.Q4_K, Q.Q5_K):
         sc, mins = _k_scale_min(b[..., 4:16])
         # d, dmin (f16 bytes), 8 scales, 8 mins: one array, so a kernel reads two buffers
@@ -207,7 +245,16 @@ def raw_from_fields(type_id: int, fields: dict[str, npt.NDArray[np.generic]]
             array = array.view(np.uint8).reshape(*array.shape[:-1], -1)
         return array
 
-    if qtype in (Q.Q8_0, Q.Q4_0):
+    if qtype in (Q.F16, Q.BF16):
+        parts = [raw("w").reshape(*fields["w"].shape, 2)]
+    elif qtype == Q.Q2_K:
+        scales = raw("scales")
+        parts = [scales[..., 4:20], raw("codes"), scales[..., 0:4]]
+    elif qtype == Q.Q3_K:
+        scales = raw("scales")
+        six_bit = (scales[..., 2:18].view(np.int8).astype(np.int16) + 32).astype(np.uint8)
+        parts = [raw("codes"), _q3_k_pack(six_bit), scales[..., 0:2]]
+    elif qtype in (Q.Q8_0, Q.Q4_0):
         parts = [raw("d").reshape(*fields["d"].shape, 2), raw("qs")]
     elif qtype == Q.Q4_1:
         parts = [raw("d").reshape(*fields["d"].shape, 2), raw("m").reshape(
@@ -230,10 +277,11 @@ def raw_from_fields(type_id: int, fields: dict[str, npt.NDArray[np.generic]]
     return np.ascontiguousarray(blocks.reshape(blocks.shape[0], -1))
 
 
-# bytes per block of the arrays block_fields makes (Q4_K/Q5_K: 12 packed scale bytes
-# become 16, one per 6-bit scale or min)
-_HELD_BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q5_0: 22, Q.Q5_1: 24, Q.Q8_0: 34,
-                     Q.Q4_K: 148, Q.Q5_K: 180, Q.Q6_K: 210}
+# bytes per block of the arrays block_fields makes (Q3_K/Q4_K/Q5_K: 12 packed scale
+# bytes become 16, one per 6-bit scale or min)
+_HELD_BLOCK_BYTES = {Q.F16: 2, Q.BF16: 2, Q.Q4_0: 18, Q.Q4_1: 20, Q.Q5_0: 22, Q.Q5_1: 24,
+                     Q.Q8_0: 34, Q.Q2_K: 84, Q.Q3_K: 114, Q.Q4_K: 148, Q.Q5_K: 180,
+                     Q.Q6_K: 210}
 
 
 def block_bytes(type_id: int, shape: tuple[int, ...]) -> int:

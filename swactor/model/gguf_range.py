@@ -388,7 +388,7 @@ class GgufRangeReader:
         """Validate, read the stage's byte ranges and dequantise them once into ``dtype``.
 
         ``keep_blocks`` keeps every 2-D tensor of a block type (``dequant.BLOCK_TYPES``:
-        Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K) in its file blocks (:class:`QuantMatrix`)
+        Q2_K-Q6_K, Q4_0-Q8_0, F16/BF16) in its file blocks (:class:`QuantMatrix`)
         instead of dequantising it, for roles that compute from the quantised weights.
         """
         entries = self.validate_stage(

@@ -75,15 +75,16 @@ numpy views of a kept input buffer and the JIT's output buffer (a fresh Tensor a
 straight from :class:`~swactor.model.cpu_graph.DirectReplay` (the position and slot
 written into the kernel table, then the C loop), without TinyJit's ~1 ms of Python per call.
 
-Weights in blocks (``quantised``, weights loaded with ``keep_blocks``): every Q4_0/Q4_1/
-Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K matrix stays in the file's blocks on the device and
-nothing dense is kept; both decode and prefill products widen the codes inside their
-kernels (:mod:`swactor.model.block_kernels`), so a stage holds about its file bytes
-(SmolLM2 Q4_1: 97 MB of weights instead of 538 MB at f32; decode reads those 97 MB per
-token, about 3x less CPU per token than f32 dense). A matrix is a list of row-stacked
-parts (:class:`_Matrix`): a file that mixes types inside a block (llama.cpp's ``_M``
-variants) gives one product per run of one type, outputs joined. Other types (Q2_K,
-Q3_K, F16, ...) are dequantised to dense at load. The embedding lookup dequantises only
+Weights in blocks (``quantised``, weights loaded with ``keep_blocks``): every matrix of a
+:data:`~swactor.model.dequant.BLOCK_TYPES` type (Q2_K to Q6_K, Q4_0 to Q8_0, and F16/BF16
+values as blocks of one) stays in the file's bytes on the device and nothing dense is
+kept; both decode and prefill products widen the codes inside their kernels
+(:mod:`swactor.model.block_kernels`), so a stage holds about its file bytes (SmolLM2
+Q4_1: 97 MB of weights instead of 538 MB at f32; decode reads those 97 MB per token,
+about 3x less CPU per token than f32 dense). A matrix is a list of row-stacked parts
+(:class:`_Matrix`): a file that mixes types inside a block (llama.cpp's ``_M`` variants)
+gives one product per run of one type, outputs joined. F32 matrices and every 1-D tensor
+are held dense in the compute dtype. The embedding lookup dequantises only
 the rows it gathers; a stage that is first and last of a model with tied embeddings
 reads them from the output projection's buffers on a CPU device
 (:class:`SharedEmbedding`), so it holds the embedding once. Block decode products are
@@ -231,7 +232,7 @@ class _Matrix:
 
 
 _NP_OF_FIELD: dict[DType, type[np.generic]] = {
-    **_NP_OF_TG, dtypes.uint8: np.uint8, dtypes.int8: np.int8}
+    **_NP_OF_TG, dtypes.uint8: np.uint8, dtypes.int8: np.int8, dtypes.uint16: np.uint16}
 
 
 @dataclass

@@ -92,8 +92,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "(fetched/<sha256>/) or read from a URL (http/<key>/)")
     parser.add_argument("--weights", choices=WEIGHT_MODES, default=DEFAULT_WEIGHT_MODE,
                         help="how the worker holds quantised matrices: blocks (default: "
-                        "decode and prefill compute from the file's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/"
-                        "Q6_K blocks: faster decode on CPU, memory about the file's bytes) or "
+                        "decode and prefill compute from the file's own blocks, Q2_K to Q6_K, "
+                        "Q4_0 to Q8_0, F16, BF16: faster decode on CPU, memory about the "
+                        "file's bytes) or "
                         "dense (dequantised once at load into the plan's dtype)")
     parser.add_argument("--device", default=None, metavar="NAME",
                         help="the worker's tinygrad device (CPU, CUDA, NV, AMD, METAL, GPU, "

@@ -173,7 +173,7 @@ class NodeConfig:
     models_dir: Path = Path(".")
     weights: str = "blocks"
     """How the worker holds quantised matrices: "blocks" (computes from the file's
-    Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K blocks: faster on CPU, about the file's bytes in memory)
+    blocks, Q2_K-Q6_K, Q4_0-Q8_0, F16/BF16: faster on CPU, about the file's bytes in memory)
     or "dense" (dequantised once at load); `role_config.DEFAULT_WEIGHT_MODE`."""
     device: str | None = None
     """The worker's tinygrad device (`swactor node --device`); None: tinygrad's best."""

@@ -10,7 +10,7 @@ the node's weight loader resolves from the provision's `GgufSource`.
 `llama_stage_config` joins the two into the JSON config of ConfigureRole; the plan's
 hidden size and the source's sha256 travel along so the worker checks them, and the
 node's weight mode (`swactor node --weights`: "blocks", the default, keeps
-Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K matrices in the file's blocks, the faster mode on a CPU;
+Q2_K-Q6_K, Q4_0-Q8_0 and F16/BF16 matrices in the file's blocks, the faster mode on a CPU;
 "dense" dequantises every matrix once at load) goes as `weights`.
 """
 

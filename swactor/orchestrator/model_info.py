@@ -10,14 +10,15 @@ package's range reader (header, metadata and tensor table only) and keeps:
 - every tensor's name, type, element count and file bytes (`TensorInfo`), from which
   `stage_memory` predicts what one stage holds, exactly as the stage role computes it
   (`StageRole.memory_bytes`): weights, apart from the KV caches (one per slot) of
-  `max_seq_len` positions. With weights in blocks (`--weights blocks`) a
-  Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K matrix costs its file bytes (Q4_K/Q5_K: plus 4
-  bytes per 256 weights, their 6-bit scales unpacked), every other tensor its elements at
-  the compute width; dense, every tensor costs its elements at the compute width. The
-  stage's first-stage embedding lives on the host, the last stage's output projection on
-  the device; a single stage of a model with tied embeddings holds the embedding once,
-  the lookup reading the output matrix's buffers (on a CPU device; on another device the
-  role also keeps the embedding in host memory, beside the device's). The estimate leaves
+  `max_seq_len` positions. With weights in blocks (`--weights blocks`) a matrix of a
+  block type (Q2_K-Q6_K, Q4_0-Q8_0, F16, BF16) costs its file bytes (Q3_K/Q4_K/Q5_K:
+  plus 4 bytes per 256 weights, their 6-bit scales unpacked), every other tensor its
+  elements at the compute width; dense, every tensor costs its elements at the compute
+  width. The stage's first-stage embedding lives on the host, the last stage's output
+  projection on the device; a single stage of a model with tied embeddings holds the
+  embedding once, the lookup reading the output matrix's buffers (on a CPU device; on
+  another device the role also keeps the embedding in host memory, beside the
+  device's). The estimate leaves
   out rings and the runtime itself (Python and tinygrad, ~0.3-0.5 GiB per worker).
 
 Unsupported input is refused here, before any node loads anything (`PlannerError`

@@ -27,7 +27,7 @@ its tag table: the role checks it against its slots, runs `StageRole.run_batch` 
 rows after it, and writes the table and then the result rows (activation rows, or on
 the last stage each row's id or candidates).
 
-`weights` "blocks" keeps the file's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K matrices in their
+`weights` "blocks" keeps the file's Q2_K-Q6_K, Q4_0-Q8_0, F16/BF16 matrices in their
 blocks and computes decode and prefill from them, with no dense copy (about the file's
 bytes; not the f32 plan's exact arithmetic, though greedy tokens agree on the tests'
 prompts). The node sends its `--weights` mode (default blocks); a config without the

@@ -184,8 +184,9 @@ _Q4_K_M = {"attn_v": Q.Q6_K, "ffn_down": Q.Q6_K}  # the matrices llama.cpp's _M 
     [
         TinyConfig(blocks=2, seed=8, matrix_type=Q.Q4_1, embd_type=Q.Q8_0),
         TinyConfig(blocks=2, seed=9, matrix_type=Q.Q4_0, embd_type=Q.Q4_1, tied=False),
-        TinyConfig(blocks=2, seed=10, arch="qwen2", matrix_type=Q.Q8_0, embd_type=Q.Q8_0,
-                   tied=False),
+        # Q2_K matrices and output, ffn_down Q3_K, a Q8_0 embedding
+        TinyConfig(blocks=2, seed=10, arch="qwen2", matrix_type=Q.Q2_K, embd_type=Q.Q8_0,
+                   tied=False, types_by_matrix={"ffn_down": Q.Q3_K}),
         # 3072-row gate/up and 1300-row output block products are cut into <800-row kernels
         TinyConfig(blocks=2, seed=11, hidden=128, heads=2, kv_heads=1, ffn=1536, vocab=1300,
                    matrix_type=Q.Q4_1, embd_type=Q.Q8_0),
@@ -204,10 +205,20 @@ _Q4_K_M = {"attn_v": Q.Q6_K, "ffn_down": Q.Q6_K}  # the matrices llama.cpp's _M 
         TinyConfig(blocks=2, seed=23, matrix_type=Q.Q5_1, embd_type=Q.Q8_0,
                    types_by_layer={1: Q.Q8_0},
                    types_by_matrix={"attn_v": Q.Q5_1, "ffn_down": Q.Q5_K}),
+        # one type per file (the kernels themselves: tests/model/test_block_kernels.py);
+        # soak for just test's time budget (the Q2_K/Q3_K file above and the F16 layer of
+        # test_mixed_block_matrices_are_one_product_per_type cover their kernels here)
+        *(pytest.param(cfg, marks=pytest.mark.soak) for cfg in (
+            TinyConfig(blocks=2, seed=24, matrix_type=Q.Q2_K, embd_type=Q.Q2_K),
+            TinyConfig(blocks=2, seed=25, matrix_type=Q.Q3_K, embd_type=Q.Q6_K, tied=False),
+            TinyConfig(blocks=2, seed=27, matrix_type=Q.F16, embd_type=Q.F16),
+            TinyConfig(blocks=2, seed=28, matrix_type=Q.BF16, embd_type=Q.F16, tied=False),
+        )),
     ],
-    ids=["q4_1-tied-q8_0", "q4_0-output-q4_1", "qwen2-q8_0", "q4_1-split-wide-products",
-         "q4_k-tied", "q5_k-output-q6_k", "q6_k-output-q5_k", "qwen2-q5_k",
-         "q4_k_m-mixed", "q5_0-tied", "qwen2-q5_1", "q5_k_m-narrow-mixed"],
+    ids=["q4_1-tied-q8_0", "q4_0-output-q4_1", "qwen2-q2_k-q3_k",
+         "q4_1-split-wide-products", "q4_k-tied", "q5_k-output-q6_k", "q6_k-output-q5_k",
+         "qwen2-q5_k", "q4_k_m-mixed", "q5_0-tied", "qwen2-q5_1", "q5_k_m-narrow-mixed",
+         "q2_k-tied", "q3_k-output-q6_k", "f16-tied", "bf16-output-f16"],
 )
 def test_block_decode_matches_reference_and_every_split(tmp_path: Path, cfg: TinyConfig) -> None:
     """Prefill and decode from the file's blocks: the numpy float64 reference (weights by
@@ -269,29 +280,31 @@ def test_k_quant_file_one_and_three_stages_agree_in_blocks_and_dense(
 
 
 def test_mixed_block_matrices_are_one_product_per_type(tmp_path: Path) -> None:
-    """q and k (Q4_K) stack into one block matrix, v (Q6_K) is a second; a dense F16
-    block stays one dense matrix; block-mode logits match dense-mode logits."""
+    """q and k (Q4_K) stack into one block matrix, v (Q6_K) is a second; an F16 block
+    stacks q, k (F16 values) and v (Q6_K) likewise; block-mode logits match dense-mode
+    logits."""
     cfg = TinyConfig(blocks=2, seed=19, matrix_type=Q.Q4_K, embd_type=Q.Q8_0,
                      types_by_layer={1: Q.F16}, types_by_matrix={"attn_v": Q.Q6_K})
     path = write_tiny_gguf(tmp_path / "m.gguf", cfg)
     (role,) = _block_roles(path, [(0, 2)])
     kinds = [[p.type_name if isinstance(p, DeviceQuant) else "dense" for p in m.parts]
              for m in (role.blocks[0].w_qkv, role.blocks[1].w_qkv, role.blocks[1].w_down)]
-    assert kinds == [["Q4_K", "Q6_K"], ["dense", "Q6_K"], ["dense"]]
+    assert kinds == [["Q4_K", "Q6_K"], ["F16", "Q6_K"], ["F16"]]
     _, block_logits = _run([role])
     _, dense_logits = _run(_roles(path, [(0, 2)]))
     for got, want in zip(block_logits, dense_logits, strict=True):
         assert _rel(got, want) < 1e-5
 
 
-def test_block_roles_leave_other_types_dense(tmp_path: Path) -> None:
-    cfg = TinyConfig(blocks=1, seed=12, matrix_type=Q.Q3_K, embd_type=Q.Q5_0, tied=False)
+def test_block_roles_leave_f32_matrices_dense(tmp_path: Path) -> None:
+    """F32 matrices are held as they are (the dense products every dense role runs);
+    the Q5_0 embedding stays in its blocks."""
+    cfg = TinyConfig(blocks=1, seed=12, matrix_type=Q.F32, embd_type=Q.Q5_0, tied=False)
     path = write_tiny_gguf(tmp_path / "k.gguf", cfg)
-    roles = _block_roles(path, [(0, 1)])
-    assert not roles[0].blocks[0].w_qkv.quantised
-    assert roles[0].output is not None and not roles[0].output.quantised
-    _, logits = _run(roles, steps=1, forced=[9])
-    assert _rel(logits[1], NumpyLlama(path).logits([*PROMPT, 9])) < 2e-5
+    (role,) = _block_roles(path, [(0, 1)])
+    for matrix in (role.blocks[0].w_qkv, role.blocks[0].w_down, role.output):
+        assert matrix is not None and not matrix.quantised
+    assert isinstance(role.token_embd, QuantMatrix)
 
 
 def test_repeated_prefills_replay_the_bucket_jit_exactly(tiny_llama: Path) -> None:
