@@ -86,10 +86,10 @@ about 3x less CPU per token than f32 dense). A matrix is a list of row-stacked p
 gives one product per run of one type, outputs joined. F32 matrices and every 1-D tensor
 are held dense in the compute dtype. The embedding lookup dequantises only
 the rows it gathers; a stage that is first and last of a model with tied embeddings
-reads them from the output projection's buffers on a CPU device
-(:class:`SharedEmbedding`), so it holds the embedding once. Block decode products are
-cut below 800 rows: tinygrad split a 960-row block product into two thread slices that
-ran at a sixth of the speed of one 480-row kernel.
+reads them from the output projection's buffers (:class:`SharedEmbedding`: numpy views
+on CPU, rows copied out of the device buffers elsewhere), so it holds the embedding
+once. Block decode products are cut below 800 rows: tinygrad split a 960-row block
+product into two thread slices that ran at a sixth of the speed of one 480-row kernel.
 """
 
 from __future__ import annotations
@@ -235,51 +235,80 @@ _NP_OF_FIELD: dict[DType, type[np.generic]] = {
     **_NP_OF_TG, dtypes.uint8: np.uint8, dtypes.int8: np.int8, dtypes.uint16: np.uint16}
 
 
+def _zero_copy_view(buffer: Buffer, tensor: Tensor) -> npt.NDArray[np.generic] | None:
+    """A numpy view of ``tensor``'s device memory (no copy) where the device's memory is
+    the host's (CPU); None elsewhere."""
+    try:
+        memory = buffer.as_memoryview(force_zero_copy=True)
+    except (AssertionError, RuntimeError, NotImplementedError):
+        return None
+    return np.frombuffer(memory, dtype=_NP_OF_FIELD[tensor.dtype]).reshape(tensor.shape)
+
+
 @dataclass
 class SharedEmbedding:
-    """The embedding table read from a tied output matrix's device buffers (CPU devices:
-    host memory), so a stage that is first and last holds the embedding once: ``views``
-    are numpy views of the buffers (no copy), the block arrays of
-    :func:`~swactor.model.dequant.block_fields` (``type_id`` set) or the dense matrix in
-    the compute dtype (``type_id`` None, view ``w``)."""
+    """The embedding table read from a tied output matrix's device buffers, so a stage that
+    is first and last holds the embedding once: ``tensors`` are the matrix's arrays, the
+    block arrays of :func:`~swactor.model.dequant.block_fields` (``type_id`` set) or the
+    dense matrix in the compute dtype (``type_id`` None, array ``w``). Where the device's
+    memory is the host's (CPU), ``views`` are numpy views of them and a lookup indexes
+    those; elsewhere (``views`` None) each row a lookup needs is copied out of its device
+    buffer (a view of the buffer at the row's offset: no kernel, a row's bytes each)."""
 
     type_id: int | None
     cols: int
-    views: dict[str, npt.NDArray[np.generic]]
+    tensors: dict[str, Tensor]
+    views: dict[str, npt.NDArray[np.generic]] | None
 
     nbytes = 0  # the output matrix holds the bytes
 
     @staticmethod
     def of(matrix: _Matrix) -> SharedEmbedding | None:
-        """Views of ``matrix``'s buffers when it is one part that is host memory."""
+        """``matrix``'s arrays when it is one part (host views where there are some)."""
         if len(matrix.parts) != 1:
             return None
         part = matrix.parts[0]
         tensors = part.fields if isinstance(part, DeviceQuant) else {"w": part}
-        views: dict[str, npt.NDArray[np.generic]] = {}
+        views: dict[str, npt.NDArray[np.generic]] | None = {}
         for name, tensor in tensors.items():
             buffer = tensor.uop.buffer
             if not isinstance(buffer, Buffer) or tensor.dtype not in _NP_OF_FIELD:
                 return None
-            try:
-                memory = buffer.as_memoryview(force_zero_copy=True)
-            except (AssertionError, RuntimeError, NotImplementedError):
-                return None
-            views[name] = np.frombuffer(memory, dtype=_NP_OF_FIELD[tensor.dtype]).reshape(
-                tensor.shape)
+            view = _zero_copy_view(buffer, tensor) if views is not None else None
+            if view is None:
+                views = None
+            else:
+                assert views is not None
+                views[name] = view
         type_id = part.type_id if isinstance(part, DeviceQuant) else None
-        return SharedEmbedding(type_id, _cols(part), views)
+        return SharedEmbedding(type_id, _cols(part), tensors, views)
+
+    def _rows(self, name: str, ids: npt.NDArray[np.intp]) -> npt.NDArray[np.generic]:
+        """Rows ``ids`` of array ``name``, ``[len(ids), ...]``."""
+        if self.views is not None:
+            return self.views[name][ids]
+        tensor = self.tensors[name]
+        buffer = cast(Buffer, tensor.uop.buffer)
+        np_dtype = _NP_OF_FIELD[tensor.dtype]
+        tail = tuple(int(n) for n in tensor.shape[1:])
+        row = math.prod(tail)
+        out = np.empty((len(ids), *tail), dtype=np_dtype)
+        for i, index in enumerate(ids):
+            piece = buffer.view(row, tensor.dtype, int(index) * row * tensor.dtype.itemsize)
+            piece.ensure_allocated()
+            piece.allocator._copyout(out[i].reshape(-1).view(np.uint8).data, piece._buf)
+        return out
 
     def dense_rows(self, ids: npt.NDArray[np.int32], target: type[np.generic]
                    ) -> npt.NDArray[np.generic]:
         """Rows ``ids`` as ``[len(ids), cols]`` of ``target``, as the file's would be."""
-        picked = {name: view[np.asarray(ids, dtype=np.intp)] for name, view in
-                  self.views.items()}
+        wanted, back = np.unique(np.asarray(ids, dtype=np.intp), return_inverse=True)
+        picked = {name: self._rows(name, wanted) for name in self.tensors}
         if self.type_id is None:
-            return np.ascontiguousarray(picked["w"], dtype=target)
+            return np.ascontiguousarray(picked["w"][back], dtype=target)
         raw = raw_from_fields(self.type_id, picked)
-        values = quants.dequantize(raw, Q(self.type_id))
-        return np.ascontiguousarray(values.reshape(len(raw), self.cols), dtype=target)
+        values = quants.dequantize(raw, Q(self.type_id)).reshape(len(raw), self.cols)
+        return np.ascontiguousarray(values[back], dtype=target)
 
 
 def _cols(part: Tensor | DeviceQuant) -> int:
@@ -523,9 +552,9 @@ class StageRole:
             self.output_norm = self._tensor(tensors, "output_norm.weight", (dim,))
             out_name = "token_embd.weight" if f.tied_embeddings else "output.weight"
             self.output = self._matrix(tensors, blocks, [(out_name, (vocab, dim), None)])
-            if self.is_first and f.tied_embeddings and self._cpu:
+            if self.is_first and f.tied_embeddings:
                 # one stage of a tied model: the lookup reads the output matrix's own
-                # buffers (host memory on CPU), so the embedding is held once
+                # buffers (on any device), so the embedding is held once
                 self.token_embd = SharedEmbedding.of(self.output) or self.token_embd
         half = f.rope_dim // 2
         self.rope_cos: Tensor | None = None

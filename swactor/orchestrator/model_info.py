@@ -16,9 +16,8 @@ package's range reader (header, metadata and tensor table only) and keeps:
   elements at the compute width; dense, every tensor costs its elements at the compute
   width. The stage's first-stage embedding lives on the host, the last stage's output
   projection on the device; a single stage of a model with tied embeddings holds the
-  embedding once, the lookup reading the output matrix's buffers (on a CPU device; on
-  another device the role also keeps the embedding in host memory, beside the
-  device's). The estimate leaves
+  embedding once, the lookup reading the output matrix's buffers (host views on a CPU
+  device, rows copied out of the device's buffers on another). The estimate leaves
   out rings and the runtime itself (Python and tinygrad, ~0.3-0.5 GiB per worker).
 
 Unsupported input is refused here, before any node loads anything (`PlannerError`
@@ -199,7 +198,7 @@ class MemoryCosts:
             held += self.head[0]
             in_file += self.head[1]
             if first and self.tied:  # one tensor in the file, held once: the lookup
-                in_file -= self.embedding[1]  # reads the output matrix (CPU devices)
+                in_file -= self.embedding[1]  # reads the output matrix
                 held -= self.embedding[0]
         held += self.rope_per_position * max_seq_len
         kv_cache = self.kv_per_position_block * max_seq_len * (end - start) * slots

@@ -11,10 +11,11 @@ import numpy.typing as npt
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from swactor.model.block_kernels import DeviceQuant
+from swactor.model import llama_role
+from swactor.model.block_kernels import DeviceQuant, to_device, upload
 from swactor.model.dequant import QuantMatrix
 from swactor.model.gguf_range import open_reader
-from swactor.model.llama_role import SharedEmbedding, StageRole, StepError
+from swactor.model.llama_role import SharedEmbedding, StageRole, StepError, _Matrix
 from tests.model.numpy_reference import NumpyLlama
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
 
@@ -277,6 +278,51 @@ def test_k_quant_file_one_and_three_stages_agree_in_blocks_and_dense(
         assert one_tokens == dense_tokens
         for got, want in zip(one_logits, dense_logits, strict=True):
             assert _rel(got, want) < 1e-5
+
+
+def test_tied_lookup_copies_rows_out_where_device_memory_is_not_host(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tied single stage on a device whose memory numpy cannot view (any but CPU; here
+    the CPU with its views refused) still holds the embedding once: the lookup copies
+    each row it needs out of the output matrix's device buffers, the same rows as the
+    view-based lookup's (the only input of the forward pass that differs)."""
+    cfg = TinyConfig(blocks=1, seed=29, matrix_type=Q.F16, embd_type=Q.F16)
+    path = write_tiny_gguf(tmp_path / "t.gguf", cfg)
+    (viewed,) = _block_roles(path, [(0, 1)])
+    monkeypatch.setattr(llama_role, "_zero_copy_view", lambda buffer, tensor: None)
+    (copied,) = _block_roles(path, [(0, 1)])
+    assert isinstance(viewed.token_embd, SharedEmbedding)
+    assert isinstance(copied.token_embd, SharedEmbedding)
+    assert viewed.token_embd.views is not None and copied.token_embd.views is None
+    assert copied.weight_bytes == viewed.weight_bytes
+    ids = np.array([7, 0, cfg.vocab - 1, 7], dtype=np.int32)
+    np.testing.assert_array_equal(copied.token_embd.dense_rows(ids, np.float32),
+                                  viewed.token_embd.dense_rows(ids, np.float32))
+
+
+@pytest.mark.parametrize("qtype", [Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0,
+                                   Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F32],
+                         ids=lambda q: q.name)
+def test_shared_embedding_rows_copied_out_equal_the_files(tmp_path: Path, qtype: Q) -> None:
+    """The tied lookup's rows, from host views of the output matrix's buffers and copied
+    out of them row by row (the path of devices numpy cannot view), are the file's rows
+    dequantised by gguf-py."""
+    cfg = TinyConfig(blocks=1, seed=30, matrix_type=qtype, embd_type=qtype, vocab=40)
+    path = write_tiny_gguf(tmp_path / "e.gguf", cfg)
+    loaded = open_reader(path).load_stage(0, 1, is_first=True, is_last=True, keep_blocks=True)
+    quant = loaded.blocks.get("token_embd.weight")
+    if quant is None:
+        matrix = _Matrix([upload(loaded.tensors["token_embd.weight"], "CPU")])
+        want = loaded.tensors["token_embd.weight"]
+    else:
+        matrix = _Matrix([to_device(quant, "CPU")])
+        want = quant.dense(np.float32)
+    viewed = SharedEmbedding.of(matrix)
+    assert viewed is not None and viewed.views is not None
+    copied = SharedEmbedding(viewed.type_id, viewed.cols, viewed.tensors, None)
+    ids = np.array([39, 0, 5, 39, 17], dtype=np.int32)
+    for lookup in (viewed, copied):
+        np.testing.assert_array_equal(lookup.dense_rows(ids, np.float32), want[ids])
 
 
 def test_mixed_block_matrices_are_one_product_per_type(tmp_path: Path) -> None:
