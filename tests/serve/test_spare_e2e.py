@@ -29,7 +29,7 @@ import pytest
 from .serve_process import ServeProcess
 from .test_migration_e2e import KILL_AFTER, MAX_TOKENS, PROMPTS, events, join, stream_all
 
-pytestmark = [pytest.mark.slow, pytest.mark.soak]
+pytestmark = [pytest.mark.slow, pytest.mark.soak, pytest.mark.timeout(1800)]
 
 
 def stage_nodes(events_dir: Path, run_id: int) -> dict[int, tuple[int, int]]:
@@ -53,7 +53,7 @@ def test_a_warm_spare_takes_the_lost_stage_without_loading(tmp_path: Path) -> No
                           "--port", "0", "--slots", "4", "--retry-delay", "0.5",
                           "--events-dir", str(events_dir)])
     try:
-        url = serve.wait_url(600)
+        url = serve.wait_url(1500)
         log = events_dir / "orchestrator.jsonl"
         deadline = time.monotonic() + 600
         while sum(e["event"] == "spare_preloaded" for e in events(log)) < 3:
