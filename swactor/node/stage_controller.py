@@ -38,8 +38,9 @@ loader's `WeightsFetched` progress. For every message the binding
    role's input port, one output on the outbound ring with the *same* sequence, object
    id `sequence + 1` on the outbound edge, and an extent per input row (rows of `hidden
    * width` out; one token id out of the last stage), inputs released by the worker
-   after the step (`release_inputs_after`: ReleaseStepInputs only counts them as being
-   released until DeviceObjectReleased). StepStarted records the input the worker
+   after the step (`release_inputs_after`: the worker's StepCompleted means they are
+   freed, so the ledger forgets them on it, in any state, and no DeviceObjectReleased
+   is awaited for them). StepStarted records the input the worker
    reported loaded and started on; HoldLoadedAhead keeps an input loaded while the
    armed step ran, and StartLoadedAhead records the oldest held one as the started
    input of the step just armed (the worker binds it at once). The device handles this
@@ -67,7 +68,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from swactor import wire
@@ -219,6 +220,9 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
         self._ahead: deque[tuple[ObjectId, Sequence, DeviceObjectHandle]] = deque()
         """Inputs loaded while the armed step ran, oldest first (HoldLoadedAhead)."""
         self._releasing: set[DeviceObjectHandle] = set()
+        self._freed: set[DeviceObjectHandle] = set()
+        """Inputs freed with their step whose release this controller also asked for (a
+        StopRun that raced the step's end): the worker answers it ReleaseFailed."""
         self._next_sequence = Sequence(0)
         """The sequence the next ExecuteStep is armed for (0, then previous + 1)."""
         self._next_step = config.first_step_id
@@ -316,6 +320,12 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
             ):
                 log.warning("stage %s: step %d failed: %s", self._name, int(s), reason.value)
                 return scm.StepFailed(r, s, reason)
+            case wire.ReleaseFailed(device_handle=handle, reason=why) if handle in self._freed or (
+                    why is ReleaseFailure.UnknownHandle and handle in self._releasing):
+                # a held object the worker no longer knows went with its step
+                # (release_inputs_after): what the release wanted
+                self._freed.discard(handle)
+                return scm.DeviceObjectReleased(handle)
             case wire.DeviceObjectReleased(device_handle=handle) if handle in self._held:
                 return scm.DeviceObjectReleased(handle)
             case wire.ReleaseFailed(device_handle=handle, reason=reason) if handle in self._held:
@@ -404,9 +414,15 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
                 if not clean:
                     self._teardown.unclean.append(f"edge {int(edge)} stopped unclean")
             case scm.DeviceObjectReleased(device_handle=handle):
-                self._held.discard(handle)
-                self._releasing.discard(handle)
-                self._extents.pop(handle, None)
+                self._forget((handle,))
+            case scm.StepCompleted(step_id=step_id) if self._step is not None and (
+                    self._step.step_id == step_id):
+                for handle in self._step.inputs:  # freed with the step (release_inputs_after)
+                    if handle in self._releasing:
+                        self._freed.add(handle)  # its release's answer is still awaited
+                        self._held.discard(handle)
+                    else:
+                        self._forget((handle,))
             case scm.ReleaseFailed(device_handle=handle, reason=reason):
                 self._releasing.discard(handle)  # still held: teardown retries it
                 if self.machine.state is scm.State.Stopping:
@@ -415,6 +431,7 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
                 dead = {h for h in self._held if h.worker_generation == generation}
                 self._held -= dead
                 self._releasing -= dead
+                self._freed -= dead
             case _:
                 pass
 
@@ -658,8 +675,13 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
             stage_index=provision.stage_index, step_id=step_id, sequence=step.sequence,
             worker_generation=self.ports.worker_generation(),
         ))
-        # release_inputs_after: the worker frees them; held until DeviceObjectReleased
-        self._releasing.update(h for h in step.inputs if h in self._held)
+
+    def _forget(self, handles: Iterable[DeviceObjectHandle]) -> None:
+        """These device objects are gone: no longer held, released or awaited."""
+        for handle in handles:
+            self._held.discard(handle)
+            self._releasing.discard(handle)
+            self._extents.pop(handle, None)
 
     async def _release(self, ctx: Context[StageMail], handle: DeviceObjectHandle) -> None:
         if handle not in self._held or handle in self._releasing:

@@ -18,7 +18,9 @@ space leaves the step waiting (`pump` returns); the RingWritable that frees spac
 the ring continue, its `output_done` marks the output finished, and the next `pump`
 moves on. After the last ObjectProduced comes StepCompleted; the outputs' device memory goes
 back to the bridge (which keeps small allocations for reuse) and, with
-`release_inputs_after`, the inputs are released: DeviceObjectReleased. A failure
+`release_inputs_after`, the inputs are released with it: StepCompleted says so, and no
+DeviceObjectReleased follows for them (a worker line per token less; the node forgets
+the handles on StepCompleted). A failure
 anywhere emits StepFailed with its reason and the next step starts.
 
 `pump()` is a loop driven by the worker after every command or wake hint; the egress
@@ -50,6 +52,7 @@ the row's tag asks for it); a table the runner cannot read fails the step the sa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 from collections import deque
@@ -61,7 +64,6 @@ from tinygrad.tensor import Tensor
 from swactor.faults import NO_FAULTS, Faults
 from swactor.wire import (
     DeviceObjectHandle,
-    DeviceObjectReleased,
     ExecuteStep,
     InputBinding,
     ObjectKind,
@@ -274,13 +276,10 @@ class StepRunner:
         self._emit(StepCompleted(command.role_id, command.step_id))
         for output in step.outputs:  # written to their rings: the bridge may reuse them
             self._bridge.free(output)
-        if command.release_inputs_after:
+        if command.release_inputs_after:  # StepCompleted reports these too (module doc)
             for binding in command.inputs:
-                try:
+                with contextlib.suppress(InvalidHandle):
                     self._bridge.release(binding.device_handle)
-                except InvalidHandle:
-                    continue
-                self._emit(DeviceObjectReleased(binding.device_handle))
 
     def _start(self, command: ExecuteStep) -> ActiveStep | None:
         """Run the step's role (steps with awaited inputs come here bound)."""

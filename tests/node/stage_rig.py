@@ -133,7 +133,7 @@ class StageRig:
 
     async def complete(self, command: wire.ExecuteStep) -> None:
         """The worker's reports of the step's end: its output produced, the step
-        completed (the controller arms the next one), its input released."""
+        completed (the controller arms the next one; the input went with the step)."""
         out = command.outputs[0]
         self.ref.tell(wire.ObjectProduced(
             out.ring_id, self.outbound, out.port_id, out.object_id, out.sequence, out.extent,
@@ -141,7 +141,6 @@ class StageRig:
         before = len(self.ports.of("execute_step"))
         self.ref.tell(wire.StepCompleted(command.role_id, command.step_id))
         await self.ports.until(lambda: len(self.ports.of("execute_step")) == before + 1)
-        self.ref.tell(wire.DeviceObjectReleased(handle(command.awaits[0].sequence)))
         await self.settle()
 
     async def stop_run(self) -> None:

@@ -137,6 +137,28 @@ def test_provision_ready_steps_stop() -> None:
     run_stage(body)
 
 
+def test_stop_racing_a_step_end_waits_for_the_release_the_step_made_moot() -> None:
+    """StepCompleted frees the step's input (release_inputs_after, no
+    DeviceObjectReleased); a StopRun that came first asked to release that input too,
+    and the worker's ReleaseFailed for it ends the wait cleanly."""
+
+    async def body(rig: StageRig) -> None:
+        await rig.make_ready()
+        command = await rig.execute(0, len(PROMPT))
+        await rig.stop_run()  # the step still runs: teardown releases its input
+        await rig.ports.until(lambda: ("release_input", handle(0).id) in rig.ports.calls)
+        rig.ref.tell(wire.StepCompleted(command.role_id, command.step_id))
+        rig.ref.tell(scm.EdgeStopped(rig.inbound, True))
+        rig.ref.tell(scm.EdgeStopped(rig.outbound, True))
+        await rig.settle()
+        assert rig.state() is scm.State.Stopping, "the release is still unanswered"
+        rig.ref.tell(wire.ReleaseFailed(handle(0), wire.ReleaseFailure.UnknownHandle))
+        outcome = await asyncio.wait_for(asyncio.shield(rig.finished), 5)
+        assert outcome.clean and stopped(rig) == [(1, True)]
+
+    run_stage(body)
+
+
 def test_stage_ready_carries_the_workers_footprint() -> None:
     """The footprint the worker's RoleConfigured measured reaches the StageReady report
     (for the orchestrator to print) and the stage_ready event's byte-count fields."""

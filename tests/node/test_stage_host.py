@@ -73,7 +73,6 @@ class Host:
                                        Sequence(k), provision.inbound.object_spec.alignment, h))
             ref.tell(wire.StepCompleted(command.role_id, command.step_id))
             await ports.until(count_is(ports, "execute_step", before + 1))  # the next one
-            ref.tell(wire.DeviceObjectReleased(h))  # the worker released the input
         ref.tell(StopRunRequest(ORCHESTRATOR, provision.run_id, provision.stage_index))
         ref.tell(scm.EdgeStopped(provision.inbound.edge_id, True))
         ref.tell(scm.EdgeStopped(provision.outbound.edge_id, True))

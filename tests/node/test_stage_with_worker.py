@@ -9,7 +9,7 @@ the sampled token from the egress ring), and the control channel (reports are ke
 
 Both runs must give the token ids of the model package's StageRole over the whole
 model, and each must end StageStopped(clean): both rings quiesced and every input
-object released (the controller counts the worker's DeviceObjectReleased answers).
+object released (each with its step: the controller forgets it on StepCompleted).
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ import struct
 from swactor.testing.worker_rig import WorkerRig, read_all, record, write_all
 from swactor.wire import (
     ConfigureRole,
-    DeviceObjectReleased,
     ExecuteStep,
     InputBinding,
     ObjectHeader,
@@ -16,6 +15,9 @@ from swactor.wire import (
     ObjectProduced,
     OutputBinding,
     PortId,
+    ReleaseDeviceObject,
+    ReleaseFailed,
+    ReleaseFailure,
     RingDirection,
     RingId,
     RoleConfigured,
@@ -69,5 +71,6 @@ def test_scale_role_round_trip(rig: WorkerRig) -> None:
     assert list(got) == [v * 3.0 for v in values]
     produced = rig.expect(ObjectProduced)
     assert (produced.ring_id, produced.object_id, produced.extent) == (2, 12, len(payload))
-    assert rig.expect(StepCompleted).step_id == 1
-    assert rig.expect(DeviceObjectReleased).device_handle == loaded.device_handle
+    assert rig.expect(StepCompleted).step_id == 1  # the input went with the step:
+    rig.send(ReleaseDeviceObject(loaded.device_handle))  # a later release finds nothing
+    assert rig.expect(ReleaseFailed).reason is ReleaseFailure.UnknownHandle

@@ -17,7 +17,6 @@ from swactor.wire import (
     AwaitedInput,
     ConfigureRole,
     DeviceObjectHandle,
-    DeviceObjectReleased,
     EdgeId,
     ExecuteStep,
     ObjectFailed,
@@ -28,6 +27,9 @@ from swactor.wire import (
     ObjectProduced,
     OutputBinding,
     PortId,
+    ReleaseDeviceObject,
+    ReleaseFailed,
+    ReleaseFailure,
     RingDirection,
     RingId,
     RoleConfigured,
@@ -67,6 +69,7 @@ def test_a_step_issued_ahead_runs_when_its_object_loads_woken_by_doorbells() -> 
         rig.send(ConfigureRole(RoleId(5), {"kind": "scale", "factor": 2.0}))
         rig.expect(RoleConfigured)
         assert rig.bells is not None
+        freed: list[DeviceObjectHandle] = []
         for sequence, rows in ((0, 3), (1, 1)):  # a prompt of 3 rows, then one row
             rig.send(_armed(sequence + 1, sequence))  # before its object exists
             values = [float(i + 10 * sequence) for i in range(4 * rows)]
@@ -82,7 +85,10 @@ def test_a_step_issued_ahead_runs_when_its_object_loads_woken_by_doorbells() -> 
             assert list(got) == [2.0 * v for v in values]
             assert rig.expect(ObjectProduced).extent == rows * ROW
             assert rig.expect(StepCompleted).step_id == sequence + 1
-            assert rig.expect(DeviceObjectReleased).device_handle == loaded.device_handle
+            freed.append(loaded.device_handle)  # with the step: no DeviceObjectReleased
+        rig.send(ReleaseDeviceObject(freed[0]))  # so a release asked later finds nothing
+        failed = rig.expect(ReleaseFailed)
+        assert (failed.device_handle, failed.reason) == (freed[0], ReleaseFailure.UnknownHandle)
         assert rig.wakes == [], "no wake hint travelled as a JSON line"
         assert _counted(rig.bells.readable) > 0, "the egress commits rang the node"
         assert _counted(rig.bells.writable) > 0, "the ingress consumption rang the node"

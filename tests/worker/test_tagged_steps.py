@@ -86,7 +86,6 @@ def test_echo_output_carries_the_input_flags_and_a_bad_tag_fails(rig: WorkerRig)
     assert data[ObjectHeader.LEN:] == payload
     rig.expect(ObjectProduced)
     assert rig.expect(StepCompleted).step_id == 1
-    rig.next_event()  # DeviceObjectReleased
 
     write_all(rig, ingress, record(12, 1, payload, flags=0x5))  # set, but not TAGGED
     _step(rig, 5, 2, rig.expect(ObjectLoaded), len(payload))
@@ -148,7 +147,6 @@ def test_llama_stage_runs_tagged_steps_in_slots(llama_rig: WorkerRig, gguf: Path
         assert (header.flags, header.extent) == (tag.pack(), extent)
         assert rig.expect(ObjectProduced).extent == extent
         assert rig.expect(StepCompleted).step_id == index
-        rig.next_event()  # DeviceObjectReleased
         got.append(data[ObjectHeader.LEN:])
     assert struct.unpack("<I", got[0]) == (want[0],)
     assert got[2] == want_candidates.astype("<i4").tobytes()
@@ -183,7 +181,6 @@ def test_llama_stage_runs_tagged_steps_in_slots(llama_rig: WorkerRig, gguf: Path
     assert data[ObjectHeader.LEN:] == table + answers
     rig.expect(ObjectProduced)
     assert rig.expect(StepCompleted).step_id == 6
-    rig.next_event()  # DeviceObjectReleased
     # a malformed table (one slot twice) fails the step; the worker keeps serving
     twice = _ids([SequenceTag(0, 4).pack()] * 2)
     write_all(rig, ingress, record(17, 6, twice + _ids([1, 2]), flags=batch_flags(2)))
