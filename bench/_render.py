@@ -338,6 +338,13 @@ def _serve(report: dict[str, Any]) -> list[str]:
     return markdown(figures) if figures else []
 
 
+def _kquant(report: dict[str, Any]) -> list[str]:
+    from bench.kquant import markdown
+
+    figures = report.get("kquant")
+    return markdown(figures) if figures else []
+
+
 def _modules(report: dict[str, Any]) -> list[str]:
     lines = ["## Every benchmark's own output", ""]
     for module in report["modules"]:
@@ -353,5 +360,5 @@ def render(report: dict[str, Any]) -> str:
     e2e = report.get("e2e") or {}
     parts = (_machine(report) + _goals(report) + _limits(report) + _e2e(e2e)
              + _time_split(e2e) + _bring_up(e2e) + _profile(e2e) + _serve(report)
-             + _modules(report))
+             + _kquant(report) + _modules(report))
     return "\n".join(parts).rstrip() + "\n"

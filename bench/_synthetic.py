@@ -14,7 +14,7 @@ reuses it afterwards.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +26,8 @@ from swactor.model.paths import model_cache_dir
 # byte offsets of the f16 scale fields inside one block
 _SCALE_FIELDS: dict[Q, tuple[int, ...]] = {
     Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,),
-    Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,),
+    Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,),
+    Q.F16: (0,),  # blocks of one weight: every value
 }
 
 
@@ -56,6 +57,8 @@ class Shape:
 # Llama-3.2-1B's shape (tied embeddings), Q4_K_M-like types
 LLAMA_1B = Shape("llama-1b-q4_k_m", blocks=16, hidden=2048, heads=32, kv_heads=8, ffn=8192,
                  vocab=128256, types_by_matrix={"attn_v": Q.Q6_K, "ffn_down": Q.Q6_K})
+# the same shape cut to 4 of its 16 blocks (a block and the head measured in minutes)
+LLAMA_1B_CUT = replace(LLAMA_1B, name="llama-1b-4of16-q4_k_m", blocks=4)
 
 
 def _blocks(rng: np.random.Generator, qtype: Q, rows: int, cols: int) -> np.ndarray:

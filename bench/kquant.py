@@ -7,17 +7,24 @@ after another, on synthetic llama files with random weights (:mod:`bench._synthe
 generated once into the model cache):
 
 1. **Memory per type.** A 4-block, 2048-wide file per block type (Q4_0, Q4_1, Q5_0,
-   Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, and Q4_K_M's mix), split in two stages, weights in blocks (and the
-   Q4_K_M file also dense). Per stage: the stage's tensors in the file, the resident
-   memory the stage added to its process at ready (RSS at ready minus RSS after
-   starting tinygrad) less its KV cache, the ratio of the two (the goal: at most 1.25x),
+   Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, and Q4_K_M's mix), split in two stages,
+   weights in blocks (and the Q4_K_M file also dense). Per stage: the stage's tensors
+   in the file, the resident memory the stage added to its process at ready (RSS at
+   ready minus RSS after starting tinygrad) less its KV cache, the ratio of the two
+   (the goal: at most 1.25x),
    the KV cache apart, and the planner's prediction of the weights beside the role's own
    count (they must agree exactly).
-2. **1B-class model** (``--big``): Llama-3.2-1B's shape (16 blocks, 2048 wide, FFN 8192,
-   vocabulary 128256, tied embeddings), Q4_K_M-like types, on 1, 2 and 4 stages: load
-   time, memory per stage as above, and the decode step of each stage after a
-   ``--prompt``-position prefill. A pipeline of stages decodes one token after another,
-   so its token rate is one over the sum of the stages' step times (transport apart).
+2. **1B-class shape, 4 of its 16 blocks** (by default): Llama-3.2-1B's width (2048
+   wide, FFN 8192, 32/8 heads, vocabulary 128256, tied embeddings), Q4_K_M-like types,
+   cut to 4 blocks, on 1, 2 and 4 stages: load time, memory per stage as above, and the
+   decode step of each stage after a ``--prompt``-position prefill. A pipeline of stages
+   decodes one token after another, so its token rate is one over the sum of the
+   stages' step times (transport apart). The middle stages of the 4-stage split hold one
+   block and nothing else, so they measure one block's figures; the last one less a
+   block measures the output head. From those, the whole 16-block model's decode is
+   *estimated* (16 blocks plus the head: the same sum on any number of stages) and
+   printed as such; ``--big`` measures it instead (the whole model on ``--stages``,
+   about 11 minutes on a shared 2-core machine).
 
 The machine is shared: the load average is printed beside the figures.
 """
@@ -28,6 +35,7 @@ import argparse
 import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -36,7 +44,7 @@ from typing import Any
 
 from gguf import GGMLQuantizationType as Q
 
-from bench._synthetic import LLAMA_1B, Shape, cached
+from bench._synthetic import LLAMA_1B, LLAMA_1B_CUT, Shape, cached
 
 GOAL = 1.25
 MIB = 1 << 20
@@ -50,7 +58,8 @@ def _type_shapes() -> list[Shape]:
                      types_by_matrix=mix or {})
 
     shapes = [shape(f"mem-{t.name.lower()}", t, t)
-              for t in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)]
+              for t in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K,
+                        Q.Q5_K, Q.Q6_K)]
     shapes.append(shape("mem-q4_k_m", Q.Q4_K, Q.Q6_K, _MIX))
     return shapes
 
@@ -102,16 +111,17 @@ def memory_per_type(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def big_model(args: argparse.Namespace) -> list[dict[str, Any]]:
-    path = cached(LLAMA_1B)
-    print(f"{LLAMA_1B.name}: {path.stat().st_size / MIB:.0f} MiB, weights in blocks, "
-          f"{args.dtype}, prompt {args.prompt}, {args.decode} decode steps:")
+def big_model(args: argparse.Namespace, shape: Shape = LLAMA_1B) -> list[dict[str, Any]]:
+    path = cached(shape)
+    print(f"{shape.name}: {shape.blocks} blocks, {path.stat().st_size / MIB:.0f} MiB, "
+          f"weights in blocks, {args.dtype}, prompt {args.prompt}, {args.decode} decode "
+          "steps:")
     rows = []
     for stages in args.stages:
         total_ms = 0.0
-        for start, end in _halves(LLAMA_1B.blocks, stages):
+        for start, end in _halves(shape.blocks, stages):
             row = _probe(path, start, end, "blocks", args, decode=args.decode)
-            row.update(stages=stages)
+            row.update(stages=stages, model=shape.name)
             total_ms += row["decode_ms"]
             print(_line(f"{stages} stage(s)", row) + f"; decode {row['decode_ms']:7.1f} "
                   f"ms/step, prefill {row['prefill_cold_s']:5.1f} s cold", flush=True)
@@ -121,6 +131,92 @@ def big_model(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def per_block(rows: list[dict[str, Any]], cut: Shape = LLAMA_1B_CUT,
+              whole: Shape = LLAMA_1B) -> dict[str, Any] | None:
+    """One block's and the output head's figures from a split of ``cut`` into single
+    blocks (the middle stages: one block each; the last: a block and the head), and the
+    ``whole`` model's decode estimated from them."""
+    single = [r for r in rows if r["end"] - r["start"] == 1 and r["stages"] == cut.blocks]
+    middle = [r for r in single if r["start"] > 0 and r["end"] < cut.blocks]
+    last = [r for r in single if r["end"] == cut.blocks]
+    if not middle or not last:
+        return None
+    block_ms = statistics.median(r["decode_ms"] for r in middle)
+    head_ms = max(0.0, last[0]["decode_ms"] - block_ms)
+    step_ms = whole.blocks * block_ms + head_ms
+    return {"block_decode_ms": block_ms, "head_decode_ms": head_ms,
+            "block_file_bytes": statistics.median(r["file_bytes"] for r in middle),
+            "block_ratio": statistics.median(r["ratio"] for r in middle),
+            "block_load_s": statistics.median(r["load_s"] for r in middle),
+            "whole_blocks": whole.blocks, "whole_step_ms": step_ms,
+            "whole_tokens_per_s": 1000 / step_ms}
+
+
+def _print_per_block(figures: dict[str, Any]) -> None:
+    print(f"  one block (the 4-stage split's middle stages): file "
+          f"{figures['block_file_bytes'] / MIB:.1f} MiB, RSS less KV "
+          f"{figures['block_ratio']:.2f}x file, load {figures['block_load_s']:.1f} s, decode "
+          f"{figures['block_decode_ms']:.1f} ms; output head (last stage less a block): "
+          f"decode {figures['head_decode_ms']:.1f} ms")
+    print(f"  ESTIMATE for all {figures['whole_blocks']} blocks (not measured; --big "
+          f"measures it): {figures['whole_blocks']} x {figures['block_decode_ms']:.1f} + "
+          f"{figures['head_decode_ms']:.1f} = {figures['whole_step_ms']:.0f} ms per token, "
+          f"{figures['whole_tokens_per_s']:.2f} tokens/s on any number of stages",
+          flush=True)
+
+
+def markdown(rows: dict[str, Any]) -> list[str]:
+    """The report's section: memory per type, the 1B-class shape's figures."""
+    lines = ["## Memory per stage per type, and a 1B-class shape", ""]
+    types = rows.get("types", [])
+    if types:
+        lines += [f"Two stages of a 4-block, 2048-wide synthetic file per type, each stage "
+                  "in a fresh process; resident memory the stage added at ready less its "
+                  f"KV cache, over its tensors' file bytes (goal <= {GOAL}x):", "",
+                  "| file | weights | stage | file MiB | RSS less KV / file | held = "
+                  "predicted |", "| --- | --- | --- | --- | --- | --- |"]
+        for r in types:
+            exact = "yes" if r["predicted_weights"] == r["weight_bytes"] else "no"
+            lines.append(f"| {r['file'][4:]} | {r['weights']} | {r['start']}..{r['end']} | "
+                         f"{r['file_bytes'] / MIB:.1f} | {r['ratio']:.2f}x | {exact} |")
+        lines.append("")
+    for key in ("cut", "big"):
+        model = rows.get(key, [])
+        if not model:
+            continue
+        name = model[0].get("model", "")
+        title = ("Llama-3.2-1B's shape cut to 4 of its 16 blocks (same width, FFN, "
+                 "vocabulary and tied Q6_K embedding; Q4_K_M-like)" if key == "cut" else
+                 "Llama-3.2-1B's shape, all 16 blocks (Q4_K_M-like)")
+        lines += [f"{title}, `{name}`, random weights, weights in blocks, one stage per "
+                  "fresh process, measured:", "",
+                  "| stages | stage blocks | load s | RSS less KV / file | decode ms/step "
+                  "| tokens/s |", "| --- | --- | --- | --- | --- | --- |"]
+        for stages in sorted({r["stages"] for r in model}):
+            part = [r for r in model if r["stages"] == stages]
+            rate = 1000 / sum(r["decode_ms"] for r in part)
+
+            def cells(form: str, part: list[dict[str, Any]] = part) -> str:
+                return ", ".join(form.format(**r) for r in part)
+
+            lines.append(f"| {stages} | {cells('{start}..{end}')} | {cells('{load_s:.1f}')} "
+                         f"| {cells('{ratio:.2f}x')} | {cells('{decode_ms:.0f}')} "
+                         f"| {rate:.2f} |")
+        lines.append("")
+        figures = rows.get("per_block") if key == "cut" else None
+        if figures:
+            lines += [f"Per block (the 4-stage split's middle stages): "
+                      f"{figures['block_file_bytes'] / MIB:.1f} MiB in the file, "
+                      f"{figures['block_ratio']:.2f}x held, {figures['block_decode_ms']:.1f} "
+                      f"ms decode; output head {figures['head_decode_ms']:.1f} ms. "
+                      f"**Estimate**, not measured (`just bench kquant --big` measures it): "
+                      f"all {figures['whole_blocks']} blocks plus the head, "
+                      f"{figures['whole_step_ms']:.0f} ms per token, "
+                      f"{figures['whole_tokens_per_s']:.2f} tokens/s on any number of stages "
+                      "(one sequence visits the stages in turn; transport apart).", ""]
+    return lines
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench kquant")
     parser.add_argument("--dtype", choices=("f32", "f16"), default="f32")
@@ -128,10 +224,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prompt", type=int, default=16, help="prefill positions (--big)")
     parser.add_argument("--decode", type=int, default=8, help="decode steps (--big)")
     parser.add_argument("--big", action="store_true",
-                        help="also the 1B-class model on --stages (slow on a small CPU)")
+                        help="also the whole 16-block 1B-class model on --stages (about 11 "
+                        "min on a small CPU)")
+    parser.add_argument("--no-cut", action="store_true",
+                        help="leave out the 1B-class shape cut to 4 blocks")
     parser.add_argument("--stages", type=lambda t: [int(x) for x in t.split(",")],
                         default=[1, 2, 4])
-    parser.add_argument("--skip-types", action="store_true", help="only the 1B model")
+    parser.add_argument("--skip-types", action="store_true", help="only the 1B shapes")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     args = parser.parse_args(argv)
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
@@ -139,6 +238,12 @@ def main(argv: list[str]) -> int:
     rows: dict[str, Any] = {}
     if not args.skip_types:
         rows["types"] = memory_per_type(args)
+    if not args.no_cut:
+        rows["cut"] = big_model(args, LLAMA_1B_CUT)
+        figures = per_block(rows["cut"])
+        if figures is not None:
+            rows["per_block"] = figures
+            _print_per_block(figures)
     if args.big:
         rows["big"] = big_model(args)
     print(f"load average now {os.getloadavg()[0]:.1f}; {time.monotonic() - started:.0f} s")

@@ -52,7 +52,7 @@ MODULE_ARGS: dict[str, list[str]] = {
     "serve": ["--rounds", "2", "--max-tokens", "32"],
     "recovery": ["--repeat", "1"],
 }
-JSON_MODULES = ("quic", "coldstart", "hotpath", "serve")  # each run with --json
+JSON_MODULES = ("quic", "coldstart", "hotpath", "serve", "kquant")  # each run with --json
 NOT_TEXT = {"report", "e2e"}  # e2e is measured in process, report is this module
 RING_TOTAL_MIB = 512
 MODULE_TIMEOUT_S = 900
@@ -306,6 +306,8 @@ def main(argv: list[str]) -> int:
                 hotpath = json.loads(Path(f"{tmp}/hotpath.json").read_text())
             if name == "serve" and Path(f"{tmp}/serve.json").exists():
                 serve = json.loads(Path(f"{tmp}/serve.json").read_text())
+            if name == "kquant" and Path(f"{tmp}/kquant.json").exists():
+                report["kquant"] = json.loads(Path(f"{tmp}/kquant.json").read_text())
         if name == "model":
             model = model_figures(result["output"])
         if name in JSON_MODULES:
