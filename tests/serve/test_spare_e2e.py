@@ -27,7 +27,8 @@ import openai
 import pytest
 
 from .serve_process import ServeProcess
-from .test_migration_e2e import KILL_AFTER, MAX_TOKENS, PROMPTS, events, join, stream_all
+from .streams import events, join, stream_all
+from .test_migration_e2e import KILL_AFTER, MAX_TOKENS, PROMPTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.soak, pytest.mark.timeout(1800)]
 
@@ -72,11 +73,11 @@ def test_a_warm_spare_takes_the_lost_stage_without_loading(tmp_path: Path) -> No
 
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
                                timeout=600)
-        healthy = stream_all(client)
+        healthy = stream_all(client, PROMPTS, MAX_TOKENS)
         join(healthy, 600)
         assert all(len(s.chunks) == MAX_TOKENS for s in healthy), [s.chunks for s in healthy]
 
-        faulted = stream_all(client)
+        faulted = stream_all(client, PROMPTS, MAX_TOKENS)
         deadline = time.monotonic() + 600
         while min(len(s.chunks) for s in faulted) < KILL_AFTER:
             assert time.monotonic() < deadline, "the streams did not start"
