@@ -55,6 +55,7 @@ from tinygrad.device import Buffer, Device
 from tinygrad.dtype import _from_np_dtype, dtypes
 from tinygrad.tensor import Tensor
 
+from swactor.model import prefill_gemm
 from swactor.model.dequant import QuantMatrix, block_fields
 
 
@@ -251,7 +252,13 @@ def dequant_expr(matrix: DeviceQuant, cpu: bool) -> Tensor:
 def block_matmul(x: Tensor, matrix: DeviceQuant, cpu: bool) -> Tensor:
     """``x @ W.T`` for ``x`` ``float32 [tokens, cols]`` (prefill): ``x @ w0.T`` plus each
     row's sums over offset groups times the offsets (:func:`scaled_codes`), each one
-    kernel that widens the codes in registers; no dense matrix is materialised."""
+    kernel that widens the codes in registers; no dense matrix is materialised.
+
+    On a CPU device (:func:`~swactor.model.prefill_gemm.usable`) the weights are widened
+    once into transient panels and multiplied by a tiled C kernel instead
+    (:mod:`swactor.model.prefill_gemm`): 4-5x faster for a prompt's rows."""
+    if cpu and prefill_gemm.usable(matrix.device, int(x.shape[0]), matrix.rows):
+        return prefill_gemm.panel_matmul(x, dequant_expr(matrix, cpu))
     w0, offset, group = scaled_codes(matrix, cpu)
     out = x.matmul(w0.T)
     if offset is None:

@@ -135,9 +135,10 @@ def test_block_bytes_predicts_the_fields(qtype: Q) -> None:
 
 @pytest.mark.parametrize("qtype", sorted(_F16_FIELDS, key=int), ids=lambda q: q.name)
 def test_prefill_product_keeps_no_dense_matrix(qtype: Q) -> None:
-    """The prefill product is one kernel per term, widening codes in registers: an extra
-    kernel would be tinygrad materialising the dense matrix (it did, for K-quants, when
-    the kernel read more than three buffers or the whole dequantised sum)."""
+    """Off the CPU panel GEMM, the prefill product is one kernel per term, widening codes
+    in registers: an extra kernel would be tinygrad materialising the dense matrix (it
+    did, for K-quants, when the kernel read more than three buffers or the whole
+    dequantised sum). Both paths compute the product."""
     from tinygrad.tensor import Tensor
 
     rows, cols, tokens = 64, 512, 16
@@ -149,8 +150,10 @@ def test_prefill_product_keeps_no_dense_matrix(qtype: Q) -> None:
     x = x.realize()
     with_offset = qtype in (Q.Q4_1, Q.Q5_1, Q.Q2_K, Q.Q4_K, Q.Q5_K)
     # schedule_linear() takes the kernels out of the graph: count on a twin of it
-    kernels = block_matmul(x, device, cpu=True).schedule_linear().src
+    # cpu=False: tinygrad's own product (the CPU panel GEMM is tests/model/test_prefill_gemm)
+    kernels = block_matmul(x, device, cpu=False).schedule_linear().src
     assert len(kernels) == (2 if with_offset else 1)
-    got = block_matmul(x, device, cpu=True).numpy()
     want = x.numpy().astype(np.float64) @ matrix.dense(np.float32).astype(np.float64).T
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    for cpu in (False, True):
+        got = block_matmul(x, device, cpu=cpu).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
