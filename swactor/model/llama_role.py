@@ -29,10 +29,10 @@ must be the slot's next position. The last stage answers one greedy id, or with
 ``tag.candidates`` the top ``CANDIDATES_K`` ids and their logits (:func:`candidates`);
 sampling is then the orchestrator's, so a stage keeps no per-sequence sampling state.
 
-``run_batch(tags, payload)``: one decode row each of several slots (a batch object,
-``swactor.wire.tags``), checked whole before any row runs; each row's result equals
-its ``run_tagged`` alone, in table order. Today the rows run one after another through
-the one-row decode JIT: the batch saves the per-object cost outside the model.
+``run_batch(tags, payload)``: ``B`` decode rows of different sequences (distinct slots,
+each at its slot's next position) as one step, answers in table order (the ``[B,
+hidden]`` rows, or on the last stage each row's ``run_tagged`` answer joined). Each
+row's result is bit-identical to the row run alone (see "Batched decode" below).
 
 Math (llama.cpp semantics): ``x += Wo·attn(rope(Wq·n(x)), rope(Wk·n(x)), Wv·n(x))`` then
 ``x += Wd·(silu(Wg·n(x)) * Wu·n(x))`` with ``n`` the RMSNorm (``eps`` from the file) times
@@ -78,6 +78,21 @@ numpy views of a kept input buffer and the JIT's output buffer (a fresh Tensor a
 straight from :class:`~swactor.model.cpu_graph.DirectReplay` (the position and slot
 written into the kernel table, then the C loop), without TinyJit's ~1 ms of Python per call.
 
+Batched decode (``run_batch``, :meth:`StageRole._decode_rows`): one TinyJit per batch
+size ``B`` (kernel cache kind ``decode-rows-B``) whose ``2 B`` bound variables are the
+rows' positions and slots. Every product takes the ``B`` rows at once with the one-row
+product's expression plus a row axis (``[B, out, in / 16, 16]`` summed over the groups,
+then the 16 lanes): tinygrad gives it the one-row kernel's reduction opts (the same
+unrolled groups and lane order per row) and upcasts the row axis, so each weight block
+is loaded and widened once for all rows and each row's sums are those of the one-row
+kernel, bit for bit. Norms and elementwise steps are row-wise. Each row's KV write and
+attention are the one-row graph over its own slot and position variables (``B`` copies
+of the small attention kernels), so no row attends over padding. With ``beam > 0`` the
+rows run one after another instead (BEAM picks each kernel's loop order, hence its
+summation order). Building a batch size's JIT takes minutes on a small CPU, so only
+:meth:`StageRole.warm_up` builds them (``rows``) or loads them (every size the kernel
+cache holds for the role); a batch of a size not ready runs row after row.
+
 Weights in blocks (``quantised``, weights loaded with ``keep_blocks``): every matrix of a
 :data:`~swactor.model.dequant.BLOCK_TYPES` type (Q2_K to Q6_K, Q4_0 to Q8_0, and F16/BF16
 values as blocks of one) stays in the file's bytes on the device and nothing dense is
@@ -99,8 +114,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar, cast
 
 import numpy as np
@@ -320,6 +336,21 @@ def _cols(part: Tensor | DeviceQuant) -> int:
 
 
 @dataclass
+class _DecodeRunner:
+    """A decode JIT (``kind`` in the kernel cache) with its bound ``variables``; on CPU
+    its kept input buffer, numpy views of that input and of the output, and once the
+    JIT has replayed, the :class:`~swactor.model.cpu_graph.DirectReplay` of it."""
+
+    jit: _TinyJit[Tensor]
+    kind: str
+    variables: tuple[UOp, ...]
+    data: Tensor | None = None
+    data_view: npt.NDArray[np.generic] = field(default_factory=lambda: np.zeros(0))
+    out_view: npt.NDArray[np.generic] = field(default_factory=lambda: np.zeros(0))
+    replay: DirectReplay | None = None
+
+
+@dataclass
 class _Block:
     attn_norm: Tensor
     w_qkv: _Matrix  # rows: q (heads*hd), k (kv*hd), v (kv*hd); one matrix-vector per step
@@ -400,14 +431,14 @@ class StageRole:
         self._decode = TinyJit(self._forward_decode)
         self._last_var = UOp.variable("last_row", 0, max_seq_len - 1)
         self._prefill: dict[int, _TinyJit[Tensor]] = {}
-        self._decode_input: Tensor | None = None
-        self._decode_input_view: npt.NDArray[np.generic] = np.zeros(0)
-        self._decode_output_view: npt.NDArray[np.generic] = np.zeros(0)
-        self._decode_replay: DirectReplay | None = None
+        self._decode_runner = _DecodeRunner(
+            self._decode, "decode",
+            (self._pos_var,) if self._slot_var is None else (self._pos_var, self._slot_var))
+        self._rows: dict[int, _DecodeRunner] = {}  # decode JITs by rows per step (2+)
         self._kernels = KernelCache.for_role(
             self, self._structure(),
-            skip=("_decode", "_prefill", "_decode_input", "_kernels", "sampling", "last_logits",
-                  "_decode_replay"))
+            skip=("_decode", "_prefill", "_decode_runner", "_rows", "_kernels", "sampling",
+                  "last_logits"))
 
     # -- loading --------------------------------------------------------------------------
     def _checked(
@@ -598,29 +629,33 @@ class StageRole:
         return weights, kv
 
     # -- math -----------------------------------------------------------------------------
-    def _linear(self, x: Tensor, matrix: _Matrix) -> Tensor:
-        """``x @ W.T`` in float32 for a ``[out, in]`` matrix (its parts' outputs joined)."""
+    def _linear(self, x: Tensor, matrix: _Matrix, rows: bool = False) -> Tensor:
+        """``x @ W.T`` in float32 for a ``[out, in]`` matrix (its parts' outputs joined).
+
+        ``rows``: ``x`` is independent decode rows, each computed as a one-row product
+        would be (the same 16-lane sums), not a prefill matrix product."""
         outs = [
-            self._block_linear(x, part) if isinstance(part, DeviceQuant)
-            else self._dense_linear(x, part)
+            self._block_linear(x, part, rows) if isinstance(part, DeviceQuant)
+            else self._dense_linear(x, part, rows)
             for part in matrix.parts
         ]
         return outs[0] if len(outs) == 1 else outs[0].cat(*outs[1:], dim=-1)
 
-    def _dense_linear(self, x: Tensor, weight: Tensor) -> Tensor:
+    def _dense_linear(self, x: Tensor, weight: Tensor, rows: bool = False) -> Tensor:
         """``x @ weight.T`` in float32, ``weight`` being ``[out, in]`` in the compute dtype."""
         wide = widen_f16(weight, cpu=True) if self._f16_bits else weight.float()
         return self._matvec(x, wide, _matvec_chunk(int(weight.shape[0])) if self._cpu
-                            else int(weight.shape[0]))
+                            else int(weight.shape[0]), rows)
 
-    def _matvec(self, x: Tensor, wide: Tensor, chunk: int) -> Tensor:
-        """``x @ wide.T`` for a lazy float32 ``[out, in]`` expression ``wide``."""
+    def _matvec(self, x: Tensor, wide: Tensor, chunk: int, rows: bool = False) -> Tensor:
+        """``x @ wide.T`` for a lazy float32 ``[out, in]`` expression ``wide``; with
+        ``rows`` each row of ``x`` summed as a one-row product is."""
         out_features, in_features = wide.shape
         lanes = _REDUCE_LANES
-        if x.shape[0] != 1 and prefill_gemm.usable(self.device, int(x.shape[0]),
-                                                   int(out_features)):
+        if (x.shape[0] != 1 and not rows
+                and prefill_gemm.usable(self.device, int(x.shape[0]), int(out_features))):
             return prefill_gemm.panel_matmul(x, wide)  # prefill on CPU: widen once, tiled
-        if in_features % lanes or x.shape[0] != 1:
+        if in_features % lanes or (x.shape[0] != 1 and not rows):
             return x.matmul(wide.T)  # prefill: a matrix product, tinygrad's heuristics fit
         # 16 running sums along the contiguous input axis, then one short sum: the kernel
         # loads and widens 16 consecutive weights at once (2-2.5x the bandwidth of matmul)
@@ -629,16 +664,16 @@ class StageRole:
         products = x.reshape(tokens, 1, groups, lanes) * wide.reshape(
             1, out_features, groups, lanes
         )
-        rows = int(out_features)
-        if chunk >= rows:
+        count = int(out_features)
+        if chunk >= count:
             return products.sum(axis=2).sum(axis=-1)
         parts = [
             products[:, start : start + chunk].sum(axis=2).sum(axis=-1).contiguous()
-            for start in range(0, rows, chunk)
+            for start in range(0, count, chunk)
         ]
         return parts[0].cat(*parts[1:], dim=-1)
 
-    def _block_linear(self, x: Tensor, blocks: DeviceQuant) -> Tensor:
+    def _block_linear(self, x: Tensor, blocks: DeviceQuant, batch: bool = False) -> Tensor:
         """``x @ W.T`` with ``W`` decoded from the file's blocks inside the product's kernels
         (:func:`~swactor.model.block_kernels.dequant_expr`); nothing dense is stored.
 
@@ -647,7 +682,7 @@ class StageRole:
         would be recomputed per consumer row).
         """
         rows = blocks.rows
-        if x.shape[0] != 1:
+        if x.shape[0] != 1 and not batch:
             # prefill: a matrix product that widens the codes inside its kernel
             return block_matmul(x, blocks, self._cpu)
         chunk = _matvec_chunk(rows, _BLOCK_ROWS_LIMIT) if self._cpu else rows
@@ -655,7 +690,7 @@ class StageRole:
         for start in range(0, rows, chunk):
             n = min(chunk, rows - start)
             wide = dequant_expr(blocks.row_slice(start, n), self._cpu)
-            parts.append(self._matvec(x, wide, n).contiguous())
+            parts.append(self._matvec(x, wide, n, batch).contiguous())
         return parts[0] if len(parts) == 1 else parts[0].cat(*parts[1:], dim=-1)
 
     def _rms_norm(self, x: Tensor, weight: Tensor) -> Tensor:
@@ -678,11 +713,32 @@ class StageRole:
 
     def _attention(self, block: _Block, x: Tensor, start: UOp | int, tokens: int,
                    slot: UOp | int) -> Tensor:
-        f = self.facts
-        hd, heads, kv = f.head_dim, f.head_count, f.head_count_kv
-        qkv = self._linear(x, block.w_qkv)
+        qkv = self._qkv(block, x)
+        return self._linear(self._attend(block, qkv, start, tokens, slot), block.wo)
+
+    def _attention_rows(self, block: _Block, starts: Sequence[UOp], slots: Sequence[UOp],
+                        x: Tensor) -> Tensor:
+        """Attention of decode rows ``x`` ``[B, hidden]``: row ``b`` at position
+        ``starts[b]`` of slot ``slots[b]``. The products take every row at once; each
+        row's cache write and attention are the one-row graph's, over its own slot."""
+        qkv = self._qkv(block, x, rows=True)
+        outs = [self._attend(block, qkv[b : b + 1], start, 1, slot)
+                for b, (start, slot) in enumerate(zip(starts, slots, strict=True))]
+        return self._linear(outs[0].cat(*outs[1:], dim=0), block.wo, rows=True)
+
+    def _qkv(self, block: _Block, x: Tensor, rows: bool = False) -> Tensor:
+        qkv = self._linear(x, block.w_qkv, rows)
         if block.b_qkv is not None:
             qkv = qkv + block.b_qkv.float()
+        return qkv
+
+    def _attend(self, block: _Block, qkv: Tensor, start: UOp | int, tokens: int,
+                slot: UOp | int) -> Tensor:
+        """Rows ``qkv`` at positions ``start..`` of ``slot``: write their keys and values
+        to the slot's cache and attend over its positions ``0..start + tokens - 1``;
+        returns ``[tokens, heads * head_dim]`` (before the output projection)."""
+        f = self.facts
+        hd, heads, kv = f.head_dim, f.head_count, f.head_count_kv
         q = qkv[:, : heads * hd]
         k = qkv[:, heads * hd : (heads + kv) * hd]
         v = qkv[:, (heads + kv) * hd :]
@@ -712,19 +768,23 @@ class StageRole:
             # were recomputed for every output column (18% of a 64-token prefill)
             probs = probs.contiguous()
         out = probs.matmul(values)  # [kv, group*tokens, hd]
-        out = out.reshape(heads, tokens, hd).transpose(0, 1).reshape(tokens, heads * hd)
-        return self._linear(out, block.wo)
+        return out.reshape(heads, tokens, hd).transpose(0, 1).reshape(tokens, heads * hd)
 
     def _block(self, block: _Block, x: Tensor, start: UOp | int, tokens: int,
                slot: UOp | int) -> Tensor:
-        h = x + self._attention(block, self._rms_norm(x, block.attn_norm), start, tokens, slot)
+        return self._block_with(
+            block, x, lambda n: self._attention(block, n, start, tokens, slot), rows=False)
+
+    def _block_with(self, block: _Block, x: Tensor, attention: Callable[[Tensor], Tensor],
+                    rows: bool) -> Tensor:
+        h = x + attention(self._rms_norm(x, block.attn_norm))
         n = self._rms_norm(h, block.ffn_norm)
-        gate_up = self._linear(n, block.w_gate_up)
+        gate_up = self._linear(n, block.w_gate_up, rows)
         ffn = self.facts.ffn_dim
         # materialise the product: fused into the down projection, silu would be recomputed
         # once per output feature (measured: 8x slower prefill, slower decode)
         hidden = (gate_up[:, :ffn].silu() * gate_up[:, ffn:]).contiguous()
-        mlp = self._linear(hidden, block.w_down)
+        mlp = self._linear(hidden, block.w_down, rows)
         return (h + mlp).cast(self._tg_dtype)
 
     def _forward(
@@ -739,6 +799,22 @@ class StageRole:
         row = tokens - 1 if last is None else last
         last_row = self._rms_norm(x[row : row + 1].float(), self.output_norm)
         return self._linear(last_row, self.output).reshape(-1).contiguous()
+
+    def _forward_rows(self, x: Tensor, *variables: UOp) -> Tensor:
+        """``B`` decode rows ``x``; ``variables`` are the rows' positions then their slots
+        (``2 B`` bound variables): the activation rows, or on the last stage ``[B,
+        vocab]`` logits."""
+        count = int(x.shape[0])
+        starts, slots = variables[:count], variables[count:]
+        for block in self.blocks:
+            x = self._block_with(
+                block, x.float(),
+                partial(self._attention_rows, block, starts, slots), rows=True)
+        if not self.is_last:
+            return x.contiguous().realize()
+        assert self.output_norm is not None and self.output is not None
+        normed = self._rms_norm(x.float(), self.output_norm)
+        return self._linear(normed, self.output, rows=True).contiguous().realize()
 
     def _forward_decode(self, payload: Tensor, start: UOp, slot: UOp | None = None) -> Tensor:
         return self._forward(payload, start, 1, slot=0 if slot is None else slot).realize()
@@ -820,10 +896,18 @@ class StageRole:
         Every row is a decode row (position > 0, the slot's next position), no two rows
         share a slot, and ``payload`` has exactly ``len(tags)`` rows; all of it is
         checked before any row runs (a bad batch is a ``StepError`` that leaves every
-        slot as it was). Each row's result is what :meth:`run_tagged` gives for it
-        alone (greedy ids bit-identical), in table order: a non-last stage returns the
-        ``len(tags)`` activation rows, the last stage each row's answer concatenated
-        (one int32 id, or ``2 * CANDIDATES_K`` with ``tag.candidates``).
+        slot as it was). Each row's result is bit-identical to what :meth:`run_tagged`
+        gives for it alone, in table order: a non-last stage returns the ``len(tags)``
+        activation rows, the last stage each row's answer concatenated (one int32 id, or
+        ``2 * CANDIDATES_K`` with ``tag.candidates``); ``last_logits`` is then ``[B,
+        vocab]``.
+
+        ``B`` rows run through the decode JIT for ``B`` rows (:meth:`_decode_rows`:
+        every weight is read once per step for all rows) when :meth:`warm_up` made it
+        ready (built for ``rows``, or loaded from the kernel cache); otherwise, or with
+        ``beam > 0`` (BEAM picks each kernel's loop order, hence its summation order),
+        one after another through the one-row decode: a batch size's first build takes
+        minutes on a small CPU, too long to stall a live step for.
         """
         array = self._check_input(payload)
         if not tags or array.shape[0] != len(tags):
@@ -842,10 +926,26 @@ class StageRole:
             if start + 1 > self.max_seq_len:
                 raise StepError(f"slot {slot}: position {start} exceeds max_seq_len "
                                 f"{self.max_seq_len}")
-        # One row after another through the decode JIT (each row as run_tagged would).
-        results = [self.run_tagged(tag, array[index:index + 1])
-                   for index, tag in enumerate(tags)]
-        return np.concatenate(results)
+        count = len(tags)
+        slots = [tag.slot for tag in tags]
+        starts = [tag.position for tag in tags]
+        if self.token_embd is not None:
+            array = self._embed(cast("npt.NDArray[np.int32]", array))  # checked int32
+        if count not in self._rows or self.beam > 0:
+            result = np.concatenate([
+                self._decode_step(array[b : b + 1], slot, start).reshape(1, -1)
+                for b, (slot, start) in enumerate(zip(slots, starts, strict=True))])
+        else:
+            result = self._decode_rows(array, slots, starts)
+        for slot, start in zip(slots, starts, strict=True):
+            self._positions[slot] = start + 1
+        if not self.is_last:
+            return np.ascontiguousarray(result, dtype=self.np_dtype)
+        logits = self.last_logits = result.astype(np.float32).reshape(count, -1)
+        answers = [candidates(row) if tag.candidates
+                   else np.array([int(np.argmax(row))], dtype=np.int32)
+                   for tag, row in zip(tags, logits, strict=True)]
+        return np.concatenate(answers)
 
     def _compute(self, array: npt.NDArray[np.generic], slot: int, start: int,
                  prefill: bool) -> npt.NDArray[np.generic]:
@@ -896,45 +996,64 @@ class StageRole:
     def _decode_step(self, array: npt.NDArray[np.generic], slot: int, start: int
                      ) -> npt.NDArray[np.generic]:
         """One row at position ``start`` of ``slot`` through the decode JIT; returns its
-        output as a numpy array.
+        output as a numpy array."""
+        values = (start,) if self._slot_var is None else (start, slot)
+        return self._run_decode(self._decode_runner, array, values)
+
+    def _decode_rows(self, array: npt.NDArray[np.generic], slots: Sequence[int],
+                     starts: Sequence[int]) -> npt.NDArray[np.generic]:
+        """``B`` decode rows ``array`` (``B >= 2``), row ``b`` at position ``starts[b]``
+        of slot ``slots[b]`` (distinct slots), through the JIT for ``B`` rows (built on
+        its first calls, kept in the kernel cache as ``decode-rows-B``). Each row's
+        output is bit-identical to :meth:`_decode_step` of that row alone: the products
+        sum each row as the one-row kernels do, and each row's attention is the one-row
+        graph over its own slot and position."""
+        count = array.shape[0]
+        runner = self._rows.get(count)
+        if runner is None:
+            top = self.max_seq_len - 1
+            variables = (*(UOp.variable(f"start_pos{b}", 0, top) for b in range(count)),
+                         *(UOp.variable(f"slot{b}", 0, self.slots - 1) for b in range(count)))
+            runner = self._rows[count] = _DecodeRunner(
+                TinyJit(self._forward_rows), f"decode-rows-{count}", variables)
+        return self._run_decode(runner, array, (*starts, *slots))
+
+    def _run_decode(self, runner: _DecodeRunner, array: npt.NDArray[np.generic],
+                    values: tuple[int, ...]) -> npt.NDArray[np.generic]:
+        """``array`` through a decode JIT with its variables bound to ``values``.
 
         On CPU the JIT's input is one buffer kept for the role's life and both directions
         go through numpy views of device memory: a fresh input Tensor and ``numpy()`` each
         cost a schedule and a copy kernel (about 1 ms of Python per token).
         """
-        args = (self._pos_var.bind(start), *self._slot_args(slot))
-        if self._decode.cnt == 0:
-            self._adopt(self._decode, "decode")
+        jit = runner.jit
+        args = tuple(v.bind(x) for v, x in zip(runner.variables, values, strict=True))
+        if jit.cnt == 0:
+            self._adopt(jit, runner.kind)
         if not self._cpu:
             data = upload(array, self.device)
             with Context(BEAM=self.beam):  # type: ignore[no-untyped-call]
-                result: npt.NDArray[np.generic] = self._decode(data, *args).numpy()
-            self._offer(self._decode, "decode")
+                result: npt.NDArray[np.generic] = jit(data, *args).numpy()
+            self._offer(jit, runner.kind)
             return result
-        if self._decode_input is None:
-            self._decode_input = upload(np.zeros(array.shape, dtype=self.np_dtype),
-                                        self.device)
-            self._decode_input_view = _host_view(self._decode_input)
-        self._decode_input_view[...] = array
-        if self._decode_replay is not None:
-            values = {self._pos_var.expr: start}
-            if self._slot_var is not None:
-                values[self._slot_var.expr] = slot
-            self._decode_replay.replay(values)
-            return self._decode_output_view.copy()
+        if runner.data is None:
+            runner.data = upload(np.zeros(array.shape, dtype=self.np_dtype), self.device)
+            runner.data_view = _host_view(runner.data)
+        runner.data_view[...] = array
+        if runner.replay is not None:
+            runner.replay.replay({v.expr: x for v, x in zip(runner.variables, values,
+                                                            strict=True)})
+            return runner.out_view.copy()
         use_cpu_graph(self.cpu_graph)
         with Context(BEAM=self.beam):  # type: ignore[no-untyped-call]
-            out = self._decode(self._decode_input, *args)
-        self._offer(self._decode, "decode")
-        self._decode_output_view = _host_view(out)
-        captured = self._decode.captured
-        if captured is not None and self._decode.cnt >= 2:  # replayed once: batches built
-            variables = {self._pos_var.expr}
-            if self._slot_var is not None:
-                variables.add(self._slot_var.expr)
-            self._decode_replay = DirectReplay.of(captured, (self._decode_input.uop.base,),
-                                                  frozenset(variables))
-        return self._decode_output_view.copy()
+            out = jit(runner.data, *args)
+        self._offer(jit, runner.kind)
+        runner.out_view = _host_view(out)
+        captured = jit.captured
+        if captured is not None and jit.cnt >= 2:  # replayed once: batches built
+            runner.replay = DirectReplay.of(captured, (runner.data.uop.base,),
+                                            frozenset(v.expr for v in runner.variables))
+        return runner.out_view.copy()
 
     # -- kernel cache (swactor.model.jit_cache) ----------------------------------------------
     def _structure(self) -> dict[str, Any]:
@@ -972,20 +1091,32 @@ class StageRole:
         prefill(data, self._last_var.bind(last), *self._slot_args(slot))
         self._offer(prefill, f"prefill-{padded}")
 
-    def warm_up(self, prompt_tokens: int = 0) -> None:
+    def warm_up(self, prompt_tokens: int = 0, rows: Sequence[int] = ()) -> None:
         """Build the decode JIT (or load it from the kernel cache), load every prefill
         bucket the cache holds for this role (none yet: build the first bucket, prompts of
         up to ``PREFILL_BUCKET`` tokens), build or load the bucket of every prompt length
-        up to ``prompt_tokens``, and run each once, so the first real steps
-        replay kernels instead of building them. Leaves the role as if new: its positions
-        restart at step 0, and the KV entries warming wrote (in slot 0; the slot is a
-        variable of every graph, so one warm-up serves them all) are rewritten by the
-        prefill before any step reads them."""
+        up to ``prompt_tokens``, load every batched decode JIT the cache holds
+        (``decode-rows-B``), build the batched decode JITs for ``rows`` (rows per step,
+        2..``slots``; minutes each on a small CPU unless cached), and run each once, so
+        the first real steps replay kernels instead of building them. Leaves the role as
+        if new: its positions restart at step 0, and the KV entries warming wrote (in
+        slots ``0..B-1``; the slot is a variable of every graph, so one warm-up serves
+        them all) are rewritten by the prefill before any step reads them."""
         row = np.zeros((1, self.facts.hidden_dim), dtype=self.np_dtype)
         for position in range(min(3, self.max_seq_len)):  # a JIT captures on its 2nd call
             self._decode_step(row, 0, position)
             if self._decode.captured is not None:
                 break
+        counts = set(rows)
+        if self._kernels is not None:
+            counts |= {int(kind.removeprefix("decode-rows-"))
+                       for kind in self._kernels.kinds("decode-rows-")}
+        for count in sorted(c for c in counts if 2 <= c <= self.slots):
+            batch = np.zeros((count, self.facts.hidden_dim), dtype=self.np_dtype)
+            for position in range(min(3, self.max_seq_len)):
+                self._decode_rows(batch, range(count), [position] * count)
+                if self._rows[count].jit.captured is not None:
+                    break
         buckets = self._kernels.kinds("prefill-") if self._kernels is not None else []
         if self._kernels is not None and not buckets:
             buckets = [f"prefill-{min(PREFILL_BUCKET, self.max_seq_len)}"]
@@ -1001,10 +1132,10 @@ class StageRole:
             prefill = self._prefill_jit(padded)
             if self._cpu:
                 use_cpu_graph(self.cpu_graph)
-            rows = upload(np.zeros((padded, self.facts.hidden_dim), dtype=self.np_dtype),
+            data = upload(np.zeros((padded, self.facts.hidden_dim), dtype=self.np_dtype),
                           self.device)
-            prefill(rows, self._last_var.bind(0), *self._slot_args(0))
-            self._keep_prefill(prefill, padded, rows, 0, 0)  # built here: capture and keep
+            prefill(data, self._last_var.bind(0), *self._slot_args(0))
+            self._keep_prefill(prefill, padded, data, 0, 0)  # built here: capture and keep
         self._positions = [0] * self.slots
         self._next_sequence = 0
         self.last_logits = None
