@@ -13,6 +13,7 @@ Theory of operation
      "weights": "blocks",                                      # optional, or "dense"
      "slots": 4,                                               # optional, default 1
      "warm_prompt_tokens": 64,                                 # optional, default 0
+     "batch_rows": [2, 4],                                     # optional, default []
      "table": {...}}                                           # optional stage table
 
 `slots` is how many sequences the stage holds KV caches for (1..MAX_STAGE_SLOTS): a
@@ -25,7 +26,11 @@ untagged object (flags 0) is the inference step `sequence` of the run's one sequ
 as below; it uses slot 0. A batch object (flags BATCH, `swactor.wire.tags`) starts with
 its tag table: the role checks it against its slots, runs `StageRole.run_batch` on the
 rows after it, and writes the table and then the result rows (activation rows, or on
-the last stage each row's id or candidates).
+the last stage each row's id or candidates). `batch_rows` are the batch sizes whose
+B-row decode kernels the role builds at configure time (`StageRole.warm_up`; minutes
+each on a small CPU unless the kernel cache holds them, and every size it holds is
+loaded anyway): a batch of such a size reads each weight once for all its rows, any
+other runs row after row; results are the same bits either way.
 
 `weights` "blocks" keeps the file's Q2_K-Q6_K, Q4_0-Q8_0, F16/BF16 matrices in their
 blocks and computes decode and prefill from them, with no dense copy (about the file's
@@ -197,6 +202,12 @@ class LlamaStageRole:
         if not 0 <= warm <= max_seq_len:
             raise RoleConfigError(f"llama_stage warm_prompt_tokens {warm} is outside "
                                   f"0..max_seq_len {max_seq_len}")
+        batch_rows = _field(config, "batch_rows", list, required=False) or []
+        if len(batch_rows) > slots or any(
+                isinstance(rows, bool) or not isinstance(rows, int) or not 2 <= rows <= slots
+                for rows in batch_rows):
+            raise RoleConfigError(f"llama_stage batch_rows {batch_rows!r}: rows per step, "
+                                  f"each in 2..{slots} (the slots)")
         table = _field(config, "table", dict, required=False)
         try:
             reader = open_reader(
@@ -213,7 +224,7 @@ class LlamaStageRole:
                               device=device, quantised=weights_mode == "blocks",
                               slots=slots)
             del weights  # the host copies: the role holds its own on the device
-            stage.warm_up(prompt_tokens=warm)
+            stage.warm_up(prompt_tokens=warm, rows=[int(rows) for rows in batch_rows])
         except WeightsError as error:
             raise RoleConfigError(f"llama_stage weights: {error}") from None
         return cls(stage, _reuse_key(config, device))

@@ -141,6 +141,10 @@ def test_two_stage_roles_over_ring_bytes_match_one_stage_role(
     ({"slots": 0}, "slots 0 is outside 1..64"),
     ({"warm_prompt_tokens": 10_000}, "warm_prompt_tokens 10000 is outside 0..max_seq_len"),
     ({"slots": True}, "'slots'"),
+    ({"slots": 2, "batch_rows": [3]}, "rows per step, each in 2..2 "),
+    ({"slots": 4, "batch_rows": [1]}, "each in 2..4 "),
+    ({"slots": 4, "batch_rows": [2, True]}, "batch_rows"),
+    ({"batch_rows": 2}, "'batch_rows'"),
 ])
 def test_bad_configs_are_role_config_errors_naming_the_problem(
     gguf: Path, provisions: list[ProvisionStage], change: JsonObject, phrase: str
