@@ -46,6 +46,7 @@ MODULE_ARGS: dict[str, list[str]] = {
     "ring": ["--quick"],
     "quic": ["--repeat", "3"],  # 128 MiB per run: shorter runs are mostly slow-start ramp-up
     "model": ["--tokens", "24", "--dtypes", "f16,f32", "--beam", "0"],
+    "batch": ["--steps", "3", "--rounds", "2"],
     "worker": ["--quick"],
     "coldstart": ["--weights", "dense,blocks"],
     "hotpath": ["--repeat", "2", "--profile"],
