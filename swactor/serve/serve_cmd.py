@@ -120,10 +120,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                        f"(default {DEFAULT_WARM_PROMPT_TOKENS}; longer prompts build theirs "
                        "on first use, kept in the kernel cache for later runs; 0: only "
                        "what the cache holds)")
-    group.add_argument("--batch-rows", type=positive_int, default=None, metavar="B",
+    group.add_argument("--batch-rows", type=positive_int, default=1, metavar="B",
                        help="decode steps of up to B sequences travel through the "
                        "pipeline as one object, paying its per-object cost once "
-                       "(default: --slots; 1: every step its own object)")
+                       "(default 1: every step its own object; more than 1 works on "
+                       "one stage only so far)")
     group.add_argument("--max-queue", type=int, default=64, metavar="N",
                        help="requests that may wait for a slot; one more is answered 429 "
                        "(default 64)")
