@@ -166,7 +166,8 @@ class RunEngine:
         self.plan = plan
         self._slots = slots
         self._batch_rows: int | None = None
-        """Decode rows per object (`--batch-rows`; None: the slots)."""
+        """Decode rows per object (`--batch-rows`, default 1; None: the slots; above 1
+        on one stage only)."""
         self._tokenizer = tokenizer
         self._pool = pool
         self._runtime = runtime
@@ -190,7 +191,7 @@ class RunEngine:
         options: SessionOptions,
         *,
         slots: int = DEFAULT_SLOTS,
-        batch_rows: int | None = None,
+        batch_rows: int | None = 1,
         emitter: Emitter | None = None,
         progress: TextIO | None = None,
         watch: Watch | None = None,
@@ -215,6 +216,12 @@ class RunEngine:
                                     placeholder,
                                     with_stop_ids=True, serving=True)
         plan = planned.plan
+        if (batch_rows is None or batch_rows > 1) and len(plan.stages) > 1:
+            # a batch's tag table is not padded to whole activation rows, so an
+            # activation edge refuses it: batches run on one stage only
+            raise SessionError(f"--batch-rows {batch_rows or slots} needs a one-stage "
+                               f"pipeline; this plan has {len(plan.stages)} stages "
+                               "(use --batch-rows 1)")
         pool = await Pool.open(options, run_id, offered)
         runtime: Runtime | None = None
         ports: _ServingPorts | None = None

@@ -347,7 +347,7 @@ async def serve_pool(
     port: int,
     slots: int,
     max_queue: int,
-    batch_rows: int | None = None,
+    batch_rows: int | None = 1,
     restart_limit: int,
     retry_delay_s: float,
     out: TextIO,
