@@ -15,6 +15,7 @@ object released (each with its step: the controller forgets it on StepCompleted)
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -279,11 +280,12 @@ async def scenario(gguf: Path) -> None:
             orun.StageStopped(StageIndex(0), True)] * 2
         assert [o.run_id for o in state.history] == [21, 22]
         # the worker's measured footprint reaches both StageReady reports (the second run
-        # re-arms the same role) and both stage_ready events
+        # re-arms the same role, so it says the role was reused) and both stage_ready events
         footprints = [f for r, f in zip(ports.reports, ports.footprints, strict=True)
                       if isinstance(r, orun.StageReady)]
         assert len(footprints) == 2 and footprints[0] is not None
-        assert footprints[1] == footprints[0]
+        assert not footprints[0].reused
+        assert footprints[1] == replace(footprints[0], reused=True)
         fp = footprints[0]
         assert fp.file_bytes > 0 and fp.weights_bytes > 0 and fp.kv_cache_bytes > 0
         assert fp.rss_bytes > fp.weights_bytes  # the worker process holds more than that
