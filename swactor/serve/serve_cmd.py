@@ -88,16 +88,6 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
-
-
 def http_address(text: str) -> tuple[str, int]:
     """argparse type: `HOST:PORT` (`[::1]:8000` for IPv6) for the HTTP server."""
     host, colon, port = text.rpartition(":")
@@ -133,7 +123,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                        "gives up (default 3; a run that comes up resets the count)")
     group.add_argument("--retry-delay", type=_non_negative_float, default=2.0, metavar="S",
                        help="seconds between failed provisioning attempts (default 2)")
-    group.add_argument("--spares", type=_non_negative_int, default=0, metavar="N",
+    group.add_argument("--spares", type=non_negative_int, default=0, metavar="N",
                        help="keep N of the pool's nodes out of the run as warm spares: "
                        "each preloads a stage's weights and kernels while the run "
                        "serves, so the run after a stage node's loss starts without "
