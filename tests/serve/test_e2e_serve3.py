@@ -4,6 +4,9 @@ workers, QUIC between them, SmolLM2 split across them) behind the `openai` clien
 The 1-node module (`test_e2e_serve.py`) covers the whole API and the faults; this one
 proves what changes with stages: the same answers through three stages, and 4
 concurrent streams interleaved across them, each equal to its prompt asked alone.
+`just test` runs the same API checks against 3 stages in `tests/multihost/
+test_serve_netns.py` (across network namespaces), so this loopback copy is marked `soak`
+(`just soak-tests`) for the suite's time budget.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from swactor.model.paths import default_model_path
 from tests.serve import api_checks
 from tests.serve.serve_process import ServeProcess
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.soak, pytest.mark.timeout(1500)]
 
 BOOT_S = 900.0
 
