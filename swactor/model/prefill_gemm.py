@@ -13,8 +13,9 @@ kernels:
    32 output rows side by side for every input column, so the product reads each panel
    front to back. Each weight is widened once per product, not once per token row; the
    panels are a transient buffer (tinygrad's JIT memory planner reuses it from product to
-   product), at most :data:`PANEL_LIMIT_BYTES` per kernel: a bigger matrix is cut into row
-   groups.
+   product: the panels kernel is made to depend on the product's input, so it runs just
+   before its product), at most :data:`PANEL_LIMIT_BYTES` per kernel: a bigger matrix is
+   cut into row groups.
 2. **Product** (a hand-written C kernel, a tinygrad custom kernel on the clang renderer):
    for every panel, blocks of :data:`ROW_BLOCK` tokens keep ``ROW_BLOCK x 32`` sums in
    vector registers (``ext_vector_type(16)`` floats: AVX-512, two AVX2 or four NEON
@@ -101,7 +102,12 @@ def _panels_product(x: Tensor, weights: Tensor) -> Tensor:
     """``x @ weights.T`` through panels for one row group (``rows`` a multiple of 32)."""
     rows, cols = (int(s) for s in weights.shape)
     tokens = int(x.shape[0])
-    panels = weights.reshape(rows // PANEL, PANEL, cols).permute(0, 2, 1).contiguous()
+    # the panels kernel reads one input value it cannot use (|x| < 0 is never true, so
+    # every weight gets + 0.0): without a dependency on the input, tinygrad schedules
+    # every product's panels kernel at the start of a graph, all panels are alive at
+    # once and the JIT's memory plan holds every weight widened (SmolLM2: 426 MB)
+    never = (x[0:1, 0:1].abs() < 0).where(1.0, 0.0).reshape(1, 1, 1)
+    panels = (weights.reshape(rows // PANEL, PANEL, cols).permute(0, 2, 1) + never).contiguous()
     code = gemm_source(tokens, cols, rows)
     name = f"prefill_gemm_{tokens}_{cols}_{rows}"
 

@@ -39,3 +39,29 @@ def test_only_prompt_sized_cpu_products_with_whole_panels_use_it() -> None:
     assert not usable("CPU", prefill_gemm.MIN_TOKENS - 1, PANEL)  # decode rows
     assert not usable("CPU", 64, PANEL + 8)  # a partial panel
     assert not usable("NV", 64, PANEL)
+
+
+def test_a_graph_of_products_holds_one_products_panels_at_a_time() -> None:
+    """Each product's widened weights are transient: a JIT of four products in a chain
+    allocates about one matrix's panels, not four (tinygrad scheduled every panels
+    kernel first, and the memory plan kept all of them)."""
+    from tinygrad.engine.jit import TinyJit
+    from tinygrad.helpers import GlobalCounters
+
+    rows, cols, tokens = 4 * PANEL, 256, 16
+    panel_bytes = rows * cols * 4
+    rng = np.random.default_rng(5)
+    weights = [Tensor(rng.standard_normal((rows, cols)).astype(np.float32)).realize()
+               for _ in range(4)]
+    x = Tensor(rng.standard_normal((tokens, cols)).astype(np.float32)).realize()
+
+    def chain(h: Tensor) -> Tensor:
+        for w in weights:
+            h = panel_matmul(h, w * 1.0)[:, :cols] + 1.0
+        return h.realize()
+
+    jit = TinyJit(chain)
+    before = GlobalCounters.mem_used
+    for _ in range(3):
+        jit(x)
+    assert GlobalCounters.mem_used - before < 2 * panel_bytes

@@ -369,3 +369,25 @@ def test_repeated_prefills_replay_the_bucket_jit_exactly(tiny_llama: Path) -> No
         for got, want in zip(seen[0], seen[1], strict=True):
             np.testing.assert_array_equal(got, want)
     assert len(reused._prefill) == 1  # one bucket, one JIT
+
+
+def test_a_built_prefill_leaves_no_freed_buffers_cached(tiny_llama: Path) -> None:
+    """A prefill graph's first (eager) run and its capture allocate every intermediate
+    apart; tinygrad's allocator would keep the freed ones for reuse (a real model's
+    widened weights: hundreds of MB of RSS), so the role gives them back."""
+    import gc
+
+    from tinygrad.device import Device
+
+    (role,) = _roles(tiny_llama, [(0, 4)])
+    gc.collect()  # earlier tests' roles: their buffers are freed now, not during the steps
+    allocator = Device[role.device].allocator
+    getattr(allocator, "free_cache", lambda: None)()
+    # what may stay: buffers freed as a step returns (its input rows, a padded bucket)
+    # and stray small ones; the graph's intermediates are hundreds of times more
+    input_bytes = 4 * llama_role.PREFILL_BUCKET * role.facts.hidden_dim * 4
+    for _ in range(2):  # eager run, then capture
+        role.step(0, np.array([5, 17, 42, 99, 7], dtype=np.int32))
+        cache = getattr(allocator, "cache", {})
+        cached = sum(size * len(held) for (size, _), held in cache.items())
+        assert cached <= input_bytes
