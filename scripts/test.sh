@@ -31,7 +31,7 @@ failed=0
 for group in "${groups[@]}"; do
   echo "== pytest $group"
   # shellcheck disable=SC2086
-  "$py" -m pytest -m "not soak" "$@" $group
+  "$py" -m pytest -m "not soak" --durations=25 "$@" $group
   rc=$?
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then failed=1; echo "== FAILED ($rc): $group"; fi
 done
