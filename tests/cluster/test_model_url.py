@@ -2,7 +2,7 @@
 its model cache (a content key: the server's SHA-256 ETag), and a URL that cannot serve
 is refused at plan time, naming the URL, before any node starts.
 
-The end-to-end case (slow) serves the shipped SmolLM2 from a loopback artifact server
+The end-to-end case (soak: `just soak-tests`) serves the shipped SmolLM2 from a loopback artifact server
 (`model.artifact_server`: Range requests, ETag = SHA-256) and runs `swactor run --nodes 1
 --model URL` twice as a user would, in a subprocess whose model cache is an empty folder:
 the greedy tokens equal the single-stage reference; run 1's node fetches at most 1.05x
@@ -114,6 +114,7 @@ def test_plan_names_the_url_and_its_digest(
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.timeout(900)
 def test_run_from_a_url_reads_the_stage_once_into_the_cache(tmp_path: Path) -> None:
     model = default_model_path()

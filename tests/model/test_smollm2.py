@@ -59,6 +59,7 @@ def _generate(
     return out
 
 
+@pytest.mark.soak  # `just test` keeps the block-decode test below: its splits and dense
 def test_greedy_tokens_identical_for_one_two_three_stages(
     model_path: Path, prompt_ids: list[int]
 ) -> None:

@@ -1,4 +1,5 @@
-"""SmolLM2 (the real model) through three planned llama_stage roles over ring bytes (slow).
+"""SmolLM2 (the real model) through three planned llama_stage roles over ring bytes (soak:
+the real-node 3-stage tests of `just test` cover the same path end to end).
 
 The plan is the planner's own 3-node split of the file; each stage's role is built from
 its ProvisionStage by `llama_stage_config` and the worker's role registry, and objects
@@ -33,7 +34,7 @@ from swactor.wire import (
 )
 from swactor.worker.roles import build_role
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.soak]
 
 TOKENS = 8
 MAX_SEQ = 64

@@ -29,7 +29,7 @@ import pytest
 from .serve_process import ServeProcess, cmdline, descendants
 from .streams import events, join, stage_node_pid, stream_all, wait_chunks
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.soak]
 
 PROMPTS = ("The capital of France is", "Once upon a time, in a small village,",
            "The three primary colors are")
