@@ -8,9 +8,8 @@ event, and the binding carries out the effects (timers included) that come back.
 Mail it takes:
 
 - commands from node actors, as the machine's own event classes (`gwc.StartWorker`,
-  `gwc.InstallRing(command)`, `gwc.UninstallRing`, `gwc.RingReadable`,
-  `gwc.RingWritable`, `gwc.ConfigureRole`, `gwc.ExecuteStep`,
-  `gwc.ReleaseDeviceObject`, `gwc.ShutdownWorker`);
+  `gwc.InstallRing(command)`, `gwc.UninstallRing`, `gwc.ConfigureRole`,
+  `gwc.ExecuteStep`, `gwc.ReleaseDeviceObject`, `gwc.ShutdownWorker`);
 - what its ProcessActor reports (`Started`, `SpawnFailed`, `Line`, `Exited`): the
   worker I/O adapter is `decode_worker_line`, which turns a stdout line into a machine
   event: WorkerReady / WorkerFatal / WorkerStopped, any other §30 event as
@@ -22,7 +21,7 @@ Mail it takes:
 What it sends (`WorkerRoutes`): worker events by type - ring events to the
 EdgeEstablisher and the ring's edge actor, object events to the StageController only
 (the Tx/Rx edge actors are lifecycle gates that objects do not pass: fsm/rx_edge.yaml),
-step/role/device events to the StageController, wake hints to the Driver - and its own
+step/role/device events to the StageController - and its own
 notices: `WorkerReadyNotice` /
 `WorkerFailedNotice` to node boot, `WorkerCrashed` to the StageControllers,
 `WorkerReaped(ring_id)` to the EdgeEstablisher. Commands it cannot forward are answered
@@ -40,9 +39,8 @@ its ring is uninstalled first).
 Wake hints (spec §21) between node and worker go through the `WorkerDoorbells` the actor
 is given (`doorbells`, the node's) and hands to every worker generation; they do not pass
 this actor: the node's `WorkerRingInstaller` reads and rings them on the event loop
-(`swactor.transport.WorkerWakeRoute`). A RingReadable / RingWritable still mailed here
-rings `to_worker` (SendRingReadable / SendRingWritable). Without doorbells the hints
-are JSON lines both ways (the worker's reach the Driver as routed worker events).
+(`swactor.transport.WorkerWakeRoute`). Every GpuWorkerCtl has a set, so its workers
+never write hint lines; one a worker writes anyway is routed to nobody.
 
 On a crash the StageControllers hear `WorkerCrashed` first (with the WorkerFatal reason
 when the worker reported one before it exited), then every in-flight step is failed and
@@ -185,7 +183,7 @@ class WorkerRoutes:
             case ObjectLoaded() | ObjectProduced() | ObjectFailed():
                 found = list(self.stage_controllers)  # not through the edge actors (§27 doc)
             case RingReadable() | RingWritable():
-                found = [self.driver]
+                found = []  # hints ring the doorbells (module doc)
             case WorkerReadyNotice() | WorkerFailedNotice():
                 found = [self.node_boot]
             case _:
@@ -255,11 +253,11 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
         routes: WorkerRoutes,
         arena: Arena | None = None,
         clock: Callable[[], float] = time.monotonic,
-        doorbells: WorkerDoorbells | None = None,
+        *,
+        doorbells: WorkerDoorbells,
     ) -> None:
         """`clock` (seconds, monotonic) times the restart budget's window; `doorbells`
-        (its owner closes them) go to every worker generation, None: wake hints as JSON
-        lines (module doc)."""
+        (its owner closes them) go to every worker generation (module doc)."""
         self.config = config
         self.clock = clock
         self.routes = routes
@@ -364,12 +362,6 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
         if self.process is not None:
             self.process.tell(WriteLine(encode_line(message).rstrip("\n")))
 
-    def _wake_worker(self, hint: RingReadable | RingWritable) -> None:
-        if self.doorbells is not None:
-            self.doorbells.to_worker.notify()
-        else:
-            self._write(hint)
-
     def _route(self, event: WorkerEvent | Notice) -> None:
         for target in self.routes.targets(event):
             target.tell(event)
@@ -387,10 +379,8 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
             "SWACTOR_ARENA_FD": str(cfg.arena_fd),
             "SWACTOR_ARENA_BYTES": str(cfg.arena_bytes),
         }
-        fds: tuple[int, ...] = (cfg.arena_fd,)
-        if self.doorbells is not None:
-            env.update(self.doorbells.env())
-            fds += self.doorbells.fds()
+        env.update(self.doorbells.env())
+        fds = (cfg.arena_fd, *self.doorbells.fds())
         spec = ProcessSpec(cfg.argv, pass_fds=fds, extra_env=env, grace_s=cfg.kill_grace_s)
         ctx = self._context
         owner = cast(ActorRef[ProcessEvent], ctx.self_ref)
@@ -426,12 +416,6 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
 
     def send_uninstall_ring(self, ring_id: RingId, reason: UninstallReason) -> None:
         self._write(UninstallRing(ring_id, reason))
-
-    def send_ring_readable(self, ring_id: RingId) -> None:
-        self._wake_worker(RingReadable(ring_id))
-
-    def send_ring_writable(self, ring_id: RingId) -> None:
-        self._wake_worker(RingWritable(ring_id))
 
     def send_configure_role(self, command: ConfigureRole) -> None:
         self._send_command(command)

@@ -43,7 +43,7 @@ from swactor.node.worker_ctl import (
 from swactor.orchestrator.inventory import synthetic_pool
 from swactor.orchestrator.model_info import model_info_from_gguf
 from swactor.orchestrator.planner import PlanRequest, plan_run, stage_runtime_facts
-from swactor.ring import Ring, header_len
+from swactor.ring import Ring, WorkerDoorbells, header_len
 from swactor.wire import (
     OBJECT_HEADER_LEN,
     DeviceObjectHandle,
@@ -128,6 +128,8 @@ class NodePorts:
         self.ring_ids: dict[EdgeId, RingId] = {}
         self.worker_ports: WorkerStagePorts | None = None
         self.ctl: ActorRef[Any] | None = None
+        self.bells = WorkerDoorbells.create()
+        """The worker's doorbells: this test rings `to_worker` for both rings' hints."""
         self.reports: list[StageReport] = []
         self.footprints: list[StageFootprint | None] = []
         self.sink = MemorySink()
@@ -206,7 +208,7 @@ class NodePorts:
         while sent < len(data):
             n, _ = ring.write_from(memoryview(data)[sent:])
             sent += n
-            self.ctl.tell(gwc.RingReadable(self.ring_ids[edge]))
+            self.bells.to_worker.notify()
             await asyncio.sleep(0.002 if n == 0 else 0)
 
     async def take_token(self, edge: EdgeId, sequence: int) -> int:
@@ -218,7 +220,7 @@ class NodePorts:
                 n, _ = ring.read_into(memoryview(out)[got:])
                 got += n
                 if n:
-                    self.ctl.tell(gwc.RingWritable(self.ring_ids[edge]))
+                    self.bells.to_worker.notify()
                 else:
                     await asyncio.sleep(0.002)
         header = ObjectHeader.unpack(bytes(out))
@@ -261,7 +263,8 @@ async def scenario(gguf: Path) -> None:
         player = runtime.spawn(lambda: EdgePlayer(host, edges, notices), "edges")
         routes = WorkerRoutes(node_boot=player, establisher=player, stage_controllers=[host])
         ctl = runtime.spawn(lambda: GpuWorkerCtl(WorkerCtlConfig(arena.fd, arena.size), routes,
-                                                 arena), "gpu-worker", mailbox_capacity=1024)
+                                                 arena, doorbells=ports.bells),
+                            "gpu-worker", mailbox_capacity=1024)
         ports.ctl = ctl
         ports.worker_ports = WorkerStagePorts(ctl, host, models_dir=gguf.parent)
         ctl.tell(gwc.StartWorker())
@@ -307,6 +310,7 @@ async def scenario(gguf: Path) -> None:
                 await asyncio.sleep(0.02)
     for ring in ports.rings.values():
         ring.close()
+    ports.bells.close()
     arena.close()
 
 

@@ -32,6 +32,7 @@ from swactor.node.worker_ctl import (
     WorkerRoutes,
     decode_worker_line,
 )
+from swactor.ring import WorkerDoorbells
 from swactor.wire import COMMAND_TYPES, EVENT_TYPES, RoleId, StepCompleted, StepId
 from swactor.worker.adapter import parse_command
 from tests.worker.ctl_rig import Collector
@@ -103,7 +104,7 @@ single_lines = st.text(
 ) | shaped(sorted(EVENT_TYPES)).filter(lambda s: "\n" not in s and "\r" not in s)
 
 
-async def run_stand_in(line: str, arena: Arena) -> None:
+async def run_stand_in(line: str, arena: Arena, bells: WorkerDoorbells) -> None:
     boot_q: asyncio.Queue[Any] = asyncio.Queue()
     stage_q: asyncio.Queue[Any] = asyncio.Queue()
     async with Runtime("fuzz") as runtime:
@@ -113,7 +114,7 @@ async def run_stand_in(line: str, arena: Arena) -> None:
         )
         argv = (sys.executable, "-c", STAND_IN, json.dumps(line))
         config = WorkerCtlConfig(arena.fd, arena.size, argv=argv, max_restarts=0, kill_grace_s=0.2)
-        ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena), "ctl",
+        ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena, doorbells=bells), "ctl",
                             mailbox_capacity=64)  # fmt: skip
         ctl.tell(gwc.StartWorker())
         async with asyncio.timeout(30):
@@ -135,5 +136,9 @@ async def run_stand_in(line: str, arena: Arena) -> None:
 )
 @given(line=single_lines)
 def test_fuzzed_worker_output_never_crashes_the_node(line: str) -> None:
-    with Arena.create(1 << 16) as arena:
-        asyncio.run(run_stand_in(line, arena))
+    bells = WorkerDoorbells.create()
+    try:
+        with Arena.create(1 << 16) as arena:
+            asyncio.run(run_stand_in(line, arena, bells))
+    finally:
+        bells.close()

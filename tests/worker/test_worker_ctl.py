@@ -20,6 +20,7 @@ from swactor.node.worker_ctl import (
     WorkerReaped,
     WorkerRoutes,
 )
+from swactor.ring import WorkerDoorbells
 from swactor.testing.worker_rig import record
 from swactor.wire import (
     ConfigureRole,
@@ -66,6 +67,7 @@ def echo_step(step_id: int, handle: DeviceObjectHandle, ring: int, extent: int) 
 
 async def kill_mid_step_scenario() -> None:
     arena = Arena.create(1 << 22)
+    bells = WorkerDoorbells.create()
     boot_q: asyncio.Queue[Any] = asyncio.Queue()
     ring_q: asyncio.Queue[Any] = asyncio.Queue()
     stage_q: asyncio.Queue[Any] = asyncio.Queue()
@@ -77,7 +79,8 @@ async def kill_mid_step_scenario() -> None:
         )
         config = WorkerCtlConfig(arena.fd, arena.size, restart_backoff_s=0.05)
         ctl = runtime.spawn(
-            lambda: GpuWorkerCtl(config, routes, arena), "gpu-worker", mailbox_capacity=1024
+            lambda: GpuWorkerCtl(config, routes, arena, doorbells=bells), "gpu-worker",
+            mailbox_capacity=1024,
         )
         ctl.tell(gwc.StartWorker())
         first = await take(boot_q, WorkerReadyNotice)
@@ -94,7 +97,7 @@ async def kill_mid_step_scenario() -> None:
         while sent < len(data):
             n, _ = ingress.write_from(memoryview(data)[sent:])
             sent += n
-            ctl.tell(gwc.RingReadable(RingId(1)))
+            bells.to_worker.notify()  # the ingress ring got bytes
             await asyncio.sleep(0.005 if n == 0 else 0)
         loaded = await take(stage_q, ObjectLoaded)
         ctl.tell(gwc.ConfigureRole(ConfigureRole(RoleId(1), {"kind": "echo"})))
@@ -150,6 +153,7 @@ async def kill_mid_step_scenario() -> None:
                 await asyncio.sleep(0.02)
         for ring in (ingress, egress, fresh):
             ring.close()
+    bells.close()
     arena.close()
 
 
@@ -167,6 +171,7 @@ def test_kill_9_mid_step_faults_rings_and_restarts_with_next_generation() -> Non
 
 async def init_failure_scenario() -> None:
     arena = Arena.create(1 << 20)
+    bells = WorkerDoorbells.create()
     boot_q: asyncio.Queue[Any] = asyncio.Queue()
     ring_q: asyncio.Queue[Any] = asyncio.Queue()
     stage_q: asyncio.Queue[Any] = asyncio.Queue()
@@ -178,7 +183,8 @@ async def init_failure_scenario() -> None:
         )
         # The node requires a helper ABI the worker does not have: WorkerFatal at init.
         config = WorkerCtlConfig(arena.fd, arena.size, required_ring_helper_abi=999)
-        ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena), "gpu-worker",
+        ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena, doorbells=bells),
+                            "gpu-worker",
                             mailbox_capacity=64)  # fmt: skip
         ctl.tell(gwc.StartWorker())
         failed = await take(boot_q, WorkerFailedNotice)
@@ -203,6 +209,7 @@ async def init_failure_scenario() -> None:
             while _state(runtime) is not gwc.State.Stopped:
                 await asyncio.sleep(0.02)
         ring.close()
+    bells.close()
     arena.close()
 
 
@@ -212,17 +219,20 @@ def test_init_failure_reports_failed_and_answers_every_command() -> None:
 
 async def init_timeout_scenario() -> None:
     arena = Arena.create(1 << 16)
+    bells = WorkerDoorbells.create()
     boot_q: asyncio.Queue[Any] = asyncio.Queue()
     async with Runtime("node") as runtime:
         routes = WorkerRoutes(node_boot=runtime.spawn(lambda: Collector(boot_q), "boot"))
         silent = (sys.executable, "-c", "import sys; sys.stdin.read()")  # never answers
         config = WorkerCtlConfig(arena.fd, arena.size, argv=silent, init_timeout_s=0.5,
                                  kill_grace_s=0.1)  # fmt: skip
-        ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena), "gpu-worker",
+        ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena, doorbells=bells),
+                            "gpu-worker",
                             mailbox_capacity=64)  # fmt: skip
         ctl.tell(gwc.StartWorker())
         assert (await take(boot_q, WorkerFailedNotice, timeout=30)).generation == 1
         assert _state(runtime) is gwc.State.Failed
+    bells.close()
     arena.close()
 
 
@@ -232,6 +242,7 @@ def test_init_timeout_kills_the_silent_worker_and_reports_failed() -> None:
 
 async def restart_window_scenario() -> None:
     arena = Arena.create(1 << 20)
+    bells = WorkerDoorbells.create()
     boot_q: asyncio.Queue[Any] = asyncio.Queue()
     now = [0.0]  # the restart budget's clock: the test moves it, not the machine's load
     async with Runtime("node") as runtime:
@@ -240,7 +251,8 @@ async def restart_window_scenario() -> None:
         # that lives for weeks survives a crash now and then); two inside it fail.
         config = WorkerCtlConfig(arena.fd, arena.size, restart_backoff_s=0.05,
                                  max_restarts=1, restart_window_s=1.5)
-        ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena, clock=lambda: now[0]),
+        ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena, clock=lambda: now[0],
+                                                doorbells=bells),
                             "gpu-worker", mailbox_capacity=64)  # fmt: skip
         ctl.tell(gwc.StartWorker())
         ready = await take(boot_q, WorkerReadyNotice)
@@ -258,6 +270,7 @@ async def restart_window_scenario() -> None:
         async with asyncio.timeout(10):
             while _state(runtime) is not gwc.State.Stopped:
                 await asyncio.sleep(0.02)
+    bells.close()
     arena.close()
 
 
@@ -267,6 +280,7 @@ def test_the_restart_budget_is_a_window_not_a_lifetime() -> None:
 
 async def dies_while_draining_scenario() -> None:
     arena = Arena.create(1 << 22)
+    bells = WorkerDoorbells.create()
     boot_q: asyncio.Queue[Any] = asyncio.Queue()
     ring_q: asyncio.Queue[Any] = asyncio.Queue()
     stage_q: asyncio.Queue[Any] = asyncio.Queue()
@@ -278,7 +292,8 @@ async def dies_while_draining_scenario() -> None:
         )
         config = WorkerCtlConfig(arena.fd, arena.size, stop_grace_s=60.0)
         ctl = runtime.spawn(
-            lambda: GpuWorkerCtl(config, routes, arena), "gpu-worker", mailbox_capacity=1024
+            lambda: GpuWorkerCtl(config, routes, arena, doorbells=bells), "gpu-worker",
+            mailbox_capacity=1024,
         )
         ctl.tell(gwc.StartWorker())
         ready = await take(boot_q, WorkerReadyNotice)
@@ -293,7 +308,7 @@ async def dies_while_draining_scenario() -> None:
         while sent < len(data):
             n, _ = ingress.write_from(memoryview(data)[sent:])
             sent += n
-            ctl.tell(gwc.RingReadable(RingId(1)))
+            bells.to_worker.notify()  # the ingress ring got bytes
             await asyncio.sleep(0.005 if n == 0 else 0)
         loaded = await take(stage_q, ObjectLoaded)
         ctl.tell(gwc.ConfigureRole(ConfigureRole(RoleId(1), {"kind": "echo"})))
@@ -323,6 +338,7 @@ async def dies_while_draining_scenario() -> None:
         assert _state(runtime) is gwc.State.Stopped
         for ring in (ingress, egress):
             ring.close()
+    bells.close()
     arena.close()
 
 
