@@ -132,7 +132,7 @@ async def _rx_quic(args: argparse.Namespace) -> dict[str, Any]:
     side = _Side(args)
     _, port = await side.endpoint.start()
     print(json.dumps({"port": port}), flush=True)
-    side.driver.handle(EstablishRecv(EDGE, 1, side.layout))
+    side.driver.handle(EstablishRecv(EDGE, args.peer_id, 1, side.layout))
     ring, received, first, cpu0 = side.ring, 0, 0.0, 0.0
     latencies: list[int] = []
     partial = bytearray()
