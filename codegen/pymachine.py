@@ -171,11 +171,10 @@ def _guards(table: Table) -> tuple[list[list[str]], list[list[str]]]:
             union[-1] += ","
             head = [f"    def {guard.name}(", "        self,", *union, "    ) -> bool:"]
         methods.append(head + pretty.docstring(guard.doc, 8) + ["        ..."])
-        adapter = f"def _guard_{guard.name}(guards: {guards_cls}, event: Any) -> bool:"
-        if len(adapter) > pretty.LIMIT:
-            adapter = (f"def _guard_{guard.name}(\n    guards: {guards_cls}, event: Any\n"
-                       ") -> bool:")
-        adapters.append([*adapter.split("\n"), f"    return guards.{guard.name}(event)"])
+        adapter = pretty.call(f"def _guard_{guard.name}",
+                              [f"guards: {guards_cls}", f"event: {' | '.join(events)}"],
+                              " -> bool:", 0)
+        adapters.append([*adapter, f"    return guards.{guard.name}(event)"])
     return methods, adapters
 
 
@@ -198,8 +197,11 @@ def _effects_port(table: Table) -> tuple[list[list[str]], list[str], list[str]]:
                            " -> Result:", 4)
         methods.append(head + pretty.docstring(doc, 8) + ["        ..."])
         names.append(f'    "{name}": "{method}",')
-        bound += pretty.call(f"{name}: lambda e: port.{method}",
-                             [f"e.{n}" for n, _ in params], ",", 8)
+        args = [f"e.{n}" for n, _ in params]
+        one = f"        on_effect({name}, lambda e: port.{method}({', '.join(args)})),"
+        bound += [one] if len(one) <= pretty.LIMIT else [
+            "        on_effect(", f"            {name},",
+            *pretty.call(f"lambda e: port.{method}", args, ",", 12), "        ),"]
     return methods, names, bound
 
 
@@ -260,6 +262,7 @@ def module_source(table: Table, wire: WireNames) -> str:
     messages = [*table.events.values(), *table.effects.values()]
     setters = [m for m in table.events.values() if not m.wire] + list(table.effects.values())
     runtime_imports = sorted({"ProtocolError", "R", "Result"}
+                             | ({"on_effect"} if bound else set())
                              | set(effect_names) - set(table.effects)
                              | ({"slot_setter"} if any(m.fields for m in setters) else set())
                              | ({"blank"} if any(m.fields for m in table.effects.values())
@@ -281,7 +284,6 @@ def module_source(table: Table, wire: WireNames) -> str:
         "event_union": pretty.union(list(table.events), 0, "Event: TypeAlias = "),
         "effect_union": (pretty.union(effect_names, 0, "Effect: TypeAlias = ")
                          if effect_names else ["Effect: TypeAlias = Never"]),
-        "never": not effect_names,
         "guard_methods": guard_methods,
         "guard_adapters": guard_adapters,
         "effects_cls": f"{table.class_prefix}Effects",

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Never, Protocol, TypeVar
 
 from swactor.fsm.runtime import CancelTimer, ProtocolError, StartTimer
 
@@ -113,7 +113,7 @@ class MachineHost(_HostBase[E]):
     def __init__(
         self,
         machine: Machine[E],
-        dispatch: Mapping[type[Any], Callable[[Any], None]],
+        dispatch: Mapping[type[object], Callable[[Never], None]],
         *,
         timers: Timers[E] | None = None,
         timer_events: Mapping[str, Callable[[], E]] | None = None,
@@ -122,7 +122,7 @@ class MachineHost(_HostBase[E]):
         """`dispatch` is the generated ``bind(port)`` of the machine's module."""
         super().__init__(machine, timers=timers, timer_events=timer_events,
                          rejected=rejected)
-        self._dispatch: dict[type[Any], Callable[[Any], None]] = {
+        self._dispatch: dict[type[object], Callable[[Never], None]] = {
             **dispatch, StartTimer: self._timer, CancelTimer: self._timer}
 
     def feed(self, event: E) -> None:
@@ -148,7 +148,7 @@ class AsyncMachineHost(_HostBase[E]):
     def __init__(
         self,
         machine: Machine[E],
-        dispatch: Mapping[type[Any], Callable[[Any], Awaitable[None]]],
+        dispatch: Mapping[type[object], Callable[[Never], Awaitable[None]]],
         *,
         timers: Timers[E] | None = None,
         timer_events: Mapping[str, Callable[[], E]] | None = None,

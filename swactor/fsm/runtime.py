@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Never, TypeVar
 
 __all__ = [
     "CancelTimer",
@@ -38,6 +38,7 @@ __all__ = [
     "Result",
     "StartTimer",
     "blank",
+    "on_effect",
     "slot_setter",
 ]
 
@@ -48,9 +49,23 @@ synchronously, an awaitable for one whose host awaits each (``swactor.fsm.host``
 R = TypeVar("R")
 """``Result`` as a generated ``bind(port)`` passes it through."""
 
+_E = TypeVar("_E")
+
 blank: Callable[[type[Any]], Any] = object.__new__
 """An instance of a slotted class with no slot set yet; generated effect builders fill
 every slot with ``slot_setter`` setters right after (no ``__init__`` frame)."""
+
+
+def on_effect(
+    effect: type[_E], call: Callable[[_E], R]
+) -> tuple[type[object], Callable[[Never], R]]:
+    """One entry of a generated ``bind(port)``: ``effect`` and the port call for it.
+
+    ``call`` is type-checked against ``effect`` (so it reads fields the effect has and
+    passes them where the port method wants them); the entry forgets the class, since a
+    host looks its entries up by ``type(effect)`` and so calls each only with its own.
+    """
+    return effect, call
 
 
 def slot_setter(cls: type, name: str) -> Callable[[Any, Any], None]:

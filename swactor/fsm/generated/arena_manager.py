@@ -41,7 +41,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Final, Never, Protocol, TypeAlias, cast
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
@@ -52,6 +52,7 @@ from swactor.fsm.runtime import (
     Result,
     StartTimer,
     blank,
+    on_effect,
     slot_setter,
 )
 
@@ -596,35 +597,41 @@ EFFECT_METHODS: Final[dict[str, str]] = {
 """Effect class name -> its ``ArenaManagerEffects`` method."""
 
 
-def bind(port: ArenaManagerEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+def bind(port: ArenaManagerEffects[R]) -> dict[type[object], Callable[[Never], R]]:
     """Effect class -> a call of ``port``'s method for it with the effect's fields; the
     hosts of ``swactor.fsm.host`` add the timer effects."""
-    return {
-        CreateArena: lambda e: port.create_arena(e.ceiling),
-        ArenaReady: lambda e: port.arena_ready(),
-        ArenaFailed: lambda e: port.arena_failed(e.reason),
-        RingLeased: lambda e: port.ring_leased(
-            e.request_id,
-            e.requester,
-            e.edge_id,
-            e.direction,
-            e.ring_spec,
+    return dict((
+        on_effect(CreateArena, lambda e: port.create_arena(e.ceiling)),
+        on_effect(ArenaReady, lambda e: port.arena_ready()),
+        on_effect(ArenaFailed, lambda e: port.arena_failed(e.reason)),
+        on_effect(
+            RingLeased,
+            lambda e: port.ring_leased(
+                e.request_id,
+                e.requester,
+                e.edge_id,
+                e.direction,
+                e.ring_spec,
+            ),
         ),
-        QueueLease: lambda e: port.queue_lease(
-            e.request_id,
-            e.requester,
-            e.edge_id,
-            e.direction,
-            e.ring_spec,
+        on_effect(
+            QueueLease,
+            lambda e: port.queue_lease(
+                e.request_id,
+                e.requester,
+                e.edge_id,
+                e.direction,
+                e.ring_spec,
+            ),
         ),
-        RingLeaseRejected: lambda e: port.ring_lease_rejected(e.request_id, e.reason),
-        LeaseCancelled: lambda e: port.lease_cancelled(e.request_id),
-        RingReleased: lambda e: port.ring_released(e.ring_id, e.proof),
-        RetryQueuedLeases: lambda e: port.retry_queued_leases(),
-        ReleaseRejected: lambda e: port.release_rejected(e.ring_id),
-        RejectQueuedLeases: lambda e: port.reject_queued_leases(),
-        UnmapArena: lambda e: port.unmap_arena(),
-    }
+        on_effect(RingLeaseRejected, lambda e: port.ring_lease_rejected(e.request_id, e.reason)),
+        on_effect(LeaseCancelled, lambda e: port.lease_cancelled(e.request_id)),
+        on_effect(RingReleased, lambda e: port.ring_released(e.ring_id, e.proof)),
+        on_effect(RetryQueuedLeases, lambda e: port.retry_queued_leases()),
+        on_effect(ReleaseRejected, lambda e: port.release_rejected(e.ring_id)),
+        on_effect(RejectQueuedLeases, lambda e: port.reject_queued_leases()),
+        on_effect(UnmapArena, lambda e: port.unmap_arena()),
+    ))
 
 
 # -- the protocol as data ---------------------------------------------------------------
@@ -638,23 +645,23 @@ _EFFECT_3: Final = UnmapArena()
 _EFFECT_4: Final = CancelTimer("ShutdownTimeout")
 
 
-def _guard_fits_now(guards: ArenaManagerGuards, event: Any) -> bool:
+def _guard_fits_now(guards: ArenaManagerGuards, event: LeaseRing) -> bool:
     return guards.fits_now(event)
 
 
-def _guard_can_ever_fit(guards: ArenaManagerGuards, event: Any) -> bool:
+def _guard_can_ever_fit(guards: ArenaManagerGuards, event: LeaseRing) -> bool:
     return guards.can_ever_fit(event)
 
 
-def _guard_proof_valid(guards: ArenaManagerGuards, event: Any) -> bool:
+def _guard_proof_valid(guards: ArenaManagerGuards, event: ReleaseRing) -> bool:
     return guards.proof_valid(event)
 
 
-def _guard_has_live_leases(guards: ArenaManagerGuards, event: Any) -> bool:
+def _guard_has_live_leases(guards: ArenaManagerGuards, event: Shutdown) -> bool:
     return guards.has_live_leases(event)
 
 
-def _guard_releases_last_lease(guards: ArenaManagerGuards, event: Any) -> bool:
+def _guard_releases_last_lease(guards: ArenaManagerGuards, event: ReleaseRing) -> bool:
     return guards.releases_last_lease(event)
 
 
@@ -773,19 +780,21 @@ def _row_15(m: ArenaManagerMachine, event: ShutdownTimeout) -> list[Effect]:
     return [_EFFECT_3, _EFFECT_4]
 
 
-def _ignore(m: ArenaManagerMachine, event: Any) -> list[Effect]:
+def _ignore(m: ArenaManagerMachine, event: Event) -> list[Effect]:
     """An ignored event: no effect, no change."""
     return []
 
 
 _Row: TypeAlias = tuple[
-    Callable[[ArenaManagerGuards, Any], bool] | None,
+    Callable[[ArenaManagerGuards, Never], bool] | None,
     State | None,
-    Callable[["ArenaManagerMachine", Any], list[Effect]],
+    Callable[["ArenaManagerMachine", Never], list[Effect]],
 ]
+"""(guard, target or None, effect builder): the guard and the builder take the row's
+event class (``Never`` stands for "some event class"; ``_compile`` pins it)."""
 _IGNORED: Final[tuple[_Row, ...]] = ((None, None, _ignore),)
 
-_TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
+_TABLE: Final[dict[tuple[State, type[Event]], tuple[_Row, ...]]] = {
     (State.Booting, ConstructArena): ((None, State.Constructing, _row_0),),
     (State.Booting, ShutdownTimeout): _IGNORED,
     (State.Constructing, ArenaConstructed): ((None, State.Ready, _row_1),),
@@ -819,20 +828,22 @@ _TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
 """(state, event class) -> rows tried in order: (guard, target or None, effect builder)."""
 
 _FastRow: TypeAlias = tuple[
-    Callable[[ArenaManagerGuards, Any], bool] | None,
+    Callable[[ArenaManagerGuards, Event], bool] | None,
     State | None,
-    "dict[type[Any], tuple[_FastRow, ...]]",
-    Callable[["ArenaManagerMachine", Any], list[Effect]],
+    "dict[type[Event], tuple[_FastRow, ...]]",
+    Callable[["ArenaManagerMachine", Event], list[Effect]],
 ]
 
 
-def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
+def _compile() -> dict[State, dict[type[Event], tuple[_FastRow, ...]]]:
     """``_TABLE`` regrouped per state; each row carries the event map of the state it
-    leaves the machine in, so a transition costs no lookup."""
-    by_state: dict[State, dict[type[Any], tuple[_FastRow, ...]]] = {s: {} for s in State}
+    leaves the machine in, so a transition costs no lookup. ``handle()`` looks rows up by
+    ``type(event)``, so a row's guard and builder only ever get their key's event class:
+    the cast says so."""
+    by_state: dict[State, dict[type[Event], tuple[_FastRow, ...]]] = {s: {} for s in State}
     for (state, event_type), rows in _TABLE.items():
         by_state[state][event_type] = tuple(
-            (guard, target, by_state[state if target is None else target], build)
+            cast("_FastRow", (guard, target, by_state[state if target is None else target], build))
             for guard, target, build in rows
         )
     return by_state
@@ -840,7 +851,7 @@ def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
 
 _BY_STATE: Final = _compile()
 
-_EVENT_TYPES: Final[frozenset[type[Any]]] = frozenset(
+_EVENT_TYPES: Final[frozenset[type[Event]]] = frozenset(
     {
         ConstructArena,
         ArenaConstructed,

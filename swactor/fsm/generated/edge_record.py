@@ -54,7 +54,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Final, Never, Protocol, TypeAlias, cast
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
@@ -65,6 +65,7 @@ from swactor.fsm.runtime import (
     Result,
     StartTimer,
     blank,
+    on_effect,
     slot_setter,
 )
 
@@ -861,34 +862,42 @@ EFFECT_METHODS: Final[dict[str, str]] = {
 """Effect class name -> its ``EdgeRecordEffects`` method."""
 
 
-def bind(port: EdgeRecordEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+def bind(port: EdgeRecordEffects[R]) -> dict[type[object], Callable[[Never], R]]:
     """Effect class -> a call of ``port``'s method for it with the effect's fields; the
     hosts of ``swactor.fsm.host`` add the timer effects."""
-    return {
-        SpawnEdgeActor: lambda e: port.spawn_edge_actor(e.edge_id, e.direction),
-        LeaseRing: lambda e: port.lease_ring(e.request_id, e.edge_id, e.direction, e.ring_spec),
-        CancelLease: lambda e: port.cancel_lease(e.request_id),
-        ReleaseUnusedRing: lambda e: port.release_unused_ring(e.ring_id),
-        InstallRing: lambda e: port.install_ring(e.ring_id, e.edge_id, e.direction, e.layout),
-        EstablishSend: lambda e: port.establish_send(e.edge_id, e.ring_id),
-        EstablishRecv: lambda e: port.establish_recv(e.edge_id, e.ring_id),
-        NotifyEdgeReady: lambda e: port.notify_edge_ready(e.edge_id),
-        NotifyEdgeFailed: lambda e: port.notify_edge_failed(e.edge_id, e.reason),
-        NotifyEdgeStopped: lambda e: port.notify_edge_stopped(e.edge_id, e.clean),
-        StartEdgeTeardown: lambda e: port.start_edge_teardown(e.edge_id, e.reason),
-        StartTeardownOnStreamFault: lambda e: port.start_teardown_on_stream_fault(
-            e.edge_id,
-            e.reason,
-            e.uninstall,
+    return dict((
+        on_effect(SpawnEdgeActor, lambda e: port.spawn_edge_actor(e.edge_id, e.direction)),
+        on_effect(
+            LeaseRing,
+            lambda e: port.lease_ring(e.request_id, e.edge_id, e.direction, e.ring_spec),
         ),
-        StartTeardownOnRingFault: lambda e: port.start_teardown_on_ring_fault(
-            e.ring_id,
-            e.edge_id,
-            e.port_id,
-            e.reason,
-            e.uninstall,
+        on_effect(CancelLease, lambda e: port.cancel_lease(e.request_id)),
+        on_effect(ReleaseUnusedRing, lambda e: port.release_unused_ring(e.ring_id)),
+        on_effect(
+            InstallRing,
+            lambda e: port.install_ring(e.ring_id, e.edge_id, e.direction, e.layout),
         ),
-    }
+        on_effect(EstablishSend, lambda e: port.establish_send(e.edge_id, e.ring_id)),
+        on_effect(EstablishRecv, lambda e: port.establish_recv(e.edge_id, e.ring_id)),
+        on_effect(NotifyEdgeReady, lambda e: port.notify_edge_ready(e.edge_id)),
+        on_effect(NotifyEdgeFailed, lambda e: port.notify_edge_failed(e.edge_id, e.reason)),
+        on_effect(NotifyEdgeStopped, lambda e: port.notify_edge_stopped(e.edge_id, e.clean)),
+        on_effect(StartEdgeTeardown, lambda e: port.start_edge_teardown(e.edge_id, e.reason)),
+        on_effect(
+            StartTeardownOnStreamFault,
+            lambda e: port.start_teardown_on_stream_fault(e.edge_id, e.reason, e.uninstall),
+        ),
+        on_effect(
+            StartTeardownOnRingFault,
+            lambda e: port.start_teardown_on_ring_fault(
+                e.ring_id,
+                e.edge_id,
+                e.port_id,
+                e.reason,
+                e.uninstall,
+            ),
+        ),
+    ))
 
 
 # -- the protocol as data ---------------------------------------------------------------
@@ -904,19 +913,19 @@ _MEMBER_7: Final = wire.UninstallReason.RingFaulted
 _EFFECT_0: Final = CancelTimer("LeasePressureTimeout")
 
 
-def _guard_never_fits(guards: EdgeRecordGuards, event: Any) -> bool:
+def _guard_never_fits(guards: EdgeRecordGuards, event: RingLeaseRejected) -> bool:
     return guards.never_fits(event)
 
 
-def _guard_sends(guards: EdgeRecordGuards, event: Any) -> bool:
+def _guard_sends(guards: EdgeRecordGuards, event: RingInstalled) -> bool:
     return guards.sends(event)
 
 
-def _guard_never_connected(guards: EdgeRecordGuards, event: Any) -> bool:
+def _guard_never_connected(guards: EdgeRecordGuards, event: StreamFault) -> bool:
     return guards.never_connected(event)
 
 
-def _guard_pump_failed(guards: EdgeRecordGuards, event: Any) -> bool:
+def _guard_pump_failed(guards: EdgeRecordGuards, event: StreamFault) -> bool:
     return guards.pump_failed(event)
 
 
@@ -1187,19 +1196,21 @@ def _row_31(m: EdgeRecordMachine, event: DriverEdgeReady) -> list[Effect]:
     return []
 
 
-def _ignore(m: EdgeRecordMachine, event: Any) -> list[Effect]:
+def _ignore(m: EdgeRecordMachine, event: Event) -> list[Effect]:
     """An ignored event: no effect, no change."""
     return []
 
 
 _Row: TypeAlias = tuple[
-    Callable[[EdgeRecordGuards, Any], bool] | None,
+    Callable[[EdgeRecordGuards, Never], bool] | None,
     State | None,
-    Callable[["EdgeRecordMachine", Any], list[Effect]],
+    Callable[["EdgeRecordMachine", Never], list[Effect]],
 ]
+"""(guard, target or None, effect builder): the guard and the builder take the row's
+event class (``Never`` stands for "some event class"; ``_compile`` pins it)."""
 _IGNORED: Final[tuple[_Row, ...]] = ((None, None, _ignore),)
 
-_TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
+_TABLE: Final[dict[tuple[State, type[Event]], tuple[_Row, ...]]] = {
     (State.New, ProvisionTx): ((None, State.WaitingForLease, _row_0),),
     (State.New, ProvisionRx): ((None, State.WaitingForLease, _row_1),),
     (State.New, LeasePressureTimeout): _IGNORED,
@@ -1308,20 +1319,22 @@ _TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
 """(state, event class) -> rows tried in order: (guard, target or None, effect builder)."""
 
 _FastRow: TypeAlias = tuple[
-    Callable[[EdgeRecordGuards, Any], bool] | None,
+    Callable[[EdgeRecordGuards, Event], bool] | None,
     State | None,
-    "dict[type[Any], tuple[_FastRow, ...]]",
-    Callable[["EdgeRecordMachine", Any], list[Effect]],
+    "dict[type[Event], tuple[_FastRow, ...]]",
+    Callable[["EdgeRecordMachine", Event], list[Effect]],
 ]
 
 
-def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
+def _compile() -> dict[State, dict[type[Event], tuple[_FastRow, ...]]]:
     """``_TABLE`` regrouped per state; each row carries the event map of the state it
-    leaves the machine in, so a transition costs no lookup."""
-    by_state: dict[State, dict[type[Any], tuple[_FastRow, ...]]] = {s: {} for s in State}
+    leaves the machine in, so a transition costs no lookup. ``handle()`` looks rows up by
+    ``type(event)``, so a row's guard and builder only ever get their key's event class:
+    the cast says so."""
+    by_state: dict[State, dict[type[Event], tuple[_FastRow, ...]]] = {s: {} for s in State}
     for (state, event_type), rows in _TABLE.items():
         by_state[state][event_type] = tuple(
-            (guard, target, by_state[state if target is None else target], build)
+            cast("_FastRow", (guard, target, by_state[state if target is None else target], build))
             for guard, target, build in rows
         )
     return by_state
@@ -1329,7 +1342,7 @@ def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
 
 _BY_STATE: Final = _compile()
 
-_EVENT_TYPES: Final[frozenset[type[Any]]] = frozenset(
+_EVENT_TYPES: Final[frozenset[type[Event]]] = frozenset(
     {
         ProvisionTx,
         ProvisionRx,

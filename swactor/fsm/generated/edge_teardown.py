@@ -34,7 +34,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Final, Never, Protocol, TypeAlias, cast
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
@@ -45,6 +45,7 @@ from swactor.fsm.runtime import (
     Result,
     StartTimer,
     blank,
+    on_effect,
     slot_setter,
 )
 
@@ -305,15 +306,15 @@ EFFECT_METHODS: Final[dict[str, str]] = {
 """Effect class name -> its ``EdgeTeardownEffects`` method."""
 
 
-def bind(port: EdgeTeardownEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+def bind(port: EdgeTeardownEffects[R]) -> dict[type[object], Callable[[Never], R]]:
     """Effect class -> a call of ``port``'s method for it with the effect's fields; the
     hosts of ``swactor.fsm.host`` add the timer effects."""
-    return {
-        StopPump: lambda e: port.stop_pump(e.edge_id),
-        UninstallRing: lambda e: port.uninstall_ring(e.ring_id, e.reason),
-        ReleaseRing: lambda e: port.release_ring(e.ring_id, e.worker_reaped),
-        EdgeTornDown: lambda e: port.edge_torn_down(e.edge_id, e.clean),
-    }
+    return dict((
+        on_effect(StopPump, lambda e: port.stop_pump(e.edge_id)),
+        on_effect(UninstallRing, lambda e: port.uninstall_ring(e.ring_id, e.reason)),
+        on_effect(ReleaseRing, lambda e: port.release_ring(e.ring_id, e.worker_reaped)),
+        on_effect(EdgeTornDown, lambda e: port.edge_torn_down(e.edge_id, e.clean)),
+    ))
 
 
 # -- the protocol as data ---------------------------------------------------------------
@@ -420,19 +421,21 @@ def _row_14(m: EdgeTeardownMachine, event: PumpStopped) -> list[Effect]:
     return []
 
 
-def _ignore(m: EdgeTeardownMachine, event: Any) -> list[Effect]:
+def _ignore(m: EdgeTeardownMachine, event: Event) -> list[Effect]:
     """An ignored event: no effect, no change."""
     return []
 
 
 _Row: TypeAlias = tuple[
-    Callable[[EdgeTeardownGuards, Any], bool] | None,
+    Callable[[EdgeTeardownGuards, Never], bool] | None,
     State | None,
-    Callable[["EdgeTeardownMachine", Any], list[Effect]],
+    Callable[["EdgeTeardownMachine", Never], list[Effect]],
 ]
+"""(guard, target or None, effect builder): the guard and the builder take the row's
+event class (``Never`` stands for "some event class"; ``_compile`` pins it)."""
 _IGNORED: Final[tuple[_Row, ...]] = ((None, None, _ignore),)
 
-_TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
+_TABLE: Final[dict[tuple[State, type[Event]], tuple[_Row, ...]]] = {
     (State.Ready, StopEdge): ((None, State.StoppingPump, _row_0),),
     (State.Ready, StreamFault): ((None, State.StoppingPump, _row_1),),
     (State.Ready, RingFault): ((None, State.StoppingPump, _row_2),),
@@ -464,20 +467,22 @@ _TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
 """(state, event class) -> rows tried in order: (guard, target or None, effect builder)."""
 
 _FastRow: TypeAlias = tuple[
-    Callable[[EdgeTeardownGuards, Any], bool] | None,
+    Callable[[EdgeTeardownGuards, Event], bool] | None,
     State | None,
-    "dict[type[Any], tuple[_FastRow, ...]]",
-    Callable[["EdgeTeardownMachine", Any], list[Effect]],
+    "dict[type[Event], tuple[_FastRow, ...]]",
+    Callable[["EdgeTeardownMachine", Event], list[Effect]],
 ]
 
 
-def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
+def _compile() -> dict[State, dict[type[Event], tuple[_FastRow, ...]]]:
     """``_TABLE`` regrouped per state; each row carries the event map of the state it
-    leaves the machine in, so a transition costs no lookup."""
-    by_state: dict[State, dict[type[Any], tuple[_FastRow, ...]]] = {s: {} for s in State}
+    leaves the machine in, so a transition costs no lookup. ``handle()`` looks rows up by
+    ``type(event)``, so a row's guard and builder only ever get their key's event class:
+    the cast says so."""
+    by_state: dict[State, dict[type[Event], tuple[_FastRow, ...]]] = {s: {} for s in State}
     for (state, event_type), rows in _TABLE.items():
         by_state[state][event_type] = tuple(
-            (guard, target, by_state[state if target is None else target], build)
+            cast("_FastRow", (guard, target, by_state[state if target is None else target], build))
             for guard, target, build in rows
         )
     return by_state
@@ -485,7 +490,7 @@ def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
 
 _BY_STATE: Final = _compile()
 
-_EVENT_TYPES: Final[frozenset[type[Any]]] = frozenset(
+_EVENT_TYPES: Final[frozenset[type[Event]]] = frozenset(
     {
         StopEdge,
         StreamFault,

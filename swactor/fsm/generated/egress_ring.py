@@ -31,11 +31,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Final, Never, Protocol, TypeAlias, cast
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import ProtocolError, R, Result, blank, slot_setter
+from swactor.fsm.runtime import ProtocolError, R, Result, blank, on_effect, slot_setter
 
 __all__ = [
     "EFFECT_METHODS",
@@ -585,29 +585,41 @@ EFFECT_METHODS: Final[dict[str, str]] = {
 """Effect class name -> its ``EgressRingEffects`` method."""
 
 
-def bind(port: EgressRingEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+def bind(port: EgressRingEffects[R]) -> dict[type[object], Callable[[Never], R]]:
     """Effect class -> a call of ``port``'s method for it with the effect's fields; the
     hosts of ``swactor.fsm.host`` add the timer effects."""
-    return {
-        EmitRingInstalled: lambda e: port.emit_ring_installed(e.ring_id, e.edge_id, e.port_id),
-        WriteHeader: lambda e: port.write_header(e.object_id, e.sequence, e.extent, e.flags),
-        ContinueWrite: lambda e: port.continue_write(e.ring_id),
-        CopyPayload: lambda e: port.copy_payload(e.ring_id),
-        EmitObjectProduced: lambda e: port.emit_object_produced(
-            e.ring_id,
-            e.edge_id,
-            e.port_id,
-            e.object_id,
-            e.sequence,
-            e.extent,
+    return dict((
+        on_effect(
+            EmitRingInstalled,
+            lambda e: port.emit_ring_installed(e.ring_id, e.edge_id, e.port_id),
         ),
-        RejectOutput: lambda e: port.reject_output(e.object_id, e.reason),
-        FailOutput: lambda e: port.fail_output(e.reason),
-        EmitRingFault: lambda e: port.emit_ring_fault(e.ring_id, e.edge_id, e.port_id, e.reason),
-        DrainCopies: lambda e: port.drain_copies(e.ring_id),
-        CloseRing: lambda e: port.close_ring(e.ring_id),
-        EmitRingQuiesced: lambda e: port.emit_ring_quiesced(e.ring_id),
-    }
+        on_effect(
+            WriteHeader,
+            lambda e: port.write_header(e.object_id, e.sequence, e.extent, e.flags),
+        ),
+        on_effect(ContinueWrite, lambda e: port.continue_write(e.ring_id)),
+        on_effect(CopyPayload, lambda e: port.copy_payload(e.ring_id)),
+        on_effect(
+            EmitObjectProduced,
+            lambda e: port.emit_object_produced(
+                e.ring_id,
+                e.edge_id,
+                e.port_id,
+                e.object_id,
+                e.sequence,
+                e.extent,
+            ),
+        ),
+        on_effect(RejectOutput, lambda e: port.reject_output(e.object_id, e.reason)),
+        on_effect(FailOutput, lambda e: port.fail_output(e.reason)),
+        on_effect(
+            EmitRingFault,
+            lambda e: port.emit_ring_fault(e.ring_id, e.edge_id, e.port_id, e.reason),
+        ),
+        on_effect(DrainCopies, lambda e: port.drain_copies(e.ring_id)),
+        on_effect(CloseRing, lambda e: port.close_ring(e.ring_id)),
+        on_effect(EmitRingQuiesced, lambda e: port.emit_ring_quiesced(e.ring_id)),
+    ))
 
 
 # -- the protocol as data ---------------------------------------------------------------
@@ -620,11 +632,11 @@ _EFFECT_0: Final = FailOutput(reason=wire.StepFailure.OutputCopyFailed)
 _EFFECT_1: Final = FailOutput(reason=wire.StepFailure.InvalidOutputRing)
 
 
-def _guard_layout_valid(guards: EgressRingGuards, event: Any) -> bool:
+def _guard_layout_valid(guards: EgressRingGuards, event: InstallRing) -> bool:
     return guards.layout_valid(event)
 
 
-def _guard_extent_valid(guards: EgressRingGuards, event: Any) -> bool:
+def _guard_extent_valid(guards: EgressRingGuards, event: ProduceOutput) -> bool:
     return guards.extent_valid(event)
 
 
@@ -752,19 +764,21 @@ def _row_13(m: EgressRingMachine, event: CopiesDrained) -> list[Effect]:
     return [effect_0, effect_1]
 
 
-def _ignore(m: EgressRingMachine, event: Any) -> list[Effect]:
+def _ignore(m: EgressRingMachine, event: Event) -> list[Effect]:
     """An ignored event: no effect, no change."""
     return []
 
 
 _Row: TypeAlias = tuple[
-    Callable[[EgressRingGuards, Any], bool] | None,
+    Callable[[EgressRingGuards, Never], bool] | None,
     State | None,
-    Callable[["EgressRingMachine", Any], list[Effect]],
+    Callable[["EgressRingMachine", Never], list[Effect]],
 ]
+"""(guard, target or None, effect builder): the guard and the builder take the row's
+event class (``Never`` stands for "some event class"; ``_compile`` pins it)."""
 _IGNORED: Final[tuple[_Row, ...]] = ((None, None, _ignore),)
 
-_TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
+_TABLE: Final[dict[tuple[State, type[Event]], tuple[_Row, ...]]] = {
     (State.Uninstalled, InstallRing): (
         (_guard_layout_valid, State.WaitingForOutput, _row_0),
         (None, State.Faulted, _row_1),
@@ -808,20 +822,22 @@ _TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
 """(state, event class) -> rows tried in order: (guard, target or None, effect builder)."""
 
 _FastRow: TypeAlias = tuple[
-    Callable[[EgressRingGuards, Any], bool] | None,
+    Callable[[EgressRingGuards, Event], bool] | None,
     State | None,
-    "dict[type[Any], tuple[_FastRow, ...]]",
-    Callable[["EgressRingMachine", Any], list[Effect]],
+    "dict[type[Event], tuple[_FastRow, ...]]",
+    Callable[["EgressRingMachine", Event], list[Effect]],
 ]
 
 
-def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
+def _compile() -> dict[State, dict[type[Event], tuple[_FastRow, ...]]]:
     """``_TABLE`` regrouped per state; each row carries the event map of the state it
-    leaves the machine in, so a transition costs no lookup."""
-    by_state: dict[State, dict[type[Any], tuple[_FastRow, ...]]] = {s: {} for s in State}
+    leaves the machine in, so a transition costs no lookup. ``handle()`` looks rows up by
+    ``type(event)``, so a row's guard and builder only ever get their key's event class:
+    the cast says so."""
+    by_state: dict[State, dict[type[Event], tuple[_FastRow, ...]]] = {s: {} for s in State}
     for (state, event_type), rows in _TABLE.items():
         by_state[state][event_type] = tuple(
-            (guard, target, by_state[state if target is None else target], build)
+            cast("_FastRow", (guard, target, by_state[state if target is None else target], build))
             for guard, target, build in rows
         )
     return by_state
@@ -829,7 +845,7 @@ def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
 
 _BY_STATE: Final = _compile()
 
-_EVENT_TYPES: Final[frozenset[type[Any]]] = frozenset(
+_EVENT_TYPES: Final[frozenset[type[Event]]] = frozenset(
     {
         InstallRing,
         ProduceOutput,

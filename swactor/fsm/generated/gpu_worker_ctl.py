@@ -80,7 +80,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Final, Never, Protocol, TypeAlias, cast
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
@@ -91,6 +91,7 @@ from swactor.fsm.runtime import (
     Result,
     StartTimer,
     blank,
+    on_effect,
     slot_setter,
 )
 
@@ -1046,44 +1047,46 @@ EFFECT_METHODS: Final[dict[str, str]] = {
 """Effect class name -> its ``GpuWorkerCtlEffects`` method."""
 
 
-def bind(port: GpuWorkerCtlEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+def bind(port: GpuWorkerCtlEffects[R]) -> dict[type[object], Callable[[Never], R]]:
     """Effect class -> a call of ``port``'s method for it with the effect's fields; the
     hosts of ``swactor.fsm.host`` add the timer effects."""
-    return {
-        SpawnProcess: lambda e: port.spawn_process(),
-        ConnectAdapter: lambda e: port.connect_adapter(),
-        SendInitializeWorker: lambda e: port.send_initialize_worker(),
-        AnnounceWorkerReady: lambda e: port.announce_worker_ready(
-            e.worker_generation,
-            e.pid,
-            e.backend,
+    return dict((
+        on_effect(SpawnProcess, lambda e: port.spawn_process()),
+        on_effect(ConnectAdapter, lambda e: port.connect_adapter()),
+        on_effect(SendInitializeWorker, lambda e: port.send_initialize_worker()),
+        on_effect(
+            AnnounceWorkerReady,
+            lambda e: port.announce_worker_ready(e.worker_generation, e.pid, e.backend),
         ),
-        ReportWorkerFailed: lambda e: port.report_worker_failed(),
-        ReportWorkerCrashed: lambda e: port.report_worker_crashed(),
-        KillProcess: lambda e: port.kill_process(),
-        SendInstallRing: lambda e: port.send_install_ring(e.command),
-        SendUninstallRing: lambda e: port.send_uninstall_ring(e.ring_id, e.reason),
-        SendConfigureRole: lambda e: port.send_configure_role(e.command),
-        SendExecuteStep: lambda e: port.send_execute_step(e.command),
-        SendReleaseDeviceObject: lambda e: port.send_release_device_object(e.device_handle),
-        SendShutdownWorker: lambda e: port.send_shutdown_worker(e.mode),
-        RouteWorkerEvent: lambda e: port.route_worker_event(e.event),
-        RejectInstallRing: lambda e: port.reject_install_ring(e.command, e.reason),
-        RejectExecuteStep: lambda e: port.reject_execute_step(e.command, e.reason),
-        RejectConfigureRole: lambda e: port.reject_configure_role(e.command, e.reason),
-        ReportHandleReleased: lambda e: port.report_handle_released(e.device_handle),
-        ReportRingReaped: lambda e: port.report_ring_reaped(e.ring_id),
-        ReportRingsReaped: lambda e: port.report_rings_reaped(),
-        InvalidateGeneration: lambda e: port.invalidate_generation(),
-        FaultInstalledRings: lambda e: port.fault_installed_rings(),
-        NoteWorkerFatal: lambda e: port.note_worker_fatal(e.reason),
-        IncrementGeneration: lambda e: port.increment_generation(),
-        DeferInstallRing: lambda e: port.defer_install_ring(e.command),
-        DeferConfigureRole: lambda e: port.defer_configure_role(e.command),
-        DeferExecuteStep: lambda e: port.defer_execute_step(e.command),
-        ReplayDeferred: lambda e: port.replay_deferred(),
-        RejectDeferred: lambda e: port.reject_deferred(),
-    }
+        on_effect(ReportWorkerFailed, lambda e: port.report_worker_failed()),
+        on_effect(ReportWorkerCrashed, lambda e: port.report_worker_crashed()),
+        on_effect(KillProcess, lambda e: port.kill_process()),
+        on_effect(SendInstallRing, lambda e: port.send_install_ring(e.command)),
+        on_effect(SendUninstallRing, lambda e: port.send_uninstall_ring(e.ring_id, e.reason)),
+        on_effect(SendConfigureRole, lambda e: port.send_configure_role(e.command)),
+        on_effect(SendExecuteStep, lambda e: port.send_execute_step(e.command)),
+        on_effect(
+            SendReleaseDeviceObject,
+            lambda e: port.send_release_device_object(e.device_handle),
+        ),
+        on_effect(SendShutdownWorker, lambda e: port.send_shutdown_worker(e.mode)),
+        on_effect(RouteWorkerEvent, lambda e: port.route_worker_event(e.event)),
+        on_effect(RejectInstallRing, lambda e: port.reject_install_ring(e.command, e.reason)),
+        on_effect(RejectExecuteStep, lambda e: port.reject_execute_step(e.command, e.reason)),
+        on_effect(RejectConfigureRole, lambda e: port.reject_configure_role(e.command, e.reason)),
+        on_effect(ReportHandleReleased, lambda e: port.report_handle_released(e.device_handle)),
+        on_effect(ReportRingReaped, lambda e: port.report_ring_reaped(e.ring_id)),
+        on_effect(ReportRingsReaped, lambda e: port.report_rings_reaped()),
+        on_effect(InvalidateGeneration, lambda e: port.invalidate_generation()),
+        on_effect(FaultInstalledRings, lambda e: port.fault_installed_rings()),
+        on_effect(NoteWorkerFatal, lambda e: port.note_worker_fatal(e.reason)),
+        on_effect(IncrementGeneration, lambda e: port.increment_generation()),
+        on_effect(DeferInstallRing, lambda e: port.defer_install_ring(e.command)),
+        on_effect(DeferConfigureRole, lambda e: port.defer_configure_role(e.command)),
+        on_effect(DeferExecuteStep, lambda e: port.defer_execute_step(e.command)),
+        on_effect(ReplayDeferred, lambda e: port.replay_deferred()),
+        on_effect(RejectDeferred, lambda e: port.reject_deferred()),
+    ))
 
 
 # -- the protocol as data ---------------------------------------------------------------
@@ -1112,23 +1115,26 @@ _EFFECT_14: Final = CancelTimer("CrashTeardownTimeout")
 _EFFECT_15: Final = CancelTimer("RestartBackoff")
 
 
-def _guard_is_current_generation(guards: GpuWorkerCtlGuards, event: Any) -> bool:
+def _guard_is_current_generation(guards: GpuWorkerCtlGuards, event: WorkerReady) -> bool:
     return guards.is_current_generation(event)
 
 
-def _guard_is_installed_ring(guards: GpuWorkerCtlGuards, event: Any) -> bool:
+def _guard_is_installed_ring(guards: GpuWorkerCtlGuards, event: UninstallRing) -> bool:
     return guards.is_installed_ring(event)
 
 
-def _guard_has_installed_rings(guards: GpuWorkerCtlGuards, event: Any) -> bool:
+def _guard_has_installed_rings(guards: GpuWorkerCtlGuards, event: ProcessExited) -> bool:
     return guards.has_installed_rings(event)
 
 
-def _guard_may_restart(guards: GpuWorkerCtlGuards, event: Any) -> bool:
+def _guard_may_restart(
+    guards: GpuWorkerCtlGuards,
+    event: ProcessExited | UninstallRing | CrashTeardownTimeout,
+) -> bool:
     return guards.may_restart(event)
 
 
-def _guard_rings_remain(guards: GpuWorkerCtlGuards, event: Any) -> bool:
+def _guard_rings_remain(guards: GpuWorkerCtlGuards, event: UninstallRing) -> bool:
     return guards.rings_remain(event)
 
 
@@ -1460,19 +1466,21 @@ def _row_51(m: GpuWorkerCtlMachine, event: ReleaseDeviceObject) -> list[Effect]:
     return [effect_0]
 
 
-def _ignore(m: GpuWorkerCtlMachine, event: Any) -> list[Effect]:
+def _ignore(m: GpuWorkerCtlMachine, event: Event) -> list[Effect]:
     """An ignored event: no effect, no change."""
     return []
 
 
 _Row: TypeAlias = tuple[
-    Callable[[GpuWorkerCtlGuards, Any], bool] | None,
+    Callable[[GpuWorkerCtlGuards, Never], bool] | None,
     State | None,
-    Callable[["GpuWorkerCtlMachine", Any], list[Effect]],
+    Callable[["GpuWorkerCtlMachine", Never], list[Effect]],
 ]
+"""(guard, target or None, effect builder): the guard and the builder take the row's
+event class (``Never`` stands for "some event class"; ``_compile`` pins it)."""
 _IGNORED: Final[tuple[_Row, ...]] = ((None, None, _ignore),)
 
-_TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
+_TABLE: Final[dict[tuple[State, type[Event]], tuple[_Row, ...]]] = {
     (State.NotStarted, StartWorker): ((None, State.Spawning, _row_0),),
     (State.NotStarted, ShutdownWorker): ((None, State.Stopped, _row_1),),
     (State.NotStarted, InitTimeout): _IGNORED,
@@ -1644,20 +1652,22 @@ _TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
 """(state, event class) -> rows tried in order: (guard, target or None, effect builder)."""
 
 _FastRow: TypeAlias = tuple[
-    Callable[[GpuWorkerCtlGuards, Any], bool] | None,
+    Callable[[GpuWorkerCtlGuards, Event], bool] | None,
     State | None,
-    "dict[type[Any], tuple[_FastRow, ...]]",
-    Callable[["GpuWorkerCtlMachine", Any], list[Effect]],
+    "dict[type[Event], tuple[_FastRow, ...]]",
+    Callable[["GpuWorkerCtlMachine", Event], list[Effect]],
 ]
 
 
-def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
+def _compile() -> dict[State, dict[type[Event], tuple[_FastRow, ...]]]:
     """``_TABLE`` regrouped per state; each row carries the event map of the state it
-    leaves the machine in, so a transition costs no lookup."""
-    by_state: dict[State, dict[type[Any], tuple[_FastRow, ...]]] = {s: {} for s in State}
+    leaves the machine in, so a transition costs no lookup. ``handle()`` looks rows up by
+    ``type(event)``, so a row's guard and builder only ever get their key's event class:
+    the cast says so."""
+    by_state: dict[State, dict[type[Event], tuple[_FastRow, ...]]] = {s: {} for s in State}
     for (state, event_type), rows in _TABLE.items():
         by_state[state][event_type] = tuple(
-            (guard, target, by_state[state if target is None else target], build)
+            cast("_FastRow", (guard, target, by_state[state if target is None else target], build))
             for guard, target, build in rows
         )
     return by_state
@@ -1665,7 +1675,7 @@ def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
 
 _BY_STATE: Final = _compile()
 
-_EVENT_TYPES: Final[frozenset[type[Any]]] = frozenset(
+_EVENT_TYPES: Final[frozenset[type[Event]]] = frozenset(
     {
         StartWorker,
         ProcessStarted,

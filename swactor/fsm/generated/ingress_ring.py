@@ -33,11 +33,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Final, Never, Protocol, TypeAlias, cast
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import ProtocolError, R, Result, blank, slot_setter
+from swactor.fsm.runtime import ProtocolError, R, Result, blank, on_effect, slot_setter
 
 __all__ = [
     "EFFECT_METHODS",
@@ -715,42 +715,53 @@ EFFECT_METHODS: Final[dict[str, str]] = {
 """Effect class name -> its ``IngressRingEffects`` method."""
 
 
-def bind(port: IngressRingEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+def bind(port: IngressRingEffects[R]) -> dict[type[object], Callable[[Never], R]]:
     """Effect class -> a call of ``port``'s method for it with the effect's fields; the
     hosts of ``swactor.fsm.host`` add the timer effects."""
-    return {
-        EmitRingInstalled: lambda e: port.emit_ring_installed(e.ring_id, e.edge_id, e.port_id),
-        ParseAvailable: lambda e: port.parse_available(e.ring_id),
-        AllocateDeviceObject: lambda e: port.allocate_device_object(
-            e.object_id,
-            e.sequence,
-            e.extent,
+    return dict((
+        on_effect(
+            EmitRingInstalled,
+            lambda e: port.emit_ring_installed(e.ring_id, e.edge_id, e.port_id),
         ),
-        CopyAvailable: lambda e: port.copy_available(e.ring_id),
-        AwaitCopyCompletion: lambda e: port.await_copy_completion(e.ring_id),
-        EmitObjectLoaded: lambda e: port.emit_object_loaded(
-            e.ring_id,
-            e.edge_id,
-            e.port_id,
-            e.object_id,
-            e.sequence,
-            e.extent,
-            e.device_handle,
+        on_effect(ParseAvailable, lambda e: port.parse_available(e.ring_id)),
+        on_effect(
+            AllocateDeviceObject,
+            lambda e: port.allocate_device_object(e.object_id, e.sequence, e.extent),
         ),
-        EmitObjectFailed: lambda e: port.emit_object_failed(
-            e.ring_id,
-            e.edge_id,
-            e.port_id,
-            e.object_id,
-            e.sequence,
-            e.reason,
+        on_effect(CopyAvailable, lambda e: port.copy_available(e.ring_id)),
+        on_effect(AwaitCopyCompletion, lambda e: port.await_copy_completion(e.ring_id)),
+        on_effect(
+            EmitObjectLoaded,
+            lambda e: port.emit_object_loaded(
+                e.ring_id,
+                e.edge_id,
+                e.port_id,
+                e.object_id,
+                e.sequence,
+                e.extent,
+                e.device_handle,
+            ),
         ),
-        EmitRingFault: lambda e: port.emit_ring_fault(e.ring_id, e.edge_id, e.port_id, e.reason),
-        FreePartialObject: lambda e: port.free_partial_object(e.ring_id),
-        DrainCopies: lambda e: port.drain_copies(e.ring_id),
-        CloseRing: lambda e: port.close_ring(e.ring_id),
-        EmitRingQuiesced: lambda e: port.emit_ring_quiesced(e.ring_id),
-    }
+        on_effect(
+            EmitObjectFailed,
+            lambda e: port.emit_object_failed(
+                e.ring_id,
+                e.edge_id,
+                e.port_id,
+                e.object_id,
+                e.sequence,
+                e.reason,
+            ),
+        ),
+        on_effect(
+            EmitRingFault,
+            lambda e: port.emit_ring_fault(e.ring_id, e.edge_id, e.port_id, e.reason),
+        ),
+        on_effect(FreePartialObject, lambda e: port.free_partial_object(e.ring_id)),
+        on_effect(DrainCopies, lambda e: port.drain_copies(e.ring_id)),
+        on_effect(CloseRing, lambda e: port.close_ring(e.ring_id)),
+        on_effect(EmitRingQuiesced, lambda e: port.emit_ring_quiesced(e.ring_id)),
+    ))
 
 
 # -- the protocol as data ---------------------------------------------------------------
@@ -764,23 +775,23 @@ _MEMBER_5: Final = wire.ObjectFailure.DeviceAllocationFailed
 _MEMBER_6: Final = wire.ObjectFailure.DeviceCopyFailed
 
 
-def _guard_layout_valid(guards: IngressRingGuards, event: Any) -> bool:
+def _guard_layout_valid(guards: IngressRingGuards, event: InstallRing) -> bool:
     return guards.layout_valid(event)
 
 
-def _guard_extent_exceeds_max(guards: IngressRingGuards, event: Any) -> bool:
+def _guard_extent_exceeds_max(guards: IngressRingGuards, event: HeaderDecoded) -> bool:
     return guards.extent_exceeds_max(event)
 
 
-def _guard_extent_misaligned(guards: IngressRingGuards, event: Any) -> bool:
+def _guard_extent_misaligned(guards: IngressRingGuards, event: HeaderDecoded) -> bool:
     return guards.extent_misaligned(event)
 
 
-def _guard_sequence_out_of_order(guards: IngressRingGuards, event: Any) -> bool:
+def _guard_sequence_out_of_order(guards: IngressRingGuards, event: HeaderDecoded) -> bool:
     return guards.sequence_out_of_order(event)
 
 
-def _guard_header_partial(guards: IngressRingGuards, event: Any) -> bool:
+def _guard_header_partial(guards: IngressRingGuards, event: RingClosed) -> bool:
     return guards.header_partial(event)
 
 
@@ -995,19 +1006,21 @@ def _row_19(m: IngressRingMachine, event: CopiesDrained) -> list[Effect]:
     return [effect_0, effect_1]
 
 
-def _ignore(m: IngressRingMachine, event: Any) -> list[Effect]:
+def _ignore(m: IngressRingMachine, event: Event) -> list[Effect]:
     """An ignored event: no effect, no change."""
     return []
 
 
 _Row: TypeAlias = tuple[
-    Callable[[IngressRingGuards, Any], bool] | None,
+    Callable[[IngressRingGuards, Never], bool] | None,
     State | None,
-    Callable[["IngressRingMachine", Any], list[Effect]],
+    Callable[["IngressRingMachine", Never], list[Effect]],
 ]
+"""(guard, target or None, effect builder): the guard and the builder take the row's
+event class (``Never`` stands for "some event class"; ``_compile`` pins it)."""
 _IGNORED: Final[tuple[_Row, ...]] = ((None, None, _ignore),)
 
-_TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
+_TABLE: Final[dict[tuple[State, type[Event]], tuple[_Row, ...]]] = {
     (State.Uninstalled, InstallRing): (
         (_guard_layout_valid, State.NeedHeader, _row_0),
         (None, State.Faulted, _row_1),
@@ -1062,20 +1075,22 @@ _TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
 """(state, event class) -> rows tried in order: (guard, target or None, effect builder)."""
 
 _FastRow: TypeAlias = tuple[
-    Callable[[IngressRingGuards, Any], bool] | None,
+    Callable[[IngressRingGuards, Event], bool] | None,
     State | None,
-    "dict[type[Any], tuple[_FastRow, ...]]",
-    Callable[["IngressRingMachine", Any], list[Effect]],
+    "dict[type[Event], tuple[_FastRow, ...]]",
+    Callable[["IngressRingMachine", Event], list[Effect]],
 ]
 
 
-def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
+def _compile() -> dict[State, dict[type[Event], tuple[_FastRow, ...]]]:
     """``_TABLE`` regrouped per state; each row carries the event map of the state it
-    leaves the machine in, so a transition costs no lookup."""
-    by_state: dict[State, dict[type[Any], tuple[_FastRow, ...]]] = {s: {} for s in State}
+    leaves the machine in, so a transition costs no lookup. ``handle()`` looks rows up by
+    ``type(event)``, so a row's guard and builder only ever get their key's event class:
+    the cast says so."""
+    by_state: dict[State, dict[type[Event], tuple[_FastRow, ...]]] = {s: {} for s in State}
     for (state, event_type), rows in _TABLE.items():
         by_state[state][event_type] = tuple(
-            (guard, target, by_state[state if target is None else target], build)
+            cast("_FastRow", (guard, target, by_state[state if target is None else target], build))
             for guard, target, build in rows
         )
     return by_state
@@ -1083,7 +1098,7 @@ def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
 
 _BY_STATE: Final = _compile()
 
-_EVENT_TYPES: Final[frozenset[type[Any]]] = frozenset(
+_EVENT_TYPES: Final[frozenset[type[Event]]] = frozenset(
     {
         InstallRing,
         RingReadable,

@@ -37,11 +37,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Final, Never, Protocol, TypeAlias, cast
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import ProtocolError, R, Result, blank, slot_setter
+from swactor.fsm.runtime import ProtocolError, R, Result, blank, on_effect, slot_setter
 
 __all__ = [
     "EFFECT_METHODS",
@@ -485,30 +485,27 @@ EFFECT_METHODS: Final[dict[str, str]] = {
 """Effect class name -> its ``NodeBootEffects`` method."""
 
 
-def bind(port: NodeBootEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+def bind(port: NodeBootEffects[R]) -> dict[type[object], Callable[[Never], R]]:
     """Effect class -> a call of ``port``'s method for it with the effect's fields; the
     hosts of ``swactor.fsm.host`` add the timer effects."""
-    return {
-        ReportNodeStarted: lambda e: port.report_node_started(e.node_id),
-        ConstructArena: lambda e: port.construct_arena(e.ceiling),
-        StartWorker: lambda e: port.start_worker(),
-        StartTransport: lambda e: port.start_transport(e.node_id),
-        JoinMembership: lambda e: port.join_membership(e.node_id),
-        ReportNodeAvailable: lambda e: port.report_node_available(e.node_id),
-        ReportNodeUnavailable: lambda e: port.report_node_unavailable(
-            e.node_id,
-            e.reason,
-            e.component,
+    return dict((
+        on_effect(ReportNodeStarted, lambda e: port.report_node_started(e.node_id)),
+        on_effect(ConstructArena, lambda e: port.construct_arena(e.ceiling)),
+        on_effect(StartWorker, lambda e: port.start_worker()),
+        on_effect(StartTransport, lambda e: port.start_transport(e.node_id)),
+        on_effect(JoinMembership, lambda e: port.join_membership(e.node_id)),
+        on_effect(ReportNodeAvailable, lambda e: port.report_node_available(e.node_id)),
+        on_effect(
+            ReportNodeUnavailable,
+            lambda e: port.report_node_unavailable(e.node_id, e.reason, e.component),
         ),
-        AdmitProvisioning: lambda e: port.admit_provisioning(e.run_id, e.stage_index),
-        RejectProvisioning: lambda e: port.reject_provisioning(
-            e.run_id,
-            e.stage_index,
-            e.reason,
-            e.component,
+        on_effect(AdmitProvisioning, lambda e: port.admit_provisioning(e.run_id, e.stage_index)),
+        on_effect(
+            RejectProvisioning,
+            lambda e: port.reject_provisioning(e.run_id, e.stage_index, e.reason, e.component),
         ),
-        ShutdownNode: lambda e: port.shutdown_node(),
-    }
+        on_effect(ShutdownNode, lambda e: port.shutdown_node()),
+    ))
 
 
 # -- the protocol as data ---------------------------------------------------------------
@@ -625,19 +622,21 @@ def _row_12(m: NodeBootMachine, event: Shutdown) -> list[Effect]:
     return [_EFFECT_1]
 
 
-def _ignore(m: NodeBootMachine, event: Any) -> list[Effect]:
+def _ignore(m: NodeBootMachine, event: Event) -> list[Effect]:
     """An ignored event: no effect, no change."""
     return []
 
 
 _Row: TypeAlias = tuple[
-    Callable[[NodeBootGuards, Any], bool] | None,
+    Callable[[NodeBootGuards, Never], bool] | None,
     State | None,
-    Callable[["NodeBootMachine", Any], list[Effect]],
+    Callable[["NodeBootMachine", Never], list[Effect]],
 ]
+"""(guard, target or None, effect builder): the guard and the builder take the row's
+event class (``Never`` stands for "some event class"; ``_compile`` pins it)."""
 _IGNORED: Final[tuple[_Row, ...]] = ((None, None, _ignore),)
 
-_TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
+_TABLE: Final[dict[tuple[State, type[Event]], tuple[_Row, ...]]] = {
     (State.ContainerStarting, NodeProcessStarted): ((None, State.NodeProcessStarting, _row_0),),
     (State.ContainerStarting, ProvisionRequested): ((None, None, _row_11),),
     (State.ContainerStarting, Shutdown): ((None, State.Stopped, _row_12),),
@@ -674,20 +673,22 @@ _TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
 """(state, event class) -> rows tried in order: (guard, target or None, effect builder)."""
 
 _FastRow: TypeAlias = tuple[
-    Callable[[NodeBootGuards, Any], bool] | None,
+    Callable[[NodeBootGuards, Event], bool] | None,
     State | None,
-    "dict[type[Any], tuple[_FastRow, ...]]",
-    Callable[["NodeBootMachine", Any], list[Effect]],
+    "dict[type[Event], tuple[_FastRow, ...]]",
+    Callable[["NodeBootMachine", Event], list[Effect]],
 ]
 
 
-def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
+def _compile() -> dict[State, dict[type[Event], tuple[_FastRow, ...]]]:
     """``_TABLE`` regrouped per state; each row carries the event map of the state it
-    leaves the machine in, so a transition costs no lookup."""
-    by_state: dict[State, dict[type[Any], tuple[_FastRow, ...]]] = {s: {} for s in State}
+    leaves the machine in, so a transition costs no lookup. ``handle()`` looks rows up by
+    ``type(event)``, so a row's guard and builder only ever get their key's event class:
+    the cast says so."""
+    by_state: dict[State, dict[type[Event], tuple[_FastRow, ...]]] = {s: {} for s in State}
     for (state, event_type), rows in _TABLE.items():
         by_state[state][event_type] = tuple(
-            (guard, target, by_state[state if target is None else target], build)
+            cast("_FastRow", (guard, target, by_state[state if target is None else target], build))
             for guard, target, build in rows
         )
     return by_state
@@ -695,7 +696,7 @@ def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
 
 _BY_STATE: Final = _compile()
 
-_EVENT_TYPES: Final[frozenset[type[Any]]] = frozenset(
+_EVENT_TYPES: Final[frozenset[type[Event]]] = frozenset(
     {
         NodeProcessStarted,
         ArenaReady,

@@ -106,7 +106,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Final, Never, Protocol, TypeAlias, cast
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
@@ -117,6 +117,7 @@ from swactor.fsm.runtime import (
     Result,
     StartTimer,
     blank,
+    on_effect,
     slot_setter,
 )
 
@@ -1132,53 +1133,59 @@ EFFECT_METHODS: Final[dict[str, str]] = {
 """Effect class name -> its ``OrchestratorRunEffects`` method."""
 
 
-def bind(port: OrchestratorRunEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+def bind(port: OrchestratorRunEffects[R]) -> dict[type[object], Callable[[Never], R]]:
     """Effect class -> a call of ``port``'s method for it with the effect's fields; the
     hosts of ``swactor.fsm.host`` add the timer effects."""
-    return {
-        OpenServing: lambda e: port.open_serving(),
-        BindSlot: lambda e: port.bind_slot(e.sequence_id),
-        RejectSequence: lambda e: port.reject_sequence(e.sequence_id, e.detail),
-        InjectInput: lambda e: port.inject_input(e.sequence_id),
-        QueueInput: lambda e: port.queue_input(e.sequence_id),
-        InjectBatch: lambda e: port.inject_batch(),
-        AcceptSequenceOutput: lambda e: port.accept_sequence_output(e.object_id, e.sequence),
-        CancelSequence: lambda e: port.cancel_sequence(e.sequence_id),
-        FailSequences: lambda e: port.fail_sequences(),
-        ProvisionStages: lambda e: port.provision_stages(e.plan),
-        CreateTokenEndpoints: lambda e: port.create_token_endpoints(e.plan),
-        InjectPrompt: lambda e: port.inject_prompt(),
-        AcceptOutput: lambda e: port.accept_output(e.object_id, e.sequence),
-        InjectNextInput: lambda e: port.inject_next_input(e.sequence),
-        FinalizeOutput: lambda e: port.finalize_output(),
-        RecordRunOutcome: lambda e: port.record_run_outcome(e.outcome),
-        RecordFaultReason: lambda e: port.record_fault_reason(
-            e.reason,
-            e.component,
-            e.stage_index,
-            e.edge_id,
-            e.node_id,
+    return dict((
+        on_effect(OpenServing, lambda e: port.open_serving()),
+        on_effect(BindSlot, lambda e: port.bind_slot(e.sequence_id)),
+        on_effect(RejectSequence, lambda e: port.reject_sequence(e.sequence_id, e.detail)),
+        on_effect(InjectInput, lambda e: port.inject_input(e.sequence_id)),
+        on_effect(QueueInput, lambda e: port.queue_input(e.sequence_id)),
+        on_effect(InjectBatch, lambda e: port.inject_batch()),
+        on_effect(
+            AcceptSequenceOutput,
+            lambda e: port.accept_sequence_output(e.object_id, e.sequence),
         ),
-        SendStopRun: lambda e: port.send_stop_run(),
-        StopTokenEndpoints: lambda e: port.stop_token_endpoints(),
-        HoldFault: lambda e: port.hold_fault(
-            e.reason,
-            e.component,
-            e.stage_index,
-            e.edge_id,
-            e.node_id,
+        on_effect(CancelSequence, lambda e: port.cancel_sequence(e.sequence_id)),
+        on_effect(FailSequences, lambda e: port.fail_sequences()),
+        on_effect(ProvisionStages, lambda e: port.provision_stages(e.plan)),
+        on_effect(CreateTokenEndpoints, lambda e: port.create_token_endpoints(e.plan)),
+        on_effect(InjectPrompt, lambda e: port.inject_prompt()),
+        on_effect(AcceptOutput, lambda e: port.accept_output(e.object_id, e.sequence)),
+        on_effect(InjectNextInput, lambda e: port.inject_next_input(e.sequence)),
+        on_effect(FinalizeOutput, lambda e: port.finalize_output()),
+        on_effect(RecordRunOutcome, lambda e: port.record_run_outcome(e.outcome)),
+        on_effect(
+            RecordFaultReason,
+            lambda e: port.record_fault_reason(
+                e.reason,
+                e.component,
+                e.stage_index,
+                e.edge_id,
+                e.node_id,
+            ),
         ),
-        CommitHeldFault: lambda e: port.commit_held_fault(),
-        DemoteHeldFault: lambda e: port.demote_held_fault(),
-        RecordLateFault: lambda e: port.record_late_fault(
-            e.reason,
-            e.component,
-            e.stage_index,
-            e.edge_id,
-            e.node_id,
+        on_effect(SendStopRun, lambda e: port.send_stop_run()),
+        on_effect(StopTokenEndpoints, lambda e: port.stop_token_endpoints()),
+        on_effect(
+            HoldFault,
+            lambda e: port.hold_fault(e.reason, e.component, e.stage_index, e.edge_id, e.node_id),
         ),
-        RecordTeardownOutcome: lambda e: port.record_teardown_outcome(e.teardown),
-    }
+        on_effect(CommitHeldFault, lambda e: port.commit_held_fault()),
+        on_effect(DemoteHeldFault, lambda e: port.demote_held_fault()),
+        on_effect(
+            RecordLateFault,
+            lambda e: port.record_late_fault(
+                e.reason,
+                e.component,
+                e.stage_index,
+                e.edge_id,
+                e.node_id,
+            ),
+        ),
+        on_effect(RecordTeardownOutcome, lambda e: port.record_teardown_outcome(e.teardown)),
+    ))
 
 
 # -- the protocol as data ---------------------------------------------------------------
@@ -1222,47 +1229,56 @@ _EFFECT_19: Final = CancelTimer("TeardownTimeout")
 _EFFECT_20: Final = RecordTeardownOutcome(teardown=wire.TeardownOutcome.TimedOut)
 
 
-def _guard_serving_ready(guards: OrchestratorRunGuards, event: Any) -> bool:
+def _guard_serving_ready(guards: OrchestratorRunGuards, event: StageReady | EndpointReady) -> bool:
     return guards.serving_ready(event)
 
 
-def _guard_slot_free(guards: OrchestratorRunGuards, event: Any) -> bool:
+def _guard_slot_free(guards: OrchestratorRunGuards, event: SequenceSubmitted) -> bool:
     return guards.slot_free(event)
 
 
-def _guard_last_in_flight(guards: OrchestratorRunGuards, event: Any) -> bool:
+def _guard_last_in_flight(guards: OrchestratorRunGuards, event: ObjectLoaded) -> bool:
     return guards.last_in_flight(event)
 
 
-def _guard_decode_input(guards: OrchestratorRunGuards, event: Any) -> bool:
+def _guard_decode_input(guards: OrchestratorRunGuards, event: InputReady) -> bool:
     return guards.decode_input(event)
 
 
-def _guard_batch_ready(guards: OrchestratorRunGuards, event: Any) -> bool:
+def _guard_batch_ready(guards: OrchestratorRunGuards, event: BatchDue) -> bool:
     return guards.batch_ready(event)
 
 
-def _guard_all_ready(guards: OrchestratorRunGuards, event: Any) -> bool:
+def _guard_all_ready(guards: OrchestratorRunGuards, event: StageReady | EndpointReady) -> bool:
     return guards.all_ready(event)
 
 
-def _guard_output_out_of_order(guards: OrchestratorRunGuards, event: Any) -> bool:
+def _guard_output_out_of_order(guards: OrchestratorRunGuards, event: ObjectLoaded) -> bool:
     return guards.output_out_of_order(event)
 
 
-def _guard_run_policy_stops(guards: OrchestratorRunGuards, event: Any) -> bool:
+def _guard_run_policy_stops(guards: OrchestratorRunGuards, event: ObjectLoaded) -> bool:
     return guards.run_policy_stops(event)
 
 
-def _guard_teardown_pending(guards: OrchestratorRunGuards, event: Any) -> bool:
+def _guard_teardown_pending(
+    guards: OrchestratorRunGuards,
+    event: StageStopped | EndpointsStopped,
+) -> bool:
     return guards.teardown_pending(event)
 
 
-def _guard_teardown_failed(guards: OrchestratorRunGuards, event: Any) -> bool:
+def _guard_teardown_failed(
+    guards: OrchestratorRunGuards,
+    event: StageStopped | EndpointsStopped,
+) -> bool:
     return guards.teardown_failed(event)
 
 
-def _guard_symptomatic_fault(guards: OrchestratorRunGuards, event: Any) -> bool:
+def _guard_symptomatic_fault(
+    guards: OrchestratorRunGuards,
+    event: StageFault | EndpointFault,
+) -> bool:
     return guards.symptomatic_fault(event)
 
 
@@ -2073,19 +2089,21 @@ def _row_67(m: OrchestratorRunMachine, event: MembershipLost) -> list[Effect]:
     return [effect_0]
 
 
-def _ignore(m: OrchestratorRunMachine, event: Any) -> list[Effect]:
+def _ignore(m: OrchestratorRunMachine, event: Event) -> list[Effect]:
     """An ignored event: no effect, no change."""
     return []
 
 
 _Row: TypeAlias = tuple[
-    Callable[[OrchestratorRunGuards, Any], bool] | None,
+    Callable[[OrchestratorRunGuards, Never], bool] | None,
     State | None,
-    Callable[["OrchestratorRunMachine", Any], list[Effect]],
+    Callable[["OrchestratorRunMachine", Never], list[Effect]],
 ]
+"""(guard, target or None, effect builder): the guard and the builder take the row's
+event class (``Never`` stands for "some event class"; ``_compile`` pins it)."""
 _IGNORED: Final[tuple[_Row, ...]] = ((None, None, _ignore),)
 
-_TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
+_TABLE: Final[dict[tuple[State, type[Event]], tuple[_Row, ...]]] = {
     (State.Provisioning, PlanAvailable): ((None, State.WaitingReady, _row_0),),
     (State.Provisioning, OperatorStop): ((None, State.Done, _row_1),),
     (State.Provisioning, SequenceSubmitted): ((None, None, _row_48),),
@@ -2238,20 +2256,22 @@ _TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
 """(state, event class) -> rows tried in order: (guard, target or None, effect builder)."""
 
 _FastRow: TypeAlias = tuple[
-    Callable[[OrchestratorRunGuards, Any], bool] | None,
+    Callable[[OrchestratorRunGuards, Event], bool] | None,
     State | None,
-    "dict[type[Any], tuple[_FastRow, ...]]",
-    Callable[["OrchestratorRunMachine", Any], list[Effect]],
+    "dict[type[Event], tuple[_FastRow, ...]]",
+    Callable[["OrchestratorRunMachine", Event], list[Effect]],
 ]
 
 
-def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
+def _compile() -> dict[State, dict[type[Event], tuple[_FastRow, ...]]]:
     """``_TABLE`` regrouped per state; each row carries the event map of the state it
-    leaves the machine in, so a transition costs no lookup."""
-    by_state: dict[State, dict[type[Any], tuple[_FastRow, ...]]] = {s: {} for s in State}
+    leaves the machine in, so a transition costs no lookup. ``handle()`` looks rows up by
+    ``type(event)``, so a row's guard and builder only ever get their key's event class:
+    the cast says so."""
+    by_state: dict[State, dict[type[Event], tuple[_FastRow, ...]]] = {s: {} for s in State}
     for (state, event_type), rows in _TABLE.items():
         by_state[state][event_type] = tuple(
-            (guard, target, by_state[state if target is None else target], build)
+            cast("_FastRow", (guard, target, by_state[state if target is None else target], build))
             for guard, target, build in rows
         )
     return by_state
@@ -2259,7 +2279,7 @@ def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
 
 _BY_STATE: Final = _compile()
 
-_EVENT_TYPES: Final[frozenset[type[Any]]] = frozenset(
+_EVENT_TYPES: Final[frozenset[type[Event]]] = frozenset(
     {
         PlanAvailable,
         StageReady,

@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Final, Never, Protocol, TypeAlias, cast
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
@@ -42,6 +42,7 @@ from swactor.fsm.runtime import (
     Result,
     StartTimer,
     blank,
+    on_effect,
     slot_setter,
 )
 
@@ -261,15 +262,15 @@ EFFECT_METHODS: Final[dict[str, str]] = {
 """Effect class name -> its ``PoolReadinessEffects`` method."""
 
 
-def bind(port: PoolReadinessEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+def bind(port: PoolReadinessEffects[R]) -> dict[type[object], Callable[[Never], R]]:
     """Effect class -> a call of ``port``'s method for it with the effect's fields; the
     hosts of ``swactor.fsm.host`` add the timer effects."""
-    return {
-        ReportPoolReady: lambda e: port.report_pool_ready(),
-        ReportPoolReadinessLost: lambda e: port.report_pool_readiness_lost(),
-        ReportMembershipLost: lambda e: port.report_membership_lost(e.node_id),
-        ReportPoolAborted: lambda e: port.report_pool_aborted(),
-    }
+    return dict((
+        on_effect(ReportPoolReady, lambda e: port.report_pool_ready()),
+        on_effect(ReportPoolReadinessLost, lambda e: port.report_pool_readiness_lost()),
+        on_effect(ReportMembershipLost, lambda e: port.report_membership_lost(e.node_id)),
+        on_effect(ReportPoolAborted, lambda e: port.report_pool_aborted()),
+    ))
 
 
 # -- the protocol as data ---------------------------------------------------------------
@@ -280,11 +281,11 @@ _EFFECT_2: Final = ReportPoolReadinessLost()
 _EFFECT_3: Final = ReportPoolAborted()
 
 
-def _guard_pool_complete(guards: PoolReadinessGuards, event: Any) -> bool:
+def _guard_pool_complete(guards: PoolReadinessGuards, event: MemberChanged) -> bool:
     return guards.pool_complete(event)
 
 
-def _guard_candidate_lost(guards: PoolReadinessGuards, event: Any) -> bool:
+def _guard_candidate_lost(guards: PoolReadinessGuards, event: MemberChanged) -> bool:
     return guards.candidate_lost(event)
 
 
@@ -350,19 +351,21 @@ def _row_11(m: PoolReadinessMachine, event: RunEnded) -> list[Effect]:
     return []
 
 
-def _ignore(m: PoolReadinessMachine, event: Any) -> list[Effect]:
+def _ignore(m: PoolReadinessMachine, event: Event) -> list[Effect]:
     """An ignored event: no effect, no change."""
     return []
 
 
 _Row: TypeAlias = tuple[
-    Callable[[PoolReadinessGuards, Any], bool] | None,
+    Callable[[PoolReadinessGuards, Never], bool] | None,
     State | None,
-    Callable[["PoolReadinessMachine", Any], list[Effect]],
+    Callable[["PoolReadinessMachine", Never], list[Effect]],
 ]
+"""(guard, target or None, effect builder): the guard and the builder take the row's
+event class (``Never`` stands for "some event class"; ``_compile`` pins it)."""
 _IGNORED: Final[tuple[_Row, ...]] = ((None, None, _ignore),)
 
-_TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
+_TABLE: Final[dict[tuple[State, type[Event]], tuple[_Row, ...]]] = {
     (State.Waiting, MemberChanged): (
         (_guard_pool_complete, State.Converging, _row_0),
         (None, None, _row_1),
@@ -392,20 +395,22 @@ _TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
 """(state, event class) -> rows tried in order: (guard, target or None, effect builder)."""
 
 _FastRow: TypeAlias = tuple[
-    Callable[[PoolReadinessGuards, Any], bool] | None,
+    Callable[[PoolReadinessGuards, Event], bool] | None,
     State | None,
-    "dict[type[Any], tuple[_FastRow, ...]]",
-    Callable[["PoolReadinessMachine", Any], list[Effect]],
+    "dict[type[Event], tuple[_FastRow, ...]]",
+    Callable[["PoolReadinessMachine", Event], list[Effect]],
 ]
 
 
-def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
+def _compile() -> dict[State, dict[type[Event], tuple[_FastRow, ...]]]:
     """``_TABLE`` regrouped per state; each row carries the event map of the state it
-    leaves the machine in, so a transition costs no lookup."""
-    by_state: dict[State, dict[type[Any], tuple[_FastRow, ...]]] = {s: {} for s in State}
+    leaves the machine in, so a transition costs no lookup. ``handle()`` looks rows up by
+    ``type(event)``, so a row's guard and builder only ever get their key's event class:
+    the cast says so."""
+    by_state: dict[State, dict[type[Event], tuple[_FastRow, ...]]] = {s: {} for s in State}
     for (state, event_type), rows in _TABLE.items():
         by_state[state][event_type] = tuple(
-            (guard, target, by_state[state if target is None else target], build)
+            cast("_FastRow", (guard, target, by_state[state if target is None else target], build))
             for guard, target, build in rows
         )
     return by_state
@@ -413,7 +418,7 @@ def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
 
 _BY_STATE: Final = _compile()
 
-_EVENT_TYPES: Final[frozenset[type[Any]]] = frozenset(
+_EVENT_TYPES: Final[frozenset[type[Event]]] = frozenset(
     {
         MemberChanged,
         ConvergenceWindowElapsed,

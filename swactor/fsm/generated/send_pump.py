@@ -40,11 +40,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Final, Never, Protocol, TypeAlias, cast
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import ProtocolError, R, Result, blank, slot_setter
+from swactor.fsm.runtime import ProtocolError, R, Result, blank, on_effect, slot_setter
 
 __all__ = [
     "EFFECT_METHODS",
@@ -494,22 +494,22 @@ EFFECT_METHODS: Final[dict[str, str]] = {
 """Effect class name -> its ``SendPumpEffects`` method."""
 
 
-def bind(port: SendPumpEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+def bind(port: SendPumpEffects[R]) -> dict[type[object], Callable[[Never], R]]:
     """Effect class -> a call of ``port``'s method for it with the effect's fields; the
     hosts of ``swactor.fsm.host`` add the timer effects."""
-    return {
-        EnsureConnection: lambda e: port.ensure_connection(e.edge_id, e.rx_node_id),
-        DriverEdgeReady: lambda e: port.driver_edge_ready(e.edge_id),
-        CheckRing: lambda e: port.check_ring(e.ring_id),
-        OpenUniStream: lambda e: port.open_uni_stream(e.edge_id),
-        DrainRing: lambda e: port.drain_ring(e.ring_id),
-        FinishStream: lambda e: port.finish_stream(e.edge_id),
-        ResetStream: lambda e: port.reset_stream(e.edge_id),
-        StopStream: lambda e: port.stop_stream(e.edge_id),
-        StreamClosed: lambda e: port.stream_closed(e.edge_id),
-        StreamFault: lambda e: port.stream_fault(e.edge_id, e.reason),
-        PumpStopped: lambda e: port.pump_stopped(e.edge_id, e.ring_id),
-    }
+    return dict((
+        on_effect(EnsureConnection, lambda e: port.ensure_connection(e.edge_id, e.rx_node_id)),
+        on_effect(DriverEdgeReady, lambda e: port.driver_edge_ready(e.edge_id)),
+        on_effect(CheckRing, lambda e: port.check_ring(e.ring_id)),
+        on_effect(OpenUniStream, lambda e: port.open_uni_stream(e.edge_id)),
+        on_effect(DrainRing, lambda e: port.drain_ring(e.ring_id)),
+        on_effect(FinishStream, lambda e: port.finish_stream(e.edge_id)),
+        on_effect(ResetStream, lambda e: port.reset_stream(e.edge_id)),
+        on_effect(StopStream, lambda e: port.stop_stream(e.edge_id)),
+        on_effect(StreamClosed, lambda e: port.stream_closed(e.edge_id)),
+        on_effect(StreamFault, lambda e: port.stream_fault(e.edge_id, e.reason)),
+        on_effect(PumpStopped, lambda e: port.pump_stopped(e.edge_id, e.ring_id)),
+    ))
 
 
 # -- the protocol as data ---------------------------------------------------------------
@@ -650,19 +650,21 @@ def _row_14(m: SendPumpMachine, event: PeerStopped) -> list[Effect]:
     return [effect_0, effect_1]
 
 
-def _ignore(m: SendPumpMachine, event: Any) -> list[Effect]:
+def _ignore(m: SendPumpMachine, event: Event) -> list[Effect]:
     """An ignored event: no effect, no change."""
     return []
 
 
 _Row: TypeAlias = tuple[
-    Callable[[SendPumpGuards, Any], bool] | None,
+    Callable[[SendPumpGuards, Never], bool] | None,
     State | None,
-    Callable[["SendPumpMachine", Any], list[Effect]],
+    Callable[["SendPumpMachine", Never], list[Effect]],
 ]
+"""(guard, target or None, effect builder): the guard and the builder take the row's
+event class (``Never`` stands for "some event class"; ``_compile`` pins it)."""
 _IGNORED: Final[tuple[_Row, ...]] = ((None, None, _ignore),)
 
-_TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
+_TABLE: Final[dict[tuple[State, type[Event]], tuple[_Row, ...]]] = {
     (State.WaitingForConnection, EstablishSend): ((None, None, _row_0),),
     (State.WaitingForConnection, ConnectionReady): ((None, State.WaitingForBytes, _row_1),),
     (State.WaitingForConnection, RingReadable): _IGNORED,
@@ -697,20 +699,22 @@ _TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
 """(state, event class) -> rows tried in order: (guard, target or None, effect builder)."""
 
 _FastRow: TypeAlias = tuple[
-    Callable[[SendPumpGuards, Any], bool] | None,
+    Callable[[SendPumpGuards, Event], bool] | None,
     State | None,
-    "dict[type[Any], tuple[_FastRow, ...]]",
-    Callable[["SendPumpMachine", Any], list[Effect]],
+    "dict[type[Event], tuple[_FastRow, ...]]",
+    Callable[["SendPumpMachine", Event], list[Effect]],
 ]
 
 
-def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
+def _compile() -> dict[State, dict[type[Event], tuple[_FastRow, ...]]]:
     """``_TABLE`` regrouped per state; each row carries the event map of the state it
-    leaves the machine in, so a transition costs no lookup."""
-    by_state: dict[State, dict[type[Any], tuple[_FastRow, ...]]] = {s: {} for s in State}
+    leaves the machine in, so a transition costs no lookup. ``handle()`` looks rows up by
+    ``type(event)``, so a row's guard and builder only ever get their key's event class:
+    the cast says so."""
+    by_state: dict[State, dict[type[Event], tuple[_FastRow, ...]]] = {s: {} for s in State}
     for (state, event_type), rows in _TABLE.items():
         by_state[state][event_type] = tuple(
-            (guard, target, by_state[state if target is None else target], build)
+            cast("_FastRow", (guard, target, by_state[state if target is None else target], build))
             for guard, target, build in rows
         )
     return by_state
@@ -718,7 +722,7 @@ def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
 
 _BY_STATE: Final = _compile()
 
-_EVENT_TYPES: Final[frozenset[type[Any]]] = frozenset(
+_EVENT_TYPES: Final[frozenset[type[Event]]] = frozenset(
     {
         EstablishSend,
         ConnectionReady,

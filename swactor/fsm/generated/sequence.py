@@ -36,10 +36,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Final, Never, Protocol, TypeAlias, cast
 
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import ProtocolError, R, Result, blank, slot_setter
+from swactor.fsm.runtime import ProtocolError, R, Result, blank, on_effect, slot_setter
 
 __all__ = [
     "EFFECT_METHODS",
@@ -342,19 +342,19 @@ EFFECT_METHODS: Final[dict[str, str]] = {
 """Effect class name -> its ``SequenceEffects`` method."""
 
 
-def bind(port: SequenceEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+def bind(port: SequenceEffects[R]) -> dict[type[object], Callable[[Never], R]]:
     """Effect class -> a call of ``port``'s method for it with the effect's fields; the
     hosts of ``swactor.fsm.host`` add the timer effects."""
-    return {
-        EmitStarted: lambda e: port.emit_started(e.slot),
-        InjectPrompt: lambda e: port.inject_prompt(),
-        MarkFirstToken: lambda e: port.mark_first_token(),
-        YieldToken: lambda e: port.yield_token(e.token),
-        InjectNext: lambda e: port.inject_next(e.token),
-        FreeSlot: lambda e: port.free_slot(),
-        EndSequence: lambda e: port.end_sequence(e.reason),
-        FailSequence: lambda e: port.fail_sequence(e.detail),
-    }
+    return dict((
+        on_effect(EmitStarted, lambda e: port.emit_started(e.slot)),
+        on_effect(InjectPrompt, lambda e: port.inject_prompt()),
+        on_effect(MarkFirstToken, lambda e: port.mark_first_token()),
+        on_effect(YieldToken, lambda e: port.yield_token(e.token)),
+        on_effect(InjectNext, lambda e: port.inject_next(e.token)),
+        on_effect(FreeSlot, lambda e: port.free_slot()),
+        on_effect(EndSequence, lambda e: port.end_sequence(e.reason)),
+        on_effect(FailSequence, lambda e: port.fail_sequence(e.detail)),
+    ))
 
 
 # -- the protocol as data ---------------------------------------------------------------
@@ -367,11 +367,11 @@ _EFFECT_4: Final = EndSequence(reason='stop')
 _EFFECT_5: Final = EndSequence(reason='length')
 
 
-def _guard_end_of_generation(guards: SequenceGuards, event: Any) -> bool:
+def _guard_end_of_generation(guards: SequenceGuards, event: TokenAccepted) -> bool:
     return guards.end_of_generation(event)
 
 
-def _guard_length_reached(guards: SequenceGuards, event: Any) -> bool:
+def _guard_length_reached(guards: SequenceGuards, event: TokenAccepted) -> bool:
     return guards.length_reached(event)
 
 
@@ -457,19 +457,21 @@ def _row_11(m: SequenceMachine, event: RunFaulted) -> list[Effect]:
     return [_EFFECT_3, effect_0]
 
 
-def _ignore(m: SequenceMachine, event: Any) -> list[Effect]:
+def _ignore(m: SequenceMachine, event: Event) -> list[Effect]:
     """An ignored event: no effect, no change."""
     return []
 
 
 _Row: TypeAlias = tuple[
-    Callable[[SequenceGuards, Any], bool] | None,
+    Callable[[SequenceGuards, Never], bool] | None,
     State | None,
-    Callable[["SequenceMachine", Any], list[Effect]],
+    Callable[["SequenceMachine", Never], list[Effect]],
 ]
+"""(guard, target or None, effect builder): the guard and the builder take the row's
+event class (``Never`` stands for "some event class"; ``_compile`` pins it)."""
 _IGNORED: Final[tuple[_Row, ...]] = ((None, None, _ignore),)
 
-_TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
+_TABLE: Final[dict[tuple[State, type[Event]], tuple[_Row, ...]]] = {
     (State.Queued, SlotBound): ((None, State.Prefilling, _row_0),),
     (State.Queued, Refused): ((None, State.Faulted, _row_1),),
     (State.Queued, Cancel): ((None, State.Cancelled, _row_2),),
@@ -492,20 +494,22 @@ _TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
 """(state, event class) -> rows tried in order: (guard, target or None, effect builder)."""
 
 _FastRow: TypeAlias = tuple[
-    Callable[[SequenceGuards, Any], bool] | None,
+    Callable[[SequenceGuards, Event], bool] | None,
     State | None,
-    "dict[type[Any], tuple[_FastRow, ...]]",
-    Callable[["SequenceMachine", Any], list[Effect]],
+    "dict[type[Event], tuple[_FastRow, ...]]",
+    Callable[["SequenceMachine", Event], list[Effect]],
 ]
 
 
-def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
+def _compile() -> dict[State, dict[type[Event], tuple[_FastRow, ...]]]:
     """``_TABLE`` regrouped per state; each row carries the event map of the state it
-    leaves the machine in, so a transition costs no lookup."""
-    by_state: dict[State, dict[type[Any], tuple[_FastRow, ...]]] = {s: {} for s in State}
+    leaves the machine in, so a transition costs no lookup. ``handle()`` looks rows up by
+    ``type(event)``, so a row's guard and builder only ever get their key's event class:
+    the cast says so."""
+    by_state: dict[State, dict[type[Event], tuple[_FastRow, ...]]] = {s: {} for s in State}
     for (state, event_type), rows in _TABLE.items():
         by_state[state][event_type] = tuple(
-            (guard, target, by_state[state if target is None else target], build)
+            cast("_FastRow", (guard, target, by_state[state if target is None else target], build))
             for guard, target, build in rows
         )
     return by_state
@@ -513,7 +517,7 @@ def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
 
 _BY_STATE: Final = _compile()
 
-_EVENT_TYPES: Final[frozenset[type[Any]]] = frozenset(
+_EVENT_TYPES: Final[frozenset[type[Event]]] = frozenset(
     {
         SlotBound,
         Refused,

@@ -67,7 +67,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Final, Never, Protocol, TypeAlias, cast
 
 from swactor.fsm.model import MachineModel, Transition
 from swactor.fsm.runtime import (
@@ -77,6 +77,7 @@ from swactor.fsm.runtime import (
     Result,
     StartTimer,
     blank,
+    on_effect,
     slot_setter,
 )
 
@@ -669,30 +670,30 @@ EFFECT_METHODS: Final[dict[str, str]] = {
 """Effect class name -> its ``ServeSessionEffects`` method."""
 
 
-def bind(port: ServeSessionEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+def bind(port: ServeSessionEffects[R]) -> dict[type[object], Callable[[Never], R]]:
     """Effect class -> a call of ``port``'s method for it with the effect's fields; the
     hosts of ``swactor.fsm.host`` add the timer effects."""
-    return {
-        StartRun: lambda e: port.start_run(),
-        CancelProvision: lambda e: port.cancel_provision(),
-        StopRun: lambda e: port.stop_run(),
-        ForwardSequence: lambda e: port.forward_sequence(e.sequence_id),
-        HoldSequence: lambda e: port.hold_sequence(e.sequence_id),
-        RefuseSequence: lambda e: port.refuse_sequence(e.sequence_id, e.reason),
-        HoldLost: lambda e: port.hold_lost(e.sequence_id),
-        FailLost: lambda e: port.fail_lost(e.sequence_id, e.reason, e.why),
-        ForwardHeld: lambda e: port.forward_held(),
-        EndHeld: lambda e: port.end_held(e.reason),
-        ReportServing: lambda e: port.report_serving(),
-        ReportRecoveryStarted: lambda e: port.report_recovery_started(e.reason),
-        ReportAttemptFailed: lambda e: port.report_attempt_failed(e.reason),
-        ReportRecovered: lambda e: port.report_recovered(),
-        WarmSpares: lambda e: port.warm_spares(),
-        CancelWarming: lambda e: port.cancel_warming(),
-        ReportSparesWarmed: lambda e: port.report_spares_warmed(e.ready, e.wanted),
-        ReportStopped: lambda e: port.report_stopped(),
-        ReportFailed: lambda e: port.report_failed(e.reason),
-    }
+    return dict((
+        on_effect(StartRun, lambda e: port.start_run()),
+        on_effect(CancelProvision, lambda e: port.cancel_provision()),
+        on_effect(StopRun, lambda e: port.stop_run()),
+        on_effect(ForwardSequence, lambda e: port.forward_sequence(e.sequence_id)),
+        on_effect(HoldSequence, lambda e: port.hold_sequence(e.sequence_id)),
+        on_effect(RefuseSequence, lambda e: port.refuse_sequence(e.sequence_id, e.reason)),
+        on_effect(HoldLost, lambda e: port.hold_lost(e.sequence_id)),
+        on_effect(FailLost, lambda e: port.fail_lost(e.sequence_id, e.reason, e.why)),
+        on_effect(ForwardHeld, lambda e: port.forward_held()),
+        on_effect(EndHeld, lambda e: port.end_held(e.reason)),
+        on_effect(ReportServing, lambda e: port.report_serving()),
+        on_effect(ReportRecoveryStarted, lambda e: port.report_recovery_started(e.reason)),
+        on_effect(ReportAttemptFailed, lambda e: port.report_attempt_failed(e.reason)),
+        on_effect(ReportRecovered, lambda e: port.report_recovered()),
+        on_effect(WarmSpares, lambda e: port.warm_spares()),
+        on_effect(CancelWarming, lambda e: port.cancel_warming()),
+        on_effect(ReportSparesWarmed, lambda e: port.report_spares_warmed(e.ready, e.wanted)),
+        on_effect(ReportStopped, lambda e: port.report_stopped()),
+        on_effect(ReportFailed, lambda e: port.report_failed(e.reason)),
+    ))
 
 
 # -- the protocol as data ---------------------------------------------------------------
@@ -710,15 +711,15 @@ _EFFECT_9: Final = EndHeld(reason='the server is stopping')
 _EFFECT_10: Final = ReportStopped()
 
 
-def _guard_attempts_left(guards: ServeSessionGuards, event: Any) -> bool:
+def _guard_attempts_left(guards: ServeSessionGuards, event: ProvisionFailed) -> bool:
     return guards.attempts_left(event)
 
 
-def _guard_context_full(guards: ServeSessionGuards, event: Any) -> bool:
+def _guard_context_full(guards: ServeSessionGuards, event: SequenceLost) -> bool:
     return guards.context_full(event)
 
 
-def _guard_migrations_exhausted(guards: ServeSessionGuards, event: Any) -> bool:
+def _guard_migrations_exhausted(guards: ServeSessionGuards, event: SequenceLost) -> bool:
     return guards.migrations_exhausted(event)
 
 
@@ -870,19 +871,21 @@ def _row_21(m: ServeSessionMachine, event: SequenceLost) -> list[Effect]:
     return [effect_0]
 
 
-def _ignore(m: ServeSessionMachine, event: Any) -> list[Effect]:
+def _ignore(m: ServeSessionMachine, event: Event) -> list[Effect]:
     """An ignored event: no effect, no change."""
     return []
 
 
 _Row: TypeAlias = tuple[
-    Callable[[ServeSessionGuards, Any], bool] | None,
+    Callable[[ServeSessionGuards, Never], bool] | None,
     State | None,
-    Callable[["ServeSessionMachine", Any], list[Effect]],
+    Callable[["ServeSessionMachine", Never], list[Effect]],
 ]
+"""(guard, target or None, effect builder): the guard and the builder take the row's
+event class (``Never`` stands for "some event class"; ``_compile`` pins it)."""
 _IGNORED: Final[tuple[_Row, ...]] = ((None, None, _ignore),)
 
-_TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
+_TABLE: Final[dict[tuple[State, type[Event]], tuple[_Row, ...]]] = {
     (State.Provisioning, Submitted): ((None, None, _row_1),),
     (State.Provisioning, RunReady): ((None, State.Serving, _row_3),),
     (State.Provisioning, ProvisionFailed): ((None, State.Failed, _row_4),),
@@ -942,20 +945,22 @@ _TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
 """(state, event class) -> rows tried in order: (guard, target or None, effect builder)."""
 
 _FastRow: TypeAlias = tuple[
-    Callable[[ServeSessionGuards, Any], bool] | None,
+    Callable[[ServeSessionGuards, Event], bool] | None,
     State | None,
-    "dict[type[Any], tuple[_FastRow, ...]]",
-    Callable[["ServeSessionMachine", Any], list[Effect]],
+    "dict[type[Event], tuple[_FastRow, ...]]",
+    Callable[["ServeSessionMachine", Event], list[Effect]],
 ]
 
 
-def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
+def _compile() -> dict[State, dict[type[Event], tuple[_FastRow, ...]]]:
     """``_TABLE`` regrouped per state; each row carries the event map of the state it
-    leaves the machine in, so a transition costs no lookup."""
-    by_state: dict[State, dict[type[Any], tuple[_FastRow, ...]]] = {s: {} for s in State}
+    leaves the machine in, so a transition costs no lookup. ``handle()`` looks rows up by
+    ``type(event)``, so a row's guard and builder only ever get their key's event class:
+    the cast says so."""
+    by_state: dict[State, dict[type[Event], tuple[_FastRow, ...]]] = {s: {} for s in State}
     for (state, event_type), rows in _TABLE.items():
         by_state[state][event_type] = tuple(
-            (guard, target, by_state[state if target is None else target], build)
+            cast("_FastRow", (guard, target, by_state[state if target is None else target], build))
             for guard, target, build in rows
         )
     return by_state
@@ -963,7 +968,7 @@ def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
 
 _BY_STATE: Final = _compile()
 
-_EVENT_TYPES: Final[frozenset[type[Any]]] = frozenset(
+_EVENT_TYPES: Final[frozenset[type[Event]]] = frozenset(
     {
         Submitted,
         RunReady,

@@ -77,7 +77,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Final, Never, Protocol, TypeAlias, cast
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
@@ -88,6 +88,7 @@ from swactor.fsm.runtime import (
     Result,
     StartTimer,
     blank,
+    on_effect,
     slot_setter,
 )
 
@@ -885,36 +886,37 @@ EFFECT_METHODS: Final[dict[str, str]] = {
 """Effect class name -> its ``StageControllerEffects`` method."""
 
 
-def bind(port: StageControllerEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+def bind(port: StageControllerEffects[R]) -> dict[type[object], Callable[[Never], R]]:
     """Effect class -> a call of ``port``'s method for it with the effect's fields; the
     hosts of ``swactor.fsm.host`` add the timer effects."""
-    return {
-        RejectProvision: lambda e: port.reject_provision(
-            e.orchestrator,
-            e.provision,
-            e.already_provisioned,
+    return dict((
+        on_effect(
+            RejectProvision,
+            lambda e: port.reject_provision(e.orchestrator, e.provision, e.already_provisioned),
         ),
-        ConfigureWorkerRole: lambda e: port.configure_worker_role(e.provision),
-        StartWeightLoad: lambda e: port.start_weight_load(e.provision),
-        EstablishInboundEdge: lambda e: port.establish_inbound_edge(e.provision),
-        EstablishOutboundEdge: lambda e: port.establish_outbound_edge(e.provision),
-        ReportStageReady: lambda e: port.report_stage_ready(),
-        ExecuteStep: lambda e: port.execute_step(),
-        StepStarted: lambda e: port.step_started(e.object_id, e.sequence, e.device_handle),
-        HoldLoadedAhead: lambda e: port.hold_loaded_ahead(
-            e.object_id,
-            e.sequence,
-            e.device_handle,
+        on_effect(ConfigureWorkerRole, lambda e: port.configure_worker_role(e.provision)),
+        on_effect(StartWeightLoad, lambda e: port.start_weight_load(e.provision)),
+        on_effect(EstablishInboundEdge, lambda e: port.establish_inbound_edge(e.provision)),
+        on_effect(EstablishOutboundEdge, lambda e: port.establish_outbound_edge(e.provision)),
+        on_effect(ReportStageReady, lambda e: port.report_stage_ready()),
+        on_effect(ExecuteStep, lambda e: port.execute_step()),
+        on_effect(
+            StepStarted,
+            lambda e: port.step_started(e.object_id, e.sequence, e.device_handle),
         ),
-        StartLoadedAhead: lambda e: port.start_loaded_ahead(),
-        ReleaseStepInputs: lambda e: port.release_step_inputs(e.step_id),
-        RejectRunWork: lambda e: port.reject_run_work(e.device_handle),
-        ReportStageFault: lambda e: port.report_stage_fault(e.reason, e.component),
-        StopEdges: lambda e: port.stop_edges(),
-        ReleaseRunObjects: lambda e: port.release_run_objects(),
-        ResetRole: lambda e: port.reset_role(),
-        ReportStageStopped: lambda e: port.report_stage_stopped(e.clean),
-    }
+        on_effect(
+            HoldLoadedAhead,
+            lambda e: port.hold_loaded_ahead(e.object_id, e.sequence, e.device_handle),
+        ),
+        on_effect(StartLoadedAhead, lambda e: port.start_loaded_ahead()),
+        on_effect(ReleaseStepInputs, lambda e: port.release_step_inputs(e.step_id)),
+        on_effect(RejectRunWork, lambda e: port.reject_run_work(e.device_handle)),
+        on_effect(ReportStageFault, lambda e: port.report_stage_fault(e.reason, e.component)),
+        on_effect(StopEdges, lambda e: port.stop_edges()),
+        on_effect(ReleaseRunObjects, lambda e: port.release_run_objects()),
+        on_effect(ResetRole, lambda e: port.reset_role()),
+        on_effect(ReportStageStopped, lambda e: port.report_stage_stopped(e.clean)),
+    ))
 
 
 # -- the protocol as data ---------------------------------------------------------------
@@ -944,31 +946,40 @@ _EFFECT_10: Final = CancelTimer("StoppingTimeout")
 _EFFECT_11: Final = ReportStageStopped(clean=False)
 
 
-def _guard_provision_valid(guards: StageControllerGuards, event: Any) -> bool:
+def _guard_provision_valid(guards: StageControllerGuards, event: ProvisionStage) -> bool:
     return guards.provision_valid(event)
 
 
-def _guard_setup_complete(guards: StageControllerGuards, event: Any) -> bool:
+def _guard_setup_complete(
+    guards: StageControllerGuards,
+    event: RoleConfigured | WeightsReady | EdgeReady,
+) -> bool:
     return guards.setup_complete(event)
 
 
-def _guard_is_next_sequence(guards: StageControllerGuards, event: Any) -> bool:
+def _guard_is_next_sequence(guards: StageControllerGuards, event: ObjectLoaded) -> bool:
     return guards.is_next_sequence(event)
 
 
-def _guard_loads_ahead(guards: StageControllerGuards, event: Any) -> bool:
+def _guard_loads_ahead(guards: StageControllerGuards, event: ObjectLoaded) -> bool:
     return guards.loads_ahead(event)
 
 
-def _guard_next_loaded_ahead(guards: StageControllerGuards, event: Any) -> bool:
+def _guard_next_loaded_ahead(guards: StageControllerGuards, event: StepCompleted) -> bool:
     return guards.next_loaded_ahead(event)
 
 
-def _guard_teardown_pending(guards: StageControllerGuards, event: Any) -> bool:
+def _guard_teardown_pending(
+    guards: StageControllerGuards,
+    event: EdgeStopped | DeviceObjectReleased | ReleaseFailed,
+) -> bool:
     return guards.teardown_pending(event)
 
 
-def _guard_teardown_clean(guards: StageControllerGuards, event: Any) -> bool:
+def _guard_teardown_clean(
+    guards: StageControllerGuards,
+    event: EdgeStopped | DeviceObjectReleased,
+) -> bool:
     return guards.teardown_clean(event)
 
 
@@ -1172,19 +1183,21 @@ def _row_30(m: StageControllerMachine, event: StoppingTimeout) -> list[Effect]:
     return [_EFFECT_11, _EFFECT_10]
 
 
-def _ignore(m: StageControllerMachine, event: Any) -> list[Effect]:
+def _ignore(m: StageControllerMachine, event: Event) -> list[Effect]:
     """An ignored event: no effect, no change."""
     return []
 
 
 _Row: TypeAlias = tuple[
-    Callable[[StageControllerGuards, Any], bool] | None,
+    Callable[[StageControllerGuards, Never], bool] | None,
     State | None,
-    Callable[["StageControllerMachine", Any], list[Effect]],
+    Callable[["StageControllerMachine", Never], list[Effect]],
 ]
+"""(guard, target or None, effect builder): the guard and the builder take the row's
+event class (``Never`` stands for "some event class"; ``_compile`` pins it)."""
 _IGNORED: Final[tuple[_Row, ...]] = ((None, None, _ignore),)
 
-_TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
+_TABLE: Final[dict[tuple[State, type[Event]], tuple[_Row, ...]]] = {
     (State.Unprovisioned, ProvisionStage): (
         (_guard_provision_valid, State.Preparing, _row_0),
         (None, None, _row_1),
@@ -1286,20 +1299,22 @@ _TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
 """(state, event class) -> rows tried in order: (guard, target or None, effect builder)."""
 
 _FastRow: TypeAlias = tuple[
-    Callable[[StageControllerGuards, Any], bool] | None,
+    Callable[[StageControllerGuards, Event], bool] | None,
     State | None,
-    "dict[type[Any], tuple[_FastRow, ...]]",
-    Callable[["StageControllerMachine", Any], list[Effect]],
+    "dict[type[Event], tuple[_FastRow, ...]]",
+    Callable[["StageControllerMachine", Event], list[Effect]],
 ]
 
 
-def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
+def _compile() -> dict[State, dict[type[Event], tuple[_FastRow, ...]]]:
     """``_TABLE`` regrouped per state; each row carries the event map of the state it
-    leaves the machine in, so a transition costs no lookup."""
-    by_state: dict[State, dict[type[Any], tuple[_FastRow, ...]]] = {s: {} for s in State}
+    leaves the machine in, so a transition costs no lookup. ``handle()`` looks rows up by
+    ``type(event)``, so a row's guard and builder only ever get their key's event class:
+    the cast says so."""
+    by_state: dict[State, dict[type[Event], tuple[_FastRow, ...]]] = {s: {} for s in State}
     for (state, event_type), rows in _TABLE.items():
         by_state[state][event_type] = tuple(
-            (guard, target, by_state[state if target is None else target], build)
+            cast("_FastRow", (guard, target, by_state[state if target is None else target], build))
             for guard, target, build in rows
         )
     return by_state
@@ -1307,7 +1322,7 @@ def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
 
 _BY_STATE: Final = _compile()
 
-_EVENT_TYPES: Final[frozenset[type[Any]]] = frozenset(
+_EVENT_TYPES: Final[frozenset[type[Event]]] = frozenset(
     {
         ProvisionStage,
         RoleConfigured,

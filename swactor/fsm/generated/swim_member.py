@@ -46,10 +46,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Final, Never, Protocol, TypeAlias, cast
 
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import ProtocolError, R, Result, blank, slot_setter
+from swactor.fsm.runtime import ProtocolError, R, Result, blank, on_effect, slot_setter
 
 __all__ = [
     "EFFECT_METHODS",
@@ -362,18 +362,18 @@ EFFECT_METHODS: Final[dict[str, str]] = {
 """Effect class name -> its ``SwimMemberEffects`` method."""
 
 
-def bind(port: SwimMemberEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+def bind(port: SwimMemberEffects[R]) -> dict[type[object], Callable[[Never], R]]:
     """Effect class -> a call of ``port``'s method for it with the effect's fields; the
     hosts of ``swactor.fsm.host`` add the timer effects."""
-    return {
-        ReportAlive: lambda e: port.report_alive(e.incarnation),
-        ReportSuspect: lambda e: port.report_suspect(e.incarnation),
-        ConfirmSuspicion: lambda e: port.confirm_suspicion(e.incarnation),
-        ReportDead: lambda e: port.report_dead(e.incarnation),
-        ReportLeft: lambda e: port.report_left(e.incarnation),
-        ReportRemoved: lambda e: port.report_removed(),
-        RefuseClaim: lambda e: port.refuse_claim(e.incarnation),
-    }
+    return dict((
+        on_effect(ReportAlive, lambda e: port.report_alive(e.incarnation)),
+        on_effect(ReportSuspect, lambda e: port.report_suspect(e.incarnation)),
+        on_effect(ConfirmSuspicion, lambda e: port.confirm_suspicion(e.incarnation)),
+        on_effect(ReportDead, lambda e: port.report_dead(e.incarnation)),
+        on_effect(ReportLeft, lambda e: port.report_left(e.incarnation)),
+        on_effect(ReportRemoved, lambda e: port.report_removed()),
+        on_effect(RefuseClaim, lambda e: port.refuse_claim(e.incarnation)),
+    ))
 
 
 # -- the protocol as data ---------------------------------------------------------------
@@ -381,15 +381,21 @@ def bind(port: SwimMemberEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
 _EFFECT_0: Final = ReportRemoved()
 
 
-def _guard_far_ahead(guards: SwimMemberGuards, event: Any) -> bool:
+def _guard_far_ahead(
+    guards: SwimMemberGuards,
+    event: SuspectHeard | DeadHeard | LeaveHeard,
+) -> bool:
     return guards.far_ahead(event)
 
 
-def _guard_newer(guards: SwimMemberGuards, event: Any) -> bool:
+def _guard_newer(guards: SwimMemberGuards, event: AliveHeard) -> bool:
     return guards.newer(event)
 
 
-def _guard_not_older(guards: SwimMemberGuards, event: Any) -> bool:
+def _guard_not_older(
+    guards: SwimMemberGuards,
+    event: SuspectHeard | DeadHeard | LeaveHeard,
+) -> bool:
     return guards.not_older(event)
 
 
@@ -485,19 +491,21 @@ def _row_13(m: SwimMemberMachine, event: Forget) -> list[Effect]:
     return [_EFFECT_0]
 
 
-def _ignore(m: SwimMemberMachine, event: Any) -> list[Effect]:
+def _ignore(m: SwimMemberMachine, event: Event) -> list[Effect]:
     """An ignored event: no effect, no change."""
     return []
 
 
 _Row: TypeAlias = tuple[
-    Callable[[SwimMemberGuards, Any], bool] | None,
+    Callable[[SwimMemberGuards, Never], bool] | None,
     State | None,
-    Callable[["SwimMemberMachine", Any], list[Effect]],
+    Callable[["SwimMemberMachine", Never], list[Effect]],
 ]
+"""(guard, target or None, effect builder): the guard and the builder take the row's
+event class (``Never`` stands for "some event class"; ``_compile`` pins it)."""
 _IGNORED: Final[tuple[_Row, ...]] = ((None, None, _ignore),)
 
-_TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
+_TABLE: Final[dict[tuple[State, type[Event]], tuple[_Row, ...]]] = {
     (State.Alive, AliveHeard): (
         (_guard_newer, State.Alive, _row_0),
         (None, None, _row_1),
@@ -560,20 +568,22 @@ _TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
 """(state, event class) -> rows tried in order: (guard, target or None, effect builder)."""
 
 _FastRow: TypeAlias = tuple[
-    Callable[[SwimMemberGuards, Any], bool] | None,
+    Callable[[SwimMemberGuards, Event], bool] | None,
     State | None,
-    "dict[type[Any], tuple[_FastRow, ...]]",
-    Callable[["SwimMemberMachine", Any], list[Effect]],
+    "dict[type[Event], tuple[_FastRow, ...]]",
+    Callable[["SwimMemberMachine", Event], list[Effect]],
 ]
 
 
-def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
+def _compile() -> dict[State, dict[type[Event], tuple[_FastRow, ...]]]:
     """``_TABLE`` regrouped per state; each row carries the event map of the state it
-    leaves the machine in, so a transition costs no lookup."""
-    by_state: dict[State, dict[type[Any], tuple[_FastRow, ...]]] = {s: {} for s in State}
+    leaves the machine in, so a transition costs no lookup. ``handle()`` looks rows up by
+    ``type(event)``, so a row's guard and builder only ever get their key's event class:
+    the cast says so."""
+    by_state: dict[State, dict[type[Event], tuple[_FastRow, ...]]] = {s: {} for s in State}
     for (state, event_type), rows in _TABLE.items():
         by_state[state][event_type] = tuple(
-            (guard, target, by_state[state if target is None else target], build)
+            cast("_FastRow", (guard, target, by_state[state if target is None else target], build))
             for guard, target, build in rows
         )
     return by_state
@@ -581,7 +591,7 @@ def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
 
 _BY_STATE: Final = _compile()
 
-_EVENT_TYPES: Final[frozenset[type[Any]]] = frozenset(
+_EVENT_TYPES: Final[frozenset[type[Event]]] = frozenset(
     {
         AliveHeard,
         SuspectHeard,

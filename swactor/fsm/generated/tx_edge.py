@@ -31,11 +31,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Final, Never, Protocol, TypeAlias, cast
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import ProtocolError, R, Result, blank, slot_setter
+from swactor.fsm.runtime import ProtocolError, R, Result, blank, on_effect, slot_setter
 
 __all__ = [
     "EFFECT_METHODS",
@@ -228,15 +228,15 @@ EFFECT_METHODS: Final[dict[str, str]] = {
 """Effect class name -> its ``TxEdgeEffects`` method."""
 
 
-def bind(port: TxEdgeEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+def bind(port: TxEdgeEffects[R]) -> dict[type[object], Callable[[Never], R]]:
     """Effect class -> a call of ``port``'s method for it with the effect's fields; the
     hosts of ``swactor.fsm.host`` add the timer effects."""
-    return {
-        ReportEdgeReady: lambda e: port.report_edge_ready(e.edge_id, e.ring_id),
-        ReportEdgeFailed: lambda e: port.report_edge_failed(e.edge_id, e.reason),
-        ForwardStopEdge: lambda e: port.forward_stop_edge(e.edge_id),
-        ReportEdgeStopped: lambda e: port.report_edge_stopped(e.edge_id, e.clean),
-    }
+    return dict((
+        on_effect(ReportEdgeReady, lambda e: port.report_edge_ready(e.edge_id, e.ring_id)),
+        on_effect(ReportEdgeFailed, lambda e: port.report_edge_failed(e.edge_id, e.reason)),
+        on_effect(ForwardStopEdge, lambda e: port.forward_stop_edge(e.edge_id)),
+        on_effect(ReportEdgeStopped, lambda e: port.report_edge_stopped(e.edge_id, e.clean)),
+    ))
 
 
 # -- the protocol as data ---------------------------------------------------------------
@@ -273,19 +273,21 @@ def _row_3(m: TxEdgeMachine, event: EdgeStopped) -> list[Effect]:
     return [effect_0]
 
 
-def _ignore(m: TxEdgeMachine, event: Any) -> list[Effect]:
+def _ignore(m: TxEdgeMachine, event: Event) -> list[Effect]:
     """An ignored event: no effect, no change."""
     return []
 
 
 _Row: TypeAlias = tuple[
-    Callable[[TxEdgeGuards, Any], bool] | None,
+    Callable[[TxEdgeGuards, Never], bool] | None,
     State | None,
-    Callable[["TxEdgeMachine", Any], list[Effect]],
+    Callable[["TxEdgeMachine", Never], list[Effect]],
 ]
+"""(guard, target or None, effect builder): the guard and the builder take the row's
+event class (``Never`` stands for "some event class"; ``_compile`` pins it)."""
 _IGNORED: Final[tuple[_Row, ...]] = ((None, None, _ignore),)
 
-_TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
+_TABLE: Final[dict[tuple[State, type[Event]], tuple[_Row, ...]]] = {
     (State.Provisioning, EdgeReady): ((None, State.Ready, _row_0),),
     (State.Provisioning, EdgeFailed): ((None, State.Faulted, _row_1),),
     (State.Provisioning, StopEdge): ((None, State.Stopping, _row_2),),
@@ -302,20 +304,22 @@ _TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
 """(state, event class) -> rows tried in order: (guard, target or None, effect builder)."""
 
 _FastRow: TypeAlias = tuple[
-    Callable[[TxEdgeGuards, Any], bool] | None,
+    Callable[[TxEdgeGuards, Event], bool] | None,
     State | None,
-    "dict[type[Any], tuple[_FastRow, ...]]",
-    Callable[["TxEdgeMachine", Any], list[Effect]],
+    "dict[type[Event], tuple[_FastRow, ...]]",
+    Callable[["TxEdgeMachine", Event], list[Effect]],
 ]
 
 
-def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
+def _compile() -> dict[State, dict[type[Event], tuple[_FastRow, ...]]]:
     """``_TABLE`` regrouped per state; each row carries the event map of the state it
-    leaves the machine in, so a transition costs no lookup."""
-    by_state: dict[State, dict[type[Any], tuple[_FastRow, ...]]] = {s: {} for s in State}
+    leaves the machine in, so a transition costs no lookup. ``handle()`` looks rows up by
+    ``type(event)``, so a row's guard and builder only ever get their key's event class:
+    the cast says so."""
+    by_state: dict[State, dict[type[Event], tuple[_FastRow, ...]]] = {s: {} for s in State}
     for (state, event_type), rows in _TABLE.items():
         by_state[state][event_type] = tuple(
-            (guard, target, by_state[state if target is None else target], build)
+            cast("_FastRow", (guard, target, by_state[state if target is None else target], build))
             for guard, target, build in rows
         )
     return by_state
@@ -323,7 +327,7 @@ def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
 
 _BY_STATE: Final = _compile()
 
-_EVENT_TYPES: Final[frozenset[type[Any]]] = frozenset(
+_EVENT_TYPES: Final[frozenset[type[Event]]] = frozenset(
     {
         EdgeReady,
         EdgeFailed,

@@ -39,11 +39,19 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Final, Never, Protocol, TypeAlias, cast
 
 from swactor import wire
 from swactor.fsm.model import MachineModel, Transition
-from swactor.fsm.runtime import ProtocolError, ProtocolViolation, R, Result, blank, slot_setter
+from swactor.fsm.runtime import (
+    ProtocolError,
+    ProtocolViolation,
+    R,
+    Result,
+    blank,
+    on_effect,
+    slot_setter,
+)
 
 __all__ = [
     "EFFECT_METHODS",
@@ -748,36 +756,41 @@ EFFECT_METHODS: Final[dict[str, str]] = {
 """Effect class name -> its ``WorkerProcessEffects`` method."""
 
 
-def bind(port: WorkerProcessEffects[R]) -> dict[type[Any], Callable[[Any], R]]:
+def bind(port: WorkerProcessEffects[R]) -> dict[type[object], Callable[[Never], R]]:
     """Effect class -> a call of ``port``'s method for it with the effect's fields; the
     hosts of ``swactor.fsm.host`` add the timer effects."""
-    return {
-        InitializeRuntime: lambda e: port.initialize_runtime(
-            e.worker_generation,
-            e.arena_ceiling,
-            e.required_ring_helper_abi,
-            e.backend,
+    return dict((
+        on_effect(
+            InitializeRuntime,
+            lambda e: port.initialize_runtime(
+                e.worker_generation,
+                e.arena_ceiling,
+                e.required_ring_helper_abi,
+                e.backend,
+            ),
         ),
-        EmitWorkerReady: lambda e: port.emit_worker_ready(
-            e.pid,
-            e.worker_generation,
-            e.ring_helper_abi,
+        on_effect(
+            EmitWorkerReady,
+            lambda e: port.emit_worker_ready(e.pid, e.worker_generation, e.ring_helper_abi),
         ),
-        EmitWorkerFatal: lambda e: port.emit_worker_fatal(e.reason),
-        EmitWorkerStopped: lambda e: port.emit_worker_stopped(e.reason),
-        ExitProcess: lambda e: port.exit_process(e.code),
-        CreateRingMachine: lambda e: port.create_ring_machine(e.command),
-        ForwardUninstall: lambda e: port.forward_uninstall(e.ring_id, e.reason),
-        AdvanceRing: lambda e: port.advance_ring(e.ring_id),
-        ApplyRoleConfig: lambda e: port.apply_role_config(e.command),
-        StartStep: lambda e: port.start_step(e.command),
-        ReleaseWhenSafe: lambda e: port.release_when_safe(e.device_handle),
-        BeginDrain: lambda e: port.begin_drain(e.mode),
-        RejectStep: lambda e: port.reject_step(e.command, e.reason),
-        RejectInstall: lambda e: port.reject_install(e.command, e.reason),
-        RejectRoleConfig: lambda e: port.reject_role_config(e.command, e.reason),
-        ProtocolViolation: lambda e: port.protocol_violation(e.machine, e.state, e.event),
-    }
+        on_effect(EmitWorkerFatal, lambda e: port.emit_worker_fatal(e.reason)),
+        on_effect(EmitWorkerStopped, lambda e: port.emit_worker_stopped(e.reason)),
+        on_effect(ExitProcess, lambda e: port.exit_process(e.code)),
+        on_effect(CreateRingMachine, lambda e: port.create_ring_machine(e.command)),
+        on_effect(ForwardUninstall, lambda e: port.forward_uninstall(e.ring_id, e.reason)),
+        on_effect(AdvanceRing, lambda e: port.advance_ring(e.ring_id)),
+        on_effect(ApplyRoleConfig, lambda e: port.apply_role_config(e.command)),
+        on_effect(StartStep, lambda e: port.start_step(e.command)),
+        on_effect(ReleaseWhenSafe, lambda e: port.release_when_safe(e.device_handle)),
+        on_effect(BeginDrain, lambda e: port.begin_drain(e.mode)),
+        on_effect(RejectStep, lambda e: port.reject_step(e.command, e.reason)),
+        on_effect(RejectInstall, lambda e: port.reject_install(e.command, e.reason)),
+        on_effect(RejectRoleConfig, lambda e: port.reject_role_config(e.command, e.reason)),
+        on_effect(
+            ProtocolViolation,
+            lambda e: port.protocol_violation(e.machine, e.state, e.event),
+        ),
+    ))
 
 
 # -- the protocol as data ---------------------------------------------------------------
@@ -927,19 +940,21 @@ def _row_18(m: WorkerProcessMachine, event: ControlClosed) -> list[Effect]:
     return [_EFFECT_1]
 
 
-def _ignore(m: WorkerProcessMachine, event: Any) -> list[Effect]:
+def _ignore(m: WorkerProcessMachine, event: Event) -> list[Effect]:
     """An ignored event: no effect, no change."""
     return []
 
 
 _Row: TypeAlias = tuple[
-    Callable[[WorkerProcessGuards, Any], bool] | None,
+    Callable[[WorkerProcessGuards, Never], bool] | None,
     State | None,
-    Callable[["WorkerProcessMachine", Any], list[Effect]],
+    Callable[["WorkerProcessMachine", Never], list[Effect]],
 ]
+"""(guard, target or None, effect builder): the guard and the builder take the row's
+event class (``Never`` stands for "some event class"; ``_compile`` pins it)."""
 _IGNORED: Final[tuple[_Row, ...]] = ((None, None, _ignore),)
 
-_TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
+_TABLE: Final[dict[tuple[State, type[Event]], tuple[_Row, ...]]] = {
     (State.Booting, InitializeWorker): ((None, State.Initializing, _row_0),),
     (State.Booting, MalformedCommand): ((None, State.Fatal, _row_16),),
     (State.Booting, InternalError): ((None, State.Fatal, _row_17),),
@@ -976,20 +991,22 @@ _TABLE: Final[dict[tuple[State, type[Any]], tuple[_Row, ...]]] = {
 """(state, event class) -> rows tried in order: (guard, target or None, effect builder)."""
 
 _FastRow: TypeAlias = tuple[
-    Callable[[WorkerProcessGuards, Any], bool] | None,
+    Callable[[WorkerProcessGuards, Event], bool] | None,
     State | None,
-    "dict[type[Any], tuple[_FastRow, ...]]",
-    Callable[["WorkerProcessMachine", Any], list[Effect]],
+    "dict[type[Event], tuple[_FastRow, ...]]",
+    Callable[["WorkerProcessMachine", Event], list[Effect]],
 ]
 
 
-def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
+def _compile() -> dict[State, dict[type[Event], tuple[_FastRow, ...]]]:
     """``_TABLE`` regrouped per state; each row carries the event map of the state it
-    leaves the machine in, so a transition costs no lookup."""
-    by_state: dict[State, dict[type[Any], tuple[_FastRow, ...]]] = {s: {} for s in State}
+    leaves the machine in, so a transition costs no lookup. ``handle()`` looks rows up by
+    ``type(event)``, so a row's guard and builder only ever get their key's event class:
+    the cast says so."""
+    by_state: dict[State, dict[type[Event], tuple[_FastRow, ...]]] = {s: {} for s in State}
     for (state, event_type), rows in _TABLE.items():
         by_state[state][event_type] = tuple(
-            (guard, target, by_state[state if target is None else target], build)
+            cast("_FastRow", (guard, target, by_state[state if target is None else target], build))
             for guard, target, build in rows
         )
     return by_state
@@ -997,7 +1014,7 @@ def _compile() -> dict[State, dict[type[Any], tuple[_FastRow, ...]]]:
 
 _BY_STATE: Final = _compile()
 
-_EVENT_TYPES: Final[frozenset[type[Any]]] = frozenset(
+_EVENT_TYPES: Final[frozenset[type[Event]]] = frozenset(
     {
         InitializeWorker,
         RuntimeInitialized,
