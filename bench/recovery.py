@@ -68,7 +68,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from swactor.cliargs import positive_int
+from swactor.cliargs import at_least
 from swactor.events.schema import RunFaulted, RunTornDown, TokenReceived
 from swactor.faults import arm
 from swactor.membership import (
@@ -495,7 +495,7 @@ def main(argv: list[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kinds", default=",".join(KINDS),
                         help=f"comma-separated fault kinds (default all: {','.join(KINDS)})")
-    parser.add_argument("--repeat", type=positive_int, default=2,
+    parser.add_argument("--repeat", type=at_least(1), default=2,
                         help="trials per loopback fault kind (default 2; the link: 1)")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH",
                         help="also write every trial as JSON to PATH")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
 
 from swactor.wire import NodeId
 
@@ -41,33 +42,28 @@ def byte_count_arg(text: str) -> int:
     return value
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
+def at_least(bound: int) -> Callable[[str], int]:
+    """argparse type: an integer of at least `bound` (`type=at_least(1)` for a count of
+    one or more); a smaller one is refused as "V must be at least N", which argparse
+    prints after the flag's name."""
 
+    def integer(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < bound:
+            raise argparse.ArgumentTypeError(f"{value} must be at least {bound}")
+        return value
 
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 0")
-    return value
+    return integer
 
 
 def slot_count(text: str) -> int:
     """argparse type: KV slots per stage, 1..MAX_STAGE_SLOTS (refused before any node starts)."""
     from swactor.wire.plan import MAX_STAGE_SLOTS
 
-    value = positive_int(text)
+    value = at_least(1)(text)
     if value > MAX_STAGE_SLOTS:
         raise argparse.ArgumentTypeError(f"{value} is more than {MAX_STAGE_SLOTS} slots per stage")
     return value

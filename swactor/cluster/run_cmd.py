@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from swactor.cliargs import positive_int
+from swactor.cliargs import at_least
 from swactor.node.role_config import DEFAULT_WEIGHT_MODE, WEIGHT_MODES
 from swactor.orchestrator.orchestrate_cmd import add_run_arguments
 
@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "run", help="start N local nodes and run one prompt through them",
         description="A one-machine trial: N node processes on loopback and an orchestrator.")
-    parser.add_argument("--nodes", type=positive_int, default=3, metavar="N",
+    parser.add_argument("--nodes", type=at_least(1), default=3, metavar="N",
                         help="stage nodes to start (default 3)")
     parser.add_argument("--events-dir", type=Path, default=None, metavar="DIR",
                         help="every process writes its JSON Lines event log here")

@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swactor.cliargs import node_id, positive_int
+from swactor.cliargs import at_least, node_id
 from swactor.events.emitter import add_event_arguments, configure_from_args
 from swactor.membership.cli import add_admission_arguments, admission_from_args
 from swactor.model.paths import model_location
@@ -100,9 +100,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, offer_default: bool = 
                        "--no-offer-model: every node reads the file at this path)")
     group.add_argument("--chat", action="store_true",
                        help="wrap the prompt in the model's chat template (one user turn)")
-    group.add_argument("--max-tokens", type=positive_int, default=32, metavar="N",
+    group.add_argument("--max-tokens", type=at_least(1), default=32, metavar="N",
                        help="tokens to generate at most (default 32)")
-    group.add_argument("--max-seq-len", type=positive_int, default=None, metavar="N",
+    group.add_argument("--max-seq-len", type=at_least(1), default=None, metavar="N",
                        help="positions per run, prompt included (default: min(context, 2048))")
     group.add_argument("--split", type=split_arg, default=None, metavar="B0,B1,...",
                        help="explicit blocks per stage (default: even)")
@@ -131,7 +131,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                       "pins its full key (--open-pool: checked by this 64-bit id alone)")
     pool.add_argument("--seed", type=_address, action="append", default=[],
                       metavar="HOST:PORT", help="find the pool by SWIM through this seed")
-    pool.add_argument("--nodes", type=positive_int, default=None, metavar="N",
+    pool.add_argument("--nodes", type=at_least(1), default=None, metavar="N",
                       help="with --seed: wait for N available nodes (default: every node "
                       "of --pool; 3 with --open-pool)")
     pool.add_argument("--swim", type=_address, default=None, metavar="HOST:PORT",

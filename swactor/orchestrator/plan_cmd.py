@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swactor.cliargs import positive_int, slot_count
+from swactor.cliargs import at_least, slot_count
 from swactor.model.paths import model_location
 
 if TYPE_CHECKING:
@@ -52,16 +52,16 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                        help="GGUF file or http(s) URL (default: the embedded SmolLM2 in "
                        "the model cache)")
     pool = group.add_mutually_exclusive_group()
-    pool.add_argument("--nodes", type=positive_int, metavar="N",
+    pool.add_argument("--nodes", type=at_least(1), metavar="N",
                       help="N identical local nodes (default: one per --split entry, else 3)")
     pool.add_argument("--pool", type=Path, metavar="FILE.json",
                       help='pool inventory: {"nodes": [{"node_id": 1, "usable_memory_bytes": '
                            '"8 GiB", "device_kind": "cuda"}, ...]}')
     group.add_argument("--split", type=_split_arg, metavar="B0,B1,...",
                        help="explicit blocks per stage (default: proportional to node memory)")
-    group.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
+    group.add_argument("--max-tokens", type=at_least(1), default=None, metavar="N",
                        help="tokens to generate at most (default 64)")
-    group.add_argument("--max-seq-len", type=positive_int, default=None, metavar="N",
+    group.add_argument("--max-seq-len", type=at_least(1), default=None, metavar="N",
                        help="positions per run, prompt included (default: min(context, 2048))")
     group.add_argument("--dtype", choices=("f32", "f16"), default="f32",
                        help="activation and compute dtype (default f32)")

@@ -71,8 +71,6 @@ def run(args: argparse.Namespace) -> int:
             if getattr(args, name) not in (None, False):
                 raise ValueError(f"{flag} shapes one prompt; with --serve each request "
                                  "brings its own (drop one of them)")
-        if args.max_queue < 0:
-            raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
         check_port(*args.serve)
         identity, admission, discovery = orchestrate_cmd.pool_from_args(args)
         offer = args.offer_model if args.offer_model is not None else True

@@ -45,7 +45,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from swactor.cliargs import non_negative_int, positive_int, slot_count
+from swactor.cliargs import at_least, slot_count
 from swactor.model.paths import model_location
 from swactor.serve.spares import WarmKey, place
 
@@ -103,27 +103,27 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--slots", type=slot_count, default=DEFAULT_SLOTS, metavar="K",
                        help=f"sequences served at once: each stage keeps K KV caches "
                        f"(default {DEFAULT_SLOTS}); more requests wait in the queue")
-    group.add_argument("--warm-prompt-tokens", type=non_negative_int,
+    group.add_argument("--warm-prompt-tokens", type=at_least(0),
                        default=DEFAULT_WARM_PROMPT_TOKENS, metavar="N",
                        help="each stage builds the prefill kernels of every prompt length up "
                        "to N tokens while it loads, so no request waits for a kernel build "
                        f"(default {DEFAULT_WARM_PROMPT_TOKENS}; longer prompts build theirs "
                        "on first use, kept in the kernel cache for later runs; 0: only "
                        "what the cache holds)")
-    group.add_argument("--batch-rows", type=positive_int, default=1, metavar="B",
+    group.add_argument("--batch-rows", type=at_least(1), default=1, metavar="B",
                        help="decode steps of up to B sequences travel through the "
                        "pipeline as one object, paying its per-object cost once "
                        "(default 1: every step its own object; more than 1 works on "
                        "one stage only so far)")
-    group.add_argument("--max-queue", type=int, default=64, metavar="N",
+    group.add_argument("--max-queue", type=at_least(0), default=64, metavar="N",
                        help="requests that may wait for a slot; one more is answered 429 "
                        "(default 64)")
-    group.add_argument("--max-restarts", type=positive_int, default=3, metavar="N",
+    group.add_argument("--max-restarts", type=at_least(1), default=3, metavar="N",
                        help="after a run faults, provisioning attempts before the server "
                        "gives up (default 3; a run that comes up resets the count)")
     group.add_argument("--retry-delay", type=_non_negative_float, default=2.0, metavar="S",
                        help="seconds between failed provisioning attempts (default 2)")
-    group.add_argument("--spares", type=non_negative_int, default=0, metavar="N",
+    group.add_argument("--spares", type=at_least(0), default=0, metavar="N",
                        help="keep N of the pool's nodes out of the run as warm spares: "
                        "each preloads a stage's weights and kernels while the run "
                        "serves, so the run after a stage node's loss starts without "
@@ -145,7 +145,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog="example: swactor serve --nodes 3 --port 8000, then "
         "curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' "
         "-d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 16}'")
-    parser.add_argument("--nodes", type=positive_int, default=1, metavar="N",
+    parser.add_argument("--nodes", type=at_least(1), default=1, metavar="N",
                         help="stage nodes to start; the model's layers are split across "
                         "them (default 1)")
     parser.add_argument("--host", default="127.0.0.1",
@@ -155,10 +155,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--model", type=model_location, default=None,
                         help="GGUF file or http(s) URL (default: the embedded SmolLM2 in "
                         "the model cache)")
-    parser.add_argument("--max-seq-len", type=positive_int, default=None, metavar="N",
+    parser.add_argument("--max-seq-len", type=at_least(1), default=None, metavar="N",
                         help="positions per sequence, prompt included (default: "
                         "min(context, 2048))")
-    parser.add_argument("--stages", type=positive_int, default=None, metavar="S",
+    parser.add_argument("--stages", type=at_least(1), default=None, metavar="S",
                         help="stages of each run (default: --nodes minus --spares); the "
                         "other nodes are spares a run re-planned after a fault may use")
     parser.add_argument("--split", type=split_arg, default=None, metavar="B0,B1,...",
@@ -434,9 +434,6 @@ def run(args: argparse.Namespace) -> int:
     import tempfile
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
-    if args.max_queue < 0:
-        print(f"swactor serve: --max-queue must be >= 0, got {args.max_queue}", file=sys.stderr)
-        return EXIT_USAGE
     stages = args.nodes - args.spares if args.stages is None else args.stages
     if stages < 1:
         print(f"swactor serve: --spares {args.spares} leaves no node of the {args.nodes} "

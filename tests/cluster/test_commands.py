@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from swactor.cli import main
+from swactor.cliargs import at_least
 from swactor.cliargs import node_id as parse_node_id
 from swactor.fsm.generated import orchestrator_run as orun
 from swactor.orchestrator.orchestrate_cmd import parse_member
@@ -33,6 +34,15 @@ def test_node_ids_parse_in_every_printed_form() -> None:
     for bad in ("", "node", "-1", "0x", str(1 << 64)):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_node_id(bad)
+
+
+def test_at_least_keeps_its_bound_and_names_a_smaller_value() -> None:
+    assert at_least(0)("0") == 0
+    assert at_least(1)("7") == 7
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^0 must be at least 1$"):
+        at_least(1)("0")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^'x' is not an integer$"):
+        at_least(0)("x")
 
 
 def test_pool_members_parse() -> None:

@@ -52,7 +52,7 @@ def test_orchestrator_help_offers_serve() -> None:
      "--stages 3 and --spares 2 need 5 --nodes, got 4"),
     (["--nodes", "2", "--spares", "2"], "--spares 2 leaves no node of the 2"),
     (["--spares", "-1"], "--spares: -1 must be at least 0"),
-    (["--max-queue", "-1"], "--max-queue must be >= 0"),
+    (["--max-queue", "-1"], "--max-queue: -1 must be at least 0"),
     (["--retry-delay", "nan"], "must be a finite number >= 0"),
     (["--model", "/nonexistent/model.gguf", "--port", "0"], "not found"),
 ])
