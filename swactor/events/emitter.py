@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable
 from typing import Protocol
 
+from swactor.cliargs import at_least
 from swactor.events.schema import Emitted, LifecycleEvent
 from swactor.events.sinks import JsonlSink, StderrSink
 
@@ -105,9 +106,9 @@ def add_event_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("lifecycle events")
     group.add_argument("--events-file", metavar="PATH",
                        help="write lifecycle events as JSON Lines to PATH")
-    group.add_argument("--events-max-bytes", type=int, default=64 << 20, metavar="N",
+    group.add_argument("--events-max-bytes", type=at_least(1), default=64 << 20, metavar="N",
                        help="rotate the events file when it would pass N bytes")
-    group.add_argument("--events-keep", type=int, default=3, metavar="K",
+    group.add_argument("--events-keep", type=at_least(0), default=3, metavar="K",
                        help="rotated events files to keep (PATH.1 ... PATH.K)")
     group.add_argument("--event-verbosity", type=int, choices=(-1, 0, 1, 2), default=1,
                        help="events on stderr: -1 none, 0 faults, 1 lifecycle, 2 per step")

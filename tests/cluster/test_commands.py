@@ -11,6 +11,7 @@ import pytest
 from swactor.cli import main
 from swactor.cliargs import at_least
 from swactor.cliargs import node_id as parse_node_id
+from swactor.events.emitter import add_event_arguments
 from swactor.fsm.generated import orchestrator_run as orun
 from swactor.orchestrator.orchestrate_cmd import parse_member
 from swactor.transport.run_control import (
@@ -43,6 +44,20 @@ def test_at_least_keeps_its_bound_and_names_a_smaller_value() -> None:
         at_least(1)("0")
     with pytest.raises(argparse.ArgumentTypeError, match=r"^'x' is not an integer$"):
         at_least(0)("x")
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--events-max-bytes", "0"], "--events-max-bytes: 0 must be at least 1"),
+    (["--events-keep", "-1"], "--events-keep: -1 must be at least 0"),
+])
+def test_event_flags_refuse_what_the_events_file_cannot_use(
+        argv: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="swactor node")
+    add_event_arguments(parser)
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(argv)
+    assert exited.value.code == 2
+    assert words in capsys.readouterr().err
 
 
 def test_pool_members_parse() -> None:
