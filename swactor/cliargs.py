@@ -59,6 +59,14 @@ def at_least(bound: int) -> Callable[[str], int]:
     return integer
 
 
+def port_number(text: str) -> int:
+    """argparse type: a TCP or UDP port, 0..65535 (0: the system picks a free one)."""
+    value = at_least(0)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (0..65535)")
+    return value
+
+
 def slot_count(text: str) -> int:
     """argparse type: KV slots per stage, 1..MAX_STAGE_SLOTS (refused before any node starts)."""
     from swactor.wire.plan import MAX_STAGE_SLOTS

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from swactor import heap, memtrace
-from swactor.cliargs import byte_count_arg, node_id
+from swactor.cliargs import byte_count_arg, node_id, port_number
 from swactor.events.emitter import add_event_arguments, configure_from_args
 from swactor.membership.admission import Admission
 from swactor.membership.cli import add_admission_arguments, admission_from_args, parse_address
@@ -66,7 +66,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Boot a swactor node and serve pipeline stages for one orchestrator.")
     parser.add_argument("--key", type=Path, required=True, help="node key file (created 0600)")
     parser.add_argument("--bind", default="127.0.0.1", help="listen host (default 127.0.0.1)")
-    parser.add_argument("--quic", type=int, default=0, metavar="PORT",
+    parser.add_argument("--quic", type=port_number, default=0, metavar="PORT",
                         help="UDP port for QUIC (default: any free port)")
     parser.add_argument("--trust-orchestrator", type=node_id, default=None,
                         metavar="NODE_ID",

@@ -45,7 +45,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from swactor.cliargs import at_least, slot_count
+from swactor.cliargs import at_least, port_number, slot_count
 from swactor.model.paths import model_location
 from swactor.serve.spares import WarmKey, place
 
@@ -68,16 +68,6 @@ DEFAULT_WARM_PROMPT_TOKENS = 64
 EXIT_STOPPED, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= value < 65536:
-        raise argparse.ArgumentTypeError(f"{value} is not a port number (0..65535)")
-    return value
-
-
 def _non_negative_float(text: str) -> float:
     try:
         value = float(text)
@@ -94,7 +84,7 @@ def http_address(text: str) -> tuple[str, int]:
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not colon or not host:
         raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:8000)")
-    return host, _port(port)
+    return host, port_number(port)
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -150,7 +140,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "them (default 1)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="HTTP listen address (default 127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=DEFAULT_PORT,
+    parser.add_argument("--port", type=port_number, default=DEFAULT_PORT,
                         help=f"HTTP port (default {DEFAULT_PORT}; 0 picks a free one)")
     parser.add_argument("--model", type=model_location, default=None,
                         help="GGUF file or http(s) URL (default: the embedded SmolLM2 in "

@@ -4,12 +4,13 @@ messages (fast: nothing boots)."""
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import pytest
 
 from swactor.cli import main
-from swactor.cliargs import at_least
+from swactor.cliargs import at_least, port_number
 from swactor.cliargs import node_id as parse_node_id
 from swactor.events.emitter import add_event_arguments
 from swactor.fsm.generated import orchestrator_run as orun
@@ -58,6 +59,15 @@ def test_event_flags_refuse_what_the_events_file_cannot_use(
         parser.parse_args(argv)
     assert exited.value.code == 2
     assert words in capsys.readouterr().err
+
+
+def test_port_numbers_are_0_to_65535() -> None:
+    assert port_number("0") == 0
+    assert port_number("65535") == 65535
+    for bad, words in (("65536", "65536 is not a port number (0..65535)"),
+                       ("-1", "-1 must be at least 0"), ("http", "'http' is not an integer")):
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(words)):
+            port_number(bad)
 
 
 def test_pool_members_parse() -> None:
@@ -136,6 +146,7 @@ def test_missing_model_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
     ["run", "--nodes", "0"],
     ["run", "--split", "10,x"],
     ["node", "--key", "k", "--trust-orchestrator", "1", "--weights", "int4"],
+    ["node", "--key", "k", "--trust-orchestrator", "1", "--quic", "70000"],
     ["run", "--weights", "int4"],
 ])
 def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
