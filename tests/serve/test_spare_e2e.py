@@ -18,17 +18,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import openai
 import pytest
 
-from .serve_process import ServeProcess
-from .streams import events, join, stream_all
-from .test_migration_e2e import KILL_AFTER, MAX_TOKENS, PROMPTS
+from .fault_rig import PROMPTS, FaultRig, assert_continued
+from .streams import events
 
 pytestmark = [pytest.mark.slow, pytest.mark.soak, pytest.mark.timeout(1800)]
 
@@ -49,70 +45,45 @@ def stage_ready(events_dir: Path, run_id: int) -> list[dict[str, object]]:
 
 
 def test_a_warm_spare_takes_the_lost_stage_without_loading(tmp_path: Path) -> None:
-    events_dir = tmp_path / "events"
-    serve = ServeProcess(["serve", "--nodes", "4", "--stages", "3", "--spares", "1",
-                          "--port", "0", "--slots", "4", "--retry-delay", "0.5",
-                          "--events-dir", str(events_dir)])
-    try:
-        url = serve.wait_url(1500)
-        log = events_dir / "orchestrator.jsonl"
+    with FaultRig(tmp_path, "--nodes", "4", "--stages", "3", "--spares", "1",
+                  "--retry-delay", "0.5", boot_s=1500) as rig:
         deadline = time.monotonic() + 600
-        while sum(e["event"] == "spare_preloaded" for e in events(log)) < 3:
+        while sum(e["event"] == "spare_preloaded" for e in rig.events()) < 3:
             assert time.monotonic() < deadline, "the spare did not preload every stage"
-            assert not any(e["event"] == "spare_preload_failed" for e in events(log)), \
-                [e for e in events(log) if e["event"] == "spare_preload_failed"]
+            assert not any(e["event"] == "spare_preload_failed" for e in rig.events()), \
+                [e for e in rig.events() if e["event"] == "spare_preload_failed"]
             time.sleep(0.2)
-        first_run = int(next(e for e in events(log) if e["event"] == "serve_started")["run_id"])
-        before = stage_nodes(events_dir, first_run)
-        spare = {int(e["detail"]["spare"]) for e in events(log)
+        first_run = rig.first_run()
+        before = stage_nodes(rig.events_dir, first_run)
+        spare = {int(e["detail"]["spare"]) for e in rig.events()
                  if e["event"] == "spare_preloaded"}
         assert len(spare) == 1 and spare.isdisjoint(n for n, _ in before.values())
-        preloaded = sorted(int(e["detail"]["stage_index"]) for e in events(log)
+        preloaded = sorted(int(e["detail"]["stage_index"]) for e in rig.events()
                            if e["event"] == "spare_preloaded")
         assert preloaded == [0, 1, 2]
 
-        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
-                               timeout=600)
-        healthy = stream_all(client, PROMPTS, MAX_TOKENS)
-        join(healthy, 600)
-        assert all(len(s.chunks) == MAX_TOKENS for s in healthy), [s.chunks for s in healthy]
-
-        faulted = stream_all(client, PROMPTS, MAX_TOKENS)
-        deadline = time.monotonic() + 600
-        while min(len(s.chunks) for s in faulted) < KILL_AFTER:
-            assert time.monotonic() < deadline, "the streams did not start"
-            assert all(s.error is None for s in faulted), [s.error for s in faulted]
-            time.sleep(0.01)
-        assert max(len(s.chunks) for s in faulted) < MAX_TOKENS, "killed too late"
+        healthy = rig.healthy()
+        faulted, _ = rig.stream_to_kill()
         killed, pid = before[1]
         os.kill(pid, signal.SIGKILL)
-        join(faulted, 600)
-        for good, after in zip(healthy, faulted, strict=True):
-            assert after.chunks == good.chunks, (after.prompt, good.chunks, after.chunks)
-            assert after.finish == good.finish == "length"
+        assert_continued(healthy, faulted)
 
-        seen = events(log)
+        seen = rig.events()
         recovered = next(e for e in seen if e["event"] == "serve_recovery_completed")
         new_run = int(recovered["run_id"])
-        after_kill = stage_nodes(events_dir, new_run)
+        after_kill = stage_nodes(rig.events_dir, new_run)
         (spare_id,) = spare
         assert after_kill[1][0] == spare_id  # the spare took the lost stage ...
         assert after_kill[0][0] == before[0][0] and after_kill[2][0] == before[2][0]
         assert killed not in {n for n, _ in after_kill.values()}
-        ready = stage_ready(events_dir, new_run)
+        ready = stage_ready(rig.events_dir, new_run)
         assert len(ready) == 3 and all(e.get("role_reused") is True for e in ready), ready
         assert "preloaded" in str(recovered["detail"].get("placement"))
         # ... and the first run's stages loaded theirs (the flag is not always true)
-        assert all(e.get("role_reused") is False for e in stage_ready(events_dir, first_run))
+        assert all(e.get("role_reused") is False for e in stage_ready(rig.events_dir, first_run))
         migrated = [e for e in seen if e["event"] == "sequence_migrated"]
         assert len(migrated) == len(PROMPTS) and "sequence_lost" not in \
             [e["event"] for e in seen]
 
-        assert serve.stop() == 0, serve.describe()
-        check = subprocess.run(
-            [sys.executable, "-m", "swactor.cli", "check",
-             *map(str, sorted(events_dir.glob("*.jsonl")))],
-            capture_output=True, text=True, timeout=300, check=False)
-        assert check.returncode == 0 and " 0 violations" in check.stdout, check.stdout[-2000:]
-    finally:
-        assert serve.stop() == 0, serve.describe()
+        assert rig.stop() == 0, rig.serve.describe()
+        rig.check_traces()
