@@ -2,14 +2,14 @@
 its model cache (a content key: the server's SHA-256 ETag), and a URL that cannot serve
 is refused at plan time, naming the URL, before any node starts.
 
-The end-to-end case (soak: `just soak-tests`) serves the shipped SmolLM2 from a loopback artifact server
-(`model.artifact_server`: Range requests, ETag = SHA-256) and runs `swactor run --nodes 1
---model URL` twice as a user would, in a subprocess whose model cache is an empty folder:
-the greedy tokens equal the single-stage reference; run 1's node fetches at most 1.05x
-its share (header + tensors) and run 2's fetches nothing (the orchestrator reads the
-header once per run). Each run prints the stage's memory at ready as its worker measured
-it, beside the plan's prediction: weights within 1.25x the range's file bytes, the KV
-cache as predicted.
+The end-to-end case (soak: `just soak-tests`) serves the shipped SmolLM2 from a loopback
+artifact server (`model.artifact_server`: Range requests, ETag = SHA-256) and runs
+`swactor run --nodes 1 --model URL` twice as a user would, in a subprocess whose model
+cache is an empty folder: the greedy tokens equal the single-stage reference; run 1's
+node fetches at most 1.05x its share (header + tensors) and run 2's fetches nothing (the
+orchestrator reads the header once per run). Each run prints the stage's memory at ready
+as its worker measured it, beside the plan's prediction: weights within 1.25x the
+range's file bytes, the KV cache as predicted.
 """
 
 from __future__ import annotations
