@@ -143,4 +143,7 @@ class RunResult:
     """Stages that reported StageStopped(clean=False) or could not be sent StopRun."""
     rejected_events: list[str] = field(default_factory=list)
     """Events the machine refused in its state ("State: Event"), logged, never acted on."""
+    batched_rows: int = 0
+    """A serving run's decode rows that travelled in batch objects of two or more rows
+    (InjectBatch; `swactor.wire.tags`)."""
     timings: RunTimings = field(default_factory=RunTimings)

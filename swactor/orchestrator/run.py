@@ -159,12 +159,14 @@ from swactor.wire import (
 from swactor.wire.tags import (
     CANDIDATES_K,
     MAX_SLOTS,
+    TAG_WIDTH,
     SequenceTag,
     TagError,
     answer_words,
     batch_flags,
     batch_rows,
     batch_table,
+    table_bytes,
 )
 
 log = logging.getLogger("swactor.orchestrator.run")
@@ -403,12 +405,13 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         one injected is output_out_of_order's to say."""
         ids = message.token_ids
         table = batch_table(message.flags, ids, MAX_SLOTS)
-        self._pending_table = ids[:len(table)]
+        head = _table_words(len(table))
+        self._pending_table = ids[:head]
         oldest = self._in_flight[0] if self._in_flight else None
         owners = (oldest.rows if oldest is not None and oldest.table == self._pending_table
                   else (None,) * len(table))
         tokens: list[int] = []
-        offset = len(table)
+        offset = head
         for tag, owner in zip(table, owners, strict=True):
             answer = ids[offset:offset + answer_words(tag)]
             offset += len(answer)
@@ -561,8 +564,10 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
             ids.append(token)
         if not rows:
             return
-        await self._inject(Sequence(self._next_step), (*tags, *ids), None,
-                           batch_flags(len(rows)), tuple(rows), tuple(tags))
+        table = (*tags, *(0,) * (_table_words(len(tags)) - len(tags)))
+        self.result.batched_rows += len(rows)
+        await self._inject(Sequence(self._next_step), (*table, *ids), None,
+                           batch_flags(len(rows)), tuple(rows), table)
 
     async def accept_sequence_output(self, object_id: ObjectId, sequence: Sequence) -> None:
         oldest = self._in_flight[0]
@@ -909,3 +914,9 @@ def start_run(
     ports.emit(RunPlanned(node_id=plan.orchestrator_node, run_id=plan.run_id))
     ref.tell(orun.PlanAvailable(plan))
     return RunHandle(ref, future, plan.run_id)
+
+
+def _table_words(rows: int) -> int:
+    """u32s of a batch's tag table on a token edge, whose rows are one u32: the table
+    needs no padding there (`swactor.wire.tags.table_bytes`)."""
+    return table_bytes(rows, TAG_WIDTH) // TAG_WIDTH

@@ -166,8 +166,8 @@ class RunEngine:
         self.plan = plan
         self._slots = slots
         self._batch_rows: int | None = None
-        """Decode rows per object (`--batch-rows`, default 1; None: the slots; above 1
-        on one stage only)."""
+        """Decode rows per batch object (`--batch-rows`; None: the slots; 1: every
+        decode step its own object)."""
         self._tokenizer = tokenizer
         self._pool = pool
         self._runtime = runtime
@@ -191,15 +191,18 @@ class RunEngine:
         options: SessionOptions,
         *,
         slots: int = DEFAULT_SLOTS,
-        batch_rows: int | None = 1,
+        batch_rows: int | None = None,
         emitter: Emitter | None = None,
         progress: TextIO | None = None,
         watch: Watch | None = None,
     ) -> RunEngine:
         """Provision a serving run over `options.nodes` and return once it serves
         (module doc); `watch(handle)` runs beside the run (membership: it tells the run
-        MembershipLost) until it ends. Raises `SessionError` naming why it cannot;
-        cancelled, it tears down what it provisioned and re-raises."""
+        MembershipLost) until it ends. Decode steps of up to `batch_rows` sequences
+        travel as one batch object (None: `slots`; 1: each its own object); the stages
+        build the batched kernels of sizes 2..`options.warm_batch_rows` while they load.
+        Raises `SessionError` naming why it cannot; cancelled, it tears down what it
+        provisioned and re-raises."""
         from swactor.model.tokenizer import Tokenizer
 
         if not options.nodes:
@@ -216,12 +219,6 @@ class RunEngine:
                                     placeholder,
                                     with_stop_ids=True, serving=True)
         plan = planned.plan
-        if (batch_rows is None or batch_rows > 1) and len(plan.stages) > 1:
-            # a batch's tag table is not padded to whole activation rows, so an
-            # activation edge refuses it: batches run on one stage only
-            raise SessionError(f"--batch-rows {batch_rows or slots} needs a one-stage "
-                               f"pipeline; this plan has {len(plan.stages)} stages "
-                               "(use --batch-rows 1)")
         pool = await Pool.open(options, run_id, offered)
         runtime: Runtime | None = None
         ports: _ServingPorts | None = None

@@ -45,9 +45,19 @@ payload::
 
     flags:  bit 31 = 0 (not a single tag), bit 29 BATCH = 1, bits 0..10 = B
             (1 .. MAX_SLOTS); every other bit 0
-    payload: B u32 (little endian) packed SequenceTags, the *tag table*, then the
+    payload: B u32 (little endian) packed SequenceTags, the *tag table*, zero bytes
+            up to a whole number of the edge's rows (:func:`table_bytes`), then the
             object's B rows in table order (B token ids on token-in, B activation
             rows between stages, B answers on token-out)
+
+An edge's ``ObjectSpec.alignment`` is its row (spec §17: one u32 on a token edge, one
+``hidden * width`` activation row between stages), and every extent on it is a whole
+number of rows. So the table is padded to whole rows of the edge it travels on: on a
+token edge 4 bytes are a row and it is exactly ``4 * B`` bytes; on an activation edge
+it takes ``ceil(4 * B / row)`` rows (one row for any batch of a small model), and a
+batch object is exactly that padding plus ``B`` rows. The padding bytes are zero, and a
+stage refuses a batch whose padding is not. A stage reads the table at its input
+edge's row size and writes it padded at its output edge's.
 
 Each table entry is a full single-object tag (TAGGED set, its own CANDIDATES bit),
 a decode row: position > 0, and no two rows name the same slot. ``B`` must not exceed
@@ -173,6 +183,16 @@ def batch_table(flags: int, words: Sequence[int], slots: int) -> tuple[SequenceT
         seen.add(tag.slot)
         tags.append(tag)
     return tuple(tags)
+
+
+def table_bytes(rows: int, row_bytes: int) -> int:
+    """Bytes the tag table of a batch of ``rows`` takes on an edge whose rows (its
+    ``ObjectSpec.alignment``) are ``row_bytes``: ``4 * rows`` rounded up to whole rows
+    (module doc). The one place the padded size is computed: the orchestrator's writer,
+    the worker's row count and output extents, and the stage role use it."""
+    if rows < 1 or row_bytes < 1:
+        raise TagError("rows", f"a table of {rows} tags in rows of {row_bytes} bytes")
+    return -(-rows * TAG_WIDTH // row_bytes) * row_bytes
 
 
 def answer_words(tag: SequenceTag) -> int:

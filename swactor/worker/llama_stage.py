@@ -24,13 +24,16 @@ step runs `StageRole.run_tagged`; the last stage answers one greedy id, or with
 CANDIDATES the `CANDIDATES_K` ids then their f32 logits' bit patterns, as u32s. An
 untagged object (flags 0) is the inference step `sequence` of the run's one sequence,
 as below; it uses slot 0. A batch object (flags BATCH, `swactor.wire.tags`) starts with
-its tag table: the role checks it against its slots, runs `StageRole.run_batch` on the
-rows after it, and writes the table and then the result rows (activation rows, or on
-the last stage each row's id or candidates). `batch_rows` are the batch sizes whose
-B-row decode kernels the role builds at configure time (`StageRole.warm_up`; minutes
-each on a small CPU unless the kernel cache holds them, and every size it holds is
-loaded anyway): a batch of such a size reads each weight once for all its rows, any
-other runs row after row; results are the same bits either way.
+its tag table, zero-padded to whole rows of its edge (`table_bytes`: none on a token
+edge, one activation row for a small model's batch): the role checks the table against
+its slots and the padding is zero, runs `StageRole.run_batch` on the rows after it, and
+writes the table padded to whole rows of its output edge and then the result rows
+(activation rows, or on the last stage each row's id or candidates). `batch_rows` are
+the batch sizes whose B-row decode kernels the role builds at configure time
+(`StageRole.warm_up`; minutes each on a small CPU unless the kernel cache holds them,
+and every size it holds is loaded anyway): a batch of such a size reads each weight
+once for all its rows, any other runs row after row; results are the same bits either
+way. The node lists sizes 2..the plan's `warm_batch_rows` (`swactor.node.role_config`).
 
 `weights` "blocks" keeps the file's Q2_K-Q6_K, Q4_0-Q8_0, F16/BF16 matrices in their
 blocks and computes decode and prefill from them, with no dense copy (about the file's
@@ -103,6 +106,7 @@ from swactor.wire.tags import (
     TagError,
     batch_rows,
     batch_table,
+    table_bytes,
 )
 from swactor.worker.bridge import host_array
 from swactor.worker.roles import Role, RoleConfigError, RoleRunError, register_role_kind
@@ -277,10 +281,12 @@ class LlamaStageRole:
 
         raw = np.ascontiguousarray(source, dtype=np.uint8).reshape(-1)
         rows = batch_rows(binding.flags) or 0
-        width = rows * TAG_WIDTH
+        width = table_bytes(rows, self.row_bytes(output=False))
         if raw.size < width:
             raise TagError("table", f"a batch of {rows} rows in {raw.size} bytes")
-        table = raw[:width]
+        table = raw[:rows * TAG_WIDTH]
+        if raw[table.size:width].any():
+            raise TagError("table", "the padding after the tag table is not zero")
         words = [int(word) for word in table.view(TOKEN_DTYPE)]
         tags = batch_table(binding.flags, words, self.stage.slots)
         array = self.decode_input(raw[width:])
@@ -289,7 +295,17 @@ class LlamaStageRole:
         except StepError as error:
             raise RoleRunError(f"llama_stage batch step {int(binding.sequence)}: "
                                f"{error}") from None
-        return np.concatenate([table, self.encode_output(result)])
+        head = np.zeros(table_bytes(rows, self.row_bytes(output=True)), dtype=np.uint8)
+        head[:table.size] = table
+        return np.concatenate([head, self.encode_output(result)])
+
+    def row_bytes(self, output: bool) -> int:
+        """Bytes of one row of this stage's input or output objects: a u32 id on the
+        token edges (first stage's input, last stage's output), else one activation row
+        (the edge's ObjectSpec alignment, spec §17)."""
+        if (self.stage.is_last if output else self.stage.is_first):
+            return TOKEN_DTYPE.itemsize
+        return self.hidden * self.activation.itemsize
 
     def decode_input(self, raw: npt.NDArray[np.uint8]) -> npt.NDArray[Any]:
         """The model role's input array for one input object's bytes."""

@@ -45,9 +45,13 @@ TokenIds ring of a step whose tag asks for CANDIDATES is `2 * CANDIDATES_K * 4` 
 (the candidates object) instead of its binding's one id. Flags that are neither 0 nor a
 valid tag fail the step (OutputExtentInvalid, as a role's bad input does). Untagged
 objects (flags 0) run exactly as the spec says. A batch object (flags BATCH) has `B`
-rows after its tag table: its outputs get `B` rows per_input_row plus the table, or on
-a TokenIds ring the table plus each row's answer (one id, or a candidates object where
-the row's tag asks for it); a table the runner cannot read fails the step the same way.
+rows after its tag table, which is padded to whole rows of its edge
+(`swactor.wire.tags.table_bytes` of the ring's alignment): an awaited batch input must
+be exactly that table and `B` rows (else OutputExtentInvalid); its outputs get `B`
+rows per_input_row plus the table padded to the output ring's rows, or on a TokenIds
+ring (4-byte rows: no padding) the table plus each row's answer (one id, or a
+candidates object where the row's tag asks for it); a table the runner cannot read
+fails the step the same way.
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ from swactor.wire.tags import (
     answer_words,
     batch_rows,
     batch_table,
+    table_bytes,
 )
 from swactor.worker.bridge import DeviceAllocation, DeviceBridge, DeviceError, InvalidHandle
 from swactor.worker.egress import EgressRing
@@ -255,13 +260,14 @@ class StepRunner:
         return replace(command, inputs=inputs, outputs=outputs, awaits=())
 
     def _rows(self, loaded: ObjectLoaded, row_bytes: int) -> int | None:
-        """Rows of a loaded object (a batch's after its tag table); None when its
-        extent is not whole rows."""
+        """Rows of a loaded object (a batch's after its tag table, padded to whole
+        rows); None when its extent is not whole rows, or a batch's is not exactly its
+        padded table and one row per table entry."""
         try:
             batch = batch_rows(self._bridge.lookup(loaded.device_handle).flags)
         except (InvalidHandle, TagError):
             batch = None  # the step fails when it runs, naming why
-        body = loaded.extent - (batch or 0) * TAG_WIDTH
+        body = loaded.extent - (0 if batch is None else table_bytes(batch, row_bytes))
         if body < 0 or body % row_bytes:
             return None
         if batch is not None and body // row_bytes != batch:
@@ -377,7 +383,8 @@ class StepRunner:
         ring = self._rings.get(binding.ring_id)
         tokens = isinstance(ring, EgressRing) and ring.spec.kind is ObjectKind.TokenIds
         if table is not None:
-            head = len(table) * TAG_WIDTH
+            granule = ring.spec.alignment if isinstance(ring, EgressRing) else TAG_WIDTH
+            head = table_bytes(len(table), granule)
             if tokens:
                 words = sum(answer_words(row) for row in table)
                 return replace(tagged, extent=head + words * TAG_WIDTH)

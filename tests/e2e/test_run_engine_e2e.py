@@ -5,7 +5,9 @@ subprocesses, tinygrad on SmolLM2, and the orchestrator's serving run (tables
 fsm/orchestrator_run.yaml Serving states and fsm/sequence.yaml). For a 1-stage and a
 3-stage pipeline: four sequences with different prompts submitted together each give
 exactly the greedy tokens of their prompt run alone (one StageRole over the whole
-model); two equal sampled requests (candidates sampled by the orchestrator) give equal
+model), with each decode step its own object or (3 stages too) decode rows of several
+sequences in batch objects, whose tag tables cross every activation edge padded to
+whole rows; two equal sampled requests (candidates sampled by the orchestrator) give equal
 tokens; with every slot busy, a sequence cancelled mid-stream frees its slot and the
 next one completes; stop() tears down Clean with no token ring left leased, and every
 process's events are an order the tables allow.
@@ -76,7 +78,7 @@ def alone(model: Path, prompts: tuple[tuple[int, ...], ...], stops: frozenset[in
     return out
 
 
-async def scenario(tmp: Path, stages: int) -> None:
+async def scenario(tmp: Path, stages: int, batch_rows: int) -> None:
     model = default_model_path()
     if not model.is_file():
         pytest.fail(f"{model} missing: run scripts/setup.sh")
@@ -92,7 +94,8 @@ async def scenario(tmp: Path, stages: int) -> None:
         members = await cluster.start()
         options = SessionOptions(identity=cluster.orchestrator, nodes=members, model=model,
                                  max_seq_len=MAX_SEQ, admission=cluster.admission)
-        engine = await RunEngine.start(options, slots=SLOTS, emitter=emitter)
+        engine = await RunEngine.start(options, slots=SLOTS, batch_rows=batch_rows,
+                                       emitter=emitter)
         assert engine.slots == SLOTS and engine.context_length == MAX_SEQ
         greedy = SamplingParams(max_tokens=TOKENS)
 
@@ -131,6 +134,8 @@ async def scenario(tmp: Path, stages: int) -> None:
         assert result.outcome is RunOutcome.OperatorStopped, result
         assert result.teardown is TeardownOutcome.Clean, result
         assert not engine.failed.is_set()
+        # batches did travel (four sequences decoding at once), or none with 1 row
+        assert (result.batched_rows > 0) is (batch_rows > 1), result.batched_rows
         await cluster.wait_reports(1, timeout_s=60)
         for node in cluster.nodes:
             last = [r for r in node.reports if r["kind"] == "stage_finished"][-1]
@@ -142,7 +147,7 @@ async def scenario(tmp: Path, stages: int) -> None:
     assert_tables_allow(read_events(*sorted(events.glob("*.jsonl"))))
 
 
-@pytest.mark.parametrize("stages", [1, 3])
+@pytest.mark.parametrize(("stages", "batch_rows"), [(1, SLOTS), (3, 1), (3, SLOTS)])
 def test_a_warm_run_serves_concurrent_sequences_equal_to_each_alone(
-        tmp_path: Path, stages: int) -> None:
-    asyncio.run(scenario(tmp_path, stages))
+        tmp_path: Path, stages: int, batch_rows: int) -> None:
+    asyncio.run(scenario(tmp_path, stages, batch_rows))

@@ -43,6 +43,7 @@ from swactor.wire import (
     Sequence,
     provision_stage,
 )
+from swactor.wire.tags import SequenceTag, batch_flags
 from swactor.worker.llama_stage import LlamaStageRole
 from swactor.worker.roles import Role, RoleConfigError, RoleRunError, build_role, role_kinds
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
@@ -128,6 +129,63 @@ def test_two_stage_roles_over_ring_bytes_match_one_stage_role(
         ids = (tokens[-1],)
     assert tokens == expected
     assert all(0 <= t < TINY.vocab for t in tokens)
+
+
+def test_a_batch_crosses_an_activation_edge_as_whole_rows_equal_to_rows_alone(
+        gguf: Path) -> None:
+    """A batch object of two decode rows through a planned 2-stage pipeline's roles:
+    on the activation edge its 8-byte tag table is padded to one row (zeros), so the
+    object is 3 whole rows that the edge's ObjectSpec admits; the last stage's answer is
+    the table and each row's token as the whole model gives it run alone."""
+    request = PlanRequest(run_id=RunId(5), prompt=PromptSource.from_token_ids(PROMPT),
+                          max_tokens=DECODE + 1, max_seq_len=MAX_SEQ, split=(2, 2), slots=2,
+                          serving=True)
+    plan = plan_run(synthetic_pool(2), model_info_from_gguf(gguf, with_stop_ids=False),
+                    request).plan
+    provisions = [provision_stage(plan, i, stage_runtime_facts(plan, i)) for i in range(2)]
+    roles = [build_role(llama_stage_config(p, gguf), Device.DEFAULT) for p in provisions]
+    whole = StageRole(open_reader(gguf).load_stage(0, 4, is_first=True, is_last=True),
+                      max_seq_len=MAX_SEQ, slots=2)
+    prompts = (PROMPT, (7, 8, 9))
+    nexts: list[int] = []
+    for slot, prompt in enumerate(prompts):  # each prompt into its slot, tagged
+        tag = SequenceTag(slot, 0)
+        activation = tagged_step(roles[0], provisions[0], tag.pack(), u32(prompt))
+        token = tagged_step(roles[1], provisions[1], tag.pack(), activation)
+        nexts.append(int(token.view("<u4")[0]))
+        assert nexts[-1] == int(whole.run_tagged(tag, np.array(prompt, np.int32))[0])
+    tags = [SequenceTag(slot, len(prompt)) for slot, prompt in enumerate(prompts)]
+    table = u32([tag.pack() for tag in tags])
+    activation = tagged_step(roles[0], provisions[0], batch_flags(2),
+                             np.concatenate([table, u32(nexts)]))
+    edge = provisions[0].outbound.object_spec
+    row = TINY.hidden * 4
+    assert edge.alignment == row and activation.size == 3 * row
+    assert edge.extent_failure(activation.size) is None
+    assert activation[:8].tobytes() == table.tobytes() and not activation[8:row].any()
+    padding = activation.copy()
+    padding[row - 1] = 1
+    with pytest.raises(RoleRunError, match="padding"):  # refused before any row runs
+        tagged_step(roles[1], provisions[1], batch_flags(2), padding)
+    answer = tagged_step(roles[1], provisions[1], batch_flags(2), activation)
+    assert provisions[1].outbound.object_spec.extent_failure(answer.size) is None
+    want = [int(whole.run_tagged(tag, np.array([token], np.int32))[0])
+            for tag, token in zip(tags, nexts, strict=True)]
+    assert answer.view("<u4").tolist() == [tag.pack() for tag in tags] + want
+
+
+def tagged_step(role: Role, provision: ProvisionStage, flags: int,
+                data: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """One step of an object whose header flags are `flags`: the output's bytes."""
+    runtime = provision.runtime
+    binding = OutputBinding(runtime.output_port, RingId(1), ObjectId(1), Sequence(0), 0,
+                            flags)
+    out = role.run({int(runtime.input_port): Tensor(data, device=Device.DEFAULT)}, [binding],
+                   {"sequence": 0})
+    value = out[int(runtime.output_port)]
+    array = value if isinstance(value, np.ndarray) else value.numpy()
+    raw: npt.NDArray[np.uint8] = array.view(np.uint8).reshape(-1)
+    return raw
 
 
 @pytest.mark.parametrize(("change", "phrase"), [

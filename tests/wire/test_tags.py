@@ -16,6 +16,7 @@ from swactor.wire.tags import (
     batch_rows,
     batch_table,
     max_batch_answer_words,
+    table_bytes,
 )
 
 
@@ -105,3 +106,22 @@ def test_a_malformed_table_is_a_typed_error(flags: int, words: list[int], rule: 
 
 def test_the_largest_answer_fits_a_full_batch_of_candidates() -> None:
     assert max_batch_answer_words(4) == 4 + 4 * 2 * CANDIDATES_K
+
+
+@pytest.mark.parametrize(("rows", "row_bytes", "padded"), [
+    (1, 4, 4), (3, 4, 12), (64, 4, 256),  # token edges: a u32 is a row, no padding
+    (1, 2304, 2304), (4, 2304, 2304),     # SmolLM2 f32 rows (576 * 4): one row
+    (2, 256, 256), (64, 256, 256), (65, 256, 512),  # 65 tags: 260 bytes, two rows
+    (3, 10, 20),                          # 12 bytes in rows of 10: two rows
+])
+def test_a_batch_table_is_padded_to_whole_rows_of_its_edge(
+        rows: int, row_bytes: int, padded: int) -> None:
+    assert table_bytes(rows, row_bytes) == padded
+    # with B rows after it, the object is a whole number of the edge's rows
+    assert (table_bytes(rows, row_bytes) + rows * row_bytes) % row_bytes == 0
+
+
+@pytest.mark.parametrize(("rows", "row_bytes"), [(0, 4), (2, 0)])
+def test_a_table_of_no_rows_or_in_empty_rows_is_refused(rows: int, row_bytes: int) -> None:
+    with pytest.raises(TagError):
+        table_bytes(rows, row_bytes)

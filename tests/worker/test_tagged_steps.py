@@ -1,5 +1,6 @@
 """Sequence tags through one real worker: the input header's flags reach the role and
-the output header (`swactor.wire.tags`); a candidates step writes the candidates object."""
+the output header (`swactor.wire.tags`); a candidates step writes the candidates object;
+a batch object on an activation edge is its tag table padded to one row plus its rows."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from swactor.model.gguf_range import open_reader
 from swactor.model.llama_role import StageRole, candidates
 from swactor.testing.worker_rig import WorkerRig, read_all, record, write_all
 from swactor.wire import (
+    AwaitedInput,
     ConfigureRole,
     DTypeFamily,
     ExecuteStep,
@@ -34,6 +36,7 @@ from swactor.wire import (
     RoleFailed,
     RoleFailure,
     RoleId,
+    Sequence,
     SequencePolicy,
     ShapeRule,
     StepCompleted,
@@ -91,6 +94,52 @@ def test_echo_output_carries_the_input_flags_and_a_bad_tag_fails(rig: WorkerRig)
     _step(rig, 5, 2, rig.expect(ObjectLoaded), len(payload))
     failed = rig.expect(StepFailed)
     assert (failed.step_id, failed.reason) == (2, StepFailure.OutputExtentInvalid)
+
+    # a batch of 2 rows on an edge of 16-byte rows, its step armed ahead: the 8-byte
+    # tag table is padded to one row, so the object is 3 whole rows (the ring's
+    # alignment check admits it) and the output, per input row, is the same 3 rows
+    rows_in = rig.add_ring(3, RingDirection.Ingress, 4096, _row_spec())
+    rows_out = rig.add_ring(4, RingDirection.Egress, 4096, _row_spec())
+    table = _ids([SequenceTag(0, 5).pack(), SequenceTag(1, 9).pack()])
+    body = struct.pack("<8f", *range(8))
+    batch = table + bytes(ROW - len(table)) + body
+    write_all(rig, rows_in, record(13, 0, batch, flags=batch_flags(2)))
+    assert rig.expect(ObjectLoaded).extent == 3 * ROW
+    rig.send(_armed_rows(3, 0))
+    data = read_all(rig, rows_out, ObjectHeader.LEN + 3 * ROW)
+    header = ObjectHeader.unpack(data)
+    assert (header.extent, header.flags) == (3 * ROW, batch_flags(2))
+    assert data[ObjectHeader.LEN:] == batch
+    rig.expect(ObjectProduced)
+    assert rig.expect(StepCompleted).step_id == 3
+    # a batch that says 2 rows but holds its table and 3: not exactly table + 2 rows
+    write_all(rig, rows_in, record(14, 1, batch + body[:ROW], flags=batch_flags(2)))
+    assert rig.expect(ObjectLoaded).extent == 4 * ROW
+    rig.send(_armed_rows(4, 1))
+    failed = rig.expect(StepFailed)
+    assert (failed.step_id, failed.reason) == (4, StepFailure.OutputExtentInvalid)
+
+
+ROW = 16  # four f32 per activation row
+
+
+def _row_spec() -> ObjectSpec:
+    return ObjectSpec(kind=ObjectKind.Activation, max_extent=ROW * 16,
+                      dtype_family=DTypeFamily.Float, dtype_width_bytes=4,
+                      shape=ShapeRule.Rows, layout=LayoutRule.RowMajor, alignment=ROW,
+                      sequence_policy=SequencePolicy.Contiguous)
+
+
+def _armed_rows(step: int, sequence: int) -> ExecuteStep:
+    """An echo step on ring 3's object `sequence`, armed ahead, one output row per input
+    row on ring 4 (as a stage controller arms an activation stage)."""
+    return ExecuteStep(
+        RoleId(5), StepId(step), (),
+        (OutputBinding(PortId(1), RingId(4), ObjectId(step + 100), Sequence(sequence), ROW,
+                       per_input_row=True),),
+        None, True,
+        awaits=(AwaitedInput(PortId(1), RingId(3), Sequence(sequence), ROW),),
+    )
 
 
 @pytest.fixture(scope="module")
