@@ -430,6 +430,9 @@ def _serve_trial(root: Path, spares: int = 0) -> Trial:
                 duplicated += (b1 - b0) if op in ("insert", "replace") else 0
         next_s = max(max(t - max(prev, killed) for prev, t in itertools.pairwise(times)
                          if t > killed) for _, times, _ in faulted)
+        phases = _phases(records, _node_records(events_dir, new_run), killed_ns, new_run)
+        if len(phases) == len(PHASES):  # the slowest stream's chunk after its first token
+            phases["phase_deliver_s"] = next_s - sum(phases.values())
         return Trial("serve_spare_kill" if spares else "serve_node_kill", fault["reason"],
                      fault["component"], (fault["wall"] - killed_ns) / 1e9, {
                          "teardown_s": (after("run_torn_down")["wall"] - fault["wall"]) / 1e9,
@@ -440,7 +443,7 @@ def _serve_trial(root: Path, spares: int = 0) -> Trial:
                          "stages_reused": float(reused),
                          "lost": float(lost), "duplicated": float(duplicated),
                          "migrated": float(sum(r["event"] == "sequence_migrated"
-                                               for r in records))})
+                                               for r in records))} | phases)
     finally:
         if serve.poll() is None:
             serve.send_signal(signal.SIGTERM)
@@ -449,6 +452,56 @@ def _serve_trial(root: Path, spares: int = 0) -> Trial:
         except subprocess.TimeoutExpired:
             os.killpg(serve.pid, signal.SIGKILL)
             serve.wait()
+
+
+PHASES = (
+    ("detect", "kill -> run_faulted"),
+    ("teardown", "run_faulted -> run_torn_down"),
+    ("replan", "-> the new run's run_planned (plan, pool greeting)"),
+    ("provision", "-> every new stage_ready"),
+    ("barrier", "-> readiness_barrier_passed"),
+    ("resubmit", "-> every migrated sequence_started"),
+    ("prefill", "-> every migrated sequence_first_token"),
+)
+"""The serving rows' recovery broken into phases, each from the end of the one before
+(one wall clock: the orchestrator's and the nodes' event logs)."""
+
+
+def _node_records(events_dir: Path, run_id: int) -> list[dict[str, Any]]:
+    return [r for path in sorted(events_dir.glob("node-*.jsonl")) for r in _records(path)
+            if r.get("run_id") == run_id]
+
+
+def _phases(records: list[dict[str, Any]], nodes: list[dict[str, Any]], killed_ns: int,
+            new_run: int) -> dict[str, float]:
+    """`phase_NAME_s` for each of PHASES (`records`: the orchestrator's events after the
+    kill; `nodes`: the nodes' events of the new run); a phase whose end is not in the
+    logs is left out."""
+    def last(name: str, source: list[dict[str, Any]], run: int | None = new_run) -> int | None:
+        walls = [r["wall"] for r in source if r["event"] == name
+                 and (run is None or r.get("run_id") == run)]
+        return max(walls) if walls else None
+
+    old = next((r["run_id"] for r in records if r["event"] == "run_faulted"), None)
+    migrated = {r["detail"]["sequence_id"] for r in records
+                if r["event"] == "sequence_migrated"}
+    ends = [
+        last("run_faulted", records, old),
+        last("run_torn_down", records, old),
+        last("run_planned", records),
+        last("stage_ready", nodes),
+        last("readiness_barrier_passed", records),
+        max((r["wall"] for r in records if r["event"] == "sequence_started"
+             and r.get("run_id") == new_run), default=None) if migrated else None,
+        last("sequence_first_token", records),
+    ]
+    phases: dict[str, float] = {}
+    previous: int | None = killed_ns
+    for (name, _), end in zip(PHASES, ends, strict=True):
+        if end is not None and previous is not None:
+            phases[f"phase_{name}_s"] = (end - previous) / 1e9
+        previous = end
+    return phases
 
 
 # -- the table ---------------------------------------------------------------------------
@@ -565,6 +618,16 @@ def main(argv: list[str]) -> int:
               f" | {_serving(found)} |")
     print("detection: fault injected -> the orchestrator's run_faulted event (one wall "
           "clock); median (min..max, trials).")
+    served = [kind for kind in kinds if any("phase_detect_s" in t.extra for t in trials[kind])]
+    if served:
+        print()
+        print("| recovery phase (serving rows, each from the end of the one before) | "
+              + " | ".join(LABELS[kind] for kind in served) + " |")
+        print("| --- |" + " --- |" * len(served))
+        for name, words in (*PHASES, ("deliver", "-> the client's next chunk")):
+            cells = [_spread([t.extra[f"phase_{name}_s"] for t in trials[kind]
+                              if f"phase_{name}_s" in t.extra]) for kind in served]
+            print(f"| {name}: {words} | " + " | ".join(cells) + " |")
     if args.json is not None:
         args.json.write_text(json.dumps(
             {kind: [asdict(t) for t in found] for kind, found in trials.items()}
