@@ -12,7 +12,11 @@ same over a pool of running nodes (`--node` list or SWIM `--seed`) and calls
 1. `LiveNodes` follows the pool: the discovery's SWIM events keep the set of usable
    nodes (alive, available, with an endpoint, pinned by the pool file), so every
    provisioning plans on the nodes that are there *now* (a fixed `--node` list is
-   taken as it is);
+   taken as it is). A node this command started itself (`swactor serve`) is also
+   watched as a child process: its exit is known at once (the kernel tells the
+   parent), so a killed local node leaves the set and faults its run
+   (MembershipLost) within milliseconds, not SWIM's detection bound, which remains
+   what finds a silent remote host;
 2. a `ServeSession` (`swactor.serve.session`, the `serve_session` table) provisions the
    first run (`RunEngine.start` over the live nodes with `--slots` KV slots per stage)
    and, after a run's fault, tears it down and provisions the next one, at most
@@ -40,7 +44,7 @@ import logging
 import signal
 import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -229,6 +233,9 @@ class LiveNodes:
         self._count = count or len(members)
         self._alive = alive
         self._task: asyncio.Task[None] | None = None
+        self._exits: list[asyncio.Future[None]] = []
+        self._exited: set[NodeId] = set()
+        """Nodes whose process exited (`follow_exit`): never usable again."""
         self._runs: list[tuple[RunHandle, frozenset[NodeId]]] = []
         self.previous: tuple[NodeId, ...] = ()
         """The last run's node of each stage, in stage order."""
@@ -265,7 +272,7 @@ class LiveNodes:
             self._members.pop(node, None)
             self._lost(node)
         elif (change.state is MemberState.Alive and meta is not None and meta.role == "node"
-              and meta.has_endpoint):
+              and meta.has_endpoint and node not in self._exited):
             self._members[node] = PoolMember(node, meta.quic_host, meta.quic_port)
 
     async def watch(self, handle: RunHandle, nodes: frozenset[NodeId]) -> None:
@@ -283,6 +290,19 @@ class LiveNodes:
             await asyncio.shield(handle.future)
         finally:
             self._runs.remove(watched)
+
+    def follow_exit(self, node: NodeId, exited: Awaitable[object]) -> None:
+        """Watch the process of a node this command started: once `exited` (its
+        `wait()`) returns, the node leaves the usable set for good and every run on it
+        is told MembershipLost (module doc, step 1). `close()` stops watching."""
+        self._exits.append(asyncio.ensure_future(self._on_exit(node, exited)))
+
+    async def _on_exit(self, node: NodeId, exited: Awaitable[object]) -> None:
+        await exited
+        log.info("node %#x: its process exited", int(node))
+        self._exited.add(node)
+        self._members.pop(node, None)
+        self._lost(node)
 
     def _lost(self, node: NodeId) -> None:
         from swactor.fsm.generated import orchestrator_run as orun
@@ -305,10 +325,13 @@ class LiveNodes:
                 self.observe(event)
 
     async def close(self) -> None:
+        watchers, self._exits = self._exits, []
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            watchers.append(self._task)
             self._task = None
+        for task in watchers:
+            task.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)
 
 
 # ----------------------------------------------------------------------- serving
@@ -502,6 +525,8 @@ async def _serve_local(args: argparse.Namespace, keys: Path) -> int:
                          else args.stages,
                          alive=lambda node: node in processes
                          and processes[node].returncode is None)
+        for node_id, process in processes.items():
+            live.follow_exit(node_id, process.wait())
         return await serve_pool(
             replace(options, pool_gated=True, warm_prompt_tokens=args.warm_prompt_tokens),
             live, emitter, host=args.host,

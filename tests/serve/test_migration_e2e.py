@@ -62,7 +62,7 @@ def test_killing_a_stage_node_mid_stream_migrates_every_stream(tmp_path: Path) -
               f"{after_kill('run_torn_down')[0]:.2f} s, new run ready "
               f"{after_kill('serve_recovery_completed')[0]:.2f} s, next chunk per stream "
               + ", ".join(f"{p:.2f} s" for p in pauses))
-        assert fault["reason"] == "MembershipLost"  # SWIM told the run, not an idle timeout
+        assert fault["reason"] == "MembershipLost"  # the node's exit, not an idle timeout
         assert "serve_recovery_started" in names and "serve_recovery_completed" in names
         recovered = next(e for e in seen if e["event"] == "serve_recovery_completed")
         new_run = int(recovered["run_id"])

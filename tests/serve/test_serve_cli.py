@@ -199,3 +199,31 @@ def test_live_nodes_tell_a_watched_run_each_of_its_nodes_lost() -> None:
         await late_watch
 
     asyncio.run(scenario())
+
+
+def test_live_nodes_tell_a_run_at_once_when_a_started_node_exits() -> None:
+    async def scenario() -> None:
+        members = tuple(PoolMember(NodeId(n), "127.0.0.1", 7400 + n) for n in (1, 2, 3, 4))
+        live = LiveNodes(members, count=3)
+        loop = asyncio.get_running_loop()
+        exits: dict[int, asyncio.Future[int]] = {n: loop.create_future() for n in (1, 2, 3, 4)}
+        for node, exited in exits.items():
+            live.follow_exit(NodeId(node), exited)
+        handle = _Handle()
+        watch = asyncio.create_task(
+            live.watch(handle, frozenset({NodeId(1), NodeId(2), NodeId(3)})))  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        assert handle.told == []
+        exits[2].set_result(-9)  # stage 1's node killed: no SWIM verdict needed
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert handle.told == [orun.MembershipLost(NodeId(2))]
+        assert [int(m.node_id) for m in live.members()] == [1, 3, 4]
+        live.observe(_change(2, MemberState.Alive))  # a stale Alive does not bring it back
+        assert [int(m.node_id) for m in live.members()] == [1, 3, 4]
+        handle.end()
+        await watch
+        await live.close()  # stops watching the others
+        assert all(exits[n].cancelled() for n in (1, 3, 4))
+
+    asyncio.run(scenario())
