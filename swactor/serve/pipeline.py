@@ -9,7 +9,10 @@ run provisions every stage and passes the readiness barrier into ServingIdle
 (fsm/orchestrator_run.yaml) instead of injecting a prompt; ``start`` returns then. If
 the run ends before it serves (a stage refused, a node did not answer, the readiness
 timer), ``start`` waits for its teardown, releases what it made and raises
-``SessionError`` naming the fault.
+``SessionError`` naming the fault. ``start`` is two halves: ``RunEngine.prepare``
+(plan, pool endpoint: no node is told anything) returns a ``PreparedEngine`` whose
+``open()`` greets the nodes, provisions the run and waits for the barrier, so a serving
+session can plan the next run while the faulted one is still torn down.
 
 Sequences. ``submit`` gives each sequence an id, makes its stream (a queue of
 ``SequenceEvent``) and tells the run actor ``SubmitSequence``; from then on the run's
@@ -79,6 +82,7 @@ from swactor.wire.codec import WireStruct
 
 if TYPE_CHECKING:
     from swactor.model.tokenizer import Tokenizer
+    from swactor.orchestrator.planner import PlannedRun
 
 log = logging.getLogger("swactor.serve.pipeline")
 
@@ -158,6 +162,42 @@ class _ServingPorts(StreamingPorts):
         return await super().on_request(peer, message)
 
 
+class PreparedEngine:
+    """A serving run planned and its pool endpoint open, no node told anything yet
+    (`RunEngine.prepare`): `open()` greets the nodes and provisions it, `close()`
+    releases it unopened."""
+
+    def __init__(self, engine: type[RunEngine], options: SessionOptions,
+                 planned: PlannedRun, pool: Pool, tokenizer: Tokenizer, *, slots: int,
+                 batch_rows: int | None, emitter: Emitter, progress: TextIO | None) -> None:
+        self._engine = engine
+        self.options = options
+        self.planned = planned
+        self.pool = pool
+        self.tokenizer = tokenizer
+        self.slots = slots
+        self.batch_rows = batch_rows
+        self.emitter = emitter
+        self.progress = progress
+        self._used = False
+
+    async def open(self, watch: Watch | None = None) -> RunEngine:
+        """Greet the nodes and provision the run; the engine once it serves (module
+        doc). Raises `SessionError` naming why not, after releasing everything; once."""
+        if self._used:
+            raise RuntimeError("a prepared run opens once")
+        self._used = True
+        engine = await self._engine._greeted(self)
+        await engine._open(self.planned.stop_token_ids, self.options, watch)  # releases if it fails
+        return engine
+
+    async def close(self) -> None:
+        """Release the unopened run's pool endpoint (idempotent)."""
+        if not self._used:
+            self._used = True
+            await self.pool.close()
+
+
 class RunEngine:
     """An engine over one warm serving run (module doc)."""
 
@@ -202,7 +242,27 @@ class RunEngine:
         travel as one batch object (None: `slots`; 1: each its own object); the stages
         build the batched kernels of sizes 2..`options.warm_batch_rows` while they load.
         Raises `SessionError` naming why it cannot; cancelled, it tears down what it
-        provisioned and re-raises."""
+        provisioned and re-raises. `prepare` then `PreparedEngine.open`."""
+        prepared = await cls.prepare(options, slots=slots, batch_rows=batch_rows,
+                                     emitter=emitter, progress=progress)
+        return await prepared.open(watch)
+
+    @classmethod
+    async def prepare(
+        cls,
+        options: SessionOptions,
+        *,
+        slots: int = DEFAULT_SLOTS,
+        batch_rows: int | None = None,
+        emitter: Emitter | None = None,
+        progress: TextIO | None = None,
+    ) -> PreparedEngine:
+        """`start`'s first half: plan the run and open its pool endpoint, telling no
+        node anything (the greeting, which names this endpoint to the nodes as the
+        orchestrator's, is `open()`'s: a node still stopping an earlier run reports its
+        StageStopped to the address it was last given). Raises `SessionError` naming
+        why not. A serving session prepares the next run while the faulted one tears
+        down."""
         from swactor.model.tokenizer import Tokenizer
 
         if not options.nodes:
@@ -211,19 +271,28 @@ class RunEngine:
             tokenizer = Tokenizer.from_gguf(options.model)
         except Exception as error:
             raise SessionError(f"tokenizer of {options.model}: {error}") from None
-        emitter = emitter or Emitter("orchestrator", [])
         run_id = RunId(options.run_id if options.run_id is not None
                        else secrets.randbits(62) + 1)
         placeholder = (tokenizer.bos_id or 0,)  # a serving plan's prompt: never injected
         planned, offered = plan_for(replace(options, max_tokens=1, slots=slots), run_id,
                                     placeholder,
                                     with_stop_ids=True, serving=True)
-        plan = planned.plan
         pool = await Pool.open(options, run_id, offered)
+        return PreparedEngine(cls, options, planned, pool, tokenizer, slots=slots,
+                              batch_rows=batch_rows,
+                              emitter=emitter or Emitter("orchestrator", []),
+                              progress=progress)
+
+    @classmethod
+    async def _greeted(cls, prepared: PreparedEngine) -> RunEngine:
+        """Greet the prepared run's pool and make its runtime and token ports; releases
+        the pool (and what it made) if that fails."""
+        options, pool, planned = prepared.options, prepared.pool, prepared.planned
+        plan, slots, progress = planned.plan, prepared.slots, prepared.progress
         runtime: Runtime | None = None
         ports: _ServingPorts | None = None
         try:
-            await pool.greet(emitter)
+            await pool.greet(prepared.emitter)
             if progress is not None:
                 progress.write(f"[swactor] pool ready: {len(options.nodes)} nodes; loading "
                                f"{len(plan.stages)} stages ({slots} slots)\n")
@@ -232,15 +301,15 @@ class RunEngine:
             runtime = Runtime(f"orchestrator-{int(me):x}")
             try:
                 ports = _ServingPorts(pool.control, runtime, pool.endpoint,
-                                      pool.network.driver, emitter, run_id, me,
+                                      pool.network.driver, prepared.emitter, plan.run_id, me,
                                       TOKEN_ARENA_BYTES)
             except RunFaultError as error:
                 raise SessionError(f"token endpoints: {error}") from None
             if progress is not None:
                 ports.on_stage = StageProgress(progress, planned.stage_memory, len(plan.stages))
             pool.holder.append(ports)
-            engine = cls(plan, slots, tokenizer, pool, runtime, ports)
-            engine._batch_rows = batch_rows
+            engine = cls(plan, slots, prepared.tokenizer, pool, runtime, ports)
+            engine._batch_rows = prepared.batch_rows
         except BaseException:
             if ports is not None:
                 await ports.close()
@@ -248,7 +317,6 @@ class RunEngine:
                 await runtime.shutdown()
             await pool.close()
             raise
-        await engine._open(planned.stop_token_ids, options, watch)  # releases if it fails
         return engine
 
     async def _open(self, stop_token_ids: frozenset[int], options: SessionOptions,

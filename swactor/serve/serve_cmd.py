@@ -20,7 +20,9 @@ same over a pool of running nodes (`--node` list or SWIM `--seed`) and calls
 2. a `ServeSession` (`swactor.serve.session`, the `serve_session` table) provisions the
    first run (`RunEngine.start` over the live nodes with `--slots` KV slots per stage)
    and, after a run's fault, tears it down and provisions the next one, at most
-   `--max-restarts` attempts per recovery, `--retry-delay` seconds apart;
+   `--max-restarts` attempts per recovery, `--retry-delay` seconds apart; the next
+   run is planned (`RunEngine.prepare`) while the faulted run is still being torn
+   down, so only greeting its nodes and provisioning it wait for the teardown;
 3. once the first run serves, the HTTP front (`swactor.serve.server.ServeFront`,
    aiohttp) listens on `--host:--port`, and the URL, a `curl` line and the model are
    printed: the URL line on stdout (`serving on http://HOST:PORT`), the rest on stderr;
@@ -59,6 +61,7 @@ if TYPE_CHECKING:
     from swactor.orchestrator.discovery import Pool
     from swactor.orchestrator.run import RunHandle
     from swactor.orchestrator.session import PoolMember, SessionOptions
+    from swactor.serve.pipeline import PreparedEngine
     from swactor.serve.session import RunEngine
     from swactor.transport.identity import NodeIdentity
     from swactor.wire import NodeId
@@ -366,23 +369,39 @@ async def serve_pool(
 
     warmer = SpareWarmer(spares, options, live.idle, emitter) if spares > 0 else None
 
-    async def starter() -> RunEngine:
+    class Prepared:
+        """The next run planned on the live nodes (`session.PreparedRun`)."""
+
+        def __init__(self, engine: PreparedEngine, nodes: tuple[PoolMember, ...],
+                     words: list[str]) -> None:
+            self.engine, self.nodes, self.words = engine, nodes, words
+
+        async def open(self) -> RunEngine:
+            chosen = frozenset(m.node_id for m in self.nodes)
+            engine = await self.engine.open(lambda handle: live.watch(handle, chosen))
+            live.previous = engine.stage_nodes
+            reused = len(engine.reused_stages)
+            engine.placement = "; ".join([*self.words, f"{reused} of {len(self.nodes)} "
+                                          "stage(s) served by a role already loaded"])
+            return engine
+
+        async def close(self) -> None:
+            await self.engine.close()
+
+    async def prepare() -> Prepared:
         from swactor.serve.pipeline import RunEngine as PipelineEngine
 
         nodes, words = live.place(warmer.warm if warmer is not None else {})
         if not nodes:
             raise SessionError("no live node left in the pool")
         _say(err, f"provisioning a run on {len(nodes)} node(s), {slots} slots ...")
-        chosen = frozenset(m.node_id for m in nodes)
-        engine = await PipelineEngine.start(replace(options, nodes=nodes), slots=slots,
-                                            batch_rows=batch_rows, emitter=emitter,
-                                            progress=err,
-                                            watch=lambda handle: live.watch(handle, chosen))
-        live.previous = engine.stage_nodes
-        reused = len(engine.reused_stages)
-        engine.placement = "; ".join([*words, f"{reused} of {len(nodes)} stage(s) served "
-                                      "by a role already loaded"])
-        return engine
+        engine = await PipelineEngine.prepare(replace(options, nodes=nodes), slots=slots,
+                                              batch_rows=batch_rows, emitter=emitter,
+                                              progress=err)
+        return Prepared(engine, nodes, words)
+
+    async def starter() -> RunEngine:
+        return await (await prepare()).open()
 
     async def warm(run: RunEngine) -> tuple[int, int]:
         from swactor.serve.pipeline import RunEngine as PipelineEngine
@@ -393,7 +412,7 @@ async def serve_pool(
     session = ServeSession(starter, node_id=options.identity.node_id, emitter=emitter,
                            restart_limit=restart_limit, retry_delay_s=retry_delay_s,
                            notify=lambda text: _say(err, text),
-                           warmer=warm if warmer is not None else None)
+                           warmer=warm if warmer is not None else None, preparer=prepare)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):

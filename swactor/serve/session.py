@@ -43,6 +43,12 @@ puts a warm spare in the lost stage's place (the table's doc). ``report_recovere
 adds the starter's placement words (``placement`` on the new run, when it has them) to
 serve_recovery_completed.
 
+Preparing during teardown. With a ``preparer`` (the command's starter split in two:
+plan, then greet and provision), PrepareRun starts preparing the next run as soon as a
+run faults, beside its teardown (the table's doc), and StartRun provisions what it
+prepared instead of calling ``starter``; DiscardPrepared releases it when the session
+stops first.
+
 Lifetime. ``start()`` begins provisioning the first run (the table's initial state is
 Provisioning) and returns the session's health once it serves or has ended; the engine
 properties (``model_id``, ``context_length``, ``slots``, ``tokenizer``) are the first
@@ -127,6 +133,24 @@ class RunEngine(Engine, Protocol):
 
 RunStarter = Callable[[], Awaitable[RunEngine]]
 """Plans a run on the pool's live nodes and provisions it; raises naming why it could not."""
+
+
+class PreparedRun(Protocol):
+    """A run planned, no node told of it yet (``RunPreparer``)."""
+
+    async def open(self) -> RunEngine:
+        """Greet its nodes and provision it; the run once it serves (raises naming why
+        not; releases what it made either way)."""
+        ...
+
+    async def close(self) -> None:
+        """Release it unopened."""
+        ...
+
+
+RunPreparer = Callable[[], Awaitable[PreparedRun]]
+"""A starter's first half: plans a run on the pool's live nodes, telling them nothing yet;
+raises naming why it could not. The session calls it while a faulted run tears down."""
 
 SpareWarmer = Callable[[RunEngine], Awaitable[tuple[int, int]]]
 """Preloads `run`'s stage roles on the pool's idle spare nodes; (ready, wanted) roles.
@@ -282,12 +306,17 @@ class ServeSession(ss.ServeSessionEffects[None]):
         retry_delay_s: float = DEFAULT_RETRY_DELAY_S,
         notify: Callable[[str], None] | None = None,
         warmer: SpareWarmer | None = None,
+        preparer: RunPreparer | None = None,
     ) -> None:
         if restart_limit < 1:
             raise ValueError(f"restart_limit must be >= 1, got {restart_limit}")
         if retry_delay_s < 0:
             raise ValueError(f"retry_delay_s must be >= 0, got {retry_delay_s}")
         self._starter = starter
+        self._preparer = preparer
+        self._prepared: asyncio.Task[PreparedRun] | None = None
+        """The next run being prepared beside a teardown (PrepareRun), until StartRun
+        takes it or DiscardPrepared drops it."""
         self._warmer = warmer
         self._warming: asyncio.Task[None] | None = None
         self._node_id = NodeId(node_id)
@@ -451,6 +480,20 @@ class ServeSession(ss.ServeSessionEffects[None]):
         self._attempts += 1
         self._provisioning = self._spawn(self._provision())
 
+    def prepare_run(self) -> None:
+        if self._preparer is not None:
+            self._discard(self._prepared)
+            self._prepared = asyncio.get_running_loop().create_task(
+                self._prepare(self._preparer))
+
+    def discard_prepared(self) -> None:
+        task, self._prepared = self._prepared, None
+        self._discard(task)
+
+    def _discard(self, task: asyncio.Task[PreparedRun] | None) -> None:
+        if task is not None:
+            self._spawn(self._close_prepared(task))
+
     def cancel_provision(self) -> None:
         task = self._provisioning
         self._spawn(self._cancel_provision(task))
@@ -571,8 +614,9 @@ class ServeSession(ss.ServeSessionEffects[None]):
     # ------------------------------------------------------------- slow work
 
     async def _provision(self) -> None:
+        prepared, self._prepared = self._prepared, None
         try:
-            run = await self._starter()
+            run = await (self._starter() if prepared is None else self._open(prepared))
         except asyncio.CancelledError:
             raise
         except Exception as error:
@@ -583,6 +627,28 @@ class ServeSession(ss.ServeSessionEffects[None]):
             self._first = run
         self._watcher = self._spawn(self._watch(run))
         self._feed(ss.RunReady())
+
+    async def _prepare(self, preparer: RunPreparer) -> PreparedRun:
+        return await preparer()
+
+    async def _open(self, task: asyncio.Task[PreparedRun]) -> RunEngine:
+        """Provision the run PrepareRun made (its preparation's error is this attempt's)."""
+        try:
+            prepared = await asyncio.shield(task)
+        except asyncio.CancelledError:  # stop preparing, or release what it made
+            await self._close_prepared(task)
+            raise
+        return await prepared.open()
+
+    async def _close_prepared(self, task: asyncio.Task[PreparedRun]) -> None:
+        """Stop preparing, or release what the preparation made."""
+        task.cancel()
+        outcome = (await asyncio.gather(task, return_exceptions=True))[0]
+        if not isinstance(outcome, BaseException):
+            try:
+                await outcome.close()
+            except Exception:
+                log.exception("serve session: releasing a prepared run failed")
 
     async def _preload_spares(self, warmer: SpareWarmer, run: RunEngine) -> None:
         try:

@@ -31,7 +31,7 @@ from swactor.serve.engine import (
     TextCodec,
     Tokens,
 )
-from swactor.serve.session import HEALTH, RunEngine, ServeSession
+from swactor.serve.session import HEALTH, PreparedRun, RunEngine, ServeSession
 
 from .fake_engine import FakeCodec
 
@@ -634,3 +634,109 @@ async def test_without_a_warmer_no_spare_is_warmed_and_nothing_reported() -> Non
     assert not any("preloaded" in n for n in notes)
     async with asyncio.timeout(5):
         await serve.stop()
+
+
+@dataclass
+class SlowStopRun(FakeRun):
+    """A run whose teardown lasts until the test ends it (`end_stop`)."""
+
+    _stop_done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def stop(self) -> None:
+        await super().stop()
+        await self._stop_done.wait()
+
+    def end_stop(self) -> None:
+        self._stop_done.set()
+
+
+class FakePrepared:
+    def __init__(self, run: FakeRun, preparer: Preparer) -> None:
+        self.run = run
+        self.preparer = preparer
+
+    async def open(self) -> RunEngine:
+        self.preparer.opened.append(self.run.name)
+        return self.run
+
+    async def close(self) -> None:
+        self.preparer.closed.append(self.run.name)
+
+
+class Preparer:
+    """The command's preparer (plan and greet): each call takes the next outcome."""
+
+    def __init__(self, *outcomes: FakeRun | Exception) -> None:
+        self.outcomes = list(outcomes)
+        self.calls = 0
+        self.opened: list[str] = []
+        self.closed: list[str] = []
+
+    async def __call__(self) -> PreparedRun:
+        self.calls += 1
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return FakePrepared(outcome, self)
+
+
+@in_loop
+async def test_the_next_run_is_prepared_while_the_faulted_run_tears_down() -> None:
+    first, second = SlowStopRun("a"), FakeRun("b", run_id=8)
+    starter, preparer = Starter(first), Preparer(second)
+    serve, sink = session(starter, preparer=preparer)
+    await serve.start()
+    stream = serve.submit([1, 2], PARAMS)
+    await until(lambda: len(first.submitted) == 1, "forwarded")
+    first.submitted[0][1].put(Tokens((5,)))
+    events: list[SequenceEvent] = []
+    reader = asyncio.create_task(collect_into(stream, events))
+    await until(lambda: len(events) == 1, "a token relayed")
+    first.fail("MembershipLost")
+    await until(lambda: preparer.calls == 1, "the next run prepared")
+    for _ in range(20):
+        await asyncio.sleep(0)
+    # the faulted run is still tearing down: the prepared run is not provisioned yet
+    assert serve.state is ss.State.Recovering and first.stopped == 1
+    assert preparer.opened == [] and starter.calls == 1
+    first.end_stop()
+    await until(lambda: serve.state is ss.State.Serving, "serving again")
+    assert preparer.opened == ["b"] and starter.calls == 1  # the prepared run, not a new one
+    assert second.submitted == [((1, 2, 5), second.submitted[0][1])]  # migrated onto it
+    second.submitted[0][1].put(Finished(FinishReason.LENGTH))
+    await reader
+    assert "serve_recovery_completed" in names(sink)
+    async with asyncio.timeout(5):
+        await serve.stop()
+    assert preparer.closed == []
+
+
+@in_loop
+async def test_a_failed_preparation_is_a_failed_attempt_and_the_retry_starts_afresh() -> None:
+    first, third = FakeRun("a"), FakeRun("c", run_id=9)
+    starter, preparer = Starter(first, third), Preparer(OSError("node 2 did not answer"))
+    serve, _ = session(starter, preparer=preparer, restart_limit=2)
+    await serve.start()
+    first.fail("MembershipLost")
+    await until(lambda: serve.state is ss.State.Serving and starter.calls == 2,
+                "serving on the retry's run")
+    assert preparer.calls == 1 and preparer.opened == []
+    assert serve.health().restarts == 1
+    async with asyncio.timeout(5):
+        await serve.stop()
+
+
+@in_loop
+async def test_a_stop_while_tearing_down_releases_the_prepared_run_unopened() -> None:
+    first = SlowStopRun("a")
+    preparer = Preparer(FakeRun("b", run_id=8))
+    serve, _ = session(Starter(first), preparer=preparer)
+    await serve.start()
+    first.fail("MembershipLost")
+    await until(lambda: preparer.calls == 1, "the next run prepared")
+    serve.request_stop()
+    first.end_stop()
+    async with asyncio.timeout(5):
+        health = await serve.wait()
+    assert health.state is HealthState.STOPPED
+    assert preparer.opened == [] and preparer.closed == ["b"]
