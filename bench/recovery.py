@@ -32,10 +32,14 @@ reason. Fault kinds:
 * serve node kill: `swactor serve --nodes 4 --stages 3` (one spare node) and
   SERVE_STREAMS concurrent greedy streams through the `openai` client, first on the
   healthy server (the reference), then again with stage 1's node SIGKILLed once every
-  stream has TOKENS_BEFORE_FAULT chunks. The serving session re-plans on the three
+  stream has TOKENS_BEFORE_FAULT chunks. `swactor serve` started that node process
+  itself, so it learns of the exit at once (MembershipLost, no SWIM verdict needed).
+  The serving session re-plans on the three
   survivors and migrates every stream; the row also gives the kill -> the new run
   ready (`serve_recovery_completed`), the kill -> each stream's next chunk (the
   slowest), and the tokens lost and duplicated against the reference (both must be 0).
+  A second table splits each serving recovery into phases (`PHASES`), read from the
+  orchestrator's and the nodes' event logs.
 * serve spare kill: the same with `--spares 1`: the fourth node is a warm spare that
   preloads every stage's role (weights and kernels) while the run serves; the fault is
   injected once it answered (`spare_preloaded` for every stage), so the new run finds
@@ -512,7 +516,8 @@ def _bound(kind: str, settle_s: float) -> str:
     if kind in ("node_kill", "link_down"):
         return f"SWIM bound {swim:.2f}s"
     if kind in ("serve_node_kill", "serve_spare_kill"):
-        return f"SWIM bound {detection_bound_s(SwimConfig(), MEMBERS + 1):.2f}s"
+        return ("its exit (a child of swactor serve); SWIM bound "
+                f"{detection_bound_s(SwimConfig(), MEMBERS + 1):.2f}s otherwise")
     if kind == "stream_reset":
         return f"settle {settle_s:g}s + 1 token"
     if kind == "worker_budget":
