@@ -135,7 +135,7 @@ reference: setup
     exit $status
 
 # Needs the venv `just reference` builds (tests/model/llama_cpp_quants.py); files made once.
-# SmolLM2 requantised by llama.cpp's quantiser (Q4_K_M Q5_K_M Q6_K Q8_0 Q4_0) in the model cache,
+# SmolLM2 requantised by llama.cpp's quantiser (Q4_K_M Q5_K_M Q6_K Q8_0 Q4_0 Q3_K_S Q2_K-pure) in the model cache,
 # and llama.cpp's tokenizer test files from llama-cpp-python's source (tests/model/llama_cpp_vocab.py).
 quants: setup
     {{py}} -m tests.model.llama_cpp_quants

@@ -2,8 +2,8 @@
 
 Theory of operation: the files are SmolLM2 requantised by llama.cpp's own quantiser
 (`tests/model/llama_cpp_quants.py`, `just quants`: Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q4_0,
-made once into the model cache), plus the shipped Q4_1. For each file, one after
-another in this process: our single stage over all 30 blocks as a node holds it
+Q3_K_S, Q2_K-pure, made once into the model cache), plus the shipped Q4_1. For each
+file, one after another in this process: our single stage over all 30 blocks as a node holds it
 (weights in blocks, f32; `bench.model.single_stage`: prefill ``--prompt-len`` positions,
 then ``--tokens`` greedy decode steps, the median step after the first three), then
 llama.cpp's decode on the same file (`bench.model.llama_cpp_decode`, a subprocess in
