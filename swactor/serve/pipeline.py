@@ -258,11 +258,10 @@ class RunEngine:
         progress: TextIO | None = None,
     ) -> PreparedEngine:
         """`start`'s first half: plan the run and open its pool endpoint, telling no
-        node anything (the greeting, which names this endpoint to the nodes as the
-        orchestrator's, is `open()`'s: a node still stopping an earlier run reports its
-        StageStopped to the address it was last given). Raises `SessionError` naming
-        why not. A serving session prepares the next run while the faulted one tears
-        down."""
+        node anything (the greeting is `open()`'s: it opens this endpoint's links to
+        the nodes, and a node still stopping an earlier run sends its StageStopped on
+        its newest link to the orchestrator). Raises `SessionError` naming why not. A
+        serving session prepares the next run while the faulted one tears down."""
         from swactor.model.tokenizer import Tokenizer
 
         if not options.nodes:
