@@ -31,7 +31,9 @@ DeviceObjectReleased), so every waiter ends.
 Bookkeeping the guards answer: the worker generation (starts at 1, +1 per restart, sent
 in InitializeWorker and checked in WorkerReady), the installed-ring table of the current
 generation (InstallRing adds, RingQuiesced / reaping removes), the in-flight steps
-(failed with WorkerProcessExited when the process dies), the restart budget
+(failed with WorkerProcessExited when the process dies), the standing step grants
+forwarded to the worker with how many of their steps it reported (a crash fails each
+grant's next step), the restart budget
 (`max_restarts` within a sliding `restart_window_s`, so only a crash loop exhausts it),
 and the commands held while the next generation starts (`deferred`: written in arrival
 order when it is ready, answered as refused if it never is, an InstallRing dropped when
@@ -84,6 +86,7 @@ from swactor.wire import (
     DeviceObjectHandle,
     DeviceObjectReleased,
     ExecuteStep,
+    GrantSteps,
     InitializeWorker,
     InstallRing,
     JsonValue,
@@ -91,6 +94,7 @@ from swactor.wire import (
     ObjectLoaded,
     ObjectProduced,
     ReleaseDeviceObject,
+    RevokeSteps,
     RingFault,
     RingFaultReason,
     RingId,
@@ -238,7 +242,7 @@ def decode_worker_line(text: str, truncated: bool = False) -> gwc.Event:
 # -- the actor --------------------------------------------------------------------------
 
 Mail = gwc.Event | ProcessEvent
-Deferred = InstallRing | ConfigureRole | ExecuteStep
+Deferred = InstallRing | ConfigureRole | ExecuteStep | GrantSteps
 """A command held while the next worker generation starts (Defer* effects)."""
 
 _FROM_WORKER = (gwc.WorkerReady, gwc.WorkerFatal, gwc.WorkerStopped, gwc.WorkerEvent)
@@ -268,6 +272,8 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
         self.budget = RestartBudget(config.max_restarts, config.restart_window_s)
         self.installed: dict[RingId, InstallRing] = {}
         self.in_flight: dict[tuple[RoleId, StepId], ExecuteStep] = {}
+        self.grants: dict[RoleId, tuple[GrantSteps, int]] = {}
+        """Each role's forwarded grant and how many of its steps the worker reported."""
         self.deferred: list[Deferred] = []
         self.pid: int | None = None
         self.exit_code = 0
@@ -423,6 +429,24 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
     def send_execute_step(self, command: ExecuteStep) -> None:
         self._send_command(command)
 
+    def send_grant_steps(self, command: GrantSteps) -> None:
+        self._send_command(command)
+
+    def send_revoke_steps(self, command: RevokeSteps) -> None:
+        self.grants.pop(command.role_id, None)
+        self._write(command)
+
+    def reject_grant_steps(self, command: GrantSteps, reason: StepFailure) -> None:
+        self._route(StepFailed(command.role_id, command.first_step_id, reason))
+
+    def defer_grant_steps(self, command: GrantSteps) -> None:
+        self.deferred.append(command)
+
+    def drop_grant(self, command: RevokeSteps) -> None:
+        self.grants.pop(command.role_id, None)
+        self.deferred = [c for c in self.deferred
+                         if not (isinstance(c, GrantSteps) and c.role_id == command.role_id)]
+
     def defer_install_ring(self, command: InstallRing) -> None:
         self.deferred.append(command)
 
@@ -453,8 +477,15 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
             case RingQuiesced(ring_id=ring_id):
                 self.installed.pop(ring_id, None)
             case StepCompleted() | StepFailed():
-                self.in_flight.pop((event.role_id, event.step_id), None)
+                if self.in_flight.pop((event.role_id, event.step_id), None) is None:
+                    self._count_granted(event.role_id, event.step_id)
         self._route(event)
+
+    def _count_granted(self, role: RoleId, step: StepId) -> None:
+        """A step of `role`'s grant was reported: the next one is the grant's in flight."""
+        held = self.grants.get(role)
+        if held is not None and held[0].first_step_id + held[1] == step:
+            self.grants[role] = (held[0], held[1] + 1)
 
     def reject_install_ring(self, command: InstallRing, reason: RingFaultReason) -> None:
         self._route(RingFault(command.ring_id, command.edge_id, command.port_id, reason))
@@ -483,6 +514,10 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
         for role_id, step_id in list(self.in_flight):
             self._route(StepFailed(role_id, step_id, StepFailure.WorkerProcessExited))
         self.in_flight.clear()
+        for role_id, (grant, reported) in list(self.grants.items()):
+            step_id = StepId(grant.first_step_id + reported)
+            self._route(StepFailed(role_id, step_id, StepFailure.WorkerProcessExited))
+        self.grants.clear()
 
     def fault_installed_rings(self) -> None:
         reason = RingFaultReason.WorkerProcessExited
@@ -510,6 +545,8 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
                 self.installed[ring_id] = command
             case ExecuteStep(role_id=role_id, step_id=step_id):
                 self.in_flight[(role_id, step_id)] = command
+            case GrantSteps(role_id=role_id):
+                self.grants[role_id] = (command, 0)
             case _:
                 pass
         self._write(command)
@@ -522,6 +559,9 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
                                       RingFaultReason.WorkerProcessExited))
             case ExecuteStep():
                 self._route(StepFailed(command.role_id, command.step_id,
+                                       StepFailure.WorkerProcessExited))
+            case GrantSteps():
+                self._route(StepFailed(command.role_id, command.first_step_id,
                                        StepFailure.WorkerProcessExited))
             case _:
                 self._route(RoleFailed(command.role_id, RoleFailure.WorkerProcessExited))

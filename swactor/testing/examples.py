@@ -263,6 +263,14 @@ _EXAMPLES: dict[type, Callable[[], object]] = {
         {},
         True,
     ),
+    wire.GrantSteps: lambda: wire.GrantSteps(
+        wire.RoleId(1),
+        wire.StepId(1),
+        wire.AwaitedInput(wire.PortId(0), wire.RingId(11), wire.Sequence(0), 2304),
+        wire.OutputBinding(wire.PortId(1), wire.RingId(12), wire.ObjectId(1), wire.Sequence(0),
+                           2304, per_input_row=True),
+    ),
+    wire.RevokeSteps: lambda: wire.RevokeSteps(wire.RoleId(1)),
     wire.ShutdownWorker: lambda: wire.ShutdownWorker(wire.ShutdownMode.Graceful),
     wire.ReleaseDeviceObject: lambda: wire.ReleaseDeviceObject(_handle()),
     wire.RingReadable: lambda: wire.RingReadable(wire.RingId(11)),
@@ -301,6 +309,10 @@ _EXAMPLES: dict[type, Callable[[], object]] = {
         None,
         None,
         wire.ObjectFailure.HeaderMalformed,
+    ),
+    wire.StepRecord: lambda: wire.StepRecord(
+        wire.Sequence(0), wire.ObjectId(1), 4, wire.ObjectId(1), HIDDEN * 2,
+        1_000_000, 1_000_500, 2_000_000, 2_000_100,
     ),
     wire.StepCompleted: lambda: wire.StepCompleted(wire.RoleId(1), wire.StepId(1)),
     wire.StepFailed: lambda: wire.StepFailed(

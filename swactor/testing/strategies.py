@@ -363,6 +363,11 @@ def provision_stages(draw: st.DrawFn) -> wire.ProvisionStage:
     )
 
 
+def step_records() -> st.SearchStrategy[wire.StepRecord]:
+    return st.builds(wire.StepRecord, ident(wire.Sequence), ident(wire.ObjectId), u64,
+                     ident(wire.ObjectId), u64, u64, u64, u64, u64)
+
+
 def handles() -> st.SearchStrategy[wire.DeviceObjectHandle]:
     return st.builds(wire.DeviceObjectHandle, ident(wire.WorkerGeneration), u64)
 
@@ -517,6 +522,11 @@ def _builders() -> dict[type, Callable[[], st.SearchStrategy[Any]]]:
             st.integers(1, (1 << 64) - 1),
         ),
         wire.ExecuteStep: execute_steps,
+        wire.GrantSteps: lambda: st.builds(
+            wire.GrantSteps, ident(wire.RoleId), ident(wire.StepId), _from(wire.AwaitedInput),
+            _from(wire.OutputBinding),
+        ),
+        wire.RevokeSteps: lambda: st.builds(wire.RevokeSteps, ident(wire.RoleId)),
         wire.ShutdownWorker: lambda: st.builds(
             wire.ShutdownWorker, st.sampled_from(wire.ShutdownMode)
         ),
@@ -582,8 +592,10 @@ def _builders() -> dict[type, Callable[[], st.SearchStrategy[Any]]]:
             st.none() | ident(wire.Sequence),
             st.sampled_from(wire.ObjectFailure),
         ),
+        wire.StepRecord: step_records,
         wire.StepCompleted: lambda: st.builds(
-            wire.StepCompleted, ident(wire.RoleId), ident(wire.StepId)
+            wire.StepCompleted, ident(wire.RoleId), ident(wire.StepId),
+            st.none() | step_records(),
         ),
         wire.StepFailed: lambda: st.builds(
             wire.StepFailed,

@@ -22,6 +22,17 @@ loaded, binds it to the port as if it had been an `InputBinding`, and runs the s
 once. An `OutputBinding` with `per_input_row` gives its extent per row of the awaited
 input (input rows = the loaded extent / `row_bytes`), since the input's size is known only
 when it arrives.
+
+Standing step authorisation (an extension beyond §29, for spec §14's one step per
+inbound object without a command per token): `GrantSteps` authorises the worker to run,
+for role `role_id`, one step per object that ingress ring `input.ring_id` loads, in
+sequence order from `input.sequence`: step k (k = 0, 1, ...) is the ExecuteStep with id
+`first_step_id + k`, awaiting the object of sequence `input.sequence + k` on port
+`input.port_id`, writing `output` with object id and sequence advanced by k, its input
+released with it. It stands until `RevokeSteps(role_id)`, a drain, or the input ring's
+uninstall; then the objects the grant did not take are freed by the worker. Each step
+is reported by one `StepCompleted` carrying a `StepRecord` (`worker_events`), or by
+`StepFailed`. One grant per role.
 """
 
 from __future__ import annotations
@@ -163,6 +174,25 @@ class ExecuteStep(WireStruct):
 
 
 @dataclass(frozen=True, slots=True)
+class GrantSteps(WireStruct):
+    """Run one step per object of an ingress ring, in sequence order (module doc)."""
+
+    role_id: RoleId
+    first_step_id: StepId
+    input: AwaitedInput
+    """Step k awaits the object of sequence `input.sequence + k` on `input.ring_id`."""
+    output: OutputBinding
+    """Step k's output: this binding with object id and sequence advanced by k."""
+
+
+@dataclass(frozen=True, slots=True)
+class RevokeSteps(WireStruct):
+    """End role `role_id`'s standing grant: no further step starts (module doc)."""
+
+    role_id: RoleId
+
+
+@dataclass(frozen=True, slots=True)
 class ShutdownWorker(WireStruct):
     """Stop the worker (spec §29)."""
 
@@ -191,7 +221,8 @@ class RingWritable(WireStruct):
 
 
 WorkerCommand = (
-    InitializeWorker | ConfigureRole | InstallRing | UninstallRing | ExecuteStep | ShutdownWorker
+    InitializeWorker | ConfigureRole | InstallRing | UninstallRing | ExecuteStep | GrantSteps
+    | RevokeSteps | ShutdownWorker
 )
 
 COMMAND_TYPES: dict[str, type[WireStruct]] = registry_of(

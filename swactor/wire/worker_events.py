@@ -182,11 +182,37 @@ class ObjectFailed(WireStruct):
 
 
 @dataclass(frozen=True, slots=True)
+class StepRecord(WireStruct):
+    """What a granted step did (extension beyond spec §30, see `GrantSteps`): its input
+    object, its output object, and when (this host's monotonic clock, ns) the input was
+    loaded, the step started, the output was committed and the step completed. The node
+    emits the step's four §40 lifecycle events from it, stamped with these times, instead
+    of hearing ObjectLoaded and ObjectProduced lines of their own."""
+
+    sequence: Sequence
+    input_object_id: ObjectId
+    input_extent: int
+    output_object_id: ObjectId
+    output_extent: int
+    loaded_ns: int
+    started_ns: int
+    produced_ns: int
+    completed_ns: int
+
+    def _validate(self) -> None:
+        for name in ("input_extent", "output_extent", "loaded_ns", "started_ns",
+                     "produced_ns", "completed_ns"):
+            self._check_u64(name)
+
+
+@dataclass(frozen=True, slots=True)
 class StepCompleted(WireStruct):
-    """All declared outputs of a step are produced (spec §30)."""
+    """All declared outputs of a step are produced (spec §30). `record` (extension): what
+    a step of a standing grant did; None for a step of an ExecuteStep command."""
 
     role_id: RoleId
     step_id: StepId
+    record: StepRecord | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,9 +30,11 @@ from swactor.wire import (
     MAX_CONTROL_LINE,
     ConfigureRole,
     ExecuteStep,
+    GrantSteps,
     InitializeWorker,
     InstallRing,
     ReleaseDeviceObject,
+    RevokeSteps,
     RingReadable,
     RingWritable,
     ShutdownWorker,
@@ -73,10 +75,12 @@ def parse_command(line: bytes) -> wp.Event:
             return wp.ConfigureRole(command)
         case InstallRing():
             return wp.InstallRing(command)
-        case UninstallRing() | RingReadable() | RingWritable():
+        case UninstallRing() | RingReadable() | RingWritable() | RevokeSteps():
             return command  # the table's own events
         case ExecuteStep():
             return wp.ExecuteStep(command)
+        case GrantSteps():
+            return wp.GrantSteps(command)
         case ShutdownWorker():
             return wp.ShutdownWorker(command.mode)
     if isinstance(command, ReleaseDeviceObject):

@@ -20,6 +20,11 @@ carries out the effects the machine returns:
 - StartStep: queue the step on the `steps.StepRunner` (a step issued ahead waits there
   for its awaited input: every ObjectLoaded an ingress ring emits is also reported to
   the runner; an uninstalled ring or a drain fails the steps still waiting).
+- ArmGrant / EndGrant / RejectGrant: a standing grant held on (dropped from) the step
+  runner, or refused while draining (StepFailed of its first step). The runner takes
+  the objects of a granted ring and the outputs of a granted step, so their
+  ObjectLoaded / ObjectProduced lines are not written: the step's StepCompleted
+  carries them (`steps` module doc).
 - ReleaseWhenSafe: free the handle's device memory (tinygrad keeps it alive while a
   step still uses it); DeviceObjectReleased or ReleaseFailed (StaleGeneration,
   UnknownHandle).
@@ -63,9 +68,11 @@ from swactor.wire import (
     DeviceObjectHandle,
     DeviceObjectReleased,
     ExecuteStep,
+    GrantSteps,
     InstallRing,
     JsonValue,
     ObjectLoaded,
+    ObjectProduced,
     ReleaseFailed,
     ReleaseFailure,
     RingDirection,
@@ -187,7 +194,8 @@ class WorkerProcess(wp.WorkerProcessEffects[None]):
             self.feed(wp.InternalError())
 
     def _ring_emit(self, event: WireWorkerEvent) -> None:
-        """A ring machine's event: its wake hints ring a doorbell when there is one."""
+        """A ring machine's event: its wake hints ring a doorbell when there is one; the
+        objects and outputs of granted steps are reported with their step."""
         bells = self.doorbells
         if bells is not None:
             if isinstance(event, RingReadable):
@@ -196,9 +204,13 @@ class WorkerProcess(wp.WorkerProcessEffects[None]):
             if isinstance(event, RingWritable):
                 bells.writable.notify()
                 return
+        steps = self.steps
+        if steps is not None:
+            if isinstance(event, ObjectLoaded) and steps.object_loaded(event):
+                return  # a grant's: its step reports it
+            if isinstance(event, ObjectProduced) and steps.object_produced(event):
+                return  # a granted step's output: its StepCompleted reports it
         self.emit(event)
-        if isinstance(event, ObjectLoaded) and self.steps is not None:
-            self.steps.object_loaded(event)  # a step issued ahead may be waiting for it
 
     def handle_line(self, line: bytes) -> None:
         """One stdin line: parse, feed, then let steps and the drain progress."""
@@ -295,6 +307,17 @@ class WorkerProcess(wp.WorkerProcessEffects[None]):
     def start_step(self, command: ExecuteStep) -> None:
         assert self.steps is not None
         self.steps.submit(command)
+
+    def arm_grant(self, command: GrantSteps) -> None:
+        assert self.steps is not None
+        self.steps.grant(command)
+
+    def end_grant(self, role_id: RoleId) -> None:
+        if self.steps is not None:
+            self.steps.revoke(role_id)
+
+    def reject_grant(self, command: GrantSteps, reason: StepFailure) -> None:
+        self.emit(StepFailed(command.role_id, command.first_step_id, reason))
 
     def release_when_safe(self, device_handle: DeviceObjectHandle) -> None:
         self._release(device_handle)

@@ -36,6 +36,21 @@ A ring uninstalled under a waiting step fails it (WorkerShuttingDown), and so do
 drain (`abort_waiting`): its object can no longer come. Loaded objects no step took stay
 listed until a step takes them or they are released (`forget`) or their ring goes.
 
+Standing grants (`GrantSteps`, see `swactor.wire.worker`): `grant` keeps one per role
+and, whenever no step runs or waits, the runner issues the grant's next step (step k:
+step id first + k, awaiting sequence first + k on the grant's ring, output advanced by
+k, inputs released after) as soon as an object is loaded on that ring, so nothing waits
+at the head of the queue for an object that has not come. The object of another
+sequence fails the step there, in `_bind` (the one place the sequence is gated). Objects
+loaded on a granted ring are the grant's: `object_loaded` answers True for them, and the
+worker writes no ObjectLoaded line; a granted step's ObjectProduced is not written
+either (`object_produced`), and its StepCompleted carries a `StepRecord` with the input
+and output objects and the monotonic times of load, start, output commit and completion.
+`revoke` ends a grant: no further step of it is issued, and the objects it holds, or
+that its ring loads later, are freed at once; a step already started finishes. A drain
+(`abort_waiting`) revokes every grant, and an uninstalled ring ends the grant on it
+and frees what the grant left there.
+
 Sequence tags (`swactor.wire.tags`, an extension beyond spec §17): the ingress ring keeps
 each object's header `flags` with its device allocation, and a step's outputs carry the
 flags of its inputs (every input of a step must carry the same), so a tag travels
@@ -59,6 +74,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import struct
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -69,9 +85,12 @@ from swactor.faults import NO_FAULTS, Faults
 from swactor.wire import (
     DeviceObjectHandle,
     ExecuteStep,
+    GrantSteps,
     InputBinding,
+    ObjectId,
     ObjectKind,
     ObjectLoaded,
+    ObjectProduced,
     OutputBinding,
     RingId,
     RoleId,
@@ -79,6 +98,8 @@ from swactor.wire import (
     StepCompleted,
     StepFailed,
     StepFailure,
+    StepId,
+    StepRecord,
     WorkerEvent,
 )
 from swactor.wire.tags import (
@@ -109,6 +130,17 @@ class StepRefused(Exception):
         super().__init__(f"{reason.value}: {detail}")
 
 
+@dataclass(slots=True)
+class _Granted:
+    """What the runner knows of a granted step while it runs (its StepRecord to be)."""
+
+    input: ObjectLoaded
+    loaded_ns: int
+    started_ns: int
+    produced_ns: int = 0
+    output_extent: int = 0
+
+
 @dataclass(eq=False)
 class ActiveStep:
     """A step whose outputs are being written (the egress rings' OutputListener)."""
@@ -119,6 +151,8 @@ class ActiveStep:
     writing: bool = False
     failure: StepFailure | None = None
     detail: list[str] = field(default_factory=list)
+    granted: _Granted | None = None
+    """Set for a step of a standing grant (module doc)."""
 
     def output_done(self) -> None:
         self.index += 1
@@ -149,6 +183,14 @@ class StepRunner:
         self._emit = emit
         self._queue: deque[ExecuteStep] = deque()
         self._loaded: dict[tuple[RingId, Sequence], ObjectLoaded] = {}
+        self._loaded_ns: dict[tuple[RingId, Sequence], int] = {}
+        self._grants: dict[RoleId, tuple[GrantSteps, int]] = {}
+        """Each role's standing grant and how many of its steps were issued."""
+        self._grant_rings: dict[RingId, RoleId] = {}
+        self._closed_rings: set[RingId] = set()
+        """Rings of revoked grants: what they load is freed at once."""
+        self._granted_steps: set[StepId] = set()
+        """Issued grant steps not started yet (queued, waiting for their object)."""
         self.current: ActiveStep | None = None
 
     @property
@@ -166,27 +208,81 @@ class StepRunner:
         while self._queue:
             self._fail(self._queue.popleft(), reason)
 
-    def object_loaded(self, event: ObjectLoaded) -> None:
-        """An ingress ring loaded this object (a step issued ahead may be waiting)."""
-        self._loaded[(event.ring_id, event.sequence)] = event
+    def object_loaded(self, event: ObjectLoaded) -> bool:
+        """An ingress ring loaded this object (a step issued ahead may be waiting); True
+        when it is a grant's (the worker then writes no ObjectLoaded line for it)."""
+        ring = event.ring_id
+        if ring in self._closed_rings:
+            self._free(event.device_handle)  # its grant was revoked: never run
+            return True
+        key = (ring, event.sequence)
+        self._loaded[key] = event
+        self._loaded_ns[key] = time.monotonic_ns()
+        return ring in self._grant_rings
+
+    def object_produced(self, event: ObjectProduced) -> bool:
+        """An egress ring committed an output; True when it is the running granted
+        step's (recorded in its StepCompleted, no ObjectProduced line)."""
+        step = self.current
+        if step is None or step.granted is None:
+            return False
+        step.granted.produced_ns = time.monotonic_ns()
+        step.granted.output_extent = event.extent
+        return True
+
+    def grant(self, command: GrantSteps) -> None:
+        """Hold a standing grant (module doc); a second one for the role replaces it."""
+        self.revoke(command.role_id, free=False)
+        ring = command.input.ring_id
+        self._closed_rings.discard(ring)
+        self._grants[command.role_id] = (command, 0)
+        self._grant_rings[ring] = command.role_id
+
+    def revoke(self, role_id: RoleId, free: bool = True) -> None:
+        """End `role_id`'s grant: its unstarted step is dropped, and its ring's objects
+        (now and later) are freed unless `free` is False."""
+        held = self._grants.pop(role_id, None)
+        if held is None:
+            return
+        ring = held[0].input.ring_id
+        self._grant_rings.pop(ring, None)
+        for command in [c for c in self._queue if c.step_id in self._granted_steps
+                        and c.role_id == role_id]:
+            self._queue.remove(command)
+            self._granted_steps.discard(command.step_id)
+        if free:
+            self._closed_rings.add(ring)
+            for key in [k for k in self._loaded if k[0] == ring]:
+                self._free(self._loaded.pop(key).device_handle)
+                self._loaded_ns.pop(key, None)
 
     def forget(self, handle: DeviceObjectHandle) -> None:
         """The object was released: no step may take it any more."""
         for key, loaded in list(self._loaded.items()):
             if loaded.device_handle == handle:
                 del self._loaded[key]
+                self._loaded_ns.pop(key, None)
 
     def ring_gone(self, ring_id: RingId) -> None:
-        """Ring `ring_id` is uninstalled: fail the steps waiting for it, drop its objects."""
+        """Ring `ring_id` is uninstalled: end its grant (freeing what the grant held),
+        fail the steps waiting for it, drop its objects."""
+        role = self._grant_rings.get(ring_id)
+        if role is not None:
+            self.revoke(role)
+        self._closed_rings.discard(ring_id)
         for key in [k for k in self._loaded if k[0] == ring_id]:
             del self._loaded[key]
+            self._loaded_ns.pop(key, None)
         waiting = [c for c in self._queue if any(a.ring_id == ring_id for a in c.awaits)]
         for command in waiting:
             self._queue.remove(command)
             self._fail(command, StepFailure.WorkerShuttingDown)
 
     def abort_waiting(self, reason: StepFailure) -> None:
-        """Fail every queued step still waiting for an awaited input (a drain)."""
+        """Revoke every grant and fail every queued step still waiting for an awaited
+        input (a drain)."""
+        for role in list(self._grants):
+            self.revoke(role)
         for command in [c for c in self._queue if c.awaits]:
             self._queue.remove(command)
             self._fail(command, reason)
@@ -196,21 +292,32 @@ class StepRunner:
         while True:
             step = self.current
             if step is None:
-                if not self._queue:
+                if not self._queue and not self._issue():
                     return
                 head = self._queue[0]
+                granted: _Granted | None = None
                 if head.awaits:
+                    if head.step_id in self._granted_steps:
+                        key = (head.awaits[0].ring_id, head.awaits[0].sequence)
+                        loaded = self._loaded.get(key)
+                        if loaded is not None:
+                            granted = _Granted(loaded, self._loaded_ns.get(key, 0), 0)
                     bound = self._bind(head)
                     if bound is None:
                         return  # its input is not loaded yet
                     self._queue.popleft()
+                    self._granted_steps.discard(head.step_id)
                     if isinstance(bound, StepFailure):
                         self._fail(head, bound)
                         continue
                     head = bound
                 else:
                     self._queue.popleft()
+                if granted is not None:
+                    granted.started_ns = time.monotonic_ns()
                 self.current = self._start(head)
+                if self.current is not None:
+                    self.current.granted = granted
                 continue
             if step.failure is not None:
                 self._fail(step.command, step.failure)
@@ -232,6 +339,24 @@ class StepRunner:
 
     # -- steps ------------------------------------------------------------------------
 
+    def _issue(self) -> bool:
+        """Queue the next step of a grant whose ring has loaded an object; False when
+        no grant has one (module doc)."""
+        for role, (command, issued) in self._grants.items():
+            ring = command.input.ring_id
+            if not any(key[0] == ring for key in self._loaded):
+                continue
+            self._grants[role] = (command, issued + 1)
+            step = _grant_step(command, issued)
+            self._granted_steps.add(step.step_id)
+            self._queue.append(step)
+            return True
+        return False
+
+    def _free(self, handle: DeviceObjectHandle) -> None:
+        with contextlib.suppress(InvalidHandle):
+            self._bridge.release(handle)
+
     def _bind(self, command: ExecuteStep) -> ExecuteStep | StepFailure | None:
         """The step with its awaited inputs bound; None while one is not loaded yet; the
         failure when an awaited ring loaded another sequence or an extent is not rows."""
@@ -251,6 +376,7 @@ class StepRunner:
             found.append((loaded, rows))
         for awaited in command.awaits:
             del self._loaded[(awaited.ring_id, awaited.sequence)]
+            self._loaded_ns.pop((awaited.ring_id, awaited.sequence), None)
         inputs = command.inputs + tuple(
             InputBinding(awaited.port_id, loaded.object_id, loaded.sequence,
                          loaded.device_handle)
@@ -276,10 +402,27 @@ class StepRunner:
 
     def _fail(self, command: ExecuteStep, reason: StepFailure) -> None:
         self._emit(StepFailed(command.role_id, command.step_id, reason))
+        held = self._grants.get(command.role_id)
+        if held is not None and held[0].first_step_id <= command.step_id < (
+                held[0].first_step_id + held[1]):
+            # a granted step failed: its grant ends (nothing after it may run) and its
+            # input, which no node holds, is freed
+            for binding in command.inputs:
+                self._free(binding.device_handle)
+            self.revoke(command.role_id)
 
     def _complete(self, step: ActiveStep) -> None:
         command = step.command
-        self._emit(StepCompleted(command.role_id, command.step_id))
+        granted = step.granted
+        record = None
+        if granted is not None:
+            loaded, (out,) = granted.input, command.outputs
+            completed = time.monotonic_ns()
+            record = StepRecord(loaded.sequence, loaded.object_id, loaded.extent,
+                                out.object_id, granted.output_extent or out.extent,
+                                granted.loaded_ns or granted.started_ns, granted.started_ns,
+                                granted.produced_ns or completed, completed)
+        self._emit(StepCompleted(command.role_id, command.step_id, record))
         for output in step.outputs:  # written to their rings: the bridge may reuse them
             self._bridge.free(output)
         if command.release_inputs_after:  # StepCompleted reports these too (module doc)
@@ -392,6 +535,15 @@ class StepRunner:
         if tag is not None and tag.candidates and tokens:
             tagged = replace(tagged, extent=2 * CANDIDATES_K * 4)
         return tagged
+
+
+def _grant_step(grant: GrantSteps, k: int) -> ExecuteStep:
+    """The grant's step k (module doc)."""
+    output = replace(grant.output, object_id=ObjectId(grant.output.object_id + k),
+                     sequence=Sequence(grant.output.sequence + k))
+    awaited = replace(grant.input, sequence=Sequence(grant.input.sequence + k))
+    return ExecuteStep(grant.role_id, StepId(grant.first_step_id + k), (), (output,), None,
+                       True, (awaited,))
 
 
 def _per_rows(binding: OutputBinding, rows: int) -> OutputBinding:

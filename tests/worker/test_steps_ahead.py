@@ -1,24 +1,26 @@
-"""Steps issued ahead of their input, and wake hints through doorbells (spec §14, §21, §29).
+"""Standing step grants, and wake hints through doorbells (spec §14, §21, §29).
 
-A real worker with a `WorkerDoorbells` set, as GpuWorkerCtl starts it: the ExecuteStep
-names its input by ring and sequence before the object exists (`awaits`), the step runs
-when the object is loaded, its output gets as many rows as the input, and every wake
-hint in either direction goes through an eventfd, none as a JSON line.
+A real worker with a `WorkerDoorbells` set, as GpuWorkerCtl starts it: one GrantSteps
+names the ring and the first sequence before any object exists, each object loaded runs
+the grant's next step (its output gets as many rows as its input), one StepCompleted
+line reports it, and every wake hint in either direction goes through an eventfd, none
+as a JSON line.
 """
 
 from __future__ import annotations
 
 import struct
+import time
 
 from swactor.node.worker_ctl import WorkerRoutes
-from swactor.ring import Doorbell
+from swactor.ring import Doorbell, Ring
 from swactor.testing.worker_rig import WorkerRig, read_all, record, write_all
 from swactor.wire import (
     AwaitedInput,
     ConfigureRole,
     DeviceObjectHandle,
     EdgeId,
-    ExecuteStep,
+    GrantSteps,
     ObjectFailed,
     ObjectFailure,
     ObjectHeader,
@@ -27,9 +29,7 @@ from swactor.wire import (
     ObjectProduced,
     OutputBinding,
     PortId,
-    ReleaseDeviceObject,
-    ReleaseFailed,
-    ReleaseFailure,
+    RevokeSteps,
     RingDirection,
     RingId,
     RoleConfigured,
@@ -45,14 +45,23 @@ from swactor.wire import (
 ROW = 4 * 4  # four f32 per row
 
 
-def _armed(step: int, sequence: int) -> ExecuteStep:
-    return ExecuteStep(
-        RoleId(5), StepId(step), (),
-        (OutputBinding(PortId(1), RingId(2), ObjectId(sequence + 1), Sequence(sequence), ROW,
-                       per_input_row=True),),
-        None, True,
-        awaits=(AwaitedInput(PortId(1), RingId(1), Sequence(sequence), ROW),),
+def _grant(first_step: int, sequence: int) -> GrantSteps:
+    return GrantSteps(
+        RoleId(5), StepId(first_step),
+        AwaitedInput(PortId(1), RingId(1), Sequence(sequence), ROW),
+        OutputBinding(PortId(1), RingId(2), ObjectId(sequence + 1), Sequence(sequence), ROW,
+                      per_input_row=True),
     )
+
+
+def served(rig: WorkerRig, command: GrantSteps | RevokeSteps) -> None:
+    """Send the command and wait until the worker served it (stdin lines are served in
+    order, so the answer to a ConfigureRole after it says so): an object that came
+    before a grant would be reported as a plain ObjectLoaded line (the grant still runs
+    it), and one that came before a revocation would still run."""
+    rig.send(command)
+    rig.send(ConfigureRole(RoleId(99), {"kind": "scale", "factor": 1.0}))
+    assert rig.expect(RoleConfigured).role_id == 99
 
 
 def _counted(bell: Doorbell | None) -> int:
@@ -60,7 +69,20 @@ def _counted(bell: Doorbell | None) -> int:
     return bell.drain()
 
 
-def test_a_step_issued_ahead_runs_when_its_object_loads_woken_by_doorbells() -> None:
+def _consumed(ring: Ring, timeout_s: float = 30.0) -> None:
+    """Wait until the worker took every committed byte of `ring` (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    while ring.consume != ring.commit:
+        assert time.monotonic() < deadline, "the worker never read the ring"
+        time.sleep(0.002)
+
+
+def test_a_standing_grant_runs_each_object_in_order_reported_once() -> None:
+    """One GrantSteps, no command per object: each object the ring loads runs the
+    grant's next step, woken by doorbells only, and each step is reported by one
+    StepCompleted carrying its record (no ObjectLoaded / ObjectProduced line). After
+    RevokeSteps an object is not run and not kept: a later grant's step is not failed
+    by it."""
     rig = WorkerRig(doorbells=True)
     try:
         rig.initialize()
@@ -69,26 +91,36 @@ def test_a_step_issued_ahead_runs_when_its_object_loads_woken_by_doorbells() -> 
         rig.send(ConfigureRole(RoleId(5), {"kind": "scale", "factor": 2.0}))
         rig.expect(RoleConfigured)
         assert rig.bells is not None
-        freed: list[DeviceObjectHandle] = []
+        served(rig, _grant(7, 0))
+        last = 0
         for sequence, rows in ((0, 3), (1, 1)):  # a prompt of 3 rows, then one row
-            rig.send(_armed(sequence + 1, sequence))  # before its object exists
             values = [float(i + 10 * sequence) for i in range(4 * rows)]
             payload = struct.pack(f"<{len(values)}f", *values)
             write_all(rig, ingress, record(sequence + 1, sequence, payload))
-            loaded = rig.expect(ObjectLoaded)
-            assert (loaded.sequence, loaded.extent) == (sequence, rows * ROW)
             data = read_all(rig, egress, ObjectHeader.LEN + rows * ROW)
             header = ObjectHeader.unpack(data)
             assert (header.object_id, header.sequence, header.extent) == (
                 sequence + 1, sequence, rows * ROW)
             got = struct.unpack(f"<{len(values)}f", data[ObjectHeader.LEN:])
             assert list(got) == [2.0 * v for v in values]
-            assert rig.expect(ObjectProduced).extent == rows * ROW
-            assert rig.expect(StepCompleted).step_id == sequence + 1
-            freed.append(loaded.device_handle)  # with the step: no DeviceObjectReleased
-        rig.send(ReleaseDeviceObject(freed[0]))  # so a release asked later finds nothing
-        failed = rig.expect(ReleaseFailed)
-        assert (failed.device_handle, failed.reason) == (freed[0], ReleaseFailure.UnknownHandle)
+            done = rig.expect(StepCompleted)  # the step's only line
+            assert (done.role_id, done.step_id) == (5, 7 + sequence)
+            step = done.record
+            assert step is not None
+            assert (step.sequence, step.input_object_id, step.input_extent) == (
+                sequence, sequence + 1, rows * ROW)
+            assert (step.output_object_id, step.output_extent) == (sequence + 1, rows * ROW)
+            assert last <= step.loaded_ns <= step.started_ns <= step.produced_ns
+            assert step.produced_ns <= step.completed_ns
+            last = step.completed_ns
+        served(rig, RevokeSteps(RoleId(5)))
+        write_all(rig, ingress, record(3, 2, bytes(ROW)))
+        _consumed(ingress)  # loaded after the revocation: freed, never run
+        served(rig, _grant(20, 3))
+        write_all(rig, ingress, record(4, 3, bytes(ROW)))
+        read_all(rig, egress, ObjectHeader.LEN + ROW)
+        done = rig.expect(StepCompleted)
+        assert done.step_id == 20 and done.record is not None and done.record.sequence == 3
         assert rig.wakes == [], "no wake hint travelled as a JSON line"
         assert _counted(rig.bells.readable) > 0, "the egress commits rang the node"
         assert _counted(rig.bells.writable) > 0, "the ingress consumption rang the node"
@@ -96,7 +128,9 @@ def test_a_step_issued_ahead_runs_when_its_object_loads_woken_by_doorbells() -> 
         rig.close()
 
 
-def test_an_armed_step_fails_when_its_ring_loads_another_sequence() -> None:
+def test_a_granted_step_fails_when_its_ring_loads_another_sequence() -> None:
+    """The sequence gate: the grant names sequence 1 first, sequence 0 comes; the step
+    fails InvalidInputHandle and the grant ends (a later object runs nothing)."""
     rig = WorkerRig(doorbells=True)
     try:
         rig.initialize()
@@ -104,11 +138,12 @@ def test_an_armed_step_fails_when_its_ring_loads_another_sequence() -> None:
         rig.add_ring(2, RingDirection.Egress, 4096)
         rig.send(ConfigureRole(RoleId(5), {"kind": "scale", "factor": 2.0}))
         rig.expect(RoleConfigured)
-        rig.send(_armed(1, 1))  # armed for sequence 1; sequence 0 comes
+        served(rig, _grant(1, 1))
         write_all(rig, ingress, record(1, 0, bytes(ROW)))
-        rig.expect(ObjectLoaded)
-        failed = rig.expect(StepFailed)
+        failed = rig.expect(StepFailed)  # no ObjectLoaded line before it
         assert (failed.step_id, failed.reason) == (1, StepFailure.InvalidInputHandle)
+        rig.send(ConfigureRole(RoleId(6), {"kind": "scale", "factor": 1.0}))
+        assert rig.expect(RoleConfigured).role_id == 6, "nothing else was reported"
     finally:
         rig.close()
 
