@@ -2,16 +2,15 @@
 
 Theory of operation
 -------------------
-A stage's control path per step is: the worker's ObjectLoaded arrives in the
-controller's mailbox and the machine moves Ready -> Executing (the step armed ahead of
-its object starts); ObjectProduced is recorded; StepCompleted moves it back and the
-binding arms the next step (builds and sends its ExecuteStep). This benchmark plays the
-worker's three reports per step into a controller with in-memory ports (no worker, no
-rings, no network) and waits for the next ExecuteStep, so the figure is the
-controller's own cost, mailbox hops and lifecycle events (into a memory sink) included.
-Beside it, on the same machine in the same run:
+A stage's control path per step is one report: the worker runs each step under the
+standing grant the controller issued when the stage became ready and reports it by one
+StepCompleted with its `StepRecord`; the controller records it (the step's four
+lifecycle events). This benchmark plays those reports into a controller with in-memory
+ports (no worker, no rings, no network) and waits until the last is recorded, so the
+figure is the controller's own cost, its mailbox hop and lifecycle events (into a memory
+sink) included. Beside it, on the same machine in the same run:
 
-* the bare generated machine: the two machine events through `handle()` alone;
+* the bare generated machine: the same event through `handle()` alone;
 * an actor round trip: one `ask` to an actor that replies at once (the runtime's floor
   for any message-driven step).
 
@@ -30,6 +29,7 @@ from swactor import wire
 from swactor.actors import Actor, ActorRef, Context, Runtime
 from swactor.events.emitter import Emitter
 from swactor.events.schema import LifecycleEvent
+from swactor.events.schema import StepCompleted as StepCompletedEvent
 from swactor.events.sinks import MemorySink
 from swactor.fsm.generated import orchestrator_run as orun
 from swactor.fsm.generated import stage_controller as scm
@@ -37,10 +37,9 @@ from swactor.node.stage_controller import StageController, StageControllerConfig
 from swactor.node.stage_ports import StageOutcome, StageReport
 from swactor.testing.examples import example
 from swactor.wire import (
-    DeviceObjectHandle,
     EdgeId,
     EdgeKind,
-    ExecuteStep,
+    GrantSteps,
     NodeId,
     ObjectId,
     ProvisionStage,
@@ -49,6 +48,8 @@ from swactor.wire import (
     RunId,
     Sequence,
     StageFootprint,
+    StepId,
+    StepRecord,
     WorkerGeneration,
 )
 
@@ -63,8 +64,9 @@ class AnsweringPorts:
         self.sink = MemorySink()
         self.emitter = Emitter("bench", [self.sink])
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.commands: list[ExecuteStep] = []
-        """Every ExecuteStep the controller armed, in order."""
+        self.grants: list[GrantSteps] = []
+        self.recorded = 0
+        """step_completed events emitted."""
         self.wake: asyncio.Event = asyncio.Event()
 
     def worker_generation(self) -> WorkerGeneration:
@@ -86,13 +88,12 @@ class AnsweringPorts:
         assert self.stage is not None
         self.stage.tell(wire.EdgeReady(provision.outbound.edge_id, RingId(2)))
 
-    async def execute_step(self, command: ExecuteStep) -> None:
-        self.commands.append(command)
+    async def grant_steps(self, command: GrantSteps) -> None:
+        self.grants.append(command)
         self.wake.set()
 
-    async def release_input(self, handle: DeviceObjectHandle) -> None:
-        assert self.stage is not None
-        self.stage.tell(wire.DeviceObjectReleased(handle))
+    async def revoke_steps(self, role_id: RoleId) -> None:
+        pass
 
     async def stop_edges(self, inbound: EdgeId, outbound: EdgeId) -> None:
         assert self.stage is not None
@@ -107,8 +108,11 @@ class AnsweringPorts:
         if isinstance(message, orun.StageReady) and not self.ready.done():
             self.ready.set_result(None)
 
-    def emit(self, event: LifecycleEvent) -> None:
-        self.emitter.emit(event)
+    def emit(self, event: LifecycleEvent, mono_ns: int | None = None) -> None:
+        self.emitter.emit(event, mono_ns)
+        if isinstance(event, StepCompletedEvent):
+            self.recorded += 1
+            self.wake.set()
 
 
 def _provision() -> tuple[ProvisionStage, NodeId]:
@@ -126,31 +130,35 @@ async def controller_steps(steps: int) -> tuple[float, StageOutcome]:
         ports = AnsweringPorts()
         finished: asyncio.Future[StageOutcome] = asyncio.get_running_loop().create_future()
         config = StageControllerConfig(NodeId(1), trusted)
-        ref = runtime.spawn(lambda: StageController(config, ports, finished), "stage")
+        ref = runtime.spawn(lambda: StageController(config, ports, finished), "stage",
+                            mailbox_capacity=steps + 64)
         ports.stage = ref
         ref.tell(scm.ProvisionStage(trusted, provision))
         await ports.ready
-        edge, port = provision.inbound.edge_id, provision.runtime.input_port
-        while not ports.commands:  # the first step is armed with StageReady
+        while not ports.grants:  # the grant is issued with StageReady
             await ports.wake.wait()
             ports.wake.clear()
+        grant = ports.grants[0]
+        reports = [wire.StepCompleted(grant.role_id, StepId(grant.first_step_id + k),
+                                      _record(k, spec.alignment))
+                   for k in range(steps)]
         start = time.perf_counter()
-        for k in range(steps):
-            command = ports.commands[k]
-            out = command.outputs[0]
-            ref.tell(wire.ObjectLoaded(RingId(1), edge, port, ObjectId(k + 1), Sequence(k),
-                                       spec.alignment, DeviceObjectHandle(WorkerGeneration(1),
-                                                                          k)))
-            ref.tell(wire.ObjectProduced(out.ring_id, provision.outbound.edge_id, out.port_id,
-                                         out.object_id, out.sequence, out.extent))
-            ref.tell(wire.StepCompleted(command.role_id, command.step_id))
-            while len(ports.commands) <= k + 1:  # the next step armed
-                await ports.wake.wait()
-                ports.wake.clear()
+        for report in reports:
+            ref.tell(report)
+        while ports.recorded < steps:
+            await ports.wake.wait()
+            ports.wake.clear()
         elapsed = time.perf_counter() - start
         ref.tell(scm.StopRun(provision.run_id))
         outcome = await finished
     return elapsed, outcome
+
+
+def _record(k: int, extent: int) -> StepRecord:
+    """What the worker would report for step k (times 1 µs apart)."""
+    base = 1_000_000 + 4_000 * k
+    return StepRecord(Sequence(k), ObjectId(k + 1), extent, ObjectId(k + 1), extent,
+                      base, base + 1_000, base + 2_000, base + 3_000)
 
 
 class _Guards:
@@ -160,15 +168,6 @@ class _Guards:
     def setup_complete(self, event: Any) -> bool:
         return True
 
-    def is_next_sequence(self, event: Any) -> bool:
-        return True
-
-    def loads_ahead(self, event: Any) -> bool:
-        return False
-
-    def next_loaded_ahead(self, event: Any) -> bool:
-        return False
-
     def teardown_pending(self, event: Any) -> bool:
         return False
 
@@ -177,22 +176,15 @@ class _Guards:
 
 
 def machine_steps(steps: int) -> float:
-    """Seconds for the same two machine events per step through `handle()` alone."""
+    """Seconds for the same event per step through `handle()` alone."""
     provision, trusted = _provision()
     machine = scm.StageControllerMachine(_Guards(), stopping_grace_s=1.0)
     machine.handle(scm.ProvisionStage(trusted, provision))
     machine.handle(scm.WeightsReady())
     role = provision.runtime.role_id
-    events = [
-        (scm.ObjectLoaded(wire.RingId(1), provision.inbound.edge_id,
-                          provision.runtime.input_port, ObjectId(k + 1), Sequence(k), 64,
-                          DeviceObjectHandle(WorkerGeneration(1), k)),
-         scm.StepCompleted(role, wire.StepId(k + 1)))
-        for k in range(steps)
-    ]
+    events = [wire.StepCompleted(role, StepId(k + 1), _record(k, 64)) for k in range(steps)]
     start = time.perf_counter()
-    for loaded, completed in events:
-        machine.handle(loaded)
+    for completed in events:
         machine.handle(completed)
     return time.perf_counter() - start
 
@@ -227,8 +219,8 @@ def main(argv: list[str]) -> int:
     ask_us = best_ask / steps * 1e6
     print(f"steps per run: {steps} (best of {args.repeats}); last check run clean="
           f"{outcome.clean} steps={outcome.steps_completed}")
-    print(f"controller, per step (3 mailbox messages, 2 events): {ctl_us:9.1f} µs")
-    print(f"bare machine, per step (2 handle() calls):            {machine_us:9.1f} µs "
+    print(f"controller, per step (1 mailbox message, 1 event):   {ctl_us:9.1f} µs")
+    print(f"bare machine, per step (1 handle() call):             {machine_us:9.1f} µs "
           f"({ctl_us / machine_us:5.1f}x less than the controller)")
     print(f"actor ask round trip:                                 {ask_us:9.1f} µs "
           f"(controller step = {ctl_us / ask_us:4.1f} round trips)")

@@ -9,11 +9,11 @@ A binding emits a lifecycle event (spec §40) at one of three kinds of place, an
   stage_provision_started, one per stage). `where` narrows it to the rows whose `with:`
   sets a field to a value (RecordRunOutcome emits run_completed only for Completed).
 - `on_event`: just before the binding feeds the machine that event (run_planned comes
-  with PlanAvailable, object_loaded with ObjectLoaded); the table must then have a row
+  with PlanAvailable); the table must then have a row
   for it in the current state, ignore it there, or be in a terminal state.
 - `in_states`: at any time while the machine is in one of those states, with no
   transition of its own (an asynchronous report: stop_run_sent from the tasks SendStopRun
-  started, object_produced while a step is in flight).
+  started).
 
 `count` says how often a place emits it: exactly once, at most once (a send that may fail
 first), once or more, or any number of times (once per stage).
@@ -131,15 +131,13 @@ ANCHORS: tuple[Anchor, ...] = (
            count=Count.Any),
     Anchor(_E.weights_loaded, "stage_controller", in_states=("Preparing",), count=Count.Any),
     Anchor(_E.stage_ready, "stage_controller", on_effect="ReportStageReady"),
-    Anchor(_E.object_loaded, "stage_controller", on_event=("ObjectLoaded",)),
-    Anchor(_E.execute_step_started, "stage_controller", on_effect="StepStarted",
-           count=Count.AtMostOne),
-    Anchor(_E.object_produced, "stage_controller",
-           in_states=("Executing", "Faulted", "Stopping"), count=Count.Any),
-    Anchor(_E.step_completed, "stage_controller", on_effect="ReleaseStepInputs"),
+    # a granted step's four events, emitted together from its StepCompleted
+    Anchor(_E.object_loaded, "stage_controller", on_effect="RecordStep"),
+    Anchor(_E.execute_step_started, "stage_controller", on_effect="RecordStep"),
+    Anchor(_E.object_produced, "stage_controller", on_effect="RecordStep"),
+    Anchor(_E.step_completed, "stage_controller", on_effect="RecordStep"),
     Anchor(_E.stage_stopped, "stage_controller", on_effect="ReportStageStopped"),
     # a node's boot (swactor.membership.boot)
-    Anchor(_E.execute_step_started, "stage_controller", on_effect="StartLoadedAhead"),
     Anchor(_E.node_started, "node_boot", on_effect="ReportNodeStarted"),
     Anchor(_E.node_available, "node_boot", on_effect="ReportNodeAvailable"),
     Anchor(_E.node_faulted, "node_boot", on_effect="ReportNodeUnavailable"),

@@ -1,7 +1,8 @@
 """Emitting events: stamp a record with time and process, hand it to every sink.
 
 An `Emitter` belongs to one process (or, in an in-process test cluster, to one simulated
-node). `emit(record)` stamps `mono`, `wall`, `pid` and the process label, writes the
+node). `emit(record)` stamps `mono`, `wall`, `pid` and the process label (`mono` may be given:
+an event another process on this host timed), writes the
 `Emitted` line to each sink, and returns it. A sink that fails (disk full, closed
 stream) is reported once in the log and skipped: observability never takes a node down.
 
@@ -47,8 +48,15 @@ class Emitter:
     def remove_sink(self, sink: Sink) -> None:
         self.sinks.remove(sink)
 
-    def emit(self, event: LifecycleEvent) -> Emitted:
-        emitted = Emitted(event, time.monotonic_ns(), time.time_ns(), os.getpid(), self.proc)
+    def emit(self, event: LifecycleEvent, mono_ns: int | None = None) -> Emitted:
+        """Stamp and write `event`; `mono_ns` (`time.monotonic_ns()` of this host) says
+        when it happened when that was earlier than now (another process on this host
+        saw it: a worker's step), its `wall` then moved back by as much."""
+        now_mono, wall = time.monotonic_ns(), time.time_ns()
+        if mono_ns is not None:
+            wall -= max(0, now_mono - mono_ns)
+            now_mono = mono_ns
+        emitted = Emitted(event, now_mono, wall, os.getpid(), self.proc)
         for sink in self.sinks:
             try:
                 sink.write(emitted)

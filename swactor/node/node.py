@@ -131,9 +131,8 @@ from swactor.transport.run_control import (
 from swactor.wire import (
     ArenaFailure,
     Component,
-    DeviceObjectHandle,
     EdgeId,
-    ExecuteStep,
+    GrantSteps,
     NodeId,
     ProvisionStage,
     RoleId,
@@ -228,11 +227,11 @@ class NodeStagePorts:
     async def load_weights(self, provision: ProvisionStage) -> None:
         await self._worker.load_weights(provision)
 
-    async def execute_step(self, command: ExecuteStep) -> None:
-        await self._worker.execute_step(command)
+    async def grant_steps(self, command: GrantSteps) -> None:
+        await self._worker.grant_steps(command)
 
-    async def release_input(self, handle: DeviceObjectHandle) -> None:
-        await self._worker.release_input(handle)
+    async def revoke_steps(self, role_id: RoleId) -> None:
+        await self._worker.revoke_steps(role_id)
 
     async def reset_role(self, role_id: RoleId) -> None:
         await self._worker.reset_role(role_id)
@@ -277,8 +276,8 @@ class NodeStagePorts:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def emit(self, event: LifecycleEvent) -> None:
-        self.node.emitter.emit(event)
+    def emit(self, event: LifecycleEvent, mono_ns: int | None = None) -> None:
+        self.node.emitter.emit(event, mono_ns)
 
 
 class _WatchedControl(ControlChannel):

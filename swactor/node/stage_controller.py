@@ -11,41 +11,36 @@ WeightsReady/WeightsFailed from the weight loader, EdgeFault/EdgeStopped from th
 actors, StoppingTimeout from its own timer) plus what other node actors send as they
 are: GpuWorkerCtl's §30 worker events (`wire.ObjectLoaded`, `wire.ObjectProduced`,
 `wire.ObjectFailed`, `wire.RoleConfigured`, `wire.RoleFailed`, `wire.StepCompleted`,
-`wire.StepFailed`, `wire.DeviceObjectReleased`, `wire.ReleaseFailed`) and its
-`WorkerCrashed` notice, the edge actors' `EdgeReady(edge_id, ring_id)` and the
-loader's `WeightsFetched` progress. For every message the binding
+`wire.StepFailed`) and its `WorkerCrashed` notice, the edge actors'
+`EdgeReady(edge_id, ring_id)` and the loader's `WeightsFetched` progress. For every
+message the binding
 
 1. translates it into the machine event it stands for, keeping what the machine does
-   not carry (the input's extent and ring, the outbound ring id): worker mail for
-   another role, edge or step than this stage's is logged and dropped, and an
-   ObjectFailed on one of this stage's edges becomes EdgeFault with its §36 reason;
+   not carry (the outbound ring id): worker mail for another role, edge or step than
+   this stage's is logged and dropped, an ObjectFailed on one of this stage's edges
+   becomes EdgeFault with its §36 reason, and an ObjectLoaded / ObjectProduced line is
+   dropped (a granted step reports its objects in its StepCompleted; the table doc
+   says why an ObjectLoaded can still come);
 2. updates its bookkeeping so the guards are plain reads: `provision_valid` (the sender
    is the trusted orchestrator, the run is the node's active run and not one it already
    ran, and the last stage's tokens go back to that orchestrator), `setup_complete`
-   (role configured, weights ready, both edges ready), `is_next_sequence` (the inbound
-   edge, and the sequence of the armed step: 0, then previous + 1), `loads_ahead` /
-   `next_loaded_ahead` (an input that follows the armed step and those already held /
-   one is held: a serving run's objects loaded while a step runs),
-   `teardown_pending` / `teardown_clean` (both edges stopped, no requested device
-   release unanswered / no edge stopped unclean, no release or port failed);
+   (role configured, weights ready, both edges ready), `teardown_pending` /
+   `teardown_clean` (both edges stopped / none unclean, no port failed);
 3. feeds the event to its `AsyncMachineHost` (`swactor.fsm.host`), which runs the
    machine's timer on `ctx.timers` and awaits the binding's method for each effect in
    order (the class implements `StageControllerEffects`). The four setup
    effects of Preparing start port tasks (they may take long: a download), so the actor
    stays responsive to StopRun; the others are awaited inline and must only queue a
-   command. ExecuteStep arms the next step ahead of its object (the table's doc says
-   why): a fresh step id, the input awaited as "sequence S on the inbound ring" on the
-   role's input port, one output on the outbound ring with the *same* sequence, object
-   id `sequence + 1` on the outbound edge, and an extent per input row (rows of `hidden
-   * width` out; one token id out of the last stage), inputs released by the worker
-   after the step (`release_inputs_after`: the worker's StepCompleted means they are
-   freed, so the ledger forgets them on it, in any state, and no DeviceObjectReleased
-   is awaited for them). StepStarted records the input the worker
-   reported loaded and started on; HoldLoadedAhead keeps an input loaded while the
-   armed step ran, and StartLoadedAhead records the oldest held one as the started
-   input of the step just armed (the worker binds it at once). The device handles this
-   stage holds are tracked; ReleaseRunObjects releases those still held; a worker
-   crash drops its generation's handles (they died with the process).
+   command. IssueGrant sends the standing step grant (the table doc says why): step
+   ids from this run's range, the input awaited as "sequence k on the inbound ring" on
+   the role's input port from sequence 0, the output on the outbound ring with the
+   *same* sequence and object id `sequence + 1`, an extent per input row (rows of
+   `hidden * width` out; one token id out of the last stage). RecordStep emits a
+   reported step's four events, stamped with the worker's times (its object_loaded no
+   earlier than the previous step's step_completed, so the log stays in step order
+   when an object was loaded while the step before it ran). RevokeGrant sends
+   RevokeSteps; the worker frees the objects the grant did not run, so this stage holds
+   no device object.
 
 A port that raises is turned into the event its outcome would have been (module doc of
 `stage_ports`), posted to the actor's own mailbox, never fed re-entrantly. Events the
@@ -56,7 +51,8 @@ Lifecycle events (spec §40) go through `ports.emit`, in this order for a clean 
 weights_download_started, edge_provision_started (inbound, outbound), then as they come
 weights_downloaded, edge_ready (per edge), weights_loaded (weights ready and role
 configured), stage_ready; per step object_loaded, execute_step_started,
-object_produced, step_completed; stage_stopped. Faults are reported to the orchestrator
+object_produced, step_completed (emitted together when the step's StepCompleted comes,
+stamped with the worker's times); stage_stopped. Faults are reported to the orchestrator
 (StageFault with reason and component), which emits run_faulted.
 
 Once the machine is Stopped the `finished` future resolves with the `StageOutcome` and
@@ -67,8 +63,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from swactor import wire
@@ -102,7 +98,6 @@ from swactor.wire import (
     OBJECT_FAULTS,
     AwaitedInput,
     Component,
-    DeviceObjectHandle,
     EdgeId,
     EdgeKind,
     NodeId,
@@ -110,7 +105,6 @@ from swactor.wire import (
     OutputBinding,
     PortId,
     ProvisionStage,
-    ReleaseFailure,
     RingId,
     RoleFailure,
     RunFaultError,
@@ -120,11 +114,14 @@ from swactor.wire import (
     StageIndex,
     StepFailure,
     StepId,
+    StepRecord,
 )
 
 log = logging.getLogger("swactor.node.stage_controller")
 
 DEFAULT_STOPPING_GRACE_S = 30.0
+STEP_IDS_PER_RUN = 1 << 32
+"""Each run's controller mints step ids from its own range of this size (StepId is u64)."""
 
 WorkerMail = (
     wire.ObjectLoaded
@@ -134,8 +131,6 @@ WorkerMail = (
     | wire.RoleFailed
     | wire.StepCompleted
     | wire.StepFailed
-    | wire.DeviceObjectReleased
-    | wire.ReleaseFailed
     | WorkerCrashedNotice
 )
 StageMail = scm.Event | WorkerMail | WeightsFetched
@@ -162,23 +157,14 @@ class StageControllerConfig:
     """Runs this node already served: provisioning them again is rejected."""
     stopping_grace_s: float = DEFAULT_STOPPING_GRACE_S
     first_step_id: int = 1
-    """Step ids are minted from here up; the StageHost gives each run its own range, so a
-    late worker answer about an earlier run's step can never match this run's step."""
-
-
-@dataclass(slots=True)
-class _Step:
-    step_id: StepId
-    sequence: Sequence
-    object_id: ObjectId
-    """The output object's id."""
-    inputs: tuple[DeviceObjectHandle, ...]
-    """The input the step started on (empty while the step is armed)."""
+    """Step ids are minted from here up (`STEP_IDS_PER_RUN` of them); the StageHost gives
+    each run its own range, so a late worker answer about an earlier run's step can never
+    match this run's step."""
 
 
 @dataclass(slots=True)
 class _Teardown:
-    """Bookkeeping of Stopping: which edges stopped, how cleanly, failed releases."""
+    """Bookkeeping of Stopping: which edges stopped, how cleanly, what failed."""
 
     edges_stopped: set[EdgeId] = field(default_factory=set)
     unclean: list[str] = field(default_factory=list)
@@ -214,19 +200,10 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
         """The edge establishment tasks: StopEdges waits for them, so a stop that comes
         right after provisioning cannot overtake the lease an establishment takes."""
         self._rings: dict[EdgeId, RingId] = {}
-        self._extents: dict[DeviceObjectHandle, int] = {}
-        """Bytes of each loaded input (the machine's ObjectLoaded does not carry them)."""
-        self._held: set[DeviceObjectHandle] = set()
-        self._ahead: deque[tuple[ObjectId, Sequence, DeviceObjectHandle]] = deque()
-        """Inputs loaded while the armed step ran, oldest first (HoldLoadedAhead)."""
-        self._releasing: set[DeviceObjectHandle] = set()
-        self._freed: set[DeviceObjectHandle] = set()
-        """Inputs freed with their step whose release this controller also asked for (a
-        StopRun that raced the step's end): the worker answers it ReleaseFailed."""
-        self._next_sequence = Sequence(0)
-        """The sequence the next ExecuteStep is armed for (0, then previous + 1)."""
-        self._next_step = config.first_step_id
-        self._step: _Step | None = None
+        self._granted = False
+        """IssueGrant sent the grant: StepCompleted / StepFailed of its steps are ours."""
+        self._last_ns = 0
+        """The latest stamp of a recorded step's events (RecordStep keeps them in order)."""
         self._teardown = _Teardown()
         self._ctx: Context[StageMail] | None = None
         self._host = AsyncMachineHost(self.machine, scm.bind(self),
@@ -288,9 +265,9 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
             return scm.WorkerCrashed(message.generation, reason)
         if isinstance(message, scm.StopRun) and not self._for_this_run(message.run_id):
             return self._drop(message, f"StopRun for run {int(message.run_id)}")
-        if isinstance(message, scm.Event) and not isinstance(message, wire.ObjectLoaded):
+        if isinstance(message, scm.Event) and not isinstance(message, wire.StepCompleted):
             return message
-        return self._worker_event(message)  # ObjectLoaded too: its edge and handle first
+        return self._worker_event(message)  # StepCompleted too: its role and step first
 
     def _worker_event(self, message: WorkerMail) -> scm.Event | None:
         provision = self._provision
@@ -298,11 +275,8 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
             return self._drop(message, "before provisioning")
         role = provision.runtime.role_id
         match message:
-            case wire.ObjectLoaded() if message.edge_id == provision.inbound.edge_id:
-                return self._object_loaded(message)
-            case wire.ObjectProduced() if message.edge_id == provision.outbound.edge_id:
-                self._object_produced(message)
-                return None
+            case wire.ObjectLoaded() | wire.ObjectProduced() if message.edge_id in self._edges:
+                return None  # the grant's objects: its steps report them (module doc)
             case wire.ObjectFailed(edge_id=edge, reason=reason) if edge in self._edges:
                 component = (Component.IngressParser if edge == provision.inbound.edge_id
                              else Component.EgressProducer)
@@ -314,22 +288,12 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
                 log.warning("stage %s: role %d failed: %s", self._name, int(r), reason.value)
                 return scm.RoleFailed(r, reason)
             case wire.StepCompleted(role_id=r, step_id=s) if r == role and self._is_step(s):
-                return scm.StepCompleted(r, s)
+                return message  # the table's StepCompleted (swactor.wire)
             case wire.StepFailed(role_id=r, step_id=s, reason=reason) if (
                 r == role and self._is_step(s)
             ):
                 log.warning("stage %s: step %d failed: %s", self._name, int(s), reason.value)
                 return scm.StepFailed(r, s, reason)
-            case wire.ReleaseFailed(device_handle=handle, reason=why) if handle in self._freed or (
-                    why is ReleaseFailure.UnknownHandle and handle in self._releasing):
-                # a held object the worker no longer knows went with its step
-                # (release_inputs_after): what the release wanted
-                self._freed.discard(handle)
-                return scm.DeviceObjectReleased(handle)
-            case wire.DeviceObjectReleased(device_handle=handle) if handle in self._held:
-                return scm.DeviceObjectReleased(handle)
-            case wire.ReleaseFailed(device_handle=handle, reason=reason) if handle in self._held:
-                return scm.ReleaseFailed(handle, reason)
         return self._drop(message, "not for this stage")
 
     def _drop(self, message: object, why: str) -> scm.Event | None:
@@ -342,7 +306,9 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
         return claim is None or claim.run_id == run
 
     def _is_step(self, step: StepId) -> bool:
-        return self._step is not None and self._step.step_id == step
+        """A step of this run's grant (this controller's step id range, StageHost)."""
+        first = self.config.first_step_id
+        return self._granted and first <= step < first + STEP_IDS_PER_RUN
 
     @property
     def _edges(self) -> tuple[EdgeId, ...]:
@@ -363,33 +329,6 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
                 ring_id=ring,
             ))
         return message  # the table's EdgeReady (swactor.wire)
-
-    def _object_loaded(self, message: wire.ObjectLoaded) -> scm.Event:
-        provision = self._provision
-        assert provision is not None
-        handle = message.device_handle
-        self._held.add(handle)
-        self._extents[handle] = message.extent
-        self.ports.emit(ObjectLoaded(
-            node_id=self.config.node_id, run_id=provision.run_id,
-            stage_index=provision.stage_index, edge_id=message.edge_id,
-            ring_id=message.ring_id, object_id=message.object_id, sequence=message.sequence,
-            worker_generation=handle.worker_generation, detail={"extent": message.extent},
-        ))
-        return message  # the table's ObjectLoaded (swactor.wire)
-
-    def _object_produced(self, message: wire.ObjectProduced) -> None:
-        provision, step = self._provision, self._step
-        if provision is None or step is None or message.sequence != step.sequence:
-            self._drop(message, "no step in flight for its sequence")
-            return
-        self.ports.emit(ObjectProduced(
-            node_id=self.config.node_id, run_id=provision.run_id,
-            stage_index=provision.stage_index, edge_id=message.edge_id,
-            ring_id=message.ring_id, object_id=message.object_id, sequence=message.sequence,
-            step_id=step.step_id, worker_generation=self.ports.worker_generation(),
-            detail={"extent": message.extent},
-        ))
 
     # -- bookkeeping ---------------------------------------------------------------------
 
@@ -413,25 +352,6 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
                 self._teardown.edges_stopped.add(edge)
                 if not clean:
                     self._teardown.unclean.append(f"edge {int(edge)} stopped unclean")
-            case scm.DeviceObjectReleased(device_handle=handle):
-                self._forget((handle,))
-            case scm.StepCompleted(step_id=step_id) if self._step is not None and (
-                    self._step.step_id == step_id):
-                for handle in self._step.inputs:  # freed with the step (release_inputs_after)
-                    if handle in self._releasing:
-                        self._freed.add(handle)  # its release's answer is still awaited
-                        self._held.discard(handle)
-                    else:
-                        self._forget((handle,))
-            case scm.ReleaseFailed(device_handle=handle, reason=reason):
-                self._releasing.discard(handle)  # still held: teardown retries it
-                if self.machine.state is scm.State.Stopping:
-                    self._teardown.unclean.append(f"release failed: {reason.value}")
-            case scm.WorkerCrashed(worker_generation=generation):
-                dead = {h for h in self._held if h.worker_generation == generation}
-                self._held -= dead
-                self._releasing -= dead
-                self._freed -= dead
             case _:
                 pass
 
@@ -468,27 +388,10 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
         return (self._role_ok and self._weights_ok
                 and self._edges_ready.issuperset(self._edges))
 
-    def is_next_sequence(self, event: scm.ObjectLoaded) -> bool:
-        provision, step = self._provision, self._step
-        return (provision is not None and event.edge_id == provision.inbound.edge_id
-                and step is not None and not step.inputs and event.sequence == step.sequence)
+    def teardown_pending(self, event: scm.EdgeStopped) -> bool:
+        return not self._teardown.edges_stopped.issuperset(self._edges)
 
-    def loads_ahead(self, event: scm.ObjectLoaded) -> bool:
-        provision, step = self._provision, self._step
-        return (provision is not None and event.edge_id == provision.inbound.edge_id
-                and step is not None
-                and event.sequence == step.sequence + 1 + len(self._ahead))
-
-    def next_loaded_ahead(self, event: scm.StepCompleted) -> bool:
-        return bool(self._ahead)
-
-    def teardown_pending(
-        self, event: scm.EdgeStopped | scm.DeviceObjectReleased | scm.ReleaseFailed
-    ) -> bool:
-        return (not self._teardown.edges_stopped.issuperset(self._edges)
-                or bool(self._releasing))
-
-    def teardown_clean(self, event: scm.EdgeStopped | scm.DeviceObjectReleased) -> bool:
+    def teardown_clean(self, event: scm.EdgeStopped) -> bool:
         return not self._teardown.unclean
 
     # -- effects -------------------------------------------------------------------------
@@ -535,25 +438,19 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
         self._stage_ready()
         await self._report(orun.StageReady(self._stage_index), self._footprint)
 
-    async def execute_step(self) -> None:
-        await self._arm(self._context)
+    async def issue_grant(self) -> None:
+        await self._grant(self._context)
 
-    async def step_started(self, object_id: ObjectId, sequence: Sequence,
-                           device_handle: DeviceObjectHandle) -> None:
-        self._step_started(object_id, sequence, device_handle)
+    async def record_step(self, step_id: StepId, record: StepRecord | None) -> None:
+        self._record(step_id, record)
 
-    async def hold_loaded_ahead(self, object_id: ObjectId, sequence: Sequence,
-                                device_handle: DeviceObjectHandle) -> None:
-        self._ahead.append((object_id, sequence, device_handle))
-
-    async def start_loaded_ahead(self) -> None:
-        self._step_started(*self._ahead.popleft())
-
-    async def release_step_inputs(self, step_id: StepId) -> None:
-        await self._step_completed(self._context, step_id)
-
-    async def reject_run_work(self, device_handle: DeviceObjectHandle) -> None:
-        await self._release(self._context, device_handle)
+    async def revoke_grant(self) -> None:
+        provision = self._provision
+        assert provision is not None
+        try:
+            await self.ports.revoke_steps(provision.runtime.role_id)
+        except Exception as error:  # faulted or stopping already: nothing waits on it
+            log.warning("stage %s: revoke_steps failed: %s", self._name, error)
 
     async def report_stage_fault(self, reason: RunFaultReason, component: Component) -> None:
         if self.outcome.fault is None:
@@ -562,10 +459,6 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
 
     async def stop_edges(self) -> None:
         await self._stop_edges(self._context)
-
-    async def release_run_objects(self) -> None:
-        for handle in sorted(self._held - self._releasing, key=_handle_key):
-            await self._release(self._context, handle)
 
     async def reset_role(self) -> None:
         await self._reset_role()
@@ -616,79 +509,75 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
             role_reused=None if fp is None else fp.reused,
         ))
 
-    async def _arm(self, ctx: Context[StageMail]) -> None:
-        """Issue the ExecuteStep for the next sequence ahead of its object (table doc)."""
+    async def _grant(self, ctx: Context[StageMail]) -> None:
+        """Send the standing step grant (module doc)."""
         provision = self._provision
         assert provision is not None
-        step_id = StepId(self._next_step)
-        self._next_step += 1
-        sequence = self._next_sequence
-        self._next_sequence = Sequence(sequence + 1)
-        self._step = _Step(step_id, sequence, ObjectId(sequence + 1), ())
+        first = StepId(self.config.first_step_id)
         role = provision.runtime.role_id
+        self._granted = True
+        self._last_ns = time.monotonic_ns()
         try:
-            command = self._command(provision, step_id, sequence)
+            command = self._command(provision, first)
         except RunFaultError as error:
-            log.warning("stage %s: step %d not issued: %s", self._name, int(step_id), error)
-            ctx.self_ref.tell(scm.StepFailed(role, step_id, _step_failure(error)))
+            log.warning("stage %s: steps not granted: %s", self._name, error)
+            ctx.self_ref.tell(scm.StepFailed(role, first, _step_failure(error)))
             return
-        await self._call(ctx, self.ports.execute_step(command),
-                         lambda e: scm.StepFailed(role, step_id, _step_failure(e)))
+        await self._call(ctx, self.ports.grant_steps(command),
+                         lambda e: scm.StepFailed(role, first, _step_failure(e)))
 
-    def _step_started(self, object_id: ObjectId, sequence: Sequence,
-                      handle: DeviceObjectHandle) -> None:
-        provision, step = self._provision, self._step
-        assert provision is not None and step is not None and step.sequence == sequence
-        step.inputs = (handle,)
-        self.ports.emit(ExecuteStepStarted(
-            node_id=self.config.node_id, run_id=provision.run_id,
-            stage_index=provision.stage_index, step_id=step.step_id, sequence=sequence,
-            worker_generation=handle.worker_generation,
-        ))
-
-    def _command(
-        self, provision: ProvisionStage, step_id: StepId, sequence: Sequence,
-    ) -> wire.ExecuteStep:
+    def _command(self, provision: ProvisionStage, first: StepId) -> wire.GrantSteps:
         inbound = self._rings.get(provision.inbound.edge_id)
         ring = self._rings.get(provision.outbound.edge_id)
         if inbound is None or ring is None:
             raise RunFaultError(RunFaultReason.StepFailed, "edge ring unknown")
         runtime = provision.runtime
-        return wire.ExecuteStep(
+        sequence = Sequence(0)
+        return wire.GrantSteps(
             role_id=runtime.role_id,
-            step_id=step_id,
-            inputs=(),
-            outputs=(output_binding(provision, runtime.output_port, ring, sequence),),
-            runtime={"sequence": int(sequence)},
-            release_inputs_after=True,
-            awaits=(AwaitedInput(runtime.input_port, inbound, sequence,
-                                 provision.inbound.object_spec.alignment),),
+            first_step_id=first,
+            input=AwaitedInput(runtime.input_port, inbound, sequence,
+                               provision.inbound.object_spec.alignment),
+            output=output_binding(provision, runtime.output_port, ring, sequence),
         )
 
-    async def _step_completed(self, ctx: Context[StageMail], step_id: StepId) -> None:
-        provision, step = self._provision, self._step
-        assert provision is not None and step is not None and step.step_id == step_id
-        self._step = None
+    def _record(self, step_id: StepId, record: StepRecord | None) -> None:
+        """Count a reported step and emit its four events at the worker's times."""
         self.outcome.steps_completed += 1
-        self.ports.emit(StepCompleted(
-            node_id=self.config.node_id, run_id=provision.run_id,
-            stage_index=provision.stage_index, step_id=step_id, sequence=step.sequence,
-            worker_generation=self.ports.worker_generation(),
-        ))
-
-    def _forget(self, handles: Iterable[DeviceObjectHandle]) -> None:
-        """These device objects are gone: no longer held, released or awaited."""
-        for handle in handles:
-            self._held.discard(handle)
-            self._releasing.discard(handle)
-            self._extents.pop(handle, None)
-
-    async def _release(self, ctx: Context[StageMail], handle: DeviceObjectHandle) -> None:
-        if handle not in self._held or handle in self._releasing:
+        provision = self._provision
+        assert provision is not None
+        if record is None:
+            log.warning("stage %s: step %d reported without its record", self._name,
+                        int(step_id))
             return
-        self._releasing.add(handle)
-        await self._call(ctx, self.ports.release_input(handle),
-                         lambda e: scm.ReleaseFailed(handle, _release_failure(e)))
+        node, run, stage = self.config.node_id, provision.run_id, provision.stage_index
+        generation = self.ports.worker_generation()
+        sequence = record.sequence
+        inbound, outbound = provision.inbound.edge_id, provision.outbound.edge_id
+        loaded = max(record.loaded_ns, self._last_ns)
+        started = max(record.started_ns, loaded)
+        produced = max(record.produced_ns, started)
+        completed = self._last_ns = max(record.completed_ns, produced)
+        emit = self.ports.emit
+        emit(ObjectLoaded(
+            node_id=node, run_id=run, stage_index=stage, edge_id=inbound,
+            ring_id=self._rings[inbound], object_id=record.input_object_id, sequence=sequence,
+            worker_generation=generation, detail={"extent": record.input_extent},
+        ), loaded)
+        emit(ExecuteStepStarted(
+            node_id=node, run_id=run, stage_index=stage, step_id=step_id, sequence=sequence,
+            worker_generation=generation,
+        ), started)
+        emit(ObjectProduced(
+            node_id=node, run_id=run, stage_index=stage, edge_id=outbound,
+            ring_id=self._rings[outbound], object_id=record.output_object_id,
+            sequence=sequence, step_id=step_id, worker_generation=generation,
+            detail={"extent": record.output_extent},
+        ), produced)
+        emit(StepCompleted(
+            node_id=node, run_id=run, stage_index=stage, step_id=step_id, sequence=sequence,
+            worker_generation=generation,
+        ), completed)
 
     async def _stop_edges(self, ctx: Context[StageMail]) -> None:
         provision = self._provision
@@ -816,10 +705,6 @@ def output_extent(provision: ProvisionStage, input_extent: int) -> int:
     return rows * outbound.alignment
 
 
-def _handle_key(handle: DeviceObjectHandle) -> tuple[int, int]:
-    return (int(handle.worker_generation), handle.id)
-
-
 def _role_failure(error: BaseException) -> RoleFailure:
     if isinstance(error, RunFaultError) and error.reason in _WORKER_GONE:
         return RoleFailure.WorkerProcessExited
@@ -838,7 +723,3 @@ def _step_failure(error: BaseException) -> StepFailure:
     return StepFailure.RoleUnavailable
 
 
-def _release_failure(error: BaseException) -> ReleaseFailure:
-    if isinstance(error, RunFaultError) and error.reason in _WORKER_GONE:
-        return ReleaseFailure.WorkerProcessExited
-    return ReleaseFailure.WorkerShuttingDown

@@ -59,6 +59,7 @@ from swactor.fsm.generated import orchestrator_run as orun
 from swactor.fsm.generated import stage_controller as scm
 from swactor.node.stage_controller import (
     DEFAULT_STOPPING_GRACE_S,
+    STEP_IDS_PER_RUN,
     StageController,
     StageControllerConfig,
     StageMail,
@@ -81,8 +82,6 @@ from swactor.wire import (
 
 log = logging.getLogger("swactor.node.stage_host")
 
-STEP_IDS_PER_RUN = 1 << 32
-"""Each run's controller mints step ids from its own range of this size (StepId is u64)."""
 HISTORY_KEPT = 256
 """How many finished runs' `StageOutcome`s `StageHostState.history` keeps (the node's
 status lists them as `runs_served`): enough for any test or operator looking back, and a

@@ -3,10 +3,10 @@
 Theory of operation. The controller (`stage_controller.py`) decides; the ports act. A
 `StagePorts` object carries out each kind of effect of the stage_controller machine on
 the node: configure the worker role, start weight work, establish the inbound (Rx) and
-outbound (Tx) edge ends, send one ExecuteStep or ReleaseDeviceObject to GpuWorkerCtl,
-stop both edges, reset the role, answer the orchestrator (`report`), and record
-lifecycle events (`emit`). The node composition plugs the real actors in here; unit
-tests plug in memory fakes.
+outbound (Tx) edge ends, grant the worker its standing step authorisation and revoke it
+(GrantSteps / RevokeSteps to GpuWorkerCtl), stop both edges, reset the role, answer the
+orchestrator (`report`), and record lifecycle events (`emit`). The node composition plugs
+the real actors in here; unit tests plug in memory fakes.
 
 Port methods return once the action is *started* (a command queued, a task begun);
 outcomes come back as mail to the controller:
@@ -19,8 +19,9 @@ load_weights           `WeightsFetched` (optional progress), then `WeightsReady`
                        `WeightsFailed` (machine events)
 establish_inbound/     `EdgeReady(edge_id, ring_id)` or `EdgeFault` per edge
 establish_outbound
-execute_step           `wire.ObjectProduced`, then `wire.StepCompleted` / `wire.StepFailed`
-release_input          `wire.DeviceObjectReleased` / `wire.ReleaseFailed`
+grant_steps            per granted step one `wire.StepCompleted` (with its `StepRecord`) or
+                       `wire.StepFailed`
+revoke_steps           nothing (a step already started still reports)
 stop_edges             one `EdgeStopped(edge_id, clean)` per edge of the stage, whatever
                        phase the edge is in (a never-established edge stops clean)
 reset_role, report,    nothing
@@ -35,8 +36,13 @@ the artifact range is local and validated, `RoleConfigured` that the worker boun
 
 A port that cannot act raises `RunFaultError` with the §36 run-level reason; the
 controller turns it into the machine event that port's outcome would have been
-(WeightsFailed, RoleFailed, EdgeFault, StepFailed, ReleaseFailed, EdgeStopped(clean
-false)), so a refused command never leaves the stage waiting.
+(WeightsFailed, RoleFailed, EdgeFault, StepFailed, EdgeStopped(clean false)), so a
+refused command never leaves the stage waiting; a failed revocation is only logged (the
+stage is already faulted or stopping).
+
+`emit(event, mono_ns)` records a lifecycle event; `mono_ns` (this host's
+`time.monotonic_ns()`) is when it happened when that was not now (a granted step's
+events carry the worker's times), None for now.
 
 `report` is awaited inline by the controller, so it must only queue the message (the
 control channel sends it); the setup ports run as tasks and may take long.
@@ -51,9 +57,8 @@ from swactor.events.schema import LifecycleEvent
 from swactor.fsm.generated import orchestrator_run as orun
 from swactor.wire import (
     Component,
-    DeviceObjectHandle,
     EdgeId,
-    ExecuteStep,
+    GrantSteps,
     NodeId,
     ProvisionStage,
     RoleId,
@@ -91,12 +96,12 @@ class StagePorts(Protocol):
         """Provision the send end of the outbound edge (ProvisionTx to the establisher)."""
         ...
 
-    async def execute_step(self, command: ExecuteStep) -> None:
-        """Send one ExecuteStep to GpuWorkerCtl."""
+    async def grant_steps(self, command: GrantSteps) -> None:
+        """Send the stage's standing step grant to GpuWorkerCtl."""
         ...
 
-    async def release_input(self, handle: DeviceObjectHandle) -> None:
-        """Send ReleaseDeviceObject for one input device object to GpuWorkerCtl."""
+    async def revoke_steps(self, role_id: RoleId) -> None:
+        """Send RevokeSteps for the stage's role to GpuWorkerCtl."""
         ...
 
     async def stop_edges(self, inbound: EdgeId, outbound: EdgeId) -> None:
@@ -113,8 +118,8 @@ class StagePorts(Protocol):
         carries the worker's measured `footprint` (extension) when it reported one."""
         ...
 
-    def emit(self, event: LifecycleEvent) -> None:
-        """Record one lifecycle event (spec §40)."""
+    def emit(self, event: LifecycleEvent, mono_ns: int | None = None) -> None:
+        """Record one lifecycle event (spec §40) that happened at `mono_ns` (None: now)."""
         ...
 
 

@@ -30,7 +30,8 @@ edge ports (EdgeEstablisher, edge actors), `report` (control channel) and `emit`
   entries), so the worker reads the stage's tensor bytes and not the header again; it
   binds them and answers RoleConfigured / RoleFailed to the stage. If the weights
   failed, it raises too (the controller keeps the first fault).
-- `execute_step`, `release_input`: the §29 commands, as GpuWorkerCtl's machine events.
+- `grant_steps`, `revoke_steps`: the standing step grant and its revocation (extension
+  beyond §29), as GpuWorkerCtl's machine events.
 - `reset_role`: §29 has no command to drop a role, so nothing is sent: the next run's
   ConfigureRole replaces the role object (its weights and KV cache are freed with it),
   and a role's positions restart at inference step 0. Locations of the run are dropped.
@@ -57,11 +58,11 @@ from swactor.node.role_config import RoleConfigProblem, llama_stage_config
 from swactor.node.stage_ports import WeightsFetched
 from swactor.wire import (
     ConfigureRole,
-    DeviceObjectHandle,
-    ExecuteStep,
     GgufSourceKind,
+    GrantSteps,
     JsonObject,
     ProvisionStage,
+    RevokeSteps,
     RoleId,
     RunFaultError,
     RunFaultReason,
@@ -242,11 +243,11 @@ class WorkerStagePorts:
             raise RunFaultError(RunFaultReason.WeightLoadFailed, str(error)) from None
         self.worker.tell(gwc.ConfigureRole(ConfigureRole(provision.runtime.role_id, config)))
 
-    async def execute_step(self, command: ExecuteStep) -> None:
-        self.worker.tell(gwc.ExecuteStep(command))
+    async def grant_steps(self, command: GrantSteps) -> None:
+        self.worker.tell(gwc.GrantSteps(command))
 
-    async def release_input(self, handle: DeviceObjectHandle) -> None:
-        self.worker.tell(gwc.ReleaseDeviceObject(handle))
+    async def revoke_steps(self, role_id: RoleId) -> None:
+        self.worker.tell(gwc.RevokeSteps(RevokeSteps(role_id)))
 
     async def reset_role(self, role_id: RoleId) -> None:
         for run, future in list(self._locations.items()):

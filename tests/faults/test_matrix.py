@@ -102,9 +102,9 @@ CASES: list[Any] = [
          [{"point": "worker.copy", "direction": "host_to_device"}]),
     # the two worker deaths: the next run on that node waits for the restarted worker
     # (GpuWorkerCtl holds its commands until WorkerReady, spec §31, §39 "worker restart")
-    Case("worker fatal error", "worker.fatal: stage 1's worker raises on ExecuteStep",
+    Case("worker fatal error", "worker.fatal: stage 1's worker raises on GrantSteps",
          "Faulted", _reasons("WorkerFatal"),
-         [{"point": "worker.fatal", "command": "ExecuteStep"}]),
+         [{"point": "worker.fatal", "command": "GrantSteps"}]),
     Case("worker crash (kill -9 mid-step)", "worker.step kill: SIGKILL at step 1 on stage 1",
          "Faulted", _reasons("WorkerCrashed"),
          [{"point": "worker.step", "sequence": 1, "mode": "kill"}]),

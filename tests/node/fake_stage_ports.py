@@ -18,9 +18,8 @@ from swactor.events.schema import LifecycleEvent, validate_line
 from swactor.events.sinks import MemorySink
 from swactor.node.stage_ports import StageReport
 from swactor.wire import (
-    DeviceObjectHandle,
     EdgeId,
-    ExecuteStep,
+    GrantSteps,
     NodeId,
     ProvisionStage,
     RoleId,
@@ -73,11 +72,11 @@ class FakeStagePorts:
         await asyncio.sleep(self.establish_delay_s)
         self._record("establish_outbound", int(provision.outbound.edge_id))
 
-    async def execute_step(self, command: ExecuteStep) -> None:
-        self._record("execute_step", command)
+    async def grant_steps(self, command: GrantSteps) -> None:
+        self._record("grant_steps", command)
 
-    async def release_input(self, handle: DeviceObjectHandle) -> None:
-        self._record("release_input", handle.id)
+    async def revoke_steps(self, role_id: RoleId) -> None:
+        self._record("revoke_steps", int(role_id))
 
     async def stop_edges(self, inbound: EdgeId, outbound: EdgeId) -> None:
         self._record("stop_edges", int(inbound), int(outbound))
@@ -90,8 +89,8 @@ class FakeStagePorts:
         self.reports.append((int(orchestrator), int(run_id), message))
         self.footprints.append(footprint)
 
-    def emit(self, event: LifecycleEvent) -> None:
-        line = self.emitter.emit(event).to_line()
+    def emit(self, event: LifecycleEvent, mono_ns: int | None = None) -> None:
+        line = self.emitter.emit(event, mono_ns).to_line()
         validate_line(line)
         self.lines.append(line)
 

@@ -2,15 +2,17 @@
 
 `StageRig` spawns one controller and offers one method per thing its peers say to it
 (the orchestrator's ProvisionStage/StopRun, the edge actors' EdgeReady/EdgeStopped,
-the loader's WeightsReady, GpuWorkerCtl's wire events), each returning once the actor
-has acted on it (a port call or report the test names, or `settle()`).
+the loader's WeightsReady, GpuWorkerCtl's wire events: a granted step's StepCompleted
+with its record), each returning once the actor has acted on it (a port call, report or
+event the test names, or `settle()`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from swactor import wire
 from swactor.actors import ActorRef, Runtime
@@ -20,6 +22,7 @@ from swactor.node.stage_controller import (
     StageController,
     StageControllerConfig,
     StageMail,
+    output_extent,
 )
 from swactor.node.stage_ports import StageOutcome
 from swactor.orchestrator.inventory import synthetic_pool
@@ -74,6 +77,8 @@ class StageRig:
     controller: StageController
     ref: ActorRef[StageMail]
     finished: asyncio.Future[StageOutcome]
+    t0: int = field(default_factory=lambda: time.monotonic_ns() + 1_000_000_000)
+    """The worker's time of the first step's load in `record` (ahead of the grant)."""
 
     @property
     def orchestrator(self) -> NodeId:
@@ -109,39 +114,35 @@ class StageRig:
         self.ref.tell(wire.RoleConfigured(self.provision.runtime.role_id))
         await self.ports.until(lambda: bool(self.ports.reported(orun.StageReady)))
 
-    def loaded(self, sequence: int, tokens: int = 1, n: int | None = None) -> wire.ObjectLoaded:
+    def grant(self) -> wire.GrantSteps:
+        """The standing grant the controller issued when the stage became ready."""
+        command = self.ports.of("grant_steps")[-1][1]
+        assert isinstance(command, wire.GrantSteps)
+        return command
+
+    def step_of(self, k: int) -> StepId:
+        return StepId(self.grant().first_step_id + k)
+
+    def record(self, k: int, tokens: int = 1) -> wire.StepRecord:
+        """What the worker reports for the grant's step k (times 1 µs apart from `t0`)."""
         spec = self.provision.inbound.object_spec
-        return wire.ObjectLoaded(
-            IN_RING, self.inbound, self.provision.runtime.input_port, ObjectId(sequence + 1),
-            Sequence(sequence), tokens * spec.alignment, handle(sequence if n is None else n),
-        )
+        extent = tokens * spec.alignment
+        base = self.t0 + 10_000 * k
+        return wire.StepRecord(Sequence(k), ObjectId(k + 1), extent, ObjectId(k + 1),
+                               output_extent(self.provision, extent),
+                               base, base + 1_000, base + 2_000, base + 3_000)
 
-    def armed(self) -> wire.ExecuteStep:
-        """The last ExecuteStep the controller issued (armed ahead of its object)."""
-        command = self.ports.of("execute_step")[-1][1]
-        assert isinstance(command, wire.ExecuteStep)
-        return command
+    def completed(self, k: int, tokens: int = 1) -> wire.StepCompleted:
+        return wire.StepCompleted(self.provision.runtime.role_id, self.step_of(k),
+                                  self.record(k, tokens))
 
-    async def execute(self, sequence: int, tokens: int = 1) -> wire.ExecuteStep:
-        """Deliver the input of `sequence` (the worker's report that the armed step
-        started on it); return the armed ExecuteStep."""
-        command = self.armed()
-        self.ref.tell(self.loaded(sequence, tokens))
-        await self.ports.until(lambda: "execute_step_started" in self.ports.event_names()[
-            -1:] or self.state() is not scm.State.Ready)
-        return command
-
-    async def complete(self, command: wire.ExecuteStep) -> None:
-        """The worker's reports of the step's end: its output produced, the step
-        completed (the controller arms the next one; the input went with the step)."""
-        out = command.outputs[0]
-        self.ref.tell(wire.ObjectProduced(
-            out.ring_id, self.outbound, out.port_id, out.object_id, out.sequence, out.extent,
-        ))
-        before = len(self.ports.of("execute_step"))
-        self.ref.tell(wire.StepCompleted(command.role_id, command.step_id))
-        await self.ports.until(lambda: len(self.ports.of("execute_step")) == before + 1)
-        await self.settle()
+    async def step(self, k: int, tokens: int = 1) -> StepId:
+        """The worker's report of the grant's step k; returns once it is recorded."""
+        before = self.ports.event_names().count("step_completed")
+        self.ref.tell(self.completed(k, tokens))
+        await self.ports.until(
+            lambda: self.ports.event_names().count("step_completed") == before + 1)
+        return self.step_of(k)
 
     async def stop_run(self) -> None:
         before = len(self.ports.of("stop_edges"))
@@ -153,9 +154,6 @@ class StageRig:
         self.ref.tell(scm.EdgeStopped(self.inbound, inbound_clean))
         self.ref.tell(scm.EdgeStopped(self.outbound, outbound_clean))
         return await asyncio.wait_for(asyncio.shield(self.finished), 5)
-
-    def step_id(self, command: wire.ExecuteStep) -> StepId:
-        return command.step_id
 
 
 Body = Callable[[StageRig], Awaitable[None]]

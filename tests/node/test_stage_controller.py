@@ -46,6 +46,7 @@ from tests.node.stage_rig import (
 )
 
 F32 = 4
+STEP_EVENTS = ("object_loaded", "execute_step_started", "object_produced", "step_completed")
 
 
 def faults(rig: StageRig) -> list[tuple[int, RunFaultReason, Component]]:
@@ -101,31 +102,38 @@ def test_provision_ready_steps_stop() -> None:
         assert rig.ports.reports[0] == (1000, int(RUN), orun.StageReady(rig.provision.stage_index))
         assert rig.state() is scm.State.Ready
 
-        step_ids = []
+        # one standing grant, issued with StageReady: sequence 0 on, one step at a time
+        (call,) = rig.ports.of("grant_steps")
+        grant = call[1]
+        assert isinstance(grant, wire.GrantSteps)
+        assert grant.role_id == rig.provision.runtime.role_id
+        assert grant.input == wire.AwaitedInput(
+            rig.provision.runtime.input_port, IN_RING, Sequence(0),
+            rig.provision.inbound.object_spec.alignment)
+        out = grant.output
+        assert (out.ring_id, out.sequence, out.object_id) == (OUT_RING, 0, 1)
+        assert out.port_id == rig.provision.runtime.output_port
+        assert (out.extent, out.per_input_row) == (HIDDEN * F32, True)  # per input row
         for k in range(4):
             tokens = len(PROMPT) if k == 0 else 1
-            command = await rig.execute(k, tokens)
-            assert rig.state() is scm.State.Executing
-            assert command.role_id == rig.provision.runtime.role_id
-            # issued ahead: the input is awaited on the inbound ring by its sequence
-            assert command.inputs == ()
-            assert command.awaits == (wire.AwaitedInput(
-                rig.provision.runtime.input_port, IN_RING, Sequence(k),
-                rig.provision.inbound.object_spec.alignment),)
-            (out,) = command.outputs
-            assert (out.ring_id, out.sequence, out.object_id) == (OUT_RING, k, k + 1)
-            assert out.port_id == rig.provision.runtime.output_port
-            assert (out.extent, out.per_input_row) == (HIDDEN * F32, True)  # per input row
-            assert command.release_inputs_after is True
-            step_ids.append(int(command.step_id))
-            await rig.complete(command)
+            assert await rig.step(k, tokens) == grant.first_step_id + k
             assert rig.state() is scm.State.Ready
-            assert rig.armed().awaits[0].sequence == k + 1, "the next step is armed"
-        assert len(set(step_ids)) == 4, "a fresh step id per step"
-        assert rig.ports.of("release_input") == [], "the worker releases step inputs"
+        assert len(rig.ports.of("grant_steps")) == 1, "no command per step"
+        # the four events of each step carry the worker's times, in step order
+        steps = [json.loads(x) for x in rig.ports.lines
+                 if json.loads(x)["event"] in STEP_EVENTS]
+        assert [(e["event"], e["sequence"]) for e in steps] == [
+            (name, k) for k in range(4) for name in STEP_EVENTS]
+        assert [e["mono"] for e in steps] == [
+            rig.t0 + 10_000 * k + 1_000 * i for k in range(4) for i in range(4)]
+        assert steps[0]["detail"] == {"extent": len(PROMPT) * HIDDEN * F32}  # rows in
+        assert steps[2]["detail"] == {"extent": len(PROMPT) * HIDDEN * F32}
+        assert rig.ports.of("revoke_steps") == []
 
         await rig.stop_run()
-        assert rig.ports.of("reset_role") == [("reset_role", int(rig.provision.runtime.role_id))]
+        role = int(rig.provision.runtime.role_id)
+        assert rig.ports.of("revoke_steps") == [("revoke_steps", role)]
+        assert rig.ports.of("reset_role") == [("reset_role", role)]
         assert rig.state() is scm.State.Stopping
         outcome = await rig.edges_stopped()
         assert stopped(rig) == [(1, True)]
@@ -137,24 +145,19 @@ def test_provision_ready_steps_stop() -> None:
     run_stage(body)
 
 
-def test_stop_racing_a_step_end_waits_for_the_release_the_step_made_moot() -> None:
-    """StepCompleted frees the step's input (release_inputs_after, no
-    DeviceObjectReleased); a StopRun that came first asked to release that input too,
-    and the worker's ReleaseFailed for it ends the wait cleanly."""
+def test_a_step_that_completes_after_stop_run_is_recorded() -> None:
+    """The revocation stops further steps; one already started still completes, its
+    output went out, so its events are emitted while the stage stops."""
 
     async def body(rig: StageRig) -> None:
         await rig.make_ready()
-        command = await rig.execute(0, len(PROMPT))
-        await rig.stop_run()  # the step still runs: teardown releases its input
-        await rig.ports.until(lambda: ("release_input", handle(0).id) in rig.ports.calls)
-        rig.ref.tell(wire.StepCompleted(command.role_id, command.step_id))
-        rig.ref.tell(scm.EdgeStopped(rig.inbound, True))
-        rig.ref.tell(scm.EdgeStopped(rig.outbound, True))
-        await rig.settle()
-        assert rig.state() is scm.State.Stopping, "the release is still unanswered"
-        rig.ref.tell(wire.ReleaseFailed(handle(0), wire.ReleaseFailure.UnknownHandle))
-        outcome = await asyncio.wait_for(asyncio.shield(rig.finished), 5)
-        assert outcome.clean and stopped(rig) == [(1, True)]
+        await rig.step(0, len(PROMPT))
+        await rig.stop_run()
+        await rig.step(1)
+        outcome = await rig.edges_stopped()
+        assert outcome.clean and outcome.steps_completed == 2
+        assert stopped(rig) == [(1, True)]
+        assert_legal_order(rig.ports.event_names(), steps=2)
 
     run_stage(body)
 
@@ -355,112 +358,71 @@ def test_role_failure_is_reported_as_weight_load_failure() -> None:
     run_stage(body)
 
 
-# -- step ordering --------------------------------------------------------------------------
+# -- steps ----------------------------------------------------------------------------------
 
 
-def test_out_of_order_object_is_a_sequence_violation() -> None:
+def test_object_lines_are_not_run_work() -> None:
+    """Objects are the grant's: the worker runs and frees them and reports each step
+    once; an ObjectLoaded / ObjectProduced line (one written before the grant reached
+    the worker) starts nothing, releases nothing and is not an event of its own."""
     async def body(rig: StageRig) -> None:
         await rig.make_ready()
-        rig.ref.tell(rig.loaded(1))  # step 1 before step 0
-        await rig.ports.until(lambda: bool(faults(rig)))
-        assert faults(rig) == [(1, RunFaultReason.SequenceViolation, Component.StageController)]
-        assert len(rig.ports.of("execute_step")) == 1, "only the step armed for sequence 0"
-        assert rig.ports.of("release_input") == [("release_input", handle(1).id)]
-        assert rig.state() is scm.State.Faulted
-
-    run_stage(body)
-
-
-def test_skipped_sequence_after_a_step_is_a_violation() -> None:
-    async def body(rig: StageRig) -> None:
-        await rig.make_ready()
-        await rig.complete(await rig.execute(0, len(PROMPT)))
-        rig.ref.tell(rig.loaded(2))
-        await rig.ports.until(lambda: bool(faults(rig)))
-        assert faults(rig) == [(1, RunFaultReason.SequenceViolation, Component.StageController)]
-        assert len(rig.ports.of("execute_step")) == 2, "steps armed for sequences 0 and 1"
-
-    run_stage(body)
-
-
-def test_an_object_that_skips_a_sequence_while_executing_is_a_violation() -> None:
-    async def body(rig: StageRig) -> None:
-        await rig.make_ready()
-        await rig.execute(0, len(PROMPT))
-        rig.ref.tell(rig.loaded(2))  # 1 is the one that may load ahead
-        await rig.ports.until(lambda: bool(faults(rig)))
-        assert faults(rig) == [(1, RunFaultReason.SequenceViolation, Component.StageController)]
-        assert len(rig.ports.of("execute_step")) == 1, "one ExecuteStep at a time"
-
-    run_stage(body)
-
-
-def test_objects_loaded_ahead_start_one_at_a_time_in_order() -> None:
-    """A serving run keeps many objects in flight: the worker loads the next ones while
-    a step runs; each starts when the step before it completed."""
-    async def body(rig: StageRig) -> None:
-        await rig.make_ready()
-        first = await rig.execute(0, len(PROMPT))
-        rig.ref.tell(rig.loaded(1))
-        rig.ref.tell(rig.loaded(2))
+        spec = rig.provision.inbound.object_spec
+        rig.ref.tell(wire.ObjectLoaded(IN_RING, rig.inbound, rig.provision.runtime.input_port,
+                                       wire.ObjectId(1), Sequence(0), spec.alignment,
+                                       handle(0)))
+        rig.ref.tell(wire.ObjectProduced(OUT_RING, rig.outbound,
+                                         rig.provision.runtime.output_port, wire.ObjectId(1),
+                                         Sequence(0), HIDDEN * F32))
         await rig.settle()
-        assert rig.state() is scm.State.Executing and not faults(rig)
-        assert len(rig.ports.of("execute_step")) == 1, "one ExecuteStep at a time"
-        await rig.complete(first)
-        second = rig.armed()
-        assert second.awaits[0].sequence == 1
-        assert rig.state() is scm.State.Executing, "its object was loaded: it started"
-        await rig.complete(second)
-        third = rig.armed()
-        assert third.awaits[0].sequence == 2 and rig.state() is scm.State.Executing
-        await rig.complete(third)
-        assert rig.armed().awaits[0].sequence == 3
-        assert rig.state() is scm.State.Ready, "nothing held: wait for sequence 3"
-        assert rig.ports.event_names().count("execute_step_started") == 3
-        assert not faults(rig)
+        assert rig.state() is scm.State.Ready and not faults(rig)
+        assert rig.ports.kinds().count("grant_steps") == 1
+        assert "object_loaded" not in rig.ports.event_names()
+        assert rig.controller.outcome.rejected_events == []
 
     run_stage(body)
 
 
-def test_object_on_another_edge_is_not_executed() -> None:
+def test_a_step_of_no_grant_of_this_run_is_dropped() -> None:
+    """Only the steps of this run's grant count: a late answer about another run's
+    step id (another controller's range) or another role changes nothing."""
     async def body(rig: StageRig) -> None:
         await rig.make_ready()
-        stray = rig.loaded(0)
-        rig.ref.tell(wire.ObjectLoaded(stray.ring_id, wire.EdgeId(4242), stray.port_id,
-                                       stray.object_id, stray.sequence, stray.extent,
-                                       stray.device_handle))
+        role = rig.provision.runtime.role_id
+        stray = wire.StepCompleted(role, wire.StepId(int(rig.step_of(0)) + (1 << 32)),
+                                   rig.record(0))
+        rig.ref.tell(stray)
+        rig.ref.tell(wire.StepCompleted(wire.RoleId(int(role) + 1), rig.step_of(0),
+                                        rig.record(0)))
+        rig.ref.tell(wire.StepFailed(wire.RoleId(int(role) + 1), rig.step_of(0),
+                                     StepFailure.TinygradError))
         await rig.settle()
-        assert len(rig.ports.of("execute_step")) == 1, "only the step armed for sequence 0"
-        assert rig.state() is scm.State.Ready
+        assert rig.state() is scm.State.Ready and not faults(rig)
+        assert rig.controller.outcome.steps_completed == 0
+        assert "step_completed" not in rig.ports.event_names()
 
     run_stage(body)
 
 
-def test_step_failure_faults_and_later_work_is_released_not_run() -> None:
+def test_step_failure_faults_and_revokes_the_grant() -> None:
+    """A failed step (the worker's sequence gate answers InvalidInputHandle for an
+    object out of order) is the stage's fault; the grant is revoked at once, and a
+    step that still completes is recorded; the stop is clean."""
     async def body(rig: StageRig) -> None:
         await rig.make_ready()
-        command = await rig.execute(0, len(PROMPT))
-        rig.ref.tell(wire.StepFailed(command.role_id, wire.StepId(int(command.step_id) + 50),
-                                     StepFailure.TinygradError))  # not our step: dropped
-        await rig.settle()
-        assert rig.state() is scm.State.Executing
-        rig.ref.tell(wire.StepFailed(command.role_id, command.step_id, StepFailure.TinygradError))
+        await rig.step(0, len(PROMPT))
+        rig.ref.tell(wire.StepFailed(rig.provision.runtime.role_id, rig.step_of(1),
+                                     StepFailure.InvalidInputHandle))
         await rig.ports.until(lambda: bool(faults(rig)))
         assert faults(rig) == [(1, RunFaultReason.StepFailed, Component.Worker)]
-        rig.ref.tell(rig.loaded(1))
-        await rig.ports.until(lambda: ("release_input", handle(1).id) in rig.ports.calls)
-        assert len(rig.ports.of("execute_step")) == 1
-        # teardown releases the failed step's input too, then waits for both answers
+        assert rig.ports.of("revoke_steps") == [
+            ("revoke_steps", int(rig.provision.runtime.role_id))]
+        assert rig.state() is scm.State.Faulted
         await rig.stop_run()
-        await rig.ports.until(lambda: ("release_input", handle(0).id) in rig.ports.calls)
-        rig.ref.tell(scm.EdgeStopped(rig.inbound, True))
-        rig.ref.tell(scm.EdgeStopped(rig.outbound, True))
-        rig.ref.tell(wire.DeviceObjectReleased(handle(1)))
-        await rig.settle()
-        assert rig.state() is scm.State.Stopping, "a release is still unanswered"
-        rig.ref.tell(wire.DeviceObjectReleased(handle(0)))
-        outcome = await asyncio.wait_for(asyncio.shield(rig.finished), 5)
+        assert len(rig.ports.of("revoke_steps")) == 1, "revoked once"
+        outcome = await rig.edges_stopped()
         assert outcome.clean and stopped(rig) == [(1, True)]
+        assert outcome.fault is not None and outcome.fault.reason is RunFaultReason.StepFailed
 
     run_stage(body)
 
@@ -472,20 +434,21 @@ def test_object_failure_on_the_inbound_edge_is_an_edge_fault() -> None:
                                        None, None, ObjectFailure.EofMidObject))
         await rig.ports.until(lambda: bool(faults(rig)))
         assert faults(rig) == [(1, RunFaultReason.EofMidObject, Component.IngressParser)]
+        assert len(rig.ports.of("revoke_steps")) == 1
 
     run_stage(body)
 
 
-def test_worker_crash_faults_and_its_handles_are_not_released() -> None:
+def test_worker_crash_faults_the_stage() -> None:
     async def body(rig: StageRig) -> None:
         await rig.make_ready()
-        await rig.execute(0, len(PROMPT))
+        await rig.step(0, len(PROMPT))
         rig.ref.tell(WorkerCrashed(WorkerGeneration(1), -9))
         await rig.ports.until(lambda: bool(faults(rig)))
         assert faults(rig) == [(1, RunFaultReason.WorkerCrashed, Component.WorkerCtl)]
         await rig.stop_run()
         outcome = await rig.edges_stopped()
-        assert rig.ports.of("release_input") == [], "generation 1's objects died with it"
+        assert rig.ports.of("revoke_steps") == [], "the grant died with the worker"
         assert outcome.clean
 
     run_stage(body)
@@ -496,9 +459,9 @@ def test_worker_fatal_is_reported_as_worker_fatal_before_its_step_failure() -> N
     generation's in-flight step: the stage's one fault is WorkerFatal, not StepFailed."""
     async def body(rig: StageRig) -> None:
         await rig.make_ready()
-        step = await rig.execute(0, len(PROMPT))
         rig.ref.tell(WorkerCrashed(WorkerGeneration(1), 1, WorkerFatalReason.UnhandledException))
-        rig.ref.tell(wire.StepFailed(step.role_id, step.step_id, StepFailure.WorkerProcessExited))
+        rig.ref.tell(wire.StepFailed(rig.provision.runtime.role_id, rig.step_of(0),
+                                     StepFailure.WorkerProcessExited))
         await rig.ports.until(lambda: bool(faults(rig)))
         await rig.stop_run()
         await rig.edges_stopped()
@@ -598,8 +561,7 @@ def test_protocol_violations_are_listed_not_fatal() -> None:
         rig.ref.tell(scm.EdgeStopped(rig.inbound, True))  # no row in Ready
         await rig.settle()
         assert rig.controller.outcome.rejected_events == ["Ready: EdgeStopped"]
-        command = await rig.execute(0, len(PROMPT))
-        await rig.complete(command)
+        await rig.step(0, len(PROMPT))
         assert rig.state() is scm.State.Ready
 
     run_stage(body)

@@ -4,20 +4,22 @@ Sequences of what the orchestrator, the edge actors, the weight loader and GpuWo
 may send, in any order, with duplicates, strangers and stale answers, are played into a
 real controller actor (fake ports). Whatever happens, the ports must have seen:
 
-- ExecuteStep only after StageReady, armed for input sequences 0, 1, 2, ... in order,
-  never a second one before the first completed, never after a fault or StopRun;
+- one standing GrantSteps, only with StageReady, from input sequence 0; at most one
+  RevokeSteps, only after the grant and only once a fault or StopRun came;
+- a step recorded only for a StepCompleted of the grant's step ids;
 - StageReady at most once, and only after the role, the weights and both edges were
   reported ready;
 - at most one StageFault other than provisioning rejections (the first fault only);
 - StageStopped at most once, nothing reported after it, and the actor never crashed.
 
-Moves that need a live step id (StepCompleted, StepFailed) name the last ExecuteStep the
-ports saw, so sequences do reach Executing and come back.
+Moves that need a live step id (StepCompleted, StepFailed) name the grant's next step,
+so sequences do run several steps deep.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from hypothesis import HealthCheck, event, example, given, settings
@@ -43,15 +45,15 @@ from tests.node.fake_stage_ports import FakeStagePorts
 from tests.node.stage_rig import IN_RING, OUT_RING, handle, make_plan, provision_of
 
 MOVES = st.sampled_from([
-    "setup_all", "load", "complete", "load", "complete", "released",
+    "setup_all", "load", "complete", "load", "complete", "produced",
     "provision", "provision_stranger", "edge_in", "edge_out", "weights", "weights_failed",
-    "role", "role_failed", "load", "load_next", "load_again", "complete", "complete_stale",
-    "step_failed", "released", "release_failed", "edge_stopped_in", "edge_stopped_out",
+    "role", "role_failed", "load", "complete", "complete_stale", "complete_again",
+    "step_failed", "edge_stopped_in", "edge_stopped_out",
     "edge_stopped_unclean", "stop", "crash", "edge_fault", "object_failed",
 ])
 
-GOOD_MOVES = st.sampled_from(["load", "complete", "released"] * 15 + [
-    "load_next", "load_again", "complete_stale", "step_failed", "release_failed", "stop",
+GOOD_MOVES = st.sampled_from(["load", "complete", "produced"] * 15 + [
+    "complete_again", "complete_stale", "step_failed", "stop",
     "edge_stopped_in", "edge_stopped_out", "crash", "edge_fault",
 ])
 """Mostly the moves of a healthy run, so that examples get several steps deep."""
@@ -61,9 +63,17 @@ def message_for(move: str, ports: FakeStagePorts, provision: wire.ProvisionStage
                 orchestrator: NodeId) -> Any:
     role, inbound, outbound = (provision.runtime.role_id, provision.inbound.edge_id,
                                provision.outbound.edge_id)
-    issued = [c[1] for c in ports.of("execute_step")]
-    last = issued[-1] if issued else None
-    next_seq = max(len(issued) - 1, 0)  # the armed step's sequence (issued ahead)
+    grants = [c[1] for c in ports.of("grant_steps") if isinstance(c[1], wire.GrantSteps)]
+    first = grants[0].first_step_id if grants else wire.StepId(1)
+    done = ports.event_names().count("step_completed")
+    alignment = provision.inbound.object_spec.alignment
+
+    def completed(k: int) -> wire.StepCompleted:
+        now = time.monotonic_ns()
+        return wire.StepCompleted(role, wire.StepId(first + k), wire.StepRecord(
+            wire.Sequence(k), wire.ObjectId(k + 1), alignment, wire.ObjectId(k + 1), 4,
+            now, now, now, now))
+
     match move:
         case "setup_all":
             return [scm.ProvisionStage(orchestrator, provision),
@@ -85,25 +95,21 @@ def message_for(move: str, ports: FakeStagePorts, provision: wire.ProvisionStage
             return wire.RoleConfigured(role)
         case "role_failed":
             return wire.RoleFailed(role, wire.RoleFailure.TinygradError)
-        case "load" | "load_next" | "load_again":
-            seq = {"load": next_seq, "load_next": next_seq + 1,
-                   "load_again": max(next_seq - 1, 0)}[move]
+        case "load":
             return wire.ObjectLoaded(IN_RING, inbound, provision.runtime.input_port,
-                                     wire.ObjectId(seq + 1), wire.Sequence(seq),
-                                     provision.inbound.object_spec.alignment, handle(seq))
-        case "complete" if isinstance(last, wire.ExecuteStep):
-            return wire.StepCompleted(role, last.step_id)
-        case "complete" | "complete_stale":
-            return wire.StepCompleted(role, wire.StepId(999))
-        case "step_failed" if isinstance(last, wire.ExecuteStep):
-            return wire.StepFailed(role, last.step_id, StepFailure.TinygradError)
+                                     wire.ObjectId(done + 1), wire.Sequence(done), alignment,
+                                     handle(done))
+        case "produced":
+            return wire.ObjectProduced(OUT_RING, outbound, provision.runtime.output_port,
+                                       wire.ObjectId(done + 1), wire.Sequence(done), 4)
+        case "complete":
+            return completed(done)
+        case "complete_again":
+            return completed(max(done - 1, 0))
+        case "complete_stale":
+            return wire.StepCompleted(role, wire.StepId(first + (1 << 33)))
         case "step_failed":
-            return wire.StepFailed(role, wire.StepId(998), StepFailure.TinygradError)
-        case "released":
-            return wire.DeviceObjectReleased(handle(max(next_seq - 1, 0)))
-        case "release_failed":
-            return wire.ReleaseFailed(handle(max(next_seq - 1, 0)),
-                                      wire.ReleaseFailure.StillReferenced)
+            return wire.StepFailed(role, wire.StepId(first + done), StepFailure.TinygradError)
         case "edge_stopped_in":
             return scm.EdgeStopped(inbound, True)
         case "edge_stopped_out":
@@ -131,17 +137,26 @@ def check_contract(ports: FakeStagePorts, trace: list[str]) -> None:
     faults = [m for m in reports if isinstance(m, orun.StageFault)
               and m.reason is not RunFaultReason.ProvisioningRejected]
     assert len(faults) <= 1, trace
-    sequences = [int(c[1].awaits[0].sequence) for c in ports.of("execute_step")
-                 if isinstance(c[1], wire.ExecuteStep)]
-    assert sequences == list(range(len(sequences))), trace
-    if sequences:
-        assert readies, f"ExecuteStep before StageReady: {trace}"
-    event(f"steps executed: {min(len(sequences), 3)}{'+' if len(sequences) > 3 else ''}")
+    grants = [c[1] for c in ports.of("grant_steps") if isinstance(c[1], wire.GrantSteps)]
+    assert len(grants) <= 1, trace
+    if grants:
+        assert readies, f"GrantSteps before StageReady: {trace}"
+        assert grants[0].input.sequence == 0, trace
+    revokes = ports.of("revoke_steps")
+    assert len(revokes) <= len(grants), trace
+    if revokes:
+        kinds = ports.kinds()
+        assert kinds.index("revoke_steps") > kinds.index("grant_steps"), trace
+        assert faults or "stop" in trace, trace
+    steps = ports.event_names().count("step_completed")
+    if steps:
+        assert grants, f"a step recorded with no grant: {trace}"
+    event(f"steps recorded: {min(steps, 3)}{'+' if steps > 3 else ''}")
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@example(["setup_all", "load", "complete", "released", "load", "complete", "load", "stop",
-          "edge_stopped_in", "edge_stopped_out", "released"])
+@example(["setup_all", "load", "complete", "produced", "load", "complete", "load", "stop",
+          "complete", "edge_stopped_in", "edge_stopped_out"])
 @given(st.one_of(
     st.lists(MOVES, min_size=1, max_size=30),
     st.lists(GOOD_MOVES, min_size=10, max_size=40).map(lambda moves: ["setup_all", *moves]),
@@ -160,7 +175,6 @@ def test_any_mail_order_keeps_the_contract(moves: list[str]) -> None:
             controller = StageController(config, ports, finished)
             ref = runtime.spawn(lambda: controller, "stage")
             trace: list[str] = []
-            in_flight = 0
             for move in moves:
                 if finished.done():
                     break
@@ -170,12 +184,8 @@ def test_any_mail_order_keeps_the_contract(moves: list[str]) -> None:
                     ref.tell(message)
                 for _ in range(10):
                     await asyncio.sleep(0)
-                issued = len(ports.of("execute_step"))
-                completed = controller.outcome.steps_completed
-                in_flight = issued - completed
-                assert in_flight in (0, 1), trace
-                if controller.machine.state is scm.State.Executing:
-                    assert in_flight == 1, trace
+                recorded = ports.event_names().count("step_completed")
+                assert controller.outcome.steps_completed == recorded, trace
             check_contract(ports, trace)
             if finished.done():
                 assert finished.exception() is None, trace

@@ -7,6 +7,7 @@ GpuWorkerCtl address it; the fake ports record port calls and reports.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 from swactor import wire
@@ -34,9 +35,10 @@ from swactor.wire import (
     RunId,
     Sequence,
     StageIndex,
+    StepId,
 )
 from tests.node.fake_stage_ports import FakeStagePorts
-from tests.node.stage_rig import IN_RING, OUT_RING, handle, make_plan, provision_of
+from tests.node.stage_rig import IN_RING, OUT_RING, make_plan, provision_of
 
 ORCHESTRATOR = NodeId(1000)
 NODE = NodeId(2)  # stage 1 of the synthetic 3-node plan
@@ -62,17 +64,18 @@ class Host:
         ref.tell(scm.WeightsReady())
         ref.tell(wire.RoleConfigured(provision.runtime.role_id))
         await ports.until(lambda: len(ports.reported(orun.StageReady)) == ready_before + 1)
+        grant = ports.of("grant_steps")[-1][1]
+        assert isinstance(grant, wire.GrantSteps)
+        assert grant.input.sequence == 0, "every run starts again at sequence 0"
+        extent = provision.inbound.object_spec.alignment
         for k in range(steps):
-            before = len(ports.of("execute_step"))
-            command = ports.of("execute_step")[-1][1]  # armed ahead of its object
-            assert isinstance(command, wire.ExecuteStep)
-            assert command.awaits[0].sequence == k, "every run starts again at sequence 0"
-            h = handle(k)
-            ref.tell(wire.ObjectLoaded(IN_RING, provision.inbound.edge_id,
-                                       provision.runtime.input_port, ObjectId(k + 1),
-                                       Sequence(k), provision.inbound.object_spec.alignment, h))
-            ref.tell(wire.StepCompleted(command.role_id, command.step_id))
-            await ports.until(count_is(ports, "execute_step", before + 1))  # the next one
+            before = ports.event_names().count("step_completed")
+            now = time.monotonic_ns()
+            record = wire.StepRecord(Sequence(k), ObjectId(k + 1), extent, ObjectId(k + 1),
+                                     extent, now, now, now, now)
+            ref.tell(wire.StepCompleted(grant.role_id, StepId(grant.first_step_id + k),
+                                        record))
+            await ports.until(recorded(ports, before + 1))
         ref.tell(StopRunRequest(ORCHESTRATOR, provision.run_id, provision.stage_index))
         ref.tell(scm.EdgeStopped(provision.inbound.edge_id, True))
         ref.tell(scm.EdgeStopped(provision.outbound.edge_id, True))
@@ -83,6 +86,11 @@ class Host:
 
 def count_is(ports: FakeStagePorts, kind: str, n: int) -> Callable[[], bool]:
     return lambda: len(ports.of(kind)) == n
+
+
+def recorded(ports: FakeStagePorts, n: int) -> Callable[[], bool]:
+    """`n` steps recorded (step_completed emitted)."""
+    return lambda: ports.event_names().count("step_completed") == n
 
 
 def run_host(body: Callable[[Host], Awaitable[None]]) -> None:
@@ -114,10 +122,11 @@ def test_two_runs_back_to_back_each_with_a_fresh_controller() -> None:
             orun.StageStopped(StageIndex(1), True)] * 2
         assert host.ports.reported(orun.StageFault) == []
         assert len(host.ports.of("reset_role")) == 2, "each run resets the role"
-        step_ids = [c[1].step_id for c in host.ports.of("execute_step")
-                    if isinstance(c[1], wire.ExecuteStep)]
-        # 3 + 2 steps, each run's last armed step never started (its object never came)
-        assert len(step_ids) == 7 and len(set(step_ids)) == 7, "no step id reused across runs"
+        grants = [c[1] for c in host.ports.of("grant_steps")
+                  if isinstance(c[1], wire.GrantSteps)]
+        assert len(grants) == 2
+        # each run's step ids (first_step_id + k) come from a range no other run uses
+        assert grants[1].first_step_id - grants[0].first_step_id >= 1 << 32
 
     run_host(body)
 
