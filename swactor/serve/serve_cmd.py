@@ -242,6 +242,8 @@ class LiveNodes:
         self._runs: list[tuple[RunHandle, frozenset[NodeId]]] = []
         self.previous: tuple[NodeId, ...] = ()
         """The last run's node of each stage, in stage order."""
+        self.on_join: Callable[[NodeId], None] | None = None
+        """Told each node that joins the usable set (a spare to warm)."""
 
     def _usable(self) -> list[NodeId]:
         return sorted(m for m in self._members if self._alive is None or self._alive(m))
@@ -276,7 +278,10 @@ class LiveNodes:
             self._lost(node)
         elif (change.state is MemberState.Alive and meta is not None and meta.role == "node"
               and meta.has_endpoint and node not in self._exited):
+            joined = node not in self._members
             self._members[node] = PoolMember(node, meta.quic_host, meta.quic_port)
+            if joined and self.on_join is not None:
+                self.on_join(node)
 
     async def watch(self, handle: RunHandle, nodes: frozenset[NodeId]) -> None:
         """Beside a run on `nodes` until it ends: each of them that leaves the usable set
@@ -413,6 +418,8 @@ async def serve_pool(
                            restart_limit=restart_limit, retry_delay_s=retry_delay_s,
                            notify=lambda text: _say(err, text),
                            warmer=warm if warmer is not None else None, preparer=prepare)
+    if warmer is not None:
+        live.on_join = lambda node: session.spare_joined()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -38,7 +38,8 @@ not relayed.
 Warm spares. With a ``warmer`` (``swactor.serve.spares``), each run that becomes ready
 has its stage roles preloaded on the pool's idle spares (WarmSpares, in a task that
 feeds SparesWarmed; CancelWarming stops waiting when the run faults or the session
-stops). The warmer and the command's starter share what is warm where: the next plan
+stops; ``spare_joined()``, a node joining the pool while a run serves, warms again).
+The warmer and the command's starter share what is warm where: the next plan
 puts a warm spare in the lost stage's place (the table's doc). ``report_recovered``
 adds the starter's placement words (``placement`` on the new run, when it has them) to
 serve_recovery_completed.
@@ -318,7 +319,7 @@ class ServeSession(ss.ServeSessionEffects[None]):
         """The next run being prepared beside a teardown (PrepareRun), until StartRun
         takes it or DiscardPrepared drops it."""
         self._warmer = warmer
-        self._warming: asyncio.Task[None] | None = None
+        self._warmings: set[asyncio.Task[None]] = set()
         self._node_id = NodeId(node_id)
         self._emitter = emitter
         self._notify = notify or (lambda text: log.info("%s", text))
@@ -354,6 +355,11 @@ class ServeSession(ss.ServeSessionEffects[None]):
         while self.state in (ss.State.Provisioning, ss.State.Stopping):
             await self._wait_change()
         return self.health()
+
+    def spare_joined(self) -> None:
+        """A node joined the pool outside the current run (the command's LiveNodes)."""
+        if not self._terminal():
+            self._feed(ss.SpareJoined())
 
     def request_stop(self) -> None:
         """The operator stops the session (Ctrl-C, SIGTERM); idempotent."""
@@ -524,11 +530,13 @@ class ServeSession(ss.ServeSessionEffects[None]):
     def warm_spares(self) -> None:
         run = self._run
         if self._warmer is not None and run is not None:
-            self._warming = self._spawn(self._preload_spares(self._warmer, run))
+            # a second warming (a spare joined) skips the roles warm or under way already
+            task = self._spawn(self._preload_spares(self._warmer, run))
+            self._warmings.add(task)
+            task.add_done_callback(self._warmings.discard)
 
     def cancel_warming(self) -> None:
-        task, self._warming = self._warming, None
-        if task is not None:
+        for task in list(self._warmings):
             task.cancel()
 
     def report_spares_warmed(self, ready: int, wanted: int) -> None:

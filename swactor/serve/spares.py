@@ -43,8 +43,9 @@ from swactor.wire import NodeId
 
 if TYPE_CHECKING:
     from swactor.events.emitter import Emitter
-    from swactor.orchestrator.session import PoolMember, SessionOptions
+    from swactor.orchestrator.session import Pool, PoolMember, SessionOptions
     from swactor.serve.pipeline import RunEngine
+    from swactor.wire.plan import RunPlan
 
 log = logging.getLogger("swactor.serve.spares")
 
@@ -106,13 +107,11 @@ class SpareWarmer:
         self._emitter = emitter
         self.warm: dict[NodeId, frozenset[WarmKey]] = {}
         """Roles each spare answered it holds (stage index, stage count)."""
+        self._inflight: set[tuple[NodeId, int, int]] = set()
 
     async def __call__(self, run: RunEngine) -> tuple[int, int]:
         """Preload `run`'s roles on up to `spares` idle nodes; (ready, wanted)."""
-        from swactor.orchestrator.planner import stage_runtime_facts
         from swactor.orchestrator.session import Pool
-        from swactor.transport.run_control import PreloadStage, StagePreloaded
-        from swactor.wire.provision import provision_stage
 
         plan = run.plan
         in_run = frozenset(run.stage_nodes)
@@ -120,53 +119,84 @@ class SpareWarmer:
             self.warm.pop(node, None)  # a node in the run holds its own stage
         spares = self._idle(in_run)[:self.spares]
         sizes = [s.layer_end_exclusive - s.layer_start for s in plan.stages]
-        assignment = spare_assignment(sizes, len(spares))
-        wanted = sum(len(stages) for stages in assignment)
-        if not wanted:
-            return 0, 0
-        pool = await Pool.open(replace(self._options, nodes=spares), plan.run_id, None)
         count = len(plan.stages)
+        pairs = [(member, index) for member, stages
+                 in zip(spares, spare_assignment(sizes, len(spares)), strict=False)
+                 for index in stages]
+        wanted = len(pairs)
+        ready = sum((index, count) in self.warm.get(m.node_id, frozenset())
+                    for m, index in pairs)
+        # roles warm already, or being preloaded by another call (a spare joined while
+        # a warming was under way), are not asked for again
+        todo = [(m, index) for m, index in pairs
+                if (index, count) not in self.warm.get(m.node_id, frozenset())
+                and (m.node_id, index, count) not in self._inflight]
+        if not todo:
+            return ready, wanted
+        pool = await Pool.open(replace(self._options, nodes=tuple(
+            {m.node_id: m for m, _ in todo}.values())), plan.run_id, None)
         me = NodeId(self._options.identity.node_id)
 
-        async def preload(member: PoolMember, stages: list[int]) -> int:
+        async def preload(member: PoolMember, index: int) -> int:
+            key = (member.node_id, index, count)
+            self._inflight.add(key)
+            try:
+                return await self._preload_one(pool, me, plan, member, index)
+            finally:
+                self._inflight.discard(key)
+
+        async def each(member: PoolMember, indices: list[int]) -> int:
             done = 0
-            for index in stages:
-                provision = provision_stage(plan, index, stage_runtime_facts(plan, index))
-                stage = plan.stages[index]
-                layers = f"{stage.layer_start}-{stage.layer_end_exclusive - 1}"
-                started = time.monotonic()
-                try:
-                    answer = await pool.control.request(
-                        int(member.node_id), PreloadStage(provision), timeout=PRELOAD_TIMEOUT_S)
-                    if not isinstance(answer, StagePreloaded):
-                        raise RuntimeError(f"answered {type(answer).__name__}")
-                    if not answer.ok:
-                        raise RuntimeError(answer.detail or "refused")
-                except asyncio.CancelledError:
-                    raise
-                except Exception as error:
-                    why = str(error).strip() or type(error).__name__
-                    log.warning("spare %#x: stage %d not preloaded: %s",
-                                int(member.node_id), index, why)
-                    self._emit(SparePreloadFailed(node_id=me, detail={
-                        "spare": int(member.node_id), "stage_index": index,
-                        "layers": layers, "why": why}))
-                    continue
-                done += 1
-                self.warm[member.node_id] = self.warm.get(
-                    member.node_id, frozenset()) | {(index, count)}
-                self._emit(SparePreloaded(node_id=me, run_id=plan.run_id, detail={
-                    "spare": int(member.node_id), "stage_index": index, "layers": layers,
-                    "seconds": round(time.monotonic() - started, 3),
-                    "reused": bool(answer.footprint is not None and answer.footprint.reused)}))
+            for index in indices:  # one spare's roles one after another
+                done += await preload(member, index)
             return done
 
+        by_spare: dict[NodeId, tuple[PoolMember, list[int]]] = {}
+        for member, index in todo:
+            by_spare.setdefault(member.node_id, (member, []))[1].append(index)
         try:
-            done = await asyncio.gather(*(preload(m, stages)
-                                          for m, stages in zip(spares, assignment, strict=False)))
+            done = await asyncio.gather(*(each(m, indices)
+                                          for m, indices in by_spare.values()))
         finally:
             await pool.close()
-        return sum(done), wanted
+        return ready + sum(done), wanted
+
+    async def _preload_one(self, pool: Pool, me: NodeId, plan: RunPlan, member: PoolMember,
+                           index: int) -> int:
+        """Ask `member` to preload stage `index` of the run's plan; 1 when it did."""
+        from swactor.orchestrator.planner import stage_runtime_facts
+        from swactor.transport.run_control import PreloadStage, StagePreloaded
+        from swactor.wire.provision import provision_stage
+
+        count = len(plan.stages)
+        provision = provision_stage(plan, index, stage_runtime_facts(plan, index))
+        stage = plan.stages[index]
+        layers = f"{stage.layer_start}-{stage.layer_end_exclusive - 1}"
+        started = time.monotonic()
+        try:
+            answer = await pool.control.request(
+                int(member.node_id), PreloadStage(provision), timeout=PRELOAD_TIMEOUT_S)
+            if not isinstance(answer, StagePreloaded):
+                raise RuntimeError(f"answered {type(answer).__name__}")
+            if not answer.ok:
+                raise RuntimeError(answer.detail or "refused")
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            why = str(error).strip() or type(error).__name__
+            log.warning("spare %#x: stage %d not preloaded: %s", int(member.node_id), index,
+                        why)
+            self._emit(SparePreloadFailed(node_id=me, detail={
+                "spare": int(member.node_id), "stage_index": index, "layers": layers,
+                "why": why}))
+            return 0
+        self.warm[member.node_id] = self.warm.get(member.node_id, frozenset()) | {
+            (index, count)}
+        self._emit(SparePreloaded(node_id=me, run_id=plan.run_id, detail={
+            "spare": int(member.node_id), "stage_index": index, "layers": layers,
+            "seconds": round(time.monotonic() - started, 3),
+            "reused": bool(answer.footprint is not None and answer.footprint.reused)}))
+        return 1
 
     def _emit(self, event: SparePreloaded | SparePreloadFailed) -> None:
         if self._emitter is not None:

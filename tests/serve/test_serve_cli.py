@@ -123,6 +123,19 @@ def test_live_nodes_follow_swim_changes_for_the_next_plan() -> None:
     assert [(int(m.node_id), m.port) for m in live.members()] == [(1, 7401), (2, 7502)]
 
 
+def test_live_nodes_tell_each_node_that_joins_the_usable_set_once() -> None:
+    members = tuple(PoolMember(NodeId(n), "127.0.0.1", 7400 + n) for n in (1, 2))
+    live = LiveNodes(members, count=1)
+    joined: list[int] = []
+    live.on_join = lambda node: joined.append(int(node))
+    live.observe(_change(2, MemberState.Alive))  # already usable: no join
+    live.observe(_change(3, MemberState.Alive))
+    live.observe(_change(3, MemberState.Alive, port=7503))  # a new address, not a join
+    live.observe(_change(2, MemberState.Dead))
+    live.observe(_change(2, MemberState.Alive))  # back
+    assert joined == [3, 2]
+
+
 def test_live_nodes_skip_dead_processes_and_keep_at_most_count() -> None:
     members = tuple(PoolMember(NodeId(n), "127.0.0.1", 7400 + n) for n in (1, 2, 3))
     gone = {NodeId(1)}

@@ -740,3 +740,25 @@ async def test_a_stop_while_tearing_down_releases_the_prepared_run_unopened() ->
         health = await serve.wait()
     assert health.state is HealthState.STOPPED
     assert preparer.opened == [] and preparer.closed == ["b"]
+
+
+@in_loop
+async def test_a_node_joining_while_serving_is_warmed_and_ignored_while_recovering() -> None:
+    first = FakeRun("a")
+    provisioning: asyncio.Future[FakeRun] = asyncio.get_running_loop().create_future()
+    warmer = Warmer()
+    serve, _ = session(Starter(first, provisioning), warmer=warmer)
+    serve.spare_joined()  # while the first run provisions: its RunReady warms anyway
+    await serve.start()
+    await until(lambda: len(warmer.runs) == 1, "the ready run warmed")
+    serve.spare_joined()
+    await until(lambda: warmer.runs == [first, first], "the joined spare warmed")
+    assert warmer.cancelled == 0  # the first warming goes on beside the second
+    first.fail("MembershipLost")
+    await until(lambda: serve.state is ss.State.Reprovisioning, "reprovisioning")
+    assert warmer.cancelled == 2  # the fault cancelled both
+    serve.spare_joined()
+    await asyncio.sleep(0)
+    assert len(warmer.runs) == 2
+    async with asyncio.timeout(5):
+        await serve.stop()
