@@ -204,6 +204,12 @@ class MemoryCosts:
         kv_cache = self.kv_per_position_block * max_seq_len * (end - start) * slots
         return StageMemory(held, kv_cache, in_file)
 
+    def decode_bytes(self, start: int, end: int) -> int:
+        """Weight bytes one decode step of stage `[start, end)` reads: every block's, and
+        on the last stage the output head's (the embedding lookup reads one row)."""
+        read = sum(b[0] for b in self.blocks[start:end])
+        return read + (self.head[0] if end == self.block_count else 0)
+
 
 def _elements(shape: tuple[int, ...]) -> int:
     return math.prod(shape) if shape else 1

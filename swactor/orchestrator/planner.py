@@ -8,7 +8,11 @@ drawing a random edge-id base when none is given):
    a known prompt length leaves room for the `max_tokens - 1` tokens fed back.
 2. Split the blocks: the explicit `split` if given (it must have one entry per node,
    each at least 1, summing to the block count), else in proportion to each node's
-   usable memory (`split.proportional_split`). Stage `i` runs on the pool's `i`-th node.
+   usable memory (`split.proportional_split`). A serving plan instead balances the
+   decode work (`decode_split`): its stages work on different sequences at once, so it
+   runs at the pace of its slowest stage, and a decode step reads every weight of its
+   stage, the last stage's output head too, so that stage gets fewer blocks. Stage `i`
+   runs on the pool's `i`-th node.
 3. Check memory: each stage's predicted footprint (`ModelInfo.memory_costs`: its
    weights as the stage role holds them in the request's weight mode, plus `slots` KV
    caches of `max_seq_len` positions) must fit its node's usable memory. When the proportional
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import enum
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from swactor.orchestrator.errors import PlannerError, PlanProblem
@@ -303,6 +308,8 @@ def plan_run(pool: PoolInventory, model: ModelInfo, request: PlanRequest) -> Pla
                            f"slots {slots} is outside 1..{MAX_STAGE_SLOTS}")
     counts = _split(pool, model, request)
     costs = model.memory_costs(request.dtype.width, request.weights)
+    if request.split is None and request.serving and len(pool.nodes) > 1:
+        counts = decode_split(costs, [n.usable_memory_bytes for n in pool.nodes])
     memory = _memory(costs, ranges(counts), max_seq_len, slots)
     if request.split is None and _overflow(pool, memory) is not None:
         # the memory-proportional split leaves a stage over its node: size the ranges by
@@ -349,7 +356,23 @@ def fitted_split(costs: MemoryCosts, memory: list[int], max_seq_len: int, slots:
                  ) -> tuple[int, ...]:
     """Block counts (each >= 1) that minimise the largest predicted-bytes / node-memory
     ratio over the stages; ties keep the earlier cut (a deterministic result)."""
-    blocks, stages = costs.block_count, len(memory)
+    return _min_max_split(costs.block_count, len(memory), lambda a, b, k: (
+        costs.stage(a, b, max_seq_len, slots).total / memory[k]))
+
+
+def decode_split(costs: MemoryCosts, capacity: list[int]) -> tuple[int, ...]:
+    """Block counts (each >= 1) that minimise the largest decode-bytes / node-capacity
+    ratio over the stages (`MemoryCosts.decode_bytes`: the blocks' weights, and the
+    output head's on the last stage; a node's usable memory stands for its capacity, as
+    in the proportional split); ties keep the earlier cut."""
+    return _min_max_split(costs.block_count, len(capacity), lambda a, b, k: (
+        costs.decode_bytes(a, b) / capacity[k]))
+
+
+def _min_max_split(blocks: int, stages: int, cost: Callable[[int, int, int], float]
+                   ) -> tuple[int, ...]:
+    """Contiguous block counts (each >= 1) minimising the largest `cost(start, end,
+    stage)` over the stages (dynamic programming over the cuts)."""
     if stages > blocks:
         raise PlannerError(PlanProblem.TooManyStages,
                            f"{stages} nodes but the model has only {blocks} blocks")
@@ -363,8 +386,7 @@ def fitted_split(costs: MemoryCosts, memory: list[int], max_seq_len: int, slots:
             for a in range(k - 1, b):
                 if best[k - 1][a] == inf:
                     continue
-                ratio = costs.stage(a, b, max_seq_len, slots).total / memory[k - 1]
-                worst = max(best[k - 1][a], ratio)
+                worst = max(best[k - 1][a], cost(a, b, k - 1))
                 if worst < best[k][b]:
                     best[k][b], cut[k][b] = worst, a
     counts: list[int] = []

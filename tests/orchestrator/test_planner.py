@@ -45,6 +45,27 @@ def pool(*memory: int, orchestrator: int = 1000) -> PoolInventory:
     )
 
 
+def test_a_serving_plan_gives_the_stage_with_the_head_fewer_blocks() -> None:
+    """Serving stages work on different sequences at once, so the plan balances the
+    bytes each decode step reads: the imaginary model's head (6000 params) weighs six
+    blocks (1000 each), so 30 blocks over 3 equal nodes are 12, 12 and 6 + the head
+    (12 blocks' worth on every stage); a plan that is no serving one keeps 10 each,
+    and an explicit split is kept."""
+    serving = plan_run(synthetic_pool(3), synthetic_model(), request(serving=True)).plan
+    assert [(s.layer_start, s.layer_end_exclusive) for s in serving.stages] == [
+        (0, 12), (12, 24), (24, 30)]
+    # a node of twice the memory (capacity) takes twice the decode bytes: 30 + 6 units
+    # over capacities 1, 2, 1 is 9, 18, 3 + 6
+    bigger = plan_run(pool(1 << 30, 2 << 30, 1 << 30), synthetic_model(),
+                      request(serving=True)).plan
+    assert [s.layer_end_exclusive - s.layer_start for s in bigger.stages] == [9, 18, 3]
+    kept = plan_run(synthetic_pool(3), synthetic_model(),
+                    request(serving=True, split=(10, 10, 10))).plan
+    assert [s.layer_start for s in kept.stages] == [0, 10, 20]
+    alone = plan_run(synthetic_pool(1), synthetic_model(), request(serving=True)).plan
+    assert [(s.layer_start, s.layer_end_exclusive) for s in alone.stages] == [(0, 30)]
+
+
 def test_three_equal_nodes_get_ten_blocks_each() -> None:
     planned = plan_run(synthetic_pool(3), synthetic_model(), request(first_edge_id=100))
     plan = planned.plan
