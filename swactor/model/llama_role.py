@@ -91,7 +91,8 @@ of the small attention kernels), so no row attends over padding. With ``beam > 0
 rows run one after another instead (BEAM picks each kernel's loop order, hence its
 summation order). Building a batch size's JIT takes minutes on a small CPU, so only
 :meth:`StageRole.warm_up` builds them (``rows``) or loads them (every size the kernel
-cache holds for the role); a batch of a size not ready runs row after row.
+cache holds for the role); a batch of a size not ready runs in chunks of the largest
+ready size that fits (4 rows as 2 + 2 with only the 2-row JIT), the rest row by row.
 
 Weights in blocks (``quantised``, weights loaded with ``keep_blocks``): every matrix of a
 :data:`~swactor.model.dequant.BLOCK_TYPES` type (Q2_K to Q6_K, Q4_0 to Q8_0, and F16/BF16
@@ -902,12 +903,13 @@ class StageRole:
         ``2 * CANDIDATES_K`` with ``tag.candidates``); ``last_logits`` is then ``[B,
         vocab]``.
 
-        ``B`` rows run through the decode JIT for ``B`` rows (:meth:`_decode_rows`:
-        every weight is read once per step for all rows) when :meth:`warm_up` made it
-        ready (built for ``rows``, or loaded from the kernel cache); otherwise, or with
-        ``beam > 0`` (BEAM picks each kernel's loop order, hence its summation order),
-        one after another through the one-row decode: a batch size's first build takes
-        minutes on a small CPU, too long to stall a live step for.
+        ``B`` rows run through the decode JITs :meth:`warm_up` made ready (built for
+        ``rows``, or loaded from the kernel cache; :meth:`_decode_rows`: every weight is
+        read once for all a JIT's rows): in table order, each chunk as many rows as the
+        largest ready size that fits, rows left over one by one through the one-row
+        decode (a batch size's first build takes minutes on a small CPU, too long to
+        stall a live step for), and with ``beam > 0`` (BEAM picks each kernel's loop
+        order, hence its summation order) every row alone.
         """
         array = self._check_input(payload)
         if not tags or array.shape[0] != len(tags):
@@ -931,12 +933,19 @@ class StageRole:
         starts = [tag.position for tag in tags]
         if self.token_embd is not None:
             array = self._embed(cast("npt.NDArray[np.int32]", array))  # checked int32
-        if count not in self._rows or self.beam > 0:
-            result = np.concatenate([
-                self._decode_step(array[b : b + 1], slot, start).reshape(1, -1)
-                for b, (slot, start) in enumerate(zip(slots, starts, strict=True))])
-        else:
-            result = self._decode_rows(array, slots, starts)
+        ready = [] if self.beam > 0 else sorted(self._rows, reverse=True)
+        parts: list[npt.NDArray[np.generic]] = []
+        b = 0
+        while b < count:  # the largest ready size that fits, else one row
+            size = next((rows for rows in ready if rows <= count - b), 1)
+            if size == 1:
+                parts.append(self._decode_step(array[b : b + 1], slots[b], starts[b])
+                             .reshape(1, -1))
+            else:
+                parts.append(self._decode_rows(array[b : b + size], slots[b : b + size],
+                                               starts[b : b + size]))
+            b += size
+        result = np.concatenate(parts)
         for slot, start in zip(slots, starts, strict=True):
             self._positions[slot] = start + 1
         if not self.is_last:

@@ -203,6 +203,29 @@ def test_a_batch_of_decode_rows_equals_each_row_alone(tiny_llama: Path) -> None:
     assert _batched(split, TINY_PROMPTS, steps) == alone
 
 
+def test_a_batch_larger_than_its_kernels_runs_in_chunks_equal_to_rows_alone(
+        tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With only the 2-row decode JIT ready, batches of 3 and 4 rows run as 2 + 1 and
+    2 + 2 and every row still equals its prompt run alone."""
+    steps = 4
+    alone = [_alone(_roles(tiny_llama, [(0, 4)], 1, MAX_SEQ), p, steps) for p in TINY_PROMPTS]
+    for count, chunks in ((3, [2]), (4, [2, 2])):
+        (role,) = _roles(tiny_llama, [(0, 4)], count, MAX_SEQ)
+        role.warm_up(rows=[2])
+        sizes: list[int] = []
+        rows = role._decode_rows
+
+        def spy(array: npt.NDArray[Any], slots: Sequence[int], starts: Sequence[int],
+                rows: Any = rows, sizes: list[int] = sizes) -> npt.NDArray[Any]:
+            sizes.append(len(slots))
+            return rows(array, slots, starts)
+
+        monkeypatch.setattr(role, "_decode_rows", spy)
+        assert _batched([role], TINY_PROMPTS[:count], steps) == alone[:count]
+        assert sizes == chunks * (steps - 1)  # each decode round: its 2-row chunks
+        assert count not in role._rows  # no JIT of the whole batch's size was built
+
+
 def test_a_bad_batch_is_a_step_error_that_changes_no_slot(tiny_llama: Path) -> None:
     (role,) = _roles(tiny_llama, [(0, 4)], 3, MAX_SEQ)
     for slot in range(3):
