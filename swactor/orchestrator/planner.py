@@ -150,6 +150,9 @@ class PlanRequest:
     warm_prompt_tokens: int = 0
     """Each stage builds the prefill kernels of every prompt length up to this many
     tokens before it is ready (a serving run's warm prompt lengths); at most max_seq_len."""
+    warm_batch_rows: int = 0
+    """Each stage builds the batched decode kernels of every batch size 2..this before it
+    is ready (a serving run's rows per batch object); at most `slots`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,6 +430,7 @@ def _build(
         tokenizer=TokenizerSource(TokenizerSourceKind.GgufEmbedded),
         slots=request.slots,
         warm_prompt_tokens=min(request.warm_prompt_tokens, max_seq_len),
+        warm_batch_rows=max(0, min(request.warm_batch_rows, request.slots)),
     )
     mode = TokenOutputMode.Stream if request.stream_tokens else TokenOutputMode.Collect
     runtime = RuntimePlan(

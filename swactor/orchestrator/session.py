@@ -108,6 +108,9 @@ class SessionOptions:
     warm_prompt_tokens: int = 0
     """Prompt lengths each stage builds prefill kernels for before it is ready
     (`PlanRequest.warm_prompt_tokens`)."""
+    warm_batch_rows: int = 0
+    """Batch sizes 2..this whose decode kernels each stage builds before it is ready
+    (`PlanRequest.warm_batch_rows`)."""
     bind_host: str = "127.0.0.1"
     advertise_host: str | None = None
     run_id: int | None = None
@@ -350,7 +353,8 @@ def plan_for(
             split=options.split, sampling=options.sampling,
             gguf_source=source,
             prompt_token_count=None if serving else len(ids), serving=serving,
-            slots=options.slots, warm_prompt_tokens=options.warm_prompt_tokens))
+            slots=options.slots, warm_prompt_tokens=options.warm_prompt_tokens,
+            warm_batch_rows=options.warm_batch_rows))
     except PlannerError as error:
         raise SessionError(f"plan: {error}") from None
     except SessionError:

@@ -32,6 +32,7 @@ from swactor.serve.serve_cmd import (
     serve_options,
     serve_pool,
     terminate_as_interrupt,
+    warm_batch_rows,
 )
 
 if TYPE_CHECKING:
@@ -101,7 +102,8 @@ async def _serve(args: argparse.Namespace, options: SessionOptions, emitter: Emi
 
     async def serve(options: SessionOptions, live: LiveNodes) -> int:
         host, port = args.serve
-        options = replace(options, warm_prompt_tokens=args.warm_prompt_tokens)
+        options = replace(options, warm_prompt_tokens=args.warm_prompt_tokens,
+                          warm_batch_rows=warm_batch_rows(args))
         return await serve_pool(options, live, emitter, host=host, port=port,
                                 slots=args.slots, max_queue=args.max_queue,
                                 batch_rows=args.batch_rows,

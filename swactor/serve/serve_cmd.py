@@ -72,6 +72,11 @@ DEFAULT_PORT = 8000
 DEFAULT_SLOTS = 4
 DEFAULT_WARM_PROMPT_TOKENS = 64
 """Prompt lengths a serving run's stages build prefill kernels for while they load."""
+DEFAULT_WARM_BATCH_ROWS = 2
+"""Batch sizes 2..this whose decode kernels a serving run's stages build by default.
+`bench batch` (SmolLM2, one stage) measured 2 rows per step at 1.29x the tokens per CPU
+second of one row, and 4 rows at 0.72x: the 4-row kernels lose to 4 one-row steps, so
+larger batches run row after row (still one object, one per-object cost)."""
 EXIT_STOPPED, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -83,6 +88,17 @@ def _non_negative_float(text: str) -> float:
     if not value >= 0.0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text} must be a finite number >= 0")
     return value
+
+
+def warm_batch_rows(args: argparse.Namespace) -> int:
+    """The batch sizes (2..this) whose decode kernels a serving run's stages build while
+    they load: `--warm-batch-rows`, by default `DEFAULT_WARM_BATCH_ROWS` when batches
+    hold that many rows (`--batch-rows`, by default `--slots`); never more than the
+    slots."""
+    rows = args.batch_rows if args.batch_rows is not None else args.slots
+    warm = (args.warm_batch_rows if args.warm_batch_rows is not None
+            else min(rows, DEFAULT_WARM_BATCH_ROWS))
+    return min(warm, args.slots) if warm > 1 else 0
 
 
 def http_address(text: str) -> tuple[str, int]:
@@ -107,11 +123,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                        f"(default {DEFAULT_WARM_PROMPT_TOKENS}; longer prompts build theirs "
                        "on first use, kept in the kernel cache for later runs; 0: only "
                        "what the cache holds)")
-    group.add_argument("--batch-rows", type=at_least(1), default=1, metavar="B",
+    group.add_argument("--batch-rows", type=at_least(1), default=None, metavar="B",
                        help="decode steps of up to B sequences travel through the "
-                       "pipeline as one object, paying its per-object cost once "
-                       "(default 1: every step its own object; more than 1 works on "
-                       "one stage only so far)")
+                       "pipeline as one object, paying its per-object cost once and "
+                       "reading each weight once for all its rows (default: --slots; "
+                       "1: every step its own object)")
+    group.add_argument("--warm-batch-rows", type=at_least(0), default=None,
+                       metavar="B",
+                       help="each stage builds the batched decode kernels of every batch "
+                       "size 2..B while it loads; a batch of another size runs row "
+                       f"after row (default {DEFAULT_WARM_BATCH_ROWS}, at most "
+                       "--batch-rows: larger ones measured slower than their rows one "
+                       "by one; minutes per size on a small CPU the first time, then "
+                       "kept in the kernel cache; 0: only what the cache holds)")
     group.add_argument("--max-queue", type=at_least(0), default=64, metavar="N",
                        help="requests that may wait for a slot; one more is answered 429 "
                        "(default 64)")
@@ -358,7 +382,7 @@ async def serve_pool(
     port: int,
     slots: int,
     max_queue: int,
-    batch_rows: int | None = 1,
+    batch_rows: int | None = None,
     restart_limit: int,
     retry_delay_s: float,
     out: TextIO,
@@ -554,7 +578,8 @@ async def _serve_local(args: argparse.Namespace, keys: Path) -> int:
         for node_id, process in processes.items():
             live.follow_exit(node_id, process.wait())
         return await serve_pool(
-            replace(options, pool_gated=True, warm_prompt_tokens=args.warm_prompt_tokens),
+            replace(options, pool_gated=True, warm_prompt_tokens=args.warm_prompt_tokens,
+                    warm_batch_rows=warm_batch_rows(args)),
             live, emitter, host=args.host,
             port=args.port, slots=args.slots, max_queue=args.max_queue,
             batch_rows=args.batch_rows,

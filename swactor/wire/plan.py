@@ -27,6 +27,10 @@ how many KV slots each stage holds, one per sequence a serving run carries at on
 (extension beyond spec §11, default 0) asks each stage to build, before it reports ready,
 the prefill kernels of every prompt length up to that many tokens, so that a serving
 run's first prompt of each length is not held up by a kernel build; 0..`max_seq_len`.
+`GgufModelPlan.warm_batch_rows` (extension beyond spec §11, default 0) asks each stage
+to build, before it reports ready, the batched decode kernels of every batch size
+2..`warm_batch_rows` (batch objects, `swactor.wire.tags`), so that a serving run's
+batches read each weight once for all their rows from the first one; 0..`slots`.
 
 Variant types (`GgufSource`, `TokenizerSource`, `SamplingPolicy`, `PromptSource`,
 `EdgeEndpoint`) are one dataclass with a `kind`/`mode` enum and the fields that kind
@@ -151,6 +155,9 @@ class GgufModelPlan(WireStruct):
     warm_prompt_tokens: int = 0
     """Prompt lengths whose prefill kernels each stage builds before it is ready (module
     doc; extension beyond spec §11)."""
+    warm_batch_rows: int = 0
+    """Batch sizes 2..this whose decode kernels each stage builds before it is ready
+    (module doc; extension beyond spec §11)."""
 
     def _validate(self) -> None:
         if not self.model_id or len(self.model_id) > 255:
@@ -159,6 +166,7 @@ class GgufModelPlan(WireStruct):
             self._check_range(name, 1, U32_MAX)
         self._check_range("slots", 1, MAX_STAGE_SLOTS)
         self._check_range("warm_prompt_tokens", 0, self.max_seq_len)
+        self._check_range("warm_batch_rows", 0, self.slots)
         self._check_u32("dtype_width_bytes")
         self._check_u32("eos_token_id")
         if self.dtype_width_bytes not in DTYPE_WIDTHS[self.dtype_family]:

@@ -67,6 +67,9 @@ class StageModelFacts(WireStruct):
     warm_prompt_tokens: int = 0
     """Prompt lengths whose prefill kernels the stage builds before it is ready (the plan's
     `model.warm_prompt_tokens`; extension beyond spec §12)."""
+    warm_batch_rows: int = 0
+    """Batch sizes 2..this whose decode kernels the stage builds before it is ready (the
+    plan's `model.warm_batch_rows`; extension beyond spec §12)."""
 
     def _validate(self) -> None:
         if not self.model_id or len(self.model_id) > 255:
@@ -75,6 +78,7 @@ class StageModelFacts(WireStruct):
         self._check_range("max_seq_len", 1, U32_MAX)
         self._check_range("slots", 1, MAX_STAGE_SLOTS)
         self._check_range("warm_prompt_tokens", 0, self.max_seq_len)
+        self._check_range("warm_batch_rows", 0, self.slots)
         if self.dtype_width_bytes not in DTYPE_WIDTHS[self.dtype_family]:
             self._fail("dtype_width_bytes", f"not a {self.dtype_family.value} width")
 
@@ -213,6 +217,7 @@ def provision_stage(plan: RunPlan, stage_index: int, runtime: StageRuntimeFacts)
             model.max_seq_len,
             model.slots,
             model.warm_prompt_tokens,
+            model.warm_batch_rows,
         ),
         runtime=runtime,
     )

@@ -145,7 +145,8 @@ def test_a_stage_host_cut_off_mid_stream_migrates_every_stream(tmp_path: Path) -
                 "--spares", "1", "--pool", str(pool_file(keys, HOSTS)),
                 "--split", "10,10,10", "--max-seq-len", "256",
                 "--serve", f"{orch.address}:{HTTP_PORT}", "--slots", "4",
-                "--retry-delay", "0.5", "--warm-prompt-tokens", "0", "--event-verbosity", "-1",
+                "--retry-delay", "0.5", "--warm-prompt-tokens", "0", "--warm-batch-rows", "0",
+                "--event-verbosity", "-1",
                 "--events-file", str(log)], prefix=orch.argv([]))
             url = serve.wait_url(BOOT_S)
             healthy = Client(orch, url).finish(900)

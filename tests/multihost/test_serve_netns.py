@@ -50,6 +50,7 @@ def test_the_api_across_four_namespaces(topology: NetnsTopology, tmp_path: Path)
             "--seed", seed(topology), "--nodes", str(len(STAGES)),
             "--pool", str(pool_file(keys)), "--split", "10,10,10", "--max-seq-len", "256",
             "--serve", f"{orch.address}:{HTTP_PORT}", "--slots", "4", "--warm-prompt-tokens", "0",
+            "--warm-batch-rows", "0",
             "--event-verbosity", "-1", "--events-file", str(events / "orchestrator.jsonl")],
             prefix=orch.argv([]))
         url = serve.wait_url(BOOT_S)

@@ -10,6 +10,7 @@ and stage 0 alone for the activation bytes.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -288,3 +289,11 @@ def test_the_plans_slots_reach_the_role(gguf: Path) -> None:
     assert isinstance(role, LlamaStageRole) and role.stage.slots == 3
     assert llama_stage_config(planned(gguf)[0], gguf)["slots"] == 1
     assert config["warm_prompt_tokens"] == 0  # a run that asks for none: the cache's
+    assert config["batch_rows"] == []  # likewise: no batched decode kernels built
+    # a plan's warm batch rows (at most its slots) -> the batch sizes the role builds
+    warm = plan_run(synthetic_pool(2), model_info_from_gguf(gguf, with_stop_ids=False),
+                    replace(request, warm_batch_rows=5)).plan
+    assert warm.model.warm_batch_rows == 3
+    provision = provision_stage(warm, 0, stage_runtime_facts(warm, 0))
+    assert provision.model.warm_batch_rows == 3
+    assert llama_stage_config(provision, gguf)["batch_rows"] == [2, 3]

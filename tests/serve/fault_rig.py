@@ -1,8 +1,9 @@
 """`FaultRig`: the serving fault tests' `swactor serve`, its event files, an `openai`
 client, and the steps those tests share.
 
-`FaultRig(tmp_path, *flags)` starts `swactor serve --port 0 --slots 4 --events-dir
-tmp_path/events` with `flags` (the pool: `--nodes`, `--stages`, `--spares`, ...) and
+`FaultRig(tmp_path, *flags)` starts `swactor serve --port 0 --slots 4 --warm-batch-rows 0
+--events-dir tmp_path/events` (no batched decode kernels built at load: test time) with
+`flags` (the pool: `--nodes`, `--stages`, `--spares`, ...) and
 waits for its URL; as a context manager it stops the process (SIGTERM, then its group
 killed) however the test ends. `healthy` streams `PROMPTS` once on the healthy server;
 `stream_to_kill` streams them again and returns once each has `KILL_AFTER` chunks, the
@@ -40,7 +41,8 @@ class FaultRig:
         self.events_dir = tmp_path / "events"
         self.log = self.events_dir / "orchestrator.jsonl"
         """The orchestrator's event file."""
-        self.serve = ServeProcess(["serve", "--port", "0", "--slots", "4", *flags,
+        self.serve = ServeProcess(["serve", "--port", "0", "--slots", "4",
+                                   "--warm-batch-rows", "0", *flags,
                                    "--events-dir", str(self.events_dir)])
         try:
             self.url = self.serve.wait_url(boot_s)

@@ -44,7 +44,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
         pytest.fail(f"{default_model_path()} missing: run scripts/setup.sh")
     events = tmp_path_factory.mktemp("serve-events")
     serve = ServeProcess(["serve", "--nodes", "1", "--port", "0", "--slots", "4",
-                          "--warm-prompt-tokens", "0",  # only the cache's: test time
+                          "--warm-prompt-tokens", "0", "--warm-batch-rows", "0",  # test time
                           "--max-seq-len", str(MAX_SEQ), "--retry-delay", "0.5",
                           "--events-dir", str(events)])
     try:

@@ -29,7 +29,8 @@ def server() -> Iterator[ServeProcess]:
     if not default_model_path().is_file():
         pytest.fail(f"{default_model_path()} missing: run scripts/setup.sh")
     serve = ServeProcess(["serve", "--nodes", "3", "--port", "0", "--slots", "4",
-                          "--max-seq-len", "256", "--warm-prompt-tokens", "0"])
+                          "--max-seq-len", "256", "--warm-prompt-tokens", "0",
+                          "--warm-batch-rows", "0"])
     try:
         serve.wait_url(BOOT_S)
         yield serve

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from swactor.cli import build_parser
 from swactor.fsm.generated import orchestrator_run as orun
 from swactor.membership import BootHealth, MemberChanged, MemberMeta, MemberState
 from swactor.orchestrator.session import PoolMember
-from swactor.serve.serve_cmd import LiveNodes, http_address
+from swactor.serve.serve_cmd import LiveNodes, http_address, warm_batch_rows
 from swactor.wire import NodeId
 from tests.serve.serve_process import ServeProcess, cmdline, descendants
 
@@ -32,6 +33,23 @@ def test_serve_help_explains_the_api_and_the_stop() -> None:
     for words in ("/v1/chat/completions", "stream=true", "Ctrl-C", "--slots K",
                   "--max-restarts N", "curl http://127.0.0.1:8000"):
         assert words in text
+
+
+@pytest.mark.parametrize(("argv", "batch", "warm"), [
+    ([], None, 2),                                 # batches of the 4 slots, 2 built
+    (["--slots", "1"], None, 0),                   # one slot: no batch to build for
+    (["--batch-rows", "1"], 1, 0),                 # batching off: nothing to build
+    (["--batch-rows", "3"], 3, 2),
+    (["--warm-batch-rows", "3"], None, 3),
+    (["--warm-batch-rows", "8"], None, 4),         # never more than the slots
+    (["--warm-batch-rows", "0"], None, 0),         # only what the kernel cache holds
+    (["--batch-rows", "1", "--warm-batch-rows", "2"], 1, 2),
+])
+def test_serve_batches_the_slots_and_builds_2_row_kernels_by_default(
+        argv: list[str], batch: int | None, warm: int) -> None:
+    for command in (["serve"], ["orchestrator", "--key", "k", "--serve", "127.0.0.1:0"]):
+        args = build_parser(command[0]).parse_args([*command, *argv])
+        assert (args.batch_rows, warm_batch_rows(args)) == (batch, warm)
 
 
 def test_orchestrator_help_offers_serve() -> None:
