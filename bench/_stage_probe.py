@@ -5,8 +5,12 @@
 tiny kernel, so the baseline RSS holds Python, numpy and tinygrad; then it loads the
 stage exactly as a worker does (``open_reader(...).load_stage`` then ``StageRole``) and
 reads its RSS at ready: ``rss_ready - rss_base`` is what the stage costs the process.
-With ``decode`` steps it then prefills ``prompt`` positions and decodes, feeding its own
-output back (a first stage gets token ids, later stages random activations).
+With ``decode`` steps it then prefills ``prompt`` positions (none when ``prompt`` is 0: the
+decode steps start at position 0, as a stage warming up does) and decodes, feeding its
+own output back (a first stage gets token ids, later stages random activations). The
+first decode steps build the decode kernels (or load them from the kernel cache,
+``swactor.model.jit_cache``): ``decode_first_s`` is their time, ``decode_ms`` the median
+step after them.
 """
 
 from __future__ import annotations
@@ -66,15 +70,27 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
                 return rng.integers(3, role.facts.vocab_size, size=tokens).astype(np.int32)
             return (rng.standard_normal((tokens, hidden)) * 0.5).astype(role.np_dtype)
 
-        t0 = time.perf_counter()
-        role.step(0, payload(args["prompt"]))
-        out["prefill_cold_s"] = time.perf_counter() - t0
+        prompt = int(args.get("prompt", 0))
         times = []
-        for sequence in range(1, steps + 1):
-            data = payload(1)
+        if prompt:
             t0 = time.perf_counter()
-            role.step(sequence, data)
-            times.append(time.perf_counter() - t0)
+            role.step(0, payload(prompt))
+            out["prefill_cold_s"] = time.perf_counter() - t0
+            for sequence in range(1, steps + 1):
+                data = payload(1)
+                t0 = time.perf_counter()
+                role.step(sequence, data)
+                times.append(time.perf_counter() - t0)
+        else:
+            # decode rows from position 0 with no prompt, as StageRole.warm_up does
+            for position in range(steps):
+                data = payload(1)
+                if role.is_first:
+                    data = role._embed(data)
+                t0 = time.perf_counter()
+                role._decode_step(data, 0, position)
+                times.append(time.perf_counter() - t0)
+        out["decode_first_s"] = sum(times[:3])
         out["decode_ms"] = statistics.median(times[3:] if len(times) > 4 else times) * 1e3
         out["rss_after_decode"] = process_rss_bytes()
     out["rss_peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -6,7 +6,20 @@ Every figure comes from a fresh process per stage (:mod:`bench._stage_probe`), r
 after another, on synthetic llama files with random weights (:mod:`bench._synthetic`,
 generated once into the model cache):
 
-1. **Memory per type.** A 4-block, 2048-wide file per block type (Q4_0, Q4_1, Q5_0,
+1. **1B-class shape, 4 of its 16 blocks** (by default): Llama-3.2-1B's width (2048
+   wide, FFN 8192, 32/8 heads, vocabulary 128256, tied embeddings), Q4_K_M-like types,
+   cut to 4 blocks, on 1, 2 and 4 stages: load time, memory per stage as below, and the
+   decode step of each stage (``--decode`` steps from position 0, the median after the
+   first three, which build the decode kernels or load them from the kernel cache;
+   ``--prompt N`` prefills N positions first, whose kernels take ~40 s per block to
+   build here). A pipeline of stages decodes one token after another, so its token
+   rate is one over the sum of the stages' step times (transport apart). The middle
+   stages of the 4-stage split hold one block and nothing else, so they measure one
+   block's figures; the last one less a block measures the output head. From those,
+   the whole 16-block model's decode is *estimated* (16 blocks plus the head: the same
+   sum on any number of stages) and printed as such; ``--big`` measures it instead
+   (the whole model on ``--stages``, about 11 minutes on a shared 2-core machine).
+2. **Memory per type.** A 4-block, 2048-wide file per block type (Q4_0, Q4_1, Q5_0,
    Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, and Q4_K_M's mix), split in two stages,
    weights in blocks (and the Q4_K_M file also dense). Per stage: the stage's tensors
    in the file, the resident memory the stage added to its process at ready (RSS at
@@ -14,17 +27,11 @@ generated once into the model cache):
    (the goal: at most 1.25x),
    the KV cache apart, and the planner's prediction of the weights beside the role's own
    count (they must agree exactly).
-2. **1B-class shape, 4 of its 16 blocks** (by default): Llama-3.2-1B's width (2048
-   wide, FFN 8192, 32/8 heads, vocabulary 128256, tied embeddings), Q4_K_M-like types,
-   cut to 4 blocks, on 1, 2 and 4 stages: load time, memory per stage as above, and the
-   decode step of each stage after a ``--prompt``-position prefill. A pipeline of stages
-   decodes one token after another, so its token rate is one over the sum of the
-   stages' step times (transport apart). The middle stages of the 4-stage split hold one
-   block and nothing else, so they measure one block's figures; the last one less a
-   block measures the output head. From those, the whole 16-block model's decode is
-   *estimated* (16 blocks plus the head: the same sum on any number of stages) and
-   printed as such; ``--big`` measures it instead (the whole model on ``--stages``,
-   about 11 minutes on a shared 2-core machine).
+
+Bounded time: each probe is announced before it starts, and none starts after
+``--budget`` seconds (default 780, under the 900 s `just bench` gives a module); the
+ones left are named as skipped, in the output and the JSON. A split is reported only
+when all its stages ran.
 
 The machine is shared: the load average is printed beside the figures.
 """
@@ -64,16 +71,42 @@ def _type_shapes() -> list[Shape]:
     return shapes
 
 
+class Budget:
+    """Wall time for the whole run: a probe starts only while some is left, and each one
+    says so before it starts (``[n] label, elapsed``), so a slow machine shows progress
+    and the run ends in about ``seconds`` plus one probe."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.started = time.monotonic()
+        self.count = 0
+        self.skipped: list[str] = []
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def admit(self, label: str) -> bool:
+        if self.elapsed() > self.seconds:
+            self.skipped.append(label)
+            print(f"  [skipped: --budget {self.seconds:.0f} s spent] {label}", flush=True)
+            return False
+        self.count += 1
+        print(f"  [{self.count}] {label} ... ({self.elapsed():.0f} s elapsed)", flush=True)
+        return True
+
+
 def _probe(path: Path, start: int, end: int, weights: str, args: argparse.Namespace,
            decode: int = 0) -> dict[str, Any]:
     request = {"path": str(path), "start": start, "end": end, "weights": weights,
                "dtype": args.dtype, "max_seq_len": args.max_seq_len, "decode": decode,
                "prompt": args.prompt}
+    t0 = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "bench._stage_probe", json.dumps(request)],
                             capture_output=True, text=True, timeout=1800)
     if result.returncode != 0:
         raise RuntimeError(f"stage probe {start}..{end} failed: {result.stderr[-2000:]}")
     row: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    row["wall_s"] = time.monotonic() - t0
     added = row["rss_ready"] - row["rss_base"]
     row["rss_added"] = added
     row["ratio"] = (added - row["kv_bytes"]) / row["file_bytes"]
@@ -95,15 +128,18 @@ def _halves(blocks: int, stages: int) -> list[tuple[int, int]]:
     return list(itertools.pairwise(bounds))
 
 
-def memory_per_type(args: argparse.Namespace) -> list[dict[str, Any]]:
+def memory_per_type(args: argparse.Namespace, budget: Budget) -> list[dict[str, Any]]:
     print(f"memory per stage, 2 stages of a 4-block 2048-wide file, {args.dtype}, "
           f"max_seq_len {args.max_seq_len} (goal: RSS less KV cache <= {GOAL}x file):")
     rows = []
     for shape in _type_shapes():
-        path = cached(shape)
         modes = ("blocks", "dense") if shape.name == "mem-q4_k_m" else ("blocks",)
         for weights in modes:
             for start, end in _halves(shape.blocks, 2):
+                if not budget.admit(f"{shape.name[4:]} --weights {weights}: blocks "
+                                    f"{start}..{end}"):
+                    continue
+                path = cached(shape)  # generated on first use
                 row = _probe(path, start, end, weights, args)
                 row.update(file=shape.name, weights=weights)
                 print(_line(f"{shape.name[4:]} {weights}", row), flush=True)
@@ -111,23 +147,33 @@ def memory_per_type(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def big_model(args: argparse.Namespace, shape: Shape = LLAMA_1B) -> list[dict[str, Any]]:
+def big_model(args: argparse.Namespace, budget: Budget, shape: Shape = LLAMA_1B
+              ) -> list[dict[str, Any]]:
     path = cached(shape)
+    prompt = (f"prefill {args.prompt} positions, then" if args.prompt else
+              "no prefill,")
     print(f"{shape.name}: {shape.blocks} blocks, {path.stat().st_size / MIB:.0f} MiB, "
-          f"weights in blocks, {args.dtype}, prompt {args.prompt}, {args.decode} decode "
-          "steps:")
+          f"weights in blocks, {args.dtype}, {prompt} {args.decode} decode steps (the "
+          "first 3 build or load the kernels):")
     rows = []
     for stages in args.stages:
-        total_ms = 0.0
+        part = []
         for start, end in _halves(shape.blocks, stages):
+            if not budget.admit(f"{shape.name} on {stages} stage(s): blocks {start}..{end}"):
+                continue
             row = _probe(path, start, end, "blocks", args, decode=args.decode)
             row.update(stages=stages, model=shape.name)
-            total_ms += row["decode_ms"]
+            prefill = (f", prefill {row['prefill_cold_s']:5.1f} s cold"
+                       if "prefill_cold_s" in row else "")
             print(_line(f"{stages} stage(s)", row) + f"; decode {row['decode_ms']:7.1f} "
-                  f"ms/step, prefill {row['prefill_cold_s']:5.1f} s cold", flush=True)
-            rows.append(row)
-        print(f"  {stages} stage(s): {1000 / total_ms:.2f} tokens/s (one over the sum of "
-              "the stages' decode steps)", flush=True)
+                  f"ms/step, first 3 steps {row['decode_first_s']:5.1f} s{prefill}",
+                  flush=True)
+            part.append(row)
+        if len(part) == stages:
+            rows += part
+            total_ms = sum(r["decode_ms"] for r in part)
+            print(f"  {stages} stage(s): {1000 / total_ms:.2f} tokens/s (one over the sum "
+                  "of the stages' decode steps)", flush=True)
     return rows
 
 
@@ -214,6 +260,9 @@ def markdown(rows: dict[str, Any]) -> list[str]:
                       f"{figures['whole_step_ms']:.0f} ms per token, "
                       f"{figures['whole_tokens_per_s']:.2f} tokens/s on any number of stages "
                       "(one sequence visits the stages in turn; transport apart).", ""]
+    if rows.get("skipped"):
+        lines += [f"Not measured (the run's `--budget` was spent): "
+                  f"{'; '.join(rows['skipped'])}.", ""]
     return lines
 
 
@@ -221,8 +270,15 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench kquant")
     parser.add_argument("--dtype", choices=("f32", "f16"), default="f32")
     parser.add_argument("--max-seq-len", type=int, default=512)
-    parser.add_argument("--prompt", type=int, default=16, help="prefill positions (--big)")
-    parser.add_argument("--decode", type=int, default=8, help="decode steps (--big)")
+    parser.add_argument("--prompt", type=int, default=0,
+                        help="prefill positions before decoding (default 0: decode from "
+                        "position 0; a prefill's first build costs ~40 s per block here)")
+    parser.add_argument("--decode", type=int, default=8,
+                        help="decode steps per stage (the median after the first 3)")
+    parser.add_argument("--budget", type=float, default=780.0, metavar="SECONDS",
+                        help="start no probe after this many seconds; those left are "
+                        "named as skipped (default 780: `just bench` stops a module at "
+                        "900)")
     parser.add_argument("--big", action="store_true",
                         help="also the whole 16-block 1B-class model on --stages (about 11 "
                         "min on a small CPU)")
@@ -234,19 +290,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     args = parser.parse_args(argv)
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
-    started = time.monotonic()
+    budget = Budget(args.budget)
     rows: dict[str, Any] = {}
-    if not args.skip_types:
-        rows["types"] = memory_per_type(args)
     if not args.no_cut:
-        rows["cut"] = big_model(args, LLAMA_1B_CUT)
+        rows["cut"] = big_model(args, budget, LLAMA_1B_CUT)
         figures = per_block(rows["cut"])
         if figures is not None:
             rows["per_block"] = figures
             _print_per_block(figures)
     if args.big:
-        rows["big"] = big_model(args)
-    print(f"load average now {os.getloadavg()[0]:.1f}; {time.monotonic() - started:.0f} s")
+        rows["big"] = big_model(args, budget)
+    if not args.skip_types:
+        rows["types"] = memory_per_type(args, budget)
+    if budget.skipped:
+        rows["skipped"] = budget.skipped
+        print(f"--budget {args.budget:.0f} s spent: {len(budget.skipped)} probe(s) skipped")
+    print(f"load average now {os.getloadavg()[0]:.1f}; {budget.elapsed():.0f} s")
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=1))
     worst = max((r["ratio"] for r in rows.get("types", []) if r["weights"] == "blocks"),
