@@ -206,8 +206,8 @@ class RunEngine:
         self.plan = plan
         self._slots = slots
         self._batch_rows: int | None = None
-        """Decode rows per batch object (`--batch-rows`; None: the slots; 1: every
-        decode step its own object)."""
+        """Decode rows per batch object (`--batch-rows`, default 1: every decode step
+        its own object; None: the slots)."""
         self._tokenizer = tokenizer
         self._pool = pool
         self._runtime = runtime
@@ -231,7 +231,7 @@ class RunEngine:
         options: SessionOptions,
         *,
         slots: int = DEFAULT_SLOTS,
-        batch_rows: int | None = None,
+        batch_rows: int | None = 1,
         emitter: Emitter | None = None,
         progress: TextIO | None = None,
         watch: Watch | None = None,
@@ -239,7 +239,7 @@ class RunEngine:
         """Provision a serving run over `options.nodes` and return once it serves
         (module doc); `watch(handle)` runs beside the run (membership: it tells the run
         MembershipLost) until it ends. Decode steps of up to `batch_rows` sequences
-        travel as one batch object (None: `slots`; 1: each its own object); the stages
+        travel as one batch object (1: each its own object; None: `slots`); the stages
         build the batched kernels of sizes 2..`options.warm_batch_rows` while they load.
         Raises `SessionError` naming why it cannot; cancelled, it tears down what it
         provisioned and re-raises. `prepare` then `PreparedEngine.open`."""

@@ -36,17 +36,16 @@ def test_serve_help_explains_the_api_and_the_stop() -> None:
 
 
 @pytest.mark.parametrize(("argv", "batch", "warm"), [
-    ([], None, 2),                                 # batches of the 4 slots, 2 built
-    (["--slots", "1"], None, 0),                   # one slot: no batch to build for
-    (["--batch-rows", "1"], 1, 0),                 # batching off: nothing to build
-    (["--batch-rows", "3"], 3, 2),
-    (["--warm-batch-rows", "3"], None, 3),
-    (["--warm-batch-rows", "8"], None, 4),         # never more than the slots
-    (["--warm-batch-rows", "0"], None, 0),         # only what the kernel cache holds
-    (["--batch-rows", "1", "--warm-batch-rows", "2"], 1, 2),
+    ([], 1, 0),                                    # one row per object: nothing to build
+    (["--batch-rows", "4"], 4, 2),                 # batches of 4, 2-row kernels built
+    (["--batch-rows", "4", "--slots", "1"], 4, 0),  # one slot: no batch to build for
+    (["--batch-rows", "3", "--warm-batch-rows", "3"], 3, 3),
+    (["--batch-rows", "4", "--warm-batch-rows", "8"], 4, 4),  # never more than the slots
+    (["--batch-rows", "4", "--warm-batch-rows", "0"], 4, 0),  # only the kernel cache's
+    (["--warm-batch-rows", "2"], 1, 2),
 ])
-def test_serve_batches_the_slots_and_builds_2_row_kernels_by_default(
-        argv: list[str], batch: int | None, warm: int) -> None:
+def test_serve_sends_one_row_per_object_unless_asked_to_batch(
+        argv: list[str], batch: int, warm: int) -> None:
     for command in (["serve"], ["orchestrator", "--key", "k", "--serve", "127.0.0.1:0"]):
         args = build_parser(command[0]).parse_args([*command, *argv])
         assert (args.batch_rows, warm_batch_rows(args)) == (batch, warm)
