@@ -22,8 +22,10 @@ One run, CPU (or whatever ``tinygrad.Device.DEFAULT`` is):
    tokens of every variant are compared with the first one's.
 3. **llama.cpp** — when ``llama_cpp`` imports here, or the reference venv (built by
    ``just reference`` in ``~/.cache/swactor/venv-reference``) exists, its decode tokens/s
-   on the same file and thread count, and the ratio. Otherwise the column is skipped with
-   a note.
+   on the same file and thread count, and the ratio (goal 0.8x); then its warm prefill of
+   the same ``--prompt-len`` prompt ids (the median of three after a first evaluation,
+   logits of the last position only, as a stage computes them) against the fastest
+   variant's warm prefill (goal 0.5x). Otherwise the column is skipped with a note.
 
 The machine is shared: the load average is printed beside the figures.
 """
@@ -70,6 +72,21 @@ for _ in range(n):
     t = time.perf_counter(); llm.eval([tok]); times.append(time.perf_counter() - t)
 times = sorted(times[3:])
 print(1.0 / times[len(times) // 2])
+"""
+
+
+_LLAMA_CPP_PREFILL = r"""
+import sys, time, llama_cpp
+path, threads, ids = sys.argv[1], int(sys.argv[2]), [int(i) for i in sys.argv[3].split(",")]
+# logits for the last position only, as a stage computes them
+llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_batch=512, n_threads=threads,
+                      verbose=False)
+llm.eval(ids)  # the first evaluation: buffers and repacked weights
+times = []
+for _ in range(3):
+    llm.reset()
+    t = time.perf_counter(); llm.eval(ids); times.append(time.perf_counter() - t)
+print(len(ids) / sorted(times)[1])
 """
 
 
@@ -161,8 +178,9 @@ def single_stage(
 
 def run_variant(
     path: Path, variant: str, args: argparse.Namespace, first_tokens: list[int] | None
-) -> tuple[float, list[int]]:
-    """Run ``variant`` ``--repeat`` times; print one line; return (decode tok/s, tokens)."""
+) -> tuple[float, float, list[int]]:
+    """Run ``variant`` ``--repeat`` times; print one line; return (decode tok/s, warm
+    prefill tok/s, tokens)."""
     runs = [single_stage(path, variant, args.tokens, args.prompt_len, args.beam)
             for _ in range(args.repeat)]
     decode_s = statistics.median(r.decode_s for r in runs)
@@ -180,7 +198,7 @@ def run_variant(
         f" GB/s); prefill {args.prompt_len} tokens {prefill:6.1f} tok/s warm "
         f"({runs[0].cold_prefill_s:.1f} s cold); load {runs[0].load_s:.1f} s{same}"
     )
-    return 1 / decode_s, runs[0].tokens
+    return 1 / decode_s, prefill, runs[0].tokens
 
 
 def reference_venv() -> Path:
@@ -192,6 +210,18 @@ def reference_venv() -> Path:
 
 
 def llama_cpp_decode(path: Path, threads: int, tokens: int) -> float | None:
+    """llama.cpp's median decode tok/s on ``path`` with ``threads`` (None: not built)."""
+    return _llama_cpp(_LLAMA_CPP_SCRIPT, [str(path), str(threads), str(tokens)])
+
+
+def llama_cpp_prefill(path: Path, threads: int, prompt: list[int]) -> float | None:
+    """llama.cpp's warm prefill tok/s of ``prompt`` (median of 3; None: not built)."""
+    return _llama_cpp(_LLAMA_CPP_PREFILL, [str(path), str(threads),
+                                           ",".join(str(i) for i in prompt)])
+
+
+def _llama_cpp(script: str, args: list[str]) -> float | None:
+    """Run ``script`` where llama_cpp imports; the float on its last line."""
     candidates = []
     try:
         import llama_cpp  # type: ignore[import-not-found]  # noqa: F401
@@ -204,7 +234,7 @@ def llama_cpp_decode(path: Path, threads: int, tokens: int) -> float | None:
         candidates.append(str(reference))
     for python in candidates:
         result = subprocess.run(
-            [python, "-c", _LLAMA_CPP_SCRIPT, str(path), str(threads), str(tokens)],
+            [python, "-c", script, *args],
             capture_output=True,
             text=True,
             timeout=600,
@@ -242,9 +272,11 @@ def main(argv: list[str]) -> int:
     print(f"single stage, SmolLM2-135M (30 blocks), median of {args.repeat} runs, beam "
           f"{args.beam}:")
     ours: dict[str, float] = {}
+    prefills: dict[str, float] = {}
     first_tokens: list[int] | None = None
     for variant in args.variants.split(","):
-        ours[variant], tokens = run_variant(path, variant, args, first_tokens)
+        ours[variant], prefills[variant], tokens = run_variant(path, variant, args,
+                                                                first_tokens)
         first_tokens = first_tokens or tokens
     best_variant = max(ours, key=lambda v: ours[v])
     best = ours[best_variant]
@@ -255,7 +287,12 @@ def main(argv: list[str]) -> int:
               "`just reference` builds it)")
     else:
         print(f"  llama.cpp decode {reference:.1f} tok/s on {threads} threads; ours/llama.cpp "
-              f"= {best / reference:.2f}x (goal 0.5x)")
+              f"= {best / reference:.2f}x (goal 0.8x)")
+        theirs = llama_cpp_prefill(path, threads, _prompt(args.prompt_len))
+        if theirs is not None:
+            print(f"  llama.cpp prefill {args.prompt_len} tokens {theirs:.1f} tok/s warm on "
+                  f"{threads} threads; ours ({best_variant}) / llama.cpp = "
+                  f"{prefills[best_variant] / theirs:.2f}x (goal 0.5x)")
         if threads > 1:
             # tinygrad's CPU backend runs a step's kernels one after another on one core
             single = llama_cpp_decode(path, 1, args.tokens)

@@ -142,10 +142,15 @@ def test_model_lines_parse() -> None:
     text = ("  f16 (beam 2): load 3.0 s; prefill 64 tokens   90.0 tok/s warm (2.0 s cold); "
             "decode   29.5 tok/s median, 28.0 mean over 37 tokens\n"
             "  f32 (beam 2): load 3.0 s; decode   20.25 tok/s median, 19.0 mean\n"
-            "  llama.cpp decode 70.0 tok/s on 2 threads; ours/llama.cpp = 0.42x (goal 0.5x)\n")
+            "  llama.cpp decode 70.0 tok/s on 2 threads; ours/llama.cpp = 0.42x (goal 0.8x)\n"
+            "  llama.cpp prefill 64 tokens 180.0 tok/s warm on 2 threads; ours (f32:blocks) / "
+            "llama.cpp = 1.14x (goal 0.5x)\n")
     assert model_figures(text) == {"ours_tokens_per_s": {"f16": 29.5, "f32": 20.25},
-                                   "llama_cpp_tokens_per_s": 70.0}
-    assert model_figures("llama.cpp: skipped")["llama_cpp_tokens_per_s"] is None
+                                   "llama_cpp_tokens_per_s": 70.0,
+                                   "prefill_over_llama_cpp": 1.14}
+    skipped = model_figures("llama.cpp: skipped")
+    assert skipped["llama_cpp_tokens_per_s"] is None
+    assert skipped["prefill_over_llama_cpp"] is None
 
 
 def test_cold_start_rows_judge_each_figure_against_its_goal() -> None:
