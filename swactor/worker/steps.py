@@ -182,8 +182,8 @@ class StepRunner:
         self._rings = rings
         self._emit = emit
         self._queue: deque[ExecuteStep] = deque()
-        self._loaded: dict[tuple[RingId, Sequence], ObjectLoaded] = {}
-        self._loaded_ns: dict[tuple[RingId, Sequence], int] = {}
+        self._loaded: dict[tuple[RingId, Sequence], tuple[ObjectLoaded, int]] = {}
+        """Loaded objects no step took yet, with their monotonic load time (ns)."""
         self._grants: dict[RoleId, tuple[GrantSteps, int]] = {}
         """Each role's standing grant and how many of its steps were issued."""
         self._grant_rings: dict[RingId, RoleId] = {}
@@ -216,8 +216,7 @@ class StepRunner:
             self._free(event.device_handle)  # its grant was revoked: never run
             return True
         key = (ring, event.sequence)
-        self._loaded[key] = event
-        self._loaded_ns[key] = time.monotonic_ns()
+        self._loaded[key] = (event, time.monotonic_ns())
         return ring in self._grant_rings
 
     def object_produced(self, event: ObjectProduced) -> bool:
@@ -253,15 +252,13 @@ class StepRunner:
         if free:
             self._closed_rings.add(ring)
             for key in [k for k in self._loaded if k[0] == ring]:
-                self._free(self._loaded.pop(key).device_handle)
-                self._loaded_ns.pop(key, None)
+                self._free(self._loaded.pop(key)[0].device_handle)
 
     def forget(self, handle: DeviceObjectHandle) -> None:
         """The object was released: no step may take it any more."""
-        for key, loaded in list(self._loaded.items()):
+        for key, (loaded, _) in list(self._loaded.items()):
             if loaded.device_handle == handle:
                 del self._loaded[key]
-                self._loaded_ns.pop(key, None)
 
     def ring_gone(self, ring_id: RingId) -> None:
         """Ring `ring_id` is uninstalled: end its grant (freeing what the grant held),
@@ -272,7 +269,6 @@ class StepRunner:
         self._closed_rings.discard(ring_id)
         for key in [k for k in self._loaded if k[0] == ring_id]:
             del self._loaded[key]
-            self._loaded_ns.pop(key, None)
         waiting = [c for c in self._queue if any(a.ring_id == ring_id for a in c.awaits)]
         for command in waiting:
             self._queue.remove(command)
@@ -299,9 +295,9 @@ class StepRunner:
                 if head.awaits:
                     if head.step_id in self._granted_steps:
                         key = (head.awaits[0].ring_id, head.awaits[0].sequence)
-                        loaded = self._loaded.get(key)
-                        if loaded is not None:
-                            granted = _Granted(loaded, self._loaded_ns.get(key, 0), 0)
+                        held = self._loaded.get(key)
+                        if held is not None:
+                            granted = _Granted(held[0], held[1], 0)
                     bound = self._bind(head)
                     if bound is None:
                         return  # its input is not loaded yet
@@ -362,21 +358,21 @@ class StepRunner:
         failure when an awaited ring loaded another sequence or an extent is not rows."""
         found: list[tuple[ObjectLoaded, int]] = []
         for awaited in command.awaits:
-            loaded = self._loaded.get((awaited.ring_id, awaited.sequence))
-            if loaded is None:
+            held = self._loaded.get((awaited.ring_id, awaited.sequence))
+            if held is None:
                 if any(ring == awaited.ring_id for ring, _ in self._loaded):
                     log.warning("step %d awaits sequence %d of ring %d; another loaded",
                                 int(command.step_id), int(awaited.sequence),
                                 int(awaited.ring_id))
                     return StepFailure.InvalidInputHandle
                 return None
+            loaded = held[0]
             rows = self._rows(loaded, awaited.row_bytes)
             if rows is None:
                 return StepFailure.OutputExtentInvalid
             found.append((loaded, rows))
         for awaited in command.awaits:
             del self._loaded[(awaited.ring_id, awaited.sequence)]
-            self._loaded_ns.pop((awaited.ring_id, awaited.sequence), None)
         inputs = command.inputs + tuple(
             InputBinding(awaited.port_id, loaded.object_id, loaded.sequence,
                          loaded.device_handle)
