@@ -44,7 +44,8 @@ def _machine(report: dict[str, Any]) -> list[str]:
         "with other jobs, so every ratio below pairs figures taken side by side in this run",
         f"- Python {m['python']}; {versions}" + (f"; not installed: {missing}" if missing
                                                   else ""),
-        "- each figure: median [min..max] over the repeats named beside it", "",
+        "- each figure: median [min..max] over the repeats named beside it",
+        *(f"- note: {note}" for note in report.get("notes", [])), "",
     ]
 
 

@@ -31,7 +31,6 @@ from swactor.ring import Ring
 from swactor.testing.worker_rig import WorkerRig, float_spec, read_all, record, write_all
 from swactor.wire import (
     ConfigureRole,
-    DeviceObjectReleased,
     ExecuteStep,
     InputBinding,
     ObjectHeader,
@@ -126,7 +125,6 @@ def main(argv: list[str]) -> int:
         data = read_all(rig, egress, ObjectHeader.LEN + size)
         rig.expect(ObjectProduced)
         rig.expect(StepCompleted)
-        rig.expect(DeviceObjectReleased)
         t_egress = time.perf_counter() - start
         assert data[ObjectHeader.LEN :] == payload
 
