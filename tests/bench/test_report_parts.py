@@ -189,3 +189,29 @@ def test_hotpath_ratios_and_fixed_costs() -> None:
     assert got["fixed_cpu_ms_per_stage_3"] == 2.0  # (35 - 29) / 3
     assert got["node_cpu_ms_per_token"] == 1.1
     assert got["node_main_cpu_ms_per_token"] == 0.7  # the 1-stage run did not measure it
+
+
+def _stage(inbound: float, control: float, compute: float) -> dict[str, Any]:
+    return {"inbound_ms": inbound, "control_ms": control, "compute_ms": compute}
+
+
+def test_limits_explain_the_per_token_path_and_the_serving_ratio() -> None:
+    from bench._render import _hotpath_limits, _serve_limits
+
+    one = {"period_ms": 40.0, "compute_ms": 35.0, "orchestrator_cpu_ms": 2.0}
+    three = {"period_ms": 50.0, "compute_ms": 38.0, "node_cpu_ms": 2.5,
+             "per_stage": [_stage(1.0, 0.1, 9.0), _stage(3.0, 0.3, 9.0),
+                           _stage(2.0, 0.2, 20.0)]}
+    lines = _hotpath_limits({"rounds": [{"model": {"step_ms": 33.0}, "one": one,
+                                         "three": three}]})
+    assert "the model alone steps in 33.0 ms" in lines[0]
+    assert "inbound hop, 2.00 ms median" in lines[0] and "control 0.20 ms" in lines[0]
+    assert _hotpath_limits(None) == []
+
+    level = {"aggregate_tokens_per_s": 10.0, "decode_p50_tokens_per_s": 5.0}
+    served = _serve_limits({"levels": {
+        "swactor-3": {"1": level, "4": {**level, "aggregate_tokens_per_s": 18.0}},
+        "llama.cpp": {"1": level, "4": {**level, "aggregate_tokens_per_s": 9.5}}}})
+    assert "aggregate 10.0 tok/s with 1 client, 18.0 with 4 (1.80x)" in served[0]
+    assert "three share" in served[0]
+    assert "0.95x its 1-client aggregate" in served[1]
