@@ -272,12 +272,12 @@ def _limits(report: dict[str, Any]) -> list[str]:
     if isinstance(weights, list) and weights:
         header = weights[0]["header_bytes"]
         lines.append(
-            f"- Weight bytes: every stage reads the reader's header prefix ({header / 1e6:.1f} "
-            "MB: the GGUF header and metadata, tokenizer included) on top of its tensors, "
-            "twice (the node's range check, then the worker's load); against a stage whose "
-            "share is "
-            "small (the middle stage's "
-            f"{min(w['share_bytes'] for w in weights) / 1e6:.1f} MB) that alone exceeds 5%.")
+            f"- Weight bytes: every stage reads the file's header ({header / 1e6:.1f} MB: the "
+            "GGUF metadata, tokenizer included) once, in the node's range check, which hands "
+            "the worker the stage's tensor table; the worker reads its tensors only. The "
+            "tensor table comes after the metadata, so the header cannot be skipped, and "
+            "against a stage whose share is small (the middle stage's "
+            f"{min(w['share_bytes'] for w in weights) / 1e6:.1f} MB) it alone exceeds 5%.")
     ring = report.get("ring_goal") or {}
     if ring.get("ratio_per_cpu_second"):
         lines.append(
