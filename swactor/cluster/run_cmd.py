@@ -49,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="every process writes its JSON Lines event log here")
     parser.add_argument("--keys-dir", type=Path, default=None, metavar="DIR",
                         help="node and orchestrator keys (default: a temporary directory)")
-    parser.add_argument("--arena-ceiling", default="256MiB", help="each node's arena size")
+    parser.add_argument("--arena-ceiling", default="256MiB",
+                        help="each node's arena size (default 256MiB)")
     parser.add_argument("--weights", choices=WEIGHT_MODES, default=DEFAULT_WEIGHT_MODE,
                         help="each node's weight mode (swactor node --weights): blocks "
                         "(default: faster CPU decode from the file's blocks) or dense")

@@ -77,7 +77,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="print the node id derived from --key (creating the key on "
                         "first use) and exit; `swactor node-id` does the same")
     parser.add_argument("--arena-ceiling", type=byte_count_arg, default=DEFAULT_ARENA_CEILING,
-                        metavar="BYTES", help="shared arena size (e.g. 256MiB)")
+                        metavar="BYTES",
+                        help=f"shared arena size (default {DEFAULT_ARENA_CEILING >> 20}MiB)")
     parser.add_argument("--swim", type=parse_address, default=None, metavar="HOST:PORT",
                         help="join SWIM membership on this UDP address (with --seed)")
     parser.add_argument("--seed", type=parse_address, action="append", default=[],
@@ -99,7 +100,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--device", default=None, metavar="NAME",
                         help="the worker's tinygrad device (CPU, CUDA, NV, AMD, METAL, GPU, "
                         "...; default: tinygrad's best available)")
-    parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument("--log-level", default="WARNING",
+                        help="Python logging level on stderr (default WARNING)")
     add_event_arguments(parser)
     parser.set_defaults(handler=run, node_parser=parser)
 

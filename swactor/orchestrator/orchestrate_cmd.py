@@ -39,6 +39,7 @@ from swactor.cliargs import at_least, node_id
 from swactor.events.emitter import add_event_arguments, configure_from_args
 from swactor.membership.cli import add_admission_arguments, admission_from_args
 from swactor.model.paths import model_location
+from swactor.orchestrator.plan_cmd import DEFAULT_PROMPT
 
 if TYPE_CHECKING:
     from swactor.events.emitter import Emitter
@@ -86,7 +87,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, offer_default: bool = 
                        "into its model cache (default: the embedded SmolLM2 in the model "
                        "cache)")
     prompt = group.add_mutually_exclusive_group()
-    prompt.add_argument("--prompt", default=None, help="prompt text (default 'hello world')")
+    prompt.add_argument("--prompt", default=None,
+                        help=f"prompt text (default {DEFAULT_PROMPT!r})")
     prompt.add_argument("--prompt-file", type=Path, default=None, help="read the prompt here")
     group.add_argument("--offer-model", action=argparse.BooleanOptionalAction,
                        default=None,
@@ -115,7 +117,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, offer_default: bool = 
     group.add_argument("--json", action="store_true",
                        help="print one JSON object instead of streaming text and a summary")
     group.add_argument("--run-id", type=int, default=None, help="run id (default: random)")
-    group.add_argument("--log-level", default="WARNING")
+    group.add_argument("--log-level", default="WARNING",
+                       help="Python logging level on stderr (default WARNING)")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -145,6 +148,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=run)
 
 
+def prompt_text(args: argparse.Namespace) -> str:
+    """The run's prompt: `--prompt-file`'s text, `--prompt`, else `DEFAULT_PROMPT`;
+    ValueError names a prompt file that cannot be read."""
+    if args.prompt_file is not None:
+        try:
+            return str(args.prompt_file.read_text())
+        except OSError as error:
+            raise ValueError(f"--prompt-file {args.prompt_file}: {error.strerror}") from None
+    return str(args.prompt) if args.prompt is not None else DEFAULT_PROMPT
+
+
 def session_options(
     args: argparse.Namespace, identity: NodeIdentity, nodes: tuple[PoolMember, ...]
 ) -> SessionOptions:
@@ -159,13 +173,7 @@ def session_options(
     from swactor.orchestrator.session import SessionOptions
     from swactor.wire import SamplingPolicy
 
-    if args.prompt_file is not None:
-        try:
-            prompt = args.prompt_file.read_text()
-        except OSError as error:
-            raise ValueError(f"--prompt-file {args.prompt_file}: {error.strerror}") from None
-    else:
-        prompt = args.prompt if args.prompt is not None else "hello world"
+    prompt = prompt_text(args)
     if args.temperature is None:
         sampling = SamplingPolicy.greedy()
     else:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from swactor.cliargs import at_least, slot_count
 from swactor.model.paths import model_location
+from swactor.orchestrator.planner import DEFAULT_MAX_TOKENS
 
 if TYPE_CHECKING:
     from swactor.orchestrator.model_info import StageMemory
@@ -59,8 +60,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                            '"8 GiB", "device_kind": "cuda"}, ...]}')
     group.add_argument("--split", type=_split_arg, metavar="B0,B1,...",
                        help="explicit blocks per stage (default: proportional to node memory)")
-    group.add_argument("--max-tokens", type=at_least(1), default=None, metavar="N",
-                       help="tokens to generate at most (default 64)")
+    group.add_argument("--max-tokens", type=at_least(1), default=DEFAULT_MAX_TOKENS,
+                       metavar="N",
+                       help=f"tokens to generate at most (default {DEFAULT_MAX_TOKENS})")
     group.add_argument("--max-seq-len", type=at_least(1), default=None, metavar="N",
                        help="positions per run, prompt included (default: min(context, 2048))")
     group.add_argument("--dtype", choices=("f32", "f16"), default="f32",
@@ -103,12 +105,7 @@ def build_planned_run(args: argparse.Namespace) -> PlannedRun:
     from swactor.orchestrator.errors import PlannerError, PlanProblem
     from swactor.orchestrator.inventory import load_pool_file, parse_bytes, synthetic_pool
     from swactor.orchestrator.model_info import model_info_from_gguf
-    from swactor.orchestrator.planner import (
-        DEFAULT_MAX_TOKENS,
-        ComputeDtype,
-        PlanRequest,
-        plan_run,
-    )
+    from swactor.orchestrator.planner import ComputeDtype, PlanRequest, plan_run
     from swactor.wire import PromptSource, RunId
     from swactor.wire.errors import WireError
 
@@ -127,7 +124,7 @@ def build_planned_run(args: argparse.Namespace) -> PlannedRun:
     request = PlanRequest(
         run_id=run_id,
         prompt=prompt,
-        max_tokens=args.max_tokens or DEFAULT_MAX_TOKENS,
+        max_tokens=args.max_tokens,
         max_seq_len=args.max_seq_len,
         split=args.split,
         dtype=ComputeDtype[args.dtype],

@@ -132,9 +132,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                        metavar="B",
                        help="each stage builds the batched decode kernels of every batch "
                        "size 2..B while it loads; a batch of another size runs row "
-                       f"after row (default {DEFAULT_WARM_BATCH_ROWS}, at most "
-                       "--batch-rows: larger ones measured slower than their rows one "
-                       "by one; minutes per size on a small CPU the first time, then "
+                       "after row (default: the smaller of --batch-rows and "
+                       f"{DEFAULT_WARM_BATCH_ROWS}, so none with --batch-rows 1; larger "
+                       "ones measured slower than their rows one by one; never more than "
+                       "--slots; minutes per size on a small CPU the first time, then "
                        "kept in the kernel cache; 0: only what the cache holds)")
     group.add_argument("--max-queue", type=at_least(0), default=64, metavar="N",
                        help="requests that may wait for a slot; one more is answered 429 "
@@ -189,12 +190,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="every process writes its JSON Lines event log here")
     parser.add_argument("--keys-dir", type=Path, default=None, metavar="DIR",
                         help="node and orchestrator keys (default: a temporary directory)")
-    parser.add_argument("--arena-ceiling", default="256MiB", help="each node's arena size")
+    parser.add_argument("--arena-ceiling", default="256MiB",
+                        help="each node's arena size (default 256MiB)")
     parser.add_argument("--weights", choices=WEIGHT_MODES, default=DEFAULT_WEIGHT_MODE,
                         help="each node's weight mode (swactor node --weights)")
     parser.add_argument("--verbose", action="store_true",
                         help="echo the nodes' stderr and the orchestrator's events")
-    parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument("--log-level", default="WARNING",
+                        help="Python logging level on stderr (default WARNING)")
     parser.set_defaults(handler=run)
 
 
