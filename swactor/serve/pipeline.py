@@ -11,8 +11,9 @@ the run ends before it serves (a stage refused, a node did not answer, the readi
 timer), ``start`` waits for its teardown, releases what it made and raises
 ``SessionError`` naming the fault. ``start`` is two halves: ``RunEngine.prepare``
 (plan, pool endpoint: no node is told anything) returns a ``PreparedEngine`` whose
-``open()`` greets the nodes, provisions the run and waits for the barrier, so a serving
-session can plan the next run while the faulted one is still torn down.
+``open()`` (``RunEngine.open``) greets the nodes, provisions the run and waits for the
+barrier, at most once per prepared run, so a serving session can plan the next run while
+the faulted one is still torn down.
 
 Sequences. ``submit`` gives each sequence an id, makes its stream (a queue of
 ``SequenceEvent``) and tells the run actor ``SubmitSequence``; from then on the run's
@@ -47,7 +48,7 @@ import itertools
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TextIO
 
 from swactor.actors import Runtime
@@ -162,50 +163,65 @@ class _ServingPorts(StreamingPorts):
         return await super().on_request(peer, message)
 
 
+class PreparedRunSpent(SessionError):
+    """A prepared run was opened or closed already: it is provisioned at most once."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunPreparation:
+    """What `RunEngine.prepare` made: the run's plan, its pool endpoint (open, no node
+    greeted yet) and the settings of the engine to be."""
+
+    options: SessionOptions
+    planned: PlannedRun
+    pool: Pool
+    tokenizer: Tokenizer
+    slots: int
+    batch_rows: int | None
+    emitter: Emitter
+    progress: TextIO | None
+
+
 class PreparedEngine:
     """A serving run planned and its pool endpoint open, no node told anything yet
-    (`RunEngine.prepare`): `open()` greets the nodes and provisions it, `close()`
-    releases it unopened."""
+    (`RunEngine.prepare`). It owns its `RunPreparation` until `take()` hands it over,
+    once: `open()` hands it to `RunEngine.open`, which greets the nodes and provisions
+    the run; `close()` releases it unopened. Opening it again raises `PreparedRunSpent`
+    (the preparation went with the first `take()`), so one prepared run is never
+    provisioned twice."""
 
-    def __init__(self, engine: type[RunEngine], options: SessionOptions,
-                 planned: PlannedRun, pool: Pool, tokenizer: Tokenizer, *, slots: int,
-                 batch_rows: int | None, emitter: Emitter, progress: TextIO | None) -> None:
+    def __init__(self, preparation: RunPreparation, engine: type[RunEngine]) -> None:
+        self._preparation: RunPreparation | None = preparation
         self._engine = engine
-        self.options = options
-        self.planned = planned
-        self.pool = pool
-        self.tokenizer = tokenizer
-        self.slots = slots
-        self.batch_rows = batch_rows
-        self.emitter = emitter
-        self.progress = progress
-        self._used = False
+
+    def take(self) -> RunPreparation:
+        """The preparation, which the caller now owns (it must open or close its pool);
+        `PreparedRunSpent` when it was taken or closed already."""
+        preparation, self._preparation = self._preparation, None
+        if preparation is None:
+            raise PreparedRunSpent("this prepared run was opened or closed already")
+        return preparation
 
     async def open(self, watch: Watch | None = None) -> RunEngine:
-        """Greet the nodes and provision the run; the engine once it serves (module
-        doc). Raises `SessionError` naming why not, after releasing everything; once."""
-        if self._used:
-            raise RuntimeError("a prepared run opens once")
-        self._used = True
-        engine = await self._engine._greeted(self)
-        await engine._open(self.planned.stop_token_ids, self.options, watch)  # releases if it fails
-        return engine
+        """`RunEngine.open(self, watch)`: the engine once its run serves."""
+        return await self._engine.open(self, watch)
 
     async def close(self) -> None:
-        """Release the unopened run's pool endpoint (idempotent)."""
-        if not self._used:
-            self._used = True
-            await self.pool.close()
+        """Release the unopened run's pool endpoint (idempotent; nothing once opened)."""
+        preparation, self._preparation = self._preparation, None
+        if preparation is not None:
+            await preparation.pool.close()
 
 
 class RunEngine:
     """An engine over one warm serving run (module doc)."""
 
     def __init__(self, plan: RunPlan, slots: int, tokenizer: Tokenizer, pool: Pool,
-                 runtime: Runtime, ports: NetworkRunPorts) -> None:
+                 runtime: Runtime, ports: NetworkRunPorts, *,
+                 batch_rows: int | None = 1) -> None:
         self.plan = plan
         self._slots = slots
-        self._batch_rows: int | None = None
+        self._batch_rows = batch_rows
         """Decode rows per batch object (`--batch-rows`, default 1: every decode step
         its own object; None: the slots)."""
         self._tokenizer = tokenizer
@@ -242,7 +258,7 @@ class RunEngine:
         travel as one batch object (1: each its own object; None: `slots`); the stages
         build the batched kernels of sizes 2..`options.warm_batch_rows` while they load.
         Raises `SessionError` naming why it cannot; cancelled, it tears down what it
-        provisioned and re-raises. `prepare` then `PreparedEngine.open`."""
+        provisioned and re-raises. `prepare` then `open`."""
         prepared = await cls.prepare(options, slots=slots, batch_rows=batch_rows,
                                      emitter=emitter, progress=progress)
         return await prepared.open(watch)
@@ -277,13 +293,24 @@ class RunEngine:
                                     placeholder,
                                     with_stop_ids=True, serving=True)
         pool = await Pool.open(options, run_id, offered)
-        return PreparedEngine(cls, options, planned, pool, tokenizer, slots=slots,
-                              batch_rows=batch_rows,
-                              emitter=emitter or Emitter("orchestrator", []),
-                              progress=progress)
+        return PreparedEngine(
+            RunPreparation(options, planned, pool, tokenizer, slots, batch_rows,
+                           emitter or Emitter("orchestrator", []), progress), cls)
 
     @classmethod
-    async def _greeted(cls, prepared: PreparedEngine) -> RunEngine:
+    async def open(cls, prepared: PreparedEngine, watch: Watch | None = None) -> RunEngine:
+        """`start`'s second half: take `prepared`'s preparation, greet its nodes,
+        provision the run and return the engine once it serves (module doc). Raises
+        `PreparedRunSpent` when `prepared` was opened or closed already, `SessionError`
+        naming why the run cannot serve after releasing everything."""
+        preparation = prepared.take()
+        engine = await cls._greeted(preparation)
+        await engine._provision(preparation.planned.stop_token_ids, preparation.options,
+                                watch)  # releases everything if it fails
+        return engine
+
+    @classmethod
+    async def _greeted(cls, prepared: RunPreparation) -> RunEngine:
         """Greet the prepared run's pool and make its runtime and token ports; releases
         the pool (and what it made) if that fails."""
         options, pool, planned = prepared.options, prepared.pool, prepared.planned
@@ -307,8 +334,8 @@ class RunEngine:
             if progress is not None:
                 ports.on_stage = StageProgress(progress, planned.stage_memory, len(plan.stages))
             pool.holder.append(ports)
-            engine = cls(plan, slots, prepared.tokenizer, pool, runtime, ports)
-            engine._batch_rows = prepared.batch_rows
+            engine = cls(plan, slots, prepared.tokenizer, pool, runtime, ports,
+                         batch_rows=prepared.batch_rows)
         except BaseException:
             if ports is not None:
                 await ports.close()
@@ -318,8 +345,8 @@ class RunEngine:
             raise
         return engine
 
-    async def _open(self, stop_token_ids: frozenset[int], options: SessionOptions,
-                    watch: Watch | None) -> None:
+    async def _provision(self, stop_token_ids: frozenset[int], options: SessionOptions,
+                         watch: Watch | None) -> None:
         serving = asyncio.get_running_loop().create_future()
 
         def opened() -> None:

@@ -12,9 +12,13 @@ import asyncio
 import types
 from collections.abc import Awaitable, Callable
 
+import pytest
+
 from swactor.actors import Runtime
+from swactor.events.emitter import Emitter
 from swactor.fsm.generated import orchestrator_run as orun
 from swactor.orchestrator.ports import RunResult
+from swactor.orchestrator.session import PoolMember, SessionError
 from swactor.serve.engine import (
     Finished,
     FinishReason,
@@ -24,8 +28,22 @@ from swactor.serve.engine import (
     Started,
     Tokens,
 )
-from swactor.serve.pipeline import RunEngine, RunStream, sampling_policy
-from swactor.wire import Component, RunFaultReason, RunOutcome, StageIndex, TeardownOutcome
+from swactor.serve.pipeline import (
+    PreparedEngine,
+    PreparedRunSpent,
+    RunEngine,
+    RunPreparation,
+    RunStream,
+    sampling_policy,
+)
+from swactor.wire import (
+    Component,
+    NodeId,
+    RunFaultReason,
+    RunOutcome,
+    StageIndex,
+    TeardownOutcome,
+)
 from tests.orchestrator.fake_ports import FakePorts
 from tests.orchestrator.test_run import EOS, SLOW, make_plan, make_ready, stop_all
 from tests.orchestrator.test_serving import out, tag
@@ -41,6 +59,26 @@ class _Pool:
         self.closed += 1
 
 
+class _Unreachable(_Pool):
+    """A pool whose greeting no node answers (it counts the greetings)."""
+
+    greeted = 0
+
+    async def greet(self, emitter: object) -> None:
+        self.greeted += 1
+        raise SessionError("no node answered the AddressBook")
+
+
+def prepared(pool: _Pool, nodes: tuple[int, ...] = ()) -> PreparedEngine:
+    """A run prepared on `nodes` over `pool` (as `RunEngine.prepare` leaves it)."""
+    planned = types.SimpleNamespace(plan=make_plan(), stop_token_ids=frozenset({EOS}))
+    members = tuple(PoolMember(NodeId(n), "127.0.0.1", 1) for n in nodes)
+    options = types.SimpleNamespace(nodes=members, timeouts=SLOW)
+    return PreparedEngine(RunPreparation(
+        options, planned, pool, None, 2, 1, Emitter("orchestrator", []), None,  # type: ignore[arg-type]
+    ), RunEngine)
+
+
 Body = Callable[[RunEngine, FakePorts], Awaitable[None]]
 
 
@@ -52,7 +90,7 @@ def engine_test(body: Body, slots: int = 2) -> None:
         pool = _Pool()
         engine = RunEngine(make_plan(), slots, None, pool, runtime, ports)  # type: ignore[arg-type]
         options = types.SimpleNamespace(timeouts=SLOW)
-        opening = asyncio.create_task(engine._open(frozenset({EOS}), options, None))  # type: ignore[arg-type]
+        opening = asyncio.create_task(engine._provision(frozenset({EOS}), options, None))  # type: ignore[arg-type]
         await ports.until(lambda: len(ports.of("provision")) == 3)
         assert engine._handle is not None
         make_ready(engine._handle)
@@ -190,7 +228,7 @@ def test_start_cancelled_while_provisioning_tears_down_what_it_made() -> None:
         pool = _Pool()
         engine = RunEngine(make_plan(), 2, None, pool, runtime, ports)  # type: ignore[arg-type]
         options = types.SimpleNamespace(timeouts=SLOW)
-        opening = asyncio.create_task(engine._open(frozenset({EOS}), options, None))  # type: ignore[arg-type]
+        opening = asyncio.create_task(engine._provision(frozenset({EOS}), options, None))  # type: ignore[arg-type]
         await ports.until(lambda: len(ports.of("provision")) == 3)
         opening.cancel()  # Ctrl-C before the barrier
         assert engine._handle is not None
@@ -207,3 +245,34 @@ def test_start_cancelled_while_provisioning_tears_down_what_it_made() -> None:
 
     asyncio.run(asyncio.wait_for(main(), timeout=20))
     assert_tables_allow(ports.sink.events, complete=False)
+
+
+def test_a_prepared_run_opens_at_most_once() -> None:
+    """`PreparedEngine.open` hands its preparation to `RunEngine.open` once: a second
+    open, or one after `close`, is a typed `PreparedRunSpent`, and the pool endpoint is
+    released exactly once (here by the open whose greeting failed)."""
+
+    async def main() -> None:
+        pool = _Unreachable()
+        first = prepared(pool)
+        with pytest.raises(SessionError, match="no node answered"):
+            await first.open()
+        assert pool.closed == 1
+        with pytest.raises(PreparedRunSpent):
+            await first.open()
+        with pytest.raises(PreparedRunSpent):
+            await RunEngine.open(first)
+        await first.close()
+        assert pool.closed == 1
+
+        unopened = _Pool()
+        second = prepared(unopened)
+        await second.close()
+        await second.close()
+        assert unopened.closed == 1
+        with pytest.raises(PreparedRunSpent):
+            await second.open()
+        assert unopened.closed == 1
+
+    asyncio.run(asyncio.wait_for(main(), timeout=20))
+
