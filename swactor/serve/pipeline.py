@@ -47,7 +47,7 @@ import contextlib
 import itertools
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TextIO
 
@@ -163,6 +163,45 @@ class _ServingPorts(StreamingPorts):
         return await super().on_request(peer, message)
 
 
+class TeardownPending(SessionError):
+    """Greeting nodes that a run which has not ended yet still holds (`NodeHolds`)."""
+
+
+class NodeHolds:
+    """The stage nodes of each run a serving session provisioned, until the run has
+    ended, its teardown included. A node sends its reports on its newest link to the
+    orchestrator, and greeting it opens a new one: greeting a node for the next run
+    while a faulted run's teardown on it is under way would take that node's
+    StageStopped from the run being torn down. The serve_session table orders StartRun
+    after RunStopped; `check` makes a greeting in the wrong order a `TeardownPending`
+    error naming the run and its nodes, before any node is told anything."""
+
+    def __init__(self) -> None:
+        self._held: dict[RunId, frozenset[NodeId]] = {}
+
+    def hold(self, run_id: RunId, nodes: Iterable[NodeId],
+             ended: asyncio.Future[RunResult]) -> None:
+        """`run_id` holds `nodes` until `ended` (the run's result) is done."""
+        self._held[run_id] = frozenset(nodes)
+        ended.add_done_callback(lambda _: self.release(run_id))
+
+    def release(self, run_id: RunId) -> None:
+        """`run_id` holds no node any more (its engine released everything)."""
+        self._held.pop(run_id, None)
+
+    def check(self, nodes: Iterable[NodeId]) -> None:
+        """Raise `TeardownPending` when a run that has not ended holds one of `nodes`."""
+        wanted = frozenset(nodes)
+        for run_id, held in self._held.items():
+            busy = sorted(int(node) for node in held & wanted)
+            if busy:
+                names = ", ".join(f"{node:016x}" for node in busy)
+                raise TeardownPending(
+                    f"run {int(run_id)} has not ended on node(s) {names}: greeting them "
+                    "before its teardown ends would take their StageStopped from it (a "
+                    "node reports on its newest orchestrator link)")
+
+
 class PreparedRunSpent(SessionError):
     """A prepared run was opened or closed already: it is provisioned at most once."""
 
@@ -180,6 +219,8 @@ class RunPreparation:
     batch_rows: int | None
     emitter: Emitter
     progress: TextIO | None
+    holds: NodeHolds
+    """The session's runs that have not ended, and their nodes (greeted only once free)."""
 
 
 class PreparedEngine:
@@ -218,12 +259,13 @@ class RunEngine:
 
     def __init__(self, plan: RunPlan, slots: int, tokenizer: Tokenizer, pool: Pool,
                  runtime: Runtime, ports: NetworkRunPorts, *,
-                 batch_rows: int | None = 1) -> None:
+                 batch_rows: int | None = 1, holds: NodeHolds | None = None) -> None:
         self.plan = plan
         self._slots = slots
         self._batch_rows = batch_rows
         """Decode rows per batch object (`--batch-rows`, default 1: every decode step
         its own object; None: the slots)."""
+        self._holds = holds if holds is not None else NodeHolds()
         self._tokenizer = tokenizer
         self._pool = pool
         self._runtime = runtime
@@ -272,12 +314,15 @@ class RunEngine:
         batch_rows: int | None = None,
         emitter: Emitter | None = None,
         progress: TextIO | None = None,
+        holds: NodeHolds | None = None,
     ) -> PreparedEngine:
         """`start`'s first half: plan the run and open its pool endpoint, telling no
         node anything (the greeting is `open()`'s: it opens this endpoint's links to
         the nodes, and a node still stopping an earlier run sends its StageStopped on
         its newest link to the orchestrator). Raises `SessionError` naming why not. A
-        serving session prepares the next run while the faulted one tears down."""
+        serving session prepares the next run while the faulted one tears down, and
+        shares `holds` among its runs so that none greets a node another has not
+        released."""
         from swactor.model.tokenizer import Tokenizer
 
         if not options.nodes:
@@ -295,15 +340,23 @@ class RunEngine:
         pool = await Pool.open(options, run_id, offered)
         return PreparedEngine(
             RunPreparation(options, planned, pool, tokenizer, slots, batch_rows,
-                           emitter or Emitter("orchestrator", []), progress), cls)
+                           emitter or Emitter("orchestrator", []), progress,
+                           holds if holds is not None else NodeHolds()), cls)
 
     @classmethod
     async def open(cls, prepared: PreparedEngine, watch: Watch | None = None) -> RunEngine:
         """`start`'s second half: take `prepared`'s preparation, greet its nodes,
         provision the run and return the engine once it serves (module doc). Raises
-        `PreparedRunSpent` when `prepared` was opened or closed already, `SessionError`
-        naming why the run cannot serve after releasing everything."""
+        `PreparedRunSpent` when `prepared` was opened or closed already,
+        `TeardownPending` when a run that has not ended holds one of its nodes (before
+        any greeting), `SessionError` naming why the run cannot serve; it releases
+        everything when it raises."""
         preparation = prepared.take()
+        try:
+            preparation.holds.check(member.node_id for member in preparation.options.nodes)
+        except TeardownPending:
+            await preparation.pool.close()
+            raise
         engine = await cls._greeted(preparation)
         await engine._provision(preparation.planned.stop_token_ids, preparation.options,
                                 watch)  # releases everything if it fails
@@ -335,7 +388,7 @@ class RunEngine:
                 ports.on_stage = StageProgress(progress, planned.stage_memory, len(plan.stages))
             pool.holder.append(ports)
             engine = cls(plan, slots, prepared.tokenizer, pool, runtime, ports,
-                         batch_rows=prepared.batch_rows)
+                         batch_rows=prepared.batch_rows, holds=prepared.holds)
         except BaseException:
             if ports is not None:
                 await ports.close()
@@ -358,6 +411,7 @@ class RunEngine:
                            serving=Serving(self._slots, opened, self._ended,
                                            max_batch=self._batch_rows))
         self._handle = self._ports.handle = handle
+        self._holds.hold(self.plan.run_id, self.stage_nodes, handle.future)
         if watch is not None:
             self._watchers.append(asyncio.ensure_future(watch(handle)))
         self._watchers.append(asyncio.create_task(self._watch_result(handle)))
@@ -482,6 +536,7 @@ class RunEngine:
             await self._ports.close()
         await self._runtime.shutdown()
         await self._pool.close()
+        self._holds.release(self.plan.run_id)  # a run whose actor died without a result
 
     def _ended(self, fault: str | None) -> None:
         """The run's FailSequences: every live sequence ended (fault None: a stop)."""

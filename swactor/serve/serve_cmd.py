@@ -395,11 +395,13 @@ async def serve_pool(
     """Serve until the operator stops (module doc, steps 2-4); the exit status."""
     from swactor.orchestrator.session import SessionError
     from swactor.serve.engine import HealthState
+    from swactor.serve.pipeline import NodeHolds
     from swactor.serve.server import ServeConfig, ServeFront
     from swactor.serve.session import ServeSession
     from swactor.serve.spares import SpareWarmer
 
     warmer = SpareWarmer(spares, options, live.idle, emitter) if spares > 0 else None
+    holds = NodeHolds()  # every run of this session: none greets a node another holds
 
     class Prepared:
         """The next run planned on the live nodes (`session.PreparedRun`)."""
@@ -429,7 +431,7 @@ async def serve_pool(
         _say(err, f"provisioning a run on {len(nodes)} node(s), {slots} slots ...")
         engine = await PipelineEngine.prepare(replace(options, nodes=nodes), slots=slots,
                                               batch_rows=batch_rows, emitter=emitter,
-                                              progress=err)
+                                              progress=err, holds=holds)
         return Prepared(engine, nodes, words)
 
     async def starter() -> RunEngine:

@@ -29,11 +29,13 @@ from swactor.serve.engine import (
     Tokens,
 )
 from swactor.serve.pipeline import (
+    NodeHolds,
     PreparedEngine,
     PreparedRunSpent,
     RunEngine,
     RunPreparation,
     RunStream,
+    TeardownPending,
     sampling_policy,
 )
 from swactor.wire import (
@@ -69,14 +71,15 @@ class _Unreachable(_Pool):
         raise SessionError("no node answered the AddressBook")
 
 
-def prepared(pool: _Pool, nodes: tuple[int, ...] = ()) -> PreparedEngine:
+def prepared(pool: _Pool, nodes: tuple[int, ...] = (), holds: NodeHolds | None = None,
+             ) -> PreparedEngine:
     """A run prepared on `nodes` over `pool` (as `RunEngine.prepare` leaves it)."""
     planned = types.SimpleNamespace(plan=make_plan(), stop_token_ids=frozenset({EOS}))
     members = tuple(PoolMember(NodeId(n), "127.0.0.1", 1) for n in nodes)
     options = types.SimpleNamespace(nodes=members, timeouts=SLOW)
     return PreparedEngine(RunPreparation(
         options, planned, pool, None, 2, 1, Emitter("orchestrator", []), None,  # type: ignore[arg-type]
-    ), RunEngine)
+        holds or NodeHolds()), RunEngine)
 
 
 Body = Callable[[RunEngine, FakePorts], Awaitable[None]]
@@ -276,3 +279,45 @@ def test_a_prepared_run_opens_at_most_once() -> None:
 
     asyncio.run(asyncio.wait_for(main(), timeout=20))
 
+
+def test_greeting_the_nodes_of_a_run_still_tearing_down_is_a_typed_error() -> None:
+    """A node reports on its newest orchestrator link: a run that greeted the nodes of a
+    faulted run before its teardown ended would take their StageStopped. The session's
+    runs share `NodeHolds`: such a greeting raises `TeardownPending` naming the run
+    and its nodes before any node is told anything, and once the teardown has ended
+    the same nodes are greeted."""
+    ports = FakePorts()
+
+    async def main() -> None:
+        holds = NodeHolds()
+        runtime = Runtime("orchestrator")
+        engine = RunEngine(make_plan(), 2, None, _Pool(), runtime, ports,  # type: ignore[arg-type]
+                           holds=holds)
+        options = types.SimpleNamespace(timeouts=SLOW)
+        opening = asyncio.create_task(engine._provision(frozenset({EOS}), options, None))  # type: ignore[arg-type]
+        await ports.until(lambda: len(ports.of("provision")) == 3)
+        assert engine._handle is not None
+        make_ready(engine._handle)
+        await asyncio.wait_for(opening, 5)
+        nodes = tuple(int(node) for node in engine.stage_nodes)
+        stopping = asyncio.create_task(engine.stop())  # teardown under way ...
+        await ports.until(lambda: len(ports.of("stop_run")) == 3)  # ... no StageStopped yet
+
+        early = _Unreachable()
+        with pytest.raises(TeardownPending, match=f"run 5 has not ended on node.*{nodes[1]:016x}"):
+            await prepared(early, (nodes[1], 99), holds).open()
+        assert (early.greeted, early.closed) == (0, 1)  # refused before greeting, released
+
+        elsewhere = _Unreachable()  # other nodes: nothing to take from the old run
+        with pytest.raises(SessionError, match="no node answered"):
+            await prepared(elsewhere, (98, 99), holds).open()
+        assert elsewhere.greeted == 1
+
+        await stop_all(engine._handle, ports)
+        await stopping
+        late = _Unreachable()  # torn down: its nodes are free to greet
+        with pytest.raises(SessionError, match="no node answered"):
+            await prepared(late, nodes, holds).open()
+        assert late.greeted == 1
+
+    asyncio.run(asyncio.wait_for(main(), timeout=20))
