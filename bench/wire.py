@@ -19,7 +19,7 @@ from swactor.testing.examples import example
 from swactor.wire import (
     OBJECT_HEADER_FORMAT,
     EdgePreamble,
-    ExecuteStep,
+    GrantSteps,
     ObjectHeader,
     ObjectSpec,
     RunPlan,
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     fields = raw.unpack(packed)
     plan = example(RunPlan)
     plan_text = json.dumps(plan.to_json())
-    step = example(ExecuteStep)
+    step = example(GrantSteps)
     step_line = encode_command(step)
     preamble = example(EdgePreamble).pack()
 
@@ -98,7 +98,7 @@ def main(argv: list[str]) -> int:
         500,
     )
     add(
-        "decode_command(ExecuteStep)",
+        "decode_command(GrantSteps)",
         lambda: decode_command(step_line),
         "json.loads",
         lambda: json.loads(step_line),

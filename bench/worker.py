@@ -12,10 +12,12 @@ All in one run, side by side:
    worker, wake hints as JSON lines on its stdin; time from the first byte to
    ObjectLoaded (header parse, device allocation, prefix copies to the tinygrad device,
    completion barrier).
-4. `step+egress`: an echo step on the loaded object, its output streamed back through a
-   CAP-byte egress ring and read here; time from ExecuteStep to StepCompleted.
-5. `small objects`: COUNT records of 256 bytes, objects/s to ObjectLoaded (per-object
-   cost of the control path: parse, allocate, event line).
+4. `step+egress`: an echo step on the loaded object (a standing grant that takes the
+   object loaded before it), its output streamed back through a CAP-byte egress ring
+   and read here; time from GrantSteps to StepCompleted.
+5. `small objects`: COUNT records of 256 bytes on an ingress ring no grant names,
+   objects/s to ObjectLoaded (per-object cost of the control path: parse, allocate,
+   event line).
 
 Ratios are against memcpy. `main(["--quick"])` shrinks the sizes.
 """
@@ -28,25 +30,23 @@ import time
 
 from swactor.arena import Arena
 from swactor.ring import Ring
-from swactor.testing.worker_rig import WorkerRig, float_spec, read_all, record, write_all
+from swactor.testing.worker_rig import (
+    WorkerRig,
+    float_spec,
+    grant,
+    read_all,
+    record,
+    write_all,
+)
 from swactor.wire import (
     ConfigureRole,
-    ExecuteStep,
-    InputBinding,
     ObjectHeader,
-    ObjectId,
     ObjectLoaded,
-    ObjectProduced,
-    OutputBinding,
-    PortId,
     RingDirection,
-    RingId,
     RoleConfigured,
     RoleId,
-    Sequence,
     SequencePolicy,
     StepCompleted,
-    StepId,
 )
 
 MIB = 1 << 20
@@ -106,31 +106,24 @@ def main(argv: list[str]) -> int:
         spec = float_spec(max_extent=size, policy=SequencePolicy.Increasing)
         ingress = rig.add_ring(1, RingDirection.Ingress, cap, spec)
         egress = rig.add_ring(2, RingDirection.Egress, cap, spec)
+        others = rig.add_ring(3, RingDirection.Ingress, cap, spec)
         start = time.perf_counter()
         write_all(rig, ingress, record(1, 0, payload))
-        loaded = rig.expect(ObjectLoaded)
+        rig.expect(ObjectLoaded)
         t_ingress = time.perf_counter() - start
 
         rig.send(ConfigureRole(RoleId(1), {"kind": "echo"}))
         rig.expect(RoleConfigured)
         start = time.perf_counter()
-        rig.send(
-            ExecuteStep(
-                RoleId(1), StepId(1),
-                (InputBinding(PortId(1), ObjectId(1), Sequence(0), loaded.device_handle),),
-                (OutputBinding(PortId(1), RingId(2), ObjectId(2), Sequence(0), size),),
-                None, True,
-            )
-        )  # fmt: skip
+        rig.send(grant(1, 1, object_id=2, extent=size))
         data = read_all(rig, egress, ObjectHeader.LEN + size)
-        rig.expect(ObjectProduced)
         rig.expect(StepCompleted)
         t_egress = time.perf_counter() - start
         assert data[ObjectHeader.LEN :] == payload
 
-        small = b"".join(record(100 + i, 1 + i, bytes(256)) for i in range(count))
+        small = b"".join(record(100 + i, i, bytes(256)) for i in range(count))
         start = time.perf_counter()
-        write_all(rig, ingress, small)
+        write_all(rig, others, small)
         for _ in range(count):
             rig.expect(ObjectLoaded)
         t_small = time.perf_counter() - start

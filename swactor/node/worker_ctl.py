@@ -9,7 +9,9 @@ Mail it takes:
 
 - commands from node actors, as the machine's own event classes (`gwc.StartWorker`,
   `gwc.InstallRing(command)`, `gwc.UninstallRing`, `gwc.ConfigureRole`,
-  `gwc.ExecuteStep`, `gwc.ReleaseDeviceObject`, `gwc.ShutdownWorker`);
+  `gwc.GrantSteps`, `gwc.RevokeSteps`, `gwc.ReleaseDeviceObject`,
+  `gwc.ShutdownWorker`); steps run only under standing grants (spec §29's
+  ExecuteStep is not a command here, fsm/gpu_worker_ctl.yaml);
 - what its ProcessActor reports (`Started`, `SpawnFailed`, `Line`, `Exited`): the
   worker I/O adapter is `decode_worker_line`, which turns a stdout line into a machine
   event: WorkerReady / WorkerFatal / WorkerStopped, any other §30 event as
@@ -30,10 +32,9 @@ DeviceObjectReleased), so every waiter ends.
 
 Bookkeeping the guards answer: the worker generation (starts at 1, +1 per restart, sent
 in InitializeWorker and checked in WorkerReady), the installed-ring table of the current
-generation (InstallRing adds, RingQuiesced / reaping removes), the in-flight steps
-(failed with WorkerProcessExited when the process dies), the standing step grants
+generation (InstallRing adds, RingQuiesced / reaping removes), the standing step grants
 forwarded to the worker with how many of their steps it reported (a crash fails each
-grant's next step), the restart budget
+grant's next step, the one in flight, with WorkerProcessExited), the restart budget
 (`max_restarts` within a sliding `restart_window_s`, so only a crash loop exhausts it),
 and the commands held while the next generation starts (`deferred`: written in arrival
 order when it is ready, answered as refused if it never is, an InstallRing dropped when
@@ -45,7 +46,8 @@ this actor: the node's `WorkerRingInstaller` reads and rings them on the event l
 never write hint lines; one a worker writes anyway is routed to nobody.
 
 On a crash the StageControllers hear `WorkerCrashed` first (with the WorkerFatal reason
-when the worker reported one before it exited), then every in-flight step is failed and
+when the worker reported one before it exited), then each grant's step in flight is
+failed and
 every installed ring is reported faulted (RingFault WorkerProcessExited) and,
 when the actor was given the arena, its shared state word is faulted too, so a pump
 blocked on it wakes with RingFaulted instead of waiting for a dead peer.
@@ -85,7 +87,6 @@ from swactor.wire import (
     ConfigureRole,
     DeviceObjectHandle,
     DeviceObjectReleased,
-    ExecuteStep,
     GrantSteps,
     InitializeWorker,
     InstallRing,
@@ -242,7 +243,7 @@ def decode_worker_line(text: str, truncated: bool = False) -> gwc.Event:
 # -- the actor --------------------------------------------------------------------------
 
 Mail = gwc.Event | ProcessEvent
-Deferred = InstallRing | ConfigureRole | ExecuteStep | GrantSteps
+Deferred = InstallRing | ConfigureRole | GrantSteps
 """A command held while the next worker generation starts (Defer* effects)."""
 
 _FROM_WORKER = (gwc.WorkerReady, gwc.WorkerFatal, gwc.WorkerStopped, gwc.WorkerEvent)
@@ -271,7 +272,6 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
         """Restarts over the life of this GpuWorkerCtl (the budget counts a window)."""
         self.budget = RestartBudget(config.max_restarts, config.restart_window_s)
         self.installed: dict[RingId, InstallRing] = {}
-        self.in_flight: dict[tuple[RoleId, StepId], ExecuteStep] = {}
         self.grants: dict[RoleId, tuple[GrantSteps, int]] = {}
         """Each role's forwarded grant and how many of its steps the worker reported."""
         self.deferred: list[Deferred] = []
@@ -426,9 +426,6 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
     def send_configure_role(self, command: ConfigureRole) -> None:
         self._send_command(command)
 
-    def send_execute_step(self, command: ExecuteStep) -> None:
-        self._send_command(command)
-
     def send_grant_steps(self, command: GrantSteps) -> None:
         self._send_command(command)
 
@@ -453,9 +450,6 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
     def defer_configure_role(self, command: ConfigureRole) -> None:
         self.deferred.append(command)
 
-    def defer_execute_step(self, command: ExecuteStep) -> None:
-        self.deferred.append(command)
-
     def replay_deferred(self) -> None:
         pending, self.deferred = self.deferred, []
         for command in pending:
@@ -477,8 +471,7 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
             case RingQuiesced(ring_id=ring_id):
                 self.installed.pop(ring_id, None)
             case StepCompleted() | StepFailed():
-                if self.in_flight.pop((event.role_id, event.step_id), None) is None:
-                    self._count_granted(event.role_id, event.step_id)
+                self._count_granted(event.role_id, event.step_id)
         self._route(event)
 
     def _count_granted(self, role: RoleId, step: StepId) -> None:
@@ -489,9 +482,6 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
 
     def reject_install_ring(self, command: InstallRing, reason: RingFaultReason) -> None:
         self._route(RingFault(command.ring_id, command.edge_id, command.port_id, reason))
-
-    def reject_execute_step(self, command: ExecuteStep, reason: StepFailure) -> None:
-        self._route(StepFailed(command.role_id, command.step_id, reason))
 
     def reject_configure_role(self, command: ConfigureRole, reason: RoleFailure) -> None:
         self._route(RoleFailed(command.role_id, reason))
@@ -511,9 +501,6 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
         self.installed.clear()
 
     def invalidate_generation(self) -> None:
-        for role_id, step_id in list(self.in_flight):
-            self._route(StepFailed(role_id, step_id, StepFailure.WorkerProcessExited))
-        self.in_flight.clear()
         for role_id, (grant, reported) in list(self.grants.items()):
             step_id = StepId(grant.first_step_id + reported)
             self._route(StepFailed(role_id, step_id, StepFailure.WorkerProcessExited))
@@ -543,8 +530,6 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
         match command:
             case InstallRing(ring_id=ring_id):
                 self.installed[ring_id] = command
-            case ExecuteStep(role_id=role_id, step_id=step_id):
-                self.in_flight[(role_id, step_id)] = command
             case GrantSteps(role_id=role_id):
                 self.grants[role_id] = (command, 0)
             case _:
@@ -557,9 +542,6 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
             case InstallRing():
                 self._route(RingFault(command.ring_id, command.edge_id, command.port_id,
                                       RingFaultReason.WorkerProcessExited))
-            case ExecuteStep():
-                self._route(StepFailed(command.role_id, command.step_id,
-                                       StepFailure.WorkerProcessExited))
             case GrantSteps():
                 self._route(StepFailed(command.role_id, command.first_step_id,
                                        StepFailure.WorkerProcessExited))

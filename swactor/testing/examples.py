@@ -242,26 +242,11 @@ _EXAMPLES: dict[type, Callable[[], object]] = {
     wire.UninstallRing: lambda: wire.UninstallRing(
         wire.RingId(11), wire.UninstallReason.EdgeStopped
     ),
-    wire.InputBinding: lambda: wire.InputBinding(
-        wire.PortId(0), wire.ObjectId(3), wire.Sequence(0), _handle()
-    ),
     wire.AwaitedInput: lambda: wire.AwaitedInput(
         wire.PortId(0), wire.RingId(11), wire.Sequence(1), 2304
     ),
     wire.OutputBinding: lambda: wire.OutputBinding(
         wire.PortId(1), wire.RingId(12), wire.ObjectId(4), wire.Sequence(0), 4
-    ),
-    wire.ExecuteStep: lambda: wire.ExecuteStep(
-        wire.RoleId(1),
-        wire.StepId(1),
-        (wire.InputBinding(wire.PortId(0), wire.ObjectId(3), wire.Sequence(0), _handle()),),
-        (
-            wire.OutputBinding(
-                wire.PortId(1), wire.RingId(12), wire.ObjectId(4), wire.Sequence(0), 4
-            ),
-        ),
-        {},
-        True,
     ),
     wire.GrantSteps: lambda: wire.GrantSteps(
         wire.RoleId(1),

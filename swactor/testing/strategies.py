@@ -373,49 +373,6 @@ def handles() -> st.SearchStrategy[wire.DeviceObjectHandle]:
 
 
 @st.composite
-def execute_steps(draw: st.DrawFn) -> wire.ExecuteStep:
-    generation = draw(ident(wire.WorkerGeneration))
-    in_ports = draw(st.lists(ident(wire.PortId), max_size=3, unique=True))
-    out_ports = draw(st.lists(ident(wire.PortId), max_size=3, unique=True))
-    inputs = tuple(
-        wire.InputBinding(
-            port,
-            draw(ident(wire.ObjectId)),
-            draw(ident(wire.Sequence)),
-            wire.DeviceObjectHandle(generation, draw(u64)),
-        )
-        for port in in_ports
-    )
-    outputs = tuple(
-        wire.OutputBinding(
-            port,
-            draw(ident(wire.RingId)),
-            draw(ident(wire.ObjectId)),
-            draw(ident(wire.Sequence)),
-            draw(u64),
-            draw(u32),
-        )
-        for port in out_ports
-    )
-    taken = set(in_ports)
-    awaits = tuple(
-        wire.AwaitedInput(port, draw(ident(wire.RingId)), draw(ident(wire.Sequence)),
-                          draw(st.integers(1, (1 << 64) - 1)))
-        for port in draw(st.lists(ident(wire.PortId), max_size=2, unique=True))
-        if port not in taken
-    )
-    return wire.ExecuteStep(
-        draw(ident(wire.RoleId)),
-        draw(ident(wire.StepId)),
-        inputs,
-        outputs,
-        draw(json_objects()),
-        draw(st.booleans()),
-        awaits,
-    )
-
-
-@st.composite
 def install_rings(draw: st.DrawFn) -> wire.InstallRing:
     ring_id = draw(ident(wire.RingId))
     return wire.InstallRing(
@@ -497,13 +454,6 @@ def _builders() -> dict[type, Callable[[], st.SearchStrategy[Any]]]:
         wire.UninstallRing: lambda: st.builds(
             wire.UninstallRing, ident(wire.RingId), st.sampled_from(wire.UninstallReason)
         ),
-        wire.InputBinding: lambda: st.builds(
-            wire.InputBinding,
-            ident(wire.PortId),
-            ident(wire.ObjectId),
-            ident(wire.Sequence),
-            handles(),
-        ),
         wire.OutputBinding: lambda: st.builds(
             wire.OutputBinding,
             ident(wire.PortId),
@@ -521,7 +471,6 @@ def _builders() -> dict[type, Callable[[], st.SearchStrategy[Any]]]:
             ident(wire.Sequence),
             st.integers(1, (1 << 64) - 1),
         ),
-        wire.ExecuteStep: execute_steps,
         wire.GrantSteps: lambda: st.builds(
             wire.GrantSteps, ident(wire.RoleId), ident(wire.StepId), _from(wire.AwaitedInput),
             _from(wire.OutputBinding),

@@ -22,8 +22,10 @@ from typing import TypeVar
 from swactor.arena import Arena
 from swactor.ring import Ring, WorkerDoorbells, header_len
 from swactor.wire import (
+    AwaitedInput,
     DTypeFamily,
     EdgeId,
+    GrantSteps,
     InitializeWorker,
     InstallRing,
     JsonValue,
@@ -32,6 +34,7 @@ from swactor.wire import (
     ObjectId,
     ObjectKind,
     ObjectSpec,
+    OutputBinding,
     PortId,
     RingDirection,
     RingId,
@@ -39,9 +42,11 @@ from swactor.wire import (
     RingLayout,
     RingReadable,
     RingWritable,
+    RoleId,
     Sequence,
     SequencePolicy,
     ShapeRule,
+    StepId,
     WireStruct,
     WorkerEvent,
     WorkerGeneration,
@@ -69,6 +74,21 @@ def float_spec(
         alignment=4,
         sequence_policy=policy,
     )
+
+
+def grant(role: int, first_step: int, *, ring: int = 1, sequence: int = 0,
+          row_bytes: int = 4, out_ring: int = 2, object_id: int = 11,
+          extent: int | None = None, flags: int = 0) -> GrantSteps:
+    """A standing grant: role `role` runs step `first_step` + k on the object of sequence
+    `sequence` + k that ingress ring `ring` loads (port 1), writing object `object_id` + k
+    of that sequence on egress ring `out_ring` (port 1): `extent` bytes, or by default
+    `row_bytes` per input row (as a stage controller grants an activation stage)."""
+    output = OutputBinding(
+        PortId(1), RingId(out_ring), ObjectId(object_id), Sequence(sequence),
+        row_bytes if extent is None else extent, flags, per_input_row=extent is None)
+    return GrantSteps(RoleId(role), StepId(first_step),
+                      AwaitedInput(PortId(1), RingId(ring), Sequence(sequence), row_bytes),
+                      output)
 
 
 def record(object_id: int, sequence: int, payload: bytes, flags: int = 0) -> bytes:

@@ -200,7 +200,7 @@ class ObjectFailure(enum.Enum):
 
 
 class StepFailure(enum.Enum):
-    """Why an ExecuteStep failed (spec §37)."""
+    """Why a step failed (spec §37; a step of a standing grant, `GrantSteps`)."""
 
     RoleUnavailable = "RoleUnavailable"
     InvalidInputHandle = "InvalidInputHandle"

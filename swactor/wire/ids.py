@@ -100,7 +100,8 @@ class Sequence(Identifier):
 
 
 class StepId(Identifier):
-    """One ExecuteStep command (u64)."""
+    """One step (u64): spec §29 numbers ExecuteStep commands; here a standing grant
+    numbers its steps from `GrantSteps.first_step_id`."""
 
     __slots__ = ()
 

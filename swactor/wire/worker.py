@@ -5,34 +5,28 @@ Theory of operation
 GpuWorkerCtl sends the worker one command per stdin line. Each command here is a frozen
 wire dataclass; `encode_command(cmd)` writes one line `{"type": <class name>, "body":
 <to_json()>}` and `decode_command(line)` parses it back (see `control` for the line
-rules and errors). JSON values (`backend`, `config`, `runtime`) are low-frequency
+rules and errors). JSON values (`backend`, `config`) are low-frequency
 metadata: bytes are rejected. `RingReadable`/`RingWritable` are wake hints (spec §21):
 they carry only a ring id and travel both ways (also listed in `worker_events`).
 
-Rules: `InstallRing.layout.ring_id == ring_id`; `ExecuteStep` port ids are unique among
-its inputs (`inputs` and `awaits` together) and among its outputs, and every input handle
-is of one worker generation; `InitializeWorker.arena_ceiling >= 1`; an `AwaitedInput`'s
-`row_bytes >= 1`.
+Rules: `InstallRing.layout.ring_id == ring_id`; `InitializeWorker.arena_ceiling >= 1`;
+an `AwaitedInput`'s `row_bytes >= 1`.
 
-Steps issued ahead (an extension of §29's ExecuteStep, for spec §14's one ExecuteStep per
-inbound object without a node round trip between the object's arrival and its step):
-an `ExecuteStep` may name, in `awaits`, inputs that are not loaded yet - "the object of
-sequence S that ingress ring R loads". The worker holds such a step until the object is
-loaded, binds it to the port as if it had been an `InputBinding`, and runs the step at
-once. An `OutputBinding` with `per_input_row` gives its extent per row of the awaited
-input (input rows = the loaded extent / `row_bytes`), since the input's size is known only
-when it arrives.
-
-Standing step authorisation (an extension beyond §29, for spec §14's one step per
-inbound object without a command per token): `GrantSteps` authorises the worker to run,
-for role `role_id`, one step per object that ingress ring `input.ring_id` loads, in
-sequence order from `input.sequence`: step k (k = 0, 1, ...) is the ExecuteStep with id
-`first_step_id + k`, awaiting the object of sequence `input.sequence + k` on port
-`input.port_id`, writing `output` with object id and sequence advanced by k, its input
-released with it. It stands until `RevokeSteps(role_id)`, a drain, or the input ring's
-uninstall; then the objects the grant did not take are freed by the worker. Each step
-is reported by one `StepCompleted` carrying a `StepRecord` (`worker_events`), or by
-`StepFailed`. One grant per role.
+Step admission by standing grant (an extension beyond §29, in place of its
+`ExecuteStep`, for spec §14's one step per inbound object without a command per
+token): §29's ExecuteStep, one command per step naming its input handles, is not a
+command here; `GrantSteps` is the only way a step runs. It authorises the worker to
+run, for role `role_id`, one step per object that ingress ring `input.ring_id` loads,
+in sequence order from `input.sequence`: step k (k = 0, 1, ...) has step id
+`first_step_id + k`, takes the object of sequence `input.sequence + k` on port
+`input.port_id` (bound by the worker when it is loaded, so no handle crosses the
+wire), and writes `output` with object id and sequence advanced by k; `output` with
+`per_input_row` gives its extent per row of that input (input rows = the loaded extent
+/ `input.row_bytes`), since the input's size is known only when it arrives. The input
+is released with its step. The grant stands until `RevokeSteps(role_id)`, a drain, or
+the input ring's uninstall; then the objects the grant did not take are freed by the
+worker. Each step is reported by one `StepCompleted` carrying a `StepRecord`
+(`worker_events`), or by `StepFailed`. One grant per role.
 """
 
 from __future__ import annotations
@@ -106,18 +100,8 @@ class UninstallRing(WireStruct):
 
 
 @dataclass(frozen=True, slots=True)
-class InputBinding(WireStruct):
-    """A loaded input object bound to a role input port (spec §29)."""
-
-    port_id: PortId
-    object_id: ObjectId
-    sequence: Sequence
-    device_handle: DeviceObjectHandle
-
-
-@dataclass(frozen=True, slots=True)
 class AwaitedInput(WireStruct):
-    """An input a step waits for: the object of `sequence` that ingress ring `ring_id`
+    """A granted step's input: the object of `sequence` that ingress ring `ring_id`
     loads, bound to role input port `port_id` when it is loaded (module doc)."""
 
     port_id: PortId
@@ -141,36 +125,11 @@ class OutputBinding(WireStruct):
     extent: int
     flags: int = 0
     per_input_row: bool = False
-    """`extent` is bytes per row of the step's awaited input (module doc)."""
+    """`extent` is bytes per row of the step's input (module doc)."""
 
     def _validate(self) -> None:
         self._check_u64("extent")
         self._check_u32("flags")
-
-
-@dataclass(frozen=True, slots=True)
-class ExecuteStep(WireStruct):
-    """Run one role step over bound inputs into declared outputs (spec §29)."""
-
-    role_id: RoleId
-    step_id: StepId
-    inputs: tuple[InputBinding, ...]
-    outputs: tuple[OutputBinding, ...]
-    runtime: JsonValue
-    release_inputs_after: bool
-    awaits: tuple[AwaitedInput, ...] = ()
-    """Inputs not loaded yet, bound by the worker when they are (module doc)."""
-
-    def _validate(self) -> None:
-        for name in ("inputs", "outputs"):
-            ports = [b.port_id for b in getattr(self, name)]
-            if name == "inputs":
-                ports += [a.port_id for a in self.awaits]
-            if len(set(ports)) != len(ports):
-                raise PlanError("ExecuteStep", name, "port ids must be unique")
-        generations = {b.device_handle.worker_generation for b in self.inputs}
-        if len(generations) > 1:
-            raise PlanError("ExecuteStep", "inputs", "handles span worker generations")
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,8 +180,8 @@ class RingWritable(WireStruct):
 
 
 WorkerCommand = (
-    InitializeWorker | ConfigureRole | InstallRing | UninstallRing | ExecuteStep | GrantSteps
-    | RevokeSteps | ShutdownWorker
+    InitializeWorker | ConfigureRole | InstallRing | UninstallRing | GrantSteps | RevokeSteps
+    | ShutdownWorker
 )
 
 COMMAND_TYPES: dict[str, type[WireStruct]] = registry_of(

@@ -29,7 +29,6 @@ from swactor.fsm.generated import worker_process as wp
 from swactor.wire import (
     MAX_CONTROL_LINE,
     ConfigureRole,
-    ExecuteStep,
     GrantSteps,
     InitializeWorker,
     InstallRing,
@@ -77,8 +76,6 @@ def parse_command(line: bytes) -> wp.Event:
             return wp.InstallRing(command)
         case UninstallRing() | RingReadable() | RingWritable() | RevokeSteps():
             return command  # the table's own events
-        case ExecuteStep():
-            return wp.ExecuteStep(command)
         case GrantSteps():
             return wp.GrantSteps(command)
         case ShutdownWorker():

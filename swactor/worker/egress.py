@@ -18,7 +18,7 @@ An object whose header and payload fit in one contiguous writable span (a decode
 activations, a token id) is written whole and committed once: one RingReadable at most,
 and the send pump moves it in one stream write, not a header and then a payload.
 
-No space means the output (and so its ExecuteStep) waits for the send-pump to drain:
+No space means the output (and so its step) waits for the send-pump to drain:
 that is the backpressure path. Before it waits, the producer clears the writable-pending
 bit and looks again (spec §21), so the consumer's next consume sends the RingWritable
 that resumes it; while the producer is not waiting the bit stays set and consumes send

@@ -17,20 +17,19 @@ carries out the effects the machine returns:
   run's teardown), the run's garbage is collected and freed heap pages go back to the
   kernel (`swactor.heap.release`).
 - ApplyRoleConfig: build the role by kind (`roles`), RoleConfigured or RoleFailed.
-- StartStep: queue the step on the `steps.StepRunner` (a step issued ahead waits there
-  for its awaited input: every ObjectLoaded an ingress ring emits is also reported to
-  the runner; an uninstalled ring or a drain fails the steps still waiting).
 - ArmGrant / EndGrant / RejectGrant: a standing grant held on (dropped from) the step
-  runner, or refused while draining (StepFailed of its first step). The runner takes
-  the objects of a granted ring and the outputs of a granted step, so their
-  ObjectLoaded / ObjectProduced lines are not written: the step's StepCompleted
-  carries them (`steps` module doc).
+  runner, or refused while draining (StepFailed of its first step); grants are the
+  only way a step runs (spec §29's ExecuteStep is not a command here). Every
+  ObjectLoaded an ingress ring emits is reported to the runner, which takes the
+  objects of a granted ring and the output of each step, so their ObjectLoaded /
+  ObjectProduced lines are not written: the step's StepCompleted carries them
+  (`steps` module doc).
 - ReleaseWhenSafe: free the handle's device memory (tinygrad keeps it alive while a
   step still uses it); DeviceObjectReleased or ReleaseFailed (StaleGeneration,
   UnknownHandle).
-- BeginDrain: Graceful lets the queued steps finish (their rings keep taking wake
-  hints), AbortInFlight fails them (WorkerShuttingDown); then every ring is
-  uninstalled and, once all are quiesced, DrainComplete -> WorkerStopped, exit 0.
+- BeginDrain: every grant is revoked; Graceful lets the running step finish (its
+  rings keep taking wake hints), AbortInFlight fails it (WorkerShuttingDown); then
+  every ring is uninstalled and, once all are quiesced, DrainComplete -> WorkerStopped, exit 0.
 - EmitWorkerFatal / ExitProcess: the fault rows (bad command line, command in the wrong
   state, an exception escaping worker code): WorkerFatal, exit 1.
 
@@ -67,7 +66,6 @@ from swactor.wire import (
     ConfigureRole,
     DeviceObjectHandle,
     DeviceObjectReleased,
-    ExecuteStep,
     GrantSteps,
     InstallRing,
     JsonValue,
@@ -304,10 +302,6 @@ class WorkerProcess(wp.WorkerProcessEffects[None]):
     def apply_role_config(self, command: ConfigureRole) -> None:
         self._configure_role(command)
 
-    def start_step(self, command: ExecuteStep) -> None:
-        assert self.steps is not None
-        self.steps.submit(command)
-
     def arm_grant(self, command: GrantSteps) -> None:
         assert self.steps is not None
         self.steps.grant(command)
@@ -326,9 +320,6 @@ class WorkerProcess(wp.WorkerProcessEffects[None]):
         self._drain_mode = mode
         if mode is ShutdownMode.AbortInFlight and self.steps is not None:
             self.steps.abort(StepFailure.WorkerShuttingDown)
-
-    def reject_step(self, command: ExecuteStep, reason: StepFailure) -> None:
-        self.emit(StepFailed(command.role_id, command.step_id, reason))
 
     def reject_install(self, command: InstallRing, reason: RingFaultReason) -> None:
         self.emit(RingFault(command.ring_id, command.edge_id, command.port_id, reason))
@@ -386,7 +377,7 @@ class WorkerProcess(wp.WorkerProcessEffects[None]):
             return
         if isinstance(ring, IngressRing):
             if self.steps is not None:
-                self.steps.ring_gone(ring_id)  # a step waiting for its objects cannot run
+                self.steps.ring_gone(ring_id)  # its grant ends; its objects are dropped
             ring.feed(ir.UninstallRing(ring_id, reason))
         else:
             ring.feed(er.UninstallRing(ring_id, reason))
@@ -424,9 +415,9 @@ class WorkerProcess(wp.WorkerProcessEffects[None]):
     def _continue_drain(self) -> None:
         assert self._drain_mode is not None
         if self.steps is not None:
-            self.steps.abort_waiting(StepFailure.WorkerShuttingDown)  # inputs never come
+            self.steps.revoke_all()  # no new step starts
         if self.steps is not None and not self.steps.idle:
-            return  # Graceful: queued steps still run (they may wait for ring space)
+            return  # Graceful: the running step finishes (it may wait for ring space)
         for ring_id in list(self.rings):
             self._uninstall(ring_id, UninstallReason.WorkerShutdown)
         if not self.rings:

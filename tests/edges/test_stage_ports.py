@@ -16,7 +16,6 @@ from swactor.testing.examples import example
 from swactor.wire import (
     EdgeId,
     EdgeReady,
-    ExecuteStep,
     NodeId,
     ObjectId,
     ObjectLoaded,
@@ -76,15 +75,6 @@ def _loaded(number: int) -> ObjectLoaded:
     return dataclasses.replace(base, object_id=ObjectId(number), sequence=Sequence(number),
                                device_handle=dataclasses.replace(base.device_handle,
                                                                  id=number))
-
-
-def _step(number: int) -> ExecuteStep:
-    base = example(ExecuteStep)
-    binding = dataclasses.replace(base.inputs[0], object_id=ObjectId(number),
-                                  sequence=Sequence(number))
-    output = dataclasses.replace(base.outputs[0], object_id=ObjectId(number + 1),
-                                 sequence=Sequence(number))
-    return dataclasses.replace(base, inputs=(binding,), outputs=(output,))
 
 
 def _produced(number: int) -> ObjectProduced:

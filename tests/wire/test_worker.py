@@ -16,16 +16,12 @@ from swactor.wire import (
     EVENT_TYPES,
     ConfigureRole,
     ControlMessageError,
-    DeviceObjectHandle,
     DeviceObjectReleased,
-    ExecuteStep,
     GrantSteps,
     InitializeWorker,
-    InputBinding,
     InstallRing,
     InvalidFieldError,
     ObjectFailed,
-    ObjectId,
     ObjectLoaded,
     ObjectProduced,
     OutputBinding,
@@ -53,7 +49,6 @@ from swactor.wire import (
     WorkerCommand,
     WorkerEvent,
     WorkerFatal,
-    WorkerGeneration,
     WorkerReady,
     WorkerStopped,
     decode_command,
@@ -67,8 +62,7 @@ COMMANDS = [
     ConfigureRole,
     InstallRing,
     UninstallRing,
-    ExecuteStep,
-    GrantSteps,  # the standing step grant and its revocation (extensions beyond §29)
+    GrantSteps,  # the standing step grant and its revocation, in place of §29's ExecuteStep
     RevokeSteps,
     ReleaseDeviceObject,
     RingReadable,
@@ -147,9 +141,9 @@ def test_decode_fuzz_only_typed_errors(line: str | bytes) -> None:
 
 
 @settings(max_examples=30, deadline=None)
-@given(strategy(ExecuteStep))
-def test_execute_step_lines_round_trip(step: ExecuteStep) -> None:
-    assert decode_command(encode_command(step)) == step
+@given(strategy(GrantSteps))
+def test_grant_lines_round_trip(grant: GrantSteps) -> None:
+    assert decode_command(encode_command(grant)) == grant
 
 
 def test_json_fields_reject_bytes_and_nan() -> None:
@@ -171,17 +165,17 @@ def test_command_rules() -> None:
         dataclasses.replace(example(InitializeWorker), required_ring_helper_abi=1 << 16)
     with pytest.raises(InvalidFieldError, match=r"OutputBinding\.flags"):
         dataclasses.replace(example(OutputBinding), flags=-1)
-    step = example(ExecuteStep)
-    (binding,) = step.inputs
-    with pytest.raises(PlanError, match=r"ExecuteStep\.inputs: port ids must be unique"):
-        dataclasses.replace(step, inputs=(binding, binding))
-    with pytest.raises(PlanError, match=r"ExecuteStep\.outputs: port ids must be unique"):
-        dataclasses.replace(step, outputs=step.outputs * 2)
-    other = InputBinding(
-        PortId(7), ObjectId(1), Sequence(0), DeviceObjectHandle(WorkerGeneration(2), 1)
-    )
-    with pytest.raises(PlanError, match="handles span worker generations"):
-        dataclasses.replace(step, inputs=(binding, other))
+    with pytest.raises(InvalidFieldError, match=r"AwaitedInput\.row_bytes"):
+        dataclasses.replace(example(GrantSteps).input, row_bytes=0)
+
+
+def test_execute_step_is_no_command() -> None:
+    """Steps run under standing grants only: a line naming §29's ExecuteStep is refused
+    as an unknown command, like any other type the worker does not take."""
+    line = ('{"type": "ExecuteStep", "body": {"role_id": 1, "step_id": 1, "inputs": [], '
+            '"outputs": [], "runtime": null, "release_inputs_after": false}}')
+    with pytest.raises(ControlMessageError, match="unknown WorkerCommand type"):
+        decode_command(line)
 
 
 def test_registries_are_exactly_the_spec_messages() -> None:

@@ -2,10 +2,12 @@
 
 tinygrad 0.14 caches `TLSFAllocator.lv1/lv2` per allocator, so each planned schedule's
 allocators stayed alive for the life of the worker (`just soak`: worker RSS grew per
-run). Real: the StepRunner, the DeviceBridge on tinygrad's CPU device, and the model's
-`StageRole` (one block of a tiny random GGUF) whose prefill the planner plans anew on
-every run. Faked: the worker role around it (each step is one prefill of a fixed
-prompt, with no input or output objects, so no rings are needed). The count is of live
+run). Real: the StepRunner running a standing grant's steps, the DeviceBridge on
+tinygrad's CPU device, and the model's `StageRole` (one block of a tiny random GGUF)
+whose prefill the planner plans anew on every run. Faked: the worker role around it
+(each step is one prefill of a fixed prompt, whatever its 4-byte input; its output is
+4 bytes) and the rings (each step's input is handed to the runner as its ingress ring
+would load it; the egress ring takes the output at once). The count is of live
 `TLSFAllocator` objects in this process (`gc`).
 """
 
@@ -16,22 +18,32 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 from tinygrad.runtime.support.memory import TLSFAllocator
 from tinygrad.tensor import Tensor
 
 from swactor.model.gguf_range import open_reader
 from swactor.model.llama_role import StageRole
 from swactor.wire import (
-    ExecuteStep,
+    AwaitedInput,
+    EdgeId,
+    GrantSteps,
     JsonValue,
+    ObjectFailure,
+    ObjectId,
+    ObjectLoaded,
     OutputBinding,
+    PortId,
+    RingId,
     RoleId,
     StepCompleted,
     StepId,
     WorkerEvent,
     WorkerGeneration,
 )
-from swactor.worker.bridge import DeviceBridge
+from swactor.wire import Sequence as Seq
+from swactor.worker.bridge import DeviceAllocation, DeviceBridge
+from swactor.worker.egress import EgressRing, OutputListener
 from swactor.worker.steps import StepRunner
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
 
@@ -51,9 +63,27 @@ class PrefillRole:
 
     def run(
         self, inputs: Mapping[int, Tensor], outputs: Sequence[OutputBinding], runtime: JsonValue
-    ) -> dict[int, Tensor]:
+    ) -> dict[int, Tensor | npt.NDArray[np.float32]]:
         self.stage.step(0, PROMPT)
-        return {}
+        return {1: np.zeros(1, np.float32)}
+
+
+class Sink(EgressRing):
+    """An egress ring that takes each output at once (no arena, no ring behind it)."""
+
+    def __init__(self) -> None:  # the runner reads nothing the real one sets up
+        pass
+
+    @property
+    def idle(self) -> bool:
+        return True
+
+    def refusal(self, extent: int) -> ObjectFailure | None:
+        return None
+
+    def produce(self, binding: OutputBinding, source: DeviceAllocation,
+                listener: OutputListener) -> None:
+        listener.output_done()
 
 
 def allocators() -> int:
@@ -67,16 +97,24 @@ def test_steps_leave_no_planner_allocators_behind(tmp_path: Path) -> None:
                       max_seq_len=16)
     role = PrefillRole(stage)
     events: list[WorkerEvent] = []
-    runner = StepRunner(DeviceBridge("CPU", WorkerGeneration(1)), {RoleId(1): role}, {},
-                        events.append)
+    bridge = DeviceBridge("CPU", WorkerGeneration(1))
+    runner = StepRunner(bridge, {RoleId(1): role}, {RingId(2): Sink()}, events.append)
+    runner.grant(GrantSteps(
+        RoleId(1), StepId(1), AwaitedInput(PortId(1), RingId(1), Seq(0), 4),
+        OutputBinding(PortId(1), RingId(2), ObjectId(100), Seq(0), 4,
+                      per_input_row=True)))
 
     def step(number: int) -> None:
-        runner.submit(ExecuteStep(RoleId(1), StepId(number), (), (), None, False))
+        handle = bridge.register(bridge.alloc(4))
+        runner.object_loaded(ObjectLoaded(RingId(1), EdgeId(1), PortId(1), ObjectId(number),
+                                          Seq(number - 1), 4, handle))
         runner.pump()
 
     step(1)
     baseline = allocators()
     for number in range(2, 2 + STEPS):
         step(number)
-    assert events == [StepCompleted(RoleId(1), StepId(n)) for n in range(1, 2 + STEPS)]
+    assert [type(e) for e in events] == [StepCompleted] * (1 + STEPS)
+    assert [e.step_id for e in events if isinstance(e, StepCompleted)] == list(
+        range(1, 2 + STEPS))
     assert allocators() <= baseline

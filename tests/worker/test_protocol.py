@@ -6,20 +6,14 @@ import os
 
 import pytest
 
-from swactor.testing.worker_rig import WorkerRig, read_all, record, write_all
+from swactor.testing.worker_rig import WorkerRig, grant, read_all, record, write_all
 from swactor.wire import (
     ConfigureRole,
     DeviceObjectHandle,
     DeviceObjectReleased,
-    ExecuteStep,
     InitializeWorker,
-    InputBinding,
     ObjectHeader,
-    ObjectId,
     ObjectLoaded,
-    ObjectProduced,
-    OutputBinding,
-    PortId,
     ReleaseDeviceObject,
     ReleaseFailed,
     ReleaseFailure,
@@ -33,13 +27,11 @@ from swactor.wire import (
     RoleFailed,
     RoleFailure,
     RoleId,
-    Sequence,
     ShutdownMode,
     ShutdownWorker,
     StepCompleted,
     StepFailed,
     StepFailure,
-    StepId,
     UninstallReason,
     UninstallRing,
     WorkerFatal,
@@ -59,8 +51,11 @@ def fatal_exit(rig: WorkerRig, reason: WorkerFatalReason) -> None:
 @pytest.mark.parametrize(
     "line",
     [b"not json\n", b'{"type": "Frobnicate", "body": {}}\n', b'{"type": "ShutdownWorker"}\n',
-     b'{"type": "InstallRing", "body": {"ring_id": -1}}\n', b"\xff\xfe\n", b"[1, 2]\n"],
-    ids=["garbage", "unknown-type", "no-body", "bad-body", "not-utf8", "not-object"],
+     b'{"type": "InstallRing", "body": {"ring_id": -1}}\n', b"\xff\xfe\n", b"[1, 2]\n",
+     b'{"type": "ExecuteStep", "body": {"role_id": 1, "step_id": 1, "inputs": [], '
+     b'"outputs": [], "runtime": null, "release_inputs_after": false}}\n'],
+    ids=["garbage", "unknown-type", "no-body", "bad-body", "not-utf8", "not-object",
+         "execute-step"],
 )  # fmt: skip
 def test_malformed_line_is_fatal(rig: WorkerRig, line: bytes) -> None:
     rig.send_raw(line)
@@ -107,26 +102,17 @@ def test_closed_stdin_exits_cleanly(rig: WorkerRig) -> None:
 
 
 def loaded_object(rig: WorkerRig, extent: int = 64) -> ObjectLoaded:
+    """An object loaded on a ring no grant names: reported, its handle the node's."""
     ingress = rig.add_ring(1, RingDirection.Ingress, 4096)
     write_all(rig, ingress, record(10, 0, os.urandom(extent)))
     return rig.expect(ObjectLoaded)
 
 
-def step(
-    handle: DeviceObjectHandle, extent: int, *, role: int = 1, ring: int = 2, step_id: int = 1
-) -> ExecuteStep:
-    return ExecuteStep(
-        RoleId(role), StepId(step_id),
-        (InputBinding(PortId(1), ObjectId(10), Sequence(0), handle),),
-        (OutputBinding(PortId(1), RingId(ring), ObjectId(11), Sequence(0), extent),),
-        None, False,
-    )  # fmt: skip
-
-
 def test_step_failures_name_their_reason(rig: WorkerRig) -> None:
-    loaded = loaded_object(rig)
+    """Each refused step of a grant is answered StepFailed with its §37 reason, ends its
+    grant and writes nothing; the next grant on the ring runs."""
+    ingress = rig.add_ring(1, RingDirection.Ingress, 4096)
     egress = rig.add_ring(2, RingDirection.Egress, 4096)
-    handle = loaded.device_handle
     rig.send(ConfigureRole(RoleId(1), {"kind": "echo"}))
     rig.expect(RoleConfigured)
     rig.send(ConfigureRole(RoleId(2), {"kind": "no-such-role"}))
@@ -134,28 +120,29 @@ def test_step_failures_name_their_reason(rig: WorkerRig) -> None:
     rig.send(ConfigureRole(RoleId(3), {"kind": "scale", "factor": "x"}))
     assert rig.expect(RoleFailed).reason is RoleFailure.ConfigInvalid
 
-    stale = DeviceObjectHandle(WorkerGeneration(0), handle.id)
-    unknown = DeviceObjectHandle(handle.worker_generation, handle.id + 1000)
-    cases = [
-        (step(handle, 64, role=2), StepFailure.RoleUnavailable),
-        (step(stale, 64), StepFailure.InvalidInputHandle),
-        (step(unknown, 64), StepFailure.InvalidInputHandle),
-        (step(handle, 64, ring=1), StepFailure.InvalidOutputRing),  # an ingress ring
-        (step(handle, 64, ring=77), StepFailure.InvalidOutputRing),  # not installed
-        (step(handle, 60), StepFailure.OutputExtentInvalid),  # role makes 64 bytes
-        (step(handle, 66), StepFailure.OutputExtentInvalid),  # breaks the alignment
+    cases = [  # (grant arguments, reason), a 64-byte object each
+        ({"role": 2}, StepFailure.RoleUnavailable),
+        ({"out_ring": 1}, StepFailure.InvalidOutputRing),  # an ingress ring
+        ({"out_ring": 77}, StepFailure.InvalidOutputRing),  # not installed
+        ({"extent": 60}, StepFailure.OutputExtentInvalid),  # role makes 64 bytes
+        ({"extent": 66}, StepFailure.OutputExtentInvalid),  # breaks the alignment
+        ({"row_bytes": 48}, StepFailure.OutputExtentInvalid),  # 64 bytes: no whole rows
+        ({"ahead": 1}, StepFailure.InvalidInputHandle),  # the grant names the next one
     ]
-    for number, (command, reason) in enumerate(cases, start=100):
-        rig.send(ExecuteStep(command.role_id, StepId(number), command.inputs, command.outputs,
-                             None, False))  # fmt: skip
+    for sequence, (args, reason) in enumerate(cases):
+        ahead = args.pop("ahead", 0)
+        role = args.pop("role", 1)
+        rig.send(grant(role, 100 + sequence, sequence=sequence + ahead, **args))
+        write_all(rig, ingress, record(10 + sequence, sequence, os.urandom(64)))
         failed = rig.expect(StepFailed)
-        assert (failed.step_id, failed.reason) == (number, reason)
+        assert (failed.step_id, failed.reason) == (100 + sequence, reason)
     assert egress.commit == 0  # nothing was written for a refused step
-    # The handle is still good after all of that.
-    rig.send(step(handle, 64))
+    # A failed step ended its grant only: the next grant on the ring runs.
+    sequence = len(cases)
+    rig.send(grant(1, 1, sequence=sequence, object_id=11))
+    write_all(rig, ingress, record(10 + sequence, sequence, os.urandom(64)))
     data = read_all(rig, egress, ObjectHeader.LEN + 64)
     assert ObjectHeader.unpack(data).object_id == 11
-    assert rig.expect(ObjectProduced).object_id == 11
     assert rig.expect(StepCompleted).step_id == 1
 
 
@@ -167,11 +154,19 @@ def test_release_and_its_failures(rig: WorkerRig) -> None:
     assert rig.expect(DeviceObjectReleased).device_handle == handle
     rig.send(ReleaseDeviceObject(handle))
     assert rig.expect(ReleaseFailed).reason is ReleaseFailure.UnknownHandle
+
+
+def test_a_grant_takes_an_object_loaded_before_it(rig: WorkerRig) -> None:
+    """An object that came before its ring's grant was reported (ObjectLoaded); the
+    grant that arrives then runs it."""
+    loaded = loaded_object(rig)
+    egress = rig.add_ring(2, RingDirection.Egress, 4096)
     rig.send(ConfigureRole(RoleId(1), {"kind": "echo"}))
     rig.expect(RoleConfigured)
-    rig.add_ring(2, RingDirection.Egress, 4096)
-    rig.send(step(handle, 64))
-    assert rig.expect(StepFailed).reason is StepFailure.InvalidInputHandle
+    rig.send(grant(1, 1, object_id=11))
+    read_all(rig, egress, ObjectHeader.LEN + loaded.extent)
+    done = rig.expect(StepCompleted)
+    assert done.record is not None and done.record.input_object_id == loaded.object_id
 
 
 def test_uninstall_quiesces_the_ring(rig: WorkerRig) -> None:
@@ -180,30 +175,34 @@ def test_uninstall_quiesces_the_ring(rig: WorkerRig) -> None:
     assert rig.expect(RingQuiesced).ring_id == 1
 
 
-def test_graceful_shutdown_finishes_the_waiting_step(rig: WorkerRig) -> None:
-    loaded = loaded_object(rig, extent=3 * 4096)
-    egress = rig.add_ring(2, RingDirection.Egress, 4096)
+def _stuck_step(rig: WorkerRig) -> None:
+    """Step 1 of a grant echoing a 3-ring object into a one-ring egress ring nobody
+    reads: it runs, fills the ring and waits for space."""
+    ingress = rig.add_ring(1, RingDirection.Ingress, 4096)
+    rig.add_ring(2, RingDirection.Egress, 4096)
     rig.send(ConfigureRole(RoleId(1), {"kind": "echo"}))
     rig.expect(RoleConfigured)
-    rig.send(step(loaded.device_handle, 3 * 4096))
+    rig.send(grant(1, 1, object_id=11))
+    write_all(rig, ingress, record(10, 0, os.urandom(3 * 4096)))
+
+
+def test_graceful_shutdown_finishes_the_running_step(rig: WorkerRig) -> None:
+    _stuck_step(rig)
     rig.send(ShutdownWorker(ShutdownMode.Graceful))
-    rig.send(ExecuteStep(RoleId(1), StepId(9), (), (), None, False))
+    rig.send(grant(1, 9, sequence=1))
     assert rig.expect(StepFailed).reason is StepFailure.WorkerShuttingDown
-    read_all(rig, egress, ObjectHeader.LEN + 3 * 4096)
-    assert rig.expect(ObjectProduced).object_id == 11
-    assert rig.expect(StepCompleted).step_id == 1
+    read_all(rig, rig.rings[2], ObjectHeader.LEN + 3 * 4096)
+    done = rig.expect(StepCompleted)
+    assert done.step_id == 1 and done.record is not None
+    assert done.record.output_object_id == 11
     quiesced = {rig.expect(RingQuiesced).ring_id for _ in range(2)}
     assert quiesced == {1, 2}
     assert rig.expect(WorkerStopped).reason is WorkerStoppedReason.Graceful
     assert rig.wait_exit() == 0
 
 
-def test_abort_in_flight_fails_the_waiting_step(rig: WorkerRig) -> None:
-    loaded = loaded_object(rig, extent=3 * 4096)
-    rig.add_ring(2, RingDirection.Egress, 4096)
-    rig.send(ConfigureRole(RoleId(1), {"kind": "echo"}))
-    rig.expect(RoleConfigured)
-    rig.send(step(loaded.device_handle, 3 * 4096))
+def test_abort_in_flight_fails_the_running_step(rig: WorkerRig) -> None:
+    _stuck_step(rig)
     rig.send(ShutdownWorker(ShutdownMode.AbortInFlight))
     failed = rig.expect(StepFailed)
     assert (failed.step_id, failed.reason) == (1, StepFailure.WorkerShuttingDown)

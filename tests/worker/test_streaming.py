@@ -1,4 +1,8 @@
-"""Objects larger than their rings stream through; a step waits for egress space."""
+"""Objects larger than their rings stream through; a step waits for egress space.
+
+Each step runs under a standing grant (`GrantSteps`), sent before its object: the
+object is loaded and its step runs with no line in between, and the step's one
+StepCompleted carries what it did."""
 
 from __future__ import annotations
 
@@ -7,72 +11,50 @@ import queue
 import time
 
 from swactor.ring import Ring
-from swactor.testing.worker_rig import WorkerRig, read_all, record, write_all
+from swactor.testing.worker_rig import WorkerRig, grant, read_all, record, write_all
 from swactor.wire import (
     ConfigureRole,
-    ExecuteStep,
-    InputBinding,
     ObjectHeader,
-    ObjectId,
-    ObjectLoaded,
-    ObjectProduced,
-    OutputBinding,
-    PortId,
     RingDirection,
     RingId,
     RingWritable,
     RoleConfigured,
     RoleId,
-    Sequence,
     StepCompleted,
-    StepId,
 )
 
 RING = 4096
 
 
-def echo_step(step: int, handle: object, object_id: int, extent: int, ring: int = 2) -> ExecuteStep:
-    from swactor.wire import DeviceObjectHandle
-
-    assert isinstance(handle, DeviceObjectHandle)
-    return ExecuteStep(
-        RoleId(1), StepId(step),
-        (InputBinding(PortId(1), ObjectId(object_id), Sequence(step), handle),),
-        (OutputBinding(PortId(1), RingId(ring), ObjectId(object_id + 1), Sequence(step), extent),),
-        None, False,
-    )  # fmt: skip
+def echo(rig: WorkerRig) -> None:
+    rig.send(ConfigureRole(RoleId(1), {"kind": "echo"}))
+    rig.expect(RoleConfigured)
+    rig.send(grant(1, 0, object_id=11))  # step k echoes sequence k as object 11 + k
 
 
 def test_object_ten_times_the_ring_loads_and_streams_out(rig: WorkerRig) -> None:
     ingress = rig.add_ring(1, RingDirection.Ingress, RING)
     egress = rig.add_ring(2, RingDirection.Egress, RING)
     payload = os.urandom(10 * RING + 4 * 37)
+    echo(rig)
     write_all(rig, ingress, record(10, 0, payload))
-    loaded = rig.expect(ObjectLoaded)
-    assert loaded.extent == len(payload)
-    assert ingress.consume == ingress.commit == ObjectHeader.LEN + len(payload)
-
-    rig.send(ConfigureRole(RoleId(1), {"kind": "echo"}))
-    rig.expect(RoleConfigured)
-    rig.send(echo_step(0, loaded.device_handle, 10, len(payload)))
     data = read_all(rig, egress, ObjectHeader.LEN + len(payload))
     assert ObjectHeader.unpack(data).extent == len(payload)
     assert data[ObjectHeader.LEN :] == payload
-    assert rig.expect(ObjectProduced).extent == len(payload)
-    assert rig.expect(StepCompleted).step_id == 0
+    done = rig.expect(StepCompleted)
+    assert done.step_id == 0 and done.record is not None
+    assert (done.record.input_extent, done.record.output_extent) == (len(payload),) * 2
+    assert ingress.consume == ingress.commit == ObjectHeader.LEN + len(payload)
 
 
 def test_step_waits_for_egress_space_and_completes_once_drained(rig: WorkerRig) -> None:
     ingress = rig.add_ring(1, RingDirection.Ingress, 8 * RING)
     egress = rig.add_ring(2, RingDirection.Egress, RING)
     payload = os.urandom(3 * RING)
-    write_all(rig, ingress, record(10, 0, payload))
-    loaded = rig.expect(ObjectLoaded)
-    rig.send(ConfigureRole(RoleId(1), {"kind": "echo"}))
-    rig.expect(RoleConfigured)
+    echo(rig)
     # The output (3 rings' worth) is larger than the free egress space (one ring): the
     # worker fills the ring, then the step waits; nobody reads yet.
-    rig.send(echo_step(0, loaded.device_handle, 10, len(payload)))
+    write_all(rig, ingress, record(10, 0, payload))
     deadline = time.monotonic() + 30
     while egress.commit < RING:
         assert time.monotonic() < deadline, "worker never filled the free space"
@@ -81,28 +63,26 @@ def test_step_waits_for_egress_space_and_completes_once_drained(rig: WorkerRig) 
         early = rig.events.get(timeout=0.3)
     except queue.Empty:
         early = None
-    assert not isinstance(early, StepCompleted | ObjectProduced)
+    assert not isinstance(early, StepCompleted)
     assert egress.commit == RING  # full: nothing more was written
 
     data = read_all(rig, egress, ObjectHeader.LEN + len(payload))
     assert data[ObjectHeader.LEN :] == payload
-    assert rig.expect(ObjectProduced).object_id == 11
-    assert rig.expect(StepCompleted).step_id == 0
+    done = rig.expect(StepCompleted)
+    assert done.step_id == 0 and done.record is not None
+    assert done.record.output_object_id == 11
 
 
 def test_empty_object_loads_and_echoes(rig: WorkerRig) -> None:
     ingress = rig.add_ring(1, RingDirection.Ingress, RING)
     egress = rig.add_ring(2, RingDirection.Egress, RING)
+    echo(rig)
     write_all(rig, ingress, record(10, 0, b""))
-    loaded = rig.expect(ObjectLoaded)
-    assert loaded.extent == 0
-    rig.send(ConfigureRole(RoleId(1), {"kind": "echo"}))
-    rig.expect(RoleConfigured)
-    rig.send(echo_step(0, loaded.device_handle, 10, 0))
     data = read_all(rig, egress, ObjectHeader.LEN)
     assert ObjectHeader.unpack(data).extent == 0
-    assert rig.expect(ObjectProduced).extent == 0
-    assert rig.expect(StepCompleted).step_id == 0
+    done = rig.expect(StepCompleted)
+    assert done.step_id == 0 and done.record is not None
+    assert (done.record.input_extent, done.record.output_extent) == (0, 0)
 
 
 def _drain(rig: WorkerRig, egress: Ring, length: int) -> bytes:
@@ -131,14 +111,12 @@ def test_a_consumer_that_hints_only_when_the_pending_bit_says_so_drains_a_big_ob
     it waits, or the consumer never hints again and the step never completes."""
     ingress = rig.add_ring(1, RingDirection.Ingress, 16 * RING)
     egress = rig.add_ring(2, RingDirection.Egress, RING)
-    rig.send(ConfigureRole(RoleId(1), {"kind": "echo"}))
-    rig.expect(RoleConfigured)
+    echo(rig)
     small, big = os.urandom(64), os.urandom(6 * RING)
     for step, payload in enumerate((small, big)):
-        write_all(rig, ingress, record(10 + 2 * step, step, payload))
-        loaded = rig.expect(ObjectLoaded)
-        rig.send(echo_step(step, loaded.device_handle, 10 + 2 * step, len(payload)))
+        write_all(rig, ingress, record(10 + step, step, payload))
         data = _drain(rig, egress, ObjectHeader.LEN + len(payload))
         assert data[ObjectHeader.LEN:] == payload
-        assert rig.expect(ObjectProduced).object_id == 11 + 2 * step
-        assert rig.expect(StepCompleted).step_id == step
+        done = rig.expect(StepCompleted)
+        assert done.step_id == step and done.record is not None
+        assert done.record.output_object_id == 11 + step

@@ -14,35 +14,25 @@ import pytest
 
 from swactor.model.gguf_range import open_reader
 from swactor.model.llama_role import StageRole, candidates
-from swactor.testing.worker_rig import WorkerRig, read_all, record, write_all
+from swactor.testing.worker_rig import WorkerRig, grant, read_all, record, write_all
 from swactor.wire import (
-    AwaitedInput,
     ConfigureRole,
     DTypeFamily,
-    ExecuteStep,
-    InputBinding,
+    GrantSteps,
     LayoutRule,
     ObjectHeader,
-    ObjectId,
     ObjectKind,
-    ObjectLoaded,
-    ObjectProduced,
     ObjectSpec,
-    OutputBinding,
-    PortId,
     RingDirection,
-    RingId,
     RoleConfigured,
     RoleFailed,
     RoleFailure,
     RoleId,
-    Sequence,
     SequencePolicy,
     ShapeRule,
     StepCompleted,
     StepFailed,
     StepFailure,
-    StepId,
 )
 from swactor.wire.tags import CANDIDATES_K, SequenceTag, batch_flags
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
@@ -59,15 +49,11 @@ def _token_spec() -> ObjectSpec:
                       sequence_policy=SequencePolicy.Contiguous)
 
 
-def _step(rig: WorkerRig, role: int, step: int, loaded: ObjectLoaded, extent: int,
-          flags: int = 0) -> None:
-    rig.send(ExecuteStep(
-        RoleId(role), StepId(step),
-        (InputBinding(PortId(1), loaded.object_id, loaded.sequence, loaded.device_handle),),
-        (OutputBinding(PortId(1), RingId(2), ObjectId(step + 100), loaded.sequence, extent,
-                       flags),),
-        None, True,
-    ))
+def _granted(rig: WorkerRig, role: int, step: int, sequence: int) -> None:
+    """Grant `role` one step per object of ring 1 from `sequence`, step ids from `step`,
+    each writing one 4-byte answer (object id step + 100) on ring 2 (the worker makes it
+    a candidates object or a batch's answers where the tag asks)."""
+    rig.send(grant(role, step, sequence=sequence, object_id=step + 100, extent=4))
 
 
 def _ids(ids: list[int]) -> bytes:
@@ -81,41 +67,37 @@ def test_echo_output_carries_the_input_flags_and_a_bad_tag_fails(rig: WorkerRig)
     rig.expect(RoleConfigured)
     payload = struct.pack("<4f", 1.0, 2.0, 3.0, 4.0)
     tag = SequenceTag(3, 7).pack()
+    rig.send(grant(5, 1, object_id=101))  # one 4-byte row out per row in
     write_all(rig, ingress, record(11, 0, payload, flags=tag))
-    _step(rig, 5, 1, rig.expect(ObjectLoaded), len(payload))
     data = read_all(rig, egress, ObjectHeader.LEN + len(payload))
     header = ObjectHeader.unpack(data)
     assert (header.object_id, header.extent, header.flags) == (101, len(payload), tag)
     assert data[ObjectHeader.LEN:] == payload
-    rig.expect(ObjectProduced)
     assert rig.expect(StepCompleted).step_id == 1
 
     write_all(rig, ingress, record(12, 1, payload, flags=0x5))  # set, but not TAGGED
-    _step(rig, 5, 2, rig.expect(ObjectLoaded), len(payload))
     failed = rig.expect(StepFailed)
     assert (failed.step_id, failed.reason) == (2, StepFailure.OutputExtentInvalid)
 
-    # a batch of 2 rows on an edge of 16-byte rows, its step armed ahead: the 8-byte
-    # tag table is padded to one row, so the object is 3 whole rows (the ring's
-    # alignment check admits it) and the output, per input row, is the same 3 rows
+    # a batch of 2 rows on an edge of 16-byte rows: the 8-byte tag table is padded to
+    # one row, so the object is 3 whole rows (the ring's alignment check admits it) and
+    # the output, per input row, is the same 3 rows
     rows_in = rig.add_ring(3, RingDirection.Ingress, 4096, _row_spec())
     rows_out = rig.add_ring(4, RingDirection.Egress, 4096, _row_spec())
     table = _ids([SequenceTag(0, 5).pack(), SequenceTag(1, 9).pack()])
     body = struct.pack("<8f", *range(8))
     batch = table + bytes(ROW - len(table)) + body
+    rig.send(_granted_rows(3, 0))
     write_all(rig, rows_in, record(13, 0, batch, flags=batch_flags(2)))
-    assert rig.expect(ObjectLoaded).extent == 3 * ROW
-    rig.send(_armed_rows(3, 0))
     data = read_all(rig, rows_out, ObjectHeader.LEN + 3 * ROW)
     header = ObjectHeader.unpack(data)
     assert (header.extent, header.flags) == (3 * ROW, batch_flags(2))
     assert data[ObjectHeader.LEN:] == batch
-    rig.expect(ObjectProduced)
-    assert rig.expect(StepCompleted).step_id == 3
+    done = rig.expect(StepCompleted)
+    assert done.step_id == 3 and done.record is not None
+    assert done.record.input_extent == 3 * ROW
     # a batch that says 2 rows but holds its table and 3: not exactly table + 2 rows
     write_all(rig, rows_in, record(14, 1, batch + body[:ROW], flags=batch_flags(2)))
-    assert rig.expect(ObjectLoaded).extent == 4 * ROW
-    rig.send(_armed_rows(4, 1))
     failed = rig.expect(StepFailed)
     assert (failed.step_id, failed.reason) == (4, StepFailure.OutputExtentInvalid)
 
@@ -130,16 +112,11 @@ def _row_spec() -> ObjectSpec:
                       sequence_policy=SequencePolicy.Contiguous)
 
 
-def _armed_rows(step: int, sequence: int) -> ExecuteStep:
-    """An echo step on ring 3's object `sequence`, armed ahead, one output row per input
-    row on ring 4 (as a stage controller arms an activation stage)."""
-    return ExecuteStep(
-        RoleId(5), StepId(step), (),
-        (OutputBinding(PortId(1), RingId(4), ObjectId(step + 100), Sequence(sequence), ROW,
-                       per_input_row=True),),
-        None, True,
-        awaits=(AwaitedInput(PortId(1), RingId(3), Sequence(sequence), ROW),),
-    )
+def _granted_rows(step: int, sequence: int) -> GrantSteps:
+    """An echo grant on ring 3's objects from `sequence`, one output row per input row on
+    ring 4 (as a stage controller grants an activation stage)."""
+    return grant(5, step, ring=3, sequence=sequence, row_bytes=ROW, out_ring=4,
+                 object_id=step + 100)
 
 
 @pytest.fixture(scope="module")
@@ -187,24 +164,27 @@ def test_llama_stage_runs_tagged_steps_in_slots(llama_rig: WorkerRig, gguf: Path
         (SequenceTag(1, len(prompt), candidates=True), want[:1], True),
     ]
     got: list[bytes] = []
+    _granted(rig, 4, 1, 0)  # step k runs the object of sequence k - 1
     for index, (tag, ids, ask) in enumerate(steps, start=1):
         write_all(rig, ingress, record(10 + index, index - 1, _ids(ids), flags=tag.pack()))
-        _step(rig, 4, index, rig.expect(ObjectLoaded), 4)
         extent = 2 * CANDIDATES_K * 4 if ask else 4
         data = read_all(rig, egress, ObjectHeader.LEN + extent, timeout=120)
         header = ObjectHeader.unpack(data)
         assert (header.flags, header.extent) == (tag.pack(), extent)
-        assert rig.expect(ObjectProduced).extent == extent
-        assert rig.expect(StepCompleted).step_id == index
+        done = rig.expect(StepCompleted)
+        assert done.step_id == index and done.record is not None
+        assert done.record.output_extent == extent
         got.append(data[ObjectHeader.LEN:])
     assert struct.unpack("<I", got[0]) == (want[0],)
     assert got[2] == want_candidates.astype("<i4").tobytes()
     assert struct.unpack("<I", got[2][:4]) == (want[1],)
 
-    # slot 2 is not the stage's; a decode position that is not the slot's next
+    # slot 2 is not the stage's; a decode position that is not the slot's next (each
+    # failed step ends its grant: the next object gets a grant of its own)
     for index, tag in ((4, SequenceTag(2, 0)), (5, SequenceTag(1, 9))):
+        if index > 4:
+            _granted(rig, 4, index, index - 1)
         write_all(rig, ingress, record(10 + index, index - 1, _ids([1]), flags=tag.pack()))
-        _step(rig, 4, index, rig.expect(ObjectLoaded), 4)
         failed = rig.expect(StepFailed, timeout=60)
         assert (failed.step_id, failed.reason) == (index, StepFailure.OutputExtentInvalid)
     _logged(rig, "slot 2 outside this stage's slots 0..1")
@@ -220,20 +200,18 @@ def test_llama_stage_runs_tagged_steps_in_slots(llama_rig: WorkerRig, gguf: Path
     answers = b"".join(twin.run_tagged(tag, np.array([token], np.int32)).astype("<i4").tobytes()
                        for tag, token in rows)
     table = _ids([tag.pack() for tag, _ in rows])
+    _granted(rig, 4, 6, 5)
     write_all(rig, ingress, record(16, 5, table + _ids([t for _, t in rows]),
                                    flags=batch_flags(2)))
-    _step(rig, 4, 6, rig.expect(ObjectLoaded), 4)
     extent = len(table) + len(answers)
     data = read_all(rig, egress, ObjectHeader.LEN + extent, timeout=120)
     header = ObjectHeader.unpack(data)
     assert (header.flags, header.extent) == (batch_flags(2), extent)
     assert data[ObjectHeader.LEN:] == table + answers
-    rig.expect(ObjectProduced)
     assert rig.expect(StepCompleted).step_id == 6
     # a malformed table (one slot twice) fails the step; the worker keeps serving
     twice = _ids([SequenceTag(0, 4).pack()] * 2)
     write_all(rig, ingress, record(17, 6, twice + _ids([1, 2]), flags=batch_flags(2)))
-    _step(rig, 4, 7, rig.expect(ObjectLoaded), 4)
     failed = rig.expect(StepFailed, timeout=60)
     assert (failed.step_id, failed.reason) == (7, StepFailure.OutputExtentInvalid)
     _logged(rig, "slot 0 appears twice")

@@ -20,18 +20,12 @@ from swactor.node.worker_ctl import (
     WorkerReaped,
     WorkerRoutes,
 )
-from swactor.ring import WorkerDoorbells
-from swactor.testing.worker_rig import record
+from swactor.ring import Ring, WorkerDoorbells
+from swactor.testing.worker_rig import grant, record
 from swactor.wire import (
     ConfigureRole,
     DeviceObjectHandle,
     DeviceObjectReleased,
-    ExecuteStep,
-    InputBinding,
-    ObjectId,
-    ObjectLoaded,
-    OutputBinding,
-    PortId,
     ReleaseFailed,
     ReleaseFailure,
     RingDirection,
@@ -43,26 +37,15 @@ from swactor.wire import (
     RoleFailed,
     RoleFailure,
     RoleId,
-    Sequence,
     ShutdownMode,
     StepFailed,
     StepFailure,
-    StepId,
     UninstallReason,
     WorkerGeneration,
 )
 from tests.worker.ctl_rig import Collector, install_command, take
 
 RING = 4096
-
-
-def echo_step(step_id: int, handle: DeviceObjectHandle, ring: int, extent: int) -> ExecuteStep:
-    return ExecuteStep(
-        RoleId(1), StepId(step_id),
-        (InputBinding(PortId(1), ObjectId(10), Sequence(0), handle),),
-        (OutputBinding(PortId(1), RingId(ring), ObjectId(11), Sequence(0), extent),),
-        None, False,
-    )  # fmt: skip
 
 
 async def kill_mid_step_scenario() -> None:
@@ -91,27 +74,21 @@ async def kill_mid_step_scenario() -> None:
         for command in (ingress_cmd, egress_cmd):
             ctl.tell(gwc.InstallRing(command))
             assert (await take(ring_q, RingInstalled)).ring_id == command.ring_id
-        payload = os.urandom(3 * RING)
-        data = record(10, 0, payload)
-        sent = 0
-        while sent < len(data):
-            n, _ = ingress.write_from(memoryview(data)[sent:])
-            sent += n
-            bells.to_worker.notify()  # the ingress ring got bytes
-            await asyncio.sleep(0.005 if n == 0 else 0)
-        loaded = await take(stage_q, ObjectLoaded)
+        # The output is three rings long and nobody drains the egress ring: the grant's
+        # first step is stuck mid-object when the worker is killed. (The worker serves
+        # its stdin in order: once the role is configured, the grant is armed, and the
+        # object is the grant's, reported by no ObjectLoaded line.)
+        ctl.tell(gwc.GrantSteps(grant(1, 1)))
         ctl.tell(gwc.ConfigureRole(ConfigureRole(RoleId(1), {"kind": "echo"})))
         await take(stage_q, RoleConfigured)
-
-        # The output is three rings long and nobody drains the egress ring: the step is
-        # stuck mid-object when the worker is killed.
-        ctl.tell(gwc.ExecuteStep(echo_step(1, loaded.device_handle, 2, len(payload))))
+        await _write(ingress, record(10, 0, os.urandom(3 * RING)), bells)
         async with asyncio.timeout(30):
             while egress.commit < RING:
                 await asyncio.sleep(0.01)
         os.kill(first.pid, signal.SIGKILL)
 
-        # The death is told first (the stage's first fault), then its in-flight step.
+        # The death is told first (the stage's first fault), then the grant's step in
+        # flight.
         crashed = await take(stage_q, WorkerCrashed)
         assert (crashed.generation, crashed.exit_code, crashed.fatal) == (
             1, -signal.SIGKILL, None)
@@ -138,11 +115,8 @@ async def kill_mid_step_scenario() -> None:
         assert (await take(ring_q, RingInstalled)).ring_id == 3
         await take(stage_q, RoleConfigured)
 
-        # Old handles are refused by the new generation.
-        ctl.tell(gwc.ExecuteStep(echo_step(2, loaded.device_handle, 3, len(payload))))
-        refused = await take(stage_q, StepFailed)
-        assert (refused.step_id, refused.reason) == (2, StepFailure.InvalidInputHandle)
-        ctl.tell(gwc.ReleaseDeviceObject(loaded.device_handle))
+        # Handles of the old generation are refused by the new one.
+        ctl.tell(gwc.ReleaseDeviceObject(DeviceObjectHandle(WorkerGeneration(1), 1)))
         assert (await take(stage_q, ReleaseFailed)).reason is ReleaseFailure.StaleGeneration
         assert fresh.commit == 0
         assert ctl.alive
@@ -155,6 +129,17 @@ async def kill_mid_step_scenario() -> None:
             ring.close()
     bells.close()
     arena.close()
+
+
+async def _write(ring: Ring, data: bytes, bells: WorkerDoorbells) -> None:
+    """Write `data` into an ingress ring, ringing the worker's doorbell after each
+    write and waiting for space when the ring is full."""
+    sent = 0
+    while sent < len(data):
+        n, _ = ring.write_from(memoryview(data)[sent:])
+        sent += n
+        bells.to_worker.notify()  # the ingress ring got bytes
+        await asyncio.sleep(0.005 if n == 0 else 0)
 
 
 def _state(runtime: Runtime) -> gwc.State | None:
@@ -195,7 +180,7 @@ async def init_failure_scenario() -> None:
         fault = await take(ring_q, RingFault)
         assert (fault.ring_id, fault.reason) == (1, RingFaultReason.WorkerProcessExited)
         handle = DeviceObjectHandle(WorkerGeneration(1), 1)
-        ctl.tell(gwc.ExecuteStep(echo_step(5, handle, 2, 64)))
+        ctl.tell(gwc.GrantSteps(grant(1, 5)))
         step_failed = await take(stage_q, StepFailed)
         assert (step_failed.step_id, step_failed.reason) == (5, StepFailure.WorkerProcessExited)
         ctl.tell(gwc.ConfigureRole(ConfigureRole(RoleId(3), {"kind": "echo"})))
@@ -302,20 +287,12 @@ async def dies_while_draining_scenario() -> None:
         for command in (ingress_cmd, egress_cmd):
             ctl.tell(gwc.InstallRing(command))
             assert (await take(ring_q, RingInstalled)).ring_id == command.ring_id
-        payload = os.urandom(3 * RING)
-        data = record(10, 0, payload)
-        sent = 0
-        while sent < len(data):
-            n, _ = ingress.write_from(memoryview(data)[sent:])
-            sent += n
-            bells.to_worker.notify()  # the ingress ring got bytes
-            await asyncio.sleep(0.005 if n == 0 else 0)
-        loaded = await take(stage_q, ObjectLoaded)
-        ctl.tell(gwc.ConfigureRole(ConfigureRole(RoleId(1), {"kind": "echo"})))
-        await take(stage_q, RoleConfigured)
         # A step stuck mid-object (nobody drains the egress ring): a graceful stop waits
         # for it, so the worker is still draining, with no WorkerStopped, when it dies.
-        ctl.tell(gwc.ExecuteStep(echo_step(1, loaded.device_handle, 2, len(payload))))
+        ctl.tell(gwc.GrantSteps(grant(1, 1)))
+        ctl.tell(gwc.ConfigureRole(ConfigureRole(RoleId(1), {"kind": "echo"})))
+        await take(stage_q, RoleConfigured)
+        await _write(ingress, record(10, 0, os.urandom(3 * RING)), bells)
         async with asyncio.timeout(30):
             while egress.commit < RING:
                 await asyncio.sleep(0.01)
