@@ -441,7 +441,7 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
     async def issue_grant(self) -> None:
         await self._grant(self._context)
 
-    async def record_step(self, step_id: StepId, record: StepRecord | None) -> None:
+    async def record_step(self, step_id: StepId, record: StepRecord) -> None:
         self._record(step_id, record)
 
     async def revoke_grant(self) -> None:
@@ -541,15 +541,11 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
             output=output_binding(provision, runtime.output_port, ring, sequence),
         )
 
-    def _record(self, step_id: StepId, record: StepRecord | None) -> None:
+    def _record(self, step_id: StepId, record: StepRecord) -> None:
         """Count a reported step and emit its four events at the worker's times."""
         self.outcome.steps_completed += 1
         provision = self._provision
         assert provision is not None
-        if record is None:
-            log.warning("stage %s: step %d reported without its record", self._name,
-                        int(step_id))
-            return
         node, run, stage = self.config.node_id, provision.run_id, provision.stage_index
         generation = self.ports.worker_generation()
         sequence = record.sequence

@@ -191,6 +191,11 @@ def _provision_stage() -> wire.ProvisionStage:
     )
 
 
+def _step_record() -> wire.StepRecord:
+    return wire.StepRecord(wire.Sequence(0), wire.ObjectId(1), 4, wire.ObjectId(1), HIDDEN * 2,
+                           1_000_000, 1_000_500, 2_000_000, 2_000_100)
+
+
 _EXAMPLES: dict[type, Callable[[], object]] = {
     wire.DeviceObjectHandle: _handle,
     wire.GgufSource: _source,
@@ -295,11 +300,9 @@ _EXAMPLES: dict[type, Callable[[], object]] = {
         None,
         wire.ObjectFailure.HeaderMalformed,
     ),
-    wire.StepRecord: lambda: wire.StepRecord(
-        wire.Sequence(0), wire.ObjectId(1), 4, wire.ObjectId(1), HIDDEN * 2,
-        1_000_000, 1_000_500, 2_000_000, 2_000_100,
-    ),
-    wire.StepCompleted: lambda: wire.StepCompleted(wire.RoleId(1), wire.StepId(1)),
+    wire.StepRecord: _step_record,
+    wire.StepCompleted: lambda: wire.StepCompleted(wire.RoleId(1), wire.StepId(1),
+                                                   _step_record()),
     wire.StepFailed: lambda: wire.StepFailed(
         wire.RoleId(1), wire.StepId(1), wire.StepFailure.TinygradError
     ),

@@ -543,8 +543,7 @@ def _builders() -> dict[type, Callable[[], st.SearchStrategy[Any]]]:
         ),
         wire.StepRecord: step_records,
         wire.StepCompleted: lambda: st.builds(
-            wire.StepCompleted, ident(wire.RoleId), ident(wire.StepId),
-            st.none() | step_records(),
+            wire.StepCompleted, ident(wire.RoleId), ident(wire.StepId), step_records(),
         ),
         wire.StepFailed: lambda: st.builds(
             wire.StepFailed,

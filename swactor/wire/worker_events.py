@@ -208,11 +208,11 @@ class StepRecord(WireStruct):
 @dataclass(frozen=True, slots=True)
 class StepCompleted(WireStruct):
     """All declared outputs of a step are produced (spec §30). `record` (extension): what
-    a step of a standing grant did; None for a step of an ExecuteStep command."""
+    the step of a standing grant did."""
 
     role_id: RoleId
     step_id: StepId
-    record: StepRecord | None = None
+    record: StepRecord
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ so sequences do run several steps deep.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any
 
@@ -107,7 +108,7 @@ def message_for(move: str, ports: FakeStagePorts, provision: wire.ProvisionStage
         case "complete_again":
             return completed(max(done - 1, 0))
         case "complete_stale":
-            return wire.StepCompleted(role, wire.StepId(first + (1 << 33)))
+            return dataclasses.replace(completed(done), step_id=wire.StepId(first + (1 << 33)))
         case "step_failed":
             return wire.StepFailed(role, wire.StepId(first + done), StepFailure.TinygradError)
         case "edge_stopped_in":

@@ -33,7 +33,8 @@ from swactor.node.worker_ctl import (
     decode_worker_line,
 )
 from swactor.ring import WorkerDoorbells
-from swactor.wire import COMMAND_TYPES, EVENT_TYPES, RoleId, StepCompleted, StepId
+from swactor.testing.examples import example
+from swactor.wire import COMMAND_TYPES, EVENT_TYPES, RoleId, StepCompleted, StepId, StepRecord
 from swactor.worker.adapter import parse_command
 from tests.worker.ctl_rig import Collector
 
@@ -96,7 +97,7 @@ sys.stdout.flush()
 sys.stdin.read()
 """
 
-SENTINEL = StepCompleted(RoleId(0), StepId(0))
+SENTINEL = StepCompleted(RoleId(0), StepId(0), example(StepRecord))
 
 single_lines = st.text(
     alphabet=st.characters(exclude_categories=["Cs"], exclude_characters="\n\r"),
