@@ -115,11 +115,13 @@ def add_event_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--events-file", metavar="PATH",
                        help="write lifecycle events as JSON Lines to PATH")
     group.add_argument("--events-max-bytes", type=at_least(1), default=64 << 20, metavar="N",
-                       help="rotate the events file when it would pass N bytes")
+                       help="rotate the events file when it would pass N bytes (default "
+                       "64MiB)")
     group.add_argument("--events-keep", type=at_least(0), default=3, metavar="K",
-                       help="rotated events files to keep (PATH.1 ... PATH.K)")
+                       help="rotated events files to keep (PATH.1 ... PATH.K; default 3)")
     group.add_argument("--event-verbosity", type=int, choices=(-1, 0, 1, 2), default=1,
-                       help="events on stderr: -1 none, 0 faults, 1 lifecycle, 2 per step")
+                       help="events on stderr: -1 none, 0 faults, 1 lifecycle, 2 per step "
+                       "(default 1)")
 
 
 def configure_from_args(args: argparse.Namespace, proc: str) -> Emitter:

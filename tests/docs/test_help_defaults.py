@@ -1,9 +1,10 @@
 """Every default a command's `--help` names is the value the command really uses.
 
-A help text that says "(default N)" is read for each flag of `swactor serve`, `run`,
-`orchestrator`, `node` and `plan`, and N is compared with what parsing no flags gives:
-the flag's argparse default, or, where that default is None because the value is
-computed later, the product function that computes it (`COMPUTED`). A help that names a
+A help text that says "(default N)" (or "...; default N") is read for each flag of
+`swactor serve`, `run`, `orchestrator`, `node` and `plan`, and N is compared with what
+parsing no flags gives: the flag's argparse default, or, where that default is None
+because the value is computed later, the product function that computes it
+(`COMPUTED`). A help that names a
 plain value for a computed default, without such a function here, fails: a computed
 default must say how it is computed (as `--warm-batch-rows` does), not name one value.
 """
@@ -36,7 +37,7 @@ COMPUTED: dict[tuple[str, str], Callable[[argparse.Namespace], object]] = {
 }
 """Flags whose argparse default is None and whose help names the computed value."""
 
-NAMED = re.compile(r"\(default:? (?P<value>'[^']*'|[\w.]+)(?=[;,:)\s])")
+NAMED = re.compile(r"(?:\(|; )default:? (?P<value>'[^']*'|[\w.]+)(?=[;,:)\s])")
 NUMBER = re.compile(r"\d+(\.\d+)?")
 BYTES = re.compile(r"\d+[KMGT]i?B")
 
