@@ -249,7 +249,7 @@ class LlamaStageRole:
         return True
 
     def run(
-        self, inputs: Mapping[int, Tensor], outputs: Sequence[OutputBinding], runtime: JsonValue
+        self, inputs: Mapping[int, Tensor], outputs: Sequence[OutputBinding]
     ) -> dict[int, Tensor | npt.NDArray[Any]]:
         from swactor.model.llama_role import StepError
 

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 `ConfigureRole { role_id, config }` names the kind in `config["kind"]`; the registry
 builds a `Role` from the rest of the config (`RoleConfigError` -> RoleFailed
-ConfigInvalid). A role's `run(inputs, outputs, runtime)` gets each bound input as a
+ConfigInvalid). A role's `run(inputs, outputs)` gets each bound input as a
 flat uint8 tinygrad tensor (a view of its device object, keyed by input port id) and
 returns one tensor (or a host array of bytes, as a role computing on the host does) per
 declared output port; the step runner checks the ports and the byte sizes against the
@@ -52,7 +52,7 @@ class Role(Protocol):
     ready, which RoleConfigured carries to the node (`footprint_of`)."""
 
     def run(
-        self, inputs: Mapping[int, Tensor], outputs: Sequence[OutputBinding], runtime: JsonValue
+        self, inputs: Mapping[int, Tensor], outputs: Sequence[OutputBinding]
     ) -> Mapping[int, Tensor | npt.NDArray[Any]]:
         """Outputs by output port id: tensors (any dtype) or host arrays; their bytes are
         written."""
@@ -105,7 +105,7 @@ class EchoRole:
     """Copies each input to the output of the same port (or the only input)."""
 
     def run(
-        self, inputs: Mapping[int, Tensor], outputs: Sequence[OutputBinding], runtime: JsonValue
+        self, inputs: Mapping[int, Tensor], outputs: Sequence[OutputBinding]
     ) -> dict[int, Tensor]:
         return {int(b.port_id): _source_for(int(b.port_id), inputs) for b in outputs}
 
@@ -124,7 +124,7 @@ class ScaleRole:
         return cls(float(factor))
 
     def run(
-        self, inputs: Mapping[int, Tensor], outputs: Sequence[OutputBinding], runtime: JsonValue
+        self, inputs: Mapping[int, Tensor], outputs: Sequence[OutputBinding]
     ) -> dict[int, Tensor]:
         result = {}
         for binding in outputs:

@@ -398,7 +398,7 @@ class StepRunner:
         try:
             self._faults.worker_step(int(out.sequence))
             self._flush()  # the node hears what happened so far before the compute
-            produced = role.run(views, (out,), None)
+            produced = role.run(views, (out,))
             if set(produced) != {int(out.port_id)}:
                 raise StepRefused(StepFailure.OutputExtentInvalid, "output ports differ")
             output = self._bridge.adopt(produced[int(out.port_id)])

@@ -82,7 +82,7 @@ def run_step(role: Role, provision: ProvisionStage, sequence: int,
     binding = OutputBinding(runtime.output_port, RingId(1), ObjectId(sequence + 1),
                             Sequence(sequence), output_extent(provision, data.size))
     inputs = {int(runtime.input_port): Tensor(data, device=Device.DEFAULT)}
-    out = role.run(inputs, [binding], {"sequence": sequence})
+    out = role.run(inputs, [binding])
     assert set(out) == {int(runtime.output_port)}
     value = out[int(runtime.output_port)]  # a host array or a tensor: the worker takes both
     array = value if isinstance(value, np.ndarray) else value.numpy()
@@ -181,8 +181,7 @@ def tagged_step(role: Role, provision: ProvisionStage, flags: int,
     runtime = provision.runtime
     binding = OutputBinding(runtime.output_port, RingId(1), ObjectId(1), Sequence(0), 0,
                             flags)
-    out = role.run({int(runtime.input_port): Tensor(data, device=Device.DEFAULT)}, [binding],
-                   {"sequence": 0})
+    out = role.run({int(runtime.input_port): Tensor(data, device=Device.DEFAULT)}, [binding])
     value = out[int(runtime.output_port)]
     array = value if isinstance(value, np.ndarray) else value.numpy()
     raw: npt.NDArray[np.uint8] = array.view(np.uint8).reshape(-1)
@@ -228,7 +227,7 @@ def test_unreadable_objects_and_out_of_order_steps_are_role_run_errors(
         run_step(first, provisions[0], 2, u32([5]))
     binding = OutputBinding(PortId(1), RingId(1), ObjectId(1), Sequence(1), 4)
     with pytest.raises(RoleRunError, match="one input and one output"):
-        first.run({}, [binding], None)
+        first.run({}, [binding])
 
 
 def test_a_role_is_rearmed_only_for_the_same_stage_of_the_unchanged_file(

@@ -65,7 +65,7 @@ def test_three_planned_llama_stage_roles_match_one_stage() -> None:
             binding = OutputBinding(runtime.output_port, RingId(1), ObjectId(step + 1),
                                     Sequence(step), output_extent(provision, data.size))
             out = role.run({int(runtime.input_port): Tensor(data, device=Device.DEFAULT)},
-                           [binding], None)
+                           [binding])
             value = out[int(runtime.output_port)]  # a host array or a tensor
             host = value if isinstance(value, np.ndarray) else value.numpy()
             data = host.view(np.uint8).reshape(-1)

@@ -28,7 +28,6 @@ from swactor.wire import (
     AwaitedInput,
     EdgeId,
     GrantSteps,
-    JsonValue,
     ObjectFailure,
     ObjectId,
     ObjectLoaded,
@@ -62,7 +61,7 @@ class PrefillRole:
         self.stage = stage
 
     def run(
-        self, inputs: Mapping[int, Tensor], outputs: Sequence[OutputBinding], runtime: JsonValue
+        self, inputs: Mapping[int, Tensor], outputs: Sequence[OutputBinding]
     ) -> dict[int, Tensor | npt.NDArray[np.float32]]:
         self.stage.step(0, PROMPT)
         return {1: np.zeros(1, np.float32)}
