@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from swactor import wire
@@ -113,6 +114,10 @@ class AnsweringPorts:
         if isinstance(event, StepCompletedEvent):
             self.recorded += 1
             self.wake.set()
+
+    def emit_all(self, events: Iterable[tuple[LifecycleEvent, int | None]]) -> None:
+        for event, mono_ns in events:
+            self.emit(event, mono_ns)
 
 
 def _provision() -> tuple[ProvisionStage, NodeId]:

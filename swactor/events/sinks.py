@@ -1,7 +1,8 @@
 """Where emitted events go: a JSON Lines file, a human line on stderr, memory.
 
 - `JsonlSink(path, max_bytes, keep)`: one JSON line per event, appended and flushed at
-  once (a node killed a moment later still leaves its last events on disk). When the
+  once (a node killed a moment later still leaves its last events on disk); the events
+  of one `write_all` (`Emitter.emit_all`) go out in one write and one flush. When the
   next line would take the file past `max_bytes`, the file is rotated: `path.(keep-1)`
   is dropped, `path.k` becomes `path.(k+1)`, `path` becomes `path.1`, and a new `path`
   starts. `swactor events path path.1 ...` merges them back by time.
@@ -23,7 +24,7 @@ import datetime
 import os
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -88,10 +89,31 @@ class JsonlSink:
         self._size = self._file.tell()
 
     def write(self, emitted: Emitted) -> None:
-        data = (emitted.to_line() + "\n").encode()
+        self._append((emitted.to_line() + "\n").encode())
+
+    def write_all(self, emitted: Sequence[Emitted]) -> None:
+        """Several events in one write and one flush, rotating between lines as `write`
+        would (so a file never passes `max_bytes` by more than one line)."""
+        lines = [(e.to_line() + "\n").encode() for e in emitted]
+        with self._lock:
+            start = 0
+            size = self._size
+            for end, line in enumerate(lines):
+                if size and size + len(line) > self.max_bytes:
+                    self._write_locked(b"".join(lines[start:end]))
+                    self._rotate()
+                    start, size = end, 0
+                size += len(line)
+            self._write_locked(b"".join(lines[start:]))
+
+    def _append(self, data: bytes) -> None:
         with self._lock:
             if self._size and self._size + len(data) > self.max_bytes:
                 self._rotate()
+            self._write_locked(data)
+
+    def _write_locked(self, data: bytes) -> None:
+        if data:
             self._file.write(data)
             self._file.flush()
             self._size += len(data)
@@ -122,9 +144,15 @@ class StderrSink:
         self._stream = stream
 
     def write(self, emitted: Emitted) -> None:
-        if EVENT_LEVELS[emitted.name] <= self.verbosity:
+        self.write_all((emitted,))
+
+    def write_all(self, emitted: Sequence[Emitted]) -> None:
+        """The shown lines of several events, in one write and one flush (none: nothing)."""
+        lines = [human_line(e) + "\n" for e in emitted
+                 if EVENT_LEVELS[e.name] <= self.verbosity]
+        if lines:
             stream = self._stream or sys.stderr
-            stream.write(human_line(emitted) + "\n")
+            stream.write("".join(lines))
             stream.flush()
 
     def close(self) -> None:
@@ -140,8 +168,11 @@ class MemorySink:
         self._lock = threading.Lock()
 
     def write(self, emitted: Emitted) -> None:
+        self.write_all((emitted,))
+
+    def write_all(self, emitted: Sequence[Emitted]) -> None:
         with self._lock:
-            self.events.append(emitted)
+            self.events.extend(emitted)
             waiters, self._waiters = self._waiters, []
         for loop, future in waiters:
             loop.call_soon_threadsafe(_resolve, future)

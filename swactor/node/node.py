@@ -65,7 +65,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -278,6 +278,9 @@ class NodeStagePorts:
 
     def emit(self, event: LifecycleEvent, mono_ns: int | None = None) -> None:
         self.node.emitter.emit(event, mono_ns)
+
+    def emit_all(self, events: Sequence[tuple[LifecycleEvent, int | None]]) -> None:
+        self.node.emitter.emit_all(events)
 
 
 class _WatchedControl(ControlChannel):

@@ -51,9 +51,10 @@ Lifecycle events (spec §40) go through `ports.emit`, in this order for a clean 
 weights_download_started, edge_provision_started (inbound, outbound), then as they come
 weights_downloaded, edge_ready (per edge), weights_loaded (weights ready and role
 configured), stage_ready; per step object_loaded, execute_step_started,
-object_produced, step_completed (emitted together when the step's StepCompleted comes,
-stamped with the worker's times); stage_stopped. Faults are reported to the orchestrator
-(StageFault with reason and component), which emits run_faulted.
+object_produced, step_completed (emitted together, in one `emit_all`, when the step's
+StepCompleted comes, stamped with the worker's times); stage_stopped. Faults are
+reported to the orchestrator (StageFault with reason and component), which emits
+run_faulted.
 
 Once the machine is Stopped the `finished` future resolves with the `StageOutcome` and
 the actor stops itself.
@@ -542,7 +543,8 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
         )
 
     def _record(self, step_id: StepId, record: StepRecord) -> None:
-        """Count a reported step and emit its four events at the worker's times."""
+        """Count a reported step and emit its four events at the worker's times, in one
+        `emit_all` (one write of the events file per step)."""
         self.outcome.steps_completed += 1
         provision = self._provision
         assert provision is not None
@@ -554,26 +556,28 @@ class StageController(Actor[StageMail], scm.StageControllerEffects[Awaitable[Non
         started = max(record.started_ns, loaded)
         produced = max(record.produced_ns, started)
         completed = self._last_ns = max(record.completed_ns, produced)
-        emit = self.ports.emit
-        emit(ObjectLoaded(
-            node_id=node, run_id=run, stage_index=stage, edge_id=inbound,
-            ring_id=self._rings[inbound], object_id=record.input_object_id, sequence=sequence,
-            worker_generation=generation, detail={"extent": record.input_extent},
-        ), loaded)
-        emit(ExecuteStepStarted(
-            node_id=node, run_id=run, stage_index=stage, step_id=step_id, sequence=sequence,
-            worker_generation=generation,
-        ), started)
-        emit(ObjectProduced(
-            node_id=node, run_id=run, stage_index=stage, edge_id=outbound,
-            ring_id=self._rings[outbound], object_id=record.output_object_id,
-            sequence=sequence, step_id=step_id, worker_generation=generation,
-            detail={"extent": record.output_extent},
-        ), produced)
-        emit(StepCompleted(
-            node_id=node, run_id=run, stage_index=stage, step_id=step_id, sequence=sequence,
-            worker_generation=generation,
-        ), completed)
+        self.ports.emit_all((
+            (ObjectLoaded(
+                node_id=node, run_id=run, stage_index=stage, edge_id=inbound,
+                ring_id=self._rings[inbound], object_id=record.input_object_id,
+                sequence=sequence, worker_generation=generation,
+                detail={"extent": record.input_extent},
+            ), loaded),
+            (ExecuteStepStarted(
+                node_id=node, run_id=run, stage_index=stage, step_id=step_id,
+                sequence=sequence, worker_generation=generation,
+            ), started),
+            (ObjectProduced(
+                node_id=node, run_id=run, stage_index=stage, edge_id=outbound,
+                ring_id=self._rings[outbound], object_id=record.output_object_id,
+                sequence=sequence, step_id=step_id, worker_generation=generation,
+                detail={"extent": record.output_extent},
+            ), produced),
+            (StepCompleted(
+                node_id=node, run_id=run, stage_index=stage, step_id=step_id,
+                sequence=sequence, worker_generation=generation,
+            ), completed),
+        ))
 
     async def _stop_edges(self, ctx: Context[StageMail]) -> None:
         provision = self._provision

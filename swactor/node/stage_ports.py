@@ -50,6 +50,7 @@ control channel sends it); the setup ports run as tasks and may take long.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
@@ -120,6 +121,11 @@ class StagePorts(Protocol):
 
     def emit(self, event: LifecycleEvent, mono_ns: int | None = None) -> None:
         """Record one lifecycle event (spec §40) that happened at `mono_ns` (None: now)."""
+        ...
+
+    def emit_all(self, events: Sequence[tuple[LifecycleEvent, int | None]]) -> None:
+        """Record several lifecycle events (event, `mono_ns`) in order, written together
+        (a step's four events: one write of the events file per token)."""
         ...
 
 

@@ -136,3 +136,73 @@ def test_flags_configure_the_process_default_emitter(tmp_path: Path) -> None:
         assert [validate_line(line) for line in path.read_text().splitlines()] == [emitted]
     finally:
         set_default_emitter(previous)
+
+
+class _CountingFile(io.BytesIO):
+    """A file that counts its writes and flushes (JsonlSink's `_file`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = self.flushes = 0
+
+    def write(self, data: object) -> int:
+        self.writes += 1
+        return super().write(data)  # type: ignore[arg-type]
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+def test_emit_all_writes_a_batch_once_with_the_lines_emit_would_write(
+        tmp_path: Path) -> None:
+    sink = JsonlSink(tmp_path / "e.jsonl")
+    counting = _CountingFile()
+    sink._file = counting
+    emitter = Emitter("node", [sink])
+    now = time.monotonic_ns()
+    batch = emitter.emit_all([(sample(ObjectLoaded, sequence=n), now - 1000 * (4 - n))
+                              for n in range(4)] + [(NodeStarted(node_id=NodeId(2)), None)])
+    assert (counting.writes, counting.flushes) == (1, 1), "one write and one flush per batch"
+    lines = counting.getvalue().decode().splitlines()
+    assert [validate_line(line) for line in lines] == batch
+    assert [e.mono for e in batch[:4]] == [now - 1000 * (4 - n) for n in range(4)]
+    assert batch[4].mono >= now
+    # a stamped event's wall time moves back with its mono, as `emit` does
+    assert batch[4].wall - batch[0].wall >= batch[4].mono - batch[0].mono - 1000
+
+
+def test_emit_all_rotates_between_lines_like_emit(tmp_path: Path) -> None:
+    path = tmp_path / "node.jsonl"
+    line_bytes = len(Emitter("node").emit(sample(ObjectLoaded, sequence=10)).to_line()) + 1
+    sink = JsonlSink(path, max_bytes=line_bytes * 10, keep=5)
+    emitter = Emitter("node", [sink])
+    sent = []
+    for start in range(0, 36, 4):
+        sent += emitter.emit_all([(sample(ObjectLoaded, sequence=n), None)
+                                  for n in range(start, start + 4)])
+    sink.close()
+    names = ["node.jsonl.3", "node.jsonl.2", "node.jsonl.1", "node.jsonl"]
+    for name in names:
+        assert len(path.with_name(name).read_text().splitlines()) == (10 if name != "node.jsonl"
+                                                                     else 6)
+    kept = [validate_line(line) for name in names
+            for line in path.with_name(name).read_text().splitlines()]
+    assert kept == sent
+
+
+def test_emit_all_reaches_sinks_without_write_all_and_memory_and_stderr() -> None:
+    class Plain:
+        def __init__(self) -> None:
+            self.got: list[Emitted] = []
+
+        def write(self, emitted: Emitted) -> None:
+            self.got.append(emitted)
+
+        def close(self) -> None:
+            pass
+
+    plain, memory, out = Plain(), MemorySink(), io.StringIO()
+    emitter = Emitter("node", [plain, memory, StderrSink(1, out)])
+    batch = emitter.emit_all([(sample(ObjectLoaded), None), (sample(RunFaulted), None)])
+    assert plain.got == batch and memory.events == batch
+    assert [line.split()[2] for line in out.getvalue().splitlines()] == ["run_faulted"]

@@ -10,7 +10,7 @@ against the event schema by round-tripping its JSON line through `validate_line`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from swactor.events.emitter import Emitter
@@ -93,6 +93,12 @@ class FakeStagePorts:
         line = self.emitter.emit(event, mono_ns).to_line()
         validate_line(line)
         self.lines.append(line)
+
+    def emit_all(self, events: Sequence[tuple[LifecycleEvent, int | None]]) -> None:
+        for emitted in self.emitter.emit_all(events):
+            line = emitted.to_line()
+            validate_line(line)
+            self.lines.append(line)
 
     # -- test helpers ------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ both rings quiesced (every input object was freed by the worker with its step).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -195,6 +196,10 @@ class NodePorts:
 
     def emit(self, event: LifecycleEvent, mono_ns: int | None = None) -> None:
         validate_line(self.emitter.emit(event, mono_ns).to_line())
+
+    def emit_all(self, events: Iterable[tuple[LifecycleEvent, int | None]]) -> None:
+        for emitted in self.emitter.emit_all(events):
+            validate_line(emitted.to_line())
 
     # -- the orchestrator's side of the two rings -------------------------------------------
 
