@@ -481,14 +481,16 @@ class StageNode:
         assert manager.arena is not None
         arena = manager.arena
         runtime = self.runtime = Runtime(f"node-{self.node_id:x}")
+        routes = self._routes = WorkerRoutes()
         host = runtime.spawn(lambda: StageHost(
             StageHostConfig(self.node_id, config.orchestrator), NodeStagePorts(self),
-            self.host_state, self._stage_finished), "stage-host", mailbox_capacity=4096)
+            self.host_state, self._stage_finished, routes), "stage-host",
+            mailbox_capacity=4096)
         self._host = host
         self._arena_ref = runtime.spawn(lambda: ArenaActor(manager), "arena",
                                         mailbox_capacity=4096)
         watcher = runtime.spawn(lambda: _Notices(self.notices), "boot")
-        routes = self._routes = WorkerRoutes(node_boot=watcher, stage_controllers=[host])
+        routes.node_boot, routes.stage_controllers = watcher, [host]
         ctl_config = WorkerCtlConfig(arena.fd, arena.size,
                                      backend=None if config.device is None
                                      else {"device": config.device},

@@ -20,7 +20,11 @@ most one *active* `StageController` child and forwards to it:
   refused) the host answers StageStopped(clean) at once: there is nothing to stop.
 - everything else (GpuWorkerCtl's worker events and WorkerCrashed, the edge actors'
   EdgeReady/EdgeFault/EdgeStopped, the weight loader's reports): forwarded to the
-  active controller, dropped when there is none.
+  active controller, dropped when there is none. GpuWorkerCtl's mail skips this hop
+  while a controller is active: given the node's `WorkerRoutes`, the host points their
+  `active_stage` at the controller from its spawn until the host hears it finished, so
+  a step's report (one per token) costs one mailbox hop, not two. The host takes
+  GpuWorkerCtl's mail itself only when no controller is active (a preload's answers).
 
 Preloading (extension beyond the spec, for warm spares). `PreloadRequest(sender,
 provision, answer)` (the control channel's `PreloadStage`) configures the worker role of
@@ -67,6 +71,7 @@ from swactor.node.stage_controller import (
 )
 from swactor.node.stage_ports import StageOutcome, StagePorts, StageReport
 from swactor.node.worker_ctl import WorkerCrashed as WorkerCrashedNotice
+from swactor.node.worker_ctl import WorkerRoutes
 from swactor.wire import (
     Component,
     NodeId,
@@ -174,11 +179,15 @@ class StageHost(Actor[HostMail]):
         ports: StagePorts,
         state: StageHostState | None = None,
         on_finished: Callable[[StageOutcome], None] | None = None,
+        routes: WorkerRoutes | None = None,
     ) -> None:
+        """`routes`: the node's worker routes, pointed at each run's controller (module
+        doc); None leaves GpuWorkerCtl's mail coming through the host."""
         self.config = config
         self.ports = ports
         self.state = state if state is not None else StageHostState()
         self._on_finished = on_finished
+        self._routes = routes
         self._active: ActorRef[StageMail] | None = None
         self._serial = 0
         self._preload: tuple[RoleId, asyncio.Future[PreloadOutcome]] | None = None
@@ -286,6 +295,8 @@ class StageHost(Actor[HostMail]):
             lambda: StageController(config, self.ports, finished),
             f"stage-{self._serial}",
         )
+        if self._routes is not None:
+            self._routes.active_stage = self._active
         self.state.active_run = run
         ctx.spawn_task(self._await_finish(ctx, run, finished))
         self._active.tell(message)
@@ -310,6 +321,8 @@ class StageHost(Actor[HostMail]):
 
     def _done(self, message: _ControllerDone) -> None:
         self._active = None
+        if self._routes is not None:
+            self._routes.active_stage = None
         self.state.active_run = None
         outcome = message.outcome
         if outcome is not None and outcome.provisioned and message.run_id is not None:

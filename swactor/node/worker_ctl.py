@@ -23,7 +23,8 @@ Mail it takes:
 What it sends (`WorkerRoutes`): worker events by type - ring events to the
 EdgeEstablisher and the ring's edge actor, object events to the StageController only
 (the Tx/Rx edge actors are lifecycle gates that objects do not pass: fsm/rx_edge.yaml),
-step/role/device events to the StageController - and its own
+step/role/device events to the StageController (the run's own, `active_stage`, while
+the node's StageHost has one; the host otherwise) - and its own
 notices: `WorkerReadyNotice` /
 `WorkerFailedNotice` to node boot, `WorkerCrashed` to the StageControllers,
 `WorkerReaped(ring_id)` to the EdgeEstablisher. Commands it cannot forward are answered
@@ -165,35 +166,48 @@ class WorkerCrashed:
 Notice = WorkerReadyNotice | WorkerFailedNotice | WorkerCrashed | WorkerReaped
 
 
+Route = ActorRef[Any]
+"""An actor worker events and notices go to (each takes its own kinds of mail)."""
+
+
 @dataclass
 class WorkerRoutes:
     """Where worker events and notices go; every field may be left empty."""
 
-    node_boot: ActorRef[Any] | None = None
-    establisher: ActorRef[Any] | None = None
-    driver: ActorRef[Any] | None = None
-    stage_controllers: list[ActorRef[Any]] = field(default_factory=list)
-    edges: dict[RingId, ActorRef[Any]] = field(default_factory=dict)
+    node_boot: Route | None = None
+    establisher: Route | None = None
+    driver: Route | None = None
+    stage_controllers: list[Route] = field(default_factory=list)
+    edges: dict[RingId, Route] = field(default_factory=dict)
+    active_stage: Route | None = None
+    """While set, what would go to `stage_controllers` goes to it alone: the node's
+    StageHost points it at the run's StageController for the run's life, so a step's
+    StepCompleted (one per token) reaches the controller in one mailbox hop, not two
+    (the host would only forward it)."""
 
-    def targets(self, event: WorkerEvent | Notice) -> Iterable[ActorRef[Any]]:
+    def targets(self, event: WorkerEvent | Notice) -> Iterable[Route]:
         """The actors `event` is routed to."""
         ring_id = getattr(event, "ring_id", None)
         edge = self.edges.get(ring_id) if ring_id is not None else None
-        found: list[ActorRef[Any] | None] = []
+        found: list[Route | None] = []
         match event:
             case RingInstalled() | RingQuiesced() | WorkerReaped():
                 found = [self.establisher, edge]
             case RingFault():
                 found = [self.establisher, self.driver, edge]
             case ObjectLoaded() | ObjectProduced() | ObjectFailed():
-                found = list(self.stage_controllers)  # not through the edge actors (§27 doc)
+                found = self._stage()  # not through the edge actors (§27 doc)
             case RingReadable() | RingWritable():
                 found = []  # hints ring the doorbells (module doc)
             case WorkerReadyNotice() | WorkerFailedNotice():
                 found = [self.node_boot]
             case _:
-                found = list(self.stage_controllers)
+                found = self._stage()
         return [ref for ref in found if ref is not None]
+
+    def _stage(self) -> list[Route | None]:
+        active = self.active_stage
+        return [active] if active is not None else list(self.stage_controllers)
 
 
 @dataclass(frozen=True)

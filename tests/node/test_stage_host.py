@@ -25,6 +25,7 @@ from swactor.node.stage_host import (
     StopRunRequest,
 )
 from swactor.node.stage_ports import StageOutcome
+from swactor.node.worker_ctl import WorkerCrashed, WorkerRoutes
 from swactor.wire import (
     Component,
     EdgeReady,
@@ -93,15 +94,18 @@ def recorded(ports: FakeStagePorts, n: int) -> Callable[[], bool]:
     return lambda: ports.event_names().count("step_completed") == n
 
 
-def run_host(body: Callable[[Host], Awaitable[None]]) -> None:
+def run_host(body: Callable[[Host], Awaitable[None]],
+             routes: WorkerRoutes | None = None) -> None:
     async def main() -> None:
         async with Runtime("node") as runtime:
             ports, state = FakeStagePorts(), StageHostState()
             done: asyncio.Queue[StageOutcome] = asyncio.Queue()
             ref = runtime.spawn(lambda: StageHost(
                 StageHostConfig(NODE, ORCHESTRATOR, stopping_grace_s=5.0), ports, state,
-                done.put_nowait,
+                done.put_nowait, routes,
             ), "stage-host")
+            if routes is not None:
+                routes.stage_controllers = [ref]
             await body(Host(ref, ports, state, done))
 
     asyncio.run(asyncio.wait_for(main(), timeout=20))
@@ -267,3 +271,35 @@ def test_a_run_provisioned_during_a_preload_waits_for_it() -> None:
         await host.ports.until(lambda: host.state.active_run == RunId(8))
 
     run_host(body)
+
+
+def test_worker_mail_reaches_the_active_controller_without_the_host_hop() -> None:
+    """Given the node's WorkerRoutes, the host points them at each run's controller for
+    the run's life: GpuWorkerCtl's step reports skip the host; before and after a run
+    (a preload's answers) they reach the host."""
+    first, second = provision_of(make_plan(RunId(7)), 1), provision_of(make_plan(RunId(8)), 1)
+    routes = WorkerRoutes()
+    record = wire.StepRecord(Sequence(0), ObjectId(1), 8, ObjectId(1), 8, 0, 0, 0, 0)
+    step = wire.StepCompleted(first.runtime.role_id, StepId(1), record)
+    crash = WorkerCrashed(wire.WorkerGeneration(1), 1, None)
+
+    async def body(host: Host) -> None:
+        assert list(routes.targets(step)) == [host.ref]
+        seen: list[object] = []
+
+        async def provisioned() -> None:
+            await host.ports.until(lambda: host.state.active_run is not None)
+            targets = list(routes.targets(step))
+            seen.append(targets)
+            assert targets != [host.ref] and len(targets) == 1
+            assert list(routes.targets(crash)) == targets
+
+        for provision, steps in ((first, 2), (second, 1)):
+            watch = asyncio.ensure_future(provisioned())
+            outcome = await host.serve_run(provision, steps=steps)
+            await watch
+            assert outcome.clean and outcome.steps_completed == steps
+            assert list(routes.targets(step)) == [host.ref], "the host again, once idle"
+        assert seen[0] != seen[1], "each run's own controller"
+
+    run_host(body, routes)
