@@ -219,8 +219,14 @@ class NetworkRunPorts:
         return self.rings.wake_event(int(self.rings.ring_id(edge_id)))
 
     async def _wait_wake(self, wake: asyncio.Event) -> None:
+        """Until `wake` is set, or `POLL_S` (the safety net's poll). `asyncio.timeout`
+        over the event's own future: no task per wait, as `wait_for` would make (the
+        token-out reader waits once per token)."""
+        if wake.is_set():
+            return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), POLL_S)
+            async with asyncio.timeout(POLL_S):
+                await wake.wait()
 
     async def inject(
         self, edge_id: EdgeId, object_id: ObjectId, sequence: Sequence,
