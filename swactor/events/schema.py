@@ -678,6 +678,8 @@ def _bad(event: str, key: str, rule: str) -> EventSchemaError:
 
 def _coerce(event: str, key: str, value: object) -> object:
     """Check (and normalise) one record field value at construction."""
+    if type(value) is IDENTITY_TYPES.get(key):
+        return value  # already the identifier type, range-checked when it was made
     if isinstance(value, bytes | bytearray | memoryview):
         raise EventSchemaError(SchemaProblem.PayloadBytes, event, key, "bytes never go in events")
     if key in IDENTITY_TYPES:
