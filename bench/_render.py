@@ -289,6 +289,7 @@ def _limits(report: dict[str, Any]) -> list[str]:
     lines += _model_limits(report)
     lines += _coldstart_limits(report.get("coldstart_goal"))
     lines += _serve_limits(report.get("serve_goal"))
+    lines += _recovery_limits(report)
     lines.append("")
     return lines
 
@@ -433,6 +434,47 @@ def _serve_limits(figures: dict[str, Any] | None) -> list[str]:
             f"{llama['4']['aggregate_tokens_per_s'] / llama['1']['aggregate_tokens_per_s']:.2f}x "
             "its 1-client aggregate on this machine (it runs one request at a time on the "
             "threads it is given).")
+    return lines
+
+
+def _recovery_limits(report: dict[str, Any]) -> list[str]:
+    """A missed recovery goal (`bench.report.recovery_goals`), from its fault kind's
+    figures: for the next token, the recovery's phases and the one that dominates (beyond
+    the new run's load where the goal excludes it); else the figure against its bound."""
+    faults = {row["kind"]: row for row in (report.get("recovery_goal") or {}).get("rows", [])}
+    phases = (report.get("recovery_goal") or {}).get("phases", [])
+    lines = []
+    for row in report.get("goals", []):
+        which = row.get("recovery")
+        if not which or which["kind"] not in faults or not row["verdict"].startswith("missed"):
+            continue
+        fault = faults[which["kind"]]
+        shown = {name: spread["median"] for name, spread in fault["figures"].items()}
+        if which["figure"] == "next_token":
+            parts = {name: shown[f"phase_{name}_s"] for name in phases
+                     if f"phase_{name}_s" in shown}
+            beyond = {name: value for name, value in parts.items()
+                      if fault.get("spares") or name != "provision"}
+            if not beyond:
+                continue
+            top = max(beyond, key=lambda name: beyond[name])
+            split = ", ".join(f"{name} {value:.2f} s" for name, value in parts.items())
+            lines.append(
+                f"- Recovery [{fault['label']}]: the kill -> the slowest stream's next token "
+                f"{shown.get('next_token_s', 0.0):.2f} s (median), by phase {split}; "
+                + (f"{top} dominates ({beyond[top]:.2f} s)." if fault.get("spares") else
+                   f"beyond the new run's load (provision), {top} dominates "
+                   f"({beyond[top]:.2f} s of {sum(beyond.values()):.2f} s)."))
+        elif which["figure"] == "detect":
+            lines.append(
+                f"- Detection [{fault['label']}]: {shown['detect_s']:.2f} s (median) from the "
+                f"fault to run_faulted against its bound {fault['bound_s']:.2f} s "
+                f"({fault['bound']}; {', '.join(fault.get('reasons', [])) or 'no reason'}).")
+        else:
+            lines.append(
+                f"- Recovery [{fault['label']}]: {row['measured']['median']:g} token(s) "
+                f"{which['figure']} over {row['measured']['n']} trial(s), against the same "
+                "prompts served undisturbed.")
     return lines
 
 

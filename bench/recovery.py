@@ -72,6 +72,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from bench._lifecycle import Spread
 from swactor.cliargs import at_least
 from swactor.events.schema import RunFaulted, RunTornDown, TokenReceived
 from swactor.faults import arm
@@ -525,6 +526,46 @@ def _bound(kind: str, settle_s: float) -> str:
     return "control round trip"
 
 
+def bound_s(kind: str) -> float | None:
+    """`kind`'s detection bound in seconds where `_bound` states a number: SWIM's for a
+    fault only SWIM sees, and for the serving rows, whose node's exit is seen at once,
+    SWIM's as the fallback that bounds it; None where the bound is not a number (a
+    control round trip, gossip, a settle window plus one token period)."""
+    if kind in ("node_kill", "link_down"):
+        return detection_bound_s(SwimConfig(), MEMBERS)
+    if kind in ("serve_node_kill", "serve_spare_kill"):
+        return detection_bound_s(SwimConfig(), MEMBERS + 1)
+    return None
+
+
+def as_json(kinds: list[str], trials: dict[str, list[Trial]], notes: dict[str, str],
+            settle_s: float) -> dict[str, Any]:
+    """What `--json` writes: per fault kind, its trials as measured and, in `figures`,
+    each figure's min / median / max over them (`detect_s`, `teardown_s` and, where
+    measured, `unavailable_s`, the serving columns `ready_s`, `next_token_s`,
+    `detect_to_next_s`, `stages_reused`, `migrated`, `lost`, `duplicated` and each
+    phase's `phase_NAME_s`); its bound in words and, where it is a number, `bound_s`;
+    `note` when the kind failed or was not run; `spares` for the serving rows."""
+    rows = []
+    for kind in kinds:
+        found = trials[kind]
+        values: dict[str, list[float]] = {"detect_s": [t.detect_s for t in found]}
+        for trial in found:
+            for name, value in trial.extra.items():
+                values.setdefault(name, []).append(value)
+        rows.append({
+            "kind": kind, "label": LABELS[kind], "bound": _bound(kind, settle_s),
+            "bound_s": bound_s(kind), "note": notes.get(kind),
+            "spares": {"serve_node_kill": 0, "serve_spare_kill": 1}.get(kind),
+            "reasons": sorted({f"{t.reason} ({t.component})" for t in found}),
+            "figures": {name: Spread.of(v).to_json() for name, v in values.items() if v},
+            "trials": [asdict(t) for t in found]})
+    return {"stages": STAGES, "members": MEMBERS, "tokens_before_fault": TOKENS_BEFORE_FAULT,
+            "serve_streams": SERVE_STREAMS, "serve_tokens": SERVE_TOKENS,
+            "swim_bound_s": detection_bound_s(SwimConfig(), MEMBERS), "settle_s": settle_s,
+            "phases": [name for name, _ in PHASES] + ["deliver"], "rows": rows}
+
+
 def _serving(found: list[Trial]) -> str:
     """The serving columns: new run ready, next token, detection -> next token, stages
     reused, tokens lost, duplicated."""
@@ -556,7 +597,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeat", type=at_least(1), default=2,
                         help="trials per loopback fault kind (default 2; the link: 1)")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH",
-                        help="also write every trial as JSON to PATH")
+                        help="also write, as JSON to PATH, each fault kind's trials, its "
+                        "figures (min/median/max over the trials) and its detection bound")
     parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
                         help="keep each trial's keys and event logs in DIR/KIND-N "
                         "(default: a temporary directory, removed)")
@@ -634,7 +676,5 @@ def main(argv: list[str]) -> int:
                               if f"phase_{name}_s" in t.extra]) for kind in served]
             print(f"| {name}: {words} | " + " | ".join(cells) + " |")
     if args.json is not None:
-        args.json.write_text(json.dumps(
-            {kind: [asdict(t) for t in found] for kind, found in trials.items()}
-            | {"notes": notes}, indent=1))
+        args.json.write_text(json.dumps(as_json(kinds, trials, notes, settle_s), indent=1))
     return status

@@ -16,7 +16,9 @@ load:
    figures of the same run; llama.cpp only where `just reference` built it), and each
    stage's weight bytes against its share;
 4. every other benchmark module, run as a subprocess with its output kept verbatim
-   (fewer repeats than their defaults for the slow ones: `MODULE_ARGS`).
+   (fewer repeats than their defaults for the slow ones: `MODULE_ARGS`); those in
+   `JSON_MODULES` also write their figures as JSON, from which the cold-start, per-token
+   path, serving and recovery goal rows come (`coldstart_goals` ... `recovery_goals`).
 
 It writes ``bench/report.json`` (every figure) and ``bench/report.md`` (`_render`) and
 prints the goal table. A module that fails is recorded with its exit code and output;
@@ -53,7 +55,7 @@ MODULE_ARGS: dict[str, list[str]] = {
     "serve": ["--rounds", "2", "--max-tokens", "32"],
     "recovery": ["--repeat", "1"],
 }
-JSON_MODULES = ("quic", "coldstart", "hotpath", "serve", "kquant")  # each run with --json
+JSON_MODULES = ("quic", "coldstart", "hotpath", "serve", "kquant", "recovery")  # with --json
 NOT_TEXT = {"report", "e2e"}  # e2e is measured in process, report is this module
 RING_TOTAL_MIB = 512
 MODULE_TIMEOUT_S = 900
@@ -243,6 +245,70 @@ def serve_goals(figures: dict[str, Any] | None) -> list[dict[str, Any]]:
             for row in figures.get("goals", []) if row["target"] is not None]
 
 
+RECOVERY_BEYOND_LOAD_S = 1.0
+"""Node kill -> next token of each migrated stream, beyond the new run's load (no spare)."""
+RECOVERY_WARM_SPARE_S = 2.0
+"""Node kill -> next token of each migrated stream, in all, with a warm spare."""
+
+
+def _spread_of(values: list[float]) -> dict[str, float] | None:
+    return Spread.of(values).to_json() if values else None
+
+
+def recovery_goals(figures: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Recovery goal rows from `bench recovery --json`. Per serving row (`spares` set):
+    the kill -> the next token of each migrated stream (its slowest) within 1 s plus the
+    new run's load, which is the provision phase (so, without a warm spare, each trial's
+    next token minus its provision phase against 1 s) and within 2 s in all with a warm
+    spare; the tokens lost and duplicated against the undisturbed streams, summed over
+    the trials (< 1: none). Per fault kind whose bound is a number (`bound_s`): fault ->
+    detection against it. Each row's `recovery` names its kind and figure, which
+    `_render._recovery_limits` reads to explain a miss."""
+    if not figures:
+        return [goal("recovery (bench recovery)", None, 0, False, "bench recovery")]
+    source = (f"bench recovery --json ({figures.get('stages')} stages, "
+              f"{figures.get('serve_streams')} streams)")
+    rows: list[dict[str, Any]] = []
+
+    def add(row: dict[str, Any], kind: str, figure: str) -> None:
+        row["recovery"] = {"kind": kind, "figure": figure}
+        rows.append(row)
+
+    for fault in figures.get("rows", []):
+        kind, trials, shown = fault["kind"], fault["trials"], fault["figures"]
+        failed = fault.get("note") or ""
+        if fault.get("spares") is not None:
+            spare = "warm spare" if fault["spares"] else "cold spare"
+            tag = f"[swactor serve, {spare}]"
+            if fault["spares"]:
+                add(goal(f"node kill -> next token of each migrated stream (s) {tag}",
+                         shown.get("next_token_s"), RECOVERY_WARM_SPARE_S, False, source,
+                         failed), kind, "next_token")
+            else:
+                beyond = [t["extra"]["next_token_s"] - t["extra"]["phase_provision_s"]
+                          for t in trials
+                          if {"next_token_s", "phase_provision_s"} <= t["extra"].keys()]
+                load = shown.get("phase_provision_s")
+                note = (f"the new run's load (provision phase) {load['median']:.2f} s, "
+                        f"kill -> next token {shown['next_token_s']['median']:.2f} s"
+                        if load and "next_token_s" in shown else failed)
+                add(goal(f"node kill -> next token of each migrated stream - the new run's "
+                         f"load (s) {tag}", _spread_of(beyond), RECOVERY_BEYOND_LOAD_S, False,
+                         source, note), kind, "next_token")
+            for count in ("lost", "duplicated"):
+                counted = [t["extra"][count] for t in trials if count in t["extra"]]
+                total = _spread_of([sum(counted)] * len(counted))
+                add(goal(f"tokens {count} over every migrated stream {tag}", total, 1, False,
+                         source, f"summed over the trials, must be 0{'; ' if failed else ''}"
+                         f"{failed}"), kind, count)
+        if fault.get("bound_s") is not None:
+            add(goal(f"fault -> detection (s) [{fault['label']}]", shown.get("detect_s"),
+                     fault["bound_s"], False, source,
+                     "; ".join(filter(None, [fault["bound"], *fault.get("reasons", []),
+                                             failed]))), kind, "detect")
+    return rows
+
+
 def _reference_llama_version() -> str | None:
     from bench.model import reference_venv
 
@@ -297,6 +363,7 @@ def main(argv: list[str]) -> int:
     coldstart: dict[str, Any] | None = None
     hotpath: dict[str, Any] | None = None
     serve: dict[str, Any] | None = None
+    recovery: dict[str, Any] | None = None
     model: dict[str, Any] = {"ours_tokens_per_s": {}, "llama_cpp_tokens_per_s": None,
                              "prefill_over_llama_cpp": None}
     for name in available():
@@ -316,6 +383,8 @@ def main(argv: list[str]) -> int:
                 hotpath = json.loads(Path(f"{tmp}/hotpath.json").read_text())
             if name == "serve" and Path(f"{tmp}/serve.json").exists():
                 serve = json.loads(Path(f"{tmp}/serve.json").read_text())
+            if name == "recovery" and Path(f"{tmp}/recovery.json").exists():
+                recovery = json.loads(Path(f"{tmp}/recovery.json").read_text())
             if name == "kquant" and Path(f"{tmp}/kquant.json").exists():
                 report["kquant"] = json.loads(Path(f"{tmp}/kquant.json").read_text())
         if name == "model":
@@ -329,8 +398,10 @@ def main(argv: list[str]) -> int:
     report["coldstart_goal"] = coldstart
     report["hotpath_goal"] = hotpath
     report["serve_goal"] = serve
+    report["recovery_goal"] = recovery
     report["goals"] = (goals(e2e, ring_fig, quic, model) + coldstart_goals(coldstart)
-                       + hotpath_goals(hotpath) + serve_goals(serve))
+                       + hotpath_goals(hotpath) + serve_goals(serve)
+                       + recovery_goals(recovery))
     report["machine"]["load_average_end"] = os.getloadavg()
     report["seconds"] = time.monotonic() - started
 
