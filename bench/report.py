@@ -280,18 +280,21 @@ def recovery_goals(figures: dict[str, Any] | None) -> list[dict[str, Any]]:
         if fault.get("spares") is not None:
             spare = "warm spare" if fault["spares"] else "cold spare"
             tag = f"[swactor serve, {spare}]"
+            load, reused = shown.get("phase_provision_s"), shown.get("stages_reused")
+            after = shown.get("next_token_s") if not fault["spares"] else None
+            note = "; ".join(filter(None, [
+                load and f"the new run's load (provision phase) {load['median']:.2f} s",
+                after and f"kill -> next token {after['median']:.2f} s",
+                reused and f"{reused['median']:g} of {figures.get('stages')} stages reused",
+                failed]))
             if fault["spares"]:
                 add(goal(f"node kill -> next token of each migrated stream (s) {tag}",
                          shown.get("next_token_s"), RECOVERY_WARM_SPARE_S, False, source,
-                         failed), kind, "next_token")
+                         note), kind, "next_token")
             else:
                 beyond = [t["extra"]["next_token_s"] - t["extra"]["phase_provision_s"]
                           for t in trials
                           if {"next_token_s", "phase_provision_s"} <= t["extra"].keys()]
-                load = shown.get("phase_provision_s")
-                note = (f"the new run's load (provision phase) {load['median']:.2f} s, "
-                        f"kill -> next token {shown['next_token_s']['median']:.2f} s"
-                        if load and "next_token_s" in shown else failed)
                 add(goal(f"node kill -> next token of each migrated stream - the new run's "
                          f"load (s) {tag}", _spread_of(beyond), RECOVERY_BEYOND_LOAD_S, False,
                          source, note), kind, "next_token")
