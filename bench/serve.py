@@ -40,6 +40,15 @@ and for a server whose ``/health`` counts run restarts (swactor's), how many hap
 during the level: a run that faults moves its sequences to a new run, which the figures
 alone show only as lost time.
 
+Where the time went, per level: the cores each kind of the server's processes used
+(workers, nodes, orchestrator+http; their sum; and the whole machine's, so what the
+rest of a shared machine took shows), from ``/proc`` at the level's start and end. With
+``--trace DIR`` each swactor server writes its event logs to ``DIR/NAME`` and each
+level also says each stage's busy share and median step, the output objects, the
+decode rows per decode object and the objects in flight when each came back
+(``bench._servetrace``). ``--server NAME=COMMAND`` variants (``swactor serve`` with
+other flags, or another checkout's) measure side by side with the defaults.
+
 Threads: tinygrad's CPU device runs every kernel of a process on one queue thread, so
 each swactor stage computes on one thread (1 stage: 1 thread; 3 stages: 3, one per
 stage's worker process). llama.cpp's server is given ``--n_threads T --n_threads_batch T``
@@ -71,11 +80,19 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from bench._servetrace import (
+    CpuWindow,
+    cpu_line,
+    read_events,
+    trace_line,
+    window_figures,
+)
 
 LEVELS = (1, 2, 4, 8)
 GOALS = {"four_over_one": 2.5, "three_stage_over_llama_at_4": 0.5}
@@ -184,11 +201,24 @@ class LevelFigures:
     aggregate_tokens_per_s: float | None
     finish_reasons: dict[str, int] = field(default_factory=dict)
     error_examples: list[str] = field(default_factory=list)
+    cores: dict[str, float] = field(default_factory=dict)
+    """Cores the server's processes used during the level, by kind (workers, nodes,
+    orchestrator+http), their sum (swactor) and the whole machine's (``bench._servetrace``)."""
+    trace: dict[str, Any] | None = None
+    """With ``--trace``: per-stage busy share and steps, objects out, rows per decode
+    object, objects in flight (``bench._servetrace.TraceFigures``)."""
     restarts: int | None = None
     """Runs the server provisioned again during the level's warm-ups and requests (its
     ``/health`` ``restarts`` before and after; None where it reports none): a run that
     faulted mid-level moves its sequences to a new run, which shows in the figures only
     as lost time."""
+
+    @property
+    def tokens_per_cpu_s(self) -> float | None:
+        """Tokens per CPU-second the server's processes spent in the level: on a shared
+        machine the aggregate follows the CPU the server got, this hardly moves."""
+        cpu_s = self.cores.get("swactor", 0.0) * self.wall_s
+        return self.tokens / cpu_s if cpu_s > 0 and self.tokens else None
 
     @classmethod
     def of(cls, clients: int, timings: Sequence[RequestTiming], wall_s: float
@@ -382,6 +412,8 @@ class Target:
     port: int
     ready_path: str
     env: dict[str, str] = field(default_factory=dict)
+    events_dir: Path | None = None
+    """Where its processes write their event logs (``--trace``), if anywhere."""
 
     @property
     def base_url(self) -> str:
@@ -502,14 +534,26 @@ def default_targets(stages: Sequence[int], threads: int, model: Path
     return targets, notes
 
 
-def parse_server(spec: str, ready_path: str) -> Target:
-    """``NAME=COMMAND`` with ``{port}`` in COMMAND -> a Target on a free port."""
+def parse_server(spec: str, ready_path: str, trace: Path | None = None) -> Target:
+    """``NAME=COMMAND`` with ``{port}`` in COMMAND -> a Target on a free port;
+    ``{events_dir}`` in COMMAND is ``trace/NAME`` (``--trace``)."""
     name, sep, command = spec.partition("=")
     if not sep or not name or not command.strip():
         raise argparse.ArgumentTypeError(f"--server wants NAME=COMMAND, got {spec!r}")
+    if "{events_dir}" in command and trace is None:
+        raise argparse.ArgumentTypeError(f"--server {name}: {{events_dir}} needs --trace DIR")
     port = free_port()
-    return Target(name, [word.replace("{port}", str(port)) for word in shlex.split(command)],
-                  port, ready_path)
+    events = None if trace is None or "{events_dir}" not in command else trace / name
+    return Target(name, [word.replace("{port}", str(port))
+                         .replace("{events_dir}", str(events)) for word in shlex.split(command)],
+                  port, ready_path, events_dir=events)
+
+
+def traced(target: Target, trace: Path) -> Target:
+    """A swactor serve target that writes its processes' event logs to ``trace/NAME``."""
+    events = trace / target.name
+    return replace(target, argv=[*target.argv, "--events-dir", str(events)],
+                   events_dir=events)
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -553,8 +597,17 @@ async def measure(targets: Sequence[Target], levels: Sequence[int], rounds: int,
                     before = await server_restarts(session, server.target.base_url)
                     errors = await warm_up(session, server.target.base_url, server.model,
                                            warmup_tokens)
+                    assert server.process is not None
+                    cpu = CpuWindow(server.process.pid)
+                    cpu.start()
+                    window_start = time.monotonic_ns()
                     level = await run_level(session, server.target.base_url, server.model,
                                             prompts, clients, rounds, max_tokens)
+                    window_end = time.monotonic_ns()
+                    level.cores = cpu.stop((window_end - window_start) / 1e9)
+                    trace = (None if server.target.events_dir is None else window_figures(
+                        read_events(server.target.events_dir), window_start, window_end))
+                    level.trace = None if trace is None else asdict(trace)
                     after = await server_restarts(session, server.target.base_url)
                     if before is not None and after is not None:
                         level.restarts = after - before
@@ -569,6 +622,11 @@ async def measure(targets: Sequence[Target], levels: Sequence[int], rounds: int,
                     figures["levels"].setdefault(name, {})[str(clients)] = asdict(level)
                     print(f"  {name:10s} {clients} client(s): " + _level_line(level),
                           flush=True)
+                    print(f"  {'':10s} {cpu_line(level.cores)}; "
+                          f"{_fmt(level.tokens_per_cpu_s)} tokens per CPU-second of the "
+                          "server's processes", flush=True)
+                    if trace is not None:
+                        print(f"  {'':10s} {trace_line(trace)}", flush=True)
                     if level.errors == level.requests and len(errors) == len(PROMPTS):
                         failing.add(name)  # every request failed: the rest would too
                         figures["notes"].append(
@@ -748,6 +806,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--model", type=Path, default=None,
                         help="GGUF file for llama.cpp (default: the cached SmolLM2 Q4_1)")
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
+    parser.add_argument("--trace", type=Path, default=None, metavar="DIR",
+                        help="each swactor server writes its event logs to DIR/NAME "
+                        "(--server commands: {events_dir}); each level then also says "
+                        "each stage's busy share, the objects in flight and the rows per "
+                        "decode object (costs a little CPU per step)")
     args = parser.parse_args(argv)
     levels = [int(word) for word in args.levels.split(",") if word]
     stages = [int(word) for word in args.stages.split(",") if word]
@@ -759,8 +822,11 @@ def main(argv: list[str]) -> int:
     if args.no_llama:
         targets = [t for t in targets if t.name != "llama.cpp"]
         notes = [n for n in notes if not n.startswith("llama.cpp")]
+    if args.trace is not None:
+        targets = [traced(t, args.trace) if t.name.startswith("swactor-") else t
+                   for t in targets]
     try:
-        targets += [parse_server(spec, args.ready_path) for spec in args.server]
+        targets += [parse_server(spec, args.ready_path, args.trace) for spec in args.server]
     except argparse.ArgumentTypeError as error:
         parser.error(str(error))
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; model {model.name}; "

@@ -243,6 +243,15 @@ class InFlight:
     rows: tuple[int, ...] = ()
     table: tuple[int, ...] = ()
 
+    @property
+    def decode_rows(self) -> int:
+        """Decode rows it carries: a batch's rows, 1 for one decode row, 0 for a prompt
+        (or a single-prompt run's untagged step)."""
+        if self.rows:
+            return len(self.rows)
+        tag = SequenceTag.unpack(self.flags) if batch_rows(self.flags) is None else None
+        return int(tag is not None and tag.position > 0)
+
 
 RunMessage: TypeAlias = orun.Event | TokenOutput | SubmitSequence
 
@@ -805,13 +814,18 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         token = self._pending_token
         assert token is not None, "output_out_of_order guards a missing token"
         self._pending_token = None
-        self._in_flight.popleft()
+        in_flight = len(self._in_flight)
+        oldest = self._in_flight.popleft()
         if self.result.timings.first_token is None:
             self.result.timings.first_token = time.monotonic()
         edge = self._token_out.edge_id
+        # A serving run says how its objects travel: the rows this one carried (0: a
+        # prompt) and the objects in flight with it (scheduling figures, bench serve).
+        detail = ({} if self._serving is None else
+                  {"rows": oldest.decode_rows, "in_flight": in_flight})
         self.ports.emit(TokenReceived(
             node_id=self._node, run_id=self.plan.run_id, edge_id=edge, object_id=object_id,
-            sequence=sequence, token=token,
+            sequence=sequence, token=token, detail=detail,
         ))
         try:
             await self.ports.release_output(edge, object_id)

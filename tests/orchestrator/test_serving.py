@@ -540,3 +540,25 @@ def test_batch_rows_1_writes_every_decode_step_at_once() -> None:
         await stop_all(handle, ports)
 
     run_test(body)
+
+
+def test_each_output_says_its_decode_rows_and_the_objects_in_flight_with_it() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports, slots=3, max_in_flight=1)
+        for i in range(3):
+            submit(handle, i, (1, 5 + i), max_tokens=3)
+        await ports.until(lambda: len(ports.of("inject")) == 3)
+        for step in range(3):
+            handle.tell(out(step, tag(step, 0), 40 + step))
+        await ports.until(lambda: len(ports.of("inject")) == 4)
+        table = (tag(0, 2), tag(1, 2), tag(2, 2))
+        handle.tell(out(3, batch_flags(3), *table, 50, 51, 52))
+        await ports.until(lambda: len(ports.of("inject")) == 5)
+        handle.stop()
+        await stop_all(handle, ports)
+        received = [e.event.detail for e in ports.sink.events
+                    if e.event.NAME.value == "token_received"]
+        assert [(d["rows"], d["in_flight"]) for d in received] == [
+            (0, 3), (0, 2), (0, 1), (3, 1)]
+
+    run_test(body)

@@ -1,0 +1,64 @@
+"""`bench serve --trace`'s arithmetic: a window's figures from scripted event lines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bench._servetrace import read_events, trace_line, window_figures
+
+MS = 1_000_000
+
+
+def _step(stage: int, sequence: int, start_ms: int, end_ms: int) -> list[dict[str, Any]]:
+    base = {"run_id": 7, "stage_index": stage, "sequence": sequence}
+    return [{**base, "event": "execute_step_started", "mono": start_ms * MS},
+            {**base, "event": "step_completed", "mono": end_ms * MS}]
+
+
+def _out(at_ms: int, rows: int, in_flight: int) -> dict[str, Any]:
+    return {"event": "token_received", "mono": at_ms * MS, "run_id": 7,
+            "detail": {"rows": rows, "in_flight": in_flight}}
+
+
+def test_busy_share_is_clipped_to_the_window_and_steps_count_where_they_end() -> None:
+    events = [*_step(0, 0, 0, 20),      # half inside: 10 ms busy, ends inside
+              *_step(0, 1, 30, 40),     # inside
+              *_step(0, 2, 95, 130),    # starts inside, ends after: 5 ms busy, not counted
+              *_step(1, 0, 200, 210)]   # after the window: not there at all
+    figures = window_figures(events, 10 * MS, 100 * MS)
+    assert figures.window_s == 0.09
+    assert list(figures.stages) == [0]
+    stage = figures.stages[0]
+    assert stage.steps == 2
+    assert abs(stage.busy - 25 / 90) < 1e-9
+    assert stage.median_step_ms == 15.0
+
+
+def test_rows_per_decode_object_and_objects_in_flight() -> None:
+    events = [_out(5, 0, 4), _out(20, 0, 4), _out(30, 2, 2), _out(40, 1, 3),
+              _out(50, 2, 2), _out(500, 2, 2)]  # the last is after the window
+    figures = window_figures(events, 0, 100 * MS)
+    assert (figures.outputs, figures.prompts, figures.decode_objects) == (5, 2, 3)
+    assert figures.rows_per_decode_object == 5 / 3
+    assert figures.in_flight == {2: 2, 3: 1, 4: 2}
+    assert figures.mean_in_flight == (4 + 3 + 8) / 5
+    line = trace_line(figures)
+    assert "rows per decode object 1.67" in line and "(2:2 3:1 4:2)" in line
+
+
+def test_outputs_without_detail_count_but_say_nothing_of_rows() -> None:
+    figures = window_figures([{"event": "token_received", "mono": 5}], 0, 10)
+    assert figures.outputs == 1
+    assert figures.rows_per_decode_object is None and figures.mean_in_flight is None
+    assert "n/a" in trace_line(figures)
+
+
+def test_read_events_skips_torn_and_foreign_lines(tmp_path: Path) -> None:
+    (tmp_path / "node-0.jsonl").write_text(
+        json.dumps({"event": "step_completed", "mono": 3}) + "\n{\"event\": \"torn\n")
+    (tmp_path / "orchestrator.jsonl").write_text("[1, 2]\n" + json.dumps(
+        {"event": "token_received", "mono": 4}) + "\n")
+    (tmp_path / "notes.txt").write_text("not events\n")
+    assert [e["mono"] for e in read_events(tmp_path)] == [3, 4]
