@@ -86,14 +86,15 @@ Batched decode (the table's BatchDue): a decode InputReady (guard `decode_input`
 sequence's next input is at a position > 0) only queues the sequence (QueueInput).
 AcceptSequenceOutput feeds the host `BatchDue` after routing, so it is handled after
 the InputReady its sequences raised; `batch_ready` (rows queued, fewer than
-`Serving.max_in_flight` objects in flight, default the plan's stages) lets InjectBatch
-write up to `min(Serving.max_batch, slots, max_seq_len // 2)` queued rows as one object
-(`swactor.wire.tags`: flags BATCH, the tag table, then one id per row; one row alone
-is a plain tagged object) and remember its rows' sequences and table. A batch output
-(the table repeated, then each row's answer: one id, or candidates where the row's tag
-asked) must repeat the injected table (else output_out_of_order: SequenceViolation)
-and hold whole answers (else an EndpointFault, ObjectHeaderMalformed); each row's token
-is picked by its sequence and routed to it. A sequence that ends leaves the queue.
+`Serving.max_in_flight` objects in flight, default the plan's stages plus one) lets
+InjectBatch write up to `min(Serving.max_batch, slots, max_seq_len // 2)` queued rows
+as one object (`swactor.wire.tags`: flags BATCH, the tag table, then one id per row;
+one row alone is a plain tagged object) and remember its rows' sequences and table. A
+batch output (the table repeated, then each row's answer: one id, or candidates where
+the row's tag asked) must repeat the injected table (else output_out_of_order:
+SequenceViolation) and hold whole answers (else an EndpointFault,
+ObjectHeaderMalformed); each row's token is picked by its sequence and routed to it. A
+sequence that ends leaves the queue.
 
 When the machine reaches Done the result future resolves and the actor stops itself.
 `start_run(runtime, plan, ports, ...)` spawns the actor, feeds PlanAvailable and returns
@@ -218,7 +219,9 @@ class Serving:
     or None for an operator stop."""
     max_in_flight: int | None = None
     """Objects in flight before queued decode rows wait for the next batch (BatchDue);
-    None: the plan's stage count."""
+    None: the plan's stages plus one (each stage, and the orchestrator's own hop from
+    accepting an output to writing the next input, holds one), or with `max_batch` 1
+    the slots (every sequence's step in flight)."""
     max_batch: int | None = None
     """Decode rows per batch object (None: the slots). 1 turns batching off: every
     decode row is its own object, written at once, as many in flight as sequences."""
@@ -327,12 +330,14 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         slots = serving.slots if serving else 1
         self._max_batch = max(1, min(serving.max_batch or slots if serving else 1, slots,
                                      plan.model.max_seq_len // 2, MAX_SLOTS))
-        self._max_in_flight = max(1, (serving.max_in_flight if serving and
-                                      serving.max_in_flight else len(plan.stages)))
-        if serving is not None and serving.max_batch == 1:
-            self._max_in_flight = max(self._max_in_flight, slots)  # batching off
         """Rows per batch object: the slots, and what the token-in and activation edges'
         max_extent (max_seq_len rows) hold with the table."""
+        self._max_in_flight = max(1, len(plan.stages) + 1)
+        """Objects in flight before queued decode rows wait (`Serving.max_in_flight`)."""
+        if serving is not None and serving.max_in_flight is not None:
+            self._max_in_flight = serving.max_in_flight
+        elif serving is not None and serving.max_batch == 1:
+            self._max_in_flight = max(self._max_in_flight, slots)  # batching off
         self.node_id, self.run_id = plan.orchestrator_node, plan.run_id
         self._candidate_stop: StopCause | None = None
         self._fault_pending = False

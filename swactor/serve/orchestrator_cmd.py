@@ -107,6 +107,7 @@ async def _serve(args: argparse.Namespace, options: SessionOptions, emitter: Emi
         return await serve_pool(options, live, emitter, host=host, port=port,
                                 slots=args.slots, max_queue=args.max_queue,
                                 batch_rows=args.batch_rows,
+                                objects_in_flight=args.objects_in_flight,
                                 restart_limit=args.max_restarts,
                                 retry_delay_s=args.retry_delay, out=sys.stdout,
                                 err=sys.stderr, spares=args.spares)

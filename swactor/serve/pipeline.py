@@ -221,6 +221,9 @@ class RunPreparation:
     progress: TextIO | None
     holds: NodeHolds
     """The session's runs that have not ended, and their nodes (greeted only once free)."""
+    objects_in_flight: int | None = None
+    """Objects in flight before decode rows wait for the next batch (None: the run's
+    default, `Serving.max_in_flight`)."""
 
 
 class PreparedEngine:
@@ -259,12 +262,16 @@ class RunEngine:
 
     def __init__(self, plan: RunPlan, slots: int, tokenizer: Tokenizer, pool: Pool,
                  runtime: Runtime, ports: NetworkRunPorts, *,
-                 batch_rows: int | None = 1, holds: NodeHolds | None = None) -> None:
+                 batch_rows: int | None = 1, holds: NodeHolds | None = None,
+                 objects_in_flight: int | None = None) -> None:
         self.plan = plan
         self._slots = slots
         self._batch_rows = batch_rows
         """Decode rows per batch object (`--batch-rows`, default 1: every decode step
         its own object; None: the slots)."""
+        self._objects_in_flight = objects_in_flight
+        """Objects in flight before decode rows wait for the next batch
+        (`--objects-in-flight`; None: `Serving.max_in_flight`'s default)."""
         self._holds = holds if holds is not None else NodeHolds()
         self._tokenizer = tokenizer
         self._pool = pool
@@ -290,6 +297,7 @@ class RunEngine:
         *,
         slots: int = DEFAULT_SLOTS,
         batch_rows: int | None = 1,
+        objects_in_flight: int | None = None,
         emitter: Emitter | None = None,
         progress: TextIO | None = None,
         watch: Watch | None = None,
@@ -297,11 +305,13 @@ class RunEngine:
         """Provision a serving run over `options.nodes` and return once it serves
         (module doc); `watch(handle)` runs beside the run (membership: it tells the run
         MembershipLost) until it ends. Decode steps of up to `batch_rows` sequences
-        travel as one batch object (1: each its own object; None: `slots`); the stages
+        travel as one batch object (1: each its own object; None: `slots`), with at most
+        `objects_in_flight` objects in flight (None: `Serving`'s default); the stages
         build the batched kernels of sizes 2..`options.warm_batch_rows` while they load.
         Raises `SessionError` naming why it cannot; cancelled, it tears down what it
         provisioned and re-raises. `prepare` then `open`."""
         prepared = await cls.prepare(options, slots=slots, batch_rows=batch_rows,
+                                     objects_in_flight=objects_in_flight,
                                      emitter=emitter, progress=progress)
         return await prepared.open(watch)
 
@@ -312,6 +322,7 @@ class RunEngine:
         *,
         slots: int = DEFAULT_SLOTS,
         batch_rows: int | None = None,
+        objects_in_flight: int | None = None,
         emitter: Emitter | None = None,
         progress: TextIO | None = None,
         holds: NodeHolds | None = None,
@@ -341,7 +352,8 @@ class RunEngine:
         return PreparedEngine(
             RunPreparation(options, planned, pool, tokenizer, slots, batch_rows,
                            emitter or Emitter("orchestrator", []), progress,
-                           holds if holds is not None else NodeHolds()), cls)
+                           holds if holds is not None else NodeHolds(),
+                           objects_in_flight), cls)
 
     @classmethod
     async def open(cls, prepared: PreparedEngine, watch: Watch | None = None) -> RunEngine:
@@ -388,7 +400,8 @@ class RunEngine:
                 ports.on_stage = StageProgress(progress, planned.stage_memory, len(plan.stages))
             pool.holder.append(ports)
             engine = cls(plan, slots, prepared.tokenizer, pool, runtime, ports,
-                         batch_rows=prepared.batch_rows, holds=prepared.holds)
+                         batch_rows=prepared.batch_rows, holds=prepared.holds,
+                         objects_in_flight=prepared.objects_in_flight)
         except BaseException:
             if ports is not None:
                 await ports.close()
@@ -409,7 +422,8 @@ class RunEngine:
         handle = start_run(self._runtime, self.plan, self._ports,
                            stop_token_ids=stop_token_ids, timeouts=options.timeouts,
                            serving=Serving(self._slots, opened, self._ended,
-                                           max_batch=self._batch_rows))
+                                           max_batch=self._batch_rows,
+                                           max_in_flight=self._objects_in_flight))
         self._handle = self._ports.handle = handle
         self._holds.hold(self.plan.run_id, self.stage_nodes, handle.future)
         if watch is not None:

@@ -72,6 +72,10 @@ DEFAULT_PORT = 8000
 DEFAULT_SLOTS = 4
 DEFAULT_WARM_PROMPT_TOKENS = 64
 """Prompt lengths a serving run's stages build prefill kernels for while they load."""
+DEFAULT_BATCH_ROWS = 2
+"""Decode rows per batch object by default (`--batch-rows`): with objects in flight
+bounded by the CPUs (`objects_in_flight_for`), `bench serve` measured 2 rows per object
+at the least CPU per token, on one stage and on three."""
 DEFAULT_WARM_BATCH_ROWS = 2
 """Batch sizes 2..this whose decode kernels a serving run's stages build by default.
 `bench batch` (SmolLM2, one stage) measured 2 rows per step at 1.29x the tokens per CPU
@@ -100,6 +104,22 @@ def warm_batch_rows(args: argparse.Namespace) -> int:
     return warm if warm > 1 else 0
 
 
+def objects_in_flight_for(stages: int, batch_rows: int | None, asked: int | None,
+                          shared_cpus: int | None) -> int | None:
+    """The objects a run of `stages` stages keeps in flight: `asked`
+    (`--objects-in-flight`) if given; else, for batched decode on stages that share
+    `shared_cpus` CPUs (`swactor serve`'s local nodes), the stages plus one but no more
+    than those CPUs: an object beyond the CPUs that compute them only waits for one,
+    while fewer objects with more rows each cost less CPU per token (their per-object
+    costs and the batched kernels); else None (the run's own default, the stages plus
+    one, or with one row per object every sequence's step)."""
+    if asked is not None:
+        return asked
+    if shared_cpus is None or batch_rows == 1:
+        return None
+    return max(1, min(stages + 1, shared_cpus))
+
+
 def http_address(text: str) -> tuple[str, int]:
     """argparse type: `HOST:PORT` (`[::1]:8000` for IPv6) for the HTTP server."""
     host, colon, port = text.rpartition(":")
@@ -122,12 +142,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                        f"(default {DEFAULT_WARM_PROMPT_TOKENS}; longer prompts build theirs "
                        "on first use, kept in the kernel cache for later runs; 0: only "
                        "what the cache holds)")
-    group.add_argument("--batch-rows", type=at_least(1), default=1, metavar="B",
+    group.add_argument("--batch-rows", type=at_least(1), default=DEFAULT_BATCH_ROWS,
+                       metavar="B",
                        help="decode steps of up to B sequences travel through the "
                        "pipeline as one object, paying its per-object cost once and "
-                       "reading each weight once per 2-row chunk (default 1: every step "
-                       "its own object, measured as fast on one stage and faster on "
-                       "three)")
+                       "reading each weight once per 2-row chunk (default "
+                       f"{DEFAULT_BATCH_ROWS}: the least CPU per token measured; 1: every "
+                       "step its own object)")
+    group.add_argument("--objects-in-flight", type=at_least(1), default=None, metavar="N",
+                       help="decode objects in flight through the pipeline at once; "
+                       "decode rows that come back meanwhile wait and travel together in "
+                       "the next batch object (default: the stages plus one, so every "
+                       "stage and the orchestrator's own hop hold one, and for `swactor "
+                       "serve`'s local nodes no more than this host's CPUs, which they "
+                       "share; with --batch-rows 1 every sequence's step is in flight)")
     group.add_argument("--warm-batch-rows", type=at_least(0), default=None,
                        metavar="B",
                        help="each stage builds the batched decode kernels of every batch "
@@ -386,13 +414,17 @@ async def serve_pool(
     slots: int,
     max_queue: int,
     batch_rows: int | None = 1,
+    objects_in_flight: int | None = None,
+    shared_cpus: int | None = None,
     restart_limit: int,
     retry_delay_s: float,
     out: TextIO,
     err: TextIO,
     spares: int = 0,
 ) -> int:
-    """Serve until the operator stops (module doc, steps 2-4); the exit status."""
+    """Serve until the operator stops (module doc, steps 2-4); the exit status.
+    `shared_cpus`: the CPUs every stage of a run shares (local nodes on this host), which
+    bound the objects in flight unless `objects_in_flight` says (`objects_in_flight_for`)."""
     from swactor.orchestrator.session import SessionError
     from swactor.serve.engine import HealthState
     from swactor.serve.pipeline import NodeHolds
@@ -429,9 +461,12 @@ async def serve_pool(
         if not nodes:
             raise SessionError("no live node left in the pool")
         _say(err, f"provisioning a run on {len(nodes)} node(s), {slots} slots ...")
+        in_flight = objects_in_flight_for(len(nodes), batch_rows, objects_in_flight,
+                                          shared_cpus)
         engine = await PipelineEngine.prepare(replace(options, nodes=nodes), slots=slots,
-                                              batch_rows=batch_rows, emitter=emitter,
-                                              progress=err, holds=holds)
+                                              batch_rows=batch_rows,
+                                              objects_in_flight=in_flight,
+                                              emitter=emitter, progress=err, holds=holds)
         return Prepared(engine, nodes, words)
 
     async def starter() -> RunEngine:
@@ -587,7 +622,8 @@ async def _serve_local(args: argparse.Namespace, keys: Path) -> int:
                     warm_batch_rows=warm_batch_rows(args)),
             live, emitter, host=args.host,
             port=args.port, slots=args.slots, max_queue=args.max_queue,
-            batch_rows=args.batch_rows,
+            batch_rows=args.batch_rows, objects_in_flight=args.objects_in_flight,
+            shared_cpus=os.cpu_count(),
             restart_limit=args.max_restarts, retry_delay_s=args.retry_delay,
             out=sys.stdout, err=sys.stderr, spares=args.spares)
     finally:

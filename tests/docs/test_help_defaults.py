@@ -113,10 +113,12 @@ def test_the_check_reads_the_defaults_of_every_command() -> None:
 
 
 def test_warm_batch_rows_help_says_how_its_default_is_computed() -> None:
-    """`--warm-batch-rows` defaults to the smaller of `--batch-rows` and 2 (none at the
-    default one row per object): its help names that rule, not one number."""
-    args = build_parser("serve").parse_args(["serve"])
-    assert args.batch_rows == 1 and warm_batch_rows(args) == 0
+    """`--warm-batch-rows` defaults to the smaller of `--batch-rows` and 2 (none with
+    one row per object): its help names that rule, not one number."""
+    parser = build_parser("serve")
+    args = parser.parse_args(["serve"])
+    assert args.batch_rows == 2 and warm_batch_rows(args) == 2
+    assert warm_batch_rows(parser.parse_args(["serve", "--batch-rows", "1"])) == 0
     action = next(a for a in _subparser("serve")._actions if a.dest == "warm_batch_rows")
     text = " ".join((action.help or "").split())
     assert "smaller of --batch-rows and 2" in text

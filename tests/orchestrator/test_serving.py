@@ -542,6 +542,25 @@ def test_batch_rows_1_writes_every_decode_step_at_once() -> None:
     run_test(body)
 
 
+def test_by_default_each_stage_and_the_orchestrators_hop_hold_an_object() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports, slots=6)  # 3 stages: 4 objects in flight
+        for i in range(5):
+            submit(handle, i, (1, 5 + i), max_tokens=9)
+        await ports.until(lambda: len(ports.of("inject")) == 5)
+        handle.tell(out(0, tag(0, 0), 40))  # 4 prompts still in flight: the row waits
+        await asyncio.sleep(0.02)
+        assert len(ports.of("inject")) == 5
+        handle.tell(out(1, tag(1, 0), 41))  # 3 in flight: room for the fourth object
+        await ports.until(lambda: len(ports.of("inject")) == 6)
+        table = (tag(0, 2), tag(1, 2))
+        assert injected(ports)[5] == (5, (*table, 40, 41), batch_flags(2))
+        handle.stop()
+        await stop_all(handle, ports)
+
+    run_test(body)
+
+
 def test_each_output_says_its_decode_rows_and_the_objects_in_flight_with_it() -> None:
     async def body(runtime: Runtime, ports: FakePorts) -> None:
         handle = await serving(runtime, ports, slots=3, max_in_flight=1)

@@ -16,7 +16,12 @@ from swactor.cli import build_parser
 from swactor.fsm.generated import orchestrator_run as orun
 from swactor.membership import BootHealth, MemberChanged, MemberMeta, MemberState
 from swactor.orchestrator.session import PoolMember
-from swactor.serve.serve_cmd import LiveNodes, http_address, warm_batch_rows
+from swactor.serve.serve_cmd import (
+    LiveNodes,
+    http_address,
+    objects_in_flight_for,
+    warm_batch_rows,
+)
 from swactor.wire import NodeId
 from tests.serve.serve_process import ServeProcess, cmdline, descendants
 
@@ -36,19 +41,41 @@ def test_serve_help_explains_the_api_and_the_stop() -> None:
 
 
 @pytest.mark.parametrize(("argv", "batch", "warm"), [
-    ([], 1, 0),                                    # one row per object: nothing to build
+    ([], 2, 2),                                    # 2-row batches, their kernels built
+    (["--batch-rows", "1"], 1, 0),                 # one row per object: nothing to build
     (["--batch-rows", "4"], 4, 2),                 # batches of 4, 2-row kernels built
     (["--batch-rows", "4", "--slots", "1"], 4, 0),  # one slot: no batch to build for
     (["--batch-rows", "3", "--warm-batch-rows", "3"], 3, 3),
     (["--batch-rows", "4", "--warm-batch-rows", "8"], 4, 4),  # never more than the slots
     (["--batch-rows", "4", "--warm-batch-rows", "0"], 4, 0),  # only the kernel cache's
-    (["--warm-batch-rows", "2"], 1, 2),
+    (["--batch-rows", "1", "--warm-batch-rows", "2"], 1, 2),
 ])
-def test_serve_sends_one_row_per_object_unless_asked_to_batch(
+def test_serve_batches_two_rows_per_object_unless_asked_otherwise(
         argv: list[str], batch: int, warm: int) -> None:
     for command in (["serve"], ["orchestrator", "--key", "k", "--serve", "127.0.0.1:0"]):
         args = build_parser(command[0]).parse_args([*command, *argv])
         assert (args.batch_rows, warm_batch_rows(args)) == (batch, warm)
+
+
+@pytest.mark.parametrize(("stages", "batch_rows", "asked", "cpus", "cap"), [
+    (3, 2, None, 2, 2),      # local nodes on 2 CPUs: no more objects than CPUs
+    (1, 2, None, 2, 2),      # one stage: the stage and the orchestrator's hop
+    (3, 2, None, 16, 4),     # enough CPUs: the stages plus one
+    (3, 2, None, None, None),  # a pool's own hosts: the run's default (stages + 1)
+    (3, 1, None, 2, None),   # one row per object: every sequence's step in flight
+    (3, 2, 3, 2, 3),         # --objects-in-flight says
+])
+def test_objects_in_flight_are_bounded_by_the_cpus_local_stages_share(
+        stages: int, batch_rows: int, asked: int | None, cpus: int | None,
+        cap: int | None) -> None:
+    assert objects_in_flight_for(stages, batch_rows, asked, cpus) == cap
+
+
+def test_objects_in_flight_default_to_the_runs_own_cap() -> None:
+    for command in (["serve"], ["orchestrator", "--key", "k", "--serve", "127.0.0.1:0"]):
+        parser = build_parser(command[0])
+        assert parser.parse_args(command).objects_in_flight is None  # stages + 1
+        assert parser.parse_args([*command, "--objects-in-flight", "2"]).objects_in_flight == 2
 
 
 def test_orchestrator_help_offers_serve() -> None:
@@ -70,6 +97,7 @@ def test_orchestrator_help_offers_serve() -> None:
     (["--nodes", "2", "--spares", "2"], "--spares 2 leaves no node of the 2"),
     (["--spares", "-1"], "--spares: -1 must be at least 0"),
     (["--max-queue", "-1"], "--max-queue: -1 must be at least 0"),
+    (["--objects-in-flight", "0"], "--objects-in-flight: 0 must be at least 1"),
     (["--retry-delay", "nan"], "must be a finite number >= 0"),
     (["--model", "/nonexistent/model.gguf", "--port", "0"], "not found"),
 ])
