@@ -47,6 +47,33 @@ reason. Fault kinds:
   run one after the other in one invocation (`--kinds serve_node_kill,serve_spare_kill`),
   so their figures are side by side under the same load; `detect -> next token` is
   the part a spare can shorten (the detection is SWIM's either way).
+* serve worker budget: as serve node kill (no spare kept warm), but stage 1's worker
+  is SIGKILLed instead of its node, then each next generation of that worker once it
+  had GENERATION_UP_S to come up, `max_restarts + 1` kills in all, as the worker
+  budget row does: the first kill faults the run (WorkerCrashed), the last leaves the
+  node's worker Failed (node_faulted, WorkerFatal) and the node not Available. The
+  session re-plans as it decides (with or without that node; the row's
+  `faulted_node_in_new_run` says which, `faults` counts the runs that faulted since
+  the first kill, `node_faulted_s` times the last kill -> the node's node_faulted);
+  detection, new run ready and the phases are the first recovery's, the next token
+  the longest pause of any stream across all of them.
+* serve link down: `swactor orchestrator --serve --spares 1` over four stage hosts in
+  network namespaces (as `tests/multihost/test_serve_link_down.py`; needs root), the
+  streams from a client inside the orchestrator host's namespace; once the spare
+  preloaded every stage, stage 1's host's bridge port goes down mid-stream: only SWIM
+  notices (MembershipLost, within its bound for the 5 members). One trial per run,
+  as the link row. A spare whose preload failed (spare_preload_failed) does not stop
+  the trial: the row's `spare_preloaded` counts the stages it holds warm (of 3).
+
+How long: the seven other kinds take about 3 minutes together at `--repeat 1` on an
+idle 2-core machine (about 20 to 40 s a trial); serve worker budget about 40 s a
+trial; serve link down one trial of 1.5 to 5 minutes (four hosts load the model, and
+the first run after a build compiles its kernels). The default run (every kind,
+`--repeat 2`, the link rows once) takes about 10 to 15 minutes; `--kinds` picks some.
+
+A serving trial whose streams fail (the session gave up, a sequence was not migrated)
+fails its row but still gives its detection and the tokens lost (a stream that ended
+early lost the rest), so the report's lost-token goal counts them.
 
 Each row also gives run_faulted -> run_torn_down: the teardown a serving session waits
 for before it provisions again. The "to new run ready", "to next token" and tokens
@@ -66,6 +93,7 @@ import os
 import signal
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -89,7 +117,7 @@ from swactor.orchestrator.run import RunTimeouts
 from swactor.testing.swim_pool import SwimPool
 
 KINDS = ("node_kill", "worker_kill", "worker_budget", "stream_reset", "link_down",
-         "serve_node_kill", "serve_spare_kill")
+         "serve_node_kill", "serve_spare_kill", "serve_worker_budget", "serve_link_down")
 LABELS = {
     "node_kill": "node kill (SIGKILL stage 1's node)",
     "worker_kill": "worker kill (SIGKILL stage 1's worker)",
@@ -98,7 +126,15 @@ LABELS = {
     "link_down": "host cut off (netns link down)",
     "serve_node_kill": "swactor serve: node kill, 3 streams migrated (cold spare)",
     "serve_spare_kill": "swactor serve --spares 1: node kill, 3 streams migrated (warm spare)",
+    "serve_worker_budget": "swactor serve: worker kill past its restart budget, 3 streams "
+                           "migrated (cold spare)",
+    "serve_link_down": "swactor orchestrator --serve --spares 1: host cut off (netns link "
+                       "down), 3 streams migrated (warm spare)",
 }
+SERVE_FAULTS = {"serve_node_kill": ("node kill", 0), "serve_spare_kill": ("node kill", 1),
+                "serve_worker_budget": ("worker kill past budget", 0),
+                "serve_link_down": ("link down", 1)}
+"""The serving kinds: {kind: (the fault in words, spares kept warm)}."""
 PROMPT = "hello world"
 TOKENS = 300
 MAX_SEQ = 512
@@ -130,6 +166,15 @@ class Trial:
 
 class Failed(Exception):
     """A trial did not produce its figure; the message says why."""
+
+
+class Unrecovered(Failed):
+    """A serving trial whose streams failed: `trial` holds what was still measured (the
+    detection, the tokens lost and duplicated)."""
+
+    def __init__(self, message: str, trial: Trial) -> None:
+        super().__init__(message)
+        self.trial = trial
 
 
 # -- the loopback pool ------------------------------------------------------------------
@@ -335,8 +380,6 @@ def _count(path: Path, event: str) -> int:
 def _stream_all(url: str) -> list[tuple[list[str], list[float], list[BaseException]]]:
     """SERVE_STREAMS streaming completions started at once, each filled by its thread
     (chunk texts, arrival times, errors); the threads are returned running."""
-    import threading
-
     import openai
 
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
@@ -374,11 +417,12 @@ def _wait(results: list[tuple[list[str], list[float], list[BaseException]]],
         raise Failed(f"a stream failed: {errors[0]!r}")
 
 
-def _serve_trial(root: Path, spares: int = 0) -> Trial:
-    import difflib
+def _serve_trial(root: Path, kind: str) -> Trial:
+    """One `swactor serve` trial of a serving fault kind on loopback (module doc)."""
     import subprocess
     import sys
 
+    spares = SERVE_FAULTS[kind][1]
     events_dir = root / "events"
     out, err = root / "serve.out", root / "serve.err"
     with out.open("w") as stdout, err.open("w") as stderr:
@@ -399,56 +443,40 @@ def _serve_trial(root: Path, spares: int = 0) -> Trial:
         reference = _stream_all(url)
         _wait(reference, lambda chunks: len(chunks) == SERVE_TOKENS)
         log = events_dir / "orchestrator.jsonl"
-        deadline = time.monotonic() + BOOT_S
-        while spares and _count(log, "spare_preloaded") < STAGES:
-            if _count(log, "spare_preload_failed") or time.monotonic() > deadline:
-                raise Failed(f"the spare did not preload every stage: {_records(log)[-3:]}")
-            time.sleep(0.1)
+        _wait_spare(log, spares)
         first = next(r for r in _records(log) if r["event"] == "serve_started")["run_id"]
         pid = next(r["pid"] for path in sorted(events_dir.glob("node-*.jsonl"))
                    for r in _records(path)
                    if r.get("run_id") == first and r.get("stage_index") == 1)
         faulted = _stream_all(url)
         _wait(faulted, lambda chunks: len(chunks) >= TOKENS_BEFORE_FAULT)
-        os.kill(pid, signal.SIGKILL)
-        killed, killed_ns = time.monotonic(), time.time_ns()
-        _wait(faulted, lambda chunks: len(chunks) == SERVE_TOKENS)
+        killer: _BudgetKiller | None = None
+        if kind == "serve_worker_budget":
+            worker = _worker_pid(pid)
+            killed, killed_ns = time.monotonic(), time.time_ns()
+            os.kill(worker, signal.SIGKILL)
+            killer = _BudgetKiller(pid, worker)
+            killer.start()
+        else:
+            os.kill(pid, signal.SIGKILL)
+            killed, killed_ns = time.monotonic(), time.time_ns()
+        try:
+            _wait(faulted, lambda chunks: len(chunks) == SERVE_TOKENS)
+        except Failed as error:
+            why = f"{error}{_gave_up(log, killed_ns, killer)}"
+            partial = lost_trial(kind, [chunks for chunks, _, _ in reference],
+                                 [chunks for chunks, _, _ in faulted], killed_ns, _records(log))
+            raise (Failed(why) if partial is None else Unrecovered(why, partial)) from None
+        if killer is not None:
+            killer.join(BOOT_S)
         time.sleep(0.5)  # a duplicated token would arrive after the last expected one
-        records = [r for r in _records(log) if r["wall"] > killed_ns]
-
-        def after(name: str) -> dict[str, Any]:
-            found = next((r for r in records if r["event"] == name), None)
-            if found is None:
-                raise Failed(f"no {name} after the kill")
-            return found
-
-        fault = after("run_faulted")
-        new_run = after("serve_recovery_completed")["run_id"]
-        reused = sum(1 for path in sorted(events_dir.glob("node-*.jsonl"))
-                     for r in _records(path)
-                     if r["event"] == "stage_ready" and r.get("run_id") == new_run
-                     and r.get("role_reused"))
-        lost = duplicated = 0
-        for (want, _, _), (got, _, _) in zip(reference, faulted, strict=True):
-            for op, a0, a1, b0, b1 in difflib.SequenceMatcher(a=want, b=got).get_opcodes():
-                lost += (a1 - a0) if op in ("delete", "replace") else 0
-                duplicated += (b1 - b0) if op in ("insert", "replace") else 0
-        next_s = max(max(t - max(prev, killed) for prev, t in itertools.pairwise(times)
-                         if t > killed) for _, times, _ in faulted)
-        phases = _phases(records, _node_records(events_dir, new_run), killed_ns, new_run)
-        if len(phases) == len(PHASES):  # the slowest stream's chunk after its first token
-            phases["phase_deliver_s"] = next_s - sum(phases.values())
-        return Trial("serve_spare_kill" if spares else "serve_node_kill", fault["reason"],
-                     fault["component"], (fault["wall"] - killed_ns) / 1e9, {
-                         "teardown_s": (after("run_torn_down")["wall"] - fault["wall"]) / 1e9,
-                         "ready_s": (after("serve_recovery_completed")["wall"] - killed_ns)
-                         / 1e9,
-                         "next_token_s": next_s,
-                         "detect_to_next_s": next_s - (fault["wall"] - killed_ns) / 1e9,
-                         "stages_reused": float(reused),
-                         "lost": float(lost), "duplicated": float(duplicated),
-                         "migrated": float(sum(r["event"] == "sequence_migrated"
-                                               for r in records))} | phases)
+        nodes = [r for path in sorted(events_dir.glob("node-*.jsonl")) for r in _records(path)]
+        trial = serve_figures(kind, [chunks for chunks, _, _ in reference],
+                              [(chunks, times) for chunks, times, _ in faulted],
+                              killed, killed_ns, _records(log), nodes)
+        if killer is not None:
+            trial.extra |= killer.figures(nodes)
+        return trial
     finally:
         if serve.poll() is None:
             serve.send_signal(signal.SIGTERM)
@@ -457,6 +485,290 @@ def _serve_trial(root: Path, spares: int = 0) -> Trial:
         except subprocess.TimeoutExpired:
             os.killpg(serve.pid, signal.SIGKILL)
             serve.wait()
+
+
+def _gave_up(log: Path, killed_ns: int, killer: _BudgetKiller | None) -> str:
+    """What the orchestrator's log says about a failed recovery, for the row's note: the
+    runs that faulted since the fault and the reason it gave up, if it did."""
+    records = [r for r in _records(log) if r["wall"] > killed_ns]
+    faults = sum(r["event"] == "run_faulted" for r in records)
+    gave_up = next((r for r in records if r["event"] == "serve_failed"), None)
+    return "".join([
+        f"; {faults} run_faulted since the fault",
+        "" if killer is None else f", {killer.kills} worker kill(s)",
+        "" if gave_up is None else
+        f"; serve_failed {(gave_up['wall'] - killed_ns) / 1e9:.2f}s after the fault: "
+        f"{gave_up['detail']['reason']}"])
+
+
+def _wait_spare(log: Path, spares: int, strict: bool = True) -> int:
+    """With a spare, until it preloaded every stage's role (the fault waits for it); the
+    stages it preloaded. A failed preload is Failed, or with `strict` off, waited out
+    (every stage answered, preloaded or failed) and counted out."""
+    deadline = time.monotonic() + BOOT_S
+    while spares and (done := _count(log, "spare_preloaded")) < STAGES:
+        failed = _count(log, "spare_preload_failed")
+        if (failed and strict) or time.monotonic() > deadline:
+            why = [r["detail"] for r in _records(log) if r["event"] == "spare_preload_failed"]
+            raise Failed(f"the spare preloaded {done} of {STAGES} stages: "
+                         f"{why[-1] if why else 'no answer'}")
+        if done + failed == STAGES:
+            return done
+        time.sleep(0.1)
+    return STAGES if spares else 0
+
+
+class _BudgetKiller(threading.Thread):
+    """Kills each next generation of a node's worker (`first`, the one the trial killed,
+    was generation 1) once it had GENERATION_UP_S to come up, until `max_restarts + 1`
+    kills spent the node's restart budget, as the `worker_budget` row does; `error` says
+    why it stopped early."""
+
+    def __init__(self, node: int, first: int) -> None:
+        super().__init__(daemon=True)
+        self.node, self.last = node, first
+        self.kills, self.last_ns = 1, time.time_ns()
+        self.error: str | None = None
+
+    def run(self) -> None:
+        budget = WorkerCtlConfig(arena_fd=-1, arena_bytes=0).max_restarts
+        try:
+            for _ in range(budget):
+                self.last = _worker_pid(self.node, self.last, FAULT_WAIT_S)
+                time.sleep(GENERATION_UP_S)
+                self.last_ns = time.time_ns()
+                os.kill(self.last, signal.SIGKILL)
+                self.kills += 1
+        except (Failed, OSError) as error:
+            self.error = str(error)
+
+    def figures(self, nodes: list[dict[str, Any]]) -> dict[str, float]:
+        """`kills` made and, where the node logged it, `node_faulted_s`: the last kill ->
+        the node's node_faulted (its worker Failed, the node no longer Available)."""
+        if self.error is not None or self.is_alive():
+            raise Failed(f"{self.kills} worker kill(s), not past the restart budget: "
+                         f"{self.error or 'still killing'}")
+        found: dict[str, float] = {"kills": float(self.kills)}
+        faulted = [r["wall"] for r in nodes if r["event"] == "node_faulted"
+                   and r.get("pid") == self.node and r["wall"] > self.last_ns]
+        if faulted:
+            found["node_faulted_s"] = (min(faulted) - self.last_ns) / 1e9
+        return found
+
+
+def _lost(reference: list[list[str]], got: list[list[str]]) -> tuple[int, int]:
+    """Chunks missing from and added to each stream against its reference, summed."""
+    import difflib
+
+    lost = duplicated = 0
+    for want, have in zip(reference, got, strict=True):
+        for op, a0, a1, b0, b1 in difflib.SequenceMatcher(a=want, b=have).get_opcodes():
+            lost += (a1 - a0) if op in ("delete", "replace") else 0
+            duplicated += (b1 - b0) if op in ("insert", "replace") else 0
+    return lost, duplicated
+
+
+def lost_trial(kind: str, reference: list[list[str]], got: list[list[str]], killed_ns: int,
+               records: list[dict[str, Any]]) -> Trial | None:
+    """A serving trial whose streams failed: its detection (the first run_faulted after
+    the fault), `faults` (every run_faulted since), the chunks each stream got against
+    its reference (a stream that ended early lost the rest) and `failed_streams`; no
+    recovery figure. None if no run faulted."""
+    records = [r for r in records if r["wall"] > killed_ns]
+    faults = [r for r in records if r["event"] == "run_faulted"]
+    lost, duplicated = _lost(reference, got)
+    extra = {"lost": float(lost), "duplicated": float(duplicated),
+             "faults": float(len(faults)),
+             "failed_streams": float(sum(len(have) < len(want)
+                                         for want, have in zip(reference, got, strict=True)))}
+    if not faults:
+        return None
+    return Trial(kind, faults[0]["reason"], faults[0]["component"],
+                 (faults[0]["wall"] - killed_ns) / 1e9, extra)
+
+
+def serve_figures(kind: str, reference: list[list[str]],
+                  faulted: list[tuple[list[str], list[float]]], killed: float, killed_ns: int,
+                  records: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> Trial:
+    """A serving trial's figures: `reference`, each stream's chunks on the healthy
+    pipeline; `faulted`, each stream's chunks and arrival times (monotonic) in the
+    faulted pass; the fault at `killed` (monotonic) and `killed_ns` (wall); `records`,
+    the orchestrator's events; `nodes`, every node's events. Detection is the first
+    run_faulted after the fault, the new run the first serve_recovery_completed; next
+    token, the largest gap across the fault in any stream; lost and duplicated, the
+    chunks missing from / added to each stream against its reference; `faults`, the
+    run_faulted events after the fault (a fault that hits the new run too counts);
+    `faulted_node_in_new_run`, whether the node that held stage 1 holds a stage of the
+    new run (1) or was left out (0)."""
+    records = [r for r in records if r["wall"] > killed_ns]
+
+    def after(name: str) -> dict[str, Any]:
+        found = next((r for r in records if r["event"] == name), None)
+        if found is None:
+            raise Failed(f"no {name} after the fault")
+        return found
+
+    fault = after("run_faulted")
+    new_run = after("serve_recovery_completed")["run_id"]
+    ready = [r for r in nodes if r["event"] == "stage_ready" and r.get("run_id") == new_run]
+    reused = sum(1 for r in ready if r.get("role_reused"))
+    holder = {r.get("node_id") for r in nodes if r.get("run_id") == fault["run_id"]
+              and r.get("stage_index") == 1}
+    lost, duplicated = _lost(reference, [chunks for chunks, _ in faulted])
+    gaps = [t - max(prev, killed) for _, times in faulted
+            for prev, t in itertools.pairwise(times) if t > killed]
+    if not gaps:
+        raise Failed("no stream received a chunk after the fault")
+    next_s = max(gaps)
+    detect_s = (fault["wall"] - killed_ns) / 1e9
+    phases = _phases(records, [r for r in nodes if r.get("run_id") == new_run], killed_ns,
+                     new_run)
+    if len(phases) == len(PHASES):  # the slowest stream's chunk after its first token
+        phases["phase_deliver_s"] = next_s - sum(phases.values())
+    return Trial(kind, fault["reason"], fault["component"], detect_s, {
+        "teardown_s": (after("run_torn_down")["wall"] - fault["wall"]) / 1e9,
+        "ready_s": (after("serve_recovery_completed")["wall"] - killed_ns) / 1e9,
+        "next_token_s": next_s,
+        "detect_to_next_s": next_s - detect_s,
+        "stages_reused": float(reused),
+        "lost": float(lost), "duplicated": float(duplicated),
+        "migrated": float(sum(r["event"] == "sequence_migrated" for r in records)),
+        "faults": float(sum(r["event"] == "run_faulted" for r in records)),
+        "faulted_node_in_new_run": float(any(r.get("node_id") in holder for r in ready)),
+    } | phases)
+
+
+class _NetnsStreams:
+    """SERVE_STREAMS greedy streams from `python -m tests.serve.streams` inside `host`'s
+    namespace (the only place that reaches the server): each stream's chunk count as
+    it grows, timed here on arrival, and its chunks once the process ends."""
+
+    def __init__(self, host: Any, url: str) -> None:
+        import subprocess
+        import sys
+
+        from tests.serve.serve_process import ROOT
+
+        self.process = subprocess.Popen(
+            host.argv([sys.executable, "-m", "tests.serve.streams", url, str(SERVE_TOKENS),
+                       *SERVE_PROMPTS[:SERVE_STREAMS]]),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        self.times: list[list[float]] = [[] for _ in range(SERVE_STREAMS)]
+        self.results: list[dict[str, Any]] | None = None
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            now = time.monotonic()
+            document = json.loads(line)
+            if "results" in document:
+                self.results = document["results"]
+            else:  # one line may stand for chunks that arrived together
+                times = self.times[document["stream"]]
+                times += [now] * (document["chunks"] - len(times))
+
+    def wait_chunks(self, count: int) -> None:
+        deadline = time.monotonic() + BOOT_S
+        while min(len(times) for times in self.times) < count:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise Failed(f"streams stuck at {[len(t) for t in self.times]} chunks: "
+                             f"{self.describe()}")
+            time.sleep(0.01)
+
+    def finish(self) -> list[list[str]]:
+        """Each stream's chunks, once every stream completed without an error."""
+        import subprocess
+
+        try:
+            self.process.wait(BOOT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise Failed(f"the streams hung at {[len(t) for t in self.times]} chunks") \
+                from None
+        self._reader.join(10)
+        if self.process.returncode != 0 or self.results is None:
+            raise Failed(f"the stream client failed: {self.describe()}")
+        errors = [r["error"] for r in self.results if r["error"] is not None]
+        if errors:
+            raise Failed(f"a stream failed: {errors[0]}")
+        return [list(r["chunks"]) for r in self.results]
+
+    def describe(self) -> str:
+        assert self.process.stderr is not None
+        if self.process.poll() is None:
+            return "still running"
+        return f"exit {self.process.returncode}: {self.process.stderr.read()[-400:]}"
+
+
+def _serve_link_trial(root: Path) -> Trial | str:
+    """`swactor orchestrator --serve --spares 1` over four hosts in network namespaces
+    (as `tests/multihost/test_serve_link_down.py`), stage 1's host cut off mid-stream;
+    or why not run."""
+    from swactor.cluster import netns
+    from swactor.cluster.netns import NetnsTopology
+    from swactor.transport.identity import NodeIdentity
+    from tests.multihost.pool import STAGES as STAGE_HOSTS
+    from tests.multihost.pool import pool_file, seed, start_node, wait_available
+    from tests.serve.serve_process import ServeProcess
+
+    reason = netns.available()
+    if reason is not None:
+        return f"not run: {reason}"
+    netns.sweep_stale()
+    hosts_named = (*STAGE_HOSTS, "n3")
+    pid = os.getpid()
+    subnet = ipaddress.IPv4Network(f"10.{150 + pid % 50}.{(pid + 2) % 250}.0/24")
+    keys, events_dir = root / "keys", root / "events"
+    keys.mkdir(mode=0o700, parents=True)
+    events_dir.mkdir()
+    orchestrator_id = NodeIdentity.load_or_create(keys / "orchestrator.key").node_id
+    log = events_dir / "orchestrator.jsonl"
+    with NetnsTopology(["orch", *hosts_named], subnet) as hosts:
+        nodes = {name: start_node(hosts, name, keys, events_dir, orchestrator_id, hosts_named)
+                 for name in hosts_named}
+        orch = hosts["orch"]
+        serve: ServeProcess | None = None
+        try:
+            wait_available(list(nodes.values()))
+            serve = ServeProcess([
+                "orchestrator", "--key", str(keys / "orchestrator.key"),
+                "--bind", orch.address, "--seed", seed(hosts),
+                "--nodes", str(len(hosts_named)), "--spares", "1",
+                "--pool", str(pool_file(keys, hosts_named)), "--split", "10,10,10",
+                "--max-seq-len", str(MAX_SEQ), "--serve", f"{orch.address}:8000",
+                "--retry-delay", "0.5", "--event-verbosity", "-1",
+                "--events-file", str(log)], prefix=orch.argv([]))
+            try:
+                url = serve.wait_url(BOOT_S)
+            except AssertionError as error:
+                raise Failed(str(error)[-400:]) from None
+            reference = _NetnsStreams(orch, url).finish()
+            preloaded = _wait_spare(log, 1, strict=False)
+            first = next(r for r in _records(log) if r["event"] == "serve_started")["run_id"]
+            cut = next(name for name in hosts_named
+                       for r in _records(events_dir / f"{name}.jsonl")
+                       if r.get("run_id") == first and r.get("stage_index") == 1)
+            streams = _NetnsStreams(orch, url)
+            streams.wait_chunks(TOKENS_BEFORE_FAULT)
+            hosts.set_link(cut, up=False)
+            killed, killed_ns = time.monotonic(), time.time_ns()
+            faulted = streams.finish()
+            hosts.set_link(cut, up=True)
+            records = [r for name in hosts_named
+                       for r in _records(events_dir / f"{name}.jsonl")]
+            trial = serve_figures("serve_link_down", reference,
+                                  list(zip(faulted, streams.times, strict=True)), killed,
+                                  killed_ns, _records(log), records)
+            trial.extra["spare_preloaded"] = float(preloaded)
+            return trial
+        finally:
+            if serve is not None:
+                with contextlib.suppress(AssertionError):
+                    serve.stop()
+            for node in nodes.values():
+                node.stop(30)
 
 
 PHASES = (
@@ -519,6 +831,10 @@ def _bound(kind: str, settle_s: float) -> str:
     if kind in ("serve_node_kill", "serve_spare_kill"):
         return ("its exit (a child of swactor serve); SWIM bound "
                 f"{detection_bound_s(SwimConfig(), MEMBERS + 1):.2f}s otherwise")
+    if kind == "serve_link_down":
+        return f"SWIM bound {detection_bound_s(SwimConfig(), MEMBERS + 1):.2f}s"
+    if kind == "serve_worker_budget":
+        return "first kill: control round trip"
     if kind == "stream_reset":
         return f"settle {settle_s:g}s + 1 token"
     if kind == "worker_budget":
@@ -528,12 +844,13 @@ def _bound(kind: str, settle_s: float) -> str:
 
 def bound_s(kind: str) -> float | None:
     """`kind`'s detection bound in seconds where `_bound` states a number: SWIM's for a
-    fault only SWIM sees, and for the serving rows, whose node's exit is seen at once,
-    SWIM's as the fallback that bounds it; None where the bound is not a number (a
-    control round trip, gossip, a settle window plus one token period)."""
+    fault only SWIM sees (the serving link row's view has one member more: the spare),
+    and for the serving node kill rows, whose node's exit is seen at once, SWIM's as the
+    fallback that bounds it; None where the bound is not a number (a control round
+    trip, gossip, a settle window plus one token period)."""
     if kind in ("node_kill", "link_down"):
         return detection_bound_s(SwimConfig(), MEMBERS)
-    if kind in ("serve_node_kill", "serve_spare_kill"):
+    if kind in ("serve_node_kill", "serve_spare_kill", "serve_link_down"):
         return detection_bound_s(SwimConfig(), MEMBERS + 1)
     return None
 
@@ -556,7 +873,8 @@ def as_json(kinds: list[str], trials: dict[str, list[Trial]], notes: dict[str, s
         rows.append({
             "kind": kind, "label": LABELS[kind], "bound": _bound(kind, settle_s),
             "bound_s": bound_s(kind), "note": notes.get(kind),
-            "spares": {"serve_node_kill": 0, "serve_spare_kill": 1}.get(kind),
+            "spares": SERVE_FAULTS[kind][1] if kind in SERVE_FAULTS else None,
+            "fault": SERVE_FAULTS[kind][0] if kind in SERVE_FAULTS else None,
             "reasons": sorted({f"{t.reason} ({t.component})" for t in found}),
             "figures": {name: Spread.of(v).to_json() for name, v in values.items() if v},
             "trials": [asdict(t) for t in found]})
@@ -569,8 +887,11 @@ def as_json(kinds: list[str], trials: dict[str, list[Trial]], notes: dict[str, s
 def _serving(found: list[Trial]) -> str:
     """The serving columns: new run ready, next token, detection -> next token, stages
     reused, tokens lost, duplicated."""
-    if not found or "ready_s" not in found[0].extra:
+    if not found or "lost" not in found[0].extra:
         return " | ".join([PENDING] * 6)
+    if any("ready_s" not in t.extra for t in found):  # streams failed: no recovery
+        return " | ".join(["-"] * 4 + [str(sum(int(t.extra[count]) for t in found))
+                                       for count in ("lost", "duplicated")])
     return " | ".join([_spread([t.extra["ready_s"] for t in found]),
                        _spread([t.extra["next_token_s"] for t in found]),
                        _spread([t.extra["detect_to_next_s"] for t in found]),
@@ -593,7 +914,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench recovery", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kinds", default=",".join(KINDS),
-                        help=f"comma-separated fault kinds (default all: {','.join(KINDS)})")
+                        help=f"comma-separated fault kinds (default all: {','.join(KINDS)}; "
+                        "the timings above say how long each takes)")
     parser.add_argument("--repeat", type=at_least(1), default=2,
                         help="trials per loopback fault kind (default 2; the link: 1)")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH",
@@ -619,7 +941,7 @@ def main(argv: list[str]) -> int:
     notes: dict[str, str] = {}
     status = 0
     for kind in kinds:
-        for attempt in range(1 if kind == "link_down" else args.repeat):
+        for attempt in range(1 if kind in ("link_down", "serve_link_down") else args.repeat):
             with contextlib.ExitStack() as stack:
                 if args.keep is not None:
                     root = args.keep / f"{kind}-{attempt + 1}"
@@ -629,11 +951,13 @@ def main(argv: list[str]) -> int:
                         prefix=f"swactor-recovery-{kind}-")))
                 try:
                     outcome = (_link_trial(root) if kind == "link_down"
-                               else _serve_trial(root) if kind == "serve_node_kill"
-                               else _serve_trial(root, spares=1) if kind == "serve_spare_kill"
+                               else _serve_link_trial(root) if kind == "serve_link_down"
+                               else _serve_trial(root, kind) if kind in SERVE_FAULTS
                                else asyncio.run(_loopback_trial(kind, root)))
                 except Exception as error:
                     notes[kind] = f"failed: {type(error).__name__}: {error}"
+                    if isinstance(error, Unrecovered):
+                        trials[kind].append(error.trial)
                     status = 1
                     break
             if isinstance(outcome, str):
