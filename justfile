@@ -102,12 +102,15 @@ soak RUNS="50" *ARGS: setup
 soak-tests *ARGS: setup
     {{py}} -m pytest -m soak {{ARGS}} tests
 
-# Native helpers: the ring's two-thread C stress test under ThreadSanitizer, and the QUIC
-# bulk path's qf_open on mangled datagrams under AddressSanitizer + UBSan.
+# Native helpers: the ring's two-thread C stress test and the kernel replay pool's under
+# ThreadSanitizer, and the QUIC bulk path's qf_open on mangled datagrams under
+# AddressSanitizer + UBSan.
 test-native: setup
     mkdir -p native/build
     clang -std=c11 -O1 -g -fsanitize=thread -Wall -Wextra -Werror -o native/build/ring_stress_tsan native/ring_stress.c native/ring.c -lpthread
     TSAN_OPTIONS="halt_on_error=1 exitcode=66" native/build/ring_stress_tsan
+    clang -std=c11 -O1 -g -fsanitize=thread -Wall -Wextra -Werror -o native/build/replay_stress_tsan native/replay_stress.c native/replay.c -lpthread
+    TSAN_OPTIONS="halt_on_error=1 exitcode=66" native/build/replay_stress_tsan
     clang -std=c11 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -Wall -Wextra -Werror -o native/build/quicfast_fuzz native/quicfast_fuzz.c native/quicfast.c -lcrypto
     native/build/quicfast_fuzz
 
