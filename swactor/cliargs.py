@@ -89,3 +89,27 @@ def node_id(text: str) -> NodeId:
         return NodeId(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a node id") from None
+
+
+MAX_THREADS = 256
+"""The most worker threads `--threads` accepts."""
+
+
+def thread_count(text: str) -> int:
+    """argparse type: CPU threads per stage worker, 1..MAX_THREADS."""
+    value = at_least(1)(text)
+    if value > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"{value} is more than {MAX_THREADS} threads")
+    return value
+
+
+def add_threads_argument(parser: argparse.ArgumentParser, whose: str) -> None:
+    """`--threads N` (default None: the worker's CPU count), for `whose` worker(s)."""
+    parser.add_argument(
+        "--threads", type=thread_count, default=None, metavar="N",
+        help=f"CPU threads {whose} stage worker runs a step's kernels on (CPU device): the "
+        "slices tinygrad cuts big kernels into, and kernels over disjoint memory, run on "
+        "the calling thread and N-1 pool threads, which spin at most 50 us for more work, "
+        "then sleep; after a step in which a pool thread was descheduled holding work "
+        "(other processes on the cores), the next steps run on one thread for a while. "
+        "1: every kernel on one core. Default: the CPUs the worker may use")

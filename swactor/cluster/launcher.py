@@ -77,6 +77,7 @@ class LocalCluster:
         weights: str = "blocks",
         swim: bool = False,
         models_dirs: list[Path] | None = None,
+        threads: int | None = None,
     ) -> None:
         if count < 1:
             raise ClusterError("a cluster needs at least one node")
@@ -90,6 +91,8 @@ class LocalCluster:
         self.swim = swim
         self.models_dirs = models_dirs
         """One `--models-dir` per node (None: the nodes' default model cache)."""
+        self.threads = threads
+        """Each node's `--threads` (None: the nodes' default)."""
         self.seed: tuple[str, int] | None = None
         """With `swim`: the SWIM address the nodes join through (set before `start`)."""
         keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -127,6 +130,8 @@ class LocalCluster:
             argv += ["--events-file", str(self.events_dir / f"node-{index}.jsonl")]
         if self.models_dirs is not None:
             argv += ["--models-dir", str(self.models_dirs[index])]
+        if self.threads is not None:
+            argv += ["--threads", str(self.threads)]
         if self.swim:
             if self.seed is None:
                 raise ClusterError("a SWIM cluster needs its seed address before it starts")

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from swactor import heap, memtrace
-from swactor.cliargs import byte_count_arg, node_id, port_number
+from swactor.cliargs import add_threads_argument, byte_count_arg, node_id, port_number
 from swactor.events.emitter import add_event_arguments, configure_from_args
 from swactor.membership.admission import Admission
 from swactor.membership.cli import add_admission_arguments, admission_from_args, parse_address
@@ -100,6 +100,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--device", default=None, metavar="NAME",
                         help="the worker's tinygrad device (CPU, CUDA, NV, AMD, METAL, GPU, "
                         "...; default: tinygrad's best available)")
+    add_threads_argument(parser, "the worker's")
     parser.add_argument("--log-level", default="WARNING",
                         help="Python logging level on stderr (default WARNING)")
     add_event_arguments(parser)
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
                         bind_host=args.bind, quic_port=args.quic,
                         arena_ceiling=args.arena_ceiling,
                         models_dir=args.models_dir or model_cache_dir(),
-                        weights=args.weights, device=args.device,
+                        weights=args.weights, device=args.device, threads=args.threads,
                         swim_bind=args.swim, seeds=tuple(args.seed),
                         advertise_host=args.advertise, admission=admission,
                         open_pool=admission is None)

@@ -143,7 +143,7 @@ from swactor.wire import (
     StageIndex,
     WorkerGeneration,
 )
-from swactor.wire.codec import WireStruct
+from swactor.wire.codec import JsonValue, WireStruct
 
 log = logging.getLogger("swactor.node")
 
@@ -176,6 +176,9 @@ class NodeConfig:
     or "dense" (dequantised once at load); `role_config.DEFAULT_WEIGHT_MODE`."""
     device: str | None = None
     """The worker's tinygrad device (`swactor node --device`); None: tinygrad's best."""
+    threads: int | None = None
+    """Threads the worker runs a CPU step's sliced kernels on (`swactor node --threads`);
+    None: the worker's default, the CPUs it may use (`cpu_graph.cpu_count`)."""
     transport: TransportConfig = dataclasses.field(default_factory=TransportConfig)
     worker_init_timeout_s: float = 120.0
     swim_bind: tuple[str, int] | None = None
@@ -491,9 +494,10 @@ class StageNode:
                                         mailbox_capacity=4096)
         watcher = runtime.spawn(lambda: _Notices(self.notices), "boot")
         routes.node_boot, routes.stage_controllers = watcher, [host]
-        ctl_config = WorkerCtlConfig(arena.fd, arena.size,
-                                     backend=None if config.device is None
-                                     else {"device": config.device},
+        backend: dict[str, JsonValue] = {
+            key: value for key, value in (("device", config.device), ("threads", config.threads))
+            if value is not None}
+        ctl_config = WorkerCtlConfig(arena.fd, arena.size, backend=backend or None,
                                      init_timeout_s=config.worker_init_timeout_s)
         bells = self._bells = WorkerDoorbells.create()
         self._ctl = runtime.spawn(lambda: GpuWorkerCtl(ctl_config, routes, arena,

@@ -51,7 +51,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from swactor.cliargs import at_least, port_number, slot_count
+from swactor.cliargs import add_threads_argument, at_least, port_number, slot_count
 from swactor.model.paths import model_location
 from swactor.serve.spares import WarmKey, place
 
@@ -222,6 +222,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="each node's arena size (default 256MiB)")
     parser.add_argument("--weights", choices=WEIGHT_MODES, default=DEFAULT_WEIGHT_MODE,
                         help="each node's weight mode (swactor node --weights)")
+    add_threads_argument(parser, "each local node's")
     parser.add_argument("--verbose", action="store_true",
                         help="echo the nodes' stderr and the orchestrator's events")
     parser.add_argument("--log-level", default="WARNING",
@@ -581,7 +582,8 @@ async def _serve_local(args: argparse.Namespace, keys: Path) -> int:
     if args.verbose:
         os.environ["SWACTOR_CLUSTER_ECHO"] = "1"
     cluster = LocalCluster(args.nodes, keys, args.events_dir, args.arena_ceiling,
-                           args.log_level, weights=args.weights, swim=True)
+                           args.log_level, weights=args.weights, swim=True,
+                           threads=args.threads)
     try:
         options = serve_options(cluster.orchestrator, (), args.model,
                                 max_seq_len=args.max_seq_len, split=args.split,

@@ -101,6 +101,18 @@ def choose_device(backend: object) -> str:
     return str(Device.DEFAULT)
 
 
+def choose_threads(backend: object) -> int | None:
+    """The CPU threads named by InitializeWorker.backend's ``threads`` (`swactor node
+    --threads`: a key beyond the spec's backend description, read only here), None when
+    absent; a value that is no count of 1..256 raises DeviceError."""
+    if not isinstance(backend, dict) or backend.get("threads") is None:
+        return None
+    threads = backend["threads"]
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 256:
+        raise DeviceError(f"backend threads {threads!r} (a count of 1..256)")
+    return threads
+
+
 class DeviceBridge:
     """Allocations, range copies and handles of one worker generation on one device."""
 

@@ -9,8 +9,10 @@ carries out the effects the machine returns:
 - InitializeRuntime: attach the arena named by SWACTOR_ARENA_FD / SWACTOR_ARENA_BYTES
   (its size must equal `arena_ceiling`; else ArenaMapFailed), compare the native ring
   helper's ABI with the required one (RingHelperAbiMismatch), choose and probe the
-  tinygrad device (BackendInitFailed); then RuntimeInitialized -> WorkerReady, whose
-  `backend` says which device was chosen (`{"device": "CPU"}` or CUDA).
+  tinygrad device (BackendInitFailed), and set the CPU replay's thread count from the
+  backend's `threads` (`swactor node --threads`; `swactor.model.cpu_graph`); then
+  RuntimeInitialized -> WorkerReady, whose `backend` says which device was chosen
+  (`{"device": "CPU"}` or CUDA) and with how many replay threads.
 - CreateRingMachine / ForwardUninstall / AdvanceRing: the per-ring parser or producer
   (`ingress.IngressRing`, `egress.EgressRing`), fed InstallRing, UninstallRing and the
   wake hints. A ring that reaches Quiesced leaves the table; when the last one left (a
@@ -60,6 +62,7 @@ from swactor.fsm.generated import egress_ring as er
 from swactor.fsm.generated import ingress_ring as ir
 from swactor.fsm.generated import worker_process as wp
 from swactor.fsm.host import MachineHost
+from swactor.model import cpu_graph
 from swactor.ring import WorkerDoorbells
 from swactor.ring._ring_cffi import lib as ring_lib
 from swactor.wire import (
@@ -96,7 +99,7 @@ from swactor.wire import (
 )
 from swactor.wire import WorkerEvent as WireWorkerEvent
 from swactor.worker.adapter import EventWriter, LineReader, parse_command, read_command_line
-from swactor.worker.bridge import DeviceBridge, InvalidHandle, choose_device
+from swactor.worker.bridge import DeviceBridge, InvalidHandle, choose_device, choose_threads
 from swactor.worker.egress import EgressRing
 from swactor.worker.ingress import IngressRing
 from swactor.worker.roles import Role, RoleConfigError, build_role, footprint_of
@@ -259,6 +262,9 @@ class WorkerProcess(wp.WorkerProcessEffects[None]):
         self.generation = worker_generation
         try:
             bridge = DeviceBridge(choose_device(self.backend), self.generation, self.faults)
+            threads = choose_threads(self.backend)
+            if threads is not None:
+                cpu_graph.set_threads(threads)
             bridge.probe()
         except Exception as exc:  # any backend failure is BackendInitFailed
             log.error("backend: %s: %s", type(exc).__name__, exc)
@@ -274,7 +280,8 @@ class WorkerProcess(wp.WorkerProcessEffects[None]):
                           ring_helper_abi: int) -> None:
         assert self.bridge is not None
         self.emit(WorkerReady(pid, worker_generation, ring_helper_abi,
-                              {"device": self.bridge.device}))
+                              {"device": self.bridge.device,
+                               "threads": cpu_graph.threads()}))
 
     def emit_worker_fatal(self, reason: WorkerFatalReason) -> None:
         self.emit(WorkerFatal(reason))

@@ -148,6 +148,9 @@ def test_missing_model_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
     ["node", "--key", "k", "--trust-orchestrator", "1", "--weights", "int4"],
     ["node", "--key", "k", "--trust-orchestrator", "1", "--quic", "70000"],
     ["run", "--weights", "int4"],
+    ["run", "--threads", "0"],
+    ["node", "--key", "k", "--trust-orchestrator", "1", "--threads", "999"],
+    ["serve", "--threads", "two"],
 ])
 def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
@@ -162,6 +165,9 @@ def test_run_gives_its_nodes_the_weight_mode(tmp_path: Path) -> None:
     argv = LocalCluster(2, tmp_path / "keys", weights="blocks")._argv(1)
     assert argv[argv.index("--weights") + 1] == "blocks"
     assert "--weights" in argv and argv[argv.index("node") - 1] == "swactor.cli"
+    assert "--threads" not in argv  # the node's default
+    argv = LocalCluster(2, tmp_path / "keys", threads=1)._argv(0)
+    assert argv[argv.index("--threads") + 1] == "1"
 
 
 def test_ctrl_c_while_the_nodes_boot_stops_them(tmp_path: Path) -> None:

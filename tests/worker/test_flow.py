@@ -20,10 +20,11 @@ def test_ready_reports_cpu_backend(rig: WorkerRig) -> None:
     # initialize() already checked WorkerReady; a second init is a protocol violation
     # tested elsewhere. The backend choice is visible in the ready event:
     again = WorkerRig()
+    again.backend = {"threads": 1}  # `swactor node --threads 1`
     try:
         ready = again.initialize(generation=7)
         assert ready.worker_generation == 7
-        assert ready.backend == {"device": "CPU"}
+        assert ready.backend == {"device": "CPU", "threads": 1}
         assert ready.pid == again.proc.pid
     finally:
         again.close()

@@ -11,6 +11,7 @@ from typing import Any
 from swactor.actors import Runtime
 from swactor.arena import Arena
 from swactor.fsm.generated import gpu_worker_ctl as gwc
+from swactor.model import cpu_graph
 from swactor.node.worker_ctl import (
     GpuWorkerCtl,
     WorkerCrashed,
@@ -67,7 +68,8 @@ async def kill_mid_step_scenario() -> None:
         )
         ctl.tell(gwc.StartWorker())
         first = await take(boot_q, WorkerReadyNotice)
-        assert first.generation == 1 and first.backend == {"device": "CPU"}
+        assert first.generation == 1
+        assert first.backend == {"device": "CPU", "threads": cpu_graph.cpu_count()}
 
         ingress_cmd, ingress = install_command(arena, 1, RingDirection.Ingress, RING, 1 << 16)
         egress_cmd, egress = install_command(arena, 2, RingDirection.Egress, RING, 1 << 17)
