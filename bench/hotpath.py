@@ -29,6 +29,10 @@ Goals (the report's rows G1-G3), each as a ratio of figures of the same round:
   100-300 ms per token its share of the process figure is ~1 ms per token that no
   change to the token path can remove (`_cputime`).
 
+``--threads N`` runs every measurement with the step's sliced kernels on N threads (the
+model alone through `cpu_graph.set_threads`, the runs through ``swactor run --threads``;
+default: the nodes' default, the CPU count).
+
 Wall figures on a shared machine move with other jobs' load; the CPU figures hardly do,
 so both are printed. ``--profile`` adds a py-spy profile of the 1-stage node and worker
 during steady decode (what limits a missed goal). ``--json PATH`` writes every figure.
@@ -51,10 +55,12 @@ GOALS = {"e2e_over_model": 0.9, "three_over_one": 0.95, "fixed_ms_per_stage": 0.
 WARMUP = 3
 
 
-def model_step(weights: str, dtype: str, tokens: int) -> dict[str, float]:
+def model_step(weights: str, dtype: str, tokens: int, threads: int | None = None
+               ) -> dict[str, float]:
     """The model alone: median decode step (ms) and CPU ms per step, one role, all blocks."""
     import numpy as np
 
+    from swactor.model import cpu_graph
     from swactor.model.gguf_range import open_reader
     from swactor.model.llama_role import StageRole
     from swactor.model.paths import default_model_path
@@ -66,6 +72,7 @@ def model_step(weights: str, dtype: str, tokens: int) -> dict[str, float]:
                               dtype=dtype, keep_blocks=blocks)
     role = StageRole(stage, max_seq_len=512, quantised=blocks)
     del stage
+    cpu_graph.set_threads(threads or cpu_graph.cpu_count())
     role.warm_up()
     ids = Tokenizer.from_gguf(default_model_path()).encode("hello world")
     out = role.step(0, np.array(ids, dtype=np.int32))
@@ -81,8 +88,14 @@ def model_step(weights: str, dtype: str, tokens: int) -> dict[str, float]:
             "cpu_ms": 1e3 * cpu / max(1, tokens - WARMUP)}
 
 
-def e2e_run(stages: int, weights: str, tokens: int, root: Path) -> dict[str, Any]:
-    """`swactor run --nodes stages --weights weights`: period, CPU per process, compute."""
+def _run_flags(weights: str, threads: int | None) -> list[str]:
+    return ["--weights", weights, *([] if threads is None else ["--threads", str(threads)])]
+
+
+def e2e_run(stages: int, weights: str, tokens: int, root: Path, threads: int | None = None
+            ) -> dict[str, Any]:
+    """`swactor run --nodes stages --weights weights [--threads N]`: period, CPU per
+    process, compute."""
     import bench.e2e as e2e
     from bench._cputime import CpuSampler
 
@@ -91,7 +104,7 @@ def e2e_run(stages: int, weights: str, tokens: int, root: Path) -> dict[str, Any
     def with_weights(*args: str) -> list[str]:
         argv = list(args)
         if argv and argv[0] == "run":
-            argv[1:1] = ["--weights", weights]
+            argv[1:1] = _run_flags(weights, threads)
         return original(*argv)
 
     sampler = CpuSampler(WARMUP + 2, tokens - 3)
@@ -187,20 +200,22 @@ GOAL_ROWS = (
 )
 
 
-def measure(repeat: int, tokens: int, weights: str, dtype: str, profile: bool
-            ) -> dict[str, Any]:
+def measure(repeat: int, tokens: int, weights: str, dtype: str, profile: bool,
+            threads: int | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {"weights": weights, "dtype": dtype, "tokens": tokens,
+                              "threads": threads,
                               "repeat": repeat, "load_average_start": os.getloadavg(),
                               "rounds": [], "errors": []}
     with tempfile.TemporaryDirectory(prefix="swactor-hotpath-") as scratch:
         for rep in range(repeat):
             try:
-                model = model_step(weights, dtype, tokens)
+                model = model_step(weights, dtype, tokens, threads)
                 print(f"round {rep + 1}: model alone {model['step_ms']:.2f} ms/step, CPU "
                       f"{model['cpu_ms']:.2f} ms/step", flush=True)
                 runs = {}
                 for stages in (1, 3):
-                    run = e2e_run(stages, weights, tokens, Path(scratch) / f"r{rep}-n{stages}")
+                    run = e2e_run(stages, weights, tokens, Path(scratch) / f"r{rep}-n{stages}",
+                                  threads)
                     runs[stages] = run
                     print(f"round {rep + 1}: {stages} stage(s) period {run['period_ms']:.2f} ms,"
                           f" compute {run['compute_ms']:.2f} ms, CPU per token: all "
@@ -225,7 +240,7 @@ def measure(repeat: int, tokens: int, weights: str, dtype: str, profile: bool
             def with_weights(*args: str) -> list[str]:
                 argv = list(args)
                 if argv and argv[0] == "run":
-                    argv[1:1] = ["--weights", weights]
+                    argv[1:1] = _run_flags(weights, threads)
                 return original(*argv)
 
             e2e._swactor = with_weights
@@ -248,7 +263,8 @@ def measure(repeat: int, tokens: int, weights: str, dtype: str, profile: bool
 
 
 def print_result(result: dict[str, Any]) -> None:
-    print(f"per-token path, weights {result['weights']} ({result['dtype']}), "
+    threads = result.get("threads") or "default"
+    print(f"per-token path, weights {result['weights']} ({result['dtype']}), threads {threads}, "
           f"{result['tokens']} tokens, {len(result['rounds'])} round(s); load average "
           f"{result['load_average_start'][0]:.1f} -> {result['load_average_end'][0]:.1f}")
     for row in result["goals"]:
@@ -278,8 +294,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dtype", default="f32", help="the plan's compute dtype")
     parser.add_argument("--profile", action="store_true", help="py-spy the 1-stage run")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="replay threads per stage (swactor run --threads; default: "
+                        "the nodes' default)")
     args = parser.parse_args(argv)
-    result = measure(args.repeat, args.tokens, args.weights, args.dtype, args.profile)
+    result = measure(args.repeat, args.tokens, args.weights, args.dtype, args.profile,
+                     args.threads)
     print_result(result)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1))

@@ -5,13 +5,14 @@ Theory of operation: the files are SmolLM2 requantised by llama.cpp's own quanti
 Q3_K_S, Q2_K-pure, made once into the model cache), plus the shipped Q4_1. For each
 file, one after another in this process: our single stage over all 30 blocks as a node holds it
 (weights in blocks, f32; `bench.model.single_stage`: prefill ``--prompt-len`` positions,
-then ``--tokens`` greedy decode steps, the median step after the first three), then
-llama.cpp's decode on the same file (`bench.model.llama_cpp_decode`, a subprocess in
-the reference venv) on 1 thread (tinygrad's CPU backend runs a step's kernels one after
-another on one core) and on every CPU, and the ratios. Wall-clock rates on a shared
+then ``--tokens`` greedy decode steps, the median step after the first three, once with
+the step's kernels on 1 thread and once on every CPU), then llama.cpp's decode on the
+same file (`bench.model.llama_cpp_decode`, a subprocess in the reference venv) on 1
+thread and on every CPU, and the ratios at equal thread counts. Wall-clock rates on a shared
 machine move with its load between one measurement and the next, so the CPU time per
 decode token is printed too, ours and llama.cpp's on 1 thread (each process's own CPU
-time over the decode steps after the first three), with their ratio: llama.cpp's CPU
+time over the decode steps after the first three; ours on 1 thread), with their ratio:
+llama.cpp's CPU
 per token over ours, the speed ratio an idle core would show. The tensor types the file holds
 are printed beside it (llama.cpp's `_M` mixes fall back to Q5_0/Q8_0 for SmolLM2's
 576-wide rows, which are not a multiple of 256).
@@ -32,6 +33,7 @@ from pathlib import Path
 from gguf import GGUFReader
 
 from bench.model import llama_cpp_decode, single_stage
+from swactor.model.cpu_graph import cpu_count
 from swactor.model.paths import default_model_path
 
 _LLAMA_CPP_CPU = r"""
@@ -81,17 +83,21 @@ def main(argv: list[str]) -> int:
         return 0
     from tinygrad.device import Device
 
-    threads = os.cpu_count() or 1
+    threads = cpu_count()
     print(f"device {Device.DEFAULT}, {threads} CPUs, load average {os.getloadavg()[0]:.1f}; "
           f"ours: 1 stage, blocks, f32, median decode step of {args.tokens}")
-    print(f"{'file':8s} {'MiB':>5s}  {'ours tok/s':>10s}  {'llama.cpp 1 thr':>15s}  "
-          f"{'ratio':>5s}  {f'llama.cpp {threads} thr':>15s}  {'ratio':>5s}  "
-          f"{'CPU ms/tok ours':>15s}  {'llama.cpp 1 thr':>15s}  {'ratio':>5s}  tensor types")
+    print(f"{'file':8s} {'MiB':>5s}  {'ours 1 thr':>10s}  {'llama.cpp 1 thr':>15s}  "
+          f"{'ratio':>5s}  {f'ours {threads} thr':>10s}  {f'llama.cpp {threads} thr':>15s}  "
+          f"{'ratio':>5s}  {'CPU ms/tok ours':>15s}  {'llama.cpp 1 thr':>15s}  {'ratio':>5s}  "
+          "tensor types")
     files = [("Q4_1", default_model_path())]
     files += [(kind, ensure_quant(kind)) for kind in args.kinds.split(",")]
+    settings = argparse.Namespace(tokens=args.tokens, prompt_len=args.prompt_len, beam=0,
+                                  profile=False)
     for kind, path in files:
-        run = single_stage(path, "f32:blocks", args.tokens, args.prompt_len, 0)
-        ours = 1.0 / run.decode_s
+        run = single_stage(path, "f32:blocks", settings, sorted({1, threads}))
+        ours = 1.0 / run.decode_s[1]
+        ours_many = 1.0 / run.decode_s[threads]
         one = llama_cpp_decode(path, 1, args.tokens)
         many = llama_cpp_decode(path, threads, args.tokens) if threads > 1 else one
         cpu = llama_cpp_cpu_ms(path, args.tokens)
@@ -99,7 +105,8 @@ def main(argv: list[str]) -> int:
             print(f"{kind:8s} llama.cpp failed on {path}")
             return 1
         print(f"{kind:8s} {path.stat().st_size / (1 << 20):5.0f}  {ours:10.1f}  {one:15.1f}  "
-              f"{ours / one:5.2f}  {many:15.1f}  {ours / many:5.2f}  {run.cpu_ms:15.1f}  "
-              f"{cpu:15.1f}  {cpu / run.cpu_ms:5.2f}  {_types(path)}", flush=True)
+              f"{ours / one:5.2f}  {ours_many:10.1f}  {many:15.1f}  {ours_many / many:5.2f}  "
+              f"{run.cpu_ms[1]:15.1f}  {cpu:15.1f}  {cpu / run.cpu_ms[1]:5.2f}  "
+              f"{_types(path)}", flush=True)
     print(f"load average now {os.getloadavg()[0]:.1f}")
     return 0
