@@ -103,8 +103,10 @@ def thread_count(text: str) -> int:
     return value
 
 
-def add_threads_argument(parser: argparse.ArgumentParser, whose: str) -> None:
-    """`--threads N` (default None: the worker's CPU count), for `whose` worker(s)."""
+def add_threads_argument(parser: argparse.ArgumentParser, whose: str,
+                         default: str = "the CPUs the worker may use") -> None:
+    """`--threads N` (default None: the worker's CPU count, or what `default` says),
+    for `whose` worker(s)."""
     parser.add_argument(
         "--threads", type=thread_count, default=None, metavar="N",
         help=f"CPU threads {whose} stage worker runs a step's kernels on (CPU device): the "
@@ -112,4 +114,4 @@ def add_threads_argument(parser: argparse.ArgumentParser, whose: str) -> None:
         "the calling thread and N-1 pool threads, which spin at most 50 us for more work, "
         "then sleep; after a step in which a pool thread was descheduled holding work "
         "(other processes on the cores), the next steps run on one thread for a while. "
-        "1: every kernel on one core. Default: the CPUs the worker may use")
+        f"1: every kernel on one core. Default: {default}")

@@ -120,6 +120,18 @@ def objects_in_flight_for(stages: int, batch_rows: int | None, asked: int | None
     return max(1, min(stages + 1, shared_cpus))
 
 
+def local_stage_threads(stages: int, batch_rows: int | None, asked: int | None,
+                        cpus: int) -> int:
+    """Replay threads per local node (`--threads`' default for `swactor serve`'s own
+    nodes): the host's `cpus` over the stages that compute at once, which is the objects
+    in flight (`objects_in_flight_for`; with one row per object, every stage) but no more
+    than the stages. One stage, or one object at a time, gets every CPU (as a node's own
+    default); 3 stages with 2 objects in flight on 2 CPUs get 1 each, so two stages
+    computing at once do not split each other's cores."""
+    in_flight = objects_in_flight_for(stages, batch_rows, asked, cpus) or stages
+    return max(1, cpus // max(1, min(stages, in_flight)))
+
+
 def http_address(text: str) -> tuple[str, int]:
     """argparse type: `HOST:PORT` (`[::1]:8000` for IPv6) for the HTTP server."""
     host, colon, port = text.rpartition(":")
@@ -222,7 +234,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="each node's arena size (default 256MiB)")
     parser.add_argument("--weights", choices=WEIGHT_MODES, default=DEFAULT_WEIGHT_MODE,
                         help="each node's weight mode (swactor node --weights)")
-    add_threads_argument(parser, "each local node's")
+    add_threads_argument(parser, "each local node's",
+                         "the CPUs over the stages that compute at once "
+                         "(the objects in flight, at most the stages): 1 for 3 stages with 2 "
+                         "objects in flight on 2 CPUs")
     parser.add_argument("--verbose", action="store_true",
                         help="echo the nodes' stderr and the orchestrator's events")
     parser.add_argument("--log-level", default="WARNING",
@@ -581,9 +596,12 @@ async def _serve_local(args: argparse.Namespace, keys: Path) -> int:
 
     if args.verbose:
         os.environ["SWACTOR_CLUSTER_ECHO"] = "1"
+    stages = args.nodes - args.spares if args.stages is None else args.stages
+    threads = args.threads or local_stage_threads(stages, args.batch_rows,
+                                                  args.objects_in_flight, os.cpu_count() or 1)
     cluster = LocalCluster(args.nodes, keys, args.events_dir, args.arena_ceiling,
                            args.log_level, weights=args.weights, swim=True,
-                           threads=args.threads)
+                           threads=threads)
     try:
         options = serve_options(cluster.orchestrator, (), args.model,
                                 max_seq_len=args.max_seq_len, split=args.split,

@@ -19,6 +19,7 @@ from swactor.orchestrator.session import PoolMember
 from swactor.serve.serve_cmd import (
     LiveNodes,
     http_address,
+    local_stage_threads,
     objects_in_flight_for,
     warm_batch_rows,
 )
@@ -69,6 +70,18 @@ def test_objects_in_flight_are_bounded_by_the_cpus_local_stages_share(
         stages: int, batch_rows: int, asked: int | None, cpus: int | None,
         cap: int | None) -> None:
     assert objects_in_flight_for(stages, batch_rows, asked, cpus) == cap
+
+
+@pytest.mark.parametrize(("stages", "batch_rows", "asked", "cpus", "threads"), [
+    (1, 2, None, 2, 2),    # one stage computes at a time: every CPU
+    (3, 2, None, 2, 1),    # 2 objects in flight on 2 CPUs: two stages at once, 1 each
+    (3, 2, 1, 2, 2),       # one object in flight: one stage at a time
+    (3, 1, None, 16, 5),   # one row per object: every stage at once
+    (3, 2, None, 16, 5),   # 4 in flight, at most the 3 stages compute
+])
+def test_local_nodes_split_the_cpus_among_stages_computing_at_once(
+        stages: int, batch_rows: int, asked: int | None, cpus: int, threads: int) -> None:
+    assert local_stage_threads(stages, batch_rows, asked, cpus) == threads
 
 
 def test_objects_in_flight_default_to_the_runs_own_cap() -> None:
