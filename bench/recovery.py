@@ -49,9 +49,10 @@ reason. Fault kinds:
   the part a spare can shorten (the detection is SWIM's either way).
 * serve worker budget: as serve node kill (no spare kept warm), but stage 1's worker
   is SIGKILLed instead of its node, then each next generation of that worker once it
-  had GENERATION_UP_S to come up, `max_restarts + 1` kills in all, as the worker
-  budget row does: the first kill faults the run (WorkerCrashed), the last leaves the
-  node's worker Failed (node_faulted, WorkerFatal) and the node not Available. The
+  had GENERATION_UP_S to come up, as the worker budget row does, until the node's
+  worker is Failed (node_faulted, WorkerFatal) and the node not Available: after
+  `max_restarts + 1` kills, or sooner when a kill lands while the worker loads its
+  stage (an init failure is not restarted). The first kill faults the run. The
   session re-plans as it decides (with or without that node; the row's
   `faulted_node_in_new_run` says which, `faults` counts the runs that faulted since
   the first kill, `node_faulted_s` times the last kill -> the node's node_faulted);
@@ -455,7 +456,7 @@ def _serve_trial(root: Path, kind: str) -> Trial:
             worker = _worker_pid(pid)
             killed, killed_ns = time.monotonic(), time.time_ns()
             os.kill(worker, signal.SIGKILL)
-            killer = _BudgetKiller(pid, worker)
+            killer = _BudgetKiller(pid, worker, events_dir)
             killer.start()
         else:
             os.kill(pid, signal.SIGKILL)
@@ -470,12 +471,12 @@ def _serve_trial(root: Path, kind: str) -> Trial:
         if killer is not None:
             killer.join(BOOT_S)
         time.sleep(0.5)  # a duplicated token would arrive after the last expected one
+        extra = {} if killer is None else killer.figures()
         nodes = [r for path in sorted(events_dir.glob("node-*.jsonl")) for r in _records(path)]
         trial = serve_figures(kind, [chunks for chunks, _, _ in reference],
                               [(chunks, times) for chunks, times, _ in faulted],
                               killed, killed_ns, _records(log), nodes)
-        if killer is not None:
-            trial.extra |= killer.figures(nodes)
+        trial.extra |= extra
         return trial
     finally:
         if serve.poll() is None:
@@ -520,40 +521,58 @@ def _wait_spare(log: Path, spares: int, strict: bool = True) -> int:
 
 class _BudgetKiller(threading.Thread):
     """Kills each next generation of a node's worker (`first`, the one the trial killed,
-    was generation 1) once it had GENERATION_UP_S to come up, until `max_restarts + 1`
-    kills spent the node's restart budget, as the `worker_budget` row does; `error` says
-    why it stopped early."""
+    was generation 1) once it had GENERATION_UP_S to come up, as the `worker_budget` row
+    does, until the node gave up on its worker: its node_faulted (WorkerFatal, the node
+    no longer Available) in `events_dir`, which `max_restarts + 1` crashes bring, or a
+    kill while the worker loads its stage (an init failure) brings sooner. `error` says
+    why it stopped before that."""
 
-    def __init__(self, node: int, first: int) -> None:
+    def __init__(self, node: int, first: int, events_dir: Path) -> None:
         super().__init__(daemon=True)
-        self.node, self.last = node, first
+        self.node, self.last, self.events_dir = node, first, events_dir
         self.kills, self.last_ns = 1, time.time_ns()
         self.error: str | None = None
+
+    def node_faulted(self) -> list[int]:
+        """The walls of the node's node_faulted events since the last kill."""
+        return [r["wall"] for path in sorted(self.events_dir.glob("node-*.jsonl"))
+                for r in _records(path) if r["event"] == "node_faulted"
+                and r.get("pid") == self.node and r["wall"] > self.last_ns]
 
     def run(self) -> None:
         budget = WorkerCtlConfig(arena_fd=-1, arena_bytes=0).max_restarts
         try:
-            for _ in range(budget):
-                self.last = _worker_pid(self.node, self.last, FAULT_WAIT_S)
+            while self.kills <= budget:
+                deadline = time.monotonic() + FAULT_WAIT_S
+                while not (found := [pid for pid in _children(self.node)
+                                     if pid != self.last and _running(pid)]):
+                    if self.node_faulted():
+                        return
+                    if time.monotonic() > deadline:
+                        raise Failed(f"no next worker generation in {FAULT_WAIT_S:.0f}s "
+                                     "and no node_faulted")
+                    time.sleep(0.02)
+                self.last = found[0]
                 time.sleep(GENERATION_UP_S)
+                if self.node_faulted():
+                    return
                 self.last_ns = time.time_ns()
                 os.kill(self.last, signal.SIGKILL)
                 self.kills += 1
         except (Failed, OSError) as error:
             self.error = str(error)
 
-    def figures(self, nodes: list[dict[str, Any]]) -> dict[str, float]:
-        """`kills` made and, where the node logged it, `node_faulted_s`: the last kill ->
-        the node's node_faulted (its worker Failed, the node no longer Available)."""
-        if self.error is not None or self.is_alive():
-            raise Failed(f"{self.kills} worker kill(s), not past the restart budget: "
-                         f"{self.error or 'still killing'}")
-        found: dict[str, float] = {"kills": float(self.kills)}
-        faulted = [r["wall"] for r in nodes if r["event"] == "node_faulted"
-                   and r.get("pid") == self.node and r["wall"] > self.last_ns]
-        if faulted:
-            found["node_faulted_s"] = (min(faulted) - self.last_ns) / 1e9
-        return found
+    def figures(self) -> dict[str, float]:
+        """`kills` made and `node_faulted_s`: the last kill -> the node's node_faulted
+        (waited for up to FAULT_WAIT_S)."""
+        deadline = time.monotonic() + FAULT_WAIT_S
+        while not (faulted := self.node_faulted()) and self.error is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not faulted:
+            raise Failed(f"{self.kills} worker kill(s) and the node did not fault: "
+                         f"{self.error or 'no node_faulted'}")
+        return {"kills": float(self.kills), "node_faulted_s": (min(faulted) - self.last_ns) / 1e9}
 
 
 def _lost(reference: list[list[str]], got: list[list[str]]) -> tuple[int, int]:
