@@ -29,7 +29,9 @@ send on get a `sendbuf.ChunkedSender` (aioquic's sender with a chunk list instea
 reallocated bytearray: see `sendbuf.py`).
 
 ACKs are not delayed (`_ack_delay = 0`): the endpoint's receive batch is the coalescing
-unit, one ACK per batch, sent by the transmit that ends the batch.
+unit, one ACK per batch, sent by the transmit that ends the batch. When an ACK is due and
+the streams' pending bytes are few (a token object), aioquic's own loop writes both in
+one packet instead of the bulk path sending the ACK alone (`_ack_due`).
 
 Servers also ask for the client's certificate (mutual TLS): aioquic has no public switch,
 so `_initialize` sets the TLS context's request flag. `peer_certificate()` exposes the
@@ -89,6 +91,10 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
 _MAX_STREAM_DATA_FRAME_CAPACITY = 1 + 2 * UINT_VAR_MAX_SIZE
 _CONNECTION_LIMIT_FRAME_CAPACITY = 1 + UINT_VAR_MAX_SIZE
 
+
+_PIGGYBACK_BYTES = 1000
+"""Pending stream bytes up to which a due ACK and the stream's data share one packet
+(`SwactorConnection._write_application`): well inside one datagram with an ACK frame."""
 
 PACING_TICK = 0.002
 """Seconds of sending the pacer lets out in one burst (see `TickPacer`)."""
@@ -236,7 +242,11 @@ class SwactorConnection(QuicConnection):
 
     def _write_application(self, builder: Any, network_path: Any, now: float) -> None:
         streams = bulk.bulk_streams(self) if self._bulk else []
-        if not streams:
+        if not streams or (self._ack_due(now) and sum(
+                span.stop - span.start for stream in streams
+                for span in stream.sender._pending) <= _PIGGYBACK_BYTES):
+            # nothing for the bulk path, or a due ACK and a few bytes: one packet of
+            # aioquic's (ACK and STREAM frames), not the ACK alone ahead of a sealed one
             super()._write_application(builder, network_path, now)
             return
         # aioquic's loop writes everything else first (ACKs, credit, control streams);
@@ -248,6 +258,12 @@ class SwactorConnection(QuicConnection):
         finally:
             self._streams_queue.extend(streams)
         bulk.write_bulk(self, builder, streams, now)
+
+    def _ack_due(self, now: float) -> bool:
+        """Whether an ACK of 1-RTT packets is due now: then a token object and the ACK
+        of the one before it leave in one datagram (`_write_application`)."""
+        space = self._spaces[tls.Epoch.ONE_RTT]
+        return space.ack_at is not None and space.ack_at <= now
 
     def datagrams_to_send(self, now: float) -> list[tuple[Any, Any]]:
         """aioquic's datagrams, one per item (the bulk path's `DatagramRun`s cut into

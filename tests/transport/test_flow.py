@@ -159,3 +159,30 @@ def test_a_received_batch_is_acknowledged_by_the_transmit_that_ends_it() -> None
         for data, _ in server.datagrams_to_send(now=now):
             client.receive_datagram(data, SERVER_ADDR, now=now)
         assert (client.send_buffered(stream_id) == 0) is expect_ack_now
+
+
+def test_a_due_ack_and_a_small_write_leave_in_one_datagram() -> None:
+    """A token's exchange: the receiver of a small object answers with a small object of
+    its own; the ACK of the first rides in the answer's datagram (the bulk path would
+    send it alone, ahead of its sealed packet), and the first sender's bytes are acked."""
+    client, server = _pair()
+    _shuttle(client, server, 0.0)
+    assert isinstance(client, SwactorConnection) and isinstance(server, SwactorConnection)
+    now = 1.0
+    out_id = client.get_next_available_stream_id(is_unidirectional=True)
+    back_id = server.get_next_available_stream_id(is_unidirectional=True)
+    for step in range(3):
+        client.send_stream_data(out_id, bytes(44))
+        for data, _ in client.datagrams_to_send(now=now):
+            server.receive_datagram(bytes(data), CLIENT_ADDR, now=now)
+        while server.next_event() is not None:
+            pass
+        server.send_stream_data(back_id, bytes(44))
+        answer = server.datagrams_to_send(now=now)
+        assert len(answer) == 1, f"step {step}: the ACK and the answer are one datagram"
+        client.receive_datagram(bytes(answer[0][0]), SERVER_ADDR, now=now)
+        got = [e for e in iter(client.next_event, None)
+               if isinstance(e, events.StreamDataReceived)]
+        assert sum(len(e.data) for e in got) == 44
+        assert client.send_buffered(out_id) == 0, "the first object is acknowledged"
+        now += 0.01
