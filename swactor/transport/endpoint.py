@@ -656,6 +656,31 @@ class QuicEndpoint:
     def cached(self, peer_node_id: int, alpn: str) -> QuicLink | None:
         return self._cache.get((peer_node_id, alpn))
 
+    def shared_link(self, current: QuicLink) -> QuicLink:
+        """The link both ends of `current` pick to carry a new stream: among the open,
+        verified links between the same two endpoints on the same ALPN, one dialled by
+        the end with the smaller node id, if any; else `current`.
+
+        Two nodes that dial each other at once (a 1-stage run: the orchestrator's
+        token-in edge to the node, the node's token-out edge back) get two links; a
+        stream on each means one link per direction, each with ACK-only datagrams.
+        With both streams on one link, each direction's data carries the ACK of the
+        other's (`QuicLink.transmit_when_idle`). A send edge asks this when it opens its
+        stream, by which time both links of such a pair exist."""
+        peer, alpn = current.peer_node_id, current.alpn
+        if peer is None or alpn is None:
+            return current
+        dialler = min(self.node_id, peer)
+        chosen = current
+        for link in self._links:
+            if (link.peer_node_id == peer and link.alpn == alpn and link.addr == current.addr
+                    and not link.closed
+                    and (self.node_id if link.quic._is_client else peer) == dialler):
+                if link is current or link is self._cache.get((peer, alpn)):
+                    return link
+                chosen = link
+        return chosen
+
     def send_datagrams(self, datagrams: Sequence[Datagram]) -> None:
         """Send datagrams in order (GSO batches where possible); a full buffer or an
         unreachable peer loses them, which QUIC recovers. An `outbound` path sees them

@@ -235,8 +235,8 @@ class SendEdge(EdgePump[fsm.Event], fsm.SendPumpEffects[None]):
         self.feed(fsm.RingFault(RingId(self.ring_id), reason))
 
     def _open_stream(self) -> None:
-        link = self.link
-        assert link is not None
+        assert self.link is not None
+        link = self.link = self.endpoint.shared_link(self.link)
         try:
             stream_id = link.open_uni_stream()
             link.send(stream_id, EdgePreamble(edge_id=EdgeId(self.edge_id)).pack())
