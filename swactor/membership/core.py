@@ -412,8 +412,19 @@ class SwimCore:
         return out
 
     def next_deadline(self) -> float:
-        """When `tick` next has work (inf when nothing is armed)."""
-        return self._timers[0][0] if self._timers else float("inf")
+        """When `tick` next has work (inf when nothing is armed). A probe's timeout
+        whose probe was acked (or ended) would do nothing when it fires: it is dropped
+        here, so the UDP runner does not wake up for it (twice a second per member)."""
+        timers = self._timers
+        while timers and timers[0][2] == "probe_timeout" and self._probe_settled(timers[0][3]):
+            heapq.heappop(timers)
+        return timers[0][0] if timers else float("inf")
+
+    def _probe_settled(self, seq: int) -> bool:
+        """Whether probe `seq` no longer needs its timeout (`_probe_timeout` would
+        return at once): acked, or no longer the probe under way. Once true, for good."""
+        probe = self._probe
+        return probe is None or probe.seq != seq or probe.acked
 
     def take_events(self) -> list[MembershipEvent]:
         """The membership events since the last call."""

@@ -160,3 +160,33 @@ def test_newer_alive_refutes_a_suspicion_and_revives_the_dead() -> None:
     assert core.state_of(NodeId(2)) is MemberState.Dead
     core.handle(Gossip(NodeId(2), (AliveUpdate(NodeId(2), 2, _meta(2)),)), ("sim", 2), 0.4)
     assert core.state_of(NodeId(2)) is MemberState.Alive
+
+
+def test_an_acked_probes_timeout_wakes_nobody() -> None:
+    """The runner sleeps until `next_deadline`: once the probe is acked its timeout
+    would do nothing, so the deadline is the next timer that has work; a probe left
+    unacked still wakes the member at its timeout (and goes on to indirect probes)."""
+    acked, silent = _core(3), _core(3)
+    for core, answer in ((acked, True), (silent, False)):
+        now = 0.0
+        while not (pings := _pings(core.tick(now))):
+            now += 0.01
+        timeout = now + CONFIG.probe_timeout_s
+        if answer:
+            core.handle(Ack(pings[0].target, pings[0].seq), ("sim", int(pings[0].target)),
+                        now + 0.001)
+            seen = []
+            t = core.next_deadline()
+            while t <= timeout:  # every wake-up up to the timeout
+                seen.append(t)
+                core.tick(t)
+                t = core.next_deadline()
+            assert timeout not in seen
+        else:
+            assert min(core.next_deadline(), timeout) == core.next_deadline()
+            t = core.next_deadline()
+            while t < timeout:  # other timers (gossip) may come first
+                core.tick(t)
+                t = core.next_deadline()
+            assert t == timeout
+            assert any(isinstance(o.message, PingReq) for o in core.tick(t))
