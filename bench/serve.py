@@ -652,6 +652,14 @@ def _level_line(level: LevelFigures) -> str:
             + (f", {level.restarts} run restart(s)" if level.restarts else ""))
 
 
+def _per_cpu_s(level: dict[str, Any]) -> float | None:
+    """A level's tokens per CPU-second of the server's processes (None where its figures
+    have no cores: llama.cpp's are there too, an older run's are not)."""
+    cores = (level.get("cores") or {}).get("swactor")
+    cpu_s = cores * level.get("wall_s", 0.0) if cores else 0.0
+    return level["tokens"] / cpu_s if cpu_s > 0 and level.get("tokens") else None
+
+
 def _fmt(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
@@ -741,8 +749,9 @@ def markdown(figures: dict[str, Any]) -> list[str]:
     lines += [
              "| clients | server | TTFT p50 ms | TTFT p95 ms | decode tok/s per request "
              "(median) | aggregate tok/s | aggregate / 1 client | TTFT p50 / llama.cpp | "
-             "aggregate / llama.cpp | requests, tokens (finish reasons) | errors |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "aggregate / llama.cpp | requests, tokens (finish reasons) | errors | "
+             "tokens per CPU-second (server's processes) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     reference = figures["levels"].get("llama.cpp", {})
     for clients in settings.get("levels", LEVELS):
         for name, rows in figures["levels"].items():
@@ -760,7 +769,7 @@ def markdown(figures: dict[str, Any]) -> list[str]:
                 f"{_fmt(ratio(level['aggregate_tokens_per_s'], ref.get('aggregate_tokens_per_s')), 2)} | "  # noqa: E501
                 f"{level['requests']}, {level['tokens']} ("
                 + ", ".join(f"{k} {v}" for k, v in sorted(level.get("finish_reasons", {}).items()))
-                + f") | {level['errors']} |")
+                + f") | {level['errors']} | {_fmt(_per_cpu_s(level))} |")
     lines += ["", "| goal | measured | target | verdict |", "|---|---|---|---|"]
     for row in figures.get("goals", []):
         target = (f"{'>=' if row['at_least'] else '<'} {row['target']:g}"

@@ -178,7 +178,10 @@ def test_goal_ratios_pair_figures_of_the_run() -> None:
     figures["goals"] = goal_rows(figures)
     section = markdown(figures)
     assert ("| 4 | swactor-3 | 700 | 700 | 1.0 | 16.0 | 2.00 | 2.00 | 0.40 | 4, 64 "
-            "(length 3, stop 1) | 0 |") in section
+            "(length 3, stop 1) | 0 | n/a |") in section  # no cores measured
+    figures["levels"]["swactor-3"]["4"].update(cores={"swactor": 0.5}, wall_s=4.0)
+    assert any(line.endswith("(length 3, stop 1) | 0 | 32.0 |")  # 64 tokens / 2 CPU-s
+               for line in markdown(figures))
     assert ("| swactor-3 aggregate at 4 clients / llama.cpp server's at 4 | 0.40 | >= 0.5 "
             "| missed |") in section
     report_rows = serve_goals(figures)
