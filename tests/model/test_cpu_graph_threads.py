@@ -175,3 +175,37 @@ def test_fallback_loop_computes_the_same(direct: Built,
     assert not any(g._native for g in replay.graphs)
     got = _outputs(replay, view, out, threads=2)
     assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.soak
+def test_smollm2_on_two_threads_computes_one_threads_logits_bit_for_bit() -> None:
+    """A real stage (SmolLM2, all blocks, f32 from the file's blocks: the defaults):
+    the prefill and 8 decode steps give the same logits, bit for bit, on 2 threads as
+    on 1."""
+    from swactor.model.gguf_range import GgufRangeReader
+    from swactor.model.llama_role import StageRole
+    from swactor.model.paths import default_model_path
+    from swactor.model.source import LocalFileSource
+
+    path = default_model_path()
+    if not path.is_file():
+        pytest.fail(f"{path} missing: run scripts/setup.sh")
+    weights = GgufRangeReader(LocalFileSource(path)).load_stage(
+        0, 30, is_first=True, is_last=True, dtype="f32", keep_blocks=True)
+    role = StageRole(weights, max_seq_len=120, quantised=True)  # bench model's role
+    prompt = np.array([1, 504, 3458, 22, 333, 4444], dtype=np.int32)
+    logits: dict[int, list[npt.NDArray[np.float32]]] = {}
+    default = cpu_graph.threads()
+    try:
+        for threads in (1, 2):
+            cpu_graph.set_threads(threads)
+            out = role.step(0, prompt)
+            assert role.last_logits is not None
+            logits[threads] = [role.last_logits.copy()]
+            for sequence in range(1, 9):
+                out = role.step(sequence, out)
+                logits[threads].append(role.last_logits.copy())
+    finally:
+        cpu_graph.set_threads(default)
+    assert all(np.array_equal(a, b) for a, b in zip(logits[1], logits[2], strict=True))
