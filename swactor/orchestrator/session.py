@@ -406,6 +406,14 @@ class Pool:
 
     async def greet(self, emitter: Emitter) -> None:
         """Send every node the AddressBook; pool_ready once all answered (a fixed pool)."""
+        await self.introduce()
+        if not self.options.pool_gated:
+            emitter.emit(PoolReady(node_id=NodeId(self.options.identity.node_id)))
+
+    async def introduce(self) -> None:
+        """Send every node the AddressBook: the pool's nodes and this endpoint's address,
+        where a node fetches an offered model's ranges from (`SessionError` when a node
+        does not answer)."""
         options = self.options
         me = NodeId(options.identity.node_id)
         host = options.advertise_host or self.address[0]
@@ -417,8 +425,6 @@ class Pool:
                                    for m in options.nodes))
         except Exception as error:
             raise SessionError(f"pool: a node did not answer: {error}") from None
-        if not options.pool_gated:
-            emitter.emit(PoolReady(node_id=me))
 
     async def close(self) -> None:
         await self.endpoint.close()

@@ -36,6 +36,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from swactor.events.schema import SparePreloaded, SparePreloadFailed
@@ -43,6 +44,7 @@ from swactor.wire import NodeId
 
 if TYPE_CHECKING:
     from swactor.events.emitter import Emitter
+    from swactor.model.fetch import OfferedFile
     from swactor.orchestrator.session import Pool, PoolMember, SessionOptions
     from swactor.serve.pipeline import RunEngine
     from swactor.wire.plan import RunPlan
@@ -133,9 +135,16 @@ class SpareWarmer:
                 and (m.node_id, index, count) not in self._inflight]
         if not todo:
             return ready, wanted
-        pool = await Pool.open(replace(self._options, nodes=tuple(
-            {m.node_id: m for m, _ in todo}.values())), plan.run_id, None)
         me = NodeId(self._options.identity.node_id)
+        pool = await Pool.open(replace(self._options, nodes=tuple(
+            {m.node_id: m for m, _ in todo}.values())), plan.run_id, self._offered(plan))
+        try:
+            await pool.introduce()  # the spares learn where the offered model is served
+        except Exception as error:
+            await pool.close()
+            for member, index in todo:
+                self._failed(me, member, plan, index, str(error))
+            return ready, wanted
 
         async def preload(member: PoolMember, index: int) -> int:
             key = (member.node_id, index, count)
@@ -161,6 +170,26 @@ class SpareWarmer:
             await pool.close()
         return ready + sum(done), wanted
 
+    def _offered(self, plan: RunPlan) -> OfferedFile | None:
+        """The model file when the plan's stages fetch it from this orchestrator (a
+        PoolPeer source, `--offer-model`): the preload's endpoint serves it as the run's
+        does (`offer_file` hashed it once already for the run's plan)."""
+        from swactor.model.fetch import offer_file
+        from swactor.wire.enums import GgufSourceKind
+
+        if not any(s.gguf_source.kind is GgufSourceKind.PoolPeer for s in plan.stages):
+            return None
+        return offer_file(Path(self._options.model))
+
+    def _failed(self, me: NodeId, member: PoolMember, plan: RunPlan, index: int,
+                why: str) -> None:
+        stage = plan.stages[index]
+        layers = f"{stage.layer_start}-{stage.layer_end_exclusive - 1}"
+        log.warning("spare %#x: stage %d not preloaded: %s", int(member.node_id), index, why)
+        self._emit(SparePreloadFailed(node_id=me, detail={
+            "spare": int(member.node_id), "stage_index": index, "layers": layers,
+            "why": why}))
+
     async def _preload_one(self, pool: Pool, me: NodeId, plan: RunPlan, member: PoolMember,
                            index: int) -> int:
         """Ask `member` to preload stage `index` of the run's plan; 1 when it did."""
@@ -183,12 +212,7 @@ class SpareWarmer:
         except asyncio.CancelledError:
             raise
         except Exception as error:
-            why = str(error).strip() or type(error).__name__
-            log.warning("spare %#x: stage %d not preloaded: %s", int(member.node_id), index,
-                        why)
-            self._emit(SparePreloadFailed(node_id=me, detail={
-                "spare": int(member.node_id), "stage_index": index, "layers": layers,
-                "why": why}))
+            self._failed(me, member, plan, index, str(error).strip() or type(error).__name__)
             return 0
         self.warm[member.node_id] = self.warm.get(member.node_id, frozenset()) | {
             (index, count)}

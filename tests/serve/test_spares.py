@@ -1,11 +1,29 @@
 """Warm spares' planning rules (`swactor.serve.spares`): which ranges each spare
-preloads, and where the next plan puts the survivors and the spares. Pure functions,
-no nodes; the end-to-end check is `tests/serve/test_spare_e2e.py` (soak)."""
+preloads, where the next plan puts the survivors and the spares, and what the warmer
+tells a spare (over a fake pool). No nodes; the end-to-end check is
+`tests/serve/test_spare_e2e.py` (soak)."""
 
 from __future__ import annotations
 
-from swactor.serve.spares import place, spare_assignment
-from swactor.wire import NodeId
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, ClassVar, cast
+
+import pytest
+
+from swactor.model.fetch import OfferedFile
+from swactor.orchestrator import session
+from swactor.orchestrator.session import PoolMember, SessionOptions, plan_for
+from swactor.serve.spares import SpareWarmer, place, spare_assignment
+from swactor.transport.identity import NodeIdentity
+from swactor.transport.run_control import PreloadStage, StagePreloaded
+from swactor.wire import NodeId, RunId
+from swactor.wire.codec import WireStruct
+from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
+
+if TYPE_CHECKING:
+    from swactor.serve.pipeline import RunEngine
 
 A, B, C, D, E = (NodeId(n) for n in (10, 20, 30, 40, 50))
 
@@ -43,3 +61,67 @@ def test_too_few_nodes_for_the_old_shape_or_no_previous_run_plan_afresh() -> Non
     assert place((A, B, C), (C, A), {}, 3) == ((A, C), [])
     assert place((), (E, A, C, B), {}, 3) == ((A, B, C), [])
     assert place((A, B, C), (A, B, C, D), {}, 3) == ((A, B, C), [])  # nothing lost
+
+
+class _Control:
+    """The preload pool's control channel: answers each PreloadStage ok, noting whether
+    the pool had sent its AddressBook first."""
+
+    def __init__(self, pool: _PreloadPool) -> None:
+        self._pool = pool
+
+    async def request(self, node: int, message: WireStruct, *, timeout: float) -> WireStruct:
+        assert isinstance(message, PreloadStage)
+        self._pool.asked.append((node, self._pool.introduced))
+        return StagePreloaded(message.provision.runtime.role_id, True)
+
+
+class _PreloadPool:
+    """`Pool` as the warmer opens it (one component's fake: no endpoint, no node)."""
+
+    opened: ClassVar[list[_PreloadPool]] = []
+
+    def __init__(self, offered: OfferedFile | None) -> None:
+        self.offered = offered
+        self.introduced = False
+        self.asked: list[tuple[int, bool]] = []
+        self.control = _Control(self)
+
+    @classmethod
+    async def open(cls, options: SessionOptions, run_id: RunId,
+                   offered: OfferedFile | None) -> _PreloadPool:
+        pool = cls(offered)
+        cls.opened.append(pool)
+        return pool
+
+    async def introduce(self) -> None:
+        self.introduced = True
+
+    async def close(self) -> None:
+        pass
+
+
+def test_a_spare_preloading_an_offered_model_is_told_where_it_is_served(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `--offer-model` the stages fetch their ranges from the orchestrator: a spare
+    outside the run learns the orchestrator's address only from an AddressBook, so the
+    warmer's pool serves the offered file and introduces itself before any PreloadStage
+    (as a run's greeting does before provisioning)."""
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf", TinyConfig(blocks=2))
+    options = SessionOptions(identity=NodeIdentity.generate(), model=gguf, offer_model=True,
+                             nodes=(PoolMember(A, "127.0.0.1", 1),
+                                    PoolMember(B, "127.0.0.1", 2)), max_seq_len=64)
+    planned, offered = plan_for(options, RunId(7), (1, 2, 3), with_stop_ids=False,
+                                serving=True)
+    assert offered is not None
+    spare = PoolMember(C, "127.0.0.1", 3)
+    run = SimpleNamespace(plan=planned.plan, stage_nodes=(A, B))
+    monkeypatch.setattr(session, "Pool", _PreloadPool)
+    warmer = SpareWarmer(1, options, lambda _busy: (spare,))
+
+    ready, wanted = asyncio.run(warmer(cast("RunEngine", run)))
+
+    assert (ready, wanted) == (2, 2)
+    [pool] = _PreloadPool.opened
+    assert pool.offered is not None and pool.offered.sha256 == offered.sha256
+    assert pool.asked == [(int(C), True), (int(C), True)]
