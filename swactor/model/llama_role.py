@@ -29,6 +29,10 @@ must be the slot's next position. The last stage answers one greedy id, or with
 ``tag.candidates`` the top ``CANDIDATES_K`` ids and their logits (:func:`candidates`);
 sampling is then the orchestrator's, so a stage keeps no per-sequence sampling state.
 
+``run_prompts(tags, payload)``: a prompt batch: several prompts, each in its own slot
+(``tags[i].position`` is prompt ``i``'s row count), prefilled together; the last stage
+answers each prompt as ``run_tagged`` would (see "Prompts prefilled together" below).
+
 ``run_batch(tags, payload)``: ``B`` decode rows of different sequences (distinct slots,
 each at its slot's next position) as one step, answers in table order (the ``[B,
 hidden]`` rows, or on the last stage each row's ``run_tagged`` answer joined). Each
@@ -57,6 +61,28 @@ before slots existed (measured: the same decode ms/token with 1 and 4 slots). On
 device a prefill's products (dense or block weights) widen each weight once into
 transient panels and run a tiled C kernel (:mod:`swactor.model.prefill_gemm`), 4-5x
 faster than tinygrad's own CPU matrix product on SmolLM2's shapes.
+
+Prompts prefilled together (CPU). Widening the weights is paid once per prefill
+whatever its rows, so on a CPU device every prefill is one graph over *packed*
+prompts (:meth:`StageRole._forward_packed`): the rows of one or more prompts one after
+another, padded to the bucket as above, with three more inputs the host computes: each
+row's rotary cosines and sines (its position within its own prompt, read from the
+role's tables) and a ``[T, T]`` mask letting each row attend to its own prompt's rows up
+to itself (a padding row only to itself). The products take every row at once, as a
+single prompt's do; each block's keys and values come back as outputs and the host
+copies each prompt's rows into its slot's cache (positions ``0..n-1``), so the graph
+has no slot or offset in it and one JIT per bucket serves one prompt or several in any
+slots. A single prompt is a pack of one. The last stage computes the logits of its
+last row (a bound variable), and for several prompts has a second JIT per bucket
+(kernel cache kind ``prefill-P-xK``, built at warm-up) computing ``K = min(slots,
+MAX_PROMPTS)`` rows, each picked by a variable (the prompts' last rows): K rows of the
+output product cost more than one, so a single prompt does not pay for them.
+A prompt's rows are computed as alone, except that its attention sums run over the
+packed object's columns (exact zeros for the other prompts' rows), so its results
+agree with the prompt alone to rounding. :meth:`StageRole.run_prompts` packs
+consecutive prompts while their padded total has a bucket whose JIT is ready (a bucket
+first built on a live step costs seconds), else runs them in smaller packs; other
+devices run the in-graph prefill below, one prompt at a time.
 
 Decode is a chain of matrix-vector products over every weight, so its speed is the rate at
 which kernels stream weights. Two measured choices (SmolLM2, 2 CPU cores): products are
@@ -149,7 +175,7 @@ from swactor.model.errors import WeightsError, WeightsFault
 from swactor.model.gguf_range import ModelFacts, StageWeights
 from swactor.model.jit_cache import KernelCache
 from swactor.model.sampling import SamplingPolicy, sample_token
-from swactor.wire.tags import CANDIDATES_K, MAX_SLOTS, SequenceTag
+from swactor.wire.tags import CANDIDATES_K, MAX_PROMPTS, MAX_SLOTS, SequenceTag
 
 _TG_DTYPES = {"f32": dtypes.float32, "f16": dtypes.float16}
 NP_DTYPES: dict[str, type[np.floating[Any]]] = {"f32": np.float32, "f16": np.float16}
@@ -204,6 +230,10 @@ def _host_view(tensor: Tensor) -> npt.NDArray[np.generic]:
 
 
 _Scalar = TypeVar("_Scalar", bound=np.generic)
+_Ret = TypeVar("_Ret")
+_PrefillJit = _TinyJit[tuple[Tensor, ...]]
+"""A prefill JIT: on CPU it returns the activation rows or logits, then each block's
+keys and values (`StageRole._forward_packed`); elsewhere one tensor, cast at its call."""
 
 
 class StepError(Exception):
@@ -431,14 +461,27 @@ class StageRole:
         self._slot_var = UOp.variable("slot", 0, slots - 1) if slots > 1 else None
         self._decode = TinyJit(self._forward_decode)
         self._last_var = UOp.variable("last_row", 0, max_seq_len - 1)
-        self._prefill: dict[int, _TinyJit[Tensor]] = {}
+        # a prompt batch's last stage computes the logits of this many rows (one per
+        # prompt, each picked by a variable); the first is the single prompt's last_row
+        self._heads = min(slots, MAX_PROMPTS)
+        self._last_vars = (self._last_var, *(UOp.variable(f"last_row{i}", 0, max_seq_len - 1)
+                                             for i in range(1, self._heads)))
+        self._prefill: dict[int, _PrefillJit] = {}
+        self._prefill_many: dict[int, _PrefillJit] = {}
+        """A last stage's prefill JITs for several prompts (``_heads`` logits rows; a
+        single prompt's compute one, as they always did); other stages use ``_prefill``."""
+        # on CPU, host views of every block's KV caches: a packed prefill's keys and
+        # values are copied into the prompts' slots through them (the buffers never move)
+        self._cache_views = [(_host_view(b.cache_k), _host_view(b.cache_v))
+                             for b in self.blocks] if self._cpu else []
         self._decode_runner = _DecodeRunner(
             self._decode, "decode",
             (self._pos_var,) if self._slot_var is None else (self._pos_var, self._slot_var))
         self._rows: dict[int, _DecodeRunner] = {}  # decode JITs by rows per step (2+)
         self._kernels = KernelCache.for_role(
             self, self._structure(),
-            skip=("_decode", "_prefill", "_decode_runner", "_rows", "_kernels", "sampling",
+            skip=("_decode", "_prefill", "_prefill_many", "_decode_runner", "_rows", "_kernels",
+                  "sampling",
                   "last_logits"))
 
     # -- loading --------------------------------------------------------------------------
@@ -595,11 +638,16 @@ class StageRole:
         half = f.rope_dim // 2
         self.rope_cos: Tensor | None = None
         self.rope_sin: Tensor | None = None
+        self._rope_rows: tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]] | None = None
+        """The rotary tables on the host too: a packed prefill's rows are gathered from
+        them (each row's position within its own prompt)."""
         if half:
             inv = 1.0 / (f.rope_theta ** (np.arange(0, half, dtype=np.float64) * 2 / f.rope_dim))
             angles = np.outer(np.arange(self.max_seq_len, dtype=np.float64), inv)
-            self.rope_cos = self._to_device(np.cos(angles).astype(np.float32))
-            self.rope_sin = self._to_device(np.sin(angles).astype(np.float32))
+            cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+            self.rope_cos = self._to_device(cos)
+            self.rope_sin = self._to_device(sin)
+            self._rope_rows = (cos, sin)
 
     def _embed(self, ids: npt.NDArray[np.int32]) -> npt.NDArray[np.generic]:
         assert self.token_embd is not None
@@ -706,6 +754,13 @@ class StageRole:
         half = rope_dim // 2
         cos = self.rope_cos[start : start + tokens].reshape(1, tokens, half)
         sin = self.rope_sin[start : start + tokens].reshape(1, tokens, half)
+        return self._rotate(x, cos, sin)
+
+    def _rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """``x`` ``[heads, tokens, head_dim]`` rotated by ``cos``/``sin`` ``[1, tokens,
+        rope_dim / 2]``."""
+        rope_dim = self.facts.rope_dim
+        half = rope_dim // 2
         x1, x2 = x[..., :half], x[..., half:rope_dim]
         rotated = (x1 * cos - x2 * sin).cat(x2 * cos + x1 * sin, dim=-1)
         if rope_dim == x.shape[-1]:
@@ -816,6 +871,58 @@ class StageRole:
         assert self.output_norm is not None and self.output is not None
         normed = self._rms_norm(x.float(), self.output_norm)
         return self._linear(normed, self.output, rows=True).contiguous().realize()
+
+    def _attention_packed(self, block: _Block, cos: Tensor, sin: Tensor, mask: Tensor,
+                          tokens: int, kv: list[Tensor], x: Tensor) -> Tensor:
+        """Attention of packed prompt rows ``x`` (:meth:`_forward_packed`): the keys and
+        values are the rows' own, each row attends where ``mask`` lets it; the keys and
+        values in the compute dtype are appended to ``kv`` (what the slots' caches get)."""
+        f = self.facts
+        hd, heads, kvh = f.head_dim, f.head_count, f.head_count_kv
+        qkv = self._qkv(block, x)
+        q = qkv[:, : heads * hd].reshape(tokens, heads, hd).transpose(0, 1)
+        k = qkv[:, heads * hd : (heads + kvh) * hd].reshape(tokens, kvh, hd).transpose(0, 1)
+        v = qkv[:, (heads + kvh) * hd :].reshape(tokens, kvh, hd).transpose(0, 1)
+        if f.rope_dim:
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        # materialised in the cache's dtype, as the cache would hold them (and read back)
+        keys = k.cast(self._tg_dtype).contiguous()
+        values = v.cast(self._tg_dtype).contiguous()
+        kv += [keys, values]
+        group = heads // kvh
+        q = q.reshape(kvh, group * tokens, hd)
+        scores = q.matmul(keys.float().transpose(1, 2)) * (1.0 / math.sqrt(hd))
+        scores = scores.reshape(kvh, group, tokens, tokens)
+        scores = mask.where(scores, float("-inf")).reshape(kvh, group * tokens, tokens)
+        probs = scores.softmax(-1).contiguous()  # materialised: see _attend
+        out = probs.matmul(values.float())  # [kv, group*tokens, hd]
+        out = out.reshape(heads, tokens, hd).transpose(0, 1).reshape(tokens, heads * hd)
+        return self._linear(out, block.wo)
+
+    def _forward_packed(self, payload: Tensor, cos: Tensor, sin: Tensor, mask: Tensor,
+                        *lasts: UOp) -> tuple[Tensor, ...]:
+        """A CPU prefill of prompts packed one after another in ``payload`` ``[T,
+        hidden]`` (module doc): ``cos``/``sin`` ``[1, T, rope_dim / 2]`` rotate each row
+        by its position in its own prompt, ``mask`` ``[T, T]`` says which rows each row
+        attends to. Returns the activation rows (the last stage: the logits ``[len(lasts),
+        vocab]`` of rows ``lasts``), then each block's keys and values ``[kv_heads, T,
+        head_dim]`` in the compute dtype, for the caller to copy into the slots."""
+        tokens = int(payload.shape[0])
+        kv: list[Tensor] = []
+        x = payload
+        for block in self.blocks:
+            x = self._block_with(
+                block, x.float(),
+                partial(self._attention_packed, block, cos, sin, mask, tokens, kv), rows=False)
+        if self.is_last:
+            assert self.output_norm is not None and self.output is not None
+            picked = [x[last : last + 1] for last in lasts]
+            rows = picked[0].cat(*picked[1:], dim=0) if len(picked) > 1 else picked[0]
+            x = self._linear(self._rms_norm(rows.float(), self.output_norm), self.output,
+                             rows=True)
+        out = x.contiguous()
+        Tensor.realize(out, *kv)
+        return (out, *kv)
 
     def _forward_decode(self, payload: Tensor, start: UOp, slot: UOp | None = None) -> Tensor:
         return self._forward(payload, start, 1, slot=0 if slot is None else slot).realize()
@@ -956,6 +1063,86 @@ class StageRole:
                    for tag, row in zip(tags, logits, strict=True)]
         return np.concatenate(answers)
 
+    def run_prompts(self, tags: Sequence[SequenceTag], payload: npt.NDArray[np.generic]
+                    ) -> npt.NDArray[np.generic]:
+        """Run one prompt batch (``swactor.wire.tags``): prompt ``i`` is the next
+        ``tags[i].position`` rows of ``payload`` (its row count), taking positions
+        ``0..`` of KV slot ``tags[i].slot`` whatever the slot held.
+
+        At most ``min(slots, MAX_PROMPTS)`` prompts, in distinct slots, whose row counts
+        add up to ``payload``'s rows; all of it is checked before any prompt runs (a bad
+        batch is a ``StepError`` that leaves every slot as it was). A non-last stage
+        returns every prompt's activation rows in table order; the last stage each
+        prompt's answer as :meth:`run_tagged` gives it (one greedy id, or with
+        ``candidates`` its ``CANDIDATES_K`` ids and logits), concatenated in table
+        order; ``last_logits`` is then ``[prompts, vocab]``. On CPU the prompts run
+        packed (module doc: consecutive prompts share a prefill while their padded
+        total has a ready bucket); elsewhere one after another.
+        """
+        array = self._check_input(payload)
+        if not 1 <= len(tags) <= self._heads:
+            raise StepError(f"a prompt batch of {len(tags)} prompts (this stage takes "
+                            f"1..{self._heads})")
+        seen: set[int] = set()
+        for tag in tags:
+            if tag.slot >= self.slots:
+                raise StepError(f"slot {tag.slot} outside this stage's slots "
+                                f"0..{self.slots - 1}")
+            if tag.slot in seen:
+                raise StepError(f"slot {tag.slot} appears twice in one prompt batch")
+            seen.add(tag.slot)
+            if not 1 <= tag.position <= self.max_seq_len:
+                raise StepError(f"slot {tag.slot}: a prompt of {tag.position} rows (1.."
+                                f"{self.max_seq_len})")
+        counts = [tag.position for tag in tags]
+        if sum(counts) != array.shape[0]:
+            raise StepError(f"a prompt batch of {sum(counts)} rows carries "
+                            f"{array.shape[0]}")
+        if self.token_embd is not None:
+            array = self._embed(cast("npt.NDArray[np.int32]", array))  # checked int32
+        outputs: list[npt.NDArray[np.generic]] = []
+        start = 0
+        for pack in self._packs(counts):
+            rows = sum(counts[i] for i in pack)
+            part = array[start : start + rows]
+            if self._cpu:
+                result = self._prefill_packed(part, [(tags[i].slot, counts[i]) for i in pack])
+                outputs += ([result[j] for j in range(len(pack))] if self.is_last
+                            else [result[:rows]])
+            else:
+                offset = 0
+                for i in pack:
+                    one = self._prefill_step(part[offset : offset + counts[i]], tags[i].slot)
+                    outputs.append(one if self.is_last else one[: counts[i]])
+                    offset += counts[i]
+            start += rows
+        for tag in tags:
+            self._positions[tag.slot] = tag.position
+        if not self.is_last:
+            return np.ascontiguousarray(np.concatenate(outputs), dtype=self.np_dtype)
+        logits = self.last_logits = np.stack(outputs).astype(np.float32)
+        answers = [candidates(row) if tag.candidates
+                   else np.array([int(np.argmax(row))], dtype=np.int32)
+                   for tag, row in zip(tags, logits, strict=True)]
+        return np.concatenate(answers)
+
+    def _packs(self, counts: Sequence[int]) -> list[list[int]]:
+        """Prompts (their row counts, in order) grouped into prefills: consecutive
+        prompts share one while their total's bucket is ready (module doc), at most
+        ``min(slots, MAX_PROMPTS)`` each; a prompt alone always runs."""
+        packs: list[list[int]] = []
+        total = 0
+        for index, count in enumerate(counts):
+            if (packs and self._cpu and len(packs[-1]) < self._heads
+                    and total + count <= self.max_seq_len
+                    and self._prefill_ready(self._bucket(total + count))):
+                packs[-1].append(index)
+                total += count
+            else:
+                packs.append([index])
+                total = count
+        return packs
+
     def _compute(self, array: npt.NDArray[np.generic], slot: int, start: int,
                  prefill: bool) -> npt.NDArray[np.generic]:
         """Rows ``array`` (checked) at positions ``start..`` of KV slot ``slot``: a prefill
@@ -977,16 +1164,23 @@ class StageRole:
         """The JITs' trailing slot argument: none with one slot (the constant 0)."""
         return () if self._slot_var is None else (self._slot_var.bind(slot),)
 
+    def _bucket(self, tokens: int) -> int:
+        """The padded rows of a prefill of ``tokens`` rows (its JIT's bucket)."""
+        return max(tokens, min(self.max_seq_len, -(-tokens // PREFILL_BUCKET) * PREFILL_BUCKET))
+
     def _prefill_step(self, array: npt.NDArray[np.generic], slot: int
                       ) -> npt.NDArray[np.generic]:
-        """A prompt's rows at positions ``0..T-1`` of ``slot`` through its bucket's JIT."""
+        """A prompt's rows at positions ``0..T-1`` of ``slot`` through its bucket's JIT:
+        the activation rows (padded), or on the last stage its last row's logits."""
+        if self._cpu:
+            packed = self._prefill_packed(array, [(slot, int(array.shape[0]))])
+            return packed[0] if self.is_last else packed
         tokens = array.shape[0]
         # pad the prompt to a multiple of PREFILL_BUCKET rows: kernels (and BEAM results)
         # are shared by every prompt length in a bucket. Padding rows come after the
         # real ones, so no real row attends to them, and their KV entries are rewritten
         # by decode before any step reads them.
-        padded = min(self.max_seq_len, -(-tokens // PREFILL_BUCKET) * PREFILL_BUCKET)
-        padded = max(padded, tokens)
+        padded = self._bucket(tokens)
         if padded > tokens:
             pad = np.zeros((padded - tokens, array.shape[1]), dtype=array.dtype)
             array = np.concatenate([array, pad])
@@ -998,12 +1192,71 @@ class StageRole:
         if self._cpu:
             use_cpu_graph(self.cpu_graph)
         built = prefill.cnt < 2  # this call runs the graph eagerly or captures it
-        result: npt.NDArray[np.generic] = prefill(
-            data, self._last_var.bind(tokens - 1), *self._slot_args(slot)).numpy()
-        self._keep_prefill(prefill, padded, data, tokens - 1, slot)
+        result: npt.NDArray[np.generic] = cast(Tensor, prefill(
+            data, self._last_var.bind(tokens - 1), *self._slot_args(slot))).numpy()
+        self._keep_prefill(prefill, f"prefill-{padded}",
+                           (data, self._last_var.bind(tokens - 1), *self._slot_args(slot)))
         if built:
             self._release_build_memory()
         return result
+
+    def _prefill_packed(self, array: npt.NDArray[np.generic],
+                        prompts: Sequence[tuple[int, int]]) -> npt.NDArray[np.generic]:
+        """Prompts ``(slot, rows)``, their rows ``array`` one after another, through one
+        CPU prefill (:meth:`_forward_packed`, the JIT of their padded total's bucket);
+        each prompt's keys and values go to positions ``0..rows-1`` of its slot. Returns
+        the activation rows ``[padded, hidden]``, or on the last stage the logits
+        ``[heads, vocab]`` whose row ``i`` is prompt ``i``'s last row's."""
+        tokens = int(array.shape[0])
+        padded = self._bucket(tokens)
+        if padded > tokens:  # padding rows: a prompt of their own (attending to itself)
+            pad = np.zeros((padded - tokens, array.shape[1]), dtype=array.dtype)
+            array = np.concatenate([array, pad])
+        lengths = [rows for _, rows in prompts] + ([padded - tokens] if padded > tokens else [])
+        positions = np.concatenate([np.arange(n) for n in lengths])
+        mask = np.zeros((padded, padded), dtype=np.bool_)
+        start = 0
+        for n in lengths:
+            mask[start : start + n, start : start + n] = np.tri(n, dtype=np.bool_)
+            start += n
+        half = self.facts.rope_dim // 2
+        if self._rope_rows is None:
+            cos = sin = np.zeros((1, padded, 1), dtype=np.float32)
+        else:
+            cos = self._rope_rows[0][positions].reshape(1, padded, half)
+            sin = self._rope_rows[1][positions].reshape(1, padded, half)
+        many = len(prompts) > 1
+        heads = self._heads if many and self.is_last else 1
+        ends = np.cumsum([rows for _, rows in prompts]) - 1
+        lasts = [int(end) for end in ends[:heads]]
+        lasts += [0] * (heads - len(lasts))
+        inputs = (upload(array, self.device), upload(cos, self.device),
+                  upload(sin, self.device), upload(mask, self.device))
+        values = tuple(v.bind(last) for v, last in zip(self._last_vars[:heads], lasts,
+                                                        strict=True))
+        prefill = self._prefill_jit(padded, many)
+        use_cpu_graph(self.cpu_graph)
+        built = prefill.cnt < 2  # this call runs the graph eagerly or captures it
+        out, *kv = prefill(*inputs, *values)
+        result: npt.NDArray[np.generic] = out.numpy()
+        self._write_kv([t.numpy() for t in kv], prompts)
+        self._keep_prefill(prefill, self._prefill_kind(padded, many), (*inputs, *values))
+        if built:
+            self._release_build_memory()
+        return result
+
+    def _write_kv(self, kv: Sequence[npt.NDArray[np.generic]],
+                  prompts: Sequence[tuple[int, int]]) -> None:
+        """Copy each prompt's keys and values (``kv``: per block keys then values,
+        ``[kv_heads, T, head_dim]``, the prompts' rows one after another) into positions
+        ``0..rows-1`` of its slot's caches, through host views of the cache buffers."""
+        synchronize(self.device)  # nothing queued may still read the caches
+        offset = 0
+        for slot, rows in prompts:
+            for index, (cache_k, cache_v) in enumerate(self._cache_views):
+                cache_k[slot, :, :rows] = kv[2 * index][:, offset : offset + rows]
+                cache_v[slot, :, :rows] = kv[2 * index + 1][:, offset : offset + rows]
+            offset += rows
 
     def _release_build_memory(self) -> None:
         """Give back what building a graph left cached: a graph's first, eager run
@@ -1085,33 +1338,52 @@ class StageRole:
                 "max_seq_len": self.max_seq_len, "device": self.device, "beam": self.beam,
                 "cpu_graph": self.cpu_graph, "quantised": self.quantised, "slots": self.slots}
 
-    def _adopt(self, jit: _TinyJit[Tensor], kind: str) -> None:
+    def _adopt(self, jit: _TinyJit[_Ret], kind: str) -> None:
         """Give a JIT that never ran the captured graph the cache holds for `kind`."""
         captured = self._kernels.load(kind) if self._kernels is not None else None
         if captured is not None:
             jit.captured, jit.cnt = captured, 2
 
-    def _offer(self, jit: _TinyJit[Tensor], kind: str) -> None:
+    def _offer(self, jit: _TinyJit[_Ret], kind: str) -> None:
         """Keep a JIT's graph in the cache once it is captured."""
         if self._kernels is not None and jit.captured is not None:
             self._kernels.save(kind, jit.captured)
 
-    def _prefill_jit(self, padded: int) -> _TinyJit[Tensor]:
-        prefill = self._prefill.get(padded)
+    def _prefill_kind(self, padded: int, many: bool = False) -> str:
+        """The kernel cache kind of a bucket's prefill JIT (a last stage's for several
+        prompts: ``prefill-P-xK``, K logits rows)."""
+        return (f"prefill-{padded}-x{self._heads}" if many and self.is_last and self._heads > 1
+                else f"prefill-{padded}")
+
+    def _prefill_jit(self, padded: int, many: bool = False) -> _PrefillJit:
+        """The bucket's prefill JIT; with ``many`` the one for several prompts (on a last
+        stage of several slots, its own JIT: ``_heads`` logits rows)."""
+        kind = self._prefill_kind(padded, many)
+        jits = self._prefill_many if kind.endswith(f"-x{self._heads}") else self._prefill
+        prefill = jits.get(padded)
         if prefill is None:
-            prefill = self._prefill[padded] = TinyJit(self._forward_prefill)
-            self._adopt(prefill, f"prefill-{padded}")
+            forward = self._forward_packed if self._cpu else self._forward_prefill
+            prefill = jits[padded] = cast("_PrefillJit", TinyJit(forward))
+            self._adopt(prefill, kind)
         return prefill
 
-    def _keep_prefill(self, prefill: _TinyJit[Tensor], padded: int, data: Tensor,
-                      last: int, slot: int) -> None:
+    def _prefill_ready(self, padded: int) -> bool:
+        """Whether the bucket's prefill JIT for several prompts replays (built, or loaded
+        from the cache)."""
+        jits = self._prefill_many if self._prefill_kind(padded, True) != self._prefill_kind(
+            padded) else self._prefill
+        prefill = jits.get(padded)
+        return prefill is not None and prefill.captured is not None
+
+    def _keep_prefill(self, prefill: _PrefillJit, kind: str,
+                      args: tuple[Tensor | UOp, ...]) -> None:
         """After a bucket's first prefill, with the cache on: run it once more to capture
-        its graph (same input, same positions and slot: the KV cache gets the same
+        its graph (same inputs, same positions and slots: the KV cache gets the same
         values) and keep it, so later workers replay the bucket instead of building it."""
         if self._kernels is None or prefill.captured is not None or prefill.cnt != 1:
             return
-        prefill(data, self._last_var.bind(last), *self._slot_args(slot))
-        self._offer(prefill, f"prefill-{padded}")
+        prefill(*args)
+        self._offer(prefill, kind)
 
     def warm_up(self, prompt_tokens: int = 0, rows: Sequence[int] = ()) -> None:
         """Build the decode JIT (or load it from the kernel cache), load every prefill
@@ -1147,17 +1419,21 @@ class StageRole:
                   for size in range(PREFILL_BUCKET, longest + PREFILL_BUCKET, PREFILL_BUCKET)}
         buckets += [f"prefill-{size}" for size in sorted(wanted)
                     if f"prefill-{size}" not in buckets]
-        for kind in buckets:
-            padded = int(kind.removeprefix("prefill-"))
+        sizes = sorted({int(kind.split("-")[1]) for kind in buckets})  # prefill-P[-xK]
+        for padded in sizes:
             if not 0 < padded <= self.max_seq_len:
                 continue
-            prefill = self._prefill_jit(padded)
+            zeros = np.zeros((padded, self.facts.hidden_dim), dtype=self.np_dtype)
             if self._cpu:
-                use_cpu_graph(self.cpu_graph)
-            data = upload(np.zeros((padded, self.facts.hidden_dim), dtype=self.np_dtype),
-                          self.device)
-            prefill(data, self._last_var.bind(0), *self._slot_args(0))
-            self._keep_prefill(prefill, padded, data, 0, 0)  # built here: capture and keep
+                self._prefill_packed(zeros, [(0, padded)])  # captured and kept there
+                if self._prefill_kind(padded, True) != self._prefill_kind(padded) and padded > 1:
+                    self._prefill_packed(zeros, [(0, padded - 1), (1, 1)])  # several prompts
+                continue
+            prefill = self._prefill_jit(padded)
+            data = upload(zeros, self.device)
+            args = (data, self._last_var.bind(0), *self._slot_args(0))
+            prefill(*args)
+            self._keep_prefill(prefill, f"prefill-{padded}", args)  # built: capture, keep
         self._release_build_memory()
         self._positions = [0] * self.slots
         self._next_sequence = 0

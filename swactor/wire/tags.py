@@ -68,8 +68,36 @@ output, and writes its ``B`` result rows after it. The last stage's rows are
 per-row answers encoded as for a single object, concatenated in table order: one id,
 or ``2 * CANDIDATES_K`` u32s where the row's tag asks for candidates
 (:func:`answer_words`), so the orchestrator finds each row's answer from the table
-alone and routes it to its sequence. Prompts (position 0, any rows) are never
-batched: they travel as single-tag objects, as do batches of one row.
+alone and routes it to its sequence. Prompts (position 0, any rows) are never in a
+batch object: they travel as single-tag objects or in a prompt batch (below); a
+batch of one row travels as a single-tag object.
+
+Prompt batches: several prompts in one object
+---------------------------------------------
+A prompt's prefill pays a cost per object besides its rows: on a CPU stage every
+weight is widened once per prefill (``swactor.model.prefill_gemm``), and a short
+prompt is padded to a whole bucket of rows. Prompts submitted together (the sequences
+a serving session migrates to a new run after a fault, or requests that arrive at
+once) therefore travel as one *prompt batch*, which a stage prefills as one product
+over all their rows, each prompt attending only to its own rows::
+
+    flags:  bit 31 = 0, bit 29 BATCH = 1, bit 28 PROMPTS = 1, bits 0..10 = S
+            (1 .. MAX_PROMPTS); every other bit 0
+    payload: S u32 table entries, zero bytes up to a whole number of the edge's rows
+            (:func:`table_bytes`, as a batch's table), then every prompt's rows, one
+            prompt after another in table order
+
+Each table entry is a tag (TAGGED set, its own CANDIDATES bit) of the prompt's slot
+whose *position field holds the prompt's row count* (1 .. MAX_POSITION): every prompt
+starts at position 0 of its slot and resets it, so the start needs no field, and the
+count is what a stage needs to find the prompt's rows. No two entries name the same
+slot, and the rows after the table are exactly the sum of the counts. A stage copies
+``flags`` and the table onto its output; its rows are every prompt's activation rows
+(table order), on the last stage each prompt's answer (to its last row: one id, or
+candidates) concatenated in table order, as a batch's. A reader that knows no prompt
+batches refuses the flags word (its batch check finds a bit it does not know), so a
+mixed pool fails the step, never the numbers. :func:`table_entries` and
+:func:`read_table` read either kind of table.
 """
 
 from __future__ import annotations
@@ -91,6 +119,11 @@ CANDIDATES_K = 64
 BATCH = 1 << 29
 """With TAGGED clear: a batch object of ``flags & BATCH_ROWS_MASK`` decode rows."""
 BATCH_ROWS_MASK = (1 << 11) - 1
+PROMPTS = 1 << 28
+"""With BATCH (TAGGED clear): a prompt batch of ``flags & BATCH_ROWS_MASK`` prompts."""
+MAX_PROMPTS = 4
+"""Prompts one prompt batch carries at most (a last stage computes logits for this
+many rows per prefill, whatever a batch holds)."""
 TAG_WIDTH = 4
 """Bytes of one tag table entry (a little-endian u32)."""
 
@@ -142,9 +175,9 @@ def batch_flags(rows: int) -> int:
 
 def batch_rows(flags: int) -> int | None:
     """The row count of a batch object's ``flags``; None when ``flags`` is not the
-    batch form (0 or a single tag). A word that has the BATCH bit but is not a valid
-    batch form is a :class:`TagError`."""
-    if flags & TAGGED or not flags & BATCH:
+    batch form (0, a single tag, or a prompt batch: :func:`prompt_count`). A word that
+    has the BATCH bit but is not a valid batch form is a :class:`TagError`."""
+    if flags & TAGGED or not flags & BATCH or flags & PROMPTS:
         return None
     rows = flags & BATCH_ROWS_MASK
     if flags >> 32 or flags & ~(BATCH | BATCH_ROWS_MASK) or not 1 <= rows <= MAX_SLOTS:
@@ -204,3 +237,71 @@ def max_batch_answer_words(slots: int) -> int:
     """u32s of the largest token-out object a serving run of ``slots`` can produce: a
     batch of ``slots`` rows, all asking for candidates, after its table."""
     return slots * (1 + 2 * CANDIDATES_K)
+
+
+def prompt_flags(prompts: int) -> int:
+    """The header ``flags`` of a prompt batch of ``prompts`` prompts."""
+    if not 1 <= prompts <= MAX_PROMPTS:
+        raise TagError("prompts", f"{prompts} is outside 1..{MAX_PROMPTS}")
+    return BATCH | PROMPTS | prompts
+
+
+def prompt_count(flags: int) -> int | None:
+    """The prompt count of a prompt batch's ``flags``; None when ``flags`` is not one.
+    A word with BATCH and PROMPTS set that is not a valid prompt batch is a
+    :class:`TagError`."""
+    if flags & TAGGED or not flags & BATCH or not flags & PROMPTS:
+        return None
+    count = flags & BATCH_ROWS_MASK
+    if (flags >> 32 or flags & ~(BATCH | PROMPTS | BATCH_ROWS_MASK)
+            or not 1 <= count <= MAX_PROMPTS):
+        raise TagError("flags", f"{flags:#x} is not a prompt batch of 1..{MAX_PROMPTS} "
+                       "prompts")
+    return count
+
+
+def table_entries(flags: int) -> int | None:
+    """Entries of the tag table an object with ``flags`` starts with: a batch's rows or
+    a prompt batch's prompts; None for an object without a table (0, a single tag)."""
+    rows = batch_rows(flags)
+    return rows if rows is not None else prompt_count(flags)
+
+
+def prompt_table(flags: int, words: Sequence[int], slots: int) -> tuple[SequenceTag, ...]:
+    """The checked table of a prompt batch (module doc): one tag per prompt, its
+    ``position`` the prompt's row count. Raises :class:`TagError` when ``flags`` is not
+    a prompt batch, its prompts exceed ``slots``, ``words`` are fewer than its
+    entries, or an entry is not a tag of a slot below ``slots`` with at least one row,
+    or repeats a slot."""
+    count = prompt_count(flags)
+    if count is None:
+        raise TagError("flags", f"{flags:#x} is not a prompt batch")
+    if count > slots:
+        raise TagError("prompts", f"{count} prompts exceed the {slots} slots")
+    if len(words) < count:
+        raise TagError("table", f"{len(words)} words hold no table of {count} prompts")
+    tags: list[SequenceTag] = []
+    seen: set[int] = set()
+    for index in range(count):
+        word = int(words[index])
+        if not word & TAGGED or word >> 32:
+            raise TagError("table", f"entry {index} ({word:#x}) is not a sequence tag")
+        tag = SequenceTag.unpack(word)
+        assert tag is not None
+        if tag.position == 0:
+            raise TagError("table", f"entry {index}: a prompt of no rows")
+        if tag.slot >= slots:
+            raise TagError("table", f"entry {index}: slot {tag.slot} outside 0..{slots - 1}")
+        if tag.slot in seen:
+            raise TagError("table", f"entry {index}: slot {tag.slot} appears twice")
+        seen.add(tag.slot)
+        tags.append(tag)
+    return tuple(tags)
+
+
+def read_table(flags: int, words: Sequence[int], slots: int) -> tuple[SequenceTag, ...]:
+    """The checked table of a batch (:func:`batch_table`) or a prompt batch
+    (:func:`prompt_table`); :class:`TagError` for any other ``flags``."""
+    if prompt_count(flags) is not None:
+        return prompt_table(flags, words, slots)
+    return batch_table(flags, words, slots)

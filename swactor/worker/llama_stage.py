@@ -28,7 +28,11 @@ its tag table, zero-padded to whole rows of its edge (`table_bytes`: none on a t
 edge, one activation row for a small model's batch): the role checks the table against
 its slots and the padding is zero, runs `StageRole.run_batch` on the rows after it, and
 writes the table padded to whole rows of its output edge and then the result rows
-(activation rows, or on the last stage each row's id or candidates). `batch_rows` are
+(activation rows, or on the last stage each row's id or candidates). A prompt batch
+(flags BATCH and PROMPTS: one table entry per prompt, its row count in the position
+field) is read the same way and runs `StageRole.run_prompts`: every prompt's rows in
+one prefill, each prompt in its own slot; the last stage answers each prompt's next
+token (id or candidates) in table order. `batch_rows` are
 the batch sizes whose B-row decode kernels the role builds at configure time
 (`StageRole.warm_up`; minutes each on a small CPU unless the kernel cache holds them,
 and every size it holds is loaded anyway): a batch of such a size reads each weight
@@ -104,9 +108,10 @@ from swactor.wire.tags import (
     TAG_WIDTH,
     SequenceTag,
     TagError,
-    batch_rows,
-    batch_table,
+    prompt_count,
+    read_table,
     table_bytes,
+    table_entries,
 )
 from swactor.worker.bridge import host_array
 from swactor.worker.roles import Role, RoleConfigError, RoleRunError, register_role_kind
@@ -258,7 +263,7 @@ class LlamaStageRole:
         (source,) = inputs.values()
         (binding,) = outputs
         try:
-            if batch_rows(binding.flags) is not None:
+            if table_entries(binding.flags) is not None:
                 return {int(binding.port_id): self.run_batch(binding, host_array(source))}
             tag = SequenceTag.unpack(binding.flags)
         except TagError as error:
@@ -275,12 +280,13 @@ class LlamaStageRole:
 
     def run_batch(self, binding: OutputBinding, source: npt.NDArray[np.uint8]
                   ) -> npt.NDArray[np.uint8]:
-        """A batch object's output bytes: its tag table (checked against this stage's
-        slots), then `StageRole.run_batch`'s rows (module doc)."""
+        """A batch or prompt batch object's output bytes: its tag table (checked against
+        this stage's slots), then `StageRole.run_batch`'s or `StageRole.run_prompts`'s
+        rows (module doc)."""
         from swactor.model.llama_role import StepError
 
         raw = np.ascontiguousarray(source, dtype=np.uint8).reshape(-1)
-        rows = batch_rows(binding.flags) or 0
+        rows = table_entries(binding.flags) or 0
         width = table_bytes(rows, self.row_bytes(output=False))
         if raw.size < width:
             raise TagError("table", f"a batch of {rows} rows in {raw.size} bytes")
@@ -288,10 +294,13 @@ class LlamaStageRole:
         if raw[table.size:width].any():
             raise TagError("table", "the padding after the tag table is not zero")
         words = [int(word) for word in table.view(TOKEN_DTYPE)]
-        tags = batch_table(binding.flags, words, self.stage.slots)
+        tags = read_table(binding.flags, words, self.stage.slots)
         array = self.decode_input(raw[width:])
         try:
-            result = self.stage.run_batch(tags, array)
+            if prompt_count(binding.flags) is not None:
+                result = self.stage.run_prompts(tags, array)
+            else:
+                result = self.stage.run_batch(tags, array)
         except StepError as error:
             raise RoleRunError(f"llama_stage batch step {int(binding.sequence)}: "
                                f"{error}") from None

@@ -60,7 +60,10 @@ exactly that table and `B` rows (else OutputExtentInvalid); its output gets `B` 
 per_input_row plus the table padded to the output ring's rows, or on a TokenIds
 ring (4-byte rows: no padding) the table plus each row's answer (one id, or a
 candidates object where the row's tag asks for it); a table the runner cannot read
-fails the step the same way.
+fails the step the same way. A prompt batch (flags BATCH and PROMPTS) is read the
+same way, its table one entry per prompt: its input is the table and whole rows (the
+role checks they are the prompts' row counts), its outputs that many rows per_input_row
+plus the table, or on a TokenIds ring the table plus each prompt's answer.
 """
 
 from __future__ import annotations
@@ -100,8 +103,9 @@ from swactor.wire.tags import (
     TagError,
     answer_words,
     batch_rows,
-    batch_table,
+    read_table,
     table_bytes,
+    table_entries,
 )
 from swactor.worker.bridge import DeviceAllocation, DeviceBridge, DeviceError, InvalidHandle
 from swactor.worker.egress import EgressRing
@@ -332,10 +336,11 @@ class StepRunner:
         rows); None when its extent is not whole rows, or a batch's is not exactly its
         padded table and one row per table entry."""
         try:
-            batch = batch_rows(self._bridge.lookup(loaded.device_handle).flags)
+            flags = self._bridge.lookup(loaded.device_handle).flags
+            entries, batch = table_entries(flags), batch_rows(flags)
         except (InvalidHandle, TagError):
-            batch = None  # the step fails when it runs, naming why
-        body = loaded.extent - (0 if batch is None else table_bytes(batch, row_bytes))
+            entries = batch = None  # the step fails when it runs, naming why
+        body = loaded.extent - (0 if entries is None else table_bytes(entries, row_bytes))
         if body < 0 or body % row_bytes:
             return None
         if batch is not None and body // row_bytes != batch:
@@ -420,11 +425,11 @@ class StepRunner:
         return step, output
 
     def _table(self, allocation: DeviceAllocation) -> tuple[SequenceTag, ...] | None:
-        """A batch input's tag table, read from the head of its object (None when the
-        input is no batch); checked against the wire's bounds (the role checks it
-        against its slots)."""
+        """A batch or prompt batch input's tag table, read from the head of its object
+        (None when the input has none); checked against the wire's bounds (the role
+        checks it against its slots)."""
         try:
-            rows = batch_rows(allocation.flags)
+            rows = table_entries(allocation.flags)
             if rows is None:
                 return None
             if allocation.extent < rows * TAG_WIDTH:
@@ -432,7 +437,7 @@ class StepRunner:
             head = bytearray(rows * TAG_WIDTH)
             self._bridge.device_to_host(allocation, 0, memoryview(head))
             words = struct.unpack(f"<{rows}I", head)
-            return batch_table(allocation.flags, words, MAX_SLOTS)
+            return read_table(allocation.flags, words, MAX_SLOTS)
         except (TagError, DeviceError) as error:
             raise StepRefused(StepFailure.OutputExtentInvalid, str(error)) from None
 

@@ -248,6 +248,66 @@ def test_a_bad_batch_is_a_step_error_that_changes_no_slot(tiny_llama: Path) -> N
     assert out.shape == (3,)
 
 
+def test_a_prompt_batch_is_one_prefill_and_each_prompt_goes_on_as_alone(tiny_llama: Path
+                                                                       ) -> None:
+    """Three prompts (6 + 3 + 10 rows) in one prompt batch, through a split: one prefill
+    per stage (the bucket of 32 is ready), each answer and logits as the prompt alone,
+    and each slot's cache as alone (the decode steps after it give each prompt's tokens)."""
+    steps, seq = 4, 32
+    prompts = TINY_PROMPTS[:3]
+    want: list[list[npt.NDArray[np.float32]]] = [[] for _ in prompts]
+    alone = [_alone(_roles(tiny_llama, [(0, 4)], 1, seq), p, steps, want[i])
+             for i, p in enumerate(prompts)]
+    roles = _roles(tiny_llama, [(0, 1), (1, 4)], 4, seq)
+    for role in roles:
+        role.warm_up(prompt_tokens=seq)
+    assert roles[0]._packs([6, 3, 10]) == [[0, 1, 2]]
+    assert roles[0]._packs([20, 13]) == [[0], [1]], "33 rows: past max_seq_len"
+    assert roles[0]._packs([1] * 5) == [[0, 1, 2, 3], [4]], "MAX_PROMPTS per prefill"
+    slots = [2, 0, 3]
+    tags = [SequenceTag(slot, len(p), candidates=i == 1)
+            for i, (slot, p) in enumerate(zip(slots, prompts, strict=True))]
+    # the last stage prefills several prompts through its own JIT (K logits rows)
+    jits = [(role._prefill_many if role.is_last else role._prefill)[seq] for role in roles]
+    calls = [jit.cnt for jit in jits]
+    payload: npt.NDArray[Any] = np.concatenate([np.array(p, np.int32) for p in prompts])
+    for role in roles:
+        payload = role.run_prompts(tags, payload)
+    assert [jit.cnt for jit in jits] == [c + 1 for c in calls], "one prefill per stage"
+    assert payload.shape == (1 + 2 * CANDIDATES_K + 1,)
+    firsts = [int(payload[0]), int(payload[1]), int(payload[-1])]
+    assert firsts == [tokens[0] for tokens in alone]
+    logits = roles[-1].last_logits
+    assert logits is not None and logits.shape[0] == 3
+    for got, steps_want in zip(logits, want, strict=True):
+        np.testing.assert_allclose(got, steps_want[0], rtol=1e-4, atol=1e-5)
+    tokens = [[first] for first in firsts]
+    for step in range(1, steps):
+        for i, prompt in enumerate(prompts):
+            out = _tagged(roles, SequenceTag(slots[i], len(prompt) + step - 1),
+                          np.array([tokens[i][-1]], dtype=np.int32))
+            tokens[i].append(int(out[0]))
+    assert tokens == alone
+
+
+def test_a_bad_prompt_batch_is_a_step_error_that_changes_no_slot(tiny_llama: Path) -> None:
+    (role,) = _roles(tiny_llama, [(0, 4)], 2, MAX_SEQ)
+    role.run_tagged(SequenceTag(1, 0), np.array([5, 6, 7], dtype=np.int32))
+    ids = np.array([1, 2, 3, 4], dtype=np.int32)
+    bad = [
+        ([SequenceTag(0, 2), SequenceTag(0, 2)], "appears twice"),
+        ([SequenceTag(0, 1), SequenceTag(1, 2)], "of 3 rows carries 4"),
+        ([SequenceTag(2, 4)], "slot 2 outside"),
+        ([SequenceTag(0, 0), SequenceTag(1, 4)], "a prompt of 0 rows"),
+        ([SequenceTag(0, 1), SequenceTag(1, 1), SequenceTag(1, 2)], "takes 1..2"),
+        ([], "takes 1..2"),
+    ]
+    for tags, rule in bad:
+        with pytest.raises(StepError, match=rule):
+            role.run_prompts(tags, ids)
+    role.run_tagged(SequenceTag(1, 3), np.array([5], dtype=np.int32))  # slot 1 as it was
+
+
 @pytest.mark.slow
 @pytest.mark.soak
 def test_smollm2_batched_decode_equals_each_prompt_alone() -> None:

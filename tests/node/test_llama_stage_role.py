@@ -44,7 +44,7 @@ from swactor.wire import (
     Sequence,
     provision_stage,
 )
-from swactor.wire.tags import SequenceTag, batch_flags
+from swactor.wire.tags import SequenceTag, batch_flags, prompt_flags
 from swactor.worker.llama_stage import LlamaStageRole
 from swactor.worker.roles import Role, RoleConfigError, RoleRunError, build_role, role_kinds
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
@@ -173,6 +173,44 @@ def test_a_batch_crosses_an_activation_edge_as_whole_rows_equal_to_rows_alone(
     want = [int(whole.run_tagged(tag, np.array([token], np.int32))[0])
             for tag, token in zip(tags, nexts, strict=True)]
     assert answer.view("<u4").tolist() == [tag.pack() for tag in tags] + want
+
+
+def test_a_prompt_batch_crosses_an_activation_edge_each_prompt_as_alone(gguf: Path) -> None:
+    """Two prompts as one prompt batch through a planned 2-stage pipeline's roles: its
+    table of (slot, row count) is padded to one activation row on the edge, the rows
+    follow, and the last stage answers the table and each prompt's next token as the
+    whole model gives it for that prompt alone; each slot then decodes on as alone."""
+    request = PlanRequest(run_id=RunId(6), prompt=PromptSource.from_token_ids(PROMPT),
+                          max_tokens=DECODE + 1, max_seq_len=MAX_SEQ, split=(2, 2), slots=2,
+                          serving=True)
+    plan = plan_run(synthetic_pool(2), model_info_from_gguf(gguf, with_stop_ids=False),
+                    request).plan
+    provisions = [provision_stage(plan, i, stage_runtime_facts(plan, i)) for i in range(2)]
+    roles = [build_role(llama_stage_config(p, gguf), Device.DEFAULT) for p in provisions]
+    whole = StageRole(open_reader(gguf).load_stage(0, 4, is_first=True, is_last=True),
+                      max_seq_len=MAX_SEQ, slots=2)
+    prompts = (PROMPT, (7, 8, 9))
+    want = [int(whole.run_tagged(SequenceTag(slot, 0), np.array(prompt, np.int32))[0])
+            for slot, prompt in enumerate(prompts)]
+    tags = [SequenceTag(slot, len(prompt)) for slot, prompt in enumerate(prompts)]
+    table = u32([tag.pack() for tag in tags])
+    ids = u32([token for prompt in prompts for token in prompt])
+    activation = tagged_step(roles[0], provisions[0], prompt_flags(2),
+                             np.concatenate([table, ids]))
+    edge = provisions[0].outbound.object_spec
+    row = TINY.hidden * 4
+    assert activation.size == (1 + len(PROMPT) + 3) * row
+    assert edge.extent_failure(activation.size) is None
+    assert activation[:8].tobytes() == table.tobytes() and not activation[8:row].any()
+    answer = tagged_step(roles[1], provisions[1], prompt_flags(2), activation)
+    assert provisions[1].outbound.object_spec.extent_failure(answer.size) is None
+    assert answer.view("<u4").tolist() == [tag.pack() for tag in tags] + want
+    for slot, (prompt, token) in enumerate(zip(prompts, want, strict=True)):
+        tag = SequenceTag(slot, len(prompt))  # the slot's cache holds its prompt
+        step = tagged_step(roles[1], provisions[1], tag.pack(),
+                           tagged_step(roles[0], provisions[0], tag.pack(), u32((token,))))
+        assert int(step.view("<u4")[0]) == int(whole.run_tagged(
+            tag, np.array([token], np.int32))[0])
 
 
 def tagged_step(role: Role, provision: ProvisionStage, flags: int,

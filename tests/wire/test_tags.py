@@ -8,7 +8,9 @@ from swactor.wire.tags import (
     BATCH,
     CANDIDATES_K,
     MAX_POSITION,
+    MAX_PROMPTS,
     MAX_SLOTS,
+    PROMPTS,
     SequenceTag,
     TagError,
     answer_words,
@@ -16,7 +18,12 @@ from swactor.wire.tags import (
     batch_rows,
     batch_table,
     max_batch_answer_words,
+    prompt_count,
+    prompt_flags,
+    prompt_table,
+    read_table,
     table_bytes,
+    table_entries,
 )
 
 
@@ -125,3 +132,49 @@ def test_a_batch_table_is_padded_to_whole_rows_of_its_edge(
 def test_a_table_of_no_rows_or_in_empty_rows_is_refused(rows: int, row_bytes: int) -> None:
     with pytest.raises(TagError):
         table_bytes(rows, row_bytes)
+
+
+# -- prompt batches: several prompts, a table of (slot, row count) ----------------------
+
+def test_a_prompt_batch_table_round_trips_and_is_no_decode_batch() -> None:
+    tags = (SequenceTag(2, 9), SequenceTag(0, 1, candidates=True), SequenceTag(3, 40))
+    flags = prompt_flags(len(tags))
+    assert prompt_count(flags) == 3 and table_entries(flags) == 3
+    assert batch_rows(flags) is None, "a decode batch reader does not take it for one"
+    assert prompt_count(batch_flags(3)) is None and table_entries(batch_flags(3)) == 3
+    assert prompt_count(0) is None and table_entries(0) is None
+    assert table_entries(SequenceTag(1, 4).pack()) is None
+    words = [*_table(*tags), 7, 8, 9]  # the rows after the table are not its business
+    assert prompt_table(flags, words, slots=4) == tags == read_table(flags, words, slots=4)
+    assert read_table(batch_flags(1), _table(SequenceTag(0, 5)), 4) == (SequenceTag(0, 5),)
+    with pytest.raises(TagError):  # a reader that knows only single tags refuses it
+        SequenceTag.unpack(flags)
+
+
+@pytest.mark.parametrize("count", [0, MAX_PROMPTS + 1])
+def test_a_prompt_batch_of_no_prompts_or_too_many_cannot_be_made(count: int) -> None:
+    with pytest.raises(TagError):
+        prompt_flags(count)
+
+
+@pytest.mark.parametrize("flags", [BATCH | PROMPTS, BATCH | PROMPTS | (MAX_PROMPTS + 1),
+                                   BATCH | PROMPTS | 1 << 12 | 1,
+                                   BATCH | PROMPTS | 1 << 30 | 1, 1 << 32 | BATCH | PROMPTS | 1])
+def test_malformed_prompt_batch_flags_are_refused(flags: int) -> None:
+    with pytest.raises(TagError, match="prompt batch"):
+        prompt_count(flags)
+
+
+@pytest.mark.parametrize(("flags", "words", "rule"), [
+    (prompt_flags(3), _table(*(SequenceTag(i, 1) for i in range(3))), "exceed the 2 slots"),
+    (prompt_flags(2), _table(SequenceTag(0, 3)), "hold no table"),
+    (prompt_flags(2), [SequenceTag(0, 3).pack(), 12], "not a sequence tag"),
+    (prompt_flags(2), _table(SequenceTag(0, 3), SequenceTag(1, 0)), "no rows"),
+    (prompt_flags(1), _table(SequenceTag(2, 3)), "slot 2 outside"),
+    (prompt_flags(2), _table(SequenceTag(1, 3), SequenceTag(1, 5)), "appears twice"),
+    (batch_flags(1), _table(SequenceTag(0, 3)), "not a prompt batch"),
+])
+def test_a_malformed_prompt_table_is_a_typed_error(flags: int, words: list[int],
+                                                   rule: str) -> None:
+    with pytest.raises(TagError, match=rule):
+        prompt_table(flags, words, slots=2)

@@ -1,6 +1,7 @@
 """Sequence tags through one real worker: the input header's flags reach the role and
 the output header (`swactor.wire.tags`); a candidates step writes the candidates object;
-a batch object on an activation edge is its tag table padded to one row plus its rows."""
+a batch object (or prompt batch) on an activation edge is its tag table padded to one
+row plus its rows."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from swactor.wire import (
     StepFailed,
     StepFailure,
 )
-from swactor.wire.tags import CANDIDATES_K, SequenceTag, batch_flags
+from swactor.wire.tags import CANDIDATES_K, SequenceTag, batch_flags, prompt_flags
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
 
 TINY = TinyConfig(blocks=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=96, context=32,
@@ -100,6 +101,19 @@ def test_echo_output_carries_the_input_flags_and_a_bad_tag_fails(rig: WorkerRig)
     write_all(rig, rows_in, record(14, 1, batch + body[:ROW], flags=batch_flags(2)))
     failed = rig.expect(StepFailed)
     assert (failed.step_id, failed.reason) == (4, StepFailure.OutputExtentInvalid)
+    # a prompt batch of 2 prompts (1 and 2 rows): its table is padded to one row the
+    # same way, then the 3 rows; the output is the same 4 rows, flags copied
+    table = _ids([SequenceTag(0, 1).pack(), SequenceTag(1, 2).pack()])
+    prompts = table + bytes(ROW - len(table)) + struct.pack("<12f", *range(12))
+    rig.send(_granted_rows(5, 2))  # the failed step ended the grant: a new one
+    write_all(rig, rows_in, record(15, 2, prompts, flags=prompt_flags(2)))
+    data = read_all(rig, rows_out, ObjectHeader.LEN + 4 * ROW)
+    header = ObjectHeader.unpack(data)
+    assert (header.extent, header.flags) == (4 * ROW, prompt_flags(2))
+    assert data[ObjectHeader.LEN:] == prompts
+    done = rig.expect(StepCompleted)
+    assert done.step_id == 5 and done.record is not None
+    assert done.record.input_extent == 4 * ROW
 
 
 ROW = 16  # four f32 per activation row
