@@ -103,14 +103,15 @@ ANCHORS: tuple[Anchor, ...] = (
            count=Count.AtMostOne),
     Anchor(_E.token_received, "orchestrator_run", on_effect="AcceptOutput"),
     # a serving run (extension beyond spec §40): token_received per accepted output,
-    # then what became of the output's sequence
+    # then what became of the output's sequences (a batch's or prompt batch's output
+    # carries several: each may get its first token or finish)
     Anchor(_E.readiness_barrier_passed, "orchestrator_run", on_effect="OpenServing"),
     Anchor(_E.sequence_started, "orchestrator_run", on_effect="BindSlot"),
     Anchor(_E.token_received, "orchestrator_run", on_effect="AcceptSequenceOutput"),
     Anchor(_E.sequence_first_token, "orchestrator_run", on_effect="AcceptSequenceOutput",
-           count=Count.AtMostOne),
+           count=Count.Any),
     Anchor(_E.sequence_finished, "orchestrator_run", on_effect="AcceptSequenceOutput",
-           count=Count.AtMostOne),
+           count=Count.Any),
     Anchor(_E.sequence_finished, "orchestrator_run", on_effect="CancelSequence",
            count=Count.AtMostOne),
     Anchor(_E.sequence_failed, "orchestrator_run", on_effect="RejectSequence"),

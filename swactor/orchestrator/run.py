@@ -76,8 +76,8 @@ object must hold `2 * CANDIDATES_K` u32s and its token is sampled by its sequenc
 (`LiveSequence.pick`), any other object one id (else an EndpointFault,
 ObjectHeaderMalformed). Effects: BindSlot / RejectSequence / CancelSequence /
 FailSequences feed the sequence's machine SlotBound / Refused / Cancel / RunFaulted
-(with the recorded fault in words, `describe_fault`); InjectInput writes the sequence's
-next input tagged `SequenceTag(slot, position, candidates)`; AcceptSequenceOutput pops
+(with the recorded fault in words, `describe_fault`); a sequence's next input is
+written tagged `SequenceTag(slot, position, candidates)`; AcceptSequenceOutput pops
 the oldest object in flight and feeds its sequence TokenAccepted (dropped if it ended).
 A sequence's own effects feed the run `InputReady`, which the host queues behind the
 current event. OpenServing and FailSequences call `Serving.on_serving` / `on_ended`.
@@ -95,6 +95,17 @@ the row's tag asked) must repeat the injected table (else output_out_of_order:
 SequenceViolation) and hold whole answers (else an EndpointFault,
 ObjectHeaderMalformed); each row's token is picked by its sequence and routed to it. A
 sequence that ends leaves the queue.
+
+Prompts submitted together (the table's PromptsDue): a prompt's InputReady only queues
+its sequence (QueuePrompt), and the binding feeds PromptsDue after each submission:
+after a `SubmitSequence` (one prompt: written at once, as a plain tagged object), or
+after every sequence of a `SubmitSequences` (`RunHandle.submit_all`: a serving session
+forwarding the streams it migrated or held). InjectPrompts writes the queued prompts
+in submission order as prompt batches (`swactor.wire.tags`: flags BATCH | PROMPTS, a table of one
+tag per prompt whose position field is its row count, then the prompts' ids), each at
+most `MAX_PROMPTS` prompts and, with its table, the `max_seq_len` rows the token-in and
+activation edges hold; a prompt alone is a plain tagged object. The output repeats the
+table, then each prompt's answer: it is read and routed as a batch's rows.
 
 When the machine reaches Done the result future resolves and the actor stops itself.
 `start_run(runtime, plan, ports, ...)` spawns the actor, feeds PlanAvailable and returns
@@ -159,15 +170,18 @@ from swactor.wire import (
 )
 from swactor.wire.tags import (
     CANDIDATES_K,
+    MAX_PROMPTS,
     MAX_SLOTS,
     TAG_WIDTH,
     SequenceTag,
     TagError,
     answer_words,
     batch_flags,
-    batch_rows,
-    batch_table,
+    prompt_count,
+    prompt_flags,
+    read_table,
     table_bytes,
+    table_entries,
 )
 
 log = logging.getLogger("swactor.orchestrator.run")
@@ -205,6 +219,14 @@ class SubmitSequence:
     sequence_id: int
     request: SequenceRequest
     sink: SequenceSink
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitSequences:
+    """Run several sequences submitted together: their prompts travel as prompt
+    batches (PromptsDue comes after the last of them)."""
+
+    sequences: tuple[SubmitSequence, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,14 +271,16 @@ class InFlight:
     @property
     def decode_rows(self) -> int:
         """Decode rows it carries: a batch's rows, 1 for one decode row, 0 for a prompt
-        (or a single-prompt run's untagged step)."""
+        or a prompt batch (or a single-prompt run's untagged step)."""
+        if prompt_count(self.flags) is not None:
+            return 0
         if self.rows:
             return len(self.rows)
-        tag = SequenceTag.unpack(self.flags) if batch_rows(self.flags) is None else None
+        tag = SequenceTag.unpack(self.flags) if table_entries(self.flags) is None else None
         return int(tag is not None and tag.position > 0)
 
 
-RunMessage: TypeAlias = orun.Event | TokenOutput | SubmitSequence
+RunMessage: TypeAlias = orun.Event | TokenOutput | SubmitSequence | SubmitSequences
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +351,8 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         self._sequences: dict[int, LiveSequence] = {}
         self._queued: list[int] = []
         """Sequences whose decode row waits for the next batch object (QueueInput)."""
+        self._prompts: list[int] = []
+        """Sequences whose prompt waits for the next PromptsDue (QueuePrompt)."""
         slots = serving.slots if serving else 1
         self._max_batch = max(1, min(serving.max_batch or slots if serving else 1, slots,
                                      plan.model.max_seq_len // 2, MAX_SLOTS))
@@ -357,14 +383,24 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         """Feed one message to the machine and carry out its effects (module doc)."""
         if self._done():
             return
+        if isinstance(message, SubmitSequence | SubmitSequences):
+            # each sequence, then PromptsDue: the prompts submitted together go together
+            submitted = (message,) if isinstance(message, SubmitSequence) else message.sequences
+            for each in submitted:
+                await self._feed(ctx, self._submitted(each))
+            await self._feed(ctx, orun.PromptsDue())
+            return
         if isinstance(message, TokenOutput):
             event: orun.Event | None = self._token_event(message)
             if event is None:
                 return
-        elif isinstance(message, SubmitSequence):
-            event = self._submitted(message)
         else:
             event = message
+        await self._feed(ctx, event)
+
+    async def _feed(self, ctx: Context[RunMessage], event: orun.Event) -> None:
+        if self._done():
+            return
         self._note(event)
         await self._host.feed(event)
         self._flush_outcome()
@@ -401,7 +437,7 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         malformed = orun.EndpointFault(
             message.edge_id, RunFaultReason.ObjectHeaderMalformed, Component.TokenEndpoint)
         try:
-            if batch_rows(message.flags) is not None:
+            if table_entries(message.flags) is not None:
                 return self._batch_event(message) or malformed
             tag = SequenceTag.unpack(message.flags)
         except TagError:
@@ -414,11 +450,11 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         return orun.ObjectLoaded(message.edge_id, message.object_id, message.sequence)
 
     def _batch_event(self, message: TokenOutput) -> orun.Event | None:
-        """ObjectLoaded for a batch output whose table and answers are whole (each row's
-        token kept aside, sampled by its sequence), else None. Whether the table is the
-        one injected is output_out_of_order's to say."""
+        """ObjectLoaded for a batch or prompt batch output whose table and answers are
+        whole (each row's token kept aside, sampled by its sequence), else None.
+        Whether the table is the one injected is output_out_of_order's to say."""
         ids = message.token_ids
-        table = batch_table(message.flags, ids, MAX_SLOTS)
+        table = read_table(message.flags, ids, MAX_SLOTS)
         head = _table_words(len(table))
         self._pending_table = ids[:head]
         oldest = self._in_flight[0] if self._in_flight else None
@@ -497,6 +533,9 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
     def batch_ready(self, event: orun.BatchDue) -> bool:
         return bool(self._queued) and len(self._in_flight) < self._max_in_flight
 
+    def prompts_ready(self, event: orun.PromptsDue) -> bool:
+        return bool(self._prompts)
+
     def output_out_of_order(self, event: orun.ObjectLoaded) -> bool:
         oldest = self._in_flight[0] if self._in_flight else None
         return (
@@ -552,7 +591,8 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         words = detail if fault is None else f"{detail}: {describe_fault(fault)}"
         await self._sequences[sequence_id].feed(sq.Refused(words))
 
-    async def inject_input(self, sequence_id: int) -> None:
+    async def _inject_input(self, sequence_id: int) -> None:
+        """Write one sequence's next input as a plain tagged object."""
         live = self._sequences[sequence_id]
         ids, position = live.next_input
         assert live.slot is not None, "a sequence asks for input only while it holds a slot"
@@ -562,11 +602,44 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
     async def queue_input(self, sequence_id: int) -> None:
         self._queued.append(sequence_id)
 
+    async def queue_prompt(self, sequence_id: int) -> None:
+        self._prompts.append(sequence_id)
+
+    async def inject_prompts(self) -> None:
+        queued = [i for i in self._prompts if i in self._sequences]
+        self._prompts.clear()
+        limit = self.plan.model.max_seq_len  # rows the token-in and activation edges hold
+        groups: list[list[int]] = []
+        rows = 0
+        for sequence_id in queued:
+            length = len(self._sequences[sequence_id].next_input[0])
+            if (groups and len(groups[-1]) < MAX_PROMPTS
+                    and rows + length + len(groups[-1]) + 1 <= limit):
+                groups[-1].append(sequence_id)
+                rows += length
+            else:
+                groups.append([sequence_id])
+                rows = length
+        for group in groups:
+            if len(group) == 1:
+                await self._inject_input(group[0])
+                continue
+            tags: list[int] = []
+            ids: list[int] = []
+            for sequence_id in group:
+                live = self._sequences[sequence_id]
+                prompt, position = live.next_input
+                assert live.slot is not None and position == 0, "a queued prompt holds its slot"
+                tags.append(SequenceTag(live.slot, len(prompt), live.request.candidates).pack())
+                ids += prompt
+            await self._inject(Sequence(self._next_step), (*tags, *ids), None,
+                               prompt_flags(len(group)), tuple(group), tuple(tags))
+
     async def inject_batch(self) -> None:
         rows = [i for i in self._queued[:self._max_batch] if i in self._sequences]
         del self._queued[:self._max_batch]
         if len(rows) == 1:
-            await self.inject_input(rows[0])
+            await self._inject_input(rows[0])
             return
         tags: list[int] = []
         ids: list[int] = []
@@ -625,6 +698,8 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         self._sequences.pop(sequence_id, None)
         if sequence_id in self._queued:
             self._queued.remove(sequence_id)
+        if sequence_id in self._prompts:
+            self._prompts.remove(sequence_id)
 
     async def provision_stages(self, plan: RunPlan) -> None:
         self._provision_all(self._context)
@@ -808,7 +883,7 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
             assert self._ctx is not None
             self._ctx.self_ref.tell(self._endpoint_fault_for(edge)(error))
             return
-        if sequence == 0 and sequence_id is None:
+        if sequence == 0 and self._serving is None:  # a single-prompt run's prompt
             self.ports.emit(PromptInjected(
                 node_id=self._node, run_id=self.plan.run_id, edge_id=edge,
                 object_id=object_id, sequence=sequence,
@@ -892,6 +967,11 @@ class RunHandle:
     def submit(self, sequence_id: int, request: SequenceRequest, sink: SequenceSink) -> None:
         """Serving run: run `request` as sequence `sequence_id` (results go to `sink`)."""
         self.ref.tell(SubmitSequence(sequence_id, request, sink))
+
+    def submit_all(self, sequences: tuple[SubmitSequence, ...]) -> None:
+        """Serving run: run several sequences submitted together, their prompts as
+        prompt batches."""
+        self.ref.tell(SubmitSequences(sequences))
 
     def cancel(self, sequence_id: int) -> None:
         """Serving run: end sequence `sequence_id` now and free its slot."""

@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 from swactor.actors import Runtime
 from swactor.fsm.generated import orchestrator_run as orun
 from swactor.model.sampling import SamplingPolicy
-from swactor.orchestrator.run import RunHandle, RunTimeouts, Serving, TokenOutput, start_run
+from swactor.orchestrator.run import (
+    RunHandle,
+    RunTimeouts,
+    Serving,
+    SubmitSequence,
+    TokenOutput,
+    start_run,
+)
 from swactor.orchestrator.serving import SequenceRequest, pick_candidate
 from swactor.wire import (
     Component,
@@ -24,7 +31,7 @@ from swactor.wire import (
     StageIndex,
     TeardownOutcome,
 )
-from swactor.wire.tags import CANDIDATES_K, SequenceTag, batch_flags
+from swactor.wire.tags import CANDIDATES_K, SequenceTag, batch_flags, prompt_flags
 from tests.orchestrator.fake_ports import FakePorts
 from tests.orchestrator.test_run import (
     EOS,
@@ -579,5 +586,90 @@ def test_each_output_says_its_decode_rows_and_the_objects_in_flight_with_it() ->
                     if e.event.NAME.value == "token_received"]
         assert [(d["rows"], d["in_flight"]) for d in received] == [
             (0, 3), (0, 2), (0, 1), (3, 1)]
+
+
+# -- prompts submitted together travel as prompt batches -------------------------------
+
+def submit_all(handle: RunHandle, *requests: tuple[int, tuple[int, ...], SamplingPolicy]
+               ) -> list[Sink]:
+    sinks = [Sink() for _ in requests]
+    handle.submit_all(tuple(
+        SubmitSequence(sequence_id, SequenceRequest(prompt, 3, sampling), _SinkPort(sink))
+        for (sequence_id, prompt, sampling), sink in zip(requests, sinks, strict=True)))
+    return sinks
+
+
+def test_sequences_submitted_together_go_as_one_prompt_batch_each_routed() -> None:
+    ids = tuple(range(100, 100 + CANDIDATES_K))
+    bits = struct.unpack(f"<{CANDIDATES_K}I", struct.pack(
+        f"<{CANDIDATES_K}f", *(float(CANDIDATES_K - i) for i in range(CANDIDATES_K))))
+    policy = SamplingPolicy.sample(temperature=0.8, seed=5)
+
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports, slots=4)
+        a, b, c = submit_all(handle, (1, (1, 5, 6), GREEDY), (2, (1, 7), GREEDY),
+                             (3, (1, 8, 9, 9), policy))
+        await ports.until(lambda: len(ports.of("inject")) == 1)
+        # one object: a table of (slot, row count) per prompt, then every prompt's ids
+        table = (tag(0, 3), tag(1, 2), tag(2, 4, True))
+        assert injected(ports) == [(0, (*table, 1, 5, 6, 1, 7, 1, 8, 9, 9), prompt_flags(3))]
+        assert (a.started, b.started, c.started) == (1, 1, 1)
+        # the answer repeats the table, then each prompt's answer in table order
+        handle.tell(out(0, prompt_flags(3), *table, 40, 50, *ids, *bits))
+        await ports.until(lambda: len(ports.of("inject")) == 2)
+        c0 = pick_candidate((*ids, *bits), policy, 0)
+        assert (a.ids, b.ids, c.ids) == ([40], [50], [c0])
+        rows = (tag(0, 3), tag(1, 2), tag(2, 4, True))  # each at its next position
+        assert injected(ports)[1] == (1, (*rows, 40, 50, c0), batch_flags(3))
+        d = submit(handle, 4, (1, 3))  # alone: a plain tagged prompt, at once
+        await ports.until(lambda: len(ports.of("inject")) == 3)
+        assert injected(ports)[2] == (2, (1, 3), tag(3, 0))
+        assert d.started == 1
+        handle.stop()
+        result = await stop_all(handle, ports)
+        assert result.fault is None and result.teardown is TeardownOutcome.Clean
+        names = ports.event_names()
+        assert names.count("sequence_started") == 4
+        assert names.count("sequence_first_token") == 3
+
+    run_test(body)
+
+
+def test_a_prompt_batch_holds_at_most_max_prompts_and_what_its_edges_hold() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports, slots=6, max_seq_len=16)
+        submit_all(handle, *((i, (1, 2, 3), GREEDY) for i in range(6)))
+        await ports.until(lambda: len(ports.of("inject")) == 2)
+        first, second = injected(ports)
+        assert first[2] == prompt_flags(4) and len(first[1]) == 4 + 12
+        assert second == (1, (*(tag(4, 3), tag(5, 3)), 1, 2, 3, 1, 2, 3), prompt_flags(2))
+        handle.stop()
+        await stop_all(handle, ports)
+
+    async def fits(runtime: Runtime, ports: FakePorts) -> None:
+        # 16 rows at most: 6 + 6 ids and 2 table entries fit, a third prompt does not
+        handle = await serving(runtime, ports, slots=3, max_seq_len=16)
+        submit_all(handle, *((i, (1,) * 6, GREEDY) for i in range(3)))
+        await ports.until(lambda: len(ports.of("inject")) == 2)
+        first, second = injected(ports)
+        assert first[2] == prompt_flags(2) and len(first[1]) == 2 + 12
+        assert second == (1, (1,) * 6, tag(2, 0)), "one prompt left: a plain object"
+        handle.stop()
+        await stop_all(handle, ports)
+
+    run_test(body)
+    run_test(fits)
+
+
+def test_a_prompt_batch_answer_with_another_table_faults_the_run() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports, slots=2)
+        sinks = submit_all(handle, (1, (1, 5), GREEDY), (2, (1, 6, 7), GREEDY))
+        await ports.until(lambda: len(ports.of("inject")) == 1)
+        handle.tell(out(0, prompt_flags(2), tag(1, 3), tag(0, 2), 50, 51))  # swapped
+        result = await stop_all(handle, ports)
+        assert result.fault is not None
+        assert result.fault.reason is RunFaultReason.SequenceViolation
+        assert all(s.end is not None and s.end[0] == "error" for s in sinks)
 
     run_test(body)
