@@ -56,7 +56,13 @@ from swactor.events.emitter import Emitter
 from swactor.model.sampling import SamplingPolicy
 from swactor.orchestrator.ports import RunResult
 from swactor.orchestrator.real_ports import NetworkRunPorts
-from swactor.orchestrator.run import RunHandle, Serving, describe_fault, start_run
+from swactor.orchestrator.run import (
+    RunHandle,
+    Serving,
+    SubmitSequence,
+    describe_fault,
+    start_run,
+)
 from swactor.orchestrator.serving import SAMPLED_TOP_K, SequenceRequest
 from swactor.orchestrator.session import (
     TOKEN_ARENA_BYTES,
@@ -497,20 +503,46 @@ class RunEngine:
         return Health(HealthState.SERVING, f"{len(self._streams)}/{self._slots} slots busy")
 
     def submit(self, prompt: Sequence[int], params: SamplingParams) -> RunStream:
+        stream, request = self._admit(prompt, params)
+        if request is not None:
+            assert self._handle is not None, "a request is admitted only while serving"
+            self._handle.submit(stream.sequence_id, request, stream)
+        return stream
+
+    def submit_all(self, requests: Sequence[tuple[Sequence[int], SamplingParams]]
+                   ) -> list[RunStream]:
+        """Submit several sequences together, as `submit` each: the run writes their
+        prompts as prompt batches (a stage prefills them together), which a serving
+        session uses for the streams it migrates to this run after a fault."""
+        streams: list[RunStream] = []
+        together: list[SubmitSequence] = []
+        for prompt, params in requests:
+            stream, request = self._admit(prompt, params)
+            streams.append(stream)
+            if request is not None:
+                together.append(SubmitSequence(stream.sequence_id, request, stream))
+        if together:
+            assert self._handle is not None, "a request is admitted only while serving"
+            self._handle.submit_all(tuple(together))
+        return streams
+
+    def _admit(self, prompt: Sequence[int], params: SamplingParams
+               ) -> tuple[RunStream, SequenceRequest | None]:
+        """A new stream and its request; no request when the stream ended at once (the
+        run does not serve, or the request is refused)."""
         stream = RunStream(next(self._ids), self._forget)
         handle = self._handle
         if handle is None or handle.future.done() or self._fault is not None or self._stopping:
             stream.finished("error", self._fault or "the run is not serving")
-            return stream
+            return stream, None
         try:
             request = SequenceRequest(tuple(int(t) for t in prompt), params.max_tokens,
                                       sampling_policy(params), params.first_step)
         except (ValueError, TypeError) as error:
             stream.finished("error", f"bad request: {error}")
-            return stream
+            return stream, None
         self._streams[stream.sequence_id] = stream
-        handle.submit(stream.sequence_id, request, stream)
-        return stream
+        return stream, request
 
     def cancel(self, sequence_id: int) -> None:
         stream = self._streams.get(sequence_id)

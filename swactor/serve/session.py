@@ -31,7 +31,9 @@ reports the loss (``SequenceLost``) and waits to be placed again. The table deci
 (guards ``context_full``, ``migrations_exhausted``): HoldLost keeps it ahead of the
 sequences that arrived later, and ForwardHeld submits it to the next run as prompt +
 streamed tokens with ``max_tokens`` reduced by the streamed count (``sequence_migrated``),
-so its next tokens follow the last one the client got; FailLost ends it with the fault
+so its next tokens follow the last one the client got; every held sequence is
+submitted in one ``submit_all``, so the run writes their prompts as prompt batches and
+each stage prefills them together rather than one after another; FailLost ends it with the fault
 and why it did not move (``sequence_lost``). A second ``Started`` from the new run is
 not relayed.
 
@@ -131,6 +133,11 @@ class RunEngine(Engine, Protocol):
         """Stop the run and tear it down (idempotent); in-flight streams end with an error."""
         ...
 
+    def submit_all(self, requests: Sequence[tuple[Sequence[int], SamplingParams]]
+                   ) -> Sequence[SequenceStream]:
+        """Submit several sequences together (their prompts travel as prompt batches)."""
+        ...
+
 
 RunStarter = Callable[[], Awaitable[RunEngine]]
 """Plans a run on the pool's live nodes and provisions it; raises naming why it could not."""
@@ -201,17 +208,21 @@ class _SessionStream:
     def placed(self) -> bool:
         return self._placed.is_set()
 
-    def forward(self, run: RunEngine) -> None:
+    def request(self) -> tuple[tuple[int, ...], SamplingParams]:
+        """What to submit: the prompt, or for a continuation the prompt + the streamed
+        tokens with the rest of max_tokens and the sampling step they reached."""
+        if not self.streamed:
+            return self.prompt, self.params
+        return self.prompt + tuple(self.streamed), replace(
+            self.params, max_tokens=self.params.max_tokens - len(self.streamed),
+            first_step=self.params.first_step + len(self.streamed))
+
+    def forward(self, run: RunEngine, inner: SequenceStream) -> None:
+        """Placed on `run`, which runs it as `inner` (`run.submit(*self.request())`)."""
         if self.placed:
             return
         self.run = run
-        if self.streamed:  # a continuation: prompt + streamed, the rest of max_tokens
-            self._inner = run.submit(
-                self.prompt + tuple(self.streamed),
-                replace(self.params, max_tokens=self.params.max_tokens - len(self.streamed),
-                        first_step=self.params.first_step + len(self.streamed)))
-        else:
-            self._inner = run.submit(self.prompt, self.params)
+        self._inner = inner
         if self.lost_from is not None:
             self.migrations += 1
             self.lost_from = None
@@ -512,20 +523,29 @@ class ServeSession(ss.ServeSessionEffects[None]):
         self._spawn(self._stop(run))
 
     def forward_sequence(self, sequence_id: int) -> None:
-        stream = self._streams.get(sequence_id)
-        if stream is None or self._run is None:
+        self._forward([sequence_id])
+
+    def _forward(self, sequence_ids: list[int]) -> None:
+        """Submit the sequences to the current run together (their prompts travel as
+        prompt batches: each stage prefills them at once)."""
+        run = self._run
+        streams = [stream for stream in (self._streams.get(i) for i in sequence_ids)
+                   if stream is not None and not stream.placed]
+        if run is None or not streams:
             return
-        lost_from = stream.lost_from
-        stream.forward(self._run)
-        if lost_from is not None:
-            self._notify(f"sequence {sequence_id} continues on the new run after "
-                         f"{len(stream.streamed)} streamed tokens")
-            self._emit(SequenceMigrated(
-                node_id=self._node_id, run_id=_run_id(self._run),
-                detail={"sequence_id": sequence_id, "from_run": _run_id(lost_from),
-                        "prompt_tokens": len(stream.prompt),
-                        "streamed_tokens": len(stream.streamed),
-                        "migrations": stream.migrations}))
+        inners = run.submit_all([stream.request() for stream in streams])
+        for stream, inner in zip(streams, inners, strict=True):
+            lost_from = stream.lost_from
+            stream.forward(run, inner)
+            if lost_from is not None:
+                self._notify(f"sequence {stream.sequence_id} continues on the new run after "
+                             f"{len(stream.streamed)} streamed tokens")
+                self._emit(SequenceMigrated(
+                    node_id=self._node_id, run_id=_run_id(run),
+                    detail={"sequence_id": stream.sequence_id, "from_run": _run_id(lost_from),
+                            "prompt_tokens": len(stream.prompt),
+                            "streamed_tokens": len(stream.streamed),
+                            "migrations": stream.migrations}))
 
     def warm_spares(self) -> None:
         run = self._run
@@ -568,8 +588,9 @@ class ServeSession(ss.ServeSessionEffects[None]):
         stream.end(Finished(FinishReason.ERROR, f"{reason}; not migrated: {why}"))
 
     def forward_held(self) -> None:
-        while self._held:
-            self.forward_sequence(self._held.popleft())
+        held = list(self._held)
+        self._held.clear()
+        self._forward(held)
 
     def end_held(self, reason: str) -> None:
         while self._held:

@@ -83,6 +83,8 @@ class FakeRun:
     submitted: list[tuple[tuple[int, ...], FakeRunStream]] = field(default_factory=list)
     params: list[SamplingParams] = field(default_factory=list)
     cancelled: list[int] = field(default_factory=list)
+    together: list[int] = field(default_factory=list)
+    """How many sequences each `submit_all` carried."""
     stopped: int = 0
     _failed: asyncio.Event = field(default_factory=asyncio.Event)
     _fault: str | None = None
@@ -104,6 +106,11 @@ class FakeRun:
         self.submitted.append((tuple(prompt), stream))
         self.params.append(params)
         return stream
+
+    def submit_all(self, requests: Sequence[tuple[Sequence[int], SamplingParams]]
+                   ) -> list[FakeRunStream]:
+        self.together.append(len(requests))
+        return [self.submit(prompt, params) for prompt, params in requests]
 
     def cancel(self, sequence_id: int) -> None:
         self.cancelled.append(sequence_id)
@@ -230,6 +237,7 @@ async def test_a_fault_migrates_in_flight_streams_then_a_new_run_serves_held_req
     await until(lambda: serve.state is ss.State.Serving, "serving again")
     # the migrated continuation first, then the held ones in arrival order
     assert [prompt for prompt, _ in second.submitted] == [(1, 9), (2,), (3,)]
+    assert second.together == [3], "one submission: the run prefills them together"
     assert [p.max_tokens for p in second.params] == [PARAMS.max_tokens - 1, 4, 4]
     assert serve.health() == Health(HealthState.SERVING, "", 1)
     for _, inner in second.submitted:
