@@ -239,6 +239,8 @@ class Serving:
     on_ended: Callable[[str | None], None] = lambda fault: None
     """Called once every live sequence ended (FailSequences): the run's fault in words,
     or None for an operator stop."""
+    on_fault: Callable[[RunFault], None] = lambda fault: None
+    """Called with the run's fault just before `on_ended` (FailSequences), when it has one."""
     max_in_flight: int | None = None
     """Objects in flight before queued decode rows wait for the next batch (BatchDue);
     None: the plan's stages plus one (each stage, and the orchestrator's own hop from
@@ -681,6 +683,8 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         for live in list(self._sequences.values()):
             await live.feed(sq.RunFaulted(fault or "the run was stopped"))
         if self._serving is not None:
+            if self.result.fault is not None:
+                self._serving.on_fault(self.result.fault)
             self._serving.on_ended(fault)
 
     # RunSide: what a sequence asks of its run

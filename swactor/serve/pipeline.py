@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, TextIO
 from swactor.actors import Runtime
 from swactor.events.emitter import Emitter
 from swactor.model.sampling import SamplingPolicy
-from swactor.orchestrator.ports import RunResult
+from swactor.orchestrator.ports import RunFault, RunResult
 from swactor.orchestrator.real_ports import NetworkRunPorts
 from swactor.orchestrator.run import (
     RunHandle,
@@ -184,6 +184,15 @@ class NodeHolds:
 
     def __init__(self) -> None:
         self._held: dict[RunId, frozenset[NodeId]] = {}
+        self.faulted: frozenset[NodeId] = frozenset()
+        """Nodes a run of the session named in its fault (`faulted_node`): the next plan
+        avoids them while another node can take their stage (`spares.place`)."""
+
+    def fault(self, run_nodes: Sequence[NodeId], fault: RunFault) -> None:
+        """Record the node `fault` names (`faulted_node`) in `faulted`."""
+        node = faulted_node(run_nodes, fault)
+        if node is not None:
+            self.faulted |= {node}
 
     def hold(self, run_id: RunId, nodes: Iterable[NodeId],
              ended: asyncio.Future[RunResult]) -> None:
@@ -206,6 +215,16 @@ class NodeHolds:
                     f"run {int(run_id)} has not ended on node(s) {names}: greeting them "
                     "before its teardown ends would take their StageStopped from it (a "
                     "node reports on its newest orchestrator link)")
+
+
+def faulted_node(run_nodes: Sequence[NodeId], fault: RunFault) -> NodeId | None:
+    """The node a run fault names: its node, else the node of its stage (`run_nodes`, in
+    stage order); None when it names neither (an edge, the orchestrator)."""
+    if fault.node_id is not None:
+        return NodeId(fault.node_id)
+    if fault.stage_index is not None and 0 <= int(fault.stage_index) < len(run_nodes):
+        return run_nodes[int(fault.stage_index)]
+    return None
 
 
 class PreparedRunSpent(SessionError):
@@ -428,6 +447,8 @@ class RunEngine:
         handle = start_run(self._runtime, self.plan, self._ports,
                            stop_token_ids=stop_token_ids, timeouts=options.timeouts,
                            serving=Serving(self._slots, opened, self._ended,
+                                           on_fault=lambda fault: self._holds.fault(
+                                               self.stage_nodes, fault),
                                            max_batch=self._batch_rows,
                                            max_in_flight=self._objects_in_flight))
         self._handle = self._ports.handle = handle

@@ -323,11 +323,13 @@ class LiveNodes:
         """The usable nodes, in node-id order (the stage order), at most `count`."""
         return tuple(self._members[n] for n in self._usable()[:self._count])
 
-    def place(self, warm: Mapping[NodeId, frozenset[WarmKey]]
+    def place(self, warm: Mapping[NodeId, frozenset[WarmKey]],
+              avoid: frozenset[NodeId] = frozenset()
               ) -> tuple[tuple[PoolMember, ...], list[str]]:
         """The next run's nodes in stage order: the last run's survivors at their stages,
-        a spare (warm for the stage when one is) for each lost one (`spares.place`)."""
-        nodes, words = place(self.previous, self._usable(), warm, self._count)
+        a spare (warm for the stage when one is) for each lost one, and for each one in
+        `avoid` (a node that faulted a run) while another node can take it (`spares.place`)."""
+        nodes, words = place(self.previous, self._usable(), warm, self._count, avoid)
         return tuple(self._members[n] for n in nodes), words
 
     def idle(self, in_run: frozenset[NodeId]) -> tuple[PoolMember, ...]:
@@ -473,7 +475,7 @@ async def serve_pool(
     async def prepare() -> Prepared:
         from swactor.serve.pipeline import RunEngine as PipelineEngine
 
-        nodes, words = live.place(warmer.warm if warmer is not None else {})
+        nodes, words = live.place(warmer.warm if warmer is not None else {}, holds.faulted)
         if not nodes:
             raise SessionError("no live node left in the pool")
         _say(err, f"provisioning a run on {len(nodes)} node(s), {slots} slots ...")

@@ -69,25 +69,35 @@ def spare_assignment(stage_sizes: Sequence[int], spares: int) -> list[list[int]]
 
 
 def place(previous: Sequence[NodeId], usable: Sequence[NodeId],
-          warm: Mapping[NodeId, frozenset[WarmKey]], count: int
+          warm: Mapping[NodeId, frozenset[WarmKey]], count: int,
+          avoid: frozenset[NodeId] = frozenset()
           ) -> tuple[tuple[NodeId, ...], list[str]]:
     """The next plan's nodes in stage order, and words for each stage given a new node.
 
     Survivors of `previous` keep their stage; each lost stage gets a usable node warm
-    for it when there is one, else any free one (lowest id first). When fewer usable
-    nodes than `previous` stages are left (or there is no previous run), the first
-    `count` usable nodes by id: a new shape, loaded as usual."""
-    ordered = sorted(usable)
+    for it when there is one, else any free one (lowest id first). A node in `avoid`
+    (one that faulted a run of the session) counts as lost while a free node outside
+    `avoid` can take its stage, and is a free node's last choice: a worker that crashed
+    is not re-planned onto while the pool has a spare. When fewer usable nodes than
+    `previous` stages are left (or there is no previous run), the first `count` usable
+    nodes by id, those in `avoid` last: a new shape, loaded as usual."""
+    ordered = sorted(usable, key=lambda n: (n in avoid, n))
     stages = len(previous)
     if not previous or len(ordered) < stages:
-        return tuple(ordered[:count]), []
+        return tuple(sorted(ordered[:count])), []
     chosen: list[NodeId | None] = [n if n in ordered else None for n in previous]
+    spare = [n for n in ordered if n not in chosen and n not in avoid]
+    for index, node in enumerate(chosen):
+        if node is not None and node in avoid and spare:
+            chosen[index] = None
+            spare.pop()
     free = [n for n in ordered if n not in chosen]
     words: list[str] = []
     for index, node in enumerate(chosen):
         if node is not None:
             continue
-        ready = [n for n in free if (index, stages) in warm.get(n, frozenset())]
+        ready = [n for n in free if (index, stages) in warm.get(n, frozenset())
+                 and n not in avoid]
         pick = (ready or free)[0]
         free.remove(pick)
         chosen[index] = pick

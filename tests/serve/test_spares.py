@@ -14,12 +14,15 @@ import pytest
 
 from swactor.model.fetch import OfferedFile
 from swactor.orchestrator import session
+from swactor.orchestrator.ports import RunFault
 from swactor.orchestrator.session import PoolMember, SessionOptions, plan_for
+from swactor.serve.pipeline import NodeHolds
 from swactor.serve.spares import SpareWarmer, place, spare_assignment
 from swactor.transport.identity import NodeIdentity
 from swactor.transport.run_control import PreloadStage, StagePreloaded
-from swactor.wire import NodeId, RunId
+from swactor.wire import NodeId, RunId, StageIndex
 from swactor.wire.codec import WireStruct
+from swactor.wire.enums import Component, RunFaultReason
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
 
 if TYPE_CHECKING:
@@ -125,3 +128,34 @@ def test_a_spare_preloading_an_offered_model_is_told_where_it_is_served(
     [pool] = _PreloadPool.opened
     assert pool.offered is not None and pool.offered.sha256 == offered.sha256
     assert pool.asked == [(int(C), True), (int(C), True)]
+
+
+def test_a_node_that_faulted_a_run_yields_its_stage_to_an_idle_node() -> None:
+    # B's worker crashed (the run's fault named it) but B is still usable; D is idle
+    assert place((A, B, C), (A, B, C, D), {}, 3, frozenset({B})) == (
+        (A, D, C), ["stage 1 on spare 0x28, not preloaded for its range: loaded"])
+    # a spare warm for the stage is preferred; the faulted node is never "warm" for it
+    warm = {B: frozenset({(1, 3)}), E: frozenset({(1, 3)})}
+    assert place((A, B, C), (A, B, C, D, E), warm, 3, frozenset({B}))[0] == (A, E, C)
+
+
+def test_a_faulted_node_is_tried_again_only_without_an_alternative() -> None:
+    assert place((A, B, C), (A, B, C), {}, 3, frozenset({B})) == ((A, B, C), [])
+    # two faulted nodes, one idle node: the lower stage's node moves, the other stays
+    assert place((A, B, C), (A, B, C, D), {}, 3, frozenset({B, C}))[0] == (A, D, C)
+    # a new shape (no previous run) takes the nodes that did not fault first
+    assert place((), (A, B, C, D), {}, 3, frozenset({B})) == ((A, C, D), [])
+
+
+def test_the_session_ledger_records_the_node_a_run_fault_names() -> None:
+    holds = NodeHolds()
+    # the worker of stage 1 crashed: the fault names the stage, not the node
+    holds.fault((A, B, C), RunFault(RunFaultReason.WorkerCrashed, Component.StageController,
+                                    stage_index=StageIndex(1)))
+    assert holds.faulted == frozenset({B})
+    holds.fault((A, D, C), RunFault(RunFaultReason.WorkerCrashed, Component.Orchestrator,
+                                    node_id=C))
+    assert holds.faulted == frozenset({B, C})
+    holds.fault((A, D, C), RunFault(RunFaultReason.WorkerCrashed, Component.Orchestrator))
+    assert holds.faulted == frozenset({B, C})  # names no node: nothing to avoid
+    assert place((A, B, C), (A, B, C, D), {}, 3, holds.faulted)[0] == (A, D, C)
