@@ -199,23 +199,7 @@ def batch_table(flags: int, words: Sequence[int], slots: int) -> tuple[SequenceT
         raise TagError("rows", f"{rows} rows exceed the {slots} slots")
     if len(words) < rows:
         raise TagError("table", f"{len(words)} words hold no table of {rows} tags")
-    tags: list[SequenceTag] = []
-    seen: set[int] = set()
-    for index in range(rows):
-        word = int(words[index])
-        if not word & TAGGED or word >> 32:
-            raise TagError("table", f"entry {index} ({word:#x}) is not a sequence tag")
-        tag = SequenceTag.unpack(word)
-        assert tag is not None
-        if tag.position == 0:
-            raise TagError("table", f"entry {index}: position 0 (a prompt) in a batch")
-        if tag.slot >= slots:
-            raise TagError("table", f"entry {index}: slot {tag.slot} outside 0..{slots - 1}")
-        if tag.slot in seen:
-            raise TagError("table", f"entry {index}: slot {tag.slot} appears twice")
-        seen.add(tag.slot)
-        tags.append(tag)
-    return tuple(tags)
+    return _table(words, rows, slots, "position 0 (a prompt) in a batch")
 
 
 def table_bytes(rows: int, row_bytes: int) -> int:
@@ -280,23 +264,7 @@ def prompt_table(flags: int, words: Sequence[int], slots: int) -> tuple[Sequence
         raise TagError("prompts", f"{count} prompts exceed the {slots} slots")
     if len(words) < count:
         raise TagError("table", f"{len(words)} words hold no table of {count} prompts")
-    tags: list[SequenceTag] = []
-    seen: set[int] = set()
-    for index in range(count):
-        word = int(words[index])
-        if not word & TAGGED or word >> 32:
-            raise TagError("table", f"entry {index} ({word:#x}) is not a sequence tag")
-        tag = SequenceTag.unpack(word)
-        assert tag is not None
-        if tag.position == 0:
-            raise TagError("table", f"entry {index}: a prompt of no rows")
-        if tag.slot >= slots:
-            raise TagError("table", f"entry {index}: slot {tag.slot} outside 0..{slots - 1}")
-        if tag.slot in seen:
-            raise TagError("table", f"entry {index}: slot {tag.slot} appears twice")
-        seen.add(tag.slot)
-        tags.append(tag)
-    return tuple(tags)
+    return _table(words, count, slots, "a prompt of no rows")
 
 
 def read_table(flags: int, words: Sequence[int], slots: int) -> tuple[SequenceTag, ...]:
@@ -305,3 +273,27 @@ def read_table(flags: int, words: Sequence[int], slots: int) -> tuple[SequenceTa
     if prompt_count(flags) is not None:
         return prompt_table(flags, words, slots)
     return batch_table(flags, words, slots)
+
+
+def _table(words: Sequence[int], entries: int, slots: int,
+           position_zero: str) -> tuple[SequenceTag, ...]:
+    """The first ``entries`` of ``words`` as tags, each of a distinct slot below ``slots``
+    and a non-zero ``position``; ``position_zero`` says what a zero position would mean
+    in this table."""
+    tags: list[SequenceTag] = []
+    seen: set[int] = set()
+    for index in range(entries):
+        word = int(words[index])
+        if not word & TAGGED or word >> 32:
+            raise TagError("table", f"entry {index} ({word:#x}) is not a sequence tag")
+        tag = SequenceTag.unpack(word)
+        assert tag is not None
+        if tag.position == 0:
+            raise TagError("table", f"entry {index}: {position_zero}")
+        if tag.slot >= slots:
+            raise TagError("table", f"entry {index}: slot {tag.slot} outside 0..{slots - 1}")
+        if tag.slot in seen:
+            raise TagError("table", f"entry {index}: slot {tag.slot} appears twice")
+        seen.add(tag.slot)
+        tags.append(tag)
+    return tuple(tags)
