@@ -186,13 +186,19 @@ class NodeHolds:
         self._held: dict[RunId, frozenset[NodeId]] = {}
         self.faulted: frozenset[NodeId] = frozenset()
         """Nodes a run of the session named in its fault (`faulted_node`): the next plan
-        avoids them while another node can take their stage (`spares.place`)."""
+        avoids them while another node can take their stage (`spares.place`), until
+        they leave the pool and join it again (`forget`)."""
 
     def fault(self, run_nodes: Sequence[NodeId], fault: RunFault) -> None:
         """Record the node `fault` names (`faulted_node`) in `faulted`."""
         node = faulted_node(run_nodes, fault)
         if node is not None:
             self.faulted |= {node}
+
+    def forget(self, node: NodeId) -> None:
+        """`node` left the pool and joined it again (the serve_session table's
+        ForgetFault): plans no longer avoid it."""
+        self.faulted -= {node}
 
     def hold(self, run_id: RunId, nodes: Iterable[NodeId],
              ended: asyncio.Future[RunResult]) -> None:

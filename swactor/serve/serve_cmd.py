@@ -314,7 +314,8 @@ class LiveNodes:
         self.previous: tuple[NodeId, ...] = ()
         """The last run's node of each stage, in stage order."""
         self.on_join: Callable[[NodeId], None] | None = None
-        """Told each node that joins the usable set (a spare to warm)."""
+        """Told each node that joins the usable set: added, or back after it left it (a
+        spare to warm, a faulted node to forget)."""
 
     def _usable(self) -> list[NodeId]:
         return sorted(m for m in self._members if self._alive is None or self._alive(m))
@@ -499,9 +500,9 @@ async def serve_pool(
     session = ServeSession(starter, node_id=options.identity.node_id, emitter=emitter,
                            restart_limit=restart_limit, retry_delay_s=retry_delay_s,
                            notify=lambda text: _say(err, text),
-                           warmer=warm if warmer is not None else None, preparer=prepare)
-    if warmer is not None:
-        live.on_join = lambda node: session.spare_joined()
+                           warmer=warm if warmer is not None else None, preparer=prepare,
+                           forget_fault=holds.forget)
+    live.on_join = session.node_joined
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -40,7 +40,7 @@ not relayed.
 Warm spares. With a ``warmer`` (``swactor.serve.spares``), each run that becomes ready
 has its stage roles preloaded on the pool's idle spares (WarmSpares, in a task that
 feeds SparesWarmed; CancelWarming stops waiting when the run faults or the session
-stops; ``spare_joined()``, a node joining the pool while a run serves, warms again).
+stops; ``node_joined()``, a node joining the pool while a run serves, warms again).
 The warmer and the command's starter share what is warm where: the next plan
 puts a warm spare in the lost stage's place (the table's doc). ``report_recovered``
 adds the starter's placement words (``placement`` on the new run, when it has them) to
@@ -51,6 +51,11 @@ plan, then greet and provision), PrepareRun starts preparing the next run as soo
 run faults, beside its teardown (the table's doc), and StartRun provisions what it
 prepared instead of calling ``starter``; DiscardPrepared releases it when the session
 stops first.
+
+Faulted nodes. The command keeps the nodes its runs' faults named, which its plans
+avoid (``swactor.serve.pipeline.NodeHolds.faulted``); ``node_joined()`` feeds
+NodeJoined, and ForgetFault (a node that left the pool and joined it again) hands the
+node to ``forget_fault``, the command's way to drop it from that set.
 
 Lifetime. ``start()`` begins provisioning the first run (the table's initial state is
 Provisioning) and returns the session's health once it serves or has ended; the engine
@@ -319,6 +324,7 @@ class ServeSession(ss.ServeSessionEffects[None]):
         notify: Callable[[str], None] | None = None,
         warmer: SpareWarmer | None = None,
         preparer: RunPreparer | None = None,
+        forget_fault: Callable[[NodeId], None] | None = None,
     ) -> None:
         if restart_limit < 1:
             raise ValueError(f"restart_limit must be >= 1, got {restart_limit}")
@@ -330,6 +336,7 @@ class ServeSession(ss.ServeSessionEffects[None]):
         """The next run being prepared beside a teardown (PrepareRun), until StartRun
         takes it or DiscardPrepared drops it."""
         self._warmer = warmer
+        self._forget_fault = forget_fault
         self._warmings: set[asyncio.Task[None]] = set()
         self._node_id = NodeId(node_id)
         self._emitter = emitter
@@ -367,10 +374,11 @@ class ServeSession(ss.ServeSessionEffects[None]):
             await self._wait_change()
         return self.health()
 
-    def spare_joined(self) -> None:
-        """A node joined the pool outside the current run (the command's LiveNodes)."""
+    def node_joined(self, node: NodeId) -> None:
+        """`node` joined the pool's usable nodes (the command's LiveNodes): added, or back
+        after it left them."""
         if not self._terminal():
-            self._feed(ss.SpareJoined())
+            self._feed(ss.NodeJoined(node_id=int(node)))
 
     def request_stop(self) -> None:
         """The operator stops the session (Ctrl-C, SIGTERM); idempotent."""
@@ -554,6 +562,10 @@ class ServeSession(ss.ServeSessionEffects[None]):
             task = self._spawn(self._preload_spares(self._warmer, run))
             self._warmings.add(task)
             task.add_done_callback(self._warmings.discard)
+
+    def forget_fault(self, node_id: int) -> None:
+        if self._forget_fault is not None:
+            self._forget_fault(NodeId(node_id))
 
     def cancel_warming(self) -> None:
         for task in list(self._warmings):

@@ -32,6 +32,7 @@ from swactor.serve.engine import (
     Tokens,
 )
 from swactor.serve.session import HEALTH, PreparedRun, RunEngine, ServeSession
+from swactor.wire import NodeId
 
 from .fake_engine import FakeCodec
 
@@ -756,17 +757,80 @@ async def test_a_node_joining_while_serving_is_warmed_and_ignored_while_recoveri
     provisioning: asyncio.Future[FakeRun] = asyncio.get_running_loop().create_future()
     warmer = Warmer()
     serve, _ = session(Starter(first, provisioning), warmer=warmer)
-    serve.spare_joined()  # while the first run provisions: its RunReady warms anyway
+    serve.node_joined(NodeId(9))  # while the first run provisions: its RunReady warms anyway
     await serve.start()
     await until(lambda: len(warmer.runs) == 1, "the ready run warmed")
-    serve.spare_joined()
+    serve.node_joined(NodeId(9))
     await until(lambda: warmer.runs == [first, first], "the joined spare warmed")
     assert warmer.cancelled == 0  # the first warming goes on beside the second
     first.fail("MembershipLost")
     await until(lambda: serve.state is ss.State.Reprovisioning, "reprovisioning")
     assert warmer.cancelled == 2  # the fault cancelled both
-    serve.spare_joined()
+    serve.node_joined(NodeId(9))
     await asyncio.sleep(0)
     assert len(warmer.runs) == 2
+    async with asyncio.timeout(5):
+        await serve.stop()
+
+
+@in_loop
+async def test_a_node_that_rejoins_is_forgotten_in_every_state_a_plan_follows() -> None:
+    first = SlowStopRun("a")
+    provisioning: asyncio.Future[FakeRun] = asyncio.get_running_loop().create_future()
+    forgotten: list[int] = []
+    serve, _ = session(Starter(first, provisioning), retry_delay_s=60.0,
+                       forget_fault=lambda node: forgotten.append(int(node)))
+    serve.node_joined(NodeId(1))  # Provisioning: no run has faulted yet
+    await serve.start()
+    serve.node_joined(NodeId(2))  # Serving
+    first.fail("MembershipLost")
+    await until(lambda: serve.state is ss.State.Recovering, "recovering")
+    serve.node_joined(NodeId(3))  # Recovering: the next plan is still to come
+    first.end_stop()
+    await until(lambda: serve.state is ss.State.Reprovisioning, "reprovisioning")
+    serve.node_joined(NodeId(4))
+    provisioning.set_exception(OSError("node 4 did not answer"))
+    await until(lambda: serve.state is ss.State.RetryWait, "waiting to retry")
+    serve.node_joined(NodeId(5))
+    assert forgotten == [2, 3, 4, 5]
+    async with asyncio.timeout(5):
+        await serve.stop()
+    serve.node_joined(NodeId(6))  # Stopped: nothing
+    assert forgotten == [2, 3, 4, 5]
+
+
+@in_loop
+async def test_a_faulted_node_that_left_and_rejoined_the_pool_is_planned_again() -> None:
+    from swactor.membership import BootHealth, MemberChanged, MemberMeta, MemberState
+    from swactor.orchestrator.ports import RunFault
+    from swactor.orchestrator.session import PoolMember
+    from swactor.serve.pipeline import NodeHolds
+    from swactor.serve.serve_cmd import LiveNodes
+    from swactor.wire.enums import Component, RunFaultReason
+
+    def change(node: int, state: MemberState) -> MemberChanged:
+        meta = MemberMeta(swim_host="127.0.0.1", swim_port=7946, quic_host="127.0.0.1",
+                          quic_port=7400 + node, boot_health=BootHealth.Available,
+                          role="node")
+        return MemberChanged(NodeId(node), state, 2, meta, 0.0)
+
+    a, b, c, d = (NodeId(n) for n in (1, 2, 3, 4))
+    live = LiveNodes(tuple(PoolMember(n, "127.0.0.1", 7400 + int(n)) for n in (a, b, c, d)),
+                     count=3)
+    live.previous = (a, b, c)
+    holds = NodeHolds()  # serve_pool's wiring: the session forgets in the plans' ledger
+    serve, _ = session(Starter(FakeRun("a")), forget_fault=holds.forget)
+    live.on_join = serve.node_joined
+    await serve.start()
+    # b's worker crashed and faulted a run: the next plan gives its stage to idle d
+    holds.fault((a, b, c), RunFault(RunFaultReason.WorkerCrashed, Component.Orchestrator,
+                                    node_id=b))
+    assert [m.node_id for m in live.place({}, holds.faulted)[0]] == [a, d, c]
+    live.observe(change(2, MemberState.Alive))  # refuted a suspicion: still the same node
+    assert holds.faulted == frozenset({b})
+    live.observe(change(2, MemberState.Dead))
+    live.observe(change(2, MemberState.Alive))  # restarted: a new process joined the pool
+    assert holds.faulted == frozenset()
+    assert [m.node_id for m in live.place({}, holds.faulted)[0]] == [a, b, c]
     async with asyncio.timeout(5):
         await serve.stop()
