@@ -407,6 +407,22 @@ def _coldstart_limits(figures: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _serve_why(server: str, threads: dict[str, Any] | None) -> str:
+    """Why a swactor pipeline's 4-client aggregate stops where it does, from the threads
+    `bench serve` gave it (None: a run that did not record them)."""
+    if server.endswith("-1"):
+        given = f"its {threads['per_node']} thread(s)" if threads else "the threads it has"
+        return (f"One stage has one worker, which computes every step on {given}: 4 "
+                "clients time-share them, and only batching several sequences into one "
+                "step (`--batch-rows`) can add to it.")
+    at_once = f"{threads['at_once']}" if threads else "as many as compute at once"
+    each = f", {threads['per_node']} thread(s) each" if threads else ""
+    return (f"Its stages share this machine's CPUs{each}, {at_once} computing at once (its "
+            "objects in flight), and one object crosses the stages one after another, so "
+            f"concurrency alone caps 4 clients near {at_once}x one client's rate before any "
+            "fixed cost; beyond that only batching several sequences into one step adds.")
+
+
 def _serve_limits(figures: dict[str, Any] | None) -> list[str]:
     levels = (figures or {}).get("levels") or {}
     lines = []
@@ -419,14 +435,8 @@ def _serve_limits(figures: dict[str, Any] | None) -> list[str]:
             f"1 client, {four['aggregate_tokens_per_s']:.1f} with 4 "
             f"({four['aggregate_tokens_per_s'] / max(one['aggregate_tokens_per_s'], 1e-9):.2f}x"
             f"), each request then decoding at {four['decode_p50_tokens_per_s']:.1f} tok/s. "
-            + ("One stage has one worker, which computes every step on one core: 4 clients "
-               "time-share that core, and only batching several sequences into one step "
-               "(`--batch-rows`) can add to it."
-               if server.endswith("-1") else
-               "Each stage's worker computes on one core and three share this machine's "
-               "two, so concurrency alone caps 4 clients near 2x one client's rate before "
-               "any fixed cost; beyond that only batching several sequences into one step "
-               "adds."))
+            + _serve_why(server, ((figures or {}).get("settings", {})
+                                  .get("server_threads", {}).get(server))))
     llama = levels.get("llama.cpp") or {}
     if "1" in llama and "4" in llama and llama["1"]["aggregate_tokens_per_s"]:
         lines.append(

@@ -49,10 +49,14 @@ decode rows per decode object and the objects in flight when each came back
 (``bench._servetrace``). ``--server NAME=COMMAND`` variants (``swactor serve`` with
 other flags, or another checkout's) measure side by side with the defaults.
 
-Threads: tinygrad's CPU device runs every kernel of a process on one queue thread, so
-each swactor stage computes on one thread (1 stage: 1 thread; 3 stages: 3, one per
-stage's worker process). llama.cpp's server is given ``--n_threads T --n_threads_batch T``
-with ``T = --threads`` (default 1: equal to one swactor stage). llama.cpp's server runs
+Threads: every server computes on the same ``--threads T`` CPU threads (default: this
+machine's CPUs). llama.cpp's server is given ``--n_threads T --n_threads_batch T``; each
+swactor pipeline ``--threads`` per local node as ``swactor serve`` itself splits T CPUs
+(``swactor.serve.serve_cmd.local_stage_threads``): T over the stages that compute at
+once, its objects in flight, at most its stages (1 stage: T threads; 3 stages with 2
+objects in flight on T = 2: 1 each), so at any moment T threads compute on each side.
+The header, the JSON (``settings.threads``, ``settings.server_threads``) and the
+report say what each server got. llama.cpp's server runs
 one request at a time (a lock around its one model; ``--interrupt_requests false``, or
 by default a new request cuts the stream in progress short); swactor interleaves
 sequences in its KV slots.
@@ -414,6 +418,9 @@ class Target:
     env: dict[str, str] = field(default_factory=dict)
     events_dir: Path | None = None
     """Where its processes write their event logs (``--trace``), if anywhere."""
+    threads: dict[str, Any] | None = None
+    """The CPU threads it was given (None: what its command says): ``flags``, ``where``
+    they apply (words), ``per_node`` and ``at_once`` (its stages that compute at once)."""
 
     @property
     def base_url(self) -> str:
@@ -502,9 +509,26 @@ def swactor_serve_available() -> str | None:
     return "this checkout has no `swactor serve` (`swactor serve --help` failed)"
 
 
+def swactor_threads(stages: int, threads: int) -> tuple[int, int]:
+    """``(per node, computing at once)``: the ``--threads`` each local node of a
+    ``stages``-stage ``swactor serve`` gets when ``threads`` CPUs are split as the server
+    splits its host's (``local_stage_threads``, default batching), and how many of its
+    stages compute at once (its objects in flight, at most its stages)."""
+    from swactor.serve.serve_cmd import (
+        DEFAULT_BATCH_ROWS,
+        local_stage_threads,
+        objects_in_flight_for,
+    )
+
+    per_node = local_stage_threads(stages, DEFAULT_BATCH_ROWS, None, threads)
+    in_flight = objects_in_flight_for(stages, DEFAULT_BATCH_ROWS, None, threads) or stages
+    return per_node, min(stages, in_flight)
+
+
 def default_targets(stages: Sequence[int], threads: int, model: Path
                     ) -> tuple[list[Target], list[str]]:
-    """The swactor pipelines and llama.cpp's server, or a note for each that cannot run."""
+    """The swactor pipelines and llama.cpp's server, or a note for each that cannot run;
+    each given ``threads`` CPU threads (module doc)."""
     from bench.model import reference_venv
 
     targets: list[Target] = []
@@ -515,9 +539,15 @@ def default_targets(stages: Sequence[int], threads: int, model: Path
             notes.append(f"swactor-{count}: skipped: {why_not}")
             continue
         port = free_port()
+        per_node, at_once = swactor_threads(count, threads)
+        where = ("on its node" if count == 1 else
+                 f"on each of its {count} nodes, {at_once} of which compute at once "
+                 "(its objects in flight)")
         targets.append(Target(f"swactor-{count}", [
             sys.executable, "-m", "swactor.cli", "serve", "--nodes", str(count),
-            "--port", str(port)], port, "/health"))
+            "--threads", str(per_node), "--port", str(port)], port, "/health",
+            threads={"flags": f"--threads {per_node}", "where": where,
+                     "per_node": per_node, "at_once": at_once}))
     python = reference_venv() / "bin" / "python"
     check = (subprocess.run([str(python), "-c", "import llama_cpp.server"],
                             capture_output=True, timeout=120) if python.exists() else None)
@@ -530,7 +560,9 @@ def default_targets(stages: Sequence[int], threads: int, model: Path
             str(python), "-m", "llama_cpp.server", "--model", str(model),
             "--n_threads", str(threads), "--n_threads_batch", str(threads),
             "--interrupt_requests", "false", "--host", "127.0.0.1", "--port", str(port)],
-            port, "/v1/models"))
+            port, "/v1/models",
+            threads={"flags": f"--n_threads {threads} --n_threads_batch {threads}",
+                     "where": "", "per_node": threads, "at_once": 1}))
     return targets, notes
 
 
@@ -728,6 +760,18 @@ def table(figures: dict[str, Any], levels: Sequence[int]) -> list[str]:
     return lines
 
 
+def threads_sentence(settings: dict[str, Any]) -> str:
+    """What the report says of each server's CPU threads (``settings``: a run's)."""
+    given = settings.get("server_threads")
+    if not given:  # figures of a run that recorded llama.cpp's alone
+        return (f"Threads: llama.cpp {settings.get('threads')}, swactor serve's "
+                "own default.")
+    return (f"Threads: {settings.get('threads')} for every server: "
+            + "; ".join(f"{name} `{info['flags']}`"
+                        + (f" {info['where']}" if info["where"] else "")
+                        for name, info in given.items()) + ".")
+
+
 def markdown(figures: dict[str, Any]) -> list[str]:
     """The report's serving section from this module's ``--json`` figures."""
     settings = figures.get("settings", {})
@@ -736,9 +780,8 @@ def markdown(figures: dict[str, Any]) -> list[str]:
              f"{settings.get('max_tokens')} tokens, {settings.get('rounds')} request(s) per "
              f"client per level, the same {sum(settings.get('prompts', {}).values())} prompts "
              "(three prompt-length buckets) and model file for every server; one warm-up "
-             "request per bucket before each level; levels run server after server. Threads: "
-             f"llama.cpp {settings.get('threads')}, swactor one per stage (tinygrad's CPU "
-             "device runs a process's kernels on one thread).", ""]
+             "request per bucket before each level; levels run server after server. "
+             + threads_sentence(settings), ""]
     when = figures.get("measured")
     if when:
         lines += [f"Measured {when['date_utc']} UTC at commit {when['commit']} in "
@@ -802,8 +845,11 @@ def main(argv: list[str]) -> int:
                         help="tokens per request, greedy (default %(default)s)")
     parser.add_argument("--warmup-tokens", type=int, default=4,
                         help="tokens per warm-up request (default %(default)s)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="llama.cpp server threads (default 1: one swactor stage's)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, metavar="T",
+                        help="CPU threads every server computes on: llama.cpp's server "
+                        "--n_threads T --n_threads_batch T, each swactor pipeline T split "
+                        "over its stages that compute at once, as swactor serve splits "
+                        "its host's CPUs (default: this machine's CPUs, %(default)s)")
     parser.add_argument("--stages", default="1,3",
                         help="swactor serve pipelines, comma-separated stage counts "
                         "(default %(default)s; empty: none)")
@@ -823,8 +869,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     levels = [int(word) for word in args.levels.split(",") if word]
     stages = [int(word) for word in args.stages.split(",") if word]
-    if not levels or min(levels) < 1 or args.rounds < 1 or args.max_tokens < 2:
-        parser.error("levels >= 1, rounds >= 1 and max-tokens >= 2 are needed")
+    if (not levels or min(levels) < 1 or args.rounds < 1 or args.max_tokens < 2
+            or args.threads < 1):
+        parser.error("levels >= 1, rounds >= 1, max-tokens >= 2 and threads >= 1 are needed")
     model = args.model or default_model_path()
 
     targets, notes = default_targets(stages, args.threads, model)
@@ -840,8 +887,10 @@ def main(argv: list[str]) -> int:
         parser.error(str(error))
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; model {model.name}; "
           f"levels {levels}, {args.rounds} request(s) per client, {args.max_tokens} tokens, "
-          f"greedy, stream; threads: llama.cpp {args.threads}, swactor one per stage "
-          "(tinygrad CPU)")
+          f"greedy, stream; {args.threads} thread(s) for every server:")
+    for each in targets:
+        given = each.threads or {"flags": "as its command says", "where": ""}
+        print(f"  {each.name}: {given['flags']} {given['where']}".rstrip())
     for note in notes:
         print(f"  {note}")
     if not targets:
@@ -858,6 +907,8 @@ def main(argv: list[str]) -> int:
     figures["settings"] = {"levels": levels, "rounds": args.rounds,
                            "max_tokens": args.max_tokens, "warmup_tokens": args.warmup_tokens,
                            "threads": args.threads, "model": str(model),
+                           "server_threads": {t.name: t.threads for t in targets
+                                              if t.threads is not None},
                            "prompts": {b: len(p) for b, p in PROMPTS.items()}}
     figures["goals"] = goal_rows(figures)
     figures["seconds"] = time.monotonic() - started

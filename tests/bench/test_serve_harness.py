@@ -12,12 +12,15 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 
+import bench.serve
+from bench._render import _serve_limits
 from bench.report import serve_goals
 from bench.serve import (
     BUCKET_TOKENS,
@@ -31,7 +34,9 @@ from bench.serve import (
     restarts_of,
     run_level,
     stream_completion,
+    swactor_threads,
     table,
+    threads_sentence,
 )
 from swactor.model.paths import default_model_path
 from swactor.model.tokenizer import Tokenizer
@@ -296,3 +301,45 @@ def test_restarts_are_read_from_swactors_health_only() -> None:
     assert restarts_of({"status": "ok"}) is None  # a server that counts none
     assert restarts_of({"restarts": True}) is None
     assert restarts_of(["restarts"]) is None
+
+
+# -- threads -------------------------------------------------------------------------------
+
+
+def test_every_server_gets_the_same_threads(monkeypatch: pytest.MonkeyPatch,
+                                             tmp_path: Path) -> None:
+    """llama.cpp's server computes on T threads; each swactor pipeline gets T split over
+    its stages that compute at once, as `swactor serve` splits its host's CPUs."""
+    assert swactor_threads(1, 2) == (2, 1)  # one stage: every thread
+    assert swactor_threads(3, 2) == (1, 2)  # 2 objects in flight on 2 CPUs: 1 each
+    assert swactor_threads(3, 1) == (1, 1)
+    assert swactor_threads(2, 8) == (4, 2)
+    python = tmp_path / "venv" / "bin" / "python"  # answers `-c "import llama_cpp.server"`
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\nexit 0\n")
+    python.chmod(0o755)
+    monkeypatch.setenv("SWACTOR_REFERENCE_VENV", str(tmp_path / "venv"))
+    monkeypatch.setattr(bench.serve, "swactor_serve_available", lambda: None)
+    targets, notes = bench.serve.default_targets([1, 3], 2, tmp_path / "m.gguf")
+    assert notes == []
+    argv = {t.name: t.argv for t in targets}
+    assert argv["swactor-1"][argv["swactor-1"].index("--threads") + 1] == "2"
+    assert argv["swactor-3"][argv["swactor-3"].index("--threads") + 1] == "1"
+    llama = argv["llama.cpp"]
+    assert (llama[llama.index("--n_threads") + 1],
+            llama[llama.index("--n_threads_batch") + 1]) == ("2", "2")
+    settings = {"threads": 2, "server_threads": {t.name: t.threads for t in targets}}
+    assert threads_sentence(settings) == (
+        "Threads: 2 for every server: swactor-1 `--threads 2` on its node; swactor-3 "
+        "`--threads 1` on each of its 3 nodes, 2 of which compute at once (its objects in "
+        "flight); llama.cpp `--n_threads 2 --n_threads_batch 2`.")
+    figures = {"settings": settings, "levels": {
+        name: {"1": _level(100.0, 10.0), "4": _level(100.0, 20.0)}
+        for name in ("swactor-1", "swactor-3")}}
+    limits = _serve_limits(figures)
+    assert "computes every step on its 2 thread(s)" in limits[0]
+    assert "1 thread(s) each, 2 computing at once" in limits[1]
+    assert "near 2x one client's rate" in limits[1]
+    # a run that recorded llama.cpp's threads alone says no more than it knows
+    assert threads_sentence({"threads": 1}) == \
+        "Threads: llama.cpp 1, swactor serve's own default."
