@@ -415,12 +415,17 @@ def _serve_why(server: str, threads: dict[str, Any] | None) -> str:
         return (f"One stage has one worker, which computes every step on {given}: 4 "
                 "clients time-share them, and only batching several sequences into one "
                 "step (`--batch-rows`) can add to it.")
-    at_once = f"{threads['at_once']}" if threads else "as many as compute at once"
-    each = f", {threads['per_node']} thread(s) each" if threads else ""
-    return (f"Its stages share this machine's CPUs{each}, {at_once} computing at once (its "
-            "objects in flight), and one object crosses the stages one after another, so "
-            f"concurrency alone caps 4 clients near {at_once}x one client's rate before any "
-            "fixed cost; beyond that only batching several sequences into one step adds.")
+    if threads is None:
+        return ("Its stages share this machine's CPUs, and one object crosses the stages "
+                "one after another, so concurrency alone caps 4 clients near one client's "
+                "rate times the stages that compute at once (its objects in flight) before "
+                "any fixed cost; beyond that only batching several sequences into one step "
+                "adds.")
+    return (f"Its stages share this machine's CPUs, {threads['per_node']} thread(s) each, "
+            f"{threads['at_once']} computing at once (its objects in flight), and one object "
+            "crosses the stages one after another, so concurrency alone caps 4 clients near "
+            f"{threads['at_once']}x one client's rate before any fixed cost; beyond that "
+            "only batching several sequences into one step adds.")
 
 
 def _serve_limits(figures: dict[str, Any] | None) -> list[str]:

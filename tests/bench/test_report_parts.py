@@ -213,7 +213,7 @@ def test_limits_explain_the_per_token_path_and_the_serving_ratio() -> None:
         "swactor-3": {"1": level, "4": {**level, "aggregate_tokens_per_s": 18.0}},
         "llama.cpp": {"1": level, "4": {**level, "aggregate_tokens_per_s": 9.5}}}})
     assert "aggregate 10.0 tok/s with 1 client, 18.0 with 4 (1.80x)" in served[0]
-    assert "three share" in served[0]
+    assert "stages share this machine's CPUs" in served[0]
     assert "0.95x its 1-client aggregate" in served[1]
 
 
