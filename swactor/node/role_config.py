@@ -41,12 +41,15 @@ def llama_stage_config(
     weights: str = DEFAULT_WEIGHT_MODE,
     *,
     table: JsonObject | None = None,
+    content_addressed: bool = False,
 ) -> JsonObject:
     """The `llama_stage` ConfigureRole config for `provision`, reading the GGUF at `location`.
 
     `location` is a local path (made absolute) or an http(s) URL; `weights` is the node's
     weight mode (`WEIGHT_MODES`); `table` is the node's `GgufRangeReader.stage_table` for
-    the stage, which spares the worker a second header read.
+    the stage, which spares the worker a second header read; `content_addressed`: a
+    local file that holds only verified chunks of the plan's `sha256` (the node's cache
+    of pool-fetched weights), so the worker may re-arm a role by the digest alone.
     """
     if weights not in WEIGHT_MODES:
         raise RoleConfigProblem(f"weights {weights!r} (supported: {', '.join(WEIGHT_MODES)})")
@@ -79,4 +82,5 @@ def llama_stage_config(
         "cache_dir": None if cache_dir is None else str(cache_dir),
         "weights": weights,
         **({} if table is None else {"table": table}),
+        **({"content_addressed": True} if content_addressed else {}),
     }

@@ -238,10 +238,19 @@ class WorkerStagePorts:
         try:
             cache = self.cache_dir if is_remote(location) else None
             config = llama_stage_config(provision, location, cache, self.weights,
-                                        table=table)
+                                        table=table,
+                                        content_addressed=self._fetched(location))
         except RoleConfigProblem as error:
             raise RunFaultError(RunFaultReason.WeightLoadFailed, str(error)) from None
         self.worker.tell(gwc.ConfigureRole(ConfigureRole(provision.runtime.role_id, config)))
+
+    def _fetched(self, location: str) -> bool:
+        """Whether `location` is in the node's cache of pool-fetched chunks
+        (`<models dir>/fetched/`, `swactor.node.pool_weights`)."""
+        from swactor.node.pool_weights import FETCHED_DIR
+
+        return not is_remote(location) and Path(location).resolve().is_relative_to(
+            (self.models_dir / FETCHED_DIR).resolve())
 
     async def grant_steps(self, command: GrantSteps) -> None:
         self.worker.tell(gwc.GrantSteps(command))

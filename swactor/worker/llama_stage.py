@@ -82,8 +82,13 @@ array of bytes, which the worker copies into a device allocation of its own.
 A node serves run after run with the same stage, so a ConfigureRole for a role id whose
 role already serves the same stage of the same file re-arms that role (`reconfigure`,
 called by the worker before it builds anew): every key but `sampling` equal, and the
-file unchanged (a local path with the same device, inode, size and mtime; a URL only
-when the config pins its `sha256`). The sampling policy is set anew, and step 0
+file unchanged (a local path with the same device, inode, size and mtime; a URL, or a
+local file the config marks `content_addressed`, only when the config pins its
+`sha256`). A content-addressed file is the node's cache of the digest's chunks fetched
+from the pool (`swactor.node.pool_weights`): every chunk is verified before it is
+written and chunks only ever join it, so the bytes of any range a role read never
+change, while its mtime does each time another range is fetched (a warm spare that
+preloads several stages writes the file once per stage). The sampling policy is set anew, and step 0
 restarts the KV positions, so a re-armed role is indistinguishable from a fresh one.
 Building anew each run cost a full weight load and left tinygrad's schedule and
 memory-planner caches growing per run (~75 KiB of worker RSS per run in `just soak`).
@@ -157,7 +162,7 @@ def _reuse_key(config: Mapping[str, JsonValue], device: str) -> tuple[str, str, 
     path = config.get("gguf")
     if not isinstance(path, str):
         return None
-    if "://" in path:
+    if "://" in path or config.get("content_addressed") is True:
         digest = config.get("sha256")
         if not isinstance(digest, str):
             return None

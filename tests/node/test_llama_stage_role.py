@@ -24,6 +24,7 @@ from swactor.model.gguf_range import open_reader
 from swactor.model.llama_role import StageRole
 from swactor.node.role_config import RoleConfigProblem, llama_stage_config
 from swactor.node.stage_controller import output_extent
+from swactor.node.stage_worker_ports import WorkerStagePorts
 from swactor.orchestrator.inventory import synthetic_pool
 from swactor.orchestrator.model_info import model_info_from_gguf
 from swactor.orchestrator.planner import (
@@ -295,6 +296,32 @@ def test_a_role_is_rearmed_only_for_the_same_stage_of_the_unchanged_file(
     info = gguf.stat()
     os.utime(gguf, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000))
     assert not role.reconfigure(config, Device.DEFAULT), "a rewritten file is loaded anew"
+
+
+def test_a_role_from_the_fetched_cache_is_rearmed_by_its_digest(
+    gguf: Path, provisions: list[ProvisionStage], tmp_path: Path
+) -> None:
+    """A warm spare preloads several stages from one fetched file, which gains chunks
+    (a new mtime) with each: a role read from the node's cache of fetched chunks is
+    re-armed while the plan's digest is the same, whatever the file's mtime."""
+    fetched = tmp_path / "fetched" / ("ab" * 32) / "data"
+    fetched.parent.mkdir(parents=True)
+    fetched.write_bytes(gguf.read_bytes())
+    ports = WorkerStagePorts(None, None, models_dir=tmp_path)  # type: ignore[arg-type]
+    assert ports._fetched(str(fetched)) and not ports._fetched(str(gguf))
+    config = dict(llama_stage_config(provisions[0], fetched, content_addressed=True))
+    config["sha256"] = "ab" * 32
+    role = build_role(config, Device.DEFAULT)
+    assert isinstance(role, LlamaStageRole)
+    info = fetched.stat()
+    os.utime(fetched, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000))  # another range
+    assert role.reconfigure(config, Device.DEFAULT)
+    assert not role.reconfigure({**config, "sha256": "cd" * 32}, Device.DEFAULT)
+    plain = {k: v for k, v in config.items() if k != "content_addressed"}
+    assert not role.reconfigure(plain, Device.DEFAULT)  # by stat: the mtime moved
+    unpinned = {**config, "sha256": None}
+    assert not build_role(unpinned, Device.DEFAULT).reconfigure(  # type: ignore[attr-defined]
+        unpinned, Device.DEFAULT)  # no digest: never re-armed
 
 
 def test_the_nodes_weight_mode_reaches_the_role(gguf: Path,
