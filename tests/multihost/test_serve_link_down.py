@@ -13,7 +13,9 @@ anyone for the rest of the test: no process is killed, the host just falls silen
 What must hold: every stream completes with exactly the reference chunks; the
 orchestrator's event log shows the fault (MembershipLost: SWIM declared the host dead,
 well before the 30 s QUIC idle timeout), the re-plan on the three survivors (the
-spare included, the cut host not) and each stream's migration; the cut-off host ends
+spare included, the cut host not) and each stream's migration; before the cut, the
+spare reported a role preloaded for every stage (`spare_preloaded`, none failed), and
+every stage of the new run reports its role reused (nothing loaded); the cut-off host ends
 its stage by itself (its orchestrator's connection is gone) with no ring lease; the
 survivors end the first run's stages with no lease. Then the link comes back, SIGTERM
 stops the orchestrator (exit 0), every node ends its last stage with no active run and
@@ -120,6 +122,26 @@ def _stage_hosts(events_dir: Path, run_id: int) -> dict[int, str]:
     return found
 
 
+def _wait_preloaded(log: Path, run_id: int, timeout_s: float) -> dict[int, list[int]]:
+    """{spare node id: stage indices} once the spare preloaded a role for every stage of
+    run `run_id` (`spare_preloaded` in the orchestrator's log); fails on a
+    `spare_preload_failed` or when the time is up."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        seen = [e for e in events(log) if e.get("run_id") == run_id]
+        failed = [e["detail"] for e in seen if e["event"] == "spare_preload_failed"]
+        assert not failed, failed
+        done: dict[int, list[int]] = {}
+        for e in seen:
+            if e["event"] == "spare_preloaded":
+                done.setdefault(int(e["detail"]["spare"]), []).append(
+                    int(e["detail"]["stage_index"]))
+        if sorted(i for stages in done.values() for i in stages) == [0, 1, 2]:
+            return done
+        assert time.monotonic() < deadline, f"the spare preloaded only {done}"
+        time.sleep(0.2)
+
+
 def test_a_stage_host_cut_off_mid_stream_migrates_every_stream(tmp_path: Path) -> None:
     if not default_model_path().is_file():
         pytest.fail(f"{default_model_path()} missing: run scripts/setup.sh")
@@ -157,6 +179,10 @@ def test_a_stage_host_cut_off_mid_stream_migrates_every_stream(tmp_path: Path) -
             first_hosts = _stage_hosts(events_dir, first_run)
             assert sorted(first_hosts) == [0, 1, 2], first_hosts
             cut = first_hosts[1]
+            preloaded = _wait_preloaded(log, first_run, BOOT_S)
+            spare = nodes[next(iter(set(HOSTS) - set(first_hosts.values())))]
+            assert set(preloaded) == {int(spare.wait_for(
+                lambda d: d.get("kind") == "available", 1)["node_id"])}, preloaded
 
             client = Client(orch, url)
             streamed = client.wait_chunks(CUT_AFTER, 900)
@@ -199,6 +225,9 @@ def test_a_stage_host_cut_off_mid_stream_migrates_every_stream(tmp_path: Path) -
     new_hosts = _stage_hosts(events_dir, new_run)
     assert sorted(new_hosts) == [0, 1, 2], new_hosts
     assert set(new_hosts.values()) == set(HOSTS) - {cut}, new_hosts  # the spare joined
+    ready = [e for name in new_hosts.values() for e in events(events_dir / f"{name}.jsonl")
+             if e["event"] == "stage_ready" and e.get("run_id") == new_run]
+    assert len(ready) == 3 and all(e.get("role_reused") for e in ready), ready  # none loaded
     migrated = [e for e in seen if e["event"] == "sequence_migrated"]
     assert len(migrated) == len(PROMPTS)
     assert {int(e["run_id"]) for e in migrated} == {new_run}
