@@ -116,6 +116,7 @@ from swactor.membership import (
 from swactor.model.paths import default_model_path
 from swactor.node.worker_ctl import WorkerCtlConfig
 from swactor.orchestrator.run import RunTimeouts
+from swactor.testing.netns_pool import NetnsStreams
 from swactor.testing.swim_pool import SwimPool
 
 KINDS = ("node_kill", "worker_kill", "worker_budget", "stream_reset", "link_down",
@@ -320,16 +321,10 @@ def _link_trial(root: Path) -> Trial | str:
     """Stage 1's host cut off mid-run, as `tests/multihost/test_link_down.py`; or why not."""
     from swactor.cluster import netns
     from swactor.cluster.netns import NetnsTopology
+    from swactor.testing.netns_pool import STAGES as HOSTS
+    from swactor.testing.netns_pool import start_node, wait_available
     from swactor.transport.identity import NodeIdentity
-    from tests.multihost.pool import (
-        STAGES as HOSTS,
-    )
-    from tests.multihost.pool import (
-        final_report,
-        start_node,
-        start_orchestrator,
-        wait_available,
-    )
+    from tests.multihost.pool import final_report, start_orchestrator
 
     reason = netns.available()
     if reason is not None:
@@ -661,139 +656,64 @@ def serve_figures(kind: str, reference: list[list[str]],
     } | phases)
 
 
-class _NetnsStreams:
-    """SERVE_STREAMS greedy streams from `python -m tests.serve.streams` inside `host`'s
-    namespace (the only place that reaches the server): each stream's chunk count as
-    it grows, timed here on arrival, and its chunks once the process ends."""
-
-    def __init__(self, host: Any, url: str) -> None:
-        import subprocess
-        import sys
-
-        from tests.serve.serve_process import ROOT
-
-        self.process = subprocess.Popen(
-            host.argv([sys.executable, "-m", "tests.serve.streams", url, str(SERVE_TOKENS),
-                       *SERVE_PROMPTS[:SERVE_STREAMS]]),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        self.times: list[list[float]] = [[] for _ in range(SERVE_STREAMS)]
-        self.results: list[dict[str, Any]] | None = None
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            now = time.monotonic()
-            document = json.loads(line)
-            if "results" in document:
-                self.results = document["results"]
-            else:  # one line may stand for chunks that arrived together
-                times = self.times[document["stream"]]
-                times += [now] * (document["chunks"] - len(times))
-
-    def wait_chunks(self, count: int) -> None:
-        deadline = time.monotonic() + BOOT_S
-        while min(len(times) for times in self.times) < count:
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise Failed(f"streams stuck at {[len(t) for t in self.times]} chunks: "
-                             f"{self.describe()}")
-            time.sleep(0.01)
-
-    def finish(self) -> list[list[str]]:
-        """Each stream's chunks, once every stream completed without an error."""
-        import subprocess
-
-        try:
-            self.process.wait(BOOT_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            raise Failed(f"the streams hung at {[len(t) for t in self.times]} chunks") \
-                from None
-        self._reader.join(10)
-        if self.process.returncode != 0 or self.results is None:
-            raise Failed(f"the stream client failed: {self.describe()}")
-        errors = [r["error"] for r in self.results if r["error"] is not None]
-        if errors:
-            raise Failed(f"a stream failed: {errors[0]}")
-        return [list(r["chunks"]) for r in self.results]
-
-    def describe(self) -> str:
-        assert self.process.stderr is not None
-        if self.process.poll() is None:
-            return "still running"
-        return f"exit {self.process.returncode}: {self.process.stderr.read()[-400:]}"
+def _netns_chunks(streams: NetnsStreams) -> list[list[str]]:
+    """Each stream's chunks of a `NetnsStreams`, once every stream completed without an
+    error."""
+    try:
+        results = streams.finish(BOOT_S)
+    except AssertionError as error:
+        raise Failed(str(error)) from None
+    errors = [r["error"] for r in results if r["error"] is not None]
+    if errors:
+        raise Failed(f"a stream failed: {errors[0]}")
+    return [list(r["chunks"]) for r in results]
 
 
 def _serve_link_trial(root: Path) -> Trial | str:
     """`swactor orchestrator --serve --spares 1` over four hosts in network namespaces
-    (as `tests/multihost/test_serve_link_down.py`), stage 1's host cut off mid-stream;
-    or why not run."""
+    (`swactor.testing.netns_pool.ServingPool`, as `tests/multihost/test_serve_link_down.py`),
+    stage 1's host cut off mid-stream; or why not run."""
     from swactor.cluster import netns
-    from swactor.cluster.netns import NetnsTopology
-    from swactor.transport.identity import NodeIdentity
-    from tests.multihost.pool import STAGES as STAGE_HOSTS
-    from tests.multihost.pool import pool_file, seed, start_node, wait_available
-    from tests.serve.serve_process import ServeProcess
+    from swactor.testing.netns_pool import STAGES as STAGE_HOSTS
+    from swactor.testing.netns_pool import ServingPool
 
     reason = netns.available()
     if reason is not None:
         return f"not run: {reason}"
-    netns.sweep_stale()
     hosts_named = (*STAGE_HOSTS, "n3")
-    pid = os.getpid()
-    subnet = ipaddress.IPv4Network(f"10.{150 + pid % 50}.{(pid + 2) % 250}.0/24")
-    keys, events_dir = root / "keys", root / "events"
-    keys.mkdir(mode=0o700, parents=True)
-    events_dir.mkdir()
-    orchestrator_id = NodeIdentity.load_or_create(keys / "orchestrator.key").node_id
-    log = events_dir / "orchestrator.jsonl"
-    with NetnsTopology(["orch", *hosts_named], subnet) as hosts:
-        nodes = {name: start_node(hosts, name, keys, events_dir, orchestrator_id, hosts_named)
-                 for name in hosts_named}
-        orch = hosts["orch"]
-        serve: ServeProcess | None = None
+    prompts = SERVE_PROMPTS[:SERVE_STREAMS]
+    with ServingPool(root, hosts_named, subnet_base=150) as pool:
         try:
-            wait_available(list(nodes.values()))
-            serve = ServeProcess([
-                "orchestrator", "--key", str(keys / "orchestrator.key"),
-                "--bind", orch.address, "--seed", seed(hosts),
-                "--nodes", str(len(hosts_named)), "--spares", "1",
-                "--pool", str(pool_file(keys, hosts_named)), "--split", "10,10,10",
-                "--max-seq-len", str(MAX_SEQ), "--serve", f"{orch.address}:8000",
-                "--retry-delay", "0.5", "--event-verbosity", "-1",
-                "--events-file", str(log)], prefix=orch.argv([]))
-            try:
-                url = serve.wait_url(NETNS_BOOT_S)
-            except AssertionError:
-                raise Failed(f"swactor orchestrator --serve did not serve within "
-                             f"{NETNS_BOOT_S:.0f}s (exit {serve.process.poll()}): "
-                             f"{' | '.join(serve.stderr[-3:])}") from None
-            reference = _NetnsStreams(orch, url).finish()
-            preloaded = _wait_spare(log, 1, strict=False)
-            first = next(r for r in _records(log) if r["event"] == "serve_started")["run_id"]
-            cut = next(name for name in hosts_named
-                       for r in _records(events_dir / f"{name}.jsonl")
-                       if r.get("run_id") == first and r.get("stage_index") == 1)
-            streams = _NetnsStreams(orch, url)
-            streams.wait_chunks(TOKENS_BEFORE_FAULT)
-            hosts.set_link(cut, up=False)
-            killed, killed_ns = time.monotonic(), time.time_ns()
-            faulted = streams.finish()
-            hosts.set_link(cut, up=True)
-            records = [r for name in hosts_named
-                       for r in _records(events_dir / f"{name}.jsonl")]
-            trial = serve_figures("serve_link_down", reference,
-                                  list(zip(faulted, streams.times, strict=True)), killed,
-                                  killed_ns, _records(log), records)
-            trial.extra["spare_preloaded"] = float(preloaded)
-            return trial
-        finally:
-            if serve is not None:
-                with contextlib.suppress(AssertionError):
-                    serve.stop()
-            for node in nodes.values():
-                node.stop(30)
+            url = pool.serve(["--spares", "1", "--split", "10,10,10",
+                              "--max-seq-len", str(MAX_SEQ), "--retry-delay", "0.5"],
+                             NETNS_BOOT_S)
+        except AssertionError:
+            serve = pool.serving
+            raise Failed(f"swactor orchestrator --serve did not serve within "
+                         f"{NETNS_BOOT_S:.0f}s" + ("" if serve is None else
+                         f" (exit {serve.process.poll()}): {' | '.join(serve.stderr[-3:])}")
+                         ) from None
+        log = pool.log
+        reference = _netns_chunks(NetnsStreams(pool.orch, url, SERVE_TOKENS, prompts))
+        preloaded = _wait_spare(log, 1, strict=False)
+        first = next(r for r in _records(log) if r["event"] == "serve_started")["run_id"]
+        cut = pool.stage_hosts(first)[1]
+        streams = NetnsStreams(pool.orch, url, SERVE_TOKENS, prompts)
+        try:
+            streams.wait_chunks(TOKENS_BEFORE_FAULT, BOOT_S)
+        except AssertionError as error:
+            raise Failed(f"streams stuck at {streams.chunks} chunks: {error}") from None
+        pool.topology.set_link(cut, up=False)
+        killed, killed_ns = time.monotonic(), time.time_ns()
+        faulted = _netns_chunks(streams)
+        pool.topology.set_link(cut, up=True)
+        records = [r for name in hosts_named
+                   for r in _records(pool.events_dir / f"{name}.jsonl")]
+        trial = serve_figures("serve_link_down", reference,
+                              list(zip(faulted, streams.times, strict=True)), killed,
+                              killed_ns, _records(log), records)
+        trial.extra["spare_preloaded"] = float(preloaded)
+        return trial
 
 
 PHASES = (

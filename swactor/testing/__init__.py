@@ -13,4 +13,10 @@ child processes (`python -m swactor.testing.ring_peer`) import it too.
 - `ring_rig`, `ring_stream`, `ring_peer`, `ring_liveness`: ring layouts, blocking
   producer/consumer steps (spec §21 pending-bit protocol), a peer process, a peer watcher.
 - `swim_sim`: a seeded, single-process simulation of a SWIM pool (spec §9).
+- `swim_pool`: loopback nodes joined to SWIM through this process's orchestrator.
+- `host_process`, `serve_process`: a `swactor` subprocess inside a test host's network
+  namespace, and a serving process (`swactor serve`, `orchestrator --serve`).
+- `netns_pool`: a SWIM-joined pool of nodes on network-namespace test hosts, and a
+  serving pipeline over it with a stream client inside its namespace (the multi-host
+  tests and `bench recovery`).
 """

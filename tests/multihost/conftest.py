@@ -12,7 +12,7 @@ import pytest
 
 from swactor.cluster import netns
 from swactor.cluster.netns import NetnsTopology
-from tests.multihost.pool import STAGES
+from swactor.testing.netns_pool import STAGES
 
 
 @pytest.fixture

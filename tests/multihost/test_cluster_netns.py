@@ -26,19 +26,17 @@ import pytest
 from swactor.cluster.netns import NetnsTopology
 from swactor.model.paths import default_model_path
 from swactor.model.tokenizer import Tokenizer
+from swactor.testing.netns_pool import STAGES, start_node, wait_available
 from swactor.transport.identity import NodeIdentity
 from tests import single_stage
 from tests.cluster.event_order import check_run_order, read_records
 from tests.multihost.pool import (
     MARKS,
     PROMPT,
-    STAGES,
     assert_run_allowed,
     final_report,
     finished_run,
-    start_node,
     start_orchestrator,
-    wait_available,
 )
 
 pytestmark = [*MARKS, pytest.mark.timeout(1200)]

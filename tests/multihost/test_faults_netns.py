@@ -21,16 +21,14 @@ import pytest
 from swactor import faults
 from swactor.cluster.netns import NetnsTopology
 from swactor.model.paths import default_model_path
+from swactor.testing.netns_pool import STAGES, start_node, wait_available
 from swactor.transport.identity import NodeIdentity
 from tests.multihost.pool import (
     MARKS,
-    STAGES,
     assert_run_allowed,
     final_report,
     finished_run,
-    start_node,
     start_orchestrator,
-    wait_available,
 )
 
 pytestmark = [*MARKS, pytest.mark.timeout(1200)]

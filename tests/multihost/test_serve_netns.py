@@ -22,10 +22,11 @@ import pytest
 
 from swactor.cluster.netns import NetnsTopology
 from swactor.model.paths import default_model_path
+from swactor.testing.netns_pool import STAGES, pool_file, seed, start_node, wait_available
+from swactor.testing.serve_process import ROOT, ServeProcess
 from swactor.transport.identity import NodeIdentity
-from tests.multihost.pool import MARKS, STAGES, pool_file, seed, start_node, wait_available
+from tests.multihost.pool import MARKS
 from tests.serve import api_checks
-from tests.serve.serve_process import ROOT, ServeProcess
 
 pytestmark = [*MARKS, pytest.mark.timeout(1500)]
 

@@ -22,7 +22,8 @@ from typing import Any
 
 import openai
 
-from .serve_process import ServeProcess
+from swactor.testing.serve_process import ServeProcess
+
 from .streams import Stream, events, join, stream_all, wait_chunks
 
 PROMPTS = ("The capital of France is", "Once upon a time, in a small village,",

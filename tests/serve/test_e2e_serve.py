@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 
 from swactor.model.paths import default_model_path
+from swactor.testing.serve_process import ServeProcess, cmdline, descendants
 from tests.serve import api_checks
-from tests.serve.serve_process import ServeProcess, cmdline, descendants
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 
 from swactor.model.paths import default_model_path
+from swactor.testing.serve_process import ServeProcess
 from tests.serve import api_checks
-from tests.serve.serve_process import ServeProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.soak, pytest.mark.timeout(1500)]
 

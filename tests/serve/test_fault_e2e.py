@@ -38,8 +38,9 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 
+from swactor.testing.serve_process import cmdline
+
 from .fault_rig import KILL_AFTER, PROMPTS, FaultRig, assert_continued
-from .serve_process import cmdline
 from .streams import events, join, run_ids, stage_node_pid, stream_all
 
 pytestmark = [pytest.mark.slow, pytest.mark.soak]

@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
+from swactor.testing.serve_process import cmdline, descendants
+
 from .fault_rig import MAX_TOKENS, PROMPTS, FaultRig, assert_continued
-from .serve_process import cmdline, descendants
 from .streams import stage_node_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.soak]

@@ -23,8 +23,8 @@ from swactor.serve.serve_cmd import (
     objects_in_flight_for,
     warm_batch_rows,
 )
+from swactor.testing.serve_process import ServeProcess, cmdline, descendants
 from swactor.wire import NodeId
-from tests.serve.serve_process import ServeProcess, cmdline, descendants
 
 
 def swactor(*argv: str) -> subprocess.CompletedProcess[str]:
