@@ -21,7 +21,9 @@ memfd arena:
   `TokenOwner`, which turns their EdgeReady / EdgeFailed / EdgeStopped into the run
   machine's EndpointReady / EndpointFault / EndpointsStopped.
 - `inject`: one token object (header + u32 ids) written into token-in; waits for ring
-  space (the driver's RingWritable hint, with a short poll as a safety net).
+  space (the driver's RingWritable hint). Both this wait and the token-out reader's are
+  `WakeWatch` waits: event-driven, no timeout, with a once-a-second check under them
+  that wakes a waiter whose ring has work when no hint came (a lost hint).
 - the token-out reader task runs `TokenOutReader`, the generated ingress_ring machine
   over host memory: every record gets the checks a stage's ingress parser makes (spec
   §17, §32: header, extent against the ObjectSpec before any buffer is set aside,
@@ -70,6 +72,8 @@ from swactor.fsm.generated import orchestrator_run as orun
 from swactor.orchestrator.run import RunHandle, TokenOutput
 from swactor.orchestrator.token_out import TokenOutReader
 from swactor.orchestrator.tokens import encode_token_ids
+from swactor.orchestrator.wake_watch import WakeWatch
+from swactor.ring import Ring, RingState
 from swactor.transport import ControlChannel
 from swactor.transport.control import ControlRejectedError
 from swactor.transport.run_control import StopRunMessage, report_event
@@ -98,7 +102,6 @@ log = logging.getLogger("swactor.orchestrator.ports")
 
 REQUEST_TIMEOUT_S = 30.0
 PROVISION_TIMEOUT_S = 10.0
-POLL_S = 0.05
 TOKEN_PORT = PortId(0)
 """The local installer binds no worker port; the record still carries one."""
 
@@ -165,6 +168,8 @@ class NetworkRunPorts:
         self._out_ready = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
         self.token_out: TokenOutReader | None = None
+        self.watch = WakeWatch()
+        """The token rings' waits (their lost-hint check: `watch.lost`)."""
 
     # -- control channel --------------------------------------------------------------
 
@@ -218,16 +223,6 @@ class NetworkRunPorts:
     def _wake_event(self, edge_id: EdgeId) -> asyncio.Event:
         return self.rings.wake_event(int(self.rings.ring_id(edge_id)))
 
-    async def _wait_wake(self, wake: asyncio.Event) -> None:
-        """Until `wake` is set, or `POLL_S` (the safety net's poll). `asyncio.timeout`
-        over the event's own future: no task per wait, as `wait_for` would make (the
-        token-out reader waits once per token)."""
-        if wake.is_set():
-            return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(POLL_S):
-                await wake.wait()
-
     async def inject(
         self, edge_id: EdgeId, object_id: ObjectId, sequence: Sequence,
         token_ids: tuple[int, ...], flags: int = 0,
@@ -239,16 +234,8 @@ class NetworkRunPorts:
         wake = self._wake_event(edge_id)
         payload = encode_token_ids(token_ids, self._specs[int(edge_id)])
         record = ObjectHeader(object_id, sequence, len(payload), flags).pack() + payload
-        view, sent = memoryview(record), 0
-        while sent < len(record):
-            ring.clear_writable_pending()
-            written, _ = ring.write_from(view[sent:])
-            sent += written
-            if written:
-                self.driver.ring_readable(ring_id)
-            if sent < len(record):
-                wake.clear()
-                await self._wait_wake(wake)
+        await write_record(ring, record, wake, self.watch,
+                           lambda: self.driver.ring_readable(ring_id))
 
     async def release_output(self, edge_id: EdgeId, object_id: ObjectId) -> None:
         return None  # the reader consumed the object's bytes as it parsed them
@@ -272,11 +259,7 @@ class NetworkRunPorts:
             writable=lambda: self.driver.ring_writable(ring_id), loaded=loaded, failed=failed)
         try:
             reader.install()
-            while reader.consuming:
-                wake.clear()
-                reader.readable()
-                if reader.consuming:
-                    await self._wait_wake(wake)
+            await reader.consume(wake, self.watch)
         except Exception:  # a reader bug must end the run now, not at the step timer
             log.exception("token-out edge %d: the reader stopped", int(edge_id))
             failed(RunFaultReason.RingFault, "token-out reader stopped")
@@ -301,6 +284,7 @@ class NetworkRunPorts:
 
     async def close(self) -> None:
         """Stop the driver, close this process's ring handles, unmap the token arena."""
+        self.watch.close()
         await self._driver_ref.stop_and_join()  # DriverActor.stopped closes the driver
         self.rings.close()
         arena = self.manager.arena
@@ -329,3 +313,32 @@ class NetworkRunPorts:
 
     def emit(self, event: LifecycleEvent) -> None:
         self.emitter.emit(event)
+
+
+async def write_record(ring: Ring, record: bytes, wake: asyncio.Event, watch: WakeWatch,
+                       readable: Callable[[], None]) -> None:
+    """Write `record` into the token-in ring, telling the driver (`readable`) after each
+    part; on a full ring, sleep until its RingWritable hint sets `wake`. `wake` is
+    cleared and then the writable-pending bit, both before the cursors are read (spec
+    §21), so room freed after the write always wakes the wait."""
+    view, sent = memoryview(record), 0
+    while sent < len(record):
+        wake.clear()
+        ring.clear_writable_pending()
+        written, _ = ring.write_from(view[sent:])
+        sent += written
+        if written:
+            readable()
+        if sent < len(record):
+            await watch.wait(wake, lambda: _has_room(ring), f"token-in ring {ring.ring_id}")
+
+
+def _has_room(ring: Ring) -> bool:
+    """Whether the token-in ring has free bytes, or is no longer Open: what the driver's
+    RingWritable hint would have announced (`WakeWatch`'s check)."""
+    if ring.closed:
+        return False
+    if ring.state is not RingState.Open:
+        return True
+    with ring.writable_span(1) as span:  # released at once: never pins the arena
+        return len(span) > 0

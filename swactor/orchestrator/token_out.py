@@ -26,18 +26,22 @@ RingFault. The binding only does the byte work:
 
 Every `consume` advance marks the writable-pending bit and calls `writable` only when
 the bit was clear (spec §21 coalescing): the driver's recv pump resumes on it.
-`readable()` is what the endpoint calls on each wake hint (or poll): it feeds
-RingReadable, which the machine ignores outside NeedHeader / NeedPayload.
+`readable()` is what the endpoint calls on each wake hint: it feeds RingReadable, which
+the machine ignores outside NeedHeader / NeedPayload. `consume` is the endpoint's loop:
+clear the wake event, read what the ring holds, and sleep until the next hint
+(`WakeWatch.wait`, whose safety net asks `has_work`) only while more may come.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
 from swactor.fsm.generated import ingress_ring as ir
 from swactor.fsm.host import MachineHost
 from swactor.orchestrator.tokens import TokenObjectError, decode_token_ids
+from swactor.orchestrator.wake_watch import WakeWatch
 from swactor.ring import Ring, RingError, RingState
 from swactor.wire import (
     OBJECT_FAULTS,
@@ -115,8 +119,31 @@ class TokenOutReader(IngressGuards, ir.IngressRingEffects[None]):
         self.feed(self.command)  # the table takes the command itself
 
     def readable(self) -> None:
-        """A wake hint (or a poll): parse or copy what the producer committed."""
+        """A wake hint: parse or copy what the producer committed."""
         self.feed(ir.RingReadable(self.command.ring_id))
+
+    def has_work(self) -> bool:
+        """Whether the ring holds committed bytes not taken yet, or is no longer Open:
+        what a wake hint would have announced (`WakeWatch`'s check)."""
+        ring = self.ring
+        if ring.closed:
+            return False
+        if ring.state is not RingState.Open:
+            return True
+        with ring.readable_span(1) as span:  # released at once: never pins the arena
+            return len(span) > 0
+
+    async def consume(self, wake: asyncio.Event, watch: WakeWatch) -> None:
+        """Read records (after `install`) until no more can come: each pass clears `wake`
+        (set by the driver's hint) *before* reading, so a hint for bytes committed after
+        the read wakes the next wait at once; the read clears the ring's pending bit
+        before it looks at the cursors (spec §21)."""
+        what = f"token-out ring {int(self.command.ring_id)}"
+        while self.consuming:
+            wake.clear()
+            self.readable()
+            if self.consuming:
+                await watch.wait(wake, self.has_work, what)
 
     def uninstall(self) -> None:
         self.feed(ir.UninstallRing(self.command.ring_id, UninstallReason.EdgeStopped))
