@@ -45,6 +45,12 @@ token issued to its source address before any connection state is built;
 many packets under one key, half the AES-GCM confidentiality limit of 2^23 packets
 (RFC 9001 §6.6) at most, so that a link reused run after run never reaches it.
 
+`ack_hold` (seconds, default `flow.ACK_HOLD_S`; 0: never): how long the ACK of a lone
+ack-eliciting packet may wait for data of ours to ride with (`flow.SwactorConnection.
+hold_ack`); the connection advertises twice it as its max_ack_delay (at least 25 ms), so
+the peer's loss recovery allows for it. Below 8 s (the transport parameter is below
+2^14 ms).
+
 `quic_configuration()` turns it into an aioquic `QuicConfiguration` carrying the node's
 certificate. Certificate chains are not verified by aioquic (`verify_mode=CERT_NONE`):
 identities are checked after the handshake by `endpoint.py` instead (the node id the
@@ -63,6 +69,11 @@ from aioquic.tls import CipherSuite
 
 from swactor.transport.errors import TransportConfigError
 from swactor.transport.identity import NodeIdentity
+
+ACK_HOLD_S = 0.04
+"""Default `ack_hold`: seconds the ACK of a lone ack-eliciting packet waits for data to
+ride with (`flow.SwactorConnection.hold_ack`); longer than a decode step's compute on a
+CPU stage, so that a 1-stage token's ACK leaves with the stage's answer."""
 
 EDGE_ALPN = "swactor/edge/1"
 CONTROL_ALPN = "swactor/ctl/1"
@@ -112,6 +123,7 @@ class TransportConfig:
     pacing: bool = True
     udp_offload: bool = True
     native_path: bool = field(default_factory=lambda: native_path_from_env())
+    ack_hold: float = ACK_HOLD_S
 
     def __post_init__(self) -> None:
         if not MIN_DATAGRAM <= self.max_datagram_size <= MAX_SAFE_DATAGRAM:
@@ -136,6 +148,11 @@ class TransportConfig:
             raise TransportConfigError(
                 f"key_update_packets={self.key_update_packets} must be at most half the "
                 f"AES-GCM confidentiality limit ({AES_GCM_CONFIDENTIALITY_LIMIT // 2})"
+            )
+        if not 0 <= self.ack_hold < 8.0:
+            raise TransportConfigError(
+                f"ack_hold={self.ack_hold} must be at least 0 and below 8 s (twice it is "
+                "advertised as max_ack_delay, which must be below 2^14 ms)"
             )
         if self.handshake_timeout <= 0:
             raise TransportConfigError(

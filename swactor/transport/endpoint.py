@@ -11,7 +11,9 @@ only then lets each touched connection process its events and transmit once: one
 one credit update per batch instead of per datagram (measured: 13x at 1452 bytes). A
 receive of one datagram (a token object) transmits once the loop has run what that
 datagram set off (`QuicLink.transmit_when_idle`): its ACK leaves after the token's work
-and, when that work wrote to the same link, in the same datagram.
+and, when that work wrote to the same link, in the same datagram; on a link that answers
+later (a stage node's, after its worker's step) the ACK waits for that answer, within a
+bound the peer allows for (`SwactorConnection.hold_ack`).
 
 Each connection is wrapped in a `QuicLink`, which does what aioquic's asyncio protocol
 does (transmit, timer, event loop) plus identity: when the TLS handshake completes, the
@@ -182,9 +184,11 @@ class QuicLink:
     def after_receive(self, lone: bool = False) -> None:
         """After a receive batch: hand on its events, then transmit (its ACK). A `lone`
         datagram's transmit waits until the loop has nothing else ready
-        (`transmit_when_idle`), a batch's goes at once."""
-        self._process_events()
+        (`transmit_when_idle`), and its ACK may wait longer for data to ride with
+        (`SwactorConnection.hold_ack`); a batch's goes at once."""
+        ended = self._process_events()
         if lone:
+            self.quic.hold_ack(self._loop.time(), ended)
             self.transmit_when_idle()
         else:
             self.transmit()
@@ -308,16 +312,20 @@ class QuicLink:
 
     # -- events ---------------------------------------------------------------------
 
-    def _process_events(self) -> None:
+    def _process_events(self) -> bool:
+        """Hand aioquic's events on; True if a stream ended or was reset among them."""
         quic = self.quic
+        ended = False
         event = quic.next_event()
         while event is not None:
             if isinstance(event, events.StreamDataReceived):
+                ended = ended or event.end_stream
                 if self.peer_node_id is not None and not self.closed:
                     handler = self.endpoint.handler_for(self.alpn)
                     if handler is not None:
                         handler.stream_data(self, event.stream_id, event.data, event.end_stream)
             elif isinstance(event, events.StreamReset):
+                ended = True
                 if self.peer_node_id is not None and not self.closed:
                     handler = self.endpoint.handler_for(self.alpn)
                     if handler is not None:
@@ -342,6 +350,7 @@ class QuicLink:
             closing = quic.closing_reason()
             if closing is not None:  # closed now, not when aioquic's draining period ends
                 self._mark_closed(closing)
+        return ended
 
     def _verify_peer(self, alpn: str | None) -> None:
         inbound = self.expected_peer is None
@@ -612,6 +621,7 @@ class QuicEndpoint:
             pacing=self.config.pacing,
             native_path=self.config.native_path,
             key_update_packets=self.config.key_update_packets,
+            ack_hold=self.config.ack_hold,
         )
         link = QuicLink(self, quic, addr, expected_peer=peer_node_id)
         self._links.add(link)
@@ -864,6 +874,7 @@ class QuicEndpoint:
             pacing=self.config.pacing,
             native_path=self.config.native_path,
             key_update_packets=self.config.key_update_packets,
+            ack_hold=self.config.ack_hold,
         )
         link = QuicLink(self, quic, addr, expected_peer=None)
         self._links.add(link)

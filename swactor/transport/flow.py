@@ -28,10 +28,29 @@ acknowledged. A send-pump writes only while it is below its high-water mark. Str
 send on get a `sendbuf.ChunkedSender` (aioquic's sender with a chunk list instead of one
 reallocated bytearray: see `sendbuf.py`).
 
-ACKs are not delayed (`_ack_delay = 0`): the endpoint's receive batch is the coalescing
-unit, one ACK per batch, sent by the transmit that ends the batch. When an ACK is due and
-the streams' pending bytes are few (a token object), aioquic's own loop writes both in
-one packet instead of the bulk path sending the ACK alone (`_ack_due`).
+ACKs of a batch are not delayed (`_ack_delay = 0`): the endpoint's receive batch is the
+coalescing unit, one ACK per batch, sent by the transmit that ends the batch. A lone
+datagram (a token object) is different: what it sets off rarely answers on the same
+connection at once (a stage's worker computes for milliseconds first), so `hold_ack`
+lets the ACK of the only ack-eliciting packet not yet acknowledged wait up to `ack_hold`
+seconds for data of ours to ride with. It does so only on a connection that answers:
+one where this side sent an ack-eliciting packet between the latest two ack-eliciting
+packets it received (a 1-stage run's link between orchestrator and node, which carries
+the token both ways). A connection that only receives (a middle stage's inbound edge)
+gains nothing by waiting, since its ACK would leave alone anyway, and would pay a timer
+wake-up for it: its ACK leaves once the loop is idle, as a batch's does.
+
+Any packet this side sends meanwhile carries the held ACK (`_write_application` makes it
+due when stream bytes or a PING are about to leave); a second ack-eliciting packet makes
+it due at once (RFC 9000 §13.2.2: an ACK at least every second packet), and so does the
+end or reset of a stream (teardown does not wait). Otherwise it leaves alone when its
+hold ends, on the connection's timer. The peer allows for the hold: this side advertises
+`max_ack_delay` = twice the hold (at least aioquic's 25 ms; RFC 9000 §13.2.1: every ACK
+within it), and the peer's probe timeout adds it, so a held ACK that the event loop
+sends somewhat late never looks like a loss. The ACK frame reports the real delay, which
+the peer's RTT estimate subtracts. When an ACK is due and the streams' pending bytes are
+few, aioquic's own loop writes both in one packet instead of the bulk path sending the
+ACK alone (`_ack_due`).
 
 Servers also ask for the client's certificate (mutual TLS): aioquic has no public switch,
 so `_initialize` sets the TLS context's request flag. `peer_certificate()` exposes the
@@ -48,13 +67,20 @@ from typing import Any, cast
 
 from aioquic import tls
 from aioquic.buffer import UINT_VAR_MAX_SIZE
+from aioquic.buffer import Buffer as QuicBuffer  # type: ignore[attr-defined]
 from aioquic.quic import connection as _conn_module
-from aioquic.quic.connection import QuicConnection, QuicConnectionState
-from aioquic.quic.packet import QuicFrameType
-from aioquic.quic.recovery import QuicPacketPacer
+from aioquic.quic.connection import QuicConnection, QuicConnectionState, QuicReceiveContext
+from aioquic.quic.packet import (
+    QuicFrameType,
+    pull_quic_transport_parameters,
+    push_quic_transport_parameters,
+)
+from aioquic.quic.packet_builder import QuicPacketBuilder
+from aioquic.quic.recovery import QuicPacketPacer, QuicPacketSpace
 from cryptography import x509
 
 from swactor.transport import bulk, sendbuf
+from swactor.transport.config import ACK_HOLD_S
 from swactor.transport.udp import Address, Buffer, Datagram, DatagramRun
 
 # (owner, attribute) pairs this module relies on; see tests/transport/test_aioquic_pins.py.
@@ -86,6 +112,9 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("QuicConnection", "_packet_number, _cryptos, _spaces[...].largest_acked_packet"),
     ("CryptoPair", "_update_key_requested (a key update requested, not yet applied)"),
     ("QuicConnection", "_state, _close_event (closing or draining, see closing_reason)"),
+    ("QuicConnection", "_payload_received, _write_ack_frame, _serialize_transport_parameters"),
+    ("QuicConnection", "_ping_pending, _probe_pending (a frame about to leave: hold_ack)"),
+    ("QuicConnection", "_ack_eliciting_sent_since_receipt (whether the connection answers)"),
 )
 
 _MAX_STREAM_DATA_FRAME_CAPACITY = 1 + 2 * UINT_VAR_MAX_SIZE
@@ -95,6 +124,16 @@ _CONNECTION_LIMIT_FRAME_CAPACITY = 1 + UINT_VAR_MAX_SIZE
 _PIGGYBACK_BYTES = 1000
 """Pending stream bytes up to which a due ACK and the stream's data share one packet
 (`SwactorConnection._write_application`): well inside one datagram with an ACK frame."""
+
+AIOQUIC_MAX_ACK_DELAY_MS = 25
+"""The max_ack_delay aioquic advertises (and RFC 9000's default)."""
+
+
+def max_ack_delay_ms(ack_hold: float) -> int:
+    """The max_ack_delay (ms) a side holding ACKs `ack_hold` seconds advertises: twice the
+    hold, at least aioquic's 25 ms, below the 2^14 ms the transport parameter allows."""
+    return min((1 << 14) - 1, max(AIOQUIC_MAX_ACK_DELAY_MS, int(2000 * ack_hold + 0.5)))
+
 
 PACING_TICK = 0.002
 """Seconds of sending the pacer lets out in one burst (see `TickPacer`)."""
@@ -156,8 +195,20 @@ class SwactorConnection(QuicConnection):
         pacing: bool = True,
         native_path: bool = True,
         key_update_packets: int = 1 << 22,
+        ack_hold: float = ACK_HOLD_S,
         **kwargs: Any,
     ) -> None:
+        self._ack_hold = ack_hold
+        self._eliciting_unacked = 0
+        """1-RTT ack-eliciting packets received since this side last wrote an ACK."""
+        self._answers = False
+        """Whether this side had sent an ack-eliciting packet between the latest two
+        ack-eliciting packets it received: the connection answers what it gets."""
+        self._sent_since_eliciting = False
+        """An ack-eliciting packet left since the last ack-eliciting one came."""
+        self.acks_held = 0
+        """ACKs `hold_ack` held; of them, `acks_ridden` left in a packet with other frames."""
+        self.acks_ridden = 0
         super().__init__(**kwargs)
         self._ku_limit = key_update_packets
         self._ku_secret: bytes | None = None
@@ -226,6 +277,67 @@ class SwactorConnection(QuicConnection):
         used: int = self._local_max_data.used
         return used - self._sw_consumed_total
 
+    # -- ACK hold (module doc) -------------------------------------------------------
+
+    def hold_ack(self, now: float, end: bool = False) -> None:
+        """After a lone datagram: if the only ack-eliciting packet not yet acknowledged is
+        its own and the connection answers, let its ACK wait up to `ack_hold` for data of
+        ours to ride with; from the second such packet on (or when `end`: a stream ended
+        or was reset) the ACK is due now."""
+        space = self._spaces.get(tls.Epoch.ONE_RTT)
+        if space is None or space.ack_at is None:
+            return
+        if end or self._eliciting_unacked > 1:
+            space.ack_at = min(space.ack_at, now)
+        elif (self._eliciting_unacked == 1 and self._answers and space.ack_at <= now
+              and self._ack_hold > 0):
+            space.ack_at = now + self._ack_hold
+            self.acks_held += 1
+
+    def _ack_held(self, now: float) -> bool:
+        space = self._spaces[tls.Epoch.ONE_RTT]
+        return space.ack_at is not None and space.ack_at > now
+
+    def _sending_soon(self) -> bool:
+        """Whether a 1-RTT packet is about to leave anyway: stream bytes, a FIN, a reset
+        or a STOP_SENDING queued, or a PING (a held ACK rides with it). May miss rarer
+        frames; the ACK then leaves when its hold ends, as it would have."""
+        if self._ping_pending or self._probe_pending:
+            return True
+        for stream in self._streams_queue:
+            sender = stream.sender
+            if (not sender.buffer_is_empty or sender.reset_pending
+                    or stream.receiver.stop_pending):
+                return True
+        return False
+
+    def _payload_received(self, context: QuicReceiveContext, plain: bytes,
+                          crypto_frame_required: bool = False) -> tuple[bool, bool]:
+        eliciting, probing = super()._payload_received(context, plain, crypto_frame_required)
+        if eliciting and context.epoch == tls.Epoch.ONE_RTT:
+            self.eliciting_received(1)
+        return eliciting, probing
+
+    def eliciting_received(self, count: int) -> None:
+        """`count` 1-RTT ack-eliciting packets came (aioquic's parser, or the bulk path)."""
+        self._eliciting_unacked += count
+        self._answers, self._sent_since_eliciting = self._sent_since_eliciting, False
+
+    def _write_ack_frame(self, builder: QuicPacketBuilder, space: QuicPacketSpace,
+                         now: float) -> None:
+        if space is self._spaces.get(tls.Epoch.ONE_RTT):
+            self._eliciting_unacked = 0
+        super()._write_ack_frame(builder, space, now)
+
+    def _serialize_transport_parameters(self) -> bytes:
+        """aioquic's transport parameters with this side's `max_ack_delay` (module doc)."""
+        params = pull_quic_transport_parameters(
+            QuicBuffer(data=super()._serialize_transport_parameters()))
+        params.max_ack_delay = max_ack_delay_ms(self._ack_hold)
+        buf = QuicBuffer(capacity=3 * self._max_datagram_size)
+        push_quic_transport_parameters(buf, params)
+        return bytes(buf.data)
+
     # -- send side ------------------------------------------------------------------
 
     def send_buffered(self, stream_id: int) -> int:
@@ -241,6 +353,9 @@ class SwactorConnection(QuicConnection):
         return stream
 
     def _write_application(self, builder: Any, network_path: Any, now: float) -> None:
+        if self._ack_held(now) and self._sending_soon():
+            self._spaces[tls.Epoch.ONE_RTT].ack_at = now  # the held ACK rides along
+            self.acks_ridden += 1
         streams = bulk.bulk_streams(self) if self._bulk else []
         if not streams or (self._ack_due(now) and sum(
                 span.stop - span.start for stream in streams
@@ -281,7 +396,10 @@ class SwactorConnection(QuicConnection):
         each): what the endpoint's socket takes."""
         self._maybe_update_keys()
         # aioquic types its list as bytes; the bulk path's runs are in it too.
-        return cast("list[Datagram]", super().datagrams_to_send(now))
+        datagrams = cast("list[Datagram]", super().datagrams_to_send(now))
+        if self._ack_eliciting_sent_since_receipt:  # set by an ack-eliciting packet sent
+            self._sent_since_eliciting = True
+        return datagrams
 
     def _maybe_update_keys(self) -> None:
         """Start a key update once `key_update_packets` packets went out under the
@@ -399,6 +517,9 @@ def check_private_names() -> list[str]:
     missing: list[str] = []
     for name in (
         "_initialize",
+        "_payload_received",
+        "_write_ack_frame",
+        "_serialize_transport_parameters",
         "_get_or_create_stream_for_send",
         "_write_stream_limits",
         "_write_connection_limits",
@@ -434,8 +555,10 @@ def check_private_names() -> list[str]:
         missing.append("CryptoPair._update_key_requested")
     if not isinstance(getattr(conn, "_packet_number", None), int):
         missing.append("QuicConnection._packet_number")
-    if "_close_event" not in vars(conn):
-        missing.append("QuicConnection._close_event")
+    for attr in ("_close_event", "_ping_pending", "_probe_pending",
+                 "_ack_eliciting_sent_since_receipt"):
+        if attr not in vars(conn):
+            missing.append(f"QuicConnection.{attr}")
     ctx = tls.Context(is_client=False)
     for attr in ("_request_client_certificate", "_peer_certificate"):
         if not hasattr(ctx, attr):

@@ -1,0 +1,235 @@
+"""A lone packet's ACK waits for data to ride with (`SwactorConnection.hold_ack`).
+
+Two real endpoints on loopback (aioquic, TLS). The receiving endpoint counts the UDP
+datagrams it sends. A stage node answers a token object only after its worker computed
+(milliseconds), and a middle stage never answers on the link the object came by: the
+tests model both, and check what leaves per exchange and that the held ACK stays within
+what the sender's loss recovery allows for (no probe, nothing left unacknowledged).
+Holds are long (seconds) where a test counts what rides with an answer a few
+milliseconds later, so that a slow machine cannot change the count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import pytest
+from aioquic import tls
+
+from swactor.transport.config import EDGE_ALPN, TransportConfig
+from swactor.transport.endpoint import IDLE_TURNS, QuicEndpoint, QuicLink
+from swactor.transport.flow import max_ack_delay_ms
+from swactor.transport.identity import NodeIdentity
+from swactor.transport.udp import Datagram, DatagramRun
+
+pytestmark = pytest.mark.timeout(60)
+EXCHANGES = 6
+ANSWER_AFTER_S = 0.02
+"""The answerer's "compute": its answer leaves this long after the object came."""
+OBJECT = 44
+
+
+class Counted:
+    """An outbound path that counts UDP datagrams and sends them all."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def __call__(self, datagrams: list[Datagram]) -> list[Datagram]:
+        self.sent += sum(d.count if type(d) is DatagramRun else 1 for d, _ in datagrams)
+        return datagrams
+
+
+class Handler:
+    """Counts stream bytes; answers each chunk `answer_after` seconds later (None: never)."""
+
+    def __init__(self, answer_after: float | None = None) -> None:
+        self.answer_after = answer_after
+        self.stream: int | None = None
+        self.got = 0
+        self.link: QuicLink | None = None
+        self.ended = False
+        self.changed = asyncio.Event()
+
+    def stream_data(self, link: QuicLink, stream_id: int, data: bytes, end: bool) -> None:
+        self.got += len(data)
+        self.link = link
+        self.ended = self.ended or end
+        self.changed.set()
+        if self.answer_after is not None:
+            asyncio.get_running_loop().call_later(self.answer_after, self._answer, link,
+                                                  len(data))
+
+    def _answer(self, link: QuicLink, size: int) -> None:
+        if self.stream is None:
+            self.stream = link.open_uni_stream()
+        link.send(self.stream, bytes(size))
+
+    def stream_reset(self, link: QuicLink, stream_id: int, error_code: int) -> None:
+        pass
+
+    def stream_stopped(self, link: QuicLink, stream_id: int, error_code: int) -> None:
+        pass
+
+    def link_closed(self, link: QuicLink, reason: str) -> None:
+        pass
+
+    async def until(self, total: int) -> None:
+        async with asyncio.timeout(10):
+            while self.got < total:
+                self.changed.clear()
+                await self.changed.wait()
+
+
+@dataclass
+class Pair:
+    link: QuicLink
+    """The asker's link to the answerer."""
+    asker: Handler
+    answerer: Handler
+    answerer_sent: Counted
+    asker_sent: Counted
+
+
+@asynccontextmanager
+async def pair(hold: float, answer_after: float | None) -> AsyncIterator[Pair]:
+    asker_id, answerer_id = NodeIdentity.generate(), NodeIdentity.generate()
+    answerer_out, asker_out = Counted(), Counted()
+    config = TransportConfig(max_datagram_size=1452, ack_hold=hold)
+    answerer = QuicEndpoint(answerer_id, config, allowed={asker_id.node_id},
+                            outbound=answerer_out)
+    asker = QuicEndpoint(asker_id, config, allowed={answerer_id.node_id}, outbound=asker_out)
+    got, answers = Handler(), Handler(answer_after)
+    answerer.register_handler(EDGE_ALPN, answers)
+    asker.register_handler(EDGE_ALPN, got)
+    try:
+        await answerer.start()
+        await asker.start()
+        link = await asker.connect(answerer_id.node_id, EDGE_ALPN, answerer.address)
+        yield Pair(link, got, answers, answerer_out, asker_out)
+    finally:
+        await asker.close()
+        await answerer.close()
+
+
+async def quiet() -> None:
+    """Handshake leftovers and ACKs are done (nothing in flight either way)."""
+    await asyncio.sleep(0.05)
+
+
+async def turns(count: int = IDLE_TURNS + 4) -> None:
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+async def answered_exchanges(hold: float) -> list[int]:
+    """Datagrams the answerer sends per exchange when it answers 20 ms after each object."""
+    per_exchange: list[int] = []
+    async with pair(hold, ANSWER_AFTER_S) as p:
+        stream = p.link.open_uni_stream()
+        for n in range(1, EXCHANGES + 1):
+            await quiet()
+            before = p.answerer_sent.sent
+            p.link.send(stream, bytes(OBJECT))
+            await p.asker.until(OBJECT * n)
+            await quiet()
+            per_exchange.append(p.answerer_sent.sent - before)
+        assert p.link.quic.send_buffered(stream) == 0, "every object was acknowledged"
+    return per_exchange
+
+
+def test_the_ack_of_an_object_rides_with_the_answer_that_comes_later() -> None:
+    held = asyncio.run(answered_exchanges(hold=2.0))
+    alone = asyncio.run(answered_exchanges(hold=0.0))
+    assert held[2:] == [1] * (EXCHANGES - 2), held  # the answer, carrying the ACK
+    assert alone[2:] == [2] * (EXCHANGES - 2), alone  # the ACK, then the answer
+
+
+async def _unanswered(hold: float) -> tuple[list[int], list[int], int]:
+    answerer_sent, asker_sent = [], []
+    async with pair(hold, None) as p:
+        stream = p.link.open_uni_stream()
+        for n in range(1, EXCHANGES + 1):
+            await quiet()
+            before, asker_before = p.answerer_sent.sent, p.asker_sent.sent
+            p.link.send(stream, bytes(OBJECT))
+            await p.answerer.until(OBJECT * n)
+            await turns()
+            assert p.link.quic.send_buffered(stream) == 0 or n == 1
+            answerer_sent.append(p.answerer_sent.sent - before)
+            asker_sent.append(p.asker_sent.sent - asker_before)
+            assert p.answerer.link is not None
+            if n == 1:  # the handshake's last packets were the answerer's: may be held
+                first = p.answerer.link.quic.acks_held
+        held = p.answerer.link.quic.acks_held - first
+    return answerer_sent, asker_sent, held
+
+
+def test_a_link_that_never_answers_acknowledges_once_idle() -> None:
+    """A middle stage's inbound edge: holding its ACKs would only move them later."""
+    answerer_sent, asker_sent, held = asyncio.run(_unanswered(hold=2.0))
+    assert held == 0
+    assert answerer_sent[2:] == [1] * (EXCHANGES - 2), answerer_sent  # the ACK
+    assert asker_sent[2:] == [1] * (EXCHANGES - 2), asker_sent  # the object
+
+
+async def _second_packet() -> None:
+    async with pair(2.0, None) as p:
+        stream = p.link.open_uni_stream()
+        count = answered = 0
+
+        async def send(answer: bool = False, end: bool = False) -> None:
+            nonlocal count, answered
+            p.answerer.answer_after = 0.0 if answer else None
+            p.link.send(stream, bytes(0 if end else OBJECT), end=end)
+            if end:
+                async with asyncio.timeout(10):
+                    while not p.answerer.ended:
+                        await asyncio.sleep(0)
+            else:
+                count += 1
+                await p.answerer.until(OBJECT * count)
+                if answer:
+                    answered += 1
+                    await p.asker.until(OBJECT * answered)
+            await turns()
+
+        await send(answer=True)  # the stream's first object (its ACK may ride a new limit)
+        await send(answer=True)
+        link = p.answerer.link
+        assert link is not None
+        space = link.quic._spaces[tls.Epoch.ONE_RTT]
+        assert space.ack_at is None, "each answer carried the ACK"
+        held = link.quic.acks_held
+        await send()
+        assert space.ack_at is not None, "the link answers: the ACK is held"
+        assert link.quic.acks_held == held + 1
+        await send()
+        assert space.ack_at is None, "the second ack-eliciting packet's ACK left at once"
+        await send()
+        assert space.ack_at is None, "no answer since the last object: not held"
+        await send(answer=True)
+        await send()
+        assert space.ack_at is not None, "answering again: held again"
+        await send(end=True)
+        assert space.ack_at is None, "a stream's end is acknowledged at once"
+
+
+def test_the_second_packet_and_a_streams_end_are_acknowledged_at_once() -> None:
+    asyncio.run(_second_packet())
+
+
+async def _advertised() -> None:
+    async with pair(0.1, None) as p:
+        assert max_ack_delay_ms(0.1) == 200
+        assert p.link.quic._loss.max_ack_delay == pytest.approx(0.2), (
+            "the peer's loss recovery allows for twice the hold")
+    async with pair(0.0, None) as p:
+        assert p.link.quic._loss.max_ack_delay == pytest.approx(0.025), "aioquic's default"
+
+
+def test_the_hold_is_advertised_as_max_ack_delay() -> None:
+    asyncio.run(_advertised())
