@@ -33,6 +33,11 @@ Goals (the report's rows G1-G3), each as a ratio of figures of the same round:
 model alone through `cpu_graph.set_threads`, the runs through ``swactor run --threads``;
 default: the nodes' default, the CPU count).
 
+``--datagrams`` adds one more 1-stage and 3-stage run each, with ``strace -c`` on the
+main thread of the orchestrator and of every node during the steady tokens: UDP send
+calls per token (one datagram each on the token path; `_sendcount`). Those runs are
+slowed by the tracing and give no timing.
+
 Wall figures on a shared machine move with other jobs' load; the CPU figures hardly do,
 so both are printed. ``--profile`` adds a py-spy profile of the 1-stage node and worker
 during steady decode (what limits a missed goal). ``--json PATH`` writes every figure.
@@ -133,6 +138,33 @@ def e2e_run(stages: int, weights: str, tokens: int, root: Path, threads: int | N
     }
 
 
+def send_counts(stages: int, weights: str, tokens: int, root: Path,
+                threads: int | None = None) -> dict[str, Any] | str:
+    """UDP send calls per steady token of each process's main thread (`_sendcount`), or
+    why they could not be counted."""
+    import bench.e2e as e2e
+    from bench import _sendcount
+
+    missing = _sendcount.available()
+    if missing is not None:
+        return missing
+    original = e2e._swactor
+
+    def with_weights(*args: str) -> list[str]:
+        argv = list(args)
+        if argv and argv[0] == "run":
+            argv[1:1] = _run_flags(weights, threads)
+        return original(*argv)
+
+    counter = _sendcount.SendCounter(WARMUP + 2, tokens - 3)
+    e2e._swactor = with_weights
+    try:
+        e2e.run_loopback(stages, tokens, root, counter)
+    finally:
+        e2e._swactor = original
+    return counter.result or "no tokens in the counting window"
+
+
 def round_figures(model: dict[str, float], one: dict[str, Any], three: dict[str, Any]
                   ) -> dict[str, float | None]:
     """The goal ratios of one round (module doc)."""
@@ -201,7 +233,7 @@ GOAL_ROWS = (
 
 
 def measure(repeat: int, tokens: int, weights: str, dtype: str, profile: bool,
-            threads: int | None = None) -> dict[str, Any]:
+            threads: int | None = None, datagrams: bool = False) -> dict[str, Any]:
     result: dict[str, Any] = {"weights": weights, "dtype": dtype, "tokens": tokens,
                               "threads": threads,
                               "repeat": repeat, "load_average_start": os.getloadavg(),
@@ -231,6 +263,15 @@ def measure(repeat: int, tokens: int, weights: str, dtype: str, profile: bool,
             result["rounds"].append({"model": model, "one": runs[1], "three": runs[3],
                                      "ratios": round_figures(model, runs[1], runs[3]),
                                      "same_tokens": same})
+        if datagrams:
+            result["datagrams"] = {}
+            for stages in (1, 3):
+                try:
+                    counted = send_counts(stages, weights, tokens,
+                                          Path(scratch) / f"d-n{stages}", threads)
+                except Exception as error:
+                    counted = f"{type(error).__name__}: {error}"
+                result["datagrams"][str(stages)] = counted
         if profile:
             import bench.e2e as e2e
             from bench._profile import profile_stage
@@ -281,6 +322,13 @@ def print_result(result: dict[str, Any]) -> None:
         top = ", ".join(f"{f['function']} {f['share']:.0%}" for f in part.get("self", [])[:6])
         if top:
             print(f"  1-stage {name} profile (self, {part.get('samples')} samples): {top}")
+    for stages, counted in (result.get("datagrams") or {}).items():
+        if isinstance(counted, str):
+            print(f"  UDP sends per token, {stages} stage(s): not counted ({counted})")
+            continue
+        each = ", ".join(f"{name} {n:.2f}" for name, n in counted["sends_per_token"].items())
+        print(f"  UDP sends per token, {stages} stage(s) (main threads, strace, "
+              f"{counted['tokens']} tokens): {counted['sends_per_token_total']:.2f} ({each})")
     for error in result["errors"]:
         print(f"  error: {error}")
 
@@ -297,9 +345,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--threads", type=int, default=None,
                         help="replay threads per stage (swactor run --threads; default: "
                         "the nodes' default)")
+    parser.add_argument("--datagrams", action="store_true",
+                        help="count UDP sends per token with strace (two more runs)")
     args = parser.parse_args(argv)
     result = measure(args.repeat, args.tokens, args.weights, args.dtype, args.profile,
-                     args.threads)
+                     args.threads, args.datagrams)
     print_result(result)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1))
