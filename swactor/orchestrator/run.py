@@ -86,10 +86,14 @@ Batched decode (the table's BatchDue): a decode InputReady (guard `decode_input`
 sequence's next input is at a position > 0) only queues the sequence (QueueInput).
 AcceptSequenceOutput feeds the host `BatchDue` after routing, so it is handled after
 the InputReady its sequences raised; `batch_ready` (rows queued, fewer than
-`Serving.max_in_flight` objects in flight, default the plan's stages plus one) lets
-InjectBatch write up to `min(Serving.max_batch, slots, max_seq_len // 2)` queued rows
-as one object (`swactor.wire.tags`: flags BATCH, the tag table, then one id per row;
-one row alone is a plain tagged object) and remember its rows' sequences and table. A
+`Serving.max_in_flight` objects in flight, default the plan's stages plus one, and
+`swactor.orchestrator.spread.next_batch_rows` gives the next object rows: the decoding
+rows spread evenly over as many decode objects as the stages that compute at once,
+or they gather with the rows in flight) lets InjectBatch write that many queued rows,
+at most `min(Serving.max_batch, slots, max_seq_len // 2)`, as one object
+(`swactor.wire.tags`: flags BATCH, the tag table, then one id per row; one row alone
+is a plain tagged object), remember its rows' sequences and table, and feed BatchDue
+again, so one turn writes every object the spread wants. A
 batch output (the table repeated, then each row's answer: one id, or candidates where
 the row's tag asked) must repeat the injected table (else output_out_of_order:
 SequenceViolation) and hold whole answers (else an EndpointFault,
@@ -149,6 +153,7 @@ from swactor.orchestrator.ports import (
     StopCause,
 )
 from swactor.orchestrator.serving import LiveSequence, SequenceRequest, SequenceSink
+from swactor.orchestrator.spread import next_batch_rows
 from swactor.wire import (
     Component,
     EdgeId,
@@ -366,6 +371,8 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
             self._max_in_flight = serving.max_in_flight
         elif serving is not None and serving.max_batch == 1:
             self._max_in_flight = max(self._max_in_flight, slots)  # batching off
+        self._computing = max(1, min(len(plan.stages), self._max_in_flight))
+        """Objects computed at once: the stages, at most the cap (`spread`)."""
         self.node_id, self.run_id = plan.orchestrator_node, plan.run_id
         self._candidate_stop: StopCause | None = None
         self._fault_pending = False
@@ -533,7 +540,16 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         return live is not None and live.next_input[1] > 0
 
     def batch_ready(self, event: orun.BatchDue) -> bool:
-        return bool(self._queued) and len(self._in_flight) < self._max_in_flight
+        return self._batch_rows() > 0
+
+    def _batch_rows(self) -> int:
+        """Queued rows the next batch object takes now (`swactor.orchestrator.spread`)."""
+        if not self._queued:
+            return 0
+        return next_batch_rows(
+            len(self._queued), [o.decode_rows for o in self._in_flight],
+            len(self._in_flight), max_in_flight=self._max_in_flight,
+            max_batch=self._max_batch, computing=self._computing)
 
     def prompts_ready(self, event: orun.PromptsDue) -> bool:
         return bool(self._prompts)
@@ -638,8 +654,13 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
                                prompt_flags(len(group)), tuple(group), tuple(tags))
 
     async def inject_batch(self) -> None:
-        rows = [i for i in self._queued[:self._max_batch] if i in self._sequences]
-        del self._queued[:self._max_batch]
+        take = self._batch_rows()
+        rows = [i for i in self._queued[:take] if i in self._sequences]
+        del self._queued[:take]
+        await self._inject_rows(rows)
+        await self._host.feed(orun.BatchDue())  # another object, while the spread wants one
+
+    async def _inject_rows(self, rows: list[int]) -> None:
         if len(rows) == 1:
             await self._inject_input(rows[0])
             return

@@ -508,6 +508,27 @@ def test_at_most_max_in_flight_objects_and_prompts_go_at_once() -> None:
     run_test(body)
 
 
+def test_rows_ready_together_go_as_even_shares_of_the_objects_allowed() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports, slots=4, max_in_flight=2)  # 4 rows/object
+        sinks = submit_all(handle, *((i, (1, 5 + i), GREEDY) for i in range(4)))
+        await ports.until(lambda: len(ports.of("inject")) == 1)
+        table = tuple(tag(i, 2) for i in range(4))
+        handle.tell(out(0, prompt_flags(4), *table, 40, 41, 42, 43))
+        await ports.until(lambda: len(ports.of("inject")) == 3)  # one turn, two objects
+        assert injected(ports)[1:] == [
+            (1, (tag(0, 2), tag(1, 2), 40, 41), batch_flags(2)),
+            (2, (tag(2, 2), tag(3, 2), 42, 43), batch_flags(2))]
+        handle.tell(out(1, batch_flags(2), tag(0, 2), tag(1, 2), 50, 51))
+        await ports.until(lambda: len(ports.of("inject")) == 4)
+        assert injected(ports)[3] == (3, (tag(0, 3), tag(1, 3), 50, 51), batch_flags(2))
+        assert [s.ids for s in sinks] == [[40, 50], [41, 51], [42], [43]]
+        handle.stop()
+        await stop_all(handle, ports)
+
+    run_test(body)
+
+
 def test_a_batch_answer_with_another_table_or_a_short_row_faults_the_run() -> None:
     async def body(runtime: Runtime, ports: FakePorts, answer: tuple[int, ...],
                    reason: RunFaultReason) -> None:
@@ -616,14 +637,15 @@ def test_sequences_submitted_together_go_as_one_prompt_batch_each_routed() -> No
         assert (a.started, b.started, c.started) == (1, 1, 1)
         # the answer repeats the table, then each prompt's answer in table order
         handle.tell(out(0, prompt_flags(3), *table, 40, 50, *ids, *bits))
-        await ports.until(lambda: len(ports.of("inject")) == 2)
+        await ports.until(lambda: len(ports.of("inject")) == 4)
         c0 = pick_candidate((*ids, *bits), policy, 0)
         assert (a.ids, b.ids, c.ids) == ([40], [50], [c0])
-        rows = (tag(0, 3), tag(1, 2), tag(2, 4, True))  # each at its next position
-        assert injected(ports)[1] == (1, (*rows, 40, 50, c0), batch_flags(3))
+        # three rows, three stages: one object each, at its next position, in one turn
+        assert injected(ports)[1:] == [(1, (40,), tag(0, 3)), (2, (50,), tag(1, 2)),
+                                       (3, (c0,), tag(2, 4, True))]
         d = submit(handle, 4, (1, 3))  # alone: a plain tagged prompt, at once
-        await ports.until(lambda: len(ports.of("inject")) == 3)
-        assert injected(ports)[2] == (2, (1, 3), tag(3, 0))
+        await ports.until(lambda: len(ports.of("inject")) == 5)
+        assert injected(ports)[4] == (4, (1, 3), tag(3, 0))
         assert d.started == 1
         handle.stop()
         result = await stop_all(handle, ports)
