@@ -9,6 +9,7 @@ from the kernel cache) the decode JIT of every batch size first, so no build is 
 Then ``--rounds`` rounds; each round runs ``--steps`` decode steps of every batch size ``B`` in turn
 (``StageRole.run_batch`` with the decode rows of slots ``0..B-1``; ``B = 1`` is the
 one-row decode), so every size sees the same machine load and the same positions.
+Decode replays run on ``--threads`` threads (default the CPU count, as nodes run).
 Per size: the median step's wall time, CPU time per step (this process, all threads:
 a figure the machine's load barely moves), tokens/s (``B`` over the median step) and the
 ratios to ``B = 1``: tokens per CPU second, and tokens/s. A batch reads every weight once
@@ -28,6 +29,7 @@ import time
 
 import numpy as np
 
+from swactor.model import cpu_graph
 from swactor.model.gguf_range import open_reader
 from swactor.model.llama_role import StageRole
 from swactor.model.paths import default_model_path
@@ -41,7 +43,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--dtype", choices=("f32", "f16"), default="f32")
     parser.add_argument("--weights", choices=("blocks", "dense"), default="blocks")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="replay threads (default: the CPU count, as nodes run)")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error("--threads must be a positive integer")
+        cpu_graph.set_threads(args.threads)
     sizes = sorted({int(s) for s in args.sizes.split(",")})
     if not sizes or sizes[0] < 1:
         parser.error("--sizes must be positive integers")
@@ -60,7 +68,7 @@ def main(argv: list[str]) -> int:
                                            dtype=args.dtype, keep_blocks=blocks)
     role = StageRole(weights, max_seq_len=max_seq, quantised=blocks, slots=slots)
     print(f"SmolLM2 single stage, {args.dtype} {args.weights}, {slots} slots of {max_seq} "
-          f"positions, load "
+          f"positions, {cpu_graph.threads()} replay threads, load "
           f"{time.perf_counter() - t0:.1f} s, load average {os.getloadavg()[0]:.1f}",
           flush=True)
     t0 = time.perf_counter()
