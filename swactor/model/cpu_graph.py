@@ -24,9 +24,10 @@ is that for the CPU device:
   touches is each global's buffer byte range (JIT inputs, whose buffers change between
   replays, a range of their own), written unless tinygrad saw the program only load from
   it (``ProgramInfo.ins`` and ``outs``; a global it neither loads nor stores, as in a
-  custom kernel, counts as written). So the rows of a phase (the slices of one kernel,
-  or several kernels over disjoint memory: the chunks of a product cut by rows, say) may
-  run in any order or at once;
+  custom kernel, counts as written: a custom kernel declares an input it only reads by
+  loading one value of it in tinygrad's IR, as :mod:`swactor.model.decode_gemv` does).
+  So the rows of a phase (the slices of one kernel, or several kernels over disjoint
+  memory: the chunks of a product cut by rows, say) may run in any order or at once;
 * each replay patches only what can change between replays: the addresses of the JIT's
   input buffers and the values of bound symbolic variables (the decode position), each a
   precomputed set of table cells written with one numpy assignment;

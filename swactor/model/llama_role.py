@@ -106,14 +106,18 @@ written into the kernel table, then the C loop), without TinyJit's ~1 ms of Pyth
 
 Batched decode (``run_batch``, :meth:`StageRole._decode_rows`): one TinyJit per batch
 size ``B`` (kernel cache kind ``decode-rows-B``) whose ``2 B`` bound variables are the
-rows' positions and slots. Every product takes the ``B`` rows at once with the one-row
-product's expression plus a row axis (``[B, out, in / 16, 16]`` summed over the groups,
-then the 16 lanes): tinygrad gives it the one-row kernel's reduction opts (the same
-unrolled groups and lane order per row) and upcasts the row axis, so each weight block
-is loaded and widened once for all rows and each row's sums are those of the one-row
-kernel, bit for bit. Norms and elementwise steps are row-wise. Each row's KV write and
-attention are the one-row graph over its own slot and position variables (``B`` copies
-of the small attention kernels), so no row attends over padding. With ``beam > 0`` the
+rows' positions and slots. Every product takes the ``B`` rows at once. On CPU a Q4_1 or
+Q8_0 block product (up to 8 rows) is the hand-written kernel of
+:mod:`swactor.model.decode_gemv`, the one-row decode's too: each block is widened once
+for all rows, each row's sums are the same arithmetic whatever ``B``, and the product
+is cut into slices of output rows that the replay pool runs on several threads. Any
+other product is the one-row product's expression plus a row axis (``[B, out, in / 16,
+16]`` summed over the groups, then the 16 lanes): tinygrad gives it the one-row kernel's
+reduction opts (the same unrolled groups and lane order per row) and upcasts the row
+axis, so each row's sums are those of the one-row kernel, bit for bit. Norms and
+elementwise steps are row-wise. Each row's KV write and attention are the one-row graph
+over its own slot and position variables (``B`` copies of the small attention kernels),
+so no row attends over padding. With ``beam > 0`` the
 rows run one after another instead (BEAM picks each kernel's loop order, hence its
 summation order). Building a batch size's JIT takes minutes on a small CPU, so only
 :meth:`StageRole.warm_up` builds them (``rows``) or loads them (every size the kernel
@@ -133,8 +137,10 @@ are held dense in the compute dtype. The embedding lookup dequantises only
 the rows it gathers; a stage that is first and last of a model with tied embeddings
 reads them from the output projection's buffers (:class:`SharedEmbedding`: numpy views
 on CPU, rows copied out of the device buffers elsewhere), so it holds the embedding
-once. Block decode products are cut below 800 rows: tinygrad split a 960-row block
-product into two thread slices that ran at a sixth of the speed of one 480-row kernel.
+once. On CPU, Q4_1 and Q8_0 decode products run through
+:mod:`swactor.model.decode_gemv` (see "Batched decode"); the other block types' decode
+products are cut below 800 rows: tinygrad split a 960-row block product into two thread
+slices that ran at a sixth of the speed of one 480-row kernel.
 """
 
 from __future__ import annotations
@@ -159,7 +165,7 @@ from tinygrad.uop import Ops
 from tinygrad.uop.ops import UOp
 
 from swactor import heap
-from swactor.model import prefill_gemm
+from swactor.model import decode_gemv, prefill_gemm
 from swactor.model.block_kernels import (
     DeviceQuant,
     block_matmul,
@@ -726,14 +732,18 @@ class StageRole:
         """``x @ W.T`` with ``W`` decoded from the file's blocks inside the product's kernels
         (:func:`~swactor.model.block_kernels.dequant_expr`); nothing dense is stored.
 
-        Decode products are cut below ``_BLOCK_ROWS_LIMIT`` rows on CPU, each a kernel
-        over its rows' blocks; every product is materialised (fused into its consumer it
-        would be recomputed per consumer row).
+        On CPU a Q4_1 or Q8_0 decode product is :func:`~swactor.model.decode_gemv.gemv`
+        (every row in one pass over the blocks); other decode products are cut below
+        ``_BLOCK_ROWS_LIMIT`` rows on CPU, each a kernel over its rows' blocks; every
+        product is materialised (fused into its consumer it would be recomputed per
+        consumer row).
         """
         rows = blocks.rows
         if x.shape[0] != 1 and not batch:
             # prefill: a matrix product that widens the codes inside its kernel
             return block_matmul(x, blocks, self._cpu)
+        if self._cpu and decode_gemv.usable(self.device, blocks, int(x.shape[0])):
+            return decode_gemv.gemv(x, blocks)
         chunk = _matvec_chunk(rows, _BLOCK_ROWS_LIMIT) if self._cpu else rows
         parts = []
         for start in range(0, rows, chunk):
