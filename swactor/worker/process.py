@@ -16,9 +16,13 @@ carries out the effects the machine returns:
 - CreateRingMachine / ForwardUninstall / AdvanceRing: the per-ring parser or producer
   (`ingress.IngressRing`, `egress.EgressRing`), fed InstallRing, UninstallRing and the
   wake hints. A ring that reaches Quiesced leaves the table; when the last one left (a
-  run's teardown), the run's garbage is collected and freed heap pages go back to the
-  kernel (`swactor.heap.release`).
+  run's teardown), the events so far are written (its RingQuiesced among them: the
+  node's teardown waits for it), then the run's garbage is collected and freed heap
+  pages go back to the kernel (`swactor.heap.release`).
 - ApplyRoleConfig: build the role by kind (`roles`), RoleConfigured or RoleFailed.
+  A role built (not re-armed) is frozen out of the collector's reach once its answer is
+  written (`swactor.heap.settle`; thawed first when it replaced a role), so a run
+  boundary's collection scans the run's objects, not the role's.
 - ArmGrant / EndGrant / RejectGrant: a standing grant held on (dropped from) the step
   runner, or refused while draining (StepFailed of its first step); grants are the
   only way a step runs (spec §29's ExecuteStep is not a command here). Every
@@ -361,6 +365,8 @@ class WorkerProcess(wp.WorkerProcessEffects[None]):
         else:
             self.emit(RoleConfigured(command.role_id,
                                      footprint_of(self.roles[command.role_id])))
+            self.emit.flush()  # the answer first; then the role's objects leave the
+            heap.settle(thaw=kept is not None)  # collector's scans (swactor.heap)
 
     def _install(self, command: InstallRing) -> None:
         assert self.arena is not None and self.bridge is not None
@@ -405,6 +411,7 @@ class WorkerProcess(wp.WorkerProcessEffects[None]):
         if ring is not None and ring.done:
             del self.rings[ring_id]
             if not self.rings:  # the run's last ring is gone: a run boundary
+                self.emit.flush()  # its answer first: the node's teardown waits for it
                 heap.release()
 
     def _release(self, handle: DeviceObjectHandle) -> None:
