@@ -93,7 +93,7 @@ or they gather with the rows in flight) lets InjectBatch write that many queued 
 at most `min(Serving.max_batch, slots, max_seq_len // 2)`, as one object
 (`swactor.wire.tags`: flags BATCH, the tag table, then one id per row; one row alone
 is a plain tagged object), remember its rows' sequences and table, and feed BatchDue
-again, so one turn writes every object the spread wants. A
+again while rows remain queued, so one turn writes every object the spread wants. A
 batch output (the table repeated, then each row's answer: one id, or candidates where
 the row's tag asked) must repeat the injected table (else output_out_of_order:
 SequenceViolation) and hold whole answers (else an EndpointFault,
@@ -658,7 +658,8 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         rows = [i for i in self._queued[:take] if i in self._sequences]
         del self._queued[:take]
         await self._inject_rows(rows)
-        await self._host.feed(orun.BatchDue())  # another object, while the spread wants one
+        if self._queued:  # another object, while the spread wants one
+            await self._host.feed(orun.BatchDue())
 
     async def _inject_rows(self, rows: list[int]) -> None:
         if len(rows) == 1:
