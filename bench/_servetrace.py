@@ -16,7 +16,15 @@ is the host's ``CLOCK_MONOTONIC``, one for every process, so the harness reads i
   (``execute_step_started`` -> ``step_completed``, clipped to the window), the median
   step time;
 - per level: output objects, their decode rows (rows per decode object), prompts, and
-  the objects in flight when each came back (mean, and how often each count).
+  the objects in flight when each came back (mean, and how often each count);
+- per level, the hops of objects that travelled alone (back with one object in flight,
+  so no step of another object delays a load): the median stage -> next stage (its
+  ``object_produced`` -> the next stage's ``object_loaded``), last stage -> orchestrator
+  (``object_produced`` -> ``token_received``) and orchestrator -> stage 0
+  (``token_received`` -> the next decode object's ``object_loaded``, which holds the
+  orchestrator's own turn: routing the tokens, writing the next input). A decode
+  object's round trip has one place more than the stages; these say what it costs
+  beside a hop between stages.
 
 ``CpuWindow`` reads ``utime + stime`` of every process under the server's root (the
 ``swactor serve`` process: orchestrator and HTTP front; its nodes; their workers) and
@@ -84,6 +92,9 @@ class TraceFigures:
     decode_rows: int = 0
     in_flight: dict[int, int] = field(default_factory=dict)
     """Objects in flight when an output came back (itself included) -> how often."""
+    hops_ms: dict[str, float] = field(default_factory=dict)
+    """Median hops of objects that travelled alone (module doc): ``stage_to_stage``,
+    ``to_orchestrator``, ``orchestrator_to_stage0``; those with no sample left out."""
 
     @property
     def rows_per_decode_object(self) -> float | None:
@@ -101,8 +112,17 @@ def window_figures(events: Iterable[Mapping[str, Any]], start_ns: int, end_ns: i
     figures = TraceFigures(window_s=max(0, end_ns - start_ns) / 1e9)
     started: dict[tuple[Any, int, int], int] = {}
     spans: dict[int, list[tuple[int, int]]] = {}
+    marks: dict[tuple[Any, int], dict[tuple[int, str], int]] = {}
+    outputs: dict[tuple[Any, int], tuple[int, Any, Any]] = {}
     for event in sorted(events, key=lambda e: int(e["mono"])):
         name, mono = event.get("event"), int(event["mono"])
+        if name in ("object_loaded", "object_produced") and "sequence" in event:
+            marks.setdefault((event.get("run_id"), int(event["sequence"])), {})[
+                (int(event.get("stage_index", -1)), str(name))] = mono
+        if name == "token_received" and isinstance(event.get("sequence"), int):
+            detail = event.get("detail") or {}
+            outputs[(event.get("run_id"), event["sequence"])] = (
+                mono, detail.get("rows"), detail.get("in_flight"))
         if name == "execute_step_started":
             started[(event.get("run_id"), int(event["stage_index"]),
                      int(event["sequence"]))] = mono
@@ -123,6 +143,7 @@ def window_figures(events: Iterable[Mapping[str, Any]], start_ns: int, end_ns: i
                     figures.decode_rows += rows
             if isinstance(in_flight, int):
                 figures.in_flight[in_flight] = figures.in_flight.get(in_flight, 0) + 1
+    figures.hops_ms = _hops(marks, outputs, start_ns, end_ns)
     window = max(1, end_ns - start_ns)
     for stage, steps in sorted(spans.items()):
         inside = [(b, e) for b, e in steps if start_ns <= e <= end_ns]
@@ -132,6 +153,32 @@ def window_figures(events: Iterable[Mapping[str, Any]], start_ns: int, end_ns: i
             median_step_ms=(statistics.median((e - b) / 1e6 for b, e in inside)
                             if inside else None))
     return figures
+
+
+def _hops(marks: Mapping[tuple[Any, int], Mapping[tuple[int, str], int]],
+          outputs: Mapping[tuple[Any, int], tuple[int, Any, Any]], start_ns: int,
+          end_ns: int) -> dict[str, float]:
+    """Median hops (ms) of the objects back in the window with one in flight."""
+    samples: dict[str, list[float]] = {"stage_to_stage": [], "to_orchestrator": [],
+                                       "orchestrator_to_stage0": []}
+    for (run, sequence), (mono, _rows, in_flight) in outputs.items():
+        if in_flight != 1 or not start_ns <= mono <= end_ns:
+            continue
+        mark = marks.get((run, sequence), {})
+        produced = sorted(stage for stage, name in mark if name == "object_produced")
+        for stage in produced:
+            loaded = mark.get((stage + 1, "object_loaded"))
+            if loaded is not None:
+                samples["stage_to_stage"].append(
+                    (loaded - mark[(stage, "object_produced")]) / 1e6)
+        if produced:
+            samples["to_orchestrator"].append(
+                (mono - mark[(produced[-1], "object_produced")]) / 1e6)
+        after = outputs.get((run, sequence + 1))
+        loaded = marks.get((run, sequence + 1), {}).get((0, "object_loaded"))
+        if after is not None and isinstance(after[1], int) and after[1] > 0 and loaded:
+            samples["orchestrator_to_stage0"].append((loaded - mono) / 1e6)
+    return {name: statistics.median(values) for name, values in samples.items() if values}
 
 
 def machine_busy_s() -> float | None:
@@ -200,10 +247,16 @@ def trace_line(figures: TraceFigures) -> str:
     rows = figures.rows_per_decode_object
     mean = figures.mean_in_flight
     spread = " ".join(f"{k}:{v}" for k, v in sorted(figures.in_flight.items()))
+    hops = figures.hops_ms
+    words = {"stage_to_stage": "stage -> stage", "to_orchestrator": "last stage -> "
+             "orchestrator", "orchestrator_to_stage0": "orchestrator -> stage 0"}
     return (f"{stages or 'no steps'}; {figures.outputs} objects out ({figures.prompts} "
             f"prompts), rows per decode object "
             f"{'n/a' if rows is None else f'{rows:.2f}'}, in flight at each output "
-            f"{'n/a' if mean is None else f'{mean:.2f}'} ({spread or 'n/a'})")
+            f"{'n/a' if mean is None else f'{mean:.2f}'} ({spread or 'n/a'})"
+            + ("; hops of lone objects (median): " + ", ".join(
+                f"{words[name]} {value:.2f} ms" for name, value in hops.items())
+               if hops else ""))
 
 
 def cpu_line(cores: Mapping[str, float]) -> str:

@@ -45,9 +45,11 @@ Where the time went, per level: the cores each kind of the server's processes us
 rest of a shared machine took shows), from ``/proc`` at the level's start and end. With
 ``--trace DIR`` each swactor server writes its event logs to ``DIR/NAME`` and each
 level also says each stage's busy share and median step, the output objects, the
-decode rows per decode object and the objects in flight when each came back
-(``bench._servetrace``). ``--server NAME=COMMAND`` variants (``swactor serve`` with
-other flags, or another checkout's) measure side by side with the defaults.
+decode rows per decode object, the objects in flight when each came back, and the
+hops of objects that travelled alone: stage to stage, last stage to orchestrator,
+orchestrator to stage 0 (``bench._servetrace``). ``--server NAME=COMMAND`` variants
+(``swactor serve`` with other flags, or another checkout's) measure side by side with
+the defaults.
 
 Threads: every server computes on the same ``--threads T`` CPU threads (default: this
 machine's CPUs). llama.cpp's server is given ``--n_threads T --n_threads_batch T``; each
@@ -864,8 +866,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--trace", type=Path, default=None, metavar="DIR",
                         help="each swactor server writes its event logs to DIR/NAME "
                         "(--server commands: {events_dir}); each level then also says "
-                        "each stage's busy share, the objects in flight and the rows per "
-                        "decode object (costs a little CPU per step)")
+                        "each stage's busy share, the objects in flight, the rows per "
+                        "decode object and the hops of lone objects (costs a little CPU "
+                        "per step)")
     args = parser.parse_args(argv)
     levels = [int(word) for word in args.levels.split(",") if word]
     stages = [int(word) for word in args.stages.split(",") if word]

@@ -62,3 +62,35 @@ def test_read_events_skips_torn_and_foreign_lines(tmp_path: Path) -> None:
         {"event": "token_received", "mono": 4}) + "\n")
     (tmp_path / "notes.txt").write_text("not events\n")
     assert [e["mono"] for e in read_events(tmp_path)] == [3, 4]
+
+
+def _mark(name: str, stage: int, sequence: int, at_ms: int) -> dict[str, Any]:
+    return {"event": name, "run_id": 7, "stage_index": stage, "sequence": sequence,
+            "mono": at_ms * MS}
+
+
+def _back(sequence: int, at_ms: int, rows: int, in_flight: int) -> dict[str, Any]:
+    return {**_out(at_ms, rows, in_flight), "sequence": sequence}
+
+
+def test_hops_of_lone_objects_beside_the_stage_to_stage_hop() -> None:
+    events = [
+        # step 0 travels alone: stage 0 -> 1 in 2 ms, back in 1 ms, step 1 loaded 3 ms on
+        _mark("object_loaded", 0, 0, 0), _mark("object_produced", 0, 0, 10),
+        _mark("object_loaded", 1, 0, 12), _mark("object_produced", 1, 0, 20),
+        _back(0, 21, 1, 1), _mark("object_loaded", 0, 1, 24),
+        # step 1: stage 0 -> 1 in 4 ms, back in 3 ms; then a prompt: no forward hop
+        _mark("object_produced", 0, 1, 30), _mark("object_loaded", 1, 1, 34),
+        _mark("object_produced", 1, 1, 40), _back(1, 43, 1, 1),
+        _mark("object_loaded", 0, 2, 60), _back(2, 90, 0, 1),
+        # step 3 came back beside another object: its hops are left out
+        _mark("object_produced", 0, 3, 100), _mark("object_loaded", 1, 3, 150),
+        _back(3, 160, 2, 2),
+    ]
+    figures = window_figures(events, 0, 200 * MS)
+    assert figures.hops_ms == {"stage_to_stage": 3.0, "to_orchestrator": 2.0,
+                               "orchestrator_to_stage0": 3.0}
+    assert ("hops of lone objects (median): stage -> stage 3.00 ms, last stage -> "
+            "orchestrator 2.00 ms, orchestrator -> stage 0 3.00 ms") in trace_line(figures)
+    assert window_figures(events, 0, 10 * MS).hops_ms == {}
+    assert "hops" not in trace_line(window_figures(events, 0, 10 * MS))
