@@ -4,15 +4,18 @@
 Theory of operation. A decode step multiplies each weight matrix ``W`` ``[rows, cols]``
 (kept in the file's blocks, :mod:`swactor.model.block_kernels`) by ``B`` activation
 rows ``x`` ``[B, cols]`` (``B = 1``: one sequence; more: a batched step of several
-sequences). On a CPU the cost is widening the codes, not the multiply-adds: tinygrad's
-kernels for ``B`` rows widened each block about once per row (measured on SmolLM2 Q4_1,
-one thread: 4 rows cost 6.5x one row). Here each product is one kernel (a tinygrad
-custom kernel on the clang renderer, as :mod:`swactor.model.prefill_gemm`) that, per
-block of 32 weights, loads and widens the codes once (``w = d * q + m`` for Q4_1, ``w =
-d * q`` for Q8_0, the f16 scales widened with integer bit moves) into two 16-float
-vectors (``ext_vector_type(16)``: one AVX-512, two AVX2 or four NEON registers), then
-multiply-adds them into every row's running sums: ``B`` rows cost one widening and
-``2 B`` vector multiply-adds per block.
+sequences). On a CPU the cost is widening the codes, not the multiply-adds, and
+tinygrad's kernels for ``B`` rows widened each block about once per row (4 rows cost
+6.5x one row on SmolLM2 Q4_1). Here each product is one kernel (a tinygrad custom
+kernel on the clang renderer, as :mod:`swactor.model.prefill_gemm`) that, per block of
+32 weights, loads and widens the codes once (``w = d * q + m`` for Q4_1, ``w = d * q``
+for Q8_0) into two 16-float vectors (``ext_vector_type(16)``: one AVX-512, two AVX2 or
+four NEON registers), then multiply-adds them into every row's running sums: ``B``
+rows cost one widening and ``2 B`` vector multiply-adds per block. Two details keep
+the widening off the vector shuffle unit: the f16 scales of the output rows in hand are
+widened first into a small array with integer bit moves (exact for every finite f16;
+a block then reads its scale as a broadcast load), and Q4_1's bytes are widened to
+32-bit lanes before the nibbles are cut.
 
 Every output ``(b, o)`` is computed by the same arithmetic whatever ``B``, the chunk
 or the thread: a 16-lane running sum ``acc += w[0:16] * x[b, k:k+16]`` then ``acc +=
@@ -27,10 +30,11 @@ A product is cut into *slices* of output rows: the kernel takes tinygrad's ``cor
 variable (the slice, ``0 .. slices - 1``), as tinygrad's own ``THREAD`` opt does, so
 :class:`~swactor.model.cpu_graph.CpuGraph` gives each slice a row of its table and the
 native replay pool runs the slices of one product on several threads (slices write
-disjoint outputs; the kernel reads one value of each input with a plain load, so
-tinygrad's :class:`~tinygrad.uop.ops.ProgramInfo` lists every input as read-only, see
-:func:`program_reads`). Inside a slice ``R`` output rows are interleaved (``R * B <=
-8`` running sums) so that the chains of dependent multiply-adds overlap.
+disjoint outputs). The kernel also loads one value of each input in tinygrad's IR (a
+value the C never uses), so tinygrad's ``ProgramInfo`` lists every input as read and
+the replay graph knows the kernel only reads them: kernels that read the same input
+can share a phase. Inside a slice ``R`` output rows are interleaved (:func:`interleave`:
+``R * B <= 8`` running sums) so that the chains of dependent multiply-adds overlap.
 
 Used for decode products on a CPU device whose renderer is clang, for Q4_1 and Q8_0
 matrices with ``cols`` a multiple of 32 and at most :data:`MAX_ROWS` rows per step;
@@ -79,31 +83,41 @@ def interleave(batch: int) -> int:
     return max(1, SUMS // batch)
 
 
-def _widen_f16(pointer: str, index: str) -> str:
-    """C for the f16 at ``pointer[index]`` as a float (exact integer bit moves)."""
-    bits = f"(unsigned)({pointer}[{index}])"
-    return (f"({{ union {{ unsigned u; float f; }} cv_; cv_.u = (({bits} & 0x8000u) << 16) "
-            f"| (({bits} & 0x7fffu) << 13); cv_.f * 0x1p112f; }})")
+def _widen_scales(pointer: str, name: str, count: int, blocks: int) -> list[str]:
+    """C that widens the f16 scales of rows ``o .. o + count - 1`` (contiguous in
+    ``pointer``) into a float array ``name`` with exact integer bit moves."""
+    return [
+        f"float {name}[{count * blocks}];",
+        f"for (int i = 0; i < {count * blocks}; i++) {{",
+        f"  unsigned h = {pointer}[(long)o * {blocks} + i];",
+        "  unsigned u = ((h & 0x8000u) << 16) | ((h & 0x7fffu) << 13); float f;",
+        f"  __builtin_memcpy(&f, &u, 4); {name}[i] = f * 0x1p112f;",
+        "}",
+    ]
 
 
 def _group(q4: bool, batch: int, cols: int, rows: int, count: int) -> list[str]:
     """C for ``count`` output rows from ``o`` on, over every block (see the module
     docstring: the same statements for every row whatever ``count`` and ``batch``)."""
     blocks = cols // BLOCK
-    lines = [" ".join(f"v16 a{r}_{b} = (v16)(0.0f);" for b in range(batch))
-             for r in range(count)]
+    lines = _widen_scales("dp", "sd", count, blocks)
+    if q4:
+        lines += _widen_scales("mp", "sm", count, blocks)
+    lines += [" ".join(f"v16 a{r}_{b} = (v16)(0.0f);" for b in range(batch))
+              for r in range(count)]
     lines.append(f"for (int k = 0; k < {blocks}; k++) {{")
     lines += [f"  const v16 x{b}a = *(const v16 *)(x + {b * cols} + k * 32),"
               f" x{b}b = *(const v16 *)(x + {b * cols} + k * 32 + 16);" for b in range(batch)]
     for r in range(count):
         row = f"(long)(o + {r}) * {blocks} + k"
-        lines.append(f"  {{ float d = {_widen_f16('dp', row)};")
+        lines.append(f"  {{ float d = sd[{r * blocks} + k];")
         if q4:
+            # bytes widened to 32-bit lanes first, nibbles cut there (fewer shuffles)
             lines += [
-                f"    float m = {_widen_f16('mp', row)};",
-                f"    v16b c = *(const v16b *)(qs + ({row}) * 16);",
-                "    v16 wa = __builtin_convertvector(c & (unsigned char)15, v16) * d + m;",
-                "    v16 wb = __builtin_convertvector(c >> (unsigned char)4, v16) * d + m;",
+                f"    float m = sm[{r * blocks} + k];",
+                f"    v16i q = __builtin_convertvector(*(const v16b *)(qs + ({row}) * 16), v16i);",
+                "    v16 wa = __builtin_convertvector(q & 15, v16) * d + m;",
+                "    v16 wb = __builtin_convertvector(q >> 4, v16) * d + m;",
             ]
         else:
             lines += [
@@ -135,6 +149,7 @@ def gemv_source(type_id: int, batch: int, cols: int, rows: int, per_slice: int) 
         "typedef float v16 __attribute__((ext_vector_type(16), aligned(4)));",
         "typedef unsigned char v16b __attribute__((ext_vector_type(16), aligned(1)));",
         "typedef signed char v16c __attribute__((ext_vector_type(16), aligned(1)));",
+        "typedef int v16i __attribute__((ext_vector_type(16)));",
         "float *out = @0;",
         "const float *x = @1;",
         f"{scalar} *qs = ({scalar} *)(@2);",
