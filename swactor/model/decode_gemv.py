@@ -37,9 +37,9 @@ can share a phase. Inside a slice ``R`` output rows are interleaved (:func:`inte
 ``R * B <= 8`` running sums) so that the chains of dependent multiply-adds overlap.
 
 Used for decode products on a CPU device whose renderer is clang, for Q4_1 and Q8_0
-matrices with ``cols`` a multiple of 32 and at most :data:`MAX_ROWS` rows per step;
-anything else keeps tinygrad's expression (:func:`~swactor.model.block_kernels.
-dequant_expr`).
+matrices with ``cols`` a multiple of 32 (more than :data:`MAX_ROWS` rows go through in
+groups of at most that many, each row computed as always); anything else keeps
+tinygrad's expression (:func:`~swactor.model.block_kernels.dequant_expr`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from swactor.model.block_kernels import DeviceQuant
 TYPES = frozenset({int(Q.Q4_1), int(Q.Q8_0)})
 """Block types with a hand-written decode kernel."""
 MAX_ROWS = 8
-"""Most activation rows one product takes (a batched decode step's ``B``)."""
+"""Most activation rows one kernel takes (a batched decode step's ``B``)."""
 SUMS = 8  # running sums a slice keeps at once: R output rows x B activation rows
 SLICE_WEIGHTS = 1 << 16  # about this many weights per slice (the last may be shorter)
 BLOCK = 32
@@ -66,8 +66,7 @@ BLOCK = 32
 def usable(device: str, matrix: DeviceQuant, batch: int) -> bool:
     """Whether a ``[batch, cols] @ matrix.T`` decode product runs through this kernel."""
     cols = matrix.shape[1]
-    if (matrix.type_id not in TYPES or cols % BLOCK or not 1 <= batch <= MAX_ROWS
-            or not device.startswith("CPU")):
+    if matrix.type_id not in TYPES or cols % BLOCK or batch < 1 or not device.startswith("CPU"):
         return False
     return isinstance(Device[device].renderer, ClangRenderer)
 
@@ -174,7 +173,18 @@ def gemv_source(type_id: int, batch: int, cols: int, rows: int, per_slice: int) 
 
 def gemv(x: Tensor, matrix: DeviceQuant) -> Tensor:
     """``x @ W.T`` for decode rows ``x`` ``float32 [B, cols]`` and a Q4_1 or Q8_0 block
-    matrix (:func:`usable` said yes): ``float32 [B, rows]``."""
+    matrix (:func:`usable` said yes): ``float32 [B, rows]``; one kernel per
+    :data:`MAX_ROWS` rows."""
+    batch = int(x.shape[0])
+    if batch <= MAX_ROWS:
+        return _gemv_rows(x, matrix)
+    parts = [_gemv_rows(x[start : start + MAX_ROWS], matrix)
+             for start in range(0, batch, MAX_ROWS)]
+    return parts[0].cat(*parts[1:], dim=0)
+
+
+def _gemv_rows(x: Tensor, matrix: DeviceQuant) -> Tensor:
+    """:func:`gemv` of at most :data:`MAX_ROWS` rows: one kernel."""
     rows, cols = matrix.shape
     batch = int(x.shape[0])
     per_slice = slice_rows(rows, cols)
