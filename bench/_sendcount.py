@@ -9,11 +9,12 @@ call). `SendCounter` is a run's ``during`` hook like `_cputime.CpuSampler`: once
 ``start`` tokens arrived it attaches ``strace -c`` to the main thread of the `swactor
 run` process (the orchestrator) and of each stage's node, and detaches when ``stop``
 tokens arrived; calls per token = each process's calls over the tokens received
-meanwhile. Only the main threads are traced (``-p PID`` without ``-f``): a node's SWIM
-thread, which probes the pool on its own timer, is left out. strace stops the traced
-thread at every system call, so the run is slower while it counts: the counts are the
-figure, not the run's timing (an ACK that waits for the answer may wait in vain when the
-answer comes later, so they lean to more datagrams, not fewer).
+meanwhile (counted from the moment every strace reported it attached). Only the main
+threads are traced (``-p PID`` without ``-f``): a node's SWIM thread, which probes the
+pool on its own timer, is left out. strace stops the traced thread at every system
+call, so the run is slower while it counts: the counts are the figure, not the run's
+timing (an ACK that waits for the answer may wait in vain when the answer comes later,
+so they lean to more datagrams, not fewer).
 """
 
 from __future__ import annotations
@@ -73,7 +74,10 @@ class SendCounter:
             ["strace", "-c", "-e", "trace=" + ",".join(SYSCALLS), "-p", str(pid)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             for pid, name in names.items()}
-        time.sleep(0.2)  # attached (strace prints nothing until it detaches)
+        for trace in traces.values():  # counting starts once each strace has attached
+            assert trace.stderr is not None
+            while (line := trace.stderr.readline()) and "attached" not in line:
+                pass
         first = _tokens(events_dir)
         last = self._wait(events_dir, self.stop, root)
         for trace in traces.values():
