@@ -468,7 +468,7 @@ def _record_packets(conn: SwactorConnection, space: Any, start: int, stop: int, 
         space.ack_queue.shift()
     if space.ack_at is None:
         space.ack_at = now + conn._ack_delay
-    conn.eliciting_received(stop - start)
+    conn.eliciting_received(stop - start, now)
     conn._close_at = now + conn._idle_timeout()
     conn._ack_eliciting_sent_since_receipt = False
 

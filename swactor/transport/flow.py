@@ -33,12 +33,14 @@ coalescing unit, one ACK per batch, sent by the transmit that ends the batch. A 
 datagram (a token object) is different: what it sets off rarely answers on the same
 connection at once (a stage's worker computes for milliseconds first), so `hold_ack`
 lets the ACK of the only ack-eliciting packet not yet acknowledged wait up to `ack_hold`
-seconds for data of ours to ride with. It does so only on a connection that answers:
-one where this side sent an ack-eliciting packet between the latest two ack-eliciting
-packets it received (a 1-stage run's link between orchestrator and node, which carries
-the token both ways). A connection that only receives (a middle stage's inbound edge)
-gains nothing by waiting, since its ACK would leave alone anyway, and would pay a timer
-wake-up for it: its ACK leaves once the loop is idle, as a batch's does.
+seconds for data of ours to ride with. It does so only on a connection that answers in
+time: one where this side sent an ack-eliciting packet between the latest two
+ack-eliciting packets it received (a 1-stage run's link between orchestrator and node,
+which carries the token both ways), and the latest such answer left within `ack_hold`
+of the packet it answered. A connection that only receives (a middle stage's inbound
+edge), or answers later than the hold (a stage computing longer), gains nothing by
+waiting, since its ACK would leave alone anyway, and would pay a timer wake-up for it:
+its ACK leaves once the loop is idle, as a batch's does.
 
 Any packet this side sends meanwhile carries the held ACK (`_write_application` makes it
 due when stream bytes or a PING are about to leave); a second ack-eliciting packet makes
@@ -202,10 +204,16 @@ class SwactorConnection(QuicConnection):
         self._eliciting_unacked = 0
         """1-RTT ack-eliciting packets received since this side last wrote an ACK."""
         self._answers = False
-        """Whether this side had sent an ack-eliciting packet between the latest two
-        ack-eliciting packets it received: the connection answers what it gets."""
+        """Whether this side sent an ack-eliciting packet between the latest two
+        ack-eliciting packets it received, within `ack_hold` of the first of them: the
+        connection answers what it gets, in time for the ACK to ride along."""
         self._sent_since_eliciting = False
         """An ack-eliciting packet left since the last ack-eliciting one came."""
+        self._eliciting_at = 0.0
+        """When the last ack-eliciting packet came."""
+        self._answer_s: float | None = None
+        """Seconds from an ack-eliciting packet's arrival to this side's next
+        ack-eliciting packet, the latest measured."""
         self.acks_held = 0
         """ACKs `hold_ack` held; of them, `acks_ridden` left in a packet with other frames."""
         self.acks_ridden = 0
@@ -315,13 +323,17 @@ class SwactorConnection(QuicConnection):
                           crypto_frame_required: bool = False) -> tuple[bool, bool]:
         eliciting, probing = super()._payload_received(context, plain, crypto_frame_required)
         if eliciting and context.epoch == tls.Epoch.ONE_RTT:
-            self.eliciting_received(1)
+            self.eliciting_received(1, context.time)
         return eliciting, probing
 
-    def eliciting_received(self, count: int) -> None:
+    def eliciting_received(self, count: int, now: float) -> None:
         """`count` 1-RTT ack-eliciting packets came (aioquic's parser, or the bulk path)."""
         self._eliciting_unacked += count
-        self._answers, self._sent_since_eliciting = self._sent_since_eliciting, False
+        answer = self._answer_s
+        self._answers = (self._sent_since_eliciting and answer is not None
+                         and answer < self._ack_hold)
+        self._sent_since_eliciting = False
+        self._eliciting_at = now
 
     def _write_ack_frame(self, builder: QuicPacketBuilder, space: QuicPacketSpace,
                          now: float) -> None:
@@ -397,8 +409,10 @@ class SwactorConnection(QuicConnection):
         self._maybe_update_keys()
         # aioquic types its list as bytes; the bulk path's runs are in it too.
         datagrams = cast("list[Datagram]", super().datagrams_to_send(now))
-        if self._ack_eliciting_sent_since_receipt:  # set by an ack-eliciting packet sent
+        if self._ack_eliciting_sent_since_receipt and not self._sent_since_eliciting:
+            # the first ack-eliciting packet since the last that came: the answer
             self._sent_since_eliciting = True
+            self._answer_s = now - self._eliciting_at
         return datagrams
 
     def _maybe_update_keys(self) -> None:
