@@ -786,9 +786,12 @@ class StageRole:
                         x: Tensor) -> Tensor:
         """Attention of decode rows ``x`` ``[B, hidden]``: row ``b`` at position
         ``starts[b]`` of slot ``slots[b]``. The products take every row at once; each
-        row's cache write and attention are the one-row graph's, over its own slot."""
+        row's cache write and attention are the one-row graph's, over its own slot.
+        Each row's output is materialised, as the one-row graph's is (the output
+        product's input): fused into their concatenation, every output value
+        evaluated all ``B`` rows' attention."""
         qkv = self._qkv(block, x, rows=True)
-        outs = [self._attend(block, qkv[b : b + 1], start, 1, slot)
+        outs = [self._attend(block, qkv[b : b + 1], start, 1, slot).contiguous()
                 for b, (start, slot) in enumerate(zip(starts, slots, strict=True))]
         return self._linear(outs[0].cat(*outs[1:], dim=0), block.wo, rows=True)
 
