@@ -72,15 +72,15 @@ DEFAULT_PORT = 8000
 DEFAULT_SLOTS = 4
 DEFAULT_WARM_PROMPT_TOKENS = 64
 """Prompt lengths a serving run's stages build prefill kernels for while they load."""
-DEFAULT_BATCH_ROWS = 2
-"""Decode rows per batch object by default (`--batch-rows`): with objects in flight
-bounded by the CPUs (`objects_in_flight_for`), `bench serve` measured 2 rows per object
-at the least CPU per token, on one stage and on three."""
-DEFAULT_WARM_BATCH_ROWS = 2
-"""Batch sizes 2..this whose decode kernels a serving run's stages build by default.
-`bench batch` (SmolLM2, one stage) measured 2 rows per step at 1.29x the tokens per CPU
-second of one row, and 4 rows at 0.72x: the 4-row kernels lose to 4 one-row steps, so
-larger batches run row after row (still one object, one per-object cost)."""
+DEFAULT_BATCH_ROWS = 4
+"""Decode rows per batch object by default (`--batch-rows`): the decode products widen
+each weight block once for all of a step's rows (`swactor.model.decode_gemv`), so
+`bench batch` (SmolLM2, one stage, one thread) measures a 4-row step at about 1.5x a
+one-row step (2.6x the tokens per CPU-second) and `bench serve` 4 rows per object above
+2 at 4 clients; more rows add little (8 rows: about 3.2x) while every step waits longer."""
+DEFAULT_WARM_BATCH_ROWS = 4
+"""Batch sizes 2..this whose decode kernels a serving run's stages build by default:
+every size a default batch can have, so no batch runs in chunks."""
 EXIT_STOPPED, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -158,9 +158,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                        metavar="B",
                        help="decode steps of up to B sequences travel through the "
                        "pipeline as one object, paying its per-object cost once and "
-                       "reading each weight once per 2-row chunk (default "
-                       f"{DEFAULT_BATCH_ROWS}: the least CPU per token measured; 1: every "
-                       "step its own object)")
+                       "widening each weight once for all its rows (default "
+                       f"{DEFAULT_BATCH_ROWS}: the most tokens per CPU-second measured "
+                       "for a step that stays short; 1: every step its own object)")
     group.add_argument("--objects-in-flight", type=at_least(1), default=None, metavar="N",
                        help="decode objects in flight through the pipeline at once; "
                        "decode rows that come back meanwhile wait and travel together in "
@@ -173,9 +173,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                        help="each stage builds the batched decode kernels of every batch "
                        "size 2..B while it loads; a batch of another size runs row "
                        "after row (default: the smaller of --batch-rows and "
-                       f"{DEFAULT_WARM_BATCH_ROWS}, so none with --batch-rows 1; larger "
-                       "ones measured slower than their rows one by one; never more than "
-                       "--slots; minutes per size on a small CPU the first time, then "
+                       f"{DEFAULT_WARM_BATCH_ROWS}, so none with --batch-rows 1; never "
+                       "more than --slots; minutes per size on a small CPU the first time, then "
                        "kept in the kernel cache; 0: only what the cache holds)")
     group.add_argument("--max-queue", type=at_least(0), default=64, metavar="N",
                        help="requests that may wait for a slot; one more is answered 429 "

@@ -113,15 +113,15 @@ def test_the_check_reads_the_defaults_of_every_command() -> None:
 
 
 def test_warm_batch_rows_help_says_how_its_default_is_computed() -> None:
-    """`--warm-batch-rows` defaults to the smaller of `--batch-rows` and 2 (none with
+    """`--warm-batch-rows` defaults to the smaller of `--batch-rows` and 4 (none with
     one row per object): its help names that rule, not one number."""
     parser = build_parser("serve")
     args = parser.parse_args(["serve"])
-    assert args.batch_rows == 2 and warm_batch_rows(args) == 2
+    assert args.batch_rows == 4 and warm_batch_rows(args) == 4
     assert warm_batch_rows(parser.parse_args(["serve", "--batch-rows", "1"])) == 0
     action = next(a for a in _subparser("serve")._actions if a.dest == "warm_batch_rows")
     text = " ".join((action.help or "").split())
-    assert "smaller of --batch-rows and 2" in text
+    assert "smaller of --batch-rows and 4" in text
     assert "none with --batch-rows 1" in text
     assert not NAMED.search(text) or all(
         not NUMBER.fullmatch(m.group("value")) for m in NAMED.finditer(text))

@@ -42,16 +42,17 @@ def test_serve_help_explains_the_api_and_the_stop() -> None:
 
 
 @pytest.mark.parametrize(("argv", "batch", "warm"), [
-    ([], 2, 2),                                    # 2-row batches, their kernels built
+    ([], 4, 4),                                    # 4-row batches, 2..4-row kernels built
     (["--batch-rows", "1"], 1, 0),                 # one row per object: nothing to build
-    (["--batch-rows", "4"], 4, 2),                 # batches of 4, 2-row kernels built
+    (["--batch-rows", "2"], 2, 2),                 # batches of 2, 2-row kernels built
+    (["--batch-rows", "8", "--slots", "8"], 8, 4),  # batches of 8, kernels up to 4 rows
     (["--batch-rows", "4", "--slots", "1"], 4, 0),  # one slot: no batch to build for
     (["--batch-rows", "3", "--warm-batch-rows", "3"], 3, 3),
     (["--batch-rows", "4", "--warm-batch-rows", "8"], 4, 4),  # never more than the slots
     (["--batch-rows", "4", "--warm-batch-rows", "0"], 4, 0),  # only the kernel cache's
     (["--batch-rows", "1", "--warm-batch-rows", "2"], 1, 2),
 ])
-def test_serve_batches_two_rows_per_object_unless_asked_otherwise(
+def test_serve_batches_four_rows_per_object_unless_asked_otherwise(
         argv: list[str], batch: int, warm: int) -> None:
     for command in (["serve"], ["orchestrator", "--key", "k", "--serve", "127.0.0.1:0"]):
         args = build_parser(command[0]).parse_args([*command, *argv])
