@@ -378,10 +378,11 @@ def _model_limits(report: dict[str, Any]) -> list[str]:
         line += "The decode step's kernels ran on one thread in this run; "
     if one:
         line += f"thread for thread we decode at {float(one.group(1)):.2f}x llama.cpp. "
-    line += ("The gap per thread is the kernels: f32 activations and tinygrad's untuned (no "
-             "BEAM) block-decode matrix-vector kernels, about 780 launches a step with a "
-             "barrier between dependent ones, against llama.cpp's hand-written quantised dot "
-             "products on 8-bit activations.")
+    line += ("The gap per thread is the kernels: our decode widens every Q4_1/Q8_0 code to "
+             "f32 and multiply-adds f32 activations (a hand-written kernel, "
+             "`swactor/model/decode_gemv.py`; the step's other kernels are tinygrad's, with "
+             "a barrier between dependent ones), against llama.cpp's integer dot products "
+             "on 8-bit activations.")
     return [line]
 
 
@@ -407,14 +408,39 @@ def _coldstart_limits(figures: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def _serve_why(server: str, threads: dict[str, Any] | None) -> str:
+def prefill_bound(one: dict[str, Any], clients: int = 4) -> float | None:
+    """The most ``clients`` clients' aggregate can be over one client's on one stage if
+    their decode steps batched for free: a request at 1 client spends ``P`` (TTFT p50)
+    before its first token and ``D`` (its other tokens at the median decode rate) after;
+    ``clients`` requests need ``clients`` prefills on the same cores (a prompt's rows
+    already fill them) and at least one request's decode: ``c (P + D) / (c P + D)``."""
+    requests, rate = one.get("requests") or 0, one.get("decode_p50_tokens_per_s") or 0.0
+    if not requests or rate <= 0 or one.get("ttft_p50_ms") is None:
+        return None
+    prefill = float(one["ttft_p50_ms"]) / 1000.0
+    decode = max(0.0, float(one["tokens"]) / requests - 1.0) / float(rate)
+    return clients * (prefill + decode) / (clients * prefill + decode)
+
+
+def _serve_why(server: str, threads: dict[str, Any] | None,
+               one: dict[str, Any] | None = None) -> str:
     """Why a swactor pipeline's 4-client aggregate stops where it does, from the threads
-    `bench serve` gave it (None: a run that did not record them)."""
+    `bench serve` gave it (None: a run that did not record them) and its 1-client row."""
     if server.endswith("-1"):
         given = f"its {threads['per_node']} thread(s)" if threads else "the threads it has"
-        return (f"One stage has one worker, which computes every step on {given}: 4 "
+        line = (f"One stage has one worker, which computes every step on {given}: 4 "
                 "clients time-share them, and only batching several sequences into one "
                 "step (`--batch-rows`) can add to it.")
+        bound = prefill_bound(one) if one else None
+        if bound is not None and one is not None:
+            line += (f" Batching adds only to decode: at 1 client a request spends "
+                     f"{one['ttft_p50_ms']:.0f} ms before its first token and "
+                     f"{one['tokens'] / one['requests'] - 1:.1f} more tokens at "
+                     f"{one['decode_p50_tokens_per_s']:.1f} tok/s after it, and 4 "
+                     "clients' prompts prefill on the same cores one after another, so "
+                     "even a 4-row step that cost no more than one row would give at most "
+                     f"{bound:.2f}x (a faster prefill, or longer completions, raise it).")
+        return line
     if threads is None:
         return ("Its stages share this machine's CPUs, and one object crosses the stages "
                 "one after another, so concurrency alone caps 4 clients near one client's "
@@ -441,7 +467,7 @@ def _serve_limits(figures: dict[str, Any] | None) -> list[str]:
             f"({four['aggregate_tokens_per_s'] / max(one['aggregate_tokens_per_s'], 1e-9):.2f}x"
             f"), each request then decoding at {four['decode_p50_tokens_per_s']:.1f} tok/s. "
             + _serve_why(server, ((figures or {}).get("settings", {})
-                                  .get("server_threads", {}).get(server))))
+                                  .get("server_threads", {}).get(server)), one))
     llama = levels.get("llama.cpp") or {}
     if "1" in llama and "4" in llama and llama["1"]["aggregate_tokens_per_s"]:
         lines.append(

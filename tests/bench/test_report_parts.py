@@ -217,6 +217,23 @@ def test_limits_explain_the_per_token_path_and_the_serving_ratio() -> None:
     assert "0.95x its 1-client aggregate" in served[1]
 
 
+def test_one_stage_serving_limit_bounds_the_ratio_by_its_prefills() -> None:
+    """A 1-client request of 200 ms TTFT and 16 more tokens at 80 tok/s (0.2 s): 4
+    clients' 4 prefills (0.8 s) and one decode (0.2 s) against 4 x 0.4 s -> at most 1.6x;
+    a row without the figures gives no bound."""
+    from bench._render import _serve_limits, prefill_bound
+
+    one = {"requests": 2, "tokens": 34, "ttft_p50_ms": 200.0,
+           "decode_p50_tokens_per_s": 80.0, "aggregate_tokens_per_s": 40.0}
+    assert prefill_bound(one) == pytest.approx(1.6)
+    assert prefill_bound({**one, "requests": 0}) is None
+    assert prefill_bound({**one, "decode_p50_tokens_per_s": 0.0}) is None
+    served = _serve_limits({"levels": {"swactor-1": {
+        "1": one, "4": {**one, "aggregate_tokens_per_s": 60.0}}}})
+    assert "(1.50x)" in served[0] and "at most 1.60x" in served[0]
+    assert "200 ms before its first token and 16.0 more tokens at 80.0 tok/s" in served[0]
+
+
 def _recovery_figures() -> dict[str, Any]:
     """`bench recovery --json` for chosen trials: a cold-spare serving row over two trials
     (next token 2.9 s and 3.0 s, of which the new run's load 2.0 s and 2.2 s: 0.9 s and
