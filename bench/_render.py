@@ -368,12 +368,14 @@ def _model_limits(report: dict[str, Any]) -> list[str]:
     llama = (report.get("model_goal") or {}).get("llama_cpp_tokens_per_s")
     one = re.search(r"on 1 thread / llama\.cpp 1 thread = ([\d.]+)x", output) or re.search(
         r"ours/llama\.cpp 1 thread = ([\d.]+)x", output)
-    scaling = re.search(r"decode by threads: .*?; (\d+)/1 = ([\d.]+)x", output)
+    fastest = re.search(r"fastest: (\S+)", output)
+    at = output.find(f"  {fastest.group(1).replace(':', '_')} (") if fastest else -1
+    scaling = re.search(r"decode by threads: .*?; (\d+)/1 = ([\d.]+)x", output[max(at, 0):])
     line = (f"- Decode against llama.cpp: llama.cpp decodes {llama:.1f} tok/s on the same "
             "threads. " if llama else "- Decode against llama.cpp: ")
     if scaling:
         line += (f"Our step's kernel slices run on a thread pool, {scaling.group(2)}x one "
-                 f"thread's rate on {scaling.group(1)} threads; ")
+                 f"thread's rate on {scaling.group(1)} threads (the fastest variant); ")
     else:
         line += "The decode step's kernels ran on one thread in this run; "
     if one:

@@ -333,3 +333,24 @@ def test_recovery_limits_name_the_dominant_phase_of_a_missed_recovery() -> None:
                                                  "goals": recovery_goals(slow)})
                if "cold spare" in line and "next token" in line]
     assert "beyond the new run's load (provision), prefill dominates (1.50 s of" in cold
+
+
+def test_decode_limit_reads_the_fastest_variants_thread_scaling() -> None:
+    """`bench model` prints a thread-scaling line per variant; the limits line quotes the
+    fastest variant's, not the first printed."""
+    from bench._render import _model_limits
+
+    output = "\n".join([
+        "  f16_dense (beam 0): decode   20.3 tok/s median",
+        "    decode by threads: 1 thread 11.5 tok/s, 2 threads 20.3 tok/s; 2/1 = 1.76x; equal",
+        "  f16_blocks (beam 0): decode   71.4 tok/s median",
+        "    decode by threads: 1 thread 47.7 tok/s, 2 threads 71.4 tok/s; 2/1 = 1.50x; equal",
+        "  fastest: f16:blocks",
+        "  llama.cpp decode 57.0 tok/s on 1 thread; ours (f16:blocks) on 1 thread / llama.cpp"
+        " 1 thread = 0.84x"])
+    report = {"modules": [{"name": "model", "output": output}],
+              "model_goal": {"llama_cpp_tokens_per_s": 117.9},
+              "goals": [{"goal": "llama.cpp decode ratio", "verdict": "missed by 24%"}]}
+    line = _model_limits(report)[0]
+    assert "1.50x one thread's rate on 2 threads" in line and "1.76x" not in line
+    assert "thread for thread we decode at 0.84x llama.cpp" in line
