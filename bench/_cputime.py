@@ -98,6 +98,17 @@ def _parent(pid: int) -> int | None:
         return None
 
 
+def wait_tokens(events_dir: Path, count: int, root: int) -> int:
+    """Tokens the run's event logs hold once they reach ``count``, the run's root process
+    ``root`` ends or :data:`WAIT_S` passes, whichever comes first."""
+    deadline = time.monotonic() + WAIT_S
+    while (seen := _tokens(events_dir)) < count and time.monotonic() < deadline:
+        if not _alive(root):
+            break
+        time.sleep(POLL_S)
+    return seen
+
+
 class CpuSampler:
     """CPU ms per token of each process of a run (module doc); call as `during(dir, pid)`."""
 
@@ -105,19 +116,11 @@ class CpuSampler:
         self.start, self.stop = start, stop
         self.result: dict[str, Any] | None = None
 
-    def _wait(self, events_dir: Path, count: int, root: int) -> int:
-        deadline = time.monotonic() + WAIT_S
-        while (seen := _tokens(events_dir)) < count and time.monotonic() < deadline:
-            if not _alive(root):
-                break
-            time.sleep(POLL_S)
-        return seen
-
     def __call__(self, events_dir: Path, root: int) -> None:
-        first = self._wait(events_dir, self.start, root)
+        first = wait_tokens(events_dir, self.start, root)
         before = {pid: cpu_s(pid) for pid in tree(root)}
         main_before = {pid: main_thread_s(pid) for pid in before}
-        last = self._wait(events_dir, self.stop, root)
+        last = wait_tokens(events_dir, self.stop, root)
         after = {pid: cpu_s(pid) for pid in before}
         main_after = {pid: main_thread_s(pid) for pid in before}
         tokens = last - first

@@ -23,11 +23,10 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
-from bench._cputime import POLL_S, WAIT_S, _alive, _stages, _tokens
+from bench._cputime import _stages, _tokens, wait_tokens
 
 SYSCALLS = ("sendto", "sendmsg", "sendmmsg", "recvfrom", "recvmsg", "recvmmsg")
 _ROW = re.compile(r"\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)\s*$")
@@ -57,16 +56,8 @@ class SendCounter:
         self.start, self.stop = start, stop
         self.result: dict[str, Any] | None = None
 
-    def _wait(self, events_dir: Path, count: int, root: int) -> int:
-        deadline = time.monotonic() + WAIT_S
-        while (seen := _tokens(events_dir)) < count and time.monotonic() < deadline:
-            if not _alive(root):
-                break
-            time.sleep(POLL_S)
-        return seen
-
     def __call__(self, events_dir: Path, root: int) -> None:
-        self._wait(events_dir, self.start, root)
+        wait_tokens(events_dir, self.start, root)
         names = {root: "orchestrator"} | {
             pid: f"node {stage}" for pid, stage in sorted(_stages(events_dir).items(),
                                                           key=lambda item: item[1])}
@@ -79,7 +70,7 @@ class SendCounter:
             while (line := trace.stderr.readline()) and "attached" not in line:
                 pass
         first = _tokens(events_dir)
-        last = self._wait(events_dir, self.stop, root)
+        last = wait_tokens(events_dir, self.stop, root)
         for trace in traces.values():
             trace.send_signal(signal.SIGINT)
         calls = {name: parse_summary(trace.communicate()[1]) for name, trace in traces.items()}
