@@ -315,6 +315,17 @@ def _top(profile: dict[str, Any], n: int) -> str:
                      for row in profile.get("self", [])[:n])
 
 
+def _event_lines_share(profile: dict[str, Any]) -> str:
+    """What the node's lifecycle event lines (spec §40) cost among a profile's six
+    leading self-time entries, or that they are not among them."""
+    rows = [row for row in profile.get("self", [])[:6]
+            if any(name in row["function"] for name in ("JsonlSink", "LifecycleEvent"))]
+    if not rows:
+        return "; no state machine or event line is among them"
+    share = sum(float(row["share"]) for row in rows)
+    return f"; writing its lifecycle event lines takes {share:.0%} of it"
+
+
 def _hotpath_limits(figures: dict[str, Any] | None) -> list[str]:
     """G1-G3 from `bench hotpath`: where a token's period goes beyond the model's step."""
     rounds = (figures or {}).get("rounds") or []
@@ -349,9 +360,10 @@ def _hotpath_limits(figures: dict[str, Any] | None) -> list[str]:
             f"- The node's CPU per token (G3): its profile during steady decode is led by "
             f"{_top(prof['node'], 6)} (self time, {prof['node'].get('samples', 0)} samples): "
             "waiting in the event loop, one UDP send per QUIC packet (the object and the "
-            "ACKs), the SWIM thread's probes and the doorbell writes to the worker; no "
-            "state machine or JSON shows. Getting under 0.5 ms needs fewer packets and "
-            "wake-ups per token, not faster Python in any one place.")
+            "ACKs), the SWIM thread's probes and the doorbell writes to the worker"
+            + _event_lines_share(prof["node"])
+            + ". Getting under 0.5 ms needs fewer packets and wake-ups per token, not "
+            "faster Python in any one place.")
     if prof.get("worker", {}).get("self"):
         lines.append(
             f"- The worker (G1): {_top(prof['worker'], 1)} of its self time: nearly all of "

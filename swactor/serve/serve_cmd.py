@@ -75,9 +75,9 @@ DEFAULT_WARM_PROMPT_TOKENS = 64
 DEFAULT_BATCH_ROWS = 4
 """Decode rows per batch object by default (`--batch-rows`): the decode products widen
 each weight block once for all of a step's rows (`swactor.model.decode_gemv`), so
-`bench batch` (SmolLM2, one stage, one thread) measures a 4-row step at about 1.5x a
-one-row step (2.6x the tokens per CPU-second) and `bench serve` 4 rows per object above
-2 at 4 clients; more rows add little (8 rows: about 3.2x) while every step waits longer."""
+`bench batch` (SmolLM2, one stage, 2 threads) measures a 4-row step at 1.5x a one-row
+step (2.7x the tokens per CPU-second) and `bench serve` 4 rows per object above 2 at 4
+clients; more rows add little (8 rows: 3.25x) while every step waits longer."""
 DEFAULT_WARM_BATCH_ROWS = 4
 """Batch sizes 2..this whose decode kernels a serving run's stages build by default:
 every size a default batch can have, so no batch runs in chunks."""

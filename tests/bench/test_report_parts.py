@@ -354,3 +354,18 @@ def test_decode_limit_reads_the_fastest_variants_thread_scaling() -> None:
     line = _model_limits(report)[0]
     assert "1.50x one thread's rate on 2 threads" in line and "1.76x" not in line
     assert "thread for thread we decode at 0.84x llama.cpp" in line
+
+
+def test_node_profile_line_names_the_event_lines_when_they_lead() -> None:
+    """The node's profile line says what writing lifecycle event lines costs when they are
+    among its leading entries, and that they are not otherwise."""
+    from bench._render import _event_lines_share
+
+    def row(function: str, share: float) -> dict[str, Any]:
+        return {"function": f"{function} (swactor/x.py)", "share": share}
+
+    leading = {"self": [row("EpollSelector.select", 0.2), row("JsonlSink._write_locked", 0.11),
+                        row("UdpSocket._sendto", 0.09), row("LifecycleEvent.__post_init__", 0.06)]}
+    assert "lifecycle event lines takes 17%" in _event_lines_share(leading)
+    quiet = {"self": [row("EpollSelector.select", 0.2), row("UdpSocket._sendto", 0.09)]}
+    assert "no state machine or event line" in _event_lines_share(quiet)
