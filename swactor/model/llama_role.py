@@ -60,7 +60,10 @@ slot the slot is the constant 0: a single-sequence role's graphs are what they w
 before slots existed (measured: the same decode ms/token with 1 and 4 slots). On a CPU
 device a prefill's products (dense or block weights) widen each weight once into
 transient panels and run a tiled C kernel (:mod:`swactor.model.prefill_gemm`), 4-5x
-faster than tinygrad's own CPU matrix product on SmolLM2's shapes.
+faster than tinygrad's own CPU matrix product on SmolLM2's shapes; a prefill of at most
+:data:`~swactor.model.decode_gemv.PREFILL_ROWS` rows over Q4_1/Q8_0 blocks goes through
+the decode kernel instead (:mod:`swactor.model.decode_gemv`, 8 rows per pass over the
+blocks), faster there than widening every weight into panels.
 
 Prompts prefilled together (CPU). Widening the weights is paid once per prefill
 whatever its rows, so on a CPU device every prefill is one graph over *packed*
@@ -732,14 +735,20 @@ class StageRole:
         """``x @ W.T`` with ``W`` decoded from the file's blocks inside the product's kernels
         (:func:`~swactor.model.block_kernels.dequant_expr`); nothing dense is stored.
 
-        On CPU a Q4_1 or Q8_0 decode product is :func:`~swactor.model.decode_gemv.gemv`
-        (every row in one pass over the blocks); other decode products are cut below
+        On CPU a Q4_1 or Q8_0 decode product, or a prefill product of at most
+        :data:`~swactor.model.decode_gemv.PREFILL_ROWS` rows, is
+        :func:`~swactor.model.decode_gemv.gemv` (every row in one pass over the blocks,
+        8 rows at a time); other decode products are cut below
         ``_BLOCK_ROWS_LIMIT`` rows on CPU, each a kernel over its rows' blocks; every
         product is materialised (fused into its consumer it would be recomputed per
         consumer row).
         """
         rows = blocks.rows
-        if x.shape[0] != 1 and not batch:
+        tokens = int(x.shape[0])
+        if (tokens != 1 and not batch and self._cpu and tokens <= decode_gemv.PREFILL_ROWS
+                and decode_gemv.usable(self.device, blocks, tokens)):
+            return decode_gemv.gemv(x, blocks)  # a short prefill: rows in groups of 8
+        if tokens != 1 and not batch:
             # prefill: a matrix product that widens the codes inside its kernel
             return block_matmul(x, blocks, self._cpu)
         if self._cpu and decode_gemv.usable(self.device, blocks, int(x.shape[0])):

@@ -130,3 +130,30 @@ def test_slices_and_products_over_one_input_replay_together_on_threads(
     graph = gemvs[0][0]
     assert [int(graph.kernels[i, 1]) for _, i in gemvs] == [3, 3]  # 24-row slices
     assert any(rows >= 6 for _, rows in graph.phases.tolist())  # both products together
+
+
+def test_short_prefills_go_through_the_kernel_row_for_row(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefill product of at most PREFILL_ROWS rows over Q4_1/Q8_0 blocks is the decode
+    kernel (each row bit for bit its one-row product); a longer one, or another block
+    type, is the panel GEMM's block product."""
+    from types import SimpleNamespace
+
+    from swactor.model import llama_role
+    from swactor.model.llama_role import StageRole
+
+    matrix, _ = _matrix(Q.Q4_1, 40, 64, seed=5)
+    role = SimpleNamespace(_cpu=True, device=Device.DEFAULT)
+    x = _rows(16, 64, seed=6)
+    out = StageRole._block_linear(role, Tensor(x), matrix).numpy()  # type: ignore[arg-type]
+    alone = np.concatenate([_gemv(x[i : i + 1], matrix) for i in range(16)])
+    assert np.array_equal(out, alone)
+
+    taken: list[int] = []
+    monkeypatch.setattr(llama_role, "block_matmul",
+                        lambda x, blocks, cpu: taken.append(int(x.shape[0])) or x)
+    long_rows = Tensor(_rows(decode_gemv.PREFILL_ROWS + 16, 64, seed=7))
+    StageRole._block_linear(role, long_rows, matrix)  # type: ignore[arg-type]
+    other, _ = _matrix(Q.Q5_0, 40, 64, seed=8)
+    StageRole._block_linear(role, Tensor(x), other)  # type: ignore[arg-type]
+    assert taken == [decode_gemv.PREFILL_ROWS + 16, 16]
