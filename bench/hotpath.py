@@ -46,12 +46,14 @@ during steady decode (what limits a missed goal). ``--json PATH`` writes every f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,12 +99,11 @@ def _run_flags(weights: str, threads: int | None) -> list[str]:
     return ["--weights", weights, *([] if threads is None else ["--threads", str(threads)])]
 
 
-def e2e_run(stages: int, weights: str, tokens: int, root: Path, threads: int | None = None
-            ) -> dict[str, Any]:
-    """`swactor run --nodes stages --weights weights [--threads N]`: period, CPU per
-    process, compute."""
+@contextlib.contextmanager
+def _run_with(weights: str, threads: int | None) -> Iterator[None]:
+    """While inside, `bench.e2e`'s `swactor run` commands carry `--weights weights` (and
+    `--threads`, if given)."""
     import bench.e2e as e2e
-    from bench._cputime import CpuSampler
 
     original = e2e._swactor
 
@@ -112,12 +113,23 @@ def e2e_run(stages: int, weights: str, tokens: int, root: Path, threads: int | N
             argv[1:1] = _run_flags(weights, threads)
         return original(*argv)
 
-    sampler = CpuSampler(WARMUP + 2, tokens - 3)
     e2e._swactor = with_weights
     try:
-        run = e2e.run_loopback(stages, tokens, root, sampler)
+        yield
     finally:
         e2e._swactor = original
+
+
+def e2e_run(stages: int, weights: str, tokens: int, root: Path, threads: int | None = None
+            ) -> dict[str, Any]:
+    """`swactor run --nodes stages --weights weights [--threads N]`: period, CPU per
+    process, compute."""
+    import bench.e2e as e2e
+    from bench._cputime import CpuSampler
+
+    sampler = CpuSampler(WARMUP + 2, tokens - 3)
+    with _run_with(weights, threads):
+        run = e2e.run_loopback(stages, tokens, root, sampler)
     figures = e2e.run_figures(run, WARMUP, 0.0, sampler.result)
     cpu = figures["cpu"] or {}
     processes = cpu.get("processes", [])
@@ -148,20 +160,9 @@ def send_counts(stages: int, weights: str, tokens: int, root: Path,
     missing = _sendcount.available()
     if missing is not None:
         return missing
-    original = e2e._swactor
-
-    def with_weights(*args: str) -> list[str]:
-        argv = list(args)
-        if argv and argv[0] == "run":
-            argv[1:1] = _run_flags(weights, threads)
-        return original(*argv)
-
     counter = _sendcount.SendCounter(WARMUP + 2, tokens - 3)
-    e2e._swactor = with_weights
-    try:
+    with _run_with(weights, threads):
         e2e.run_loopback(stages, tokens, root, counter)
-    finally:
-        e2e._swactor = original
     return counter.result or "no tokens in the counting window"
 
 
