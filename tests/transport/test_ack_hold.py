@@ -12,112 +12,19 @@ milliseconds later, so that a slow machine cannot change the count.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 import pytest
 from aioquic import tls
 
-from swactor.transport.config import EDGE_ALPN, TransportConfig
-from swactor.transport.endpoint import IDLE_TURNS, QuicEndpoint, QuicLink
+from swactor.transport.endpoint import IDLE_TURNS
 from swactor.transport.flow import max_ack_delay_ms
-from swactor.transport.identity import NodeIdentity
-from swactor.transport.udp import Datagram, DatagramRun
+from tests.transport.ack_rig import Handler, pair, quiet
 
 pytestmark = pytest.mark.timeout(60)
 EXCHANGES = 6
 ANSWER_AFTER_S = 0.02
 """The answerer's "compute": its answer leaves this long after the object came."""
 OBJECT = 44
-
-
-class Counted:
-    """An outbound path that counts UDP datagrams and sends them all."""
-
-    def __init__(self) -> None:
-        self.sent = 0
-
-    def __call__(self, datagrams: list[Datagram]) -> list[Datagram]:
-        self.sent += sum(d.count if type(d) is DatagramRun else 1 for d, _ in datagrams)
-        return datagrams
-
-
-class Handler:
-    """Counts stream bytes; answers each chunk `answer_after` seconds later (None: never)."""
-
-    def __init__(self, answer_after: float | None = None) -> None:
-        self.answer_after = answer_after
-        self.stream: int | None = None
-        self.got = 0
-        self.link: QuicLink | None = None
-        self.ended = False
-        self.changed = asyncio.Event()
-
-    def stream_data(self, link: QuicLink, stream_id: int, data: bytes, end: bool) -> None:
-        self.got += len(data)
-        self.link = link
-        self.ended = self.ended or end
-        self.changed.set()
-        if self.answer_after is not None:
-            asyncio.get_running_loop().call_later(self.answer_after, self._answer, link,
-                                                  len(data))
-
-    def _answer(self, link: QuicLink, size: int) -> None:
-        if self.stream is None:
-            self.stream = link.open_uni_stream()
-        link.send(self.stream, bytes(size))
-
-    def stream_reset(self, link: QuicLink, stream_id: int, error_code: int) -> None:
-        pass
-
-    def stream_stopped(self, link: QuicLink, stream_id: int, error_code: int) -> None:
-        pass
-
-    def link_closed(self, link: QuicLink, reason: str) -> None:
-        pass
-
-    async def until(self, total: int) -> None:
-        async with asyncio.timeout(10):
-            while self.got < total:
-                self.changed.clear()
-                await self.changed.wait()
-
-
-@dataclass
-class Pair:
-    link: QuicLink
-    """The asker's link to the answerer."""
-    asker: Handler
-    answerer: Handler
-    answerer_sent: Counted
-    asker_sent: Counted
-
-
-@asynccontextmanager
-async def pair(hold: float, answer_after: float | None) -> AsyncIterator[Pair]:
-    asker_id, answerer_id = NodeIdentity.generate(), NodeIdentity.generate()
-    answerer_out, asker_out = Counted(), Counted()
-    config = TransportConfig(max_datagram_size=1452, ack_hold=hold)
-    answerer = QuicEndpoint(answerer_id, config, allowed={asker_id.node_id},
-                            outbound=answerer_out)
-    asker = QuicEndpoint(asker_id, config, allowed={answerer_id.node_id}, outbound=asker_out)
-    got, answers = Handler(), Handler(answer_after)
-    answerer.register_handler(EDGE_ALPN, answers)
-    asker.register_handler(EDGE_ALPN, got)
-    try:
-        await answerer.start()
-        await asker.start()
-        link = await asker.connect(answerer_id.node_id, EDGE_ALPN, answerer.address)
-        yield Pair(link, got, answers, answerer_out, asker_out)
-    finally:
-        await asker.close()
-        await answerer.close()
-
-
-async def quiet() -> None:
-    """Handshake leftovers and ACKs are done (nothing in flight either way)."""
-    await asyncio.sleep(0.05)
 
 
 async def turns(count: int = IDLE_TURNS + 4) -> None:
@@ -131,7 +38,7 @@ async def answered_exchanges(hold: float, answer_after: float = ANSWER_AFTER_S
     after each object, and its count of held ACKs after each exchange."""
     per_exchange: list[int] = []
     held: list[int] = []
-    async with pair(hold, answer_after) as p:
+    async with pair(hold, Handler(answer_after)) as p:
         stream = p.link.open_uni_stream()
         for n in range(1, EXCHANGES + 1):
             await quiet()
@@ -163,7 +70,7 @@ def test_an_answer_later_than_the_hold_is_not_waited_for() -> None:
 
 async def _unanswered(hold: float) -> tuple[list[int], list[int], int]:
     answerer_sent, asker_sent = [], []
-    async with pair(hold, None) as p:
+    async with pair(hold, Handler()) as p:
         stream = p.link.open_uni_stream()
         for n in range(1, EXCHANGES + 1):
             await quiet()
@@ -190,7 +97,7 @@ def test_a_link_that_never_answers_acknowledges_once_idle() -> None:
 
 
 async def _second_packet() -> None:
-    async with pair(2.0, None) as p:
+    async with pair(2.0, Handler()) as p:
         stream = p.link.open_uni_stream()
         count = answered = 0
 
@@ -236,11 +143,11 @@ def test_the_second_packet_and_a_streams_end_are_acknowledged_at_once() -> None:
 
 
 async def _advertised() -> None:
-    async with pair(0.1, None) as p:
+    async with pair(0.1, Handler()) as p:
         assert max_ack_delay_ms(0.1) == 200
         assert p.link.quic._loss.max_ack_delay == pytest.approx(0.2), (
             "the peer's loss recovery allows for twice the hold")
-    async with pair(0.0, None) as p:
+    async with pair(0.0, Handler()) as p:
         assert p.link.quic._loss.max_ack_delay == pytest.approx(0.025), "aioquic's default"
 
 

@@ -14,10 +14,10 @@ import asyncio
 
 import pytest
 
-from swactor.transport.config import EDGE_ALPN, TransportConfig
-from swactor.transport.endpoint import QuicEndpoint, QuicLink
+from swactor.transport.config import ACK_HOLD_S, EDGE_ALPN, TransportConfig
+from swactor.transport.endpoint import QuicEndpoint
 from swactor.transport.identity import NodeIdentity
-from swactor.transport.udp import Datagram, DatagramRun
+from tests.transport.ack_rig import Handler, pair, quiet
 
 pytestmark = pytest.mark.timeout(60)
 CONFIG = TransportConfig(max_datagram_size=1452)
@@ -25,97 +25,20 @@ TURNS = 3
 """Event-loop turns between an object's arrival and its answer."""
 
 
-class Counted:
-    """An outbound path that counts UDP datagrams and sends them all."""
-
-    def __init__(self) -> None:
-        self.sent = 0
-
-    def __call__(self, datagrams: list[Datagram]) -> list[Datagram]:
-        self.sent += sum(d.count if type(d) is DatagramRun else 1 for d, _ in datagrams)
-        return datagrams
-
-
-class Answerer:
-    """Answers every chunk of stream data with as many bytes, `TURNS` turns later."""
-
-    def __init__(self) -> None:
-        self.stream: int | None = None
-        self.got = 0
-
-    def stream_data(self, link: QuicLink, stream_id: int, data: bytes, end: bool) -> None:
-        self.got += len(data)
-        loop = asyncio.get_running_loop()
-
-        def answer(turns: int) -> None:
-            if turns:
-                loop.call_soon(answer, turns - 1)
-                return
-            if self.stream is None:
-                self.stream = link.open_uni_stream()
-            link.send(self.stream, bytes(len(data)))
-
-        loop.call_soon(answer, TURNS - 1)
-
-    def stream_reset(self, link: QuicLink, stream_id: int, error_code: int) -> None:
-        pass
-
-    def stream_stopped(self, link: QuicLink, stream_id: int, error_code: int) -> None:
-        pass
-
-    def link_closed(self, link: QuicLink, reason: str) -> None:
-        pass
-
-
-class Reader:
-    def __init__(self) -> None:
-        self.got = 0
-        self.changed = asyncio.Event()
-
-    def stream_data(self, link: QuicLink, stream_id: int, data: bytes, end: bool) -> None:
-        self.got += len(data)
-        self.changed.set()
-
-    def stream_reset(self, link: QuicLink, stream_id: int, error_code: int) -> None:
-        pass
-
-    def stream_stopped(self, link: QuicLink, stream_id: int, error_code: int) -> None:
-        pass
-
-    def link_closed(self, link: QuicLink, reason: str) -> None:
-        pass
-
-
 async def test_a_lone_datagrams_ack_rides_with_the_answer_it_set_off() -> None:
-    asker_id, answerer_id = NodeIdentity.generate(), NodeIdentity.generate()
-    counted = Counted()
-    answerer = QuicEndpoint(answerer_id, CONFIG, allowed={asker_id.node_id}, outbound=counted)
-    asker = QuicEndpoint(asker_id, CONFIG, allowed={answerer_id.node_id})
-    answers, reader = Answerer(), Reader()
-    answerer.register_handler(EDGE_ALPN, answers)
-    asker.register_handler(EDGE_ALPN, reader)
-    try:
-        await answerer.start()
-        await asker.start()
-        link = await asker.connect(answerer_id.node_id, EDGE_ALPN, answerer.address)
-        stream = link.open_uni_stream()
+    async with pair(ACK_HOLD_S, Handler(answer_turns=TURNS)) as p:
+        stream = p.link.open_uni_stream()
         sent: list[int] = []
         for n in range(1, 9):
-            await asyncio.sleep(0.05)  # quiet: handshake leftovers and ACKs are done
-            before = counted.sent
-            link.send(stream, bytes(44))
-            async with asyncio.timeout(10):
-                while reader.got < 44 * n:
-                    reader.changed.clear()
-                    await reader.changed.wait()
+            await quiet()
+            before = p.answerer_sent.sent
+            p.link.send(stream, bytes(44))
+            await p.asker.until(44 * n)
             await asyncio.sleep(0.02)
-            sent.append(counted.sent - before)
-        assert answers.got == 44 * 8
+            sent.append(p.answerer_sent.sent - before)
+        assert p.answerer.got == 44 * 8
         # one datagram per exchange: the answer, carrying the ACK of the object
         assert sent[2:] == [1] * 6, sent
-    finally:
-        await asker.close()
-        await answerer.close()
 
 
 async def test_two_endpoints_that_dial_each_other_pick_one_link_for_their_streams() -> None:
@@ -125,8 +48,8 @@ async def test_two_endpoints_that_dial_each_other_pick_one_link_for_their_stream
     one_id, other_id = NodeIdentity.generate(), NodeIdentity.generate()
     one = QuicEndpoint(one_id, CONFIG, allowed={other_id.node_id})
     other = QuicEndpoint(other_id, CONFIG, allowed={one_id.node_id})
-    one.register_handler(EDGE_ALPN, Reader())
-    other.register_handler(EDGE_ALPN, Reader())
+    one.register_handler(EDGE_ALPN, Handler())
+    other.register_handler(EDGE_ALPN, Handler())
     try:
         await one.start()
         await other.start()
