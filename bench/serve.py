@@ -18,9 +18,13 @@ All serve the same GGUF file (SmolLM2-135M-Instruct Q4_1 from the model cache). 
 each concurrency level (1, 2, 4, 8 clients) and each server in turn (so that the
 machine's load falls on every server alike), the harness sends one warm-up request per
 prompt-length bucket (one after another, ``--warmup-tokens`` tokens, not measured), then
-runs the level: each of C clients sends ``--rounds`` streaming completions one after
-another (closed loop), client i's round r taking prompt ``(i + r * C) mod P`` of the fixed
-prompt set, greedy (``temperature 0``, ``seed 0``), ``--max-tokens`` tokens each. A server
+runs the level: each of C clients sends ``--rounds`` passes over the fixed prompt set,
+one streaming completion after another (closed loop), client i's k-th request taking
+prompt ``(i + k) mod P``, greedy (``temperature 0``, ``seed 0``), ``--max-tokens`` tokens
+each. So every level serves each prompt exactly ``C * rounds`` times: the same mix of
+prompt lengths and completion lengths at every level, and a level's aggregate over the
+1-client level's compares the same work (a level that served some prompts and not others
+would compare mixes with different prefill and decode shares). A server
 whose warm-ups and requests of a level all fail is left out of the further levels.
 
 The client is aiohttp reading the server-sent events itself, not the ``openai`` package:
@@ -357,13 +361,14 @@ def completion_body(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
 async def run_level(session: aiohttp.ClientSession, base_url: str, model: str,
                     prompts: Sequence[str], clients: int, rounds: int, max_tokens: int,
                     clock: Callable[[], float] = time.perf_counter) -> LevelFigures:
-    """C clients, each ``rounds`` requests one after another; every request's timing."""
+    """C clients, each ``rounds`` passes over `prompts` one request after another, client
+    i starting at prompt i (module doc); every request's timing."""
     timings: list[RequestTiming] = []
     url = f"{base_url}/v1/completions"
 
     async def client(index: int) -> None:
-        for round_ in range(rounds):
-            prompt = prompts[(index + round_ * clients) % len(prompts)]
+        for k in range(rounds * len(prompts)):
+            prompt = prompts[(index + k) % len(prompts)]
             timings.append(await stream_completion(
                 session, url, completion_body(model, prompt, max_tokens), clock))
 
@@ -779,9 +784,10 @@ def markdown(figures: dict[str, Any]) -> list[str]:
     settings = figures.get("settings", {})
     lines = ["## Serving: swactor serve against llama.cpp's server", "",
              f"`python -m bench serve`: streaming greedy completions of "
-             f"{settings.get('max_tokens')} tokens, {settings.get('rounds')} request(s) per "
-             f"client per level, the same {sum(settings.get('prompts', {}).values())} prompts "
-             "(three prompt-length buckets) and model file for every server; one warm-up "
+             f"{settings.get('max_tokens')} tokens; each client runs {settings.get('rounds')} "
+             f"pass(es) over the same {sum(settings.get('prompts', {}).values())} prompts "
+             "(three prompt-length buckets), from its own offset, so every level serves the "
+             "same mix; the same model file for every server; one warm-up "
              "request per bucket before each level; levels run server after server. "
              + threads_sentence(settings), ""]
     when = figures.get("measured")
@@ -841,8 +847,9 @@ def main(argv: list[str]) -> int:
                                      "run takes a few minutes once the servers are up.")
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)),
                         help="concurrent clients per level, comma-separated (default %(default)s)")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="requests per client per level (default %(default)s)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="passes over the prompt set per client per level, each "
+                             "pass one request per prompt (default %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=32,
                         help="tokens per request, greedy (default %(default)s)")
     parser.add_argument("--warmup-tokens", type=int, default=4,
@@ -889,7 +896,8 @@ def main(argv: list[str]) -> int:
     except argparse.ArgumentTypeError as error:
         parser.error(str(error))
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; model {model.name}; "
-          f"levels {levels}, {args.rounds} request(s) per client, {args.max_tokens} tokens, "
+          f"levels {levels}, {args.rounds} pass(es) over {len(prompt_set())} prompts per "
+          f"client, {args.max_tokens} tokens, "
           f"greedy, stream; {args.threads} thread(s) for every server:")
     for each in targets:
         given = each.threads or {"flags": "as its command says", "where": ""}

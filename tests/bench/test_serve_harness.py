@@ -261,7 +261,7 @@ def test_a_refused_request_and_a_cut_stream_are_errors() -> None:
     assert garbage.error.startswith("event is not JSON")
 
 
-def test_a_level_sends_rounds_per_client_over_the_prompt_set() -> None:
+def test_every_level_serves_each_prompt_equally_often() -> None:
     prompts = ["p0", "p1", "p2", "p3", "p4"]
     seen: list[dict[str, Any]] = []
     levels: list[LevelFigures] = []
@@ -272,14 +272,19 @@ def test_a_level_sends_rounds_per_client_over_the_prompt_set() -> None:
 
     async def body(base: str) -> None:
         async with aiohttp.ClientSession() as session:
-            levels.append(await run_level(session, base, "model-id", prompts, clients=2,
-                                          rounds=3, max_tokens=7))
+            for clients in (1, 2):
+                levels.append(await run_level(session, base, "model-id", prompts,
+                                              clients=clients, rounds=2, max_tokens=7))
 
     asyncio.run(_serve(script, seen, body))
-    level = levels[0]
-    assert (level.clients, level.requests, level.errors, level.tokens) == (2, 6, 0, 12)
-    # client 0 takes prompts 0, 2, 4; client 1 takes 1, 3, 0 (i + r * clients mod 5)
-    assert sorted(p["prompt"] for p in seen) == ["p0", "p0", "p1", "p2", "p3", "p4"]
+    one, two = levels
+    assert (one.clients, one.requests, one.errors, one.tokens) == (1, 10, 0, 20)
+    assert (two.clients, two.requests, two.errors, two.tokens) == (2, 20, 0, 40)
+    # each client makes 2 passes over the 5 prompts: every prompt clients * 2 times
+    assert sorted(p["prompt"] for p in seen[:10]) == sorted(prompts * 2)
+    assert sorted(p["prompt"] for p in seen[10:]) == sorted(prompts * 4)
+    # the two clients start at different prompts, so they do not send the same one at once
+    assert {seen[10]["prompt"], seen[11]["prompt"]} == {"p0", "p1"}
     assert all(p["stream"] is True and p["temperature"] == 0.0 and p["max_tokens"] == 7
                and p["model"] == "model-id" for p in seen)
 
