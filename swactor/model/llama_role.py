@@ -60,7 +60,8 @@ slot the slot is the constant 0: a single-sequence role's graphs are what they w
 before slots existed (measured: the same decode ms/token with 1 and 4 slots). On a CPU
 device a prefill's products (dense or block weights) widen each weight once into
 transient panels and run a tiled C kernel (:mod:`swactor.model.prefill_gemm`), 4-5x
-faster than tinygrad's own CPU matrix product on SmolLM2's shapes; a prefill of at most
+faster than tinygrad's own CPU matrix product on SmolLM2's shapes, cut into slices of
+whole output columns that the replay pool runs on several threads; a prefill of at most
 :data:`~swactor.model.decode_gemv.PREFILL_ROWS` rows over Q4_1/Q8_0 blocks goes through
 the decode kernel instead (:mod:`swactor.model.decode_gemv`, 8 rows per pass over the
 blocks), faster there than widening every weight into panels.

@@ -24,6 +24,18 @@ kernels:
    the multiply-add into an FMA where the target has one), so results differ from
    tinygrad's reduction only in rounding.
 
+The product is cut into *slices* of whole panels (output columns): the kernel takes
+tinygrad's ``core_id`` variable (the slice, ``0 .. slices - 1``), as
+:mod:`swactor.model.decode_gemv` does, so :class:`~swactor.model.cpu_graph.CpuGraph`
+gives each slice a row of its table and the native replay pool runs the slices of one
+product on several threads. A slice computes every token of its panels with the same
+statements as any other slice, so an output does not depend on the cut or the thread
+(bit-identical to the product in one slice). Slices are about :data:`SLICE_MACS`
+multiply-adds (at least one panel): the pool hands rows out one at a time, so the
+threads finish a product within about one slice of each other. The kernel also loads
+one value of each input in tinygrad's IR (unused by the C), so the replay graph knows
+it only reads them.
+
 The weights a kernel reads are the same numbers either way (the widening is bit-identical
 to ``gguf.quants.dequantize``). Used for products of at least :data:`MIN_TOKENS` rows on a
 CPU device whose renderer is clang, with ``rows`` a multiple of 32; anything else keeps
@@ -43,6 +55,7 @@ PANEL = 32  # output rows per panel: two 16-float vectors
 ROW_BLOCK = 4  # tokens per register block (4 x 32 sums: 8 AVX-512 registers)
 MIN_TOKENS = 8  # below this a product is a handful of matrix-vector rows: tinygrad's path
 PANEL_LIMIT_BYTES = 16 << 20  # widened weights one kernel writes at most
+SLICE_MACS = 1 << 20  # about this many multiply-adds per slice (at least one panel)
 
 
 def usable(device: str, tokens: int, rows: int) -> bool:
@@ -53,13 +66,22 @@ def usable(device: str, tokens: int, rows: int) -> bool:
     return isinstance(Device[device].renderer, ClangRenderer)
 
 
-def gemm_source(tokens: int, cols: int, rows: int) -> str:
-    """The C statement of one panel's product, as a ``str.format`` template over the
-    output, input and panels pointers and the panel index (``{0}``..``{3}``).
+def slice_panels(tokens: int, cols: int, rows: int) -> int:
+    """Panels per slice: about :data:`SLICE_MACS` multiply-adds, at least one."""
+    per = max(1, SLICE_MACS // max(1, tokens * cols * PANEL))
+    return min(rows // PANEL, per)
 
-    Output ``out[t, p * 32 + j]`` for every token ``t`` of the ``[tokens, rows]`` output
-    (row stride ``rows``), from ``x[t, :]`` (row stride ``cols``) and panel ``p``."""
+
+def gemm_source(tokens: int, cols: int, rows: int, per_slice: int) -> str:
+    """The C statement of one slice's product, as a ``str.format`` template over the
+    output, input and panels pointers and the slice index (``{0}``..``{3}``).
+
+    For each panel ``p`` of the slice (panels ``slice * per_slice`` on, at most
+    ``per_slice``), output ``out[t, p * 32 + j]`` for every token ``t`` of the
+    ``[tokens, rows]`` output (row stride ``rows``), from ``x[t, :]`` (row stride
+    ``cols``) and panel ``p``: the same statements for a panel whatever the slice."""
     block = ROW_BLOCK
+    panels = rows // PANEL
     sums = " ".join(f"v16 s{i}a = (v16)(0.0f), s{i}b = (v16)(0.0f);" for i in range(block))
     inputs = " ".join(f"float x{i} = xr[{i * cols} + k];" for i in range(block))
     fmas = " ".join(f"s{i}a += x{i} * wa; s{i}b += x{i} * wb;" for i in range(block))
@@ -68,8 +90,11 @@ def gemm_source(tokens: int, cols: int, rows: int) -> str:
     # doubled braces: the template goes through str.format (tinygrad's CUSTOM op)
     return (
         "{{ typedef float v16 __attribute__((ext_vector_type(16), aligned(4)));\n"
-        f"  const float *w = {{2}} + (long)({{3}}) * {cols * PANEL};\n"
-        f"  float *out = {{0}} + (long)({{3}}) * {PANEL};\n"
+        f"  int first = (int)({{3}}) * {per_slice};\n"
+        f"  int last = first + {per_slice} < {panels} ? first + {per_slice} : {panels};\n"
+        "  for (int p = first; p < last; p++) {{\n"
+        f"  const float *w = {{2}} + (long)p * {cols * PANEL};\n"
+        f"  float *out = {{0}} + (long)p * {PANEL};\n"
         "  int t = 0;\n"
         f"  for (; t + {block} <= {tokens}; t += {block}) {{{{\n"
         f"    const float *xr = {{1}} + (long)t * {cols};\n"
@@ -94,6 +119,7 @@ def gemm_source(tokens: int, cols: int, rows: int) -> str:
         f"    float *o = out + (long)t * {rows};\n"
         "    *(v16 *)o = sa; *(v16 *)(o + 16) = sb;\n"
         "  }}\n"
+        "  }}\n"
         "}}"
     )
 
@@ -108,15 +134,21 @@ def _panels_product(x: Tensor, weights: Tensor) -> Tensor:
     # once and the JIT's memory plan holds every weight widened (SmolLM2: 426 MB)
     never = (x[0:1, 0:1].abs() < 0).where(1.0, 0.0).reshape(1, 1, 1)
     panels = (weights.reshape(rows // PANEL, PANEL, cols).permute(0, 2, 1) + never).contiguous()
-    code = gemm_source(tokens, cols, rows)
+    per_slice = slice_panels(tokens, cols, rows)
+    slices = -(-(rows // PANEL) // per_slice)
+    code = gemm_source(tokens, cols, rows, per_slice)
     name = f"prefill_gemm_{tokens}_{cols}_{rows}"
 
     def kernel(out: UOp, inputs: UOp, wide: UOp) -> UOp:
-        panel = UOp.range(rows // PANEL, 0)
         zero = UOp.const(0, dtypes.weakint)
-        body = UOp(Ops.CUSTOM, src=(out.index(zero, zero), inputs.index(zero, zero),
-                                    wide.index(zero, zero, zero), panel), arg=code)
-        kernel_sink: UOp = body.end(panel).sink(arg=KernelInfo(name=name, opts_to_apply=()))
+        core = UOp.variable("core_id", 0, slices - 1, dtypes.int, param=True)
+        pointers = (out.index(zero, zero), inputs.index(zero, zero),
+                    wide.index(zero, zero, zero))
+        # a plain load of each input's first element, unused: ProgramInfo then lists
+        # the inputs as read, so the replay graph knows the kernel only reads them
+        reads = tuple(p.load() for p in pointers[1:])
+        body = UOp(Ops.CUSTOM, src=(*pointers, core, *reads), arg=code)
+        kernel_sink: UOp = body.sink(arg=KernelInfo(name=name, opts_to_apply=()))
         return kernel_sink
 
     out = Tensor.empty(tokens, rows, dtype=dtypes.float32, device=x.device)

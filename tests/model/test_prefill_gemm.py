@@ -1,4 +1,5 @@
-"""The CPU prefill GEMM (swactor.model.prefill_gemm) against numpy in float64."""
+"""The CPU prefill GEMM (swactor.model.prefill_gemm) against numpy in float64, and cut
+into slices for the replay pool bit for bit as in one piece."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import numpy as np
 import pytest
 from tinygrad.tensor import Tensor
 
-from swactor.model import prefill_gemm
+from swactor.model import cpu_graph, prefill_gemm
+from swactor.model.cpu_graph import CpuGraph
 from swactor.model.prefill_gemm import PANEL, ROW_BLOCK, panel_matmul, usable
 
 
@@ -65,3 +67,59 @@ def test_a_graph_of_products_holds_one_products_panels_at_a_time() -> None:
     for _ in range(3):
         jit(x)
     assert GlobalCounters.mem_used - before < 2 * panel_bytes
+
+
+def test_slices_compute_the_one_slice_product_bit_for_bit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cut into slices of whole panels (here 2 panels each, the last one short), every
+    output is the one computed by the product in one slice, bit for bit."""
+    tokens, cols, rows = 2 * ROW_BLOCK + 3, 40, 5 * PANEL
+    monkeypatch.setattr(prefill_gemm, "SLICE_MACS", 1 << 40)
+    assert prefill_gemm.slice_panels(tokens, cols, rows) == 5
+    whole, want = _product(tokens, rows, cols, seed=11)
+    monkeypatch.setattr(prefill_gemm, "SLICE_MACS", 2 * tokens * cols * PANEL)
+    assert prefill_gemm.slice_panels(tokens, cols, rows) == 2
+    sliced, _ = _product(tokens, rows, cols, seed=11)
+    assert np.array_equal(sliced, whole)
+    np.testing.assert_allclose(sliced, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.skipif(not cpu_graph.NATIVE, reason="the native replay pool is not built")
+def test_a_products_slices_replay_on_threads_as_on_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a JIT replayed through CpuGraph the product is one kernel of several slices, all
+    in one phase (the pool's threads share them), and two threads compute one thread's
+    results bit for bit."""
+    from tinygrad.engine.jit import TinyJit
+    from tinygrad.engine.realize import get_graph_runtime
+    from tinygrad.uop import Ops
+
+    tokens, cols, rows = 12, 64, 6 * PANEL
+    monkeypatch.setattr(prefill_gemm, "SLICE_MACS", tokens * cols * PANEL)  # a panel each
+    rng = np.random.default_rng(9)
+    w = Tensor(rng.standard_normal((rows, cols)).astype(np.float32)).realize()
+    x = Tensor(rng.standard_normal((tokens, cols)).astype(np.float32)).realize()
+    jit = TinyJit(lambda x: panel_matmul(x, w * 1.0).realize())
+    threads = cpu_graph.threads()
+    try:
+        assert cpu_graph.use_cpu_graph(True)
+        for _ in range(3):  # run, capture, replay
+            jit(x)
+        cpu_graph.set_threads(1)
+        one = jit(x).numpy().copy()
+        cpu_graph.set_threads(2)
+        two = jit(x).numpy().copy()
+    finally:
+        cpu_graph.use_cpu_graph(False)
+        cpu_graph.set_threads(threads)
+    assert np.array_equal(one, two)
+    assert jit.captured is not None
+    graphs = [get_graph_runtime(call.src[0]) for call in jit.captured.linear.src
+              if call.src[0].op is Ops.CUSTOM_FUNCTION]
+    found = [(g, i) for g in graphs if isinstance(g, CpuGraph)
+             for i, name in enumerate(g.names) if name.startswith("prefill_gemm")]
+    assert len(found) == 1
+    graph, index = found[0]
+    first, slices = (int(v) for v in graph.kernels[index])
+    assert slices == 6
+    assert any(start <= first and first + slices <= start + count
+               for start, count in graph.phases.tolist())  # one phase: run side by side
