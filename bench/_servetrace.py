@@ -17,6 +17,11 @@ is the host's ``CLOCK_MONOTONIC``, one for every process, so the harness reads i
   step time;
 - per level: output objects, their decode rows (rows per decode object), prompts, and
   the objects in flight when each came back (mean, and how often each count);
+- per level, how many stages were inside a step at once (the share of the window with
+  0, 1, 2, ... computing, and their mean), and the share in which only prompts'
+  prefills computed: every edge is FIFO (spec §34), so a decode object behind a prompt
+  waits where the prompt computes, and while prefills alone compute the decoding
+  sequences make no progress;
 - per level, the hops of objects that travelled alone (back with one object in flight,
   so no step of another object delays a load): the median stage -> next stage (its
   ``object_produced`` -> the next stage's ``object_loaded``), last stage -> orchestrator
@@ -95,10 +100,19 @@ class TraceFigures:
     hops_ms: dict[str, float] = field(default_factory=dict)
     """Median hops of objects that travelled alone (module doc): ``stage_to_stage``,
     ``to_orchestrator``, ``orchestrator_to_stage0``; those with no sample left out."""
+    computing: dict[int, float] = field(default_factory=dict)
+    """Stages inside a step at once -> the share of the window they were."""
+    prefills_alone: float = 0.0
+    """Share of the window in which stages computed and every one of them a prompt."""
 
     @property
     def rows_per_decode_object(self) -> float | None:
         return self.decode_rows / self.decode_objects if self.decode_objects else None
+
+    @property
+    def mean_computing(self) -> float | None:
+        share = sum(self.computing.values())
+        return sum(k * v for k, v in self.computing.items()) / share if share else None
 
     @property
     def mean_in_flight(self) -> float | None:
@@ -114,6 +128,7 @@ def window_figures(events: Iterable[Mapping[str, Any]], start_ns: int, end_ns: i
     spans: dict[int, list[tuple[int, int]]] = {}
     marks: dict[tuple[Any, int], dict[tuple[int, str], int]] = {}
     outputs: dict[tuple[Any, int], tuple[int, Any, Any]] = {}
+    timed: list[tuple[int, int, tuple[Any, int]]] = []
     for event in sorted(events, key=lambda e: int(e["mono"])):
         name, mono = event.get("event"), int(event["mono"])
         if name in ("object_loaded", "object_produced") and "sequence" in event:
@@ -131,6 +146,7 @@ def window_figures(events: Iterable[Mapping[str, Any]], start_ns: int, end_ns: i
             begin = started.pop(key, None)
             if begin is not None and _overlap(begin, mono, start_ns, end_ns) > 0:
                 spans.setdefault(key[1], []).append((begin, mono))
+                timed.append((begin, mono, (key[0], key[2])))
         elif name == "token_received" and start_ns <= mono <= end_ns:
             figures.outputs += 1
             detail = event.get("detail") or {}
@@ -144,6 +160,9 @@ def window_figures(events: Iterable[Mapping[str, Any]], start_ns: int, end_ns: i
             if isinstance(in_flight, int):
                 figures.in_flight[in_flight] = figures.in_flight.get(in_flight, 0) + 1
     figures.hops_ms = _hops(marks, outputs, start_ns, end_ns)
+    prompts = {key for key, (_mono, rows, _in_flight) in outputs.items() if rows == 0}
+    figures.computing, figures.prefills_alone = _at_once(
+        [(b, e, key in prompts) for b, e, key in timed], start_ns, end_ns)
     window = max(1, end_ns - start_ns)
     for stage, steps in sorted(spans.items()):
         inside = [(b, e) for b, e in steps if start_ns <= e <= end_ns]
@@ -153,6 +172,28 @@ def window_figures(events: Iterable[Mapping[str, Any]], start_ns: int, end_ns: i
             median_step_ms=(statistics.median((e - b) / 1e6 for b, e in inside)
                             if inside else None))
     return figures
+
+
+def _at_once(steps: Iterable[tuple[int, int, bool]], start_ns: int, end_ns: int
+             ) -> tuple[dict[int, float], float]:
+    """Steps ``(begin, end, a prompt's)`` -> (stages computing at once -> share of the
+    window, share in which only prompts' steps computed)."""
+    window = max(1, end_ns - start_ns)
+    marks: list[tuple[int, int, bool]] = []
+    for begin, end, prompt in steps:
+        if _overlap(begin, end, start_ns, end_ns) > 0:
+            marks += [(max(begin, start_ns), 1, prompt), (min(end, end_ns), -1, prompt)]
+    marks.sort(key=lambda mark: (mark[0], mark[1]))  # ends before starts at one instant
+    shares: dict[int, int] = {}
+    alone = 0
+    now, computing, prefills = start_ns, 0, 0
+    for at, change, prompt in [*marks, (end_ns, 0, False)]:
+        shares[computing] = shares.get(computing, 0) + at - now
+        if computing and computing == prefills:
+            alone += at - now
+        now, computing = at, computing + change
+        prefills += change if prompt else 0
+    return ({k: v / window for k, v in sorted(shares.items()) if v > 0}, alone / window)
 
 
 def _hops(marks: Mapping[tuple[Any, int], Mapping[tuple[int, str], int]],
@@ -247,13 +288,18 @@ def trace_line(figures: TraceFigures) -> str:
     rows = figures.rows_per_decode_object
     mean = figures.mean_in_flight
     spread = " ".join(f"{k}:{v}" for k, v in sorted(figures.in_flight.items()))
+    computing = figures.mean_computing
+    at_once = " ".join(f"{k}:{100 * v:.0f}%" for k, v in figures.computing.items())
     hops = figures.hops_ms
     words = {"stage_to_stage": "stage -> stage", "to_orchestrator": "last stage -> "
              "orchestrator", "orchestrator_to_stage0": "orchestrator -> stage 0"}
     return (f"{stages or 'no steps'}; {figures.outputs} objects out ({figures.prompts} "
             f"prompts), rows per decode object "
             f"{'n/a' if rows is None else f'{rows:.2f}'}, in flight at each output "
-            f"{'n/a' if mean is None else f'{mean:.2f}'} ({spread or 'n/a'})"
+            f"{'n/a' if mean is None else f'{mean:.2f}'} ({spread or 'n/a'}), stages "
+            f"computing at once {'n/a' if computing is None else f'{computing:.2f}'} "
+            f"({at_once or 'n/a'}), only prefills computing "
+            f"{100 * figures.prefills_alone:.0f}%"
             + ("; hops of lone objects (median): " + ", ".join(
                 f"{words[name]} {value:.2f} ms" for name, value in hops.items())
                if hops else ""))

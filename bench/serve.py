@@ -49,7 +49,9 @@ Where the time went, per level: the cores each kind of the server's processes us
 rest of a shared machine took shows), from ``/proc`` at the level's start and end. With
 ``--trace DIR`` each swactor server writes its event logs to ``DIR/NAME`` and each
 level also says each stage's busy share and median step, the output objects, the
-decode rows per decode object, the objects in flight when each came back, and the
+decode rows per decode object, the objects in flight when each came back, the stages
+computing at once and how long only prompts' prefills computed (a decode object behind
+a prompt waits where it computes: every edge is FIFO), and the
 hops of objects that travelled alone: stage to stage, last stage to orchestrator,
 orchestrator to stage 0 (``bench._servetrace``). ``--server NAME=COMMAND`` variants
 (``swactor serve`` with other flags, or another checkout's) measure side by side with
@@ -216,7 +218,8 @@ class LevelFigures:
     orchestrator+http), their sum (swactor) and the whole machine's (``bench._servetrace``)."""
     trace: dict[str, Any] | None = None
     """With ``--trace``: per-stage busy share and steps, objects out, rows per decode
-    object, objects in flight (``bench._servetrace.TraceFigures``)."""
+    object, objects in flight, stages computing at once
+    (``bench._servetrace.TraceFigures``)."""
     restarts: int | None = None
     """Runs the server provisioned again during the level's warm-ups and requests (its
     ``/health`` ``restarts`` before and after; None where it reports none): a run that
@@ -874,7 +877,8 @@ def main(argv: list[str]) -> int:
                         help="each swactor server writes its event logs to DIR/NAME "
                         "(--server commands: {events_dir}); each level then also says "
                         "each stage's busy share, the objects in flight, the rows per "
-                        "decode object and the hops of lone objects (costs a little CPU "
+                        "decode object, the stages computing at once (and how long only "
+                        "prefills did) and the hops of lone objects (costs a little CPU "
                         "per step)")
     args = parser.parse_args(argv)
     levels = [int(word) for word in args.levels.split(",") if word]

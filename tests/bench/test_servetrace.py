@@ -94,3 +94,21 @@ def test_hops_of_lone_objects_beside_the_stage_to_stage_hop() -> None:
             "orchestrator 2.00 ms, orchestrator -> stage 0 3.00 ms") in trace_line(figures)
     assert window_figures(events, 0, 10 * MS).hops_ms == {}
     assert "hops" not in trace_line(window_figures(events, 0, 10 * MS))
+
+
+def test_stages_computing_at_once_and_prefills_alone() -> None:
+    outputs = [{"event": "token_received", "mono": 90 * MS, "run_id": 7, "sequence": 0,
+                "detail": {"rows": 0, "in_flight": 2}},  # a prompt
+               {"event": "token_received", "mono": 95 * MS, "run_id": 7, "sequence": 1,
+                "detail": {"rows": 1, "in_flight": 1}}]  # a decode row
+    events = [*outputs, *_step(0, 0, 0, 40), *_step(1, 1, 10, 20), *_step(1, 0, 40, 60),
+              *_step(0, 1, 50, 55)]
+    figures = window_figures(events, 0, 100 * MS)
+    assert {k: round(v, 6) for k, v in figures.computing.items()} == {
+        0: 0.40, 1: 0.45, 2: 0.15}
+    assert abs(figures.prefills_alone - 0.45) < 1e-9  # 0-10, 20-50, 55-60 ms
+    assert figures.mean_computing is not None and abs(figures.mean_computing - 0.75) < 1e-9
+    assert ("stages computing at once 0.75 (0:40% 1:45% 2:15%), only prefills "
+            "computing 45%") in trace_line(figures)
+    empty = window_figures([], 0, 10 * MS)
+    assert empty.computing == {0: 1.0} and empty.prefills_alone == 0.0
