@@ -256,8 +256,11 @@ def block_matmul(x: Tensor, matrix: DeviceQuant, cpu: bool) -> Tensor:
 
     On a CPU device (:func:`~swactor.model.prefill_gemm.usable`) the weights are widened
     once into transient panels and multiplied by a tiled C kernel instead
-    (:mod:`swactor.model.prefill_gemm`): 4-5x faster for a prompt's rows."""
+    (:mod:`swactor.model.prefill_gemm`): 4-5x faster for a prompt's rows; Q4_1 and Q8_0
+    panels are widened inside that kernel (:func:`~swactor.model.prefill_gemm.block_matmul`)."""
     if cpu and prefill_gemm.usable(matrix.device, int(x.shape[0]), matrix.rows):
+        if prefill_gemm.widens_blocks(matrix.type_id, matrix.shape[1]):
+            return prefill_gemm.block_matmul(x, matrix.type_id, matrix.shape, matrix.fields)
         return prefill_gemm.panel_matmul(x, dequant_expr(matrix, cpu))
     w0, offset, group = scaled_codes(matrix, cpu)
     out = x.matmul(w0.T)

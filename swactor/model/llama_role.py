@@ -61,7 +61,8 @@ before slots existed (measured: the same decode ms/token with 1 and 4 slots). On
 device a prefill's products (dense or block weights) widen each weight once into
 transient panels and run a tiled C kernel (:mod:`swactor.model.prefill_gemm`), 4-5x
 faster than tinygrad's own CPU matrix product on SmolLM2's shapes, cut into slices of
-whole output columns that the replay pool runs on several threads; a prefill of at most
+whole output columns that the replay pool runs on several threads (over Q4_1 and Q8_0
+blocks each slice widens its own panels, no panels buffer); a prefill of at most
 :data:`~swactor.model.decode_gemv.PREFILL_ROWS` rows over Q4_1/Q8_0 blocks goes through
 the decode kernel instead (:mod:`swactor.model.decode_gemv`, 8 rows per pass over the
 blocks), faster there than widening every weight into panels.

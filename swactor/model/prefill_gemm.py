@@ -1,4 +1,4 @@
-"""Prefill matrix products on tinygrad's CPU device: weights widened once, then a tiled GEMM.
+"""Prefill matrix products on tinygrad's CPU device: weights widened once, a tiled GEMM.
 
 Theory of operation. A prefill product ``x @ W.T`` (``x`` ``float32 [tokens, cols]``,
 ``W`` ``[rows, cols]``) written as a tinygrad expression comes out of tinygrad's CPU
@@ -36,6 +36,16 @@ threads finish a product within about one slice of each other. The kernel also l
 one value of each input in tinygrad's IR (unused by the C), so the replay graph knows
 it only reads them.
 
+Q4_1 and Q8_0 block matrices skip the panels buffer (:func:`block_matmul`, when a
+panel fits :data:`WIDE_LIMIT`): each slice widens its panels one at a time from the
+blocks into a buffer on its own stack (a panel is ``cols x 32`` floats: 72 KiB for
+SmolLM2's 576 columns, so it stays in the core's cache) and multiplies it with the same
+product statements. The widening computes the numbers
+:func:`~swactor.model.block_kernels.dequant_expr` does (``d * q`` is exact, ``+ m`` the
+one rounding), so the product is bit-identical to the two-kernel one; it saves writing and
+reading back every weight as f32 (on a SmolLM2 prefill of 128 rows, one core, the
+panels kernels take a quarter of the two-kernel path's time).
+
 The weights a kernel reads are the same numbers either way (the widening is bit-identical
 to ``gguf.quants.dequantize``). Used for products of at least :data:`MIN_TOKENS` rows on a
 CPU device whose renderer is clang, with ``rows`` a multiple of 32; anything else keeps
@@ -44,6 +54,7 @@ tinygrad's own matrix product.
 
 from __future__ import annotations
 
+from gguf import GGMLQuantizationType as Q
 from tinygrad.device import Device
 from tinygrad.dtype import dtypes
 from tinygrad.renderer.cstyle import ClangRenderer
@@ -56,6 +67,9 @@ ROW_BLOCK = 4  # tokens per register block (4 x 32 sums: 8 AVX-512 registers)
 MIN_TOKENS = 8  # below this a product is a handful of matrix-vector rows: tinygrad's path
 PANEL_LIMIT_BYTES = 16 << 20  # widened weights one kernel writes at most
 SLICE_MACS = 1 << 20  # about this many multiply-adds per slice (at least one panel)
+WIDE_LIMIT = 1 << 20  # bytes of one panel a block product widens on a slice's stack
+BLOCK = 32  # weights per Q4_1 / Q8_0 block
+Q4_1, Q8_0 = int(Q.Q4_1), int(Q.Q8_0)
 
 
 def usable(device: str, tokens: int, rows: int) -> bool:
@@ -66,10 +80,78 @@ def usable(device: str, tokens: int, rows: int) -> bool:
     return isinstance(Device[device].renderer, ClangRenderer)
 
 
+def widens_blocks(type_id: int, cols: int) -> bool:
+    """Whether a product over a block matrix of ``type_id`` with ``cols`` input columns
+    widens its panels inside the product (:func:`block_matmul`), not into a panels
+    buffer first."""
+    return type_id in (Q4_1, Q8_0) and cols % BLOCK == 0 and cols * PANEL * 4 <= WIDE_LIMIT
+
+
 def slice_panels(tokens: int, cols: int, rows: int) -> int:
     """Panels per slice: about :data:`SLICE_MACS` multiply-adds, at least one."""
     per = max(1, SLICE_MACS // max(1, tokens * cols * PANEL))
     return min(rows // PANEL, per)
+
+
+def _product(tokens: int, cols: int, rows: int) -> list[str]:
+    """C for one panel's product: output ``out[t, j]`` (``out`` the panel's first
+    column, row stride ``rows``) for every token ``t`` and ``j < 32``, from ``x[t, :]``
+    (row stride ``cols``) and the panel ``w`` (``[cols, 32]``)."""
+    block = ROW_BLOCK
+    sums = " ".join(f"v16 s{i}a = (v16)(0.0f), s{i}b = (v16)(0.0f);" for i in range(block))
+    inputs = " ".join(f"float x{i} = xr[{i * cols} + k];" for i in range(block))
+    fmas = " ".join(f"s{i}a += x{i} * wa; s{i}b += x{i} * wb;" for i in range(block))
+    stores = " ".join(f"*(v16 *)(o + {i * rows}) = s{i}a; *(v16 *)(o + {i * rows} + 16) = s{i}b;"
+                      for i in range(block))
+    return [
+        "int t = 0;",
+        f"for (; t + {block} <= {tokens}; t += {block}) {{",
+        f"  const float *xr = x + (long)t * {cols};",
+        f"  {sums}",
+        f"  for (int k = 0; k < {cols}; k++) {{",
+        f"    v16 wa = *(const v16 *)(w + k * {PANEL}), wb = *(const v16 *)(w + k * {PANEL}"
+        " + 16);",
+        f"    {inputs}",
+        f"    {fmas}",
+        "  }",
+        f"  float *o = out + (long)t * {rows};",
+        f"  {stores}",
+        "}",
+        f"for (; t < {tokens}; t++) {{",
+        f"  const float *xr = x + (long)t * {cols};",
+        "  v16 sa = (v16)(0.0f), sb = (v16)(0.0f);",
+        f"  for (int k = 0; k < {cols}; k++) {{",
+        "    float xv = xr[k];",
+        f"    sa += xv * *(const v16 *)(w + k * {PANEL});",
+        f"    sb += xv * *(const v16 *)(w + k * {PANEL} + 16);",
+        "  }",
+        f"  float *o = out + (long)t * {rows};",
+        "  *(v16 *)o = sa; *(v16 *)(o + 16) = sb;",
+        "}",
+    ]
+
+
+def _template(lines: list[str], pointers: int) -> str:
+    """``lines`` as a ``str.format`` template (tinygrad's CUSTOM op): braces doubled,
+    ``@i`` the ``i``-th pointer, ``@s`` the slice index after them."""
+    text = "\n".join(lines).replace("{", "{{").replace("}", "}}")
+    for index in range(pointers):
+        text = text.replace(f"@{index}", f"{{{index}}}")
+    return text.replace("@s", f"{{{pointers}}}")
+
+
+def _slice_loop(panels: int, per_slice: int, body: list[str]) -> list[str]:
+    """C running ``body`` for every panel ``p`` of the slice (``@s``)."""
+    return [
+        f"int first = (int)(@s) * {per_slice};",
+        f"int last = first + {per_slice} < {panels} ? first + {per_slice} : {panels};",
+        "for (int p = first; p < last; p++) {",
+        *(f"  {line}" for line in body),
+        "}",
+    ]
+
+
+_HEADER = ["typedef float v16 __attribute__((ext_vector_type(16), aligned(4)));"]
 
 
 def gemm_source(tokens: int, cols: int, rows: int, per_slice: int) -> str:
@@ -80,48 +162,76 @@ def gemm_source(tokens: int, cols: int, rows: int, per_slice: int) -> str:
     ``per_slice``), output ``out[t, p * 32 + j]`` for every token ``t`` of the
     ``[tokens, rows]`` output (row stride ``rows``), from ``x[t, :]`` (row stride
     ``cols``) and panel ``p``: the same statements for a panel whatever the slice."""
-    block = ROW_BLOCK
-    panels = rows // PANEL
-    sums = " ".join(f"v16 s{i}a = (v16)(0.0f), s{i}b = (v16)(0.0f);" for i in range(block))
-    inputs = " ".join(f"float x{i} = xr[{i * cols} + k];" for i in range(block))
-    fmas = " ".join(f"s{i}a += x{i} * wa; s{i}b += x{i} * wb;" for i in range(block))
-    stores = " ".join(f"*(v16 *)(o + {i * rows}) = s{i}a; *(v16 *)(o + {i * rows} + 16) = s{i}b;"
-                      for i in range(block))
-    # doubled braces: the template goes through str.format (tinygrad's CUSTOM op)
-    return (
-        "{{ typedef float v16 __attribute__((ext_vector_type(16), aligned(4)));\n"
-        f"  int first = (int)({{3}}) * {per_slice};\n"
-        f"  int last = first + {per_slice} < {panels} ? first + {per_slice} : {panels};\n"
-        "  for (int p = first; p < last; p++) {{\n"
-        f"  const float *w = {{2}} + (long)p * {cols * PANEL};\n"
-        f"  float *out = {{0}} + (long)p * {PANEL};\n"
-        "  int t = 0;\n"
-        f"  for (; t + {block} <= {tokens}; t += {block}) {{{{\n"
-        f"    const float *xr = {{1}} + (long)t * {cols};\n"
-        f"    {sums}\n"
-        f"    for (int k = 0; k < {cols}; k++) {{{{\n"
-        f"      v16 wa = *(const v16 *)(w + k * {PANEL}), wb = *(const v16 *)(w + k * {PANEL}"
-        " + 16);\n"
-        f"      {inputs}\n"
-        f"      {fmas}\n"
-        "    }}\n"
-        f"    float *o = out + (long)t * {rows};\n"
-        f"    {stores}\n"
-        "  }}\n"
-        f"  for (; t < {tokens}; t++) {{{{\n"
-        f"    const float *xr = {{1}} + (long)t * {cols};\n"
-        "    v16 sa = (v16)(0.0f), sb = (v16)(0.0f);\n"
-        f"    for (int k = 0; k < {cols}; k++) {{{{\n"
-        "      float xv = xr[k];\n"
-        f"      sa += xv * *(const v16 *)(w + k * {PANEL});\n"
-        f"      sb += xv * *(const v16 *)(w + k * {PANEL} + 16);\n"
-        "    }}\n"
-        f"    float *o = out + (long)t * {rows};\n"
-        "    *(v16 *)o = sa; *(v16 *)(o + 16) = sb;\n"
-        "  }}\n"
-        "  }}\n"
-        "}}"
-    )
+    body = [f"const float *w = wide + (long)p * {cols * PANEL};",
+            f"float *out = out0 + (long)p * {PANEL};",
+            *_product(tokens, cols, rows)]
+    lines = ["{", *_HEADER, "float *out0 = @0;", "const float *x = @1;",
+             "const float *wide = @2;", *_slice_loop(rows // PANEL, per_slice, body), "}"]
+    return _template(lines, 3)
+
+
+def _widen_panel(q4: bool, cols: int) -> list[str]:
+    """C writing panel ``p`` of a Q4_1 or Q8_0 block matrix into ``wp`` (``[cols, 32]``
+    floats): ``d * q`` (plus ``m`` for Q4_1), the numbers
+    :func:`~swactor.model.block_kernels.dequant_expr` computes, the f16 scales widened
+    with its exact integer bit moves. ``d * q`` is exact in float32 (an 11-bit by an at
+    most 8-bit significand), so ``+ m`` is the one rounding whether or not clang
+    contracts the two into an FMA."""
+    blocks = cols // BLOCK
+
+    def half(name: str, pointer: str) -> list[str]:
+        return [f"unsigned {name}h = {pointer}[b];",
+                f"unsigned {name}u = (({name}h & 0x8000u) << 16) | (({name}h & 0x7fffu) << 13);",
+                f"float {name}; __builtin_memcpy(&{name}, &{name}u, 4);",
+                f"{name} = {name} * 0x1p112f;"]
+
+    if q4:
+        codes = [
+            f"const unsigned char *q = qs + b * {BLOCK // 2};",
+            f"for (int i = 0; i < {BLOCK // 2}; i++) {{",
+            f"  dst[i * {PANEL}] = (float)(q[i] & 15) * d + m;",
+            f"  dst[(i + {BLOCK // 2}) * {PANEL}] = (float)(q[i] >> 4) * d + m;",
+            "}",
+        ]
+    else:
+        codes = [
+            f"const signed char *q = qs + b * {BLOCK};",
+            f"for (int i = 0; i < {BLOCK}; i++) dst[i * {PANEL}] = (float)q[i] * d;",
+        ]
+    return [
+        f"for (int k = 0; k < {blocks}; k++) {{",
+        f"  for (int j = 0; j < {PANEL}; j++) {{",
+        f"    long b = ((long)p * {PANEL} + j) * {blocks} + k;",
+        f"    float *dst = wp + k * {BLOCK * PANEL} + j;",
+        *(f"    {line}" for line in half("d", "dp")),
+        *((f"    {line}" for line in half("m", "mp")) if q4 else ()),
+        *(f"    {line}" for line in codes),
+        "  }",
+        "}",
+    ]
+
+
+def block_gemm_source(type_id: int, tokens: int, cols: int, rows: int, per_slice: int) -> str:
+    """:func:`gemm_source` for a Q4_1 or Q8_0 block matrix: a ``str.format`` template
+    over the output, input, codes, scales (and Q4_1 mins) pointers, then the slice index.
+    Each panel is widened into the slice's own buffer (on its stack, :data:`WIDE_LIMIT`
+    bytes at most) just before its product, which is :func:`gemm_source`'s."""
+    q4 = type_id == Q4_1
+    scalar = "const unsigned char" if q4 else "const signed char"
+    body = [f"float *out = out0 + (long)p * {PANEL};",
+            *_widen_panel(q4, cols),
+            "const float *w = wp;",
+            *_product(tokens, cols, rows)]
+    lines = [
+        "{", *_HEADER, "float *out0 = @0;", "const float *x = @1;",
+        f"{scalar} *qs = ({scalar} *)(@2);",
+        "const unsigned short *dp = (const unsigned short *)(@3);",
+        *(["const unsigned short *mp = (const unsigned short *)(@4);"] if q4 else []),
+        f"float wp[{cols * PANEL}] __attribute__((aligned(64)));",
+        *_slice_loop(rows // PANEL, per_slice, body),
+        "}",
+    ]
+    return _template(lines, 5 if q4 else 4)
 
 
 def _panels_product(x: Tensor, weights: Tensor) -> Tensor:
@@ -166,3 +276,38 @@ def panel_matmul(x: Tensor, weights: Tensor) -> Tensor:
     parts = [_panels_product(x, weights[start : min(rows, start + group)])
              for start in range(0, rows, group)]
     return parts[0].cat(*parts[1:], dim=-1)
+
+
+def block_matmul(x: Tensor, type_id: int, shape: tuple[int, int],
+                 fields: dict[str, Tensor]) -> Tensor:
+    """``x @ W.T`` for ``x`` ``float32 [tokens, cols]`` and a Q4_1 or Q8_0 block matrix
+    ``W`` ``[rows, cols]`` (its ``qs``, ``d`` and, Q4_1, ``m`` arrays;
+    :func:`widens_blocks` and :func:`usable` said yes): one kernel whose slices widen
+    each of their panels on their own stack and multiply it, no panels buffer."""
+    rows, cols = shape
+    x = x.float().contiguous()
+    tokens = int(x.shape[0])
+    q4 = type_id == Q4_1
+    per_slice = slice_panels(tokens, cols, rows)
+    slices = -(-(rows // PANEL) // per_slice)
+    code = block_gemm_source(type_id, tokens, cols, rows, per_slice)
+    name = f"prefill_gemm_{Q(type_id).name.lower()}_{tokens}_{cols}_{rows}"
+    arrays = [fields["qs"], fields["d"]] + ([fields["m"]] if q4 else [])
+
+    def kernel(out: UOp, inputs: UOp, *blocks: UOp) -> UOp:
+        zero = UOp.const(0, dtypes.weakint)
+
+        def at(buffer: UOp) -> UOp:
+            first: UOp = buffer.index(*([zero] * len(buffer.shape)))
+            return first
+
+        core = UOp.variable("core_id", 0, slices - 1, dtypes.int, param=True)
+        pointers = (at(out), at(inputs), *(at(b) for b in blocks))
+        # unused loads: the inputs listed as read (see _panels_product)
+        reads = tuple(p.load() for p in pointers[1:])
+        body = UOp(Ops.CUSTOM, src=(*pointers, core, *reads), arg=code)
+        sink: UOp = body.sink(arg=KernelInfo(name=name, opts_to_apply=()))
+        return sink
+
+    out = Tensor.empty(tokens, rows, dtype=dtypes.float32, device=x.device)
+    return out.custom_kernel(x, *arrays, fxn=kernel)[0]

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
 from tinygrad.tensor import Tensor
 
 from swactor.model import cpu_graph, prefill_gemm
+from swactor.model.block_kernels import dequant_expr, to_device
 from swactor.model.cpu_graph import CpuGraph
+from swactor.model.dequant import QuantMatrix
 from swactor.model.prefill_gemm import PANEL, ROW_BLOCK, panel_matmul, usable
 
 
@@ -123,3 +127,31 @@ def test_a_products_slices_replay_on_threads_as_on_one(monkeypatch: pytest.Monke
     assert slices == 6
     assert any(start <= first and first + slices <= start + count
                for start, count in graph.phases.tolist())  # one phase: run side by side
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0], ids=lambda q: q.name)
+def test_block_products_widen_panels_in_the_kernel_bit_for_bit(
+        monkeypatch: pytest.MonkeyPatch, qtype: Q) -> None:
+    """A Q4_1/Q8_0 product widens its panels inside its slices: the two-kernel product's
+    numbers bit for bit (the same widened weights, the same sums), whatever the cut."""
+    tokens, rows, cols = 2 * ROW_BLOCK + 3, 3 * PANEL, 96
+    rng = np.random.default_rng(int(qtype))
+    raw = quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
+    matrix = to_device(QuantMatrix(int(qtype), (rows, cols), raw.reshape(rows, -1)), "CPU")
+    x = Tensor(rng.standard_normal((tokens, cols)).astype(np.float32)).realize()
+    assert prefill_gemm.widens_blocks(matrix.type_id, cols)
+    two_kernels = panel_matmul(x, dequant_expr(matrix, cpu=True)).numpy()
+    monkeypatch.setattr(prefill_gemm, "SLICE_MACS", tokens * cols * PANEL)  # a panel each
+    fused = prefill_gemm.block_matmul(x, matrix.type_id, matrix.shape, matrix.fields).numpy()
+    assert np.array_equal(fused, two_kernels)
+    weights = quants.dequantize(raw, qtype).reshape(rows, cols).astype(np.float64)
+    want = x.numpy().astype(np.float64) @ weights.T
+    np.testing.assert_allclose(fused, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_only_q4_1_and_q8_0_panels_that_fit_the_stack_widen_in_the_kernel() -> None:
+    assert prefill_gemm.widens_blocks(int(Q.Q8_0), 576)
+    assert not prefill_gemm.widens_blocks(int(Q.Q6_K), 576)
+    assert not prefill_gemm.widens_blocks(int(Q.Q4_1), 40)  # a partial block
+    too_wide = prefill_gemm.WIDE_LIMIT // (4 * PANEL) + 32
+    assert not prefill_gemm.widens_blocks(int(Q.Q4_1), too_wide)
