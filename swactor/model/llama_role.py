@@ -30,8 +30,9 @@ must be the slot's next position. The last stage answers one greedy id, or with
 sampling is then the orchestrator's, so a stage keeps no per-sequence sampling state.
 
 ``run_prompts(tags, payload)``: a prompt batch: several prompts, each in its own slot
-(``tags[i].position`` is prompt ``i``'s row count), prefilled together; the last stage
-answers each prompt as ``run_tagged`` would (see "Prompts prefilled together" below).
+(``tags[i].position`` is prompt ``i``'s row count), one object on the wire; each prompt
+is prefilled as ``run_tagged`` prefills it alone, so its rows, logits, answer and KV
+entries are bit-identical to the prompt alone (see "Prompt batches" below).
 
 ``run_batch(tags, payload)``: ``B`` decode rows of different sequences (distinct slots,
 each at its slot's next position) as one step, answers in table order (the ``[B,
@@ -67,27 +68,24 @@ blocks each slice widens its own panels, no panels buffer); a prefill of at most
 the decode kernel instead (:mod:`swactor.model.decode_gemv`, 8 rows per pass over the
 blocks), faster there than widening every weight into panels.
 
-Prompts prefilled together (CPU). Widening the weights is paid once per prefill
-whatever its rows, so on a CPU device every prefill is one graph over *packed*
-prompts (:meth:`StageRole._forward_packed`): the rows of one or more prompts one after
-another, padded to the bucket as above, with three more inputs the host computes: each
-row's rotary cosines and sines (its position within its own prompt, read from the
-role's tables) and a ``[T, T]`` mask letting each row attend to its own prompt's rows up
-to itself (a padding row only to itself). The products take every row at once, as a
-single prompt's do; each block's keys and values come back as outputs and the host
-copies each prompt's rows into its slot's cache (positions ``0..n-1``), so the graph
-has no slot or offset in it and one JIT per bucket serves one prompt or several in any
-slots. A single prompt is a pack of one. The last stage computes the logits of its
-last row (a bound variable), and for several prompts has a second JIT per bucket
-(kernel cache kind ``prefill-P-xK``, built at warm-up) computing ``K = min(slots,
-MAX_PROMPTS)`` rows, each picked by a variable (the prompts' last rows): K rows of the
-output product cost more than one, so a single prompt does not pay for them.
-A prompt's rows are computed as alone, except that its attention sums run over the
-packed object's columns (exact zeros for the other prompts' rows), so its results
-agree with the prompt alone to rounding. :meth:`StageRole.run_prompts` packs
-consecutive prompts while their padded total has a bucket whose JIT is ready (a bucket
-first built on a live step costs seconds), else runs them in smaller packs; other
-devices run the in-graph prefill below, one prompt at a time.
+CPU prefill graph. On a CPU device a prefill is :meth:`StageRole._forward_packed`:
+the prompt's rows followed by its padding rows (the bucket as above), with three more
+inputs the host computes: each row's rotary cosines and sines (read from the role's
+tables) and a ``[T, T]`` mask letting each row attend to the prompt's rows up to itself
+(a padding row only to itself). Each block's keys and values come back as outputs and
+the host copies the prompt's rows into its slot's cache (positions ``0..n-1``), so the
+graph has no slot in it and one JIT per bucket (kernel cache kind ``prefill-P``) serves
+every slot; the last stage computes the logits of the last row (a bound variable).
+
+Prompt batches (:meth:`StageRole.run_prompts`). The prompts of one batch are prefilled
+one after another, each through its own bucket's JIT, the one it would run alone: its
+outputs are those of the prompt alone by construction, bit for bit, which a migrated
+sequence needs to continue exactly and greedy output needs to match the prompt run
+alone. Packing several prompts into one prefill (their rows one after another, a
+block-diagonal mask) was measured not to give that: a prompt's attention reductions
+then run over the packed object's padded columns, whose count, the prompt's column
+offset and the kernels tinygrad picks for that shape all change the order of the sums
+(SmolLM2: logits up to 2.6e-5 apart from the prompt alone).
 
 Decode is a chain of matrix-vector products over every weight, so its speed is the rate at
 which kernels stream weights. Two measured choices (SmolLM2, 2 CPU cores): products are
@@ -472,17 +470,10 @@ class StageRole:
         self._slot_var = UOp.variable("slot", 0, slots - 1) if slots > 1 else None
         self._decode = TinyJit(self._forward_decode)
         self._last_var = UOp.variable("last_row", 0, max_seq_len - 1)
-        # a prompt batch's last stage computes the logits of this many rows (one per
-        # prompt, each picked by a variable); the first is the single prompt's last_row
-        self._heads = min(slots, MAX_PROMPTS)
-        self._last_vars = (self._last_var, *(UOp.variable(f"last_row{i}", 0, max_seq_len - 1)
-                                             for i in range(1, self._heads)))
+        self._max_prompts = min(slots, MAX_PROMPTS)  # the most prompts one prompt batch carries
         self._prefill: dict[int, _PrefillJit] = {}
-        self._prefill_many: dict[int, _PrefillJit] = {}
-        """A last stage's prefill JITs for several prompts (``_heads`` logits rows; a
-        single prompt's compute one, as they always did); other stages use ``_prefill``."""
-        # on CPU, host views of every block's KV caches: a packed prefill's keys and
-        # values are copied into the prompts' slots through them (the buffers never move)
+        # on CPU, host views of every block's KV caches: a prefill's keys and values are
+        # copied into the prompt's slot through them (the buffers never move)
         self._cache_views = [(_host_view(b.cache_k), _host_view(b.cache_v))
                              for b in self.blocks] if self._cpu else []
         self._decode_runner = _DecodeRunner(
@@ -491,7 +482,7 @@ class StageRole:
         self._rows: dict[int, _DecodeRunner] = {}  # decode JITs by rows per step (2+)
         self._kernels = KernelCache.for_role(
             self, self._structure(),
-            skip=("_decode", "_prefill", "_prefill_many", "_decode_runner", "_rows", "_kernels",
+            skip=("_decode", "_prefill", "_decode_runner", "_rows", "_kernels",
                   "sampling",
                   "last_logits"))
 
@@ -898,9 +889,10 @@ class StageRole:
 
     def _attention_packed(self, block: _Block, cos: Tensor, sin: Tensor, mask: Tensor,
                           tokens: int, kv: list[Tensor], x: Tensor) -> Tensor:
-        """Attention of packed prompt rows ``x`` (:meth:`_forward_packed`): the keys and
-        values are the rows' own, each row attends where ``mask`` lets it; the keys and
-        values in the compute dtype are appended to ``kv`` (what the slots' caches get)."""
+        """Attention of a CPU prefill's rows ``x`` (:meth:`_forward_packed`): the keys
+        and values are the rows' own, each row attends where ``mask`` lets it; the keys
+        and values in the compute dtype are appended to ``kv`` (what the slot's cache
+        gets)."""
         f = self.facts
         hd, heads, kvh = f.head_dim, f.head_count, f.head_count_kv
         qkv = self._qkv(block, x)
@@ -924,13 +916,13 @@ class StageRole:
         return self._linear(out, block.wo)
 
     def _forward_packed(self, payload: Tensor, cos: Tensor, sin: Tensor, mask: Tensor,
-                        *lasts: UOp) -> tuple[Tensor, ...]:
-        """A CPU prefill of prompts packed one after another in ``payload`` ``[T,
-        hidden]`` (module doc): ``cos``/``sin`` ``[1, T, rope_dim / 2]`` rotate each row
-        by its position in its own prompt, ``mask`` ``[T, T]`` says which rows each row
-        attends to. Returns the activation rows (the last stage: the logits ``[len(lasts),
-        vocab]`` of rows ``lasts``), then each block's keys and values ``[kv_heads, T,
-        head_dim]`` in the compute dtype, for the caller to copy into the slots."""
+                        last: UOp) -> tuple[Tensor, ...]:
+        """A CPU prefill of a prompt and its padding rows ``payload`` ``[T, hidden]``
+        (module doc): ``cos``/``sin`` ``[1, T, rope_dim / 2]`` rotate each row by its
+        position, ``mask`` ``[T, T]`` says which rows each row attends to. Returns the
+        activation rows (the last stage: the logits ``[1, vocab]`` of row ``last``),
+        then each block's keys and values ``[kv_heads, T, head_dim]`` in the compute
+        dtype, for the caller to copy into the slot."""
         tokens = int(payload.shape[0])
         kv: list[Tensor] = []
         x = payload
@@ -940,10 +932,8 @@ class StageRole:
                 partial(self._attention_packed, block, cos, sin, mask, tokens, kv), rows=False)
         if self.is_last:
             assert self.output_norm is not None and self.output is not None
-            picked = [x[last : last + 1] for last in lasts]
-            rows = picked[0].cat(*picked[1:], dim=0) if len(picked) > 1 else picked[0]
-            x = self._linear(self._rms_norm(rows.float(), self.output_norm), self.output,
-                             rows=True)
+            x = self._linear(self._rms_norm(x[last : last + 1].float(), self.output_norm),
+                             self.output, rows=True)
         out = x.contiguous()
         Tensor.realize(out, *kv)
         return (out, *kv)
@@ -1099,14 +1089,14 @@ class StageRole:
         returns every prompt's activation rows in table order; the last stage each
         prompt's answer as :meth:`run_tagged` gives it (one greedy id, or with
         ``candidates`` its ``CANDIDATES_K`` ids and logits), concatenated in table
-        order; ``last_logits`` is then ``[prompts, vocab]``. On CPU the prompts run
-        packed (module doc: consecutive prompts share a prefill while their padded
-        total has a ready bucket); elsewhere one after another.
+        order; ``last_logits`` is then ``[prompts, vocab]``. Each prompt is prefilled
+        alone, one after another, through the JIT it would run alone (module doc,
+        "Prompt batches"): its outputs and KV entries are those of the prompt alone.
         """
         array = self._check_input(payload)
-        if not 1 <= len(tags) <= self._heads:
+        if not 1 <= len(tags) <= self._max_prompts:
             raise StepError(f"a prompt batch of {len(tags)} prompts (this stage takes "
-                            f"1..{self._heads})")
+                            f"1..{self._max_prompts})")
         seen: set[int] = set()
         for tag in tags:
             if tag.slot >= self.slots:
@@ -1126,19 +1116,9 @@ class StageRole:
             array = self._embed(cast("npt.NDArray[np.int32]", array))  # checked int32
         outputs: list[npt.NDArray[np.generic]] = []
         start = 0
-        for pack in self._packs(counts):
-            rows = sum(counts[i] for i in pack)
-            part = array[start : start + rows]
-            if self._cpu:
-                result = self._prefill_packed(part, [(tags[i].slot, counts[i]) for i in pack])
-                outputs += ([result[j] for j in range(len(pack))] if self.is_last
-                            else [result[:rows]])
-            else:
-                offset = 0
-                for i in pack:
-                    one = self._prefill_step(part[offset : offset + counts[i]], tags[i].slot)
-                    outputs.append(one if self.is_last else one[: counts[i]])
-                    offset += counts[i]
+        for tag, rows in zip(tags, counts, strict=True):
+            result = self._prefill_step(array[start : start + rows], tag.slot)
+            outputs.append(result if self.is_last else result[:rows])
             start += rows
         for tag in tags:
             self._positions[tag.slot] = tag.position
@@ -1149,23 +1129,6 @@ class StageRole:
                    else np.array([int(np.argmax(row))], dtype=np.int32)
                    for tag, row in zip(tags, logits, strict=True)]
         return np.concatenate(answers)
-
-    def _packs(self, counts: Sequence[int]) -> list[list[int]]:
-        """Prompts (their row counts, in order) grouped into prefills: consecutive
-        prompts share one while their total's bucket is ready (module doc), at most
-        ``min(slots, MAX_PROMPTS)`` each; a prompt alone always runs."""
-        packs: list[list[int]] = []
-        total = 0
-        for index, count in enumerate(counts):
-            if (packs and self._cpu and len(packs[-1]) < self._heads
-                    and total + count <= self.max_seq_len
-                    and self._prefill_ready(self._bucket(total + count))):
-                packs[-1].append(index)
-                total += count
-            else:
-                packs.append([index])
-                total = count
-        return packs
 
     def _compute(self, array: npt.NDArray[np.generic], slot: int, start: int,
                  prefill: bool) -> npt.NDArray[np.generic]:
@@ -1197,8 +1160,7 @@ class StageRole:
         """A prompt's rows at positions ``0..T-1`` of ``slot`` through its bucket's JIT:
         the activation rows (padded), or on the last stage its last row's logits."""
         if self._cpu:
-            packed = self._prefill_packed(array, [(slot, int(array.shape[0]))])
-            return packed[0] if self.is_last else packed
+            return self._prefill_packed(array, slot)
         tokens = array.shape[0]
         # pad the prompt to a multiple of PREFILL_BUCKET rows: kernels (and BEAM results)
         # are shared by every prompt length in a bucket. Padding rows come after the
@@ -1224,19 +1186,18 @@ class StageRole:
             self._release_build_memory()
         return result
 
-    def _prefill_packed(self, array: npt.NDArray[np.generic],
-                        prompts: Sequence[tuple[int, int]]) -> npt.NDArray[np.generic]:
-        """Prompts ``(slot, rows)``, their rows ``array`` one after another, through one
-        CPU prefill (:meth:`_forward_packed`, the JIT of their padded total's bucket);
-        each prompt's keys and values go to positions ``0..rows-1`` of its slot. Returns
-        the activation rows ``[padded, hidden]``, or on the last stage the logits
-        ``[heads, vocab]`` whose row ``i`` is prompt ``i``'s last row's."""
+    def _prefill_packed(self, array: npt.NDArray[np.generic], slot: int
+                        ) -> npt.NDArray[np.generic]:
+        """A prompt's rows ``array`` through one CPU prefill (:meth:`_forward_packed`,
+        the JIT of its bucket); its keys and values go to positions ``0..rows-1`` of
+        ``slot``. Returns the activation rows ``[padded, hidden]``, or on the last stage
+        its last row's logits ``[vocab]``."""
         tokens = int(array.shape[0])
         padded = self._bucket(tokens)
-        if padded > tokens:  # padding rows: a prompt of their own (attending to itself)
+        if padded > tokens:  # padding rows: a block of their own (each attends to itself)
             pad = np.zeros((padded - tokens, array.shape[1]), dtype=array.dtype)
             array = np.concatenate([array, pad])
-        lengths = [rows for _, rows in prompts] + ([padded - tokens] if padded > tokens else [])
+        lengths = [tokens] + ([padded - tokens] if padded > tokens else [])
         positions = np.concatenate([np.arange(n) for n in lengths])
         mask = np.zeros((padded, padded), dtype=np.bool_)
         start = 0
@@ -1249,38 +1210,29 @@ class StageRole:
         else:
             cos = self._rope_rows[0][positions].reshape(1, padded, half)
             sin = self._rope_rows[1][positions].reshape(1, padded, half)
-        many = len(prompts) > 1
-        heads = self._heads if many and self.is_last else 1
-        ends = np.cumsum([rows for _, rows in prompts]) - 1
-        lasts = [int(end) for end in ends[:heads]]
-        lasts += [0] * (heads - len(lasts))
         inputs = (upload(array, self.device), upload(cos, self.device),
                   upload(sin, self.device), upload(mask, self.device))
-        values = tuple(v.bind(last) for v, last in zip(self._last_vars[:heads], lasts,
-                                                        strict=True))
-        prefill = self._prefill_jit(padded, many)
+        last = self._last_var.bind(tokens - 1)
+        prefill = self._prefill_jit(padded)
         use_cpu_graph(self.cpu_graph)
         built = prefill.cnt < 2  # this call runs the graph eagerly or captures it
-        out, *kv = prefill(*inputs, *values)
+        out, *kv = prefill(*inputs, last)
         result: npt.NDArray[np.generic] = out.numpy()
-        self._write_kv([t.numpy() for t in kv], prompts)
-        self._keep_prefill(prefill, self._prefill_kind(padded, many), (*inputs, *values))
+        self._write_kv([t.numpy() for t in kv], slot, tokens)
+        self._keep_prefill(prefill, f"prefill-{padded}", (*inputs, last))
         if built:
             self._release_build_memory()
-        return result
+        return result[0] if self.is_last else result
 
-    def _write_kv(self, kv: Sequence[npt.NDArray[np.generic]],
-                  prompts: Sequence[tuple[int, int]]) -> None:
-        """Copy each prompt's keys and values (``kv``: per block keys then values,
-        ``[kv_heads, T, head_dim]``, the prompts' rows one after another) into positions
-        ``0..rows-1`` of its slot's caches, through host views of the cache buffers."""
+    def _write_kv(self, kv: Sequence[npt.NDArray[np.generic]], slot: int, rows: int
+                  ) -> None:
+        """Copy a prompt's keys and values (``kv``: per block keys then values,
+        ``[kv_heads, T, head_dim]``) at rows ``0..rows-1`` into positions ``0..rows-1``
+        of its slot's caches, through host views of the cache buffers."""
         synchronize(self.device)  # nothing queued may still read the caches
-        offset = 0
-        for slot, rows in prompts:
-            for index, (cache_k, cache_v) in enumerate(self._cache_views):
-                cache_k[slot, :, :rows] = kv[2 * index][:, offset : offset + rows]
-                cache_v[slot, :, :rows] = kv[2 * index + 1][:, offset : offset + rows]
-            offset += rows
+        for index, (cache_k, cache_v) in enumerate(self._cache_views):
+            cache_k[slot, :, :rows] = kv[2 * index][:, :rows]
+            cache_v[slot, :, :rows] = kv[2 * index + 1][:, :rows]
 
     def _release_build_memory(self) -> None:
         """Give back what building a graph left cached: a graph's first, eager run
@@ -1373,31 +1325,14 @@ class StageRole:
         if self._kernels is not None and jit.captured is not None:
             self._kernels.save(kind, jit.captured)
 
-    def _prefill_kind(self, padded: int, many: bool = False) -> str:
-        """The kernel cache kind of a bucket's prefill JIT (a last stage's for several
-        prompts: ``prefill-P-xK``, K logits rows)."""
-        return (f"prefill-{padded}-x{self._heads}" if many and self.is_last and self._heads > 1
-                else f"prefill-{padded}")
-
-    def _prefill_jit(self, padded: int, many: bool = False) -> _PrefillJit:
-        """The bucket's prefill JIT; with ``many`` the one for several prompts (on a last
-        stage of several slots, its own JIT: ``_heads`` logits rows)."""
-        kind = self._prefill_kind(padded, many)
-        jits = self._prefill_many if kind.endswith(f"-x{self._heads}") else self._prefill
-        prefill = jits.get(padded)
+    def _prefill_jit(self, padded: int) -> _PrefillJit:
+        """The bucket's prefill JIT (kernel cache kind ``prefill-P``)."""
+        prefill = self._prefill.get(padded)
         if prefill is None:
             forward = self._forward_packed if self._cpu else self._forward_prefill
-            prefill = jits[padded] = cast("_PrefillJit", TinyJit(forward))
-            self._adopt(prefill, kind)
+            prefill = self._prefill[padded] = cast("_PrefillJit", TinyJit(forward))
+            self._adopt(prefill, f"prefill-{padded}")
         return prefill
-
-    def _prefill_ready(self, padded: int) -> bool:
-        """Whether the bucket's prefill JIT for several prompts replays (built, or loaded
-        from the cache)."""
-        jits = self._prefill_many if self._prefill_kind(padded, True) != self._prefill_kind(
-            padded) else self._prefill
-        prefill = jits.get(padded)
-        return prefill is not None and prefill.captured is not None
 
     def _keep_prefill(self, prefill: _PrefillJit, kind: str,
                       args: tuple[Tensor | UOp, ...]) -> None:
@@ -1443,15 +1378,13 @@ class StageRole:
                   for size in range(PREFILL_BUCKET, longest + PREFILL_BUCKET, PREFILL_BUCKET)}
         buckets += [f"prefill-{size}" for size in sorted(wanted)
                     if f"prefill-{size}" not in buckets]
-        sizes = sorted({int(kind.split("-")[1]) for kind in buckets})  # prefill-P[-xK]
+        sizes = sorted({int(kind.split("-")[1]) for kind in buckets})  # prefill-P
         for padded in sizes:
             if not 0 < padded <= self.max_seq_len:
                 continue
             zeros = np.zeros((padded, self.facts.hidden_dim), dtype=self.np_dtype)
             if self._cpu:
-                self._prefill_packed(zeros, [(0, padded)])  # captured and kept there
-                if self._prefill_kind(padded, True) != self._prefill_kind(padded) and padded > 1:
-                    self._prefill_packed(zeros, [(0, padded - 1), (1, 1)])  # several prompts
+                self._prefill_packed(zeros, 0)  # captured and kept there
                 continue
             prefill = self._prefill_jit(padded)
             data = upload(zeros, self.device)

@@ -539,8 +539,9 @@ class RunEngine:
     def submit_all(self, requests: Sequence[tuple[Sequence[int], SamplingParams]]
                    ) -> list[RunStream]:
         """Submit several sequences together, as `submit` each: the run writes their
-        prompts as prompt batches (a stage prefills them together), which a serving
-        session uses for the streams it migrates to this run after a fault."""
+        prompts as prompt batches (one object per edge; a stage prefills each prompt as
+        alone), which a serving session uses for the streams it migrates to this run
+        after a fault."""
         streams: list[RunStream] = []
         together: list[SubmitSequence] = []
         for prompt, params in requests:

@@ -74,12 +74,13 @@ batch of one row travels as a single-tag object.
 
 Prompt batches: several prompts in one object
 ---------------------------------------------
-A prompt's prefill pays a cost per object besides its rows: on a CPU stage every
-weight is widened once per prefill (``swactor.model.prefill_gemm``), and a short
-prompt is padded to a whole bucket of rows. Prompts submitted together (the sequences
-a serving session migrates to a new run after a fault, or requests that arrive at
-once) therefore travel as one *prompt batch*, which a stage prefills as one product
-over all their rows, each prompt attending only to its own rows::
+An object pays a cost besides its rows' compute (a ring slot, an edge send, the
+worker's step, the orchestrator's hop per stage). Prompts submitted together (the
+sequences a serving session migrates to a new run after a fault, or requests that
+arrive at once) therefore travel as one *prompt batch*, one object per edge for all of
+them. A stage prefills its prompts one after another, each exactly as it would prefill
+the prompt alone (``StageRole.run_prompts``), so each prompt's rows, answer and KV
+entries are bit-identical to the prompt sent alone::
 
     flags:  bit 31 = 0, bit 29 BATCH = 1, bit 28 PROMPTS = 1, bits 0..10 = S
             (1 .. MAX_PROMPTS); every other bit 0
@@ -122,8 +123,8 @@ BATCH_ROWS_MASK = (1 << 11) - 1
 PROMPTS = 1 << 28
 """With BATCH (TAGGED clear): a prompt batch of ``flags & BATCH_ROWS_MASK`` prompts."""
 MAX_PROMPTS = 4
-"""Prompts one prompt batch carries at most (a last stage computes logits for this
-many rows per prefill, whatever a batch holds)."""
+"""Prompts one prompt batch carries at most (a bound on the work one object asks of a
+stage)."""
 TAG_WIDTH = 4
 """Bytes of one tag table entry (a little-endian u32)."""
 

@@ -30,8 +30,8 @@ its slots and the padding is zero, runs `StageRole.run_batch` on the rows after 
 writes the table padded to whole rows of its output edge and then the result rows
 (activation rows, or on the last stage each row's id or candidates). A prompt batch
 (flags BATCH and PROMPTS: one table entry per prompt, its row count in the position
-field) is read the same way and runs `StageRole.run_prompts`: every prompt's rows in
-one prefill, each prompt in its own slot; the last stage answers each prompt's next
+field) is read the same way and runs `StageRole.run_prompts`: each prompt prefilled as
+alone (bit for bit), in its own slot; the last stage answers each prompt's next
 token (id or candidates) in table order. `batch_rows` are
 the batch sizes whose B-row decode kernels the role builds at configure time
 (`StageRole.warm_up`; minutes each on a small CPU unless the kernel cache holds them,
