@@ -85,7 +85,7 @@ alone. Packing several prompts into one prefill (their rows one after another, a
 block-diagonal mask) was measured not to give that: a prompt's attention reductions
 then run over the packed object's padded columns, whose count, the prompt's column
 offset and the kernels tinygrad picks for that shape all change the order of the sums
-(SmolLM2: logits up to 2.6e-5 apart from the prompt alone).
+(SmolLM2: logits up to 5e-5 apart from the prompt alone).
 
 Decode is a chain of matrix-vector products over every weight, so its speed is the rate at
 which kernels stream weights. Two measured choices (SmolLM2, 2 CPU cores): products are
