@@ -32,8 +32,9 @@ reports the loss (``SequenceLost``) and waits to be placed again. The table deci
 sequences that arrived later, and ForwardHeld submits it to the next run as prompt +
 streamed tokens with ``max_tokens`` reduced by the streamed count (``sequence_migrated``),
 so its next tokens follow the last one the client got; every held sequence is
-submitted in one ``submit_all``, so the run writes their prompts as prompt batches and
-each stage prefills them together rather than one after another; FailLost ends it with the fault
+submitted in one ``submit_all``, so the run writes their prompts as prompt batches (one
+object per edge for all of them; each stage prefills each prompt as alone, bit for bit,
+so each continues exactly); FailLost ends it with the fault
 and why it did not move (``sequence_lost``). A second ``Started`` from the new run is
 not relayed.
 
@@ -535,7 +536,7 @@ class ServeSession(ss.ServeSessionEffects[None]):
 
     def _forward(self, sequence_ids: list[int]) -> None:
         """Submit the sequences to the current run together (their prompts travel as
-        prompt batches: each stage prefills them at once)."""
+        prompt batches: one object per edge for all of them)."""
         run = self._run
         streams = [stream for stream in (self._streams.get(i) for i in sequence_ids)
                    if stream is not None and not stream.placed]

@@ -238,7 +238,7 @@ async def test_a_fault_migrates_in_flight_streams_then_a_new_run_serves_held_req
     await until(lambda: serve.state is ss.State.Serving, "serving again")
     # the migrated continuation first, then the held ones in arrival order
     assert [prompt for prompt, _ in second.submitted] == [(1, 9), (2,), (3,)]
-    assert second.together == [3], "one submission: the run prefills them together"
+    assert second.together == [3], "one submission: one prompt batch"
     assert [p.max_tokens for p in second.params] == [PARAMS.max_tokens - 1, 4, 4]
     assert serve.health() == Health(HealthState.SERVING, "", 1)
     for _, inner in second.submitted:
