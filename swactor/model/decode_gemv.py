@@ -6,25 +6,47 @@ Theory of operation. A decode step multiplies each weight matrix ``W`` ``[rows, 
 rows ``x`` ``[B, cols]`` (``B = 1``: one sequence; more: a batched step of several
 sequences). On a CPU the cost is widening the codes, not the multiply-adds, and
 tinygrad's kernels for ``B`` rows widened each block about once per row (4 rows cost
-6.5x one row on SmolLM2 Q4_1). Here each product is one kernel (a tinygrad custom
-kernel on the clang renderer, as :mod:`swactor.model.prefill_gemm`) that, per block of
-32 weights, loads and widens the codes once (``w = d * q + m`` for Q4_1, ``w = d * q``
-for Q8_0) into two 16-float vectors (``ext_vector_type(16)``: one AVX-512, two AVX2 or
-four NEON registers), then multiply-adds them into every row's running sums: ``B``
-rows cost one widening and ``2 B`` vector multiply-adds per block. Two details keep
+6.5x one row on SmolLM2 Q4_1). Here each product is a tinygrad custom kernel on the
+clang renderer (as :mod:`swactor.model.prefill_gemm`), on one of two paths. On the
+*float path* one kernel, per block of 32 weights, loads and widens the codes once
+(``w = d * q + m`` for Q4_1, ``w = d * q`` for Q8_0) into two 16-float vectors
+(``ext_vector_type(16)``: one AVX-512, two AVX2 or four NEON registers), then
+multiply-adds them into every row's running sums: ``B`` rows cost one widening and
+``2 B`` vector multiply-adds per block. Two details keep
 the widening off the vector shuffle unit: the f16 scales of the output rows in hand are
 widened first into a small array with integer bit moves (exact for every finite f16;
 a block then reads its scale as a broadcast load), and Q4_1's bytes are widened to
 32-bit lanes before the nibbles are cut.
 
-Every output ``(b, o)`` is computed by the same arithmetic whatever ``B``, the chunk
-or the thread: a 16-lane running sum ``acc += w[0:16] * x[b, k:k+16]`` then ``acc +=
-w[16:32] * x[b, k+16:k+32]`` over the blocks ``k`` in order (clang contracts each into
-one FMA where the target has one, the same way in every variant: the statements are
-the same text), then the lanes added in one fixed tree. So row ``b`` of a ``B``-row
-product is bit-identical to the one-row product of that row, and the one-row decode
-path uses this kernel with ``B = 1``. Results differ from
-``gguf.quants.dequantize`` followed by an exact product only in float32 rounding.
+On the float path every output ``(b, o)`` is computed by the same arithmetic
+whatever ``B``, the chunk or the thread: a 16-lane running sum ``acc += w[0:16] *
+x[b, k:k+16]`` then ``acc += w[16:32] * x[b, k+16:k+32]`` over the blocks ``k`` in order
+(clang contracts each into one FMA where the target has one, the same way in every
+variant: the statements are the same text), then the lanes added in one fixed tree.
+Results differ from ``gguf.quants.dequantize`` followed by an exact product only in
+float32 rounding. It serves targets other than x86-64, and the output projection
+(``gemv(..., integer=False)``: logits pick tokens, so they keep float32 rounding).
+
+The *integer path* (x86-64: :func:`integer_path`), integer dot products as llama.cpp
+does, with 16-bit activations. A first kernel (:func:`quantise`, one per product)
+quantises each activation row once per block of 32: ``d = max|x| / 32767``, codes
+``q = x * (1 / d)`` rounded half to even (``|q| <= 32767``; zero where ``d < 2**-120``),
+and per block ``d`` and ``d * sum(q)``. (8-bit activations, llama.cpp's choice, cost SmolLM2-sized models about
+5e-3 of the logits' range, 50 times the tolerance the tests hold the role to; 16 bits
+cost about 2e-5.) The product kernel then takes 16 output rows at a time, one per
+vector lane: per block it loads the 16 rows' codes and transposes them with in-register
+shuffles so that each 32-bit lane holds two codes of its row as 16-bit integers (Q4_1
+nibbles cut, Q8_0 bytes sign-extended), shared by every activation row; per activation
+row, 16 integer pair-products (``vpdpwssd`` with AVX-512 VNNI or AVX-VNNI, ``vpmaddwd``
+with AVX2, plain C elsewhere: all the same exact 32-bit sums) give each lane its block's
+``sum(w_code * x_code)``, converted to float and scaled: ``acc += (s * dw) * d`` plus
+``acc += mw * (d * sum(q))`` for Q4_1's min term. The lanes are the output rows, so no
+sum across lanes is needed. Measured on SmolLM2's shapes (``bench gemv``): 1.7-2.6x the
+float path per product for 1 to 8 rows, 1.2-2x for the Q8_0 output head's shape.
+
+On either path row ``b`` of a ``B``-row product is bit-identical to the one-row
+product of that row (integer sums are exact; each lane's float steps are the same
+statements whatever ``B``), and the one-row decode path uses this kernel with ``B = 1``.
 
 A product is cut into *slices* of output rows: the kernel takes tinygrad's ``core_id``
 variable (the slice, ``0 .. slices - 1``), as tinygrad's own ``THREAD`` opt does, so
@@ -33,15 +55,17 @@ native replay pool runs the slices of one product on several threads (slices wri
 disjoint outputs). The kernel also loads one value of each input in tinygrad's IR (a
 value the C never uses), so tinygrad's ``ProgramInfo`` lists every input as read and
 the replay graph knows the kernel only reads them: kernels that read the same input
-can share a phase. Inside a slice ``R`` output rows are interleaved (:func:`interleave`:
-``R * B <= 8`` running sums) so that the chains of dependent multiply-adds overlap.
+can share a phase. On the float path ``R`` output rows are interleaved inside a slice
+(:func:`interleave`: ``R * B <= 8`` running sums) so that the chains of dependent
+multiply-adds overlap; the integer path's 16 lanes are 16 independent rows.
 
 Used for decode products on a CPU device whose renderer is clang, for Q4_1 and Q8_0
 matrices with ``cols`` a multiple of 32 (more than :data:`MAX_ROWS` rows go through in
 groups of at most that many, each row computed as always); anything else keeps
 tinygrad's expression (:func:`~swactor.model.block_kernels.dequant_expr`). A prefill of
-at most :data:`PREFILL_ROWS` rows uses it too: widening the blocks once per group of 8
-rows beats widening the whole matrix into the prefill GEMM's panels up to there.
+at most :data:`PREFILL_ROWS` rows uses it too (one quantisation of every row, then 8 rows
+per kernel): widening the blocks once per group of 8 rows beats widening the whole
+matrix into the prefill GEMM's panels up to there.
 """
 
 from __future__ import annotations
@@ -69,6 +93,9 @@ GEMM is ahead on one thread (495 against 537 ms)."""
 SUMS = 8  # running sums a slice keeps at once: R output rows x B activation rows
 SLICE_WEIGHTS = 1 << 16  # about this many weights per slice (the last may be shorter)
 BLOCK = 32
+INTEGER = True
+"""Whether x86-64 products take the integer path (:func:`integer_path`); the float path
+stays for other targets and for benchmarks side by side."""
 
 
 def usable(device: str, matrix: DeviceQuant, batch: int) -> bool:
@@ -80,8 +107,8 @@ def usable(device: str, matrix: DeviceQuant, batch: int) -> bool:
 
 
 def slice_rows(rows: int, cols: int) -> int:
-    """Output rows per slice: about :data:`SLICE_WEIGHTS` weights, a multiple of 8."""
-    per = max(8, SLICE_WEIGHTS // max(1, cols) // 8 * 8)
+    """Output rows per slice: about :data:`SLICE_WEIGHTS` weights, a multiple of 16."""
+    per = max(16, SLICE_WEIGHTS // max(1, cols) // 16 * 16)
     return min(rows, per)
 
 
@@ -179,44 +206,325 @@ def gemv_source(type_id: int, batch: int, cols: int, rows: int, per_slice: int) 
     return text
 
 
-def gemv(x: Tensor, matrix: DeviceQuant) -> Tensor:
+# --- integer path: activations quantised to int16 per block, integer dot products ---
+
+QUANT_LEVELS = 32767
+"""An activation block is quantised to ``round(x / d)`` with ``d = amax / QUANT_LEVELS``."""
+LANES = 16  # output rows one vector holds (one AVX-512 register, two AVX2)
+_MAGIC = "12582912.0f"  # 1.5 * 2**23: (v + M) - M rounds v to nearest-even for |v| < 2**22
+
+
+def integer_path(device: str) -> bool:
+    """Whether products on ``device`` take the integer path (x86-64 clang targets)."""
+    return INTEGER and str(Device[device].renderer.target.arch).startswith("x86_64")
+
+
+def quant_words(cols: int) -> int:
+    """32-bit words of one quantised activation row: per block 32 int16 codes (16 words),
+    then every block's scale ``d``, then every block's ``d * sum(codes)``."""
+    return cols // BLOCK * 18
+
+
+def quant_source(batch: int, cols: int) -> str:
+    """C that quantises ``batch`` rows of ``cols`` floats (``{1}``) into ``{0}``
+    (:func:`quant_words` per row). A block's 16 codes of each half are stored even
+    positions first, then odd ones: the order the weight vectors pair them in."""
+    blocks = cols // BLOCK
+    words = quant_words(cols)
+    body = [
+        "{",
+        "typedef float v16 __attribute__((ext_vector_type(16), aligned(4)));",
+        "typedef int v16i __attribute__((ext_vector_type(16), aligned(4)));",
+        "typedef int v8i __attribute__((ext_vector_type(8)));",
+        "typedef int v4i __attribute__((ext_vector_type(4)));",
+        "typedef int v2i __attribute__((ext_vector_type(2)));",
+        "typedef short v16s __attribute__((ext_vector_type(16), aligned(2)));",
+        "int *q = (int *)(@0);",
+        "const float *x = @1;",
+        f"for (int b = 0; b < {batch}; b++) {{",
+        f"  for (int k = 0; k < {blocks}; k++) {{",
+        f"    const float *xb = x + (long)b * {cols} + k * 32;",
+        "    v16 lo = *(const v16 *)xb, hi = *(const v16 *)(xb + 16);",
+        "    v16i al = (v16i)lo & 0x7fffffff, ah = (v16i)hi & 0x7fffffff;",
+        # |x| bit patterns compare as integers; max of the 32 without a float compare
+        "    v16i m = al ^ ((al ^ ah) & (al < ah));",
+        "    v8i m8 = m.lo ^ ((m.lo ^ m.hi) & (m.lo < m.hi));",
+        "    v4i m4 = m8.lo ^ ((m8.lo ^ m8.hi) & (m8.lo < m8.hi));",
+        "    v2i m2 = m4.lo ^ ((m4.lo ^ m4.hi) & (m4.lo < m4.hi));",
+        "    int amax_bits = m2[0] > m2[1] ? m2[0] : m2[1];",
+        "    float amax; __builtin_memcpy(&amax, &amax_bits, 4);",
+        f"    float d = amax / {QUANT_LEVELS}.0f;",
+        # a block below 2**-120 (all but zero) quantises to zero codes: 1 / d stays finite
+        "    float id = d >= 0x1p-120f ? 1.0f / d : 0.0f;",
+        "    v16 vl = lo * id;",
+        "    v16 vh = hi * id;",
+        f"    vl = (vl + {_MAGIC}) - {_MAGIC};",
+        f"    vh = (vh + {_MAGIC}) - {_MAGIC};",
+        "    v16i ql = __builtin_convertvector(vl, v16i), qh = __builtin_convertvector(vh, v16i);",
+        "    v16i s16 = ql + qh; v8i s8 = s16.lo + s16.hi; v4i s4 = s8.lo + s8.hi;",
+        "    int sum = (s4[0] + s4[1]) + (s4[2] + s4[3]);",
+        f"    int *row = q + (long)b * {words};",
+        "    v16s sl = __builtin_convertvector(ql, v16s), sh = __builtin_convertvector(qh, v16s);",
+        "    *(v16s *)(row + k * 16) = __builtin_shufflevector(sl, sl, "
+        + ", ".join(str(i) for i in [*range(0, 16, 2), *range(1, 16, 2)]) + ");",
+        "    *(v16s *)(row + k * 16 + 8) = __builtin_shufflevector(sh, sh, "
+        + ", ".join(str(i) for i in [*range(0, 16, 2), *range(1, 16, 2)]) + ");",
+        f"    float *dd = (float *)(row + {blocks * 16});",
+        f"    dd[k] = d; dd[{blocks} + k] = d * (float)sum;",
+        "  }",
+        "}",
+        "}",
+    ]
+    return _template(body)
+
+
+def _template(body: list[str]) -> str:
+    text = "\n".join(body).replace("{", "{{").replace("}", "}}")
+    for index in range(6):
+        text = text.replace(f"@{index}", f"{{{index}}}")
+    return text
+
+
+_DOT = """#if defined(__AVX512VNNI__)
+#define DOT(acc, w, x) acc = (v16i)__builtin_ia32_vpdpwssd512((gv16)acc, (gv16)(w), (gv16)(v16i)(x))
+#elif defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#define DOT(acc, w, x) do { v16i w_ = (w), x_ = (v16i)(x); v8i l_ = acc.lo, h_ = acc.hi; \\
+  l_ = (v8i)__builtin_ia32_vpdpwssd256((gv8)l_, (gv8)w_.lo, (gv8)x_.lo); \\
+  h_ = (v8i)__builtin_ia32_vpdpwssd256((gv8)h_, (gv8)w_.hi, (gv8)x_.hi); \\
+  acc.lo = l_; acc.hi = h_; } while (0)
+#elif defined(__AVX2__)
+#define DOT(acc, w, x) do { v16i w_ = (w), x_ = (v16i)(x); v8i l_ = acc.lo, h_ = acc.hi; \\
+  l_ += (v8i)__builtin_ia32_pmaddwd256((gs16)w_.lo, (gs16)x_.lo); \\
+  h_ += (v8i)__builtin_ia32_pmaddwd256((gs16)w_.hi, (gs16)x_.hi); \\
+  acc.lo = l_; acc.hi = h_; } while (0)
+#else
+#define DOT(acc, w, x) do { v16i w_ = (w), x_ = (v16i)(x); \\
+  acc += ((w_ << 16) >> 16) * ((x_ << 16) >> 16) + (w_ >> 16) * (x_ >> 16); } while (0)
+#endif"""
+
+
+def _transpose(loads: list[str]) -> list[str]:
+    """C giving ``T0..T3`` (``v16i``): lane ``r`` of ``Tj`` is dword ``j`` of ``loads[r]``
+    (16 four-dword ``v4i`` expressions): four registers of four rows, then a 4x4 dword
+    transpose inside each 128-bit chunk."""
+    lines = [f"v4i p{r} = {expr};" for r, expr in enumerate(loads)]
+    for i in range(4):
+        lines.append(f"v16i z{i} = __builtin_shufflevector("
+                     f"__builtin_shufflevector(p{i}, p{i + 4}, 0, 1, 2, 3, 4, 5, 6, 7), "
+                     f"__builtin_shufflevector(p{i + 8}, p{i + 12}, 0, 1, 2, 3, 4, 5, 6, 7), "
+                     + ", ".join(str(n) for n in range(16)) + ");")
+
+    def mask(pattern: list[tuple[int, int]]) -> str:
+        return ", ".join(str(16 * src + 4 * c + at) for c in range(4) for src, at in pattern)
+
+    lo32, hi32 = [(0, 0), (1, 0), (0, 1), (1, 1)], [(0, 2), (1, 2), (0, 3), (1, 3)]
+    lo64, hi64 = [(0, 0), (0, 1), (1, 0), (1, 1)], [(0, 2), (0, 3), (1, 2), (1, 3)]
+    lines += [
+        f"v16i u0 = __builtin_shufflevector(z0, z1, {mask(lo32)});",
+        f"v16i u1 = __builtin_shufflevector(z0, z1, {mask(hi32)});",
+        f"v16i u2 = __builtin_shufflevector(z2, z3, {mask(lo32)});",
+        f"v16i u3 = __builtin_shufflevector(z2, z3, {mask(hi32)});",
+        f"v16i T0 = __builtin_shufflevector(u0, u2, {mask(lo64)});",
+        f"v16i T1 = __builtin_shufflevector(u0, u2, {mask(hi64)});",
+        f"v16i T2 = __builtin_shufflevector(u1, u3, {mask(lo64)});",
+        f"v16i T3 = __builtin_shufflevector(u1, u3, {mask(hi64)});",
+    ]
+    return lines
+
+
+def _int_group(q4: bool, batch: int, cols: int, rows: int, full: bool) -> list[str]:
+    """C for the 16 output rows from ``o`` on (``full``) or the last ``last - o`` of them
+    (rows past ``last`` read as row ``last - 1``, results not stored): each lane is one
+    output row and computes the same arithmetic either way."""
+    blocks = cols // BLOCK
+    size = 16 if q4 else 32  # code bytes of one block
+    words = quant_words(cols)
+    lines: list[str] = []
+    if full:
+        def row(r: int) -> str:
+            return f"((long)o + {r})"
+        lines += _widen_scales("dp", "sd", LANES, blocks)
+        if q4:
+            lines += _widen_scales("mp", "sm", LANES, blocks)
+    else:
+        lines.append(f"int rr[{LANES}];")
+        lines.append(f"for (int r = 0; r < {LANES}; r++) rr[r] = o + r < last ? o + r : last - 1;")
+
+        def row(r: int) -> str:
+            return f"((long)rr[{r}])"
+        for pointer, name in [("dp", "sd")] + ([("mp", "sm")] if q4 else []):
+            lines += [
+                f"float {name}[{LANES * blocks}];",
+                f"for (int r = 0; r < {LANES}; r++) for (int k = 0; k < {blocks}; k++) {{",
+                f"  unsigned h = {pointer}[(long)rr[r] * {blocks} + k];",
+                "  unsigned u = ((h & 0x8000u) << 16) | ((h & 0x7fffu) << 13); float f;",
+                f"  __builtin_memcpy(&f, &u, 4); {name}[r * {blocks} + k] = f * 0x1p112f;",
+                "}",
+            ]
+    lines += [" ".join(f"v16 a{b} = (v16)(0.0f);" for b in range(batch))]
+    lines.append(f"for (int k = 0; k < {blocks}; k++) {{")
+    body: list[str] = []
+    halves = 1 if q4 else 2
+    weights: list[str] = []
+    for h in range(halves):
+        loads = [f"*(const v4i *)(qs + {row(r)} * {blocks * size} + k * {size} + {16 * h})"
+                 for r in range(LANES)]
+        body.append("{")
+        body += _transpose(loads)
+        for j in range(4):
+            if q4:  # codes 4j, 4j+2 / 4j+1, 4j+3 (low nibbles), the same + 16 (high)
+                body += [f"w0_{j} = T{j} & 0x000f000f; w1_{j} = (T{j} >> 8) & 0x000f000f;",
+                         f"w2_{j} = (T{j} >> 4) & 0x000f000f; w3_{j} = (T{j} >> 12) & 0x000f000f;"]
+            else:  # signed bytes 4j, 4j+2 / 4j+1, 4j+3 of half h as int16 pairs
+                body += [f"w{2 * h}_{j} = (v16i)(((v16s2)T{j} << 8) >> 8);",
+                         f"w{2 * h + 1}_{j} = (v16i)((v16s2)T{j} >> 8);"]
+        body.append("}")
+    weights = [f"w{g}_{j}" for g in range(4) for j in range(4)]
+    body.insert(0, "v16i " + ", ".join(weights) + ";")
+    gather = ", ".join(f"sd[{r * blocks} + k]" for r in range(LANES))
+    body.append(f"const v16 dw = (v16){{{gather}}};")
+    if q4:
+        gather = ", ".join(f"sm[{r * blocks} + k]" for r in range(LANES))
+        body.append(f"const v16 mw = (v16){{{gather}}};")
+    for b in range(batch):
+        base = f"q + {b * words} + k * 16"
+        body.append(f"{{ const int *xc = {base};")
+        body.append("  v16i i0 = (v16i)(0), i1 = (v16i)(0);")
+        # group g pairs with words g*4 .. g*4+3 of the block (even/odd of each half)
+        for g in range(4):
+            for j in range(4):
+                body.append(f"  DOT(i{g % 2}, w{g}_{j}, xc[{g * 4 + j}]);")
+        body += [
+            "  v16 f = __builtin_convertvector(i0 + i1, v16);",
+            "  v16 t = f * dw;",
+            f"  a{b} = a{b} + t * xd[{b * words} + k];",
+        ]
+        if q4:
+            body.append(f"  a{b} = a{b} + mw * xd[{b * words + blocks} + k];")
+        body.append("}")
+    lines += [f"  {line}" for line in body]
+    lines.append("}")
+    for b in range(batch):
+        if full:
+            lines.append(f"*(v16 *)(out + {b * rows} + o) = a{b};")
+        else:
+            lines.append(f"for (int r = 0; o + r < last; r++) out[{b * rows} + o + r] = a{b}[r];")
+    return lines
+
+
+def int_source(type_id: int, batch: int, cols: int, rows: int, per_slice: int,
+               start: int) -> str:
+    """The C of one slice of the integer path (see the module docstring): output, quantised
+    activations (rows ``start ..``), codes, scales (and Q4_1 mins), then the slice."""
+    q4 = type_id == int(Q.Q4_1)
+    scalar = "const unsigned char" if q4 else "const signed char"
+    blocks = cols // BLOCK
+    body = [
+        "{",
+        "typedef float v16 __attribute__((ext_vector_type(16), aligned(4)));",
+        "typedef int v16i __attribute__((ext_vector_type(16), aligned(4)));",
+        "typedef int v8i __attribute__((ext_vector_type(8), aligned(4)));",
+        "typedef int v4i __attribute__((ext_vector_type(4), aligned(1)));",
+        "typedef short v16s2 __attribute__((ext_vector_type(32)));",
+        "typedef int gv16 __attribute__((vector_size(64)));",
+        "typedef int gv8 __attribute__((vector_size(32)));",
+        "typedef short gs16 __attribute__((vector_size(32)));",
+        _DOT,
+        "float *out = @0;",
+        f"const int *q = (const int *)(@1) + {start * quant_words(cols)};",
+        f"const float *xd = (const float *)q + {blocks * 16};",
+        f"{scalar} *qs = ({scalar} *)(@2);",
+        "const unsigned short *dp = (const unsigned short *)(@3);",
+        *(["const unsigned short *mp = (const unsigned short *)(@4);"] if q4 else []),
+        f"int first = (int)(@{5 if q4 else 4}) * {per_slice};",
+        f"int last = first + {per_slice} < {rows} ? first + {per_slice} : {rows};",
+        "int o = first;",
+        f"for (; o + {LANES} <= last; o += {LANES}) {{",
+        *(f"  {line}" for line in _int_group(q4, batch, cols, rows, True)),
+        "}",
+        "if (o < last) {",
+        *(f"  {line}" for line in _int_group(q4, batch, cols, rows, False)),
+        "}",
+        "#undef DOT",
+        "}",
+    ]
+    return _template(body)
+
+
+def gemv(x: Tensor, matrix: DeviceQuant, integer: bool = True) -> Tensor:
     """``x @ W.T`` for decode rows ``x`` ``float32 [B, cols]`` and a Q4_1 or Q8_0 block
     matrix (:func:`usable` said yes): ``float32 [B, rows]``; one kernel per
-    :data:`MAX_ROWS` rows."""
+    :data:`MAX_ROWS` rows, on the integer path (after one kernel quantising every row)
+    where ``integer`` and the target has it (:func:`integer_path`), else the float path."""
     batch = int(x.shape[0])
-    if batch <= MAX_ROWS:
-        return _gemv_rows(x, matrix)
-    parts = [_gemv_rows(x[start : start + MAX_ROWS], matrix)
-             for start in range(0, batch, MAX_ROWS)]
-    return parts[0].cat(*parts[1:], dim=0)
+    rows_of = [(start, min(MAX_ROWS, batch - start)) for start in range(0, batch, MAX_ROWS)]
+    if integer and integer_path(str(x.device)):
+        quantised = quantise(x)
+        parts = [_int_rows(quantised, start, count, matrix) for start, count in rows_of]
+    else:
+        parts = [_gemv_rows(x[start : start + count] if batch > MAX_ROWS else x, matrix)
+                 for start, count in rows_of]
+    return parts[0] if len(parts) == 1 else parts[0].cat(*parts[1:], dim=0)
 
 
-def _gemv_rows(x: Tensor, matrix: DeviceQuant) -> Tensor:
-    """:func:`gemv` of at most :data:`MAX_ROWS` rows: one kernel."""
+def quantise(x: Tensor) -> Tensor:
+    """Rows ``x`` ``float32 [B, cols]`` quantised for the integer path: ``int32 [B,
+    quant_words(cols)]`` (:func:`quant_source`), one single-slice kernel."""
+    batch, cols = int(x.shape[0]), int(x.shape[1])
+    code = quant_source(batch, cols)
+
+    def kernel(out: UOp, inputs: UOp) -> UOp:
+        pointers = (_first(out), _first(inputs))
+        body = UOp(Ops.CUSTOM, src=(*pointers, _first(inputs).load()), arg=code)
+        sink: UOp = body.sink(arg=KernelInfo(name=f"quant_i16_{batch}_{cols}",
+                                             opts_to_apply=()))
+        return sink
+
+    out = Tensor.empty(batch, quant_words(cols), dtype=dtypes.int32, device=x.device)
+    return out.custom_kernel(x.float().contiguous(), fxn=kernel)[0]
+
+
+def _first(buffer: UOp) -> UOp:
+    """``buffer``'s first element (a pointer to the buffer in the custom C)."""
+    zero = UOp.const(0, dtypes.weakint)
+    first: UOp = buffer.index(*([zero] * len(buffer.shape)))
+    return first
+
+
+def _sliced(inputs: Tensor, matrix: DeviceQuant, batch: int, code: str, name: str) -> Tensor:
+    """The ``[batch, rows]`` output of ``code`` (a slice's C) over ``inputs`` and the
+    matrix's arrays, in :func:`slice_rows` slices (the ``core_id`` variable)."""
     rows, cols = matrix.shape
-    batch = int(x.shape[0])
-    per_slice = slice_rows(rows, cols)
-    slices = -(-rows // per_slice)
+    slices = -(-rows // slice_rows(rows, cols))
     q4 = matrix.type_id == int(Q.Q4_1)
-    code = gemv_source(matrix.type_id, batch, cols, rows, per_slice)
-    name = f"gemv_{matrix.type_name.lower()}_{batch}_{cols}_{rows}"
     fields = [matrix.fields["qs"], matrix.fields["d"]] + ([matrix.fields["m"]] if q4 else [])
 
-    def kernel(out: UOp, inputs: UOp, *arrays: UOp) -> UOp:
-        zero = UOp.const(0, dtypes.weakint)
-
-        def at(buffer: UOp) -> UOp:
-            first: UOp = buffer.index(*([zero] * len(buffer.shape)))
-            return first
-
+    def kernel(out: UOp, source: UOp, *arrays: UOp) -> UOp:
         core = UOp.variable("core_id", 0, slices - 1, dtypes.int, param=True)
-        pointers = (at(out), at(inputs), *(at(a) for a in arrays), core)
+        pointers = (_first(out), _first(source), *(_first(a) for a in arrays), core)
         # a plain load of each input's first element, unused: ProgramInfo then lists
         # the inputs as read, so the replay graph knows the kernel only reads them
-        reads = tuple(at(b).load() for b in (inputs, *arrays))
+        reads = tuple(_first(b).load() for b in (source, *arrays))
         body = UOp(Ops.CUSTOM, src=(*pointers, *reads), arg=code)
         sink: UOp = body.sink(arg=KernelInfo(name=name, opts_to_apply=()))
         return sink
 
-    out = Tensor.empty(batch, rows, dtype=dtypes.float32, device=x.device)
-    return out.custom_kernel(x.float().contiguous(), *fields, fxn=kernel)[0]
+    out = Tensor.empty(batch, rows, dtype=dtypes.float32, device=inputs.device)
+    return out.custom_kernel(inputs, *fields, fxn=kernel)[0]
+
+
+def _int_rows(quantised: Tensor, start: int, batch: int, matrix: DeviceQuant) -> Tensor:
+    """Rows ``start .. start + batch`` of the integer path's product: one kernel."""
+    rows, cols = matrix.shape
+    code = int_source(matrix.type_id, batch, cols, rows, slice_rows(rows, cols), start)
+    name = f"gemv_i16_{matrix.type_name.lower()}_{batch}_{cols}_{rows}"
+    return _sliced(quantised, matrix, batch, code, name)
+
+
+def _gemv_rows(x: Tensor, matrix: DeviceQuant) -> Tensor:
+    """:func:`gemv` of at most :data:`MAX_ROWS` rows on the float path: one kernel."""
+    rows, cols = matrix.shape
+    batch = int(x.shape[0])
+    code = gemv_source(matrix.type_id, batch, cols, rows, slice_rows(rows, cols))
+    name = f"gemv_{matrix.type_name.lower()}_{batch}_{cols}_{rows}"
+    return _sliced(x.float().contiguous(), matrix, batch, code, name)

@@ -111,9 +111,11 @@ Batched decode (``run_batch``, :meth:`StageRole._decode_rows`): one TinyJit per 
 size ``B`` (kernel cache kind ``decode-rows-B``) whose ``2 B`` bound variables are the
 rows' positions and slots. Every product takes the ``B`` rows at once. On CPU a Q4_1 or
 Q8_0 block product (up to 8 rows) is the hand-written kernel of
-:mod:`swactor.model.decode_gemv`, the one-row decode's too: each block is widened once
-for all rows, each row's sums are the same arithmetic whatever ``B``, and the product
-is cut into slices of output rows that the replay pool runs on several threads. Any
+:mod:`swactor.model.decode_gemv`, the one-row decode's too: each block is unpacked once
+for all rows (on x86-64 into integer dot products with the rows quantised to 16 bits per
+block; the output projection, whose logits pick tokens, in float32), each row's sums
+are the same arithmetic whatever ``B``, and the product is cut into slices of output
+rows that the replay pool runs on several threads. Any
 other product is the one-row product's expression plus a row axis (``[B, out, in / 16,
 16]`` summed over the groups, then the 16 lanes): tinygrad gives it the one-row kernel's
 reduction opts (the same unrolled groups and lane order per row) and upcasts the row
@@ -680,13 +682,15 @@ class StageRole:
         return weights, kv
 
     # -- math -----------------------------------------------------------------------------
-    def _linear(self, x: Tensor, matrix: _Matrix, rows: bool = False) -> Tensor:
+    def _linear(self, x: Tensor, matrix: _Matrix, rows: bool = False,
+                logits: bool = False) -> Tensor:
         """``x @ W.T`` in float32 for a ``[out, in]`` matrix (its parts' outputs joined).
 
         ``rows``: ``x`` is independent decode rows, each computed as a one-row product
-        would be (the same 16-lane sums), not a prefill matrix product."""
+        would be (the same 16-lane sums), not a prefill matrix product. ``logits``: the
+        output projection, kept to float32 rounding (no activation quantisation)."""
         outs = [
-            self._block_linear(x, part, rows) if isinstance(part, DeviceQuant)
+            self._block_linear(x, part, rows, logits) if isinstance(part, DeviceQuant)
             else self._dense_linear(x, part, rows)
             for part in matrix.parts
         ]
@@ -724,14 +728,16 @@ class StageRole:
         ]
         return parts[0].cat(*parts[1:], dim=-1)
 
-    def _block_linear(self, x: Tensor, blocks: DeviceQuant, batch: bool = False) -> Tensor:
+    def _block_linear(self, x: Tensor, blocks: DeviceQuant, batch: bool = False,
+                      logits: bool = False) -> Tensor:
         """``x @ W.T`` with ``W`` decoded from the file's blocks inside the product's kernels
         (:func:`~swactor.model.block_kernels.dequant_expr`); nothing dense is stored.
 
         On CPU a Q4_1 or Q8_0 decode product, or a prefill product of at most
         :data:`~swactor.model.decode_gemv.PREFILL_ROWS` rows, is
         :func:`~swactor.model.decode_gemv.gemv` (every row in one pass over the blocks,
-        8 rows at a time); other decode products are cut below
+        8 rows at a time; ``logits``: on its float path, else the integer path where
+        the target has it); other decode products are cut below
         ``_BLOCK_ROWS_LIMIT`` rows on CPU, each a kernel over its rows' blocks; every
         product is materialised (fused into its consumer it would be recomputed per
         consumer row).
@@ -740,12 +746,13 @@ class StageRole:
         tokens = int(x.shape[0])
         if (tokens != 1 and not batch and self._cpu and tokens <= decode_gemv.PREFILL_ROWS
                 and decode_gemv.usable(self.device, blocks, tokens)):
-            return decode_gemv.gemv(x, blocks)  # a short prefill: rows in groups of 8
+            # a short prefill: rows in groups of 8
+            return decode_gemv.gemv(x, blocks, integer=not logits)
         if tokens != 1 and not batch:
             # prefill: a matrix product that widens the codes inside its kernel
             return block_matmul(x, blocks, self._cpu)
         if self._cpu and decode_gemv.usable(self.device, blocks, int(x.shape[0])):
-            return decode_gemv.gemv(x, blocks)
+            return decode_gemv.gemv(x, blocks, integer=not logits)
         chunk = _matvec_chunk(rows, _BLOCK_ROWS_LIMIT) if self._cpu else rows
         parts = []
         for start in range(0, rows, chunk):
@@ -869,7 +876,7 @@ class StageRole:
         assert self.output_norm is not None and self.output is not None
         row = tokens - 1 if last is None else last
         last_row = self._rms_norm(x[row : row + 1].float(), self.output_norm)
-        return self._linear(last_row, self.output).reshape(-1).contiguous()
+        return self._linear(last_row, self.output, logits=True).reshape(-1).contiguous()
 
     def _forward_rows(self, x: Tensor, *variables: UOp) -> Tensor:
         """``B`` decode rows ``x``; ``variables`` are the rows' positions then their slots
@@ -885,7 +892,7 @@ class StageRole:
             return x.contiguous().realize()
         assert self.output_norm is not None and self.output is not None
         normed = self._rms_norm(x.float(), self.output_norm)
-        return self._linear(normed, self.output, rows=True).contiguous().realize()
+        return self._linear(normed, self.output, rows=True, logits=True).contiguous().realize()
 
     def _attention_packed(self, block: _Block, cos: Tensor, sin: Tensor, mask: Tensor,
                           tokens: int, kv: list[Tensor], x: Tensor) -> Tensor:
@@ -933,7 +940,7 @@ class StageRole:
         if self.is_last:
             assert self.output_norm is not None and self.output is not None
             x = self._linear(self._rms_norm(x[last : last + 1].float(), self.output_norm),
-                             self.output, rows=True)
+                             self.output, rows=True, logits=True)
         out = x.contiguous()
         Tensor.realize(out, *kv)
         return (out, *kv)

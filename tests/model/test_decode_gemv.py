@@ -1,7 +1,13 @@
-"""The hand-written decode product (swactor.model.decode_gemv) against numpy in float64,
-row for row identical whatever the batch, and sliced for the replay pool."""
+"""The hand-written decode product (swactor.model.decode_gemv), both paths, against numpy
+in float64 (the integer path: of the activations quantised as it documents), row for row
+identical whatever the batch, the same on every x86-64 target, sliced for the replay pool."""
 
 from __future__ import annotations
+
+import ctypes
+import platform
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -20,6 +26,7 @@ from swactor.model.dequant import QuantMatrix
 pytestmark = pytest.mark.skipif(not Device.DEFAULT.startswith("CPU"),
                                 reason="a CPU-device kernel")
 TYPES = [Q.Q4_1, Q.Q8_0]
+PATHS = ["float", "integer"]
 
 
 def _matrix(qtype: Q, rows: int, cols: int, seed: int
@@ -42,30 +49,57 @@ def _gemv(x: npt.NDArray[np.float32], matrix: DeviceQuant) -> npt.NDArray[np.flo
     return got
 
 
+def _quantised(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+    """``x`` as the integer path sees it: each block of 32 rounded (half to even) to
+    ``q = x * (1 / d)`` with ``d = max|x| / 32767`` in float32, then ``q * d``."""
+    blocks = x.reshape(len(x), -1, 32)
+    d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(32767)
+    tiny = d < np.float32(2.0**-120)
+    inverse = np.float32(1) / np.where(tiny, np.float32(1), d)
+    codes = np.rint(blocks * np.where(tiny, np.float32(0), inverse))
+    assert np.abs(codes).max() <= 32767
+    return (codes.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
+
+
+@pytest.fixture(params=PATHS)
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The float path, or the integer path (a target that has it)."""
+    integer = request.param == "integer"
+    monkeypatch.setattr(decode_gemv, "INTEGER", integer)
+    if integer and not decode_gemv.integer_path("CPU"):
+        pytest.skip("the integer path is for x86-64 targets")
+    return str(request.param)
+
+
 @pytest.fixture
 def small_slices(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Slices of a few rows, so small products have several, and a last short one."""
-    monkeypatch.setattr(decode_gemv, "SLICE_WEIGHTS", 24 * 96)
+    """Slices of 16 rows, so small products have several, and a last short one."""
+    monkeypatch.setattr(decode_gemv, "SLICE_WEIGHTS", 16 * 96)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
 @pytest.mark.parametrize(("batch", "rows", "cols"),
                          [(1, 40, 64), (2, 33, 32), (3, 77, 96), (4, 5, 576), (8, 61, 160)])
 def test_every_row_is_the_product_of_the_files_weights(
-        small_slices: None, qtype: Q, batch: int, rows: int, cols: int) -> None:
+        small_slices: None, path: str, qtype: Q, batch: int, rows: int, cols: int) -> None:
     matrix, weights = _matrix(qtype, rows, cols, seed=rows)
     x = _rows(batch, cols, seed=cols)
     got = _gemv(x, matrix)
-    want = x.astype(np.float64) @ weights.T
+    exact = x.astype(np.float64) @ weights.T
+    want = exact if path == "float" else _quantised(x) @ weights.T
     assert got.shape == (batch, rows)
     scale = np.abs(x).astype(np.float64) @ np.abs(weights).T  # the sum's magnitude
     assert np.all(np.abs(got - want) <= 1e-6 * scale + 1e-30)
+    if path == "integer":  # each activation off by at most half a step of its block
+        step = np.abs(x.reshape(batch, -1, 32)).max(axis=-1) / 32767
+        bound = np.repeat(step / 2, 32, axis=1) @ np.abs(weights).T
+        assert np.all(np.abs(got - exact) <= bound + 1e-6 * scale)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-def test_a_row_of_a_batch_is_its_one_row_product_bit_for_bit(small_slices: None,
+def test_a_row_of_a_batch_is_its_one_row_product_bit_for_bit(small_slices: None, path: str,
                                                              qtype: Q) -> None:
-    rows, cols = 45, 96  # slices of 24 rows: two, each with a tail past the interleave
+    rows, cols = 45, 96  # slices of 16 rows: three, the last short
     matrix, _ = _matrix(qtype, rows, cols, seed=7)
     x = _rows(decode_gemv.MAX_ROWS + 3, cols, seed=8)
     alone = np.concatenate([_gemv(x[r : r + 1], matrix) for r in range(len(x))])
@@ -99,7 +133,7 @@ def _graphs(jit: TinyJit) -> list[CpuGraph]:  # type: ignore[type-arg]
 
 @pytest.mark.skipif(not cpu_graph.NATIVE, reason="the native replay pool is not built")
 def test_slices_and_products_over_one_input_replay_together_on_threads(
-        small_slices: None) -> None:
+        small_slices: None, path: str) -> None:
     """Two products of one input in a JIT: each is cut into slices, the kernels declare
     their inputs read-only, so both products' slices form one phase of the replay, and
     two threads compute one thread's results bit for bit."""
@@ -107,7 +141,9 @@ def test_slices_and_products_over_one_input_replay_together_on_threads(
     second, _ = _matrix(Q.Q8_0, 50, 96, seed=3)
 
     def step(x: Tensor) -> tuple[Tensor, Tensor]:
-        return decode_gemv.gemv(x, first).realize(), decode_gemv.gemv(x, second).realize()
+        products = decode_gemv.gemv(x, first), decode_gemv.gemv(x, second)
+        Tensor.realize(*products)  # the integer path: both quantisations, then both
+        return products
 
     jit = TinyJit(step)
     threads = cpu_graph.threads()
@@ -128,12 +164,12 @@ def test_slices_and_products_over_one_input_replay_together_on_threads(
     gemvs = [(g, i) for g in graphs for i, name in enumerate(g.names) if "gemv" in name]
     assert len(gemvs) == 2
     graph = gemvs[0][0]
-    assert [int(graph.kernels[i, 1]) for _, i in gemvs] == [3, 3]  # 24-row slices
-    assert any(rows >= 6 for _, rows in graph.phases.tolist())  # both products together
+    assert [int(graph.kernels[i, 1]) for _, i in gemvs] == [5, 4]  # 16-row slices
+    assert any(rows >= 9 for _, rows in graph.phases.tolist())  # both products together
 
 
 def test_short_prefills_go_through_the_kernel_row_for_row(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     """A prefill product of at most PREFILL_ROWS rows over Q4_1/Q8_0 blocks is the decode
     kernel (each row bit for bit its one-row product); a longer one, or another block
     type, is the panel GEMM's block product."""
@@ -157,3 +193,85 @@ def test_short_prefills_go_through_the_kernel_row_for_row(
     other, _ = _matrix(Q.Q5_0, 40, 64, seed=8)
     StageRole._block_linear(role, Tensor(x), other)  # type: ignore[arg-type]
     assert taken == [decode_gemv.PREFILL_ROWS + 16, 16]
+
+
+_TARGETS = {  # clang flags: the CPU flags (/proc/cpuinfo) they need
+    "generic": (["-march=x86-64"], set()),
+    "avx2": (["-march=x86-64-v3"], {"avx2", "fma"}),
+    "avx-vnni": (["-march=x86-64-v3", "-mavxvnni"], {"avx2", "fma", "avx_vnni"}),
+    "avx512-vnni": (["-march=x86-64-v4", "-mavx512vnni"],
+                    {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}),
+}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return next((set(line.split(":", 1)[1].split()) for line in text.splitlines()
+                 if line.startswith("flags")), set())
+
+
+def _build(source: str, name: str, flags: list[str], where: Path) -> ctypes.CDLL:
+    """``source`` (a slice's C statement) as ``void name(...)`` in a shared library built
+    with ``flags`` (tinygrad's own clang options otherwise)."""
+    library = where / f"{name}.so"
+    subprocess.run(["clang", "-shared", "-x", "c", "-O2", "-fPIC", "-ffreestanding",
+                    "-fno-math-errno", "-nostdlib", *flags, "-", "-o", str(library)],
+                   input=source.encode(), check=True)
+    return ctypes.CDLL(str(library))
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+                    reason="x86-64 targets")
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_every_x86_target_computes_the_integer_path_alike(tmp_path: Path, qtype: Q) -> None:
+    """The integer path's C built for each x86-64 level this CPU runs (no vector
+    extension, AVX2, AVX-VNNI, AVX-512 VNNI): the same quantised words everywhere, and
+    the same products bit for bit on every target with FMA (the integer sums are exact;
+    the generic target rounds its unfused multiply-adds differently), all within float32
+    rounding of numpy."""
+    rows, cols, batch = 37, 96, 3
+    matrix, weights = _matrix(qtype, rows, cols, seed=3)
+    x = _rows(batch, cols, seed=4)
+    x[0, :32] = 0.0  # a zero block, and one too small to scale (zero codes)
+    x[1, 32:64] *= np.float32(1e-38)
+    q4 = qtype == Q.Q4_1
+    words = decode_gemv.quant_words(cols)
+    per_slice = decode_gemv.slice_rows(rows, cols)
+    slices = -(-rows // per_slice)
+    fields = [np.ascontiguousarray(matrix.fields[f].numpy()) for f in
+              (["qs", "d", "m"] if q4 else ["qs", "d"])]
+    quant_c = ("void quant(int *p0, const float *p1) "
+               + decode_gemv.quant_source(batch, cols).format("p0", "p1"))
+    arguments = ["float *p0", "const int *p1", "const void *p2", "const void *p3",
+                 *(["const void *p4"] if q4 else []), "int core"]
+    names = [a.split("*")[-1].split()[-1] for a in arguments]
+    gemv_c = (f"void gemv({', '.join(arguments)}) "
+              + decode_gemv.int_source(int(qtype), batch, cols, rows, per_slice, 0).format(*names))
+    have = _cpu_flags()
+    quantised: dict[str, npt.NDArray[np.int32]] = {}
+    products: dict[str, npt.NDArray[np.float32]] = {}
+    for target, (flags, needs) in _TARGETS.items():
+        if not needs <= have:
+            continue
+        quant = _build(quant_c, "quant_" + target, flags, tmp_path)
+        gemv = _build(gemv_c, "gemv_" + target, flags, tmp_path)
+        q = np.zeros((batch, words), np.int32)
+        quant.quant(q.ctypes.data_as(ctypes.c_void_p), x.ctypes.data_as(ctypes.c_void_p))
+        out = np.full((batch, rows), np.nan, np.float32)
+        for core in range(slices):
+            gemv.gemv(out.ctypes.data_as(ctypes.c_void_p), q.ctypes.data_as(ctypes.c_void_p),
+                      *(f.ctypes.data_as(ctypes.c_void_p) for f in fields), ctypes.c_int(core))
+        quantised[target], products[target] = q, out
+    assert "generic" in products
+    assert all(np.array_equal(q, quantised["generic"]) for q in quantised.values())
+    fused = [p for target, p in products.items() if target != "generic"]
+    assert all(np.array_equal(p, fused[0]) for p in fused)
+    native = fused[0] if fused else products["generic"]
+    assert np.array_equal(native, _gemv(x, matrix))  # tinygrad's build, -march=native
+    want = _quantised(x) @ weights.T
+    scale = np.abs(x).astype(np.float64) @ np.abs(weights).T
+    for got in products.values():
+        assert np.all(np.abs(got - want) <= 1e-6 * scale + 1e-30)
