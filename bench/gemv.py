@@ -13,6 +13,9 @@ replay threads: the products of two inputs are one TinyJit replayed through the 
 nothing else). Per configuration the median of ``--repeat`` timed runs of ``--calls``
 replays, both paths interleaved so they see the same machine load; then the ratio
 float / integer (above 1: the integer path is faster). The load average is printed.
+One product replayed over and over keeps its weights in cache (all but the head's), so
+this is the kernels' arithmetic; a decode step streams its weights from memory (``bench
+batch`` measures the whole step).
 """
 
 from __future__ import annotations

@@ -31,18 +31,22 @@ The *integer path* (x86-64: :func:`integer_path`), integer dot products as llama
 does, with 16-bit activations. A first kernel (:func:`quantise`, one per product)
 quantises each activation row once per block of 32: ``d = max|x| / 32767``, codes
 ``q = x * (1 / d)`` rounded half to even (``|q| <= 32767``; zero where ``d < 2**-120``),
-and per block ``d`` and ``d * sum(q)``. (8-bit activations, llama.cpp's choice, cost SmolLM2-sized models about
-5e-3 of the logits' range, 50 times the tolerance the tests hold the role to; 16 bits
-cost about 2e-5.) The product kernel then takes 16 output rows at a time, one per
+and per block ``d`` and ``d * sum(q)``. (8-bit activations, llama.cpp's choice, move
+the logits of the tests' small random models by about 5e-3 of their range, 50 times the
+tolerance the tests hold the role to against float64; 16 bits move them about 2e-5.)
+The product kernel then takes 16 output rows at a time, one per
 vector lane: per block it loads the 16 rows' codes and transposes them with in-register
 shuffles so that each 32-bit lane holds two codes of its row as 16-bit integers (Q4_1
 nibbles cut, Q8_0 bytes sign-extended), shared by every activation row; per activation
 row, 16 integer pair-products (``vpdpwssd`` with AVX-512 VNNI or AVX-VNNI, ``vpmaddwd``
 with AVX2, plain C elsewhere: all the same exact 32-bit sums) give each lane its block's
-``sum(w_code * x_code)``, converted to float and scaled: ``acc += (s * dw) * d`` plus
+``sum(w_code * x_code)``, converted to float and scaled: ``acc += (sum * dw) * d`` plus
 ``acc += mw * (d * sum(q))`` for Q4_1's min term. The lanes are the output rows, so no
-sum across lanes is needed. Measured on SmolLM2's shapes (``bench gemv``): 1.7-2.6x the
-float path per product for 1 to 8 rows, 1.2-2x for the Q8_0 output head's shape.
+sum across lanes is needed. It does less arithmetic per activation row, not fewer bytes:
+a product whose weights stay in cache runs 1.7-2.6x the float path's speed on SmolLM2's
+shapes for 1 to 8 rows (``bench gemv``), but a whole decode step streams every weight
+from memory: measured on SmolLM2's whole step, one row runs as fast as on the float
+path and each further row of a batched step costs about a quarter less.
 
 On either path row ``b`` of a ``B``-row product is bit-identical to the one-row
 product of that row (integer sums are exact; each lane's float steps are the same

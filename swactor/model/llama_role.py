@@ -1319,7 +1319,8 @@ class StageRole:
         return {"facts": self.facts.__dict__, "layers": [self.layer_start, self.layer_end],
                 "first": self.is_first, "last": self.is_last, "dtype": self.dtype,
                 "max_seq_len": self.max_seq_len, "device": self.device, "beam": self.beam,
-                "cpu_graph": self.cpu_graph, "quantised": self.quantised, "slots": self.slots}
+                "cpu_graph": self.cpu_graph, "quantised": self.quantised, "slots": self.slots,
+                "integer": decode_gemv.INTEGER}
 
     def _adopt(self, jit: _TinyJit[_Ret], kind: str) -> None:
         """Give a JIT that never ran the captured graph the cache holds for `kind`."""
