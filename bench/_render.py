@@ -392,8 +392,9 @@ def _model_limits(report: dict[str, Any]) -> list[str]:
         line += "The decode step's kernels ran on one thread in this run; "
     if one:
         line += f"thread for thread we decode at {float(one.group(1)):.2f}x llama.cpp. "
-    line += ("The gap per thread is the kernels: our decode widens every Q4_1/Q8_0 code to "
-             "f32 and multiply-adds f32 activations (a hand-written kernel, "
+    line += ("The gap per thread is the kernels: our decode unpacks every Q4_1/Q8_0 block "
+             "once for all of a step's rows, on x86-64 into integer dot products on 16-bit "
+             "activations (the output projection in f32; a hand-written kernel, "
              "`swactor/model/decode_gemv.py`; the step's other kernels are tinygrad's, with "
              "a barrier between dependent ones), against llama.cpp's integer dot products "
              "on 8-bit activations.")
