@@ -93,7 +93,10 @@ PREFILL_ROWS = 64
 through :func:`gemv` instead of the panel GEMM (:mod:`swactor.model.prefill_gemm`).
 Measured on SmolLM2 Q4_1, a whole-model prefill: 16 rows 54 ms against 152 ms on 2
 threads (80 against 183 on 1), 64 rows 166 against 276 (264 against 311); at 128 rows the
-GEMM is ahead on one thread (495 against 537 ms)."""
+GEMM is ahead on one thread (495 against 537 ms). Those are the float path's figures; on
+the integer path a 64-row prefill runs about 2.4x faster again (``bench model``, warm
+prefill of 64 tokens), so the crossover with the GEMM now lies above 64 rows (not
+measured)."""
 SUMS = 8  # running sums a slice keeps at once: R output rows x B activation rows
 SLICE_WEIGHTS = 1 << 16  # about this many weights per slice (the last may be shorter)
 BLOCK = 32
