@@ -68,8 +68,7 @@ matrices with ``cols`` a multiple of 32 (more than :data:`MAX_ROWS` rows go thro
 groups of at most that many, each row computed as always); anything else keeps
 tinygrad's expression (:func:`~swactor.model.block_kernels.dequant_expr`). A prefill of
 at most :data:`PREFILL_ROWS` rows uses it too (one quantisation of every row, then 8 rows
-per kernel): widening the blocks once per group of 8 rows beats widening the whole
-matrix into the prefill GEMM's panels up to there.
+per kernel; :data:`PREFILL_ROWS` says what the bound weighs).
 """
 
 from __future__ import annotations
@@ -91,12 +90,15 @@ MAX_ROWS = 8
 PREFILL_ROWS = 64
 """Prefill products of at most this many rows (a padded prompt, or packed prompts) go
 through :func:`gemv` instead of the panel GEMM (:mod:`swactor.model.prefill_gemm`).
-Measured on SmolLM2 Q4_1, a whole-model prefill: 16 rows 54 ms against 152 ms on 2
-threads (80 against 183 on 1), 64 rows 166 against 276 (264 against 311); at 128 rows the
-GEMM is ahead on one thread (495 against 537 ms). Those are the float path's figures; on
-the integer path a 64-row prefill runs about 2.4x faster again (``bench model``, warm
-prefill of 64 tokens), so the crossover with the GEMM now lies above 64 rows (not
-measured)."""
+Measured on SmolLM2 Q4_1, a whole-model prefill, ms of this kernel against the GEMM
+(cut into slices, widening Q4_1/Q8_0 panels inside them): on the integer path (x86-64)
+on one thread 64 rows 147 against 215, 128 rows 304 against 405, 256 rows 775 against
+926, on 2 threads 128 rows 221 against 253; on the float path, CPU ms on one thread,
+32 rows 143 against 138, 64 rows 257 against 214 (there the GEMM is ahead from 48
+rows). So on x86-64 this kernel is ahead at every length measured, but it is 8 rows
+per kernel: building the graphs of a 64-, a 128- and a 256-row prefill took about 4
+times as long as with the GEMM, a cost paid at each length's first prefill (and by a
+serving stage's warm-up) where the kernel cache does not hold it."""
 SUMS = 8  # running sums a slice keeps at once: R output rows x B activation rows
 SLICE_WEIGHTS = 1 << 16  # about this many weights per slice (the last may be shorter)
 BLOCK = 32
