@@ -551,6 +551,8 @@ def default_targets(stages: Sequence[int], threads: int, model: Path
         port = free_port()
         per_node, at_once = swactor_threads(count, threads)
         where = ("on its node" if count == 1 else
+                 f"on each of its {count} nodes, which compute one at a time (one object "
+                 "in flight)" if at_once == 1 else
                  f"on each of its {count} nodes, {at_once} of which compute at once "
                  "(its objects in flight)")
         targets.append(Target(f"swactor-{count}", [

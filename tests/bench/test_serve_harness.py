@@ -316,7 +316,8 @@ def test_every_server_gets_the_same_threads(monkeypatch: pytest.MonkeyPatch,
     """llama.cpp's server computes on T threads; each swactor pipeline gets T split over
     its stages that compute at once, as `swactor serve` splits its host's CPUs."""
     assert swactor_threads(1, 2) == (2, 1)  # one stage: every thread
-    assert swactor_threads(3, 2) == (1, 2)  # 2 objects in flight on 2 CPUs: 1 each
+    assert swactor_threads(3, 2) == (2, 1)  # fewer CPUs than stages: one object, 2 each
+    assert swactor_threads(2, 2) == (1, 2)  # 2 objects in flight on 2 CPUs: 1 each
     assert swactor_threads(3, 1) == (1, 1)
     assert swactor_threads(2, 8) == (4, 2)
     python = tmp_path / "venv" / "bin" / "python"  # answers `-c "import llama_cpp.server"`
@@ -329,22 +330,22 @@ def test_every_server_gets_the_same_threads(monkeypatch: pytest.MonkeyPatch,
     assert notes == []
     argv = {t.name: t.argv for t in targets}
     assert argv["swactor-1"][argv["swactor-1"].index("--threads") + 1] == "2"
-    assert argv["swactor-3"][argv["swactor-3"].index("--threads") + 1] == "1"
+    assert argv["swactor-3"][argv["swactor-3"].index("--threads") + 1] == "2"
     llama = argv["llama.cpp"]
     assert (llama[llama.index("--n_threads") + 1],
             llama[llama.index("--n_threads_batch") + 1]) == ("2", "2")
     settings = {"threads": 2, "server_threads": {t.name: t.threads for t in targets}}
     assert threads_sentence(settings) == (
         "Threads: 2 for every server: swactor-1 `--threads 2` on its node; swactor-3 "
-        "`--threads 1` on each of its 3 nodes, 2 of which compute at once (its objects in "
+        "`--threads 2` on each of its 3 nodes, which compute one at a time (one object in "
         "flight); llama.cpp `--n_threads 2 --n_threads_batch 2`.")
     figures = {"settings": settings, "levels": {
         name: {"1": _level(100.0, 10.0), "4": _level(100.0, 20.0)}
         for name in ("swactor-1", "swactor-3")}}
     limits = _serve_limits(figures)
     assert "computes every step on its 2 thread(s)" in limits[0]
-    assert "1 thread(s) each, 2 computing at once" in limits[1]
-    assert "near 2x one client's rate" in limits[1]
+    assert "2 thread(s) each, 1 computing at once" in limits[1]
+    assert "near 1x one client's rate" in limits[1]
     # a run that recorded llama.cpp's threads alone says no more than it knows
     assert threads_sentence({"threads": 1}) == \
         "Threads: llama.cpp 1, swactor serve's own default."

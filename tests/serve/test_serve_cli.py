@@ -60,7 +60,8 @@ def test_serve_batches_four_rows_per_object_unless_asked_otherwise(
 
 
 @pytest.mark.parametrize(("stages", "batch_rows", "asked", "cpus", "cap"), [
-    (3, 2, None, 2, 2),      # local nodes on 2 CPUs: no more objects than CPUs
+    (3, 2, None, 2, 1),      # fewer CPUs than stages: one object, every CPU in turn
+    (2, 2, None, 2, 2),      # local nodes on 2 CPUs: no more objects than CPUs
     (1, 2, None, 2, 2),      # one stage: the stage and the orchestrator's hop
     (3, 2, None, 16, 4),     # enough CPUs: the stages plus one
     (3, 2, None, None, None),  # a pool's own hosts: the run's default (stages + 1)
@@ -75,7 +76,8 @@ def test_objects_in_flight_are_bounded_by_the_cpus_local_stages_share(
 
 @pytest.mark.parametrize(("stages", "batch_rows", "asked", "cpus", "threads"), [
     (1, 2, None, 2, 2),    # one stage computes at a time: every CPU
-    (3, 2, None, 2, 1),    # 2 objects in flight on 2 CPUs: two stages at once, 1 each
+    (3, 2, None, 2, 2),    # fewer CPUs than stages: one object in flight, every CPU
+    (2, 2, None, 2, 1),    # 2 objects in flight on 2 CPUs: two stages at once, 1 each
     (3, 2, 1, 2, 2),       # one object in flight: one stage at a time
     (3, 1, None, 16, 5),   # one row per object: every stage at once
     (3, 2, None, 16, 5),   # 4 in flight, at most the 3 stages compute
