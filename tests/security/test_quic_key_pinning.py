@@ -29,12 +29,13 @@ from swactor.transport.identity import (
     node_id_from_certificate,
     raw_public_key_from_certificate,
 )
+from tests.transport.ack_rig import QuietLinkHandler
 
 pytestmark = pytest.mark.timeout(60)
 CONFIG = TransportConfig(max_datagram_size=1452, handshake_timeout=5.0)
 
 
-class Collector:
+class Collector(QuietLinkHandler):
     """A LinkHandler that records the stream bytes of verified links, by peer id."""
 
     def __init__(self) -> None:
@@ -43,15 +44,6 @@ class Collector:
     def stream_data(self, link: QuicLink, stream_id: int, data: bytes, end: bool) -> None:
         assert link.peer_node_id is not None
         self.data.setdefault(link.peer_node_id, bytearray()).extend(data)
-
-    def stream_reset(self, link: QuicLink, stream_id: int, error_code: int) -> None:
-        pass
-
-    def stream_stopped(self, link: QuicLink, stream_id: int, error_code: int) -> None:
-        pass
-
-    def link_closed(self, link: QuicLink, reason: str) -> None:
-        pass
 
 
 def _mismatch(node_id: int) -> str:

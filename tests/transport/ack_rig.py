@@ -31,7 +31,21 @@ class Counted:
         return datagrams
 
 
-class Handler:
+class QuietLinkHandler:
+    """A link handler's callbacks for stream resets, stops and link closes that a test
+    does not watch: each does nothing."""
+
+    def stream_reset(self, link: QuicLink, stream_id: int, error_code: int) -> None:
+        pass
+
+    def stream_stopped(self, link: QuicLink, stream_id: int, error_code: int) -> None:
+        pass
+
+    def link_closed(self, link: QuicLink, reason: str) -> None:
+        pass
+
+
+class Handler(QuietLinkHandler):
     """Counts stream bytes; answers each chunk with as many bytes on a stream of its own,
     `answer_after` seconds later, or `answer_turns` event-loop turns later; never when
     both are None."""
@@ -67,15 +81,6 @@ class Handler:
         if self.stream is None:
             self.stream = link.open_uni_stream()
         link.send(self.stream, bytes(size))
-
-    def stream_reset(self, link: QuicLink, stream_id: int, error_code: int) -> None:
-        pass
-
-    def stream_stopped(self, link: QuicLink, stream_id: int, error_code: int) -> None:
-        pass
-
-    def link_closed(self, link: QuicLink, reason: str) -> None:
-        pass
 
     async def until(self, total: int) -> None:
         async with asyncio.timeout(10):
