@@ -82,6 +82,7 @@ from tinygrad.uop import Ops
 from tinygrad.uop.ops import KernelInfo, UOp
 
 from swactor.model.block_kernels import DeviceQuant
+from swactor.model.c_f16 import widen_f16_c
 
 TYPES = frozenset({int(Q.Q4_1), int(Q.Q8_0)})
 """Block types with a hand-written decode kernel."""
@@ -131,11 +132,8 @@ def _widen_scales(pointer: str, name: str, count: int, blocks: int) -> list[str]
     ``pointer``) into a float array ``name`` with exact integer bit moves."""
     return [
         f"float {name}[{count * blocks}];",
-        f"for (int i = 0; i < {count * blocks}; i++) {{",
-        f"  unsigned h = {pointer}[(long)o * {blocks} + i];",
-        "  unsigned u = ((h & 0x8000u) << 16) | ((h & 0x7fffu) << 13); float f;",
-        f"  __builtin_memcpy(&f, &u, 4); {name}[i] = f * 0x1p112f;",
-        "}",
+        f"for (int i = 0; i < {count * blocks}; i++)",
+        "  " + widen_f16_c(f"{pointer}[(long)o * {blocks} + i]", f"{name}[i]"),
     ]
 
 
@@ -364,11 +362,9 @@ def _int_group(q4: bool, batch: int, cols: int, rows: int, full: bool) -> list[s
         for pointer, name in [("dp", "sd")] + ([("mp", "sm")] if q4 else []):
             lines += [
                 f"float {name}[{LANES * blocks}];",
-                f"for (int r = 0; r < {LANES}; r++) for (int k = 0; k < {blocks}; k++) {{",
-                f"  unsigned h = {pointer}[(long)rr[r] * {blocks} + k];",
-                "  unsigned u = ((h & 0x8000u) << 16) | ((h & 0x7fffu) << 13); float f;",
-                f"  __builtin_memcpy(&f, &u, 4); {name}[r * {blocks} + k] = f * 0x1p112f;",
-                "}",
+                f"for (int r = 0; r < {LANES}; r++) for (int k = 0; k < {blocks}; k++)",
+                "  " + widen_f16_c(f"{pointer}[(long)rr[r] * {blocks} + k]",
+                                   f"{name}[r * {blocks} + k]"),
             ]
     lines += [" ".join(f"v16 a{b} = (v16)(0.0f);" for b in range(batch))]
     lines.append(f"for (int k = 0; k < {blocks}; k++) {{")

@@ -62,6 +62,8 @@ from tinygrad.tensor import Tensor
 from tinygrad.uop import Ops
 from tinygrad.uop.ops import KernelInfo, UOp
 
+from swactor.model.c_f16 import widen_f16_c
+
 PANEL = 32  # output rows per panel: two 16-float vectors
 ROW_BLOCK = 4  # tokens per register block (4 x 32 sums: 8 AVX-512 registers)
 MIN_TOKENS = 8  # below this a product is a handful of matrix-vector rows: tinygrad's path
@@ -180,10 +182,7 @@ def _widen_panel(q4: bool, cols: int) -> list[str]:
     blocks = cols // BLOCK
 
     def half(name: str, pointer: str) -> list[str]:
-        return [f"unsigned {name}h = {pointer}[b];",
-                f"unsigned {name}u = (({name}h & 0x8000u) << 16) | (({name}h & 0x7fffu) << 13);",
-                f"float {name}; __builtin_memcpy(&{name}, &{name}u, 4);",
-                f"{name} = {name} * 0x1p112f;"]
+        return [f"float {name};", widen_f16_c(f"{pointer}[b]", name)]
 
     if q4:
         codes = [
