@@ -52,7 +52,7 @@ MODULE_ARGS: dict[str, list[str]] = {
     "worker": ["--quick"],
     "coldstart": ["--weights", "dense,blocks"],
     "hotpath": ["--repeat", "2", "--profile"],
-    "serve": ["--rounds", "2", "--max-tokens", "32"],
+    "serve": ["--rounds", "2", "--max-tokens", "32", "--long-tokens", "128"],
     "recovery": ["--repeat", "1"],
 }
 JSON_MODULES = ("quic", "coldstart", "hotpath", "serve", "kquant", "recovery")  # with --json

@@ -69,10 +69,19 @@ one request at a time (a lock around its one model; ``--interrupt_requests false
 by default a new request cuts the stream in progress short); swactor interleaves
 sequences in its KV slots.
 
+With ``--long-tokens N`` each swactor pipeline then serves 1 and 4 clients again (one
+pass over the prompts each) with N-token completions. A request's prefill runs alone on
+the pipeline and stalls every other sequence's decode, so with short completions the
+4-client level pays four prompts' prefills for each round of batched steps; with long
+ones the batched decode steps, where concurrent sequences share a step's cost, outweigh
+them. The same ratio at both lengths shows how much of the gap is prefill. llama.cpp's
+server is left out of these levels: it serves one request at a time at any length.
+
 Goal ratios printed at the end (the serving goals): each swactor pipeline's warm TTFT
 p50 over llama.cpp server's (1 client); aggregate at 4 clients over 1 client on the same
-pipeline (>= 2.5); the 3-stage pipeline's aggregate at 4 clients over llama.cpp server's
-at 4 (>= 0.5). ``--json PATH`` writes every figure.
+pipeline (>= 2.5), at ``--max-tokens`` and, with ``--long-tokens``, at that length; the
+3-stage pipeline's aggregate at 4 clients over llama.cpp server's at 4 (>= 0.5).
+``--json PATH`` writes every figure.
 """
 
 from __future__ import annotations
@@ -107,6 +116,8 @@ from bench._servetrace import (
 )
 
 LEVELS = (1, 2, 4, 8)
+LONG_LEVELS = (1, 4)
+"""Client counts of the ``--long-tokens`` levels: the pair the 4-over-1 goal compares."""
 GOALS = {"four_over_one": 2.5, "three_stage_over_llama_at_4": 0.5}
 READY_TIMEOUT_S = 900.0  # a cold swactor pipeline loads weights and builds its kernels
 REQUEST_TIMEOUT_S = 600.0
@@ -604,9 +615,10 @@ def traced(target: Target, trace: Path) -> Target:
 
 
 async def measure(targets: Sequence[Target], levels: Sequence[int], rounds: int,
-                  max_tokens: int, warmup_tokens: int, log_dir: Path
+                  max_tokens: int, warmup_tokens: int, log_dir: Path, long_tokens: int = 0
                   ) -> dict[str, Any]:
-    """Start every target, run the levels interleaved across them, stop them all."""
+    """Start every target, run the levels interleaved across them (then, with
+    `long_tokens`, the swactor pipelines' levels of longer completions), stop them all."""
     prompts = prompt_set()
     servers = [Server(target, log_dir) for target in targets]
     figures: dict[str, Any] = {"servers": {}, "levels": {}, "notes": []}
@@ -635,47 +647,31 @@ async def measure(targets: Sequence[Target], levels: Sequence[int], rounds: int,
             failing: set[str] = set()
             for clients in levels:
                 for server in ready:
-                    name = server.target.name
-                    if name in failing:
+                    if server.target.name in failing:
                         continue
-                    before = await server_restarts(session, server.target.base_url)
-                    errors = await warm_up(session, server.target.base_url, server.model,
-                                           warmup_tokens)
-                    assert server.process is not None
-                    cpu = CpuWindow(server.process.pid)
-                    cpu.start()
-                    window_start = time.monotonic_ns()
-                    level = await run_level(session, server.target.base_url, server.model,
-                                            prompts, clients, rounds, max_tokens)
-                    window_end = time.monotonic_ns()
-                    level.cores = cpu.stop((window_end - window_start) / 1e9)
-                    trace = (None if server.target.events_dir is None else window_figures(
-                        read_events(server.target.events_dir), window_start, window_end))
-                    level.trace = None if trace is None else asdict(trace)
-                    after = await server_restarts(session, server.target.base_url)
-                    if before is not None and after is not None:
-                        level.restarts = after - before
-                        if level.restarts:
-                            figures["notes"].append(
-                                f"{name}: {level.restarts} run restart(s) during the "
-                                f"{clients}-client level (a run faulted; its sequences "
-                                "continued on a new run)")
-                    if errors:
-                        level.error_examples = [f"warm-up: {e}" for e in errors[:2]
-                                                ] + level.error_examples
-                    figures["levels"].setdefault(name, {})[str(clients)] = asdict(level)
-                    print(f"  {name:10s} {clients} client(s): " + _level_line(level),
-                          flush=True)
-                    print(f"  {'':10s} {cpu_line(level.cores)}; "
-                          f"{_fmt(level.tokens_per_cpu_s)} tokens per CPU-second of the "
-                          "server's processes", flush=True)
-                    if trace is not None:
-                        print(f"  {'':10s} {trace_line(trace)}", flush=True)
-                    if level.errors == level.requests and len(errors) == len(PROMPTS):
-                        failing.add(name)  # every request failed: the rest would too
+                    level, warm_ups_failed = await _run_level(
+                        session, server, prompts, clients, rounds, max_tokens, warmup_tokens,
+                        figures["notes"])
+                    figures["levels"].setdefault(server.target.name, {})[str(clients)] = (
+                        asdict(level))
+                    if level.errors == level.requests and warm_ups_failed:
+                        failing.add(server.target.name)  # every request failed: so would the rest
                         figures["notes"].append(
-                            f"{name}: every request of {clients} client(s) and every warm-up "
-                            "failed; its further levels are not run")
+                            f"{server.target.name}: every request of {clients} client(s) and "
+                            "every warm-up failed; its further levels are not run")
+            if long_tokens:
+                figures["long"] = {"max_tokens": long_tokens, "levels": {}}
+                for clients in LONG_LEVELS:
+                    for server in ready:
+                        name = server.target.name
+                        if name in failing or not name.startswith("swactor-"):
+                            continue
+                        print(f"  {name:10s} {long_tokens}-token completions:", flush=True)
+                        level, _ = await _run_level(session, server, prompts, clients, 1,
+                                                    long_tokens, warmup_tokens,
+                                                    figures["notes"])
+                        figures["long"]["levels"].setdefault(name, {})[str(clients)] = (
+                            asdict(level))
         finally:
             for server in servers:
                 if server.process is not None and server.process.poll() is None:
@@ -683,6 +679,43 @@ async def measure(targets: Sequence[Target], levels: Sequence[int], rounds: int,
                     figures["servers"].setdefault(server.target.name, {})["stop"] = how
                     print(f"  {server.target.name}: {how}", flush=True)
     return figures
+
+
+async def _run_level(session: aiohttp.ClientSession, server: Server, prompts: Sequence[str],
+                     clients: int, rounds: int, max_tokens: int, warmup_tokens: int,
+                     notes: list[str]) -> tuple[LevelFigures, bool]:
+    """One level on one server: its warm-ups, then `clients` clients' requests, with the
+    cores its processes used and (traced servers) where the time went; printed as it ends.
+    Also whether every warm-up failed."""
+    name = server.target.name
+    before = await server_restarts(session, server.target.base_url)
+    errors = await warm_up(session, server.target.base_url, server.model, warmup_tokens)
+    assert server.process is not None
+    cpu = CpuWindow(server.process.pid)
+    cpu.start()
+    window_start = time.monotonic_ns()
+    level = await run_level(session, server.target.base_url, server.model,
+                            prompts, clients, rounds, max_tokens)
+    window_end = time.monotonic_ns()
+    level.cores = cpu.stop((window_end - window_start) / 1e9)
+    trace = (None if server.target.events_dir is None else window_figures(
+        read_events(server.target.events_dir), window_start, window_end))
+    level.trace = None if trace is None else asdict(trace)
+    after = await server_restarts(session, server.target.base_url)
+    if before is not None and after is not None:
+        level.restarts = after - before
+        if level.restarts:
+            notes.append(f"{name}: {level.restarts} run restart(s) during the "
+                         f"{clients}-client level of {max_tokens}-token completions (a run "
+                         "faulted; its sequences continued on a new run)")
+    if errors:
+        level.error_examples = [f"warm-up: {e}" for e in errors[:2]] + level.error_examples
+    print(f"  {name:10s} {clients} client(s): " + _level_line(level), flush=True)
+    print(f"  {'':10s} {cpu_line(level.cores)}; {_fmt(level.tokens_per_cpu_s)} tokens per "
+          "CPU-second of the server's processes", flush=True)
+    if trace is not None:
+        print(f"  {'':10s} {trace_line(trace)}", flush=True)
+    return level, len(errors) == len(PROMPTS)
 
 
 def _level_line(level: LevelFigures) -> str:
@@ -733,6 +766,14 @@ def goal_rows(figures: dict[str, Any]) -> list[dict[str, Any]]:
                               _figure(figures, name, 1, "aggregate_tokens_per_s")),
             "target": GOALS["four_over_one"] if name != reference else None,
             "at_least": True})
+    long = figures.get("long") or {}
+    for name, levels in sorted((long.get("levels") or {}).items()):
+        rows.append({
+            "goal": (f"{name} aggregate tok/s at 4 clients / 1 client, "
+                     f"{long['max_tokens']}-token completions"),
+            "measured": ratio(levels.get("4", {}).get("aggregate_tokens_per_s"),
+                              levels.get("1", {}).get("aggregate_tokens_per_s")),
+            "target": GOALS["four_over_one"], "at_least": True})
     rows.append({
         "goal": "swactor-3 aggregate at 4 clients / llama.cpp server's at 4",
         "measured": ratio(_figure(figures, "swactor-3", 4, "aggregate_tokens_per_s"),
@@ -826,6 +867,27 @@ def markdown(figures: dict[str, Any]) -> list[str]:
                 f"{level['requests']}, {level['tokens']} ("
                 + ", ".join(f"{k} {v}" for k, v in sorted(level.get("finish_reasons", {}).items()))
                 + f") | {level['errors']} | {_fmt(_per_cpu_s(level))} |")
+    long = figures.get("long")
+    if long:
+        lines += ["", f"The same prompts with {long['max_tokens']}-token completions "
+                  f"(`--long-tokens {long['max_tokens']}`), swactor's pipelines at 1 and 4 "
+                  "clients, one pass each, after the levels above: decode outweighs "
+                  "prefill here.", "",
+                  "| clients | server | TTFT p50 ms | decode tok/s per request (median) | "
+                  "aggregate tok/s | aggregate / 1 client | requests, tokens | errors |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for clients in LONG_LEVELS:
+            for name, rows in long["levels"].items():
+                level = rows.get(str(clients))
+                if level is None:
+                    continue
+                one = rows.get("1", {}).get("aggregate_tokens_per_s")
+                lines.append(
+                    f"| {clients} | {name} | {_fmt(level['ttft_p50_ms'], 0)} | "
+                    f"{_fmt(level['decode_p50_tokens_per_s'])} | "
+                    f"{_fmt(level['aggregate_tokens_per_s'])} | "
+                    f"{_fmt(ratio(level['aggregate_tokens_per_s'], one), 2)} | "
+                    f"{level['requests']}, {level['tokens']} | {level['errors']} |")
     lines += ["", "| goal | measured | target | verdict |", "|---|---|---|---|"]
     for row in figures.get("goals", []):
         target = (f"{'>=' if row['at_least'] else '<'} {row['target']:g}"
@@ -857,6 +919,11 @@ def main(argv: list[str]) -> int:
                              "pass one request per prompt (default %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=32,
                         help="tokens per request, greedy (default %(default)s)")
+    parser.add_argument("--long-tokens", type=int, default=0, metavar="N",
+                        help="after the levels, each swactor pipeline serves 1 and 4 "
+                        "clients again, one pass each, with N-token completions, for the "
+                        "4-over-1 ratio where decode outweighs prefill (default "
+                        "%(default)s: not run)")
     parser.add_argument("--warmup-tokens", type=int, default=4,
                         help="tokens per warm-up request (default %(default)s)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, metavar="T",
@@ -886,8 +953,9 @@ def main(argv: list[str]) -> int:
     levels = [int(word) for word in args.levels.split(",") if word]
     stages = [int(word) for word in args.stages.split(",") if word]
     if (not levels or min(levels) < 1 or args.rounds < 1 or args.max_tokens < 2
-            or args.threads < 1):
-        parser.error("levels >= 1, rounds >= 1, max-tokens >= 2 and threads >= 1 are needed")
+            or args.threads < 1 or (args.long_tokens and args.long_tokens < 2)):
+        parser.error("levels >= 1, rounds >= 1, max-tokens >= 2, long-tokens 0 or >= 2 and "
+                     "threads >= 1 are needed")
     model = args.model or default_model_path()
 
     targets, notes = default_targets(stages, args.threads, model)
@@ -919,10 +987,11 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="swactor-bench-serve-") as log_dir:
         figures = asyncio.run(measure(targets, levels, args.rounds, args.max_tokens,
-                                      args.warmup_tokens, Path(log_dir)))
+                                      args.warmup_tokens, Path(log_dir), args.long_tokens))
     figures["notes"] = notes + figures["notes"]
     figures["settings"] = {"levels": levels, "rounds": args.rounds,
                            "max_tokens": args.max_tokens, "warmup_tokens": args.warmup_tokens,
+                           "long_tokens": args.long_tokens,
                            "threads": args.threads, "model": str(model),
                            "server_threads": {t.name: t.threads for t in targets
                                               if t.threads is not None},
@@ -937,6 +1006,10 @@ def main(argv: list[str]) -> int:
     print()
     for line in table(figures, levels):
         print(line)
+    if figures.get("long"):
+        print(f"{figures['long']['max_tokens']}-token completions:")
+        for line in table({"levels": figures["long"]["levels"]}, LONG_LEVELS)[1:]:
+            print(line)
     print("goals:")
     for row in figures["goals"]:
         target = (f" (goal {'>=' if row['at_least'] else '<'} {row['target']:g})"
@@ -945,8 +1018,8 @@ def main(argv: list[str]) -> int:
     print(f"load average now {os.getloadavg()[0]:.1f}; {figures['seconds'] / 60:.1f} min")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1) + "\n")
-    failed = any(level["errors"] for rows in figures["levels"].values()
-                 for level in rows.values())
+    failed = any(level["errors"] for each in (figures, figures.get("long") or {"levels": {}})
+                 for rows in each["levels"].values() for level in rows.values())
     return 1 if failed or any("not measured" in n for n in figures["notes"]) else 0
 
 

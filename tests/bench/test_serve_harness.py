@@ -207,6 +207,28 @@ def test_goals_without_llama_cpp_are_not_measured() -> None:
     assert rows["swactor-1 aggregate tok/s at 4 clients / 1 client"]["verdict"] == "missed"
 
 
+def test_long_completions_give_their_own_four_over_one_goal() -> None:
+    figures: dict[str, Any] = {"levels": {
+        "swactor-1": {"1": _level(300.0, 10.0), "4": _level(400.0, 20.0)}}}
+    figures["long"] = {"max_tokens": 128, "levels": {
+        "swactor-1": {"1": _level(300.0, 12.0), "4": _level(420.0, 33.0)},
+        "swactor-3": {"1": _level(300.0, 10.0), "4": _level(420.0, 24.0)}}}
+    rows = {row["goal"]: row for row in goal_rows(figures)}
+    assert rows["swactor-1 aggregate tok/s at 4 clients / 1 client"]["measured"] == 2.0
+    long_one = rows["swactor-1 aggregate tok/s at 4 clients / 1 client, 128-token completions"]
+    assert (long_one["measured"], long_one["verdict"]) == (2.75, "met")
+    long_three = rows["swactor-3 aggregate tok/s at 4 clients / 1 client, 128-token completions"]
+    assert (long_three["measured"], long_three["verdict"]) == (2.4, "missed")
+    figures["settings"] = {"levels": [1, 4], "max_tokens": 8, "rounds": 1, "threads": 1,
+                           "prompts": {"a": 2}}
+    figures["goals"] = goal_rows(figures)
+    section = markdown(figures)
+    assert "| 4 | swactor-1 | 420 | 1.0 | 33.0 | 2.75 | 4, 64 | 0 |" in section
+    assert [r["goal"] for r in serve_goals(figures)][-2:] == [
+        "swactor-3 aggregate tok/s at 4 clients / 1 client, 128-token completions",
+        "swactor-3 aggregate at 4 clients / llama.cpp server's at 4"]
+
+
 # -- the SSE client ------------------------------------------------------------------------
 
 
