@@ -123,9 +123,11 @@ READY_TIMEOUT_S = 900.0  # a cold swactor pipeline loads weights and builds its 
 REQUEST_TIMEOUT_S = 600.0
 MAX_EVENT_BYTES = 1 << 20  # one server-sent event's data; more is a broken server
 
-# A fixed prompt set in prompt-length buckets (SmolLM2's tokenizer): swactor pads a
-# prompt to a multiple of 16 positions and builds one prefill kernel set per padded
-# length, so each bucket's prompts share one padded length (tests/bench check the counts).
+# A fixed prompt set in prompt-length buckets (SmolLM2's tokenizer; tests/bench check the
+# counts), so every level mixes short and long prefills. swactor pads a prompt of up to 64
+# tokens on a CPU to a multiple of 8 positions (longer ones to 16) and builds one prefill
+# kernel set per padded length: these prompts pad to 8, 24, 32 and 56 positions, all
+# built while a serving stage loads (`--warm-prompt-tokens`, 64 by default).
 PROMPTS: dict[str, tuple[str, ...]] = {
     "short (<= 16 tokens)": (
         "The capital of France is",

@@ -55,7 +55,8 @@ with ``assign`` into ``cache[slot, :, pos:pos+1]`` and attention reads
 ``cache[slot, :, 0:pos+1]``, so kernels are built on the first decode steps and replayed
 afterwards for every position and slot (``beam > 0`` lets tinygrad's BEAM search
 pick those kernels once; its results are cached on disk). Prefill pads the prompt to a
-multiple of ``PREFILL_BUCKET`` rows and runs through one TinyJit per padded length (the
+multiple of ``PREFILL_BUCKET`` rows (a short prompt on CPU: of ``SHORT_PREFILL_BUCKET``,
+see "CPU prefill graph") and runs through one TinyJit per padded length (the
 last real row, whose logits are sampled, and the slot are bound variables). With one
 slot the slot is the constant 0: a single-sequence role's graphs are what they were
 before slots existed (measured: the same decode ms/token with 1 and 4 slots). On a CPU
@@ -68,14 +69,31 @@ blocks each slice widens its own panels, no panels buffer); a prefill of at most
 the decode kernel instead (:mod:`swactor.model.decode_gemv`, 8 rows per pass over the
 blocks), faster there than widening every weight into panels.
 
-CPU prefill graph. On a CPU device a prefill is :meth:`StageRole._forward_packed`:
+CPU prefill graph. On a CPU device a prefill is :meth:`StageRole._forward_prompt`:
 the prompt's rows followed by its padding rows (the bucket as above), with three more
 inputs the host computes: each row's rotary cosines and sines (read from the role's
 tables) and a ``[T, T]`` mask letting each row attend to the prompt's rows up to itself
 (a padding row only to itself). Each block's keys and values come back as outputs and
 the host copies the prompt's rows into its slot's cache (positions ``0..n-1``), so the
 graph has no slot in it and one JIT per bucket (kernel cache kind ``prefill-P``) serves
-every slot; the last stage computes the logits of the last row (a bound variable).
+every slot; the last stage computes the logits of the last row (a bound variable). The
+host writes a bucket's inputs into buffers the role keeps (through numpy views, no
+upload) and reads the outputs through views of the JIT's output buffers (a
+``numpy()`` per output cost a schedule and a copy kernel each: 60 of them made up about
+half of a short prompt's prefill on SmolLM2); once the JIT has replayed, it runs from
+its :class:`~swactor.model.cpu_graph.DirectReplay`.
+
+A prompt of at most :data:`~swactor.model.decode_gemv.PREFILL_ROWS` rows is padded to
+a multiple of ``SHORT_PREFILL_BUCKET`` (8, the decode kernel's rows per pass), longer
+ones to a multiple of ``PREFILL_BUCKET``: measured on SmolLM2 Q4_1 (one stage, 2
+cores), a 5-token prompt 16 ms padded to 8 rows against 20 ms padded to 16, the
+prompts of ``bench serve`` 45 against 51 ms on average. It costs eight buckets up to
+64 rows instead of four, each built at its first prompt (or a serving stage's warm-up)
+where the kernel cache does not hold it. A prompt computes the same at either padding:
+each row's products are its own, and tinygrad picks the attention kernels' summation
+order over the padded columns by their count, one order up to 32 columns and another
+from 40 (SmolLM2 and the tests' models), so 8 and 16, 24 and 32, 40 and 48, 56 and 64
+rows give the same logits, keys and values bit for bit (the tests hold them to it).
 
 Prompt batches (:meth:`StageRole.run_prompts`). The prompts of one batch are prefilled
 one after another, each through its own bucket's JIT, the one it would run alone: its
@@ -194,6 +212,7 @@ _NP_OF_TG: dict[Any, type[np.generic]] = {
     dtypes.float32: np.float32,
     dtypes.float16: np.float16,
     dtypes.int32: np.int32,
+    dtypes.bool: np.bool_,
 }
 _REDUCE_LANES = 16
 MIB = 1 << 20
@@ -202,6 +221,10 @@ log = logging.getLogger(__name__)
 # speed of one 480-row kernel (146 vs 2 x 16 us): cut them below 800 rows
 _BLOCK_ROWS_LIMIT = 800
 PREFILL_BUCKET = 16
+SHORT_PREFILL_BUCKET = decode_gemv.MAX_ROWS
+"""A CPU prefill of at most :data:`~swactor.model.decode_gemv.PREFILL_ROWS` rows is padded
+to a multiple of this: its block products run 8 rows per pass, so a padding row beyond
+the last pass costs a whole pass per product."""
 
 
 def process_rss_bytes() -> int:
@@ -244,7 +267,7 @@ _Scalar = TypeVar("_Scalar", bound=np.generic)
 _Ret = TypeVar("_Ret")
 _PrefillJit = _TinyJit[tuple[Tensor, ...]]
 """A prefill JIT: on CPU it returns the activation rows or logits, then each block's
-keys and values (`StageRole._forward_packed`); elsewhere one tensor, cast at its call."""
+keys and values (`StageRole._forward_prompt`); elsewhere one tensor, cast at its call."""
 
 
 class StepError(Exception):
@@ -393,6 +416,20 @@ class _DecodeRunner:
 
 
 @dataclass
+class _PrefillInputs:
+    """A CPU prefill bucket's inputs (:meth:`StageRole._forward_prompt`), kept for the
+    role's life so that every call passes the JIT the same buffers: the rows, the rotary
+    cosines and sines and the mask, with numpy views of each (written in place, no
+    upload); once the JIT has replayed, views of its outputs and its
+    :class:`~swactor.model.cpu_graph.DirectReplay`."""
+
+    tensors: tuple[Tensor, ...]
+    views: tuple[npt.NDArray[np.generic], ...]
+    outputs: tuple[npt.NDArray[np.generic], ...] = ()
+    replay: DirectReplay | None = None
+
+
+@dataclass
 class _Block:
     attn_norm: Tensor
     w_qkv: _Matrix  # rows: q (heads*hd), k (kv*hd), v (kv*hd); one matrix-vector per step
@@ -474,6 +511,7 @@ class StageRole:
         self._last_var = UOp.variable("last_row", 0, max_seq_len - 1)
         self._max_prompts = min(slots, MAX_PROMPTS)  # the most prompts one prompt batch carries
         self._prefill: dict[int, _PrefillJit] = {}
+        self._prompt_buffers: dict[int, _PrefillInputs] = {}  # CPU prefill inputs by bucket
         # on CPU, host views of every block's KV caches: a prefill's keys and values are
         # copied into the prompt's slot through them (the buffers never move)
         self._cache_views = [(_host_view(b.cache_k), _host_view(b.cache_v))
@@ -484,7 +522,7 @@ class StageRole:
         self._rows: dict[int, _DecodeRunner] = {}  # decode JITs by rows per step (2+)
         self._kernels = KernelCache.for_role(
             self, self._structure(),
-            skip=("_decode", "_prefill", "_decode_runner", "_rows", "_kernels",
+            skip=("_decode", "_prefill", "_prompt_buffers", "_decode_runner", "_rows", "_kernels",
                   "sampling",
                   "last_logits"))
 
@@ -894,9 +932,9 @@ class StageRole:
         normed = self._rms_norm(x.float(), self.output_norm)
         return self._linear(normed, self.output, rows=True, logits=True).contiguous().realize()
 
-    def _attention_packed(self, block: _Block, cos: Tensor, sin: Tensor, mask: Tensor,
+    def _attention_prompt(self, block: _Block, cos: Tensor, sin: Tensor, mask: Tensor,
                           tokens: int, kv: list[Tensor], x: Tensor) -> Tensor:
-        """Attention of a CPU prefill's rows ``x`` (:meth:`_forward_packed`): the keys
+        """Attention of a CPU prefill's rows ``x`` (:meth:`_forward_prompt`): the keys
         and values are the rows' own, each row attends where ``mask`` lets it; the keys
         and values in the compute dtype are appended to ``kv`` (what the slot's cache
         gets)."""
@@ -922,7 +960,7 @@ class StageRole:
         out = out.reshape(heads, tokens, hd).transpose(0, 1).reshape(tokens, heads * hd)
         return self._linear(out, block.wo)
 
-    def _forward_packed(self, payload: Tensor, cos: Tensor, sin: Tensor, mask: Tensor,
+    def _forward_prompt(self, payload: Tensor, cos: Tensor, sin: Tensor, mask: Tensor,
                         last: UOp) -> tuple[Tensor, ...]:
         """A CPU prefill of a prompt and its padding rows ``payload`` ``[T, hidden]``
         (module doc): ``cos``/``sin`` ``[1, T, rope_dim / 2]`` rotate each row by its
@@ -936,7 +974,7 @@ class StageRole:
         for block in self.blocks:
             x = self._block_with(
                 block, x.float(),
-                partial(self._attention_packed, block, cos, sin, mask, tokens, kv), rows=False)
+                partial(self._attention_prompt, block, cos, sin, mask, tokens, kv), rows=False)
         if self.is_last:
             assert self.output_norm is not None and self.output is not None
             x = self._linear(self._rms_norm(x[last : last + 1].float(), self.output_norm),
@@ -1159,15 +1197,20 @@ class StageRole:
         return () if self._slot_var is None else (self._slot_var.bind(slot),)
 
     def _bucket(self, tokens: int) -> int:
-        """The padded rows of a prefill of ``tokens`` rows (its JIT's bucket)."""
-        return max(tokens, min(self.max_seq_len, -(-tokens // PREFILL_BUCKET) * PREFILL_BUCKET))
+        """The padded rows of a prefill of ``tokens`` rows (its JIT's bucket): a multiple
+        of ``SHORT_PREFILL_BUCKET`` for a CPU prefill of at most
+        :data:`~swactor.model.decode_gemv.PREFILL_ROWS` rows, else of ``PREFILL_BUCKET``
+        (at most ``max_seq_len``, never fewer than ``tokens``)."""
+        short = self._cpu and tokens <= decode_gemv.PREFILL_ROWS
+        step = SHORT_PREFILL_BUCKET if short else PREFILL_BUCKET
+        return max(tokens, min(self.max_seq_len, -(-tokens // step) * step))
 
     def _prefill_step(self, array: npt.NDArray[np.generic], slot: int
                       ) -> npt.NDArray[np.generic]:
         """A prompt's rows at positions ``0..T-1`` of ``slot`` through its bucket's JIT:
         the activation rows (padded), or on the last stage its last row's logits."""
         if self._cpu:
-            return self._prefill_packed(array, slot)
+            return self._prefill_prompt(array, slot)
         tokens = array.shape[0]
         # pad the prompt to a multiple of PREFILL_BUCKET rows: kernels (and BEAM results)
         # are shared by every prompt length in a bucket. Padding rows come after the
@@ -1193,43 +1236,85 @@ class StageRole:
             self._release_build_memory()
         return result
 
-    def _prefill_packed(self, array: npt.NDArray[np.generic], slot: int
+    def _prefill_prompt(self, array: npt.NDArray[np.generic], slot: int
                         ) -> npt.NDArray[np.generic]:
-        """A prompt's rows ``array`` through one CPU prefill (:meth:`_forward_packed`,
+        """A prompt's rows ``array`` through one CPU prefill (:meth:`_forward_prompt`,
         the JIT of its bucket); its keys and values go to positions ``0..rows-1`` of
         ``slot``. Returns the activation rows ``[padded, hidden]``, or on the last stage
-        its last row's logits ``[vocab]``."""
+        its last row's logits ``[vocab]``.
+
+        The bucket's inputs are kept buffers written through host views, and the
+        outputs are read through host views of the JIT's output buffers:
+        a ``numpy()`` per output (the rows and every block's keys and values) cost a
+        schedule and a copy kernel each, about as much as a short prompt's kernels.
+        Once the JIT has replayed, it runs from its
+        :class:`~swactor.model.cpu_graph.DirectReplay`."""
         tokens = int(array.shape[0])
         padded = self._bucket(tokens)
-        if padded > tokens:  # padding rows: a block of their own (each attends to itself)
-            pad = np.zeros((padded - tokens, array.shape[1]), dtype=array.dtype)
-            array = np.concatenate([array, pad])
-        lengths = [tokens] + ([padded - tokens] if padded > tokens else [])
-        positions = np.concatenate([np.arange(n) for n in lengths])
-        mask = np.zeros((padded, padded), dtype=np.bool_)
-        start = 0
-        for n in lengths:
-            mask[start : start + n, start : start + n] = np.tri(n, dtype=np.bool_)
-            start += n
-        half = self.facts.rope_dim // 2
-        if self._rope_rows is None:
-            cos = sin = np.zeros((1, padded, 1), dtype=np.float32)
-        else:
-            cos = self._rope_rows[0][positions].reshape(1, padded, half)
-            sin = self._rope_rows[1][positions].reshape(1, padded, half)
-        inputs = (upload(array, self.device), upload(cos, self.device),
-                  upload(sin, self.device), upload(mask, self.device))
+        inputs = self._prompt_inputs(padded)
+        rows = inputs.views[0]
+        rows[:tokens] = array
+        rows[tokens:] = 0  # padding rows: a block of their own (each attends to itself)
+        self._write_prompt_tables(inputs, tokens, padded)
+        if inputs.replay is not None:
+            inputs.replay.replay({self._last_var.expr: tokens - 1})
+            return self._prompt_results(inputs.outputs, slot, tokens)
         last = self._last_var.bind(tokens - 1)
         prefill = self._prefill_jit(padded)
         use_cpu_graph(self.cpu_graph)
         built = prefill.cnt < 2  # this call runs the graph eagerly or captures it
-        out, *kv = prefill(*inputs, last)
-        result: npt.NDArray[np.generic] = out.numpy()
-        self._write_kv([t.numpy() for t in kv], slot, tokens)
-        self._keep_prefill(prefill, f"prefill-{padded}", (*inputs, last))
+        outputs = prefill(*inputs.tensors, last)  # held while read: an eager run's own
+        result = self._prompt_results(tuple(_host_view(t) for t in outputs), slot, tokens)
+        self._keep_prefill(prefill, f"prefill-{padded}", (*inputs.tensors, last))
         if built:
             self._release_build_memory()
+        captured = prefill.captured
+        if captured is not None and prefill.cnt >= 2:  # replayed once: batches built
+            inputs.replay = DirectReplay.of(captured, tuple(t.uop.base for t in inputs.tensors),
+                                            frozenset({self._last_var.expr}))
+            inputs.outputs = tuple(_host_view(t) for t in captured.ret)
+        return result
+
+    def _prompt_results(self, outputs: tuple[npt.NDArray[np.generic], ...], slot: int,
+                        tokens: int) -> npt.NDArray[np.generic]:
+        """From views of a CPU prefill's outputs (:meth:`_forward_prompt`): its keys and
+        values copied into ``slot``, and a copy of its activation rows (the last stage:
+        its logits ``[vocab]``)."""
+        self._write_kv(outputs[1:], slot, tokens)
+        result = outputs[0].copy()
         return result[0] if self.is_last else result
+
+    def _prompt_inputs(self, padded: int) -> _PrefillInputs:
+        """The kept inputs of the CPU prefill bucket of ``padded`` rows (made on first
+        use): the rows, the rotary cosines and sines ``[1, padded, rope_dim / 2]`` (``[1,
+        padded, 1]`` zeros without rope) and the ``[padded, padded]`` mask."""
+        inputs = self._prompt_buffers.get(padded)
+        if inputs is None:
+            half = self.facts.rope_dim // 2 if self._rope_rows is not None else 1
+            tensors = tuple(upload(a, self.device) for a in (
+                np.zeros((padded, self.facts.hidden_dim), dtype=self.np_dtype),
+                np.zeros((1, padded, half), dtype=np.float32),
+                np.zeros((1, padded, half), dtype=np.float32),
+                np.zeros((padded, padded), dtype=np.bool_)))
+            synchronize(self.device)
+            inputs = self._prompt_buffers[padded] = _PrefillInputs(
+                tensors, tuple(_host_view(t) for t in tensors))
+        return inputs
+
+    def _write_prompt_tables(self, inputs: _PrefillInputs, tokens: int, padded: int
+                             ) -> None:
+        """Write the rotary rows and the mask of a prompt of ``tokens`` rows padded to
+        ``padded`` into a bucket's inputs: the prompt's rows at positions ``0..tokens-1``
+        attend to the prompt's rows up to themselves; the padding rows, positions
+        ``0..``, are a block of their own."""
+        _, cos, sin, mask = inputs.views
+        if self._rope_rows is not None:
+            positions = np.concatenate([np.arange(tokens), np.arange(padded - tokens)])
+            cos[0] = self._rope_rows[0][positions]
+            sin[0] = self._rope_rows[1][positions]
+        mask[...] = False
+        mask[:tokens, :tokens] = np.tri(tokens, dtype=np.bool_)
+        mask[tokens:, tokens:] = np.tri(padded - tokens, dtype=np.bool_)
 
     def _write_kv(self, kv: Sequence[npt.NDArray[np.generic]], slot: int, rows: int
                   ) -> None:
@@ -1337,7 +1422,7 @@ class StageRole:
         """The bucket's prefill JIT (kernel cache kind ``prefill-P``)."""
         prefill = self._prefill.get(padded)
         if prefill is None:
-            forward = self._forward_packed if self._cpu else self._forward_prefill
+            forward = self._forward_prompt if self._cpu else self._forward_prefill
             prefill = self._prefill[padded] = cast("_PrefillJit", TinyJit(forward))
             self._adopt(prefill, f"prefill-{padded}")
         return prefill
@@ -1354,8 +1439,8 @@ class StageRole:
 
     def warm_up(self, prompt_tokens: int = 0, rows: Sequence[int] = ()) -> None:
         """Build the decode JIT (or load it from the kernel cache), load every prefill
-        bucket the cache holds for this role (none yet: build the first bucket, prompts of
-        up to ``PREFILL_BUCKET`` tokens), build or load the bucket of every prompt length
+        bucket the cache holds for this role (none yet: build the bucket of a one-token
+        prompt), build or load the bucket of every prompt length
         up to ``prompt_tokens``, load every batched decode JIT the cache holds
         (``decode-rows-B``), build the batched decode JITs for ``rows`` (rows per step,
         2..``slots``; minutes each on a small CPU unless cached), and run each once, so
@@ -1380,10 +1465,9 @@ class StageRole:
                     break
         buckets = self._kernels.kinds("prefill-") if self._kernels is not None else []
         if self._kernels is not None and not buckets:
-            buckets = [f"prefill-{min(PREFILL_BUCKET, self.max_seq_len)}"]
-        longest = min(prompt_tokens, self.max_seq_len)  # padded as _prefill_step pads
-        wanted = {min(self.max_seq_len, size)
-                  for size in range(PREFILL_BUCKET, longest + PREFILL_BUCKET, PREFILL_BUCKET)}
+            buckets = [f"prefill-{self._bucket(1)}"]
+        longest = min(prompt_tokens, self.max_seq_len)
+        wanted = {self._bucket(tokens) for tokens in range(1, longest + 1)}
         buckets += [f"prefill-{size}" for size in sorted(wanted)
                     if f"prefill-{size}" not in buckets]
         sizes = sorted({int(kind.split("-")[1]) for kind in buckets})  # prefill-P
@@ -1392,7 +1476,7 @@ class StageRole:
                 continue
             zeros = np.zeros((padded, self.facts.hidden_dim), dtype=self.np_dtype)
             if self._cpu:
-                self._prefill_packed(zeros, 0)  # captured and kept there
+                self._prefill_prompt(zeros, 0)  # captured and kept there
                 continue
             prefill = self._prefill_jit(padded)
             data = upload(zeros, self.device)

@@ -66,19 +66,19 @@ def test_replayed_graphs_compute_what_built_ones_do(
     assert _run(writers)[0] == reference[0]
     for role in writers:
         assert role._kernels is not None
-        assert role._kernels.saved == {"decode", "prefill-16"}
+        assert role._kernels.saved == {"decode", "prefill-8"}
         assert role._kernels.loaded == set()
     longer = _roles(tiny_llama, split, quantised)
-    _run(longer, prompt=PROMPT * 3)  # an 18-token prompt: bucket 32
+    _run(longer, prompt=PROMPT * 3)  # an 18-token prompt: bucket 24
     for role in longer:
-        assert role._kernels is not None and role._kernels.saved == {"prefill-32"}
+        assert role._kernels is not None and role._kernels.saved == {"prefill-24"}
 
     readers = _roles(tiny_llama, split, quantised)
     for role in readers:
         role.warm_up()
         assert role._kernels is not None
-        assert role._kernels.loaded == {"decode", "prefill-16", "prefill-32"}
-        assert role._decode.captured is not None and role._prefill[16].captured is not None
+        assert role._kernels.loaded == {"decode", "prefill-8", "prefill-24"}
+        assert role._decode.captured is not None and role._prefill[8].captured is not None
     tokens, outputs = _run(readers)
     assert tokens == reference[0]
     for got, want in zip(outputs, reference[1], strict=True):
@@ -92,17 +92,17 @@ def test_warm_up_leaves_a_role_that_computes_what_a_new_one_does(
     """Warm-up builds the decode graph and the bucket of every prompt length asked for
     (a serving stage's warm prompt lengths): a prompt of such a length then replays
     kernels (no new JIT) and computes what a new role does."""
-    prompt = [(7 * i + 3) % 200 for i in range(20)]  # bucket 32
+    prompt = [(7 * i + 3) % 200 for i in range(20)]  # bucket 24
     monkeypatch.setenv(jit_cache.CACHE_ENV, "off")
     reference = _run(_roles(tiny_llama, [(0, 4)]), prompt)
     monkeypatch.setenv(jit_cache.CACHE_ENV, str(tmp_path))
     (role,) = _roles(tiny_llama, [(0, 4)])
     role.warm_up(prompt_tokens=MAX_SEQ + 8)  # clipped to max_seq_len
     assert role._decode.captured is not None  # the decode graph is built before step 0
-    assert sorted(role._prefill) == [16, 32]
+    assert sorted(role._prefill) == [8, 16, 24, 32]
     assert all(jit.captured is not None for jit in role._prefill.values())
     assert role._kernels is not None
-    assert role._kernels.saved == {"decode", "prefill-16", "prefill-32"}
+    assert role._kernels.saved == {"decode", "prefill-8", "prefill-16", "prefill-24", "prefill-32"}
     built = dict(role._prefill)
     tokens, outputs = _run([role], prompt)
     assert role._prefill == built  # the prompt's bucket was warm: nothing built

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -248,11 +248,14 @@ def test_a_bad_batch_is_a_step_error_that_changes_no_slot(tiny_llama: Path) -> N
     assert out.shape == (3,)
 
 
-def test_a_prompt_batch_prefills_each_prompt_as_alone(tiny_llama: Path) -> None:
+def test_a_prompt_batch_prefills_each_prompt_as_alone(tiny_llama: Path,
+                                                      monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
     """Three prompts (6 + 3 + 10 rows) in one prompt batch, through a split, every
-    bucket ready: each prompt's prefill is its bucket's JIT, as alone (three calls per
-    stage); each answer and logits bit for bit as the prompt alone, and each slot's
-    cache as alone (the decode steps after it give each prompt's tokens)."""
+    bucket ready: each prompt's prefill is its bucket's JIT, as alone (three prefills
+    per stage, nothing built); each answer and logits bit for bit as the prompt alone,
+    and each slot's cache as alone (the decode steps after it give each prompt's
+    tokens)."""
     steps, seq = 4, 32
     prompts = TINY_PROMPTS[:3]
     want: list[list[npt.NDArray[np.float32]]] = [[] for _ in prompts]
@@ -264,12 +267,19 @@ def test_a_prompt_batch_prefills_each_prompt_as_alone(tiny_llama: Path) -> None:
     slots = [2, 0, 3]
     tags = [SequenceTag(slot, len(p), candidates=i == 1)
             for i, (slot, p) in enumerate(zip(slots, prompts, strict=True))]
-    jits = [role._prefill[16] for role in roles]
-    calls = [jit.cnt for jit in jits]
+    built = [dict(role._prefill) for role in roles]
+    calls: list[tuple[int, int]] = []
+    for role in roles:
+        def spy(array: npt.NDArray[Any], slot: int, step: Any = role._prefill_step
+                ) -> npt.NDArray[Any]:
+            calls.append((len(array), slot))
+            return cast("npt.NDArray[Any]", step(array, slot))
+        monkeypatch.setattr(role, "_prefill_step", spy)
     payload: npt.NDArray[Any] = np.concatenate([np.array(p, np.int32) for p in prompts])
     for role in roles:
         payload = role.run_prompts(tags, payload)
-    assert [jit.cnt for jit in jits] == [c + 3 for c in calls], "each prompt as alone"
+    assert calls == [(6, 2), (3, 0), (10, 3)] * 2, "each prompt as alone"
+    assert [dict(role._prefill) for role in roles] == built
     assert payload.shape == (1 + 2 * CANDIDATES_K + 1,)
     firsts = [int(payload[0]), int(payload[1]), int(payload[-1])]
     assert firsts == [tokens[0] for tokens in alone]

@@ -103,3 +103,28 @@ def test_one_stage_agrees_with_numpy_float64(model_path: Path, prompt_ids: list[
         assert token == int(np.argmax(want)), step
         sequence.append(token)
         payload = np.array([token], dtype=np.int32)
+
+
+def test_short_prompts_compute_the_same_at_8_and_16_row_buckets(
+        model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last two blocks of the model over Q4_1/Q8_0 blocks (random activation rows
+    in): prompts of 5, 20 and 50 rows padded to multiples of 8 (the CPU short-prompt
+    bucket) and of 16 give bit-identical logits, keys and values (the tiny models'
+    test in test_stage_role.py, on SmolLM2's heads and widths)."""
+    from swactor.model import llama_role
+
+    reader = open_reader(model_path)
+    role = StageRole(reader.load_stage(28, 30, is_first=False, is_last=True, dtype="f32",
+                                       keep_blocks=True), max_seq_len=64, quantised=True)
+    rng = np.random.default_rng(3)
+    for length in (5, 20, 50):
+        rows = rng.standard_normal((length, role.facts.hidden_dim)).astype(np.float32)
+        seen = []
+        for bucket in (8, 16):
+            monkeypatch.setattr(llama_role, "SHORT_PREFILL_BUCKET", bucket)
+            role.step(0, rows)
+            kv = [view[0, :, :length].copy() for pair in role._cache_views for view in pair]
+            seen.append((np.array(role.last_logits), *kv))
+        for got, want in zip(seen[1], seen[0], strict=True):
+            np.testing.assert_array_equal(got, want)
+    assert sorted(role._prefill) == [8, 16, 24, 32, 56, 64]

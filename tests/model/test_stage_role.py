@@ -356,7 +356,7 @@ def test_block_roles_leave_f32_matrices_dense(tmp_path: Path) -> None:
 def test_repeated_prefills_replay_the_bucket_jit_exactly(tiny_llama: Path) -> None:
     """Prefills of different lengths in one bucket (from the third, replayed by the JIT,
     the last real row a bound variable) give a fresh role's logits and decode after them."""
-    prompts = [[5, 17, 42, 99, 7], [3, 1, 4, 1, 5, 9, 2], [250, 8], [7, 7, 7, 7, 7, 7, 7, 7, 7]]
+    prompts = [[5, 17, 42, 99, 7], [3, 1, 4, 1, 5, 9, 2], [250, 8], [7, 7, 7, 7, 7, 7, 7, 7]]
     (reused,) = _roles(tiny_llama, [(0, 4)])
     for prompt in prompts:
         (fresh,) = _roles(tiny_llama, [(0, 4)])
@@ -371,6 +371,34 @@ def test_repeated_prefills_replay_the_bucket_jit_exactly(tiny_llama: Path) -> No
     assert len(reused._prefill) == 1  # one bucket, one JIT
 
 
+@pytest.mark.parametrize("quantised", [False, True])
+def test_short_prompts_compute_the_same_at_8_and_16_row_buckets(
+        tiny_mixed: Path, monkeypatch: pytest.MonkeyPatch, quantised: bool) -> None:
+    """Prompts of 5, 20 and 50 rows padded to multiples of 8 (the CPU short-prompt
+    bucket) and of 16: the logits, every block's keys and values and the decode step
+    after the prompt are bit-identical, dense or over blocks (Q4_1 and Q8_0 through the
+    decode kernel, the other types through their own products). Each row's products
+    are its own; the attention sums over the padded columns, whose kernels tinygrad
+    picks by the padded length: one summation order up to 32 columns, another from
+    40, so 8 and 16, 24 and 32, 40 and 48, 56 and 64 rows agree."""
+    weights = open_reader(tiny_mixed).load_stage(0, 6, is_first=True, is_last=True,
+                                                 keep_blocks=quantised)
+    role = StageRole(weights, max_seq_len=64, quantised=quantised)
+    for length in (5, 20, 50):
+        prompt = np.array([(11 * i + 5) % 300 for i in range(length)], dtype=np.int32)
+        seen = []
+        for bucket in (8, 16):
+            monkeypatch.setattr(llama_role, "SHORT_PREFILL_BUCKET", bucket)
+            token = role.step(0, prompt)
+            logits = np.array(role.last_logits)
+            kv = [view[0, :, :length].copy() for pair in role._cache_views for view in pair]
+            role.step(1, token)
+            seen.append((logits, np.array(role.last_logits), *kv))
+        for got, want in zip(seen[1], seen[0], strict=True):
+            np.testing.assert_array_equal(got, want)
+    assert sorted(role._prefill) == [8, 16, 24, 32, 56, 64]
+
+
 def test_a_built_prefill_leaves_no_freed_buffers_cached(tiny_llama: Path) -> None:
     """A prefill graph's first (eager) run and its capture allocate every intermediate
     apart; tinygrad's allocator would keep the freed ones for reuse (a real model's
@@ -383,8 +411,8 @@ def test_a_built_prefill_leaves_no_freed_buffers_cached(tiny_llama: Path) -> Non
     gc.collect()  # earlier tests' roles: their buffers are freed now, not during the steps
     allocator = Device[role.device].allocator
     getattr(allocator, "free_cache", lambda: None)()
-    # what may stay: buffers freed as a step returns (its input rows, a padded bucket)
-    # and stray small ones; the graph's intermediates are hundreds of times more
+    # what may stay: stray small buffers freed as a step returns (bounded here by four
+    # padded buckets of rows); the graph's intermediates are hundreds of times more
     input_bytes = 4 * llama_role.PREFILL_BUCKET * role.facts.hidden_dim * 4
     for _ in range(2):  # eager run, then capture
         role.step(0, np.array([5, 17, 42, 99, 7], dtype=np.int32))
