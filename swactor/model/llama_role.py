@@ -138,9 +138,12 @@ other product is the one-row product's expression plus a row axis (``[B, out, in
 16]`` summed over the groups, then the 16 lanes): tinygrad gives it the one-row kernel's
 reduction opts (the same unrolled groups and lane order per row) and upcasts the row
 axis, so each row's sums are those of the one-row kernel, bit for bit. Norms and
-elementwise steps are row-wise. Each row's KV write and attention are the one-row graph
-over its own slot and position variables (``B`` copies of the small attention kernels),
-so no row attends over padding. With ``beam > 0`` the
+elementwise steps are row-wise. On a CPU with the clang renderer every row's KV write
+and attention are one C kernel per block (:mod:`swactor.model.decode_attention`, the
+one-row decode's kernel too; the rows' positions and slots reach it as a small input
+computed once per step from the bound variables); elsewhere each row's are the one-row
+graph over its own slot and position variables (``B`` copies of the small attention
+kernels). Either way no row attends over padding. With ``beam > 0`` the
 rows run one after another instead (BEAM picks each kernel's loop order, hence its
 summation order). Building a batch size's JIT takes minutes on a small CPU, so only
 :meth:`StageRole.warm_up` builds them (``rows``) or loads them (every size the kernel
@@ -188,7 +191,7 @@ from tinygrad.uop import Ops
 from tinygrad.uop.ops import UOp
 
 from swactor import heap
-from swactor.model import decode_gemv, prefill_gemm
+from swactor.model import decode_attention, decode_gemv, prefill_gemm
 from swactor.model.block_kernels import (
     DeviceQuant,
     block_matmul,
@@ -487,6 +490,9 @@ class StageRole:
         # clang renders f16->f32 as scalar converts; integer bit moves vectorise (about 2x)
         self._cpu = self.device.startswith("CPU")
         self._f16_bits = self._tg_dtype == dtypes.float16 and self._cpu
+        # decode attention: one C kernel per block for every row (swactor.model.decode_attention)
+        self._c_attention = self._cpu and decode_attention.usable(
+            self.device, facts.head_dim, max_seq_len)
         self._load(weights.tensors, weights.blocks if quantised else {})
         synchronize(self.device)  # every weight copied in before the host copies go
         # the role holds what it needs now: drop the loader's host arrays, so what the
@@ -825,22 +831,39 @@ class StageRole:
         return rotated.cat(x[..., rope_dim:], dim=-1)
 
     def _attention(self, block: _Block, x: Tensor, start: UOp | int, tokens: int,
-                   slot: UOp | int) -> Tensor:
+                   slot: UOp | int, where: Tensor | None = None) -> Tensor:
         qkv = self._qkv(block, x)
+        if where is not None:  # one decode row on CPU: the C kernel
+            return self._linear(self._attend_c(block, qkv, where), block.wo)
         return self._linear(self._attend(block, qkv, start, tokens, slot), block.wo)
 
     def _attention_rows(self, block: _Block, starts: Sequence[UOp], slots: Sequence[UOp],
-                        x: Tensor) -> Tensor:
+                        where: Tensor | None, x: Tensor) -> Tensor:
         """Attention of decode rows ``x`` ``[B, hidden]``: row ``b`` at position
-        ``starts[b]`` of slot ``slots[b]``. The products take every row at once; each
-        row's cache write and attention are the one-row graph's, over its own slot.
-        Each row's output is materialised, as the one-row graph's is (the output
-        product's input): fused into their concatenation, every output value
-        evaluated all ``B`` rows' attention."""
+        ``starts[b]`` of slot ``slots[b]``. The products take every row at once. With
+        ``where`` (:func:`~swactor.model.decode_attention.positions` of the rows) every
+        row's cache write and attention are one C kernel per block, the one-row decode's
+        kernel. Otherwise each row's are the one-row graph's, over its own slot, and each
+        row's output is materialised, as the one-row graph's is (the output product's
+        input): fused into their concatenation, every output value evaluated all ``B``
+        rows' attention."""
         qkv = self._qkv(block, x, rows=True)
+        if where is not None:
+            return self._linear(self._attend_c(block, qkv, where), block.wo, rows=True)
         outs = [self._attend(block, qkv[b : b + 1], start, 1, slot).contiguous()
                 for b, (start, slot) in enumerate(zip(starts, slots, strict=True))]
         return self._linear(outs[0].cat(*outs[1:], dim=0), block.wo, rows=True)
+
+    def _attend_c(self, block: _Block, qkv: Tensor, where: Tensor) -> Tensor:
+        """Decode rows ``qkv`` at the positions and slots ``where``: their keys and
+        values into the slots' caches and their attention, one C kernel
+        (:func:`~swactor.model.decode_attention.attend`)."""
+        f = self.facts
+        rope = None if self.rope_cos is None or self.rope_sin is None else (
+            self.rope_cos, self.rope_sin)
+        return decode_attention.attend(qkv, where, block.cache_k, block.cache_v, rope,
+                                       heads=f.head_count, kv_heads=f.head_count_kv,
+                                       rope_dim=f.rope_dim if rope is not None else 0)
 
     def _qkv(self, block: _Block, x: Tensor, rows: bool = False) -> Tensor:
         qkv = self._linear(x, block.w_qkv, rows)
@@ -887,9 +910,10 @@ class StageRole:
         return out.reshape(heads, tokens, hd).transpose(0, 1).reshape(tokens, heads * hd)
 
     def _block(self, block: _Block, x: Tensor, start: UOp | int, tokens: int,
-               slot: UOp | int) -> Tensor:
+               slot: UOp | int, where: Tensor | None = None) -> Tensor:
         return self._block_with(
-            block, x, lambda n: self._attention(block, n, start, tokens, slot), rows=False)
+            block, x, lambda n: self._attention(block, n, start, tokens, slot, where),
+            rows=False)
 
     def _block_with(self, block: _Block, x: Tensor, attention: Callable[[Tensor], Tensor],
                     rows: bool) -> Tensor:
@@ -905,10 +929,11 @@ class StageRole:
 
     def _forward(
         self, x: Tensor, start: UOp | int, tokens: int, last: UOp | int | None = None,
-        slot: UOp | int = 0,
+        slot: UOp | int = 0, where: Tensor | None = None,
     ) -> Tensor:
+        """``where``: a decode row's position and slot for the C attention (CPU)."""
         for block in self.blocks:
-            x = self._block(block, x.float(), start, tokens, slot)
+            x = self._block(block, x.float(), start, tokens, slot, where)
         if not self.is_last:
             return x.contiguous()
         assert self.output_norm is not None and self.output is not None
@@ -922,10 +947,12 @@ class StageRole:
         vocab]`` logits."""
         count = int(x.shape[0])
         starts, slots = variables[:count], variables[count:]
+        where = (decode_attention.positions(starts, slots, self.device)
+                 if self._c_attention else None)
         for block in self.blocks:
             x = self._block_with(
                 block, x.float(),
-                partial(self._attention_rows, block, starts, slots), rows=True)
+                partial(self._attention_rows, block, starts, slots, where), rows=True)
         if not self.is_last:
             return x.contiguous().realize()
         assert self.output_norm is not None and self.output is not None
@@ -984,7 +1011,10 @@ class StageRole:
         return (out, *kv)
 
     def _forward_decode(self, payload: Tensor, start: UOp, slot: UOp | None = None) -> Tensor:
-        return self._forward(payload, start, 1, slot=0 if slot is None else slot).realize()
+        slot_or_0: UOp | int = 0 if slot is None else slot
+        where = (decode_attention.positions((start,), (slot_or_0,), self.device)
+                 if self._c_attention else None)
+        return self._forward(payload, start, 1, slot=slot_or_0, where=where).realize()
 
     def _forward_prefill(self, payload: Tensor, last: UOp, slot: UOp | None = None) -> Tensor:
         return self._forward(payload, 0, int(payload.shape[0]), last,
@@ -1405,7 +1435,7 @@ class StageRole:
                 "first": self.is_first, "last": self.is_last, "dtype": self.dtype,
                 "max_seq_len": self.max_seq_len, "device": self.device, "beam": self.beam,
                 "cpu_graph": self.cpu_graph, "quantised": self.quantised, "slots": self.slots,
-                "integer": decode_gemv.INTEGER}
+                "integer": decode_gemv.INTEGER, "attention": self._c_attention}
 
     def _adopt(self, jit: _TinyJit[_Ret], kind: str) -> None:
         """Give a JIT that never ran the captured graph the cache holds for `kind`."""

@@ -1,0 +1,259 @@
+"""Decode attention on CPU: one hand-written C kernel per block for every row of a step.
+
+Theory of operation. A decode step of ``B`` rows (``B = 1``: one sequence) gives each
+block's attention the rows' fused Q/K/V product ``qkv`` ``[B, (heads + 2 kv) hd]``;
+row ``b`` sits at position ``pos_b`` of KV slot ``slot_b`` (distinct slots). Written as
+tinygrad expressions, each row's attention is a graph of its own (its slot and position
+are bound variables): about nine small kernels per row and block (rotary embedding of q
+and k, the two cache writes, scores, max, exponentials, sum, product with the values).
+Here it is one tinygrad custom kernel on the clang renderer per block for all rows,
+cut into ``B * kv`` slices (the ``core_id`` variable, as in
+:mod:`swactor.model.decode_gemv`: the replay pool runs the slices of a block on several
+threads). Slice ``(b, g)`` (row ``b``, KV head ``g``):
+
+* rotates k of head ``g`` (half-split rotary embedding over the first ``rope_dim``
+  features, the cosines and sines of ``pos_b`` read from the role's tables) and writes
+  it and v into the slot's caches ``[slots, kv, max_seq_len, hd]`` at ``pos_b``, in the
+  cache dtype (f16 rounded to nearest even);
+* for each query head ``h`` of the group (heads ``g * group .. g * group + group - 1``):
+  rotates q, then scores ``s_t = (q . k_t) * (1 / sqrt(hd))`` over the cached keys
+  ``t = 0 .. pos_b`` (read back from the cache, so f16 keys are the rounded ones), each
+  dot product a ``W``-lane running sum over ``hd`` added in one fixed tree; ``m = max
+  s_t``, ``e_t = exp(s_t - m)`` (Cody-Waite reduction and Cephes' polynomial, about one
+  ulp; below ``2**-126`` it is 0), ``out = (sum_t e_t v_t) / sum_t e_t`` with ``W``-lane
+  running sums over ``t`` in order.
+
+Every slice runs the same statements whatever ``B``, its slice number or thread, so a
+row of a ``B``-row step is bit-identical to the one-row step of that row (the one-row
+decode uses this kernel with ``B = 1``). A row's positions and slots reach the kernel
+through a small ``int32 [2 B]`` input (:func:`positions`: the positions then the slots,
+one kernel per step from the bound variables), shared by every block. The kernel loads
+one value of each input it only reads in tinygrad's IR (qkv, positions, rotary tables),
+so the replay graph knows it only reads them; the caches and the output count as
+written.
+
+Measured on SmolLM2-135M Q4_1 (one stage of all 30 blocks, 9 heads, 3 KV heads,
+``hd`` 64, 8 slots), 2 replay threads, a 2-core x86-64 machine. Per row and step at
+position 20 (each kernel's best time over sequential traces): the tinygrad expressions
+run 270 attention kernels, 0.85 ms, of which the scores and the product with the values
+are 0.77 ms (15 and 11 us per block: reductions over a symbolic length that tinygrad
+leaves scalar); this kernel runs 30, 0.12 ms. A decode step of 1 row runs 445 kernels
+instead of 684, one of 8 rows 444 instead of 2603, and building the 2-, 4- and 8-row
+decode graphs takes 21 s instead of 264 s. Step wall time (median, both variants
+side by side in one process), for B = 1, 2, 4, 8 rows:
+
+* positions 8..55: expressions 14.2, 18.8, 29.0, 44.2 ms (4.3 ms per extra row),
+  this kernel 13.2, 16.0, 21.6, 31.2 ms (2.6 ms per extra row); tokens/s at 4 rows
+  over 1 row 1.96x against 2.44x;
+* positions 200..247: expressions 23.0, 37.6, 62.1, 111.3 ms (12.6 ms per extra row),
+  this kernel 13.3, 17.7, 24.4, 36.7 ms (3.3 ms per extra row); 1.48x against 2.18x.
+
+Greedy tokens of both variants were the same over those steps.
+
+Used on a CPU device whose renderer is clang with an even ``hd`` (:func:`usable`);
+elsewhere the role keeps the tinygrad expression (``LlamaRole._attend``). The scores of
+one head live on the stack (``max_seq_len`` floats at most), so a role whose
+``max_seq_len`` passes :data:`MAX_SCORES` keeps the expression too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from tinygrad.device import Device
+from tinygrad.dtype import DType, dtypes
+from tinygrad.renderer.cstyle import ClangRenderer
+from tinygrad.tensor import Tensor
+from tinygrad.uop import Ops
+from tinygrad.uop.ops import KernelInfo, UOp
+
+ENABLED = True
+"""Whether CPU decode attention takes this kernel (benchmarks switch it off to compare
+with the tinygrad expression side by side)."""
+MAX_SCORES = 1 << 16
+"""Most positions one head's scores hold on the stack (256 KiB)."""
+_LANES = (16, 8, 4, 2)
+
+
+def usable(device: str, head_dim: int, max_seq_len: int) -> bool:
+    """Whether decode attention on ``device`` runs through this kernel."""
+    if not ENABLED or head_dim % 2 or max_seq_len > MAX_SCORES or not device.startswith("CPU"):
+        return False
+    return isinstance(Device[device].renderer, ClangRenderer)
+
+
+def lanes(head_dim: int) -> int:
+    """The vector width ``W`` of the dot products and running sums: the widest of 16, 8,
+    4, 2 dividing ``head_dim``."""
+    return next(w for w in _LANES if head_dim % w == 0)
+
+
+def positions(starts: Sequence[UOp | int], slots: Sequence[UOp | int], device: str
+              ) -> Tensor:
+    """The kernel's ``int32 [2 B]`` input: the rows' positions then their slots (bound
+    variables or constants)."""
+    if all(isinstance(v, int) for v in (*starts, *slots)):
+        return Tensor([*starts, *slots], dtype=dtypes.int32, device=device).realize()
+    values = [Tensor(v, dtype=dtypes.int32, device=device) if isinstance(v, int)
+              else Tensor(v, device=device).cast(dtypes.int32) for v in (*starts, *slots)]
+    return Tensor.stack(*values).contiguous()
+
+
+def attention_source(batch: int, heads: int, kv_heads: int, head_dim: int, rope_dim: int,
+                     max_seq_len: int, cache_f16: bool) -> str:
+    """The C statement of one slice (a ``str.format`` template over the output, ``qkv``,
+    the positions, the cosine and sine tables when ``rope_dim`` is not 0, the key and
+    value caches, then the slice index)."""
+    hd, group, half = head_dim, heads // kv_heads, rope_dim // 2
+    width = lanes(hd)
+    chunks = hd // width
+    pointer = 5 if rope_dim else 3
+    cache_t = "unsigned short" if cache_f16 else "float"
+
+    def load(ptr: str) -> str:
+        if not cache_f16:
+            return f"(*(const vf *)({ptr}))"
+        return f"wide(*(const vh *)({ptr}))"
+
+    def store(dst: str, value: str) -> str:
+        if not cache_f16:
+            return f"{dst} = {value};"
+        return (f"{{ __fp16 h_ = {value}; unsigned short u_; __builtin_memcpy(&u_, &h_, 2);"
+                f" {dst} = u_; }}")
+
+    def rotate(src: str, dst: str, store_fn: bool) -> list[str]:
+        put = store if store_fn else (lambda d, v: f"{d} = {v};")
+        lines = [f"for (int i = 0; i < {half}; i++) {{",
+                 f"  float x1 = {src}[i], x2 = {src}[{half} + i];",
+                 "  " + put(f"{dst}[i]", "x1 * c[i] - x2 * s[i]"),
+                 "  " + put(f"{dst}[{half} + i]", "x2 * c[i] + x1 * s[i]"),
+                 "}"] if half else []
+        lines.append(f"for (int i = {rope_dim}; i < {hd}; i++) " + put(f"{dst}[i]", f"{src}[i]"))
+        return lines
+
+    tree = " + ".join(f"(a[{i}] + a[{i + width // 2}])" for i in range(width // 2))
+    scale = f"{1.0 / math.sqrt(hd)!r}f"
+    body = [
+        "{",
+        f"typedef float vf __attribute__((ext_vector_type({width}), aligned(4)));",
+        *([f"typedef unsigned short vh __attribute__((ext_vector_type({width}), aligned(2)));",
+           f"typedef unsigned int vu __attribute__((ext_vector_type({width})));",
+           "#define wide(h) ((vf)((((__builtin_convertvector((h), vu)) & 0x8000u) << 16) | "
+           "(((__builtin_convertvector((h), vu)) & 0x7fffu) << 13)) * 0x1p112f)"]
+          if cache_f16 else []),
+        "float *out = @0;",
+        "const float *qkv = @1;",
+        "const int *where = (const int *)(@2);",
+        *(["const float *cosr = @3;", "const float *sinr = @4;"] if rope_dim else []),
+        f"{cache_t} *ck = ({cache_t} *)(@{pointer});",
+        f"{cache_t} *cv = ({cache_t} *)(@{pointer + 1});",
+        f"int item = (int)(@{pointer + 2});",
+        f"int b = item / {kv_heads}, g = item - b * {kv_heads};",
+        f"int pos = where[b], slot = where[{batch} + b];",
+        f"const float *row = qkv + (long)b * {(heads + 2 * kv_heads) * hd};",
+        f"long base = ((long)slot * {kv_heads} + g) * {max_seq_len};",
+        *([f"const float *c = cosr + (long)pos * {half}, *s = sinr + (long)pos * {half};"]
+          if rope_dim else []),
+        "{",
+        f"  const float *k = row + ({heads} + g) * {hd};",
+        f"  const float *v = row + ({heads + kv_heads} + g) * {hd};",
+        f"  {cache_t} *kd = ck + (base + pos) * {hd};",
+        f"  {cache_t} *vd = cv + (base + pos) * {hd};",
+        *(f"  {line}" for line in rotate("k", "kd", True)),
+        f"  for (int i = 0; i < {hd}; i++) " + store("vd[i]", "v[i]"),
+        "}",
+        "__asm__ volatile(\"\" ::: \"memory\");  /* the cache rows above are read below */",
+        "float sc[pos + 1];",
+        f"for (int h = 0; h < {group}; h++) {{",
+        f"  int head = g * {group} + h;",
+        f"  const float *qs = row + head * {hd};",
+        f"  float q[{hd}] __attribute__((aligned(64)));",
+        *(f"  {line}" for line in rotate("qs", "q", False)),
+        "  float m = -__builtin_inff();",
+        "  for (int t = 0; t <= pos; t++) {",
+        f"    const {cache_t} *kt = ck + (base + t) * {hd};",
+        f"    vf a = {load('kt')} * *(const vf *)q;",
+        *(f"    a += {load(f'kt + {j * width}')} * *(const vf *)(q + {j * width});"
+          for j in range(1, chunks)),
+        f"    float d = ({tree}) * {scale};",
+        "    sc[t] = d;",
+        "    m = d > m ? d : m;",
+        "  }",
+        "  float sum = 0.0f;",
+        "  " + " ".join(f"vf o{j} = (vf)(0.0f);" for j in range(chunks)),
+        "  for (int t = 0; t <= pos; t++) {",
+        "    float x = sc[t] - m, e = 0.0f;",
+        "    if (x >= -87.33654f) {",  # exp(x) >= 2**-126: the result is normal
+        # n = round(x / ln 2) (1.5 * 2**23 rounds to an integer), r = x - n ln 2 in two
+        # steps (Cody-Waite), exp(r) by Cephes' expf polynomial, times 2**n in the bits
+        "      float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;",
+        "      float r = x - n * 0.693359375f;",
+        "      r = r - n * -2.12194440e-4f;",
+        "      float p = 1.9875691500e-4f;",
+        "      p = p * r + 1.3981999507e-3f;",
+        "      p = p * r + 8.3334519073e-3f;",
+        "      p = p * r + 4.1665795894e-2f;",
+        "      p = p * r + 1.6666665459e-1f;",
+        "      p = p * r + 5.0000001201e-1f;",
+        "      p = p * (r * r) + r + 1.0f;",
+        "      unsigned bits = (unsigned)((int)n + 127) << 23;",
+        "      float scale2; __builtin_memcpy(&scale2, &bits, 4);",
+        "      e = p * scale2;",
+        "    }",
+        "    sum += e;",
+        f"    const {cache_t} *vt = cv + (base + t) * {hd};",
+        *(f"    o{j} += e * {load(f'vt + {j * width}')};" for j in range(chunks)),
+        "  }",
+        f"  float *dst = out + (long)b * {heads * hd} + head * {hd};",
+        *(f"  *(vf *)(dst + {j * width}) = o{j} / sum;" for j in range(chunks)),
+        "}",
+        *(["#undef wide"] if cache_f16 else []),
+        "}",
+    ]
+    text = "\n".join(body).replace("{", "{{").replace("}", "}}")
+    for index in range(pointer + 3):
+        text = text.replace(f"@{index}", f"{{{index}}}")
+    return text
+
+
+def _first(buffer: UOp) -> UOp:
+    """``buffer``'s first element (a pointer to the buffer in the custom C)."""
+    zero = UOp.const(0, dtypes.weakint)
+    first: UOp = buffer.index(*([zero] * len(buffer.shape)))
+    return first
+
+
+def attend(qkv: Tensor, where: Tensor, cache_k: Tensor, cache_v: Tensor,
+           rope: tuple[Tensor, Tensor] | None, *, heads: int, kv_heads: int,
+           rope_dim: int) -> Tensor:
+    """Decode rows ``qkv`` ``[B, (heads + 2 kv) hd]`` (float32) at the positions and
+    slots ``where`` (:func:`positions`): their keys and values go into the caches
+    ``[slots, kv, max_seq_len, hd]`` (f32 or f16), and the result is the attention
+    output ``float32 [B, heads * hd]`` (before the output projection). ``rope``: the
+    cosine and sine tables ``[max_seq_len, rope_dim / 2]`` (None when ``rope_dim`` is 0)."""
+    batch = int(qkv.shape[0])
+    _, kv, max_seq_len, hd = (int(n) for n in cache_k.shape)
+    if kv != kv_heads or int(qkv.shape[1]) != (heads + 2 * kv_heads) * hd:
+        raise ValueError(f"qkv {tuple(qkv.shape)} does not fit {heads} heads, {kv_heads} "
+                         f"KV heads of {hd}")
+    cache_dtype: DType = cache_k.dtype
+    code = attention_source(batch, heads, kv_heads, hd, rope_dim, max_seq_len,
+                            cache_dtype == dtypes.float16)
+    items = batch * kv_heads
+    tables = list(rope) if rope_dim and rope is not None else []
+
+    def kernel(out: UOp, rows: UOp, at: UOp, *rest: UOp) -> UOp:
+        core = UOp.variable("core_id", 0, items - 1, dtypes.int, param=True)
+        pointers = (*(_first(u) for u in (out, rows, at, *rest)), core)
+        # a plain load of each input's first element, unused: ProgramInfo then lists
+        # them as read (the caches, written, are not loaded)
+        reads = tuple(_first(u).load() for u in (rows, at, *rest[: len(tables)]))
+        body = UOp(Ops.CUSTOM, src=(*pointers, *reads), arg=code)
+        sink: UOp = body.sink(arg=KernelInfo(
+            name=f"attend_{batch}_{heads}_{kv_heads}_{hd}", opts_to_apply=()))
+        return sink
+
+    out = Tensor.empty(batch, heads * hd, dtype=dtypes.float32, device=qkv.device)
+    return out.custom_kernel(qkv.float().contiguous(), where, *tables, cache_k, cache_v,
+                             fxn=kernel)[0]

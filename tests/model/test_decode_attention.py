@@ -1,0 +1,202 @@
+"""The hand-written decode attention (swactor.model.decode_attention) against numpy in
+float64: its outputs and cache writes, row for row identical whatever the batch, and
+replayed from a TinyJit with the positions and slots as bound variables."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from tinygrad.device import Device
+from tinygrad.engine.jit import TinyJit
+from tinygrad.engine.realize import get_graph_runtime
+from tinygrad.tensor import Tensor
+from tinygrad.uop import Ops
+from tinygrad.uop.ops import UOp
+
+from swactor.model import cpu_graph, decode_attention
+from swactor.model.cpu_graph import CpuGraph
+
+pytestmark = pytest.mark.skipif(not Device.DEFAULT.startswith("CPU"),
+                                reason="a CPU-device kernel")
+SLOTS, MAX_SEQ = 8, 40
+
+
+@dataclass(frozen=True)
+class Shape:
+    heads: int
+    kv: int
+    hd: int
+    rope_dim: int
+    f16: bool
+
+    @property
+    def np_dtype(self) -> type[np.float16] | type[np.float32]:
+        return np.float16 if self.f16 else np.float32
+
+
+SHAPES = [
+    Shape(9, 3, 64, 64, False),  # SmolLM2's blocks
+    Shape(4, 2, 16, 16, True),  # an f16 cache
+    Shape(4, 1, 64, 32, False),  # rotary embedding of half the features
+    Shape(2, 1, 128, 128, True),
+    Shape(4, 2, 6, 0, False),  # no rotary embedding; 2-lane sums
+    Shape(3, 3, 12, 12, False),  # one head per group; 4-lane sums
+]
+
+
+class Case:
+    """Random rows, caches and rotary tables for one shape."""
+
+    def __init__(self, shape: Shape, batch: int, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.shape = shape
+        dims = (SLOTS, shape.kv, MAX_SEQ, shape.hd)
+        self.cache_k = rng.standard_normal(dims).astype(shape.np_dtype)
+        self.cache_v = rng.standard_normal(dims).astype(shape.np_dtype)
+        width = (shape.heads + 2 * shape.kv) * shape.hd
+        self.qkv = (rng.standard_normal((batch, width)) * 2).astype(np.float32)
+        angles = rng.uniform(0, 6, (MAX_SEQ, max(1, shape.rope_dim // 2)))
+        self.cos = np.cos(angles).astype(np.float32)
+        self.sin = np.sin(angles).astype(np.float32)
+
+    def run(self, positions: list[int], slots: list[int], rows: slice = slice(None)
+            ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.generic],
+                       npt.NDArray[np.generic]]:
+        """The kernel over ``qkv[rows]``: its output and both caches after it."""
+        shape = self.shape
+        cache_k, cache_v = Tensor(self.cache_k.copy()).realize(), Tensor(self.cache_v.copy()
+                                                                         ).realize()
+        rope = ((Tensor(self.cos).realize(), Tensor(self.sin).realize())
+                if shape.rope_dim else None)
+        where = decode_attention.positions(positions, slots, "CPU")
+        out = decode_attention.attend(Tensor(self.qkv[rows]).realize(), where, cache_k,
+                                      cache_v, rope, heads=shape.heads, kv_heads=shape.kv,
+                                      rope_dim=shape.rope_dim).numpy()
+        return out, cache_k.numpy(), cache_v.numpy()
+
+    def reference(self, positions: list[int], slots: list[int]
+                  ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64],
+                             npt.NDArray[np.float64]]:
+        """numpy in float64: rotate, write the caches (in their dtype), attend."""
+        shape = self.shape
+        hd, heads, kv, half = shape.hd, shape.heads, shape.kv, shape.rope_dim // 2
+        cache_k = self.cache_k.astype(np.float64)
+        cache_v = self.cache_v.astype(np.float64)
+        out = np.zeros((len(positions), heads * hd))
+
+        def rotate(x: npt.NDArray[np.float32], pos: int) -> npt.NDArray[np.float64]:
+            y = x.astype(np.float64)
+            if half:
+                c, s = self.cos[pos].astype(np.float64), self.sin[pos].astype(np.float64)
+                x1, x2 = y[:half].copy(), y[half : 2 * half].copy()
+                y[:half], y[half : 2 * half] = x1 * c - x2 * s, x2 * c + x1 * s
+            return y
+
+        for b, (pos, slot) in enumerate(zip(positions, slots, strict=True)):
+            row = self.qkv[b]
+            for g in range(kv):
+                k = rotate(row[(heads + g) * hd : (heads + g + 1) * hd], pos)
+                v = row[(heads + kv + g) * hd : (heads + kv + g + 1) * hd]
+                cache_k[slot, g, pos] = k.astype(shape.np_dtype)
+                cache_v[slot, g, pos] = v.astype(shape.np_dtype)
+                for head in range(g * heads // kv, (g + 1) * heads // kv):
+                    q = rotate(row[head * hd : (head + 1) * hd], pos)
+                    scores = cache_k[slot, g, : pos + 1] @ q / math.sqrt(hd)
+                    e = np.exp(scores - scores.max())
+                    out[b, head * hd : (head + 1) * hd] = (e / e.sum()) @ cache_v[
+                        slot, g, : pos + 1]
+        return out, cache_k, cache_v
+
+
+def _bits(array: npt.NDArray[np.generic]) -> npt.NDArray[np.uint8]:
+    return np.ascontiguousarray(array).view(np.uint8)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s.heads}h{s.kv}kv{s.hd}"
+                         f"r{s.rope_dim}{'f16' if s.f16 else 'f32'}")
+@pytest.mark.parametrize("batch", [1, 2, 3, 5, 8])
+def test_attention_matches_numpy(shape: Shape, batch: int) -> None:
+    case = Case(shape, batch, seed=batch * 31 + shape.hd)
+    rng = np.random.default_rng(batch)
+    slots = rng.permutation(SLOTS)[:batch].tolist()
+    # context lengths 1 (position 0), 17 (not a multiple of any vector width), the last
+    positions = [[0, 16, MAX_SEQ - 1][b % 3] if b < 3 else int(rng.integers(0, MAX_SEQ))
+                 for b in range(batch)]
+    out, cache_k, cache_v = case.run(positions, slots)
+    want, want_k, want_v = case.reference(positions, slots)
+    assert np.abs(out - want).max() < 2e-5 * max(1.0, float(np.abs(want).max()))
+    # the rotated keys as float32 arithmetic rounds them; the values copied exactly
+    assert np.abs(cache_k.astype(np.float64) - want_k).max() < (
+        2e-3 if shape.f16 else 2e-6)
+    assert np.array_equal(cache_v.astype(np.float64), want_v)
+    touched = np.zeros(cache_k.shape, dtype=bool)
+    for pos, slot in zip(positions, slots, strict=True):
+        touched[slot, :, pos] = True
+    assert np.array_equal(_bits(cache_k[~touched]), _bits(case.cache_k[~touched]))
+
+
+@pytest.mark.parametrize("shape", SHAPES[:2], ids=["f32", "f16"])
+def test_each_row_is_the_row_alone(shape: Shape) -> None:
+    batch = 8
+    case = Case(shape, batch, seed=7)
+    slots = [5, 0, 7, 2, 1, 6, 3, 4]
+    positions = [0, 1, 15, 16, 17, 31, 38, 39]
+    out, cache_k, cache_v = case.run(positions, slots)
+    for b in range(batch):
+        alone, alone_k, alone_v = case.run(positions[b : b + 1], slots[b : b + 1],
+                                           slice(b, b + 1))
+        assert np.array_equal(_bits(out[b]), _bits(alone[0])), f"row {b}"
+        slot, pos = slots[b], positions[b]
+        assert np.array_equal(_bits(cache_k[slot, :, pos]), _bits(alone_k[slot, :, pos]))
+        assert np.array_equal(_bits(cache_v[slot, :, pos]), _bits(alone_v[slot, :, pos]))
+
+
+def test_replayed_with_bound_positions_and_slots() -> None:
+    """Through a TinyJit (CpuGraph on 2 threads), the rows' positions and slots bound
+    per call: each replay attends where its variables say."""
+    shape, batch = SHAPES[0], 3
+    case = Case(shape, batch, seed=11)
+    starts = [UOp.variable(f"start_pos{b}", 0, MAX_SEQ - 1) for b in range(batch)]
+    slot_vars = [UOp.variable(f"slot{b}", 0, SLOTS - 1) for b in range(batch)]
+    cache_k, cache_v = Tensor(case.cache_k.copy()).realize(), Tensor(case.cache_v.copy()
+                                                                     ).realize()
+    rope = (Tensor(case.cos).realize(), Tensor(case.sin).realize())
+    qkv = Tensor(case.qkv).realize()
+
+    def step(rows: Tensor, *variables: UOp) -> Tensor:
+        where = decode_attention.positions(variables[:batch], variables[batch:], "CPU")
+        return decode_attention.attend(rows, where, cache_k, cache_v, rope, heads=shape.heads,
+                                       kv_heads=shape.kv, rope_dim=shape.rope_dim).realize()
+
+    jit = TinyJit(step)
+    previous = cpu_graph.threads()
+    cpu_graph.use_cpu_graph(True)
+    cpu_graph.set_threads(2)
+    try:
+        for call, positions in enumerate([[3, 0, 9], [4, 1, 10], [5, 2, 11], [30, 20, 39]]):
+            slots = [[1, 4, 6], [1, 4, 6], [2, 5, 0], [7, 3, 2]][call]
+            case.cache_k, case.cache_v = cache_k.numpy(), cache_v.numpy()
+            out = jit(qkv, *(v.bind(x) for v, x in zip(starts + slot_vars, positions + slots,
+                                                        strict=True))).numpy()
+            want, want_k, _ = case.reference(positions, slots)
+            assert np.abs(out - want).max() < 2e-5 * max(1.0, float(np.abs(want).max()))
+            assert np.abs(cache_k.numpy() - want_k).max() < 2e-6
+        assert jit.captured is not None
+        graphs = [get_graph_runtime(call.src[0]) for call in jit.captured.linear.src
+                  if call.src[0].op is Ops.CUSTOM_FUNCTION]
+        slices = [int(g.kernels[i, 1]) for g in graphs if isinstance(g, CpuGraph)
+                  for i, name in enumerate(g.names) if name.startswith("attend")]
+        assert slices == [batch * shape.kv]  # one kernel, a slice per row and KV head
+    finally:
+        cpu_graph.set_threads(previous)
+        cpu_graph.use_cpu_graph(False)
+
+
+def test_usable_only_for_even_heads_on_clang_cpu() -> None:
+    assert decode_attention.usable("CPU", 64, 2048)
+    assert not decode_attention.usable("CPU", 63, 2048)
+    assert not decode_attention.usable("CPU", 64, decode_attention.MAX_SCORES + 1)
