@@ -22,7 +22,7 @@ which the new process already holds in its own buffers:
 An entry is keyed by a SHA-256 of everything the captured graph depends on: tinygrad's
 version and codegen settings, the CPU the binaries were compiled for, the source of the
 modules that build the graph (``llama_role``, ``block_kernels``, ``prefill_gemm``,
-``decode_gemv``, ``decode_attention``, ``cpu_graph``, this one), the role's
+``decode_gemv``, ``decode_attention``, ``gated``, ``cpu_graph``, this one), the role's
 structure (layer range, first/last, dtype, ``max_seq_len``, weight mode, device, model
 facts), the name, shape and dtype of every owned buffer, the plain values held beside
 them (a block matrix's ``nibbles`` flag, say), and the JIT's kind (``decode``,
@@ -68,7 +68,8 @@ _FORMAT = 1
 # modules whose code shapes a role's graph: a change in any of them is a new key
 _GRAPH_MODULES = ("swactor.model.llama_role", "swactor.model.block_kernels",
                   "swactor.model.prefill_gemm", "swactor.model.decode_gemv",
-                  "swactor.model.decode_attention", "swactor.model.cpu_graph", __name__)
+                  "swactor.model.decode_attention", "swactor.model.gated",
+                  "swactor.model.cpu_graph", __name__)
 
 
 def cache_dir() -> Path | None:

@@ -143,7 +143,10 @@ and attention are one C kernel per block (:mod:`swactor.model.decode_attention`,
 one-row decode's kernel too; the rows' positions and slots reach it as a small input
 computed once per step from the bound variables); elsewhere each row's are the one-row
 graph over its own slot and position variables (``B`` copies of the small attention
-kernels). Either way no row attends over padding. With ``beam > 0`` the
+kernels). Either way no row attends over padding. There the gated activation
+``silu(g) * u`` of every row, in decode and prefill alike, is a C kernel with a slice
+per row (:mod:`swactor.model.gated`: the same vector code for each row, where
+tinygrad's kernel for several rows computes its exponentials in scalar code). With ``beam > 0`` the
 rows run one after another instead (BEAM picks each kernel's loop order, hence its
 summation order). Building a batch size's JIT takes minutes on a small CPU, so only
 :meth:`StageRole.warm_up` builds them (``rows``) or loads them (every size the kernel
@@ -191,7 +194,7 @@ from tinygrad.uop import Ops
 from tinygrad.uop.ops import UOp
 
 from swactor import heap
-from swactor.model import decode_attention, decode_gemv, prefill_gemm
+from swactor.model import decode_attention, decode_gemv, gated, prefill_gemm
 from swactor.model.block_kernels import (
     DeviceQuant,
     block_matmul,
@@ -493,6 +496,8 @@ class StageRole:
         # decode attention: one C kernel per block for every row (swactor.model.decode_attention)
         self._c_attention = self._cpu and decode_attention.usable(
             self.device, facts.head_dim, max_seq_len)
+        # the gated activation: one C kernel of a slice per row (swactor.model.gated)
+        self._c_gated = self._cpu and gated.usable(self.device, facts.ffn_dim)
         self._load(weights.tensors, weights.blocks if quantised else {})
         synchronize(self.device)  # every weight copied in before the host copies go
         # the role holds what it needs now: drop the loader's host arrays, so what the
@@ -921,9 +926,12 @@ class StageRole:
         n = self._rms_norm(h, block.ffn_norm)
         gate_up = self._linear(n, block.w_gate_up, rows)
         ffn = self.facts.ffn_dim
-        # materialise the product: fused into the down projection, silu would be recomputed
-        # once per output feature (measured: 8x slower prefill, slower decode)
-        hidden = (gate_up[:, :ffn].silu() * gate_up[:, ffn:]).contiguous()
+        if self._c_gated and gate_up.dtype == dtypes.float32:
+            hidden = gated.silu_mul(gate_up, ffn)
+        else:
+            # materialised: fused into the down projection, silu would be recomputed once
+            # per output feature (measured: 8x slower prefill, slower decode)
+            hidden = (gate_up[:, :ffn].silu() * gate_up[:, ffn:]).contiguous()
         mlp = self._linear(hidden, block.w_down, rows)
         return (h + mlp).cast(self._tg_dtype)
 
