@@ -15,13 +15,20 @@ threads). Slice ``(b, g)`` (row ``b``, KV head ``g``):
   features, the cosines and sines of ``pos_b`` read from the role's tables) and writes
   it and v into the slot's caches ``[slots, kv, max_seq_len, hd]`` at ``pos_b``, in the
   cache dtype (f16 rounded to nearest even);
-* for each query head ``h`` of the group (heads ``g * group .. g * group + group - 1``):
-  rotates q, then scores ``s_t = (q . k_t) * (1 / sqrt(hd))`` over the cached keys
-  ``t = 0 .. pos_b`` (read back from the cache, so f16 keys are the rounded ones), each
-  dot product a ``W``-lane running sum over ``hd`` added in one fixed tree; ``m = max
-  s_t``, ``e_t = exp(s_t - m)`` (Cody-Waite reduction and Cephes' polynomial, about one
-  ulp; below ``2**-126`` it is 0), ``out = (sum_t e_t v_t) / sum_t e_t`` with ``W``-lane
-  running sums over ``t`` in order.
+* for the group's query heads (heads ``g * group .. g * group + group - 1``), in sets
+  of at most :data:`HEAD_SET` that share each pass over the cache (:func:`head_sets`):
+  rotates each q, then scores ``s_t = (q . k_t) * (1 / sqrt(hd))`` over the cached keys
+  ``t = 0 .. pos_b`` (read back from the cache once per set, so f16 keys are the rounded
+  ones; widened by the target's f16 conversion where it has one, F16C or AArch64, else
+  by integer bit moves, the same value for every finite f16). Each dot product is a
+  ``W``-lane running sum over ``hd``, then its lane pairs ``a[i] + a[i + W / 2]`` added
+  in order; for the keys in whole blocks of ``W`` the pair sums go to a small table whose
+  rows (vectors whose lanes are the block's keys) are added in that order, the same
+  additions as one key's scalar tree. ``m = max s_t``, ``e_t = exp(s_t - m)`` (Cody-Waite
+  reduction and Cephes' polynomial, about one ulp; below ``2**-126`` it is 0; ``W``
+  scores per vector, the rest one by one by the same statements), ``out = (sum_t e_t
+  v_t) / sum_t e_t`` with ``W``-lane running sums over ``t`` in order, each value loaded
+  once for the set.
 
 Every slice runs the same statements whatever ``B``, its slice number or thread, so a
 row of a ``B``-row step is bit-identical to the one-row step of that row (the one-row
@@ -37,22 +44,15 @@ Measured on SmolLM2-135M Q4_1 (one stage of all 30 blocks, 9 heads, 3 KV heads,
 position 20 (each kernel's best time over sequential traces): the tinygrad expressions
 run 270 attention kernels, 0.85 ms, of which the scores and the product with the values
 are 0.77 ms (15 and 11 us per block: reductions over a symbolic length that tinygrad
-leaves scalar); this kernel runs 30, 0.12 ms. A decode step of 1 row runs 445 kernels
-instead of 684, one of 8 rows 444 instead of 2603, and building the 2-, 4- and 8-row
-decode graphs takes 21 s instead of 264 s. Step wall time (median, both variants
-side by side in one process), for B = 1, 2, 4, 8 rows:
-
-* positions 8..55: expressions 14.2, 18.8, 29.0, 44.2 ms (4.3 ms per extra row),
-  this kernel 13.2, 16.0, 21.6, 31.2 ms (2.6 ms per extra row); tokens/s at 4 rows
-  over 1 row 1.96x against 2.44x;
-* positions 200..247: expressions 23.0, 37.6, 62.1, 111.3 ms (12.6 ms per extra row),
-  this kernel 13.3, 17.7, 24.4, 36.7 ms (3.3 ms per extra row); 1.48x against 2.18x.
-
-Greedy tokens of both variants were the same over those steps.
+leaves scalar); this kernel runs 30. A decode step of 1 row runs 445 kernels instead of
+684, one of 8 rows 444 instead of 2603, and building the 2-, 4- and 8-row decode graphs
+takes 21 s instead of 264 s. At position 200 (f16 cache, one thread, best of 7 rounds of
+50 replays, 2-core AMD EPYC) one block's attention costs about 7 us per row; one pass
+per head, each key's tree in scalar code and each exponential alone cost 20 us.
 
 Used on a CPU device whose renderer is clang with an even ``hd`` (:func:`usable`);
 elsewhere the role keeps the tinygrad expression (``LlamaRole._attend``). The scores of
-one head live on the stack (``max_seq_len`` floats at most), so a role whose
+a set of heads live on the stack (:data:`MAX_SCORES` floats at most), so a role whose
 ``max_seq_len`` passes :data:`MAX_SCORES` keeps the expression too.
 """
 
@@ -72,8 +72,66 @@ ENABLED = True
 """Whether CPU decode attention takes this kernel (benchmarks switch it off to compare
 with the tinygrad expression side by side)."""
 MAX_SCORES = 1 << 16
-"""Most positions one head's scores hold on the stack (256 KiB)."""
+"""Most scores a slice holds on the stack (256 KiB): the positions of a set of heads."""
 _LANES = (16, 8, 4, 2)
+
+
+HEAD_SET = 4
+"""Most query heads of a group one pass over the cached keys and values serves."""
+# exp(x) for x >= -87.33654 (exp(x) >= 2**-126: the result is normal; below, 0), the
+# statements every score runs, in scalar code or in vectors of scores: n = round(x / ln 2)
+# (1.5 * 2**23 rounds to an integer), r = x - n ln 2 in two steps (Cody-Waite), exp(r) by
+# Cephes' expf polynomial, times 2**n in the bits
+_POLY = (
+    "{t} n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;",
+    "{t} r = x - n * 0.693359375f;",
+    "r = r - n * -2.12194440e-4f;",
+    "{t} p = ({t})(1.9875691500e-4f);",
+    "p = p * r + 1.3981999507e-3f;",
+    "p = p * r + 8.3334519073e-3f;",
+    "p = p * r + 4.1665795894e-2f;",
+    "p = p * r + 1.6666665459e-1f;",
+    "p = p * r + 5.0000001201e-1f;",
+    "p = p * (r * r) + r + 1.0f;",
+)
+
+
+def exp_in_place(scores: str, maximum: str, width: int) -> list[str]:
+    """C replacing ``scores[t]`` (``t = 0 .. pos``) by ``exp(scores[t] - maximum)``:
+    ``width`` scores per vector, the last ``(pos + 1) % width`` one by one, every score
+    the same statements."""
+    vector = [line.format(t="vf") for line in _POLY]
+    scalar = [line.format(t="float") for line in _POLY]
+    return [
+        "{",
+        "  int t = 0;",
+        f"  for (; t + {width} <= pos + 1; t += {width}) {{",
+        f"    vf x = *(vf *)({scores} + t) - {maximum};",
+        *(f"    {line}" for line in vector),
+        "    vi bits = (__builtin_convertvector(n, vi) + 127) << 23;",
+        "    vf e = p * (vf)bits;",
+        f"    *(vf *)({scores} + t) = (vf)((vi)e & (vi)(x >= -87.33654f));",
+        "  }",
+        "  for (; t <= pos; t++) {",
+        f"    float x = {scores}[t] - {maximum}, e = 0.0f;",
+        "    if (x >= -87.33654f) {",
+        *(f"      {line}" for line in scalar),
+        "      unsigned bits = (unsigned)((int)n + 127) << 23;",
+        "      float scale2; __builtin_memcpy(&scale2, &bits, 4);",
+        "      e = p * scale2;",
+        "    }",
+        f"    {scores}[t] = e;",
+        "  }",
+        "}",
+    ]
+
+
+def head_sets(group: int, max_seq_len: int) -> list[tuple[int, int]]:
+    """The sets of a group's query heads that share a pass over the cache (first head,
+    count): at most :data:`HEAD_SET` heads, and their scores (``max_seq_len`` floats each)
+    within :data:`MAX_SCORES` floats on the stack."""
+    size = max(1, min(group, HEAD_SET, MAX_SCORES // max_seq_len))
+    return [(first, min(size, group - first)) for first in range(0, group, size)]
 
 
 def usable(device: str, head_dim: int, max_seq_len: int) -> bool:
@@ -132,15 +190,106 @@ def attention_source(batch: int, heads: int, kv_heads: int, head_dim: int, rope_
         lines.append(f"for (int i = {rope_dim}; i < {hd}; i++) " + put(f"{dst}[i]", f"{src}[i]"))
         return lines
 
+    def head_set(first: int, count: int) -> list[str]:
+        """Heads ``first .. first + count - 1`` of the group side by side: each cached
+        key and value loaded once for all of them, each head's sums the same statements
+        as alone."""
+        heads_ = range(count)
+        lines = ["{"]
+        for h in heads_:
+            lines += [f"  const float *qs{h} = row + (g * {group} + {first + h}) * {hd};",
+                      f"  float q{h}[{hd}] __attribute__((aligned(64)));",
+                      *(f"  {line}" for line in rotate(f"qs{h}", f"q{h}", False)),
+                      f"  float sc{h}[pos + 1];"]
+        half_w = width // 2
+
+        def keys(t: str) -> list[str]:
+            return [f"const {cache_t} *kt = ck + (base + {t}) * {hd};",
+                    " ".join(f"vf k{j} = {load(f'kt + {j * width}')};"
+                             for j in range(chunks))]
+
+        def dot(h: int) -> list[str]:
+            return [f"vf a = k0 * *(const vf *)q{h};",
+                    *(f"a += k{j} * *(const vf *)(q{h} + {j * width});"
+                      for j in range(1, chunks))]
+
+        # keys in blocks of `width`: per key the lane pairs a[i] + a[i + width / 2] go to
+        # column i of a small table, and the rest of each key's tree (those pair sums
+        # added in order) runs on the table's rows, a vector whose lanes are the keys
+        lines.append("  int t = 0;")
+        for h in heads_:
+            lines += [f"  vf mv{h} = (vf)(-__builtin_inff());"]
+        lines += [f"  for (; t + {width} <= pos + 1; t += {width}) {{",
+                  *(f"    float tab{h}[{half_w}][{width}] __attribute__((aligned(64)));"
+                    for h in heads_),
+                  f"    for (int u = 0; u < {width}; u++) {{",
+                  *(f"      {line}" for line in keys("t + u"))]
+        for h in heads_:
+            lines += ["      {",
+                      *(f"        {line}" for line in dot(h)),
+                      *(f"        tab{h}[{i}][u] = a[{i}] + a[{i + half_w}];"
+                        for i in range(half_w)),
+                      "      }"]
+        lines.append("    }")
+        for h in heads_:
+            chain = f"*(vf *)tab{h}[0]"
+            for i in range(1, half_w):
+                chain = f"({chain} + *(vf *)tab{h}[{i}])"
+            lines += [f"    vf d{h} = {chain} * {scale};",
+                      f"    *(vf *)(sc{h} + t) = d{h};",
+                      f"    mv{h} = __builtin_elementwise_max(mv{h}, d{h});"]
+        lines.append("  }")
+        for h in heads_:
+            lines += [f"  float m{h} = -__builtin_inff();",
+                      f"  for (int i = 0; i < {width}; i++) "
+                      f"m{h} = mv{h}[i] > m{h} ? mv{h}[i] : m{h};"]
+        lines += ["  for (; t <= pos; t++) {", *(f"    {line}" for line in keys("t"))]
+        for h in heads_:
+            lines += ["    {",
+                      *(f"      {line}" for line in dot(h)),
+                      f"      float d = ({tree}) * {scale};",
+                      f"      sc{h}[t] = d;",
+                      f"      m{h} = d > m{h} ? d : m{h};",
+                      "    }"]
+        lines.append("  }")
+        for h in heads_:
+            lines += [f"  float sum{h} = 0.0f;",
+                      "  " + " ".join(f"vf o{h}_{j} = (vf)(0.0f);" for j in range(chunks))]
+        for h in heads_:
+            lines += [f"  {line}" for line in exp_in_place(f"sc{h}", f"m{h}", width)]
+        lines.append("  for (int t = 0; t <= pos; t++) {")
+        lines += [f"    sum{h} += sc{h}[t];" for h in heads_]
+        lines += [f"    const {cache_t} *vt = cv + (base + t) * {hd};",
+                  "    " + " ".join(f"vf v{j} = {load(f'vt + {j * width}')};"
+                                    for j in range(chunks))]
+        lines += [f"    o{h}_{j} += sc{h}[t] * v{j};" for h in heads_ for j in range(chunks)]
+        lines.append("  }")
+        for h in heads_:
+            lines += [f"  {{ float *dst = out + (long)b * {heads * hd} + (g * {group} + "
+                      f"{first + h}) * {hd};",
+                      *(f"    *(vf *)(dst + {j * width}) = o{h}_{j} / sum{h};"
+                        for j in range(chunks)),
+                      "  }"]
+        lines.append("}")
+        return lines
+
     tree = " + ".join(f"(a[{i}] + a[{i + width // 2}])" for i in range(width // 2))
     scale = f"{1.0 / math.sqrt(hd)!r}f"
     body = [
         "{",
         f"typedef float vf __attribute__((ext_vector_type({width}), aligned(4)));",
+        f"typedef int vi __attribute__((ext_vector_type({width}), aligned(4)));",
         *([f"typedef unsigned short vh __attribute__((ext_vector_type({width}), aligned(2)));",
+           # the target's f16 conversion instruction where it has one (F16C, AArch64),
+           # else integer bit moves: the same value for every finite f16
+           "#if defined(__F16C__) || defined(__aarch64__)",
+           f"typedef __fp16 vhf __attribute__((ext_vector_type({width})));",
+           "#define wide(h) __builtin_convertvector((vhf)(h), vf)",
+           "#else",
            f"typedef unsigned int vu __attribute__((ext_vector_type({width})));",
            "#define wide(h) ((vf)((((__builtin_convertvector((h), vu)) & 0x8000u) << 16) | "
-           "(((__builtin_convertvector((h), vu)) & 0x7fffu) << 13)) * 0x1p112f)"]
+           "(((__builtin_convertvector((h), vu)) & 0x7fffu) << 13)) * 0x1p112f)",
+           "#endif"]
           if cache_f16 else []),
         "float *out = @0;",
         "const float *qkv = @1;",
@@ -164,50 +313,8 @@ def attention_source(batch: int, heads: int, kv_heads: int, head_dim: int, rope_
         f"  for (int i = 0; i < {hd}; i++) " + store("vd[i]", "v[i]"),
         "}",
         "__asm__ volatile(\"\" ::: \"memory\");  /* the cache rows above are read below */",
-        "float sc[pos + 1];",
-        f"for (int h = 0; h < {group}; h++) {{",
-        f"  int head = g * {group} + h;",
-        f"  const float *qs = row + head * {hd};",
-        f"  float q[{hd}] __attribute__((aligned(64)));",
-        *(f"  {line}" for line in rotate("qs", "q", False)),
-        "  float m = -__builtin_inff();",
-        "  for (int t = 0; t <= pos; t++) {",
-        f"    const {cache_t} *kt = ck + (base + t) * {hd};",
-        f"    vf a = {load('kt')} * *(const vf *)q;",
-        *(f"    a += {load(f'kt + {j * width}')} * *(const vf *)(q + {j * width});"
-          for j in range(1, chunks)),
-        f"    float d = ({tree}) * {scale};",
-        "    sc[t] = d;",
-        "    m = d > m ? d : m;",
-        "  }",
-        "  float sum = 0.0f;",
-        "  " + " ".join(f"vf o{j} = (vf)(0.0f);" for j in range(chunks)),
-        "  for (int t = 0; t <= pos; t++) {",
-        "    float x = sc[t] - m, e = 0.0f;",
-        "    if (x >= -87.33654f) {",  # exp(x) >= 2**-126: the result is normal
-        # n = round(x / ln 2) (1.5 * 2**23 rounds to an integer), r = x - n ln 2 in two
-        # steps (Cody-Waite), exp(r) by Cephes' expf polynomial, times 2**n in the bits
-        "      float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;",
-        "      float r = x - n * 0.693359375f;",
-        "      r = r - n * -2.12194440e-4f;",
-        "      float p = 1.9875691500e-4f;",
-        "      p = p * r + 1.3981999507e-3f;",
-        "      p = p * r + 8.3334519073e-3f;",
-        "      p = p * r + 4.1665795894e-2f;",
-        "      p = p * r + 1.6666665459e-1f;",
-        "      p = p * r + 5.0000001201e-1f;",
-        "      p = p * (r * r) + r + 1.0f;",
-        "      unsigned bits = (unsigned)((int)n + 127) << 23;",
-        "      float scale2; __builtin_memcpy(&scale2, &bits, 4);",
-        "      e = p * scale2;",
-        "    }",
-        "    sum += e;",
-        f"    const {cache_t} *vt = cv + (base + t) * {hd};",
-        *(f"    o{j} += e * {load(f'vt + {j * width}')};" for j in range(chunks)),
-        "  }",
-        f"  float *dst = out + (long)b * {heads * hd} + head * {hd};",
-        *(f"  *(vf *)(dst + {j * width}) = o{j} / sum;" for j in range(chunks)),
-        "}",
+        *(line for first, count in head_sets(group, max_seq_len)
+          for line in head_set(first, count)),
         *(["#undef wide"] if cache_f16 else []),
         "}",
     ]

@@ -45,6 +45,7 @@ SHAPES = [
     Shape(2, 1, 128, 128, True),
     Shape(4, 2, 6, 0, False),  # no rotary embedding; 2-lane sums
     Shape(3, 3, 12, 12, False),  # one head per group; 4-lane sums
+    Shape(6, 1, 16, 16, True),  # a group of more heads than share one pass (4 + 2)
 ]
 
 
@@ -200,3 +201,11 @@ def test_usable_only_for_even_heads_on_clang_cpu() -> None:
     assert decode_attention.usable("CPU", 64, 2048)
     assert not decode_attention.usable("CPU", 63, 2048)
     assert not decode_attention.usable("CPU", 64, decode_attention.MAX_SCORES + 1)
+
+
+def test_head_sets_bound_the_scores_on_the_stack() -> None:
+    assert decode_attention.head_sets(6, MAX_SEQ) == [(0, 4), (4, 2)]  # SHAPES' last
+    assert decode_attention.head_sets(3, 2048) == [(0, 3)]
+    # a long context: one head's scores at a time
+    assert decode_attention.head_sets(3, decode_attention.MAX_SCORES) == [(0, 1), (1, 1),
+                                                                          (2, 1)]
