@@ -22,13 +22,13 @@ threads). Slice ``(b, g)`` (row ``b``, KV head ``g``):
   ones; widened by the target's f16 conversion where it has one, F16C or AArch64, else
   by integer bit moves, the same value for every finite f16). Each dot product is a
   ``W``-lane running sum over ``hd``, then its lane pairs ``a[i] + a[i + W / 2]`` added
-  in order; for the keys in whole blocks of ``W`` the pair sums go to a small table whose
-  rows (vectors whose lanes are the block's keys) are added in that order, the same
-  additions as one key's scalar tree. ``m = max s_t``, ``e_t = exp(s_t - m)`` (Cody-Waite
-  reduction and Cephes' polynomial, about one ulp; below ``2**-126`` it is 0; ``W``
-  scores per vector, the rest one by one by the same statements), ``out = (sum_t e_t
-  v_t) / sum_t e_t`` with ``W``-lane running sums over ``t`` in order, each value loaded
-  once for the set.
+  in order; for the keys in whole blocks of ``W`` the pair sums of two keys are one
+  vector add, and shuffles (:func:`key_rows`) gather them into rows, one per ``i``, whose
+  lanes are the block's keys, added in that order: the same additions as one key's
+  scalar tree. ``m = max s_t``, ``e_t = exp(s_t - m)`` (Cody-Waite reduction and
+  Cephes' polynomial, about one ulp; below ``2**-126`` it is 0; ``W`` scores per vector,
+  the rest one by one by the same statements), ``out = (sum_t e_t v_t) / sum_t e_t``
+  with ``W``-lane running sums over ``t`` in order, each value loaded once for the set.
 
 Every slice runs the same statements whatever ``B``, its slice number or thread, so a
 row of a ``B``-row step is bit-identical to the one-row step of that row (the one-row
@@ -46,9 +46,12 @@ run 270 attention kernels, 0.85 ms, of which the scores and the product with the
 are 0.77 ms (15 and 11 us per block: reductions over a symbolic length that tinygrad
 leaves scalar); this kernel runs 30. A decode step of 1 row runs 445 kernels instead of
 684, one of 8 rows 444 instead of 2603, and building the 2-, 4- and 8-row decode graphs
-takes 21 s instead of 264 s. At position 200 (f16 cache, one thread, best of 7 rounds of
-50 replays, 2-core AMD EPYC) one block's attention costs about 7 us per row; one pass
-per head, each key's tree in scalar code and each exponential alone cost 20 us.
+takes 21 s instead of 264 s. The 30 blocks' attention of a 4-row step (f16 cache,
+replayed in one thread, best of 7 rounds of 20 replays, 2-core AMD EPYC with AVX-512)
+takes 1.6 ms at position 24, mostly the replay's own cost, and 2.5 ms at position 200;
+with each key's pair sums gathered into the rows by scalar stores instead of shuffles,
+3.2 ms; with one pass per head, each key's tree in scalar code and each exponential
+alone, 4.8 ms.
 
 Used on a CPU device whose renderer is clang with an even ``hd`` (:func:`usable`);
 elsewhere the role keeps the tinygrad expression (``LlamaRole._attend``). The scores of
@@ -124,6 +127,39 @@ def exp_in_place(scores: str, maximum: str, width: int) -> list[str]:
         "  }",
         "}",
     ]
+
+
+def key_rows(pairs: str, prefix: str, width: int) -> tuple[list[str], list[str]]:
+    """C shuffling the ``width / 2`` vectors ``pairs[v]`` (lane ``i`` the pair sum ``i``
+    of key ``2 v``, lane ``width / 2 + i`` that of key ``2 v + 1``) into rows: the
+    statements, and the names of the rows (row ``i``: lane ``u`` the pair sum ``i`` of
+    key ``u``). Each of ``log2(width) - 1`` steps shuffles vectors ``v`` and ``v ^ 2**b``
+    to trade bit ``b`` of the vector number for bit ``b`` of the lane (the last step also
+    puts the keys in order)."""
+    half = width // 2
+    layout = [[(2 * v + lane // half, lane % half) for lane in range(width)]
+              for v in range(half)]
+    names = [f"{pairs}[{v}]" for v in range(half)]
+    lines: list[str] = []
+    steps = width.bit_length() - 2
+    for b in range(steps):
+        bit = 1 << b
+        if b == steps - 1:
+            target = [[(u, i) for u in range(width)] for i in range(half)]
+        else:
+            target = [[layout[(v & ~bit) | (lane & bit)][(lane & ~bit) | (v & bit)]
+                       for lane in range(width)] for v in range(half)]
+        fresh = []
+        for v in range(half):
+            first, second = layout[v & ~bit], layout[v | bit]
+            index = [first.index(label) if label in first else width + second.index(label)
+                     for label in target[v]]
+            name = f"{prefix}{b}_{v}"
+            lines.append(f"vf {name} = __builtin_shufflevector({names[v & ~bit]}, "
+                         f"{names[v | bit]}, {', '.join(map(str, index))});")
+            fresh.append(name)
+        layout, names = target, fresh
+    return lines, names
 
 
 def head_sets(group: int, max_seq_len: int) -> list[tuple[int, int]]:
@@ -213,29 +249,36 @@ def attention_source(batch: int, heads: int, kv_heads: int, head_dim: int, rope_
                     *(f"a += k{j} * *(const vf *)(q{h} + {j * width});"
                       for j in range(1, chunks))]
 
-        # keys in blocks of `width`: per key the lane pairs a[i] + a[i + width / 2] go to
-        # column i of a small table, and the rest of each key's tree (those pair sums
-        # added in order) runs on the table's rows, a vector whose lanes are the keys
+        # keys in blocks of `width`, two at a time: the lane pairs a[i] + a[i + width / 2]
+        # of both keys in one vector add (lanes i, then width / 2 + i), then shuffles
+        # turn those vectors into rows, one per i, whose lanes are the block's keys: the
+        # rest of each key's tree (the pair sums added in order) runs on the rows
+        lo = ", ".join(str(i) for i in [*range(half_w), *range(width, width + half_w)])
+        hi = ", ".join(str(i) for i in [*range(half_w, width),
+                                        *range(width + half_w, 2 * width)])
         lines.append("  int t = 0;")
         for h in heads_:
             lines += [f"  vf mv{h} = (vf)(-__builtin_inff());"]
         lines += [f"  for (; t + {width} <= pos + 1; t += {width}) {{",
-                  *(f"    float tab{h}[{half_w}][{width}] __attribute__((aligned(64)));"
-                    for h in heads_),
-                  f"    for (int u = 0; u < {width}; u++) {{",
-                  *(f"      {line}" for line in keys("t + u"))]
-        for h in heads_:
-            lines += ["      {",
-                      *(f"        {line}" for line in dot(h)),
-                      *(f"        tab{h}[{i}][u] = a[{i}] + a[{i + half_w}];"
-                        for i in range(half_w)),
-                      "      }"]
+                  *(f"    vf pairs{h}[{half_w}];" for h in heads_),
+                  f"    for (int u = 0; u < {width}; u += 2) {{",
+                  "      " + " ".join(f"vf a{h}_0, a{h}_1;" for h in heads_)]
+        for side in (0, 1):
+            lines += ["      {", *(f"        {line}" for line in keys(f"t + u + {side}"))]
+            for h in heads_:
+                lines += ["        {", *(f"          {line}" for line in dot(h)),
+                          f"          a{h}_{side} = a;", "        }"]
+            lines.append("      }")
+        lines += [f"      pairs{h}[u >> 1] = __builtin_shufflevector(a{h}_0, a{h}_1, {lo}) + "
+                  f"__builtin_shufflevector(a{h}_0, a{h}_1, {hi});" for h in heads_]
         lines.append("    }")
         for h in heads_:
-            chain = f"*(vf *)tab{h}[0]"
-            for i in range(1, half_w):
-                chain = f"({chain} + *(vf *)tab{h}[{i}])"
-            lines += [f"    vf d{h} = {chain} * {scale};",
+            shuffles, rows = key_rows(f"pairs{h}", f"x{h}_", width)
+            chain = rows[0]
+            for row in rows[1:]:
+                chain = f"({chain} + {row})"
+            lines += [*(f"    {line}" for line in shuffles),
+                      f"    vf d{h} = {chain} * {scale};",
                       f"    *(vf *)(sc{h} + t) = d{h};",
                       f"    mv{h} = __builtin_elementwise_max(mv{h}, d{h});"]
         lines.append("  }")

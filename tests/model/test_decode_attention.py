@@ -5,6 +5,7 @@ replayed from a TinyJit with the positions and slots as bound variables."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,7 @@ SHAPES = [
     Shape(4, 2, 6, 0, False),  # no rotary embedding; 2-lane sums
     Shape(3, 3, 12, 12, False),  # one head per group; 4-lane sums
     Shape(6, 1, 16, 16, True),  # a group of more heads than share one pass (4 + 2)
+    Shape(4, 2, 8, 8, True),  # 8-lane sums: keys in blocks of 8
 ]
 
 
@@ -209,3 +211,22 @@ def test_head_sets_bound_the_scores_on_the_stack() -> None:
     # a long context: one head's scores at a time
     assert decode_attention.head_sets(3, decode_attention.MAX_SCORES) == [(0, 1), (1, 1),
                                                                           (2, 1)]
+
+
+@pytest.mark.parametrize("width", [2, 4, 8, 16])
+def test_key_rows_put_each_pair_sum_under_its_key(width: int) -> None:
+    """The shuffles of key_rows, followed label by label: row i, lane u ends up holding
+    pair sum i of key u."""
+    half = width // 2
+    held = {f"p[{v}]": [(2 * v + lane // half, lane % half) for lane in range(width)]
+            for v in range(half)}
+    lines, rows = decode_attention.key_rows("p", "x", width)
+    assert len(lines) == half * (width.bit_length() - 2)
+    for line in lines:
+        found = re.fullmatch(r"vf (\w+) = __builtin_shufflevector\((\S+), (\S+), (.*)\);",
+                             line)
+        assert found is not None, line
+        both = held[found[2]] + held[found[3]]
+        held[found[1]] = [both[int(i)] for i in found[4].split(",")]
+    assert [held[row] for row in rows] == [[(u, i) for u in range(width)]
+                                           for i in range(half)]
