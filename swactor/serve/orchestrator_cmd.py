@@ -16,12 +16,12 @@ model is offered to the pool unless `--no-offer-model`, as for one prompt.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from typing import TYPE_CHECKING
 
 from swactor.orchestrator import orchestrate_cmd
+from swactor.serve.interrupts import Stops, run_stoppable
 from swactor.serve.serve_cmd import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
@@ -31,7 +31,6 @@ from swactor.serve.serve_cmd import (
     http_address,
     serve_options,
     serve_pool,
-    terminate_as_interrupt,
     warm_batch_rows,
 )
 
@@ -85,8 +84,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     emitter = configure_from_args(args, f"orchestrator-{identity.node_id:016x}")
     try:
-        terminate_as_interrupt()
-        return asyncio.run(_serve(args, options, emitter, discovery))
+        return run_stoppable(lambda stops: _serve(args, options, emitter, discovery, stops))
     except KeyboardInterrupt:  # Ctrl-C before the pool was found (later: operator stop)
         print("swactor orchestrator: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -95,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace, options: SessionOptions, emitter: Emitter,
-                 discovery: Discovery | None) -> int:
+                 discovery: Discovery | None, stops: Stops) -> int:
     from dataclasses import replace
 
     from swactor.orchestrator.discovery import DiscoveryError, discover_pool
@@ -110,7 +108,7 @@ async def _serve(args: argparse.Namespace, options: SessionOptions, emitter: Emi
                                 objects_in_flight=args.objects_in_flight,
                                 restart_limit=args.max_restarts,
                                 retry_delay_s=args.retry_delay, out=sys.stdout,
-                                err=sys.stderr, spares=args.spares)
+                                err=sys.stderr, stops=stops, spares=args.spares)
 
     if discovery is None:
         if args.spares >= len(options.nodes):

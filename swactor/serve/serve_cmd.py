@@ -43,7 +43,6 @@ import asyncio
 import contextlib
 import errno
 import logging
-import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Mapping
@@ -53,6 +52,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from swactor.cliargs import add_threads_argument, at_least, port_number, slot_count
 from swactor.model.paths import model_location
+from swactor.serve.interrupts import Stops, run_stoppable
 from swactor.serve.spares import WarmKey, place
 
 if TYPE_CHECKING:
@@ -447,9 +447,11 @@ async def serve_pool(
     retry_delay_s: float,
     out: TextIO,
     err: TextIO,
+    stops: Stops,
     spares: int = 0,
 ) -> int:
-    """Serve until the operator stops (module doc, steps 2-4); the exit status.
+    """Serve until the operator stops (module doc, steps 2-4); the exit status. While
+    the session serves, `stops` routes Ctrl-C and SIGTERM to its operator stop.
     `shared_cpus`: the CPUs every stage of a run shares (local nodes on this host), which
     bound the objects in flight unless `objects_in_flight` says (`objects_in_flight_for`)."""
     from swactor.orchestrator.session import SessionError
@@ -511,35 +513,29 @@ async def serve_pool(
                            warmer=warm if warmer is not None else None, preparer=prepare,
                            forget_fault=holds.forget)
     live.on_join = session.node_joined
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, session.request_stop)
     live.follow()
     front: ServeFront | None = None
-    try:
-        health = await session.start()
-        if health.state is HealthState.SERVING:
-            front = ServeFront(session, ServeConfig(max_queue=max_queue))
-            try:
-                url = await front.start(host, port)
-            except OSError as error:
-                _say(err, f"cannot listen on {host}:{port}: {error.strerror}")
-                await session.stop()
-                return EXIT_USAGE
-            print(f"serving on {url}", file=out, flush=True)
-            _say(err, f"model {session.model_id}, {session.slots} slots, context "
-                 f"{session.context_length}; Ctrl-C stops")
-            _say(err, f"try: curl {url}/v1/completions -H 'Content-Type: application/json' "
-                 "-d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 16}'")
-        health = await session.wait()
-    finally:
-        if front is not None:
-            await front.close()
-        await live.close()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
+    with stops.serving(session.request_stop):
+        try:
+            health = await session.start()
+            if health.state is HealthState.SERVING:
+                front = ServeFront(session, ServeConfig(max_queue=max_queue))
+                try:
+                    url = await front.start(host, port)
+                except OSError as error:
+                    _say(err, f"cannot listen on {host}:{port}: {error.strerror}")
+                    await session.stop()
+                    return EXIT_USAGE
+                print(f"serving on {url}", file=out, flush=True)
+                _say(err, f"model {session.model_id}, {session.slots} slots, context "
+                     f"{session.context_length}; Ctrl-C stops")
+                _say(err, f"try: curl {url}/v1/completions -H 'Content-Type: application/json' "
+                     "-d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 16}'")
+            health = await session.wait()
+        finally:
+            if front is not None:
+                await front.close()
+            await live.close()
     if health.state is HealthState.FAILED:
         print(f"swactor serve: {health.detail}", file=err, flush=True)
         return EXIT_FAILED
@@ -548,16 +544,6 @@ async def serve_pool(
 
 
 # --------------------------------------------------------------- swactor serve
-
-
-def terminate_as_interrupt() -> None:
-    """SIGTERM before serving begins acts as Ctrl-C (KeyboardInterrupt: the nodes are
-    stopped and the keys removed); once serving, both are the session's operator stop."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -589,15 +575,14 @@ def run(args: argparse.Namespace) -> int:
         keys = args.keys_dir or Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="swactor-serve-")))
         try:
-            terminate_as_interrupt()
-            return asyncio.run(_serve_local(args, keys))
+            return run_stoppable(lambda stops: _serve_local(args, keys, stops))
         except KeyboardInterrupt:  # Ctrl-C before the pool was found; the nodes are stopped
             print("swactor serve: interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
     return EXIT_USAGE  # pragma: no cover - ExitStack does not swallow
 
 
-async def _serve_local(args: argparse.Namespace, keys: Path) -> int:
+async def _serve_local(args: argparse.Namespace, keys: Path, stops: Stops) -> int:
     import os
 
     from swactor.cluster.launcher import ClusterError, LocalCluster
@@ -656,7 +641,7 @@ async def _serve_local(args: argparse.Namespace, keys: Path) -> int:
             batch_rows=args.batch_rows, objects_in_flight=args.objects_in_flight,
             shared_cpus=os.cpu_count(),
             restart_limit=args.max_restarts, retry_delay_s=args.retry_delay,
-            out=sys.stdout, err=sys.stderr, spares=args.spares)
+            out=sys.stdout, err=sys.stderr, stops=stops, spares=args.spares)
     finally:
         await (pool.stop() if pool is not None else discovery.close())
         await cluster.stop()
