@@ -198,7 +198,8 @@ class LocalCluster:
                     await node.report_event.wait()
 
     async def stop(self) -> list[int | None]:
-        """SIGTERM every node, wait, kill stragglers; their exit codes."""
+        """SIGTERM every node, wait, kill stragglers; their exit codes (None for a node
+        whose exit was not seen even after SIGKILL)."""
         for node in self.nodes:
             if node.process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -209,7 +210,12 @@ class LocalCluster:
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(node.process.pid, signal.SIGKILL)
-                await node.process.wait()
+                try:  # bounded too: stop() never hangs, whatever asyncio heard
+                    await asyncio.wait_for(node.process.wait(), STOP_TIMEOUT_S)
+                except TimeoutError:
+                    print(f"[swactor] node {node.index} (pid {node.process.pid}) did not "
+                          f"report its exit {STOP_TIMEOUT_S:.0f}s after SIGKILL; "
+                          "leaving it", file=sys.stderr, flush=True)
         for reader in self._readers:
             reader.cancel()
         await asyncio.gather(*self._readers, return_exceptions=True)
