@@ -58,7 +58,7 @@ lint: setup
     {{py}} -m ruff check .
     {{py}} -m mypy --strict swactor codegen
 
-# Benchmarks: `just bench` runs all and writes bench/report.md + report.json (~20 min);
+# Benchmarks: `just bench` runs all and writes bench/report.md + report.json (~35 min);
 # `just bench fsm` runs one of them.
 bench *WHICH: setup
     {{py}} -m bench {{ if WHICH == "" { "report" } else { WHICH } }}

@@ -42,7 +42,7 @@ from bench._lifecycle import Spread
 
 HERE = Path(__file__).resolve().parent
 # Arguments for each module's text run: fewer repeats than their defaults where a module
-# is slow, so that the whole report stays near 20 minutes on a busy 2-core machine.
+# is slow, so that the whole report stays near half an hour on a busy 2-core machine.
 MODULE_ARGS: dict[str, list[str]] = {
     "fsm": ["--repeats", "2"],
     "ring": ["--quick"],
@@ -52,7 +52,7 @@ MODULE_ARGS: dict[str, list[str]] = {
     "worker": ["--quick"],
     "coldstart": ["--weights", "dense,blocks"],
     "hotpath": ["--repeat", "2", "--profile"],
-    "serve": ["--rounds", "2", "--max-tokens", "32", "--long-tokens", "128"],
+    "serve": ["--rounds", "2", "--max-tokens", "32", "--long-tokens", "128", "--pairs", "5"],
     "recovery": ["--repeat", "1"],
 }
 JSON_MODULES = ("quic", "coldstart", "hotpath", "serve", "kquant", "recovery")  # with --json

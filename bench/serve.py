@@ -77,9 +77,17 @@ ones the batched decode steps, where concurrent sequences share a step's cost, o
 them. The same ratio at both lengths shows how much of the gap is prefill. llama.cpp's
 server is left out of these levels: it serves one request at a time at any length.
 
+With ``--pairs K`` each swactor pipeline then serves K pairs of levels, 1 client then 4
+clients (one pass each), at ``--max-tokens`` and, with ``--long-tokens``, at that length,
+the pipelines taking turns pair by pair. On a shared machine the CPU a server gets
+drifts over tens of seconds, and a ratio of two levels run once, minutes apart, carries
+that drift whole; each pair's two levels run back to back, so the median of the K pairs'
+ratios is what the 4-over-1 goal then reports (with the pairs' lowest and highest).
+
 Goal ratios printed at the end (the serving goals): each swactor pipeline's warm TTFT
 p50 over llama.cpp server's (1 client); aggregate at 4 clients over 1 client on the same
-pipeline (>= 2.5), at ``--max-tokens`` and, with ``--long-tokens``, at that length; the
+pipeline (>= 2.5), at ``--max-tokens`` and, with ``--long-tokens``, at that length (with
+``--pairs``, the median of the pairs' ratios); the
 3-stage pipeline's aggregate at 4 clients over llama.cpp server's at 4 (>= 0.5).
 ``--json PATH`` writes every figure.
 """
@@ -617,10 +625,11 @@ def traced(target: Target, trace: Path) -> Target:
 
 
 async def measure(targets: Sequence[Target], levels: Sequence[int], rounds: int,
-                  max_tokens: int, warmup_tokens: int, log_dir: Path, long_tokens: int = 0
-                  ) -> dict[str, Any]:
+                  max_tokens: int, warmup_tokens: int, log_dir: Path, long_tokens: int = 0,
+                  pairs: int = 0) -> dict[str, Any]:
     """Start every target, run the levels interleaved across them (then, with
-    `long_tokens`, the swactor pipelines' levels of longer completions), stop them all."""
+    `long_tokens`, the swactor pipelines' levels of longer completions, and with `pairs`,
+    their pairs of 1- and 4-client levels), stop them all."""
     prompts = prompt_set()
     servers = [Server(target, log_dir) for target in targets]
     figures: dict[str, Any] = {"servers": {}, "levels": {}, "notes": []}
@@ -674,6 +683,13 @@ async def measure(targets: Sequence[Target], levels: Sequence[int], rounds: int,
                                                     figures["notes"])
                         figures["long"]["levels"].setdefault(name, {})[str(clients)] = (
                             asdict(level))
+            if pairs:
+                pipelines = [server for server in ready if server.target.name not in failing
+                             and server.target.name.startswith("swactor-")]
+                figures["pairs"] = await _run_pairs(
+                    session, pipelines, prompts, pairs,
+                    [max_tokens, *([long_tokens] if long_tokens else [])], warmup_tokens,
+                    figures["notes"])
         finally:
             for server in servers:
                 if server.process is not None and server.process.poll() is None:
@@ -685,10 +701,10 @@ async def measure(targets: Sequence[Target], levels: Sequence[int], rounds: int,
 
 async def _run_level(session: aiohttp.ClientSession, server: Server, prompts: Sequence[str],
                      clients: int, rounds: int, max_tokens: int, warmup_tokens: int,
-                     notes: list[str]) -> tuple[LevelFigures, bool]:
+                     notes: list[str], echo: bool = True) -> tuple[LevelFigures, bool]:
     """One level on one server: its warm-ups, then `clients` clients' requests, with the
-    cores its processes used and (traced servers) where the time went; printed as it ends.
-    Also whether every warm-up failed."""
+    cores its processes used and (traced servers) where the time went; printed as it ends
+    (unless not `echo`). Also whether every warm-up failed."""
     name = server.target.name
     before = await server_restarts(session, server.target.base_url)
     errors = await warm_up(session, server.target.base_url, server.model, warmup_tokens)
@@ -712,12 +728,51 @@ async def _run_level(session: aiohttp.ClientSession, server: Server, prompts: Se
                          "faulted; its sequences continued on a new run)")
     if errors:
         level.error_examples = [f"warm-up: {e}" for e in errors[:2]] + level.error_examples
-    print(f"  {name:10s} {clients} client(s): " + _level_line(level), flush=True)
-    print(f"  {'':10s} {cpu_line(level.cores)}; {_fmt(level.tokens_per_cpu_s)} tokens per "
-          "CPU-second of the server's processes", flush=True)
-    if trace is not None:
-        print(f"  {'':10s} {trace_line(trace)}", flush=True)
+    if echo:
+        print(f"  {name:10s} {clients} client(s): " + _level_line(level), flush=True)
+        print(f"  {'':10s} {cpu_line(level.cores)}; {_fmt(level.tokens_per_cpu_s)} tokens "
+              "per CPU-second of the server's processes", flush=True)
+        if trace is not None:
+            print(f"  {'':10s} {trace_line(trace)}", flush=True)
     return level, len(errors) == len(PROMPTS)
+
+
+async def _run_pairs(session: aiohttp.ClientSession, pipelines: Sequence[Server],
+                     prompts: Sequence[str], pairs: int, lengths: Sequence[int],
+                     warmup_tokens: int, notes: list[str]) -> dict[str, Any]:
+    """`pairs` pairs of a 1-client and a 4-client level (one pass each) per pipeline and
+    completion length, the pipelines taking turns pair by pair (module doc). Per length
+    and pipeline: each pair's aggregates and ratio."""
+    result: dict[str, Any] = {"count": pairs, "lengths": {}}
+    for tokens in lengths:
+        by_name: dict[str, list[dict[str, Any]]] = {}
+        result["lengths"][str(tokens)] = by_name
+        for index in range(pairs):
+            for server in pipelines:
+                one, _ = await _run_level(session, server, prompts, 1, 1, tokens,
+                                          warmup_tokens, notes, echo=False)
+                four, _ = await _run_level(session, server, prompts, 4, 1, tokens,
+                                           warmup_tokens, notes, echo=False)
+                pair = {"one": one.aggregate_tokens_per_s,
+                        "four": four.aggregate_tokens_per_s,
+                        "ratio": (ratio(four.aggregate_tokens_per_s,
+                                        one.aggregate_tokens_per_s)
+                                  if not (one.errors or four.errors) else None),
+                        "errors": one.errors + four.errors}
+                by_name.setdefault(server.target.name, []).append(pair)
+                print(f"  {server.target.name:10s} pair {index + 1}/{pairs}, {tokens} tokens: "
+                      f"1 client {_fmt(pair['one'])} tok/s, 4 clients {_fmt(pair['four'])} "
+                      f"-> {_fmt(pair['ratio'], 2)}"
+                      + (f" ({one.errors + four.errors} error(s))"
+                         if one.errors or four.errors else ""), flush=True)
+    return result
+
+
+def pair_ratios(figures: dict[str, Any], name: str, tokens: int) -> list[float]:
+    """The 4-over-1 ratios of `name`'s pairs at `tokens`-token completions (none where
+    no pairs ran; a pair with an error has none)."""
+    pairs = (figures.get("pairs") or {}).get("lengths", {}).get(str(tokens), {}).get(name, [])
+    return [pair["ratio"] for pair in pairs if pair.get("ratio") is not None]
 
 
 def _level_line(level: LevelFigures) -> str:
@@ -759,23 +814,23 @@ def goal_rows(figures: dict[str, Any]) -> list[dict[str, Any]]:
             "measured": ratio(_figure(figures, name, 1, "ttft_p50_ms"),
                               _figure(figures, reference, 1, "ttft_p50_ms")),
             "target": None, "at_least": False})
+    settings = figures.get("settings") or {}
     for name in [*pipelines, reference]:
         if name not in figures["levels"]:
             continue
-        rows.append({
-            "goal": f"{name} aggregate tok/s at 4 clients / 1 client",
-            "measured": ratio(_figure(figures, name, 4, "aggregate_tokens_per_s"),
-                              _figure(figures, name, 1, "aggregate_tokens_per_s")),
-            "target": GOALS["four_over_one"] if name != reference else None,
-            "at_least": True})
+        rows.append(_four_over_one(
+            figures, name, f"{name} aggregate tok/s at 4 clients / 1 client",
+            ratio(_figure(figures, name, 4, "aggregate_tokens_per_s"),
+                  _figure(figures, name, 1, "aggregate_tokens_per_s")),
+            settings.get("max_tokens"), GOALS["four_over_one"] if name != reference else None))
     long = figures.get("long") or {}
     for name, levels in sorted((long.get("levels") or {}).items()):
-        rows.append({
-            "goal": (f"{name} aggregate tok/s at 4 clients / 1 client, "
-                     f"{long['max_tokens']}-token completions"),
-            "measured": ratio(levels.get("4", {}).get("aggregate_tokens_per_s"),
-                              levels.get("1", {}).get("aggregate_tokens_per_s")),
-            "target": GOALS["four_over_one"], "at_least": True})
+        rows.append(_four_over_one(
+            figures, name, (f"{name} aggregate tok/s at 4 clients / 1 client, "
+                            f"{long['max_tokens']}-token completions"),
+            ratio(levels.get("4", {}).get("aggregate_tokens_per_s"),
+                  levels.get("1", {}).get("aggregate_tokens_per_s")),
+            long["max_tokens"], GOALS["four_over_one"]))
     rows.append({
         "goal": "swactor-3 aggregate at 4 clients / llama.cpp server's at 4",
         "measured": ratio(_figure(figures, "swactor-3", 4, "aggregate_tokens_per_s"),
@@ -786,6 +841,19 @@ def goal_rows(figures: dict[str, Any]) -> list[dict[str, Any]]:
         row["verdict"] = ("not measured" if measured is None else "reported" if target is None
                           else "met" if measured >= target else "missed")
     return rows
+
+
+def _four_over_one(figures: dict[str, Any], name: str, goal: str, levels_ratio: float | None,
+                   tokens: int | None, target: float | None) -> dict[str, Any]:
+    """A 4-over-1 goal row: the median of the pipeline's pairs at that length where pairs
+    ran (with their lowest and highest), else the ratio of its two levels."""
+    ratios = pair_ratios(figures, name, tokens) if tokens is not None else []
+    if not ratios:
+        return {"goal": goal, "measured": levels_ratio, "target": target, "at_least": True}
+    count = f"{len(ratios)} pair{'s' if len(ratios) != 1 else ''}"
+    return {"goal": f"{goal}, median of {count} ({min(ratios):.2f}-"
+            f"{max(ratios):.2f}; the levels' own ratio {_fmt(levels_ratio, 2)})",
+            "measured": statistics.median(ratios), "target": target, "at_least": True}
 
 
 def table(figures: dict[str, Any], levels: Sequence[int]) -> list[str]:
@@ -890,6 +958,23 @@ def markdown(figures: dict[str, Any]) -> list[str]:
                     f"{_fmt(level['aggregate_tokens_per_s'])} | "
                     f"{_fmt(ratio(level['aggregate_tokens_per_s'], one), 2)} | "
                     f"{level['requests']}, {level['tokens']} | {level['errors']} |")
+    pairs = figures.get("pairs")
+    if pairs:
+        lines += ["", f"Then {pairs['count']} pairs of a 1-client and a 4-client level per "
+                  "pipeline and length (`--pairs`), one pass each, the two levels of a pair "
+                  "back to back, the pipelines taking turns: aggregate tok/s at 1 and 4 "
+                  "clients and their ratio, pair by pair (the goals below take the median "
+                  "ratio: the CPU a shared machine gives drifts between levels run apart).",
+                  "", "| completion tokens | server | pairs: 1 client -> 4 clients (ratio) "
+                  "| median ratio |", "|---|---|---|---|"]
+        for tokens, by_name in pairs["lengths"].items():
+            for name, each in by_name.items():
+                ratios = pair_ratios(figures, name, int(tokens))
+                lines.append(
+                    f"| {tokens} | {name} | "
+                    + "; ".join(f"{_fmt(p['one'])} -> {_fmt(p['four'])} ({_fmt(p['ratio'], 2)})"
+                                for p in each)
+                    + f" | {_fmt(statistics.median(ratios) if ratios else None, 2)} |")
     lines += ["", "| goal | measured | target | verdict |", "|---|---|---|---|"]
     for row in figures.get("goals", []):
         target = (f"{'>=' if row['at_least'] else '<'} {row['target']:g}"
@@ -926,6 +1011,12 @@ def main(argv: list[str]) -> int:
                         "clients again, one pass each, with N-token completions, for the "
                         "4-over-1 ratio where decode outweighs prefill (default "
                         "%(default)s: not run)")
+    parser.add_argument("--pairs", type=int, default=0, metavar="K",
+                        help="after that, each swactor pipeline serves K pairs of a 1- and "
+                        "a 4-client level, back to back, at --max-tokens (and --long-tokens); "
+                        "the 4-over-1 goal is then the median of the pairs' ratios, which a "
+                        "shared machine's drifting CPU moves far less (default "
+                        "%(default)s: not run)")
     parser.add_argument("--warmup-tokens", type=int, default=4,
                         help="tokens per warm-up request (default %(default)s)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, metavar="T",
@@ -955,9 +1046,10 @@ def main(argv: list[str]) -> int:
     levels = [int(word) for word in args.levels.split(",") if word]
     stages = [int(word) for word in args.stages.split(",") if word]
     if (not levels or min(levels) < 1 or args.rounds < 1 or args.max_tokens < 2
-            or args.threads < 1 or (args.long_tokens and args.long_tokens < 2)):
-        parser.error("levels >= 1, rounds >= 1, max-tokens >= 2, long-tokens 0 or >= 2 and "
-                     "threads >= 1 are needed")
+            or args.threads < 1 or (args.long_tokens and args.long_tokens < 2)
+            or args.pairs < 0):
+        parser.error("levels >= 1, rounds >= 1, max-tokens >= 2, long-tokens 0 or >= 2, "
+                     "pairs >= 0 and threads >= 1 are needed")
     model = args.model or default_model_path()
 
     targets, notes = default_targets(stages, args.threads, model)
@@ -989,11 +1081,12 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="swactor-bench-serve-") as log_dir:
         figures = asyncio.run(measure(targets, levels, args.rounds, args.max_tokens,
-                                      args.warmup_tokens, Path(log_dir), args.long_tokens))
+                                      args.warmup_tokens, Path(log_dir), args.long_tokens,
+                                      args.pairs))
     figures["notes"] = notes + figures["notes"]
     figures["settings"] = {"levels": levels, "rounds": args.rounds,
                            "max_tokens": args.max_tokens, "warmup_tokens": args.warmup_tokens,
-                           "long_tokens": args.long_tokens,
+                           "long_tokens": args.long_tokens, "pairs": args.pairs,
                            "threads": args.threads, "model": str(model),
                            "server_threads": {t.name: t.threads for t in targets
                                               if t.threads is not None},
@@ -1021,7 +1114,9 @@ def main(argv: list[str]) -> int:
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1) + "\n")
     failed = any(level["errors"] for each in (figures, figures.get("long") or {"levels": {}})
-                 for rows in each["levels"].values() for level in rows.values())
+                 for rows in each["levels"].values() for level in rows.values()) or any(
+        pair["errors"] for by_name in (figures.get("pairs") or {}).get("lengths", {}).values()
+        for each in by_name.values() for pair in each)
     return 1 if failed or any("not measured" in n for n in figures["notes"]) else 0
 
 

@@ -229,6 +229,62 @@ def test_long_completions_give_their_own_four_over_one_goal() -> None:
         "swactor-3 aggregate at 4 clients / llama.cpp server's at 4"]
 
 
+def test_pairs_alternate_the_pipelines_and_their_median_is_the_goal(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, int, int]] = []
+    aggregates = iter([10.0, 30.0, 20.0, 44.0,  # pair 1: swactor-1 3.0, swactor-3 2.2
+                       10.0, 20.0, 20.0, 50.0,  # pair 2: 2.0, 2.5
+                       12.0, 30.0, 10.0, 40.0,  # pair 3: 2.5, 4.0
+                       10.0, 26.0, 10.0, 0.0])  # 128 tokens: 2.6; swactor-3's 4 clients fail
+
+    class Named:
+        def __init__(self, name: str) -> None:
+            self.target = type("T", (), {"name": name})()
+
+    async def fake_level(session: object, server: Named, prompts: object, clients: int,
+                         rounds: int, tokens: int, warmup: int, notes: object,
+                         echo: bool = True) -> tuple[LevelFigures, bool]:
+        assert (rounds, echo) == (1, False)
+        calls.append((server.target.name, clients, tokens))
+        value = next(aggregates)
+        level = LevelFigures.of(clients, [RequestTiming(sent=0.0)], 1.0)
+        level.aggregate_tokens_per_s = value or None
+        level.errors = 0 if value else 1
+        return level, False
+
+    monkeypatch.setattr(bench.serve, "_run_level", fake_level)
+    pipelines: Any = [Named("swactor-1"), Named("swactor-3")]
+    pairs = asyncio.run(bench.serve._run_pairs(None, pipelines, [], 3, [32], 4, []))  # type: ignore[arg-type]
+    assert calls == [("swactor-1", 1, 32), ("swactor-1", 4, 32),
+                     ("swactor-3", 1, 32), ("swactor-3", 4, 32)] * 3
+    calls.clear()
+    long = asyncio.run(bench.serve._run_pairs(None, pipelines, [], 1, [128], 4, []))  # type: ignore[arg-type]
+    pairs["lengths"].update(long["lengths"])
+    assert long["lengths"]["128"]["swactor-3"][0] == {
+        "one": 10.0, "four": None, "ratio": None, "errors": 1}
+    figures: dict[str, Any] = {"levels": {
+        "swactor-1": {"1": _level(300.0, 10.0), "4": _level(400.0, 20.0)},
+        "swactor-3": {"1": _level(300.0, 10.0), "4": _level(400.0, 30.0)}},
+        "long": {"max_tokens": 128, "levels": {
+            "swactor-1": {"1": _level(300.0, 10.0), "4": _level(400.0, 22.0)}}},
+        "pairs": pairs,
+        "settings": {"levels": [1, 4], "max_tokens": 32, "rounds": 1, "threads": 1,
+                     "prompts": {"a": 2}}}
+    rows = [row for row in goal_rows(figures) if "/ 1 client" in row["goal"]]
+    assert [(row["goal"], row["measured"], row["verdict"]) for row in rows] == [
+        ("swactor-1 aggregate tok/s at 4 clients / 1 client, median of 3 pairs (2.00-3.00; "
+         "the levels' own ratio 2.00)", 2.5, "met"),
+        ("swactor-3 aggregate tok/s at 4 clients / 1 client, median of 3 pairs (2.20-4.00; "
+         "the levels' own ratio 3.00)", 2.5, "met"),
+        ("swactor-1 aggregate tok/s at 4 clients / 1 client, 128-token completions, median "
+         "of 1 pair (2.60-2.60; the levels' own ratio 2.20)", 2.6, "met")]
+    figures["goals"] = goal_rows(figures)
+    section = markdown(figures)
+    assert ("| 32 | swactor-3 | 20.0 -> 44.0 (2.20); 20.0 -> 50.0 (2.50); 10.0 -> 40.0 "
+            "(4.00) | 2.50 |") in section
+    assert "| 128 | swactor-3 | 10.0 -> n/a (n/a) | n/a |" in section
+
+
 # -- the SSE client ------------------------------------------------------------------------
 
 
