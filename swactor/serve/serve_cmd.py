@@ -28,12 +28,15 @@ same over a pool of running nodes (`--node` list or SWIM `--seed`) and calls
    printed: the URL line on stdout (`serving on http://HOST:PORT`), the rest on stderr;
 4. Ctrl-C or SIGTERM is the operator's stop: the session stops its run (in-flight
    streams end with an error naming it), the front closes, the nodes are stopped.
+   Before the session starts, either signal cancels the command at its next await and
+   its nodes are stopped (`swactor.serve.interrupts`).
 
 The port is checked before anything starts, so a port already in use fails at once
 (exit 2) instead of after the pipeline has loaded. Exit status: 0 after an operator
 stop, 1 when the session gave up (its first provisioning failed, or a recovery ran out
 of attempts; one line names why), 2 for bad flags or a pool that could not start, 130
-for Ctrl-C before the pool was found.
+for Ctrl-C or SIGTERM before the session started (while the nodes boot or the pool is
+found).
 """
 
 from __future__ import annotations
