@@ -71,6 +71,8 @@ from tinygrad.tensor import Tensor
 from tinygrad.uop import Ops
 from tinygrad.uop.ops import KernelInfo, UOp
 
+from swactor.model.c_kernel import c_template, first_element
+
 ENABLED = True
 """Whether CPU decode attention takes this kernel (benchmarks switch it off to compare
 with the tinygrad expression side by side)."""
@@ -361,17 +363,7 @@ def attention_source(batch: int, heads: int, kv_heads: int, head_dim: int, rope_
         *(["#undef wide"] if cache_f16 else []),
         "}",
     ]
-    text = "\n".join(body).replace("{", "{{").replace("}", "}}")
-    for index in range(pointer + 3):
-        text = text.replace(f"@{index}", f"{{{index}}}")
-    return text
-
-
-def _first(buffer: UOp) -> UOp:
-    """``buffer``'s first element (a pointer to the buffer in the custom C)."""
-    zero = UOp.const(0, dtypes.weakint)
-    first: UOp = buffer.index(*([zero] * len(buffer.shape)))
-    return first
+    return c_template(body, pointer + 3)
 
 
 def attend(qkv: Tensor, where: Tensor, cache_k: Tensor, cache_v: Tensor,
@@ -395,10 +387,10 @@ def attend(qkv: Tensor, where: Tensor, cache_k: Tensor, cache_v: Tensor,
 
     def kernel(out: UOp, rows: UOp, at: UOp, *rest: UOp) -> UOp:
         core = UOp.variable("core_id", 0, items - 1, dtypes.int, param=True)
-        pointers = (*(_first(u) for u in (out, rows, at, *rest)), core)
+        pointers = (*(first_element(u) for u in (out, rows, at, *rest)), core)
         # a plain load of each input's first element, unused: ProgramInfo then lists
         # them as read (the caches, written, are not loaded)
-        reads = tuple(_first(u).load() for u in (rows, at, *rest[: len(tables)]))
+        reads = tuple(first_element(u).load() for u in (rows, at, *rest[: len(tables)]))
         body = UOp(Ops.CUSTOM, src=(*pointers, *reads), arg=code)
         sink: UOp = body.sink(arg=KernelInfo(
             name=f"attend_{batch}_{heads}_{kv_heads}_{hd}", opts_to_apply=()))

@@ -83,6 +83,7 @@ from tinygrad.uop.ops import KernelInfo, UOp
 
 from swactor.model.block_kernels import DeviceQuant
 from swactor.model.c_f16 import widen_f16_c
+from swactor.model.c_kernel import c_template, first_element
 
 TYPES = frozenset({int(Q.Q4_1), int(Q.Q8_0)})
 """Block types with a hand-written decode kernel."""
@@ -207,10 +208,7 @@ def gemv_source(type_id: int, batch: int, cols: int, rows: int, per_slice: int) 
         "}",
         "}",
     ]
-    text = "\n".join(body).replace("{", "{{").replace("}", "}}")
-    for index in range(6):
-        text = text.replace(f"@{index}", f"{{{index}}}")
-    return text
+    return c_template(body, 6)
 
 
 # --- integer path: activations quantised to int16 per block, integer dot products ---
@@ -282,14 +280,7 @@ def quant_source(batch: int, cols: int) -> str:
         "}",
         "}",
     ]
-    return _template(body)
-
-
-def _template(body: list[str]) -> str:
-    text = "\n".join(body).replace("{", "{{").replace("}", "}}")
-    for index in range(6):
-        text = text.replace(f"@{index}", f"{{{index}}}")
-    return text
+    return c_template(body, 6)
 
 
 _DOT = """#if defined(__AVX512VNNI__)
@@ -453,7 +444,7 @@ def int_source(type_id: int, batch: int, cols: int, rows: int, per_slice: int,
         "#undef DOT",
         "}",
     ]
-    return _template(body)
+    return c_template(body, 6)
 
 
 def gemv(x: Tensor, matrix: DeviceQuant, integer: bool = True) -> Tensor:
@@ -479,21 +470,14 @@ def quantise(x: Tensor) -> Tensor:
     code = quant_source(batch, cols)
 
     def kernel(out: UOp, inputs: UOp) -> UOp:
-        pointers = (_first(out), _first(inputs))
-        body = UOp(Ops.CUSTOM, src=(*pointers, _first(inputs).load()), arg=code)
+        pointers = (first_element(out), first_element(inputs))
+        body = UOp(Ops.CUSTOM, src=(*pointers, first_element(inputs).load()), arg=code)
         sink: UOp = body.sink(arg=KernelInfo(name=f"quant_i16_{batch}_{cols}",
                                              opts_to_apply=()))
         return sink
 
     out = Tensor.empty(batch, quant_words(cols), dtype=dtypes.int32, device=x.device)
     return out.custom_kernel(x.float().contiguous(), fxn=kernel)[0]
-
-
-def _first(buffer: UOp) -> UOp:
-    """``buffer``'s first element (a pointer to the buffer in the custom C)."""
-    zero = UOp.const(0, dtypes.weakint)
-    first: UOp = buffer.index(*([zero] * len(buffer.shape)))
-    return first
 
 
 def _sliced(inputs: Tensor, matrix: DeviceQuant, batch: int, code: str, name: str) -> Tensor:
@@ -506,10 +490,11 @@ def _sliced(inputs: Tensor, matrix: DeviceQuant, batch: int, code: str, name: st
 
     def kernel(out: UOp, source: UOp, *arrays: UOp) -> UOp:
         core = UOp.variable("core_id", 0, slices - 1, dtypes.int, param=True)
-        pointers = (_first(out), _first(source), *(_first(a) for a in arrays), core)
+        pointers = (first_element(out), first_element(source),
+                    *(first_element(a) for a in arrays), core)
         # a plain load of each input's first element, unused: ProgramInfo then lists
         # the inputs as read, so the replay graph knows the kernel only reads them
-        reads = tuple(_first(b).load() for b in (source, *arrays))
+        reads = tuple(first_element(b).load() for b in (source, *arrays))
         body = UOp(Ops.CUSTOM, src=(*pointers, *reads), arg=code)
         sink: UOp = body.sink(arg=KernelInfo(name=name, opts_to_apply=()))
         return sink

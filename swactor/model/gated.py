@@ -37,6 +37,8 @@ from tinygrad.tensor import Tensor
 from tinygrad.uop import Ops
 from tinygrad.uop.ops import KernelInfo, UOp
 
+from swactor.model.c_kernel import c_template, first_element
+
 ENABLED = True
 """Whether CPU roles take this kernel (benchmarks switch it off to compare with the
 tinygrad expression side by side)."""
@@ -89,17 +91,7 @@ def gated_source(ffn: int) -> str:
         "}",
         "}",
     ]
-    text = "\n".join(body).replace("{", "{{").replace("}", "}}")
-    for index in range(3):
-        text = text.replace(f"@{index}", f"{{{index}}}")
-    return text
-
-
-def _first(buffer: UOp) -> UOp:
-    """``buffer``'s first element (a pointer to the buffer in the custom C)."""
-    zero = UOp.const(0, dtypes.weakint)
-    first: UOp = buffer.index(*([zero] * len(buffer.shape)))
-    return first
+    return c_template(body, 3)
 
 
 def silu_mul(gate_up: Tensor, ffn: int) -> Tensor:
@@ -114,8 +106,8 @@ def silu_mul(gate_up: Tensor, ffn: int) -> Tensor:
         core = UOp.variable("core_id", 0, rows - 1, dtypes.int, param=True)
         # a plain load of the input's first element, unused: ProgramInfo then lists it
         # as read, so the replay graph knows the kernel only reads it
-        body = UOp(Ops.CUSTOM, src=(_first(out), _first(source), core, _first(source).load()),
-                   arg=code)
+        body = UOp(Ops.CUSTOM, src=(first_element(out), first_element(source), core,
+                                    first_element(source).load()), arg=code)
         sink: UOp = body.sink(arg=KernelInfo(name=f"silu_mul_{rows}_{ffn}",
                                              opts_to_apply=()))
         return sink

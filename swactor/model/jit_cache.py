@@ -69,7 +69,7 @@ _FORMAT = 1
 _GRAPH_MODULES = ("swactor.model.llama_role", "swactor.model.block_kernels",
                   "swactor.model.prefill_gemm", "swactor.model.decode_gemv",
                   "swactor.model.decode_attention", "swactor.model.gated",
-                  "swactor.model.cpu_graph", __name__)
+                  "swactor.model.c_kernel", "swactor.model.cpu_graph", __name__)
 
 
 def cache_dir() -> Path | None:

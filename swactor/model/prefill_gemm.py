@@ -63,6 +63,7 @@ from tinygrad.uop import Ops
 from tinygrad.uop.ops import KernelInfo, UOp
 
 from swactor.model.c_f16 import widen_f16_c
+from swactor.model.c_kernel import c_template
 
 PANEL = 32  # output rows per panel: two 16-float vectors
 ROW_BLOCK = 4  # tokens per register block (4 x 32 sums: 8 AVX-512 registers)
@@ -136,10 +137,7 @@ def _product(tokens: int, cols: int, rows: int) -> list[str]:
 def _template(lines: list[str], pointers: int) -> str:
     """``lines`` as a ``str.format`` template (tinygrad's CUSTOM op): braces doubled,
     ``@i`` the ``i``-th pointer, ``@s`` the slice index after them."""
-    text = "\n".join(lines).replace("{", "{{").replace("}", "}}")
-    for index in range(pointers):
-        text = text.replace(f"@{index}", f"{{{index}}}")
-    return text.replace("@s", f"{{{pointers}}}")
+    return c_template(lines, pointers).replace("@s", f"{{{pointers}}}")
 
 
 def _slice_loop(panels: int, per_slice: int, body: list[str]) -> list[str]:
