@@ -54,7 +54,8 @@ def test_a_graph_of_products_holds_one_products_panels_at_a_time() -> None:
     from tinygrad.engine.jit import TinyJit
     from tinygrad.helpers import GlobalCounters
 
-    rows, cols, tokens = 4 * PANEL, 256, 16
+    rows = cols = 4 * PANEL  # square: each product's output is the next one's input
+    tokens = 16
     panel_bytes = rows * cols * 4
     rng = np.random.default_rng(5)
     weights = [Tensor(rng.standard_normal((rows, cols)).astype(np.float32)).realize()
@@ -63,7 +64,7 @@ def test_a_graph_of_products_holds_one_products_panels_at_a_time() -> None:
 
     def chain(h: Tensor) -> Tensor:
         for w in weights:
-            h = panel_matmul(h, w * 1.0)[:, :cols] + 1.0
+            h = panel_matmul(h, w * 1.0) + 1.0
         return h.realize()
 
     jit = TinyJit(chain)
@@ -71,6 +72,12 @@ def test_a_graph_of_products_holds_one_products_panels_at_a_time() -> None:
     for _ in range(3):
         jit(x)
     assert GlobalCounters.mem_used - before < 2 * panel_bytes
+
+
+def test_an_input_of_another_width_is_refused() -> None:
+    weights = Tensor.ones(PANEL, 64)
+    with pytest.raises(ValueError, match=r"shape \(16, 32\) for a product over 64 columns"):
+        panel_matmul(Tensor.ones(16, 32), weights)
 
 
 def test_slices_compute_the_one_slice_product_bit_for_bit(
