@@ -63,7 +63,7 @@ from tinygrad.uop import Ops
 from tinygrad.uop.ops import KernelInfo, UOp
 
 from swactor.model.c_f16 import widen_f16_c
-from swactor.model.c_kernel import c_template
+from swactor.model.c_kernel import c_template, first_element
 
 PANEL = 32  # output rows per panel: two 16-float vectors
 ROW_BLOCK = 4  # tokens per register block (4 x 32 sums: 8 AVX-512 registers)
@@ -247,10 +247,8 @@ def _panels_product(x: Tensor, weights: Tensor) -> Tensor:
     name = f"prefill_gemm_{tokens}_{cols}_{rows}"
 
     def kernel(out: UOp, inputs: UOp, wide: UOp) -> UOp:
-        zero = UOp.const(0, dtypes.weakint)
         core = UOp.variable("core_id", 0, slices - 1, dtypes.int, param=True)
-        pointers = (out.index(zero, zero), inputs.index(zero, zero),
-                    wide.index(zero, zero, zero))
+        pointers = (first_element(out), first_element(inputs), first_element(wide))
         # a plain load of each input's first element, unused: ProgramInfo then lists
         # the inputs as read, so the replay graph knows the kernel only reads them
         reads = tuple(p.load() for p in pointers[1:])
@@ -302,14 +300,9 @@ def block_matmul(x: Tensor, type_id: int, shape: tuple[int, int],
     arrays = [fields["qs"], fields["d"]] + ([fields["m"]] if q4 else [])
 
     def kernel(out: UOp, inputs: UOp, *blocks: UOp) -> UOp:
-        zero = UOp.const(0, dtypes.weakint)
-
-        def at(buffer: UOp) -> UOp:
-            first: UOp = buffer.index(*([zero] * len(buffer.shape)))
-            return first
-
         core = UOp.variable("core_id", 0, slices - 1, dtypes.int, param=True)
-        pointers = (at(out), at(inputs), *(at(b) for b in blocks))
+        pointers = (first_element(out), first_element(inputs),
+                    *(first_element(b) for b in blocks))
         # unused loads: the inputs listed as read (see _panels_product)
         reads = tuple(p.load() for p in pointers[1:])
         body = UOp(Ops.CUSTOM, src=(*pointers, core, *reads), arg=code)
