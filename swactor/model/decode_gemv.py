@@ -83,7 +83,7 @@ from tinygrad.uop.ops import KernelInfo, UOp
 
 from swactor.model.block_kernels import DeviceQuant
 from swactor.model.c_f16 import widen_f16_c
-from swactor.model.c_kernel import c_template, first_element
+from swactor.model.c_kernel import c_template, check_columns, first_element
 
 TYPES = frozenset({int(Q.Q4_1), int(Q.Q8_0)})
 """Block types with a hand-written decode kernel."""
@@ -452,6 +452,7 @@ def gemv(x: Tensor, matrix: DeviceQuant, integer: bool = True) -> Tensor:
     matrix (:func:`usable` said yes): ``float32 [B, rows]``; one kernel per
     :data:`MAX_ROWS` rows, on the integer path (after one kernel quantising every row)
     where ``integer`` and the target has it (:func:`integer_path`), else the float path."""
+    check_columns(x, matrix.shape[1])
     batch = int(x.shape[0])
     rows_of = [(start, min(MAX_ROWS, batch - start)) for start in range(0, batch, MAX_ROWS)]
     if integer and integer_path(str(x.device)):

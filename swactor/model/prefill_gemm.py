@@ -63,7 +63,7 @@ from tinygrad.uop import Ops
 from tinygrad.uop.ops import KernelInfo, UOp
 
 from swactor.model.c_f16 import widen_f16_c
-from swactor.model.c_kernel import c_template, first_element
+from swactor.model.c_kernel import c_template, check_columns, first_element
 
 PANEL = 32  # output rows per panel: two 16-float vectors
 ROW_BLOCK = 4  # tokens per register block (4 x 32 sums: 8 AVX-512 registers)
@@ -260,19 +260,11 @@ def _panels_product(x: Tensor, weights: Tensor) -> Tensor:
     return out.custom_kernel(x, panels, fxn=kernel)[0]
 
 
-def _check_columns(x: Tensor, cols: int) -> None:
-    """The kernels read ``cols`` values per input row with no bound of their own: an
-    input of another width would be read past its end."""
-    if len(x.shape) != 2 or int(x.shape[1]) != cols:
-        raise ValueError(f"input of shape {tuple(x.shape)} for a product over {cols} "
-                         "columns: [tokens, cols] needed")
-
-
 def panel_matmul(x: Tensor, weights: Tensor) -> Tensor:
     """``x @ weights.T`` for ``x`` ``float32 [tokens, cols]`` and a lazy ``float32
     [rows, cols]`` expression ``weights`` (:func:`usable` said yes)."""
     rows, cols = (int(s) for s in weights.shape)
-    _check_columns(x, cols)
+    check_columns(x, cols)
     x = x.float().contiguous()
     group = max(PANEL, PANEL_LIMIT_BYTES // (4 * cols) // PANEL * PANEL)
     if rows <= group:
@@ -289,7 +281,7 @@ def block_matmul(x: Tensor, type_id: int, shape: tuple[int, int],
     :func:`widens_blocks` and :func:`usable` said yes): one kernel whose slices widen
     each of their panels on their own stack and multiply it, no panels buffer."""
     rows, cols = shape
-    _check_columns(x, cols)
+    check_columns(x, cols)
     x = x.float().contiguous()
     tokens = int(x.shape[0])
     q4 = type_id == Q4_1

@@ -96,6 +96,12 @@ def test_every_row_is_the_product_of_the_files_weights(
         assert np.all(np.abs(got - exact) <= bound + 1e-6 * scale)
 
 
+def test_an_input_of_another_width_is_refused() -> None:
+    matrix, _ = _matrix(Q.Q4_1, 16, 64, seed=1)
+    with pytest.raises(ValueError, match=r"shape \(2, 32\) for a product over 64 columns"):
+        decode_gemv.gemv(Tensor(_rows(2, 32, seed=2)), matrix)
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
 def test_a_row_of_a_batch_is_its_one_row_product_bit_for_bit(small_slices: None, path: str,
                                                              qtype: Q) -> None:
