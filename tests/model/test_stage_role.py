@@ -371,7 +371,10 @@ def test_repeated_prefills_replay_the_bucket_jit_exactly(tiny_llama: Path) -> No
     assert len(reused._prefill) == 1  # one bucket, one JIT
 
 
-@pytest.mark.parametrize("quantised", [False, True])
+# Over blocks the six buckets' graphs take about 100 s to build on a 2-core machine
+# without AVX-512; `just test` keeps the dense case here and the blocks case on the real
+# model (test_smollm2.py's test of the same name: Q4_1 and Q8_0 through the decode kernel).
+@pytest.mark.parametrize("quantised", [False, pytest.param(True, marks=pytest.mark.soak)])
 def test_short_prompts_compute_the_same_at_8_and_16_row_buckets(
         tiny_mixed: Path, monkeypatch: pytest.MonkeyPatch, quantised: bool) -> None:
     """Prompts of 5, 20 and 50 rows padded to multiples of 8 (the CPU short-prompt
