@@ -15,7 +15,10 @@ sends for each output object: the binding keeps its token id and feeds the machi
    a stop id while `stop_on_eos`, or `max_tokens` are generated, or feeding the token
    back would need a position past `max_seq_len - 1`), `teardown_pending` / `teardown_failed` (every
    provisioned stage and the endpoints stopped / any of them unclean), `symptomatic_fault`
-   (the fault's reason is StreamFault);
+   (the fault's reason is StreamFault), `prefill_may_wait` (the awaited output is a
+   prompt's and, counting this StepTimeout, fewer than `RunTimeouts.prefill_s` passed:
+   ExtendPrefillWait counts the timeouts it outlasted, and a new awaited output starts
+   the count again);
 2. feeds the event to its `AsyncMachineHost` (`swactor.fsm.host`), which runs the
    machine's timers on `ctx.timers` and awaits the binding's method for each effect,
    in order (the class implements `OrchestratorRunEffects`): ProvisionStages as a
@@ -194,6 +197,11 @@ log = logging.getLogger("swactor.orchestrator.run")
 DEFAULT_READINESS_TIMEOUT_S = 600.0
 DEFAULT_STEP_TIMEOUT_S = 120.0
 DEFAULT_TEARDOWN_TIMEOUT_S = 30.0
+DEFAULT_PREFILL_TIMEOUT_S = 600.0
+"""A prompt of a length no stage has computed yet first builds its prefill kernels:
+measured on SmolLM2 Q4_1, one stage on 2 CPU cores, a first prompt of 1536 tokens
+takes 79 s and one of 2048 112 s, about `DEFAULT_STEP_TIMEOUT_S`. Ten minutes leaves a
+slower CPU or a larger model room, and a hung stage is still found."""
 DEFAULT_FAULT_SETTLE_S = 0.25
 """A stage's own fault report and its peer's StreamFault take one control hop each (the
 peer's after the reset crossed the edge): measured on loopback under load, a worker kill
@@ -276,6 +284,17 @@ class InFlight:
     table: tuple[int, ...] = ()
 
     @property
+    def prompt(self) -> bool:
+        """Whether its output is a prompt's: a prompt batch, a tagged prompt (position
+        0), or a single-prompt run's step 0."""
+        if prompt_count(self.flags) is not None:
+            return True
+        if self.rows or table_entries(self.flags) is not None:
+            return False
+        tag = SequenceTag.unpack(self.flags)
+        return self.step == 0 if tag is None else tag.position == 0
+
+    @property
     def decode_rows(self) -> int:
         """Decode rows it carries: a batch's rows, 1 for one decode row, 0 for a prompt
         or a prompt batch (or a single-prompt run's untagged step)."""
@@ -292,13 +311,15 @@ RunMessage: TypeAlias = orun.Event | TokenOutput | SubmitSequence | SubmitSequen
 
 @dataclass(frozen=True, slots=True)
 class RunTimeouts:
-    """The machine's four timers, in seconds."""
+    """The machine's timers and the prefill wait, in seconds."""
 
     readiness_s: float = DEFAULT_READINESS_TIMEOUT_S
     step_s: float = DEFAULT_STEP_TIMEOUT_S
     teardown_s: float = DEFAULT_TEARDOWN_TIMEOUT_S
     fault_settle_s: float = DEFAULT_FAULT_SETTLE_S
     """How long a first StreamFault waits in Settling for a root-cause fault report."""
+    prefill_s: float = DEFAULT_PREFILL_TIMEOUT_S
+    """How long a prompt's output may take, in whole `step_s` (the guard prefill_may_wait)."""
 
 
 class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[None]]):
@@ -327,7 +348,11 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
             step_timeout_s=timeouts.step_s,
             teardown_timeout_s=timeouts.teardown_s,
             fault_settle_s=timeouts.fault_settle_s,
+            prefill_timeout_s=timeouts.prefill_s,
         )
+        self._timeouts = timeouts
+        self._prefill_waits = 0
+        """Step timeouts the awaited prompt outlasted (ExtendPrefillWait); 0 for a new one."""
         self._node = plan.orchestrator_node
         self._token_in = next(e for e in plan.edges if e.kind is EdgeKind.TokenIn)
         self._token_out = next(e for e in plan.edges if e.kind is EdgeKind.TokenOut)
@@ -534,6 +559,11 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
 
     def last_in_flight(self, event: orun.ObjectLoaded) -> bool:
         return len(self._in_flight) == 1
+
+    def prefill_may_wait(self, event: orun.StepTimeout) -> bool:
+        if not self._in_flight or not self._in_flight[0].prompt:
+            return False
+        return (self._prefill_waits + 1) * self._timeouts.step_s < self._timeouts.prefill_s
 
     def decode_input(self, event: orun.InputReady) -> bool:
         live = self._sequences.get(event.sequence_id)
@@ -749,6 +779,14 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
     async def finalize_output(self) -> None:
         self.result.timings.finished = time.monotonic()
 
+    async def extend_prefill_wait(self) -> None:
+        self._prefill_waits += 1
+        awaited = self._in_flight[0]
+        log.warning("run %s: the prompt of step %d has not come back in %g s; waiting up "
+                    "to %g s (a prompt of a length the stages have not computed yet "
+                    "builds its prefill kernels first)", self.plan.run_id, awaited.step,
+                    self._prefill_waits * self._timeouts.step_s, self._timeouts.prefill_s)
+
     async def record_run_outcome(self, outcome: RunOutcome) -> None:
         self.result.outcome = outcome
         if outcome is RunOutcome.Completed:
@@ -922,6 +960,7 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         self._pending_token = None
         in_flight = len(self._in_flight)
         oldest = self._in_flight.popleft()
+        self._prefill_waits = 0  # the next object in flight is awaited from now
         if self.result.timings.first_token is None:
             self.result.timings.first_token = time.monotonic()
         edge = self._token_out.edge_id

@@ -7,6 +7,7 @@ and endpoints' reports into the run actor; the fake ports record what the bindin
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -19,7 +20,7 @@ from swactor.fsm.generated import orchestrator_run as orun
 from swactor.orchestrator.inventory import synthetic_pool
 from swactor.orchestrator.planner import PlanRequest, plan_run
 from swactor.orchestrator.ports import RunResult, StopCause
-from swactor.orchestrator.run import RunHandle, RunTimeouts, TokenOutput, start_run
+from swactor.orchestrator.run import InFlight, RunHandle, RunTimeouts, TokenOutput, start_run
 from swactor.wire import (
     Component,
     EdgeId,
@@ -35,6 +36,7 @@ from swactor.wire import (
     StageIndex,
     TeardownOutcome,
 )
+from swactor.wire.tags import SequenceTag, batch_flags, prompt_flags
 from tests.orchestrator.conftest import synthetic_model
 from tests.orchestrator.fake_ports import FakePorts
 from tests.trace_check import assert_tables_allow
@@ -496,7 +498,7 @@ def test_readiness_timeout() -> None:
 
 def test_step_timeout() -> None:
     async def body(runtime: Runtime, ports: FakePorts) -> None:
-        timeouts = RunTimeouts(readiness_s=30, step_s=0.05, teardown_s=30)
+        timeouts = RunTimeouts(readiness_s=30, step_s=0.05, teardown_s=30, prefill_s=0.05)
         handle = await start(runtime, ports, timeouts=timeouts)
         make_ready(handle)
         result = await stop_all(handle, ports)
@@ -507,6 +509,52 @@ def test_step_timeout() -> None:
         assert_legal_order(ports.event_names(), tokens=0, ending="run_faulted")
 
     run_test(body)
+
+
+def test_the_prompt_may_outlast_the_step_timeout_and_the_next_step_may_not() -> None:
+    # step 0 builds the prefill kernels of a new prompt length: it gets prefill_s; step 1
+    # (kernels built) gets step_s
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        timeouts = RunTimeouts(readiness_s=30, step_s=0.05, teardown_s=30, prefill_s=30)
+        handle = await start(runtime, ports, timeouts=timeouts)
+        make_ready(handle)
+        await ports.until(lambda: len(ports.of("inject")) == 1)
+        await asyncio.sleep(0.3)  # six step timeouts long
+        handle.tell(output(0, 40))
+        await ports.until(lambda: len(ports.of("inject")) == 2)
+        result = await stop_all(handle, ports)  # step 1 is never answered
+        assert result.generated_token_ids == [40]
+        assert result.fault is not None
+        assert result.fault.reason is RunFaultReason.ProgressTimeout
+        assert_legal_order(ports.event_names(), tokens=1, ending="run_faulted")
+
+    run_test(body)
+
+
+def test_a_prompt_that_outlasts_the_prefill_timeout_faults_the_run(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        timeouts = RunTimeouts(readiness_s=30, step_s=0.05, teardown_s=30, prefill_s=0.175)
+        handle = await start(runtime, ports, timeouts=timeouts)
+        make_ready(handle)
+        result = await stop_all(handle, ports)
+        assert result.fault is not None
+        assert result.fault.reason is RunFaultReason.ProgressTimeout
+
+    with caplog.at_level(logging.WARNING, logger="swactor.orchestrator.run"):
+        run_test(body)
+    waits = [r.getMessage() for r in caplog.records if "has not come back" in r.getMessage()]
+    # four step timeouts: three waits (after 0.05, 0.10 and 0.15 s < 0.175), then the fault
+    assert len(waits) == 3 and all("the prompt of step 0" in w for w in waits)
+
+
+def test_in_flight_objects_say_whether_a_prompt_is_awaited() -> None:
+    prompt = InFlight(0, None, 0)
+    assert prompt.prompt and not InFlight(3, None, 0).prompt  # a single-prompt run's steps
+    assert InFlight(5, 1, SequenceTag(2, 0).pack()).prompt
+    assert not InFlight(6, 1, SequenceTag(2, 9).pack()).prompt
+    assert InFlight(7, None, prompt_flags(2), table=(1, 2)).prompt
+    assert not InFlight(8, None, batch_flags(2), rows=(1, 2), table=(3, 4)).prompt
 
 
 def test_unreachable_node_faults_provisioning_and_teardown() -> None:
@@ -600,7 +648,7 @@ def test_peer_events_the_machine_refuses_are_recorded_not_fatal() -> None:
 def test_operator_stop_before_the_plan_is_done_at_once() -> None:
     machine = orun.OrchestratorRunMachine(
         cast(orun.OrchestratorRunGuards, _NeverAsked()), readiness_timeout_s=1,
-        step_timeout_s=1, teardown_timeout_s=1, fault_settle_s=1,
+        step_timeout_s=1, teardown_timeout_s=1, fault_settle_s=1, prefill_timeout_s=1,
     )
     effects = machine.handle(orun.OperatorStop())
     assert machine.state is orun.State.Done

@@ -271,7 +271,7 @@ def test_a_held_stream_fault_ends_sequences_with_the_root_cause() -> None:
 
 def test_the_progress_timer_runs_only_while_objects_are_in_flight() -> None:
     async def body(runtime: Runtime, ports: FakePorts) -> None:
-        quick = RunTimeouts(readiness_s=30, step_s=0.05, teardown_s=30)
+        quick = RunTimeouts(readiness_s=30, step_s=0.05, teardown_s=30, prefill_s=0.05)
         handle = await serving(runtime, ports, timeouts=quick)
         await asyncio.sleep(0.3)  # idle: six step timeouts long, nothing in flight
         a = submit(handle, 1, (1, 5), max_tokens=1)
@@ -693,5 +693,65 @@ def test_a_prompt_batch_answer_with_another_table_faults_the_run() -> None:
         assert result.fault is not None
         assert result.fault.reason is RunFaultReason.SequenceViolation
         assert all(s.end is not None and s.end[0] == "error" for s in sinks)
+
+    run_test(body)
+
+
+def test_a_prompt_may_outlast_the_step_timeout_up_to_the_prefill_timeout() -> None:
+    # a prompt of a new length builds its prefill kernels first: the run waits for it
+    # (ExtendPrefillWait re-arms the progress timer) and serves on when it comes
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        patient = RunTimeouts(readiness_s=30, step_s=0.05, teardown_s=30, prefill_s=30)
+        handle = await serving(runtime, ports, timeouts=patient)
+        a = submit(handle, 1, (1, 5), max_tokens=2)
+        await ports.until(lambda: len(ports.of("inject")) == 1)
+        await asyncio.sleep(0.3)  # six step timeouts long
+        handle.tell(out(0, tag(0, 0), 40))
+        await ports.until(lambda: len(ports.of("inject")) == 2)
+        handle.tell(out(1, tag(0, 2), 41))
+        await ports.until(lambda: a.end is not None)
+        assert (a.ids, a.end) == ([40, 41], ("length", ""))
+        handle.stop()
+        result = await stop_all(handle, ports)
+        assert result.outcome is RunOutcome.OperatorStopped and result.fault is None
+
+    run_test(body)
+
+
+def test_a_decode_step_gets_only_the_step_timeout() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        patient = RunTimeouts(readiness_s=30, step_s=0.05, teardown_s=30, prefill_s=30)
+        handle = await serving(runtime, ports, timeouts=patient)
+        a = submit(handle, 1, (1, 5), max_tokens=4)
+        await ports.until(lambda: len(ports.of("inject")) == 1)
+        handle.tell(out(0, tag(0, 0), 40))  # the decode row goes in and never comes back
+        result = await stop_all(handle, ports)
+        assert result.fault is not None
+        assert result.fault.reason is RunFaultReason.ProgressTimeout
+        assert a.end is not None and "ProgressTimeout" in a.end[1]
+
+    run_test(body)
+
+
+def test_a_prompt_batch_behind_a_decode_row_gets_the_prefill_timeout_once_awaited() -> None:
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        patient = RunTimeouts(readiness_s=30, step_s=0.05, teardown_s=30, prefill_s=30)
+        handle = await serving(runtime, ports, slots=3, timeouts=patient)
+        a = submit(handle, 1, (1, 5), max_tokens=4)
+        await ports.until(lambda: len(ports.of("inject")) == 1)
+        handle.tell(out(0, tag(0, 0), 40))
+        await ports.until(lambda: len(ports.of("inject")) == 2)  # a's decode row
+        handle.submit_all((SubmitSequence(2, SequenceRequest((1, 6), 2, GREEDY, 0),
+                                          _SinkPort(Sink())),
+                           SubmitSequence(3, SequenceRequest((1, 7), 2, GREEDY, 0),
+                                          _SinkPort(Sink()))))
+        await ports.until(lambda: len(ports.of("inject")) == 3)  # the prompt batch
+        assert injected(ports)[2][2] == prompt_flags(2)
+        handle.tell(out(1, tag(0, 2), 41))  # a's row: the prompt batch is awaited now
+        await asyncio.sleep(0.3)
+        assert a.ids == [40, 41] and a.end is None, "still serving after six timeouts"
+        handle.stop()
+        result = await stop_all(handle, ports)
+        assert result.fault is None and result.outcome is RunOutcome.OperatorStopped
 
     run_test(body)
