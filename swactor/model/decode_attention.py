@@ -1,4 +1,4 @@
-"""Decode attention on CPU: one hand-written C kernel per block for every row of a step.
+"""Decode and prompt attention on CPU: one hand-written C kernel per block for all rows.
 
 Theory of operation. A decode step of ``B`` rows (``B = 1``: one sequence) gives each
 block's attention the rows' fused Q/K/V product ``qkv`` ``[B, (heads + 2 kv) hd]``;
@@ -52,6 +52,14 @@ takes 1.6 ms at position 24, mostly the replay's own cost, and 2.5 ms at positio
 with each key's pair sums gathered into the rows by scalar stores instead of shuffles,
 3.2 ms; with one pass per head, each key's tree in scalar code and each exponential
 alone, 4.8 ms.
+
+A prompt's attention on CPU (:func:`attend_prompt`, the role's CPU prefill graph) is
+the same kernel in ``prompt`` mode: slice ``(b, g)`` is prompt row ``b`` at position
+``b``, its "cache" the prompt's own keys and values ``[kv, T, hd]`` (rotated and
+rounded to the cache dtype by the graph), which it only reads, attending to rows
+``0 .. b`` with the statements above. So a prompt row's attention is bit for bit that
+of a decode row at its position over a cache holding the prompt's keys and values,
+whatever the padding after it; only the causal half of the scores is computed.
 
 Used on a CPU device whose renderer is clang with an even ``hd`` (:func:`usable`);
 elsewhere the role keeps the tinygrad expression (``LlamaRole._attend``). The scores of
@@ -197,14 +205,19 @@ def positions(starts: Sequence[UOp | int], slots: Sequence[UOp | int], device: s
 
 
 def attention_source(batch: int, heads: int, kv_heads: int, head_dim: int, rope_dim: int,
-                     max_seq_len: int, cache_f16: bool) -> str:
+                     max_seq_len: int, cache_f16: bool, prompt: bool = False) -> str:
     """The C statement of one slice (a ``str.format`` template over the output, ``qkv``,
     the positions, the cosine and sine tables when ``rope_dim`` is not 0, the key and
-    value caches, then the slice index)."""
+    value caches, then the slice index).
+
+    ``prompt``: the slice is row ``b`` of a prompt of ``batch`` rows at position ``b``
+    (:func:`attend_prompt`): no positions input, the "caches" are the prompt's own keys
+    and values ``[kv, batch, hd]`` (``max_seq_len`` is ``batch``), already rotated and
+    written, which the slice only reads."""
     hd, group, half = head_dim, heads // kv_heads, rope_dim // 2
     width = lanes(hd)
     chunks = hd // width
-    pointer = 5 if rope_dim else 3
+    pointer = (4 if rope_dim else 2) if prompt else (5 if rope_dim else 3)
     cache_t = "unsigned short" if cache_f16 else "float"
 
     def load(ptr: str) -> str:
@@ -338,26 +351,30 @@ def attention_source(batch: int, heads: int, kv_heads: int, head_dim: int, rope_
           if cache_f16 else []),
         "float *out = @0;",
         "const float *qkv = @1;",
-        "const int *where = (const int *)(@2);",
-        *(["const float *cosr = @3;", "const float *sinr = @4;"] if rope_dim else []),
+        *([] if prompt else ["const int *where = (const int *)(@2);"]),
+        *([f"const float *cosr = @{pointer - 2};", f"const float *sinr = @{pointer - 1};"]
+          if rope_dim else []),
         f"{cache_t} *ck = ({cache_t} *)(@{pointer});",
         f"{cache_t} *cv = ({cache_t} *)(@{pointer + 1});",
         f"int item = (int)(@{pointer + 2});",
         f"int b = item / {kv_heads}, g = item - b * {kv_heads};",
-        f"int pos = where[b], slot = where[{batch} + b];",
+        *(["int pos = b;"] if prompt else [f"int pos = where[b], slot = where[{batch} + b];"]),
         f"const float *row = qkv + (long)b * {(heads + 2 * kv_heads) * hd};",
-        f"long base = ((long)slot * {kv_heads} + g) * {max_seq_len};",
+        (f"long base = (long)g * {batch};" if prompt else
+         f"long base = ((long)slot * {kv_heads} + g) * {max_seq_len};"),
         *([f"const float *c = cosr + (long)pos * {half}, *s = sinr + (long)pos * {half};"]
           if rope_dim else []),
-        "{",
-        f"  const float *k = row + ({heads} + g) * {hd};",
-        f"  const float *v = row + ({heads + kv_heads} + g) * {hd};",
-        f"  {cache_t} *kd = ck + (base + pos) * {hd};",
-        f"  {cache_t} *vd = cv + (base + pos) * {hd};",
-        *(f"  {line}" for line in rotate("k", "kd", True)),
-        f"  for (int i = 0; i < {hd}; i++) " + store("vd[i]", "v[i]"),
-        "}",
-        "__asm__ volatile(\"\" ::: \"memory\");  /* the cache rows above are read below */",
+        *([] if prompt else [
+            "{",
+            f"  const float *k = row + ({heads} + g) * {hd};",
+            f"  const float *v = row + ({heads + kv_heads} + g) * {hd};",
+            f"  {cache_t} *kd = ck + (base + pos) * {hd};",
+            f"  {cache_t} *vd = cv + (base + pos) * {hd};",
+            *(f"  {line}" for line in rotate("k", "kd", True)),
+            f"  for (int i = 0; i < {hd}; i++) " + store("vd[i]", "v[i]"),
+            "}",
+            "__asm__ volatile(\"\" ::: \"memory\");  /* the cache rows above are read below */",
+        ]),
         *(line for first, count in head_sets(group, max_seq_len)
           for line in head_set(first, count)),
         *(["#undef wide"] if cache_f16 else []),
@@ -398,4 +415,41 @@ def attend(qkv: Tensor, where: Tensor, cache_k: Tensor, cache_v: Tensor,
 
     out = Tensor.empty(batch, heads * hd, dtype=dtypes.float32, device=qkv.device)
     return out.custom_kernel(qkv.float().contiguous(), where, *tables, cache_k, cache_v,
+                             fxn=kernel)[0]
+
+
+def attend_prompt(qkv: Tensor, keys: Tensor, values: Tensor,
+                  rope: tuple[Tensor, Tensor] | None, *, heads: int, rope_dim: int) -> Tensor:
+    """Causal attention of a prompt's rows ``qkv`` ``[T, (heads + 2 kv) hd]`` (float32,
+    row ``b`` at position ``b``) over its own ``keys`` and ``values`` ``[kv, T, hd]``
+    (rotated, in the cache dtype, as the slot's cache will hold them): row ``b`` attends
+    to rows ``0 .. b``, by the statements a decode row at position ``b`` runs (the
+    slice ``(b, g)`` of :func:`attention_source` with ``prompt``, which only reads the
+    keys and values). The result is ``float32 [T, heads * hd]`` (before the output
+    projection). A row's result depends on rows ``0 .. b`` only, never on the rows after
+    it, so padding rows change nothing before them. ``rope``: each row's cosines and
+    sines ``[T, rope_dim / 2]`` (None when ``rope_dim`` is 0)."""
+    tokens = int(qkv.shape[0])
+    kv_heads, length, hd = (int(n) for n in keys.shape)
+    if length != tokens or int(qkv.shape[1]) != (heads + 2 * kv_heads) * hd:
+        raise ValueError(f"qkv {tuple(qkv.shape)} does not fit {heads} heads over keys "
+                         f"{tuple(keys.shape)}")
+    code = attention_source(tokens, heads, kv_heads, hd, rope_dim, tokens,
+                            keys.dtype == dtypes.float16, prompt=True)
+    items = tokens * kv_heads
+    tables = list(rope) if rope_dim and rope is not None else []
+
+    def kernel(out: UOp, rows: UOp, *rest: UOp) -> UOp:
+        core = UOp.variable("core_id", 0, items - 1, dtypes.int, param=True)
+        pointers = (*(first_element(u) for u in (out, rows, *rest)), core)
+        # a plain load of each input's first element, unused: ProgramInfo then lists
+        # them as read (the kernel writes only its output)
+        reads = tuple(first_element(u).load() for u in (rows, *rest))
+        body = UOp(Ops.CUSTOM, src=(*pointers, *reads), arg=code)
+        sink: UOp = body.sink(arg=KernelInfo(
+            name=f"attend_prompt_{tokens}_{heads}_{kv_heads}_{hd}", opts_to_apply=()))
+        return sink
+
+    out = Tensor.empty(tokens, heads * hd, dtype=dtypes.float32, device=qkv.device)
+    return out.custom_kernel(qkv.float().contiguous(), *tables, keys, values,
                              fxn=kernel)[0]

@@ -230,3 +230,73 @@ def test_key_rows_put_each_pair_sum_under_its_key(width: int) -> None:
         held[found[1]] = [both[int(i)] for i in found[4].split(",")]
     assert [held[row] for row in rows] == [[(u, i) for u in range(width)]
                                            for i in range(half)]
+
+
+def _prompt(case: Case, tokens: int, keys: npt.NDArray[np.generic],
+            values: npt.NDArray[np.generic]) -> npt.NDArray[np.float32]:
+    """attend_prompt over ``case.qkv[:tokens]`` (row ``b`` rotated by ``case``'s table
+    row ``b``) and the prompt's ``keys``/``values`` ``[kv, tokens, hd]``."""
+    shape = case.shape
+    rope = ((Tensor(case.cos[:tokens].copy()).realize(),
+             Tensor(case.sin[:tokens].copy()).realize()) if shape.rope_dim else None)
+    return decode_attention.attend_prompt(
+        Tensor(case.qkv[:tokens].copy()).realize(), Tensor(keys.copy()).realize(),
+        Tensor(values.copy()).realize(), rope, heads=shape.heads,
+        rope_dim=shape.rope_dim).numpy()
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s.heads}h{s.kv}kv{s.hd}"
+                         f"r{s.rope_dim}{'f16' if s.f16 else 'f32'}")
+@pytest.mark.parametrize("tokens", [1, 5, 17, MAX_SEQ])
+def test_prompt_attention_matches_numpy(shape: Shape, tokens: int) -> None:
+    case = Case(shape, tokens, seed=tokens * 7 + shape.hd)
+    keys, values = case.cache_k[3, :, :tokens], case.cache_v[3, :, :tokens]
+    out = _prompt(case, tokens, keys, values)
+    hd, heads, kv, half = shape.hd, shape.heads, shape.kv, shape.rope_dim // 2
+    want = np.zeros((tokens, heads * hd))
+    for b in range(tokens):
+        for head in range(heads):
+            q = case.qkv[b, head * hd : (head + 1) * hd].astype(np.float64)
+            if half:
+                c, s = case.cos[b].astype(np.float64), case.sin[b].astype(np.float64)
+                x1, x2 = q[:half].copy(), q[half : 2 * half].copy()
+                q[:half], q[half : 2 * half] = x1 * c - x2 * s, x2 * c + x1 * s
+            g = head // (heads // kv)
+            scores = keys[g, : b + 1].astype(np.float64) @ q / math.sqrt(hd)
+            e = np.exp(scores - scores.max())
+            want[b, head * hd : (head + 1) * hd] = (e / e.sum()) @ values[g, : b + 1].astype(
+                np.float64)
+    assert np.abs(out - want).max() < 2e-5 * max(1.0, float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("shape", SHAPES[:3], ids=["f32", "f16", "half-rope"])
+def test_a_prompt_row_attends_as_a_decode_row_at_its_position(shape: Shape) -> None:
+    """Row ``b`` of a prompt is bit for bit the decode row at position ``b`` over a cache
+    that holds the prompt's keys and values (the decode kernel writes them row by row);
+    padding rows after the prompt change none of its rows."""
+    tokens = 23
+    case = Case(shape, tokens + 4, seed=5)
+    cache_k, cache_v = Tensor(case.cache_k.copy()).realize(), Tensor(case.cache_v.copy()
+                                                                     ).realize()
+    rope = ((Tensor(case.cos).realize(), Tensor(case.sin).realize())
+            if shape.rope_dim else None)
+    decoded = []
+    for b in range(tokens):
+        where = decode_attention.positions([b], [2], "CPU")
+        decoded.append(decode_attention.attend(
+            Tensor(case.qkv[b : b + 1].copy()).realize(), where, cache_k, cache_v, rope,
+            heads=shape.heads, kv_heads=shape.kv, rope_dim=shape.rope_dim).numpy()[0])
+    written_k, written_v = cache_k.numpy()[2], cache_v.numpy()[2]
+    out = _prompt(case, tokens, written_k[:, :tokens], written_v[:, :tokens])
+    assert np.array_equal(_bits(out), _bits(np.stack(decoded)))
+    # four more rows (the prompt padded): the prompt's rows are unchanged
+    padded = _prompt(case, tokens + 4, written_k[:, : tokens + 4],
+                     written_v[:, : tokens + 4])
+    assert np.array_equal(_bits(padded[:tokens]), _bits(out))
+
+
+def test_prompt_attention_refuses_keys_of_another_length() -> None:
+    shape = SHAPES[0]
+    case = Case(shape, 6, seed=1)
+    with pytest.raises(ValueError, match="does not fit"):
+        _prompt(case, 6, case.cache_k[0, :, :5], case.cache_v[0, :, :5])
