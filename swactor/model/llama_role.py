@@ -1357,15 +1357,17 @@ class StageRole:
 
     def _write_prompt_tables(self, inputs: _PrefillInputs, tokens: int, padded: int
                              ) -> None:
-        """Write the rotary rows and the mask of a prompt of ``tokens`` rows padded to
-        ``padded`` into a bucket's inputs: the prompt's rows at positions ``0..tokens-1``
-        attend to the prompt's rows up to themselves; the padding rows, positions
-        ``0..``, are a block of their own."""
+        """Write the rotary rows and (for tinygrad's attention expression) the mask of a
+        prompt of ``tokens`` rows padded to ``padded`` into a bucket's inputs: the
+        prompt's rows at positions ``0..tokens-1`` attend to the prompt's rows up to
+        themselves; the padding rows, positions ``0..``, are a block of their own."""
         _, cos, sin, mask = inputs.views
         if self._rope_rows is not None:
             positions = np.concatenate([np.arange(tokens), np.arange(padded - tokens)])
             cos[0] = self._rope_rows[0][positions]
             sin[0] = self._rope_rows[1][positions]
+        if self._c_attention:
+            return  # the C attention kernel reads no mask
         mask[...] = False
         mask[:tokens, :tokens] = np.tri(tokens, dtype=np.bool_)
         mask[tokens:, tokens:] = np.tri(padded - tokens, dtype=np.bool_)
