@@ -48,6 +48,17 @@ shapes for 1 to 8 rows (``bench gemv``), but a whole decode step streams every w
 from memory: measured on SmolLM2's whole step, one row runs as fast as on the float
 path and each further row of a batched step costs about a quarter less.
 
+One integer-path kernel takes any number of activation rows (a prefill's): per tile of
+16 output rows it widens the tile's scales once, then takes the rows
+:data:`MAX_ROWS` at a time (the registers' worth of running sums), each group one pass
+over the tile's blocks, which stay in cache for the next group; a row's statements are
+those of any other group. So a product reads its weights from memory once, and a
+prompt's graph holds one kernel per product, not one per 8 rows. Measured on SmolLM2
+Q4_1 (one stage, 2 cores), warm prefill ms against the same rows 8 per kernel (up to
+64 rows) or the panel GEMM (beyond): 24 tokens 42 against 47, 56 tokens about equal
+(93), 128 tokens 283 against 579, 256 tokens 720 against 1228, 1024 tokens 2221
+against 3105; building a 56-token prompt's graph 6.5 s instead of 20 s.
+
 On either path row ``b`` of a ``B``-row product is bit-identical to the one-row
 product of that row (integer sums are exact; each lane's float steps are the same
 statements whatever ``B``), and the one-row decode path uses this kernel with ``B = 1``.
@@ -66,9 +77,9 @@ multiply-adds overlap; the integer path's 16 lanes are 16 independent rows.
 Used for decode products on a CPU device whose renderer is clang, for Q4_1 and Q8_0
 matrices with ``cols`` a multiple of 32 (more than :data:`MAX_ROWS` rows go through in
 groups of at most that many, each row computed as always); anything else keeps
-tinygrad's expression (:func:`~swactor.model.block_kernels.dequant_expr`). A prefill of
-at most :data:`PREFILL_ROWS` rows uses it too (one quantisation of every row, then 8 rows
-per kernel; :data:`PREFILL_ROWS` says what the bound weighs).
+tinygrad's expression (:func:`~swactor.model.block_kernels.dequant_expr`). Prefill
+products use it too (:func:`prefill_usable`): at any length on the integer path, up to
+:data:`PREFILL_ROWS` rows on the float path.
 """
 
 from __future__ import annotations
@@ -88,19 +99,17 @@ from swactor.model.c_kernel import c_template, check_columns, first_element
 TYPES = frozenset({int(Q.Q4_1), int(Q.Q8_0)})
 """Block types with a hand-written decode kernel."""
 MAX_ROWS = 8
-"""Most activation rows one kernel takes (a batched decode step's ``B``)."""
+"""Activation rows one pass over the blocks takes: a float-path kernel's most (a batched
+decode step's ``B``; more go through in several kernels), an integer-path kernel's group."""
 PREFILL_ROWS = 64
-"""Prefill products of at most this many rows (a padded prompt, or packed prompts) go
-through :func:`gemv` instead of the panel GEMM (:mod:`swactor.model.prefill_gemm`).
-Measured on SmolLM2 Q4_1, a whole-model prefill, ms of this kernel against the GEMM
-(cut into slices, widening Q4_1/Q8_0 panels inside them): on the integer path (x86-64)
-on one thread 64 rows 147 against 215, 128 rows 304 against 405, 256 rows 775 against
-926, on 2 threads 128 rows 221 against 253; on the float path, CPU ms on one thread,
-32 rows 143 against 138, 64 rows 257 against 214 (there the GEMM is ahead from 48
-rows). So on x86-64 this kernel is ahead at every length measured, but it is 8 rows
-per kernel: building the graphs of a 64-, a 128- and a 256-row prefill took about 4
-times as long as with the GEMM, a cost paid at each length's first prefill (and by a
-serving stage's warm-up) where the kernel cache does not hold it."""
+"""Float-path prefill products of at most this many rows (a padded prompt, or packed
+prompts) go through :func:`gemv` instead of the panel GEMM
+(:mod:`swactor.model.prefill_gemm`); on the integer path every prefill product does (see
+the module docstring). Measured on SmolLM2 Q4_1, a whole-model prefill on the float
+path, CPU ms on one thread: 32 rows 143 against the GEMM's 138, 64 rows 257 against
+214 (the GEMM is ahead from 48 rows, but 8 rows per kernel keeps short prompts' graph
+builds short). It also ends the prompt lengths padded to a multiple of 8
+(:class:`~swactor.model.llama_role.StageRole`)."""
 SUMS = 8  # running sums a slice keeps at once: R output rows x B activation rows
 SLICE_WEIGHTS = 1 << 16  # about this many weights per slice (the last may be shorter)
 BLOCK = 32
@@ -330,34 +339,38 @@ def _transpose(loads: list[str]) -> list[str]:
     return lines
 
 
+def _int_scales(q4: bool, cols: int, full: bool) -> list[str]:
+    """C widening the scales (and Q4_1 mins) of the 16 output rows from ``o`` on
+    (``full``) or of the last ``last - o`` of them (rows past ``last`` read as row
+    ``last - 1``: ``rr``), once for every activation row of the tile."""
+    blocks = cols // BLOCK
+    if full:
+        lines = _widen_scales("dp", "sd", LANES, blocks)
+        return lines + (_widen_scales("mp", "sm", LANES, blocks) if q4 else [])
+    lines = [f"int rr[{LANES}];",
+             f"for (int r = 0; r < {LANES}; r++) rr[r] = o + r < last ? o + r : last - 1;"]
+    for pointer, name in [("dp", "sd")] + ([("mp", "sm")] if q4 else []):
+        lines += [
+            f"float {name}[{LANES * blocks}];",
+            f"for (int r = 0; r < {LANES}; r++) for (int k = 0; k < {blocks}; k++)",
+            "  " + widen_f16_c(f"{pointer}[(long)rr[r] * {blocks} + k]",
+                               f"{name}[r * {blocks} + k]"),
+        ]
+    return lines
+
+
 def _int_group(q4: bool, batch: int, cols: int, rows: int, full: bool) -> list[str]:
-    """C for the 16 output rows from ``o`` on (``full``) or the last ``last - o`` of them
-    (rows past ``last`` read as row ``last - 1``, results not stored): each lane is one
-    output row and computes the same arithmetic either way."""
+    """C for ``batch`` activation rows (from ``xq``/``xs`` on, results at ``xo``) of the
+    16 output rows from ``o`` on (``full``) or of the last ``last - o`` of them (results
+    not stored past ``last``), over every block: each lane is one output row and
+    computes the same arithmetic whatever ``batch`` and the group."""
     blocks = cols // BLOCK
     size = 16 if q4 else 32  # code bytes of one block
     words = quant_words(cols)
-    lines: list[str] = []
-    if full:
-        def row(r: int) -> str:
-            return f"((long)o + {r})"
-        lines += _widen_scales("dp", "sd", LANES, blocks)
-        if q4:
-            lines += _widen_scales("mp", "sm", LANES, blocks)
-    else:
-        lines.append(f"int rr[{LANES}];")
-        lines.append(f"for (int r = 0; r < {LANES}; r++) rr[r] = o + r < last ? o + r : last - 1;")
 
-        def row(r: int) -> str:
-            return f"((long)rr[{r}])"
-        for pointer, name in [("dp", "sd")] + ([("mp", "sm")] if q4 else []):
-            lines += [
-                f"float {name}[{LANES * blocks}];",
-                f"for (int r = 0; r < {LANES}; r++) for (int k = 0; k < {blocks}; k++)",
-                "  " + widen_f16_c(f"{pointer}[(long)rr[r] * {blocks} + k]",
-                                   f"{name}[r * {blocks} + k]"),
-            ]
-    lines += [" ".join(f"v16 a{b} = (v16)(0.0f);" for b in range(batch))]
+    def row(r: int) -> str:
+        return f"((long)o + {r})" if full else f"((long)rr[{r}])"
+    lines = [" ".join(f"v16 a{b} = (v16)(0.0f);" for b in range(batch))]
     lines.append(f"for (int k = 0; k < {blocks}; k++) {{")
     body: list[str] = []
     halves = 1 if q4 else 2
@@ -383,7 +396,7 @@ def _int_group(q4: bool, batch: int, cols: int, rows: int, full: bool) -> list[s
         gather = ", ".join(f"sm[{r * blocks} + k]" for r in range(LANES))
         body.append(f"const v16 mw = (v16){{{gather}}};")
     for b in range(batch):
-        base = f"q + {b * words} + k * 16"
+        base = f"xq + {b * words} + k * 16"
         body.append(f"{{ const int *xc = {base};")
         body.append("  v16i i0 = (v16i)(0), i1 = (v16i)(0);")
         # group g pairs with words g*4 .. g*4+3 of the block (even/odd of each half)
@@ -393,28 +406,53 @@ def _int_group(q4: bool, batch: int, cols: int, rows: int, full: bool) -> list[s
         body += [
             "  v16 f = __builtin_convertvector(i0 + i1, v16);",
             "  v16 t = f * dw;",
-            f"  a{b} = a{b} + t * xd[{b * words} + k];",
+            f"  a{b} = a{b} + t * xs[{b * words} + k];",
         ]
         if q4:
-            body.append(f"  a{b} = a{b} + mw * xd[{b * words + blocks} + k];")
+            body.append(f"  a{b} = a{b} + mw * xs[{b * words + blocks} + k];")
         body.append("}")
     lines += [f"  {line}" for line in body]
     lines.append("}")
     for b in range(batch):
         if full:
-            lines.append(f"*(v16 *)(out + {b * rows} + o) = a{b};")
+            lines.append(f"*(v16 *)(xo + {b * rows} + o) = a{b};")
         else:
-            lines.append(f"for (int r = 0; o + r < last; r++) out[{b * rows} + o + r] = a{b}[r];")
+            lines.append(f"for (int r = 0; o + r < last; r++) xo[{b * rows} + o + r] = a{b}[r];")
     return lines
 
 
-def int_source(type_id: int, batch: int, cols: int, rows: int, per_slice: int,
-               start: int) -> str:
+def _int_tile(q4: bool, batch: int, cols: int, rows: int, full: bool) -> list[str]:
+    """C for every activation row of one tile of 16 output rows (see :func:`_int_group`):
+    the scales widened once, then the rows :data:`MAX_ROWS` at a time (the last group
+    shorter), each group a pass over the tile's blocks, which stay in cache for the next
+    group. A row's statements are those of any other group size."""
+    words = quant_words(cols)
+    blocks = cols // BLOCK
+    groups, rest = divmod(batch, MAX_ROWS)
+    lines = _int_scales(q4, cols, full)
+
+    def pointers(first: str) -> list[str]:
+        return [f"  const int *xq = q + (long)({first}) * {words};",
+                f"  const float *xs = (const float *)xq + {blocks * 16};",
+                f"  float *xo = out + (long)({first}) * {rows};"]
+    if groups:
+        lines.append(f"for (int g = 0; g < {groups}; g++) {{")
+        lines += pointers(f"g * {MAX_ROWS}")
+        lines += [f"  {line}" for line in _int_group(q4, MAX_ROWS, cols, rows, full)]
+        lines.append("}")
+    if rest:
+        lines.append("{")
+        lines += pointers(str(groups * MAX_ROWS))
+        lines += [f"  {line}" for line in _int_group(q4, rest, cols, rows, full)]
+        lines.append("}")
+    return lines
+
+
+def int_source(type_id: int, batch: int, cols: int, rows: int, per_slice: int) -> str:
     """The C of one slice of the integer path (see the module docstring): output, quantised
-    activations (rows ``start ..``), codes, scales (and Q4_1 mins), then the slice."""
+    activations, codes, scales (and Q4_1 mins), then the slice."""
     q4 = type_id == int(Q.Q4_1)
     scalar = "const unsigned char" if q4 else "const signed char"
-    blocks = cols // BLOCK
     body = [
         "{",
         "typedef float v16 __attribute__((ext_vector_type(16), aligned(4)));",
@@ -427,8 +465,7 @@ def int_source(type_id: int, batch: int, cols: int, rows: int, per_slice: int,
         "typedef short gs16 __attribute__((vector_size(32)));",
         _DOT,
         "float *out = @0;",
-        f"const int *q = (const int *)(@1) + {start * quant_words(cols)};",
-        f"const float *xd = (const float *)q + {blocks * 16};",
+        "const int *q = (const int *)(@1);",
         f"{scalar} *qs = ({scalar} *)(@2);",
         "const unsigned short *dp = (const unsigned short *)(@3);",
         *(["const unsigned short *mp = (const unsigned short *)(@4);"] if q4 else []),
@@ -436,10 +473,10 @@ def int_source(type_id: int, batch: int, cols: int, rows: int, per_slice: int,
         f"int last = first + {per_slice} < {rows} ? first + {per_slice} : {rows};",
         "int o = first;",
         f"for (; o + {LANES} <= last; o += {LANES}) {{",
-        *(f"  {line}" for line in _int_group(q4, batch, cols, rows, True)),
+        *(f"  {line}" for line in _int_tile(q4, batch, cols, rows, True)),
         "}",
         "if (o < last) {",
-        *(f"  {line}" for line in _int_group(q4, batch, cols, rows, False)),
+        *(f"  {line}" for line in _int_tile(q4, batch, cols, rows, False)),
         "}",
         "#undef DOT",
         "}",
@@ -448,20 +485,27 @@ def int_source(type_id: int, batch: int, cols: int, rows: int, per_slice: int,
 
 
 def gemv(x: Tensor, matrix: DeviceQuant, integer: bool = True) -> Tensor:
-    """``x @ W.T`` for decode rows ``x`` ``float32 [B, cols]`` and a Q4_1 or Q8_0 block
-    matrix (:func:`usable` said yes): ``float32 [B, rows]``; one kernel per
-    :data:`MAX_ROWS` rows, on the integer path (after one kernel quantising every row)
-    where ``integer`` and the target has it (:func:`integer_path`), else the float path."""
+    """``x @ W.T`` for rows ``x`` ``float32 [B, cols]`` and a Q4_1 or Q8_0 block matrix
+    (:func:`usable` said yes): ``float32 [B, rows]``. On the integer path (``integer``
+    and the target has it, :func:`integer_path`) one kernel quantising every row, then one
+    kernel for all of them (:data:`MAX_ROWS` at a time inside each tile); on the float
+    path one kernel per :data:`MAX_ROWS` rows."""
     check_columns(x, matrix.shape[1])
     batch = int(x.shape[0])
-    rows_of = [(start, min(MAX_ROWS, batch - start)) for start in range(0, batch, MAX_ROWS)]
     if integer and integer_path(str(x.device)):
-        quantised = quantise(x)
-        parts = [_int_rows(quantised, start, count, matrix) for start, count in rows_of]
-    else:
-        parts = [_gemv_rows(x[start : start + count] if batch > MAX_ROWS else x, matrix)
-                 for start, count in rows_of]
+        return _int_rows(quantise(x), batch, matrix)
+    parts = [_gemv_rows(x[start : start + MAX_ROWS] if batch > MAX_ROWS else x, matrix)
+             for start in range(0, batch, MAX_ROWS)]
     return parts[0] if len(parts) == 1 else parts[0].cat(*parts[1:], dim=0)
+
+
+def prefill_usable(device: str, matrix: DeviceQuant, tokens: int, integer: bool = True
+                   ) -> bool:
+    """Whether a prefill product of ``tokens`` rows goes through :func:`gemv`: on the
+    integer path at any length, on the float path up to :data:`PREFILL_ROWS` rows."""
+    if not usable(device, matrix, tokens):
+        return False
+    return (integer and integer_path(device)) or tokens <= PREFILL_ROWS
 
 
 def quantise(x: Tensor) -> Tensor:
@@ -504,10 +548,10 @@ def _sliced(inputs: Tensor, matrix: DeviceQuant, batch: int, code: str, name: st
     return out.custom_kernel(inputs, *fields, fxn=kernel)[0]
 
 
-def _int_rows(quantised: Tensor, start: int, batch: int, matrix: DeviceQuant) -> Tensor:
-    """Rows ``start .. start + batch`` of the integer path's product: one kernel."""
+def _int_rows(quantised: Tensor, batch: int, matrix: DeviceQuant) -> Tensor:
+    """The integer path's product of ``batch`` quantised rows: one kernel."""
     rows, cols = matrix.shape
-    code = int_source(matrix.type_id, batch, cols, rows, slice_rows(rows, cols), start)
+    code = int_source(matrix.type_id, batch, cols, rows, slice_rows(rows, cols))
     name = f"gemv_i16_{matrix.type_name.lower()}_{batch}_{cols}_{rows}"
     return _sliced(quantised, matrix, batch, code, name)
 

@@ -64,10 +64,11 @@ device a prefill's products (dense or block weights) widen each weight once into
 transient panels and run a tiled C kernel (:mod:`swactor.model.prefill_gemm`), 4-5x
 faster than tinygrad's own CPU matrix product on SmolLM2's shapes, cut into slices of
 whole output columns that the replay pool runs on several threads (over Q4_1 and Q8_0
-blocks each slice widens its own panels, no panels buffer); a prefill of at most
-:data:`~swactor.model.decode_gemv.PREFILL_ROWS` rows over Q4_1/Q8_0 blocks goes through
-the decode kernel instead (:mod:`swactor.model.decode_gemv`, 8 rows per pass over the
-blocks), faster there than widening every weight into panels.
+blocks each slice widens its own panels, no panels buffer); a prefill product over
+Q4_1/Q8_0 blocks goes through the decode kernel instead
+(:func:`~swactor.model.decode_gemv.prefill_usable`: on x86-64's integer path at any
+length, elsewhere up to :data:`~swactor.model.decode_gemv.PREFILL_ROWS` rows), faster
+there than widening every weight into panels.
 
 CPU prefill graph. On a CPU device a prefill is :meth:`StageRole._forward_prompt`:
 the prompt's rows followed by its padding rows (the bucket as above), with three more
@@ -239,8 +240,8 @@ _BLOCK_ROWS_LIMIT = 800
 PREFILL_BUCKET = 16
 SHORT_PREFILL_BUCKET = decode_gemv.MAX_ROWS
 """A CPU prefill of at most :data:`~swactor.model.decode_gemv.PREFILL_ROWS` rows is padded
-to a multiple of this: its block products run 8 rows per pass, so a padding row beyond
-the last pass costs a whole pass per product."""
+to a multiple of this: each padding row costs a row's products (on the float path, a
+padding row beyond the last 8-row pass a whole pass per product)."""
 
 
 def process_rss_bytes() -> int:
@@ -792,20 +793,18 @@ class StageRole:
         """``x @ W.T`` with ``W`` decoded from the file's blocks inside the product's kernels
         (:func:`~swactor.model.block_kernels.dequant_expr`); nothing dense is stored.
 
-        On CPU a Q4_1 or Q8_0 decode product, or a prefill product of at most
-        :data:`~swactor.model.decode_gemv.PREFILL_ROWS` rows, is
-        :func:`~swactor.model.decode_gemv.gemv` (every row in one pass over the blocks,
-        8 rows at a time; ``logits``: on its float path, else the integer path where
-        the target has it); other decode products are cut below
+        On CPU a Q4_1 or Q8_0 decode product, or a prefill product
+        :func:`~swactor.model.decode_gemv.prefill_usable` allows, is
+        :func:`~swactor.model.decode_gemv.gemv` (``logits``: on its float path, else
+        the integer path where the target has it); other decode products are cut below
         ``_BLOCK_ROWS_LIMIT`` rows on CPU, each a kernel over its rows' blocks; every
         product is materialised (fused into its consumer it would be recomputed per
         consumer row).
         """
         rows = blocks.rows
         tokens = int(x.shape[0])
-        if (tokens != 1 and not batch and self._cpu and tokens <= decode_gemv.PREFILL_ROWS
-                and decode_gemv.usable(self.device, blocks, tokens)):
-            # a short prefill: rows in groups of 8
+        if (tokens != 1 and not batch and self._cpu
+                and decode_gemv.prefill_usable(self.device, blocks, tokens, not logits)):
             return decode_gemv.gemv(x, blocks, integer=not logits)
         if tokens != 1 and not batch:
             # prefill: a matrix product that widens the codes inside its kernel

@@ -107,9 +107,11 @@ def test_a_row_of_a_batch_is_its_one_row_product_bit_for_bit(small_slices: None,
                                                              qtype: Q) -> None:
     rows, cols = 45, 96  # slices of 16 rows: three, the last short
     matrix, _ = _matrix(qtype, rows, cols, seed=7)
-    x = _rows(decode_gemv.MAX_ROWS + 3, cols, seed=8)
+    x = _rows(2 * decode_gemv.MAX_ROWS + 3, cols, seed=8)
     alone = np.concatenate([_gemv(x[r : r + 1], matrix) for r in range(len(x))])
-    for batch in (2, 3, 4, 5, 8, decode_gemv.MAX_ROWS + 3):  # the last in two kernels
+    # past MAX_ROWS: float path two or three kernels, integer path groups in one kernel
+    for batch in (2, 3, 4, 5, 8, decode_gemv.MAX_ROWS + 3, 2 * decode_gemv.MAX_ROWS,
+                  2 * decode_gemv.MAX_ROWS + 3):
         together = _gemv(x[:batch], matrix)
         assert np.array_equal(together, alone[:batch]), batch
 
@@ -174,11 +176,11 @@ def test_slices_and_products_over_one_input_replay_together_on_threads(
     assert any(rows >= 9 for _, rows in graph.phases.tolist())  # both products together
 
 
-def test_short_prefills_go_through_the_kernel_row_for_row(
+def test_prefills_go_through_the_kernel_row_for_row(
         monkeypatch: pytest.MonkeyPatch, path: str) -> None:
-    """A prefill product of at most PREFILL_ROWS rows over Q4_1/Q8_0 blocks is the decode
-    kernel (each row bit for bit its one-row product); a longer one, or another block
-    type, is the panel GEMM's block product."""
+    """A prefill product over Q4_1/Q8_0 blocks is this kernel (each row bit for bit its
+    one-row product): at any length on the integer path, up to PREFILL_ROWS rows on the
+    float path; a longer float-path one, or another block type, is the panel GEMM's."""
     from types import SimpleNamespace
 
     from swactor.model import llama_role
@@ -194,11 +196,17 @@ def test_short_prefills_go_through_the_kernel_row_for_row(
     taken: list[int] = []
     monkeypatch.setattr(llama_role, "block_matmul",
                         lambda x, blocks, cpu: taken.append(int(x.shape[0])) or x)
-    long_rows = Tensor(_rows(decode_gemv.PREFILL_ROWS + 16, 64, seed=7))
-    StageRole._block_linear(role, long_rows, matrix)  # type: ignore[arg-type]
+    long_rows = _rows(decode_gemv.PREFILL_ROWS + 16, 64, seed=7)
+    long_out = StageRole._block_linear(role, Tensor(long_rows), matrix)  # type: ignore[arg-type]
     other, _ = _matrix(Q.Q5_0, 40, 64, seed=8)
     StageRole._block_linear(role, Tensor(x), other)  # type: ignore[arg-type]
-    assert taken == [decode_gemv.PREFILL_ROWS + 16, 16]
+    if path == "integer":
+        assert taken == [16]
+        picks = [0, 1, 8, 47, decode_gemv.PREFILL_ROWS + 15]
+        alone = np.concatenate([_gemv(long_rows[i : i + 1], matrix) for i in picks])
+        assert np.array_equal(long_out.numpy()[picks], alone)
+    else:
+        assert taken == [decode_gemv.PREFILL_ROWS + 16, 16]
 
 
 _TARGETS = {  # clang flags: the CPU flags (/proc/cpuinfo) they need
@@ -238,7 +246,7 @@ def test_every_x86_target_computes_the_integer_path_alike(tmp_path: Path, qtype:
     the same products bit for bit on every target with FMA (the integer sums are exact;
     the generic target rounds its unfused multiply-adds differently), all within float32
     rounding of numpy."""
-    rows, cols, batch = 37, 96, 3
+    rows, cols, batch = 37, 96, decode_gemv.MAX_ROWS + 3  # a group and a rest
     matrix, weights = _matrix(qtype, rows, cols, seed=3)
     x = _rows(batch, cols, seed=4)
     x[0, :32] = 0.0  # a zero block, and one too small to scale (zero codes)
@@ -255,7 +263,7 @@ def test_every_x86_target_computes_the_integer_path_alike(tmp_path: Path, qtype:
                  *(["const void *p4"] if q4 else []), "int core"]
     names = [a.split("*")[-1].split()[-1] for a in arguments]
     gemv_c = (f"void gemv({', '.join(arguments)}) "
-              + decode_gemv.int_source(int(qtype), batch, cols, rows, per_slice, 0).format(*names))
+              + decode_gemv.int_source(int(qtype), batch, cols, rows, per_slice).format(*names))
     have = _cpu_flags()
     quantised: dict[str, npt.NDArray[np.int32]] = {}
     products: dict[str, npt.NDArray[np.float32]] = {}
