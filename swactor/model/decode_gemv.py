@@ -52,12 +52,15 @@ One integer-path kernel takes any number of activation rows (a prefill's): per t
 16 output rows it widens the tile's scales once, then takes the rows
 :data:`MAX_ROWS` at a time (the registers' worth of running sums), each group one pass
 over the tile's blocks, which stay in cache for the next group; a row's statements are
-those of any other group. So a product reads its weights from memory once, and a
-prompt's graph holds one kernel per product, not one per 8 rows. Measured on SmolLM2
-Q4_1 (one stage, 2 cores), warm prefill ms against the same rows 8 per kernel (up to
-64 rows) or the panel GEMM (beyond): 24 tokens 42 against 47, 56 tokens about equal
-(93), 128 tokens 283 against 579, 256 tokens 720 against 1228, 1024 tokens 2221
-against 3105; building a 56-token prompt's graph 6.5 s instead of 20 s.
+those of any other group. Past :data:`CHUNK_ROWS` rows it takes them a chunk at a time
+over every tile of its slice, so that a chunk's quantised rows stay in cache from tile
+to tile while the slice's blocks stay in cache from chunk to chunk. So a product reads
+its weights from memory once, and a prompt's graph holds one kernel per product, not
+one per 8 rows. Measured on SmolLM2 Q4_1 (one stage, 2 cores), warm prefill ms against
+the same rows 8 per kernel (up to 64 rows) or the panel GEMM (beyond), side by side:
+24 tokens 42 against 47, 56 tokens about equal (93), 128 tokens 215 against 401, 512
+tokens 968 against 2040, 2048 tokens 5432 against 7853 (6268 without chunks); building
+a 56-token prompt's graph 6.5 s instead of 20 s.
 
 On either path row ``b`` of a ``B``-row product is bit-identical to the one-row
 product of that row (integer sums are exact; each lane's float steps are the same
@@ -110,6 +113,10 @@ path, CPU ms on one thread: 32 rows 143 against the GEMM's 138, 64 rows 257 agai
 214 (the GEMM is ahead from 48 rows, but 8 rows per kernel keeps short prompts' graph
 builds short). It also ends the prompt lengths padded to a multiple of 8
 (:class:`~swactor.model.llama_role.StageRole`)."""
+CHUNK_ROWS = 64
+"""Activation rows an integer-path kernel takes over every tile of a slice before the
+next rows (a multiple of :data:`MAX_ROWS`): a chunk's quantised rows stay in cache from
+one tile to the next (see the module docstring)."""
 SUMS = 8  # running sums a slice keeps at once: R output rows x B activation rows
 SLICE_WEIGHTS = 1 << 16  # about this many weights per slice (the last may be shorter)
 BLOCK = 32
@@ -421,29 +428,46 @@ def _int_group(q4: bool, batch: int, cols: int, rows: int, full: bool) -> list[s
     return lines
 
 
-def _int_tile(q4: bool, batch: int, cols: int, rows: int, full: bool) -> list[str]:
-    """C for every activation row of one tile of 16 output rows (see :func:`_int_group`):
-    the scales widened once, then the rows :data:`MAX_ROWS` at a time (the last group
-    shorter), each group a pass over the tile's blocks, which stay in cache for the next
-    group. A row's statements are those of any other group size."""
+def _int_tiles(q4: bool, group: int, cols: int, rows: int, groups: str) -> list[str]:
+    """C for the groups of ``group`` activation rows in the range ``groups`` (C for a
+    ``g`` loop's bounds) over every tile of 16 output rows of the slice: per tile its
+    scales widened once, then a pass over the tile's blocks per group, the blocks staying
+    in cache from one group to the next (see :func:`_int_group`)."""
     words = quant_words(cols)
     blocks = cols // BLOCK
-    groups, rest = divmod(batch, MAX_ROWS)
-    lines = _int_scales(q4, cols, full)
+    lines = ["int o = first;"]
+    for full in (True, False):
+        lines.append(f"for (; o + {LANES} <= last; o += {LANES}) {{" if full else
+                     "if (o < last) {")
+        lines += [f"  {line}" for line in _int_scales(q4, cols, full)]
+        lines += [f"  for ({groups}) {{",
+                  f"    const int *xq = q + (long)g * {MAX_ROWS * words};",
+                  f"    const float *xs = (const float *)xq + {blocks * 16};",
+                  f"    float *xo = out + (long)g * {MAX_ROWS * rows};"]
+        lines += [f"    {line}" for line in _int_group(q4, group, cols, rows, full)]
+        lines += ["  }", "}"]
+    return lines
 
-    def pointers(first: str) -> list[str]:
-        return [f"  const int *xq = q + (long)({first}) * {words};",
-                f"  const float *xs = (const float *)xq + {blocks * 16};",
-                f"  float *xo = out + (long)({first}) * {rows};"]
+
+def _int_rows_source(q4: bool, batch: int, cols: int, rows: int) -> list[str]:
+    """C for every activation row of a slice: the groups of :data:`MAX_ROWS` rows in
+    chunks of :data:`CHUNK_ROWS` rows, each chunk over every tile of the slice, which
+    keeps a chunk's quantised rows in cache from one tile to the next and the slice's
+    blocks in cache from one chunk to the next; then the rows of the last short group.
+    A row's statements are the same whatever the group, the chunk or ``batch``."""
+    groups, rest = divmod(batch, MAX_ROWS)
+    chunk = CHUNK_ROWS // MAX_ROWS
+    lines: list[str] = []
     if groups:
-        lines.append(f"for (int g = 0; g < {groups}; g++) {{")
-        lines += pointers(f"g * {MAX_ROWS}")
-        lines += [f"  {line}" for line in _int_group(q4, MAX_ROWS, cols, rows, full)]
+        lines.append(f"for (int c = 0; c < {groups}; c += {chunk}) {{")
+        lines.append(f"  int end = c + {chunk} < {groups} ? c + {chunk} : {groups};")
+        lines += [f"  {line}" for line in
+                  _int_tiles(q4, MAX_ROWS, cols, rows, "int g = c; g < end; g++")]
         lines.append("}")
     if rest:
         lines.append("{")
-        lines += pointers(str(groups * MAX_ROWS))
-        lines += [f"  {line}" for line in _int_group(q4, rest, cols, rows, full)]
+        lines += [f"  {line}" for line in
+                  _int_tiles(q4, rest, cols, rows, f"int g = {groups}; g <= {groups}; g++")]
         lines.append("}")
     return lines
 
@@ -471,13 +495,7 @@ def int_source(type_id: int, batch: int, cols: int, rows: int, per_slice: int) -
         *(["const unsigned short *mp = (const unsigned short *)(@4);"] if q4 else []),
         f"int first = (int)(@{5 if q4 else 4}) * {per_slice};",
         f"int last = first + {per_slice} < {rows} ? first + {per_slice} : {rows};",
-        "int o = first;",
-        f"for (; o + {LANES} <= last; o += {LANES}) {{",
-        *(f"  {line}" for line in _int_tile(q4, batch, cols, rows, True)),
-        "}",
-        "if (o < last) {",
-        *(f"  {line}" for line in _int_tile(q4, batch, cols, rows, False)),
-        "}",
+        *_int_rows_source(q4, batch, cols, rows),
         "#undef DOT",
         "}",
     ]

@@ -202,7 +202,7 @@ def test_prefills_go_through_the_kernel_row_for_row(
     StageRole._block_linear(role, Tensor(x), other)  # type: ignore[arg-type]
     if path == "integer":
         assert taken == [16]
-        picks = [0, 1, 8, 47, decode_gemv.PREFILL_ROWS + 15]
+        picks = [0, 1, 8, 47, 64, 72, decode_gemv.PREFILL_ROWS + 15]  # two chunks
         alone = np.concatenate([_gemv(long_rows[i : i + 1], matrix) for i in picks])
         assert np.array_equal(long_out.numpy()[picks], alone)
     else:
