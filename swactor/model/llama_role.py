@@ -93,8 +93,11 @@ its :class:`~swactor.model.cpu_graph.DirectReplay`.
 
 A prompt of at most :data:`~swactor.model.decode_gemv.PREFILL_ROWS` rows is padded to
 a multiple of ``SHORT_PREFILL_BUCKET`` (8, the decode kernel's rows per pass), longer
-ones to a multiple of ``PREFILL_BUCKET``: measured on SmolLM2 Q4_1 (one stage, 2
-cores), a 5-token prompt 16 ms padded to 8 rows against 20 ms padded to 16, the
+ones to a multiple of ``PREFILL_BUCKET`` up to ``LONG_PREFILL_ROWS`` rows, past it of a
+step that grows with the length (``LONG_PREFILL_ROWS`` says why); a role keeps at most
+``PREFILL_KEEP_ROWS`` rows of buckets built, the least recently used dropped first.
+Short prompts' 8-row steps, measured on SmolLM2 Q4_1 (one stage, 2
+cores): a 5-token prompt 16 ms padded to 8 rows against 20 ms padded to 16, the
 prompts of ``bench serve`` 45 against 51 ms on average. It costs eight buckets up to
 64 rows instead of four, each built at its first prompt (or a serving stage's warm-up)
 where the kernel cache does not hold it. A prompt computes the same at either padding:
@@ -185,6 +188,7 @@ slices that ran at a sixth of the speed of one 480-row kernel.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -238,6 +242,20 @@ log = logging.getLogger(__name__)
 # speed of one 480-row kernel (146 vs 2 x 16 us): cut them below 800 rows
 _BLOCK_ROWS_LIMIT = 800
 PREFILL_BUCKET = 16
+LONG_PREFILL_ROWS = 256
+"""Past this many rows a prefill's bucket step grows with the prompt: a sixteenth of the
+power of two at or above its length (32 rows up to 512, 64 up to 1024, 128 up to 2048),
+so padding adds less than an eighth of the rows (about a sixteenth on average) and a
+context of 2048 positions has 44 buckets instead of 132. Each bucket is a graph built at
+its first prompt (measured on SmolLM2 Q4_1, one stage, 2 cores: 9 s at 256 rows, 20 s
+at 1024, 38 s at 2048) and an entry of the kernel cache
+(:data:`~swactor.model.jit_cache.KEEP_ENTRIES`)."""
+PREFILL_KEEP_ROWS = 4096
+"""The most padded rows of prefill buckets a role keeps built at once: past it the least
+recently used buckets' graphs and inputs are dropped (rebuilt, or loaded from the kernel
+cache, at their next prompt). A kept bucket holds its graph's intermediates, about 0.1
+MB per row on SmolLM2 (measured RSS: +99 MB for a 1040-row bucket, +195 MB for 2048), so
+prompts of many lengths would otherwise grow a serving stage without bound."""
 SHORT_PREFILL_BUCKET = decode_gemv.MAX_ROWS
 """A CPU prefill of at most :data:`~swactor.model.decode_gemv.PREFILL_ROWS` rows is padded
 to a multiple of this: each padding row costs a row's products (on the float path, a
@@ -534,6 +552,7 @@ class StageRole:
         self._max_prompts = min(slots, MAX_PROMPTS)  # the most prompts one prompt batch carries
         self._prefill: dict[int, _PrefillJit] = {}
         self._prompt_buffers: dict[int, _PrefillInputs] = {}  # CPU prefill inputs by bucket
+        self._held_buckets: dict[int, None] = {}  # prefill buckets kept, least recent first
         # on CPU, host views of every block's KV caches: a prefill's keys and values are
         # copied into the prompt's slot through them (the buffers never move)
         self._cache_views = [(_host_view(b.cache_k), _host_view(b.cache_v))
@@ -544,7 +563,8 @@ class StageRole:
         self._rows: dict[int, _DecodeRunner] = {}  # decode JITs by rows per step (2+)
         self._kernels = KernelCache.for_role(
             self, self._structure(),
-            skip=("_decode", "_prefill", "_prompt_buffers", "_decode_runner", "_rows", "_kernels",
+            skip=("_decode", "_prefill", "_prompt_buffers", "_held_buckets", "_decode_runner",
+                  "_rows", "_kernels",
                   "sampling",
                   "last_logits"))
 
@@ -1252,11 +1272,35 @@ class StageRole:
     def _bucket(self, tokens: int) -> int:
         """The padded rows of a prefill of ``tokens`` rows (its JIT's bucket): a multiple
         of ``SHORT_PREFILL_BUCKET`` for a CPU prefill of at most
-        :data:`~swactor.model.decode_gemv.PREFILL_ROWS` rows, else of ``PREFILL_BUCKET``
-        (at most ``max_seq_len``, never fewer than ``tokens``)."""
-        short = self._cpu and tokens <= decode_gemv.PREFILL_ROWS
-        step = SHORT_PREFILL_BUCKET if short else PREFILL_BUCKET
+        :data:`~swactor.model.decode_gemv.PREFILL_ROWS` rows, of ``PREFILL_BUCKET`` up to
+        ``LONG_PREFILL_ROWS`` rows, else of a sixteenth of the power of two at or above
+        ``tokens`` (at most ``max_seq_len``, never fewer than ``tokens``)."""
+        if self._cpu and tokens <= decode_gemv.PREFILL_ROWS:
+            step = SHORT_PREFILL_BUCKET
+        elif tokens <= LONG_PREFILL_ROWS:
+            step = PREFILL_BUCKET
+        else:
+            step = (1 << (tokens - 1).bit_length()) // 16
         return max(tokens, min(self.max_seq_len, -(-tokens // step) * step))
+
+    def _hold_bucket(self, padded: int) -> None:
+        """Mark the prefill bucket of ``padded`` rows as the most recently used, and past
+        ``PREFILL_KEEP_ROWS`` kept rows drop the least recently used other buckets'
+        graphs and inputs (their memory given back)."""
+        self._held_buckets.pop(padded, None)
+        self._held_buckets[padded] = None
+        dropped = []
+        while sum(self._held_buckets) > PREFILL_KEEP_ROWS and len(self._held_buckets) > 1:
+            oldest = next(iter(self._held_buckets))
+            del self._held_buckets[oldest]
+            self._prefill.pop(oldest, None)
+            self._prompt_buffers.pop(oldest, None)
+            dropped.append(oldest)
+        if dropped:
+            gc.collect()  # a dropped graph's buffers are freed with it
+            self._release_build_memory()
+            log.info("dropped prefill buckets %s (least recently used) to keep %d rows",
+                     dropped, PREFILL_KEEP_ROWS)
 
     def _prefill_step(self, array: npt.NDArray[np.generic], slot: int
                       ) -> npt.NDArray[np.generic]:
@@ -1341,6 +1385,7 @@ class StageRole:
         """The kept inputs of the CPU prefill bucket of ``padded`` rows (made on first
         use): the rows, the rotary cosines and sines ``[1, padded, rope_dim / 2]`` (``[1,
         padded, 1]`` zeros without rope) and the ``[padded, padded]`` mask."""
+        self._hold_bucket(padded)
         inputs = self._prompt_buffers.get(padded)
         if inputs is None:
             half = self.facts.rope_dim // 2 if self._rope_rows is not None else 1
@@ -1475,6 +1520,7 @@ class StageRole:
 
     def _prefill_jit(self, padded: int) -> _PrefillJit:
         """The bucket's prefill JIT (kernel cache kind ``prefill-P``)."""
+        self._hold_bucket(padded)
         prefill = self._prefill.get(padded)
         if prefill is None:
             forward = self._forward_prompt if self._cpu else self._forward_prefill
@@ -1493,9 +1539,10 @@ class StageRole:
         self._offer(prefill, kind)
 
     def warm_up(self, prompt_tokens: int = 0, rows: Sequence[int] = ()) -> None:
-        """Build the decode JIT (or load it from the kernel cache), load every prefill
-        bucket the cache holds for this role (none yet: build the bucket of a one-token
-        prompt), build or load the bucket of every prompt length
+        """Build the decode JIT (or load it from the kernel cache), load the prefill
+        buckets the cache holds for this role, shortest first while they fit in
+        ``PREFILL_KEEP_ROWS`` (none yet: build the bucket of a one-token prompt), build
+        or load the bucket of every prompt length
         up to ``prompt_tokens``, load every batched decode JIT the cache holds
         (``decode-rows-B``), build the batched decode JITs for ``rows`` (rows per step,
         2..``slots``; minutes each on a small CPU unless cached), and run each once, so
@@ -1526,9 +1573,13 @@ class StageRole:
         buckets += [f"prefill-{size}" for size in sorted(wanted)
                     if f"prefill-{size}" not in buckets]
         sizes = sorted({int(kind.split("-")[1]) for kind in buckets})  # prefill-P
+        kept = 0
         for padded in sizes:
             if not 0 < padded <= self.max_seq_len:
                 continue
+            if padded not in wanted and kept + padded > PREFILL_KEEP_ROWS:
+                continue  # past the rows the role keeps: loaded at its first prompt
+            kept += padded
             zeros = np.zeros((padded, self.facts.hidden_dim), dtype=self.np_dtype)
             if self._cpu:
                 self._prefill_prompt(zeros, 0)  # captured and kept there

@@ -371,6 +371,49 @@ def test_repeated_prefills_replay_the_bucket_jit_exactly(tiny_llama: Path) -> No
     assert len(reused._prefill) == 1  # one bucket, one JIT
 
 
+def test_long_prompts_pad_by_a_sixteenth_of_their_power_of_two() -> None:
+    """Buckets: 8-row steps up to PREFILL_ROWS on CPU, 16 up to LONG_PREFILL_ROWS, then a
+    sixteenth of the power of two at or above the length: less than an eighth padding,
+    44 buckets for a 2048-position context, none past max_seq_len."""
+    from types import SimpleNamespace
+
+    def bucket(tokens: int, cpu: bool = True, most: int = 2048) -> int:
+        role = SimpleNamespace(_cpu=cpu, max_seq_len=most)
+        return StageRole._bucket(role, tokens)  # type: ignore[arg-type]
+
+    assert [bucket(t) for t in (1, 9, 64, 65, 256)] == [8, 16, 64, 80, 256]
+    assert [bucket(t) for t in (257, 512, 513, 1024, 1025, 2000)] == [
+        288, 512, 576, 1024, 1152, 2048]
+    assert bucket(5, cpu=False) == 16
+    assert bucket(2000, most=2010) == 2010 and bucket(2010, most=2010) == 2010
+    sizes = {bucket(t) for t in range(1, 2049)}
+    assert len(sizes) == 44
+    assert all(bucket(t) - t < t / 8 for t in range(257, 2049))
+
+
+def test_a_role_keeps_at_most_prefill_keep_rows_of_buckets(
+        tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past PREFILL_KEEP_ROWS padded rows the least recently used buckets' graphs and
+    inputs are dropped; a prompt in a dropped bucket builds it again and computes what
+    it did before."""
+    monkeypatch.setattr(llama_role, "PREFILL_KEEP_ROWS", 24)
+    weights = open_reader(tiny_llama).load_stage(0, 4, is_first=True, is_last=True)
+    role = StageRole(weights, max_seq_len=32)
+    short, long = [5, 17, 42], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]  # buckets 8 and 16
+    first = role.step(0, np.array(short, dtype=np.int32))
+    logits = np.array(role.last_logits)
+    role.step(0, np.array(long, dtype=np.int32))
+    assert sorted(role._prefill) == sorted(role._prompt_buffers) == [8, 16]  # 24 rows
+    role.step(0, np.array(long + long[:3], dtype=np.int32))  # bucket 16 again: kept
+    assert sorted(role._prefill) == [8, 16]
+    role.step(0, np.array(long * 2, dtype=np.int32))  # bucket 24: 8, then 16 dropped
+    assert sorted(role._prefill) == sorted(role._prompt_buffers) == [24]
+    again = role.step(0, np.array(short, dtype=np.int32))
+    np.testing.assert_array_equal(again, first)
+    np.testing.assert_array_equal(role.last_logits, logits)
+    assert sorted(role._prefill) == [8]
+
+
 # Over blocks the six buckets' graphs take about 100 s to build on a 2-core machine
 # without AVX-512; `just test` keeps the dense case here and the blocks case on the real
 # model (test_smollm2.py's test of the same name: Q4_1 and Q8_0 through the decode kernel).
