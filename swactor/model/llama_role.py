@@ -1034,7 +1034,8 @@ class StageRole:
                         last: UOp) -> tuple[Tensor, ...]:
         """A CPU prefill of a prompt and its padding rows ``payload`` ``[T, hidden]``
         (module doc): ``cos``/``sin`` ``[1, T, rope_dim / 2]`` rotate each row by its
-        position, ``mask`` ``[T, T]`` says which rows each row attends to. Returns the
+        position, ``mask`` ``[T, T]`` says which rows each row attends to (with the C
+        attention kernel a ``[1, 1]`` stand-in, unread). Returns the
         activation rows (the last stage: the logits ``[1, vocab]`` of row ``last``),
         then each block's keys and values ``[kv_heads, T, head_dim]`` in the compute
         dtype, for the caller to copy into the slot."""
@@ -1384,7 +1385,8 @@ class StageRole:
     def _prompt_inputs(self, padded: int) -> _PrefillInputs:
         """The kept inputs of the CPU prefill bucket of ``padded`` rows (made on first
         use): the rows, the rotary cosines and sines ``[1, padded, rope_dim / 2]`` (``[1,
-        padded, 1]`` zeros without rope) and the ``[padded, padded]`` mask."""
+        padded, 1]`` zeros without rope) and the ``[padded, padded]`` mask (``[1, 1]``,
+        unread, with the C attention kernel)."""
         self._hold_bucket(padded)
         inputs = self._prompt_buffers.get(padded)
         if inputs is None:
@@ -1393,7 +1395,8 @@ class StageRole:
                 np.zeros((padded, self.facts.hidden_dim), dtype=self.np_dtype),
                 np.zeros((1, padded, half), dtype=np.float32),
                 np.zeros((1, padded, half), dtype=np.float32),
-                np.zeros((padded, padded), dtype=np.bool_)))
+                # the C attention kernel reads no mask: a [1, 1] stand-in, unread
+                np.zeros((1, 1) if self._c_attention else (padded, padded), dtype=np.bool_)))
             synchronize(self.device)
             inputs = self._prompt_buffers[padded] = _PrefillInputs(
                 tensors, tuple(_host_view(t) for t in tensors))
