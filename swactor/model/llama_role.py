@@ -1430,7 +1430,7 @@ class StageRole:
             cache_v[slot, :, :rows] = kv[2 * index + 1][:, :rows]
 
     def _release_build_memory(self) -> None:
-        """Give back what building a graph left cached: a graph's first, eager run
+        """Give back what building a graph left cached: a graph's first run, eager or capturing,
         allocates every intermediate apart (a prefill's widened weights: all of them,
         :mod:`~swactor.model.prefill_gemm`), and tinygrad's allocator keeps freed buffers
         for reuse (SmolLM2: 874 MB of RSS after a 64-token prefill instead of 303)."""
@@ -1529,16 +1529,25 @@ class StageRole:
             forward = self._forward_prompt if self._cpu else self._forward_prefill
             prefill = self._prefill[padded] = cast("_PrefillJit", TinyJit(forward))
             self._adopt(prefill, f"prefill-{padded}")
+            if self._cpu and prefill.captured is None:
+                # captured on its first call: an eager run first would trace and
+                # schedule the whole graph once more and compute the prompt twice
+                prefill.cnt = 1
         return prefill
 
     def _keep_prefill(self, prefill: _PrefillJit, kind: str,
                       args: tuple[Tensor | UOp, ...]) -> None:
-        """After a bucket's first prefill, with the cache on: run it once more to capture
-        its graph (same inputs, same positions and slots: the KV cache gets the same
-        values) and keep it, so later workers replay the bucket instead of building it."""
-        if self._kernels is None or prefill.captured is not None or prefill.cnt != 1:
+        """After a bucket's first prefill, with the cache on: keep its captured graph, so
+        later workers replay the bucket instead of building it. A CPU bucket is captured
+        by that first call; another device's first call ran eagerly, so it runs once
+        more to capture (same inputs, same positions and slots: the KV cache gets the
+        same values)."""
+        if self._kernels is None:
             return
-        prefill(*args)
+        if prefill.captured is None and prefill.cnt == 1:
+            prefill(*args)
+        elif prefill.cnt != 2:  # loaded from the cache, or kept before
+            return
         self._offer(prefill, kind)
 
     def warm_up(self, prompt_tokens: int = 0, rows: Sequence[int] = ()) -> None:
