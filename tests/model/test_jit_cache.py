@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from swactor.model import jit_cache
+from swactor.model import jit_cache, llama_role
 from swactor.model.gguf_range import open_reader
 from swactor.model.llama_role import StageRole
 
@@ -85,6 +85,14 @@ def test_replayed_graphs_compute_what_built_ones_do(
         np.testing.assert_array_equal(got, want)
     for role in readers:
         assert role._kernels is not None and role._kernels.saved == set()
+
+    # warm-up loads cached buckets shortest first while they fit in PREFILL_KEEP_ROWS
+    monkeypatch.setattr(llama_role, "PREFILL_KEEP_ROWS", 16)
+    for role in _roles(tiny_llama, split, quantised):
+        role.warm_up()
+        assert role._kernels is not None
+        assert role._kernels.loaded == {"decode", "prefill-8"}
+        assert sorted(role._prefill) == [8]
 
 
 def test_warm_up_leaves_a_role_that_computes_what_a_new_one_does(
