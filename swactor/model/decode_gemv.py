@@ -28,25 +28,33 @@ float32 rounding. It serves targets other than x86-64, and the output projection
 (``gemv(..., integer=False)``: logits pick tokens, so they keep float32 rounding).
 
 The *integer path* (x86-64: :func:`integer_path`), integer dot products as llama.cpp
-does, with 16-bit activations. A first kernel (:func:`quantise`, one per product)
-quantises each activation row once per block of 32: ``d = max|x| / 32767``, codes
-``q = x * (1 / d)`` rounded half to even (``|q| <= 32767``; zero where ``d < 2**-120``),
-and per block ``d`` and ``d * sum(q)``. (8-bit activations, llama.cpp's choice, move
-the logits of the tests' small random models by about 5e-3 of their range, 50 times the
-tolerance the tests hold the role to against float64; 16 bits move them about 2e-5.)
-The product kernel then takes 16 output rows at a time, one per
-vector lane: per block it loads the 16 rows' codes and transposes them with in-register
-shuffles so that each 32-bit lane holds two codes of its row as 16-bit integers (Q4_1
+does. A first kernel (:func:`quantise`, one per product) quantises each activation row
+once per block of 32: ``d = max|x| / L``, codes ``q = x * (1 / d)`` rounded half to even
+(``|q| <= L``; zero where ``d < 2**-120``), and per block ``d`` and ``d * sum(q)``. For a
+Q4_1 matrix the codes are int8 (``L = 127``: :func:`activation_bits`), which is what
+llama.cpp's CPU backend computes a Q4_1 product with (its Q8_1 activations); for Q8_0
+they are int16 (``L = 32767``), whose products would overflow the 16-bit pair sums of
+AVX2's byte multiply. The int8 codes move the logits of the tests' small random models
+by about 5e-3 of their range against an exact float64 product, so those tests hold the
+role to a reference that rounds the inputs of Q4_1 products the same way; int16 codes
+move them about 2e-5.
+
+The product kernel takes 16 output rows at a time, one per vector lane: per block it
+loads the 16 rows' codes and transposes them with in-register shuffles. With int16
+activations each 32-bit lane then holds two codes of its row as 16-bit integers (Q4_1
 nibbles cut, Q8_0 bytes sign-extended), shared by every activation row; per activation
 row, 16 integer pair-products (``vpdpwssd`` with AVX-512 VNNI or AVX-VNNI, ``vpmaddwd``
 with AVX2, plain C elsewhere: all the same exact 32-bit sums) give each lane its block's
-``sum(w_code * x_code)``, converted to float and scaled: ``acc += (sum * dw) * d`` plus
-``acc += mw * (d * sum(q))`` for Q4_1's min term. The lanes are the output rows, so no
-sum across lanes is needed. It does less arithmetic per activation row, not fewer bytes:
-a product whose weights stay in cache runs 1.7-2.6x the float path's speed on SmolLM2's
-shapes for 1 to 8 rows (``bench gemv``), but a whole decode step streams every weight
-from memory: measured on SmolLM2's whole step, one row runs as fast as on the float
-path and each further row of a batched step costs about a quarter less.
+``sum(w_code * x_code)``. With int8 activations each lane holds four Q4_1 codes as bytes
+and 8 byte products per block do it (:data:`_DOT8`: ``vpdpbusd``, or AVX2's
+``vpmaddubsw`` with 16-bit sums; about half the multiply instructions of int16). The
+sum is converted to float and scaled: ``acc += (sum * dw) * d`` plus ``acc += mw * (d *
+sum(q))`` for Q4_1's min term. The lanes are the output rows, so no sum across lanes is
+needed. Per product whose weights stay in cache (``bench gemv``, SmolLM2's shapes) int16
+runs 1.7-2.6x the float path's speed for 1 to 8 rows, and int8 about 1.3-1.8x int16's
+for 8 or more rows. A whole decode step streams every weight from memory: measured on
+SmolLM2's whole step with int16, one row runs as fast as on the float path and each
+further row of a batched step costs about a quarter less.
 
 One integer-path kernel takes any number of activation rows (a prefill's): per tile of
 16 output rows it widens the tile's scales once, then takes the rows
@@ -56,11 +64,14 @@ those of any other group. Past :data:`CHUNK_ROWS` rows it takes them a chunk at 
 over every tile of its slice, so that a chunk's quantised rows stay in cache from tile
 to tile while the slice's blocks stay in cache from chunk to chunk. So a product reads
 its weights from memory once, and a prompt's graph holds one kernel per product, not
-one per 8 rows. Measured on SmolLM2 Q4_1 (one stage, 2 cores), warm prefill ms against
-the same rows 8 per kernel (up to 64 rows) or the panel GEMM (beyond), side by side:
-24 tokens 42 against 47, 56 tokens about equal (93), 128 tokens 215 against 401, 512
-tokens 968 against 2040, 2048 tokens 5432 against 7853 (6268 without chunks); building
-a 56-token prompt's graph 6.5 s instead of 20 s.
+one per 8 rows. Measured on SmolLM2 Q4_1 (one stage, 2 cores, int16 codes), warm
+prefill ms against the same rows 8 per kernel (up to 64 rows) or the panel GEMM
+(beyond), side by side: 24 tokens 42 against 47, 56 tokens about equal (93), 128 tokens
+215 against 401, 512 tokens 968 against 2040, 2048 tokens 5432 against 7853 (6268
+without chunks); building a 56-token prompt's graph 6.5 s instead of 20 s. With int8
+codes, side by side against int16: 24 tokens 39 ms against 50, 56 tokens 68 against
+96, 128 tokens 149 against 325, 512 tokens 761 against 896; a one-row decode step 12.2
+against 13.6.
 
 On either path row ``b`` of a ``B``-row product is bit-identical to the one-row
 product of that row (integer sums are exact; each lane's float steps are the same
@@ -230,7 +241,13 @@ def gemv_source(type_id: int, batch: int, cols: int, rows: int, per_slice: int) 
 # --- integer path: activations quantised to int16 per block, integer dot products ---
 
 QUANT_LEVELS = 32767
-"""An activation block is quantised to ``round(x / d)`` with ``d = amax / QUANT_LEVELS``."""
+"""An activation block is quantised to ``round(x / d)`` with ``d = amax / QUANT_LEVELS``
+(int16 codes)."""
+QUANT_LEVELS_8 = 127
+"""The same for int8 codes: ``d = amax / 127``, codes in ``-127 .. 127``."""
+EIGHT_BIT = True
+"""Whether Q4_1 products quantise their activations to int8 (:func:`activation_bits`);
+off, they take int16 codes as Q8_0's do (for benchmarks side by side)."""
 LANES = 16  # output rows one vector holds (one AVX-512 register, two AVX2)
 _MAGIC = "12582912.0f"  # 1.5 * 2**23: (v + M) - M rounds v to nearest-even for |v| < 2**22
 
@@ -240,18 +257,27 @@ def integer_path(device: str) -> bool:
     return INTEGER and str(Device[device].renderer.target.arch).startswith("x86_64")
 
 
-def quant_words(cols: int) -> int:
-    """32-bit words of one quantised activation row: per block 32 int16 codes (16 words),
-    then every block's scale ``d``, then every block's ``d * sum(codes)``."""
-    return cols // BLOCK * 18
+def activation_bits(type_id: int) -> int:
+    """Bits per activation code on the integer path for a matrix of ``type_id``: 8 for
+    Q4_1 (while :data:`EIGHT_BIT`), 16 otherwise (see the module docstring)."""
+    return 8 if EIGHT_BIT and type_id == int(Q.Q4_1) else 16
 
 
-def quant_source(batch: int, cols: int) -> str:
+def quant_words(cols: int, bits: int = 16) -> int:
+    """32-bit words of one quantised activation row: per block its 32 codes (16 words of
+    int16 codes, or 8 of int8 codes), then every block's scale ``d``, then every block's
+    ``d * sum(codes)``."""
+    return cols // BLOCK * (18 if bits == 16 else 10)
+
+
+def quant_source(batch: int, cols: int, bits: int = 16) -> str:
     """C that quantises ``batch`` rows of ``cols`` floats (``{1}``) into ``{0}``
-    (:func:`quant_words` per row). A block's 16 codes of each half are stored even
-    positions first, then odd ones: the order the weight vectors pair them in."""
+    (:func:`quant_words` per row) with ``bits``-bit codes. As int16 a block's 16 codes
+    of each half are stored even positions first, then odd ones: the order the weight
+    vectors pair them in; as int8 they are stored in order."""
     blocks = cols // BLOCK
-    words = quant_words(cols)
+    words = quant_words(cols, bits)
+    levels = QUANT_LEVELS if bits == 16 else QUANT_LEVELS_8
     body = [
         "{",
         "typedef float v16 __attribute__((ext_vector_type(16), aligned(4)));",
@@ -260,6 +286,7 @@ def quant_source(batch: int, cols: int) -> str:
         "typedef int v4i __attribute__((ext_vector_type(4)));",
         "typedef int v2i __attribute__((ext_vector_type(2)));",
         "typedef short v16s __attribute__((ext_vector_type(16), aligned(2)));",
+        "typedef signed char v16c __attribute__((ext_vector_type(16), aligned(1)));",
         "int *q = (int *)(@0);",
         "const float *x = @1;",
         f"for (int b = 0; b < {batch}; b++) {{",
@@ -274,7 +301,7 @@ def quant_source(batch: int, cols: int) -> str:
         "    v2i m2 = m4.lo ^ ((m4.lo ^ m4.hi) & (m4.lo < m4.hi));",
         "    int amax_bits = m2[0] > m2[1] ? m2[0] : m2[1];",
         "    float amax; __builtin_memcpy(&amax, &amax_bits, 4);",
-        f"    float d = amax / {QUANT_LEVELS}.0f;",
+        f"    float d = amax / {levels}.0f;",
         # a block below 2**-120 (all but zero) quantises to zero codes: 1 / d stays finite
         "    float id = d >= 0x1p-120f ? 1.0f / d : 0.0f;",
         "    v16 vl = lo * id;",
@@ -285,18 +312,32 @@ def quant_source(batch: int, cols: int) -> str:
         "    v16i s16 = ql + qh; v8i s8 = s16.lo + s16.hi; v4i s4 = s8.lo + s8.hi;",
         "    int sum = (s4[0] + s4[1]) + (s4[2] + s4[3]);",
         f"    int *row = q + (long)b * {words};",
-        "    v16s sl = __builtin_convertvector(ql, v16s), sh = __builtin_convertvector(qh, v16s);",
-        "    *(v16s *)(row + k * 16) = __builtin_shufflevector(sl, sl, "
-        + ", ".join(str(i) for i in [*range(0, 16, 2), *range(1, 16, 2)]) + ");",
-        "    *(v16s *)(row + k * 16 + 8) = __builtin_shufflevector(sh, sh, "
-        + ", ".join(str(i) for i in [*range(0, 16, 2), *range(1, 16, 2)]) + ");",
-        f"    float *dd = (float *)(row + {blocks * 16});",
+        *(_store16() if bits == 16 else _store8()),
+        f"    float *dd = (float *)(row + {blocks * BLOCK * bits // 32});",
         f"    dd[k] = d; dd[{blocks} + k] = d * (float)sum;",
         "  }",
         "}",
         "}",
     ]
     return c_template(body, 6)
+
+
+def _store16() -> list[str]:
+    """C storing a block's int16 codes ``ql``, ``qh`` at word ``k * 16`` of ``row``."""
+    order = ", ".join(str(i) for i in [*range(0, 16, 2), *range(1, 16, 2)])
+    return [
+        "    v16s sl = __builtin_convertvector(ql, v16s), sh = __builtin_convertvector(qh, v16s);",
+        f"    *(v16s *)(row + k * 16) = __builtin_shufflevector(sl, sl, {order});",
+        f"    *(v16s *)(row + k * 16 + 8) = __builtin_shufflevector(sh, sh, {order});",
+    ]
+
+
+def _store8() -> list[str]:
+    """C storing a block's int8 codes ``ql``, ``qh`` in order at word ``k * 8`` of ``row``."""
+    return [
+        "    *(v16c *)(row + k * 8) = __builtin_convertvector(ql, v16c);",
+        "    *(v16c *)(row + k * 8 + 4) = __builtin_convertvector(qh, v16c);",
+    ]
 
 
 _DOT = """#if defined(__AVX512VNNI__)
@@ -315,6 +356,41 @@ _DOT = """#if defined(__AVX512VNNI__)
 #define DOT(acc, w, x) do { v16i w_ = (w), x_ = (v16i)(x); \\
   acc += ((w_ << 16) >> 16) * ((x_ << 16) >> 16) + (w_ >> 16) * (x_ >> 16); } while (0)
 #endif"""
+
+
+_DOT8 = """#if defined(__AVX512VNNI__)
+#define DOT8(acc, w, x) \\
+  acc = (v16i)__builtin_ia32_vpdpbusd512((gv16)acc, (gv16)(w), (gv16)(v16i)(x))
+#define SUM8(p) (p)
+#elif defined(__AVXVNNI__)
+#define DOT8(acc, w, x) do { v16i w_ = (w), x_ = (v16i)(x); v8i l_ = acc.lo, h_ = acc.hi; \\
+  l_ = (v8i)__builtin_ia32_vpdpbusd256((gv8)l_, (gv8)w_.lo, (gv8)x_.lo); \\
+  h_ = (v8i)__builtin_ia32_vpdpbusd256((gv8)h_, (gv8)w_.hi, (gv8)x_.hi); \\
+  acc.lo = l_; acc.hi = h_; } while (0)
+#define SUM8(p) (p)
+#elif defined(__AVX2__)
+#define DOT8(acc, w, x) do { v16i w_ = (w), x_ = (v16i)(x); v8i l_ = acc.lo, h_ = acc.hi; \\
+  l_ = (v8i)((gs16)l_ + __builtin_ia32_pmaddubsw256((gc32)w_.lo, (gc32)x_.lo)); \\
+  h_ = (v8i)((gs16)h_ + __builtin_ia32_pmaddubsw256((gc32)w_.hi, (gc32)x_.hi)); \\
+  acc.lo = l_; acc.hi = h_; } while (0)
+#define SUM8(p) ({ v16i p_ = (p), r_; \\
+  const gs16 one_ = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}; \\
+  r_.lo = (v8i)__builtin_ia32_pmaddwd256((gs16)p_.lo, one_); \\
+  r_.hi = (v8i)__builtin_ia32_pmaddwd256((gs16)p_.hi, one_); r_; })
+#else
+#define DOT8(acc, w, x) do { v16i w_ = (w), x_ = (v16i)(x); \\
+  acc += (w_ & 255) * ((x_ << 24) >> 24) + ((w_ >> 8) & 255) * ((x_ << 16) >> 24) \\
+       + ((w_ >> 16) & 255) * ((x_ << 8) >> 24) + ((w_ >> 24) & 255) * (x_ >> 24); } while (0)
+#define SUM8(p) (p)
+#endif"""
+"""``DOT8(p, w, x)``: each 32-bit lane of ``w`` holds four unsigned codes (bytes) of its
+output row, ``x`` four signed int8 activation codes; adds their four products to the
+lane's partial sum ``p``; ``SUM8(p)`` gives each lane's int32 total. With AVX-512 VNNI
+or AVX-VNNI one ``vpdpbusd`` does it in int32 lanes. With AVX2 ``vpmaddubsw`` gives
+pairs of products summed as 16-bit integers, added up in 16 bits, and ``SUM8`` adds
+each lane's two halves with one ``vpmaddwd`` by ones: exact for the 8 ``DOT8`` of a
+Q4_1 block (each half at most ``8 * 2 * 15 * 127 = 30480``). Every variant gives the
+same exact sums."""
 
 
 def _transpose(loads: list[str]) -> list[str]:
@@ -428,12 +504,57 @@ def _int_group(q4: bool, batch: int, cols: int, rows: int, full: bool) -> list[s
     return lines
 
 
-def _int_tiles(q4: bool, group: int, cols: int, rows: int, groups: str) -> list[str]:
+def _int8_group(batch: int, cols: int, rows: int, full: bool) -> list[str]:
+    """:func:`_int_group` for Q4_1 with int8 activation codes: per block the 16 rows'
+    codes transposed so that each 32-bit lane holds four codes of its row as bytes
+    (nibbles cut in place), then per activation row 8 :data:`_DOT8` over the block's 8
+    words of codes, the same statements whatever ``batch`` and the group."""
+    blocks = cols // BLOCK
+    words = quant_words(cols, 8)
+
+    def row(r: int) -> str:
+        return f"((long)o + {r})" if full else f"((long)rr[{r}])"
+    lines = [" ".join(f"v16 a{b} = (v16)(0.0f);" for b in range(batch))]
+    lines.append(f"for (int k = 0; k < {blocks}; k++) {{")
+    body = ["v16i " + ", ".join(f"wl{j}, wh{j}" for j in range(4)) + ";", "{"]
+    body += _transpose([f"*(const v4i *)(qs + {row(r)} * {blocks * 16} + k * 16)"
+                        for r in range(LANES)])
+    # byte i of a Q4_1 block holds code i (low nibble) and code i + 16 (high nibble)
+    body += [f"wl{j} = T{j} & 0x0f0f0f0f; wh{j} = (T{j} >> 4) & 0x0f0f0f0f;" for j in range(4)]
+    body.append("}")
+    body.append("const v16 dw = (v16){" + ", ".join(f"sd[{r * blocks} + k]"
+                                                    for r in range(LANES)) + "};")
+    body.append("const v16 mw = (v16){" + ", ".join(f"sm[{r * blocks} + k]"
+                                                    for r in range(LANES)) + "};")
+    for b in range(batch):
+        body.append(f"{{ const int *xc = xq + {b * words} + k * 8;")
+        body.append("  v16i p = (v16i)(0);")
+        body += [f"  DOT8(p, wl{j}, xc[{j}]); DOT8(p, wh{j}, xc[{4 + j}]);" for j in range(4)]
+        body += [
+            "  v16 f = __builtin_convertvector(SUM8(p), v16);",
+            "  v16 t = f * dw;",
+            f"  a{b} = a{b} + t * xs[{b * words} + k];",
+            f"  a{b} = a{b} + mw * xs[{b * words + blocks} + k];",
+            "}",
+        ]
+    lines += [f"  {line}" for line in body]
+    lines.append("}")
+    for b in range(batch):
+        if full:
+            lines.append(f"*(v16 *)(xo + {b * rows} + o) = a{b};")
+        else:
+            lines.append(f"for (int r = 0; o + r < last; r++) xo[{b * rows} + o + r] = a{b}[r];")
+    return lines
+
+
+def _int_tiles(q4: bool, group: int, cols: int, rows: int, groups: str, bits: int
+               ) -> list[str]:
     """C for the groups of ``group`` activation rows in the range ``groups`` (C for a
     ``g`` loop's bounds) over every tile of 16 output rows of the slice: per tile its
     scales widened once, then a pass over the tile's blocks per group, the blocks staying
-    in cache from one group to the next (see :func:`_int_group`)."""
-    words = quant_words(cols)
+    in cache from one group to the next (see :func:`_int_group`, :func:`_int8_group` for
+    ``bits`` 8)."""
+    words = quant_words(cols, bits)
     blocks = cols // BLOCK
     lines = ["int o = first;"]
     for full in (True, False):
@@ -442,14 +563,17 @@ def _int_tiles(q4: bool, group: int, cols: int, rows: int, groups: str) -> list[
         lines += [f"  {line}" for line in _int_scales(q4, cols, full)]
         lines += [f"  for ({groups}) {{",
                   f"    const int *xq = q + (long)g * {MAX_ROWS * words};",
-                  f"    const float *xs = (const float *)xq + {blocks * 16};",
+                  f"    const float *xs = (const float *)xq + {blocks * BLOCK * bits // 32};",
                   f"    float *xo = out + (long)g * {MAX_ROWS * rows};"]
-        lines += [f"    {line}" for line in _int_group(q4, group, cols, rows, full)]
+        code = (_int8_group(group, cols, rows, full) if bits == 8
+                else _int_group(q4, group, cols, rows, full))
+        lines += [f"    {line}" for line in code]
         lines += ["  }", "}"]
     return lines
 
 
-def _int_rows_source(q4: bool, batch: int, cols: int, rows: int) -> list[str]:
+def _int_rows_source(q4: bool, batch: int, cols: int, rows: int, bits: int
+                     ) -> list[str]:
     """C for every activation row of a slice: the groups of :data:`MAX_ROWS` rows in
     chunks of :data:`CHUNK_ROWS` rows, each chunk over every tile of the slice, which
     keeps a chunk's quantised rows in cache from one tile to the next and the slice's
@@ -462,20 +586,22 @@ def _int_rows_source(q4: bool, batch: int, cols: int, rows: int) -> list[str]:
         lines.append(f"for (int c = 0; c < {groups}; c += {chunk}) {{")
         lines.append(f"  int end = c + {chunk} < {groups} ? c + {chunk} : {groups};")
         lines += [f"  {line}" for line in
-                  _int_tiles(q4, MAX_ROWS, cols, rows, "int g = c; g < end; g++")]
+                  _int_tiles(q4, MAX_ROWS, cols, rows, "int g = c; g < end; g++", bits)]
         lines.append("}")
     if rest:
         lines.append("{")
         lines += [f"  {line}" for line in
-                  _int_tiles(q4, rest, cols, rows, f"int g = {groups}; g <= {groups}; g++")]
+                  _int_tiles(q4, rest, cols, rows, f"int g = {groups}; g <= {groups}; g++",
+                             bits)]
         lines.append("}")
     return lines
 
 
 def int_source(type_id: int, batch: int, cols: int, rows: int, per_slice: int) -> str:
     """The C of one slice of the integer path (see the module docstring): output, quantised
-    activations, codes, scales (and Q4_1 mins), then the slice."""
+    activations (:func:`activation_bits`), codes, scales (and Q4_1 mins), then the slice."""
     q4 = type_id == int(Q.Q4_1)
+    bits = activation_bits(type_id)
     scalar = "const unsigned char" if q4 else "const signed char"
     body = [
         "{",
@@ -487,7 +613,8 @@ def int_source(type_id: int, batch: int, cols: int, rows: int, per_slice: int) -
         "typedef int gv16 __attribute__((vector_size(64)));",
         "typedef int gv8 __attribute__((vector_size(32)));",
         "typedef short gs16 __attribute__((vector_size(32)));",
-        _DOT,
+        "typedef char gc32 __attribute__((vector_size(32)));",
+        _DOT8 if bits == 8 else _DOT,
         "float *out = @0;",
         "const int *q = (const int *)(@1);",
         f"{scalar} *qs = ({scalar} *)(@2);",
@@ -495,8 +622,8 @@ def int_source(type_id: int, batch: int, cols: int, rows: int, per_slice: int) -
         *(["const unsigned short *mp = (const unsigned short *)(@4);"] if q4 else []),
         f"int first = (int)(@{5 if q4 else 4}) * {per_slice};",
         f"int last = first + {per_slice} < {rows} ? first + {per_slice} : {rows};",
-        *_int_rows_source(q4, batch, cols, rows),
-        "#undef DOT",
+        *_int_rows_source(q4, batch, cols, rows, bits),
+        "#undef DOT8\n#undef SUM8" if bits == 8 else "#undef DOT",
         "}",
     ]
     return c_template(body, 6)
@@ -511,7 +638,7 @@ def gemv(x: Tensor, matrix: DeviceQuant, integer: bool = True) -> Tensor:
     check_columns(x, matrix.shape[1])
     batch = int(x.shape[0])
     if integer and integer_path(str(x.device)):
-        return _int_rows(quantise(x), batch, matrix)
+        return _int_rows(quantise(x, activation_bits(matrix.type_id)), batch, matrix)
     parts = [_gemv_rows(x[start : start + MAX_ROWS] if batch > MAX_ROWS else x, matrix)
              for start in range(0, batch, MAX_ROWS)]
     return parts[0] if len(parts) == 1 else parts[0].cat(*parts[1:], dim=0)
@@ -526,20 +653,21 @@ def prefill_usable(device: str, matrix: DeviceQuant, tokens: int, integer: bool 
     return (integer and integer_path(device)) or tokens <= PREFILL_ROWS
 
 
-def quantise(x: Tensor) -> Tensor:
-    """Rows ``x`` ``float32 [B, cols]`` quantised for the integer path: ``int32 [B,
-    quant_words(cols)]`` (:func:`quant_source`), one single-slice kernel."""
+def quantise(x: Tensor, bits: int = 16) -> Tensor:
+    """Rows ``x`` ``float32 [B, cols]`` quantised for the integer path to ``bits``-bit
+    codes: ``int32 [B, quant_words(cols, bits)]`` (:func:`quant_source`), one
+    single-slice kernel."""
     batch, cols = int(x.shape[0]), int(x.shape[1])
-    code = quant_source(batch, cols)
+    code = quant_source(batch, cols, bits)
 
     def kernel(out: UOp, inputs: UOp) -> UOp:
         pointers = (first_element(out), first_element(inputs))
         body = UOp(Ops.CUSTOM, src=(*pointers, first_element(inputs).load()), arg=code)
-        sink: UOp = body.sink(arg=KernelInfo(name=f"quant_i16_{batch}_{cols}",
+        sink: UOp = body.sink(arg=KernelInfo(name=f"quant_i{bits}_{batch}_{cols}",
                                              opts_to_apply=()))
         return sink
 
-    out = Tensor.empty(batch, quant_words(cols), dtype=dtypes.int32, device=x.device)
+    out = Tensor.empty(batch, quant_words(cols, bits), dtype=dtypes.int32, device=x.device)
     return out.custom_kernel(x.float().contiguous(), fxn=kernel)[0]
 
 
@@ -570,7 +698,8 @@ def _int_rows(quantised: Tensor, batch: int, matrix: DeviceQuant) -> Tensor:
     """The integer path's product of ``batch`` quantised rows: one kernel."""
     rows, cols = matrix.shape
     code = int_source(matrix.type_id, batch, cols, rows, slice_rows(rows, cols))
-    name = f"gemv_i16_{matrix.type_name.lower()}_{batch}_{cols}_{rows}"
+    bits = activation_bits(matrix.type_id)
+    name = f"gemv_i{bits}_{matrix.type_name.lower()}_{batch}_{cols}_{rows}"
     return _sliced(quantised, matrix, batch, code, name)
 
 

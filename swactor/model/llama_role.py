@@ -144,10 +144,11 @@ size ``B`` (kernel cache kind ``decode-rows-B``) whose ``2 B`` bound variables a
 rows' positions and slots. Every product takes the ``B`` rows at once. On CPU a Q4_1 or
 Q8_0 block product (up to 8 rows) is the hand-written kernel of
 :mod:`swactor.model.decode_gemv`, the one-row decode's too: each block is unpacked once
-for all rows (on x86-64 into integer dot products with the rows quantised to 16 bits per
-block; the output projection, whose logits pick tokens, in float32), each row's sums
-are the same arithmetic whatever ``B``, and the product is cut into slices of output
-rows that the replay pool runs on several threads. Any
+for all rows (on x86-64 into integer dot products with the rows quantised per block, to
+8 bits for Q4_1 as llama.cpp does, 16 for Q8_0; the output projection, whose logits
+pick tokens, in float32), each row's sums are the same arithmetic whatever ``B``, and
+the product is cut into slices of output rows that the replay pool runs on several
+threads. Any
 other product is the one-row product's expression plus a row axis (``[B, out, in / 16,
 16]`` summed over the groups, then the 16 lanes): tinygrad gives it the one-row kernel's
 reduction opts (the same unrolled groups and lane order per row) and upcasts the row
@@ -1508,7 +1509,8 @@ class StageRole:
                 "first": self.is_first, "last": self.is_last, "dtype": self.dtype,
                 "max_seq_len": self.max_seq_len, "device": self.device, "beam": self.beam,
                 "cpu_graph": self.cpu_graph, "quantised": self.quantised, "slots": self.slots,
-                "integer": decode_gemv.INTEGER, "attention": self._c_attention}
+                "integer": decode_gemv.INTEGER, "eight_bit": decode_gemv.EIGHT_BIT,
+                "attention": self._c_attention}
 
     def _adopt(self, jit: _TinyJit[_Ret], kind: str) -> None:
         """Give a JIT that never ran the captured graph the cache holds for `kind`."""

@@ -9,6 +9,20 @@ import pytest
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
 
 
+def int8_inputs() -> frozenset[str]:
+    """The block types whose products a block-mode role computes from int8-rounded inputs
+    on this machine (decode_gemv's integer path): the numpy reference's ``int8_inputs``."""
+    from gguf import GGMLQuantizationType as Q
+    from tinygrad.device import Device
+
+    from swactor.model import decode_gemv
+
+    if not (Device.DEFAULT.startswith("CPU") and decode_gemv.integer_path(Device.DEFAULT)):
+        return frozenset()
+    return frozenset(Q(t).name for t in decode_gemv.TYPES
+                     if decode_gemv.activation_bits(int(t)) == 8)
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """4 blocks, f32, tied embeddings, llama rope permutation."""

@@ -5,6 +5,12 @@ tensors are dequantised with ``gguf.quants.dequantize``, and rotary embedding is
 way llama.cpp does it for each architecture, on the weights as stored: llama rotates
 adjacent pairs ``(2i, 2i+1)`` ("normal" rope), qwen2 rotates ``(i, i + d/2)`` ("neox").
 The pass recomputes the whole sequence each call (no KV cache): slow, plain, obviously right.
+
+``int8_inputs`` names block types whose products (all but the output's) take their input
+rows quantised to int8 first, the way llama.cpp's CPU backend computes a Q4_1 product
+against Q8_1 activations: per block of 32 values ``d = max|x| / 127`` and ``x`` becomes
+``round(x / d) * d`` (half to even). The role does the same on x86-64 (its integer path);
+a reference without it would differ from it by that quantisation, not by rounding.
 """
 
 from __future__ import annotations
@@ -19,9 +25,21 @@ from gguf import GGUFReader, quants
 F64 = npt.NDArray[np.float64]
 
 
+def int8_rounded(x: F64) -> F64:
+    """Rows ``x`` with each block of 32 values rounded to int8 codes of scale
+    ``max|x| / 127`` (zero codes for an all-zero block), then scaled back."""
+    blocks = x.reshape(*x.shape[:-1], -1, 32)
+    d = np.abs(blocks).max(axis=-1, keepdims=True) / 127.0
+    codes = np.rint(blocks / np.where(d > 0, d, 1.0))
+    rounded: F64 = (codes * d).reshape(x.shape)
+    return rounded
+
+
 class NumpyLlama:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, int8_inputs: frozenset[str] = frozenset()) -> None:
         reader = GGUFReader(str(path))
+        self.types = {t.name: t.tensor_type.name for t in reader.tensors}
+        self.int8_inputs = int8_inputs
         meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tok")}
         self.arch = str(meta["general.architecture"])
         a = self.arch
@@ -58,6 +76,14 @@ class NumpyLlama:
             out[:, :, b] = x[:, :, a] * sin + x[:, :, b] * cos
         return out
 
+    def _linear(self, x: F64, name: str) -> F64:
+        """``x @ W.T`` for the block matrix ``name`` (its input int8-rounded where its type
+        is in ``int8_inputs``)."""
+        if self.types[name] in self.int8_inputs:
+            x = int8_rounded(x)
+        product: F64 = x @ self.w[name].T
+        return product
+
     def hidden_states(self, tokens: list[int], start: int, end: int, x: F64 | None) -> F64:
         """Run blocks ``[start, end)`` over the whole sequence."""
         t = len(tokens)
@@ -67,9 +93,9 @@ class NumpyLlama:
             p = f"blk.{layer}."
             w = self.w
             n = self._norm(x, w[p + "attn_norm.weight"])
-            q = n @ w[p + "attn_q.weight"].T + w.get(p + "attn_q.bias", 0.0)
-            k = n @ w[p + "attn_k.weight"].T + w.get(p + "attn_k.bias", 0.0)
-            v = n @ w[p + "attn_v.weight"].T + w.get(p + "attn_v.bias", 0.0)
+            q = self._linear(n, p + "attn_q.weight") + w.get(p + "attn_q.bias", 0.0)
+            k = self._linear(n, p + "attn_k.weight") + w.get(p + "attn_k.bias", 0.0)
+            v = self._linear(n, p + "attn_v.weight") + w.get(p + "attn_v.bias", 0.0)
             q = self._rope(q.reshape(t, self.heads, self.head_dim))
             k = self._rope(k.reshape(t, self.kv_heads, self.head_dim))
             v = v.reshape(t, self.kv_heads, self.head_dim)
@@ -80,11 +106,11 @@ class NumpyLlama:
                 s = q[:, h] @ k[:, h // group].T / np.sqrt(self.head_dim) + mask
                 s = np.exp(s - s.max(-1, keepdims=True))
                 out[:, h] = (s / s.sum(-1, keepdims=True)) @ v[:, h // group]
-            x = x + out.reshape(t, -1) @ w[p + "attn_output.weight"].T
+            x = x + self._linear(out.reshape(t, -1), p + "attn_output.weight")
             n = self._norm(x, w[p + "ffn_norm.weight"])
-            g = n @ w[p + "ffn_gate.weight"].T
-            u = n @ w[p + "ffn_up.weight"].T
-            x = x + (g / (1.0 + np.exp(-g)) * u) @ w[p + "ffn_down.weight"].T
+            g = self._linear(n, p + "ffn_gate.weight")
+            u = self._linear(n, p + "ffn_up.weight")
+            x = x + self._linear(g / (1.0 + np.exp(-g)) * u, p + "ffn_down.weight")
         return x
 
     def logits(self, tokens: list[int]) -> F64:

@@ -26,7 +26,7 @@ from swactor.model.dequant import QuantMatrix
 pytestmark = pytest.mark.skipif(not Device.DEFAULT.startswith("CPU"),
                                 reason="a CPU-device kernel")
 TYPES = [Q.Q4_1, Q.Q8_0]
-PATHS = ["float", "integer"]
+PATHS = ["float", "integer", "integer16"]
 
 
 def _matrix(qtype: Q, rows: int, cols: int, seed: int
@@ -49,23 +49,30 @@ def _gemv(x: npt.NDArray[np.float32], matrix: DeviceQuant) -> npt.NDArray[np.flo
     return got
 
 
-def _quantised(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+def _levels(qtype: Q) -> int:
+    """The largest activation code of the integer path for a ``qtype`` matrix."""
+    return 127 if decode_gemv.activation_bits(int(qtype)) == 8 else 32767
+
+
+def _quantised(x: npt.NDArray[np.float32], levels: int) -> npt.NDArray[np.float64]:
     """``x`` as the integer path sees it: each block of 32 rounded (half to even) to
-    ``q = x * (1 / d)`` with ``d = max|x| / 32767`` in float32, then ``q * d``."""
+    ``q = x * (1 / d)`` with ``d = max|x| / levels`` in float32, then ``q * d``."""
     blocks = x.reshape(len(x), -1, 32)
-    d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(32767)
+    d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(levels)
     tiny = d < np.float32(2.0**-120)
     inverse = np.float32(1) / np.where(tiny, np.float32(1), d)
     codes = np.rint(blocks * np.where(tiny, np.float32(0), inverse))
-    assert np.abs(codes).max() <= 32767
+    assert np.abs(codes).max() <= levels
     return (codes.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
 
 
 @pytest.fixture(params=PATHS)
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The float path, or the integer path (a target that has it)."""
-    integer = request.param == "integer"
+    """The float path, the integer path (a target that has it), or the integer path with
+    int16 activations for Q4_1 too."""
+    integer = request.param != "float"
     monkeypatch.setattr(decode_gemv, "INTEGER", integer)
+    monkeypatch.setattr(decode_gemv, "EIGHT_BIT", request.param == "integer")
     if integer and not decode_gemv.integer_path("CPU"):
         pytest.skip("the integer path is for x86-64 targets")
     return str(request.param)
@@ -86,12 +93,13 @@ def test_every_row_is_the_product_of_the_files_weights(
     x = _rows(batch, cols, seed=cols)
     got = _gemv(x, matrix)
     exact = x.astype(np.float64) @ weights.T
-    want = exact if path == "float" else _quantised(x) @ weights.T
+    levels = _levels(qtype)
+    want = exact if path == "float" else _quantised(x, levels) @ weights.T
     assert got.shape == (batch, rows)
     scale = np.abs(x).astype(np.float64) @ np.abs(weights).T  # the sum's magnitude
     assert np.all(np.abs(got - want) <= 1e-6 * scale + 1e-30)
-    if path == "integer":  # each activation off by at most half a step of its block
-        step = np.abs(x.reshape(batch, -1, 32)).max(axis=-1) / 32767
+    if path != "float":  # each activation off by at most half a step of its block
+        step = np.abs(x.reshape(batch, -1, 32)).max(axis=-1) / levels
         bound = np.repeat(step / 2, 32, axis=1) @ np.abs(weights).T
         assert np.all(np.abs(got - exact) <= bound + 1e-6 * scale)
 
@@ -200,7 +208,7 @@ def test_prefills_go_through_the_kernel_row_for_row(
     long_out = StageRole._block_linear(role, Tensor(long_rows), matrix)  # type: ignore[arg-type]
     other, _ = _matrix(Q.Q5_0, 40, 64, seed=8)
     StageRole._block_linear(role, Tensor(x), other)  # type: ignore[arg-type]
-    if path == "integer":
+    if path != "float":
         assert taken == [16]
         picks = [0, 1, 8, 47, 64, 72, decode_gemv.PREFILL_ROWS + 15]  # two chunks
         alone = np.concatenate([_gemv(long_rows[i : i + 1], matrix) for i in picks])
@@ -239,26 +247,32 @@ def _build(source: str, name: str, flags: list[str], where: Path) -> ctypes.CDLL
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
                     reason="x86-64 targets")
+@pytest.mark.parametrize("eight_bit", [True, False], ids=["int8", "int16"])
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-def test_every_x86_target_computes_the_integer_path_alike(tmp_path: Path, qtype: Q) -> None:
+def test_every_x86_target_computes_the_integer_path_alike(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, qtype: Q, eight_bit: bool) -> None:
     """The integer path's C built for each x86-64 level this CPU runs (no vector
     extension, AVX2, AVX-VNNI, AVX-512 VNNI): the same quantised words everywhere, and
     the same products bit for bit on every target with FMA (the integer sums are exact;
     the generic target rounds its unfused multiply-adds differently), all within float32
     rounding of numpy."""
+    monkeypatch.setattr(decode_gemv, "EIGHT_BIT", eight_bit)
+    if qtype == Q.Q8_0 and eight_bit:
+        assert decode_gemv.activation_bits(int(qtype)) == 16  # Q8_0 keeps int16 codes
+    bits = decode_gemv.activation_bits(int(qtype))
     rows, cols, batch = 37, 96, decode_gemv.MAX_ROWS + 3  # a group and a rest
     matrix, weights = _matrix(qtype, rows, cols, seed=3)
     x = _rows(batch, cols, seed=4)
     x[0, :32] = 0.0  # a zero block, and one too small to scale (zero codes)
     x[1, 32:64] *= np.float32(1e-38)
     q4 = qtype == Q.Q4_1
-    words = decode_gemv.quant_words(cols)
+    words = decode_gemv.quant_words(cols, bits)
     per_slice = decode_gemv.slice_rows(rows, cols)
     slices = -(-rows // per_slice)
     fields = [np.ascontiguousarray(matrix.fields[f].numpy()) for f in
               (["qs", "d", "m"] if q4 else ["qs", "d"])]
     quant_c = ("void quant(int *p0, const float *p1) "
-               + decode_gemv.quant_source(batch, cols).format("p0", "p1"))
+               + decode_gemv.quant_source(batch, cols, bits).format("p0", "p1"))
     arguments = ["float *p0", "const int *p1", "const void *p2", "const void *p3",
                  *(["const void *p4"] if q4 else []), "int core"]
     names = [a.split("*")[-1].split()[-1] for a in arguments]
@@ -285,7 +299,7 @@ def test_every_x86_target_computes_the_integer_path_alike(tmp_path: Path, qtype:
     assert all(np.array_equal(p, fused[0]) for p in fused)
     native = fused[0] if fused else products["generic"]
     assert np.array_equal(native, _gemv(x, matrix))  # tinygrad's build, -march=native
-    want = _quantised(x) @ weights.T
+    want = _quantised(x, _levels(qtype)) @ weights.T
     scale = np.abs(x).astype(np.float64) @ np.abs(weights).T
     for got in products.values():
         assert np.all(np.abs(got - want) <= 1e-6 * scale + 1e-30)

@@ -24,9 +24,15 @@ reference decides: an f64 numpy forward pass over gguf-py's own dequantisation
 (`numpy_reference.NumpyLlama`, no code shared with either side; gguf-py's values are
 ggml's own `to_float` ones, bit for bit, on every type of these files) on the same
 prefix must pick our token, and our logits there must be its logits to within
-`LOGIT_TOL` over the whole vocabulary. llama.cpp multiplies by activations it
-quantises to 8 bits (Q8_0 or Q8_K blocks, by the weight's type), so where tokens are
-close it may take another one, after which the two continuations no longer share a
+`LOGIT_TOL` over the whole vocabulary. Where our products themselves take int8
+activations (Q4_1 on x86-64, `conftest.int8_inputs`), our logits carry that
+quantisation's error as llama.cpp's do (about 0.8-0.9 of SmolLM2's logits: over 30
+blocks the rounding of a few activations decides which others round the other way).
+There our logits must be no further from the f64 pass's than `INT8_FACTOR` times
+llama.cpp's own logits for the prefix are, and our token's f64 logit must be within our
+logits' distance of the f64 top. llama.cpp multiplies by activations it quantises to 8
+bits (Q8_0 or Q8_K blocks, by the weight's type), so where tokens are close it may take
+another one, after which the two continuations no longer share a
 prefix and are not compared. How close is close: llama.cpp's own logit for our token
 must be within `NEAR_TIE` of its top one, or, where it is not, within the rounding
 spread of llama.cpp itself at that position: the largest difference between the logits
@@ -52,6 +58,7 @@ from swactor.model.gguf_range import open_reader
 from swactor.model.llama_role import StageRole
 from swactor.model.paths import default_model_path
 from swactor.model.tokenizer import Tokenizer
+from tests.model.conftest import int8_inputs
 from tests.model.llama_cpp_quants import (
     QUANT_KINDS,
     ensure_quant,
@@ -81,6 +88,9 @@ asking llama.cpp's two CPU paths for their spread (SmolLM2's top logits are ~15-
 LOGIT_TOL = 0.01
 """The largest difference between our f32 logits and the f64 reference's at a divergence
 (f32 rounding over 30 blocks is ~1e-4 there)."""
+INT8_FACTOR = 2.0
+"""How much further from the f64 logits than llama.cpp's ours may be where both take int8
+activations (measured on the shipped Q4_1 file: 0.91 against llama.cpp's 0.77)."""
 # what llama.cpp writes for each type on SmolLM2 (576 wide: rows not a multiple of 256
 # fall back from K-quants to Q5_0/Q8_0 in the _M mixes)
 MUST_HOLD = {"Q4_1": {"Q4_1"}, "Q4_K_M": {"Q4_K", "Q6_K"}, "Q5_K_M": {"Q5_K", "Q6_K"},
@@ -143,8 +153,16 @@ def test_greedy_tokens_equal_llama_cpp(kind: str) -> None:
         print(f"  at token {where}: ours {ours[where]}, llama.cpp {ref['greedy'][where]}, "
               f"llama.cpp's logit for ours {gap:.3f} below its top; f64 reference "
               f"{int(np.argmax(exact))}, our logits within {error:.2g} of its")
-        assert int(np.argmax(exact)) == ours[where], "the f64 reference sides with llama.cpp"
-        assert error < LOGIT_TOL, "our logits are not the f64 reference's"
+        if int8_inputs() & set(types):
+            theirs = max(float(np.max(np.abs(rows[0] - exact)))
+                         for rows in llama_cpp_logits(path, [prefix]))
+            print(f"  int8 activations: llama.cpp's logits within {theirs:.2g} of the f64 "
+                  "reference's")
+            assert error < INT8_FACTOR * theirs, "our logits are further off than llama.cpp's"
+            assert exact.max() - exact[ours[where]] < error, "not a tie within our rounding"
+        else:
+            assert int(np.argmax(exact)) == ours[where], "the f64 reference sides with llama.cpp"
+            assert error < LOGIT_TOL, "our logits are not the f64 reference's"
         if gap < NEAR_TIE:
             continue
         repacked, plain = (rows[0] for rows in llama_cpp_logits(path, [prefix]))

@@ -16,6 +16,7 @@ from swactor.model.block_kernels import DeviceQuant, to_device, upload
 from swactor.model.dequant import QuantMatrix
 from swactor.model.gguf_range import open_reader
 from swactor.model.llama_role import SharedEmbedding, StageRole, StepError, _Matrix
+from tests.model.conftest import int8_inputs
 from tests.model.numpy_reference import NumpyLlama
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
 
@@ -235,7 +236,7 @@ def test_block_decode_matches_reference_and_every_split(tmp_path: Path, cfg: Tin
     assert isinstance(roles[0].token_embd, SharedEmbedding if cfg.tied else QuantMatrix)
     forced = [11, 3, 200]
     tokens, logits = _run(roles, forced=forced)
-    reference = NumpyLlama(path)
+    reference = NumpyLlama(path, int8_inputs())
     sequence = list(PROMPT)
     for step, got in enumerate(logits):
         assert _rel(got, reference.logits(sequence)) < 1e-4, f"step {step}"
