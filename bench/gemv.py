@@ -1,21 +1,23 @@
-"""The decode kernel alone: float path against integer path, per product, side by side.
+"""The decode kernel alone: float path against integer paths, per product, side by side.
 
 Theory of operation
 -------------------
 :mod:`swactor.model.decode_gemv` has two paths for a Q4_1/Q8_0 block product: the float
 path (each block widened to floats, ``B`` rows of f32 multiply-adds) and the integer
-path (each activation row quantised to int16 per block once per product, then integer
-dot products; x86-64 targets take it). This benchmark times one product of SmolLM2's
-real shapes (Q4_1 ``qkv`` 960x576, ``gate_up`` 3072x576, ``down`` 576x1536, ``wo``
-576x576; the Q8_0 output head 49152x576; random codes) for ``B`` rows, on one and two
-replay threads: the products of two inputs are one TinyJit replayed through the CPU replay graph
+path (each activation row quantised per block once per product, then integer dot
+products; x86-64 targets take it), whose Q4_1 products take int8 activation codes
+(``decode_gemv.EIGHT_BIT``) or int16 ones, as Q8_0's always do. This benchmark times one
+product of SmolLM2's real shapes (Q4_1 ``qkv`` 960x576, ``gate_up`` 3072x576, ``down``
+576x1536, ``wo`` 576x576; the Q8_0 output head 49152x576; random codes) for ``B`` rows
+(up to 8 a batched decode step's, more a prompt's), on one and two replay threads: the
+products of two inputs are one TinyJit replayed through the CPU replay graph
 (:class:`~swactor.model.cpu_graph.DirectReplay`: the kernels, their slices on the pool,
 nothing else). Per configuration the median of ``--repeat`` timed runs of ``--calls``
-replays, both paths interleaved so they see the same machine load; then the ratio
-float / integer (above 1: the integer path is faster). The load average is printed.
-One product replayed over and over keeps its weights in cache (all but the head's), so
-this is the kernels' arithmetic; a decode step streams its weights from memory (``bench
-batch`` measures the whole step).
+replays, the three paths interleaved so they see the same machine load; then the ratios
+float / int16 and int16 / int8 (above 1: the second is faster). The load average is
+printed. One product replayed over and over keeps its weights in cache (all but the
+head's), so this is the kernels' arithmetic; a decode step streams its weights from
+memory (``bench batch`` measures the whole step).
 """
 
 from __future__ import annotations
@@ -57,11 +59,14 @@ def _matrix(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> DeviceQ
     return to_device(QuantMatrix(int(qtype), (rows, cols), raw.reshape(rows, -1)), "CPU")
 
 
-def _replay(integer: bool, matrix: DeviceQuant, x: Tensor, y: Tensor
-            ) -> Callable[[], None]:
+PATHS = {"float": (False, False), "int16": (True, False), "int8": (True, True)}
+"""Paths side by side: (decode_gemv.INTEGER, decode_gemv.EIGHT_BIT)."""
+
+
+def _replay(path: str, matrix: DeviceQuant, x: Tensor, y: Tensor) -> Callable[[], None]:
     """The products of two inputs (a JIT of one kernel is no replay graph) as a directly
     replayed JIT on the chosen path."""
-    decode_gemv.INTEGER = integer
+    decode_gemv.INTEGER, decode_gemv.EIGHT_BIT = PATHS[path]
 
     def step(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
         return decode_gemv.gemv(a, matrix).realize(), decode_gemv.gemv(b, matrix).realize()
@@ -85,7 +90,8 @@ def _time(run: Callable[[], None], calls: int) -> float:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench gemv", description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", default=",".join(SHAPES), help="products to time")
-    parser.add_argument("--sizes", default="1,4,8", help="activation rows B")
+    parser.add_argument("--sizes", default="1,4,8,64",
+                        help="activation rows B (up to 512: past 8 a prefill's)")
     parser.add_argument("--threads", default="1,2", help="replay thread counts")
     parser.add_argument("--calls", type=int, default=20, help="replays per timed run")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs (median)")
@@ -95,14 +101,16 @@ def main(argv: list[str]) -> int:
         parser.error(f"unknown shapes {unknown}; have {', '.join(SHAPES)}")
     sizes = [int(s) for s in args.sizes.split(",")]
     thread_counts = [int(t) for t in args.threads.split(",")]
-    if min(sizes) < 1 or max(sizes) > decode_gemv.MAX_ROWS or min(thread_counts) < 1:
-        parser.error(f"sizes in 1..{decode_gemv.MAX_ROWS}, threads >= 1")
+    if min(sizes) < 1 or max(sizes) > 512 or min(thread_counts) < 1:
+        parser.error("sizes in 1..512, threads >= 1")
     rng = np.random.default_rng(0)
-    before_threads, before_integer = cpu_graph.threads(), decode_gemv.INTEGER
+    before = cpu_graph.threads(), decode_gemv.INTEGER, decode_gemv.EIGHT_BIT
     cpu_graph.use_cpu_graph(True)
     print(f"load average {os.getloadavg()[0]:.2f}; ms per product (median of "
-          f"{args.repeat} x {args.calls}); ratio = float / integer")
-    print(f"{'product':<9}{'B':>3}{'threads':>8}{'float':>9}{'integer':>9}{'ratio':>7}")
+          f"{args.repeat} x {args.calls}); ratios float / int16 and int16 / int8 (above 1: "
+          "the second is faster; Q8_0 takes int16 codes on both integer paths)")
+    print(f"{'product':<9}{'B':>4}{'threads':>8}" + "".join(f"{p:>9}" for p in PATHS)
+          + f"{'f/i16':>7}{'i16/i8':>7}")
     try:
         for name in shapes:
             qtype, rows, cols = SHAPES[name]
@@ -110,19 +118,19 @@ def main(argv: list[str]) -> int:
             for batch in sizes:
                 x, y = (Tensor(rng.standard_normal((batch, cols)).astype(np.float32)).realize()
                         for _ in range(2))
-                runs = {integer: _replay(integer, matrix, x, y) for integer in (False, True)}
+                runs = {path: _replay(path, matrix, x, y) for path in PATHS}
                 for threads in thread_counts:
                     cpu_graph.set_threads(threads)
-                    times: dict[bool, list[float]] = {False: [], True: []}
+                    times: dict[str, list[float]] = {path: [] for path in PATHS}
                     for _ in range(args.repeat):
-                        for integer, run in runs.items():
-                            times[integer].append(_time(run, args.calls))
-                    f, i = (statistics.median(times[k]) for k in (False, True))
-                    print(f"{name:<9}{batch:>3}{threads:>8}{f:>9.3f}{i:>9.3f}{f / i:>7.2f}",
-                          flush=True)
+                        for path, run in runs.items():
+                            times[path].append(_time(run, args.calls))
+                    f, i16, i8 = (statistics.median(times[path]) for path in PATHS)
+                    print(f"{name:<9}{batch:>4}{threads:>8}{f:>9.3f}{i16:>9.3f}{i8:>9.3f}"
+                          f"{f / i16:>7.2f}{i16 / i8:>7.2f}", flush=True)
     finally:
         cpu_graph.use_cpu_graph(False)
-        cpu_graph.set_threads(before_threads)
-        decode_gemv.INTEGER = before_integer
+        cpu_graph.set_threads(before[0])
+        decode_gemv.INTEGER, decode_gemv.EIGHT_BIT = before[1], before[2]
     print(f"load average {os.getloadavg()[0]:.2f}")
     return 0
