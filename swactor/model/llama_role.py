@@ -1556,14 +1556,15 @@ class StageRole:
         """Build the decode JIT (or load it from the kernel cache), load the prefill
         buckets the cache holds for this role, shortest first while they fit in
         ``PREFILL_KEEP_ROWS`` (none yet: build the bucket of a one-token prompt), build
-        or load the bucket of every prompt length
-        up to ``prompt_tokens``, load every batched decode JIT the cache holds
-        (``decode-rows-B``), build the batched decode JITs for ``rows`` (rows per step,
-        2..``slots``; minutes each on a small CPU unless cached), and run each once, so
-        the first real steps replay kernels instead of building them. Leaves the role as
-        if new: its positions restart at step 0, and the KV entries warming wrote (in
-        slots ``0..B-1``; the slot is a variable of every graph, so one warm-up serves
-        them all) are rewritten by the prefill before any step reads them."""
+        or load the bucket of every prompt length up to ``prompt_tokens``, shortest
+        first while they fit there too (:meth:`_warm_buckets`), load every batched
+        decode JIT the cache holds (``decode-rows-B``), build the batched decode JITs
+        for ``rows`` (rows per step, 2..``slots``; minutes each on a small CPU unless
+        cached), and run each once, so the first real steps replay kernels instead of
+        building them. Leaves the role as if new: its positions restart at step 0, and
+        the KV entries warming wrote (in slots ``0..B-1``; the slot is a variable of
+        every graph, so one warm-up serves them all) are rewritten by the prefill before
+        any step reads them."""
         row = np.zeros((1, self.facts.hidden_dim), dtype=self.np_dtype)
         for position in range(min(3, self.max_seq_len)):  # a JIT captures on its 2nd call
             self._decode_step(row, 0, position)
@@ -1583,7 +1584,7 @@ class StageRole:
         if self._kernels is not None and not buckets:
             buckets = [f"prefill-{self._bucket(1)}"]
         longest = min(prompt_tokens, self.max_seq_len)
-        wanted = {self._bucket(tokens) for tokens in range(1, longest + 1)}
+        wanted = self._warm_buckets(longest)
         buckets += [f"prefill-{size}" for size in sorted(wanted)
                     if f"prefill-{size}" not in buckets]
         sizes = sorted({int(kind.split("-")[1]) for kind in buckets})  # prefill-P
@@ -1607,6 +1608,22 @@ class StageRole:
         self._positions = [0] * self.slots
         self._next_sequence = 0
         self.last_logits = None
+
+    def _warm_buckets(self, longest: int) -> set[int]:
+        """The prefill buckets of prompt lengths ``1..longest``, shortest first while
+        their rows fit in :data:`PREFILL_KEEP_ROWS` (a warm-up past it would build
+        buckets only to drop them); logs where it stops."""
+        sizes = sorted({self._bucket(tokens) for tokens in range(1, longest + 1)})
+        total, kept = 0, set[int]()
+        for size in sizes:
+            if total + size > PREFILL_KEEP_ROWS:
+                log.warning("warming prompts up to %d tokens only: their prefill buckets "
+                            "fill the %d rows a role keeps; longer prompts build theirs "
+                            "at first use", max(kept, default=0), PREFILL_KEEP_ROWS)
+                break
+            total += size
+            kept.add(size)
+        return kept
 
     def decode_kernel_count(self) -> int | None:
         """Kernels one decode step runs (those batched into graphs counted one by one);

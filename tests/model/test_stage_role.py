@@ -392,6 +392,29 @@ def test_long_prompts_pad_by_a_sixteenth_of_their_power_of_two() -> None:
     assert all(bucket(t) - t < t / 8 for t in range(257, 2049))
 
 
+def test_warm_up_takes_only_the_prompt_lengths_whose_buckets_fit(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Warm-up builds the buckets of prompt lengths shortest first while their rows fit in
+    PREFILL_KEEP_ROWS, and says where it stopped: building more would drop them again."""
+    from types import SimpleNamespace
+
+    role = SimpleNamespace(_cpu=True, max_seq_len=2048)
+    role._bucket = lambda tokens: StageRole._bucket(role, tokens)  # type: ignore[arg-type]
+
+    def warm(longest: int) -> set[int]:
+        return StageRole._warm_buckets(role, longest)  # type: ignore[arg-type]
+
+    with caplog.at_level("WARNING", logger=llama_role.__name__):
+        assert warm(64) == {8, 16, 24, 32, 40, 48, 56, 64}
+        assert not caplog.records
+        kept = warm(2048)
+    assert max(kept) == 416 and sum(kept) <= llama_role.PREFILL_KEEP_ROWS
+    assert sum(kept) + 448 > llama_role.PREFILL_KEEP_ROWS  # the next bucket would not fit
+    assert "up to 416 tokens only" in caplog.text
+    monkeypatch.setattr(llama_role, "PREFILL_KEEP_ROWS", 20)
+    assert warm(24) == {8}
+
+
 def test_a_role_keeps_at_most_prefill_keep_rows_of_buckets(
         tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past PREFILL_KEEP_ROWS padded rows the least recently used buckets' graphs and
