@@ -26,6 +26,12 @@ PROMPTS = ("The capital of France is", "Once upon a time, a small robot",
            "The three primary colours are", "def fibonacci(n):")
 TOKENS = 8
 TIMEOUT_S = 300.0
+CHAT = ("What is the capital of Germany?", "Berlin")
+"""A chat question and a word its greedy answer holds. SmolLM2 answers it the same way
+whether the activations of its products are rounded to int16 or, as llama.cpp rounds
+them, to int8 (its first token leads by 0.6 logits, the others by about 4). The same
+question about France is a near-tie at the first token (0.08): int16 answers "The capital
+of France is Paris.", int8 and llama.cpp "L'Étoile, la Marseillaise"."""
 
 
 def client(base: str) -> openai.OpenAI:
@@ -134,8 +140,8 @@ def api_report(base: str) -> dict[str, Any]:
         "health": get_json(base, "/health"),
         "alone": alone,
         "stream": stream_complete(base, PROMPTS[0]),
-        "chat": chat(base, "What is the capital of France?"),
-        "stream_chat": stream_chat(base, "What is the capital of France?"),
+        "chat": chat(base, CHAT[0]),
+        "stream_chat": stream_chat(base, CHAT[0]),
         "concurrent": concurrent_streams(base),
         "bad": bad_requests(base),
     }
