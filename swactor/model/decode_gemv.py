@@ -24,8 +24,8 @@ x[b, k:k+16]`` then ``acc += w[16:32] * x[b, k+16:k+32]`` over the blocks ``k`` 
 (clang contracts each into one FMA where the target has one, the same way in every
 variant: the statements are the same text), then the lanes added in one fixed tree.
 Results differ from ``gguf.quants.dequantize`` followed by an exact product only in
-float32 rounding. It serves targets other than x86-64, and the output projection
-(``gemv(..., integer=False)``: logits pick tokens, so they keep float32 rounding).
+float32 rounding. It serves targets other than x86-64 (and benchmarks side by side:
+:data:`INTEGER`).
 
 The *integer path* (x86-64: :func:`integer_path`), integer dot products as llama.cpp
 does. A first kernel (:func:`quantise`, one per product) quantises each activation row
@@ -629,28 +629,27 @@ def int_source(type_id: int, batch: int, cols: int, rows: int, per_slice: int) -
     return c_template(body, 6)
 
 
-def gemv(x: Tensor, matrix: DeviceQuant, integer: bool = True) -> Tensor:
+def gemv(x: Tensor, matrix: DeviceQuant) -> Tensor:
     """``x @ W.T`` for rows ``x`` ``float32 [B, cols]`` and a Q4_1 or Q8_0 block matrix
-    (:func:`usable` said yes): ``float32 [B, rows]``. On the integer path (``integer``
-    and the target has it, :func:`integer_path`) one kernel quantising every row, then one
+    (:func:`usable` said yes): ``float32 [B, rows]``. On the integer path (where the
+    target has it, :func:`integer_path`) one kernel quantising every row, then one
     kernel for all of them (:data:`MAX_ROWS` at a time inside each tile); on the float
     path one kernel per :data:`MAX_ROWS` rows."""
     check_columns(x, matrix.shape[1])
     batch = int(x.shape[0])
-    if integer and integer_path(str(x.device)):
+    if integer_path(str(x.device)):
         return _int_rows(quantise(x, activation_bits(matrix.type_id)), batch, matrix)
     parts = [_gemv_rows(x[start : start + MAX_ROWS] if batch > MAX_ROWS else x, matrix)
              for start in range(0, batch, MAX_ROWS)]
     return parts[0] if len(parts) == 1 else parts[0].cat(*parts[1:], dim=0)
 
 
-def prefill_usable(device: str, matrix: DeviceQuant, tokens: int, integer: bool = True
-                   ) -> bool:
+def prefill_usable(device: str, matrix: DeviceQuant, tokens: int) -> bool:
     """Whether a prefill product of ``tokens`` rows goes through :func:`gemv`: on the
     integer path at any length, on the float path up to :data:`PREFILL_ROWS` rows."""
     if not usable(device, matrix, tokens):
         return False
-    return (integer and integer_path(device)) or tokens <= PREFILL_ROWS
+    return integer_path(device) or tokens <= PREFILL_ROWS
 
 
 def quantise(x: Tensor, bits: int = 16) -> Tensor:

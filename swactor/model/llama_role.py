@@ -145,8 +145,8 @@ rows' positions and slots. Every product takes the ``B`` rows at once. On CPU a 
 Q8_0 block product (up to 8 rows) is the hand-written kernel of
 :mod:`swactor.model.decode_gemv`, the one-row decode's too: each block is unpacked once
 for all rows (on x86-64 into integer dot products with the rows quantised per block, to
-8 bits for Q4_1 as llama.cpp does, 16 for Q8_0; the output projection, whose logits
-pick tokens, in float32), each row's sums are the same arithmetic whatever ``B``, and
+8 bits for Q4_1 as llama.cpp does, 16 for Q8_0, the output projection's too), each
+row's sums are the same arithmetic whatever ``B``, and
 the product is cut into slices of output rows that the replay pool runs on several
 threads. Any
 other product is the one-row product's expression plus a row axis (``[B, out, in / 16,
@@ -763,15 +763,13 @@ class StageRole:
         return weights, kv
 
     # -- math -----------------------------------------------------------------------------
-    def _linear(self, x: Tensor, matrix: _Matrix, rows: bool = False,
-                logits: bool = False) -> Tensor:
+    def _linear(self, x: Tensor, matrix: _Matrix, rows: bool = False) -> Tensor:
         """``x @ W.T`` in float32 for a ``[out, in]`` matrix (its parts' outputs joined).
 
         ``rows``: ``x`` is independent decode rows, each computed as a one-row product
-        would be (the same 16-lane sums), not a prefill matrix product. ``logits``: the
-        output projection, kept to float32 rounding (no activation quantisation)."""
+        would be (the same 16-lane sums), not a prefill matrix product."""
         outs = [
-            self._block_linear(x, part, rows, logits) if isinstance(part, DeviceQuant)
+            self._block_linear(x, part, rows) if isinstance(part, DeviceQuant)
             else self._dense_linear(x, part, rows)
             for part in matrix.parts
         ]
@@ -809,15 +807,14 @@ class StageRole:
         ]
         return parts[0].cat(*parts[1:], dim=-1)
 
-    def _block_linear(self, x: Tensor, blocks: DeviceQuant, batch: bool = False,
-                      logits: bool = False) -> Tensor:
+    def _block_linear(self, x: Tensor, blocks: DeviceQuant, batch: bool = False) -> Tensor:
         """``x @ W.T`` with ``W`` decoded from the file's blocks inside the product's kernels
         (:func:`~swactor.model.block_kernels.dequant_expr`); nothing dense is stored.
 
         On CPU a Q4_1 or Q8_0 decode product, or a prefill product
         :func:`~swactor.model.decode_gemv.prefill_usable` allows, is
-        :func:`~swactor.model.decode_gemv.gemv` (``logits``: on its float path, else
-        the integer path where the target has it); other decode products are cut below
+        :func:`~swactor.model.decode_gemv.gemv` (on the integer path where the target has
+        it); other decode products are cut below
         ``_BLOCK_ROWS_LIMIT`` rows on CPU, each a kernel over its rows' blocks; every
         product is materialised (fused into its consumer it would be recomputed per
         consumer row).
@@ -825,13 +822,13 @@ class StageRole:
         rows = blocks.rows
         tokens = int(x.shape[0])
         if (tokens != 1 and not batch and self._cpu
-                and decode_gemv.prefill_usable(self.device, blocks, tokens, not logits)):
-            return decode_gemv.gemv(x, blocks, integer=not logits)
+                and decode_gemv.prefill_usable(self.device, blocks, tokens)):
+            return decode_gemv.gemv(x, blocks)
         if tokens != 1 and not batch:
             # prefill: a matrix product that widens the codes inside its kernel
             return block_matmul(x, blocks, self._cpu)
         if self._cpu and decode_gemv.usable(self.device, blocks, int(x.shape[0])):
-            return decode_gemv.gemv(x, blocks, integer=not logits)
+            return decode_gemv.gemv(x, blocks)
         chunk = _matvec_chunk(rows, _BLOCK_ROWS_LIMIT) if self._cpu else rows
         parts = []
         for start in range(0, rows, chunk):
@@ -977,7 +974,7 @@ class StageRole:
         assert self.output_norm is not None and self.output is not None
         row = tokens - 1 if last is None else last
         last_row = self._rms_norm(x[row : row + 1].float(), self.output_norm)
-        return self._linear(last_row, self.output, logits=True).reshape(-1).contiguous()
+        return self._linear(last_row, self.output).reshape(-1).contiguous()
 
     def _forward_rows(self, x: Tensor, *variables: UOp) -> Tensor:
         """``B`` decode rows ``x``; ``variables`` are the rows' positions then their slots
@@ -995,7 +992,7 @@ class StageRole:
             return x.contiguous().realize()
         assert self.output_norm is not None and self.output is not None
         normed = self._rms_norm(x.float(), self.output_norm)
-        return self._linear(normed, self.output, rows=True, logits=True).contiguous().realize()
+        return self._linear(normed, self.output, rows=True).contiguous().realize()
 
     def _attention_prompt(self, block: _Block, cos: Tensor, sin: Tensor, mask: Tensor,
                           tokens: int, kv: list[Tensor], x: Tensor) -> Tensor:
@@ -1050,7 +1047,7 @@ class StageRole:
         if self.is_last:
             assert self.output_norm is not None and self.output is not None
             x = self._linear(self._rms_norm(x[last : last + 1].float(), self.output_norm),
-                             self.output, rows=True, logits=True)
+                             self.output, rows=True)
         out = x.contiguous()
         Tensor.realize(out, *kv)
         return (out, *kv)

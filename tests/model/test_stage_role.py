@@ -329,8 +329,8 @@ def test_shared_embedding_rows_copied_out_equal_the_files(tmp_path: Path, qtype:
 def test_mixed_block_matrices_are_one_product_per_type(tmp_path: Path) -> None:
     """q and k (Q4_K) stack into one block matrix, v (Q6_K) is a second; an F16 block
     stacks q, k (F16 values) and v (Q6_K) likewise; block-mode logits match dense-mode
-    logits."""
-    cfg = TinyConfig(blocks=2, seed=19, matrix_type=Q.Q4_K, embd_type=Q.Q8_0,
+    logits (the tied output Q6_K: no product here quantises its activations)."""
+    cfg = TinyConfig(blocks=2, seed=19, matrix_type=Q.Q4_K, embd_type=Q.Q6_K,
                      types_by_layer={1: Q.F16}, types_by_matrix={"attn_v": Q.Q6_K})
     path = write_tiny_gguf(tmp_path / "m.gguf", cfg)
     (role,) = _block_roles(path, [(0, 2)])
