@@ -248,6 +248,12 @@ QUANT_LEVELS_8 = 127
 EIGHT_BIT = True
 """Whether Q4_1 products quantise their activations to int8 (:func:`activation_bits`);
 off, they take int16 codes as Q8_0's do (for benchmarks side by side)."""
+PREFETCH = 256
+"""How far ahead (bytes of a row's codes) an integer-path kernel asks for the codes it
+will read (``__builtin_prefetch``; 0: never). A tile reads 16 rows' blocks side by side,
+16 strided streams that the hardware prefetcher does not keep ahead of: measured side by
+side on SmolLM2 (one stage, 2 threads), a one-row decode step 7.9 ms against 11.7
+without, a 4-row step 12.4 against 16.5; 128 to 384 bytes all about equal."""
 LANES = 16  # output rows one vector holds (one AVX-512 register, two AVX2)
 _MAGIC = "12582912.0f"  # 1.5 * 2**23: (v + M) - M rounds v to nearest-even for |v| < 2**22
 
@@ -442,6 +448,24 @@ def _int_scales(q4: bool, cols: int, full: bool) -> list[str]:
     return lines
 
 
+def _prefetch(full: bool, blocks: int, size: int) -> list[str]:
+    """C asking for the codes :data:`PREFETCH` bytes ahead of block ``k`` of each of the
+    tile's 16 rows (``size`` code bytes per block), once per 64-byte line; past the
+    row's end, the next tile's rows from their start."""
+    if not PREFETCH:
+        return []
+    ahead, step = PREFETCH // size, 64 // size
+    row = "(long)o + r" if full else "(long)rr[r]"
+    after = "(long)o + 16 + r" if full else "(long)rr[r]"
+    stride = blocks * size
+    return [f"if ((k & {step - 1}) == 0) for (int r = 0; r < {LANES}; r++) {{",
+            f"  if (k + {ahead} < {blocks}) __builtin_prefetch(qs + ({row}) * {stride} "
+            f"+ (k + {ahead}) * {size});",
+            f"  else __builtin_prefetch(qs + ({after}) * {stride} "
+            f"+ (k + {ahead} - {blocks}) * {size});",
+            "}"]
+
+
 def _int_group(q4: bool, batch: int, cols: int, rows: int, full: bool) -> list[str]:
     """C for ``batch`` activation rows (from ``xq``/``xs`` on, results at ``xo``) of the
     16 output rows from ``o`` on (``full``) or of the last ``last - o`` of them (results
@@ -458,6 +482,7 @@ def _int_group(q4: bool, batch: int, cols: int, rows: int, full: bool) -> list[s
     body: list[str] = []
     halves = 1 if q4 else 2
     weights: list[str] = []
+    body += _prefetch(full, blocks, size)
     for h in range(halves):
         loads = [f"*(const v4i *)(qs + {row(r)} * {blocks * size} + k * {size} + {16 * h})"
                  for r in range(LANES)]
@@ -517,6 +542,7 @@ def _int8_group(batch: int, cols: int, rows: int, full: bool) -> list[str]:
     lines = [" ".join(f"v16 a{b} = (v16)(0.0f);" for b in range(batch))]
     lines.append(f"for (int k = 0; k < {blocks}; k++) {{")
     body = ["v16i " + ", ".join(f"wl{j}, wh{j}" for j in range(4)) + ";", "{"]
+    body += _prefetch(full, blocks, 16)
     body += _transpose([f"*(const v4i *)(qs + {row(r)} * {blocks * 16} + k * 16)"
                         for r in range(LANES)])
     # byte i of a Q4_1 block holds code i (low nibble) and code i + 16 (high nibble)

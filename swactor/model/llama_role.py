@@ -1507,6 +1507,7 @@ class StageRole:
                 "max_seq_len": self.max_seq_len, "device": self.device, "beam": self.beam,
                 "cpu_graph": self.cpu_graph, "quantised": self.quantised, "slots": self.slots,
                 "integer": decode_gemv.INTEGER, "eight_bit": decode_gemv.EIGHT_BIT,
+                "prefetch": decode_gemv.PREFETCH,
                 "attention": self._c_attention}
 
     def _adopt(self, jit: _TinyJit[_Ret], kind: str) -> None:
