@@ -269,11 +269,16 @@ def activation_bits(type_id: int) -> int:
     return 8 if EIGHT_BIT and type_id == int(Q.Q4_1) else 16
 
 
+def code_words(cols: int, bits: int) -> int:
+    """32-bit words of one quantised activation row's codes: per block 32 codes of
+    ``bits`` bits (16 words of int16 codes, 8 of int8 codes)."""
+    return cols // BLOCK * (BLOCK * bits // 32)
+
+
 def quant_words(cols: int, bits: int = 16) -> int:
-    """32-bit words of one quantised activation row: per block its 32 codes (16 words of
-    int16 codes, or 8 of int8 codes), then every block's scale ``d``, then every block's
-    ``d * sum(codes)``."""
-    return cols // BLOCK * (18 if bits == 16 else 10)
+    """32-bit words of one quantised activation row: its codes (:func:`code_words`),
+    then every block's scale ``d``, then every block's ``d * sum(codes)``."""
+    return code_words(cols, bits) + 2 * (cols // BLOCK)
 
 
 def quant_source(batch: int, cols: int, bits: int = 16) -> str:
@@ -319,7 +324,7 @@ def quant_source(batch: int, cols: int, bits: int = 16) -> str:
         "    int sum = (s4[0] + s4[1]) + (s4[2] + s4[3]);",
         f"    int *row = q + (long)b * {words};",
         *(_store16() if bits == 16 else _store8()),
-        f"    float *dd = (float *)(row + {blocks * BLOCK * bits // 32});",
+        f"    float *dd = (float *)(row + {code_words(cols, bits)});",
         f"    dd[k] = d; dd[{blocks} + k] = d * (float)sum;",
         "  }",
         "}",
@@ -466,6 +471,41 @@ def _prefetch(full: bool, blocks: int, size: int) -> list[str]:
             "}"]
 
 
+def _tile_row(full: bool, r: int) -> str:
+    """C for output row ``r`` of the tile (``rr``: the rows of a last, short tile)."""
+    return f"((long)o + {r})" if full else f"((long)rr[{r}])"
+
+
+def _block_scales(q4: bool, blocks: int) -> list[str]:
+    """C gathering block ``k``'s scales (and Q4_1 mins) of the tile's 16 rows into one
+    vector each (``dw``, ``mw``), from the widened ``sd``, ``sm``."""
+    names = [("dw", "sd")] + ([("mw", "sm")] if q4 else [])
+    return ["const v16 " + vector + " = (v16){"
+            + ", ".join(f"{array}[{r * blocks} + k]" for r in range(LANES)) + "};"
+            for vector, array in names]
+
+
+def _accumulate(q4: bool, b: int, words: int, blocks: int, sums: str) -> list[str]:
+    """C adding activation row ``b``'s block ``k`` to its running sums ``a{b}``: the
+    block's integer ``sums`` of its 16 lanes converted and scaled, plus Q4_1's min term."""
+    lines = [
+        f"  v16 f = __builtin_convertvector({sums}, v16);",
+        "  v16 t = f * dw;",
+        f"  a{b} = a{b} + t * xs[{b * words} + k];",
+    ]
+    if q4:
+        lines.append(f"  a{b} = a{b} + mw * xs[{b * words + blocks} + k];")
+    return lines
+
+
+def _store(batch: int, rows: int, full: bool) -> list[str]:
+    """C storing the ``batch`` rows' running sums at ``xo`` (not past ``last``)."""
+    if full:
+        return [f"*(v16 *)(xo + {b * rows} + o) = a{b};" for b in range(batch)]
+    return [f"for (int r = 0; o + r < last; r++) xo[{b * rows} + o + r] = a{b}[r];"
+            for b in range(batch)]
+
+
 def _int_group(q4: bool, batch: int, cols: int, rows: int, full: bool) -> list[str]:
     """C for ``batch`` activation rows (from ``xq``/``xs`` on, results at ``xo``) of the
     16 output rows from ``o`` on (``full``) or of the last ``last - o`` of them (results
@@ -474,9 +514,6 @@ def _int_group(q4: bool, batch: int, cols: int, rows: int, full: bool) -> list[s
     blocks = cols // BLOCK
     size = 16 if q4 else 32  # code bytes of one block
     words = quant_words(cols)
-
-    def row(r: int) -> str:
-        return f"((long)o + {r})" if full else f"((long)rr[{r}])"
     lines = [" ".join(f"v16 a{b} = (v16)(0.0f);" for b in range(batch))]
     lines.append(f"for (int k = 0; k < {blocks}; k++) {{")
     body: list[str] = []
@@ -484,7 +521,8 @@ def _int_group(q4: bool, batch: int, cols: int, rows: int, full: bool) -> list[s
     weights: list[str] = []
     body += _prefetch(full, blocks, size)
     for h in range(halves):
-        loads = [f"*(const v4i *)(qs + {row(r)} * {blocks * size} + k * {size} + {16 * h})"
+        loads = [f"*(const v4i *)(qs + {_tile_row(full, r)} * {blocks * size} + k * {size}"
+                 f" + {16 * h})"
                  for r in range(LANES)]
         body.append("{")
         body += _transpose(loads)
@@ -498,11 +536,7 @@ def _int_group(q4: bool, batch: int, cols: int, rows: int, full: bool) -> list[s
         body.append("}")
     weights = [f"w{g}_{j}" for g in range(4) for j in range(4)]
     body.insert(0, "v16i " + ", ".join(weights) + ";")
-    gather = ", ".join(f"sd[{r * blocks} + k]" for r in range(LANES))
-    body.append(f"const v16 dw = (v16){{{gather}}};")
-    if q4:
-        gather = ", ".join(f"sm[{r * blocks} + k]" for r in range(LANES))
-        body.append(f"const v16 mw = (v16){{{gather}}};")
+    body += _block_scales(q4, blocks)
     for b in range(batch):
         base = f"xq + {b * words} + k * 16"
         body.append(f"{{ const int *xc = {base};")
@@ -511,22 +545,10 @@ def _int_group(q4: bool, batch: int, cols: int, rows: int, full: bool) -> list[s
         for g in range(4):
             for j in range(4):
                 body.append(f"  DOT(i{g % 2}, w{g}_{j}, xc[{g * 4 + j}]);")
-        body += [
-            "  v16 f = __builtin_convertvector(i0 + i1, v16);",
-            "  v16 t = f * dw;",
-            f"  a{b} = a{b} + t * xs[{b * words} + k];",
-        ]
-        if q4:
-            body.append(f"  a{b} = a{b} + mw * xs[{b * words + blocks} + k];")
-        body.append("}")
+        body += [*_accumulate(q4, b, words, blocks, "i0 + i1"), "}"]
     lines += [f"  {line}" for line in body]
     lines.append("}")
-    for b in range(batch):
-        if full:
-            lines.append(f"*(v16 *)(xo + {b * rows} + o) = a{b};")
-        else:
-            lines.append(f"for (int r = 0; o + r < last; r++) xo[{b * rows} + o + r] = a{b}[r];")
-    return lines
+    return lines + _store(batch, rows, full)
 
 
 def _int8_group(batch: int, cols: int, rows: int, full: bool) -> list[str]:
@@ -536,41 +558,24 @@ def _int8_group(batch: int, cols: int, rows: int, full: bool) -> list[str]:
     words of codes, the same statements whatever ``batch`` and the group."""
     blocks = cols // BLOCK
     words = quant_words(cols, 8)
-
-    def row(r: int) -> str:
-        return f"((long)o + {r})" if full else f"((long)rr[{r}])"
     lines = [" ".join(f"v16 a{b} = (v16)(0.0f);" for b in range(batch))]
     lines.append(f"for (int k = 0; k < {blocks}; k++) {{")
     body = ["v16i " + ", ".join(f"wl{j}, wh{j}" for j in range(4)) + ";", "{"]
     body += _prefetch(full, blocks, 16)
-    body += _transpose([f"*(const v4i *)(qs + {row(r)} * {blocks * 16} + k * 16)"
+    body += _transpose([f"*(const v4i *)(qs + {_tile_row(full, r)} * {blocks * 16} + k * 16)"
                         for r in range(LANES)])
     # byte i of a Q4_1 block holds code i (low nibble) and code i + 16 (high nibble)
     body += [f"wl{j} = T{j} & 0x0f0f0f0f; wh{j} = (T{j} >> 4) & 0x0f0f0f0f;" for j in range(4)]
     body.append("}")
-    body.append("const v16 dw = (v16){" + ", ".join(f"sd[{r * blocks} + k]"
-                                                    for r in range(LANES)) + "};")
-    body.append("const v16 mw = (v16){" + ", ".join(f"sm[{r * blocks} + k]"
-                                                    for r in range(LANES)) + "};")
+    body += _block_scales(True, blocks)
     for b in range(batch):
         body.append(f"{{ const int *xc = xq + {b * words} + k * 8;")
         body.append("  v16i p = (v16i)(0);")
         body += [f"  DOT8(p, wl{j}, xc[{j}]); DOT8(p, wh{j}, xc[{4 + j}]);" for j in range(4)]
-        body += [
-            "  v16 f = __builtin_convertvector(SUM8(p), v16);",
-            "  v16 t = f * dw;",
-            f"  a{b} = a{b} + t * xs[{b * words} + k];",
-            f"  a{b} = a{b} + mw * xs[{b * words + blocks} + k];",
-            "}",
-        ]
+        body += [*_accumulate(True, b, words, blocks, "SUM8(p)"), "}"]
     lines += [f"  {line}" for line in body]
     lines.append("}")
-    for b in range(batch):
-        if full:
-            lines.append(f"*(v16 *)(xo + {b * rows} + o) = a{b};")
-        else:
-            lines.append(f"for (int r = 0; o + r < last; r++) xo[{b * rows} + o + r] = a{b}[r];")
-    return lines
+    return lines + _store(batch, rows, full)
 
 
 def _int_tiles(q4: bool, group: int, cols: int, rows: int, groups: str, bits: int
@@ -581,7 +586,6 @@ def _int_tiles(q4: bool, group: int, cols: int, rows: int, groups: str, bits: in
     in cache from one group to the next (see :func:`_int_group`, :func:`_int8_group` for
     ``bits`` 8)."""
     words = quant_words(cols, bits)
-    blocks = cols // BLOCK
     lines = ["int o = first;"]
     for full in (True, False):
         lines.append(f"for (; o + {LANES} <= last; o += {LANES}) {{" if full else
@@ -589,7 +593,7 @@ def _int_tiles(q4: bool, group: int, cols: int, rows: int, groups: str, bits: in
         lines += [f"  {line}" for line in _int_scales(q4, cols, full)]
         lines += [f"  for ({groups}) {{",
                   f"    const int *xq = q + (long)g * {MAX_ROWS * words};",
-                  f"    const float *xs = (const float *)xq + {blocks * BLOCK * bits // 32};",
+                  f"    const float *xs = (const float *)xq + {code_words(cols, bits)};",
                   f"    float *xo = out + (long)g * {MAX_ROWS * rows};"]
         code = (_int8_group(group, cols, rows, full) if bits == 8
                 else _int_group(q4, group, cols, rows, full))
