@@ -33,8 +33,9 @@ One run, CPU (or whatever ``tinygrad.Device.DEFAULT`` is):
    step.
 3. **llama.cpp** — when ``llama_cpp`` imports here, or the reference venv (built by
    ``just reference`` in ``~/.cache/swactor/venv-reference``) exists, its decode tokens/s
-   on the same file and thread count, and the ratio (goal 0.8x), and on one thread against
-   ours on one thread; then its warm prefill of
+   on the same file and thread count, after the same ``--prompt-len`` prompt ids (so both
+   decode at the same depth: attention grows with it), and the ratio (goal 0.8x), and on
+   one thread against ours on one thread; then its warm prefill of
    the same ``--prompt-len`` prompt ids (the median of three after a first evaluation,
    logits of the last position only, as a stage computes them) against the fastest
    variant's warm prefill (goal 0.5x). Otherwise the column is skipped with a note.
@@ -75,9 +76,11 @@ DEFAULT_VARIANTS = "f16:dense:nograph,f16:dense,f16:blocks,f32:dense,f32:blocks"
 _LLAMA_CPP_SCRIPT = r"""
 import sys, time, llama_cpp, numpy as np
 path, threads, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_threads=threads, verbose=False,
+prompt = [int(i) for i in sys.argv[4].split(",")] if len(sys.argv) > 4 else []
+llm = llama_cpp.Llama(model_path=path, n_ctx=max(512, len(prompt) + n + 8), n_batch=512,
+                      n_threads=threads, verbose=False,
                       logits_all=True)  # else llm.scores stays zero (0.3.x): token 0 fed back
-ids = llm.tokenize(b"hello world", add_bos=False)
+ids = prompt or llm.tokenize(b"hello world", add_bos=False)
 llm.eval(ids)
 times = []
 for _ in range(n):
@@ -91,9 +94,10 @@ print(1.0 / times[len(times) // 2])
 _LLAMA_CPP_PREFILL = r"""
 import sys, time, llama_cpp
 path, threads, ids = sys.argv[1], int(sys.argv[2]), [int(i) for i in sys.argv[3].split(",")]
-# logits for the last position only, as a stage computes them
-llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_batch=512, n_threads=threads,
-                      verbose=False)
+# logits for the last position only, as a stage computes them; a context that holds
+# the prompt (llama.cpp refuses a longer one), taken in batches of 512
+llm = llama_cpp.Llama(model_path=path, n_ctx=max(512, len(ids)), n_batch=512,
+                      n_threads=threads, verbose=False)
 llm.eval(ids)  # the first evaluation: buffers and repacked weights
 times = []
 for _ in range(3):
@@ -306,9 +310,12 @@ def reference_venv() -> Path:
     return Path.home() / ".cache" / "swactor" / "venv-reference"
 
 
-def llama_cpp_decode(path: Path, threads: int, tokens: int) -> float | None:
-    """llama.cpp's median decode tok/s on ``path`` with ``threads`` (None: not built)."""
-    return _llama_cpp(_LLAMA_CPP_SCRIPT, [str(path), str(threads), str(tokens)])
+def llama_cpp_decode(path: Path, threads: int, tokens: int,
+                     prompt: list[int] | None = None) -> float | None:
+    """llama.cpp's median decode tok/s on ``path`` with ``threads`` (None: not built),
+    decoding after ``prompt`` (default: the two tokens of "hello world")."""
+    extra = [",".join(str(i) for i in prompt)] if prompt else []
+    return _llama_cpp(_LLAMA_CPP_SCRIPT, [str(path), str(threads), str(tokens), *extra])
 
 
 def llama_cpp_prefill(path: Path, threads: int, prompt: list[int]) -> float | None:
@@ -393,20 +400,21 @@ def main(argv: list[str]) -> int:
     best_variant = max(ours, key=lambda v: rate(v, threads))
     best = rate(best_variant, threads)
     print(f"  fastest: {best_variant}")
-    reference = llama_cpp_decode(path, threads, args.tokens)
+    prompt = _prompt(args.prompt_len)  # llama.cpp decodes at the depth ours did
+    reference = llama_cpp_decode(path, threads, args.tokens, prompt)
     if reference is None:
         print("  llama.cpp: skipped (llama_cpp does not import and no reference venv; "
               "`just reference` builds it)")
     else:
         print(f"  llama.cpp decode {reference:.1f} tok/s on {threads} threads; ours/llama.cpp "
               f"= {best / reference:.2f}x (goal 0.8x)")
-        theirs = llama_cpp_prefill(path, threads, _prompt(args.prompt_len))
+        theirs = llama_cpp_prefill(path, threads, prompt)
         if theirs is not None:
             print(f"  llama.cpp prefill {args.prompt_len} tokens {theirs:.1f} tok/s warm on "
                   f"{threads} threads; ours ({best_variant}) / llama.cpp = "
                   f"{prefills[best_variant] / theirs:.2f}x (goal 0.5x)")
         if threads > 1 and 1 in ours[best_variant]:
-            single = llama_cpp_decode(path, 1, args.tokens)
+            single = llama_cpp_decode(path, 1, args.tokens, prompt)
             if single is not None:
                 print(f"  llama.cpp decode {single:.1f} tok/s on 1 thread; ours "
                       f"({best_variant}) on 1 thread / llama.cpp 1 thread = "
