@@ -55,13 +55,14 @@ takes 1.6 ms at position 24, mostly the replay's own cost, and 2.5 ms at positio
 with each key's pair sums gathered into the rows by scalar stores instead of shuffles,
 3.2 ms; with one pass per head, each key's tree in scalar code and each exponential
 alone, 4.8 ms. A prompt's attention on AVX2 (2-core AMD EPYC, one block's slices run one
-after another on one thread, f16 keys and values): 512 rows 9.1 ms with one pass over
-the values for the set, 6.3 ms with one per head; 2048 rows 143 against 101 ms (so 30
-blocks on two threads had taken about half of a long prompt's prefill). A 1900-token
-prompt's warm prefill of the whole model then took 3.3-3.5 s against 3.7-4.0 s (best of
-5, two runs each, taking turns). Of the 101 ms (perf, by C line) the scores take about
-60%, the sums over the values 30%, the exponentials 7%; sets of 1 or 2 heads make the
-scores slower (116 and 118 ms), since each key is then widened from f16 once per set.
+after another on one thread, f16 keys and values): 512 rows 6.3 ms with one pass over
+the values per head, 9.1 ms with one for the set; 2048 rows 101 against 143 ms. Over 30
+blocks on two threads that is about 40% of a long prompt's prefill: a 1900-token
+prompt's warm prefill of the whole model takes 3.3-3.5 s with a pass per head, 3.7-4.0 s
+with one per set (best of 5, two runs each, taking turns). Of the 101 ms (perf, by C
+line) the scores take about 60%, the sums over the values 30%, the exponentials 7%; sets
+of 1 or 2 heads make the scores slower (116 and 118 ms), since each key is then widened
+from f16 once per set.
 
 A prompt's attention on CPU (:func:`attend_prompt`, the role's CPU prefill graph) is
 the same kernel in ``prompt`` mode: slice ``(b, g)`` is prompt row ``b`` at position
