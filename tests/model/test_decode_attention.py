@@ -4,9 +4,13 @@ replayed from a TinyJit with the positions and slots as bound variables."""
 
 from __future__ import annotations
 
+import ctypes
 import math
+import platform
 import re
+import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -300,3 +304,78 @@ def test_prompt_attention_refuses_keys_of_another_length() -> None:
     case = Case(shape, 6, seed=1)
     with pytest.raises(ValueError, match="does not fit"):
         _prompt(case, 6, case.cache_k[0, :, :5], case.cache_v[0, :, :5])
+
+
+_FMA_TARGETS = {  # clang flags: the CPU flags (/proc/cpuinfo) they need
+    "avx2": (["-march=x86-64-v3"], {"avx2", "fma", "f16c"}),
+    # the AVX-512 branch's C (plain vector extensions) built for AVX2: both branches
+    # side by side on a machine without AVX-512
+    "avx2-set-pass": (["-march=x86-64-v3", "-D__AVX512F__"], {"avx2", "fma", "f16c"}),
+    "avx512": (["-march=x86-64-v4"], {"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
+}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return next((set(line.split(":", 1)[1].split()) for line in text.splitlines()
+                 if line.startswith("flags")), set())
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+                    reason="x86-64 targets")
+@pytest.mark.parametrize("prompt", [False, True], ids=["decode", "prompt"])
+def test_every_x86_target_with_fma_attends_alike(tmp_path: Path, prompt: bool) -> None:
+    """The kernel's C built for each x86-64 level with FMA this CPU runs (AVX2, where
+    each head takes its own pass over the values, and AVX-512, where the head set takes
+    one; and the AVX-512 branch built for AVX2): SmolLM2's block shape over an f16 cache
+    gives the same outputs and cache writes bit for bit on each, and as tinygrad's own
+    build (``-march=native``)."""
+    shape = Shape(9, 3, 64, 64, True)
+    positions, slots = [MAX_SEQ - 1, 17, 0], [1, 4, 6]
+    case = Case(shape, MAX_SEQ if prompt else len(positions), seed=21)
+    keys, values = case.cache_k[3], case.cache_v[3]  # a prompt's own [kv, T, hd]
+    rows = MAX_SEQ if prompt else len(positions)
+    source = decode_attention.attention_source(
+        rows, shape.heads, shape.kv, shape.hd, shape.rope_dim, rows if prompt else MAX_SEQ,
+        True, prompt=prompt)
+    if prompt:
+        arguments = ["float *p0", "const float *p1", "const float *p2", "const float *p3",
+                     "unsigned short *p4", "unsigned short *p5", "int p6"]
+    else:
+        arguments = ["float *p0", "const float *p1", "const int *p2", "const float *p3",
+                     "const float *p4", "unsigned short *p5", "unsigned short *p6", "int p7"]
+    names = [a.split("*")[-1].split()[-1] for a in arguments]
+    code = f"void attend({', '.join(arguments)}) " + source.format(*names)
+    where = np.array(positions + slots, np.int32)
+    have = _cpu_flags()
+    results: dict[str, list[npt.NDArray[np.generic]]] = {}
+    for target, (flags, needs) in _FMA_TARGETS.items():
+        if not needs <= have:
+            continue
+        library = tmp_path / f"attend_{target}.so"
+        subprocess.run(["clang", "-shared", "-x", "c", "-O2", "-fPIC", "-ffreestanding",
+                        "-fno-math-errno", "-nostdlib", *flags, "-", "-o", str(library)],
+                       input=code.encode(), check=True)
+        kernel = ctypes.CDLL(str(library)).attend
+        out = np.full((rows, shape.heads * shape.hd), np.nan, np.float32)
+        qkv = np.ascontiguousarray(case.qkv[:rows])
+        cos, sin = case.cos[:rows].copy(), case.sin[:rows].copy()
+        if prompt:
+            ck, cv = keys[:, :rows].copy(), values[:, :rows].copy()
+            buffers: list[npt.NDArray[np.generic]] = [out, qkv, cos, sin, ck, cv]
+        else:
+            ck, cv = case.cache_k.copy(), case.cache_v.copy()
+            buffers = [out, qkv, where, case.cos, case.sin, ck, cv]
+        pointers = [b.ctypes.data_as(ctypes.c_void_p) for b in buffers]
+        for item in range(rows * shape.kv):
+            kernel(*pointers, ctypes.c_int(item))
+        results[target] = [out, ck, cv]
+    assert {"avx2", "avx2-set-pass"} <= set(results) or not {"avx2", "fma", "f16c"} <= have
+    native = (_prompt(case, rows, keys[:, :rows], values[:, :rows]),) if prompt else (
+        case.run(positions, slots))
+    for got in results.values():
+        for mine, theirs in zip(got, native, strict=False):
+            assert np.array_equal(_bits(mine), _bits(theirs))
