@@ -8,7 +8,6 @@ import ctypes
 import math
 import platform
 import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from tinygrad.uop.ops import UOp
 
 from swactor.model import cpu_graph, decode_attention
 from swactor.model.cpu_graph import CpuGraph
+from tests.model.c_targets import build, cpu_flags
 
 pytestmark = pytest.mark.skipif(not Device.DEFAULT.startswith("CPU"),
                                 reason="a CPU-device kernel")
@@ -315,15 +315,6 @@ _FMA_TARGETS = {  # clang flags: the CPU flags (/proc/cpuinfo) they need
 }
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    return next((set(line.split(":", 1)[1].split()) for line in text.splitlines()
-                 if line.startswith("flags")), set())
-
-
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
                     reason="x86-64 targets")
 @pytest.mark.parametrize("prompt", [False, True], ids=["decode", "prompt"])
@@ -350,16 +341,12 @@ def test_every_x86_target_with_fma_attends_alike(tmp_path: Path, prompt: bool) -
     names = [a.split("*")[-1].split()[-1] for a in arguments]
     code = f"void attend({', '.join(arguments)}) " + source.format(*names)
     where = np.array(positions + slots, np.int32)
-    have = _cpu_flags()
+    have = cpu_flags()
     results: dict[str, list[npt.NDArray[np.generic]]] = {}
     for target, (flags, needs) in _FMA_TARGETS.items():
         if not needs <= have:
             continue
-        library = tmp_path / f"attend_{target}.so"
-        subprocess.run(["clang", "-shared", "-x", "c", "-O2", "-fPIC", "-ffreestanding",
-                        "-fno-math-errno", "-nostdlib", *flags, "-", "-o", str(library)],
-                       input=code.encode(), check=True)
-        kernel = ctypes.CDLL(str(library)).attend
+        kernel = build(code, f"attend_{target}", flags, tmp_path).attend
         out = np.full((rows, shape.heads * shape.hd), np.nan, np.float32)
         qkv = np.ascontiguousarray(case.qkv[:rows])
         cos, sin = case.cos[:rows].copy(), case.sin[:rows].copy()

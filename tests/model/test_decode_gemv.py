@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import platform
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ from swactor.model import cpu_graph, decode_gemv
 from swactor.model.block_kernels import DeviceQuant, to_device
 from swactor.model.cpu_graph import CpuGraph
 from swactor.model.dequant import QuantMatrix
+from tests.model.c_targets import build, cpu_flags
 
 pytestmark = pytest.mark.skipif(not Device.DEFAULT.startswith("CPU"),
                                 reason="a CPU-device kernel")
@@ -226,25 +226,6 @@ _TARGETS = {  # clang flags: the CPU flags (/proc/cpuinfo) they need
 }
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    return next((set(line.split(":", 1)[1].split()) for line in text.splitlines()
-                 if line.startswith("flags")), set())
-
-
-def _build(source: str, name: str, flags: list[str], where: Path) -> ctypes.CDLL:
-    """``source`` (a slice's C statement) as ``void name(...)`` in a shared library built
-    with ``flags`` (tinygrad's own clang options otherwise)."""
-    library = where / f"{name}.so"
-    subprocess.run(["clang", "-shared", "-x", "c", "-O2", "-fPIC", "-ffreestanding",
-                    "-fno-math-errno", "-nostdlib", *flags, "-", "-o", str(library)],
-                   input=source.encode(), check=True)
-    return ctypes.CDLL(str(library))
-
-
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
                     reason="x86-64 targets")
 @pytest.mark.parametrize("eight_bit", [True, False], ids=["int8", "int16"])
@@ -278,14 +259,14 @@ def test_every_x86_target_computes_the_integer_path_alike(
     names = [a.split("*")[-1].split()[-1] for a in arguments]
     gemv_c = (f"void gemv({', '.join(arguments)}) "
               + decode_gemv.int_source(int(qtype), batch, cols, rows, per_slice).format(*names))
-    have = _cpu_flags()
+    have = cpu_flags()
     quantised: dict[str, npt.NDArray[np.int32]] = {}
     products: dict[str, npt.NDArray[np.float32]] = {}
     for target, (flags, needs) in _TARGETS.items():
         if not needs <= have:
             continue
-        quant = _build(quant_c, "quant_" + target, flags, tmp_path)
-        gemv = _build(gemv_c, "gemv_" + target, flags, tmp_path)
+        quant = build(quant_c, "quant_" + target, flags, tmp_path)
+        gemv = build(gemv_c, "gemv_" + target, flags, tmp_path)
         q = np.zeros((batch, words), np.int32)
         quant.quant(q.ctypes.data_as(ctypes.c_void_p), x.ctypes.data_as(ctypes.c_void_p))
         out = np.full((batch, rows), np.nan, np.float32)
