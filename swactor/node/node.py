@@ -160,6 +160,14 @@ class NodeBootError(Exception):
     """The node could not boot; the message names the step and the cause."""
 
 
+def worker_failure(notice: WorkerFailedNotice) -> str:
+    """Node boot's account of a worker that failed to start: the WorkerFatal reason it
+    reported, if any, and its own last stderr line (a backend's exception, say)."""
+    reason = f" ({notice.fatal.value})" if notice.fatal is not None else ""
+    said = f": {notice.stderr_tail}" if notice.stderr_tail else " (see its stderr)"
+    return f"the GPU worker failed to start{reason}{said}"
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     """What one node process is told on its command line."""
@@ -510,7 +518,7 @@ class StageNode:
         self._ctl.tell(gwc.StartWorker())
         notice = await self.notices.get()
         if isinstance(notice, WorkerFailedNotice):
-            self.boot_failure = "the GPU worker failed to start (see its stderr)"
+            self.boot_failure = worker_failure(notice)
             self.deliver(nb.WorkerFailed())
             return
         self._worker_pid = notice.pid

@@ -130,6 +130,9 @@ from swactor.wire import (
 
 log = logging.getLogger(__name__)
 
+STDERR_TAIL_CHARS = 400
+"""The most of the worker's last stderr line a `WorkerFailedNotice` carries."""
+
 RING_HELPER_ABI: int = _ring_lib.RING_ABI_VERSION
 """The native ring helper ABI this node requires (native/ring.h RING_ABI_VERSION)."""
 
@@ -151,6 +154,11 @@ class WorkerFailedNotice:
     """The worker cannot run: init failure, or a crash without restart (to node boot)."""
 
     generation: WorkerGeneration
+    fatal: WorkerFatalReason | None = None
+    """The reason of the WorkerFatal the worker reported before it exited, if it did."""
+    stderr_tail: str = ""
+    """The last line the worker wrote on stderr, at most `STDERR_TAIL_CHARS` (its own
+    account of the failure: a backend's exception, say)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +301,8 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
         self.exit_code = 0
         self.fatal: WorkerFatalReason | None = None
         """The current generation's WorkerFatal reason (NoteWorkerFatal), if any."""
+        self.stderr_tail = ""
+        """The current generation's last stderr line (`WorkerFailedNotice.stderr_tail`)."""
         self.process: ActorRef[ProcessCommand] | None = None
         self._ctx: Context[Mail] | None = None
         self.doorbells = doorbells
@@ -363,6 +373,8 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
                 return gwc.ProcessSpawnFailed()
             case Line(stream=Stream.stderr, text=text):
                 log.info("worker g%d: %s", int(self.generation), text)
+                if text.strip():
+                    self.stderr_tail = text.strip()[:STDERR_TAIL_CHARS]
                 return None
             case Line(text=text, truncated=truncated):
                 event = decode_worker_line(text, truncated)
@@ -419,7 +431,7 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
         self._route(WorkerReadyNotice(worker_generation, pid, backend))
 
     def report_worker_failed(self) -> None:
-        self._route(WorkerFailedNotice(self.generation))
+        self._route(WorkerFailedNotice(self.generation, self.fatal, self.stderr_tail))
 
     def report_worker_crashed(self) -> None:
         self._route(WorkerCrashed(self.generation, self.exit_code, self.fatal))
@@ -536,6 +548,7 @@ class GpuWorkerCtl(Actor[Mail], gwc.GpuWorkerCtlEffects[None]):
         self.restarts += 1
         self.budget.record(self.clock())
         self.fatal = None
+        self.stderr_tail = ""
         self.installed.clear()
         self.process = None
 
