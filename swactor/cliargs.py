@@ -103,6 +103,16 @@ def thread_count(text: str) -> int:
     return value
 
 
+def add_device_argument(parser: argparse.ArgumentParser, whose: str) -> None:
+    """`--device NAME` (default None: tinygrad's best available), for `whose` worker(s)."""
+    parser.add_argument(
+        "--device", default=None, metavar="NAME",
+        help=f"the tinygrad device {whose} stage worker computes on (CPU, CUDA, NV, AMD, "
+        "METAL, GPU, ...; default: tinygrad's best available, or what its DEV environment "
+        "variable names); a device the worker cannot open fails the node's boot with the "
+        "worker's reason")
+
+
 def add_threads_argument(parser: argparse.ArgumentParser, whose: str,
                          default: str = "the CPUs the worker may use") -> None:
     """`--threads N` (default None: the worker's CPU count, or what `default` says),

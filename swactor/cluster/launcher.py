@@ -78,6 +78,7 @@ class LocalCluster:
         swim: bool = False,
         models_dirs: list[Path] | None = None,
         threads: int | None = None,
+        device: str | None = None,
     ) -> None:
         if count < 1:
             raise ClusterError("a cluster needs at least one node")
@@ -93,6 +94,8 @@ class LocalCluster:
         """One `--models-dir` per node (None: the nodes' default model cache)."""
         self.threads = threads
         """Each node's `--threads` (None: the nodes' default)."""
+        self.device = device
+        """Each node's `--device` (None: the nodes' default, tinygrad's best)."""
         self.seed: tuple[str, int] | None = None
         """With `swim`: the SWIM address the nodes join through (set before `start`)."""
         keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -132,6 +135,8 @@ class LocalCluster:
             argv += ["--models-dir", str(self.models_dirs[index])]
         if self.threads is not None:
             argv += ["--threads", str(self.threads)]
+        if self.device is not None:
+            argv += ["--device", self.device]
         if self.swim:
             if self.seed is None:
                 raise ClusterError("a SWIM cluster needs its seed address before it starts")

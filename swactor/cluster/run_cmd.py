@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from swactor.cliargs import add_threads_argument, at_least
+from swactor.cliargs import add_device_argument, add_threads_argument, at_least
 from swactor.node.role_config import DEFAULT_WEIGHT_MODE, WEIGHT_MODES
 from swactor.orchestrator.orchestrate_cmd import add_run_arguments
 
@@ -54,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--weights", choices=WEIGHT_MODES, default=DEFAULT_WEIGHT_MODE,
                         help="each node's weight mode (swactor node --weights): blocks "
                         "(default: faster CPU decode from the file's blocks) or dense")
+    add_device_argument(parser, "each node's")
     add_threads_argument(parser, "each node's")
     parser.add_argument("--verbose", action="store_true",
                         help="echo the nodes' stderr and the orchestrator's events")
@@ -88,7 +89,7 @@ async def _run(args: argparse.Namespace, keys: Path) -> int:
         os.environ["SWACTOR_CLUSTER_ECHO"] = "1"
     cluster = LocalCluster(args.nodes, keys, args.events_dir, args.arena_ceiling,
                            args.log_level, weights=args.weights, swim=True,
-                           threads=args.threads)
+                           threads=args.threads, device=args.device)
     try:
         options = session_options(args, cluster.orchestrator, ())
     except ValueError as error:

@@ -34,7 +34,13 @@ import sys
 from pathlib import Path
 
 from swactor import heap, memtrace
-from swactor.cliargs import add_threads_argument, byte_count_arg, node_id, port_number
+from swactor.cliargs import (
+    add_device_argument,
+    add_threads_argument,
+    byte_count_arg,
+    node_id,
+    port_number,
+)
 from swactor.events.emitter import add_event_arguments, configure_from_args
 from swactor.membership.admission import Admission
 from swactor.membership.cli import add_admission_arguments, admission_from_args, parse_address
@@ -97,9 +103,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "Q4_0 to Q8_0, F16, BF16: faster decode on CPU, memory about the "
                         "file's bytes) or "
                         "dense (dequantised once at load into the plan's dtype)")
-    parser.add_argument("--device", default=None, metavar="NAME",
-                        help="the worker's tinygrad device (CPU, CUDA, NV, AMD, METAL, GPU, "
-                        "...; default: tinygrad's best available)")
+    add_device_argument(parser, "the")
     add_threads_argument(parser, "the worker's")
     parser.add_argument("--log-level", default="WARNING",
                         help="Python logging level on stderr (default WARNING)")

@@ -53,7 +53,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from swactor.cliargs import add_threads_argument, at_least, port_number, slot_count
+from swactor.cliargs import (
+    add_device_argument,
+    add_threads_argument,
+    at_least,
+    port_number,
+    slot_count,
+)
 from swactor.model.paths import model_location
 from swactor.serve.interrupts import Stops, run_stoppable
 from swactor.serve.spares import WarmKey, place
@@ -249,6 +255,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="each node's arena size (default 256MiB)")
     parser.add_argument("--weights", choices=WEIGHT_MODES, default=DEFAULT_WEIGHT_MODE,
                         help="each node's weight mode (swactor node --weights)")
+    add_device_argument(parser, "each local node's")
     add_threads_argument(parser, "each local node's",
                          "the CPUs over the stages that compute at once "
                          "(the objects in flight, at most the stages): 2 for 3 stages on 2 "
@@ -604,7 +611,7 @@ async def _serve_local(args: argparse.Namespace, keys: Path, stops: Stops) -> in
                                                   args.objects_in_flight, os.cpu_count() or 1)
     cluster = LocalCluster(args.nodes, keys, args.events_dir, args.arena_ceiling,
                            args.log_level, weights=args.weights, swim=True,
-                           threads=threads)
+                           threads=threads, device=args.device)
     try:
         options = serve_options(cluster.orchestrator, (), args.model,
                                 max_seq_len=args.max_seq_len, split=args.split,

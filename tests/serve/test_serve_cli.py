@@ -124,6 +124,18 @@ def test_serve_refuses_bad_flags_with_exit_2(argv: list[str], words: str) -> Non
     assert "Traceback" not in done.stderr
 
 
+def test_serve_device_reaches_the_local_nodes_workers() -> None:
+    """`--device` is each local node's `--device`: a device tinygrad has no backend for
+    fails the node's boot, and serve's error quotes the worker's own reason (the default
+    device would have served)."""
+    done = swactor("serve", "--port", "0", "--device", "nosuchdev", "--warm-prompt-tokens",
+                   "0", "--warm-batch-rows", "0")
+    assert done.returncode == 2, done.stderr
+    assert "node 0 did not boot" in done.stderr
+    assert "ops_nosuchdev" in done.stderr  # the worker tried to open NOSUCHDEV
+    assert "Traceback" not in done.stderr
+
+
 def test_serve_refuses_a_port_in_use_before_starting_nodes() -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
