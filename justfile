@@ -63,12 +63,17 @@ lint: setup
 bench *WHICH: setup
     {{py}} -m bench {{ if WHICH == "" { "report" } else { WHICH } }}
 
-# On whatever device tinygrad finds (the CPU when there is no GPU): the checks a GPU machine
-# runs first. Decode benchmark (dense, blocks) and 1/2/3-stage greedy equality (SmolLM2, K-quants).
+# On whatever device tinygrad finds (the CPU when there is no GPU; DEV=CUDA picks one): the
+# checks a GPU machine runs first. Decode benchmark (dense, blocks), 1/2/3-stage greedy
+# equality (SmolLM2, K-quants), batched decode by rows per step, one-stage serving at 1 and
+# 4 clients, and the served API with 4 concurrent streams each equal to its prompt alone.
 gpu-check: setup
     {{py}} -c "from tinygrad import Device; print('gpu-check on tinygrad device', Device.DEFAULT)"
     timeout 300 {{py}} -m bench model --variants f16:dense,f16:blocks,f32:blocks --repeat 1 --tokens 32
     timeout 300 {{py}} -m pytest -q -p no:cacheprovider tests/model/test_smollm2.py tests/model/test_stage_role.py -k "identical or block_decode"
+    timeout 300 {{py}} -m bench batch --sizes 1,2,4 --steps 16 --rounds 2
+    timeout 400 {{py}} -m bench serve --stages 1 --levels 1,4 --no-llama --max-tokens 32 --long-tokens 128
+    timeout 300 {{py}} -m pytest -q -p no:cacheprovider tests/serve/test_e2e_serve.py -k "completion_and_chat or streaming_gives or four_concurrent"
 
 # Fault matrix: one injected fault per run on a 3-node loopback cluster with a tiny
 # GGUF; rewrites the README "Fault behaviour" table from the rows (also when a case fails).
