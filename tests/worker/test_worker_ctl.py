@@ -42,6 +42,7 @@ from swactor.wire import (
     StepFailed,
     StepFailure,
     UninstallReason,
+    WorkerFatalReason,
     WorkerGeneration,
 )
 from tests.worker.ctl_rig import Collector, install_command, take
@@ -176,6 +177,7 @@ async def init_failure_scenario() -> None:
         ctl.tell(gwc.StartWorker())
         failed = await take(boot_q, WorkerFailedNotice)
         assert failed.generation == 1
+        assert failed.fatal is WorkerFatalReason.RingHelperAbiMismatch  # noted at init
         # Failed keeps answering every command, so no waiter hangs.
         command, ring = install_command(arena, 1, RingDirection.Ingress, RING, 1 << 16)
         ctl.tell(gwc.InstallRing(command))
@@ -210,14 +212,19 @@ async def init_timeout_scenario() -> None:
     boot_q: asyncio.Queue[Any] = asyncio.Queue()
     async with Runtime("node") as runtime:
         routes = WorkerRoutes(node_boot=runtime.spawn(lambda: Collector(boot_q), "boot"))
-        silent = (sys.executable, "-c", "import sys; sys.stdin.read()")  # never answers
+        silent = (sys.executable, "-c",  # says so on stderr, never answers
+                  "import sys; print('never answers', file=sys.stderr, flush=True); "
+                  "print(file=sys.stderr, flush=True); sys.stdin.read()")
         config = WorkerCtlConfig(arena.fd, arena.size, argv=silent, init_timeout_s=0.5,
                                  kill_grace_s=0.1)  # fmt: skip
         ctl = runtime.spawn(lambda: GpuWorkerCtl(config, routes, arena, doorbells=bells),
                             "gpu-worker",
                             mailbox_capacity=64)  # fmt: skip
         ctl.tell(gwc.StartWorker())
-        assert (await take(boot_q, WorkerFailedNotice, timeout=30)).generation == 1
+        failed = await take(boot_q, WorkerFailedNotice, timeout=30)
+        assert failed.generation == 1
+        assert failed.stderr_tail == "never answers"  # its last line that says something
+        assert failed.fatal is None
         assert _state(runtime) is gwc.State.Failed
     bells.close()
     arena.close()
