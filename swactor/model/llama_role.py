@@ -95,7 +95,7 @@ A prompt of at most :data:`~swactor.model.decode_gemv.PREFILL_ROWS` rows is padd
 a multiple of ``SHORT_PREFILL_BUCKET`` (8, the decode kernel's rows per pass), longer
 ones to a multiple of ``PREFILL_BUCKET`` up to ``LONG_PREFILL_ROWS`` rows, past it of a
 step that grows with the length (``LONG_PREFILL_ROWS`` says why); a role keeps at most
-``PREFILL_KEEP_ROWS`` rows of buckets built, the least recently used dropped first.
+``PREFILL_KEEP_BYTES`` of buckets built, the least recently used dropped first.
 Short prompts' 8-row steps, measured on SmolLM2 Q4_1 (one stage, 2
 cores): a 5-token prompt 16 ms padded to 8 rows against 20 ms padded to 16, the
 prompts of ``bench serve`` 45 against 51 ms on average. It costs eight buckets up to
@@ -251,12 +251,18 @@ context of 2048 positions has 44 buckets instead of 132. Each bucket is a graph 
 its first prompt (measured on SmolLM2 Q4_1, one stage, 2 cores: 9 s at 256 rows, 20 s
 at 1024, 38 s at 2048) and an entry of the kernel cache
 (:data:`~swactor.model.jit_cache.KEEP_ENTRIES`)."""
-PREFILL_KEEP_ROWS = 4096
-"""The most padded rows of prefill buckets a role keeps built at once: past it the least
-recently used buckets' graphs and inputs are dropped (rebuilt, or loaded from the kernel
-cache, at their next prompt). A kept bucket holds its graph's intermediates, about 0.1
-MB per row on SmolLM2 (measured RSS: +99 MB for a 1040-row bucket, +195 MB for 2048), so
-prompts of many lengths would otherwise grow a serving stage without bound."""
+PREFILL_KEEP_BYTES = 320 << 20
+"""The most device memory the prefill buckets a role keeps built may hold at once: past
+it the least recently used buckets' graphs and inputs are dropped (rebuilt, or loaded
+from the kernel cache, at their next prompt). A kept bucket holds its graph's own
+buffers (intermediates and outputs) and its inputs, which grow with its rows and with
+the model's widths: prompts of many lengths would otherwise grow a serving stage without
+bound, and a budget in rows would hold ten times the memory on a model ten times as
+wide. :meth:`StageRole.bucket_bytes` counts them (the same bytes as the allocator's
+before and after building a bucket); a new bucket counts once its graph is captured, so
+while it builds, the buckets held pass the budget by it. On SmolLM2 (one stage, blocks,
+f32): 9.1 MB for the 112-row bucket, 51 MB for 640 rows (about 80 KB per row, 46 KB of
+it the keys and values a CPU prefill returns), so this keeps about 4100 rows."""
 SHORT_PREFILL_BUCKET = decode_gemv.MAX_ROWS
 """A CPU prefill of at most :data:`~swactor.model.decode_gemv.PREFILL_ROWS` rows is padded
 to a multiple of this: each padding row costs a row's products (on the float path, a
@@ -289,6 +295,12 @@ def _matvec_chunk(out_features: int, limit: int = 1024) -> int:
         if out_features % rows == 0:
             return rows
     return out_features
+
+
+def _graph_buffers(captured: Any) -> dict[int, int]:
+    """The buffers a captured JIT graph reads or writes: ``id`` -> bytes."""
+    return {id(u.buffer): u.buffer.nbytes for u in captured.linear.toposort()
+            if u.op is Ops.BUFFER}
 
 
 def _host_view(tensor: Tensor) -> npt.NDArray[np.generic]:
@@ -554,6 +566,13 @@ class StageRole:
         self._prefill: dict[int, _PrefillJit] = {}
         self._prompt_buffers: dict[int, _PrefillInputs] = {}  # CPU prefill inputs by bucket
         self._held_buckets: dict[int, None] = {}  # prefill buckets kept, least recent first
+        self._bucket_graphs: dict[int, dict[int, int]] = {}
+        """Each kept bucket's captured graph: its buffers (``id`` -> bytes)."""
+        self._decode_buffers: frozenset[int] | None = None
+        """The decode graph's buffers (weights, caches: shared), once it is captured."""
+        self._warming = False
+        """In :meth:`warm_up`: a new bucket that does not fit is dropped by the warm-up
+        itself (it, not the least recently used), so noting it drops nothing."""
         # on CPU, host views of every block's KV caches: a prefill's keys and values are
         # copied into the prompt's slot through them (the buffers never move)
         self._cache_views = [(_host_view(b.cache_k), _host_view(b.cache_v))
@@ -564,7 +583,8 @@ class StageRole:
         self._rows: dict[int, _DecodeRunner] = {}  # decode JITs by rows per step (2+)
         self._kernels = KernelCache.for_role(
             self, self._structure(),
-            skip=("_decode", "_prefill", "_prompt_buffers", "_held_buckets", "_decode_runner",
+            skip=("_decode", "_prefill", "_prompt_buffers", "_held_buckets", "_bucket_graphs",
+                  "_decode_buffers", "_decode_runner",
                   "_rows", "_kernels",
                   "sampling",
                   "last_logits"))
@@ -1283,23 +1303,64 @@ class StageRole:
         return max(tokens, min(self.max_seq_len, -(-tokens // step) * step))
 
     def _hold_bucket(self, padded: int) -> None:
-        """Mark the prefill bucket of ``padded`` rows as the most recently used, and past
-        ``PREFILL_KEEP_ROWS`` kept rows drop the least recently used other buckets'
-        graphs and inputs (their memory given back)."""
+        """Mark the prefill bucket of ``padded`` rows as the most recently used (it counts
+        once its graph is captured, :meth:`_note_bucket`)."""
         self._held_buckets.pop(padded, None)
         self._held_buckets[padded] = None
+
+    def _note_bucket(self, padded: int, prefill: _PrefillJit) -> None:
+        """After a bucket's prefill: note its graph's buffers once captured, and past
+        ``PREFILL_KEEP_BYTES`` drop the least recently used other buckets (not while
+        warming up: there the warm-up drops the bucket that does not fit)."""
+        captured = prefill.captured
+        if captured is None or padded in self._bucket_graphs or padded not in self._held_buckets:
+            return
+        self._bucket_graphs[padded] = _graph_buffers(captured)
+        if self._decode_buffers is None and self._decode.captured is not None:
+            self._decode_buffers = frozenset(_graph_buffers(self._decode.captured))
+        if self._warming:
+            return
         dropped = []
-        while sum(self._held_buckets) > PREFILL_KEEP_ROWS and len(self._held_buckets) > 1:
-            oldest = next(iter(self._held_buckets))
-            del self._held_buckets[oldest]
-            self._prefill.pop(oldest, None)
-            self._prompt_buffers.pop(oldest, None)
-            dropped.append(oldest)
+        while self._over_budget():
+            dropped.append(next(iter(self._held_buckets)))
+            self._drop_bucket(dropped[-1])
         if dropped:
-            gc.collect()  # a dropped graph's buffers are freed with it
-            self._release_build_memory()
-            log.info("dropped prefill buckets %s (least recently used) to keep %d rows",
-                     dropped, PREFILL_KEEP_ROWS)
+            log.info("dropped prefill buckets %s (least recently used) to keep %d MiB",
+                     dropped, PREFILL_KEEP_BYTES >> 20)
+
+    def bucket_bytes(self) -> dict[int, int]:
+        """The bytes each kept prefill bucket holds alone (least recently used first):
+        its inputs and the buffers of its graph that no other graph of the role reads
+        (the weights and caches are the decode graph's, and every bucket's). A bucket
+        whose graph is not captured yet counts its inputs only."""
+        seen: dict[int, int] = {}
+        for graph in self._bucket_graphs.values():
+            for key in graph:
+                seen[key] = seen.get(key, 0) + 1
+        shared = self._decode_buffers or frozenset()
+        sizes = {}
+        for padded in self._held_buckets:
+            graph = self._bucket_graphs.get(padded, {})
+            inputs = self._prompt_buffers.get(padded)
+            sizes[padded] = sum(size for key, size in graph.items()
+                                if key not in shared and seen[key] == 1) + (
+                sum(t.nbytes() for t in inputs.tensors) if inputs else 0)
+        return sizes
+
+    def _over_budget(self) -> bool:
+        """Whether the kept buckets hold more than ``PREFILL_KEEP_BYTES`` (one bucket alone
+        is always kept, however large)."""
+        return (len(self._held_buckets) > 1
+                and sum(self.bucket_bytes().values()) > PREFILL_KEEP_BYTES)
+
+    def _drop_bucket(self, padded: int) -> None:
+        """Drop a bucket's graph and inputs, their memory given back."""
+        del self._held_buckets[padded]
+        self._bucket_graphs.pop(padded, None)
+        self._prefill.pop(padded, None)
+        self._prompt_buffers.pop(padded, None)
+        gc.collect()  # a dropped graph's buffers are freed with it
+        self._release_build_memory()
 
     def _prefill_step(self, array: npt.NDArray[np.generic], slot: int
                       ) -> npt.NDArray[np.generic]:
@@ -1330,6 +1391,7 @@ class StageRole:
                            (data, self._last_var.bind(tokens - 1), *self._slot_args(slot)))
         if built:
             self._release_build_memory()
+        self._note_bucket(padded, prefill)
         return result
 
     def _prefill_prompt(self, array: npt.NDArray[np.generic], slot: int
@@ -1364,6 +1426,7 @@ class StageRole:
         self._keep_prefill(prefill, f"prefill-{padded}", (*inputs.tensors, last))
         if built:
             self._release_build_memory()
+        self._note_bucket(padded, prefill)
         captured = prefill.captured
         if captured is not None and prefill.cnt >= 2:  # replayed once: batches built
             inputs.replay = DirectReplay.of(captured, tuple(t.uop.base for t in inputs.tensors),
@@ -1551,11 +1614,12 @@ class StageRole:
         self._offer(prefill, kind)
 
     def warm_up(self, prompt_tokens: int = 0, rows: Sequence[int] = ()) -> None:
-        """Build the decode JIT (or load it from the kernel cache), load the prefill
-        buckets the cache holds for this role, shortest first while they fit in
-        ``PREFILL_KEEP_ROWS`` (none yet: build the bucket of a one-token prompt), build
-        or load the bucket of every prompt length up to ``prompt_tokens``, shortest
-        first while they fit there too (:meth:`_warm_buckets`), load every batched
+        """Build the decode JIT (or load it from the kernel cache), build or load the
+        prefill buckets the cache holds for this role (none yet: the bucket of a
+        one-token prompt) and the bucket of every prompt length up to
+        ``prompt_tokens``, shortest first while they fit in ``PREFILL_KEEP_BYTES`` (the
+        first that does not is dropped again, and the warm-up logs where it stopped:
+        building more would only drop them), load every batched
         decode JIT the cache holds (``decode-rows-B``), build the batched decode JITs
         for ``rows`` (rows per step, 2..``slots``; minutes each on a small CPU unless
         cached), and run each once, so the first real steps replay kernels instead of
@@ -1582,46 +1646,41 @@ class StageRole:
         if self._kernels is not None and not buckets:
             buckets = [f"prefill-{self._bucket(1)}"]
         longest = min(prompt_tokens, self.max_seq_len)
-        wanted = self._warm_buckets(longest)
-        buckets += [f"prefill-{size}" for size in sorted(wanted)
-                    if f"prefill-{size}" not in buckets]
-        sizes = sorted({int(kind.split("-")[1]) for kind in buckets})  # prefill-P
-        kept = 0
-        for padded in sizes:
-            if not 0 < padded <= self.max_seq_len:
-                continue
-            if padded not in wanted and kept + padded > PREFILL_KEEP_ROWS:
-                continue  # past the rows the role keeps: loaded at its first prompt
-            kept += padded
-            zeros = np.zeros((padded, self.facts.hidden_dim), dtype=self.np_dtype)
-            if self._cpu:
-                self._prefill_prompt(zeros, 0)  # captured and kept there
-                continue
-            prefill = self._prefill_jit(padded)
-            data = upload(zeros, self.device)
-            args = (data, self._last_var.bind(0), *self._slot_args(0))
-            prefill(*args)
-            self._keep_prefill(prefill, f"prefill-{padded}", args)  # built: capture, keep
+        wanted = {self._bucket(tokens) for tokens in range(1, longest + 1)}
+        sizes = sorted({int(kind.split("-")[1]) for kind in buckets} | wanted)  # prefill-P
+        self._warming = True
+        try:
+            for padded in (size for size in sizes if 0 < size <= self.max_seq_len):
+                self._warm_bucket(padded)
+                if self._over_budget():  # past the bytes the role keeps: this one too
+                    self._drop_bucket(padded)
+                    if any(size >= padded for size in wanted):
+                        log.warning("warming prompts up to %d tokens only: their prefill "
+                                    "buckets fill the %d MiB a role keeps; longer prompts "
+                                    "build theirs at first use",
+                                    max((s for s in wanted if s < padded), default=0),
+                                    PREFILL_KEEP_BYTES >> 20)
+                    break
+        finally:
+            self._warming = False
         self._release_build_memory()
         self._positions = [0] * self.slots
         self._next_sequence = 0
         self.last_logits = None
 
-    def _warm_buckets(self, longest: int) -> set[int]:
-        """The prefill buckets of prompt lengths ``1..longest``, shortest first while
-        their rows fit in :data:`PREFILL_KEEP_ROWS` (a warm-up past it would build
-        buckets only to drop them); logs where it stops."""
-        sizes = sorted({self._bucket(tokens) for tokens in range(1, longest + 1)})
-        total, kept = 0, set[int]()
-        for size in sizes:
-            if total + size > PREFILL_KEEP_ROWS:
-                log.warning("warming prompts up to %d tokens only: their prefill buckets "
-                            "fill the %d rows a role keeps; longer prompts build theirs "
-                            "at first use", max(kept, default=0), PREFILL_KEEP_ROWS)
-                break
-            total += size
-            kept.add(size)
-        return kept
+    def _warm_bucket(self, padded: int) -> None:
+        """Build (or load from the kernel cache) and run once the prefill bucket of
+        ``padded`` rows, captured and noted (:meth:`_note_bucket`)."""
+        zeros = np.zeros((padded, self.facts.hidden_dim), dtype=self.np_dtype)
+        if self._cpu:
+            self._prefill_prompt(zeros, 0)  # captured, kept and noted there
+            return
+        prefill = self._prefill_jit(padded)
+        data = upload(zeros, self.device)
+        args = (data, self._last_var.bind(0), *self._slot_args(0))
+        prefill(*args)
+        self._keep_prefill(prefill, f"prefill-{padded}", args)  # built: capture, keep
+        self._note_bucket(padded, prefill)
 
     def decode_kernel_count(self) -> int | None:
         """Kernels one decode step runs (those batched into graphs counted one by one);

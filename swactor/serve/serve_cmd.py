@@ -169,11 +169,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                        "to N tokens while it loads, so no request waits for a kernel build "
                        f"(default {DEFAULT_WARM_PROMPT_TOKENS}; longer prompts build theirs "
                        "on first use, kept in the kernel cache for later runs; 0: only "
-                       "what the cache holds). A stage keeps the prefill kernels of a "
-                       "bounded number of padded prompt rows (PREFILL_KEEP_ROWS in "
-                       "swactor/model/llama_role.py: every length up to 416 tokens): "
-                       "past it, warm-up builds only the shortest and logs where it "
-                       "stopped")
+                       "what the cache holds). A stage keeps at most 320 MiB of prefill "
+                       "kernels (PREFILL_KEEP_BYTES in swactor/model/llama_role.py; "
+                       "SmolLM2 at f32: every length up to about 416 tokens): past it, "
+                       "warm-up builds only the shortest and logs where it stopped")
     group.add_argument("--batch-rows", type=at_least(1), default=DEFAULT_BATCH_ROWS,
                        metavar="B",
                        help="decode steps of up to B sequences travel through the "

@@ -86,13 +86,18 @@ def test_replayed_graphs_compute_what_built_ones_do(
     for role in readers:
         assert role._kernels is not None and role._kernels.saved == set()
 
-    # warm-up loads cached buckets shortest first while they fit in PREFILL_KEEP_ROWS
-    monkeypatch.setattr(llama_role, "PREFILL_KEEP_ROWS", 16)
+    # warm-up keeps cached buckets shortest first while they fit in PREFILL_KEEP_BYTES
+    # (the first that does not is loaded, counted and dropped): less than the buckets of
+    # 8 and 24 rows these roles hold (8 fits, 8 + 24 not)
+    held = [role.bucket_bytes() for role in readers]
+    assert all(sorted(sizes) == [8, 24] and min(sizes.values()) > 0 for sizes in held)
+    monkeypatch.setattr(llama_role, "PREFILL_KEEP_BYTES",
+                        min(sizes[8] + sizes[24] for sizes in held) - 1)
     for role in _roles(tiny_llama, split, quantised):
         role.warm_up()
         assert role._kernels is not None
-        assert role._kernels.loaded == {"decode", "prefill-8"}
-        assert sorted(role._prefill) == [8]
+        assert role._kernels.loaded == {"decode", "prefill-8", "prefill-24"}
+        assert sorted(role._prefill) == [8] and list(role.bucket_bytes()) == [8]
 
 
 def test_warm_up_leaves_a_role_that_computes_what_a_new_one_does(

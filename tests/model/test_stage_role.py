@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 from pathlib import Path
 from typing import Any
@@ -10,8 +11,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 from gguf import GGMLQuantizationType as Q
+from tinygrad.helpers import GlobalCounters
 
-from swactor.model import llama_role
+from swactor.model import jit_cache, llama_role
 from swactor.model.block_kernels import DeviceQuant, to_device, upload
 from swactor.model.dequant import QuantMatrix
 from swactor.model.gguf_range import open_reader
@@ -392,50 +394,71 @@ def test_long_prompts_pad_by_a_sixteenth_of_their_power_of_two() -> None:
     assert all(bucket(t) - t < t / 8 for t in range(257, 2049))
 
 
-def test_warm_up_takes_only_the_prompt_lengths_whose_buckets_fit(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """Warm-up builds the buckets of prompt lengths shortest first while their rows fit in
-    PREFILL_KEEP_ROWS, and says where it stopped: building more would drop them again."""
-    from types import SimpleNamespace
-
-    role = SimpleNamespace(_cpu=True, max_seq_len=2048)
-    role._bucket = lambda tokens: StageRole._bucket(role, tokens)  # type: ignore[arg-type]
-
-    def warm(longest: int) -> set[int]:
-        return StageRole._warm_buckets(role, longest)  # type: ignore[arg-type]
-
-    with caplog.at_level("WARNING", logger=llama_role.__name__):
-        assert warm(64) == {8, 16, 24, 32, 40, 48, 56, 64}
-        assert not caplog.records
-        kept = warm(2048)
-    assert max(kept) == 416 and sum(kept) <= llama_role.PREFILL_KEEP_ROWS
-    assert sum(kept) + 448 > llama_role.PREFILL_KEEP_ROWS  # the next bucket would not fit
-    assert "up to 416 tokens only" in caplog.text
-    monkeypatch.setattr(llama_role, "PREFILL_KEEP_ROWS", 20)
-    assert warm(24) == {8}
-
-
-def test_a_role_keeps_at_most_prefill_keep_rows_of_buckets(
-        tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past PREFILL_KEEP_ROWS padded rows the least recently used buckets' graphs and
-    inputs are dropped; a prompt in a dropped bucket builds it again and computes what
-    it did before."""
-    monkeypatch.setattr(llama_role, "PREFILL_KEEP_ROWS", 24)
+def _bucket_bytes(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> dict[int, int]:
+    """What a role of `tiny_llama`'s 4 blocks counts for its prefill buckets of 8, 16 and
+    24 rows, each the same as the allocator's bytes before and after building it (no
+    kernel cache: its warm-up would build the 8-row bucket)."""
+    monkeypatch.setenv(jit_cache.CACHE_ENV, "off")
     weights = open_reader(tiny_llama).load_stage(0, 4, is_first=True, is_last=True)
     role = StageRole(weights, max_seq_len=32)
+    role.warm_up()  # the decode graph: its buffers (weights, caches) are not a bucket's
+    allocated = {}
+    for tokens in (3, 12, 21):
+        gc.collect()
+        before = GlobalCounters.mem_used
+        role.step(0, np.array([5, 17, 42] * (tokens // 3), dtype=np.int32))
+        gc.collect()
+        allocated[role._bucket(tokens)] = GlobalCounters.mem_used - before
+    sizes = role.bucket_bytes()
+    assert sizes == allocated and 0 < sizes[8] < sizes[16] < sizes[24]
+    return sizes
+
+
+def test_warm_up_takes_only_the_prompt_lengths_whose_buckets_fit(
+        tiny_llama: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Warm-up builds the buckets of prompt lengths shortest first while they fit in
+    PREFILL_KEEP_BYTES, and says where it stopped: building more would drop them again."""
+    sizes = _bucket_bytes(tiny_llama, monkeypatch)
+    monkeypatch.setattr(llama_role, "PREFILL_KEEP_BYTES", sizes[8] + sizes[16] + sizes[24] // 2)
+    weights = open_reader(tiny_llama).load_stage(0, 4, is_first=True, is_last=True)
+    role = StageRole(weights, max_seq_len=32)
+    with caplog.at_level("WARNING", logger=llama_role.__name__):
+        role.warm_up(prompt_tokens=16)
+        assert sorted(role._prefill) == [8, 16]
+        assert not caplog.records
+        weights = open_reader(tiny_llama).load_stage(0, 4, is_first=True, is_last=True)
+        role = StageRole(weights, max_seq_len=32)
+        role.warm_up(prompt_tokens=32)
+    assert sorted(role._prefill) == sorted(role._prompt_buffers) == [8, 16]  # 24: dropped
+    assert role.bucket_bytes() == {8: sizes[8], 16: sizes[16]}
+    assert "up to 16 tokens only" in caplog.text
+
+
+def test_a_role_keeps_at_most_prefill_keep_bytes_of_buckets(
+        tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past PREFILL_KEEP_BYTES the least recently used buckets' graphs and inputs are
+    dropped; a prompt in a dropped bucket builds it again and computes what it did
+    before."""
+    sizes = _bucket_bytes(tiny_llama, monkeypatch)
+    budget = sizes[8] + sizes[16]  # 8 and 16 fit; 16 and 24 do not
+    monkeypatch.setattr(llama_role, "PREFILL_KEEP_BYTES", budget)
+    weights = open_reader(tiny_llama).load_stage(0, 4, is_first=True, is_last=True)
+    role = StageRole(weights, max_seq_len=32)
+    role.warm_up()  # the decode graph, which holds the weights and caches; no bucket
     short, long = [5, 17, 42], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]  # buckets 8 and 16
     first = role.step(0, np.array(short, dtype=np.int32))
     logits = np.array(role.last_logits)
     role.step(0, np.array(long, dtype=np.int32))
-    assert sorted(role._prefill) == sorted(role._prompt_buffers) == [8, 16]  # 24 rows
+    assert sorted(role._prefill) == sorted(role._prompt_buffers) == [8, 16]
     role.step(0, np.array(long + long[:3], dtype=np.int32))  # bucket 16 again: kept
     assert sorted(role._prefill) == [8, 16]
     role.step(0, np.array(long * 2, dtype=np.int32))  # bucket 24: 8, then 16 dropped
     assert sorted(role._prefill) == sorted(role._prompt_buffers) == [24]
-    again = role.step(0, np.array(short, dtype=np.int32))
+    again = role.step(0, np.array(short, dtype=np.int32))  # 8 again: 24 dropped
     np.testing.assert_array_equal(again, first)
     np.testing.assert_array_equal(role.last_logits, logits)
-    assert sorted(role._prefill) == [8]
+    assert role.bucket_bytes() == {8: sizes[8]}
 
 
 # Over blocks the six buckets' graphs take about 100 s to build on a 2-core machine
