@@ -297,10 +297,10 @@ def _matvec_chunk(out_features: int, limit: int = 1024) -> int:
     return out_features
 
 
-def _graph_buffers(captured: Any) -> dict[int, int]:
-    """The buffers a captured JIT graph reads or writes: ``id`` -> bytes."""
-    return {id(u.buffer): u.buffer.nbytes for u in captured.linear.toposort()
-            if u.op is Ops.BUFFER}
+def _graph_buffers(linear: UOp) -> dict[int, int]:
+    """The buffers a captured JIT graph (its ``linear``) reads or writes: ``id`` -> bytes."""
+    return {id(buffer): buffer.nbytes for buffer in (
+        cast(Buffer, u.buffer) for u in linear.toposort() if u.op is Ops.BUFFER)}
 
 
 def _host_view(tensor: Tensor) -> npt.NDArray[np.generic]:
@@ -1315,9 +1315,9 @@ class StageRole:
         captured = prefill.captured
         if captured is None or padded in self._bucket_graphs or padded not in self._held_buckets:
             return
-        self._bucket_graphs[padded] = _graph_buffers(captured)
+        self._bucket_graphs[padded] = _graph_buffers(captured.linear)
         if self._decode_buffers is None and self._decode.captured is not None:
-            self._decode_buffers = frozenset(_graph_buffers(self._decode.captured))
+            self._decode_buffers = frozenset(_graph_buffers(self._decode.captured.linear))
         if self._warming:
             return
         dropped = []
