@@ -565,11 +565,9 @@ class StageRole:
         self._max_prompts = min(slots, MAX_PROMPTS)  # the most prompts one prompt batch carries
         self._prefill: dict[int, _PrefillJit] = {}
         self._prompt_buffers: dict[int, _PrefillInputs] = {}  # CPU prefill inputs by bucket
-        self._held_buckets: dict[int, None] = {}  # prefill buckets kept, least recent first
-        self._bucket_graphs: dict[int, dict[int, int]] = {}
-        """Each kept bucket's captured graph: its buffers (``id`` -> bytes)."""
-        self._decode_buffers: frozenset[int] | None = None
-        """The decode graph's buffers (weights, caches: shared), once it is captured."""
+        self._held_buckets: dict[int, dict[int, int] | None] = {}
+        """The prefill buckets kept, least recently used first, each with its captured
+        graph's buffers (``id`` -> bytes; None until captured)."""
         self._warming = False
         """In :meth:`warm_up`: a new bucket that does not fit is dropped by the warm-up
         itself (it, not the least recently used), so noting it drops nothing."""
@@ -583,8 +581,7 @@ class StageRole:
         self._rows: dict[int, _DecodeRunner] = {}  # decode JITs by rows per step (2+)
         self._kernels = KernelCache.for_role(
             self, self._structure(),
-            skip=("_decode", "_prefill", "_prompt_buffers", "_held_buckets", "_bucket_graphs",
-                  "_decode_buffers", "_decode_runner",
+            skip=("_decode", "_prefill", "_prompt_buffers", "_held_buckets", "_decode_runner",
                   "_rows", "_kernels",
                   "sampling",
                   "last_logits"))
@@ -1305,19 +1302,16 @@ class StageRole:
     def _hold_bucket(self, padded: int) -> None:
         """Mark the prefill bucket of ``padded`` rows as the most recently used (it counts
         once its graph is captured, :meth:`_note_bucket`)."""
-        self._held_buckets.pop(padded, None)
-        self._held_buckets[padded] = None
+        self._held_buckets[padded] = self._held_buckets.pop(padded, None)
 
     def _note_bucket(self, padded: int, prefill: _PrefillJit) -> None:
         """After a bucket's prefill: note its graph's buffers once captured, and past
         ``PREFILL_KEEP_BYTES`` drop the least recently used other buckets (not while
         warming up: there the warm-up drops the bucket that does not fit)."""
         captured = prefill.captured
-        if captured is None or padded in self._bucket_graphs or padded not in self._held_buckets:
-            return
-        self._bucket_graphs[padded] = _graph_buffers(captured.linear)
-        if self._decode_buffers is None and self._decode.captured is not None:
-            self._decode_buffers = frozenset(_graph_buffers(self._decode.captured.linear))
+        if captured is None or self._held_buckets.get(padded, {}) is not None:
+            return  # not captured yet, noted before, or dropped
+        self._held_buckets[padded] = _graph_buffers(captured.linear)
         if self._warming:
             return
         dropped = []
@@ -1334,15 +1328,15 @@ class StageRole:
         (the weights and caches are the decode graph's, and every bucket's). A bucket
         whose graph is not captured yet counts its inputs only."""
         seen: dict[int, int] = {}
-        for graph in self._bucket_graphs.values():
-            for key in graph:
+        for graph in self._held_buckets.values():
+            for key in graph or {}:
                 seen[key] = seen.get(key, 0) + 1
-        shared = self._decode_buffers or frozenset()
+        decode = self._decode.captured
+        shared = _graph_buffers(decode.linear) if decode is not None else {}
         sizes = {}
-        for padded in self._held_buckets:
-            graph = self._bucket_graphs.get(padded, {})
+        for padded, graph in self._held_buckets.items():
             inputs = self._prompt_buffers.get(padded)
-            sizes[padded] = sum(size for key, size in graph.items()
+            sizes[padded] = sum(size for key, size in (graph or {}).items()
                                 if key not in shared and seen[key] == 1) + (
                 sum(t.nbytes() for t in inputs.tensors) if inputs else 0)
         return sizes
@@ -1356,7 +1350,6 @@ class StageRole:
     def _drop_bucket(self, padded: int) -> None:
         """Drop a bucket's graph and inputs, their memory given back."""
         del self._held_buckets[padded]
-        self._bucket_graphs.pop(padded, None)
         self._prefill.pop(padded, None)
         self._prompt_buffers.pop(padded, None)
         gc.collect()  # a dropped graph's buffers are freed with it
