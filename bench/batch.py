@@ -16,6 +16,13 @@ ratios to ``B = 1``: tokens per CPU second, and tokens/s. A batch reads every we
 for all its rows, so the CPU ratio is what batching buys a stage; the attention and the
 per-row kernels grow with ``B``.
 
+The role runs on tinygrad's default device (``DEV``): on a GPU, the GPU path. With
+``--portable`` a CPU device runs that path too (tinygrad's own kernels, no C kernel:
+``StageRole(portable=True)``). ``DEV=NULL NULL_ALLOW_COPYOUT=1`` runs it on tinygrad's
+NULL device, whose kernels do nothing and whose copies return garbage: the figures are
+then the host side of a GPU's step alone (Python, the JIT's replay, the copies' calls),
+the part that bounds a small model's decode on a fast GPU.
+
 The machine is shared: the load average is printed beside the figures.
 """
 
@@ -43,6 +50,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--dtype", choices=("f32", "f16"), default="f32")
     parser.add_argument("--weights", choices=("blocks", "dense"), default="blocks")
+    parser.add_argument("--portable", action="store_true",
+                        help="on a CPU device, run the path every other device runs "
+                             "(tinygrad's own kernels, no C kernel)")
     parser.add_argument("--threads", type=int, default=None,
                         help="replay threads (default: the CPU count, as nodes run)")
     args = parser.parse_args(argv)
@@ -66,9 +76,14 @@ def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     weights = open_reader(path).load_stage(0, 30, is_first=True, is_last=True,
                                            dtype=args.dtype, keep_blocks=blocks)
-    role = StageRole(weights, max_seq_len=max_seq, quantised=blocks, slots=slots)
-    print(f"SmolLM2 single stage, {args.dtype} {args.weights}, {slots} slots of {max_seq} "
-          f"positions, {cpu_graph.threads()} replay threads, load "
+    role = StageRole(weights, max_seq_len=max_seq, quantised=blocks, slots=slots,
+                     portable=args.portable)
+    device = role.device + (" (portable path)" if args.portable else "")
+    if role.device.startswith("NULL"):
+        device += " (kernels do nothing: host time only, tokens are garbage)"
+        np.seterr(all="ignore")  # the garbage the NULL device copies out
+    print(f"SmolLM2 single stage on {device}, {args.dtype} {args.weights}, {slots} slots "
+          f"of {max_seq} positions, {cpu_graph.threads()} replay threads, load "
           f"{time.perf_counter() - t0:.1f} s, load average {os.getloadavg()[0]:.1f}",
           flush=True)
     t0 = time.perf_counter()

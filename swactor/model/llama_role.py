@@ -185,6 +185,15 @@ once. On CPU, Q4_1 and Q8_0 decode products run through
 :mod:`swactor.model.decode_gemv` (see "Batched decode"); the other block types' decode
 products are cut below 800 rows: tinygrad split a 960-row block product into two thread
 slices that ran at a sixth of the speed of one 480-row kernel.
+
+Devices other than a CPU (a GPU) run the *portable path*: tinygrad's own kernels for
+every product and for attention, no C kernel and no CPU replay. A decode JIT's input is
+still one buffer kept for the role's life: each step copies its rows in and its output
+out through the device's allocator, one copy each way and no schedule (tinygrad's NULL
+device, whose kernels cost nothing, shows what that leaves of a step: the host side a
+GPU's step pays). ``portable=True`` runs the same path on a CPU device, so tests check
+it and benchmarks measure it on a machine without a GPU; it is part of the kernel
+cache's key.
 """
 
 from __future__ import annotations
@@ -309,6 +318,26 @@ def _host_view(tensor: Tensor) -> npt.NDArray[np.generic]:
     memory = buffer.as_memoryview(force_zero_copy=True)
     np_dtype = _NP_OF_TG[tensor.dtype]
     return np.frombuffer(memory, dtype=np_dtype).reshape(tensor.shape)
+
+
+def _copy_in(tensor: Tensor, array: npt.NDArray[np.generic]) -> None:
+    """Write ``array`` (its shape and dtype) into a realized device tensor's buffer through
+    the device's allocator: one host-to-device copy, no schedule. The caller makes sure no
+    queued kernel still reads the buffer (a decode step's output was copied out, which
+    waits for every kernel before it)."""
+    buffer = cast(Buffer, tensor.uop.buffer)
+    buffer.allocator._copyin(buffer._buf, array.reshape(-1).view(np.uint8).data)
+
+
+def _copy_out(tensor: Tensor) -> npt.NDArray[np.generic]:
+    """A new numpy array holding a realized device tensor's values, copied out through the
+    device's allocator (which waits for the kernels queued before): ``numpy()`` would
+    schedule and run a copy to the host first."""
+    buffer = cast(Buffer, tensor.uop.buffer)
+    result = np.empty(tensor.shape, dtype=_NP_OF_TG[tensor.dtype])
+    assert result.nbytes == buffer.nbytes, (tensor.shape, buffer)
+    buffer.allocator._copyout(result.reshape(-1).view(np.uint8).data, buffer._buf)
+    return result
 
 
 _Scalar = TypeVar("_Scalar", bound=np.generic)
@@ -450,8 +479,8 @@ def _cols(part: Tensor | DeviceQuant) -> int:
 
 @dataclass
 class _DecodeRunner:
-    """A decode JIT (``kind`` in the kernel cache) with its bound ``variables``; on CPU
-    its kept input buffer, numpy views of that input and of the output, and once the
+    """A decode JIT (``kind`` in the kernel cache) with its bound ``variables``, its kept
+    input buffer, and on CPU numpy views of that input and of the output and, once the
     JIT has replayed, the :class:`~swactor.model.cpu_graph.DirectReplay` of it."""
 
     jit: _TinyJit[Tensor]
@@ -504,6 +533,7 @@ class StageRole:
         cpu_graph: bool = True,
         quantised: bool = False,
         slots: int = 1,
+        portable: bool = False,
     ) -> None:
         facts = weights.facts
         if not 0 < max_seq_len <= facts.context_length:
@@ -533,7 +563,7 @@ class StageRole:
         self._positions = [0] * slots  # each slot's next position
         self._tg_dtype = _TG_DTYPES[weights.dtype]
         # clang renders f16->f32 as scalar converts; integer bit moves vectorise (about 2x)
-        self._cpu = self.device.startswith("CPU")
+        self._cpu = self.device.startswith("CPU") and not portable
         self._f16_bits = self._tg_dtype == dtypes.float16 and self._cpu
         # decode attention: one C kernel per block for every row (swactor.model.decode_attention)
         self._c_attention = self._cpu and decode_attention.usable(
@@ -1522,23 +1552,27 @@ class StageRole:
                     values: tuple[int, ...]) -> npt.NDArray[np.generic]:
         """``array`` through a decode JIT with its variables bound to ``values``.
 
-        On CPU the JIT's input is one buffer kept for the role's life and both directions
-        go through numpy views of device memory: a fresh input Tensor and ``numpy()`` each
-        cost a schedule and a copy kernel (about 1 ms of Python per token).
+        The JIT's input is one buffer kept for the role's life. On CPU both directions go
+        through numpy views of device memory; on other devices one copy each way through
+        the allocator (:func:`_copy_in`, :func:`_copy_out`). A fresh input Tensor and
+        ``numpy()`` each cost a schedule and a copy kernel (about 1 ms of Python per
+        token on a small CPU; 0.7 of a step's 1.4 ms of host time on tinygrad's NULL
+        device, where kernels cost nothing: the host side of a GPU's step).
         """
         jit = runner.jit
         args = tuple(v.bind(x) for v, x in zip(runner.variables, values, strict=True))
         if jit.cnt == 0:
             self._adopt(jit, runner.kind)
-        if not self._cpu:
-            data = upload(array, self.device)
-            with Context(BEAM=self.beam):  # type: ignore[no-untyped-call]
-                result: npt.NDArray[np.generic] = jit(data, *args).numpy()
-            self._offer(jit, runner.kind)
-            return result
         if runner.data is None:
             runner.data = upload(np.zeros(array.shape, dtype=self.np_dtype), self.device)
-            runner.data_view = _host_view(runner.data)
+            if self._cpu:
+                runner.data_view = _host_view(runner.data)
+        if not self._cpu:
+            _copy_in(runner.data, np.ascontiguousarray(array, dtype=self.np_dtype))
+            with Context(BEAM=self.beam):  # type: ignore[no-untyped-call]
+                out = jit(runner.data, *args)
+            self._offer(jit, runner.kind)
+            return _copy_out(out)
         runner.data_view[...] = array
         if runner.replay is not None:
             runner.replay.replay({v.expr: x for v, x in zip(runner.variables, values,
@@ -1564,7 +1598,7 @@ class StageRole:
                 "cpu_graph": self.cpu_graph, "quantised": self.quantised, "slots": self.slots,
                 "integer": decode_gemv.INTEGER, "eight_bit": decode_gemv.EIGHT_BIT,
                 "prefetch": decode_gemv.PREFETCH,
-                "attention": self._c_attention}
+                "attention": self._c_attention, "cpu_path": self._cpu}
 
     def _adopt(self, jit: _TinyJit[_Ret], kind: str) -> None:
         """Give a JIT that never ran the captured graph the cache holds for `kind`."""
