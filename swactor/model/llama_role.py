@@ -341,6 +341,8 @@ def _copy_out(tensor: Tensor) -> npt.NDArray[np.generic]:
 
 
 _Scalar = TypeVar("_Scalar", bound=np.generic)
+_Rope = tuple[Tensor, Tensor]
+"""A graph's rotary cosines and sines for its rows (``StageRole._rope_at``)."""
 _Ret = TypeVar("_Ret")
 _PrefillJit = _TinyJit[tuple[Tensor, ...]]
 """A prefill JIT: on CPU it returns the activation rows or logits, then each block's
@@ -888,15 +890,24 @@ class StageRole:
         normed = x * (x.square().mean(axis=-1, keepdim=True) + self.facts.norm_eps).rsqrt()
         return (normed * weight.float()).contiguous()
 
-    def _rope(self, x: Tensor, start: UOp | int, tokens: int) -> Tensor:
-        """Rotate the first ``rope_dim`` features of ``x`` ``[heads, tokens, head_dim]``."""
+    def _rope_at(self, start: UOp | int, tokens: int) -> _Rope | None:
+        """The rotary cosines and sines of positions ``start..start + tokens - 1``
+        (``[1, tokens, rope_dim / 2]`` each; None without rope), materialised once per
+        graph and read by every block's rotations. Sliced inside each rotation, every
+        block's two rotation kernels would read the position variable: on a GPU every
+        kernel that reads a bound variable is a graph node whose arguments are updated at
+        each replay, and a decode step's host time grows with them."""
         rope_dim = self.facts.rope_dim
         if rope_dim == 0 or self.rope_cos is None or self.rope_sin is None:
-            return x
+            return None
         half = rope_dim // 2
-        cos = self.rope_cos[start : start + tokens].reshape(1, tokens, half)
-        sin = self.rope_sin[start : start + tokens].reshape(1, tokens, half)
-        return self._rotate(x, cos, sin)
+        return (self.rope_cos[start : start + tokens].reshape(1, tokens, half).contiguous(),
+                self.rope_sin[start : start + tokens].reshape(1, tokens, half).contiguous())
+
+    def _rope(self, x: Tensor, rope: _Rope | None) -> Tensor:
+        """Rotate the first ``rope_dim`` features of ``x`` ``[heads, tokens, head_dim]`` by
+        ``rope`` (:meth:`_rope_at`)."""
+        return x if rope is None else self._rotate(x, *rope)
 
     def _rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """``x`` ``[heads, tokens, head_dim]`` rotated by ``cos``/``sin`` ``[1, tokens,
@@ -910,14 +921,15 @@ class StageRole:
         return rotated.cat(x[..., rope_dim:], dim=-1)
 
     def _attention(self, block: _Block, x: Tensor, start: UOp | int, tokens: int,
-                   slot: UOp | int, where: Tensor | None = None) -> Tensor:
+                   slot: UOp | int, where: Tensor | None, rope: _Rope | None) -> Tensor:
         qkv = self._qkv(block, x)
         if where is not None:  # one decode row on CPU: the C kernel
             return self._linear(self._attend_c(block, qkv, where), block.wo)
-        return self._linear(self._attend(block, qkv, start, tokens, slot), block.wo)
+        return self._linear(self._attend(block, qkv, start, tokens, slot, rope), block.wo)
 
     def _attention_rows(self, block: _Block, starts: Sequence[UOp], slots: Sequence[UOp],
-                        where: Tensor | None, x: Tensor) -> Tensor:
+                        where: Tensor | None, ropes: Sequence[_Rope | None], x: Tensor
+                        ) -> Tensor:
         """Attention of decode rows ``x`` ``[B, hidden]``: row ``b`` at position
         ``starts[b]`` of slot ``slots[b]``. The products take every row at once. With
         ``where`` (:func:`~swactor.model.decode_attention.positions` of the rows) every
@@ -929,8 +941,9 @@ class StageRole:
         qkv = self._qkv(block, x, rows=True)
         if where is not None:
             return self._linear(self._attend_c(block, qkv, where), block.wo, rows=True)
-        outs = [self._attend(block, qkv[b : b + 1], start, 1, slot).contiguous()
-                for b, (start, slot) in enumerate(zip(starts, slots, strict=True))]
+        outs = [self._attend(block, qkv[b : b + 1], start, 1, slot, rope).contiguous()
+                for b, (start, slot, rope) in enumerate(zip(starts, slots, ropes,
+                                                            strict=True))]
         return self._linear(outs[0].cat(*outs[1:], dim=0), block.wo, rows=True)
 
     def _attend_c(self, block: _Block, qkv: Tensor, where: Tensor) -> Tensor:
@@ -951,7 +964,7 @@ class StageRole:
         return qkv
 
     def _attend(self, block: _Block, qkv: Tensor, start: UOp | int, tokens: int,
-                slot: UOp | int) -> Tensor:
+                slot: UOp | int, rope: _Rope | None) -> Tensor:
         """Rows ``qkv`` at positions ``start..`` of ``slot``: write their keys and values
         to the slot's cache and attend over its positions ``0..start + tokens - 1``;
         returns ``[tokens, heads * head_dim]`` (before the output projection)."""
@@ -960,8 +973,8 @@ class StageRole:
         q = qkv[:, : heads * hd]
         k = qkv[:, heads * hd : (heads + kv) * hd]
         v = qkv[:, (heads + kv) * hd :]
-        q = self._rope(q.reshape(tokens, heads, hd).transpose(0, 1), start, tokens)
-        k = self._rope(k.reshape(tokens, kv, hd).transpose(0, 1), start, tokens)
+        q = self._rope(q.reshape(tokens, heads, hd).transpose(0, 1), rope)
+        k = self._rope(k.reshape(tokens, kv, hd).transpose(0, 1), rope)
         v = v.reshape(tokens, kv, hd).transpose(0, 1)
         # the slot's cache is [kv, max_seq_len, hd]: slot `slot` of the block's caches
         end = start + tokens
@@ -989,9 +1002,9 @@ class StageRole:
         return out.reshape(heads, tokens, hd).transpose(0, 1).reshape(tokens, heads * hd)
 
     def _block(self, block: _Block, x: Tensor, start: UOp | int, tokens: int,
-               slot: UOp | int, where: Tensor | None = None) -> Tensor:
+               slot: UOp | int, where: Tensor | None, rope: _Rope | None) -> Tensor:
         return self._block_with(
-            block, x, lambda n: self._attention(block, n, start, tokens, slot, where),
+            block, x, lambda n: self._attention(block, n, start, tokens, slot, where, rope),
             rows=False)
 
     def _block_with(self, block: _Block, x: Tensor, attention: Callable[[Tensor], Tensor],
@@ -1014,8 +1027,9 @@ class StageRole:
         slot: UOp | int = 0, where: Tensor | None = None,
     ) -> Tensor:
         """``where``: a decode row's position and slot for the C attention (CPU)."""
+        rope = self._rope_at(start, tokens) if where is None else None
         for block in self.blocks:
-            x = self._block(block, x.float(), start, tokens, slot, where)
+            x = self._block(block, x.float(), start, tokens, slot, where, rope)
         if not self.is_last:
             return x.contiguous()
         assert self.output_norm is not None and self.output is not None
@@ -1031,10 +1045,11 @@ class StageRole:
         starts, slots = variables[:count], variables[count:]
         where = (decode_attention.positions(starts, slots, self.device)
                  if self._c_attention else None)
+        ropes = [None if where is not None else self._rope_at(start, 1) for start in starts]
         for block in self.blocks:
             x = self._block_with(
                 block, x.float(),
-                partial(self._attention_rows, block, starts, slots, where), rows=True)
+                partial(self._attention_rows, block, starts, slots, where, ropes), rows=True)
         if not self.is_last:
             return x.contiguous().realize()
         assert self.output_norm is not None and self.output is not None

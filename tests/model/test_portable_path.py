@@ -5,8 +5,10 @@ replay, and each decode step copies its rows into the JIT's kept input buffer an
 output out through the device's allocator (``llama_role`` module doc). These tests run
 that path on the CPU device, so CI checks it without a GPU: its logits follow an
 independent float64 reference over a prefill and several decode steps, a split into two
-stages hands activation rows across, and a batched step's rows are bit-identical to
-the same rows run alone (what serving several sequences on a GPU relies on).
+stages hands activation rows across, a batched step's rows are bit-identical to the
+same rows run alone (what serving several sequences on a GPU relies on), and few of a
+decode graph's kernels read its position (each such kernel is a GPU graph node whose
+arguments are rewritten at every step).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 from gguf import GGMLQuantizationType as Q
+from tinygrad.uop import Ops
 
 from swactor.model.gguf_range import open_reader
 from swactor.model.llama_role import StageRole
@@ -113,3 +116,21 @@ def test_portable_batches_equal_rows_alone(tiny_q4_1: Path) -> None:
             assert int(batch[row]) == token
         ids = [token for token, _ in alone]
         positions = [p + 1 for p in positions]
+
+
+def test_portable_decode_reads_the_position_in_the_attention_only(tiny_q4_1: Path) -> None:
+    """On a GPU every kernel of the decode graph that reads the position or slot
+    variable is a graph node whose arguments are updated at each replay, host time of
+    every step. The rotary rows are sliced at the position once per graph (two
+    kernels), so per block only the attention's own kernels read it: its key and value
+    writes, the scores, the softmax and the weighted values (7 per block on tinygrad
+    0.14), not its two rotations as well."""
+    (role,) = _roles(tiny_q4_1, [(0, 2)], slots=2)
+    role.warm_up()
+    captured = role._decode.captured
+    assert captured is not None
+    calls = [u for u in captured.linear.toposort()
+             if u.op is Ops.CALL and u.src[0].op is Ops.PROGRAM]
+    reading = [c for c in calls
+               if {v.expr for v in c.src[0].arg.vars} & {"start_pos", "slot"}]
+    assert len(reading) == 7 * role.facts.block_count + 2
