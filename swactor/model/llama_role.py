@@ -1417,14 +1417,12 @@ class StageRole:
             array = np.concatenate([array, pad])
         data = upload(array, self.device)
         # one JIT per bucket: from the third prefill of a bucket its kernels replay
-        # without scheduling (and through CpuGraph on CPU). No BEAM here: searching
-        # prefill-sized kernels takes minutes on a small CPU.
+        # without scheduling. No BEAM here: searching prefill-sized kernels takes
+        # minutes on a small CPU.
         prefill = self._prefill_jit(padded)
-        if self._cpu:
-            use_cpu_graph(self.cpu_graph)
         built = prefill.cnt < 2  # this call runs the graph eagerly or captures it
-        result: npt.NDArray[np.generic] = cast(Tensor, prefill(
-            data, self._last_var.bind(tokens - 1), *self._slot_args(slot))).numpy()
+        result = _copy_out(cast(Tensor, prefill(
+            data, self._last_var.bind(tokens - 1), *self._slot_args(slot))))
         self._keep_prefill(prefill, f"prefill-{padded}",
                            (data, self._last_var.bind(tokens - 1), *self._slot_args(slot)))
         if built:
