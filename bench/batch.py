@@ -21,7 +21,10 @@ The role runs on tinygrad's default device (``DEV``): on a GPU, the GPU path. Wi
 ``StageRole(portable=True)``). ``DEV=NULL NULL_ALLOW_COPYOUT=1`` runs it on tinygrad's
 NULL device, whose kernels do nothing and whose copies return garbage: the figures are
 then the host side of a GPU's step alone (Python, the JIT's replay, the copies' calls),
-the part that bounds a small model's decode on a fast GPU.
+the part that bounds a small model's decode on a fast GPU. Away from the CPU path each
+size also says how many kernels its step's graph launches and how many of them are graph
+nodes whose arguments tinygrad rewrites at every replay (those reading the position, a
+slot or an input buffer: :func:`graph_nodes`), one driver call each on a GPU.
 
 The machine is shared: the load average is printed beside the figures.
 """
@@ -35,12 +38,36 @@ import sys
 import time
 
 import numpy as np
+from tinygrad.engine.jit import CapturedJit, GraphRunner
+from tinygrad.engine.realize import graph_cache
+from tinygrad.tensor import Tensor
+from tinygrad.uop import Ops
 
 from swactor.model import cpu_graph
 from swactor.model.gguf_range import open_reader
 from swactor.model.llama_role import StageRole
 from swactor.model.paths import default_model_path
 from swactor.wire.tags import SequenceTag
+
+
+def graph_nodes(captured: CapturedJit[Tensor]) -> tuple[int, int]:
+    """The kernels one replay of ``captured`` launches, and how many of them it updates:
+    in a device graph, the nodes tinygrad's ``GraphRunner`` lists for new input buffers,
+    variable values or launch sizes at each replay; outside any graph, every kernel (each
+    launched with its arguments). Read after a replay: graphs are built on the first."""
+    kernels = updated = 0
+    for call in captured.linear.src:
+        head = call.src[0]
+        runner = (graph_cache.get(head)
+                  if head.op is Ops.CUSTOM_FUNCTION and head.arg == "graph" else None)
+        if isinstance(runner, GraphRunner):
+            kernels += len(runner.calls)
+            updated += len({j for j, replace in enumerate(runner.uop_replace) if replace}
+                           | runner.var_vals_replace.keys() | runner.launch_dims_replace.keys())
+        elif head.op is Ops.PROGRAM:
+            kernels += 1
+            updated += 1
+    return kernels, updated
 
 
 def main(argv: list[str]) -> int:
@@ -78,6 +105,7 @@ def main(argv: list[str]) -> int:
                                            dtype=args.dtype, keep_blocks=blocks)
     role = StageRole(weights, max_seq_len=max_seq, quantised=blocks, slots=slots,
                      portable=args.portable)
+    portable = args.portable or not role.device.startswith("CPU")
     device = role.device + (" (portable path)" if args.portable else "")
     if role.device.startswith("NULL"):
         device += " (kernels do nothing: host time only, tokens are garbage)"
@@ -121,6 +149,10 @@ def main(argv: list[str]) -> int:
               f"= {cpu * 1e3 / size:5.1f} ms/token, {tok_s:5.1f} tok/s; vs B={sizes[0]}: "
               f"tokens per CPU s {base_cpu / (cpu / size):4.2f}x, tok/s "
               f"{tok_s / base_tok_s:4.2f}x")
+        graph = role.decode_graph(size)
+        if portable and graph is not None:
+            kernels, updated = graph_nodes(graph)
+            print(f"         graph: {kernels} kernels, {updated} updated at each replay")
     return 0
 
 

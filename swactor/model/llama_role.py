@@ -212,7 +212,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 from tinygrad.device import Buffer, Device
 from tinygrad.dtype import DType, dtypes
-from tinygrad.engine.jit import TinyJit, _TinyJit
+from tinygrad.engine.jit import CapturedJit, TinyJit, _TinyJit
 from tinygrad.helpers import Context
 from tinygrad.tensor import Tensor
 from tinygrad.uop import Ops
@@ -1601,6 +1601,12 @@ class StageRole:
             runner.replay = DirectReplay.of(captured, (runner.data.uop.base,),
                                             frozenset(v.expr for v in runner.variables))
         return runner.out_view.copy()
+
+    def decode_graph(self, rows: int = 1) -> CapturedJit[Tensor] | None:
+        """The captured decode graph of ``rows`` rows per step (1: the one-row decode);
+        None until it is captured, or when no JIT for that many rows is ready."""
+        runner = self._decode_runner if rows == 1 else self._rows.get(rows)
+        return None if runner is None else runner.jit.captured
 
     # -- kernel cache (swactor.model.jit_cache) ----------------------------------------------
     def _structure(self) -> dict[str, Any]:
