@@ -105,7 +105,6 @@ def main(argv: list[str]) -> int:
                                            dtype=args.dtype, keep_blocks=blocks)
     role = StageRole(weights, max_seq_len=max_seq, quantised=blocks, slots=slots,
                      portable=args.portable)
-    portable = args.portable or not role.device.startswith("CPU")
     device = role.device + (" (portable path)" if args.portable else "")
     if role.device.startswith("NULL"):
         device += " (kernels do nothing: host time only, tokens are garbage)"
@@ -150,7 +149,7 @@ def main(argv: list[str]) -> int:
               f"tokens per CPU s {base_cpu / (cpu / size):4.2f}x, tok/s "
               f"{tok_s / base_tok_s:4.2f}x")
         graph = role.decode_graph(size)
-        if portable and graph is not None:
+        if role.portable and graph is not None:
             kernels, updated = graph_nodes(graph)
             print(f"         graph: {kernels} kernels, {updated} updated at each replay")
     return 0

@@ -1421,10 +1421,9 @@ class StageRole:
         # minutes on a small CPU.
         prefill = self._prefill_jit(padded)
         built = prefill.cnt < 2  # this call runs the graph eagerly or captures it
-        result = _copy_out(cast(Tensor, prefill(
-            data, self._last_var.bind(tokens - 1), *self._slot_args(slot))))
-        self._keep_prefill(prefill, f"prefill-{padded}",
-                           (data, self._last_var.bind(tokens - 1), *self._slot_args(slot)))
+        args = (data, self._last_var.bind(tokens - 1), *self._slot_args(slot))
+        result = _copy_out(cast(Tensor, prefill(*args)))
+        self._keep_prefill(prefill, f"prefill-{padded}", args)
         if built:
             self._release_build_memory()
         self._note_bucket(padded, prefill)
@@ -1573,7 +1572,6 @@ class StageRole:
         device, where kernels cost nothing: the host side of a GPU's step).
         """
         jit = runner.jit
-        args = tuple(v.bind(x) for v, x in zip(runner.variables, values, strict=True))
         if jit.cnt == 0:
             self._adopt(jit, runner.kind)
         if runner.data is None:
@@ -1583,7 +1581,7 @@ class StageRole:
         if not self._cpu:
             _copy_in(runner.data, np.ascontiguousarray(array, dtype=self.np_dtype))
             with Context(BEAM=self.beam):  # type: ignore[no-untyped-call]
-                out = jit(runner.data, *args)
+                out = jit(runner.data, *self._bound(runner, values))
             self._offer(jit, runner.kind)
             return _copy_out(out)
         runner.data_view[...] = array
@@ -1593,7 +1591,7 @@ class StageRole:
             return runner.out_view.copy()
         use_cpu_graph(self.cpu_graph)
         with Context(BEAM=self.beam):  # type: ignore[no-untyped-call]
-            out = jit(runner.data, *args)
+            out = jit(runner.data, *self._bound(runner, values))
         self._offer(jit, runner.kind)
         runner.out_view = _host_view(out)
         captured = jit.captured
@@ -1601,6 +1599,18 @@ class StageRole:
             runner.replay = DirectReplay.of(captured, (runner.data.uop.base,),
                                             frozenset(v.expr for v in runner.variables))
         return runner.out_view.copy()
+
+    @staticmethod
+    def _bound(runner: _DecodeRunner, values: tuple[int, ...]) -> tuple[UOp, ...]:
+        """A decode JIT's variables bound to ``values`` (its call's arguments; a CPU
+        replay writes the values into its table instead)."""
+        return tuple(v.bind(x) for v, x in zip(runner.variables, values, strict=True))
+
+    @property
+    def portable(self) -> bool:
+        """Whether the role runs the portable path (module doc): every device but a CPU,
+        or a CPU role made with ``portable=True``."""
+        return not self._cpu
 
     def decode_graph(self, rows: int = 1) -> CapturedJit[Tensor] | None:
         """The captured decode graph of ``rows`` rows per step (1: the one-row decode);
