@@ -119,6 +119,35 @@ columns, whose count, the prompt's column
 offset and the kernels tinygrad picks for that shape all change the order of the sums
 (SmolLM2: logits up to 5e-5 apart from the prompt alone).
 
+Mixed steps (:meth:`StageRole.run_mixed`). A prompt and decode rows of other sequences
+run as one step: while a prompt is prefilled, the sequences already decoding would
+otherwise wait a whole prefill and then pay a decode step of their own. On the CPU path
+with the C attention, when every block product is the decode kernel
+(:mod:`swactor.model.decode_gemv`, Q4_1/Q8_0 blocks) and the decode rows fit in the
+padding rows of a short prompt's bucket (a 5-token prompt is padded to 8 rows: up to 3
+decode rows take the places of padding rows), the step is one graph: the prompt's CPU
+prefill graph (:meth:`StageRole._forward_prompt`) with the decode rows after the
+prompt's rows and what padding is left. The graph's products take every row at once;
+the prompt's rows attend as in its prefill, the decode rows through the decode step's
+attention kernel (their positions and slots an input the host writes; their keys and
+values into their slots' caches). Each row's arithmetic is the same in either graph:
+the decode kernel's rows are the one-row product's whatever their count, norms and
+elementwise steps are row-wise, and both attention kernels are the decode row's
+statements, so every answer, activation row and KV entry is bit-identical to the prompt
+alone and each row alone (the tests hold them to it, in f32 and f16). One detail keeps
+it so: the last stage's graphs never round their last block's output to the compute
+dtype before the final norm (tinygrad folds the round trip when the output has one
+reader), so the mixed graph reads both its selections from one ``float()`` of it.
+Measured side by side on SmolLM2 Q4_1 (one stage, f32, 2 cores; ``bench mixed``), a
+prompt and its decode rows apart against one step: 5 tokens and 3 rows 21.9 -> 15.6 ms,
+25 tokens and 3 rows 43.7 -> 38.3, 53 tokens and 3 rows 67.8 -> 62.2. Rows that would
+open the next bucket cost its padding rows too, about a decode step of their own (8
+tokens and 1 row 20.0 against 21.8 ms in one graph), so then, and elsewhere (a dense or
+other block-type product, whose prefill is a matrix product with its own order of sums;
+the portable path; BEAM; a prompt past the short buckets), the step runs apart: the
+prompt prefilled, then the rows batched, with the same results. One JIT per bucket and
+decode row count (kernel cache kind ``mixed-T-D``), built at its first step.
+
 Decode is a chain of matrix-vector products over every weight, so its speed is the rate at
 which kernels stream weights. Two measured choices (SmolLM2, 2 CPU cores): products are
 written as 16 running sums along the contiguous input axis then one short sum (2-2.5x
@@ -611,10 +640,13 @@ class StageRole:
             self._decode, "decode",
             (self._pos_var,) if self._slot_var is None else (self._pos_var, self._slot_var))
         self._rows: dict[int, _DecodeRunner] = {}  # decode JITs by rows per step (2+)
+        # mixed steps' JITs and inputs by (rows, decode rows): at most PREFILL_ROWS / 8
+        # row counts times slots - 1
+        self._mixed: dict[tuple[int, int], tuple[_PrefillJit, _PrefillInputs]] = {}
         self._kernels = KernelCache.for_role(
             self, self._structure(),
             skip=("_decode", "_prefill", "_prompt_buffers", "_held_buckets", "_decode_runner",
-                  "_rows", "_kernels",
+                  "_rows", "_mixed", "_kernels",
                   "sampling",
                   "last_logits"))
 
@@ -1057,14 +1089,22 @@ class StageRole:
         return self._linear(normed, self.output, rows=True).contiguous().realize()
 
     def _attention_prompt(self, block: _Block, cos: Tensor, sin: Tensor, mask: Tensor,
-                          tokens: int, kv: list[Tensor], x: Tensor) -> Tensor:
-        """Attention of a CPU prefill's rows ``x`` (:meth:`_forward_prompt`): the keys
-        and values are the rows' own, each row attends where ``mask`` lets it; the keys
-        and values in the compute dtype are appended to ``kv`` (what the slot's cache
-        gets)."""
+                          tokens: int, kv: list[Tensor], where: Tensor | None, x: Tensor
+                          ) -> Tensor:
+        """Attention of a CPU prefill's rows ``x`` (:meth:`_forward_prompt`): the first
+        ``tokens`` rows are the prompt's (with its padding), whose keys and values are
+        their own; each attends where ``mask`` lets it, and their keys and values in the
+        compute dtype are appended to ``kv`` (what the slot's cache gets). ``where``
+        (the C attention only): the rows after them are decode rows riding in the
+        prefill, at the positions and slots ``where`` says, whose keys and values go
+        into their slots' caches and who attend over them, by the decode graph's
+        kernel (:func:`~swactor.model.decode_attention.attend`)."""
         f = self.facts
         hd, heads, kvh = f.head_dim, f.head_count, f.head_count_kv
         qkv = self._qkv(block, x)
+        riding = None
+        if where is not None:
+            qkv, riding = qkv[:tokens], self._attend_c(block, qkv[tokens:], where)
         q = qkv[:, : heads * hd].reshape(tokens, heads, hd).transpose(0, 1)
         k = qkv[:, heads * hd : (heads + kvh) * hd].reshape(tokens, kvh, hd).transpose(0, 1)
         v = qkv[:, (heads + kvh) * hd :].reshape(tokens, kvh, hd).transpose(0, 1)
@@ -1078,8 +1118,10 @@ class StageRole:
             half = f.rope_dim // 2
             rope = ((cos.reshape(tokens, half), sin.reshape(tokens, half)) if f.rope_dim
                     else None)
-            return self._linear(decode_attention.attend_prompt(
-                qkv, keys, values, rope, heads=heads, rope_dim=f.rope_dim), block.wo)
+            out = decode_attention.attend_prompt(qkv, keys, values, rope, heads=heads,
+                                                 rope_dim=f.rope_dim)
+            return self._linear(out if riding is None else out.cat(riding, dim=0),
+                                block.wo)
         group = heads // kvh
         q = q.reshape(kvh, group * tokens, hd)
         scores = q.matmul(keys.float().transpose(1, 2)) * (1.0 / math.sqrt(hd))
@@ -1091,28 +1133,43 @@ class StageRole:
         return self._linear(out, block.wo)
 
     def _forward_prompt(self, payload: Tensor, cos: Tensor, sin: Tensor, mask: Tensor,
-                        last: UOp) -> tuple[Tensor, ...]:
+                        last: UOp, where: Tensor | None = None) -> tuple[Tensor, ...]:
         """A CPU prefill of a prompt and its padding rows ``payload`` ``[T, hidden]``
         (module doc): ``cos``/``sin`` ``[1, T, rope_dim / 2]`` rotate each row by its
         position, ``mask`` ``[T, T]`` says which rows each row attends to (with the C
         attention kernel a ``[1, 1]`` stand-in, unread). Returns the
         activation rows (the last stage: the logits ``[1, vocab]`` of row ``last``),
         then each block's keys and values ``[kv_heads, T, head_dim]`` in the compute
-        dtype, for the caller to copy into the slot."""
-        tokens = int(payload.shape[0])
+        dtype, for the caller to copy into the slot.
+
+        ``where`` (:meth:`_forward_mixed`): ``payload`` has ``D`` decode rows more after
+        the ``T`` (``T`` is the rotary tables' length), at the positions and slots
+        ``where`` says; the activation rows are then all ``T + D``, and the last stage's
+        logits ``[1 + D, vocab]`` those of row ``last`` and of the decode rows."""
+        tokens = int(cos.shape[1])
         kv: list[Tensor] = []
         x = payload
         for block in self.blocks:
             x = self._block_with(
                 block, x.float(),
-                partial(self._attention_prompt, block, cos, sin, mask, tokens, kv), rows=False)
+                partial(self._attention_prompt, block, cos, sin, mask, tokens, kv, where),
+                rows=False)
         if self.is_last:
             assert self.output_norm is not None and self.output is not None
-            x = self._linear(self._rms_norm(x[last : last + 1].float(), self.output_norm),
-                             self.output, rows=True)
+            x = x.float()
+            normed = self._rms_norm(x[last : last + 1], self.output_norm)
+            if where is not None:
+                normed = normed.cat(self._rms_norm(x[tokens:], self.output_norm))
+            x = self._linear(normed, self.output, rows=True)
         out = x.contiguous()
         Tensor.realize(out, *kv)
         return (out, *kv)
+
+    def _forward_mixed(self, payload: Tensor, cos: Tensor, sin: Tensor, mask: Tensor,
+                       where: Tensor, last: UOp) -> tuple[Tensor, ...]:
+        """A mixed step's graph (:meth:`run_mixed`): :meth:`_forward_prompt` with decode
+        rows riding after the prompt's."""
+        return self._forward_prompt(payload, cos, sin, mask, last, where)
 
     def _forward_decode(self, payload: Tensor, start: UOp, slot: UOp | None = None) -> Tensor:
         slot_or_0: UOp | int = 0 if slot is None else slot
@@ -1214,12 +1271,30 @@ class StageRole:
         array = self._check_input(payload)
         if not tags or array.shape[0] != len(tags):
             raise StepError(f"a batch of {len(tags)} tags carries {array.shape[0]} rows")
+        self._check_rows(tags)
+        count = len(tags)
+        slots = [tag.slot for tag in tags]
+        starts = [tag.position for tag in tags]
+        if self.token_embd is not None:
+            array = self._embed(cast("npt.NDArray[np.int32]", array))  # checked int32
+        result = self._batch_rows(array, slots, starts)
+        for slot, start in zip(slots, starts, strict=True):
+            self._positions[slot] = start + 1
+        if not self.is_last:
+            return np.ascontiguousarray(result, dtype=self.np_dtype)
+        logits = self.last_logits = result.astype(np.float32).reshape(count, -1)
+        return self._answers(tags, logits)
+
+    def _check_rows(self, tags: Sequence[SequenceTag], taken: frozenset[int] = frozenset()
+                    ) -> None:
+        """Decode rows ``tags``: each slot this stage's, in no other row nor in
+        ``taken``, each row at its slot's next position (> 0) within ``max_seq_len``."""
         seen: set[int] = set()
         for tag in tags:
             slot, start = tag.slot, tag.position
             if slot >= self.slots:
                 raise StepError(f"slot {slot} outside this stage's slots 0..{self.slots - 1}")
-            if slot in seen:
+            if slot in seen or slot in taken:
                 raise StepError(f"slot {slot} appears twice in one batch")
             seen.add(slot)
             if start == 0 or start != self._positions[slot]:
@@ -1228,11 +1303,12 @@ class StageRole:
             if start + 1 > self.max_seq_len:
                 raise StepError(f"slot {slot}: position {start} exceeds max_seq_len "
                                 f"{self.max_seq_len}")
-        count = len(tags)
-        slots = [tag.slot for tag in tags]
-        starts = [tag.position for tag in tags]
-        if self.token_embd is not None:
-            array = self._embed(cast("npt.NDArray[np.int32]", array))  # checked int32
+
+    def _batch_rows(self, array: npt.NDArray[np.generic], slots: Sequence[int],
+                    starts: Sequence[int]) -> npt.NDArray[np.generic]:
+        """Checked, embedded decode rows through the decode JITs (:meth:`run_batch`): in
+        order, each chunk the largest ready size that fits, else one row."""
+        count = len(slots)
         ready = [] if self.beam > 0 else sorted(self._rows, reverse=True)
         parts: list[npt.NDArray[np.generic]] = []
         b = 0
@@ -1245,12 +1321,13 @@ class StageRole:
                 parts.append(self._decode_rows(array[b : b + size], slots[b : b + size],
                                                starts[b : b + size]))
             b += size
-        result = np.concatenate(parts)
-        for slot, start in zip(slots, starts, strict=True):
-            self._positions[slot] = start + 1
-        if not self.is_last:
-            return np.ascontiguousarray(result, dtype=self.np_dtype)
-        logits = self.last_logits = result.astype(np.float32).reshape(count, -1)
+        return np.concatenate(parts)
+
+    @staticmethod
+    def _answers(tags: Sequence[SequenceTag], logits: npt.NDArray[np.float32]
+                 ) -> npt.NDArray[np.int32]:
+        """The last stage's answers to rows ``tags`` from their ``logits``, joined: one
+        greedy id each, or with ``candidates`` its ids and logits."""
         answers = [candidates(row) if tag.candidates
                    else np.array([int(np.argmax(row))], dtype=np.int32)
                    for tag, row in zip(tags, logits, strict=True)]
@@ -1304,10 +1381,146 @@ class StageRole:
         if not self.is_last:
             return np.ascontiguousarray(np.concatenate(outputs), dtype=self.np_dtype)
         logits = self.last_logits = np.stack(outputs).astype(np.float32)
-        answers = [candidates(row) if tag.candidates
-                   else np.array([int(np.argmax(row))], dtype=np.int32)
-                   for tag, row in zip(tags, logits, strict=True)]
-        return np.concatenate(answers)
+        return self._answers(tags, logits)
+
+    def run_mixed(self, prompt: SequenceTag, tags: Sequence[SequenceTag],
+                  payload: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
+        """A prompt and decode rows of other sequences as one step: ``payload`` is the
+        prompt's ``prompt.position`` rows (its row count; positions ``0..`` of slot
+        ``prompt.slot``, whatever the slot held), then one decode row per tag in
+        ``tags`` as :meth:`run_batch` takes them (distinct slots, none the prompt's).
+
+        All of it is checked before anything runs (a bad step is a ``StepError`` that
+        leaves every slot as it was). A non-last stage returns the prompt's activation
+        rows then the decode rows'; the last stage the prompt's answer then each row's,
+        as :meth:`run_tagged` gives them; ``last_logits`` is then ``[1 + D, vocab]``.
+        Every result and KV entry is bit-identical to the prompt's prefill alone and to
+        each row's decode step alone (module doc, "Mixed steps").
+
+        On the CPU path with the C attention, when the decode rows fit in the padding
+        rows of a short prompt's prefill (:meth:`_mixable`), it is one graph
+        (:meth:`_mixed_step`): the rows take the places of padding rows, and every
+        weight is read once for all. Elsewhere the prompt is prefilled and then the rows
+        run as :meth:`run_batch` runs them."""
+        array = self._check_input(payload)
+        tokens, count = prompt.position, len(tags)
+        if prompt.slot >= self.slots:
+            raise StepError(f"slot {prompt.slot} outside this stage's slots "
+                            f"0..{self.slots - 1}")
+        if not 1 <= tokens <= self.max_seq_len:
+            raise StepError(f"slot {prompt.slot}: a prompt of {tokens} rows (1.."
+                            f"{self.max_seq_len})")
+        if not tags:
+            raise StepError("a mixed step without decode rows")
+        self._check_rows(tags, frozenset({prompt.slot}))
+        if array.shape[0] != tokens + count:
+            raise StepError(f"a mixed step of {tokens} + {count} rows carries "
+                            f"{array.shape[0]}")
+        slots = [tag.slot for tag in tags]
+        starts = [tag.position for tag in tags]
+        if self.token_embd is not None:
+            array = self._embed(cast("npt.NDArray[np.int32]", array))  # checked int32
+        if self._mixable(tokens, count):
+            result = self._mixed_step(array, prompt.slot, tokens, slots, starts)
+            first, rows = result[:1] if self.is_last else result[:tokens], result[-count:]
+        else:
+            first = self._prefill_step(array[:tokens], prompt.slot)
+            first = first.reshape(1, -1) if self.is_last else first[:tokens]
+            rows = self._batch_rows(array[tokens:], slots, starts)
+        self._positions[prompt.slot] = tokens
+        for slot, start in zip(slots, starts, strict=True):
+            self._positions[slot] = start + 1
+        result = np.concatenate([first, rows])
+        if not self.is_last:
+            return np.ascontiguousarray(result, dtype=self.np_dtype)
+        logits = self.last_logits = result.astype(np.float32).reshape(1 + count, -1)
+        return self._answers([prompt, *tags], logits)
+
+    def _mixable(self, tokens: int, count: int) -> bool:
+        """Whether a prompt of ``tokens`` rows and ``count`` decode rows run as one graph
+        (:meth:`run_mixed`): where the graph computes the same, and the rows take the
+        places of the prompt's padding rows. Rows that would open the next bucket cost
+        its padding rows too, about what a decode step of their own costs (``bench
+        mixed``: a prompt that fills its bucket, and one row more, 0.8-0.9x as fast in
+        one graph), so then the step runs apart."""
+        return (self._cpu and self._c_attention and self.beam == 0
+                and tokens + count <= decode_gemv.PREFILL_ROWS
+                and self._bucket(tokens + count) == self._bucket(tokens)
+                and self._products_row_wise())
+
+    def _products_row_wise(self) -> bool:
+        """Whether every block product runs through :func:`~swactor.model.decode_gemv.gemv`
+        at any row count up to :data:`~swactor.model.decode_gemv.PREFILL_ROWS`, whose
+        rows are each the one-row product's arithmetic: then a decode row computes the
+        same in a prefill's graph as in a decode step's. A dense or other block-type
+        matrix does not (a prefill's product is a matrix product there)."""
+        return all(
+            isinstance(part, DeviceQuant) and decode_gemv.usable(self.device, part, 1)
+            for block in self.blocks
+            for matrix in (block.w_qkv, block.wo, block.w_gate_up, block.w_down)
+            for part in matrix.parts)
+
+    def _mixed_step(self, array: npt.NDArray[np.generic], slot: int, tokens: int,
+                    slots: Sequence[int], starts: Sequence[int]
+                    ) -> npt.NDArray[np.generic]:
+        """A prompt's ``tokens`` rows then ``D`` decode rows (``array``, embedded) as one
+        CPU graph (:meth:`_forward_mixed`): ``P`` rows for the prompt and its padding,
+        then the decode rows, ``P + D`` the bucket of ``tokens + D`` rows. The prompt's
+        keys and values go to positions ``0..tokens-1`` of ``slot``; the decode rows'
+        the graph writes into their slots. Returns the ``P + D`` activation rows, or
+        on the last stage the logits of the prompt's last row then of the decode rows.
+        One JIT per ``(P + D, D)`` (kernel cache kind ``mixed-T-D``), its inputs kept
+        buffers like a prefill bucket's, run from its
+        :class:`~swactor.model.cpu_graph.DirectReplay` once it has replayed."""
+        count = len(slots)
+        total = self._bucket(tokens + count)
+        span = total - count
+        kind = f"mixed-{total}-{count}"
+        entry = self._mixed.get((total, count))
+        if entry is None:
+            half = self.facts.rope_dim // 2 if self._rope_rows is not None else 1
+            tensors = tuple(upload(a, self.device) for a in (
+                np.zeros((total, self.facts.hidden_dim), dtype=self.np_dtype),
+                np.zeros((1, span, half), dtype=np.float32),
+                np.zeros((1, span, half), dtype=np.float32),
+                np.zeros((1, 1), dtype=np.bool_),  # the C attention reads no mask
+                np.zeros(2 * count, dtype=np.int32)))
+            synchronize(self.device)
+            jit = cast("_PrefillJit", TinyJit(self._forward_mixed))
+            self._adopt(jit, kind)
+            if jit.captured is None:
+                jit.cnt = 1  # captured on its first call, as a CPU prefill bucket
+            entry = self._mixed[(total, count)] = (
+                jit, _PrefillInputs(tensors, tuple(_host_view(t) for t in tensors)))
+        jit, inputs = entry
+        rows = inputs.views[0]
+        rows[:tokens] = array[:tokens]
+        rows[tokens:span] = 0  # padding rows: a block of their own
+        rows[span:] = array[tokens:]
+        self._write_prompt_tables(inputs, tokens, span)
+        where = inputs.views[4]
+        where[:count] = starts
+        where[count:] = slots
+        if inputs.replay is not None:
+            inputs.replay.replay({self._last_var.expr: tokens - 1})
+            self._write_kv(inputs.outputs[1:], slot, tokens)
+            return inputs.outputs[0].copy()
+        last = self._last_var.bind(tokens - 1)
+        use_cpu_graph(self.cpu_graph)
+        built = jit.cnt < 2
+        outputs = jit(*inputs.tensors, last)
+        views = tuple(_host_view(t) for t in outputs)
+        self._write_kv(views[1:], slot, tokens)
+        result = views[0].copy()
+        self._keep_prefill(jit, kind, (*inputs.tensors, last))
+        if built:
+            self._release_build_memory()
+        captured = jit.captured
+        if captured is not None and jit.cnt >= 2:  # replayed once: batches built
+            inputs.replay = DirectReplay.of(captured, tuple(t.uop.base for t in inputs.tensors),
+                                            frozenset({self._last_var.expr}))
+            inputs.outputs = tuple(_host_view(t) for t in captured.ret)
+        return result
 
     def _compute(self, array: npt.NDArray[np.generic], slot: int, start: int,
                  prefill: bool) -> npt.NDArray[np.generic]:
@@ -1504,7 +1717,7 @@ class StageRole:
         prompt of ``tokens`` rows padded to ``padded`` into a bucket's inputs: the
         prompt's rows at positions ``0..tokens-1`` attend to the prompt's rows up to
         themselves; the padding rows, positions ``0..``, are a block of their own."""
-        _, cos, sin, mask = inputs.views
+        cos, sin, mask = inputs.views[1:4]
         if self._rope_rows is not None:
             positions = np.concatenate([np.arange(tokens), np.arange(padded - tokens)])
             cos[0] = self._rope_rows[0][positions]

@@ -1,0 +1,234 @@
+"""Mixed steps: ``StageRole.run_mixed`` runs a prompt and other sequences' decode rows as
+one step, and every answer, logit, activation row and KV entry is bit-identical to the
+prompt prefilled alone and the rows decoded alone.
+
+One role holds every sequence twice: slots ``0..D-1`` decode their rows apart (a batch),
+slots ``D..2D-1`` the same rows inside mixed steps, and the prompt goes to slot ``2D``
+alone and ``2D + 1`` mixed; the steps after a mixed step must stay identical too (the
+KV entries it wrote). A tiny Q4_1 model, whose every product is the decode kernel at
+any row count, takes the one-graph path; the same checks hold where the step runs apart
+(a prompt too long to mix, the portable path, dense weights).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from swactor.model.decode_gemv import PREFILL_ROWS
+from swactor.model.gguf_range import open_reader
+from swactor.model.llama_role import StageRole, StepError
+from swactor.wire.tags import CANDIDATES_K, SequenceTag
+from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
+
+MAX_SEQ = 80
+CONTEXTS = [[5, 17, 42, 99, 7], [3, 1, 4], [250, 8, 8, 9, 1, 2, 3, 4, 5, 6]]
+
+
+@pytest.fixture(scope="module")
+def tiny_q4_1(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3 blocks of Q4_1 matrices (the block type of the project's model)."""
+    path = tmp_path_factory.mktemp("gguf") / "tiny-q4_1.gguf"
+    return write_tiny_gguf(path, TinyConfig(blocks=3, seed=11, matrix_type=Q.Q4_1,
+                                            tied=False, context=128))
+
+
+def _roles(path: Path, split: Sequence[tuple[int, int]], slots: int, *,
+           blocks: bool = True, portable: bool = False, dtype: str = "f32"
+           ) -> list[StageRole]:
+    reader = open_reader(path)
+    return [
+        StageRole(reader.load_stage(a, b, is_first=i == 0, is_last=i == len(split) - 1,
+                                    dtype=dtype, keep_blocks=blocks),
+                  max_seq_len=MAX_SEQ, quantised=blocks, slots=slots, device="CPU",
+                  portable=portable)
+        for i, (a, b) in enumerate(split)
+    ]
+
+
+def _bits(array: npt.NDArray[Any] | None) -> npt.NDArray[np.int32]:
+    assert array is not None
+    return np.ascontiguousarray(array, dtype=np.float32).view(np.int32)
+
+
+def _through(roles: list[StageRole], run: Any, payload: npt.NDArray[Any]
+             ) -> tuple[npt.NDArray[Any], list[npt.NDArray[Any]]]:
+    """``payload`` through every stage by ``run(role, payload)``: the last output and
+    every non-last stage's activation rows."""
+    rows = []
+    for role in roles:
+        payload = run(role, payload)
+        if not role.is_last:
+            rows.append(payload.copy())
+    return payload, rows
+
+
+class _Sides:
+    """The contexts prefilled twice: slot ``i`` (apart) and ``i + D`` (mixed)."""
+
+    def __init__(self, roles: list[StageRole], count: int) -> None:
+        self.roles, self.count = roles, count
+        self.positions = [len(c) for c in CONTEXTS[:count]]
+        self.ids: list[int] = []
+        for slot, context in enumerate(CONTEXTS[:count]):
+            ids = np.array(context, dtype=np.int32)
+            apart, _ = _through(roles, lambda r, p, s=slot: r.run_tagged(SequenceTag(s, 0), p),
+                                ids)
+            mixed, _ = _through(roles, lambda r, p, s=slot: r.run_tagged(
+                SequenceTag(s + count, 0), p), ids)
+            assert int(apart[0]) == int(mixed[0])
+            self.ids.append(int(apart[0]))
+
+    def tags(self, mixed: bool, candidates: bool = False) -> list[SequenceTag]:
+        shift = self.count if mixed else 0
+        return [SequenceTag(b + shift, self.positions[b], candidates and b == 0)
+                for b in range(self.count)]
+
+    def rows(self) -> npt.NDArray[np.int32]:
+        return np.array(self.ids, dtype=np.int32)
+
+
+def _mixed_equals_apart(roles: list[StageRole], prompt: list[int], count: int,
+                        candidates: bool = False, steps: int = 2) -> None:
+    """One mixed step against the same prompt and rows apart, then ``steps`` decode
+    steps of every sequence on both sides: all bit for bit the same."""
+    sides = _Sides(roles, count)
+    apart_slot, mixed_slot = 2 * count, 2 * count + 1
+    ids = np.array(prompt, dtype=np.int32)
+    first, prompt_rows = _through(roles, lambda r, p: r.run_tagged(
+        SequenceTag(apart_slot, 0, candidates), p), ids)
+    prompt_logits = roles[-1].last_logits
+    assert prompt_logits is not None
+    prompt_logits = prompt_logits.copy()
+    rows, batch_rows = _through(
+        roles, lambda r, p: r.run_batch(sides.tags(False, candidates), p), sides.rows())
+    batch_logits = roles[-1].last_logits
+    assert batch_logits is not None
+    batch_logits = batch_logits.copy()
+    prompt_tag = SequenceTag(mixed_slot, len(prompt), candidates)
+    answer, mixed_rows = _through(
+        roles, lambda r, p: r.run_mixed(prompt_tag, sides.tags(True, candidates), p),
+        np.concatenate([ids, sides.rows()]))
+    logits = roles[-1].last_logits
+    assert logits is not None and logits.shape[0] == 1 + count
+    assert np.array_equal(_bits(logits[0]), _bits(prompt_logits)), "the prompt's logits"
+    assert np.array_equal(_bits(logits[1:]), _bits(batch_logits)), "the decode rows' logits"
+    np.testing.assert_array_equal(answer, np.concatenate([first, rows]))
+    for got, alone, batch in zip(mixed_rows, prompt_rows, batch_rows, strict=True):
+        assert got.shape == (len(prompt) + count, alone.shape[1])
+        assert np.array_equal(_bits(got[: len(prompt)]), _bits(alone[: len(prompt)]))
+        assert np.array_equal(_bits(got[len(prompt):]), _bits(batch))
+    # the KV entries the step wrote: the next steps of every sequence stay the same
+    token = int(np.argmax(prompt_logits))
+    position = len(prompt)
+    sides.ids = [int(np.argmax(row)) for row in batch_logits]
+    for _ in range(steps):
+        outs = []
+        for slot in (apart_slot, mixed_slot):
+            out, _ = _through(roles, lambda r, p, s=slot, at=position: r.run_tagged(
+                SequenceTag(s, at), p), np.array([token], dtype=np.int32))
+            assert roles[-1].last_logits is not None
+            outs.append((int(out[0]), _bits(roles[-1].last_logits).copy()))
+        assert outs[0][0] == outs[1][0] and np.array_equal(outs[0][1], outs[1][1])
+        token, position = outs[0][0], position + 1
+        sides.positions = [p + 1 for p in sides.positions]
+        apart, _ = _through(roles, lambda r, p: r.run_batch(sides.tags(False), p),
+                            sides.rows())
+        apart_logits = _bits(roles[-1].last_logits).copy()
+        mixed, _ = _through(roles, lambda r, p: r.run_batch(sides.tags(True), p),
+                            sides.rows())
+        np.testing.assert_array_equal(apart, mixed)
+        assert np.array_equal(apart_logits, _bits(roles[-1].last_logits))
+        sides.ids = [int(a) for a in apart]
+
+
+@pytest.mark.parametrize(("tokens", "count", "split", "candidates"), [
+    (5, 3, [(0, 3)], False),  # the rows take the prompt's 3 padding rows: 8 in all
+    (8, 1, [(0, 3)], True),  # a row past a full bucket: apart; candidates answered
+    (13, 2, [(0, 1), (1, 3)], False),  # split: the middle stage's rows, 16 rows
+    (1, 3, [(0, 2), (2, 3)], True),  # a one-token prompt
+], ids=["fills-padding", "next-bucket", "split", "one-token"])
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_a_mixed_step_equals_the_prompt_and_rows_apart(
+        tiny_q4_1: Path, tokens: int, count: int, split: list[tuple[int, int]],
+        candidates: bool, dtype: str) -> None:
+    """In f16 too: there the last stage's graphs never round their last block's output
+    to f16 before the final norm (tinygrad folds the round trip), and a mixed step's
+    graph must not either."""
+    roles = _roles(tiny_q4_1, split, 2 * count + 2, dtype=dtype)
+    prompt = [(7 * i + 3) % 250 + 1 for i in range(tokens)]
+    _mixed_equals_apart(roles, prompt, count, candidates)
+    bucket = -(-tokens // 8) * 8
+    graphs = {(bucket, count)} if tokens + count <= bucket else set()
+    for role in roles:
+        assert set(role._mixed) == graphs, "one graph where the rows fit the padding"
+
+
+def test_a_prompt_too_long_to_mix_runs_apart_and_equals(tiny_q4_1: Path) -> None:
+    """Past PREFILL_ROWS rows the prompt is prefilled and the rows batched, one after
+    the other, with the same results."""
+    roles = _roles(tiny_q4_1, [(0, 3)], 4)
+    prompt = [(5 * i + 1) % 250 + 1 for i in range(PREFILL_ROWS)]
+    _mixed_equals_apart(roles, prompt, 1, steps=1)
+    assert roles[0]._mixed == {}
+
+
+@pytest.mark.parametrize("where", ["portable", "dense"])
+def test_where_one_graph_would_differ_the_step_runs_apart_and_equals(
+        tiny_q4_1: Path, where: str) -> None:
+    """The portable path (tinygrad's attention), and dense f32 weights (a prefill's
+    product is a matrix product there): apart, with the same results."""
+    roles = _roles(tiny_q4_1, [(0, 3)], 6, blocks=where != "dense",
+                   portable=where == "portable")
+    _mixed_equals_apart(roles, [9, 8, 7, 6], 2, steps=1)
+    assert roles[0]._mixed == {}
+
+
+def test_a_bad_mixed_step_is_a_step_error_that_changes_no_slot(tiny_q4_1: Path) -> None:
+    (role,) = _roles(tiny_q4_1, [(0, 3)], 3)
+    role.run_tagged(SequenceTag(1, 0), np.array([5, 6, 7], dtype=np.int32))
+    role.run_tagged(SequenceTag(2, 0), np.array([9], dtype=np.int32))
+    ids = np.array([1, 2, 3, 4, 5], dtype=np.int32)
+    prompt = SequenceTag(0, 4)
+    bad = [
+        (prompt, [], ids[:4], "without decode rows"),
+        (prompt, [SequenceTag(1, 3)], ids[:4], "carries 4"),
+        (SequenceTag(1, 4), [SequenceTag(1, 3)], ids, "appears twice"),
+        (prompt, [SequenceTag(1, 2)], ids, "not the slot's next position"),
+        (prompt, [SequenceTag(1, 3), SequenceTag(1, 3)], np.arange(6, dtype=np.int32),
+         "appears twice"),
+        (SequenceTag(3, 4), [SequenceTag(1, 3)], ids, "slot 3 outside"),
+        (SequenceTag(0, MAX_SEQ + 1), [SequenceTag(1, 3)],
+         np.ones(MAX_SEQ + 2, dtype=np.int32), "a prompt of 81 rows"),
+        (prompt, [SequenceTag(1, 3)], np.array([1, 2, 3, 4, 10**6], np.int32), "token id"),
+    ]
+    for tag, rows, payload, rule in bad:
+        with pytest.raises(StepError, match=rule):
+            role.run_mixed(tag, rows, payload)
+    # every slot as it was: slot 1 takes position 3, slot 2 position 1
+    role.run_mixed(prompt, [SequenceTag(1, 3), SequenceTag(2, 1, True)],
+                   np.arange(1, 7, dtype=np.int32))
+    logits = role.last_logits
+    assert logits is not None and logits.shape[0] == 3
+    assert role._positions == [4, 4, 2]
+    answer = role.run_mixed(SequenceTag(1, 2), [SequenceTag(0, 4), SequenceTag(2, 2)],
+                            np.array([3, 3, 1, 2], dtype=np.int32))
+    assert answer.shape == (3,)
+
+
+def test_candidates_rows_answer_their_candidates(tiny_q4_1: Path) -> None:
+    (role,) = _roles(tiny_q4_1, [(0, 3)], 3)
+    role.run_tagged(SequenceTag(1, 0), np.array([5, 6, 7], dtype=np.int32))
+    answer = role.run_mixed(SequenceTag(0, 2, True), [SequenceTag(1, 3)],
+                            np.array([4, 4, 8], dtype=np.int32))
+    assert answer.shape == (2 * CANDIDATES_K + 1,)
+    logits = role.last_logits
+    assert logits is not None
+    assert int(answer[0]) == int(np.argmax(logits[0]))
+    assert int(answer[-1]) == int(np.argmax(logits[1]))
