@@ -47,7 +47,8 @@ for rotary embedding on adjacent pairs (llama.cpp's "normal" rope); at load we u
 the first ``rope_dim`` rows of every head into the half-split layout so rope is two slices;
 qwen2 files are already half-split (NEOX) and carry Q/K/V biases. Sums run in float32; the
 residual stream is rounded to the plan dtype at every block boundary, so a model split at
-any block boundary computes the same numbers as the whole.
+any block boundary computes the same numbers as the whole (below float32 each block's
+output is materialised: fused into its readers, tinygrad would fold the round trip away).
 
 Decode (one position) runs through one :class:`TinyJit` per role: the start position and
 (with more than one slot) the slot are bound symbolic variables, the KV cache is written
@@ -134,10 +135,7 @@ values into their slots' caches). Each row's arithmetic is the same in either gr
 the decode kernel's rows are the one-row product's whatever their count, norms and
 elementwise steps are row-wise, and both attention kernels are the decode row's
 statements, so every answer, activation row and KV entry is bit-identical to the prompt
-alone and each row alone (the tests hold them to it, in f32 and f16). One detail keeps
-it so: the last stage's graphs never round their last block's output to the compute
-dtype before the final norm (tinygrad folds the round trip when the output has one
-reader), so the mixed graph reads both its selections from one ``float()`` of it.
+alone and each row alone (the tests hold them to it, in f32 and f16).
 Measured side by side on SmolLM2 Q4_1 (one stage, f32, 2 cores; ``bench mixed``), a
 prompt and its decode rows apart against one step: 5 tokens and 3 rows 21.9 -> 15.6 ms,
 25 tokens and 3 rows 43.7 -> 38.3, 53 tokens and 3 rows 67.8 -> 62.2. Rows that would
@@ -1052,7 +1050,11 @@ class StageRole:
             # per output feature (measured: 8x slower prefill, slower decode)
             hidden = (gate_up[:, :ffn].silu() * gate_up[:, ffn:]).contiguous()
         mlp = self._linear(hidden, block.w_down, rows)
-        return (h + mlp).cast(self._tg_dtype)
+        out = (h + mlp).cast(self._tg_dtype)
+        # materialised below float32: fused into its readers, tinygrad folds the round
+        # trip through the compute dtype away, and a stage's inner block boundaries would
+        # not round as a boundary between two stages does
+        return out if self._tg_dtype == dtypes.float32 else out.contiguous()
 
     def _forward(
         self, x: Tensor, start: UOp | int, tokens: int, last: UOp | int | None = None,
