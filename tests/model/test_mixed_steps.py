@@ -232,3 +232,30 @@ def test_candidates_rows_answer_their_candidates(tiny_q4_1: Path) -> None:
     assert logits is not None
     assert int(answer[0]) == int(np.argmax(logits[0]))
     assert int(answer[-1]) == int(np.argmax(logits[1]))
+
+
+def test_a_cached_mixed_graph_computes_what_the_built_one_did(
+        tiny_q4_1: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer builds the step's graph and keeps it (kind ``mixed-8-2``); a new role
+    of the same structure loads it instead of building, and computes the same bits."""
+    from swactor.model import jit_cache
+
+    monkeypatch.setenv(jit_cache.CACHE_ENV, str(tmp_path / "kernels"))
+    results = []
+    for reader in (False, True):
+        (role,) = _roles(tiny_q4_1, [(0, 3)], 3)
+        role.run_tagged(SequenceTag(1, 0), np.array([5, 6, 7], dtype=np.int32))
+        role.run_tagged(SequenceTag(2, 0), np.array([9], dtype=np.int32))
+        role.run_mixed(SequenceTag(0, 5), [SequenceTag(1, 3), SequenceTag(2, 1)],
+                       np.arange(1, 8, dtype=np.int32))
+        assert role._kernels is not None
+        if reader:
+            assert "mixed-8-2" in role._kernels.loaded
+            assert "mixed-8-2" not in role._kernels.saved
+        else:
+            assert "mixed-8-2" in role._kernels.saved
+        step = role.run_mixed(SequenceTag(1, 2), [SequenceTag(0, 5), SequenceTag(2, 2)],
+                              np.array([3, 3, 1, 2], dtype=np.int32))  # a replay
+        results.append((_bits(role.last_logits).copy(), step.copy()))
+    assert np.array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
