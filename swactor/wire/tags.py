@@ -98,7 +98,29 @@ slot, and the rows after the table are exactly the sum of the counts. A stage co
 candidates) concatenated in table order, as a batch's. A reader that knows no prompt
 batches refuses the flags word (its batch check finds a bit it does not know), so a
 mixed pool fails the step, never the numbers. :func:`table_entries` and
-:func:`read_table` read either kind of table.
+:func:`read_table` read every kind of table.
+
+Mixed steps: a prompt and decode rows in one object
+---------------------------------------------------
+While a stage prefills a prompt, the sequences it is decoding would wait for the
+prefill and then pay a decode step of their own. A *mixed step* carries one prompt and
+one decode row each of ``D`` other sequences, which a stage runs as one step
+(``StageRole.run_mixed``: one graph where the rows fit the prompt's padding rows, else
+the prompt and then the rows), every result bit-identical to the prompt and the rows
+sent apart::
+
+    flags:  bit 31 = 0, bit 29 BATCH = 1, bit 27 MIXED = 1, bits 0..10 = 1 + D
+            (2 .. MAX_SLOTS); every other bit 0
+    payload: 1 + D u32 table entries, zero bytes up to a whole number of the edge's
+            rows (as a batch's table), then the prompt's rows, then the D decode rows
+            in table order
+
+Entry 0 is the prompt's tag, its position field its row count (as in a prompt batch);
+entries 1..D are decode rows' tags (position > 0, as in a batch). No two entries name
+the same slot. A stage copies ``flags`` and the table onto its output; its rows are
+the prompt's activation rows then the decode rows', on the last stage the prompt's
+answer then each row's, in table order. A reader that knows no mixed steps refuses the
+flags word, as for prompt batches.
 """
 
 from __future__ import annotations
@@ -122,6 +144,9 @@ BATCH = 1 << 29
 BATCH_ROWS_MASK = (1 << 11) - 1
 PROMPTS = 1 << 28
 """With BATCH (TAGGED clear): a prompt batch of ``flags & BATCH_ROWS_MASK`` prompts."""
+MIXED = 1 << 27
+"""With BATCH (TAGGED and PROMPTS clear): a mixed step of ``flags & BATCH_ROWS_MASK``
+entries, one prompt then decode rows."""
 MAX_PROMPTS = 4
 """Prompts one prompt batch carries at most (a bound on the work one object asks of a
 stage)."""
@@ -178,7 +203,7 @@ def batch_rows(flags: int) -> int | None:
     """The row count of a batch object's ``flags``; None when ``flags`` is not the
     batch form (0, a single tag, or a prompt batch: :func:`prompt_count`). A word that
     has the BATCH bit but is not a valid batch form is a :class:`TagError`."""
-    if flags & TAGGED or not flags & BATCH or flags & PROMPTS:
+    if flags & TAGGED or not flags & BATCH or flags & (PROMPTS | MIXED):
         return None
     rows = flags & BATCH_ROWS_MASK
     if flags >> 32 or flags & ~(BATCH | BATCH_ROWS_MASK) or not 1 <= rows <= MAX_SLOTS:
@@ -245,11 +270,53 @@ def prompt_count(flags: int) -> int | None:
     return count
 
 
+def mixed_flags(entries: int) -> int:
+    """The header ``flags`` of a mixed step of ``entries`` entries: a prompt and
+    ``entries - 1`` decode rows."""
+    if not 2 <= entries <= MAX_SLOTS:
+        raise TagError("entries", f"{entries} is outside 2..{MAX_SLOTS}")
+    return BATCH | MIXED | entries
+
+
+def mixed_count(flags: int) -> int | None:
+    """The entries of a mixed step's ``flags`` (its prompt and its decode rows); None
+    when ``flags`` is not one. A word with BATCH and MIXED set that is not a valid
+    mixed step is a :class:`TagError`."""
+    if flags & TAGGED or not flags & BATCH or not flags & MIXED:
+        return None
+    entries = flags & BATCH_ROWS_MASK
+    if (flags >> 32 or flags & ~(BATCH | MIXED | BATCH_ROWS_MASK)
+            or not 2 <= entries <= MAX_SLOTS):
+        raise TagError("flags", f"{flags:#x} is not a mixed step of 2..{MAX_SLOTS} "
+                       "entries")
+    return entries
+
+
+def mixed_table(flags: int, words: Sequence[int], slots: int) -> tuple[SequenceTag, ...]:
+    """The checked table of a mixed step (module doc): the prompt's tag (``position``
+    its row count), then each decode row's. Raises :class:`TagError` when ``flags`` is
+    not a mixed step, its entries exceed ``slots``, ``words`` are fewer than its
+    entries, or an entry is not a tag of a slot below ``slots`` with a non-zero
+    position, or repeats a slot."""
+    entries = mixed_count(flags)
+    if entries is None:
+        raise TagError("flags", f"{flags:#x} is not a mixed step")
+    if entries > slots:
+        raise TagError("entries", f"{entries} entries exceed the {slots} slots")
+    if len(words) < entries:
+        raise TagError("table", f"{len(words)} words hold no table of {entries} entries")
+    return _table(words, entries, slots, "a prompt of no rows, or a decode row at 0")
+
+
 def table_entries(flags: int) -> int | None:
-    """Entries of the tag table an object with ``flags`` starts with: a batch's rows or
-    a prompt batch's prompts; None for an object without a table (0, a single tag)."""
+    """Entries of the tag table an object with ``flags`` starts with: a batch's rows, a
+    prompt batch's prompts or a mixed step's entries; None for an object without a
+    table (0, a single tag)."""
     rows = batch_rows(flags)
-    return rows if rows is not None else prompt_count(flags)
+    if rows is not None:
+        return rows
+    count = prompt_count(flags)
+    return count if count is not None else mixed_count(flags)
 
 
 def prompt_table(flags: int, words: Sequence[int], slots: int) -> tuple[SequenceTag, ...]:
@@ -269,10 +336,13 @@ def prompt_table(flags: int, words: Sequence[int], slots: int) -> tuple[Sequence
 
 
 def read_table(flags: int, words: Sequence[int], slots: int) -> tuple[SequenceTag, ...]:
-    """The checked table of a batch (:func:`batch_table`) or a prompt batch
-    (:func:`prompt_table`); :class:`TagError` for any other ``flags``."""
+    """The checked table of a batch (:func:`batch_table`), a prompt batch
+    (:func:`prompt_table`) or a mixed step (:func:`mixed_table`); :class:`TagError` for
+    any other ``flags``."""
     if prompt_count(flags) is not None:
         return prompt_table(flags, words, slots)
+    if mixed_count(flags) is not None:
+        return mixed_table(flags, words, slots)
     return batch_table(flags, words, slots)
 
 

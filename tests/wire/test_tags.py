@@ -10,6 +10,7 @@ from swactor.wire.tags import (
     MAX_POSITION,
     MAX_PROMPTS,
     MAX_SLOTS,
+    MIXED,
     PROMPTS,
     SequenceTag,
     TagError,
@@ -18,6 +19,9 @@ from swactor.wire.tags import (
     batch_rows,
     batch_table,
     max_batch_answer_words,
+    mixed_count,
+    mixed_flags,
+    mixed_table,
     prompt_count,
     prompt_flags,
     prompt_table,
@@ -178,3 +182,45 @@ def test_a_malformed_prompt_table_is_a_typed_error(flags: int, words: list[int],
                                                    rule: str) -> None:
     with pytest.raises(TagError, match=rule):
         prompt_table(flags, words, slots=2)
+
+
+def test_a_mixed_table_round_trips_and_is_no_other_kind() -> None:
+    tags = (SequenceTag(2, 9, candidates=True), SequenceTag(0, 14), SequenceTag(3, 40))
+    flags = mixed_flags(len(tags))
+    assert mixed_count(flags) == 3 and table_entries(flags) == 3
+    assert batch_rows(flags) is None and prompt_count(flags) is None
+    assert mixed_count(batch_flags(3)) is None and mixed_count(prompt_flags(3)) is None
+    assert mixed_count(0) is None and mixed_count(SequenceTag(1, 4).pack()) is None
+    words = [*_table(*tags), 7, 8, 9]
+    assert mixed_table(flags, words, slots=4) == tags == read_table(flags, words, slots=4)
+    with pytest.raises(TagError):  # a reader that knows only single tags refuses it
+        SequenceTag.unpack(flags)
+
+
+@pytest.mark.parametrize("entries", [0, 1, MAX_SLOTS + 1])
+def test_a_mixed_step_without_rows_or_too_large_cannot_be_made(entries: int) -> None:
+    with pytest.raises(TagError):
+        mixed_flags(entries)
+
+
+@pytest.mark.parametrize("flags", [BATCH | MIXED | 1, BATCH | MIXED | (MAX_SLOTS + 1),
+                                   BATCH | MIXED | PROMPTS | 2, BATCH | MIXED | 1 << 30 | 2,
+                                   1 << 32 | BATCH | MIXED | 2])
+def test_malformed_mixed_flags_are_refused(flags: int) -> None:
+    with pytest.raises(TagError):
+        table_entries(flags)
+
+
+@pytest.mark.parametrize(("flags", "words", "rule"), [
+    (mixed_flags(3), _table(*(SequenceTag(i, 1) for i in range(3))), "exceed the 2 slots"),
+    (mixed_flags(2), _table(SequenceTag(0, 3)), "hold no table"),
+    (mixed_flags(2), [SequenceTag(0, 3).pack(), 12], "not a sequence tag"),
+    (mixed_flags(2), _table(SequenceTag(0, 3), SequenceTag(1, 0)), "decode row at 0"),
+    (mixed_flags(2), _table(SequenceTag(1, 3), SequenceTag(1, 5)), "appears twice"),
+    (mixed_flags(2), _table(SequenceTag(0, 3), SequenceTag(2, 5)), "slot 2 outside"),
+    (prompt_flags(2), _table(SequenceTag(0, 3), SequenceTag(1, 5)), "not a mixed step"),
+])
+def test_a_malformed_mixed_table_is_a_typed_error(flags: int, words: list[int],
+                                                  rule: str) -> None:
+    with pytest.raises(TagError, match=rule):
+        mixed_table(flags, words, slots=2)
