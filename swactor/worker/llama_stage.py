@@ -32,7 +32,10 @@ writes the table padded to whole rows of its output edge and then the result row
 (flags BATCH and PROMPTS: one table entry per prompt, its row count in the position
 field) is read the same way and runs `StageRole.run_prompts`: each prompt prefilled as
 alone (bit for bit), in its own slot; the last stage answers each prompt's next
-token (id or candidates) in table order. `batch_rows` are
+token (id or candidates) in table order. A mixed step (flags BATCH and MIXED: the
+prompt's entry, its row count in the position field, then one per decode row) runs
+`StageRole.run_mixed`: the prompt and the rows as one step where they fit, each result
+the bits it would have sent apart; the answers follow table order. `batch_rows` are
 the batch sizes whose B-row decode kernels the role builds at configure time
 (`StageRole.warm_up`; minutes each on a small CPU unless the kernel cache holds them,
 and every size it holds is loaded anyway): a batch of such a size reads each weight
@@ -113,6 +116,7 @@ from swactor.wire.tags import (
     TAG_WIDTH,
     SequenceTag,
     TagError,
+    mixed_count,
     prompt_count,
     read_table,
     table_bytes,
@@ -285,9 +289,9 @@ class LlamaStageRole:
 
     def run_batch(self, binding: OutputBinding, source: npt.NDArray[np.uint8]
                   ) -> npt.NDArray[np.uint8]:
-        """A batch or prompt batch object's output bytes: its tag table (checked against
-        this stage's slots), then `StageRole.run_batch`'s or `StageRole.run_prompts`'s
-        rows (module doc)."""
+        """A batch, prompt batch or mixed step object's output bytes: its tag table
+        (checked against this stage's slots), then `StageRole.run_batch`'s,
+        `StageRole.run_prompts`'s or `StageRole.run_mixed`'s rows (module doc)."""
         from swactor.model.llama_role import StepError
 
         raw = np.ascontiguousarray(source, dtype=np.uint8).reshape(-1)
@@ -304,6 +308,8 @@ class LlamaStageRole:
         try:
             if prompt_count(binding.flags) is not None:
                 result = self.stage.run_prompts(tags, array)
+            elif mixed_count(binding.flags) is not None:
+                result = self.stage.run_mixed(tags[0], tags[1:], array)
             else:
                 result = self.stage.run_batch(tags, array)
         except StepError as error:

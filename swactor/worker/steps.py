@@ -425,9 +425,9 @@ class StepRunner:
         return step, output
 
     def _table(self, allocation: DeviceAllocation) -> tuple[SequenceTag, ...] | None:
-        """A batch or prompt batch input's tag table, read from the head of its object
-        (None when the input has none); checked against the wire's bounds (the role
-        checks it against its slots)."""
+        """A batch, prompt batch or mixed step input's tag table, read from the head of
+        its object (None when the input has none); checked against the wire's bounds
+        (the role checks it against its slots)."""
         try:
             rows = table_entries(allocation.flags)
             if rows is None:

@@ -1,7 +1,7 @@
 """Sequence tags through one real worker: the input header's flags reach the role and
 the output header (`swactor.wire.tags`); a candidates step writes the candidates object;
 a batch object (or prompt batch) on an activation edge is its tag table padded to one
-row plus its rows."""
+row plus its rows; a mixed step answers its prompt and its decode rows in table order."""
 
 from __future__ import annotations
 
@@ -35,7 +35,13 @@ from swactor.wire import (
     StepFailed,
     StepFailure,
 )
-from swactor.wire.tags import CANDIDATES_K, SequenceTag, batch_flags, prompt_flags
+from swactor.wire.tags import (
+    CANDIDATES_K,
+    SequenceTag,
+    batch_flags,
+    mixed_flags,
+    prompt_flags,
+)
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
 
 TINY = TinyConfig(blocks=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=96, context=32,
@@ -229,6 +235,22 @@ def test_llama_stage_runs_tagged_steps_in_slots(llama_rig: WorkerRig, gguf: Path
     failed = rig.expect(StepFailed, timeout=60)
     assert (failed.step_id, failed.reason) == (7, StepFailure.OutputExtentInvalid)
     _logged(rig, "slot 0 appears twice")
+
+    # a mixed step: a new prompt in slot 0 and slot 1's next decode row in one object;
+    # its output is the table, then the prompt's answer and the row's, as alone
+    mixed = [(SequenceTag(0, 3), [7, 8, 9]), (SequenceTag(1, len(prompt) + 2), [35])]
+    answers = b"".join(twin.run_tagged(SequenceTag(tag.slot, 0) if tag.slot == 0 else tag,
+                                       np.array(ids, np.int32)).astype("<i4").tobytes()
+                       for tag, ids in mixed)
+    table = _ids([tag.pack() for tag, _ in mixed])
+    _granted(rig, 4, 8, 7)
+    write_all(rig, ingress, record(18, 7, table + _ids([7, 8, 9, 35]), flags=mixed_flags(2)))
+    extent = len(table) + len(answers)
+    data = read_all(rig, egress, ObjectHeader.LEN + extent, timeout=120)
+    header = ObjectHeader.unpack(data)
+    assert (header.flags, header.extent) == (mixed_flags(2), extent)
+    assert data[ObjectHeader.LEN:] == table + answers
+    assert rig.expect(StepCompleted).step_id == 8
 
 
 def _logged(rig: WorkerRig, text: str) -> None:
