@@ -145,5 +145,7 @@ class RunResult:
     """Events the machine refused in its state ("State: Event"), logged, never acted on."""
     batched_rows: int = 0
     """A serving run's decode rows that travelled in batch objects of two or more rows
-    (InjectBatch; `swactor.wire.tags`)."""
+    (InjectBatch; `swactor.wire.tags`), or beside a prompt in a mixed step."""
+    mixed_steps: int = 0
+    """A serving run's mixed step objects: a prompt and decode rows as one (InjectMixed)."""
     timings: RunTimings = field(default_factory=RunTimings)

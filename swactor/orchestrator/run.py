@@ -140,6 +140,7 @@ from swactor.events.schema import (
     RunFaulted,
     RunPlanned,
     RunTornDown,
+    Scalar,
     StageProvisionStarted,
     StopRunSent,
     TokenReceived,
@@ -185,6 +186,8 @@ from swactor.wire.tags import (
     TagError,
     answer_words,
     batch_flags,
+    mixed_count,
+    mixed_flags,
     prompt_count,
     prompt_flags,
     read_table,
@@ -262,6 +265,10 @@ class Serving:
     max_batch: int | None = None
     """Decode rows per batch object (None: the slots). 1 turns batching off: every
     decode row is its own object, written at once, as many in flight as sequences."""
+    mixed: bool = True
+    """Mixed steps: a lone prompt submitted while a decode object is in flight waits for
+    that object's rows and goes with them as one object (fsm/orchestrator_run.yaml,
+    guard prompt_rides); False: every prompt goes at once, alone."""
 
     def __post_init__(self) -> None:
         if self.slots < 1:
@@ -285,9 +292,9 @@ class InFlight:
 
     @property
     def prompt(self) -> bool:
-        """Whether its output is a prompt's: a prompt batch, a tagged prompt (position
-        0), or a single-prompt run's step 0."""
-        if prompt_count(self.flags) is not None:
+        """Whether its output is a prompt's: a prompt batch, a mixed step, a tagged
+        prompt (position 0), or a single-prompt run's step 0."""
+        if prompt_count(self.flags) is not None or mixed_count(self.flags) is not None:
             return True
         if self.rows or table_entries(self.flags) is not None:
             return False
@@ -296,10 +303,13 @@ class InFlight:
 
     @property
     def decode_rows(self) -> int:
-        """Decode rows it carries: a batch's rows, 1 for one decode row, 0 for a prompt
-        or a prompt batch (or a single-prompt run's untagged step)."""
+        """Decode rows it carries: a batch's rows, a mixed step's rows beside its prompt,
+        1 for one decode row, 0 for a prompt or a prompt batch (or a single-prompt run's
+        untagged step)."""
         if prompt_count(self.flags) is not None:
             return 0
+        if mixed_count(self.flags) is not None:
+            return len(self.rows) - 1
         if self.rows:
             return len(self.rows)
         tag = SequenceTag.unpack(self.flags) if table_entries(self.flags) is None else None
@@ -584,6 +594,24 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
     def prompts_ready(self, event: orun.PromptsDue) -> bool:
         return bool(self._prompts)
 
+    def prompt_rides(self, event: orun.PromptsDue) -> bool:
+        if self._serving is None or not self._serving.mixed or len(self._prompts) != 1:
+            return False
+        live = self._sequences.get(self._prompts[0])
+        if live is None:
+            return False
+        # the token-in edge holds max_seq_len ids: the prompt, a full batch's rows and
+        # the table (the activation edges' padded table takes at most as many rows)
+        rows = len(live.next_input[0]) + 2 * self._max_batch + 1
+        return (rows <= self.plan.model.max_seq_len
+                and any(o.decode_rows > 0 for o in self._in_flight))
+
+    def mix_ready(self, event: orun.BatchDue) -> bool:
+        return bool(self._prompts) and self._batch_rows() > 0
+
+    def prompt_stranded(self, event: orun.BatchDue) -> bool:
+        return bool(self._prompts) and not any(o.decode_rows > 0 for o in self._in_flight)
+
     def output_out_of_order(self, event: orun.ObjectLoaded) -> bool:
         oldest = self._in_flight[0] if self._in_flight else None
         return (
@@ -682,6 +710,33 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
                 ids += prompt
             await self._inject(Sequence(self._next_step), (*tags, *ids), None,
                                prompt_flags(len(group)), tuple(group), tuple(tags))
+
+    async def inject_mixed(self) -> None:
+        take = self._batch_rows()
+        rows = [i for i in self._queued[:take] if i in self._sequences]
+        del self._queued[:take]
+        prompt_id = self._prompts.pop(0)
+        live = self._sequences[prompt_id]
+        prompt, position = live.next_input
+        assert live.slot is not None and position == 0, "a held prompt holds its slot"
+        tags = [SequenceTag(live.slot, len(prompt), live.request.candidates).pack()]
+        ids: list[int] = list(prompt)
+        for sequence_id in rows:
+            row = self._sequences[sequence_id]
+            (token,), at = row.next_input
+            assert row.slot is not None, "a queued sequence holds its slot"
+            tags.append(SequenceTag(row.slot, at, row.request.candidates).pack())
+            ids.append(token)
+        if not rows:  # every row's sequence ended meanwhile: the prompt goes alone
+            await self._inject_input(prompt_id)
+        else:
+            table = (*tags, *(0,) * (_table_words(len(tags)) - len(tags)))
+            self.result.batched_rows += len(rows)
+            self.result.mixed_steps += 1
+            await self._inject(Sequence(self._next_step), (*table, *ids), None,
+                               mixed_flags(len(tags)), (prompt_id, *rows), table)
+        if self._queued:  # another object, while the spread wants one
+            await self._host.feed(orun.BatchDue())
 
     async def inject_batch(self) -> None:
         take = self._batch_rows()
@@ -965,9 +1020,12 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
             self.result.timings.first_token = time.monotonic()
         edge = self._token_out.edge_id
         # A serving run says how its objects travel: the rows this one carried (0: a
-        # prompt) and the objects in flight with it (scheduling figures, bench serve).
-        detail = ({} if self._serving is None else
-                  {"rows": oldest.decode_rows, "in_flight": in_flight})
+        # prompt), the objects in flight with it (scheduling figures, bench serve), and
+        # for a mixed step that a prompt rode with its rows.
+        detail: dict[str, Scalar] = ({} if self._serving is None else
+                                     {"rows": oldest.decode_rows, "in_flight": in_flight})
+        if mixed_count(oldest.flags) is not None:
+            detail["mixed"] = 1
         self.ports.emit(TokenReceived(
             node_id=self._node, run_id=self.plan.run_id, edge_id=edge, object_id=object_id,
             sequence=sequence, token=token, detail=detail,

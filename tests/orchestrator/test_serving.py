@@ -31,7 +31,13 @@ from swactor.wire import (
     StageIndex,
     TeardownOutcome,
 )
-from swactor.wire.tags import CANDIDATES_K, SequenceTag, batch_flags, prompt_flags
+from swactor.wire.tags import (
+    CANDIDATES_K,
+    SequenceTag,
+    batch_flags,
+    mixed_flags,
+    prompt_flags,
+)
 from tests.orchestrator.fake_ports import FakePorts
 from tests.orchestrator.test_run import (
     EOS,
@@ -83,13 +89,13 @@ class _SinkPort:
 
 async def serving(runtime: Runtime, ports: FakePorts, slots: int = 2,
                   timeouts: RunTimeouts = SLOW, max_seq_len: int = 64,
-                  max_in_flight: int | None = None, max_batch: int | None = None
-                  ) -> RunHandle:
+                  max_in_flight: int | None = None, max_batch: int | None = None,
+                  mixed: bool = True) -> RunHandle:
     opened = asyncio.Event()
     handle = start_run(runtime, make_plan(max_tokens=1, max_seq_len=max_seq_len), ports,
                        stop_token_ids=frozenset({EOS, 0}), timeouts=timeouts,
                        serving=Serving(slots, opened.set, max_in_flight=max_in_flight,
-                                       max_batch=max_batch))
+                                       max_batch=max_batch, mixed=mixed))
     await ports.until(lambda: len(ports.of("provision")) == 3)
     make_ready(handle)
     await asyncio.wait_for(opened.wait(), 5)
@@ -489,7 +495,7 @@ def test_a_cancelled_row_leaves_the_batch_and_its_late_answer_is_dropped() -> No
 
 def test_at_most_max_in_flight_objects_and_prompts_go_at_once() -> None:
     async def body(runtime: Runtime, ports: FakePorts) -> None:
-        handle = await serving(runtime, ports, slots=4, max_in_flight=2)
+        handle = await serving(runtime, ports, slots=4, max_in_flight=2, mixed=False)
         for i in range(3):
             submit(handle, i, (1, 5 + i), max_tokens=9)
         await ports.until(lambda: len(ports.of("inject")) == 3)
@@ -627,7 +633,7 @@ def test_sequences_submitted_together_go_as_one_prompt_batch_each_routed() -> No
     policy = SamplingPolicy.sample(temperature=0.8, seed=5)
 
     async def body(runtime: Runtime, ports: FakePorts) -> None:
-        handle = await serving(runtime, ports, slots=4)
+        handle = await serving(runtime, ports, slots=4, mixed=False)
         a, b, c = submit_all(handle, (1, (1, 5, 6), GREEDY), (2, (1, 7), GREEDY),
                              (3, (1, 8, 9, 9), policy))
         await ports.until(lambda: len(ports.of("inject")) == 1)
@@ -653,6 +659,61 @@ def test_sequences_submitted_together_go_as_one_prompt_batch_each_routed() -> No
         names = ports.event_names()
         assert names.count("sequence_started") == 4
         assert names.count("sequence_first_token") == 3
+
+    run_test(body)
+
+
+def test_a_lone_prompt_rides_with_the_rows_in_flight_as_one_mixed_step() -> None:
+    """Mixed steps (fsm/orchestrator_run.yaml, prompt_rides): a prompt submitted while a
+    decode object is in flight waits for its rows, then goes with them as one object;
+    the answer routes the prompt's first token and each row's to their sequences."""
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports, slots=4, max_in_flight=1)
+        a, b = submit_all(handle, (1, (1, 5), GREEDY), (2, (1, 6), GREEDY))
+        await ports.until(lambda: len(ports.of("inject")) == 1)
+        handle.tell(out(0, prompt_flags(2), tag(0, 2), tag(1, 2), 40, 50))
+        await ports.until(lambda: len(ports.of("inject")) == 2)
+        assert injected(ports)[1] == (1, (tag(0, 2), tag(1, 2), 40, 50), batch_flags(2))
+        c = submit(handle, 3, (1, 7, 8))  # a decode object is in flight: held
+        await asyncio.sleep(0.02)
+        assert len(ports.of("inject")) == 2 and c.started == 1
+        handle.tell(out(1, batch_flags(2), tag(0, 2), tag(1, 2), 41, 51))
+        await ports.until(lambda: len(ports.of("inject")) == 3)
+        table = (tag(2, 3), tag(0, 3), tag(1, 3))
+        assert injected(ports)[2] == (2, (*table, 1, 7, 8, 41, 51), mixed_flags(3))
+        handle.tell(out(2, mixed_flags(3), *table, 60, 42, 52))
+        await ports.until(lambda: len(ports.of("inject")) == 4)
+        # a and b reached their 3 tokens; c's first decode row goes on alone
+        assert (a.ids, b.ids, c.ids) == ([40, 41, 42], [50, 51, 52], [60])
+        assert injected(ports)[3] == (3, (60,), tag(2, 3))
+        handle.stop()
+        result = await stop_all(handle, ports)
+        assert result.fault is None and result.mixed_steps == 1
+        assert ports.event_names().count("sequence_first_token") == 3
+
+    run_test(body)
+
+
+def test_a_held_prompt_goes_alone_when_no_rows_come_back_for_it() -> None:
+    """The rows in flight were their sequences' last: no decode object is left to take
+    the held prompt (prompt_stranded), so it goes alone."""
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports, slots=4, max_in_flight=1)
+        a = submit(handle, 1, (1, 5), max_tokens=2)
+        await ports.until(lambda: len(ports.of("inject")) == 1)
+        handle.tell(out(0, tag(0, 0), 40))
+        await ports.until(lambda: len(ports.of("inject")) == 2)
+        c = submit(handle, 3, (1, 7, 8))  # held behind a's last decode row
+        await asyncio.sleep(0.02)
+        assert len(ports.of("inject")) == 2
+        handle.tell(out(1, tag(0, 2), 41))  # a's second token: a ends
+        await ports.until(lambda: len(ports.of("inject")) == 3)
+        assert a.ids == [40, 41]
+        assert injected(ports)[2] == (2, (1, 7, 8), tag(1, 0))
+        assert c.started == 1
+        handle.stop()
+        result = await stop_all(handle, ports)
+        assert result.fault is None and result.mixed_steps == 0
 
     run_test(body)
 

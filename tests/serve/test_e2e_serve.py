@@ -21,6 +21,7 @@ import http.client
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,6 +117,36 @@ def test_four_concurrent_streams_each_equal_their_prompt_alone(
     texts = [s["text"] for s in api_checks.concurrent_streams(server.url)]
     assert len(set(texts)) == len(texts)  # different prompts, different answers
     assert texts == [alone[p]["text"] for p in api_checks.PROMPTS]
+
+
+def test_prompts_that_arrive_while_others_decode_ride_with_their_rows(
+        server: ServeProcess, alone: dict[str, dict[str, Any]]) -> None:
+    """Two streams decoding, then two more prompts: each waits for the decode rows in
+    flight and goes with them as one mixed step (the run's event log shows it), and every
+    stream is its prompt's greedy text alone."""
+    early, late = api_checks.PROMPTS[:2], api_checks.PROMPTS[2:]
+    long_tokens = 48  # decoding long after the late prompts arrive
+    early_alone = [api_checks.complete(server.url, p, long_tokens)["text"] for p in early]
+    before = sum(1 for e in _events(server) if e.get("detail", {}).get("mixed"))
+    decoding = [threading.Event() for _ in early]
+
+    def stream(index: int) -> str:
+        pieces = []
+        for chunk in api_checks.client(server.url).completions.create(
+                model=api_checks.model_id(server.url), prompt=early[index],
+                max_tokens=long_tokens, temperature=0, stream=True):
+            pieces.append(chunk.choices[0].text)
+            decoding[index].set()
+        return "".join(pieces)
+
+    with concurrent.futures.ThreadPoolExecutor(len(api_checks.PROMPTS)) as pool:
+        firsts = [pool.submit(stream, i) for i in range(len(early))]
+        assert all(event.wait(api_checks.TIMEOUT_S) for event in decoding)
+        seconds = [pool.submit(api_checks.stream_complete, server.url, p) for p in late]
+        assert [f.result() for f in firsts] == early_alone
+        assert [f.result()["text"] for f in seconds] == [alone[p]["text"] for p in late]
+    mixed = sum(1 for e in _events(server) if e.get("detail", {}).get("mixed"))
+    assert mixed > before, "no prompt rode with decode rows"
 
 
 def test_bad_requests_get_openais_error_object(server: ServeProcess) -> None:
