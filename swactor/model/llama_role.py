@@ -1884,7 +1884,8 @@ class StageRole:
             return
         self._offer(prefill, kind)
 
-    def warm_up(self, prompt_tokens: int = 0, rows: Sequence[int] = ()) -> None:
+    def warm_up(self, prompt_tokens: int = 0, rows: Sequence[int] = (),
+                mixed: Sequence[int] = ()) -> None:
         """Build the decode JIT (or load it from the kernel cache), build or load the
         prefill buckets the cache holds for this role (none yet: the bucket of a
         one-token prompt) and the bucket of every prompt length up to
@@ -1893,11 +1894,13 @@ class StageRole:
         building more would only drop them), load every batched
         decode JIT the cache holds (``decode-rows-B``), build the batched decode JITs
         for ``rows`` (rows per step, 2..``slots``; minutes each on a small CPU unless
-        cached), and run each once, so the first real steps replay kernels instead of
-        building them. Leaves the role as if new: its positions restart at step 0, and
-        the KV entries warming wrote (in slots ``0..B-1``; the slot is a variable of
-        every graph, so one warm-up serves them all) are rewritten by the prefill before
-        any step reads them."""
+        cached), build the mixed steps' graphs (:meth:`run_mixed`) for every short
+        bucket warmed and each decode row count in ``mixed`` where the role runs them as
+        one graph (about 5 s each on a small CPU unless cached), and run each once, so
+        the first real steps replay kernels instead of building them. Leaves the role as
+        if new: its positions restart at step 0, and the KV entries warming wrote (in
+        slots ``0..B-1``; the slot is a variable of every graph, so one warm-up serves
+        them all) are rewritten by the prefill before any step reads them."""
         row = np.zeros((1, self.facts.hidden_dim), dtype=self.np_dtype)
         for position in range(min(3, self.max_seq_len)):  # a JIT captures on its 2nd call
             self._decode_step(row, 0, position)
@@ -1934,6 +1937,12 @@ class StageRole:
                     break
         finally:
             self._warming = False
+        for padded in sorted(self._prefill):
+            for count in sorted({c for c in mixed if 1 <= c < min(self.slots, padded)}):
+                if self._mixable(padded - count, count):
+                    zeros = np.zeros((padded, self.facts.hidden_dim), dtype=self.np_dtype)
+                    self._mixed_step(zeros, 0, padded - count, range(1, count + 1),
+                                     [1] * count)
         self._release_build_memory()
         self._positions = [0] * self.slots
         self._next_sequence = 0

@@ -259,3 +259,28 @@ def test_a_cached_mixed_graph_computes_what_the_built_one_did(
         results.append((_bits(role.last_logits).copy(), step.copy()))
     assert np.array_equal(results[0][0], results[1][0])
     np.testing.assert_array_equal(results[0][1], results[1][1])
+
+
+def test_warm_up_builds_each_short_buckets_mixed_graphs_and_leaves_the_role_new(
+        tiny_q4_1: Path) -> None:
+    """``warm_up(mixed=...)``: a graph per warmed short bucket and decode row count
+    (fewer rows than slots, so the prompt has one), run once; then a mixed step replays
+    one of them, with the results of the step apart."""
+    (role,) = _roles(tiny_q4_1, [(0, 3)], 3)
+    role.warm_up(prompt_tokens=16, mixed=[1, 2, 3])
+    assert set(role._mixed) == {(8, 1), (8, 2), (16, 1), (16, 2)}
+    assert all(jit.captured is not None for jit, _ in role._mixed.values())
+    assert role._positions == [0, 0, 0]
+    (twin,) = _roles(tiny_q4_1, [(0, 3)], 3)
+    for r in (role, twin):
+        r.run_tagged(SequenceTag(1, 0), np.array([5, 6, 7], dtype=np.int32))
+    ids = np.array([1, 2, 3, 4, 5, 8], dtype=np.int32)
+    role.run_mixed(SequenceTag(0, 5), [SequenceTag(1, 3)], ids)
+    assert set(role._mixed) == {(8, 1), (8, 2), (16, 1), (16, 2)}, "nothing built"
+    twin.run_tagged(SequenceTag(0, 0), ids[:5])
+    want_prompt = _bits(twin.last_logits).copy()
+    twin.run_batch([SequenceTag(1, 3)], ids[5:])
+    logits = role.last_logits
+    assert logits is not None
+    assert np.array_equal(_bits(logits[0]), want_prompt)
+    assert np.array_equal(_bits(logits[1:]), _bits(twin.last_logits))
