@@ -111,6 +111,9 @@ class SessionOptions:
     warm_batch_rows: int = 0
     """Batch sizes 2..this whose decode kernels each stage builds before it is ready
     (`PlanRequest.warm_batch_rows`)."""
+    mixed_steps: bool = True
+    """A serving run's lone prompts ride with the decode rows in flight (`Serving.mixed`,
+    `--mixed-steps`)."""
     bind_host: str = "127.0.0.1"
     advertise_host: str | None = None
     run_id: int | None = None

@@ -101,7 +101,8 @@ async def _serve(args: argparse.Namespace, options: SessionOptions, emitter: Emi
     async def serve(options: SessionOptions, live: LiveNodes) -> int:
         host, port = args.serve
         options = replace(options, warm_prompt_tokens=args.warm_prompt_tokens,
-                          warm_batch_rows=warm_batch_rows(args))
+                          warm_batch_rows=warm_batch_rows(args),
+                          mixed_steps=args.mixed_steps == "on")
         return await serve_pool(options, live, emitter, host=host, port=port,
                                 slots=args.slots, max_queue=args.max_queue,
                                 batch_rows=args.batch_rows,

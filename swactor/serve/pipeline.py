@@ -456,7 +456,8 @@ class RunEngine:
                                            on_fault=lambda fault: self._holds.fault(
                                                self.stage_nodes, fault),
                                            max_batch=self._batch_rows,
-                                           max_in_flight=self._objects_in_flight))
+                                           max_in_flight=self._objects_in_flight,
+                                           mixed=options.mixed_steps))
         self._handle = self._ports.handle = handle
         self._holds.hold(self.plan.run_id, self.stage_nodes, handle.future)
         if watch is not None:

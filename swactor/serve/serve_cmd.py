@@ -189,6 +189,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                        "share, and one if the CPUs are fewer than the stages: each stage "
                        "then computes on every CPU in turn; with --batch-rows 1 every "
                        "sequence's step is in flight)")
+    group.add_argument("--mixed-steps", choices=("on", "off"), default="on",
+                       help="a prompt that arrives alone while decode steps are in flight "
+                       "waits for them (at most one step) and goes with their rows as one "
+                       "step, so the decoding sequences do not wait a whole prefill and "
+                       "then pay a step of their own; every token is the one it would be "
+                       "alone (default on; off: every prompt goes at once, alone)")
     group.add_argument("--warm-batch-rows", type=at_least(0), default=None,
                        metavar="B",
                        help="each stage builds the batched decode kernels of every batch "
@@ -648,7 +654,8 @@ async def _serve_local(args: argparse.Namespace, keys: Path, stops: Stops) -> in
             live.follow_exit(node_id, process.wait())
         return await serve_pool(
             replace(options, pool_gated=True, warm_prompt_tokens=args.warm_prompt_tokens,
-                    warm_batch_rows=warm_batch_rows(args)),
+                    warm_batch_rows=warm_batch_rows(args),
+                    mixed_steps=args.mixed_steps == "on"),
             live, emitter, host=args.host,
             port=args.port, slots=args.slots, max_queue=args.max_queue,
             batch_rows=args.batch_rows, objects_in_flight=args.objects_in_flight,
