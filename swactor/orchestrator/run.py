@@ -265,7 +265,7 @@ class Serving:
     max_batch: int | None = None
     """Decode rows per batch object (None: the slots). 1 turns batching off: every
     decode row is its own object, written at once, as many in flight as sequences."""
-    mixed: bool = True
+    mixed: bool = False
     """Mixed steps: a lone prompt submitted while a decode object is in flight waits for
     that object's rows and goes with them as one object (fsm/orchestrator_run.yaml,
     guard prompt_rides); False: every prompt goes at once, alone."""

@@ -111,7 +111,7 @@ class SessionOptions:
     warm_batch_rows: int = 0
     """Batch sizes 2..this whose decode kernels each stage builds before it is ready
     (`PlanRequest.warm_batch_rows`)."""
-    mixed_steps: bool = True
+    mixed_steps: bool = False
     """A serving run's lone prompts ride with the decode rows in flight (`Serving.mixed`,
     `--mixed-steps`)."""
     bind_host: str = "127.0.0.1"

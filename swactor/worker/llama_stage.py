@@ -41,10 +41,9 @@ the batch sizes whose B-row decode kernels the role builds at configure time
 and every size it holds is loaded anyway): a batch of such a size reads each weight
 once for all its rows, any other runs row after row; results are the same bits either
 way. The node lists sizes 2..the plan's `warm_batch_rows` (`swactor.node.role_config`).
-With them the role also warms its mixed steps' graphs for every short prompt bucket it
-warms and 1..min(slots - 1, the largest size) decode rows beside the prompt (a mixed
-step's rows and its prompt share the slots); with none listed, a mixed step builds its
-graph at first use.
+A mixed step builds its graph at its first use (about 5 s on SmolLM2 on 2 CPUs), kept
+in the kernel cache after; the stage does not warm them (`StageRole.warm_up`'s `mixed`
+can: 24 graphs for SmolLM2's short buckets and 1-3 rows, 140 s the first time).
 
 `weights` "blocks" keeps the file's Q2_K-Q6_K, Q4_0-Q8_0, F16/BF16 matrices in their
 blocks and computes decode and prefill from them, with no dense copy (about the file's
@@ -246,10 +245,7 @@ class LlamaStageRole:
                               device=device, quantised=weights_mode == "blocks",
                               slots=slots)
             del weights  # the host copies: the role holds its own on the device
-            sizes = [int(rows) for rows in batch_rows]
-            # a mixed step's decode rows share the slots with its prompt
-            riding = range(1, min(slots - 1, max(sizes, default=0)) + 1)
-            stage.warm_up(prompt_tokens=warm, rows=sizes, mixed=riding)
+            stage.warm_up(prompt_tokens=warm, rows=[int(rows) for rows in batch_rows])
         except WeightsError as error:
             raise RoleConfigError(f"llama_stage weights: {error}") from None
         return cls(stage, _reuse_key(config, device))

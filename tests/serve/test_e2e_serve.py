@@ -3,7 +3,9 @@ client.
 
 One server for the module (its start, a warm pipeline, is the expensive part): the
 API (models, health, completion and chat, streamed and not, OpenAI's error object for
-bad requests), 4 concurrent greedy streams each equal to its prompt asked alone, a
+bad requests), 4 concurrent greedy streams each equal to its prompt asked alone, prompts
+that arrive while others decode riding with their rows (the server runs with
+`--mixed-steps on`, so every test here runs with mixed steps), a
 client that disconnects mid-stream while every slot is busy (the next request is still
 served: each cancel freed its slot, and the run's event log shows each sequence ended
 cancelled), then `kill -9` of the stage's worker mid-stream: the run faults naming it
@@ -47,6 +49,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     serve = ServeProcess(["serve", "--nodes", "1", "--port", "0", "--slots", "4",
                           "--warm-prompt-tokens", "0", "--warm-batch-rows", "0",  # test time
                           "--max-seq-len", str(MAX_SEQ), "--retry-delay", "0.5",
+                          "--mixed-steps", "on",
                           "--events-dir", str(events)])
     try:
         serve.wait_url(BOOT_S)
@@ -121,9 +124,10 @@ def test_four_concurrent_streams_each_equal_their_prompt_alone(
 
 def test_prompts_that_arrive_while_others_decode_ride_with_their_rows(
         server: ServeProcess, alone: dict[str, dict[str, Any]]) -> None:
-    """Two streams decoding, then two more prompts: each waits for the decode rows in
-    flight and goes with them as one mixed step (the run's event log shows it), and every
-    stream is its prompt's greedy text alone."""
+    """`--mixed-steps on` (the module's server): two streams decoding, then two more
+    prompts: each waits for the decode rows in flight and goes with them as one mixed
+    step (the run's event log shows it), and every stream is its prompt's greedy text
+    alone."""
     early, late = api_checks.PROMPTS[:2], api_checks.PROMPTS[2:]
     long_tokens = 48  # decoding long after the late prompts arrive
     early_alone = [api_checks.complete(server.url, p, long_tokens)["text"] for p in early]
@@ -142,7 +146,10 @@ def test_prompts_that_arrive_while_others_decode_ride_with_their_rows(
     with concurrent.futures.ThreadPoolExecutor(len(api_checks.PROMPTS)) as pool:
         firsts = [pool.submit(stream, i) for i in range(len(early))]
         assert all(event.wait(api_checks.TIMEOUT_S) for event in decoding)
-        seconds = [pool.submit(api_checks.stream_complete, server.url, p) for p in late]
+        seconds = []
+        for prompt in late:  # apart: prompts submitted together go at once, as a batch
+            seconds.append(pool.submit(api_checks.stream_complete, server.url, prompt))
+            time.sleep(0.1)
         assert [f.result() for f in firsts] == early_alone
         assert [f.result()["text"] for f in seconds] == [alone[p]["text"] for p in late]
     mixed = sum(1 for e in _events(server) if e.get("detail", {}).get("mixed"))

@@ -76,7 +76,7 @@ def prepared(pool: _Pool, nodes: tuple[int, ...] = (), holds: NodeHolds | None =
     """A run prepared on `nodes` over `pool` (as `RunEngine.prepare` leaves it)."""
     planned = types.SimpleNamespace(plan=make_plan(), stop_token_ids=frozenset({EOS}))
     members = tuple(PoolMember(NodeId(n), "127.0.0.1", 1) for n in nodes)
-    options = types.SimpleNamespace(nodes=members, timeouts=SLOW)
+    options = types.SimpleNamespace(nodes=members, timeouts=SLOW, mixed_steps=False)
     return PreparedEngine(RunPreparation(
         options, planned, pool, None, 2, 1, Emitter("orchestrator", []), None,  # type: ignore[arg-type]
         holds or NodeHolds()), RunEngine)
@@ -92,7 +92,7 @@ def engine_test(body: Body, slots: int = 2) -> None:
         runtime = Runtime("orchestrator")
         pool = _Pool()
         engine = RunEngine(make_plan(), slots, None, pool, runtime, ports)  # type: ignore[arg-type]
-        options = types.SimpleNamespace(timeouts=SLOW)
+        options = types.SimpleNamespace(timeouts=SLOW, mixed_steps=False)
         opening = asyncio.create_task(engine._provision(frozenset({EOS}), options, None))  # type: ignore[arg-type]
         await ports.until(lambda: len(ports.of("provision")) == 3)
         assert engine._handle is not None
@@ -230,7 +230,7 @@ def test_start_cancelled_while_provisioning_tears_down_what_it_made() -> None:
         runtime = Runtime("orchestrator")
         pool = _Pool()
         engine = RunEngine(make_plan(), 2, None, pool, runtime, ports)  # type: ignore[arg-type]
-        options = types.SimpleNamespace(timeouts=SLOW)
+        options = types.SimpleNamespace(timeouts=SLOW, mixed_steps=False)
         opening = asyncio.create_task(engine._provision(frozenset({EOS}), options, None))  # type: ignore[arg-type]
         await ports.until(lambda: len(ports.of("provision")) == 3)
         opening.cancel()  # Ctrl-C before the barrier
@@ -293,7 +293,7 @@ def test_greeting_the_nodes_of_a_run_still_tearing_down_is_a_typed_error() -> No
         runtime = Runtime("orchestrator")
         engine = RunEngine(make_plan(), 2, None, _Pool(), runtime, ports,  # type: ignore[arg-type]
                            holds=holds)
-        options = types.SimpleNamespace(timeouts=SLOW)
+        options = types.SimpleNamespace(timeouts=SLOW, mixed_steps=False)
         opening = asyncio.create_task(engine._provision(frozenset({EOS}), options, None))  # type: ignore[arg-type]
         await ports.until(lambda: len(ports.of("provision")) == 3)
         assert engine._handle is not None
