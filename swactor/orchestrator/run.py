@@ -114,6 +114,15 @@ most `MAX_PROMPTS` prompts and, with its table, the `max_seq_len` rows the token
 activation edges hold; a prompt alone is a plain tagged object. The output repeats the
 table, then each prompt's answer: it is read and routed as a batch's rows.
 
+Mixed steps (`Serving.mixed`, `--mixed-steps on`; the table's prompt_rides, mix_ready,
+prompt_stranded): a lone queued prompt is held while a decode object is in flight, and
+the next BatchDue that may send rows sends InjectMixed: the prompt and the spread's
+share of the queued rows as one object (`swactor.wire.tags`: flags BATCH | MIXED, the
+prompt's tag with its row count, the rows' tags, then the prompt's ids and the rows').
+In flight it counts as a prompt (the prefill wait) and as its rows (the spread); its
+output is read and routed as a batch's, the prompt's sequence first. With no decode
+object left in flight a held prompt goes alone.
+
 When the machine reaches Done the result future resolves and the actor stops itself.
 `start_run(runtime, plan, ports, ...)` spawns the actor, feeds PlanAvailable and returns
 a `RunHandle` (`await handle.result()`, `handle.stop()` for an operator stop).
