@@ -1479,21 +1479,13 @@ class StageRole:
         span = total - count
         kind = f"mixed-{total}-{count}"
         entry = self._mixed.get((total, count))
-        if entry is None:
-            half = self.facts.rope_dim // 2 if self._rope_rows is not None else 1
-            tensors = tuple(upload(a, self.device) for a in (
-                np.zeros((total, self.facts.hidden_dim), dtype=self.np_dtype),
-                np.zeros((1, span, half), dtype=np.float32),
-                np.zeros((1, span, half), dtype=np.float32),
-                np.zeros((1, 1), dtype=np.bool_),  # the C attention reads no mask
-                np.zeros(2 * count, dtype=np.int32)))
-            synchronize(self.device)
+        if entry is None:  # on the C attention path only (_mixable): no mask
             jit = cast("_PrefillJit", TinyJit(self._forward_mixed))
             self._adopt(jit, kind)
             if jit.captured is None:
                 jit.cnt = 1  # captured on its first call, as a CPU prefill bucket
             entry = self._mixed[(total, count)] = (
-                jit, _PrefillInputs(tensors, tuple(_host_view(t) for t in tensors)))
+                jit, self._new_prompt_inputs(total, span, np.zeros(2 * count, np.int32)))
         jit, inputs = entry
         rows = inputs.views[0]
         rows[:tokens] = array[:tokens]
@@ -1503,26 +1495,7 @@ class StageRole:
         where = inputs.views[4]
         where[:count] = starts
         where[count:] = slots
-        if inputs.replay is not None:
-            inputs.replay.replay({self._last_var.expr: tokens - 1})
-            self._write_kv(inputs.outputs[1:], slot, tokens)
-            return inputs.outputs[0].copy()
-        last = self._last_var.bind(tokens - 1)
-        use_cpu_graph(self.cpu_graph)
-        built = jit.cnt < 2
-        outputs = jit(*inputs.tensors, last)
-        views = tuple(_host_view(t) for t in outputs)
-        self._write_kv(views[1:], slot, tokens)
-        result = views[0].copy()
-        self._keep_prefill(jit, kind, (*inputs.tensors, last))
-        if built:
-            self._release_build_memory()
-        captured = jit.captured
-        if captured is not None and jit.cnt >= 2:  # replayed once: batches built
-            inputs.replay = DirectReplay.of(captured, tuple(t.uop.base for t in inputs.tensors),
-                                            frozenset({self._last_var.expr}))
-            inputs.outputs = tuple(_host_view(t) for t in captured.ret)
-        return result
+        return self._prompt_graph(jit, inputs, kind, slot, tokens)
 
     def _compute(self, array: npt.NDArray[np.generic], slot: int, start: int,
                  prefill: bool) -> npt.NDArray[np.generic]:
@@ -1664,34 +1637,42 @@ class StageRole:
         rows[:tokens] = array
         rows[tokens:] = 0  # padding rows: a block of their own (each attends to itself)
         self._write_prompt_tables(inputs, tokens, padded)
+        replayed = inputs.replay is not None
+        prefill = self._prefill_jit(padded)
+        result = self._prompt_graph(prefill, inputs, f"prefill-{padded}", slot, tokens)
+        if not replayed:
+            self._note_bucket(padded, prefill)
+        return result[0] if self.is_last else result
+
+    def _prompt_graph(self, jit: _PrefillJit, inputs: _PrefillInputs, kind: str, slot: int,
+                      tokens: int) -> npt.NDArray[np.generic]:
+        """Run a CPU prompt graph (a prefill bucket's, :meth:`_forward_prompt`, or a mixed
+        step's) on its kept ``inputs``, already written: the prompt's keys and values go
+        to positions ``0..tokens-1`` of ``slot`` and a copy of the first output comes
+        back (the activation rows, or the logits). Its first call captures the JIT
+        (kernel cache kind ``kind``); once it has replayed, it runs from its
+        :class:`~swactor.model.cpu_graph.DirectReplay`, whose outputs are host views of
+        the JIT's output buffers."""
         if inputs.replay is not None:
             inputs.replay.replay({self._last_var.expr: tokens - 1})
-            return self._prompt_results(inputs.outputs, slot, tokens)
+            self._write_kv(inputs.outputs[1:], slot, tokens)
+            return inputs.outputs[0].copy()
         last = self._last_var.bind(tokens - 1)
-        prefill = self._prefill_jit(padded)
         use_cpu_graph(self.cpu_graph)
-        built = prefill.cnt < 2  # this call runs the graph eagerly or captures it
-        outputs = prefill(*inputs.tensors, last)  # held while read: an eager run's own
-        result = self._prompt_results(tuple(_host_view(t) for t in outputs), slot, tokens)
-        self._keep_prefill(prefill, f"prefill-{padded}", (*inputs.tensors, last))
+        built = jit.cnt < 2  # this call runs the graph eagerly or captures it
+        outputs = jit(*inputs.tensors, last)  # held while read: an eager run's own
+        views = tuple(_host_view(t) for t in outputs)
+        self._write_kv(views[1:], slot, tokens)
+        result = views[0].copy()
+        self._keep_prefill(jit, kind, (*inputs.tensors, last))
         if built:
             self._release_build_memory()
-        self._note_bucket(padded, prefill)
-        captured = prefill.captured
-        if captured is not None and prefill.cnt >= 2:  # replayed once: batches built
+        captured = jit.captured
+        if captured is not None and jit.cnt >= 2:  # replayed once: batches built
             inputs.replay = DirectReplay.of(captured, tuple(t.uop.base for t in inputs.tensors),
                                             frozenset({self._last_var.expr}))
             inputs.outputs = tuple(_host_view(t) for t in captured.ret)
         return result
-
-    def _prompt_results(self, outputs: tuple[npt.NDArray[np.generic], ...], slot: int,
-                        tokens: int) -> npt.NDArray[np.generic]:
-        """From views of a CPU prefill's outputs (:meth:`_forward_prompt`): its keys and
-        values copied into ``slot``, and a copy of its activation rows (the last stage:
-        its logits ``[vocab]``)."""
-        self._write_kv(outputs[1:], slot, tokens)
-        result = outputs[0].copy()
-        return result[0] if self.is_last else result
 
     def _prompt_inputs(self, padded: int) -> _PrefillInputs:
         """The kept inputs of the CPU prefill bucket of ``padded`` rows (made on first
@@ -1701,17 +1682,25 @@ class StageRole:
         self._hold_bucket(padded)
         inputs = self._prompt_buffers.get(padded)
         if inputs is None:
-            half = self.facts.rope_dim // 2 if self._rope_rows is not None else 1
-            tensors = tuple(upload(a, self.device) for a in (
-                np.zeros((padded, self.facts.hidden_dim), dtype=self.np_dtype),
-                np.zeros((1, padded, half), dtype=np.float32),
-                np.zeros((1, padded, half), dtype=np.float32),
-                # the C attention kernel reads no mask: a [1, 1] stand-in, unread
-                np.zeros((1, 1) if self._c_attention else (padded, padded), dtype=np.bool_)))
-            synchronize(self.device)
-            inputs = self._prompt_buffers[padded] = _PrefillInputs(
-                tensors, tuple(_host_view(t) for t in tensors))
+            inputs = self._prompt_buffers[padded] = self._new_prompt_inputs(padded, padded)
         return inputs
+
+    def _new_prompt_inputs(self, rows: int, prompt_rows: int,
+                           *more: npt.NDArray[np.generic]) -> _PrefillInputs:
+        """Kept inputs of a CPU prompt graph of ``rows`` rows whose first
+        ``prompt_rows`` are the prompt's (and its padding): the rows, their rotary
+        cosines and sines ``[1, prompt_rows, rope_dim / 2]`` (``[1, prompt_rows, 1]``
+        zeros without rope), the mask (``[1, 1]``, unread, with the C attention kernel),
+        then ``more``; with host views of each."""
+        half = self.facts.rope_dim // 2 if self._rope_rows is not None else 1
+        mask = (1, 1) if self._c_attention else (prompt_rows, prompt_rows)
+        tensors = tuple(upload(a, self.device) for a in (
+            np.zeros((rows, self.facts.hidden_dim), dtype=self.np_dtype),
+            np.zeros((1, prompt_rows, half), dtype=np.float32),
+            np.zeros((1, prompt_rows, half), dtype=np.float32),
+            np.zeros(mask, dtype=np.bool_), *more))
+        synchronize(self.device)
+        return _PrefillInputs(tensors, tuple(_host_view(t) for t in tensors))
 
     def _write_prompt_tables(self, inputs: _PrefillInputs, tokens: int, padded: int
                              ) -> None:

@@ -721,58 +721,58 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
                                prompt_flags(len(group)), tuple(group), tuple(tags))
 
     async def inject_mixed(self) -> None:
-        take = self._batch_rows()
-        rows = [i for i in self._queued[:take] if i in self._sequences]
-        del self._queued[:take]
+        rows = self._take_rows()
         prompt_id = self._prompts.pop(0)
         live = self._sequences[prompt_id]
         prompt, position = live.next_input
         assert live.slot is not None and position == 0, "a held prompt holds its slot"
-        tags = [SequenceTag(live.slot, len(prompt), live.request.candidates).pack()]
-        ids: list[int] = list(prompt)
-        for sequence_id in rows:
-            row = self._sequences[sequence_id]
-            (token,), at = row.next_input
-            assert row.slot is not None, "a queued sequence holds its slot"
-            tags.append(SequenceTag(row.slot, at, row.request.candidates).pack())
-            ids.append(token)
         if not rows:  # every row's sequence ended meanwhile: the prompt goes alone
             await self._inject_input(prompt_id)
         else:
+            entries = [self._row_entry(i) for i in rows]
+            tags = [SequenceTag(live.slot, len(prompt), live.request.candidates).pack(),
+                    *(tag for tag, _ in entries)]
             table = (*tags, *(0,) * (_table_words(len(tags)) - len(tags)))
             self.result.batched_rows += len(rows)
             self.result.mixed_steps += 1
-            await self._inject(Sequence(self._next_step), (*table, *ids), None,
+            await self._inject(Sequence(self._next_step),
+                               (*table, *prompt, *(token for _, token in entries)), None,
                                mixed_flags(len(tags)), (prompt_id, *rows), table)
         if self._queued:  # another object, while the spread wants one
             await self._host.feed(orun.BatchDue())
 
     async def inject_batch(self) -> None:
+        await self._inject_rows(self._take_rows())
+        if self._queued:  # another object, while the spread wants one
+            await self._host.feed(orun.BatchDue())
+
+    def _take_rows(self) -> list[int]:
+        """The spread's share of the queued rows, the oldest first, off the queue (those
+        whose sequence ended meanwhile left out)."""
         take = self._batch_rows()
         rows = [i for i in self._queued[:take] if i in self._sequences]
         del self._queued[:take]
-        await self._inject_rows(rows)
-        if self._queued:  # another object, while the spread wants one
-            await self._host.feed(orun.BatchDue())
+        return rows
+
+    def _row_entry(self, sequence_id: int) -> tuple[int, int]:
+        """A queued decode row's tag word and token."""
+        live = self._sequences[sequence_id]
+        (token,), position = live.next_input
+        assert live.slot is not None, "a queued sequence holds its slot"
+        return SequenceTag(live.slot, position, live.request.candidates).pack(), token
 
     async def _inject_rows(self, rows: list[int]) -> None:
         if len(rows) == 1:
             await self._inject_input(rows[0])
             return
-        tags: list[int] = []
-        ids: list[int] = []
-        for sequence_id in rows:
-            live = self._sequences[sequence_id]
-            (token,), position = live.next_input
-            assert live.slot is not None, "a queued sequence holds its slot"
-            tags.append(SequenceTag(live.slot, position, live.request.candidates).pack())
-            ids.append(token)
         if not rows:
             return
+        entries = [self._row_entry(i) for i in rows]
+        tags = [tag for tag, _ in entries]
         table = (*tags, *(0,) * (_table_words(len(tags)) - len(tags)))
         self.result.batched_rows += len(rows)
-        await self._inject(Sequence(self._next_step), (*table, *ids), None,
-                           batch_flags(len(rows)), tuple(rows), table)
+        await self._inject(Sequence(self._next_step), (*table, *(t for _, t in entries)),
+                           None, batch_flags(len(rows)), tuple(rows), table)
 
     async def accept_sequence_output(self, object_id: ObjectId, sequence: Sequence) -> None:
         oldest = self._in_flight[0]

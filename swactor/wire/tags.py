@@ -301,11 +301,8 @@ def mixed_table(flags: int, words: Sequence[int], slots: int) -> tuple[SequenceT
     entries = mixed_count(flags)
     if entries is None:
         raise TagError("flags", f"{flags:#x} is not a mixed step")
-    if entries > slots:
-        raise TagError("entries", f"{entries} entries exceed the {slots} slots")
-    if len(words) < entries:
-        raise TagError("table", f"{len(words)} words hold no table of {entries} entries")
-    return _table(words, entries, slots, "a prompt of no rows, or a decode row at 0")
+    return _counted_table(words, entries, slots, "entries",
+                          "a prompt of no rows, or a decode row at 0")
 
 
 def table_entries(flags: int) -> int | None:
@@ -328,11 +325,7 @@ def prompt_table(flags: int, words: Sequence[int], slots: int) -> tuple[Sequence
     count = prompt_count(flags)
     if count is None:
         raise TagError("flags", f"{flags:#x} is not a prompt batch")
-    if count > slots:
-        raise TagError("prompts", f"{count} prompts exceed the {slots} slots")
-    if len(words) < count:
-        raise TagError("table", f"{len(words)} words hold no table of {count} prompts")
-    return _table(words, count, slots, "a prompt of no rows")
+    return _counted_table(words, count, slots, "prompts", "a prompt of no rows")
 
 
 def read_table(flags: int, words: Sequence[int], slots: int) -> tuple[SequenceTag, ...]:
@@ -344,6 +337,17 @@ def read_table(flags: int, words: Sequence[int], slots: int) -> tuple[SequenceTa
     if mixed_count(flags) is not None:
         return mixed_table(flags, words, slots)
     return batch_table(flags, words, slots)
+
+
+def _counted_table(words: Sequence[int], entries: int, slots: int, noun: str,
+                   position_zero: str) -> tuple[SequenceTag, ...]:
+    """A table of ``entries`` ``noun`` (its flags already read): no more than ``slots``,
+    ``words`` holding them all, then each entry checked (:func:`_table`)."""
+    if entries > slots:
+        raise TagError(noun, f"{entries} {noun} exceed the {slots} slots")
+    if len(words) < entries:
+        raise TagError("table", f"{len(words)} words hold no table of {entries} {noun}")
+    return _table(words, entries, slots, position_zero)
 
 
 def _table(words: Sequence[int], entries: int, slots: int,
