@@ -641,6 +641,7 @@ class StageRole:
         # mixed steps' JITs and inputs by (rows, decode rows): at most PREFILL_ROWS / 8
         # row counts times slots - 1
         self._mixed: dict[tuple[int, int], tuple[_PrefillJit, _PrefillInputs]] = {}
+        self._row_wise = self._products_row_wise()  # the blocks' matrices never change
         self._kernels = KernelCache.for_role(
             self, self._structure(),
             skip=("_decode", "_prefill", "_prompt_buffers", "_held_buckets", "_decode_runner",
@@ -1448,7 +1449,7 @@ class StageRole:
         return (self._cpu and self._c_attention and self.beam == 0
                 and tokens + count <= decode_gemv.PREFILL_ROWS
                 and self._bucket(tokens + count) == self._bucket(tokens)
-                and self._products_row_wise())
+                and self._row_wise)
 
     def _products_row_wise(self) -> bool:
         """Whether every block product runs through :func:`~swactor.model.decode_gemv.gemv`

@@ -726,18 +726,15 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         live = self._sequences[prompt_id]
         prompt, position = live.next_input
         assert live.slot is not None and position == 0, "a held prompt holds its slot"
-        if not rows:  # every row's sequence ended meanwhile: the prompt goes alone
-            await self._inject_input(prompt_id)
-        else:
-            entries = [self._row_entry(i) for i in rows]
-            tags = [SequenceTag(live.slot, len(prompt), live.request.candidates).pack(),
-                    *(tag for tag, _ in entries)]
-            table = (*tags, *(0,) * (_table_words(len(tags)) - len(tags)))
-            self.result.batched_rows += len(rows)
-            self.result.mixed_steps += 1
-            await self._inject(Sequence(self._next_step),
-                               (*table, *prompt, *(token for _, token in entries)), None,
-                               mixed_flags(len(tags)), (prompt_id, *rows), table)
+        entries = [self._row_entry(i) for i in rows]
+        tags = [SequenceTag(live.slot, len(prompt), live.request.candidates).pack(),
+                *(tag for tag, _ in entries)]
+        table = (*tags, *(0,) * (_table_words(len(tags)) - len(tags)))
+        self.result.batched_rows += len(rows)
+        self.result.mixed_steps += 1
+        await self._inject(Sequence(self._next_step),
+                           (*table, *prompt, *(token for _, token in entries)), None,
+                           mixed_flags(len(tags)), (prompt_id, *rows), table)
         if self._queued:  # another object, while the spread wants one
             await self._host.feed(orun.BatchDue())
 
@@ -747,11 +744,14 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
             await self._host.feed(orun.BatchDue())
 
     def _take_rows(self) -> list[int]:
-        """The spread's share of the queued rows, the oldest first, off the queue (those
-        whose sequence ended meanwhile left out)."""
+        """The spread's share of the queued rows, the oldest first, off the queue: at
+        least one row where the guard that chose the effect saw ``_batch_rows() > 0``,
+        and only live sequences' (an ended sequence's row leaves the queue in
+        :meth:`forget`)."""
         take = self._batch_rows()
-        rows = [i for i in self._queued[:take] if i in self._sequences]
+        rows = self._queued[:take]
         del self._queued[:take]
+        assert rows and all(i in self._sequences for i in rows), "queued rows are live"
         return rows
 
     def _row_entry(self, sequence_id: int) -> tuple[int, int]:
@@ -764,8 +764,6 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
     async def _inject_rows(self, rows: list[int]) -> None:
         if len(rows) == 1:
             await self._inject_input(rows[0])
-            return
-        if not rows:
             return
         entries = [self._row_entry(i) for i in rows]
         tags = [tag for tag, _ in entries]

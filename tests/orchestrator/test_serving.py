@@ -694,6 +694,32 @@ def test_a_lone_prompt_rides_with_the_rows_in_flight_as_one_mixed_step() -> None
     run_test(body)
 
 
+def test_a_held_prompt_rides_only_with_the_rows_of_live_sequences() -> None:
+    """A sequence cancelled while its row is in flight leaves no row behind: the held
+    prompt rides with the other sequence's row alone, and the cancelled row's output is
+    dropped."""
+    async def body(runtime: Runtime, ports: FakePorts) -> None:
+        handle = await serving(runtime, ports, slots=4, max_in_flight=1)
+        a, b = submit_all(handle, (1, (1, 5), GREEDY), (2, (1, 6), GREEDY))
+        await ports.until(lambda: len(ports.of("inject")) == 1)
+        handle.tell(out(0, prompt_flags(2), tag(0, 2), tag(1, 2), 40, 50))
+        await ports.until(lambda: len(ports.of("inject")) == 2)
+        c = submit(handle, 3, (1, 7, 8))  # a decode object is in flight: held
+        handle.cancel(2)  # b's row is in flight
+        await asyncio.sleep(0.02)
+        assert len(ports.of("inject")) == 2 and b.end == ("cancelled", "")
+        handle.tell(out(1, batch_flags(2), tag(0, 2), tag(1, 2), 41, 51))
+        await ports.until(lambda: len(ports.of("inject")) == 3)
+        table = (tag(2, 3), tag(0, 3))  # c's prompt (slot 2, 3 rows), then a's row alone
+        assert injected(ports)[2] == (2, (*table, 1, 7, 8, 41), mixed_flags(2))
+        assert (a.ids, b.ids) == ([40, 41], [50])
+        handle.stop()
+        result = await stop_all(handle, ports)
+        assert result.fault is None and result.mixed_steps == 1
+
+    run_test(body)
+
+
 def test_a_held_prompt_goes_alone_when_no_rows_come_back_for_it() -> None:
     """The rows in flight were their sequences' last: no decode object is left to take
     the held prompt (prompt_stranded), so it goes alone."""
