@@ -712,7 +712,9 @@ def test_a_held_prompt_rides_only_with_the_rows_of_live_sequences() -> None:
         await ports.until(lambda: len(ports.of("inject")) == 3)
         table = (tag(2, 3), tag(0, 3))  # c's prompt (slot 2, 3 rows), then a's row alone
         assert injected(ports)[2] == (2, (*table, 1, 7, 8, 41), mixed_flags(2))
-        assert (a.ids, b.ids) == ([40, 41], [50])
+        handle.tell(out(2, mixed_flags(2), *table, 60, 42))
+        await ports.until(lambda: len(ports.of("inject")) == 4)
+        assert (a.ids, b.ids, c.ids) == ([40, 41, 42], [50], [60])
         handle.stop()
         result = await stop_all(handle, ports)
         assert result.fault is None and result.mixed_steps == 1
