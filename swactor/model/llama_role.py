@@ -1884,9 +1884,11 @@ class StageRole:
         building more would only drop them), load every batched
         decode JIT the cache holds (``decode-rows-B``), build the batched decode JITs
         for ``rows`` (rows per step, 2..``slots``; minutes each on a small CPU unless
-        cached), build the mixed steps' graphs (:meth:`run_mixed`) for every short
-        bucket warmed and each decode row count in ``mixed`` where the role runs them as
-        one graph (about 5 s each on a small CPU unless cached), and run each once, so
+        cached), build the mixed steps' graphs (:meth:`run_mixed`) for the bucket of
+        every prompt length up to ``prompt_tokens`` that was kept and each decode row
+        count in ``mixed`` where the role runs them as one graph (about 5 s each on a
+        small CPU unless cached; a bucket warmed only because the cache held it builds
+        its mixed graphs at their first use), and run each once, so
         the first real steps replay kernels instead of building them. Leaves the role as
         if new: its positions restart at step 0, and the KV entries warming wrote (in
         slots ``0..B-1``; the slot is a variable of every graph, so one warm-up serves
@@ -1927,7 +1929,7 @@ class StageRole:
                     break
         finally:
             self._warming = False
-        for padded in sorted(self._prefill):
+        for padded in sorted(wanted & set(self._prefill)):  # kept within the byte budget
             for count in sorted({c for c in mixed if 1 <= c < min(self.slots, padded)}):
                 if self._mixable(padded - count, count):
                     zeros = np.zeros((padded, self.facts.hidden_dim), dtype=self.np_dtype)

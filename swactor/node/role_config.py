@@ -5,7 +5,8 @@ whether it is first or last (stage index against stage count), the compute dtype
 (family and width), `max_seq_len`, the KV slots (`slots`: sequences a serving run
 carries at once), what to build while loading (prefill kernels up to
 `warm_prompt_tokens`, batched decode kernels of sizes 2..`warm_batch_rows`, which the
-config lists as `batch_rows`) and, for the last stage only, the sampling policy.
+config lists as `batch_rows`, mixed-step graphs of 1..`warm_mixed_rows` decode rows,
+listed as `mixed_rows`) and, for the last stage only, the sampling policy.
 The worker role (`swactor.worker.llama_stage`) needs the same facts plus where to read
 the GGUF on this node (a local path, or the URL with the node's range cache), which
 the node's weight loader resolves from the provision's `GgufSource`.
@@ -76,6 +77,7 @@ def llama_stage_config(
         "slots": model.slots,
         "warm_prompt_tokens": model.warm_prompt_tokens,
         "batch_rows": list(range(2, model.warm_batch_rows + 1)),
+        "mixed_rows": list(range(1, model.warm_mixed_rows + 1)),
         "hidden_dim": model.hidden_dim,
         "sampling": None if sampling is None else sampling.to_json(),
         "sha256": provision.gguf_source.sha256,

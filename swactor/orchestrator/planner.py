@@ -153,6 +153,9 @@ class PlanRequest:
     warm_batch_rows: int = 0
     """Each stage builds the batched decode kernels of every batch size 2..this before it
     is ready (a serving run's rows per batch object); at most `slots`."""
+    warm_mixed_rows: int = 0
+    """Each stage builds the mixed-step graphs of 1..this decode rows for its warm prefill
+    buckets before it is ready (a serving run with mixed steps on); at most `slots - 1`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,6 +434,7 @@ def _build(
         slots=request.slots,
         warm_prompt_tokens=min(request.warm_prompt_tokens, max_seq_len),
         warm_batch_rows=max(0, min(request.warm_batch_rows, request.slots)),
+        warm_mixed_rows=max(0, min(request.warm_mixed_rows, request.slots - 1)),
     )
     mode = TokenOutputMode.Stream if request.stream_tokens else TokenOutputMode.Collect
     runtime = RuntimePlan(

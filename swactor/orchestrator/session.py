@@ -114,6 +114,9 @@ class SessionOptions:
     mixed_steps: bool = False
     """A serving run's lone prompts ride with the decode rows in flight (`Serving.mixed`,
     `--mixed-steps`)."""
+    warm_mixed_rows: int = 0
+    """Decode rows 1..this whose mixed-step graphs each stage builds for its warm prefill
+    buckets before it is ready (`PlanRequest.warm_mixed_rows`)."""
     bind_host: str = "127.0.0.1"
     advertise_host: str | None = None
     run_id: int | None = None
@@ -357,7 +360,8 @@ def plan_for(
             gguf_source=source,
             prompt_token_count=None if serving else len(ids), serving=serving,
             slots=options.slots, warm_prompt_tokens=options.warm_prompt_tokens,
-            warm_batch_rows=options.warm_batch_rows))
+            warm_batch_rows=options.warm_batch_rows,
+            warm_mixed_rows=options.warm_mixed_rows))
     except PlannerError as error:
         raise SessionError(f"plan: {error}") from None
     except SessionError:

@@ -32,6 +32,7 @@ from swactor.serve.serve_cmd import (
     serve_options,
     serve_pool,
     warm_batch_rows,
+    warm_mixed_rows,
 )
 
 if TYPE_CHECKING:
@@ -102,7 +103,8 @@ async def _serve(args: argparse.Namespace, options: SessionOptions, emitter: Emi
         host, port = args.serve
         options = replace(options, warm_prompt_tokens=args.warm_prompt_tokens,
                           warm_batch_rows=warm_batch_rows(args),
-                          mixed_steps=args.mixed_steps == "on")
+                          mixed_steps=args.mixed_steps == "on",
+                          warm_mixed_rows=warm_mixed_rows(args))
         return await serve_pool(options, live, emitter, host=host, port=port,
                                 slots=args.slots, max_queue=args.max_queue,
                                 batch_rows=args.batch_rows,

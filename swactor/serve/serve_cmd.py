@@ -113,6 +113,16 @@ def warm_batch_rows(args: argparse.Namespace) -> int:
     return warm if warm > 1 else 0
 
 
+def warm_mixed_rows(args: argparse.Namespace) -> int:
+    """The decode rows (1..this) whose mixed-step graphs a serving run's stages build
+    for their warm prefill buckets while they load: with `--mixed-steps on`, every row
+    count a mixed step can carry (a batch's rows, `--batch-rows`, beside the prompt's own
+    slot, so at most the other slots); none with it off."""
+    if args.mixed_steps != "on":
+        return 0
+    return max(0, min(int(args.batch_rows), int(args.slots) - 1))
+
+
 def objects_in_flight_for(stages: int, batch_rows: int | None, asked: int | None,
                           shared_cpus: int | None) -> int | None:
     """The objects a run of `stages` stages keeps in flight: `asked`
@@ -194,12 +204,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                        "flight waits for them (at most one step and a hop) and goes with "
                        "their rows as one step, so the decoding sequences do not wait a "
                        "whole prefill and then pay a step of their own; every token is the "
-                       "one it would be alone, and each stage builds a step's graph at its "
-                       "first use (about 5 s on a small CPU, then kept in the kernel "
-                       "cache). Default off: measured side by side at 4 clients on one "
-                       "2-CPU stage it gained no tokens per second, since the held prompt "
-                       "leaves the stage idle for the hop it would have prefilled in, and "
-                       "it costs time to first token")
+                       "one it would be alone. Each stage builds the steps' graphs while "
+                       "it loads (every prompt length up to --warm-prompt-tokens beside 1 "
+                       "to --batch-rows rows: about 2 min on a small CPU the first time, "
+                       "15 s from the kernel cache, 134 MiB more per stage for SmolLM2). "
+                       "Default off: measured side by side at 4 clients on one 2-CPU "
+                       "stage it gained no tokens per second beyond the noise, since the "
+                       "held prompt leaves the stage idle for the hop it would have "
+                       "prefilled in, and it costs time to first token")
     group.add_argument("--warm-batch-rows", type=at_least(0), default=None,
                        metavar="B",
                        help="each stage builds the batched decode kernels of every batch "
@@ -660,7 +672,8 @@ async def _serve_local(args: argparse.Namespace, keys: Path, stops: Stops) -> in
         return await serve_pool(
             replace(options, pool_gated=True, warm_prompt_tokens=args.warm_prompt_tokens,
                     warm_batch_rows=warm_batch_rows(args),
-                    mixed_steps=args.mixed_steps == "on"),
+                    mixed_steps=args.mixed_steps == "on",
+                    warm_mixed_rows=warm_mixed_rows(args)),
             live, emitter, host=args.host,
             port=args.port, slots=args.slots, max_queue=args.max_queue,
             batch_rows=args.batch_rows, objects_in_flight=args.objects_in_flight,

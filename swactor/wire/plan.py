@@ -31,6 +31,12 @@ run's first prompt of each length is not held up by a kernel build; 0..`max_seq_
 to build, before it reports ready, the batched decode kernels of every batch size
 2..`warm_batch_rows` (batch objects, `swactor.wire.tags`), so that a serving run's
 batches read each weight once for all their rows from the first one; 0..`slots`.
+`GgufModelPlan.warm_mixed_rows` (extension beyond spec §11, default 0) asks each stage
+to build, before it reports ready, the mixed steps' graphs (a short prompt's prefill
+with 1..`warm_mixed_rows` decode rows of other slots in its padding rows, mixed step
+objects in `swactor.wire.tags`) of every prefill bucket it warmed, so that a run whose
+lone prompts ride with the rows in flight (`--mixed-steps on`) is not held up by a
+graph build at a mix's first use; 0..`slots - 1` (the prompt holds a slot of its own).
 
 Variant types (`GgufSource`, `TokenizerSource`, `SamplingPolicy`, `PromptSource`,
 `EdgeEndpoint`) are one dataclass with a `kind`/`mode` enum and the fields that kind
@@ -158,6 +164,9 @@ class GgufModelPlan(WireStruct):
     warm_batch_rows: int = 0
     """Batch sizes 2..this whose decode kernels each stage builds before it is ready
     (module doc; extension beyond spec §11)."""
+    warm_mixed_rows: int = 0
+    """Decode rows 1..this whose mixed-step graphs each stage builds for each warm
+    prefill bucket before it is ready (module doc; extension beyond spec §11)."""
 
     def _validate(self) -> None:
         if not self.model_id or len(self.model_id) > 255:
@@ -167,6 +176,7 @@ class GgufModelPlan(WireStruct):
         self._check_range("slots", 1, MAX_STAGE_SLOTS)
         self._check_range("warm_prompt_tokens", 0, self.max_seq_len)
         self._check_range("warm_batch_rows", 0, self.slots)
+        self._check_range("warm_mixed_rows", 0, self.slots - 1)
         self._check_u32("dtype_width_bytes")
         self._check_u32("eos_token_id")
         if self.dtype_width_bytes not in DTYPE_WIDTHS[self.dtype_family]:

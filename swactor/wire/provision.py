@@ -70,6 +70,9 @@ class StageModelFacts(WireStruct):
     warm_batch_rows: int = 0
     """Batch sizes 2..this whose decode kernels the stage builds before it is ready (the
     plan's `model.warm_batch_rows`; extension beyond spec §12)."""
+    warm_mixed_rows: int = 0
+    """Decode rows 1..this whose mixed-step graphs the stage builds before it is ready
+    (the plan's `model.warm_mixed_rows`; extension beyond spec §12)."""
 
     def _validate(self) -> None:
         if not self.model_id or len(self.model_id) > 255:
@@ -79,6 +82,7 @@ class StageModelFacts(WireStruct):
         self._check_range("slots", 1, MAX_STAGE_SLOTS)
         self._check_range("warm_prompt_tokens", 0, self.max_seq_len)
         self._check_range("warm_batch_rows", 0, self.slots)
+        self._check_range("warm_mixed_rows", 0, self.slots - 1)
         if self.dtype_width_bytes not in DTYPE_WIDTHS[self.dtype_family]:
             self._fail("dtype_width_bytes", f"not a {self.dtype_family.value} width")
 
@@ -218,6 +222,7 @@ def provision_stage(plan: RunPlan, stage_index: int, runtime: StageRuntimeFacts)
             model.slots,
             model.warm_prompt_tokens,
             model.warm_batch_rows,
+            model.warm_mixed_rows,
         ),
         runtime=runtime,
     )

@@ -14,6 +14,7 @@ Theory of operation
      "slots": 4,                                               # optional, default 1
      "warm_prompt_tokens": 64,                                 # optional, default 0
      "batch_rows": [2, 4],                                     # optional, default []
+     "mixed_rows": [1, 2, 3],                                  # optional, default []
      "table": {...}}                                           # optional stage table
 
 `slots` is how many sequences the stage holds KV caches for (1..MAX_STAGE_SLOTS): a
@@ -41,9 +42,12 @@ the batch sizes whose B-row decode kernels the role builds at configure time
 and every size it holds is loaded anyway): a batch of such a size reads each weight
 once for all its rows, any other runs row after row; results are the same bits either
 way. The node lists sizes 2..the plan's `warm_batch_rows` (`swactor.node.role_config`).
-A mixed step builds its graph at its first use (about 5 s on SmolLM2 on 2 CPUs), kept
-in the kernel cache after; the stage does not warm them (`StageRole.warm_up`'s `mixed`
-can: 24 graphs for SmolLM2's short buckets and 1-3 rows, 140 s the first time).
+`mixed_rows` are the decode row counts whose mixed-step graphs the role builds at
+configure time for every short prefill bucket it warmed (`StageRole.warm_up`'s `mixed`:
+24 graphs for SmolLM2's buckets up to 64 tokens and 1-3 rows, about 140 s on 2 CPUs the
+first time, 15 s from the kernel cache); the node lists 1..the plan's `warm_mixed_rows`,
+which a serving run with mixed steps on asks for. A mixed step whose graph is not built
+builds it at its first use (about 5 s on SmolLM2 on 2 CPUs), kept in the kernel cache.
 
 `weights` "blocks" keeps the file's Q2_K-Q6_K, Q4_0-Q8_0, F16/BF16 matrices in their
 blocks and computes decode and prefill from them, with no dense copy (about the file's
@@ -229,6 +233,12 @@ class LlamaStageRole:
                 for rows in batch_rows):
             raise RoleConfigError(f"llama_stage batch_rows {batch_rows!r}: rows per step, "
                                   f"each in 2..{slots} (the slots)")
+        mixed_rows = _field(config, "mixed_rows", list, required=False) or []
+        if len(mixed_rows) >= slots or any(
+                isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows < slots
+                for rows in mixed_rows):
+            raise RoleConfigError(f"llama_stage mixed_rows {mixed_rows!r}: decode rows "
+                                  f"beside a prompt, each in 1..{slots - 1} (the other slots)")
         table = _field(config, "table", dict, required=False)
         try:
             reader = open_reader(
@@ -245,7 +255,8 @@ class LlamaStageRole:
                               device=device, quantised=weights_mode == "blocks",
                               slots=slots)
             del weights  # the host copies: the role holds its own on the device
-            stage.warm_up(prompt_tokens=warm, rows=[int(rows) for rows in batch_rows])
+            stage.warm_up(prompt_tokens=warm, rows=[int(rows) for rows in batch_rows],
+                          mixed=[int(rows) for rows in mixed_rows])
         except WeightsError as error:
             raise RoleConfigError(f"llama_stage weights: {error}") from None
         return cls(stage, _reuse_key(config, device))

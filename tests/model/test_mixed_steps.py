@@ -25,6 +25,8 @@ from swactor.model.decode_gemv import PREFILL_ROWS
 from swactor.model.gguf_range import open_reader
 from swactor.model.llama_role import StageRole, StepError
 from swactor.wire.tags import CANDIDATES_K, SequenceTag
+from swactor.worker.llama_stage import LlamaStageRole
+from swactor.worker.roles import build_role
 from tests.model.tiny_gguf import TinyConfig, write_tiny_gguf
 
 MAX_SEQ = 80
@@ -284,3 +286,19 @@ def test_warm_up_builds_each_short_buckets_mixed_graphs_and_leaves_the_role_new(
     assert logits is not None
     assert np.array_equal(_bits(logits[0]), want_prompt)
     assert np.array_equal(_bits(logits[1:]), _bits(twin.last_logits))
+
+
+def test_the_stage_role_warms_the_mixed_graphs_its_config_lists(tiny_q4_1: Path) -> None:
+    """``llama_stage``'s ``mixed_rows`` (the plan's ``warm_mixed_rows``, which a serving
+    run with mixed steps on asks for) reach ``warm_up``: the graphs are built while the
+    role is configured; a config without them builds none."""
+    config: dict[str, Any] = {
+        "kind": "llama_stage", "gguf": str(tiny_q4_1), "layer_start": 0, "layer_end": 3,
+        "first": True, "last": True, "dtype": "f32", "max_seq_len": MAX_SEQ,
+        "sampling": None, "weights": "blocks", "slots": 3,
+        "warm_prompt_tokens": 16}
+    warm = build_role({**config, "mixed_rows": [1, 2]}, "CPU")
+    assert isinstance(warm, LlamaStageRole)
+    assert set(warm.stage._mixed) == {(8, 1), (8, 2), (16, 1), (16, 2)}
+    cold = build_role(config, "CPU")
+    assert isinstance(cold, LlamaStageRole) and not cold.stage._mixed

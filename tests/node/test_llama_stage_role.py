@@ -242,6 +242,11 @@ def tagged_step(role: Role, provision: ProvisionStage, flags: int,
     ({"slots": 4, "batch_rows": [1]}, "each in 2..4 "),
     ({"slots": 4, "batch_rows": [2, True]}, "batch_rows"),
     ({"batch_rows": 2}, "'batch_rows'"),
+    ({"slots": 2, "mixed_rows": [2]}, "decode rows beside a prompt, each in 1..1 "),
+    ({"slots": 4, "mixed_rows": [0]}, "each in 1..3 "),
+    ({"slots": 2, "mixed_rows": [1, 1]}, r"mixed_rows \[1, 1\]"),
+    ({"slots": 4, "mixed_rows": [1, True]}, "mixed_rows"),
+    ({"mixed_rows": 1}, "'mixed_rows'"),
 ])
 def test_bad_configs_are_role_config_errors_naming_the_problem(
     gguf: Path, provisions: list[ProvisionStage], change: JsonObject, phrase: str
@@ -361,3 +366,11 @@ def test_the_plans_slots_reach_the_role(gguf: Path) -> None:
     provision = provision_stage(warm, 0, stage_runtime_facts(warm, 0))
     assert provision.model.warm_batch_rows == 3
     assert llama_stage_config(provision, gguf)["batch_rows"] == [2, 3]
+    assert config["mixed_rows"] == []  # no mixed-step graphs built unless asked
+    # a plan's warm mixed rows (at most its slots - 1) -> the row counts the role builds
+    mixed = plan_run(synthetic_pool(2), model_info_from_gguf(gguf, with_stop_ids=False),
+                     replace(request, warm_mixed_rows=5)).plan
+    assert mixed.model.warm_mixed_rows == 2
+    provision = provision_stage(mixed, 1, stage_runtime_facts(mixed, 1))
+    assert provision.model.warm_mixed_rows == 2
+    assert llama_stage_config(provision, gguf)["mixed_rows"] == [1, 2]

@@ -22,6 +22,7 @@ from swactor.serve.serve_cmd import (
     local_stage_threads,
     objects_in_flight_for,
     warm_batch_rows,
+    warm_mixed_rows,
 )
 from swactor.testing.serve_process import ServeProcess, cmdline, descendants
 from swactor.wire import NodeId
@@ -57,6 +58,21 @@ def test_serve_batches_four_rows_per_object_unless_asked_otherwise(
     for command in (["serve"], ["orchestrator", "--key", "k", "--serve", "127.0.0.1:0"]):
         args = build_parser(command[0]).parse_args([*command, *argv])
         assert (args.batch_rows, warm_batch_rows(args)) == (batch, warm)
+
+
+@pytest.mark.parametrize(("argv", "mixed"), [
+    ([], 0),                                            # mixed steps off: nothing built
+    (["--mixed-steps", "on"], 3),                       # 4 slots: 1-3 rows beside a prompt
+    (["--mixed-steps", "on", "--slots", "8"], 4),       # at most a batch's 4 rows
+    (["--mixed-steps", "on", "--batch-rows", "2"], 2),
+    (["--mixed-steps", "on", "--slots", "1"], 0),       # one slot: no row beside a prompt
+    (["--mixed-steps", "off", "--slots", "8"], 0),
+])
+def test_serve_warms_mixed_step_graphs_only_with_mixed_steps_on(
+        argv: list[str], mixed: int) -> None:
+    for command in (["serve"], ["orchestrator", "--key", "k", "--serve", "127.0.0.1:0"]):
+        args = build_parser(command[0]).parse_args([*command, *argv])
+        assert warm_mixed_rows(args) == mixed
 
 
 @pytest.mark.parametrize(("stages", "batch_rows", "asked", "cpus", "cap"), [

@@ -350,6 +350,11 @@ def test_gguf_source_constructors() -> None:
         (lambda: dataclasses.replace(PLAN.model, num_layers=0), "num_layers"),
         (lambda: dataclasses.replace(PLAN.model, dtype_width_bytes=3), "dtype_width_bytes"),
         (lambda: dataclasses.replace(PLAN.model, eos_token_id=-1), "eos_token_id"),
+        (lambda: dataclasses.replace(PLAN.model, warm_batch_rows=2), "warm_batch_rows"),
+        # the prompt holds a slot of its own: one slot leaves no row beside it
+        (lambda: dataclasses.replace(PLAN.model, warm_mixed_rows=1), "warm_mixed_rows"),
+        (lambda: dataclasses.replace(PLAN.model, slots=4, warm_mixed_rows=4),
+         "warm_mixed_rows"),
     ],
 )
 def test_part_rules(build: Callable[[], object], field: str) -> None:
