@@ -663,16 +663,23 @@ def test_sequences_submitted_together_go_as_one_prompt_batch_each_routed() -> No
     run_test(body)
 
 
+async def _two_decoding(handle: RunHandle, ports: FakePorts) -> tuple[Sink, Sink]:
+    """Sequences 1 and 2 (slots 0 and 1) prefilled as one prompt batch, their first
+    decode rows in flight as one batch object (edge step 1)."""
+    a, b = submit_all(handle, (1, (1, 5), GREEDY), (2, (1, 6), GREEDY))
+    await ports.until(lambda: len(ports.of("inject")) == 1)
+    handle.tell(out(0, prompt_flags(2), tag(0, 2), tag(1, 2), 40, 50))
+    await ports.until(lambda: len(ports.of("inject")) == 2)
+    return a, b
+
+
 def test_a_lone_prompt_rides_with_the_rows_in_flight_as_one_mixed_step() -> None:
     """Mixed steps (fsm/orchestrator_run.yaml, prompt_rides): a prompt submitted while a
     decode object is in flight waits for its rows, then goes with them as one object;
     the answer routes the prompt's first token and each row's to their sequences."""
     async def body(runtime: Runtime, ports: FakePorts) -> None:
         handle = await serving(runtime, ports, slots=4, max_in_flight=1)
-        a, b = submit_all(handle, (1, (1, 5), GREEDY), (2, (1, 6), GREEDY))
-        await ports.until(lambda: len(ports.of("inject")) == 1)
-        handle.tell(out(0, prompt_flags(2), tag(0, 2), tag(1, 2), 40, 50))
-        await ports.until(lambda: len(ports.of("inject")) == 2)
+        a, b = await _two_decoding(handle, ports)
         assert injected(ports)[1] == (1, (tag(0, 2), tag(1, 2), 40, 50), batch_flags(2))
         c = submit(handle, 3, (1, 7, 8))  # a decode object is in flight: held
         await asyncio.sleep(0.02)
@@ -700,10 +707,7 @@ def test_a_held_prompt_rides_only_with_the_rows_of_live_sequences() -> None:
     dropped."""
     async def body(runtime: Runtime, ports: FakePorts) -> None:
         handle = await serving(runtime, ports, slots=4, max_in_flight=1)
-        a, b = submit_all(handle, (1, (1, 5), GREEDY), (2, (1, 6), GREEDY))
-        await ports.until(lambda: len(ports.of("inject")) == 1)
-        handle.tell(out(0, prompt_flags(2), tag(0, 2), tag(1, 2), 40, 50))
-        await ports.until(lambda: len(ports.of("inject")) == 2)
+        a, b = await _two_decoding(handle, ports)
         c = submit(handle, 3, (1, 7, 8))  # a decode object is in flight: held
         handle.cancel(2)  # b's row is in flight
         await asyncio.sleep(0.02)
