@@ -144,7 +144,9 @@ tokens and 1 row 20.0 against 21.8 ms in one graph), so then, and elsewhere (a d
 other block-type product, whose prefill is a matrix product with its own order of sums;
 the portable path; BEAM; a prompt past the short buckets), the step runs apart: the
 prompt prefilled, then the rows batched, with the same results. One JIT per bucket and
-decode row count (kernel cache kind ``mixed-T-D``), built at its first step.
+decode row count (kernel cache kind ``mixed-T-D``), built at its first step or by
+:meth:`StageRole.warm_up`; its graph and inputs count toward its bucket's bytes in
+``PREFILL_KEEP_BYTES`` and are dropped with the bucket.
 
 Decode is a chain of matrix-vector products over every weight, so its speed is the rate at
 which kernels stream weights. Two measured choices (SmolLM2, 2 CPU cores): products are
@@ -1479,7 +1481,9 @@ class StageRole:
         total = self._bucket(tokens + count)
         span = total - count
         kind = f"mixed-{total}-{count}"
+        self._hold_bucket(total)  # its graphs count with the bucket's (bucket_bytes)
         entry = self._mixed.get((total, count))
+        new = entry is None
         if entry is None:  # on the C attention path only (_mixable): no mask
             jit = cast("_PrefillJit", TinyJit(self._forward_mixed))
             self._adopt(jit, kind)
@@ -1496,7 +1500,10 @@ class StageRole:
         where = inputs.views[4]
         where[:count] = starts
         where[count:] = slots
-        return self._prompt_graph(jit, inputs, kind, slot, tokens)
+        result = self._prompt_graph(jit, inputs, kind, slot, tokens)
+        if new:
+            self._fit_budget()
+        return result
 
     def _compute(self, array: npt.NDArray[np.generic], slot: int, start: int,
                  prefill: bool) -> npt.NDArray[np.generic]:
@@ -1546,6 +1553,12 @@ class StageRole:
         if captured is None or self._held_buckets.get(padded, {}) is not None:
             return  # not captured yet, noted before, or dropped
         self._held_buckets[padded] = _graph_buffers(captured.linear)
+        self._fit_budget()
+
+    def _fit_budget(self) -> None:
+        """Past ``PREFILL_KEEP_BYTES``, drop the least recently used buckets (the one just
+        used is the most recent, and one bucket alone is always kept); not while warming
+        up, where the warm-up drops what does not fit."""
         if self._warming:
             return
         dropped = []
@@ -1559,21 +1572,39 @@ class StageRole:
     def bucket_bytes(self) -> dict[int, int]:
         """The bytes each kept prefill bucket holds alone (least recently used first):
         its inputs and the buffers of its graph that no other graph of the role reads
-        (the weights and caches are the decode graph's, and every bucket's). A bucket
-        whose graph is not captured yet counts its inputs only."""
+        (the weights and caches are the decode graph's, and every bucket's), with the
+        mixed steps' graphs of its rows (:meth:`_mixed_step`) and their inputs. A graph
+        not captured yet counts its inputs only."""
+        graphs = {padded: self._bucket_graphs(padded) for padded in self._held_buckets}
         seen: dict[int, int] = {}
-        for graph in self._held_buckets.values():
-            for key in graph or {}:
+        for buffers in graphs.values():
+            for key in buffers:
                 seen[key] = seen.get(key, 0) + 1
         decode = self._decode.captured
         shared = _graph_buffers(decode.linear) if decode is not None else {}
         sizes = {}
-        for padded, graph in self._held_buckets.items():
-            inputs = self._prompt_buffers.get(padded)
-            sizes[padded] = sum(size for key, size in (graph or {}).items()
-                                if key not in shared and seen[key] == 1) + (
-                sum(t.nbytes() for t in inputs.tensors) if inputs else 0)
+        for padded, buffers in graphs.items():
+            inputs = [self._prompt_buffers.get(padded), *(
+                entry for (total, _), (_, entry) in self._mixed.items() if total == padded)]
+            sizes[padded] = sum(size for key, size in buffers.items()
+                                if key not in shared and seen[key] == 1) + sum(
+                t.nbytes() for entry in inputs if entry is not None for t in entry.tensors)
         return sizes
+
+    def _bucket_graphs(self, padded: int) -> dict[int, int]:
+        """The buffers of a kept bucket's captured graphs: its prefill's and its mixed
+        steps' (``id`` -> bytes; a buffer two of them read counted once)."""
+        buffers = dict(self._held_buckets.get(padded) or {})
+        for (total, _), (jit, _) in self._mixed.items():
+            if total == padded and jit.captured is not None:
+                buffers.update(_graph_buffers(jit.captured.linear))
+        return buffers
+
+    def _drop_mixed(self, padded: int) -> None:
+        """Drop the mixed steps' graphs and inputs of bucket ``padded`` (their memory is
+        given back with the next collection)."""
+        for key in [key for key in self._mixed if key[0] == padded]:
+            del self._mixed[key]
 
     def _over_budget(self) -> bool:
         """Whether the kept buckets hold more than ``PREFILL_KEEP_BYTES`` (one bucket alone
@@ -1582,10 +1613,12 @@ class StageRole:
                 and sum(self.bucket_bytes().values()) > PREFILL_KEEP_BYTES)
 
     def _drop_bucket(self, padded: int) -> None:
-        """Drop a bucket's graph and inputs, their memory given back."""
+        """Drop a bucket's graphs (its prefill's and its mixed steps') and inputs, their
+        memory given back."""
         del self._held_buckets[padded]
         self._prefill.pop(padded, None)
         self._prompt_buffers.pop(padded, None)
+        self._drop_mixed(padded)
         gc.collect()  # a dropped graph's buffers are freed with it
         self._release_build_memory()
 
@@ -1929,12 +1962,23 @@ class StageRole:
                     break
         finally:
             self._warming = False
-        for padded in sorted(wanted & set(self._prefill)):  # kept within the byte budget
-            for count in sorted({c for c in mixed if 1 <= c < min(self.slots, padded)}):
-                if self._mixable(padded - count, count):
-                    zeros = np.zeros((padded, self.facts.hidden_dim), dtype=self.np_dtype)
-                    self._mixed_step(zeros, 0, padded - count, range(1, count + 1),
-                                     [1] * count)
+        self._warming = True
+        try:
+            for padded in sorted(wanted & set(self._prefill)):  # the buckets kept
+                for count in sorted({c for c in mixed if 1 <= c < min(self.slots, padded)}):
+                    if self._mixable(padded - count, count):
+                        zeros = np.zeros((padded, self.facts.hidden_dim),
+                                         dtype=self.np_dtype)
+                        self._mixed_step(zeros, 0, padded - count, range(1, count + 1),
+                                         [1] * count)
+                if self._over_budget():  # past the bytes the role keeps: not these
+                    self._drop_mixed(padded)
+                    log.warning("warming mixed steps for buckets below %d rows only: "
+                                "they fill the %d MiB a role keeps; longer prompts build "
+                                "theirs at first use", padded, PREFILL_KEEP_BYTES >> 20)
+                    break
+        finally:
+            self._warming = False
         self._release_build_memory()
         self._positions = [0] * self.slots
         self._next_sequence = 0

@@ -12,6 +12,7 @@ any row count, takes the one-graph path; the same checks hold where the step run
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 from gguf import GGMLQuantizationType as Q
+from tinygrad.helpers import GlobalCounters
 
+from swactor.model import llama_role
 from swactor.model.decode_gemv import PREFILL_ROWS
 from swactor.model.gguf_range import open_reader
 from swactor.model.llama_role import StageRole, StepError
@@ -302,3 +305,48 @@ def test_the_stage_role_warms_the_mixed_graphs_its_config_lists(tiny_q4_1: Path)
     assert set(warm.stage._mixed) == {(8, 1), (8, 2), (16, 1), (16, 2)}
     cold = build_role(config, "CPU")
     assert isinstance(cold, LlamaStageRole) and not cold.stage._mixed
+
+
+def test_a_mixed_graph_counts_with_its_bucket_and_goes_with_it(tiny_q4_1: Path) -> None:
+    """A mixed step's graph and inputs count toward its bucket's bytes (what it
+    allocated, as a prefill bucket's do), and dropping the bucket drops them."""
+    (role,) = _roles(tiny_q4_1, [(0, 3)], 3)
+    role.warm_up(prompt_tokens=8)
+    role.run_tagged(SequenceTag(1, 0), np.array([5, 6, 7], dtype=np.int32))
+    before = role.bucket_bytes()
+    gc.collect()
+    used = GlobalCounters.mem_used
+    role.run_mixed(SequenceTag(0, 5), [SequenceTag(1, 3)],
+                   np.array([1, 2, 3, 4, 5, 8], dtype=np.int32))
+    gc.collect()
+    assert set(role._mixed) == {(8, 1)}
+    after = role.bucket_bytes()
+    allocated = GlobalCounters.mem_used - used
+    # what it allocated, up to a scalar buffer tinygrad may already hold from an earlier
+    # graph of the process (4 bytes each)
+    assert allocated > 0 and abs((after[8] - before[8]) - allocated) <= 16
+    role._drop_bucket(8)
+    assert not role._mixed and 8 not in role.bucket_bytes()
+
+
+def test_warm_up_builds_mixed_graphs_only_while_they_fit(
+        tiny_q4_1: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Warm-up builds the mixed graphs bucket by bucket, shortest first, while the kept
+    buckets' bytes (their mixed graphs counted) fit in PREFILL_KEEP_BYTES, and says
+    where it stopped; the buckets themselves stay."""
+    (plain,) = _roles(tiny_q4_1, [(0, 3)], 3)
+    plain.warm_up(prompt_tokens=16)
+    (full,) = _roles(tiny_q4_1, [(0, 3)], 3)
+    full.warm_up(prompt_tokens=16, mixed=[1, 2])
+    alone, mixed = plain.bucket_bytes(), full.bucket_bytes()
+    assert mixed[8] > alone[8] and mixed[16] > alone[16]
+    budget = mixed[8] + alone[16] + (mixed[16] - alone[16]) // 2  # 16's mixed do not fit
+    monkeypatch.setattr(llama_role, "PREFILL_KEEP_BYTES", budget)
+    (role,) = _roles(tiny_q4_1, [(0, 3)], 3)
+    with caplog.at_level("WARNING", logger=llama_role.__name__):
+        role.warm_up(prompt_tokens=16, mixed=[1, 2])
+    assert set(role._mixed) == {(8, 1), (8, 2)} and sorted(role._prefill) == [8, 16]
+    kept = role.bucket_bytes()  # 8's mixed graphs counted; 16's dropped with their bytes
+    assert kept[8] > alone[8] and kept[16] == alone[16]
+    assert "buckets below 16 rows only" in caplog.text
