@@ -70,6 +70,20 @@ def graph_nodes(captured: CapturedJit[Tensor]) -> tuple[int, int]:
     return kernels, updated
 
 
+def add_threads_option(parser: argparse.ArgumentParser) -> None:
+    """``--threads``: the replay threads a single-process benchmark steps on."""
+    parser.add_argument("--threads", type=int, default=None,
+                        help="replay threads (default: the CPU count, as nodes run)")
+
+
+def apply_threads_option(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Set the replay threads ``--threads`` asked for (a usage error below 1)."""
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error("--threads must be a positive integer")
+        cpu_graph.set_threads(args.threads)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench batch", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1,2,4,8", help="rows per step (comma-separated)")
@@ -80,13 +94,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--portable", action="store_true",
                         help="on a CPU device, run the path every other device runs "
                              "(tinygrad's own kernels, no C kernel)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="replay threads (default: the CPU count, as nodes run)")
+    add_threads_option(parser)
     args = parser.parse_args(argv)
-    if args.threads is not None:
-        if args.threads < 1:
-            parser.error("--threads must be a positive integer")
-        cpu_graph.set_threads(args.threads)
+    apply_threads_option(parser, args)
     sizes = sorted({int(s) for s in args.sizes.split(",")})
     if not sizes or sizes[0] < 1:
         parser.error("--sizes must be positive integers")

@@ -35,6 +35,7 @@ import time
 import numpy as np
 import numpy.typing as npt
 
+from bench.batch import add_threads_option, apply_threads_option
 from bench.serve import PROMPTS
 from swactor.model import cpu_graph
 from swactor.model.gguf_range import open_reader
@@ -59,13 +60,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--skip", type=int, default=2,
                         help="first pairs not counted (they build the graphs)")
     parser.add_argument("--dtype", choices=("f32", "f16"), default="f32")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="replay threads (default: the CPU count, as nodes run)")
+    add_threads_option(parser)
     args = parser.parse_args(argv)
-    if args.threads is not None:
-        if args.threads < 1:
-            parser.error("--threads must be a positive integer")
-        cpu_graph.set_threads(args.threads)
+    apply_threads_option(parser, args)
     rows = sorted({int(r) for r in args.rows.split(",")})
     if not rows or rows[0] < 1 or rows[-1] > 8:
         parser.error("--rows must be integers in 1..8")
