@@ -613,13 +613,18 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         # the table (the activation edges' padded table takes at most as many rows)
         rows = len(live.next_input[0]) + 2 * self._max_batch + 1
         return (rows <= self.plan.model.max_seq_len
-                and any(o.decode_rows > 0 for o in self._in_flight))
+                and self._decode_in_flight())
 
     def mix_ready(self, event: orun.BatchDue) -> bool:
         return bool(self._prompts) and self._batch_rows() > 0
 
     def prompt_stranded(self, event: orun.BatchDue) -> bool:
-        return bool(self._prompts) and not any(o.decode_rows > 0 for o in self._in_flight)
+        return bool(self._prompts) and not self._decode_in_flight()
+
+    def _decode_in_flight(self) -> bool:
+        """Whether an object in flight carries decode rows, whose return may take a held
+        prompt along (prompt_rides, prompt_stranded)."""
+        return any(o.decode_rows > 0 for o in self._in_flight)
 
     def output_out_of_order(self, event: orun.ObjectLoaded) -> bool:
         oldest = self._in_flight[0] if self._in_flight else None
@@ -729,7 +734,7 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
         entries = [self._row_entry(i) for i in rows]
         tags = [SequenceTag(live.slot, len(prompt), live.request.candidates).pack(),
                 *(tag for tag, _ in entries)]
-        table = (*tags, *(0,) * (_table_words(len(tags)) - len(tags)))
+        table = _padded_table(tags)
         self.result.batched_rows += len(rows)
         self.result.mixed_steps += 1
         await self._inject(Sequence(self._next_step),
@@ -767,7 +772,7 @@ class OrchestratorRun(Actor[RunMessage], orun.OrchestratorRunEffects[Awaitable[N
             return
         entries = [self._row_entry(i) for i in rows]
         tags = [tag for tag, _ in entries]
-        table = (*tags, *(0,) * (_table_words(len(tags)) - len(tags)))
+        table = _padded_table(tags)
         self.result.batched_rows += len(rows)
         await self._inject(Sequence(self._next_step), (*table, *(t for _, t in entries)),
                            None, batch_flags(len(rows)), tuple(rows), table)
@@ -1149,3 +1154,9 @@ def _table_words(rows: int) -> int:
     """u32s of a batch's tag table on a token edge, whose rows are one u32: the table
     needs no padding there (`swactor.wire.tags.table_bytes`)."""
     return table_bytes(rows, TAG_WIDTH) // TAG_WIDTH
+
+
+def _padded_table(tags: list[int]) -> tuple[int, ...]:
+    """A batch's or mixed step's tag table as written to the token edge: the tags,
+    zero-padded to :func:`_table_words`."""
+    return (*tags, *(0,) * (_table_words(len(tags)) - len(tags)))
